@@ -1,0 +1,14 @@
+-- Outbox index for poll_reclaim_events / watch_reclaims: the fleet-wide feed
+-- reads job_events WHERE kind = ... AND id > cursor ORDER BY id.
+--
+-- This file stays transactional (a test pins that every bundled migration
+-- is), so the plain CREATE INDEX below locks job_events against writes while
+-- it builds. On a large, busy table, build the same index by hand first,
+-- outside a transaction, and this migration then does nothing:
+--
+--     CREATE INDEX CONCURRENTLY IF NOT EXISTS job_events_outbox_idx
+--         ON <schema>.job_events (kind, id);
+--
+-- If a concurrent build fails it leaves an INVALID index behind: drop it and
+-- run the build again before migrating.
+CREATE INDEX IF NOT EXISTS job_events_outbox_idx ON {schema}.job_events (kind, id);

@@ -1,0 +1,5 @@
+"""taskq-admin: part of TaskQ."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

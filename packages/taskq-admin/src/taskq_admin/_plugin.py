@@ -1,0 +1,1 @@
+"""taskq-admin's registration with TaskQ (entry point group `taskq`)."""

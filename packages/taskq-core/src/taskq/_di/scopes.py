@@ -1,0 +1,441 @@
+"""Scope containers: where provided values are created, cached and torn down.
+
+One :class:`ProcessScope` per worker process, one container per OS thread
+(:class:`ThreadScope`), one per running event loop (:class:`LoopScope`) and
+one per actor invocation (:func:`build_actor_scope`). A container creates a
+value the first time it is asked for it, remembers its teardown, and on
+close runs the teardowns in reverse order of creation: every one exactly
+once, logging a failure and carrying on with the rest.
+
+Concurrent first requests for the same value (two actor invocations on one
+loop, or two threads) share one creation: the first caller creates it,
+the others wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import threading
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from concurrent.futures import Executor, Future
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
+
+import structlog
+
+from taskq._di.lifecycle import Lifecycle, Teardown, enter, enter_sync
+from taskq._di.solver import (
+    MISSING,
+    Container,
+    Containers,
+    solve_dependencies,
+    solve_dependencies_sync,
+)
+from taskq._scope import Scope
+from taskq.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from taskq._di.registry import ProviderEntry, ProviderRegistry
+
+__all__ = [
+    "LoopScope",
+    "ProcessScope",
+    "ResolvedActorScope",
+    "ScopeContainer",
+    "ThreadScope",
+    "build_actor_scope",
+]
+
+_log = structlog.get_logger("taskq.di")
+
+
+class _Abandoned(Exception):
+    """The creator of a value was cancelled; a waiter should create it itself."""
+
+
+class _Wait(NamedTuple):
+    """Another caller is creating the value: wait on *future*."""
+
+    future: Future[object]
+
+
+class ScopeContainer:
+    """The values of one scope instance, with their teardowns.
+
+    Use it directly for a scope you manage yourself; :class:`ProcessScope`,
+    :class:`ThreadScope`, :class:`LoopScope` and :func:`build_actor_scope`
+    make the right ones for each scope.
+    """
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+        self._values: dict[ProviderEntry, object] = {}
+        # Values being created; the future exists only once someone waits for one.
+        self._creating: dict[ProviderEntry, Future[object] | None] = {}
+        self._teardowns: list[tuple[ProviderEntry, Teardown]] = []
+        self._async_teardowns = 0
+        # Guards _values/_creating together; never held across an await.
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def peek(self, entry: ProviderEntry) -> object:
+        """Return the cached value for *entry*, or ``MISSING``."""
+        return self._values.get(entry, MISSING)
+
+    def _claim(self, entry: ProviderEntry) -> object:
+        """Return the cached value, a :class:`_Wait`, or ``MISSING``: create it yourself."""
+        with self._lock:
+            value = self._values.get(entry, MISSING)
+            if value is not MISSING:
+                return value
+            if self._closed:
+                raise RuntimeError(
+                    f"the {self.scope.name} scope is closed; cannot create {entry.name}"
+                )
+            if entry not in self._creating:
+                self._creating[entry] = None
+                return MISSING
+            future = self._creating[entry]
+            if future is None:
+                future = self._creating[entry] = Future()
+            return _Wait(future)
+
+    def _publish(self, entry: ProviderEntry, value: object, teardown: Teardown | None) -> None:
+        if teardown is not None:
+            self._teardowns.append((entry, teardown))
+            self._async_teardowns += entry.lifecycle.is_async
+        with self._lock:
+            self._values[entry] = value
+            future = self._creating.pop(entry)
+        if future is not None:
+            future.set_result(value)
+
+    def _fail(self, entry: ProviderEntry, exc: BaseException) -> None:
+        with self._lock:
+            future = self._creating.pop(entry)
+        if future is not None:
+            # Waiters must not inherit the creator's cancellation: they retry instead.
+            future.set_exception(_Abandoned() if isinstance(exc, asyncio.CancelledError) else exc)
+
+    async def get_or_create(
+        self, entry: ProviderEntry, registry: ProviderRegistry, containers: Containers
+    ) -> object:
+        """Return the value for *entry*, creating it (and its dependencies) on first use."""
+        while (claim := self._claim(entry)) is not MISSING:
+            if not isinstance(claim, _Wait):
+                return claim
+            try:
+                # Shielded: a cancelled waiter must not cancel the shared creation.
+                return await asyncio.shield(asyncio.wrap_future(claim.future))
+            except _Abandoned:
+                continue
+        try:
+            kwargs = (
+                {}
+                if entry.lifecycle is Lifecycle.VALUE
+                else await solve_dependencies(entry.factory, registry, containers, {})
+            )
+            value, teardown = await enter(entry.lifecycle, entry.provider, kwargs)
+        except BaseException as exc:
+            self._fail(entry, exc)
+            raise
+        self._publish(entry, value, teardown)
+        return value
+
+    def get_or_create_sync(
+        self,
+        entry: ProviderEntry,
+        registry: ProviderRegistry,
+        containers: Containers,
+        loop: asyncio.AbstractEventLoop,
+    ) -> object:
+        """:meth:`get_or_create` from a worker thread that is not running *loop*.
+
+        Synchronous providers of the PROCESS, THREAD and TRANSIENT scopes are
+        created in the calling thread, so they see its THREAD-scoped values.
+        LOOP-scoped values and async providers are created on *loop*, with
+        their dependencies resolved there (the loop thread's THREAD values).
+        """
+        if self.scope is Scope.LOOP or entry.lifecycle.is_async:
+            if self.scope is Scope.THREAD:
+                raise ConfigurationError(
+                    f"{entry.name} is THREAD-scoped but asynchronous; a sync actor's thread "
+                    "has no event loop to create it on. Use Scope.LOOP or a sync provider."
+                )
+            return _run_on_loop(self.get_or_create(entry, registry, containers), loop)
+        while (claim := self._claim(entry)) is not MISSING:
+            if not isinstance(claim, _Wait):
+                return claim
+            try:
+                return claim.future.result()
+            except _Abandoned:
+                continue
+        try:
+            kwargs = (
+                {}
+                if entry.lifecycle is Lifecycle.VALUE
+                else solve_dependencies_sync(entry.factory, registry, containers, {}, loop)
+            )
+            value, teardown = enter_sync(entry.lifecycle, entry.provider, kwargs)
+        except BaseException as exc:
+            self._fail(entry, exc)
+            raise
+        self._publish(entry, value, teardown)
+        return value
+
+    @property
+    def closes_synchronously(self) -> bool:
+        """Whether every pending teardown is synchronous, so closing never awaits."""
+        return not self._async_teardowns
+
+    async def aclose(self) -> None:
+        """Tear down every value in reverse order of creation, then forget them.
+
+        A teardown that raises is logged (``taskq.di-teardown-failed``) and
+        the rest still run. A ``CancelledError`` (or other ``BaseException``)
+        met on the way is re-raised once every teardown has run. Closing
+        twice is harmless; a closed container refuses to create values.
+        """
+        self._closed = True
+        deferred: BaseException | None = None
+        while self._teardowns:
+            # Popping before running makes each teardown run exactly once.
+            entry, teardown = self._teardowns.pop()
+            try:
+                result = teardown()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:  # noqa: BLE001 - log and carry on with the other teardowns
+                _log.error(
+                    "taskq.di-teardown-failed",
+                    scope=self.scope.name,
+                    provider=entry.name,
+                    exc_info=exc,
+                )
+            except BaseException as exc:  # noqa: BLE001 - re-raised once all teardowns ran
+                _log.warning(
+                    "taskq.di-teardown-interrupted",
+                    scope=self.scope.name,
+                    provider=entry.name,
+                    error=type(exc).__name__,
+                )
+                deferred = deferred or exc
+        self._async_teardowns = 0
+        with self._lock:
+            self._values.clear()
+        if deferred is not None:
+            raise deferred
+
+
+def _run_on_loop(coro: Coroutine[Any, Any, object], loop: asyncio.AbstractEventLoop) -> object:
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        coro.close()
+        # Blocking on the loop from its own thread would deadlock.
+        raise RuntimeError("sync resolution ran on the event loop's thread; run it in a worker")
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+class ProcessScope(ScopeContainer):
+    """The PROCESS-scoped values: one container for the whole worker process."""
+
+    def __init__(self) -> None:
+        super().__init__(Scope.PROCESS)
+
+
+class ThreadScope:
+    """The THREAD-scoped values: one container per OS thread.
+
+    It stands in for a container (pass it as ``containers[Scope.THREAD]``)
+    and forwards each call to the calling thread's container, so a sync
+    actor running in a worker thread gets that thread's values.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._containers: list[ScopeContainer] = []
+        self._lock = threading.Lock()
+
+    def current(self) -> ScopeContainer:
+        """The calling thread's container, created on first use."""
+        container: ScopeContainer | None = getattr(self._local, "container", None)
+        if container is None:
+            container = self._local.container = ScopeContainer(Scope.THREAD)
+            with self._lock:
+                self._containers.append(container)
+        return container
+
+    def peek(self, entry: ProviderEntry) -> object:
+        """Return the calling thread's cached value for *entry*, or ``MISSING``."""
+        return self.current().peek(entry)
+
+    async def get_or_create(
+        self, entry: ProviderEntry, registry: ProviderRegistry, containers: Containers
+    ) -> object:
+        """Return the calling thread's value for *entry*, creating it on first use."""
+        return await self.current().get_or_create(entry, registry, containers)
+
+    def get_or_create_sync(
+        self,
+        entry: ProviderEntry,
+        registry: ProviderRegistry,
+        containers: Containers,
+        loop: asyncio.AbstractEventLoop,
+    ) -> object:
+        """:meth:`get_or_create` from a worker thread."""
+        return self.current().get_or_create_sync(entry, registry, containers, loop)
+
+    async def aclose(self) -> None:
+        """Close every thread's container, newest first, from the calling thread.
+
+        THREAD-scoped providers are synchronous, so their teardowns run
+        inline here; a ``BaseException`` from one container is re-raised
+        after all were closed.
+        """
+        with self._lock:
+            containers, self._containers = self._containers, []
+        deferred: BaseException | None = None
+        for container in reversed(containers):
+            try:
+                await container.aclose()
+            except BaseException as exc:  # noqa: BLE001 - re-raised once all containers closed
+                deferred = deferred or exc
+        if deferred is not None:
+            raise deferred
+
+
+class LoopScope:
+    """The LOOP-scoped values: one container per running event loop.
+
+    Pass ``loops.current()`` as ``containers[Scope.LOOP]`` from the loop
+    that runs the actors, and ``await loops.aclose()`` on that loop when it
+    stops.
+    """
+
+    def __init__(self) -> None:
+        self._containers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ScopeContainer]
+        self._containers = weakref.WeakKeyDictionary()
+
+    def current(self) -> ScopeContainer:
+        """The running loop's container, created on first use."""
+        loop = asyncio.get_running_loop()
+        container = self._containers.get(loop)
+        if container is None:
+            container = self._containers[loop] = ScopeContainer(Scope.LOOP)
+        return container
+
+    async def aclose(self) -> None:
+        """Close the running loop's container (its async teardowns need this loop)."""
+        container = self._containers.pop(asyncio.get_running_loop(), None)
+        if container is not None:
+            await container.aclose()
+
+
+class ResolvedActorScope:
+    """One actor invocation, its arguments resolved; yielded by :func:`build_actor_scope`.
+
+    For an async actor :attr:`kwargs` holds every argument. A sync actor's
+    dependencies are resolved in the thread that runs it, by
+    :meth:`call_sync`, so that it gets that thread's THREAD-scoped values;
+    until then its :attr:`kwargs` holds only the passthrough arguments.
+    """
+
+    __slots__ = ("_containers", "_loop", "_registry", "func", "is_async", "kwargs")
+
+    def __init__(
+        self,
+        func: Callable[..., object],
+        kwargs: dict[str, object],
+        *,
+        is_async: bool,
+        registry: ProviderRegistry,
+        containers: Containers,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.func = func
+        self.kwargs = kwargs
+        self.is_async = is_async
+        self._registry = registry
+        self._containers = containers
+        self._loop = loop
+
+    async def invoke(self, executor: Executor | None = None) -> object:
+        """Call the actor: awaited if async, else in *executor* (default: the loop's).
+
+        Cancelling a sync actor stops the wait, not its thread: the thread
+        runs on while the TRANSIENT values are torn down on scope exit.
+        """
+        if self.is_async:
+            return await cast("Awaitable[object]", self.func(**self.kwargs))
+        context = contextvars.copy_context()
+        return await self._loop.run_in_executor(executor, context.run, self.call_sync)
+
+    def call_sync(self) -> object:
+        """Resolve a sync actor's dependencies in the calling thread, then call it.
+
+        Run it in the thread that should own the actor's THREAD-scoped values,
+        never on the event loop's thread.
+        """
+        kwargs = solve_dependencies_sync(
+            self.func, self._registry, self._containers, self.kwargs, self._loop
+        )
+        return self.func(**kwargs)
+
+
+@asynccontextmanager
+async def build_actor_scope(
+    func: Callable[..., object],
+    registry: ProviderRegistry,
+    containers: Containers,
+    passthrough_kwargs: Mapping[str, object],
+) -> AsyncIterator[ResolvedActorScope]:
+    """Open a TRANSIENT scope for one invocation of *func* and resolve its arguments.
+
+    *containers* maps PROCESS, THREAD and LOOP to their containers
+    (``process``, ``threads``, ``loops.current()``); the TRANSIENT one is
+    created here. On exit the TRANSIENT values are torn down in reverse
+    order, shielded from cancellation: a ``CancelledError`` (from the body
+    or during teardown) is re-raised only after every teardown ran.
+    """
+    transient = ScopeContainer(Scope.TRANSIENT)
+    scoped: dict[Scope, Container] = {**containers, Scope.TRANSIENT: transient}
+    is_async = inspect.iscoroutinefunction(func)
+    try:
+        if is_async:
+            kwargs = await solve_dependencies(func, registry, scoped, passthrough_kwargs)
+        else:
+            kwargs = dict(passthrough_kwargs)
+        yield ResolvedActorScope(
+            func,
+            kwargs,
+            is_async=is_async,
+            registry=registry,
+            containers=scoped,
+            loop=asyncio.get_running_loop(),
+        )
+    finally:
+        await _aclose_shielded(transient)
+
+
+async def _aclose_shielded(container: ScopeContainer) -> None:
+    if container.closes_synchronously:
+        # Nothing in it awaits, so no cancellation can land: skip the task and shield.
+        await container.aclose()
+        return
+    closing = asyncio.ensure_future(container.aclose())
+    cancelled: asyncio.CancelledError | None = None
+    while not closing.done():
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError as exc:
+            # Keep waiting: the teardowns must all run before cancellation goes on.
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
+    closing.result()

@@ -1,0 +1,183 @@
+"""``@actor``: turn a function into a job type.
+
+The first parameter is the payload; its annotation (a pydantic model, a
+dataclass, a TypedDict or ``dict``) is validated at enqueue and again at
+dispatch. ``ctx`` is passed by name; every other parameter is injected by
+type through the DI engine.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Generic, ParamSpec, TypeVar, get_type_hints, overload
+
+from pydantic import TypeAdapter, ValidationError
+
+from taskq.errors import ConfigurationError, PayloadValidationError
+from taskq.retry import Backoff, ExponentialBackoff, RetryClassifier
+
+__all__ = ["Actor", "ActorOptions", "actor"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+CONTEXT_PARAMETER = "ctx"
+
+
+def _as_timedelta(value: timedelta | float | None, option: str) -> timedelta | None:
+    if value is None:
+        return None
+    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    if delta <= timedelta(0):
+        raise ConfigurationError(f"@actor option {option} must be positive, got {value!r}")
+    return delta
+
+
+@dataclass(frozen=True)
+class ActorOptions:
+    """The options of one actor (API: ``@actor(...)``)."""
+
+    name: str
+    queue: str = "default"
+    priority: int = 0
+    max_attempts: int = 3
+    retry_backoff: Backoff | Callable[[int], timedelta] = field(default_factory=ExponentialBackoff)
+    timeout: timedelta | None = None
+    schedule_to_close: timedelta | None = None
+    max_concurrent: int | None = None
+    max_pending: int | None = None
+    result_ttl: timedelta | None = None
+    identity_key: Callable[[Any], str | None] | None = None
+
+
+class Actor(Generic[P, R]):
+    """A registered job type. Calling it calls the function directly (handy in tests)."""
+
+    def __init__(self, fn: Callable[P, R], options: ActorOptions) -> None:
+        self.fn = fn
+        self.options = options
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.retry = RetryClassifier(options.retry_backoff)
+        params = list(inspect.signature(fn).parameters.values())
+        if not params or params[0].kind not in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            raise ConfigurationError(
+                f"actor {options.name!r}: the first parameter must be the payload, "
+                f"e.g. `def {fn.__name__}(payload: MyModel, ctx: Context) -> ...`"
+            )
+        self.payload_parameter = params[0].name
+        hints = get_type_hints(fn, include_extras=True)
+        self.payload_type: Any = hints.get(self.payload_parameter, dict[str, Any])
+        self._adapter: TypeAdapter[Any] = TypeAdapter(self.payload_type)
+        self.wants_context = CONTEXT_PARAMETER in {p.name for p in params[1:]}
+        self.passthrough = frozenset({self.payload_parameter, CONTEXT_PARAMETER})
+
+    @property
+    def name(self) -> str:
+        return self.options.name
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Actor {self.name} queue={self.options.queue}>"
+
+    def validate_payload(self, payload: Any) -> Any:
+        """The payload as the actor's payload type; ``PayloadValidationError`` names each bad field."""
+        try:
+            return self._adapter.validate_python(payload)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '<payload>'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise PayloadValidationError(
+                f"invalid payload for actor {self.name!r}: {problems}"
+            ) from exc
+
+    def dump_payload(self, payload: Any) -> dict[str, Any]:
+        """Validate and serialise a payload to the JSON object stored on the job."""
+        value = self.validate_payload(payload)
+        dumped = self._adapter.dump_python(value, mode="json")
+        if not isinstance(dumped, dict):
+            raise PayloadValidationError(
+                f"payload for actor {self.name!r} must serialise to a JSON object, "
+                f"got {type(dumped).__name__}; use a pydantic model, dataclass, TypedDict or dict"
+            )
+        return dumped
+
+    def identity_for(self, payload: Any) -> str | None:
+        """The identity key for a (validated) payload, if the actor declares one."""
+        fn = self.options.identity_key
+        return None if fn is None else fn(payload)
+
+
+@overload
+def actor(fn: Callable[P, R], /) -> Actor[P, R]: ...
+@overload
+def actor(
+    *,
+    name: str | None = None,
+    queue: str = "default",
+    priority: int = 0,
+    max_attempts: int = 3,
+    retry_backoff: Backoff | Callable[[int], timedelta] | None = None,
+    timeout: timedelta | float | None = None,
+    schedule_to_close: timedelta | float | None = None,
+    max_concurrent: int | None = None,
+    max_pending: int | None = None,
+    result_ttl: timedelta | float | None = None,
+    identity_key: Callable[[Any], str | None] | None = None,
+) -> Callable[[Callable[P, R]], Actor[P, R]]: ...
+def actor(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str = "default",
+    priority: int = 0,
+    max_attempts: int = 3,
+    retry_backoff: Backoff | Callable[[int], timedelta] | None = None,
+    timeout: timedelta | float | None = None,
+    schedule_to_close: timedelta | float | None = None,
+    max_concurrent: int | None = None,
+    max_pending: int | None = None,
+    result_ttl: timedelta | float | None = None,
+    identity_key: Callable[[Any], str | None] | None = None,
+) -> Actor[P, R] | Callable[[Callable[P, R]], Actor[P, R]]:
+    """Declare an actor: ``@actor`` or ``@actor(queue="images", max_attempts=5, ...)``.
+
+    ``name`` defaults to the function's qualified name. ``timeout`` bounds
+    each attempt, ``schedule_to_close`` the whole job; ``max_concurrent``
+    caps running jobs fleet-wide; ``max_pending`` refuses enqueues beyond it
+    (``MaxPendingExceededError``); ``identity_key(payload)`` serializes jobs
+    with the same key; ``result_ttl`` expires stored results.
+    """
+    if max_attempts < 1:
+        raise ConfigurationError(f"@actor max_attempts must be at least 1, got {max_attempts}")
+    for option, value in (("max_concurrent", max_concurrent), ("max_pending", max_pending)):
+        if value is not None and value < (1 if option == "max_concurrent" else 0):
+            raise ConfigurationError(f"@actor option {option} is out of range: {value}")
+
+    def decorate(func: Callable[P, R]) -> Actor[P, R]:
+        options = ActorOptions(
+            name=name or func.__qualname__,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            retry_backoff=retry_backoff if retry_backoff is not None else ExponentialBackoff(),
+            timeout=_as_timedelta(timeout, "timeout"),
+            schedule_to_close=_as_timedelta(schedule_to_close, "schedule_to_close"),
+            max_concurrent=max_concurrent,
+            max_pending=max_pending,
+            result_ttl=_as_timedelta(result_ttl, "result_ttl"),
+            identity_key=identity_key,
+        )
+        return Actor(func, options)
+
+    return decorate(fn) if fn is not None else decorate

@@ -1,0 +1,66 @@
+"""``TaskQ``: the application object tying a backend, actors and providers together."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any, Self
+
+from taskq._di import ProviderRegistry
+from taskq.actor import Actor
+from taskq.backend import Backend
+from taskq.client import JobsClient
+from taskq.errors import ConfigurationError
+from taskq.models import QueueConfig
+from taskq.plugins import open_backend
+
+__all__ = ["TaskQ"]
+
+
+class TaskQ:
+    """An application: ``TaskQ("postgresql://…/app", schema="taskq", actors=[...])``.
+
+    ``async with tq:`` opens the backend and nothing else; ``tq.client``
+    enqueues and inspects jobs; ``taskq-worker module:tq`` runs the actors.
+    ``providers`` supplies the actors' injected dependencies; ``queues``
+    configures queue modes (round-robin fairness) and fleet-wide caps.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str = "taskq",
+        actors: Iterable[Actor[..., Any]] = (),
+        providers: ProviderRegistry | None = None,
+        queues: Iterable[QueueConfig] = (),
+        backend: Backend | None = None,
+        **backend_options: Any,
+    ) -> None:
+        self.url = url
+        self.schema = schema
+        self.actors: dict[str, Actor[..., Any]] = {}
+        for a in actors:
+            if a.name in self.actors:
+                raise ConfigurationError(
+                    f"two actors are named {a.name!r}; give one an explicit @actor(name=...)"
+                )
+            self.actors[a.name] = a
+        self.providers = providers if providers is not None else ProviderRegistry()
+        self.queues = list(queues)
+        self.backend: Backend = (
+            backend if backend is not None else open_backend(url, schema=schema, **backend_options)
+        )
+        self.client = JobsClient(self.backend, self.actors)
+
+    async def __aenter__(self) -> Self:
+        await self.backend.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.backend.close()

@@ -1,0 +1,39 @@
+"""The Backend protocol, its version, the state machine and the clocks."""
+
+from __future__ import annotations
+
+from taskq.backend._protocol import BACKEND_PROTOCOL_VERSION as BACKEND_PROTOCOL_VERSION
+from taskq.backend._protocol import PROTOCOL_MEMBERS as PROTOCOL_MEMBERS
+from taskq.backend._protocol import Backend as Backend
+from taskq.backend._protocol import Connection as Connection
+from taskq.backend._protocol import SupportsMigrate as SupportsMigrate
+from taskq.backend._protocol import SupportsTransactions as SupportsTransactions
+from taskq.backend._protocol import check_protocol_version as check_protocol_version
+from taskq.backend._protocol import missing_members as missing_members
+from taskq.backend.clock import Clock as Clock
+from taskq.backend.clock import FakeClock as FakeClock
+from taskq.backend.clock import SystemClock as SystemClock
+from taskq.backend.statemachine import ACTIVE_STATUSES as ACTIVE_STATUSES
+from taskq.backend.statemachine import TERMINAL_STATUSES as TERMINAL_STATUSES
+from taskq.backend.statemachine import VALID_TRANSITIONS as VALID_TRANSITIONS
+from taskq.backend.statemachine import CancelPhase as CancelPhase
+from taskq.backend.statemachine import JobStatus as JobStatus
+
+__all__ = [
+    "ACTIVE_STATUSES",
+    "BACKEND_PROTOCOL_VERSION",
+    "PROTOCOL_MEMBERS",
+    "TERMINAL_STATUSES",
+    "VALID_TRANSITIONS",
+    "Backend",
+    "CancelPhase",
+    "Clock",
+    "Connection",
+    "FakeClock",
+    "JobStatus",
+    "SupportsMigrate",
+    "SupportsTransactions",
+    "SystemClock",
+    "check_protocol_version",
+    "missing_members",
+]

@@ -1,0 +1,227 @@
+"""Batches kept in memory: the batch rows, their children and their finalizer.
+
+A batch's children are the jobs whose ``metadata["batch_id"]`` is the batch
+id; a batch *row* exists only when the caller asked for a failure policy or
+a finalizer. The finalizer is a job parked ``scheduled`` far in the future
+(Postgres: ``'infinity'``) and released to ``pending`` when the batch
+completes or aborts. It is never one of the children.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from uuid import UUID
+
+from taskq.backend._memory_store import JobStore
+from taskq.backend.clock import Clock
+from taskq.backend.statemachine import ACTIVE_STATUSES, JobStatus
+from taskq.models import (
+    BatchCounts,
+    BatchFilter,
+    BatchRow,
+    BatchStatus,
+    EnqueueArgs,
+    ErrorInfo,
+    JobRow,
+)
+
+__all__ = ["BATCH_ABORTED_MESSAGE", "FINALIZER_PARKED_AT", "BatchTable"]
+
+FINALIZER_PARKED_AT = datetime(9999, 1, 1, tzinfo=UTC)
+"""Where a finalizer waits until its batch finishes: no sweep ever finds it due."""
+
+BATCH_ABORTED_MESSAGE = "Batch aborted due to consecutive failures"
+
+# Batch rows inserted here always get created_at; a caller-built row without one sorts oldest.
+_UNKNOWN_TIME = datetime.min.replace(tzinfo=UTC)
+
+
+class BatchTable:
+    """The batch rows of one in-memory backend, and the batch operations on its jobs."""
+
+    def __init__(self, store: JobStore, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+        self._rows: dict[UUID, BatchRow] = {}
+
+    def get(self, batch_id: UUID) -> BatchRow | None:
+        return self._rows.get(batch_id)
+
+    def _require(self, batch_id: UUID) -> BatchRow:
+        try:
+            return self._rows[batch_id]
+        except KeyError:
+            raise KeyError(f"no batch with id {batch_id}") from None
+
+    def _refuse_existing(self, batch_id: UUID) -> None:
+        if batch_id in self._rows:
+            raise ValueError(f"a batch with id {batch_id} already exists")
+
+    def children(self, batch_id: UUID) -> list[JobRow]:
+        """Jobs tagged with the batch id; the finalizer carries no tag, so it is never one."""
+        tag = str(batch_id)
+        batch = self._rows.get(batch_id)
+        finalizer = batch.finalizer_job_id if batch is not None else None
+        return [
+            row
+            for row in self._store.jobs.values()
+            if row.metadata.get("batch_id") is not None
+            and str(row.metadata["batch_id"]) == tag
+            and row.id != finalizer
+        ]
+
+    def count_non_terminal(self, batch_id: UUID) -> int:
+        return sum(1 for row in self.children(batch_id) if row.status in ACTIVE_STATUSES)
+
+    def create(
+        self,
+        batch_id: UUID,
+        queue: str,
+        expected_size: int,
+        failure_threshold: int | None,
+        finalizer_job_id: UUID | None,
+        originating_actor: str | None,
+    ) -> None:
+        self._refuse_existing(batch_id)
+        self._rows[batch_id] = BatchRow(
+            id=batch_id,
+            queue=queue,
+            status="active",
+            expected_size=expected_size,
+            consecutive_failures=0,
+            failure_threshold=failure_threshold,
+            finalizer_job_id=finalizer_job_id,
+            originating_actor=originating_actor,
+            created_at=self._clock.now(),
+        )
+
+    def enqueue_atomic(
+        self,
+        items: Iterable[EnqueueArgs],
+        batch_id: UUID,
+        batch_row: BatchRow | None,
+        finalizer_args: EnqueueArgs | None,
+    ) -> list[JobRow]:
+        """Children, batch row and parked finalizer, validated together, then stored."""
+        now = self._clock.now()
+        if batch_row is not None:
+            if batch_row.id != batch_id:
+                raise ValueError(f"batch_row.id {batch_row.id} differs from batch_id {batch_id}")
+            self._refuse_existing(batch_id)
+        tag = str(batch_id)
+        children = [
+            args.model_copy(update={"metadata": {**args.metadata, "batch_id": tag}})
+            for args in items
+        ]
+        to_insert = list(children)
+        if finalizer_args is not None:
+            to_insert.append(
+                finalizer_args.model_copy(
+                    update={"metadata": {**finalizer_args.metadata, "batch_finalizer_for": tag}}
+                )
+            )
+        plan = self._store.plan_inserts(to_insert, now, idempotent=True)
+        finalizer_id = None
+        if finalizer_args is not None:
+            finalizer = plan.rows[-1]
+            finalizer_id = finalizer.id
+            if finalizer.id in plan.new:
+                plan.new[finalizer.id] = finalizer.model_copy(
+                    update={"status": JobStatus.SCHEDULED, "scheduled_at": FINALIZER_PARKED_AT}
+                )
+        self._store.insert(plan)
+        if batch_row is not None:
+            self._rows[batch_id] = batch_row.model_copy(
+                update={
+                    "finalizer_job_id": finalizer_id or batch_row.finalizer_job_id,
+                    "created_at": batch_row.created_at or now,
+                }
+            )
+        return plan.rows[: len(children)]
+
+    def increment_failures(self, batch_id: UUID) -> tuple[int, int | None, int]:
+        batch = self._require(batch_id)
+        failures = batch.consecutive_failures + 1
+        self._rows[batch_id] = batch.model_copy(update={"consecutive_failures": failures})
+        return failures, batch.failure_threshold, self.count_non_terminal(batch_id)
+
+    def reset_failures(self, batch_id: UUID) -> int:
+        batch = self._rows.get(batch_id)
+        if batch is None:
+            return 0
+        self._rows[batch_id] = batch.model_copy(update={"consecutive_failures": 0})
+        return 1
+
+    def abort(self, batch_id: UUID) -> int:
+        """Abort an active batch: cancel its waiting children, release the finalizer.
+        A finished batch is left alone (0)."""
+        batch = self._rows.get(batch_id)
+        if batch is not None and batch.status != "active":
+            return 0
+        now = self._clock.now()
+        waiting = [
+            row
+            for row in self.children(batch_id)
+            if row.status in (JobStatus.PENDING, JobStatus.SCHEDULED)
+        ]
+        for row in waiting:
+            self._store.move(
+                row,
+                JobStatus.CANCELLED,
+                now,
+                detail={"reason": "batch_aborted"},
+                finished_at=now,
+                error=ErrorInfo(error_class="BatchAborted", message=BATCH_ABORTED_MESSAGE),
+            )
+        if batch is not None:
+            self._finish(batch, "aborted", now)
+        return len(waiting)
+
+    def complete(self, batch_id: UUID) -> None:
+        """Mark an active batch complete and release its finalizer; else a no-op."""
+        batch = self._rows.get(batch_id)
+        if batch is not None and batch.status == "active":
+            self._finish(batch, "complete", self._clock.now())
+
+    def _finish(self, batch: BatchRow, status: BatchStatus, now: datetime) -> None:
+        self._rows[batch.id] = batch.model_copy(update={"status": status, "completed_at": now})
+        finalizer = (
+            self._store.jobs.get(batch.finalizer_job_id)
+            if batch.finalizer_job_id is not None
+            else None
+        )
+        if finalizer is not None and finalizer.status is JobStatus.SCHEDULED:
+            self._store.move(finalizer, JobStatus.PENDING, now, scheduled_at=now)
+
+    def list(self, filter: BatchFilter) -> list[tuple[BatchRow, BatchCounts]]:
+        """Matching batches, newest first, each with its children's counts."""
+        rows = [
+            row
+            for row in self._rows.values()
+            if (filter.queue is None or row.queue == filter.queue)
+            and (filter.batch_id is None or row.id == filter.batch_id)
+            and (filter.active is None or (row.status == "active") == filter.active)
+        ]
+        rows.sort(key=lambda row: (row.created_at or _UNKNOWN_TIME, row.id), reverse=True)
+        return [(row, self._counts(row.id)) for row in rows[: filter.limit]]
+
+    def _counts(self, batch_id: UUID) -> BatchCounts:
+        children = self.children(batch_id)
+        return BatchCounts(
+            total=len(children), by_status=dict(Counter(row.status for row in children))
+        )
+
+    def prune(self, cutoff: datetime) -> int:
+        """Delete finished batches completed before ``cutoff`` whose children are gone."""
+        prunable = [
+            row.id
+            for row in self._rows.values()
+            if row.completed_at is not None
+            and row.completed_at < cutoff
+            and not self.children(row.id)
+        ]
+        for batch_id in prunable:
+            del self._rows[batch_id]
+        return len(prunable)

@@ -1,0 +1,102 @@
+"""Which due jobs one in-memory dispatch takes, and in which order.
+
+This is the in-memory twin of the Postgres dispatch CTE: the same ordering
+(strict FIFO or round-robin by fairness key), the same caps (each actor's
+and each queue's ``max_concurrent``) and the same identity serialization
+(one running job per ``(actor, identity_key)``). The in-memory backend is
+single-threaded, so a dispatch sees every running job and never over-counts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Container, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from uuid import UUID
+
+from taskq.backend.statemachine import JobStatus
+from taskq.models import JobRow
+
+__all__ = ["RunningLoad", "dispatch_order", "take_jobs"]
+
+
+@dataclass
+class RunningLoad:
+    """What is already running, which the caps and identity serialization are checked against."""
+
+    per_actor: Counter[str] = field(default_factory=Counter)
+    per_queue: Counter[str] = field(default_factory=Counter)
+    identities: set[tuple[str, str]] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, jobs: Iterable[JobRow]) -> RunningLoad:
+        load = cls()
+        for job in jobs:
+            if job.status is JobStatus.RUNNING:
+                load.add(job)
+        return load
+
+    def add(self, job: JobRow) -> None:
+        self.per_actor[job.actor] += 1
+        self.per_queue[job.queue] += 1
+        if job.identity_key is not None:
+            self.identities.add((job.actor, job.identity_key))
+
+
+def _priority_order(job: JobRow) -> tuple[int, datetime, UUID]:
+    return (-job.priority, job.scheduled_at, job.id)
+
+
+def dispatch_order(
+    candidates: Iterable[JobRow], round_robin_queues: Container[str]
+) -> list[JobRow]:
+    """Order due jobs for dispatch.
+
+    Every job gets a *fairness rank*: its position within its cohort by
+    ``priority DESC, scheduled_at, id``. Jobs of a ``round_robin`` queue form
+    one cohort per ``fairness_key`` (no key is a cohort of its own); jobs of
+    ``strict_fifo`` queues all form a single cohort. Sorting by ``(rank,
+    priority DESC, scheduled_at, id)`` then gives plain priority/FIFO order
+    when only strict queues are asked for, and interleaves the cohorts (first
+    of each, then second of each, …) when round-robin queues are.
+    """
+    ranked: list[tuple[int, JobRow]] = []
+    seen: Counter[tuple[str, str | None]] = Counter()
+    for job in sorted(candidates, key=_priority_order):
+        cohort = (
+            ("fairness", job.fairness_key) if job.queue in round_robin_queues else ("fifo", None)
+        )
+        seen[cohort] += 1
+        ranked.append((seen[cohort], job))
+    ranked.sort(key=lambda item: (item[0], *_priority_order(item[1])))
+    return [job for _, job in ranked]
+
+
+def take_jobs(
+    ordered: Iterable[JobRow],
+    limit: int,
+    load: RunningLoad,
+    actor_caps: Mapping[str, int | None],
+    queue_caps: Mapping[str, int | None],
+) -> list[JobRow]:
+    """The first ``limit`` jobs of ``ordered`` that no cap or running identity blocks.
+
+    ``load`` is updated as jobs are taken, so two jobs of one identity are
+    never taken together and a cap counts the jobs taken in this batch.
+    """
+    taken: list[JobRow] = []
+    for job in ordered:
+        if len(taken) >= limit:
+            break
+        actor_cap = actor_caps.get(job.actor)
+        if actor_cap is not None and load.per_actor[job.actor] >= actor_cap:
+            continue
+        queue_cap = queue_caps.get(job.queue)
+        if queue_cap is not None and load.per_queue[job.queue] >= queue_cap:
+            continue
+        if job.identity_key is not None and (job.actor, job.identity_key) in load.identities:
+            continue
+        taken.append(job)
+        load.add(job)
+    return taken

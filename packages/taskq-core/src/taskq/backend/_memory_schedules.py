@@ -1,0 +1,95 @@
+"""Cron schedules kept in memory, with ``next_fire_at`` taken from the backend's clock."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from uuid import UUID, uuid4
+from zoneinfo import ZoneInfo
+
+from croniter import croniter
+
+from taskq.backend.clock import Clock
+from taskq.models import ScheduleCreateArgs, ScheduleRecord, ScheduleUpdateArgs
+
+__all__ = ["ScheduleTable", "next_fire_at"]
+
+
+def next_fire_at(cron: str, timezone: str, after: datetime) -> datetime:
+    """The first time ``cron`` matches strictly after ``after``, read in ``timezone``
+    (so "0 9 * * *" means 09:00 local, across DST changes), returned in UTC.
+
+    A sixth cron field gives seconds (croniter's default layout)."""
+    local_start = after.astimezone(ZoneInfo(timezone))
+    fire: datetime = croniter(cron, local_start).get_next(datetime)
+    return fire.astimezone(UTC)
+
+
+def _next_fire(cron: str, timezone: str, enabled: bool, now: datetime) -> datetime | None:
+    # A disabled schedule has no next fire; enabling it recomputes from "now".
+    return next_fire_at(cron, timezone, now) if enabled else None
+
+
+class ScheduleTable:
+    """The schedules of one in-memory backend, keyed by id; names are unique."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._rows: dict[UUID, ScheduleRecord] = {}
+
+    def create(self, args: ScheduleCreateArgs) -> ScheduleRecord:
+        if any(row.name == args.name for row in self._rows.values()):
+            raise ValueError(
+                f"a schedule named {args.name!r} already exists; update it or pick another name"
+            )
+        now = self._clock.now()
+        record = ScheduleRecord(
+            id=uuid4(),
+            name=args.name,
+            actor=args.actor,
+            cron=args.cron,
+            payload=args.payload,
+            queue=args.queue,
+            timezone=args.timezone,
+            enabled=args.enabled,
+            options=args.options,
+            next_fire_at=_next_fire(args.cron, args.timezone, args.enabled, now),
+            created_at=now,
+            updated_at=now,
+        )
+        self._rows[record.id] = record
+        return record
+
+    def list(self, *, actor: str | None, enabled: bool | None) -> list[ScheduleRecord]:
+        return sorted(
+            (
+                row
+                for row in self._rows.values()
+                if (actor is None or row.actor == actor)
+                and (enabled is None or row.enabled == enabled)
+            ),
+            key=lambda row: row.name,
+        )
+
+    def update(self, schedule_id: UUID, args: ScheduleUpdateArgs) -> ScheduleRecord:
+        current = self._get(schedule_id)
+        changes = args.model_dump(exclude_none=True)
+        merged = current.model_copy(update=changes)
+        now = self._clock.now()
+        updated = merged.model_copy(
+            update={
+                "next_fire_at": _next_fire(merged.cron, merged.timezone, merged.enabled, now),
+                "updated_at": now,
+            }
+        )
+        self._rows[schedule_id] = updated
+        return updated
+
+    def delete(self, schedule_id: UUID) -> None:
+        self._get(schedule_id)
+        del self._rows[schedule_id]
+
+    def _get(self, schedule_id: UUID) -> ScheduleRecord:
+        try:
+            return self._rows[schedule_id]
+        except KeyError:
+            raise KeyError(f"no schedule with id {schedule_id}") from None

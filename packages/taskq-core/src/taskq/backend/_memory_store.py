@@ -1,0 +1,299 @@
+"""The in-memory tables and the few primitives that write them.
+
+:class:`JobStore` plays the part of the Postgres schema: the ``jobs`` table
+(frozen :class:`~taskq.models.JobRow` values, replaced on every change),
+``job_attempts`` keyed by ``(job_id, attempt)``, ``job_events`` with one
+global increasing id, and the idempotency index. Every status change goes
+through :meth:`JobStore.move` (checked against the state machine, event row
+written) and every finished attempt through :meth:`JobStore.end_attempt`,
+so the "every transition leaves history" rule has one home.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from taskq.backend.statemachine import (
+    ACTIVE_STATUSES,
+    TERMINAL_STATUSES,
+    JobStatus,
+    assert_valid_transition,
+)
+from taskq.errors import SingletonCollisionError
+from taskq.models import (
+    AttemptOutcome,
+    AttemptRow,
+    EnqueueArgs,
+    ErrorInfo,
+    EventKind,
+    EventRow,
+    JobId,
+    JobRow,
+)
+
+__all__ = ["InsertPlan", "JobStore", "deadline_error", "due_after", "new_job", "wake"]
+
+_ZERO = timedelta(0)
+
+
+def new_job(args: EnqueueArgs, now: datetime) -> JobRow:
+    """The row ``enqueue`` inserts for ``args``. JSON values are copied so the
+    caller's later mutations cannot reach the store."""
+    status, scheduled_at = due_after(now, args.delay or _ZERO)
+    return JobRow(
+        id=args.id,
+        actor=args.actor,
+        queue=args.queue,
+        status=status,
+        payload=copy.deepcopy(args.payload),
+        priority=args.priority,
+        attempt=0,
+        max_attempts=args.max_attempts,
+        created_at=now,
+        scheduled_at=scheduled_at,
+        idempotency_key=args.idempotency_key,
+        identity_key=args.identity_key,
+        fairness_key=args.fairness_key,
+        deadline_at=now + args.schedule_to_close if args.schedule_to_close is not None else None,
+        timeout=args.timeout,
+        result_ttl=args.result_ttl,
+        metadata=copy.deepcopy(args.metadata),
+        tags=list(args.tags),
+        trace_id=args.trace_id,
+        span_id=args.span_id,
+    )
+
+
+def due_after(now: datetime, delay: timedelta) -> tuple[JobStatus, datetime]:
+    """Status and ``scheduled_at`` of a job that should run ``delay`` from now:
+    ``pending`` at once for no delay, else ``scheduled``."""
+    if delay <= _ZERO:
+        return JobStatus.PENDING, now
+    return JobStatus.SCHEDULED, now + delay
+
+
+def deadline_error() -> ErrorInfo:
+    """The error of a job failed because its ``schedule_to_close`` deadline passed."""
+    return ErrorInfo(
+        error_class="DeadlineExceeded", message="the job's schedule_to_close deadline passed"
+    )
+
+
+@dataclass
+class InsertPlan:
+    """An enqueue after validation, before anything is stored."""
+
+    rows: list[JobRow] = field(default_factory=list)
+    """One row per input item: the new row, or the existing idempotent match."""
+    new: dict[JobId, JobRow] = field(default_factory=dict)
+    """The rows to insert, by id."""
+
+
+class JobStore:
+    """Jobs, attempts, events and the wake-up subscribers of one in-memory backend."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[JobId, JobRow] = {}
+        self.attempts: dict[JobId, dict[int, AttemptRow]] = {}
+        self.events: dict[JobId, list[EventRow]] = {}
+        self.reclaim_events: list[EventRow] = []
+        """The ``reclaimed`` events, in id order: the outbox ``poll_reclaim_events`` reads."""
+        self.wake_subscribers: set[asyncio.Event] = set()
+        self.cancel_wake_subscribers: set[asyncio.Event] = set()
+        self._idempotency: dict[tuple[str, str], JobId] = {}
+        self._event_ids = itertools.count(1)
+
+    # -- inserting -------------------------------------------------------------
+    def plan_inserts(
+        self, args_list: Sequence[EnqueueArgs], now: datetime, *, idempotent: bool
+    ) -> InsertPlan:
+        """Validate every item against the store and the items before it.
+
+        Raises before anything is stored, so a failing batch inserts nothing.
+        With ``idempotent`` an item whose ``(actor, idempotency_key)`` exists
+        yields the existing row; without it, that is an error.
+        """
+        plan = InsertPlan()
+        staged_keys: dict[tuple[str, str], JobRow] = {}
+        for args in args_list:
+            if args.singleton and args.identity_key is None:
+                raise ValueError(
+                    f"singleton=True needs an identity_key (actor {args.actor!r}): "
+                    f"a singleton is unique per (actor, identity_key)"
+                )
+            if args.idempotency_key is not None:
+                key = (args.actor, args.idempotency_key)
+                existing = staged_keys.get(key) or self._by_idempotency_key(key)
+                if existing is not None:
+                    if not idempotent:
+                        raise ValueError(
+                            f"idempotency key {args.idempotency_key!r} of actor {args.actor!r} "
+                            f"is already used; enqueue_batch_fast does not deduplicate, "
+                            f"use enqueue_batch"
+                        )
+                    plan.rows.append(existing)
+                    continue
+            if args.id in self.jobs or args.id in plan.new:
+                raise ValueError(f"a job with id {args.id} already exists")
+            if args.singleton:
+                self._check_singleton(args, now, plan.new.values())
+            row = new_job(args, now)
+            plan.rows.append(row)
+            plan.new[row.id] = row
+            if args.idempotency_key is not None:
+                staged_keys[(args.actor, args.idempotency_key)] = row
+        return plan
+
+    def insert(self, plan: InsertPlan) -> None:
+        """Store the new rows of ``plan``; one wake-up for all of them."""
+        for row in plan.new.values():
+            self.jobs[row.id] = row
+            if row.idempotency_key is not None:
+                self._idempotency[(row.actor, row.idempotency_key)] = row.id
+        if plan.new:
+            wake(self.wake_subscribers)
+
+    def _by_idempotency_key(self, key: tuple[str, str]) -> JobRow | None:
+        job_id = self._idempotency.get(key)
+        return self.jobs[job_id] if job_id is not None else None
+
+    def _check_singleton(self, args: EnqueueArgs, now: datetime, staged: Iterable[JobRow]) -> None:
+        for row in itertools.chain(self.jobs.values(), staged):
+            if (
+                row.status in ACTIVE_STATUSES
+                and row.actor == args.actor
+                and row.identity_key == args.identity_key
+            ):
+                error = SingletonCollisionError(
+                    f"actor {args.actor!r} already has an active job ({row.id}) with "
+                    f"identity_key {args.identity_key!r}; retry once it finishes"
+                )
+                retry_after = (
+                    max((row.deadline_at - now).total_seconds(), 0.0)
+                    if row.deadline_at is not None
+                    else None
+                )
+                # SingletonCollisionError does not declare the attribute; it is an
+                # advisory hint for the caller (architecture: Clock Domains).
+                setattr(error, "retry_after", retry_after)  # noqa: B010 -- undeclared attribute
+                raise error
+
+    # -- writing -------------------------------------------------------------------
+    def event(self, job_id: JobId, kind: EventKind, detail: dict[str, Any], now: datetime) -> None:
+        """Append one event row with the next global id."""
+        event = EventRow(
+            event_id=next(self._event_ids), job_id=job_id, occurred_at=now, kind=kind, detail=detail
+        )
+        self.events.setdefault(job_id, []).append(event)
+        if kind == "reclaimed":
+            self.reclaim_events.append(event)
+
+    def update(self, row: JobRow, **changes: Any) -> JobRow:
+        """Change fields other than the status (lease, cancel flags)."""
+        updated = row.model_copy(update=changes)
+        self.jobs[row.id] = updated
+        return updated
+
+    def write_status(
+        self,
+        row: JobRow,
+        to: JobStatus,
+        now: datetime,
+        *,
+        kind: EventKind = "state_change",
+        detail: dict[str, Any] | None = None,
+        **changes: Any,
+    ) -> JobRow:
+        """Store ``row`` in status ``to`` with ``changes``, plus its event row
+        (``from_state``, ``to_state`` and ``detail``). A job entering ``pending``
+        wakes the workers. Unchecked: only an operator reset calls this directly."""
+        updated = self.update(row, status=to, **changes)
+        base = {"from_state": row.status.value, "to_state": to.value}
+        self.event(row.id, kind, {**base, **(detail or {})}, now)
+        if to is JobStatus.PENDING:
+            wake(self.wake_subscribers)
+        return updated
+
+    def move(
+        self,
+        row: JobRow,
+        to: JobStatus,
+        now: datetime,
+        *,
+        kind: EventKind = "state_change",
+        detail: dict[str, Any] | None = None,
+        **changes: Any,
+    ) -> JobRow:
+        """A state-machine transition: checked against ``VALID_TRANSITIONS``, then written."""
+        assert_valid_transition(row.status, to, row.id)
+        return self.write_status(row, to, now, kind=kind, detail=detail, **changes)
+
+    def owned(self, job_id: JobId, worker_id: UUID, attempt: int | None) -> JobRow | None:
+        """The job if ``worker_id`` may finish it: running, locked by that worker and,
+        when ``attempt`` is given, still on that attempt (the fence against a paused
+        worker whose job was reclaimed and dispatched again)."""
+        row = self.jobs.get(job_id)
+        if (
+            row is None
+            or row.status is not JobStatus.RUNNING
+            or row.locked_by_worker != worker_id
+            or (attempt is not None and row.attempt != attempt)
+        ):
+            return None
+        return row
+
+    def end_attempt(
+        self,
+        row: JobRow,
+        to: JobStatus,
+        now: datetime,
+        *,
+        worker_id: UUID | None,
+        outcome: AttemptOutcome,
+        attempt_error: ErrorInfo | None = None,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+        kind: EventKind = "state_change",
+        detail: dict[str, Any] | None = None,
+        **changes: Any,
+    ) -> JobRow:
+        """Close the running attempt of ``row``: move it to ``to``, release the lock,
+        keep newer progress, and write the attempt row and the event row."""
+        if to in TERMINAL_STATUSES:
+            changes["finished_at"] = now
+        if progress_seq > row.progress_seq:
+            changes["progress_seq"] = progress_seq
+            changes["progress_state"] = copy.deepcopy(progress_state)
+        updated = self.move(
+            row,
+            to,
+            now,
+            kind=kind,
+            detail=detail,
+            locked_by_worker=None,
+            lock_expires_at=None,
+            **changes,
+        )
+        self.attempts.setdefault(row.id, {})[row.attempt] = AttemptRow(
+            job_id=row.id,
+            attempt=row.attempt,
+            worker_id=worker_id,
+            started_at=row.started_at,
+            finished_at=now,
+            outcome=outcome,
+            error=attempt_error,
+        )
+        return updated
+
+
+def wake(subscribers: set[asyncio.Event]) -> None:
+    """Set every subscribed event (each consumer clears its own)."""
+    for event in subscribers:
+        event.set()

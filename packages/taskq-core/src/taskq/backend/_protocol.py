@@ -1,0 +1,519 @@
+"""The Backend protocol: TaskQ's single storage abstraction.
+
+Everything the client, the worker and the maintenance leader do to jobs
+goes through these methods. ``InMemoryBackend`` and ``PostgresBackend``
+satisfy the protocol structurally (no inheritance), as can third-party
+backends, and all of them pass the one conformance suite in
+``taskq_testing.conformance``.
+
+Rules every implementation keeps:
+
+* **One arbiter per predicate.** No method takes a "now": a backend compares
+  times against its own clock (Postgres: ``clock_timestamp()`` in the
+  statement that owns the predicate; in-memory: the injected ``Clock``).
+  Relative inputs (``delay``, ``lock_lease``, ``retry_delay``) are added to
+  that clock by the backend.
+* **Terminal writes own their row.** ``mark_*`` methods change a job only
+  while it is ``running``, locked by the calling ``worker_id`` and, when
+  ``attempt`` is given, still on that attempt (fencing against a paused
+  worker whose job was reclaimed and re-dispatched). Otherwise they are
+  no-ops and say so (``False``, ``"noop"``, or the unchanged row).
+* **Every transition leaves history**: the attempt that ended gets a
+  ``job_attempts`` row and the transition a ``job_events`` row, in the same
+  atomic step as the status change.
+* **Transitions are those of** :mod:`taskq.backend.statemachine`, driven
+  only by the methods listed in ``TRANSITION_DRIVERS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Protocol, runtime_checkable
+from uuid import UUID
+
+from taskq.errors import ProtocolVersionMismatch
+
+if TYPE_CHECKING:
+    from taskq.models import (
+        ActorConfig,
+        AttemptOutcome,
+        AttemptRow,
+        BatchCounts,
+        BatchFilter,
+        BatchRow,
+        BulkCancelResult,
+        CancelFlag,
+        EnqueueArgs,
+        ErrorInfo,
+        EventRow,
+        JobFilter,
+        JobId,
+        JobRow,
+        QueueConfig,
+        ScheduleCreateArgs,
+        ScheduleRecord,
+        ScheduleUpdateArgs,
+    )
+
+__all__ = [
+    "BACKEND_PROTOCOL_VERSION",
+    "PROTOCOL_MEMBERS",
+    "Backend",
+    "SupportsMigrate",
+    "SupportsTransactions",
+    "check_protocol_version",
+    "missing_members",
+]
+
+BACKEND_PROTOCOL_VERSION: Final = 3
+# Protocol history
+# ----------------
+# v1  The first protocol: enqueue, dispatch, heartbeat, terminal writes, sweeps.
+# v2  Batches (enqueue_batch_atomic and the batch counters), schedules CRUD,
+#     poll_reclaim_events with its visibility delay.
+# v3  (unreleased; folds in every change since the last shipped release)
+#     list_jobs with JobFilter.status widened to a sequence and the `active`
+#     meta-filter; get_actor_max_pending required; mark_succeeded(_with_conn)
+#     gained fallback_result_ttl; terminal writes gained the keyword-only
+#     `attempt` fence; open/close, register_actors and configure_queue made
+#     explicit so every state is reachable through the protocol.
+#
+# When to bump: "increment it whenever a change alters an existing protocol
+# member's observable contract such that an implementation written against
+# the previous version would silently misbehave — return wrong rows, ignore
+# inputs — instead of failing loudly. Purely additive changes that an old
+# implementation can ignore without producing incorrect behaviour (a new
+# optional method with a default, a new carrier field old code simply never
+# reads) do not require a bump."
+
+Connection = Any
+"""A driver connection owned by the caller (asyncpg for Postgres). Core never
+imports a driver, so it stays opaque here."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Storage for jobs, their history, schedules and batches."""
+
+    BACKEND_PROTOCOL_VERSION: ClassVar[int]
+    supports_transactional_simulation: ClassVar[bool]
+    """True when sub-jobs enqueued by a running job must be buffered and
+    flushed on success (in-memory); False when real transactions give that
+    atomicity (Postgres)."""
+
+    # -- lifecycle ---------------------------------------------------------
+    async def open(self) -> None:
+        """Connect (pools, listeners). Idempotent."""
+        ...
+
+    async def close(self) -> None:
+        """Release every resource. Idempotent."""
+        ...
+
+    # -- configuration written by workers at start-up ----------------------
+    async def register_actors(self, configs: list[ActorConfig]) -> None:
+        """Upsert fleet-wide actor settings (``max_concurrent``, ``max_pending``)."""
+        ...
+
+    async def configure_queue(self, config: QueueConfig) -> None:
+        """Upsert a queue's dispatch mode and fleet-wide cap."""
+        ...
+
+    # -- enqueue -----------------------------------------------------------
+    async def enqueue(self, args: EnqueueArgs) -> JobRow:
+        """Insert one job (``pending``, or ``scheduled`` with a delay) and wake workers.
+
+        An existing (actor, idempotency_key) returns the existing row.
+        ``singleton`` with an active job of the same identity raises
+        ``SingletonCollisionError``.
+        """
+        ...
+
+    async def enqueue_batch(
+        self, args_list: list[EnqueueArgs], *, connection: Connection = None
+    ) -> list[JobRow]:
+        """Insert many jobs atomically; one row per item, in order (idempotent items
+        return the existing row). One wake for the whole batch."""
+        ...
+
+    async def enqueue_batch_fast(
+        self, args_list: list[EnqueueArgs], *, connection: Connection = None
+    ) -> int:
+        """Bulk insert (COPY on Postgres); returns the inserted count. No
+        idempotency handling and no rows returned: the fast path."""
+        ...
+
+    async def enqueue_with_conn(self, conn: Connection, args: EnqueueArgs) -> JobRow:
+        """``enqueue`` inside the caller's transaction; the job exists iff it commits."""
+        ...
+
+    # -- dispatch and heartbeat --------------------------------------------
+    async def dispatch_batch(
+        self, worker_id: UUID, queues: list[str], limit: int, lock_lease: timedelta
+    ) -> list[JobRow]:
+        """Lock up to ``limit`` due pending jobs of ``queues`` for ``worker_id``:
+        ``pending -> running``, ``attempt += 1``, lease = clock + ``lock_lease``.
+
+        Honours priority/FIFO or round-robin per queue mode, each actor's
+        ``max_concurrent`` (with the documented over-count under concurrent
+        producers), and identity serialization (one running job per
+        (actor, identity_key)).
+        """
+        ...
+
+    async def heartbeat_jobs(self, worker_id: UUID, lock_lease: timedelta) -> int:
+        """Extend the lease of every job ``worker_id`` holds; returns how many."""
+        ...
+
+    async def extend_reservation_leases(self, worker_id: UUID, lock_lease: timedelta) -> int:
+        """Extend the leases of reservation slots ``worker_id`` holds; returns how many."""
+        ...
+
+    async def record_progress(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        progress_seq: int,
+        progress_state: dict[str, Any] | None,
+        *,
+        attempt: int | None = None,
+    ) -> bool:
+        """Store progress of a running job for its owner, only when ``progress_seq`` is
+        higher than the stored one (a late write never rolls progress back)."""
+        ...
+
+    # -- terminal writes (ownership-guarded) --------------------------------
+    async def mark_succeeded(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        result: Any,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+        fallback_result_ttl: timedelta | None = None,
+        *,
+        attempt: int | None = None,
+    ) -> bool:
+        """``running -> succeeded`` storing ``result``. Results expire after the job's
+        ``result_ttl``, else ``fallback_result_ttl``, else never. False on no-op."""
+        ...
+
+    async def mark_succeeded_with_conn(
+        self,
+        conn: Connection,
+        job_id: JobId,
+        worker_id: UUID,
+        result: Any,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+        fallback_result_ttl: timedelta | None = None,
+        *,
+        attempt: int | None = None,
+    ) -> bool:
+        """``mark_succeeded`` inside the caller's transaction."""
+        ...
+
+    async def mark_failed_or_retry(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        error_info: ErrorInfo,
+        retry_delay: timedelta | None,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
+    ) -> JobRow:
+        """Record a failed attempt. With ``retry_delay`` and attempts left, and the
+        retry not past the deadline, the job goes back to ``scheduled`` (``pending``
+        for a zero delay); otherwise to ``failed``. Returns the row after the write
+        (unchanged on a no-op)."""
+        ...
+
+    async def mark_cancelled(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
+    ) -> bool:
+        """``running -> cancelled`` (the actor honoured a cancel). False on no-op."""
+        ...
+
+    async def write_cancel_escalation(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        phase: Literal[2],
+        *,
+        attempt: int | None = None,
+    ) -> bool:
+        """Cancel phase 1 -> 2 (forced) plus its event row, for the owner only."""
+        ...
+
+    async def mark_abandoned(
+        self,
+        job_id: JobId,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+    ) -> bool:
+        """``running -> abandoned``, only while ``cancel_phase = 2``."""
+        ...
+
+    async def mark_snoozed(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        delay: timedelta,
+        *,
+        metadata_update: dict[str, Any] | None = None,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+        outcome: AttemptOutcome = "snoozed",
+        attempt: int | None = None,
+    ) -> Literal["scheduled", "failed", "noop"]:
+        """Reschedule after ``delay`` without using an attempt (``max_attempts`` grows by
+        one). ``failed`` when the new time would pass the deadline."""
+        ...
+
+    async def mark_retry_after(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        delay: timedelta,
+        *,
+        consume_budget: bool = True,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+        attempt: int | None = None,
+    ) -> Literal["scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded", "noop"]:
+        """Retry after ``delay``. ``consume_budget=False`` (rate-limit denial) does not
+        use an attempt."""
+        ...
+
+    # -- history -----------------------------------------------------------
+    async def write_attempt(self, attempt: AttemptRow) -> None:
+        """Insert or replace the record of one attempt (keyed by job and attempt number)."""
+        ...
+
+    async def get_attempts(self, job_id: JobId) -> list[AttemptRow]:
+        """Attempts of a job, oldest first."""
+        ...
+
+    async def get_events(self, job_id: JobId) -> list[EventRow]:
+        """Events of a job, oldest first."""
+        ...
+
+    async def poll_reclaim_events(
+        self,
+        after_id: int,
+        limit: int = 100,
+        *,
+        visibility_delay: timedelta | None = None,
+    ) -> list[EventRow]:
+        """Crash-reclaim events with ``event_id > after_id`` that are older than the
+        visibility delay (default: the backend's setting), in id order."""
+        ...
+
+    # -- cancellation ------------------------------------------------------
+    async def write_cancel_request(self, job_id: JobId, reason: str | None) -> bool:
+        """Cancel a job: pending/scheduled -> cancelled at once; running -> cancel
+        phase 1 and a wake for its worker. False when the job is terminal or unknown."""
+        ...
+
+    async def cancel_where(self, filter: JobFilter, reason: str | None) -> BulkCancelResult:
+        """``write_cancel_request`` for every job the filter selects (ignoring its limit)."""
+        ...
+
+    async def poll_cancel_flags(self, worker_id: UUID) -> list[CancelFlag]:
+        """Running jobs of ``worker_id`` with a cancel request."""
+        ...
+
+    # -- admin -------------------------------------------------------------
+    async def retry_job(self, job_id: JobId) -> bool:
+        """Put a failed/crashed/cancelled/abandoned job back to ``pending`` (with at
+        least one attempt left). False for any other status."""
+        ...
+
+    # -- sweeps (the backend's clock is the arbiter) ------------------------
+    async def scheduled_to_pending(self) -> int:
+        """Promote due scheduled jobs; wakes workers when any moved."""
+        ...
+
+    async def deadline_sweep(self) -> int:
+        """Fail pending/scheduled jobs whose ``schedule_to_close`` deadline passed."""
+        ...
+
+    async def reclaim_expired_locks(self, cancel_grace: timedelta, cleanup_grace: timedelta) -> int:
+        """Reclaim running jobs whose lease expired: cancel requested -> ``cancelled``;
+        attempts left -> ``pending``; none left -> ``crashed``. Jobs with a cancel in
+        progress get ``cancel_grace + cleanup_grace`` plus the backend's headroom first.
+        Each reclaim writes a ``reclaimed`` outbox event and a ``crashed`` attempt."""
+        ...
+
+    # -- reads -------------------------------------------------------------
+    async def get(self, job_id: JobId) -> JobRow | None:
+        """One job, or None."""
+        ...
+
+    async def list_jobs(self, filters: JobFilter) -> list[JobRow]:
+        """Jobs matching the filter, ordered by (created_at, id), one page."""
+        ...
+
+    async def count_pending_jobs(self, actors: list[str]) -> dict[str, int]:
+        """Waiting (pending + scheduled) jobs per actor, for every actor asked."""
+        ...
+
+    async def get_actor_max_pending(self) -> dict[str, int | None]:
+        """Each configured actor's ``max_pending``."""
+        ...
+
+    async def count_active_jobs(self, queues: list[str]) -> int:
+        """Non-terminal jobs in ``queues``."""
+        ...
+
+    # -- wake-ups ------------------------------------------------------------
+    def subscribe_wake(self) -> AbstractAsyncContextManager[asyncio.Event]:
+        """An event set whenever new work may be dispatchable."""
+        ...
+
+    def subscribe_cancel_wake(self) -> AbstractAsyncContextManager[asyncio.Event]:
+        """An event set whenever a cancel request arrives for a running job."""
+        ...
+
+    # -- schedules -------------------------------------------------------------
+    async def create_schedule(self, args: ScheduleCreateArgs) -> ScheduleRecord:
+        """Store a schedule; its first ``next_fire_at`` comes from the backend's clock."""
+        ...
+
+    async def list_schedules(
+        self, *, actor: str | None = None, enabled: bool | None = None
+    ) -> list[ScheduleRecord]:
+        """Schedules, by name."""
+        ...
+
+    async def update_schedule(self, schedule_id: UUID, args: ScheduleUpdateArgs) -> ScheduleRecord:
+        """Change a schedule (``KeyError`` if unknown); recomputes ``next_fire_at``."""
+        ...
+
+    async def delete_schedule(self, schedule_id: UUID) -> None:
+        """Remove a schedule (``KeyError`` if unknown)."""
+        ...
+
+    # -- batches ---------------------------------------------------------------
+    async def enqueue_batch_atomic(
+        self,
+        items: Iterable[EnqueueArgs],
+        *,
+        batch_id: UUID,
+        queue: str,
+        batch_row: BatchRow | None,
+        finalizer_args: EnqueueArgs | None,
+        chunk_size: int = 1000,
+    ) -> list[JobRow]:
+        """Children (tagged ``metadata.batch_id``), the batch row and the finalizer,
+        all or nothing. The finalizer waits (``scheduled`` with no due time) until
+        the batch completes or aborts."""
+        ...
+
+    async def create_batch(
+        self,
+        batch_id: UUID,
+        queue: str,
+        expected_size: int,
+        failure_threshold: int | None,
+        finalizer_job_id: UUID | None,
+        originating_actor: str | None,
+        *,
+        connection: Connection = None,
+    ) -> None:
+        """Insert an ``active`` batch row."""
+        ...
+
+    async def increment_batch_failures(
+        self, batch_id: UUID, *, connection: Connection = None
+    ) -> tuple[int, int | None, int]:
+        """``consecutive_failures += 1``; returns (failures, threshold, non-terminal children)."""
+        ...
+
+    async def reset_batch_failures(self, batch_id: UUID, *, connection: Connection = None) -> int:
+        """``consecutive_failures = 0``; returns rows changed."""
+        ...
+
+    async def abort_batch(self, batch_id: UUID, *, connection: Connection = None) -> int:
+        """Mark ``aborted``, cancel pending/scheduled children, release the finalizer;
+        returns the children cancelled."""
+        ...
+
+    async def complete_batch(self, batch_id: UUID, *, connection: Connection = None) -> None:
+        """Mark an active batch ``complete`` and release its finalizer."""
+        ...
+
+    async def get_batch(self, batch_id: UUID) -> BatchRow | None:
+        """One batch row, or None."""
+        ...
+
+    async def list_batches(self, filter: BatchFilter) -> list[tuple[BatchRow, BatchCounts]]:
+        """Batches with their child counts, newest first."""
+        ...
+
+    async def count_batch_non_terminal(
+        self, batch_id: UUID, *, connection: Connection = None
+    ) -> int:
+        """Children of the batch (finalizer excluded) not yet terminal."""
+        ...
+
+    async def prune_old_batches(self, cutoff: datetime) -> int:
+        """Delete finished batches completed before ``cutoff`` with no children left."""
+        ...
+
+
+@runtime_checkable
+class SupportsMigrate(Protocol):
+    """A backend with schema migrations (``taskq-worker --migrate``)."""
+
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations; returns the names applied."""
+        ...
+
+
+@runtime_checkable
+class SupportsTransactions(Protocol):
+    """A backend whose ``*_with_conn`` methods can share one real transaction.
+
+    The worker uses it to write a job's success and the sub-jobs it enqueued
+    atomically: both happen, or neither does.
+    """
+
+    def transaction(self) -> AbstractAsyncContextManager[Connection]:
+        """A connection inside a transaction; commits on a clean exit, rolls back on error."""
+        ...
+
+
+PROTOCOL_MEMBERS: Final[frozenset[str]] = frozenset(
+    name for name in (*vars(Backend), *Backend.__annotations__) if not name.startswith("_")
+)
+"""Every attribute and method a backend must have (for diagnostics and meta-tests)."""
+
+
+def missing_members(obj: object) -> list[str]:
+    """Protocol members ``obj`` lacks, sorted; empty when it satisfies ``Backend``."""
+    return sorted(name for name in PROTOCOL_MEMBERS if not hasattr(obj, name))
+
+
+def check_protocol_version(backend_type: type, *, distribution: str | None = None) -> None:
+    """Raise :class:`ProtocolVersionMismatch` unless ``backend_type`` speaks this core's
+    protocol version. Backends call it at import; ``open_backend`` again at open."""
+    declared = getattr(backend_type, "BACKEND_PROTOCOL_VERSION", None)
+    if declared != BACKEND_PROTOCOL_VERSION:
+        source = f" from {distribution}" if distribution else ""
+        raise ProtocolVersionMismatch(
+            f"{backend_type.__module__}.{backend_type.__qualname__}{source} implements backend "
+            f"protocol {declared}, but this taskq-core speaks protocol {BACKEND_PROTOCOL_VERSION}; "
+            f"install versions of the two that match"
+        )

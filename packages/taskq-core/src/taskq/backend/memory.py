@@ -1,0 +1,780 @@
+"""``InMemoryBackend``: the reference implementation of the Backend protocol.
+
+Everything lives in Python dicts inside one process, so this backend is for
+tests, examples and single-process experiments. It is also the executable
+reading of ``docs/backend-contract.md``: every method does what that page
+says in the simplest way that is still correct, and it is held to the same
+``taskq_testing.conformance`` suite as Postgres.
+
+How it maps to the Postgres backend:
+
+* **Tables** live in :class:`~taskq.backend._memory_store.JobStore` (jobs,
+  attempts, events), :class:`~taskq.backend._memory_batches.BatchTable` and
+  :class:`~taskq.backend._memory_schedules.ScheduleTable`. Rows are frozen
+  pydantic models, replaced with ``model_copy`` on every change.
+* **Atomicity.** No method awaits while it works, so on one event loop each
+  call is one atomic step, like one SQL transaction. Multi-row inserts
+  validate every item before storing any.
+* **Time.** Every stored or compared time comes from the injected
+  :class:`~taskq.backend.clock.Clock` (a ``FakeClock`` in tests).
+* **Transitions** go through ``JobStore.move``, which checks them against
+  :mod:`taskq.backend.statemachine` and writes the event row. The one
+  exception is ``retry_job``: an operator reset of a terminal job, which has
+  no transition to check.
+
+Not thread-safe: use one instance from one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
+from uuid import UUID
+
+from taskq.backend._memory_batches import BatchTable
+from taskq.backend._memory_dispatch import RunningLoad, dispatch_order, take_jobs
+from taskq.backend._memory_queries import select_jobs
+from taskq.backend._memory_schedules import ScheduleTable
+from taskq.backend._memory_store import JobStore, deadline_error, due_after, wake
+from taskq.backend._memory_sweeps import fail_past_deadline, promote_due, reclaim_expired
+from taskq.backend._protocol import Connection, check_protocol_version
+from taskq.backend.clock import Clock, SystemClock
+from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
+from taskq.models import (
+    ActorConfig,
+    AttemptOutcome,
+    AttemptRow,
+    BatchCounts,
+    BatchFilter,
+    BatchRow,
+    BulkCancelResult,
+    CancelFlag,
+    EnqueueArgs,
+    ErrorInfo,
+    EventRow,
+    JobFilter,
+    JobId,
+    JobRow,
+    QueueConfig,
+    ScheduleCreateArgs,
+    ScheduleRecord,
+    ScheduleUpdateArgs,
+)
+
+__all__ = ["InMemoryBackend"]
+
+_S = JobStatus
+_WAITING: frozenset[JobStatus] = frozenset({_S.PENDING, _S.SCHEDULED})
+_RETRYABLE: frozenset[JobStatus] = frozenset({_S.FAILED, _S.CRASHED, _S.CANCELLED, _S.ABANDONED})
+
+
+class InMemoryBackend:
+    """A complete Backend kept in process memory (URL ``memory://``).
+
+    ``clock`` is the one source of time (default: the system clock; pass a
+    :class:`~taskq.backend.clock.FakeClock` to move time in tests).
+    ``reclaim_event_visibility_delay`` is the default trailing watermark of
+    :meth:`poll_reclaim_events`; ``cancel_reclaim_headroom`` is the extra
+    time a job with a cancel in progress gets before a crash reclaim.
+    """
+
+    BACKEND_PROTOCOL_VERSION: ClassVar[int] = 3
+    # Sub-jobs enqueued by a running job are buffered by the worker and flushed
+    # on success: there is no real transaction to roll back here.
+    supports_transactional_simulation: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *,
+        clock: Clock | None = None,
+        reclaim_event_visibility_delay: timedelta = timedelta(seconds=2),
+        cancel_reclaim_headroom: timedelta = timedelta(seconds=60),
+    ) -> None:
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.reclaim_event_visibility_delay = reclaim_event_visibility_delay
+        self.cancel_reclaim_headroom = cancel_reclaim_headroom
+        self._store = JobStore()
+        # Reads scan the jobs table directly; every write goes through the store.
+        self._jobs = self._store.jobs
+        self._actors: dict[str, ActorConfig] = {}
+        self._queues: dict[str, QueueConfig] = {}
+        self._schedules = ScheduleTable(self.clock)
+        self._batches = BatchTable(self._store, self.clock)
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> InMemoryBackend:
+        """Build from a ``memory://`` URL (anything after the scheme is ignored);
+        ``options`` are the constructor's keyword arguments (``schema`` is accepted
+        and ignored, so one application definition serves every backend)."""
+        scheme = urlsplit(url).scheme
+        if scheme != "memory":
+            raise ValueError(
+                f"InMemoryBackend serves memory:// URLs, not {url!r}; "
+                f"use 'memory://' or the backend that serves {scheme or 'this'}://"
+            )
+        # A schema namespaces a database; one process's memory needs none.
+        options.pop("schema", None)
+        return cls(**options)
+
+    # -- lifecycle -------------------------------------------------------------
+    async def open(self) -> None:
+        """Nothing to connect."""
+
+    async def close(self) -> None:
+        """Nothing to release; the data stays until the instance is dropped."""
+
+    # -- configuration -----------------------------------------------------------
+    async def register_actors(self, configs: list[ActorConfig]) -> None:
+        """Upsert each actor's ``max_concurrent`` / ``max_pending``."""
+        for config in configs:
+            self._actors[config.actor] = config
+
+    async def configure_queue(self, config: QueueConfig) -> None:
+        """Upsert a queue's mode and ``max_concurrent``."""
+        self._queues[config.queue] = config
+
+    # -- enqueue -------------------------------------------------------------------
+    async def enqueue(self, args: EnqueueArgs) -> JobRow:
+        """Insert one job (``pending``, or ``scheduled`` after a positive ``delay``)."""
+        plan = self._store.plan_inserts([args], self.clock.now(), idempotent=True)
+        self._store.insert(plan)
+        return plan.rows[0]
+
+    async def enqueue_batch(
+        self, args_list: list[EnqueueArgs], *, connection: Connection = None
+    ) -> list[JobRow]:
+        """Insert all items or none; one row per item, in order. ``connection`` is ignored."""
+        plan = self._store.plan_inserts(args_list, self.clock.now(), idempotent=True)
+        self._store.insert(plan)
+        return plan.rows
+
+    async def enqueue_batch_fast(
+        self, args_list: list[EnqueueArgs], *, connection: Connection = None
+    ) -> int:
+        """Insert all items or none; a used idempotency key fails the whole call."""
+        plan = self._store.plan_inserts(args_list, self.clock.now(), idempotent=False)
+        self._store.insert(plan)
+        return len(plan.new)
+
+    async def enqueue_with_conn(self, conn: Connection, args: EnqueueArgs) -> JobRow:
+        """``enqueue``; there is no transaction to join, so ``conn`` is ignored."""
+        return await self.enqueue(args)
+
+    # -- dispatch and heartbeat ------------------------------------------------------
+    async def dispatch_batch(
+        self, worker_id: UUID, queues: list[str], limit: int, lock_lease: timedelta
+    ) -> list[JobRow]:
+        """Lock up to ``limit`` due pending jobs of ``queues`` for ``worker_id``."""
+        if limit <= 0 or not queues:
+            return []
+        now = self.clock.now()
+        wanted = set(queues)
+        due = [
+            row
+            for row in self._jobs.values()
+            if row.status is _S.PENDING and row.queue in wanted and row.scheduled_at <= now
+        ]
+        round_robin = {
+            q for q in wanted if q in self._queues and self._queues[q].mode == "round_robin"
+        }
+        chosen = take_jobs(
+            dispatch_order(due, round_robin),
+            limit,
+            RunningLoad.of(self._jobs.values()),
+            actor_caps={name: cfg.max_concurrent for name, cfg in self._actors.items()},
+            queue_caps={name: cfg.max_concurrent for name, cfg in self._queues.items()},
+        )
+        return [
+            self._store.move(
+                row,
+                _S.RUNNING,
+                now,
+                detail={"worker_id": str(worker_id)},
+                attempt=row.attempt + 1,
+                locked_by_worker=worker_id,
+                started_at=now,
+                lock_expires_at=now + lock_lease,
+                execution_started_at=None,
+            )
+            for row in chosen
+        ]
+
+    async def heartbeat_jobs(self, worker_id: UUID, lock_lease: timedelta) -> int:
+        """Extend the lease of every running job ``worker_id`` holds."""
+        now = self.clock.now()
+        held = [
+            row
+            for row in self._jobs.values()
+            if row.status is _S.RUNNING and row.locked_by_worker == worker_id
+        ]
+        for row in held:
+            self._store.update(row, lock_expires_at=now + lock_lease)
+        return len(held)
+
+    async def extend_reservation_leases(self, worker_id: UUID, lock_lease: timedelta) -> int:
+        """Always 0: the in-memory backend holds no reservation slots."""
+        return 0
+
+    async def record_progress(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        progress_seq: int,
+        progress_state: dict[str, Any] | None,
+        *,
+        attempt: int | None = None,
+    ) -> bool:
+        """Store newer progress for the owner of a running job."""
+        row = self._store.owned(job_id, worker_id, attempt)
+        if row is None:
+            return False
+        if progress_seq > row.progress_seq:
+            self._store.update(
+                row, progress_seq=progress_seq, progress_state=copy.deepcopy(progress_state)
+            )
+        return True
+
+    # -- terminal writes -----------------------------------------------------------------
+    async def mark_succeeded(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        result: Any,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+        fallback_result_ttl: timedelta | None = None,
+        *,
+        attempt: int | None = None,
+    ) -> bool:
+        """``running -> succeeded`` storing ``result``; False on a no-op."""
+        row = self._store.owned(job_id, worker_id, attempt)
+        if row is None:
+            return False
+        now = self.clock.now()
+        ttl = row.result_ttl if row.result_ttl is not None else fallback_result_ttl
+        self._store.end_attempt(
+            row,
+            _S.SUCCEEDED,
+            now,
+            worker_id=worker_id,
+            outcome="succeeded",
+            progress_seq=progress_seq,
+            progress_state=progress_state,
+            result=copy.deepcopy(result),
+            result_expires_at=now + ttl if ttl is not None else None,
+        )
+        return True
+
+    async def mark_succeeded_with_conn(
+        self,
+        conn: Connection,
+        job_id: JobId,
+        worker_id: UUID,
+        result: Any,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+        fallback_result_ttl: timedelta | None = None,
+        *,
+        attempt: int | None = None,
+    ) -> bool:
+        """``mark_succeeded``; ``conn`` is ignored."""
+        return await self.mark_succeeded(
+            job_id,
+            worker_id,
+            result,
+            progress_seq,
+            progress_state,
+            fallback_result_ttl,
+            attempt=attempt,
+        )
+
+    async def mark_failed_or_retry(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        error_info: ErrorInfo,
+        retry_delay: timedelta | None,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
+    ) -> JobRow:
+        """Record a failed attempt, then retry (``scheduled``/``pending``) or fail.
+
+        Returns the row after the write, the unchanged row on a no-op, and raises
+        ``KeyError`` for an unknown job.
+        """
+        row = self._store.owned(job_id, worker_id, attempt)
+        if row is None:
+            if job_id not in self._jobs:
+                raise KeyError(f"no job with id {job_id}")
+            return self._jobs[job_id]
+        now = self.clock.now()
+        changes: dict[str, Any] = {}
+        if (
+            retry_delay is not None
+            and row.attempt < row.max_attempts
+            and (row.deadline_at is None or now + retry_delay <= row.deadline_at)
+        ):
+            to, changes["scheduled_at"] = due_after(now, retry_delay)
+        else:
+            to = _S.FAILED
+        return self._store.end_attempt(
+            row,
+            to,
+            now,
+            worker_id=worker_id,
+            outcome="failed",
+            attempt_error=error_info,
+            progress_seq=progress_seq,
+            progress_state=progress_state,
+            error=error_info,
+            **changes,
+        )
+
+    async def mark_cancelled(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
+    ) -> bool:
+        """``running -> cancelled`` (the actor honoured a cancel); False on a no-op."""
+        row = self._store.owned(job_id, worker_id, attempt)
+        if row is None:
+            return False
+        self._store.end_attempt(
+            row,
+            _S.CANCELLED,
+            self.clock.now(),
+            worker_id=worker_id,
+            outcome="cancelled",
+            progress_seq=progress_seq,
+            progress_state=progress_state,
+        )
+        return True
+
+    async def write_cancel_escalation(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        phase: Literal[2],
+        *,
+        attempt: int | None = None,
+    ) -> bool:
+        """Cancel phase 1 -> 2 for the owner, with a ``cancel_escalated`` event."""
+        if phase != 2:
+            raise ValueError(f"a cancel can only be escalated to phase 2, not {phase}")
+        row = self._store.owned(job_id, worker_id, attempt)
+        if row is None or row.cancel_phase != CancelPhase.COOPERATIVE:
+            return False
+        now = self.clock.now()
+        self._store.update(row, cancel_phase=CancelPhase.FORCED)
+        self._store.event(job_id, "cancel_escalated", {"from_phase": 1, "to_phase": 2}, now)
+        return True
+
+    async def mark_abandoned(
+        self,
+        job_id: JobId,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+    ) -> bool:
+        """``running -> abandoned`` while ``cancel_phase = 2``. No owner check: the
+        heartbeat writes it after the forced cancel did not finish in time."""
+        row = self._jobs.get(job_id)
+        if row is None or row.status is not _S.RUNNING or row.cancel_phase != CancelPhase.FORCED:
+            return False
+        self._store.end_attempt(
+            row,
+            _S.ABANDONED,
+            self.clock.now(),
+            worker_id=row.locked_by_worker,
+            outcome="abandoned",
+            progress_seq=progress_seq,
+            progress_state=progress_state,
+        )
+        return True
+
+    async def mark_snoozed(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        delay: timedelta,
+        *,
+        metadata_update: dict[str, Any] | None = None,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+        outcome: AttemptOutcome = "snoozed",
+        attempt: int | None = None,
+    ) -> Literal["scheduled", "failed", "noop"]:
+        """Run again after ``delay`` without using an attempt: ``max_attempts`` grows by
+        one so the attempt numbers stay unique. ``failed`` past the deadline."""
+        row = self._store.owned(job_id, worker_id, attempt)
+        if row is None:
+            return "noop"
+        now = self.clock.now()
+        changes: dict[str, Any] = {"max_attempts": row.max_attempts + 1}
+        if metadata_update:
+            changes["metadata"] = {**row.metadata, **copy.deepcopy(metadata_update)}
+        attempt_error = None
+        if row.deadline_at is not None and now + delay > row.deadline_at:
+            to = _S.FAILED
+            attempt_error = changes["error"] = deadline_error()
+        else:
+            to, changes["scheduled_at"] = due_after(now, delay)
+        self._store.end_attempt(
+            row,
+            to,
+            now,
+            worker_id=worker_id,
+            outcome=outcome,
+            attempt_error=attempt_error,
+            progress_seq=progress_seq,
+            progress_state=progress_state,
+            **changes,
+        )
+        return "failed" if to is _S.FAILED else "scheduled"
+
+    async def mark_retry_after(
+        self,
+        job_id: JobId,
+        worker_id: UUID,
+        delay: timedelta,
+        *,
+        consume_budget: bool = True,
+        progress_seq: int = 0,
+        progress_state: dict[str, Any] | None = None,
+        attempt: int | None = None,
+    ) -> Literal["scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded", "noop"]:
+        """Run again after ``delay``. With ``consume_budget=False`` (a rate-limit
+        denial) the attempt does not count: ``max_attempts`` grows by one."""
+        row = self._store.owned(job_id, worker_id, attempt)
+        if row is None:
+            return "noop"
+        now = self.clock.now()
+        changes: dict[str, Any] = {}
+        if not consume_budget:
+            changes["max_attempts"] = row.max_attempts + 1
+        result: Literal["scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded"]
+        attempt_error = None
+        if row.deadline_at is not None and now + delay > row.deadline_at:
+            to, result = _S.FAILED, "failed:DeadlineExceeded"
+            attempt_error = changes["error"] = deadline_error()
+        elif consume_budget and row.attempt >= row.max_attempts:
+            to, result = _S.FAILED, "failed:MaxAttemptsExceeded"
+            attempt_error = changes["error"] = ErrorInfo(
+                error_class="MaxAttemptsExceeded",
+                message=f"attempt {row.attempt} of {row.max_attempts} asked to retry",
+            )
+        else:
+            result = "scheduled"
+            to, changes["scheduled_at"] = due_after(now, delay)
+        self._store.end_attempt(
+            row,
+            to,
+            now,
+            worker_id=worker_id,
+            outcome="retry_after" if consume_budget else "rate_limit_denied",
+            attempt_error=attempt_error,
+            progress_seq=progress_seq,
+            progress_state=progress_state,
+            **changes,
+        )
+        return result
+
+    # -- history -------------------------------------------------------------------
+    async def write_attempt(self, attempt: AttemptRow) -> None:
+        """Insert or replace the attempt row keyed by ``(job_id, attempt)``."""
+        self._store.attempts.setdefault(attempt.job_id, {})[attempt.attempt] = attempt
+
+    async def get_attempts(self, job_id: JobId) -> list[AttemptRow]:
+        """Attempts of a job by attempt number."""
+        attempts = self._store.attempts.get(job_id, {})
+        return [attempts[n] for n in sorted(attempts)]
+
+    async def get_events(self, job_id: JobId) -> list[EventRow]:
+        """Events of a job by event id (they are appended in id order)."""
+        return list(self._store.events.get(job_id, []))
+
+    async def poll_reclaim_events(
+        self,
+        after_id: int,
+        limit: int = 100,
+        *,
+        visibility_delay: timedelta | None = None,
+    ) -> list[EventRow]:
+        """``reclaimed`` events after ``after_id`` that are at least the visibility
+        delay old, in id order. (One process has no commit-order gap to wait out;
+        the delay is kept so callers see the same timing as on Postgres.)"""
+        delay = (
+            visibility_delay
+            if visibility_delay is not None
+            else self.reclaim_event_visibility_delay
+        )
+        visible_until = self.clock.now() - delay
+        visible = [
+            event
+            for event in self._store.reclaim_events
+            if event.event_id > after_id and event.occurred_at <= visible_until
+        ]
+        return visible[: max(limit, 0)]
+
+    # -- cancellation -----------------------------------------------------------------
+    def _request_cancel(self, row: JobRow, reason: str | None, now: datetime) -> bool:
+        """The cancel request on one job; returns whether it ended the job at once."""
+        if row.status in _WAITING:
+            self._store.move(
+                row,
+                _S.CANCELLED,
+                now,
+                detail={"reason": reason} if reason is not None else None,
+                finished_at=now,
+                cancel_requested_at=now,
+                cancel_reason=reason,
+            )
+            return True
+        # Running: flag phase 1 for the worker's heartbeat. A repeated request keeps
+        # the first timestamp and phase (it may already be 2) and the reason given.
+        self._store.update(
+            row,
+            cancel_phase=max(row.cancel_phase, CancelPhase.COOPERATIVE),
+            cancel_requested_at=row.cancel_requested_at or now,
+            cancel_reason=reason if reason is not None else row.cancel_reason,
+        )
+        self._store.event(
+            row.id, "cancel_requested", {"reason": reason} if reason is not None else {}, now
+        )
+        wake(self._store.cancel_wake_subscribers)
+        return False
+
+    async def write_cancel_request(self, job_id: JobId, reason: str | None) -> bool:
+        """Cancel a waiting job at once, or flag a running one; False when the job is
+        terminal or unknown."""
+        row = self._jobs.get(job_id)
+        if row is None or row.is_terminal:
+            return False
+        self._request_cancel(row, reason, self.clock.now())
+        return True
+
+    async def cancel_where(self, filter: JobFilter, reason: str | None) -> BulkCancelResult:
+        """``write_cancel_request`` on every job ``filter`` selects (its limit ignored)."""
+        now = self.clock.now()
+        result = BulkCancelResult()
+        for row in select_jobs(self._jobs.values(), filter, paged=False):
+            if row.is_terminal:
+                continue
+            ended = self._request_cancel(row, reason, now)
+            (result.cancelled if ended else result.requested).append(row.id)
+        return result
+
+    async def poll_cancel_flags(self, worker_id: UUID) -> list[CancelFlag]:
+        """Running jobs of ``worker_id`` with a cancel request."""
+        return [
+            CancelFlag(
+                job_id=row.id,
+                cancel_phase=row.cancel_phase,
+                cancel_requested_at=row.cancel_requested_at,
+                reason=row.cancel_reason,
+            )
+            for row in self._jobs.values()
+            if row.status is _S.RUNNING
+            and row.locked_by_worker == worker_id
+            and row.cancel_phase >= CancelPhase.COOPERATIVE
+            and row.cancel_requested_at is not None
+        ]
+
+    # -- admin ---------------------------------------------------------------------------
+    async def retry_job(self, job_id: JobId) -> bool:
+        """Give a failed/crashed/cancelled/abandoned job a new life as ``pending``."""
+        row = self._jobs.get(job_id)
+        if row is None or row.status not in _RETRYABLE:
+            return False
+        now = self.clock.now()
+        # An operator reset, not a state-machine transition (terminal statuses have
+        # none), so it is written without the transition check.
+        self._store.write_status(
+            row,
+            _S.PENDING,
+            now,
+            detail={"reason": "retried"},
+            scheduled_at=now,
+            max_attempts=max(row.max_attempts, row.attempt + 1),
+            locked_by_worker=None,
+            lock_expires_at=None,
+            cancel_phase=CancelPhase.NONE,
+            cancel_requested_at=None,
+            cancel_reason=None,
+            finished_at=None,
+            result=None,
+            result_expires_at=None,
+            error=None,
+        )
+        return True
+
+    # -- sweeps ------------------------------------------------------------------------
+    async def scheduled_to_pending(self) -> int:
+        """Promote scheduled jobs that are due; wakes workers when any moved."""
+        return promote_due(self._store, self.clock.now())
+
+    async def deadline_sweep(self) -> int:
+        """Fail pending/scheduled jobs whose ``schedule_to_close`` deadline passed."""
+        return fail_past_deadline(self._store, self.clock.now())
+
+    async def reclaim_expired_locks(self, cancel_grace: timedelta, cleanup_grace: timedelta) -> int:
+        """Reclaim running jobs whose lease expired: cancel requested -> ``cancelled``,
+        attempts left -> ``pending``, else ``crashed``. A job with a cancel in progress
+        waits ``cancel_grace + cleanup_grace + cancel_reclaim_headroom`` past its lease."""
+        cancel_wait = cancel_grace + cleanup_grace + self.cancel_reclaim_headroom
+        return reclaim_expired(self._store, self.clock.now(), cancel_wait)
+
+    # -- reads -------------------------------------------------------------------------
+    async def get(self, job_id: JobId) -> JobRow | None:
+        """One job, or None."""
+        return self._jobs.get(job_id)
+
+    async def list_jobs(self, filters: JobFilter) -> list[JobRow]:
+        """One page of the jobs ``filters`` selects, in ``(created_at, id)`` order."""
+        return select_jobs(self._jobs.values(), filters)
+
+    async def count_pending_jobs(self, actors: list[str]) -> dict[str, int]:
+        """Waiting (pending + scheduled) jobs of each actor asked for."""
+        counts = Counter(row.actor for row in self._jobs.values() if row.status in _WAITING)
+        return {actor: counts[actor] for actor in actors}
+
+    async def get_actor_max_pending(self) -> dict[str, int | None]:
+        """``max_pending`` of every registered actor."""
+        return {name: config.max_pending for name, config in self._actors.items()}
+
+    async def count_active_jobs(self, queues: list[str]) -> int:
+        """Non-terminal jobs in ``queues``."""
+        wanted = set(queues)
+        return sum(
+            1
+            for row in self._jobs.values()
+            if row.queue in wanted and row.status in ACTIVE_STATUSES
+        )
+
+    # -- wake-ups ------------------------------------------------------------------------
+    @staticmethod
+    @asynccontextmanager
+    async def _subscribe(subscribers: set[asyncio.Event]) -> AsyncIterator[asyncio.Event]:
+        event = asyncio.Event()
+        subscribers.add(event)
+        try:
+            yield event
+        finally:
+            subscribers.discard(event)
+
+    def subscribe_wake(self) -> AbstractAsyncContextManager[asyncio.Event]:
+        """An event set whenever a job may have become dispatchable (enqueue, promotion,
+        retry, reclaim, batch finalizer release). The consumer clears it."""
+        return self._subscribe(self._store.wake_subscribers)
+
+    def subscribe_cancel_wake(self) -> AbstractAsyncContextManager[asyncio.Event]:
+        """An event set whenever a running job receives a cancel request."""
+        return self._subscribe(self._store.cancel_wake_subscribers)
+
+    # -- schedules -----------------------------------------------------------------------
+    async def create_schedule(self, args: ScheduleCreateArgs) -> ScheduleRecord:
+        """Store a schedule; ``ValueError`` when its name is taken."""
+        return self._schedules.create(args)
+
+    async def list_schedules(
+        self, *, actor: str | None = None, enabled: bool | None = None
+    ) -> list[ScheduleRecord]:
+        """Schedules by name."""
+        return self._schedules.list(actor=actor, enabled=enabled)
+
+    async def update_schedule(self, schedule_id: UUID, args: ScheduleUpdateArgs) -> ScheduleRecord:
+        """Apply the fields of ``args`` that are set; ``KeyError`` if unknown."""
+        return self._schedules.update(schedule_id, args)
+
+    async def delete_schedule(self, schedule_id: UUID) -> None:
+        """Remove a schedule; ``KeyError`` if unknown."""
+        self._schedules.delete(schedule_id)
+
+    # -- batches -------------------------------------------------------------------------
+    async def enqueue_batch_atomic(
+        self,
+        items: Iterable[EnqueueArgs],
+        *,
+        batch_id: UUID,
+        queue: str,
+        batch_row: BatchRow | None,
+        finalizer_args: EnqueueArgs | None,
+        chunk_size: int = 1000,
+    ) -> list[JobRow]:
+        """Children (tagged ``metadata.batch_id``), the batch row and the parked
+        finalizer, all or nothing; returns the children's rows.
+
+        Children and finalizer keep the queue their own args name (``queue`` is
+        the batch's, carried by ``batch_row``). ``chunk_size`` has no effect here:
+        the whole call is one step.
+        """
+        return self._batches.enqueue_atomic(items, batch_id, batch_row, finalizer_args)
+
+    async def create_batch(
+        self,
+        batch_id: UUID,
+        queue: str,
+        expected_size: int,
+        failure_threshold: int | None,
+        finalizer_job_id: UUID | None,
+        originating_actor: str | None,
+        *,
+        connection: Connection = None,
+    ) -> None:
+        """Insert an ``active`` batch row; ``ValueError`` if the id exists."""
+        self._batches.create(
+            batch_id, queue, expected_size, failure_threshold, finalizer_job_id, originating_actor
+        )
+
+    async def increment_batch_failures(
+        self, batch_id: UUID, *, connection: Connection = None
+    ) -> tuple[int, int | None, int]:
+        """``(consecutive_failures, failure_threshold, non_terminal_children)`` after
+        the increment; ``KeyError`` for an unknown batch."""
+        return self._batches.increment_failures(batch_id)
+
+    async def reset_batch_failures(self, batch_id: UUID, *, connection: Connection = None) -> int:
+        """Reset the failure streak; 1 when the batch exists, else 0."""
+        return self._batches.reset_failures(batch_id)
+
+    async def abort_batch(self, batch_id: UUID, *, connection: Connection = None) -> int:
+        """Abort an active batch; returns how many waiting children were cancelled."""
+        return self._batches.abort(batch_id)
+
+    async def complete_batch(self, batch_id: UUID, *, connection: Connection = None) -> None:
+        """Complete an active batch and release its finalizer (no-op otherwise)."""
+        self._batches.complete(batch_id)
+
+    async def get_batch(self, batch_id: UUID) -> BatchRow | None:
+        """One batch row, or None."""
+        return self._batches.get(batch_id)
+
+    async def list_batches(self, filter: BatchFilter) -> list[tuple[BatchRow, BatchCounts]]:
+        """Batches with their children's counts, newest first."""
+        return self._batches.list(filter)
+
+    async def count_batch_non_terminal(
+        self, batch_id: UUID, *, connection: Connection = None
+    ) -> int:
+        """Children of the batch (finalizer excluded) not yet terminal."""
+        return self._batches.count_non_terminal(batch_id)
+
+    async def prune_old_batches(self, cutoff: datetime) -> int:
+        """Delete batches completed before ``cutoff`` with no children left."""
+        return self._batches.prune(cutoff)
+
+
+# Fail at import, not at the first misbehaving call, if this module and core's
+# protocol disagree about the contract (see the history in _protocol.py).
+check_protocol_version(InMemoryBackend)

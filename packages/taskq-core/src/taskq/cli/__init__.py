@@ -1,0 +1,96 @@
+"""The ``taskq`` command: a thin argparse front over subcommands that core
+and plugins register through the ``taskq_cli_commands`` hook."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from taskq.cli._commands import Command as Command
+from taskq.cli._commands import CommandRegistry as CommandRegistry
+from taskq.errors import TaskQError
+
+__all__ = ["EXIT_ERROR", "EXIT_OK", "Command", "CommandRegistry", "build_parser", "main"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+
+
+def _version_text() -> str:
+    from taskq.plugins import loaded_plugins, plugin_failures
+
+    lines: list[str] = []
+    seen: set[str] = set()
+    for info in loaded_plugins():
+        if info.distribution in seen:
+            continue
+        seen.add(info.distribution)
+        lines.append(f"{info.distribution} {info.version or 'unknown'}")
+    lines.extend(f"{f.distribution or f.name} failed to load: {f.cause}" for f in plugin_failures())
+    return "\n".join(lines)
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(
+            option_strings, dest, nargs=0, help="show every installed TaskQ distribution and exit"
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(_version_text())
+        parser.exit(EXIT_OK)
+
+
+def _collect_commands() -> CommandRegistry:
+    from taskq.plugins._registry import _load
+
+    loaded = _load()
+    registry = CommandRegistry()
+    caller = loaded.pm.hook.taskq_cli_commands
+    for impl in caller.get_hookimpls():
+        registry._set_distribution(loaded.dist_of.get(impl.plugin_name, impl.plugin_name))
+        try:
+            impl.function(cli=registry)
+        except Exception as exc:  # noqa: BLE001 - one plugin's commands failing must not hide the rest
+            print(
+                f"taskq: plugin {impl.plugin_name!r} failed to add its commands: {exc}",
+                file=sys.stderr,
+            )
+    return registry
+
+
+def build_parser(registry: CommandRegistry) -> argparse.ArgumentParser:
+    """The ``taskq`` argument parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="taskq",
+        description="TaskQ: a Postgres-backed job queue. Run `taskq COMMAND --help` for details.",
+    )
+    parser.add_argument("--version", action=_VersionAction)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in registry.commands():
+        cmd_parser = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.configure(cmd_parser)
+        cmd_parser.set_defaults(_run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``taskq`` console script; returns the exit code."""
+    from taskq.logs import configure_logging
+
+    configure_logging()
+    parser = build_parser(_collect_commands())
+    args = parser.parse_args(argv)
+    run = getattr(args, "_run", None)
+    if run is None:
+        parser.print_help()
+        return EXIT_ERROR
+    try:
+        code: int = run(args)
+    except TaskQError as exc:
+        print(f"taskq: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_ERROR
+    return code

@@ -1,0 +1,5 @@
+import sys
+
+from taskq.cli import main
+
+sys.exit(main())

@@ -1,0 +1,52 @@
+"""``taskq plugins``: what is installed, and what failed to load."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from taskq.cli._commands import CommandRegistry
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from taskq.plugins import backend_factories, loaded_plugins, plugin_failures
+
+    schemes: dict[str, list[str]] = {}
+    for scheme, (_, dist) in backend_factories().items():
+        schemes.setdefault(dist, []).append(scheme)
+    plugins = [
+        {
+            "name": p.name,
+            "distribution": p.distribution,
+            "version": p.version,
+            "backend_schemes": sorted(schemes.get(p.distribution, [])),
+        }
+        for p in loaded_plugins()
+    ]
+    failures = [
+        {"name": f.name, "distribution": f.distribution, "error": str(f.cause)}
+        for f in plugin_failures()
+    ]
+    if args.json:
+        print(json.dumps({"plugins": plugins, "failures": failures}, indent=2))
+    else:
+        width = max(len(p["name"] or "") for p in plugins)
+        for p in plugins:
+            extra = f"  schemes: {', '.join(p['backend_schemes'])}" if p["backend_schemes"] else ""
+            print(f"{p['name']:<{width}}  {p['distribution']} {p['version'] or ''}{extra}")
+        for f in failures:
+            print(f"FAILED {f['name']} ({f['distribution']}): {f['error']}")
+    return 1 if failures else 0
+
+
+def register(cli: CommandRegistry) -> None:
+    cli.add(
+        "plugins",
+        help="list installed TaskQ plugins, their backend URL schemes and load failures",
+        configure=_configure,
+        run=_run,
+    )

@@ -1,0 +1,256 @@
+"""``JobsClient``: what producers and operators call (``tq.client``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import structlog
+
+from taskq.actor import Actor
+from taskq.backend import Backend, Connection
+from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
+from taskq.errors import JobFailedError, MaxPendingExceededError, UnknownActorError
+from taskq.models import AttemptRow, EnqueueArgs, EnqueueItem, EventRow, JobFilter, JobRow
+
+__all__ = ["JobsClient"]
+
+_log = structlog.get_logger("taskq.client")
+
+ActorRef = Actor[..., Any] | str
+
+
+def _seconds(value: timedelta | float | None) -> timedelta | None:
+    if value is None or isinstance(value, timedelta):
+        return value
+    return timedelta(seconds=value)
+
+
+class _CapacityCache:
+    """Fleet-wide ``max_pending`` limits, re-read from the backend every ``ttl`` seconds.
+
+    Workers write each actor's limit to the backend at start-up, so the
+    stored value wins over the decorator's literal; the literal applies to
+    actors no worker has registered yet. Reading the limits fails open (a
+    backend hiccup must not stop producers) except when the backend lacks
+    ``get_actor_max_pending`` altogether: that is a protocol mismatch, and
+    enforcing code literals forever in silence would hide it.
+    """
+
+    def __init__(self, backend: Backend, ttl: float) -> None:
+        self._backend = backend
+        self._ttl = ttl
+        self._limits: dict[str, int | None] = {}
+        self._read_at: float | None = None
+
+    async def limits(self) -> Mapping[str, int | None]:
+        now = time.monotonic()
+        if self._read_at is not None and now - self._read_at < self._ttl:
+            return self._limits
+        if not callable(getattr(self._backend, "get_actor_max_pending", None)):
+            raise TypeError(
+                f"{type(self._backend).__qualname__} lacks get_actor_max_pending (backend "
+                f"protocol v3); upgrade the backend so max_pending is enforced fleet-wide"
+            )
+        try:
+            self._limits = dict(await self._backend.get_actor_max_pending())
+        except Exception as exc:  # noqa: BLE001 - fail open, loudly
+            _log.warning("taskq.max-pending-read-failed", error=repr(exc))
+        self._read_at = now
+        return self._limits
+
+
+class JobsClient:
+    """Enqueue jobs and inspect, retry or wait for them.
+
+    Built by :class:`taskq.TaskQ`; ``actors`` maps names to the actors this
+    application knows, which is what payloads are validated against.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        actors: Mapping[str, Actor[..., Any]],
+        *,
+        max_pending_cache_ttl: float = 5.0,
+    ) -> None:
+        self._backend = backend
+        self._actors = actors
+        self._capacity = _CapacityCache(backend, max_pending_cache_ttl)
+
+    # -- enqueue ---------------------------------------------------------------
+    def _actor(self, ref: ActorRef) -> Actor[..., Any]:
+        name = ref if isinstance(ref, str) else ref.name
+        found = self._actors.get(name)
+        if found is None:
+            known = ", ".join(sorted(self._actors)) or "none"
+            raise UnknownActorError(
+                f"unknown actor {name!r}; registered actors: {known}. "
+                f"Pass it to TaskQ(actors=[...])"
+            )
+        return found
+
+    def build_args(
+        self,
+        actor: ActorRef,
+        payload: Any,
+        *,
+        delay: timedelta | float | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        idempotency_key: str | None = None,
+        identity_key: str | None = None,
+        singleton: bool = False,
+        fairness_key: str | None = None,
+        schedule_to_close: timedelta | float | None = None,
+        timeout: timedelta | float | None = None,
+        result_ttl: timedelta | float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        tags: Iterable[str] = (),
+        job_id: UUID | None = None,
+    ) -> EnqueueArgs:
+        """Validate a payload and merge the actor's defaults with per-call options."""
+        target = self._actor(actor)
+        opts = target.options
+        value = target.validate_payload(payload)
+        return EnqueueArgs(
+            id=job_id or uuid4(),
+            actor=target.name,
+            queue=queue or opts.queue,
+            payload=target.dump_payload(value),
+            priority=opts.priority if priority is None else priority,
+            delay=_seconds(delay),
+            max_attempts=max_attempts or opts.max_attempts,
+            idempotency_key=idempotency_key,
+            identity_key=identity_key if identity_key is not None else target.identity_for(value),
+            singleton=singleton,
+            fairness_key=fairness_key,
+            schedule_to_close=_seconds(schedule_to_close) or opts.schedule_to_close,
+            timeout=_seconds(timeout) or opts.timeout,
+            result_ttl=_seconds(result_ttl) or opts.result_ttl,
+            metadata=dict(metadata or {}),
+            tags=list(tags),
+        )
+
+    async def _check_capacity(self, counts: Mapping[str, int]) -> None:
+        """Refuse when an actor's waiting jobs plus ``counts[actor]`` would pass ``max_pending``."""
+        limits = await self._capacity.limits()
+        bounded = {
+            name: limit
+            for name in counts
+            if (limit := limits.get(name, self._actors[name].options.max_pending)) is not None
+        }
+        if not bounded:
+            return
+        waiting = await self._backend.count_pending_jobs(sorted(bounded))
+        for name, limit in bounded.items():
+            if waiting.get(name, 0) + counts[name] > limit:
+                raise MaxPendingExceededError(
+                    f"actor {name!r} already has {waiting.get(name, 0)} waiting jobs "
+                    f"(max_pending={limit}); retry later or raise its max_pending"
+                )
+
+    async def enqueue(self, actor: ActorRef, payload: Any, **options: Any) -> JobRow:
+        """Enqueue one job; options as :meth:`build_args`. Returns the stored row
+        (the existing one for a repeated ``idempotency_key``)."""
+        args = self.build_args(actor, payload, **options)
+        await self._check_capacity({args.actor: 1})
+        return await self._backend.enqueue(args)
+
+    async def enqueue_with_conn(
+        self, conn: Connection, actor: ActorRef, payload: Any, **options: Any
+    ) -> JobRow:
+        """Enqueue inside the caller's own transaction (asyncpg connection on Postgres):
+        the job exists if and only if that transaction commits."""
+        args = self.build_args(actor, payload, **options)
+        await self._check_capacity({args.actor: 1})
+        return await self._backend.enqueue_with_conn(conn, args)
+
+    def _batch_args(self, items: Iterable[EnqueueItem | tuple[ActorRef, Any]]) -> list[EnqueueArgs]:
+        built = []
+        for item in items:
+            if isinstance(item, EnqueueItem):
+                built.append(self.build_args(item.actor, item.payload, **item.options))
+            else:
+                ref, payload = item
+                built.append(self.build_args(ref, payload))
+        return built
+
+    async def _checked_batch(
+        self, items: Iterable[EnqueueItem | tuple[ActorRef, Any]]
+    ) -> list[EnqueueArgs]:
+        args = self._batch_args(items)
+        counts: dict[str, int] = {}
+        for a in args:
+            counts[a.actor] = counts.get(a.actor, 0) + 1
+        await self._check_capacity(counts)
+        return args
+
+    async def enqueue_batch(
+        self, items: Iterable[EnqueueItem | tuple[ActorRef, Any]], *, connection: Connection = None
+    ) -> list[JobRow]:
+        """Enqueue many jobs atomically (all or none); one row per item, in order.
+        Every payload is validated before anything is written."""
+        return await self._backend.enqueue_batch(
+            await self._checked_batch(items), connection=connection
+        )
+
+    async def enqueue_batch_fast(
+        self, items: Iterable[EnqueueItem | tuple[ActorRef, Any]], *, connection: Connection = None
+    ) -> int:
+        """Bulk enqueue (COPY on Postgres): the fastest path, without idempotency
+        handling or returned rows. Returns the count inserted."""
+        return await self._backend.enqueue_batch_fast(
+            await self._checked_batch(items), connection=connection
+        )
+
+    # -- reads and admin -----------------------------------------------------------
+    async def get(self, job_id: UUID) -> JobRow | None:
+        """One job, or None."""
+        return await self._backend.get(job_id)
+
+    async def list_jobs(self, filters: JobFilter | None = None, **fields: Any) -> list[JobRow]:
+        """Jobs matching a :class:`JobFilter` (or its fields as keywords), one page."""
+        return await self._backend.list_jobs(filters or JobFilter(**fields))
+
+    async def get_attempts(self, job_id: UUID) -> list[AttemptRow]:
+        """Every attempt of a job, oldest first."""
+        return await self._backend.get_attempts(job_id)
+
+    async def get_events(self, job_id: UUID) -> list[EventRow]:
+        """The job's audit trail, oldest first."""
+        return await self._backend.get_events(job_id)
+
+    async def retry(self, job_id: UUID) -> bool:
+        """Run a failed, crashed, cancelled or abandoned job again. False otherwise."""
+        return await self._backend.retry_job(job_id)
+
+    async def wait_for_result(
+        self,
+        job_id: UUID,
+        timeout: timedelta | float = 30.0,  # noqa: ASYNC109 - the public API takes a timeout
+    ) -> Any:
+        """Wait until the job is terminal and return its result.
+
+        Raises :class:`JobFailedError` (with the row) when it ended in any
+        status but ``succeeded``, ``TimeoutError`` after ``timeout``, and
+        ``KeyError`` for an unknown job.
+        """
+        limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        pause = 0.01
+        async with asyncio.timeout(limit):
+            while True:
+                row = await self._backend.get(job_id)
+                if row is None:
+                    raise KeyError(f"no job {job_id}")
+                if row.status in TERMINAL_STATUSES:
+                    if row.status is JobStatus.SUCCEEDED:
+                        return row.result
+                    raise JobFailedError(row)
+                await asyncio.sleep(pause)
+                pause = min(pause * 1.5, 0.5)

@@ -1,0 +1,67 @@
+"""``Context``: what a running actor knows about its job (``ctx`` parameter)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import structlog
+
+from taskq.models import EnqueueArgs, JobRow
+
+if TYPE_CHECKING:
+    from taskq.client import ActorRef, JobsClient
+
+__all__ = ["Context"]
+
+
+class Context:
+    """The job being executed, its cancellation signal, progress, logger and sub-jobs.
+
+    ``cancel_event`` is set when someone asks to cancel the job: check it
+    between units of work and return early to end the job ``cancelled``.
+    """
+
+    def __init__(
+        self,
+        job: JobRow,
+        log: structlog.typing.FilteringBoundLogger,
+        client: JobsClient,
+        record_progress: Any,
+    ) -> None:
+        self.job = job
+        self.cancel_event = asyncio.Event()
+        self.log = log
+        self.progress_seq = job.progress_seq
+        self.progress_state: dict[str, Any] | None = job.progress_state
+        self.subjobs: list[EnqueueArgs] = []
+        self._client = client
+        self._record_progress = record_progress
+
+    @property
+    def job_id(self) -> UUID:
+        """The job's id."""
+        return self.job.id
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number (1 for the first run)."""
+        return self.job.attempt
+
+    async def progress(self, state: dict[str, Any]) -> None:
+        """Persist progress now; each call gets a higher ``progress_seq`` (readers keep the
+        newest, so a late write can never roll progress back)."""
+        self.progress_seq += 1
+        self.progress_state = dict(state)
+        await self._record_progress(self.progress_seq, self.progress_state)
+
+    def enqueue(self, actor: ActorRef, payload: Any, **options: Any) -> EnqueueArgs:
+        """Enqueue a sub-job that exists only if this job succeeds.
+
+        The payload is validated now; the job is written together with this
+        job's success (one transaction on Postgres) and dropped on failure.
+        """
+        args = self._client.build_args(actor, payload, **options)
+        self.subjobs.append(args)
+        return args

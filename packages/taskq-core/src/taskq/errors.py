@@ -1,0 +1,224 @@
+"""The TaskQ error tree.
+
+Every error TaskQ raises derives from :class:`TaskQError`. The branches are
+organised by *who should catch them*:
+
+* :class:`ConfigurationError` — a mistake in the user's code or settings,
+  found before any job runs (missing DI provider, scope violation, bad
+  setting, unknown actor). Fix the code; retrying will not help.
+* :class:`PluginError` — a plugin distribution failed to load or declares a
+  protocol version this core does not speak.
+* :class:`ContractViolation` — an internal invariant was broken at run time
+  (a worker lost ownership of a job it was running, an invalid state
+  transition was attempted). These indicate a bug or a race that TaskQ
+  guards against; they are logged loudly.
+* :class:`EnqueueError` — the producer's enqueue was refused (payload
+  invalid, backpressure, singleton collision). The caller decides.
+* :class:`BatchError` — batch-level outcomes surfaced to the caller.
+
+Each class's docstring is its default message (procrastinate's style), so
+``raise MissingProvider()`` still says something useful; pass a message to
+be specific. Actor control-flow signals (``Snooze``, ``RetryAfter``) do NOT
+live here: they derive from :class:`taskq.signals.TaskQSignal` so that a
+user's ``except TaskQError`` never swallows them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from taskq.models import JobRow
+
+__all__ = [
+    "BatchAbortedError",
+    "BatchError",
+    "ConfigurationError",
+    "ContractViolation",
+    "EmptyBatchError",
+    "EnqueueError",
+    "IncompatiblePluginError",
+    "InvalidTransition",
+    "JobFailedError",
+    "MaxPendingExceededError",
+    "MissingProvider",
+    "PayloadValidationError",
+    "PluginError",
+    "PluginLoadError",
+    "ProtocolVersionMismatch",
+    "ScopeViolation",
+    "SingletonCollisionError",
+    "TaskQError",
+    "UnknownActorError",
+    "UnknownBackendError",
+    "WorkerOwnershipMismatch",
+]
+
+
+class TaskQError(Exception):
+    """A TaskQ error occurred."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (type(self).__doc__ or type(self).__name__).strip())
+
+
+# ------------------------------------------------------------ configuration
+
+
+class ConfigurationError(TaskQError):
+    """TaskQ is misconfigured; fix the code or settings named in the message."""
+
+
+class MissingProvider(ConfigurationError):
+    """An actor or provider needs a dependency that no provider is registered for.
+
+    Raised by ``ProviderRegistry.validate()`` at worker start-up, before any
+    job runs. Register a provider for the type named in the message, or
+    remove the parameter from the actor's signature.
+    """
+
+
+class ScopeViolation(ConfigurationError):
+    """A provider with a wide scope depends on a provider with a narrower scope.
+
+    A PROCESS-scoped singleton cannot hold a LOOP- or TRANSIENT-scoped value:
+    the narrower value may not exist (or may already be torn down) while the
+    wider one lives. Raised at validation; the message shows the full path.
+    """
+
+
+class UnknownActorError(ConfigurationError):
+    """No actor with this name is registered with the TaskQ application.
+
+    Pass the actor function itself, or register it with ``TaskQ(actors=[...])``.
+    """
+
+
+class UnknownBackendError(ConfigurationError, ValueError):
+    """No installed backend handles this URL scheme.
+
+    The message lists the installed schemes and the distribution that adds
+    the missing one. Also a ``ValueError`` for callers that validate URLs.
+    """
+
+
+# ------------------------------------------------------------ plugins
+
+
+class PluginError(TaskQError):
+    """A TaskQ plugin could not be used."""
+
+
+class PluginLoadError(PluginError):
+    """A plugin's entry point raised while it was being imported.
+
+    Other plugins still load; this error is recorded and reported by name
+    (``taskq plugins`` lists it) rather than silently skipped.
+    """
+
+    def __init__(self, name: str, distribution: str | None, cause: BaseException) -> None:
+        self.name = name
+        self.distribution = distribution
+        self.cause = cause
+        where = f" (from {distribution})" if distribution else ""
+        super().__init__(
+            f"plugin {name!r}{where} failed to load: {type(cause).__name__}: {cause}. "
+            f"Reinstall or upgrade it, or disable it with TASKQ_DISABLE_PLUGINS={name}."
+        )
+
+
+class IncompatiblePluginError(PluginError):
+    """A plugin implements a different backend protocol version than this core."""
+
+
+class ProtocolVersionMismatch(IncompatiblePluginError):
+    """A backend declares a BACKEND_PROTOCOL_VERSION that differs from core's.
+
+    Raised at import time by each backend implementation and again when
+    ``open_backend`` hands out a backend. Upgrade the backend distribution
+    (or core) so both speak the same protocol version.
+    """
+
+
+# ------------------------------------------------------------ contract violations
+
+
+class ContractViolation(TaskQError):
+    """An internal TaskQ invariant was violated at run time."""
+
+
+class InvalidTransition(ContractViolation):
+    """A job status transition outside ``VALID_TRANSITIONS`` was attempted.
+
+    Raised by ``assert_valid_transition``. The SQL ``WHERE status = ...``
+    guards remain the authoritative gate; this is the application-level check.
+    """
+
+
+class WorkerOwnershipMismatch(ContractViolation):
+    """A worker tried to finish a job it no longer owns.
+
+    The job's lock expired and it was reclaimed (and possibly re-dispatched)
+    while this worker was still running it. The terminal write was a no-op;
+    the newer attempt's outcome stands.
+    """
+
+
+# ------------------------------------------------------------ enqueue
+
+
+class EnqueueError(TaskQError):
+    """A job could not be enqueued."""
+
+
+class PayloadValidationError(EnqueueError, ValueError):
+    """The payload does not match the actor's payload model.
+
+    The message names each offending field. Nothing was enqueued.
+    """
+
+
+class MaxPendingExceededError(EnqueueError):
+    """The actor already has ``max_pending`` jobs waiting; the enqueue was refused.
+
+    Backpressure: retry later, or raise the actor's ``max_pending``.
+    """
+
+
+class SingletonCollisionError(EnqueueError):
+    """A job with the same identity is already active, so this one was refused.
+
+    ``retry_after`` (seconds, advisory) hints when the active one's deadline
+    passes; it is never stored or used as a predicate.
+    """
+
+
+# ------------------------------------------------------------ results
+
+
+class JobFailedError(TaskQError):
+    """The job ended without succeeding (failed, cancelled, crashed or abandoned).
+
+    Raised by ``JobsClient.wait_for_result``; ``row`` is the job's final state
+    and ``row.error`` the recorded error, if any.
+    """
+
+    def __init__(self, row: JobRow) -> None:
+        self.row = row
+        detail = f": {row.error.error_class}: {row.error.message}" if row.error else ""
+        super().__init__(f"job {row.id} ({row.actor}) ended {row.status.value}{detail}")
+
+
+# ------------------------------------------------------------ batches
+
+
+class BatchError(TaskQError):
+    """A batch operation failed."""
+
+
+class BatchAbortedError(BatchError):
+    """The batch was aborted after too many consecutive failures."""
+
+
+class EmptyBatchError(BatchError):
+    """The batch has no jobs (or fewer than the caller expected)."""

@@ -1,0 +1,64 @@
+"""The one home of SQL identifier validation (``_IDENT_RE``).
+
+Drivers cannot bind identifiers as parameters, so the schema name is
+interpolated into SQL. It is validated when a backend or migrator is built
+*and* again at every interpolation site (defence in depth): call
+:func:`check_identifier` immediately before the f-string that embeds it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = [
+    "MAX_IDENTIFIER_BYTES",
+    "MAX_SCHEMA_NAME_BYTES",
+    "check_identifier",
+    "validate_schema_name",
+]
+
+_IDENT_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""Plain ASCII identifiers only. Always used with ``fullmatch``: ``match`` with
+``^...$`` would accept a trailing newline (``$`` matches before it)."""
+
+MAX_IDENTIFIER_BYTES: Final = 63
+"""Postgres truncates longer identifiers silently (NAMEDATALEN - 1)."""
+
+# Names derived from the schema must fit too: pg_notify() rejects a channel
+# over 63 bytes while LISTEN silently truncates it, so the two sides would
+# never meet. The longest fixed-format derived name is the events channel
+# ``taskq_events_{schema}``; the per-worker channel, which would not fit with
+# a full worker id, is shortened by a hash in the backend's channel helper.
+_LONGEST_DERIVED_PREFIX: Final = len("taskq_events_")
+MAX_SCHEMA_NAME_BYTES: Final = MAX_IDENTIFIER_BYTES - _LONGEST_DERIVED_PREFIX
+
+
+def check_identifier(name: str) -> str:
+    """Return ``name`` if it is a safe plain identifier, else raise ``ValueError``."""
+    if not isinstance(name, str) or _IDENT_RE.fullmatch(name) is None:
+        raise ValueError(
+            f"invalid SQL identifier {name!r}: use ASCII letters, digits and underscores, "
+            f"not starting with a digit"
+        )
+    if len(name.encode()) > MAX_IDENTIFIER_BYTES:
+        raise ValueError(
+            f"invalid SQL identifier {name!r}: longer than Postgres's "
+            f"{MAX_IDENTIFIER_BYTES}-byte limit"
+        )
+    return name
+
+
+def validate_schema_name(schema: str) -> str:
+    """Validate a TaskQ schema name; return it unchanged or raise ``ValueError``.
+
+    Beyond :func:`check_identifier`, the name must leave room for the
+    channel names derived from it (at most :data:`MAX_SCHEMA_NAME_BYTES`).
+    """
+    check_identifier(schema)
+    if len(schema.encode()) > MAX_SCHEMA_NAME_BYTES:
+        raise ValueError(
+            f"schema name {schema!r} is too long: at most {MAX_SCHEMA_NAME_BYTES} bytes, so "
+            f"that derived NOTIFY channel names fit Postgres's {MAX_IDENTIFIER_BYTES}-byte limit"
+        )
+    return schema

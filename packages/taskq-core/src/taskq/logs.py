@@ -1,0 +1,45 @@
+"""structlog set-up for TaskQ's commands: configured once per process.
+
+Records go to stderr so that command output on stdout (tables, ``--json``)
+stays machine-readable. On a terminal they are rendered for people; anywhere
+else as JSON lines for log shippers.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+__all__ = ["configure_logging"]
+
+_configured = False
+
+
+def configure_logging(*, level: int = logging.INFO, json: bool | None = None) -> None:
+    """Configure structlog for a TaskQ process (the first call wins).
+
+    ``json=None`` picks JSON lines unless stderr is a terminal.
+    """
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    use_json = not sys.stderr.isatty() if json is None else json
+    processors: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if use_json:
+        processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+    else:
+        # the console renderer formats exceptions itself
+        processors.append(structlog.dev.ConsoleRenderer())
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )

@@ -1,0 +1,453 @@
+"""The data carriers that cross the Backend protocol and the public API.
+
+All models are pydantic v2 and immutable (``frozen``). Times are
+timezone-aware UTC datetimes produced by the backend's own clock; durations
+are ``timedelta`` and are turned into absolute times by the backend, never
+by the caller (one arbiter per predicate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any, Literal, Self, TypeAlias
+from uuid import UUID, uuid4
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from taskq.backend.statemachine import (
+    ACTIVE_STATUSES,
+    TERMINAL_STATUSES,
+    CancelPhase,
+    JobStatus,
+)
+
+__all__ = [
+    "ActorConfig",
+    "AttemptOutcome",
+    "AttemptRow",
+    "BatchCounts",
+    "BatchFilter",
+    "BatchRow",
+    "BatchStatus",
+    "BulkCancelResult",
+    "CancelFlag",
+    "EnqueueArgs",
+    "EnqueueItem",
+    "ErrorInfo",
+    "EventKind",
+    "EventRow",
+    "JobFilter",
+    "JobId",
+    "JobRow",
+    "JobStatus",
+    "QueueConfig",
+    "QueueMode",
+    "ScheduleCreateArgs",
+    "ScheduleRecord",
+    "ScheduleUpdateArgs",
+]
+
+JobId: TypeAlias = UUID
+"""A job's identity."""
+
+AttemptOutcome: TypeAlias = Literal[
+    "succeeded",
+    "failed",
+    "snoozed",
+    "retry_after",
+    "rate_limit_denied",
+    "reservation_denied",
+    "cancelled",
+    "abandoned",
+    "crashed",
+    "interrupted",
+]
+"""What happened to one execution attempt (``job_attempts.outcome``)."""
+
+EventKind: TypeAlias = Literal[
+    "state_change",
+    "reclaimed",
+    "cancel_requested",
+    "cancel_escalated",
+]
+"""``job_events.kind``. ``reclaimed`` rows are the crash-reclaim outbox that
+``poll_reclaim_events`` reads."""
+
+QueueMode: TypeAlias = Literal["strict_fifo", "round_robin"]
+BatchStatus: TypeAlias = Literal["active", "complete", "aborted"]
+
+JsonDict: TypeAlias = dict[str, Any]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ErrorInfo(_Model):
+    """An error recorded on a job or an attempt."""
+
+    error_class: str
+    message: str
+    traceback: str | None = None
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, *, traceback: str | None = None) -> ErrorInfo:
+        """Describe ``exc`` (qualified class name and message)."""
+        kind = type(exc)
+        name = (
+            kind.__qualname__
+            if kind.__module__ == "builtins"
+            else f"{kind.__module__}.{kind.__qualname__}"
+        )
+        return cls(error_class=name, message=str(exc), traceback=traceback)
+
+
+class EnqueueArgs(_Model):
+    """Everything a backend needs to insert one job.
+
+    Relative times (``delay``, ``schedule_to_close``, ``result_ttl``) are
+    resolved against the backend's clock at insert.
+    """
+
+    id: JobId = Field(default_factory=uuid4)
+    actor: str = Field(min_length=1)
+    queue: str = Field(default="default", min_length=1)
+    payload: JsonDict = Field(default_factory=dict)
+    priority: int = 0
+    delay: timedelta | None = None
+    """Run no earlier than this long after enqueue (the job starts ``scheduled``)."""
+    max_attempts: int = Field(default=3, ge=1)
+    idempotency_key: str | None = None
+    """Enqueueing the same (actor, key) again returns the existing job instead."""
+    identity_key: str | None = None
+    """At most one job per (actor, identity_key) runs at a time."""
+    singleton: bool = False
+    """With ``identity_key``: refuse (SingletonCollisionError) while an active job has the key."""
+    fairness_key: str | None = None
+    """Round-robin queues interleave jobs by this key (e.g. a tenant id)."""
+    schedule_to_close: timedelta | None = None
+    """Whole-job deadline measured from enqueue; past it the job fails."""
+    timeout: timedelta | None = None
+    """Per-attempt execution limit, enforced by the worker."""
+    result_ttl: timedelta | None = None
+    metadata: JsonDict = Field(default_factory=dict)
+    tags: list[str] = Field(default_factory=list)
+    trace_id: str | None = None
+    span_id: str | None = None
+
+    @field_validator("delay", "schedule_to_close", "timeout", "result_ttl")
+    @classmethod
+    def _non_negative(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value < timedelta(0):
+            raise ValueError("must not be negative")
+        return value
+
+
+class EnqueueItem(_Model):
+    """One item of ``JobsClient.enqueue_batch``: an actor (name) and its payload."""
+
+    actor: str
+    payload: Any
+    options: JsonDict = Field(default_factory=dict)
+    """Per-item enqueue options (``priority``, ``delay``, ``idempotency_key``, …)."""
+
+
+class JobRow(_Model):
+    """A job as stored: the current snapshot (history lives in attempts and events)."""
+
+    id: JobId
+    actor: str
+    queue: str
+    status: JobStatus
+    payload: JsonDict
+    priority: int
+    attempt: int
+    max_attempts: int
+    created_at: datetime
+    scheduled_at: datetime
+    started_at: datetime | None = None
+    """When the current attempt was dispatched."""
+    execution_started_at: datetime | None = None
+    """When the actor body of the current attempt began (drain re-pends rows where this is unset)."""
+    finished_at: datetime | None = None
+    locked_by_worker: UUID | None = None
+    lock_expires_at: datetime | None = None
+    cancel_requested_at: datetime | None = None
+    cancel_reason: str | None = None
+    cancel_phase: CancelPhase = CancelPhase.NONE
+    idempotency_key: str | None = None
+    identity_key: str | None = None
+    fairness_key: str | None = None
+    deadline_at: datetime | None = None
+    """The ``schedule_to_close`` deadline as an absolute time."""
+    timeout: timedelta | None = None
+    result: Any = None
+    result_ttl: timedelta | None = None
+    result_expires_at: datetime | None = None
+    progress_seq: int = 0
+    progress_state: JsonDict | None = None
+    error: ErrorInfo | None = None
+    metadata: JsonDict = Field(default_factory=dict)
+    tags: list[str] = Field(default_factory=list)
+    trace_id: str | None = None
+    span_id: str | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the job reached a terminal status."""
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def batch_id(self) -> UUID | None:
+        """The batch this job belongs to (``metadata.batch_id``), if any."""
+        raw = self.metadata.get("batch_id")
+        return UUID(str(raw)) if raw is not None else None
+
+
+class AttemptRow(_Model):
+    """One execution attempt of a job."""
+
+    job_id: JobId
+    attempt: int
+    worker_id: UUID | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    outcome: AttemptOutcome
+    error: ErrorInfo | None = None
+
+    @property
+    def duration(self) -> timedelta | None:
+        """Wall time the attempt took, when both ends are known."""
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at
+
+
+class EventRow(_Model):
+    """An immutable audit record: a transition, a cancel request, a reclaim."""
+
+    event_id: int
+    job_id: JobId
+    occurred_at: datetime
+    kind: EventKind
+    detail: JsonDict = Field(default_factory=dict)
+
+
+class CancelFlag(_Model):
+    """A running job of this worker that someone asked to cancel."""
+
+    job_id: JobId
+    cancel_phase: CancelPhase
+    cancel_requested_at: datetime
+    reason: str | None = None
+
+
+class BulkCancelResult(_Model):
+    """What ``cancel_where`` did."""
+
+    cancelled: list[JobId] = Field(default_factory=list)
+    """Pending/scheduled jobs moved to ``cancelled`` at once."""
+    requested: list[JobId] = Field(default_factory=list)
+    """Running jobs flagged for cooperative cancellation."""
+
+
+def _as_status_tuple(value: object) -> tuple[JobStatus, ...]:
+    items: Sequence[object]
+    if isinstance(value, str | JobStatus):
+        items = [value]
+    elif isinstance(value, Sequence):
+        items = value
+    else:
+        # pydantic turns only ValueError into a ValidationError
+        raise ValueError(f"status must be a status or a sequence of statuses, not {value!r}")  # noqa: TRY004
+    try:
+        return tuple(JobStatus(str(s)) for s in items)
+    except ValueError:
+        known = ", ".join(s.value for s in JobStatus)
+        raise ValueError(f"unknown job status in {value!r}; known statuses: {known}") from None
+
+
+class JobFilter(_Model):
+    """Selects jobs for ``list_jobs`` and ``cancel_where``.
+
+    ``status`` takes one status or a sequence; an empty sequence matches
+    nothing. ``active=True`` selects the non-terminal statuses,
+    ``active=False`` the terminal ones; it cannot be combined with
+    ``status``. Results are ordered by ``(created_at, id)``; pass the last
+    row to :meth:`after` to get the next page.
+    """
+
+    status: tuple[JobStatus, ...] | None = None
+    active: bool | None = None
+    actor: str | None = None
+    queue: str | None = None
+    identity_key: str | None = None
+    batch_id: UUID | None = None
+    tags: tuple[str, ...] = ()
+    """Jobs carrying every one of these tags."""
+    order: Literal["asc", "desc"] = "asc"
+    cursor: tuple[datetime, UUID] | None = None
+    """Keyset cursor: only rows strictly after this (created_at, id) in ``order``."""
+    limit: int = Field(default=100, ge=1, le=10_000)
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _parse_status(cls, value: object) -> tuple[JobStatus, ...] | None:
+        return None if value is None else _as_status_tuple(value)
+
+    @model_validator(mode="after")
+    def _status_xor_active(self) -> Self:
+        if self.status is not None and self.active is not None:
+            raise ValueError("JobFilter: give either status or active, not both")
+        return self
+
+    def statuses(self) -> frozenset[JobStatus] | None:
+        """The statuses selected, or None for all."""
+        if self.status is not None:
+            return frozenset(self.status)
+        if self.active is True:
+            return ACTIVE_STATUSES
+        if self.active is False:
+            return TERMINAL_STATUSES
+        return None
+
+    def after(self, row: JobRow) -> JobFilter:
+        """This filter, continuing after ``row`` (the last row of the previous page)."""
+        return self.model_copy(update={"cursor": (row.created_at, row.id)})
+
+
+class ActorConfig(_Model):
+    """Fleet-wide settings of one actor, written by workers at start-up."""
+
+    actor: str
+    max_concurrent: int | None = Field(default=None, ge=1)
+    max_pending: int | None = Field(default=None, ge=0)
+
+
+class QueueConfig(_Model):
+    """Dispatch mode and fleet-wide cap of one queue."""
+
+    queue: str
+    mode: QueueMode = "strict_fifo"
+    max_concurrent: int | None = Field(default=None, ge=1)
+
+
+class BatchRow(_Model):
+    """A tracked batch (created only with a failure policy or a finalizer)."""
+
+    id: UUID
+    queue: str
+    status: BatchStatus = "active"
+    expected_size: int
+    consecutive_failures: int = 0
+    failure_threshold: int | None = None
+    finalizer_job_id: JobId | None = None
+    originating_actor: str | None = None
+    created_at: datetime | None = None
+    completed_at: datetime | None = None
+    metadata: JsonDict = Field(default_factory=dict)
+
+
+class BatchCounts(_Model):
+    """Child-job counts of a batch (the finalizer excluded)."""
+
+    total: int = 0
+    by_status: dict[JobStatus, int] = Field(default_factory=dict)
+
+    @property
+    def non_terminal(self) -> int:
+        """Children not yet finished."""
+        return sum(n for s, n in self.by_status.items() if s in ACTIVE_STATUSES)
+
+
+class BatchFilter(_Model):
+    """Selects batches: only batch fields, never job fields."""
+
+    queue: str | None = None
+    active: bool | None = None
+    """True: status ``active``; False: ``complete`` or ``aborted``."""
+    batch_id: UUID | None = None
+    limit: int = Field(default=100, ge=1, le=10_000)
+
+
+def _check_cron(value: str) -> str:
+    from croniter import croniter
+
+    if not croniter.is_valid(value):
+        raise ValueError(f"invalid cron expression {value!r}")
+    return value
+
+
+def _check_timezone(value: str) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown timezone {value!r}") from None
+    return value
+
+
+class ScheduleCreateArgs(_Model):
+    """A new cron schedule."""
+
+    name: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+    cron: str = Field(min_length=1)
+    """Cron expression; a sixth field gives seconds (croniter syntax)."""
+    payload: JsonDict = Field(default_factory=dict)
+    queue: str = "default"
+    timezone: str = "UTC"
+    enabled: bool = True
+    options: JsonDict = Field(default_factory=dict)
+    """Enqueue options for each fired job (priority, max_attempts, …)."""
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        return _check_cron(value)
+
+    @field_validator("timezone")
+    @classmethod
+    def _valid_timezone(cls, value: str) -> str:
+        return _check_timezone(value)
+
+
+class ScheduleUpdateArgs(_Model):
+    """Changes to a schedule; fields left as None are kept."""
+
+    cron: str | None = None
+    payload: JsonDict | None = None
+    queue: str | None = None
+    timezone: str | None = None
+    enabled: bool | None = None
+    options: JsonDict | None = None
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, value: str | None) -> str | None:
+        return None if value is None else _check_cron(value)
+
+    @field_validator("timezone")
+    @classmethod
+    def _valid_timezone(cls, value: str | None) -> str | None:
+        return None if value is None else _check_timezone(value)
+
+
+class ScheduleRecord(_Model):
+    """A stored cron schedule."""
+
+    id: UUID
+    name: str
+    actor: str
+    cron: str
+    payload: JsonDict
+    queue: str
+    timezone: str
+    enabled: bool
+    options: JsonDict = Field(default_factory=dict)
+    next_fire_at: datetime | None
+    last_fired_at: datetime | None = None
+    created_at: datetime
+    updated_at: datetime

@@ -1,0 +1,218 @@
+"""Plugin discovery: one pluggy manager per process, fed from entry points.
+
+We loop over ``entry_points(group="taskq")`` ourselves instead of calling
+``pm.load_setuptools_entrypoints``: that helper stops at the first plugin
+that fails to import, and one broken third-party package must not take the
+rest of TaskQ down with it. Failures are recorded and reported by name.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import pluggy
+import structlog
+
+from taskq.errors import IncompatiblePluginError, PluginError, PluginLoadError, UnknownBackendError
+from taskq.plugins import hookspecs
+
+if TYPE_CHECKING:
+    from taskq.backend import Backend
+    from taskq.plugins.hookspecs import BackendFactory
+
+__all__ = [
+    "PluginInfo",
+    "backend_factories",
+    "get_plugin_manager",
+    "loaded_plugins",
+    "open_backend",
+    "plugin_failures",
+]
+
+_log = structlog.get_logger("taskq.plugins")
+
+ENTRY_POINT_GROUP = "taskq"
+CORE_DISTRIBUTION = "taskq-core"
+
+# Which first-party distribution adds a scheme, for the "unknown scheme" hint.
+_SCHEME_PROVIDERS: dict[str, str] = {
+    "memory": "taskq-core",
+    "postgresql": "taskq-postgres",
+    "postgres": "taskq-postgres",
+}
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """A registered plugin: its entry-point name and the distribution that ships it."""
+
+    name: str
+    distribution: str
+    version: str | None
+
+
+@dataclass
+class _Loaded:
+    pm: pluggy.PluginManager
+    plugins: list[PluginInfo] = field(default_factory=list)
+    failures: list[PluginLoadError] = field(default_factory=list)
+    # pluggy plugin name -> distribution, to attribute hook results
+    dist_of: dict[str, str] = field(default_factory=dict)
+
+
+def _disabled() -> set[str]:
+    raw = os.environ.get("TASKQ_DISABLE_PLUGINS", "")
+    return {name.strip() for name in raw.split(",") if name.strip()}
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def _load() -> _Loaded:
+    from taskq.plugins import _builtin
+
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    loaded = _Loaded(pm=pm)
+
+    pm.register(_builtin, name="core")
+    loaded.dist_of["core"] = CORE_DISTRIBUTION
+    loaded.plugins.append(PluginInfo("core", CORE_DISTRIBUTION, _dist_version(CORE_DISTRIBUTION)))
+
+    disabled = _disabled()
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist.name if ep.dist is not None else None
+        if ep.name in disabled:
+            pm.set_blocked(ep.name)
+            continue
+        try:
+            module = ep.load()
+            pm.register(module, name=ep.name)
+        except Exception as exc:  # noqa: BLE001 - any import failure is reported, not fatal
+            failure = PluginLoadError(ep.name, dist, exc)
+            loaded.failures.append(failure)
+            _log.error("taskq.plugin-load-failed", plugin=ep.name, distribution=dist, exc_info=exc)
+            continue
+        dist_name = dist or ep.name
+        loaded.dist_of[ep.name] = dist_name
+        loaded.plugins.append(PluginInfo(ep.name, dist_name, _dist_version(dist_name)))
+
+    # A misspelt hook name in a plugin would otherwise be silently ignored.
+    pm.check_pending()
+    if os.environ.get("TASKQ_TRACE_PLUGINS") == "1":
+        pm.add_hookcall_monitoring(
+            before=lambda name, _impls, kwargs: _log.debug("taskq.hook-call", hook=name, **kwargs),
+            after=lambda _outcome, name, _impls, _kwargs: _log.debug("taskq.hook-done", hook=name),
+        )
+    return loaded
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """The process-wide plugin manager; entry points are loaded on the first call."""
+    return _load().pm
+
+
+def loaded_plugins() -> list[PluginInfo]:
+    """Every plugin registered in this process, core first."""
+    return list(_load().plugins)
+
+
+def plugin_failures() -> list[PluginLoadError]:
+    """Plugins whose entry point raised on import, each with its error."""
+    return list(_load().failures)
+
+
+def call_each(hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
+    """Call every implementation of a hook separately, isolating failures.
+
+    Returns ``(distribution, result)`` pairs. An implementation that raises
+    is logged as ``taskq.plugin-hook-failed`` and skipped: a broken plugin
+    must not stop the others.
+    """
+    loaded = _load()
+    caller = getattr(loaded.pm.hook, hook_name)
+    results: list[tuple[str, Any]] = []
+    # get_hookimpls() lists in registration order: core first, then entry points.
+    for impl in caller.get_hookimpls():
+        dist = loaded.dist_of.get(impl.plugin_name, impl.plugin_name)
+        fn: Callable[..., Any] = impl.function
+        try:
+            results.append((dist, fn(**{k: kwargs[k] for k in impl.argnames})))
+        except Exception as exc:  # noqa: BLE001 - plugin isolation
+            _log.error(
+                "taskq.plugin-hook-failed", hook=hook_name, plugin=impl.plugin_name, exc_info=exc
+            )
+    return results
+
+
+def backend_factories() -> dict[str, tuple[BackendFactory, str]]:
+    """URL scheme -> (factory, distribution) across every loaded plugin.
+
+    Two distributions claiming one scheme is refused with both named.
+    """
+    schemes: dict[str, tuple[BackendFactory, str]] = {}
+    for dist, mapping in call_each("taskq_backends"):
+        for scheme, factory in dict(mapping).items():
+            if scheme in schemes and schemes[scheme][1] != dist:
+                raise PluginError(
+                    f"URL scheme {scheme!r} is claimed by both {schemes[scheme][1]} and {dist}; "
+                    f"uninstall one, or disable one with TASKQ_DISABLE_PLUGINS."
+                )
+            schemes[scheme] = (factory, dist)
+    return schemes
+
+
+def _unknown_scheme_message(url: str, scheme: str, installed: list[str]) -> str:
+    parts = [f"no installed TaskQ backend handles URL scheme {scheme!r} (in {url!r})."]
+    parts.append(f"Installed schemes: {', '.join(sorted(installed)) or 'none'}.")
+    provider = _SCHEME_PROVIDERS.get(scheme)
+    if provider:
+        parts.append(f"Install {provider} to add it: pip install {provider}")
+    failures = plugin_failures()
+    if failures:
+        parts.append("Plugins that failed to load: " + "; ".join(str(f) for f in failures))
+    return " ".join(parts)
+
+
+def open_backend(url: str, **options: Any) -> Backend:
+    """Build the backend for ``url`` through the plugins' ``taskq_backends`` hooks.
+
+    The scheme (the part before ``://``) selects the plugin. The backend is
+    created, not connected; open it with ``await backend.open()`` or through
+    ``TaskQ``. Raises :class:`~taskq.errors.UnknownBackendError` (a
+    ``ValueError``) for an unknown scheme, listing the installed ones, and
+    :class:`~taskq.errors.ProtocolVersionMismatch` when the backend speaks
+    another protocol version than this core.
+    """
+    from taskq.backend import check_protocol_version, missing_members
+
+    scheme = urlsplit(url).scheme.lower()
+    if not scheme:
+        raise UnknownBackendError(
+            f"{url!r} is not a backend URL: expected scheme://..., "
+            f"e.g. postgresql://localhost/app or memory://"
+        )
+    factories = backend_factories()
+    if scheme not in factories:
+        raise UnknownBackendError(_unknown_scheme_message(url, scheme, list(factories)))
+    factory, dist = factories[scheme]
+    backend = factory(url, **options)
+    check_protocol_version(type(backend), distribution=dist)
+    missing = missing_members(backend)
+    if missing:
+        raise IncompatiblePluginError(
+            f"{dist} returned {type(backend).__qualname__} for scheme {scheme!r}, which does not "
+            f"implement the Backend protocol; missing: {', '.join(missing)}"
+        )
+    return backend

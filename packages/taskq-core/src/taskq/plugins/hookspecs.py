@@ -1,0 +1,89 @@
+"""TaskQ's hook specifications: the public extension API.
+
+Every hook here is public API forever, so the list stays short. Hooks are
+synchronous (pluggy cannot await) and take keyword arguments only.
+
+A distribution implements hooks in a module it names in its ``taskq`` entry
+point::
+
+    # pyproject.toml
+    [project.entry-points.taskq]
+    mybackend = "taskq_mybackend._plugin"
+
+    # taskq_mybackend/_plugin.py
+    from taskq.plugins import hookimpl
+
+    @hookimpl
+    def taskq_backends():
+        return {"mybackend": MyBackend.from_url}
+
+Core registers its own built-ins (the ``memory`` backend, the core CLI
+commands) through these same hooks, so a plugin is never second-class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from taskq.backend import Backend
+    from taskq.cli._commands import CommandRegistry
+
+__all__ = [
+    "BackendFactory",
+    "hookimpl",
+    "hookspec",
+    "taskq_backends",
+    "taskq_cli_commands",
+    "taskq_transient_errors",
+]
+
+PROJECT_NAME = "taskq"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+BackendFactory = Callable[..., "Backend"]
+"""Builds a backend from ``(url, **options)``.
+
+It must not do I/O: connecting happens when the backend is opened
+(``await backend.open()`` / ``async with TaskQ(...)``), so a factory can be
+called to validate a URL without reaching the server.
+"""
+
+
+@hookspec
+def taskq_backends() -> dict[str, BackendFactory]:  # type: ignore[empty-body]
+    """Return the URL schemes this plugin serves, each mapped to a factory.
+
+    Core returns ``{"memory": InMemoryBackend.from_url}``; taskq-postgres
+    returns ``postgresql`` and ``postgres``. Two plugins claiming one scheme
+    is an error naming both distributions. Exceptions raised here are
+    reported as a plugin failure; the other plugins' schemes still load.
+    """
+
+
+@hookspec
+def taskq_cli_commands(cli: CommandRegistry) -> None:
+    """Add subcommands to the ``taskq`` command.
+
+    Call ``cli.add(name, help=..., configure=..., run=...)`` once per
+    subcommand. ``configure`` receives the subcommand's
+    :class:`argparse.ArgumentParser`; ``run`` receives the parsed namespace
+    and returns the exit code. Register only subcommands that work.
+    Import heavy modules inside ``run`` so ``taskq --help`` stays fast.
+    """
+
+
+@hookspec
+def taskq_transient_errors() -> tuple[type[BaseException], ...]:  # type: ignore[empty-body]
+    """Exception types that mean "the store is having a moment; retry next tick".
+
+    Worker loops log these and carry on instead of counting them as bugs.
+    Core contributes ``TimeoutError`` and ``OSError``; taskq-postgres its
+    ``TRANSIENT_PG_ERRORS``. Authentication failures must not be listed:
+    they are not transient for a static DSN.
+    """

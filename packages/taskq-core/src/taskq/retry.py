@@ -1,0 +1,93 @@
+"""Retry policy: what kind of retry an error gets, and the backoff.
+
+:class:`RetryClassifier` decides *kind and backoff only*. It takes no clock
+and no deadline: the backend decides whether the retry still fits the
+``schedule_to_close`` deadline and the attempt budget, from its own clock,
+in the same statement that writes the outcome (one arbiter per predicate).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal, Protocol
+
+from pydantic import ValidationError
+
+from taskq.errors import PayloadValidationError
+
+__all__ = [
+    "Backoff",
+    "ExponentialBackoff",
+    "FixedBackoff",
+    "RetryClassifier",
+    "RetryDecision",
+]
+
+
+class Backoff(Protocol):
+    """Delay before the retry that follows failed attempt number ``attempt`` (1-based)."""
+
+    def __call__(self, attempt: int) -> timedelta: ...
+
+
+@dataclass(frozen=True)
+class ExponentialBackoff:
+    """``base * factor ** (attempt - 1)``, capped at ``maximum``, with +/- ``jitter``.
+
+    Jitter spreads retries of jobs that failed together (a flapping upstream)
+    so they do not come back as one thundering herd.
+    """
+
+    base: timedelta = timedelta(seconds=1)
+    factor: float = 2.0
+    maximum: timedelta = timedelta(hours=1)
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.base < timedelta(0) or self.factor < 1 or not 0 <= self.jitter < 1:
+            raise ValueError("ExponentialBackoff needs base >= 0, factor >= 1, 0 <= jitter < 1")
+
+    def __call__(self, attempt: int) -> timedelta:
+        raw = self.base.total_seconds() * self.factor ** max(attempt - 1, 0)
+        capped = min(raw, self.maximum.total_seconds())
+        spread = capped * self.jitter
+        return timedelta(seconds=max(capped + random.uniform(-spread, spread), 0.0))
+
+
+@dataclass(frozen=True)
+class FixedBackoff:
+    """The same delay before every retry."""
+
+    delay: timedelta = timedelta(seconds=5)
+
+    def __call__(self, attempt: int) -> timedelta:
+        return self.delay
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    """What to do after an attempt raised."""
+
+    kind: Literal["retry", "fail"]
+    delay: timedelta | None
+    """Backoff before the retry; None when ``kind == "fail"``."""
+
+
+# Errors that fail identically on every attempt: retrying only burns budget.
+_NEVER_RETRY: tuple[type[BaseException], ...] = (PayloadValidationError, ValidationError)
+
+
+class RetryClassifier:
+    """Turns an actor's exception into a retry decision."""
+
+    def __init__(self, backoff: Backoff | Callable[[int], timedelta] | None = None) -> None:
+        self._backoff = backoff if backoff is not None else ExponentialBackoff()
+
+    def classify(self, exc: BaseException, attempt: int) -> RetryDecision:
+        """Decide for the failure of attempt ``attempt`` (1-based)."""
+        if isinstance(exc, _NEVER_RETRY):
+            return RetryDecision("fail", None)
+        return RetryDecision("retry", self._backoff(attempt))

@@ -1,0 +1,51 @@
+"""Control-flow signals an actor raises to steer its own job.
+
+They derive from :class:`TaskQSignal`, not from ``TaskQError``, so a user's
+``except TaskQError`` (or a broad handler around library calls) never
+swallows them by accident. Delays are durations; the backend turns them
+into times with its own clock.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+__all__ = ["RetryAfter", "Snooze", "TaskQSignal"]
+
+
+def _as_delay(delay: timedelta | float) -> timedelta:
+    value = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
+    if value < timedelta(0):
+        raise ValueError(f"delay must not be negative, got {value}")
+    return value
+
+
+class TaskQSignal(Exception):
+    """Base of the signals an actor raises to reschedule its own job."""
+
+
+class Snooze(TaskQSignal):
+    """Run this job again after ``delay`` without using an attempt.
+
+    Effect: the job goes back to ``scheduled`` (``pending`` for a zero delay);
+    its ``attempt`` counter still advances but ``max_attempts`` grows by one,
+    so the retry budget is untouched. The ``schedule_to_close`` deadline still
+    applies: a snooze past it fails the job.
+    """
+
+    def __init__(self, delay: timedelta | float) -> None:
+        self.delay = _as_delay(delay)
+        super().__init__(f"snooze for {self.delay}")
+
+
+class RetryAfter(TaskQSignal):
+    """Retry this job after ``delay`` (for example an upstream's Retry-After).
+
+    Effect: uses an attempt, like an error would, but with this exact delay
+    instead of the actor's backoff. When no attempts are left the job fails
+    (``MaxAttemptsExceeded``); past the deadline it fails (``DeadlineExceeded``).
+    """
+
+    def __init__(self, delay: timedelta | float) -> None:
+        self.delay = _as_delay(delay)
+        super().__init__(f"retry after {self.delay}")

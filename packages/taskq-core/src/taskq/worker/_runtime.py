@@ -1,0 +1,145 @@
+"""``Worker``: one process's TaskGroup of producer, consumers and background loops."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+from uuid import UUID, uuid4
+
+import structlog
+
+from taskq._di import ActorSpec
+from taskq.models import ActorConfig
+from taskq.settings import WorkerSettings
+from taskq.worker._state import WorkerState
+from taskq.worker.consumer import consumer_loop
+from taskq.worker.drain import drain_monitor_loop
+from taskq.worker.heartbeat import heartbeat_loop
+from taskq.worker.maintenance import maintenance_loop
+from taskq.worker.producer import producer_loop
+
+if TYPE_CHECKING:
+    from taskq.app import TaskQ
+
+__all__ = ["Worker"]
+
+_log = structlog.get_logger("taskq.worker")
+
+
+class Worker:
+    """Runs an application's actors until stopped (or idle with ``until_idle``).
+
+    The application's backend must already be open (``async with tq:``).
+    """
+
+    def __init__(
+        self, app: TaskQ, settings: WorkerSettings, *, worker_id: UUID | None = None
+    ) -> None:
+        self.app = app
+        self.settings = settings
+        self.worker_id = worker_id or uuid4()
+        self._state: WorkerState | None = None
+        self._stop_requested = False
+
+    @property
+    def processed(self) -> int:
+        """Jobs this worker finished (any outcome) so far."""
+        return self._state.processed if self._state else 0
+
+    def stop(self) -> None:
+        """Stop dispatching; running and locally queued jobs finish first."""
+        self._stop_requested = True
+        if self._state is not None:
+            self._state.stopping.set()
+
+    async def _prepare(self) -> None:
+        backend = self.app.backend
+        actors = self.app.actors
+        self.app.providers.validate(
+            actors={name: ActorSpec(a.fn, a.passthrough) for name, a in actors.items()}
+        )
+        await backend.register_actors(
+            [
+                ActorConfig(
+                    actor=a.name,
+                    max_concurrent=a.options.max_concurrent,
+                    max_pending=a.options.max_pending,
+                )
+                for a in actors.values()
+            ]
+        )
+        for queue in self.app.queues:
+            await backend.configure_queue(queue)
+
+    async def run(self) -> None:
+        """Work until :meth:`stop` (or idleness with ``until_idle``)."""
+        await self._prepare()
+        settings = self.settings
+        executor = ThreadPoolExecutor(
+            max_workers=settings.concurrency, thread_name_prefix="taskq-sync-actor"
+        )
+        state = WorkerState(
+            worker_id=self.worker_id,
+            settings=settings,
+            backend=self.app.backend,
+            actors=self.app.actors,
+            providers=self.app.providers,
+            client=self.app.client,
+            executor=executor,
+        )
+        self._state = state
+        if self._stop_requested:
+            state.stopping.set()
+        _log.info(
+            "taskq.worker-started",
+            worker_id=str(self.worker_id),
+            queues=settings.queues,
+            concurrency=settings.concurrency,
+            actors=sorted(self.app.actors),
+        )
+        try:
+            async with asyncio.TaskGroup() as group:
+                background = [
+                    group.create_task(heartbeat_loop(state), name="taskq-heartbeat"),
+                    group.create_task(maintenance_loop(state), name="taskq-maintenance"),
+                ]
+                if settings.until_idle:
+                    background.append(
+                        group.create_task(drain_monitor_loop(state), name="taskq-drain-monitor")
+                    )
+                workers = [group.create_task(producer_loop(state), name="taskq-producer")]
+                workers += [
+                    group.create_task(consumer_loop(state), name=f"taskq-consumer-{i}")
+                    for i in range(settings.concurrency)
+                ]
+                group.create_task(self._supervise(state, workers, background), name="taskq-stop")
+        finally:
+            executor.shutdown(wait=False, cancel_futures=True)
+            await state.loop_scope.aclose()
+            await state.thread_scope.aclose()
+            await state.process_scope.aclose()
+            _log.info(
+                "taskq.worker-stopped", worker_id=str(self.worker_id), processed=state.processed
+            )
+
+    async def _supervise(
+        self,
+        state: WorkerState,
+        workers: list[asyncio.Task[None]],
+        background: list[asyncio.Task[None]],
+    ) -> None:
+        """After stop: let held jobs finish within the grace, then end the loops."""
+        await state.stopping.wait()
+        grace = self.settings.termination_grace_period.total_seconds()
+        _, pending = await asyncio.wait(workers, timeout=grace)
+        if pending:
+            # Their locks stay; the reclaim sweep hands the jobs out again.
+            _log.warning("taskq.shutdown-grace-exceeded", running=len(state.active))
+            for active in list(state.active.values()):
+                if active.task is not None:
+                    active.task.cancel()
+            await asyncio.wait(workers)
+        state.finished.set()
+        for task in background:
+            task.cancel()

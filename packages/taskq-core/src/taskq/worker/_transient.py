@@ -1,0 +1,61 @@
+"""Transient errors and the backstop for unexpected ones, for every worker loop.
+
+The transient set is assembled once from the ``taskq_transient_errors``
+hook: core's generic shapes plus each backend's (taskq-postgres contributes
+``TRANSIENT_PG_ERRORS``), so any error one loop learns, every loop learns.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import structlog
+
+from taskq.plugins._registry import call_each
+
+__all__ = ["UnexpectedLoopErrorGuard", "transient_errors"]
+
+_log = structlog.get_logger("taskq.worker")
+
+
+@functools.cache
+def transient_errors() -> tuple[type[BaseException], ...]:
+    """Every exception type a plugin declared transient (deduplicated, stable order)."""
+    seen: dict[type[BaseException], None] = {}
+    for _dist, types in call_each("taskq_transient_errors"):
+        for kind in types:
+            seen.setdefault(kind, None)
+    return tuple(seen)
+
+
+class UnexpectedLoopErrorGuard:
+    """Tolerates isolated surprises in a loop, re-raises a persistent one.
+
+    Each unexpected (non-transient) error is logged loudly; after
+    ``max_consecutive`` in a row the error is re-raised so a permanent fault
+    kills the worker instead of leaving a zombie that ticks but does no
+    work. Only a fully successful iteration (:meth:`succeeded`) resets the
+    streak: an idle or transiently failing one buys the fault no time.
+    """
+
+    def __init__(self, loop_name: str, max_consecutive: int = 5) -> None:
+        self.loop_name = loop_name
+        self.max_consecutive = max_consecutive
+        self.streak = 0
+
+    def failed(self, exc: BaseException) -> None:
+        """Record an unexpected error; re-raises it once the streak is too long."""
+        self.streak += 1
+        _log.error(
+            "taskq.loop-unexpected-error",
+            loop=self.loop_name,
+            streak=self.streak,
+            max_consecutive=self.max_consecutive,
+            exc_info=exc,
+        )
+        if self.streak >= self.max_consecutive:
+            raise exc
+
+    def succeeded(self) -> None:
+        """A whole iteration did its work: forget the streak."""
+        self.streak = 0

@@ -1,0 +1,139 @@
+"""``taskq-worker APP``: run a TaskQ application's actors."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import signal
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from taskq.errors import ConfigurationError, TaskQError
+
+if TYPE_CHECKING:
+    from taskq.app import TaskQ
+    from taskq.settings import WorkerSettings
+
+__all__ = ["build_parser", "load_app", "main"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+
+
+def load_app(spec: str) -> TaskQ:
+    """Import ``module:attribute`` naming a :class:`~taskq.TaskQ`."""
+    from taskq.app import TaskQ
+
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigurationError(f"APP must look like module:attribute, got {spec!r}")
+    sys.path.insert(0, "")  # like `python -m`: apps in the current directory import
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r} for APP {spec!r}: {exc}") from exc
+    app = getattr(module, attribute, None)
+    if not isinstance(app, TaskQ):
+        raise ConfigurationError(
+            f"{spec} is {type(app).__name__ if app is not None else 'missing'}, not a TaskQ"
+        )
+    return app
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``taskq-worker`` argument parser; flags override ``TASKQ_*`` env vars."""
+    parser = argparse.ArgumentParser(
+        prog="taskq-worker",
+        description="Run the actors of a TaskQ application. Every flag also reads "
+        "TASKQ_<NAME> from the environment (a flag wins).",
+    )
+    parser.add_argument("app", metavar="APP", help="module:attribute naming a TaskQ object")
+    parser.add_argument("--dsn", help="backend URL (TASKQ_DSN); default: the app's URL")
+    parser.add_argument("--schema", help="database schema (TASKQ_SCHEMA)")
+    parser.add_argument("--queues", help="comma-separated queues to work (TASKQ_QUEUES)")
+    parser.add_argument("--concurrency", type=int, help="jobs run at once (TASKQ_CONCURRENCY)")
+    parser.add_argument(
+        "--until-idle",
+        action="store_const",
+        const=True,
+        help="exit once the queues have no active job (TASKQ_UNTIL_IDLE)",
+    )
+    parser.add_argument(
+        "--migrate",
+        action="store_const",
+        const=True,
+        help="apply pending database migrations first (TASKQ_MIGRATE)",
+    )
+    return parser
+
+
+def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
+    """The app, on another DSN or schema when the settings say so."""
+    from taskq.app import TaskQ
+
+    if settings.dsn is None and settings.schema_name is None:
+        return app
+    return TaskQ(
+        settings.dsn or app.url,
+        schema=settings.schema_name or app.schema,
+        actors=app.actors.values(),
+        providers=app.providers,
+        queues=app.queues,
+    )
+
+
+async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
+    from taskq.backend import SupportsMigrate
+    from taskq.worker._runtime import Worker
+
+    async with app:
+        if settings.migrate:
+            if not isinstance(app.backend, SupportsMigrate):
+                raise ConfigurationError(
+                    f"--migrate: {type(app.backend).__qualname__} has no migrations to apply"
+                )
+            await app.backend.migrate()
+        worker = Worker(app, settings)
+        loop = asyncio.get_running_loop()
+        signals_seen = 0
+
+        def on_signal() -> None:
+            nonlocal signals_seen
+            signals_seen += 1
+            if signals_seen == 1:
+                worker.stop()
+            else:  # a second signal: stop waiting for running jobs
+                raise SystemExit(EXIT_ERROR)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        await worker.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``taskq-worker`` console script; returns the exit code."""
+    from taskq.logs import configure_logging
+    from taskq.settings import WorkerSettings
+
+    configure_logging()
+    args = build_parser().parse_args(argv)
+    flags: dict[str, Any] = {
+        "dsn": args.dsn,
+        "schema": args.schema,
+        "queues": args.queues,
+        "concurrency": args.concurrency,
+        "until_idle": args.until_idle,
+        "migrate": args.migrate,
+    }
+    try:
+        settings = WorkerSettings.load(flags)
+        app = _rebuild_app(load_app(args.app), settings)
+        asyncio.run(_serve(app, settings))
+    except TaskQError as exc:
+        print(f"taskq-worker: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_ERROR
+    return EXIT_OK

@@ -1,0 +1,306 @@
+"""Consumer loops: execute locally queued jobs and write their outcome.
+
+Each job runs in its own task so the heartbeat can cancel it alone when the
+worker loses the job's lock. Every outcome write is fenced by the job's
+attempt number: a worker that lost the job (reclaimed, maybe re-dispatched
+to this same worker) cannot overwrite the newer attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import structlog
+from pydantic_core import to_jsonable_python
+
+from taskq._di import build_actor_scope
+from taskq.actor import CONTEXT_PARAMETER, Actor
+from taskq.backend import SupportsTransactions
+from taskq.context import Context
+from taskq.errors import PayloadValidationError, WorkerOwnershipMismatch
+from taskq.models import ErrorInfo, JobRow
+from taskq.signals import RetryAfter, Snooze
+from taskq.worker._state import WorkerState
+from taskq.worker._transient import transient_errors
+
+_log = structlog.get_logger("taskq.worker")
+
+T = TypeVar("T")
+
+# A job whose actor this worker does not know goes back for another worker,
+# without using an attempt (rolling deploys: the code may not be everywhere yet).
+UNKNOWN_ACTOR_DELAY = timedelta(seconds=5)
+
+
+async def consumer_loop(state: WorkerState) -> None:
+    """Take jobs from the local queue until shutdown drained it."""
+    while True:
+        if state.stopping.is_set() and state.queue.empty():
+            return
+        try:
+            async with asyncio.timeout(state.settings.poll_interval.total_seconds()):
+                row = await state.queue.get()
+        except TimeoutError:
+            continue
+        active = state.active.get(row.id)
+        if active is None or active.lost:
+            continue  # lost before it started: the lock is gone, so is the job
+        task = asyncio.create_task(execute(state, row), name=f"taskq-job-{row.actor}-{row.id}")
+        active.task = task
+        # asyncio.wait does not raise when the job task is cancelled (lock lost).
+        await asyncio.wait([task])
+        state.processed += 1
+        state.release(row.id)
+
+
+async def _write(state: WorkerState, what: str, call: Callable[[], Awaitable[T]]) -> T | None:
+    """Run an outcome write, retrying transient failures for up to one lock lease.
+
+    Past that the lock has expired anyway and the reclaim sweep owns the job.
+    """
+    transient = transient_errors()
+    deadline = asyncio.get_running_loop().time() + state.settings.lock_lease.total_seconds()
+    pause = 0.05
+    while True:
+        try:
+            return await call()
+        except transient as exc:
+            if asyncio.get_running_loop().time() + pause > deadline:
+                _log.error("taskq.outcome-write-abandoned", write=what, error=repr(exc))
+                return None
+            _log.warning("taskq.outcome-write-retry", write=what, error=repr(exc))
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+
+def _ownership_lost(row: JobRow, write: str) -> None:
+    _log.warning(
+        "taskq.ownership-lost",
+        job_id=str(row.id),
+        attempt=row.attempt,
+        write=write,
+        error=str(WorkerOwnershipMismatch()),
+    )
+
+
+def _jsonable(result: Any) -> Any:
+    return to_jsonable_python(result)
+
+
+async def execute(state: WorkerState, row: JobRow) -> None:
+    """Run one attempt of ``row`` and record its outcome."""
+    backend, wid = state.backend, state.worker_id
+    log = _log.bind(
+        job_id=str(row.id),
+        actor=row.actor,
+        queue=row.queue,
+        attempt=row.attempt,
+        identity_key=row.identity_key,
+        trace_id=row.trace_id,
+    )
+    actor = state.actors.get(row.actor)
+    if actor is None:
+        log.warning("taskq.unknown-actor", known=sorted(state.actors))
+        await _write(
+            state,
+            "retry_after",
+            lambda: backend.mark_retry_after(
+                row.id, wid, UNKNOWN_ACTOR_DELAY, consume_budget=False, attempt=row.attempt
+            ),
+        )
+        return
+    try:
+        payload = actor.validate_payload(row.payload)
+    except PayloadValidationError as exc:
+        # The same payload fails every time: no retry.
+        await _fail(state, row, exc, retry_delay=None)
+        return
+
+    async def record_progress(seq: int, progress: dict[str, Any]) -> None:
+        stored = await _write(
+            state,
+            "progress",
+            lambda: backend.record_progress(row.id, wid, seq, progress, attempt=row.attempt),
+        )
+        if stored is False:
+            _ownership_lost(row, "progress")
+
+    ctx = Context(row, log, state.client, record_progress)
+    active = state.active.get(row.id)
+    if active is not None:
+        active.ctx = ctx
+        if active.cancel_requested:
+            ctx.cancel_event.set()
+
+    passthrough: dict[str, Any] = {actor.payload_parameter: payload}
+    if actor.wants_context:
+        passthrough[CONTEXT_PARAMETER] = ctx
+    timeout = row.timeout.total_seconds() if row.timeout is not None else None
+    log.debug("taskq.job-started")
+    try:
+        result = await _invoke(state, actor, passthrough, timeout)
+    except Snooze as snooze:
+        snooze_delay = snooze.delay
+        outcome = await _write(
+            state,
+            "snooze",
+            lambda: backend.mark_snoozed(
+                row.id,
+                wid,
+                snooze_delay,
+                progress_seq=ctx.progress_seq,
+                progress_state=ctx.progress_state,
+                attempt=row.attempt,
+            ),
+        )
+        if outcome == "noop":
+            _ownership_lost(row, "snooze")
+        return
+    except RetryAfter as retry_after:
+        retry_delay = retry_after.delay
+        verdict = await _write(
+            state,
+            "retry_after",
+            lambda: backend.mark_retry_after(
+                row.id,
+                wid,
+                retry_delay,
+                progress_seq=ctx.progress_seq,
+                progress_state=ctx.progress_state,
+                attempt=row.attempt,
+            ),
+        )
+        if verdict == "noop":
+            _ownership_lost(row, "retry_after")
+        return
+    except Exception as exc:  # noqa: BLE001 - every actor error becomes an outcome
+        if ctx.cancel_event.is_set():
+            await _cancelled(state, row, ctx)
+            return
+        decision = actor.retry.classify(exc, row.attempt)
+        log.info("taskq.job-raised", error=repr(exc), decision=decision.kind)
+        await _fail(state, row, exc, retry_delay=decision.delay, ctx=ctx)
+        return
+
+    if ctx.cancel_event.is_set():
+        await _cancelled(state, row, ctx)
+        return
+    try:
+        stored = _jsonable(result)
+    except Exception as exc:  # noqa: BLE001 - an unstorable result is the actor's bug
+        await _fail(state, row, TypeError(f"result is not JSON-serialisable: {exc}"), None, ctx)
+        return
+    ok = await _succeed(state, row, ctx, stored)
+    if ok is False:
+        _ownership_lost(row, "succeeded")
+    log.debug("taskq.job-succeeded")
+
+
+class _NotOwner(Exception):
+    """Rolls back a success transaction whose guarded write matched no row."""
+
+
+async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -> bool | None:
+    """Write the success and, atomically with it, the sub-jobs the actor enqueued.
+
+    A backend with real transactions does both in one; one that simulates
+    them (in-memory) flushes the buffered sub-jobs only after the success
+    write took. Either way a failed or lost job enqueues nothing.
+    """
+    backend, wid, ttl = state.backend, state.worker_id, state.settings.fallback_result_ttl
+    if ctx.subjobs and isinstance(backend, SupportsTransactions):
+
+        async def in_transaction() -> bool:
+            try:
+                async with backend.transaction() as conn:
+                    if not await backend.mark_succeeded_with_conn(
+                        conn,
+                        row.id,
+                        wid,
+                        result,
+                        ctx.progress_seq,
+                        ctx.progress_state,
+                        ttl,
+                        attempt=row.attempt,
+                    ):
+                        raise _NotOwner
+                    for args in ctx.subjobs:
+                        await backend.enqueue_with_conn(conn, args)
+            except _NotOwner:
+                return False
+            return True
+
+        return await _write(state, "succeeded", in_transaction)
+    ok = await _write(
+        state,
+        "succeeded",
+        lambda: backend.mark_succeeded(
+            row.id, wid, result, ctx.progress_seq, ctx.progress_state, ttl, attempt=row.attempt
+        ),
+    )
+    if ok and ctx.subjobs:
+        await _write(state, "subjobs", lambda: backend.enqueue_batch(ctx.subjobs))
+    return ok
+
+
+async def _invoke(
+    state: WorkerState,
+    actor: Actor[..., Any],
+    passthrough: dict[str, Any],
+    limit: float | None,
+) -> Any:
+    async with build_actor_scope(
+        actor.fn, state.providers, state.containers(), passthrough
+    ) as scope:
+        if limit is None:
+            return await scope.invoke(state.executor)
+        deadline = asyncio.timeout(limit)
+        try:
+            async with deadline:
+                return await scope.invoke(state.executor)
+        except TimeoutError:
+            if deadline.expired():
+                raise TimeoutError(f"attempt exceeded its timeout of {limit}s") from None
+            raise
+
+
+async def _fail(
+    state: WorkerState,
+    row: JobRow,
+    exc: BaseException,
+    retry_delay: timedelta | None,
+    ctx: Context | None = None,
+) -> None:
+    info = ErrorInfo.from_exception(exc, traceback="".join(traceback.format_exception(exc)) or None)
+    after = await _write(
+        state,
+        "failed_or_retry",
+        lambda: state.backend.mark_failed_or_retry(
+            row.id,
+            state.worker_id,
+            info,
+            retry_delay,
+            ctx.progress_seq if ctx else 0,
+            ctx.progress_state if ctx else None,
+            attempt=row.attempt,
+        ),
+    )
+    # A no-op returns the row as someone else left it: not our attempt's error.
+    if after is not None and not (after.attempt == row.attempt and after.error == info):
+        _ownership_lost(row, "failed_or_retry")
+
+
+async def _cancelled(state: WorkerState, row: JobRow, ctx: Context) -> None:
+    ok = await _write(
+        state,
+        "cancelled",
+        lambda: state.backend.mark_cancelled(
+            row.id, state.worker_id, ctx.progress_seq, ctx.progress_state, attempt=row.attempt
+        ),
+    )
+    if ok is False:
+        _ownership_lost(row, "cancelled")

@@ -1,0 +1,77 @@
+"""The heartbeat loop: renews this worker's locks and picks up cancel requests.
+
+When the backend renews fewer locks than the worker holds, some job was
+reclaimed behind its back (a long pause, a network partition): those jobs'
+local tasks are cancelled at once, and their outcome is never written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from taskq.backend.statemachine import JobStatus
+from taskq.worker._state import WorkerState
+from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
+
+_log = structlog.get_logger("taskq.worker")
+
+
+async def _sleep_or_wake(seconds: float, wake: asyncio.Event) -> None:
+    try:
+        async with asyncio.timeout(seconds):
+            await wake.wait()
+    except TimeoutError:
+        pass
+
+
+async def heartbeat_once(state: WorkerState) -> None:
+    """One tick: renew leases, drop lost jobs, deliver cancel requests."""
+    backend, wid = state.backend, state.worker_id
+    held = dict(state.active)
+    renewed = await backend.heartbeat_jobs(wid, state.settings.lock_lease)
+    if renewed < len(held):
+        for job_id, active in held.items():
+            row = await backend.get(job_id)
+            still_ours = (
+                row is not None
+                and row.status is JobStatus.RUNNING
+                and row.locked_by_worker == wid
+                and row.attempt == active.row.attempt
+            )
+            if still_ours or job_id not in state.active:
+                continue
+            _log.warning("taskq.lock-lost", job_id=str(job_id), attempt=active.row.attempt)
+            active.lost = True
+            if active.task is not None:
+                active.task.cancel()
+            else:
+                state.release(job_id)
+    for flag in await backend.poll_cancel_flags(wid):
+        flagged = state.active.get(flag.job_id)
+        if flagged is None or flagged.cancel_requested:
+            continue
+        flagged.cancel_requested = True
+        if flagged.ctx is not None:
+            flagged.ctx.cancel_event.set()
+        _log.info("taskq.cancel-observed", job_id=str(flag.job_id), reason=flag.reason)
+
+
+async def heartbeat_loop(state: WorkerState) -> None:
+    """Tick every ``heartbeat_interval`` (sooner on a cancel wake) until cancelled."""
+    guard = UnexpectedLoopErrorGuard("heartbeat")
+    transient = transient_errors()
+    interval = state.settings.heartbeat_interval.total_seconds()
+    async with state.backend.subscribe_cancel_wake() as cancel_wake:
+        while True:
+            cancel_wake.clear()
+            try:
+                await heartbeat_once(state)
+            except transient as exc:
+                _log.warning("taskq.heartbeat-transient-error", error=repr(exc))
+            except Exception as exc:  # noqa: BLE001 - the guard decides
+                guard.failed(exc)
+            else:
+                guard.succeeded()
+            await _sleep_or_wake(interval, cancel_wake)

@@ -1,0 +1,1 @@
+"""taskq-otel's registration with TaskQ (entry point group `taskq`)."""

@@ -1,0 +1,61 @@
+"""taskq-postgres: TaskQ's PostgreSQL backend, its migrations and its channel names.
+
+Names are imported lazily (module ``__getattr__``), so ``import taskq_postgres``
+(e.g. by ``taskq --help`` loading the plugin) does not import asyncpg.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from taskq_postgres._backend import PostgresBackend as PostgresBackend
+    from taskq_postgres._connect import BackendUnavailableError as BackendUnavailableError
+    from taskq_postgres._rows import LongRunningJobEventsWriter as LongRunningJobEventsWriter
+    from taskq_postgres.channels import events_channel as events_channel
+    from taskq_postgres.channels import wake_channel as wake_channel
+    from taskq_postgres.channels import worker_channel as worker_channel
+    from taskq_postgres.migrate import MigrationError as MigrationError
+    from taskq_postgres.migrate import MigrationStatus as MigrationStatus
+    from taskq_postgres.migrate import migrate as migrate
+    from taskq_postgres.migrate import migration_status as migration_status
+
+__all__ = [
+    "BackendUnavailableError",
+    "LongRunningJobEventsWriter",
+    "MigrationError",
+    "MigrationStatus",
+    "PostgresBackend",
+    "events_channel",
+    "migrate",
+    "migration_status",
+    "wake_channel",
+    "worker_channel",
+]
+
+_HOMES = {
+    "PostgresBackend": "taskq_postgres._backend",
+    "BackendUnavailableError": "taskq_postgres._connect",
+    "LongRunningJobEventsWriter": "taskq_postgres._rows",
+    "events_channel": "taskq_postgres.channels",
+    "wake_channel": "taskq_postgres.channels",
+    "worker_channel": "taskq_postgres.channels",
+    "MigrationError": "taskq_postgres.migrate",
+    "MigrationStatus": "taskq_postgres.migrate",
+    "migrate": "taskq_postgres.migrate",
+    "migration_status": "taskq_postgres.migrate",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'taskq_postgres' has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,158 @@
+"""``taskq migrate``: apply the schema migrations, or show where they stand.
+
+asyncpg and the runner are imported inside the functions that use them, so
+that ``taskq --help`` does not pay for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
+
+from taskq.identifiers import validate_schema_name
+
+if TYPE_CHECKING:
+    from taskq.cli import CommandRegistry
+    from taskq_postgres.migrate import Connection
+
+_CONNECT_TIMEOUT_SECONDS = 10.0
+
+
+class _CommandError(Exception):
+    """A failure reported to the user as one line on stderr."""
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dsn", help="PostgreSQL URL (default: $TASKQ_DSN)")
+    parser.add_argument("--schema", help="schema to migrate (default: $TASKQ_SCHEMA, else taskq)")
+    parser.add_argument(
+        "--status", action="store_true", help="list applied and pending migrations; change nothing"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def _redact(dsn: str) -> str:
+    """The DSN with its password masked, fit for an error message."""
+    try:
+        parts = urlsplit(dsn)
+        if parts.password is None:
+            return dsn
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return "<unparsable DSN>"
+
+
+@asynccontextmanager
+async def _connection(dsn: str) -> AsyncIterator[Connection]:
+    """Connect, and turn every expected failure into a one-line :class:`_CommandError`."""
+    import asyncpg
+
+    from taskq_postgres.migrate import MigrationError
+
+    try:
+        conn = await asyncpg.connect(dsn, timeout=_CONNECT_TIMEOUT_SECONDS)
+    except asyncpg.ClientConfigurationError as exc:
+        reason = str(exc).removeprefix("invalid DSN: ")
+        raise _CommandError(f"invalid DSN {_redact(dsn)}: {reason}") from exc
+    except ValueError as exc:  # asyncpg's URL parsing leaks bare int() errors
+        raise _CommandError(
+            f"invalid DSN {_redact(dsn)}: expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
+            f"({exc})"
+        ) from exc
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise _CommandError(f"cannot connect to {_redact(dsn)}: {exc}") from exc
+    try:
+        yield conn
+    except MigrationError as exc:
+        raise _CommandError(str(exc)) from exc
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise _CommandError(f"database error on {_redact(dsn)}: {exc}") from exc
+    finally:
+        await conn.close()
+
+
+async def _show_status(dsn: str, schema: str, as_json: bool) -> None:
+    from taskq_postgres.migrate import migration_status
+
+    async with _connection(dsn) as conn:
+        statuses = await migration_status(conn, schema)
+    if as_json:
+        rows = [
+            {
+                "name": s.name,
+                "state": s.state,
+                "applied_at": s.applied_at.isoformat() if s.applied_at else None,
+            }
+            for s in statuses
+        ]
+        print(json.dumps({"schema": schema, "migrations": rows}, indent=2))
+        return
+    for s in statuses:
+        applied_at = s.applied_at.isoformat(timespec="seconds") if s.applied_at else ""
+        print(f"{s.state:<8} {s.name}  {applied_at}".rstrip())
+
+
+async def _apply(dsn: str, schema: str, as_json: bool) -> None:
+    from taskq_postgres.migrate import migrate
+
+    async with _connection(dsn) as conn:
+        applied = await migrate(conn, schema)
+    if as_json:
+        print(json.dumps({"schema": schema, "applied": applied}, indent=2))
+    elif not applied:
+        print(f"schema {schema} is up to date")
+    else:
+        for name in applied:
+            print(f"applied  {name}")
+
+
+def _log_to_stderr() -> None:
+    # structlog prints to stdout unless configured; keep stdout for results
+    # (and clean for --json). An application's own configuration wins.
+    import structlog
+
+    if not structlog.is_configured():
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+
+
+def _run(args: argparse.Namespace) -> int:
+    dsn = args.dsn or os.environ.get("TASKQ_DSN")
+    schema = args.schema or os.environ.get("TASKQ_SCHEMA") or "taskq"
+    try:
+        if not dsn:
+            raise _CommandError(
+                "no database given: pass --dsn postgresql://USER@HOST:PORT/DB "
+                "or set the TASKQ_DSN environment variable"
+            )
+        try:
+            validate_schema_name(schema)
+        except ValueError as exc:
+            raise _CommandError(str(exc)) from exc
+        _log_to_stderr()
+        if args.status:
+            asyncio.run(_show_status(dsn, schema, args.json))
+        else:
+            asyncio.run(_apply(dsn, schema, args.json))
+    except _CommandError as exc:
+        one_line = " ".join(str(exc).split())  # server messages may span lines
+        print(f"taskq migrate: error: {one_line}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(cli: CommandRegistry) -> None:
+    """Add ``taskq migrate`` to the ``taskq`` command."""
+    cli.add(
+        "migrate",
+        help="apply TaskQ's schema migrations to a PostgreSQL database (or --status to list them)",
+        configure=_configure,
+        run=_run,
+    )

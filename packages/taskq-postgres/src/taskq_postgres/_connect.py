@@ -1,0 +1,159 @@
+"""Connecting: DSN checks, the settings every TaskQ connection carries, and error
+translation.
+
+asyncpg reports a bad DSN or an unreachable server with exceptions from deep
+inside its connect machinery (``ValueError`` from ``int()``, ``OSError``,
+``ClientConfigurationError``...). Callers get one of two TaskQ errors instead,
+each with a one-line message naming the problem and the (password-masked) DSN:
+:class:`~taskq.errors.ConfigurationError` for a DSN that cannot work, and
+:class:`BackendUnavailableError` for a server that cannot be reached or
+refuses the login.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Final
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from taskq.errors import ConfigurationError, TaskQError
+
+__all__ = [
+    "POSTGRES_SCHEMES",
+    "BackendUnavailableError",
+    "check_dsn",
+    "check_instance_id",
+    "connect",
+    "connection_settings",
+    "create_pool",
+    "redact",
+]
+
+POSTGRES_SCHEMES: Final = ("postgresql", "postgres")
+
+_INSTANCE_ID_RE: Final = re.compile(r"[A-Za-z0-9_.:-]{1,40}")
+
+
+class BackendUnavailableError(TaskQError):
+    """The PostgreSQL server could not be reached, or refused the connection or login.
+
+    Raised by ``PostgresBackend.open()`` (and the first wake subscription) with
+    the server's address and reason. Check that the server runs, the DSN's
+    host, port, database and credentials, and the network in between.
+    """
+
+
+def redact(dsn: str) -> str:
+    """``dsn`` with its password masked, fit for an error message."""
+    try:
+        parts = urlsplit(dsn)
+        if parts.password is None:
+            return dsn
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return "<unparsable DSN>"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def check_dsn(dsn: str) -> str:
+    """Refuse a DSN that cannot work, before any connection is tried."""
+    if not isinstance(dsn, str) or not dsn:
+        raise ConfigurationError(
+            "PostgresBackend needs a DSN such as postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+        )
+    try:
+        parts = urlsplit(dsn)
+        parts.port  # noqa: B018 - parsing the port is the check
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"invalid DSN {redact(dsn)}: {_one_line(exc)}; expected "
+            f"postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+        ) from None
+    if parts.scheme.lower() not in POSTGRES_SCHEMES:
+        raise ConfigurationError(
+            f"invalid DSN {redact(dsn)}: PostgresBackend serves postgresql:// and postgres:// "
+            f"URLs, not {parts.scheme or 'scheme-less'} ones"
+        )
+    return dsn
+
+
+def check_instance_id(instance_id: str) -> str:
+    """Refuse an instance id that would not survive in ``application_name``."""
+    if not isinstance(instance_id, str) or _INSTANCE_ID_RE.fullmatch(instance_id) is None:
+        raise ValueError(
+            f"invalid instance_id {instance_id!r}: use 1 to 40 ASCII letters, digits or . _ : -"
+        )
+    return instance_id
+
+
+def connection_settings(
+    role: str, instance_id: str, idle_in_transaction_timeout: timedelta | None
+) -> dict[str, str]:
+    """Session settings for a TaskQ connection of ``role`` (``taskq-pool``, ``taskq-notify``).
+
+    ``application_name`` lets operators find the connection in
+    ``pg_stat_activity``; ``idle_in_transaction_session_timeout`` ends a
+    transaction left open (by a stuck caller) so its row locks cannot hide
+    rows from the ``SKIP LOCKED`` sweeps forever.
+    """
+    timeout_ms = (
+        0
+        if idle_in_transaction_timeout is None
+        else max(int(idle_in_transaction_timeout / timedelta(milliseconds=1)), 1)
+    )
+    return {
+        "application_name": f"{role}/{instance_id}",
+        "idle_in_transaction_session_timeout": str(timeout_ms),
+    }
+
+
+@contextmanager
+def _translated(dsn: str) -> Iterator[None]:
+    try:
+        yield
+    except (asyncpg.ClientConfigurationError, ValueError) as exc:
+        raise ConfigurationError(f"invalid DSN {redact(dsn)}: {_one_line(exc)}") from exc
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise BackendUnavailableError(
+            f"cannot connect to PostgreSQL at {redact(dsn)}: {_one_line(exc)}"
+        ) from exc
+
+
+async def create_pool(
+    dsn: str,
+    *,
+    min_size: int,
+    max_size: int,
+    settings: dict[str, str],
+    connect_timeout: timedelta,
+) -> asyncpg.Pool[asyncpg.Record]:
+    """An asyncpg pool whose connections carry ``settings``; errors translated."""
+    with _translated(dsn):
+        pool: asyncpg.Pool[asyncpg.Record] = await asyncpg.create_pool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            server_settings=settings,
+            timeout=connect_timeout.total_seconds(),
+        )
+    return pool
+
+
+async def connect(
+    dsn: str, *, settings: dict[str, str], connect_timeout: timedelta
+) -> asyncpg.Connection[Any]:
+    """One dedicated (non-pooled) connection carrying ``settings``; errors translated."""
+    with _translated(dsn):
+        conn: asyncpg.Connection[Any] = await asyncpg.connect(
+            dsn, server_settings=settings, timeout=connect_timeout.total_seconds()
+        )
+    return conn

@@ -1,0 +1,27 @@
+"""taskq-postgres's registration with TaskQ (entry point group `taskq`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from taskq.plugins import hookimpl
+
+if TYPE_CHECKING:
+    from taskq.cli import CommandRegistry
+    from taskq.plugins.hookspecs import BackendFactory
+
+
+@hookimpl
+def taskq_backends() -> dict[str, BackendFactory]:
+    # Imported here so that loading the plugin (e.g. for `taskq --help`) does not
+    # import asyncpg.
+    from taskq_postgres._backend import PostgresBackend
+
+    return {"postgresql": PostgresBackend.from_url, "postgres": PostgresBackend.from_url}
+
+
+@hookimpl
+def taskq_cli_commands(cli: CommandRegistry) -> None:
+    from taskq_postgres import _cli
+
+    _cli.register(cli)

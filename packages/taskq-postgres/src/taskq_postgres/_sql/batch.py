@@ -1,0 +1,215 @@
+"""Batches: the batch rows and the batch operations on their jobs.
+
+A batch's children are the jobs whose ``metadata ->> 'batch_id'`` is the
+batch id (``jobs_batch_id_idx`` serves the lookup: every predicate says
+``metadata ? 'batch_id'`` so the partial index applies); its finalizer, named
+by ``batches.finalizer_job_id``, is never one of them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "ABORT_BATCH",
+    "BATCH_COLUMNS",
+    "COMPLETE_BATCH",
+    "COUNT_BATCH_NON_TERMINAL",
+    "CREATE_BATCH",
+    "GET_BATCH",
+    "INCREMENT_BATCH_FAILURES",
+    "INSERT_BATCH_ROW",
+    "LIST_BATCHES",
+    "PRUNE_OLD_BATCHES",
+    "RESET_BATCH_FAILURES",
+]
+
+BATCH_COLUMNS: Final = (
+    "b.id, b.queue, b.status, b.expected_size, b.consecutive_failures, b.failure_threshold, "
+    "b.finalizer_job_id, b.originating_actor, b.created_at, b.completed_at, "
+    "b.metadata::text AS metadata"
+)
+
+# The children of batch $1 (uuid) that are not its finalizer, over alias j.
+_CHILDREN_OF_B: Final = """j.metadata ? 'batch_id' AND j.metadata ->> 'batch_id' = b.id::text
+      AND j.id IS DISTINCT FROM b.finalizer_job_id"""
+
+CREATE_BATCH: Final = """
+-- arbiter: clock_timestamp() (created_at, the column default)
+INSERT INTO {schema}.batches
+    (id, queue, expected_size, failure_threshold, finalizer_job_id, originating_actor)
+VALUES ($1, $2, $3, $4, $5, $6)
+"""
+
+INSERT_BATCH_ROW: Final = """
+-- arbiter: clock_timestamp() (created_at when the row brings none)
+INSERT INTO {schema}.batches (id, queue, status, expected_size, consecutive_failures,
+    failure_threshold, finalizer_job_id, originating_actor, created_at, completed_at, metadata)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9::timestamptz, clock_timestamp()), $10,
+        $11::text::jsonb)
+"""
+
+INCREMENT_BATCH_FAILURES: Final = (
+    """
+-- arbiter: none
+UPDATE {schema}.batches b
+SET consecutive_failures = b.consecutive_failures + 1
+WHERE b.id = $1
+RETURNING b.consecutive_failures, b.failure_threshold,
+    (SELECT count(*) FROM {schema}.jobs j
+     WHERE """
+    + _CHILDREN_OF_B
+    + """
+       AND j.status IN ('pending', 'scheduled', 'running')) AS non_terminal
+"""
+)
+
+RESET_BATCH_FAILURES: Final = """
+-- arbiter: none
+UPDATE {schema}.batches SET consecutive_failures = 0 WHERE id = $1
+"""
+
+# Shared by abort and complete: the finalizer of a batch just finished goes to
+# pending now, with its event, and the workers get one wake.
+_RELEASE_FINALIZER: Final = """
+released AS (
+    UPDATE {schema}.jobs j
+    SET status = 'pending', scheduled_at = n.ts, updated_at = n.ts
+    FROM finished f CROSS JOIN now n
+    WHERE j.id = f.finalizer_job_id AND j.status = 'scheduled'
+    RETURNING j.id
+),
+released_events AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT r.id, 'state_change', '{"from_state": "scheduled", "to_state": "pending"}'
+    FROM released r
+),
+notified AS (SELECT pg_notify($2::text, '') WHERE EXISTS (SELECT 1 FROM released))"""
+
+ABORT_BATCH: Final = (
+    """
+-- arbiter: clock_timestamp() (completed_at; finished_at of the cancelled children)
+-- An active batch (or none with that id: its children are still cancelled) ->
+-- aborted; its waiting children -> cancelled; its finalizer -> pending.
+-- A finished batch is left alone. $1 batch id, $2 wake channel.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+batch AS (
+    SELECT b.id, b.status, b.finalizer_job_id FROM {schema}.batches b WHERE b.id = $1 FOR UPDATE
+),
+proceed AS (SELECT WHERE NOT EXISTS (SELECT 1 FROM batch WHERE status <> 'active')),
+children AS (
+    SELECT j.id, j.status
+    FROM {schema}.jobs j CROSS JOIN proceed
+    WHERE j.metadata ? 'batch_id' AND j.metadata ->> 'batch_id' = $1::uuid::text
+      AND j.id IS DISTINCT FROM (SELECT finalizer_job_id FROM batch)
+      AND j.status IN ('pending', 'scheduled')
+    FOR UPDATE OF j
+),
+cancelled AS (
+    UPDATE {schema}.jobs j
+    SET status = 'cancelled', finished_at = n.ts, updated_at = n.ts,
+        error_class = 'BatchAborted',
+        error_message = 'Batch aborted due to consecutive failures',
+        error_traceback = NULL
+    FROM children c CROSS JOIN now n
+    WHERE j.id = c.id AND j.status IN ('pending', 'scheduled')
+    RETURNING j.id, c.status AS from_status
+),
+cancelled_events AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT c.id, 'state_change',
+           jsonb_build_object('from_state', c.from_status, 'to_state', 'cancelled',
+                              'reason', 'batch_aborted')
+    FROM cancelled c
+    ORDER BY c.id
+),
+finished AS (
+    UPDATE {schema}.batches b
+    SET status = 'aborted', completed_at = n.ts
+    FROM now n
+    WHERE b.id = $1 AND b.status = 'active'
+    RETURNING b.finalizer_job_id
+),"""
+    + _RELEASE_FINALIZER
+    + """
+SELECT (SELECT count(*) FROM cancelled) AS cancelled, (SELECT count(*) FROM notified) AS notified
+"""
+)
+
+COMPLETE_BATCH: Final = (
+    """
+-- arbiter: clock_timestamp() (completed_at; the finalizer's scheduled_at)
+-- An active batch -> complete and its finalizer -> pending; otherwise nothing.
+-- $1 batch id, $2 wake channel.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+finished AS (
+    UPDATE {schema}.batches b
+    SET status = 'complete', completed_at = n.ts
+    FROM now n
+    WHERE b.id = $1 AND b.status = 'active'
+    RETURNING b.finalizer_job_id
+),"""
+    + _RELEASE_FINALIZER
+    + """
+SELECT (SELECT count(*) FROM finished) AS completed, (SELECT count(*) FROM notified) AS notified
+"""
+)
+
+GET_BATCH: Final = (
+    """
+-- arbiter: none
+SELECT """
+    + BATCH_COLUMNS
+    + """ FROM {schema}.batches b WHERE b.id = $1
+"""
+)
+
+COUNT_BATCH_NON_TERMINAL: Final = (
+    """
+-- arbiter: none
+SELECT count(*)
+FROM (SELECT $1::uuid AS id,
+             (SELECT finalizer_job_id FROM {schema}.batches WHERE id = $1) AS finalizer_job_id) b
+JOIN {schema}.jobs j ON """
+    + _CHILDREN_OF_B
+    + """
+WHERE j.status IN ('pending', 'scheduled', 'running')
+"""
+)
+
+LIST_BATCHES: Final = (
+    """
+-- arbiter: none
+-- Newest first, each with its children's counts by status. {where} holds the
+-- filter (fixed fragments over alias b; values bound from $2); $1 is the limit.
+SELECT """
+    + BATCH_COLUMNS
+    + """, c.statuses, c.counts
+FROM {schema}.batches b
+LEFT JOIN LATERAL (
+    SELECT array_agg(s.status::text) AS statuses, array_agg(s.n) AS counts
+    FROM (
+        SELECT j.status, count(*) AS n
+        FROM {schema}.jobs j
+        WHERE """
+    + _CHILDREN_OF_B
+    + """
+        GROUP BY j.status
+    ) s
+) c ON true
+{where}
+ORDER BY b.created_at DESC, b.id DESC
+LIMIT $1
+"""
+)
+
+PRUNE_OLD_BATCHES: Final = (
+    """
+-- arbiter: none (the cutoff is the caller's, a time the backend wrote earlier)
+DELETE FROM {schema}.batches b
+WHERE b.completed_at < $1
+  AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE """
+    + _CHILDREN_OF_B
+    + """)
+"""
+)

@@ -1,0 +1,293 @@
+"""Dispatch: the two CTE variants, the queue-mode lookup, leases and dispatch settings.
+
+Both variants are one atomic ``UPDATE … RETURNING`` built from the same
+phases (architecture.md, "Dispatch CTE")::
+
+    params              $1 queues, $2 limit_n, $3 worker_id, $4 lock_lease, $5 oversample,
+                        $6/$7 capped queues and their caps, ($8 round-robin queues)
+    pending_actors      the (queue, actor) pairs with pending jobs: a loose index scan
+    running_per_actor   running jobs per actor (max_concurrent)
+    running_identities  (actor, identity_key) pairs already running
+    per_actor_capacity  residual = max_concurrent - in_flight (limit_n when uncapped)
+    candidates          CROSS JOIN LATERAL per (queue, actor), LIMIT residual * oversample
+    identity_dedup      DISTINCT ON (actor, identity_key) UNION ALL jobs without identity
+    ranked              pending_rank per actor
+    locked              FOR UPDATE SKIP LOCKED, LIMIT limit_n
+    eligible_candidates in_flight < max_concurrent gate; actor_rank
+    queue_capacity      residual of each capped queue (queues.max_concurrent)
+    eligible            actor_rank <= max_concurrent - in_flight; queue caps; LIMIT limit_n
+    dispatched          UPDATE … WHERE status = 'pending' (the race guard) RETURNING
+    events              one state_change event per dispatched job
+
+``FOR UPDATE`` lives only in ``locked``: Postgres forbids it next to window
+functions. Concurrent dispatchers may over-count an actor's cap by at most
+``(producers - 1) * max_concurrent`` (each sees the others' running jobs only
+once they commit); the sweeps bound the effect. ``pending_actors`` and
+``queue_capacity`` are additions to the architecture's list: the first names
+the actors to sample, the second applies the queue caps the in-memory
+reference enforces too.
+
+Round robin ranks every pending job of each (queue, actor) asked for (an
+index-only scan of ``jobs_dispatch_idx``), so its cost grows with the backlog
+of the round-robin queues; strict FIFO reads ``residual * oversample`` rows
+per (queue, actor) whatever the backlog.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from taskq.backend.statemachine import JobStatus
+from taskq_postgres._sql import TransitionSQL, job_columns
+
+__all__ = [
+    "CONFIGURE_QUEUE",
+    "DISPATCH_ROUND_ROBIN",
+    "DISPATCH_STRICT_FIFO",
+    "EXTEND_RESERVATION_LEASES",
+    "HEARTBEAT_JOBS",
+    "QUEUE_SETTINGS",
+    "REGISTER_ACTORS",
+]
+
+QUEUE_SETTINGS: Final = """
+-- arbiter: none
+-- One indexed lookup per dispatch: queues absent here are strict_fifo, uncapped.
+SELECT name, mode, max_concurrent FROM {schema}.queues WHERE name = ANY($1::text[])
+"""
+
+_STRICT_CANDIDATES: Final = """
+candidates AS (
+    SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key,
+           NULL::bigint AS fairness_rank
+    FROM pending_actors pa
+    JOIN per_actor_capacity pac ON pac.actor = pa.actor
+    CROSS JOIN params p
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key
+        FROM {schema}.jobs j
+        WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
+          AND j.scheduled_at <= p.now
+        ORDER BY j.priority DESC, j.scheduled_at, j.id
+        LIMIT pac.residual * p.oversample
+    ) c
+    WHERE pa.actor IS NOT NULL AND pac.residual > 0
+),"""
+
+# Round robin ranks each job within its fairness cohort: first among its
+# cohort-mates by priority DESC, scheduled_at, id. PARTITION BY puts all NULL
+# keys in one cohort (no '__null__' sentinel a real key could collide with).
+# The lateral samples each (queue, actor) by cohort rank, so a deep cohort
+# cannot crowd a shallow one out of the sample. In strict queues asked for in
+# the same call ($8 lists the round-robin ones) every job shares one cohort.
+_ROUND_ROBIN_CANDIDATES: Final = """
+candidates AS (
+    SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key,
+           ROW_NUMBER() OVER (
+               PARTITION BY c.queue = ANY (p.rr_queues),
+                            CASE WHEN c.queue = ANY (p.rr_queues) THEN c.fairness_key END
+               ORDER BY c.priority DESC, c.scheduled_at, c.id
+           ) AS fairness_rank
+    FROM pending_actors pa
+    JOIN per_actor_capacity pac ON pac.actor = pa.actor
+    CROSS JOIN params p
+    CROSS JOIN LATERAL (
+        SELECT f.id, f.actor, f.queue, f.priority, f.scheduled_at, f.identity_key, f.fairness_key
+        FROM (
+            SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
+                   j.fairness_key,
+                   ROW_NUMBER() OVER (
+                       PARTITION BY CASE WHEN pa.queue = ANY (p.rr_queues) THEN j.fairness_key END
+                       ORDER BY j.priority DESC, j.scheduled_at, j.id
+                   ) AS cohort_rank
+            FROM {schema}.jobs j
+            WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
+              AND j.scheduled_at <= p.now
+        ) f
+        ORDER BY f.cohort_rank, f.priority DESC, f.scheduled_at, f.id
+        LIMIT pac.residual * p.oversample
+    ) c
+    WHERE pa.actor IS NOT NULL AND pac.residual > 0
+),"""
+
+_DISPATCH_TEMPLATE: Final = """
+-- arbiter: clock_timestamp() (due check scheduled_at <= now; started_at and lease expiry)
+WITH RECURSIVE
+params AS (
+    SELECT $1::text[] AS queues, $2::int AS limit_n, $3::uuid AS worker_id,
+           $4::interval AS lock_lease, $5::int AS oversample,
+           $6::text[] AS capped_queues, $7::int[] AS queue_caps,
+           <RR_PARAM> clock_timestamp() AS now
+),
+-- One index probe per (queue, actor) with pending jobs instead of reading them all.
+pending_actors (queue, actor) AS (
+    SELECT q.queue,
+           (SELECT min(j.actor) FROM {schema}.jobs j
+            WHERE j.status = 'pending' AND j.queue = q.queue)
+    FROM params p CROSS JOIN unnest(p.queues) AS q (queue)
+    UNION ALL
+    SELECT pa.queue,
+           (SELECT min(j.actor) FROM {schema}.jobs j
+            WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor > pa.actor)
+    FROM pending_actors pa
+    WHERE pa.actor IS NOT NULL
+),
+running_per_actor AS (
+    SELECT j.actor, count(*) AS in_flight
+    FROM {schema}.jobs j
+    WHERE j.status = 'running'
+      AND j.actor IN (SELECT pa.actor FROM pending_actors pa WHERE pa.actor IS NOT NULL)
+    GROUP BY j.actor
+),
+running_identities AS (
+    SELECT DISTINCT j.actor, j.identity_key
+    FROM {schema}.jobs j
+    WHERE j.status = 'running' AND j.identity_key IS NOT NULL
+      AND j.actor IN (SELECT pa.actor FROM pending_actors pa WHERE pa.actor IS NOT NULL)
+),
+per_actor_capacity AS (
+    SELECT a.actor,
+           CASE
+               WHEN ac.max_concurrent IS NULL THEN p.limit_n
+               ELSE least(p.limit_n, greatest(ac.max_concurrent - coalesce(r.in_flight, 0), 0))
+           END AS residual
+    FROM (SELECT DISTINCT pa.actor FROM pending_actors pa WHERE pa.actor IS NOT NULL) a
+    CROSS JOIN params p
+    LEFT JOIN {schema}.actor_config ac ON ac.actor = a.actor
+    LEFT JOIN running_per_actor r ON r.actor = a.actor
+),<CANDIDATES>
+identity_dedup AS (
+    (
+        SELECT DISTINCT ON (c.actor, c.identity_key) c.*
+        FROM candidates c
+        WHERE c.identity_key IS NOT NULL
+          AND NOT EXISTS (
+              SELECT 1 FROM running_identities ri
+              WHERE ri.actor = c.actor AND ri.identity_key = c.identity_key
+          )
+        ORDER BY c.actor, c.identity_key, <ORDER:c>
+    )
+    UNION ALL
+    SELECT c.* FROM candidates c WHERE c.identity_key IS NULL
+),
+ranked AS (
+    SELECT d.*, ROW_NUMBER() OVER (PARTITION BY d.actor ORDER BY <ORDER:d>) AS pending_rank
+    FROM identity_dedup d
+),
+-- The candidates are put in order before the join with jobs, so the nested loop
+-- stops locking once it has limit_n rows instead of joining every candidate first.
+locked AS (
+    SELECT r.id, r.actor, r.queue, r.priority, r.scheduled_at, r.fairness_rank
+    FROM (
+        SELECT r.*
+        FROM ranked r
+        JOIN per_actor_capacity pac ON pac.actor = r.actor
+        WHERE r.pending_rank <= pac.residual
+        ORDER BY <ORDER:r>
+    ) r
+    JOIN {schema}.jobs j ON j.id = r.id
+    WHERE j.status = 'pending'
+    ORDER BY <ORDER:r>
+    LIMIT (SELECT p.limit_n FROM params p)
+    FOR UPDATE OF j SKIP LOCKED
+),
+eligible_candidates AS (
+    SELECT l.*, ac.max_concurrent, coalesce(r.in_flight, 0) AS in_flight,
+           ROW_NUMBER() OVER (PARTITION BY l.actor ORDER BY <ORDER:l>) AS actor_rank
+    FROM locked l
+    LEFT JOIN {schema}.actor_config ac ON ac.actor = l.actor
+    LEFT JOIN running_per_actor r ON r.actor = l.actor
+    WHERE ac.max_concurrent IS NULL OR coalesce(r.in_flight, 0) < ac.max_concurrent
+),
+queue_capacity AS (
+    SELECT qc.queue,
+           greatest(qc.cap - (SELECT count(*) FROM {schema}.jobs j
+                              WHERE j.status = 'running' AND j.queue = qc.queue), 0) AS residual
+    FROM params p CROSS JOIN unnest(p.capped_queues, p.queue_caps) AS qc (queue, cap)
+),
+eligible AS (
+    SELECT e.id, e.priority, e.scheduled_at, e.fairness_rank
+    FROM (
+        SELECT e.*, ROW_NUMBER() OVER (PARTITION BY e.queue ORDER BY <ORDER:e>) AS queue_rank
+        FROM eligible_candidates e
+        WHERE e.max_concurrent IS NULL OR e.actor_rank <= e.max_concurrent - e.in_flight
+    ) e
+    LEFT JOIN queue_capacity qc ON qc.queue = e.queue
+    WHERE qc.queue IS NULL OR e.queue_rank <= qc.residual
+    ORDER BY <ORDER:e>
+    LIMIT (SELECT p.limit_n FROM params p)
+),
+dispatched AS (
+    UPDATE {schema}.jobs j
+    SET status = 'running', attempt = j.attempt + 1, locked_by_worker = p.worker_id,
+        started_at = p.now, lock_expires_at = p.now + p.lock_lease,
+        execution_started_at = NULL, updated_at = p.now
+    FROM eligible e CROSS JOIN params p
+    WHERE j.id = e.id AND j.status = 'pending'
+    RETURNING <JOB_COLUMNS>, e.fairness_rank
+),
+events AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT d.id, 'state_change',
+           jsonb_build_object('from_state', 'pending', 'to_state', 'running',
+                              'worker_id', p.worker_id::text)
+    FROM dispatched d CROSS JOIN params p
+    ORDER BY <ORDER:d>
+)
+SELECT d.* FROM dispatched d ORDER BY <ORDER:d>
+"""
+
+_STRICT_ORDER: Final = "{a}.priority DESC, {a}.scheduled_at, {a}.id"
+_ROUND_ROBIN_ORDER: Final = "{a}.fairness_rank, {a}.priority DESC, {a}.scheduled_at, {a}.id"
+
+
+def _variant(candidates: str, order: str, rr_param: str) -> str:
+    sql = _DISPATCH_TEMPLATE.replace("<CANDIDATES>", candidates).replace("<RR_PARAM>", rr_param)
+    sql = sql.replace("<JOB_COLUMNS>", job_columns("j"))
+    for alias in "cdrle":
+        sql = sql.replace(f"<ORDER:{alias}>", order.replace("{a}", alias))
+    return sql
+
+
+DISPATCH_STRICT_FIFO: Final = TransitionSQL.of(
+    JobStatus.PENDING,
+    JobStatus.RUNNING,
+    _variant(_STRICT_CANDIDATES, _STRICT_ORDER, ""),
+)
+"""Priority, then time, then id. For calls whose queues are all ``strict_fifo``."""
+
+DISPATCH_ROUND_ROBIN: Final = TransitionSQL.of(
+    JobStatus.PENDING,
+    JobStatus.RUNNING,
+    _variant(_ROUND_ROBIN_CANDIDATES, _ROUND_ROBIN_ORDER, "$8::text[] AS rr_queues,"),
+)
+"""Interleaves fairness cohorts: ``fairness_rank, priority DESC, scheduled_at, id``.
+For calls asking for at least one ``round_robin`` queue ($8 lists them)."""
+
+HEARTBEAT_JOBS: Final = """
+-- arbiter: clock_timestamp() (the new lease expiry)
+UPDATE {schema}.jobs
+SET lock_expires_at = clock_timestamp() + $2::interval, updated_at = clock_timestamp()
+WHERE status = 'running' AND locked_by_worker = $1
+"""
+
+EXTEND_RESERVATION_LEASES: Final = """
+-- arbiter: clock_timestamp() (the new lease expiry)
+UPDATE {schema}.reservation_slots
+SET lease_expires_at = clock_timestamp() + $2::interval
+WHERE worker_id = $1
+"""
+
+REGISTER_ACTORS: Final = """
+-- arbiter: clock_timestamp() (updated_at, via the table's trigger)
+INSERT INTO {schema}.actor_config AS ac (actor, max_concurrent, max_pending)
+SELECT * FROM unnest($1::text[], $2::int[], $3::int[])
+ON CONFLICT (actor) DO UPDATE
+SET max_concurrent = excluded.max_concurrent, max_pending = excluded.max_pending
+"""
+
+CONFIGURE_QUEUE: Final = """
+-- arbiter: none
+INSERT INTO {schema}.queues (name, mode, max_concurrent) VALUES ($1, $2, $3)
+ON CONFLICT (name) DO UPDATE SET mode = excluded.mode, max_concurrent = excluded.max_concurrent
+"""

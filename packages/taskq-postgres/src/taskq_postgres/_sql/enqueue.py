@@ -1,0 +1,164 @@
+"""Inserting jobs: the row-by-row insert with idempotency, and the checks around it."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from taskq_postgres._sql import JOB_COLUMNS, job_columns
+
+__all__ = [
+    "CLOCK_NOW",
+    "COPY_COLUMNS",
+    "ENQUEUE",
+    "ENQUEUE_CONFLICTS",
+    "EXISTING_BY_KEY",
+    "NOTIFY",
+    "SINGLETON_LOCKS",
+]
+
+_J: Final = job_columns("j")
+_I: Final = job_columns("ins")
+
+ENQUEUE: Final = (
+    """
+-- arbiter: clock_timestamp() (created_at; scheduled_at = now + delay; deadline = now + schedule_to_close)
+-- One row per element of the parallel arrays $1..$18. An item whose (actor,
+-- idempotency_key) exists is skipped by ON CONFLICT and its existing row is
+-- returned instead (inserted = false). $19 is the wake channel, or NULL when the
+-- caller sends the one wake of its transaction itself.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+input AS (
+    SELECT *
+    FROM unnest(
+        $1::uuid[], $2::text[], $3::text[], $4::int[], $5::text[], $6::interval[], $7::int[],
+        $8::text[], $9::text[], $10::text[], $11::interval[], $12::interval[], $13::interval[],
+        $14::text[], $15::text[], $16::text[], $17::text[], $18::bool[]
+    ) WITH ORDINALITY AS i (
+        id, actor, queue, priority, payload, delay, max_attempts,
+        idempotency_key, identity_key, fairness_key, schedule_to_close, timeout, result_ttl,
+        metadata, tags, trace_id, span_id, parked, ord
+    )
+),
+ins AS (
+    INSERT INTO {schema}.jobs (
+        id, actor, queue, status, priority, payload, scheduled_at, created_at, enqueued_at,
+        max_attempts, idempotency_key, identity_key, fairness_key, schedule_to_close_deadline,
+        timeout, result_ttl, metadata, tags, trace_id, span_id, updated_at
+    )
+    SELECT
+        i.id, i.actor, i.queue,
+        CASE WHEN i.parked OR i.delay > interval '0' THEN 'scheduled' ELSE 'pending' END
+            ::{schema}.job_status,
+        i.priority, i.payload::jsonb,
+        -- A parked batch finalizer waits for its batch, not for time.
+        CASE
+            WHEN i.parked THEN timestamptz '9999-01-01 00:00:00+00'
+            WHEN i.delay > interval '0' THEN n.ts + i.delay
+            ELSE n.ts
+        END,
+        n.ts, n.ts, i.max_attempts, i.idempotency_key, i.identity_key, i.fairness_key,
+        n.ts + i.schedule_to_close, i.timeout, i.result_ttl, i.metadata::jsonb,
+        ARRAY(SELECT jsonb_array_elements_text(i.tags::jsonb)), i.trace_id, i.span_id, n.ts
+    FROM input i CROSS JOIN now n
+    ORDER BY i.ord
+    ON CONFLICT (actor, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING """
+    + ", ".join(JOB_COLUMNS)
+    + """
+),
+notified AS (
+    SELECT pg_notify($19::text, '')
+    FROM (SELECT 1 FROM ins LIMIT 1) AS any_inserted
+    WHERE $19::text IS NOT NULL
+)
+SELECT true AS inserted, """
+    + _I
+    + """
+FROM ins
+-- Referencing notified makes Postgres run it: an unreferenced CTE never runs.
+WHERE (SELECT count(*) FROM notified) >= 0
+UNION ALL
+SELECT false AS inserted, """
+    + _J
+    + """
+FROM {schema}.jobs j
+JOIN input i ON j.actor = i.actor AND j.idempotency_key = i.idempotency_key
+WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.id = i.id)
+"""
+)
+
+EXISTING_BY_KEY: Final = (
+    """
+-- arbiter: none (a lookup by key)
+-- Rows another transaction inserted under our keys after this statement's
+-- snapshot was taken by ENQUEUE (ON CONFLICT waited for them to commit).
+SELECT """
+    + _J
+    + """
+FROM {schema}.jobs j
+JOIN unnest($1::text[], $2::text[]) AS k (actor, idempotency_key)
+    ON j.actor = k.actor AND j.idempotency_key = k.idempotency_key
+"""
+)
+
+SINGLETON_LOCKS: Final = """
+-- arbiter: none
+-- Serializes singleton enqueues of the same identities until commit. Its own
+-- statement, so that ENQUEUE_CONFLICTS takes its snapshot after the locks are
+-- held and sees whatever a competing enqueue committed. $1 is sorted, so two
+-- enqueues locking several identities cannot deadlock.
+SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) FROM unnest($1::text[]) AS k
+"""
+
+ENQUEUE_CONFLICTS: Final = """
+-- arbiter: clock_timestamp() (the advisory retry_after hint of a singleton collision)
+-- The idempotency keys already used, and the active jobs holding the
+-- identities asked for (checked under SINGLETON_LOCKS).
+SELECT 'idempotency' AS kind, j.actor, j.idempotency_key AS key, j.id, NULL::float8 AS retry_after
+FROM {schema}.jobs j
+JOIN unnest($1::text[], $2::text[]) AS k (actor, idempotency_key)
+    ON j.actor = k.actor AND j.idempotency_key = k.idempotency_key
+UNION ALL
+SELECT 'identity', j.actor, j.identity_key, j.id,
+       greatest(extract(epoch FROM j.schedule_to_close_deadline - clock_timestamp()), 0)::float8
+FROM {schema}.jobs j
+JOIN unnest($3::text[], $4::text[]) AS k (actor, identity_key)
+    ON j.actor = k.actor AND j.identity_key = k.identity_key
+WHERE j.status IN ('pending', 'scheduled', 'running')
+"""
+
+CLOCK_NOW: Final = """
+-- arbiter: clock_timestamp() (the instant COPY'd jobs are created at)
+-- $1 is the wake channel: the notify is sent when the COPY's transaction commits.
+SELECT clock_timestamp() AS now, pg_notify($1::text, '') AS notified
+"""
+
+NOTIFY: Final = """
+-- arbiter: none
+SELECT pg_notify($1::text, '')
+"""
+
+COPY_COLUMNS: Final = (
+    "id",
+    "actor",
+    "queue",
+    "status",
+    "priority",
+    "payload",
+    "scheduled_at",
+    "created_at",
+    "enqueued_at",
+    "max_attempts",
+    "idempotency_key",
+    "identity_key",
+    "fairness_key",
+    "schedule_to_close_deadline",
+    "timeout",
+    "result_ttl",
+    "metadata",
+    "tags",
+    "trace_id",
+    "span_id",
+    "updated_at",
+)
+"""The columns ``enqueue_batch_fast`` COPYs; the rest take their defaults."""

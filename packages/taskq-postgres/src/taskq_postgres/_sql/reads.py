@@ -1,0 +1,86 @@
+"""Reads: jobs, their history, the counts, and the checks run at open."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from taskq_postgres._sql import job_columns
+
+__all__ = [
+    "COUNT_ACTIVE_JOBS",
+    "COUNT_PENDING_JOBS",
+    "GET_ACTOR_MAX_PENDING",
+    "GET_ATTEMPTS",
+    "GET_EVENTS",
+    "GET_JOB",
+    "LIST_JOBS",
+    "SCHEMA_IS_MIGRATED",
+    "WHERE_TOKEN",
+]
+
+_J: Final = job_columns("j")
+
+GET_JOB: Final = (
+    """
+-- arbiter: none
+SELECT """
+    + _J
+    + """
+FROM {schema}.jobs j WHERE j.id = $1
+"""
+)
+
+WHERE_TOKEN: Final = "{where}"
+"""Where ``LIST_JOBS`` takes its predicate and ordering (built from fixed fragments)."""
+
+LIST_JOBS: Final = (
+    """
+-- arbiter: none
+SELECT """
+    + _J
+    + """
+FROM {schema}.jobs j
+{where}
+"""
+)
+
+COUNT_PENDING_JOBS: Final = """
+-- arbiter: none
+SELECT a.actor, count(j.id) AS waiting
+FROM unnest($1::text[]) AS a (actor)
+LEFT JOIN {schema}.jobs j ON j.actor = a.actor AND j.status IN ('pending', 'scheduled')
+GROUP BY a.actor
+"""
+
+COUNT_ACTIVE_JOBS: Final = """
+-- arbiter: none
+SELECT count(*) FROM {schema}.jobs j
+WHERE j.queue = ANY($1::text[]) AND j.status IN ('pending', 'scheduled', 'running')
+"""
+
+GET_ACTOR_MAX_PENDING: Final = """
+-- arbiter: none
+SELECT actor, max_pending FROM {schema}.actor_config ORDER BY actor
+"""
+
+GET_ATTEMPTS: Final = """
+-- arbiter: none
+SELECT a.job_id, a.attempt, a.worker_id, a.started_at, a.finished_at, a.outcome,
+       a.error_class, a.error_message, a.error_traceback
+FROM {schema}.job_attempts a
+WHERE a.job_id = $1
+ORDER BY a.attempt, a.id
+"""
+
+GET_EVENTS: Final = """
+-- arbiter: none
+SELECT e.id, e.job_id, e.occurred_at, e.kind, e.detail::text AS detail
+FROM {schema}.job_events e
+WHERE e.job_id = $1
+ORDER BY e.id
+"""
+
+SCHEMA_IS_MIGRATED: Final = """
+-- arbiter: none
+SELECT to_regclass('{schema}.jobs') IS NOT NULL
+"""

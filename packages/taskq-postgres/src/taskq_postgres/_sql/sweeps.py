@@ -1,0 +1,184 @@
+"""The maintenance sweeps, the reclaim outbox and its visibility diagnostic.
+
+Each sweep is one statement: ``FOR UPDATE SKIP LOCKED`` picks the rows (so a
+row a worker is writing right now waits for the next sweep instead of
+blocking it), the UPDATE moves them, and the history rows and at most one
+``pg_notify`` ride along in the same statement.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from taskq.backend.statemachine import JobStatus
+from taskq_postgres._sql import TransitionSQL
+
+__all__ = [
+    "DEADLINE_SWEEP",
+    "POLL_RECLAIM_EVENTS",
+    "RECLAIM_EXPIRED_LOCKS",
+    "RECLAIM_VISIBILITY_RISK",
+    "SCHEDULED_TO_PENDING",
+]
+
+_S = JobStatus
+
+SCHEDULED_TO_PENDING: Final = TransitionSQL.of(
+    _S.SCHEDULED,
+    _S.PENDING,
+    """
+-- arbiter: clock_timestamp() (due check scheduled_at <= now)
+-- $1 wake channel: one notify for the whole sweep, only when a job moved.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+due AS (
+    SELECT j.id
+    FROM {schema}.jobs j CROSS JOIN now n
+    WHERE j.status = 'scheduled' AND j.scheduled_at <= n.ts
+    FOR UPDATE OF j SKIP LOCKED
+),
+promoted AS (
+    UPDATE {schema}.jobs j
+    SET status = 'pending', updated_at = n.ts
+    FROM due d CROSS JOIN now n
+    WHERE j.id = d.id AND j.status = 'scheduled'
+    RETURNING j.id
+),
+events AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT p.id, 'state_change', '{"from_state": "scheduled", "to_state": "pending"}'
+    FROM promoted p
+    ORDER BY p.id
+),
+notified AS (SELECT pg_notify($1::text, '') WHERE EXISTS (SELECT 1 FROM promoted))
+SELECT (SELECT count(*) FROM promoted) AS changed, (SELECT count(*) FROM notified) AS notified
+""",
+)
+
+DEADLINE_SWEEP: Final = """
+-- arbiter: clock_timestamp() (deadline check schedule_to_close_deadline < now)
+-- Waiting jobs only: a running job's worker enforces its deadline itself. Moves
+-- pending -> failed and scheduled -> failed (both guarded by status below).
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+late AS (
+    SELECT j.id, j.status
+    FROM {schema}.jobs j CROSS JOIN now n
+    WHERE j.schedule_to_close_deadline IS NOT NULL AND j.schedule_to_close_deadline < n.ts
+      AND j.status IN ('pending', 'scheduled')
+    FOR UPDATE OF j SKIP LOCKED
+),
+failed AS (
+    UPDATE {schema}.jobs j
+    SET status = 'failed', finished_at = n.ts, updated_at = n.ts,
+        error_class = 'DeadlineExceeded',
+        error_message = 'the job''s schedule_to_close deadline passed',
+        error_traceback = NULL
+    FROM late l CROSS JOIN now n
+    WHERE j.id = l.id AND j.status IN ('pending', 'scheduled')
+    RETURNING j.id, l.status AS from_status
+),
+events AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT f.id, 'state_change', jsonb_build_object('from_state', f.from_status, 'to_state', 'failed')
+    FROM failed f
+    ORDER BY f.id
+)
+SELECT count(*) AS changed FROM failed
+"""
+
+RECLAIM_EXPIRED_LOCKS: Final = TransitionSQL.of(
+    _S.RUNNING,
+    (_S.CANCELLED, _S.PENDING, _S.CRASHED),
+    """
+-- arbiter: clock_timestamp() (lease expiry lock_expires_at < now; the cancel wait past it)
+-- $1 the wait a job with a cancel in progress gets past its lease (cancel grace +
+-- cleanup grace + headroom), $2 wake channel. A cancel requested -> cancelled;
+-- attempts left -> pending; else crashed. Each reclaim writes a crashed attempt
+-- and one reclaimed event (the outbox poll_reclaim_events reads), and the sweep
+-- sends one notify when anything was reclaimed.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+expired AS (
+    SELECT j.id, j.attempt, j.max_attempts, j.locked_by_worker, j.started_at, j.cancel_phase
+    FROM {schema}.jobs j CROSS JOIN now n
+    WHERE j.status = 'running' AND j.lock_expires_at < n.ts
+      AND (j.cancel_phase = 0 OR j.lock_expires_at + $1::interval < n.ts)
+    FOR UPDATE OF j SKIP LOCKED
+),
+decision AS (
+    SELECT e.*, n.ts,
+           CASE
+               WHEN e.cancel_phase >= 1 THEN 'cancelled'
+               WHEN e.attempt < e.max_attempts THEN 'pending'
+               ELSE 'crashed'
+           END::{schema}.job_status AS to_status,
+           'worker ' || coalesce(e.locked_by_worker::text, 'None')
+               || ' stopped renewing the job''s lock lease' AS crash_message
+    FROM expired e CROSS JOIN now n
+),
+reclaimed AS (
+    UPDATE {schema}.jobs j
+    SET status = d.to_status, updated_at = d.ts,
+        locked_by_worker = NULL, lock_expires_at = NULL,
+        scheduled_at = CASE WHEN d.to_status = 'pending' THEN d.ts ELSE j.scheduled_at END,
+        cancel_phase = CASE WHEN d.to_status = 'pending' THEN 0 ELSE j.cancel_phase END,
+        cancel_requested_at = CASE WHEN d.to_status = 'pending' THEN NULL
+                                   ELSE j.cancel_requested_at END,
+        finished_at = CASE WHEN d.to_status = 'pending' THEN NULL ELSE d.ts END,
+        error_class = CASE WHEN d.to_status = 'crashed' THEN 'WorkerCrashed'
+                           ELSE j.error_class END,
+        error_message = CASE WHEN d.to_status = 'crashed' THEN d.crash_message
+                             ELSE j.error_message END,
+        error_traceback = CASE WHEN d.to_status = 'crashed' THEN NULL ELSE j.error_traceback END
+    FROM decision d
+    WHERE j.id = d.id AND j.status = 'running'
+    RETURNING j.id
+),
+attempts AS (
+    INSERT INTO {schema}.job_attempts (job_id, attempt, worker_id, started_at, finished_at,
+        duration_ms, outcome, error_class, error_message)
+    SELECT d.id, d.attempt, d.locked_by_worker, d.started_at, d.ts,
+           greatest((extract(epoch FROM d.ts - d.started_at) * 1000)::bigint, 0),
+           'crashed', 'WorkerCrashed', d.crash_message
+    FROM decision d JOIN reclaimed r ON r.id = d.id
+),
+events AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT d.id, 'reclaimed',
+           jsonb_build_object('from_state', 'running', 'to_state', d.to_status,
+                              'reason', 'lock_expired', 'worker_id', d.locked_by_worker::text)
+    FROM decision d JOIN reclaimed r ON r.id = d.id
+    ORDER BY d.id
+),
+notified AS (SELECT pg_notify($2::text, '') WHERE EXISTS (SELECT 1 FROM reclaimed))
+SELECT (SELECT count(*) FROM reclaimed) AS changed, (SELECT count(*) FROM notified) AS notified
+""",
+)
+
+POLL_RECLAIM_EVENTS: Final = """
+-- arbiter: clock_timestamp() (visibility watermark occurred_at <= now - delay)
+-- Only events older than the delay: by then any transaction holding a lower id has
+-- committed or aborted (architecture.md, the trailing watermark). $1 cursor,
+-- $2 delay, $3 limit.
+SELECT e.id, e.job_id, e.occurred_at, e.kind, e.detail::text AS detail
+FROM {schema}.job_events e
+WHERE e.kind = 'reclaimed' AND e.id > $1 AND e.occurred_at <= clock_timestamp() - $2::interval
+ORDER BY e.id
+LIMIT $3
+"""
+
+RECLAIM_VISIBILITY_RISK: Final = """
+-- arbiter: clock_timestamp() (transaction age compared with the visibility delay)
+-- Transactions that hold a lock on job_events and began longer ago than the
+-- visibility delay ($1): an event they insert may surface below a cursor that
+-- already moved past it. A proxy signal: it cannot see whether they will insert.
+SELECT a.pid, a.application_name, a.state, a.xact_start,
+       clock_timestamp() - a.xact_start AS transaction_age,
+       string_agg(DISTINCT l.mode, ', ' ORDER BY l.mode) AS lock_modes, a.query
+FROM pg_locks l
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND l.granted
+  AND l.relation = to_regclass('{schema}.job_events')
+  AND l.pid <> pg_backend_pid()
+  AND a.xact_start < clock_timestamp() - $1::interval
+GROUP BY a.pid, a.application_name, a.state, a.xact_start, a.query
+ORDER BY a.xact_start
+"""

@@ -1,0 +1,449 @@
+"""Terminal writes: each one statement, one round trip.
+
+Every write follows the same shape: ``owned`` locks the row only while it is
+``running`` (and, for the guarded writes, held by ``$2`` on attempt ``$3``
+when given) and keeps its pre-update values; ``updated`` applies the move;
+``attempt`` and ``event`` write the history rows from the same CTEs, so the
+audit trail costs no extra round trip and commits with the move or not at all.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from taskq.backend.statemachine import JobStatus
+from taskq_postgres._sql import TransitionSQL, job_columns
+
+__all__ = [
+    "MARK_ABANDONED",
+    "MARK_CANCELLED",
+    "MARK_FAILED_OR_RETRY",
+    "MARK_RETRY_AFTER",
+    "MARK_SNOOZED",
+    "MARK_SUCCEEDED",
+    "RECORD_PROGRESS",
+    "RETRY_JOB",
+    "WRITE_ATTEMPT",
+    "WRITE_CANCEL_ESCALATION",
+]
+
+_S = JobStatus
+
+# The owner's lock: running, held by $2, on attempt $3 when one is given.
+_OWNED: Final = """
+owned AS (
+    SELECT j.id, j.attempt, j.max_attempts, j.started_at, j.locked_by_worker,
+           j.schedule_to_close_deadline
+    FROM {schema}.jobs j
+    WHERE j.id = $1 AND j.status = 'running' AND j.locked_by_worker = $2
+      AND ($3::int IS NULL OR j.attempt = $3::int)
+    FOR UPDATE
+)"""
+
+_DURATION_MS: Final = "greatest((extract(epoch FROM n.ts - o.started_at) * 1000)::bigint, 0)"
+
+MARK_SUCCEEDED: Final = TransitionSQL.of(
+    _S.RUNNING,
+    _S.SUCCEEDED,
+    """
+-- arbiter: clock_timestamp() (finished_at; result_expires_at = now + ttl)
+-- $4 result (JSON text), $5 fallback result ttl, $6 progress_seq, $7 progress_state.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
+    + _OWNED
+    + """,
+updated AS (
+    UPDATE {schema}.jobs j
+    SET status = 'succeeded', finished_at = n.ts, updated_at = n.ts,
+        locked_by_worker = NULL, lock_expires_at = NULL,
+        result = $4::text::jsonb,
+        result_expires_at = n.ts + coalesce(j.result_ttl, $5::interval),
+        progress_seq = greatest(j.progress_seq, $6::bigint),
+        progress_state = CASE WHEN $6::bigint > j.progress_seq THEN $7::text::jsonb
+                              ELSE j.progress_state END
+    FROM owned o CROSS JOIN now n
+    WHERE j.id = o.id AND j.status = 'running'
+    RETURNING j.id
+),
+attempt AS (
+    INSERT INTO {schema}.job_attempts
+        (job_id, attempt, worker_id, started_at, finished_at, duration_ms, outcome)
+    SELECT o.id, o.attempt, o.locked_by_worker, o.started_at, n.ts, """
+    + _DURATION_MS
+    + """, 'succeeded'
+    FROM owned o JOIN updated u ON u.id = o.id CROSS JOIN now n
+),
+event AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT u.id, 'state_change', '{"from_state": "running", "to_state": "succeeded"}'
+    FROM updated u
+)
+SELECT count(*) AS changed FROM updated
+""",
+)
+
+MARK_FAILED_OR_RETRY: Final = TransitionSQL.of(
+    _S.RUNNING,
+    (_S.FAILED, _S.SCHEDULED, _S.PENDING),
+    """
+-- arbiter: clock_timestamp() (retry at now + delay; the retry must not pass the deadline)
+-- $4..$6 the error, $7 retry delay (NULL: no retry), $8 progress_seq, $9 progress_state.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
+    + _OWNED
+    + """,
+decision AS (
+    SELECT o.*, n.ts,
+           CASE
+               WHEN $7::interval IS NULL OR o.attempt >= o.max_attempts
+                    OR n.ts + $7::interval > o.schedule_to_close_deadline THEN 'failed'
+               WHEN $7::interval > interval '0' THEN 'scheduled'
+               ELSE 'pending'
+           END::{schema}.job_status AS to_status
+    FROM owned o CROSS JOIN now n
+),
+updated AS (
+    UPDATE {schema}.jobs j
+    SET status = d.to_status, updated_at = d.ts,
+        locked_by_worker = NULL, lock_expires_at = NULL,
+        scheduled_at = CASE WHEN d.to_status = 'failed' THEN j.scheduled_at
+                            ELSE d.ts + $7::interval END,
+        finished_at = CASE WHEN d.to_status = 'failed' THEN d.ts END,
+        error_class = $4, error_message = $5, error_traceback = $6,
+        progress_seq = greatest(j.progress_seq, $8::bigint),
+        progress_state = CASE WHEN $8::bigint > j.progress_seq THEN $9::text::jsonb
+                              ELSE j.progress_state END
+    FROM decision d
+    WHERE j.id = d.id AND j.status = 'running'
+    RETURNING """
+    + job_columns("j")
+    + """
+),
+attempt AS (
+    INSERT INTO {schema}.job_attempts (job_id, attempt, worker_id, started_at, finished_at,
+        duration_ms, outcome, error_class, error_message, error_traceback)
+    SELECT o.id, o.attempt, o.locked_by_worker, o.started_at, n.ts, """
+    + _DURATION_MS
+    + """,
+           'failed', $4, $5, $6
+    FROM decision o JOIN updated u ON u.id = o.id CROSS JOIN now n
+),
+event AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT u.id, 'state_change', jsonb_build_object('from_state', 'running', 'to_state', u.status)
+    FROM updated u
+)
+SELECT * FROM updated
+""",
+)
+
+MARK_CANCELLED: Final = TransitionSQL.of(
+    _S.RUNNING,
+    _S.CANCELLED,
+    """
+-- arbiter: clock_timestamp() (finished_at)
+-- $4 progress_seq, $5 progress_state.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
+    + _OWNED
+    + """,
+updated AS (
+    UPDATE {schema}.jobs j
+    SET status = 'cancelled', finished_at = n.ts, updated_at = n.ts,
+        locked_by_worker = NULL, lock_expires_at = NULL,
+        progress_seq = greatest(j.progress_seq, $4::bigint),
+        progress_state = CASE WHEN $4::bigint > j.progress_seq THEN $5::text::jsonb
+                              ELSE j.progress_state END
+    FROM owned o CROSS JOIN now n
+    WHERE j.id = o.id AND j.status = 'running'
+    RETURNING j.id
+),
+attempt AS (
+    INSERT INTO {schema}.job_attempts
+        (job_id, attempt, worker_id, started_at, finished_at, duration_ms, outcome)
+    SELECT o.id, o.attempt, o.locked_by_worker, o.started_at, n.ts, """
+    + _DURATION_MS
+    + """, 'cancelled'
+    FROM owned o JOIN updated u ON u.id = o.id CROSS JOIN now n
+),
+event AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT u.id, 'state_change', '{"from_state": "running", "to_state": "cancelled"}'
+    FROM updated u
+)
+SELECT count(*) AS changed FROM updated
+""",
+)
+
+MARK_ABANDONED: Final = TransitionSQL.of(
+    _S.RUNNING,
+    _S.ABANDONED,
+    """
+-- arbiter: clock_timestamp() (finished_at)
+-- No owner check: the heartbeat writes it once a forced cancel (phase 2) overran its
+-- grace. $2 progress_seq, $3 progress_state.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+owned AS (
+    SELECT j.id, j.attempt, j.started_at, j.locked_by_worker
+    FROM {schema}.jobs j
+    WHERE j.id = $1 AND j.status = 'running' AND j.cancel_phase = 2
+    FOR UPDATE
+),
+updated AS (
+    UPDATE {schema}.jobs j
+    SET status = 'abandoned', finished_at = n.ts, updated_at = n.ts,
+        locked_by_worker = NULL, lock_expires_at = NULL,
+        progress_seq = greatest(j.progress_seq, $2::bigint),
+        progress_state = CASE WHEN $2::bigint > j.progress_seq THEN $3::text::jsonb
+                              ELSE j.progress_state END
+    FROM owned o CROSS JOIN now n
+    WHERE j.id = o.id AND j.status = 'running'
+    RETURNING j.id
+),
+attempt AS (
+    INSERT INTO {schema}.job_attempts
+        (job_id, attempt, worker_id, started_at, finished_at, duration_ms, outcome)
+    SELECT o.id, o.attempt, o.locked_by_worker, o.started_at, n.ts, """
+    + _DURATION_MS
+    + """, 'abandoned'
+    FROM owned o JOIN updated u ON u.id = o.id CROSS JOIN now n
+),
+event AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT u.id, 'state_change', '{"from_state": "running", "to_state": "abandoned"}'
+    FROM updated u
+)
+SELECT count(*) AS changed FROM updated
+""",
+)
+
+# The error class and message of a job failed because its deadline passed.
+_DEADLINE_ERROR: Final = "'DeadlineExceeded', 'the job''s schedule_to_close deadline passed'"
+
+MARK_SNOOZED: Final = TransitionSQL.of(
+    _S.RUNNING,
+    (_S.SCHEDULED, _S.PENDING, _S.FAILED),
+    """
+-- arbiter: clock_timestamp() (run again at now + delay; the new time must not pass the deadline)
+-- The snooze gives back the attempt it does not use (max_attempts + 1), so attempt
+-- numbers stay unique. $4 delay, $5 metadata update (JSON text or NULL), $6 the
+-- attempt's outcome, $7 progress_seq, $8 progress_state.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
+    + _OWNED
+    + """,
+decision AS (
+    SELECT o.*, n.ts, e.error_class, e.error_message,
+           CASE
+               WHEN e.error_class IS NOT NULL THEN 'failed'
+               WHEN $4::interval > interval '0' THEN 'scheduled'
+               ELSE 'pending'
+           END::{schema}.job_status AS to_status
+    FROM owned o CROSS JOIN now n
+    LEFT JOIN (VALUES ("""
+    + _DEADLINE_ERROR
+    + """)) AS e (error_class, error_message)
+        ON n.ts + $4::interval > o.schedule_to_close_deadline
+),
+updated AS (
+    UPDATE {schema}.jobs j
+    SET status = d.to_status, updated_at = d.ts,
+        locked_by_worker = NULL, lock_expires_at = NULL,
+        max_attempts = j.max_attempts + 1,
+        metadata = CASE WHEN $5::text IS NULL THEN j.metadata
+                        ELSE j.metadata || $5::text::jsonb END,
+        scheduled_at = CASE WHEN d.to_status = 'failed' THEN j.scheduled_at
+                            ELSE d.ts + $4::interval END,
+        finished_at = CASE WHEN d.to_status = 'failed' THEN d.ts END,
+        error_class = coalesce(d.error_class, j.error_class),
+        error_message = coalesce(d.error_message, j.error_message),
+        error_traceback = CASE WHEN d.error_class IS NULL THEN j.error_traceback END,
+        progress_seq = greatest(j.progress_seq, $7::bigint),
+        progress_state = CASE WHEN $7::bigint > j.progress_seq THEN $8::text::jsonb
+                              ELSE j.progress_state END
+    FROM decision d
+    WHERE j.id = d.id AND j.status = 'running'
+    RETURNING j.id, j.status
+),
+attempt AS (
+    INSERT INTO {schema}.job_attempts (job_id, attempt, worker_id, started_at, finished_at,
+        duration_ms, outcome, error_class, error_message)
+    SELECT o.id, o.attempt, o.locked_by_worker, o.started_at, n.ts, """
+    + _DURATION_MS
+    + """,
+           $6::text, o.error_class, o.error_message
+    FROM decision o JOIN updated u ON u.id = o.id CROSS JOIN now n
+),
+event AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT u.id, 'state_change', jsonb_build_object('from_state', 'running', 'to_state', u.status)
+    FROM updated u
+)
+SELECT u.status::text AS to_status FROM updated u
+""",
+)
+
+MARK_RETRY_AFTER: Final = TransitionSQL.of(
+    _S.RUNNING,
+    (_S.SCHEDULED, _S.PENDING, _S.FAILED),
+    """
+-- arbiter: clock_timestamp() (run again at now + delay; the new time must not pass the deadline)
+-- $4 delay, $5 consume_budget (false: a rate-limit denial that gives the attempt
+-- back), $6 progress_seq, $7 progress_state. The deadline is checked first.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
+    + _OWNED
+    + """,
+decision AS (
+    SELECT o.*, n.ts, r.result,
+           CASE
+               WHEN r.result <> 'scheduled' THEN 'failed'
+               WHEN $4::interval > interval '0' THEN 'scheduled'
+               ELSE 'pending'
+           END::{schema}.job_status AS to_status,
+           CASE r.result
+               WHEN 'failed:DeadlineExceeded' THEN 'DeadlineExceeded'
+               WHEN 'failed:MaxAttemptsExceeded' THEN 'MaxAttemptsExceeded'
+           END AS error_class,
+           CASE r.result
+               WHEN 'failed:DeadlineExceeded' THEN 'the job''s schedule_to_close deadline passed'
+               WHEN 'failed:MaxAttemptsExceeded'
+                   THEN 'attempt ' || o.attempt || ' of ' || o.max_attempts || ' asked to retry'
+           END AS error_message
+    FROM owned o CROSS JOIN now n
+    CROSS JOIN LATERAL (
+        SELECT CASE
+                   WHEN n.ts + $4::interval > o.schedule_to_close_deadline
+                       THEN 'failed:DeadlineExceeded'
+                   WHEN $5::bool AND o.attempt >= o.max_attempts THEN 'failed:MaxAttemptsExceeded'
+                   ELSE 'scheduled'
+               END AS result
+    ) r
+),
+updated AS (
+    UPDATE {schema}.jobs j
+    SET status = d.to_status, updated_at = d.ts,
+        locked_by_worker = NULL, lock_expires_at = NULL,
+        max_attempts = CASE WHEN $5::bool THEN j.max_attempts ELSE j.max_attempts + 1 END,
+        scheduled_at = CASE WHEN d.to_status = 'failed' THEN j.scheduled_at
+                            ELSE d.ts + $4::interval END,
+        finished_at = CASE WHEN d.to_status = 'failed' THEN d.ts END,
+        error_class = coalesce(d.error_class, j.error_class),
+        error_message = coalesce(d.error_message, j.error_message),
+        error_traceback = CASE WHEN d.error_class IS NULL THEN j.error_traceback END,
+        progress_seq = greatest(j.progress_seq, $6::bigint),
+        progress_state = CASE WHEN $6::bigint > j.progress_seq THEN $7::text::jsonb
+                              ELSE j.progress_state END
+    FROM decision d
+    WHERE j.id = d.id AND j.status = 'running'
+    RETURNING j.id, j.status
+),
+attempt AS (
+    INSERT INTO {schema}.job_attempts (job_id, attempt, worker_id, started_at, finished_at,
+        duration_ms, outcome, error_class, error_message)
+    SELECT o.id, o.attempt, o.locked_by_worker, o.started_at, n.ts, """
+    + _DURATION_MS
+    + """,
+           CASE WHEN $5::bool THEN 'retry_after' ELSE 'rate_limit_denied' END,
+           o.error_class, o.error_message
+    FROM decision o JOIN updated u ON u.id = o.id CROSS JOIN now n
+),
+event AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT u.id, 'state_change', jsonb_build_object('from_state', 'running', 'to_state', u.status)
+    FROM updated u
+)
+SELECT d.result FROM decision d JOIN updated u ON u.id = d.id
+""",
+)
+
+WRITE_CANCEL_ESCALATION: Final = """
+-- arbiter: none (no time predicate)
+-- Cancel phase 1 -> 2 for the owner; the status does not change, so this is not a
+-- state-machine transition. $1 job, $2 worker, $3 attempt or NULL.
+WITH escalated AS (
+    UPDATE {schema}.jobs j
+    SET cancel_phase = 2, updated_at = clock_timestamp()
+    WHERE j.id = $1 AND j.status = 'running' AND j.locked_by_worker = $2
+      AND ($3::int IS NULL OR j.attempt = $3::int) AND j.cancel_phase = 1
+    RETURNING j.id
+),
+event AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT e.id, 'cancel_escalated', '{"from_phase": 1, "to_phase": 2}' FROM escalated e
+)
+SELECT count(*) AS changed FROM escalated
+"""
+
+RETRY_JOB: Final = """
+-- arbiter: clock_timestamp() (scheduled_at = now)
+-- An operator reset of a finished job, not a state-machine transition (terminal
+-- statuses have none). A job that spent its budget gets one more attempt.
+-- $1 job, $2 wake channel.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+target AS (
+    SELECT j.id, j.status
+    FROM {schema}.jobs j
+    WHERE j.id = $1 AND j.status IN ('failed', 'crashed', 'cancelled', 'abandoned')
+    FOR UPDATE
+),
+retried AS (
+    UPDATE {schema}.jobs j
+    SET status = 'pending', scheduled_at = n.ts, enqueued_at = n.ts, updated_at = n.ts,
+        max_attempts = greatest(j.max_attempts, j.attempt + 1),
+        locked_by_worker = NULL, lock_expires_at = NULL,
+        cancel_phase = 0, cancel_requested_at = NULL, cancel_reason = NULL,
+        finished_at = NULL, result = NULL, result_expires_at = NULL,
+        error_class = NULL, error_message = NULL, error_traceback = NULL
+    FROM target t CROSS JOIN now n
+    WHERE j.id = t.id
+    RETURNING j.id, t.status AS from_status
+),
+event AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT r.id, 'state_change',
+           jsonb_build_object('from_state', r.from_status, 'to_state', 'pending',
+                              'reason', 'retried')
+    FROM retried r
+),
+notified AS (SELECT pg_notify($2::text, '') WHERE EXISTS (SELECT 1 FROM retried))
+SELECT (SELECT count(*) FROM retried) AS changed, (SELECT count(*) FROM notified) AS notified
+"""
+
+WRITE_ATTEMPT: Final = """
+-- arbiter: none (stores the times it is given)
+-- Insert or replace by (job_id, attempt): job_attempts has a surrogate key, so
+-- update the existing row if there is one, else insert.
+-- $1 job, $2 attempt, $3 worker, $4 started_at, $5 finished_at, $6 outcome, $7..$9 error.
+WITH replaced AS (
+    UPDATE {schema}.job_attempts a
+    SET worker_id = $3, started_at = $4::timestamptz, finished_at = $5::timestamptz,
+        duration_ms = greatest(
+            (extract(epoch FROM $5::timestamptz - $4::timestamptz) * 1000)::bigint, 0
+        ),
+        outcome = $6, error_class = $7, error_message = $8, error_traceback = $9
+    WHERE a.job_id = $1 AND a.attempt = $2
+    RETURNING a.id
+)
+INSERT INTO {schema}.job_attempts (job_id, attempt, worker_id, started_at, finished_at,
+    duration_ms, outcome, error_class, error_message, error_traceback)
+SELECT $1, $2, $3, $4::timestamptz, $5::timestamptz,
+       greatest((extract(epoch FROM $5::timestamptz - $4::timestamptz) * 1000)::bigint, 0),
+       $6, $7, $8, $9
+WHERE NOT EXISTS (SELECT 1 FROM replaced)
+"""
+
+
+RECORD_PROGRESS: Final = """
+-- arbiter: none (ownership and progress_seq only)
+-- $1 job, $2 worker, $3 attempt or NULL, $4 progress_seq, $5 progress_state (JSON text).
+-- True while the caller owns the job; the row changes only for newer progress.
+WITH owned AS (
+    SELECT j.id FROM {schema}.jobs j
+    WHERE j.id = $1 AND j.status = 'running' AND j.locked_by_worker = $2
+      AND ($3::int IS NULL OR j.attempt = $3::int)
+),
+updated AS (
+    UPDATE {schema}.jobs j
+    SET progress_seq = $4::bigint, progress_state = $5::text::jsonb, updated_at = clock_timestamp()
+    FROM owned o
+    WHERE j.id = o.id AND j.progress_seq < $4::bigint
+    RETURNING j.id
+)
+SELECT EXISTS (SELECT 1 FROM owned)
+"""

@@ -1,0 +1,1 @@
+"""taskq-ratelimit-redis's registration with TaskQ (entry point group `taskq`)."""

@@ -1,0 +1,1 @@
+"""taskq-testing's registration with TaskQ (entry point group `taskq`)."""

@@ -1,0 +1,326 @@
+"""Batches: the atomic enqueue, the failure counter, abort/complete and the batch reads."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+
+from taskq.backend import Backend, JobStatus
+from taskq.models import BatchFilter, BatchRow, EnqueueArgs, JobFilter, JobRow
+from taskq_testing.conformance._support import (
+    FAR,
+    LONG_LEASE,
+    TICK,
+    AdvanceTime,
+    assert_close,
+    assert_history_consistent,
+    assert_utc,
+    covers,
+    fetch,
+    make_args,
+)
+
+_QUEUE = "batch"
+_ABORT_MESSAGE = "Batch aborted due to consecutive failures"
+
+
+async def _tracked_batch(
+    backend: Backend, *children: dict[str, Any], threshold: int | None = 2
+) -> tuple[UUID, list[JobRow], EnqueueArgs]:
+    """A batch with a row and a finalizer; its id, children and the finalizer's args."""
+    batch_id = uuid4()
+    finalizer = make_args(actor="conformance.finalizer", queue=_QUEUE)
+    rows = await backend.enqueue_batch_atomic(
+        [make_args(queue=_QUEUE, **spec) for spec in children],
+        batch_id=batch_id,
+        queue=_QUEUE,
+        batch_row=BatchRow(
+            id=batch_id, queue=_QUEUE, expected_size=len(children), failure_threshold=threshold
+        ),
+        finalizer_args=finalizer,
+    )
+    return batch_id, rows, finalizer
+
+
+async def _succeed_one(backend: Backend) -> JobRow:
+    """Dispatch the head of the batch queue and let it succeed."""
+    worker = uuid4()
+    [job] = await backend.dispatch_batch(worker, [_QUEUE], 1, LONG_LEASE)
+    assert await backend.mark_succeeded(job.id, worker, None)
+    return await fetch(backend, job.id)
+
+
+async def _batch(backend: Backend, batch_id: UUID) -> BatchRow:
+    row = await backend.get_batch(batch_id)
+    assert row is not None, f"batch {batch_id} vanished"
+    return row
+
+
+class BatchTests:
+    """``enqueue_batch_atomic`` and the batch row methods."""
+
+    @covers("create_batch", "get_batch")
+    async def test_create_batch_inserts_an_active_row(self, backend: Backend) -> None:
+        batch_id, finalizer_id = uuid4(), uuid4()
+        await backend.create_batch(batch_id, "q", 3, 2, finalizer_id, "conformance.origin")
+        row = await _batch(backend, batch_id)
+        assert (row.id, row.queue, row.status) == (batch_id, "q", "active")
+        assert (row.expected_size, row.consecutive_failures, row.failure_threshold) == (3, 0, 2)
+        assert (row.finalizer_job_id, row.originating_actor) == (finalizer_id, "conformance.origin")
+        assert_utc(row.created_at)
+        assert row.completed_at is None
+
+    @covers("get_batch")
+    async def test_get_batch_of_an_unknown_batch_is_none(self, backend: Backend) -> None:
+        await backend.create_batch(uuid4(), "q", 1, None, None, None)
+        assert await backend.get_batch(uuid4()) is None
+
+    # -- enqueue_batch_atomic ------------------------------------------------------------
+
+    @covers("enqueue_batch_atomic", "get_batch", "scheduled_to_pending")
+    async def test_enqueue_batch_atomic_tags_children_and_parks_the_finalizer(
+        self, backend: Backend
+    ) -> None:
+        children: list[dict[str, Any]] = [{"metadata": {"k": "v"}}, {}, {"delay": FAR}]
+        batch_id, rows, finalizer = await _tracked_batch(backend, *children)
+        assert len(rows) == 3 and finalizer.id not in {row.id for row in rows}
+        for row, spec in zip(rows, children, strict=True):
+            assert row.metadata == {**spec.get("metadata", {}), "batch_id": str(batch_id)}
+            assert row.batch_id == batch_id
+            assert await backend.get(row.id) == row
+        assert [row.status for row in rows] == [
+            JobStatus.PENDING,
+            JobStatus.PENDING,
+            JobStatus.SCHEDULED,
+        ]
+        batch = await _batch(backend, batch_id)
+        assert (batch.status, batch.finalizer_job_id, batch.expected_size) == (
+            "active",
+            finalizer.id,
+            3,
+        )
+        parked = await fetch(backend, finalizer.id)
+        assert (parked.status, parked.scheduled_at.year) == (JobStatus.SCHEDULED, 9999)
+        assert parked.metadata["batch_finalizer_for"] == str(batch_id)
+        # The finalizer waits for the batch, not for time.
+        assert await backend.scheduled_to_pending() == 0
+        dispatched = await backend.dispatch_batch(uuid4(), [_QUEUE], 10, LONG_LEASE)
+        assert {row.id for row in dispatched} == {rows[0].id, rows[1].id}
+
+    @covers("enqueue_batch_atomic")
+    async def test_enqueue_batch_atomic_without_row_or_finalizer_only_tags(
+        self, backend: Backend
+    ) -> None:
+        batch_id = uuid4()
+        items = [make_args(queue=_QUEUE) for _ in range(3)]
+        rows = await backend.enqueue_batch_atomic(
+            items, batch_id=batch_id, queue=_QUEUE, batch_row=None, finalizer_args=None
+        )
+        assert [row.id for row in rows] == [item.id for item in items]
+        assert await backend.get_batch(batch_id) is None
+        listed = await backend.list_jobs(JobFilter(batch_id=batch_id))
+        assert {row.id for row in listed} == {item.id for item in items}
+
+    @covers("enqueue_batch_atomic")
+    async def test_enqueue_batch_atomic_spans_chunks(self, backend: Backend) -> None:
+        batch_id = uuid4()
+        items = (make_args(queue=_QUEUE, payload={"i": i}) for i in range(5))
+        rows = await backend.enqueue_batch_atomic(
+            items,
+            batch_id=batch_id,
+            queue=_QUEUE,
+            batch_row=None,
+            finalizer_args=None,
+            chunk_size=2,
+        )
+        assert [row.payload["i"] for row in rows] == list(range(5))
+        assert len(await backend.list_jobs(JobFilter(batch_id=batch_id))) == 5
+
+    @covers("enqueue_batch_atomic")
+    async def test_enqueue_batch_atomic_returns_existing_rows_for_known_keys(
+        self, backend: Backend
+    ) -> None:
+        existing = await backend.enqueue(make_args(idempotency_key="dup"))
+        fresh = make_args(queue=_QUEUE)
+        rows = await backend.enqueue_batch_atomic(
+            [fresh, make_args(idempotency_key="dup")],
+            batch_id=uuid4(),
+            queue=_QUEUE,
+            batch_row=None,
+            finalizer_args=None,
+        )
+        assert [row.id for row in rows] == [fresh.id, existing.id]
+        assert rows[1] == existing
+        assert len(await backend.list_jobs(JobFilter())) == 2
+
+    @covers("enqueue_batch_atomic")
+    async def test_enqueue_batch_atomic_is_all_or_nothing(self, backend: Backend) -> None:
+        existing = await backend.enqueue(make_args())
+        batch_id, fresh, finalizer = uuid4(), make_args(queue=_QUEUE), make_args(queue=_QUEUE)
+        # A second job cannot take an existing id, so the last child fails the call.
+        with pytest.raises(Exception):  # noqa: B017 - the contract fixes failure, not the type
+            await backend.enqueue_batch_atomic(
+                [fresh, make_args(id=existing.id, queue=_QUEUE)],
+                batch_id=batch_id,
+                queue=_QUEUE,
+                batch_row=BatchRow(id=batch_id, queue=_QUEUE, expected_size=2),
+                finalizer_args=finalizer,
+            )
+        assert await backend.get(fresh.id) is None
+        assert await backend.get(finalizer.id) is None
+        assert await backend.get_batch(batch_id) is None
+        assert await backend.list_jobs(JobFilter()) == [existing]
+
+    # -- the failure counter -----------------------------------------------------------
+
+    @covers("increment_batch_failures", "reset_batch_failures")
+    async def test_the_failure_counter_counts_up_and_resets(self, backend: Backend) -> None:
+        batch_id, _, _ = await _tracked_batch(backend, {}, {}, {}, threshold=2)
+        await _succeed_one(backend)
+        assert await backend.increment_batch_failures(batch_id) == (1, 2, 2)
+        assert await backend.increment_batch_failures(batch_id) == (2, 2, 2)
+        assert (await _batch(backend, batch_id)).consecutive_failures == 2
+        assert await backend.reset_batch_failures(batch_id) == 1
+        assert (await _batch(backend, batch_id)).consecutive_failures == 0
+        assert await backend.increment_batch_failures(batch_id) == (1, 2, 2)
+
+    @covers("increment_batch_failures")
+    async def test_a_batch_without_a_policy_reports_no_threshold(self, backend: Backend) -> None:
+        batch_id, _, _ = await _tracked_batch(backend, {}, threshold=None)
+        assert await backend.increment_batch_failures(batch_id) == (1, None, 1)
+
+    @covers("reset_batch_failures")
+    async def test_resetting_an_unknown_batch_changes_nothing(self, backend: Backend) -> None:
+        assert await backend.reset_batch_failures(uuid4()) == 0
+
+    # -- abort and complete -----------------------------------------------------------------
+
+    @covers("abort_batch", "get_batch")
+    async def test_abort_batch_cancels_waiting_children_and_releases_the_finalizer(
+        self, backend: Backend
+    ) -> None:
+        batch_id, children, finalizer = await _tracked_batch(
+            backend, {"priority": 9}, {"priority": 5}, {}, {"delay": FAR}
+        )
+        done = await _succeed_one(backend)
+        [running] = await backend.dispatch_batch(uuid4(), [_QUEUE], 1, LONG_LEASE)
+        assert (done.id, running.id) == (children[0].id, children[1].id)
+        assert await backend.abort_batch(batch_id) == 2
+        for child in children[2:]:
+            after = await fetch(backend, child.id)
+            assert after.status is JobStatus.CANCELLED
+            assert after.error is not None and after.error.message == _ABORT_MESSAGE
+            await assert_history_consistent(backend, child.id)
+        # Running and finished children are left alone.
+        assert await backend.get(running.id) == running
+        assert await backend.get(done.id) == done
+        batch = await _batch(backend, batch_id)
+        assert batch.status == "aborted"
+        assert_utc(batch.completed_at)
+        released = await fetch(backend, finalizer.id)
+        assert released.status is JobStatus.PENDING
+        assert_close(released.scheduled_at, batch.completed_at)
+        dispatched = await backend.dispatch_batch(uuid4(), [_QUEUE], 10, LONG_LEASE)
+        assert [row.id for row in dispatched] == [finalizer.id]
+
+    @covers("complete_batch")
+    async def test_complete_batch_completes_once_and_releases_the_finalizer(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        batch_id, _, finalizer = await _tracked_batch(backend, {})
+        await _succeed_one(backend)
+        await backend.complete_batch(batch_id)
+        batch = await _batch(backend, batch_id)
+        assert batch.status == "complete"
+        assert_utc(batch.completed_at)
+        released = await fetch(backend, finalizer.id)
+        assert released.status is JobStatus.PENDING
+        assert_close(released.scheduled_at, batch.completed_at)
+        await advance_time(TICK)
+        await backend.complete_batch(batch_id)
+        assert await backend.get_batch(batch_id) == batch
+        assert await backend.get(finalizer.id) == released
+
+    @covers("complete_batch", "abort_batch")
+    async def test_complete_batch_leaves_an_aborted_batch_aborted(self, backend: Backend) -> None:
+        batch_id, _, _ = await _tracked_batch(backend, {})
+        await backend.abort_batch(batch_id)
+        aborted = await _batch(backend, batch_id)
+        await backend.complete_batch(batch_id)
+        assert await backend.get_batch(batch_id) == aborted
+
+    # -- reads ------------------------------------------------------------------------------
+
+    @covers("count_batch_non_terminal")
+    async def test_count_batch_non_terminal_excludes_finished_children_and_the_finalizer(
+        self, backend: Backend
+    ) -> None:
+        batch_id, children, _ = await _tracked_batch(backend, {"priority": 1}, {}, {"delay": FAR})
+        assert await backend.count_batch_non_terminal(batch_id) == 3
+        await _succeed_one(backend)
+        assert await backend.count_batch_non_terminal(batch_id) == 2
+        assert await backend.write_cancel_request(children[2].id, None)
+        assert await backend.count_batch_non_terminal(batch_id) == 1
+
+    @covers("list_batches", "create_batch", "complete_batch")
+    async def test_list_batches_filters_newest_first(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        ids = []
+        for queue in ("q1", "q1", "q2"):
+            ids.append(uuid4())
+            await backend.create_batch(ids[-1], queue, 0, None, None, None)
+            await advance_time(TICK)
+        first, second, third = ids
+        await backend.complete_batch(second)
+
+        async def listed(**fields: Any) -> list[UUID]:
+            return [row.id for row, _ in await backend.list_batches(BatchFilter(**fields))]
+
+        assert await listed() == [third, second, first]
+        assert await listed(queue="q1") == [second, first]
+        assert await listed(active=True) == [third, first]
+        assert await listed(active=False) == [second]
+        assert await listed(batch_id=first) == [first]
+        assert await listed(limit=1) == [third]
+
+    @covers("list_batches")
+    async def test_list_batches_counts_children_without_the_finalizer(
+        self, backend: Backend
+    ) -> None:
+        batch_id, children, _ = await _tracked_batch(backend, {"priority": 1}, {}, {})
+        await _succeed_one(backend)
+        assert await backend.write_cancel_request(children[2].id, None)
+        [(row, counts)] = await backend.list_batches(BatchFilter(batch_id=batch_id))
+        assert row == await backend.get_batch(batch_id)
+        assert counts.total == 3
+        assert {status: n for status, n in counts.by_status.items() if n} == {
+            JobStatus.SUCCEEDED: 1,
+            JobStatus.PENDING: 1,
+            JobStatus.CANCELLED: 1,
+        }
+        assert counts.non_terminal == 1
+
+    @covers("prune_old_batches")
+    async def test_prune_old_batches_deletes_only_old_finished_childless_batches(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        old, active = uuid4(), uuid4()
+        await backend.create_batch(old, "q", 0, None, None, None)
+        await backend.create_batch(active, "q", 0, None, None, None)
+        with_children, _, _ = await _tracked_batch(backend, {})
+        await backend.complete_batch(old)
+        await backend.complete_batch(with_children)
+        await advance_time(TICK)
+        recent = uuid4()
+        await backend.create_batch(recent, "q", 0, None, None, None)
+        await backend.complete_batch(recent)
+        # The cutoff is a time the backend itself wrote, never the test's clock.
+        cutoff = (await _batch(backend, recent)).completed_at
+        assert cutoff is not None
+        assert await backend.prune_old_batches(cutoff) == 1
+        assert await backend.get_batch(old) is None
+        for kept in (active, with_children, recent):
+            assert await backend.get_batch(kept) is not None

@@ -1,0 +1,172 @@
+"""Cancellation requests: immediate cancels, cancel flags, bulk cancel and the cancel wake."""
+
+from __future__ import annotations
+
+from uuid import uuid4
+
+import pytest
+
+from taskq.backend import Backend, CancelPhase, JobStatus
+from taskq.models import CancelFlag, JobFilter
+from taskq_testing.conformance._support import (
+    TICK,
+    AdvanceTime,
+    assert_close,
+    assert_utc,
+    covers,
+    fetch,
+    last_event,
+    reach,
+    running_job,
+    wait_for_wake,
+)
+
+
+class CancelTests:
+    """``write_cancel_request``, ``cancel_where``, ``poll_cancel_flags``, ``subscribe_cancel_wake``."""
+
+    @pytest.mark.parametrize("status", [JobStatus.PENDING, JobStatus.SCHEDULED])
+    @covers("write_cancel_request")
+    async def test_a_waiting_job_is_cancelled_at_once(
+        self, backend: Backend, status: JobStatus
+    ) -> None:
+        job = await reach(backend, status)
+        assert await backend.write_cancel_request(job.id, "no longer needed")
+        after = await fetch(backend, job.id)
+        assert after.status is JobStatus.CANCELLED
+        assert after.cancel_reason == "no longer needed"
+        [event] = await backend.get_events(job.id)
+        assert event.kind == "state_change"
+        assert event.detail["from_state"] == status
+        assert event.detail["to_state"] == "cancelled"
+        assert event.detail["reason"] == "no longer needed"
+        assert_utc(after.finished_at, after.cancel_requested_at)
+        assert_close(after.finished_at, event.occurred_at)
+        assert_close(after.cancel_requested_at, event.occurred_at)
+        assert await backend.get_attempts(job.id) == []
+
+    @covers("write_cancel_request", "subscribe_cancel_wake")
+    async def test_a_running_job_gets_a_cooperative_cancel_flag_and_a_wake(
+        self, backend: Backend
+    ) -> None:
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker)
+        async with backend.subscribe_cancel_wake() as wake:
+            assert await backend.write_cancel_request(job.id, "stop")
+            await wait_for_wake(wake)
+        after = await fetch(backend, job.id)
+        assert (after.status, after.locked_by_worker) == (JobStatus.RUNNING, worker)
+        assert after.cancel_phase == CancelPhase.COOPERATIVE
+        assert after.cancel_reason == "stop"
+        [_, requested] = await backend.get_events(job.id)
+        assert requested.kind == "cancel_requested"
+        assert_utc(after.cancel_requested_at)
+        assert_close(after.cancel_requested_at, requested.occurred_at)
+        assert after.finished_at is None
+
+    @pytest.mark.parametrize("phase", [CancelPhase.COOPERATIVE, CancelPhase.FORCED])
+    @covers("write_cancel_request")
+    async def test_a_repeated_request_keeps_the_first_timestamp_and_phase(
+        self, backend: Backend, advance_time: AdvanceTime, phase: CancelPhase
+    ) -> None:
+        job = await running_job(backend, worker_id=uuid4(), cancel_phase=phase)
+        await advance_time(TICK)
+        assert await backend.write_cancel_request(job.id, "again")
+        after = await fetch(backend, job.id)
+        assert after.status is JobStatus.RUNNING
+        assert after.cancel_phase == phase
+        assert after.cancel_requested_at == job.cancel_requested_at
+
+    @pytest.mark.parametrize(
+        "status",
+        [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.ABANDONED],
+    )
+    @covers("write_cancel_request")
+    async def test_a_finished_job_cannot_be_cancelled(
+        self, backend: Backend, status: JobStatus
+    ) -> None:
+        job = await reach(backend, status)
+        events = await backend.get_events(job.id)
+        assert not await backend.write_cancel_request(job.id, "too late")
+        assert await backend.get(job.id) == job
+        assert await backend.get_events(job.id) == events
+
+    @covers("write_cancel_request")
+    async def test_cancelling_an_unknown_job_is_false(self, backend: Backend) -> None:
+        assert not await backend.write_cancel_request(uuid4(), None)
+
+    @covers("poll_cancel_flags")
+    async def test_poll_cancel_flags_lists_the_workers_flagged_jobs(self, backend: Backend) -> None:
+        worker, other = uuid4(), uuid4()
+        requested = await running_job(backend, worker_id=worker, cancel_phase=1)
+        forced = await running_job(backend, worker_id=worker, cancel_phase=2)
+        await running_job(backend, worker_id=worker)
+        await running_job(backend, worker_id=other, cancel_phase=1)
+        honoured = await running_job(backend, worker_id=worker, cancel_phase=1)
+        assert await backend.mark_cancelled(honoured.id, worker)
+        flags = await backend.poll_cancel_flags(worker)
+        expected = [
+            CancelFlag(
+                job_id=job.id,
+                cancel_phase=job.cancel_phase,
+                cancel_requested_at=job.cancel_requested_at,
+                reason=job.cancel_reason,
+            )
+            for job in (requested, forced)
+            if job.cancel_requested_at is not None
+        ]
+        assert sorted(flags, key=lambda f: f.job_id) == sorted(expected, key=lambda f: f.job_id)
+        assert {f.cancel_phase for f in flags} == {CancelPhase.COOPERATIVE, CancelPhase.FORCED}
+
+    @covers("poll_cancel_flags")
+    async def test_poll_cancel_flags_without_requests_is_empty(self, backend: Backend) -> None:
+        worker = uuid4()
+        await running_job(backend, worker_id=worker)
+        assert await backend.poll_cancel_flags(worker) == []
+
+    @covers("cancel_where")
+    async def test_cancel_where_cancels_or_flags_everything_selected(
+        self, backend: Backend
+    ) -> None:
+        worker = uuid4()
+        # Jobs that go through a dispatch first, so no waiting job is dispatched instead.
+        running = await running_job(backend, worker_id=worker, queue="bulk")
+        finished = await reach(backend, JobStatus.SUCCEEDED, queue="bulk")
+        pending = await reach(backend, JobStatus.PENDING, queue="bulk")
+        scheduled = await reach(backend, JobStatus.SCHEDULED, queue="bulk")
+        elsewhere = await reach(backend, JobStatus.PENDING, queue="other")
+        # The filter's limit bounds list pages, not what gets cancelled.
+        result = await backend.cancel_where(JobFilter(queue="bulk", limit=1), "bulk stop")
+        assert sorted(result.cancelled) == sorted([pending.id, scheduled.id])
+        assert result.requested == [running.id]
+        for job in (pending, scheduled):
+            after = await fetch(backend, job.id)
+            assert (after.status, after.cancel_reason) == (JobStatus.CANCELLED, "bulk stop")
+        flagged = await fetch(backend, running.id)
+        assert (flagged.status, flagged.cancel_phase) == (
+            JobStatus.RUNNING,
+            CancelPhase.COOPERATIVE,
+        )
+        assert (await last_event(backend, running.id)).kind == "cancel_requested"
+        assert await backend.get(finished.id) == finished
+        assert await backend.get(elsewhere.id) == elsewhere
+
+    @covers("cancel_where")
+    async def test_cancel_where_honours_the_filter(self, backend: Backend) -> None:
+        worker = uuid4()
+        mine = await reach(backend, JobStatus.PENDING, actor="conformance.mine")
+        theirs = await reach(backend, JobStatus.PENDING, actor="conformance.theirs")
+        running = await running_job(backend, worker_id=worker, actor="conformance.mine")
+        result = await backend.cancel_where(
+            JobFilter(actor="conformance.mine", status="pending"), None
+        )
+        assert (result.cancelled, result.requested) == ([mine.id], [])
+        assert await backend.get(theirs.id) == theirs
+        assert await backend.get(running.id) == running
+
+    @covers("cancel_where")
+    async def test_cancel_where_selecting_nothing_does_nothing(self, backend: Backend) -> None:
+        job = await reach(backend, JobStatus.PENDING)
+        result = await backend.cancel_where(JobFilter(status=[]), "nothing")
+        assert (result.cancelled, result.requested) == ([], [])
+        assert await backend.get(job.id) == job

@@ -1,0 +1,332 @@
+"""Dispatch: what gets locked, in which order, under which caps; heartbeats."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+
+from taskq.backend import Backend, JobStatus
+from taskq.models import ActorConfig, JobRow, QueueConfig
+from taskq_testing.conformance._support import (
+    ACTOR,
+    ERROR,
+    LONG_LEASE,
+    SHORT_LEASE,
+    TICK,
+    AdvanceTime,
+    assert_close,
+    assert_utc,
+    covers,
+    enqueue_and_dispatch,
+    fetch,
+    make_args,
+    reach,
+)
+
+
+def _fifo_key(row: JobRow) -> tuple[int, object, UUID]:
+    return (-row.priority, row.scheduled_at, row.id)
+
+
+def _round_robin_order(rows: list[JobRow]) -> list[UUID]:
+    """The contract's round-robin order: rank within the fairness cohort first."""
+    rank: dict[UUID, int] = {}
+    cohorts: dict[str | None, list[JobRow]] = {}
+    for row in rows:
+        cohorts.setdefault(row.fairness_key, []).append(row)
+    for members in cohorts.values():
+        for position, row in enumerate(sorted(members, key=_fifo_key)):
+            rank[row.id] = position
+    return [row.id for row in sorted(rows, key=lambda r: (rank[r.id], *_fifo_key(r)))]
+
+
+async def _enqueue_spread(
+    backend: Backend, advance_time: AdvanceTime, *specs: dict[str, Any]
+) -> list[JobRow]:
+    """Enqueue one job per spec, letting time pass between them so ``scheduled_at`` differs."""
+    rows = []
+    for spec in specs:
+        rows.append(await backend.enqueue(make_args(**spec)))
+        await advance_time(TICK)
+    return rows
+
+
+class DispatchTests:
+    """``dispatch_batch``, queue modes, ``max_concurrent``, identity serialization, heartbeats."""
+
+    @covers("dispatch_batch", "get")
+    async def test_dispatch_locks_the_job_for_the_worker(self, backend: Backend) -> None:
+        job = await backend.enqueue(make_args(max_attempts=4))
+        worker = uuid4()
+        [row] = await backend.dispatch_batch(worker, ["default"], 10, LONG_LEASE)
+        assert row.id == job.id
+        assert row.status is JobStatus.RUNNING
+        assert row.attempt == 1
+        assert row.max_attempts == 4
+        assert row.locked_by_worker == worker
+        assert row.execution_started_at is None
+        assert_utc(row.started_at, row.lock_expires_at)
+        assert row.started_at is not None and row.started_at >= job.created_at
+        assert_close(row.lock_expires_at, row.started_at + LONG_LEASE)
+        assert await backend.get(job.id) == row
+
+    @covers("dispatch_batch", "get_events")
+    async def test_dispatch_records_a_state_change_event(self, backend: Backend) -> None:
+        worker = uuid4()
+        row = await enqueue_and_dispatch(backend, worker_id=worker)
+        [event] = await backend.get_events(row.id)
+        assert event.kind == "state_change"
+        assert event.detail == {
+            "from_state": "pending",
+            "to_state": "running",
+            "worker_id": str(worker),
+        }
+        assert_utc(event.occurred_at)
+        assert_close(event.occurred_at, row.started_at)
+
+    @pytest.mark.parametrize(
+        "status",
+        [
+            JobStatus.SCHEDULED,
+            JobStatus.RUNNING,
+            JobStatus.SUCCEEDED,
+            JobStatus.FAILED,
+            JobStatus.CANCELLED,
+            JobStatus.ABANDONED,
+        ],
+    )
+    @covers("dispatch_batch")
+    async def test_dispatch_takes_only_pending_jobs(
+        self, backend: Backend, status: JobStatus
+    ) -> None:
+        other = await reach(backend, status, queue="q")
+        pending = await backend.enqueue(make_args(queue="q"))
+        rows = await backend.dispatch_batch(uuid4(), ["q"], 10, LONG_LEASE)
+        assert [row.id for row in rows] == [pending.id]
+        assert await backend.get(other.id) == other
+
+    @covers("dispatch_batch")
+    async def test_dispatch_takes_only_the_given_queues(self, backend: Backend) -> None:
+        a = await backend.enqueue(make_args(queue="a"))
+        b = await backend.enqueue(make_args(queue="b"))
+        c = await backend.enqueue(make_args(queue="c"))
+        rows = await backend.dispatch_batch(uuid4(), ["a", "c"], 10, LONG_LEASE)
+        assert {row.id for row in rows} == {a.id, c.id}
+        assert (await fetch(backend, b.id)).status is JobStatus.PENDING
+
+    @pytest.mark.parametrize(("limit", "queues"), [(0, ["default"]), (-1, ["default"]), (5, [])])
+    @covers("dispatch_batch")
+    async def test_dispatch_with_nothing_to_take_returns_nothing(
+        self, backend: Backend, limit: int, queues: list[str]
+    ) -> None:
+        job = await backend.enqueue(make_args())
+        assert await backend.dispatch_batch(uuid4(), queues, limit, LONG_LEASE) == []
+        assert await backend.get(job.id) == job
+
+    @covers("dispatch_batch")
+    async def test_dispatch_takes_at_most_limit_jobs(self, backend: Backend) -> None:
+        jobs = [await backend.enqueue(make_args()) for _ in range(5)]
+        rows = await backend.dispatch_batch(uuid4(), ["default"], 2, LONG_LEASE)
+        assert len(rows) == 2
+        remaining = {job.id for job in jobs} - {row.id for row in rows}
+        assert {(await fetch(backend, i)).status for i in remaining} == {JobStatus.PENDING}
+
+    @covers("dispatch_batch")
+    async def test_a_running_job_is_not_dispatched_again(self, backend: Backend) -> None:
+        await enqueue_and_dispatch(backend, worker_id=uuid4(), queue="q")
+        assert await backend.dispatch_batch(uuid4(), ["q"], 10, LONG_LEASE) == []
+
+    @covers("dispatch_batch", "mark_failed_or_retry")
+    async def test_each_dispatch_starts_a_new_attempt(self, backend: Backend) -> None:
+        worker = uuid4()
+        first = await enqueue_and_dispatch(backend, worker_id=worker, queue="q")
+        retried = await backend.mark_failed_or_retry(
+            first.id, worker, ERROR, timedelta(0), attempt=1
+        )
+        assert retried.status is JobStatus.PENDING
+        [second] = await backend.dispatch_batch(worker, ["q"], 1, LONG_LEASE)
+        assert (second.id, second.attempt) == (first.id, 2)
+
+    # -- order ----------------------------------------------------------------------
+
+    @covers("dispatch_batch")
+    async def test_strict_fifo_orders_by_priority_then_time_then_id(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        spread = await _enqueue_spread(
+            backend,
+            advance_time,
+            {"priority": 0},
+            {"priority": 0},
+            {"priority": 5},
+            {"priority": -1},
+        )
+        # Jobs inserted in one call may share scheduled_at: then the id decides. Ids
+        # are chosen descending so an insertion-order tie-break would be caught.
+        ids = sorted((uuid4() for _ in range(3)), reverse=True)
+        tied = await backend.enqueue_batch([make_args(id=i, priority=2) for i in ids])
+        stored = [await fetch(backend, row.id) for row in [*spread, *tied]]
+        rows = await backend.dispatch_batch(uuid4(), ["default"], 10, LONG_LEASE)
+        assert [row.id for row in rows] == [row.id for row in sorted(stored, key=_fifo_key)]
+        assert rows[0].id == spread[2].id
+
+    @covers("dispatch_batch")
+    async def test_limit_takes_the_head_of_the_order(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        low, _, high = await _enqueue_spread(
+            backend, advance_time, {"priority": 1}, {"priority": 0}, {"priority": 9}
+        )
+        rows = await backend.dispatch_batch(uuid4(), ["default"], 2, LONG_LEASE)
+        assert [row.id for row in rows] == [high.id, low.id]
+
+    @covers("dispatch_batch", "configure_queue")
+    async def test_round_robin_interleaves_fairness_cohorts(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+        specs: list[dict[str, Any]] = [
+            {"fairness_key": "a"},
+            {"fairness_key": "a"},
+            {"fairness_key": "a", "priority": 3},
+            {"fairness_key": "a"},
+            {"fairness_key": "b"},
+            {"fairness_key": "b"},
+            {},
+            {},
+        ]
+        rows = await _enqueue_spread(backend, advance_time, *({"queue": "rr", **s} for s in specs))
+        dispatched = await backend.dispatch_batch(uuid4(), ["rr"], 10, LONG_LEASE)
+        assert [row.id for row in dispatched] == _round_robin_order(rows)
+        # The deep cohort does not starve the others: one of each comes first.
+        assert {row.fairness_key for row in dispatched[:3]} == {"a", "b", None}
+
+    @covers("dispatch_batch", "configure_queue")
+    async def test_round_robin_limit_gives_every_cohort_a_turn(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+        rows = await _enqueue_spread(
+            backend,
+            advance_time,
+            *({"queue": "rr", "fairness_key": "busy"} for _ in range(4)),
+            {"queue": "rr", "fairness_key": "quiet"},
+        )
+        dispatched = await backend.dispatch_batch(uuid4(), ["rr"], 2, LONG_LEASE)
+        assert [row.id for row in dispatched] == [rows[0].id, rows[4].id]
+
+    @covers("dispatch_batch", "configure_queue")
+    async def test_queues_are_strict_fifo_unless_configured(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        await backend.configure_queue(QueueConfig(queue="other", mode="round_robin"))
+        # Queue "rr" is switched to round robin and back: the upsert keeps the last mode.
+        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+        await backend.configure_queue(
+            QueueConfig(queue="rr", mode="strict_fifo", max_concurrent=50)
+        )
+        for queue in ("default", "rr"):
+            rows = await _enqueue_spread(
+                backend,
+                advance_time,
+                {"queue": queue, "fairness_key": "a"},
+                {"queue": queue, "fairness_key": "a"},
+                {"queue": queue, "fairness_key": "b"},
+            )
+            dispatched = await backend.dispatch_batch(uuid4(), [queue], 10, LONG_LEASE)
+            assert [row.id for row in dispatched] == [row.id for row in rows], queue
+
+    # -- caps -------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("cap", [1, 2, 3])
+    @covers("dispatch_batch", "register_actors")
+    async def test_max_concurrent_caps_an_actors_running_jobs(
+        self, backend: Backend, cap: int
+    ) -> None:
+        await backend.register_actors([ActorConfig(actor=ACTOR, max_concurrent=cap)])
+        for _ in range(cap + 3):
+            await backend.enqueue(make_args())
+        uncapped = [await backend.enqueue(make_args(actor="conformance.free")) for _ in range(4)]
+        worker = uuid4()
+        first = await backend.dispatch_batch(worker, ["default"], 20, LONG_LEASE)
+        assert sum(row.actor == ACTOR for row in first) == cap
+        assert {row.id for row in first if row.actor != ACTOR} == {row.id for row in uncapped}
+        # A later round sees the running jobs and takes none until one finishes.
+        assert await backend.dispatch_batch(worker, ["default"], 20, LONG_LEASE) == []
+        done = next(row for row in first if row.actor == ACTOR)
+        assert await backend.mark_succeeded(done.id, worker, None)
+        refill = await backend.dispatch_batch(worker, ["default"], 20, LONG_LEASE)
+        assert [row.actor for row in refill] == [ACTOR]
+
+    @covers("dispatch_batch", "register_actors")
+    async def test_raising_max_concurrent_releases_more_jobs(self, backend: Backend) -> None:
+        await backend.register_actors([ActorConfig(actor=ACTOR, max_concurrent=1)])
+        for _ in range(4):
+            await backend.enqueue(make_args())
+        assert len(await backend.dispatch_batch(uuid4(), ["default"], 10, LONG_LEASE)) == 1
+        await backend.register_actors([ActorConfig(actor=ACTOR, max_concurrent=3)])
+        assert len(await backend.dispatch_batch(uuid4(), ["default"], 10, LONG_LEASE)) == 2
+
+    @covers("dispatch_batch")
+    async def test_one_batch_takes_one_job_per_identity(self, backend: Backend) -> None:
+        same = [await backend.enqueue(make_args(identity_key="user-1")) for _ in range(3)]
+        other = await backend.enqueue(make_args(identity_key="user-2"))
+        plain = [await backend.enqueue(make_args()) for _ in range(2)]
+        rows = await backend.dispatch_batch(uuid4(), ["default"], 10, LONG_LEASE)
+        taken = {row.id for row in rows}
+        assert len(taken & {job.id for job in same}) == 1
+        assert {other.id, *(job.id for job in plain)} <= taken
+        assert len(rows) == 4
+
+    @covers("dispatch_batch", "mark_succeeded")
+    async def test_an_identity_already_running_is_not_dispatched_again(
+        self, backend: Backend
+    ) -> None:
+        worker = uuid4()
+        running = await enqueue_and_dispatch(
+            backend, worker_id=worker, queue="q1", identity_key="user-1"
+        )
+        # Same actor and identity in another queue: serialization is per (actor, identity).
+        waiting = await backend.enqueue(make_args(queue="q2", identity_key="user-1"))
+        other_actor = await backend.enqueue(
+            make_args(actor="conformance.other", queue="q2", identity_key="user-1")
+        )
+        rows = await backend.dispatch_batch(worker, ["q1", "q2"], 10, LONG_LEASE)
+        assert [row.id for row in rows] == [other_actor.id]
+        assert await backend.mark_succeeded(running.id, worker, None)
+        rows = await backend.dispatch_batch(worker, ["q2"], 10, LONG_LEASE)
+        assert [row.id for row in rows] == [waiting.id]
+
+    # -- heartbeats ---------------------------------------------------------------------
+
+    @covers("heartbeat_jobs")
+    async def test_heartbeat_extends_only_the_workers_running_jobs(self, backend: Backend) -> None:
+        mine, theirs = uuid4(), uuid4()
+        held = [
+            await enqueue_and_dispatch(backend, worker_id=mine, lease=SHORT_LEASE) for _ in range(2)
+        ]
+        finished = await enqueue_and_dispatch(backend, worker_id=mine, lease=SHORT_LEASE)
+        assert await backend.mark_succeeded(finished.id, mine, None)
+        other = await enqueue_and_dispatch(backend, worker_id=theirs, lease=SHORT_LEASE)
+        assert await backend.heartbeat_jobs(mine, LONG_LEASE) == 2
+        for job in held:
+            row = await fetch(backend, job.id)
+            assert row.status is JobStatus.RUNNING and row.locked_by_worker == mine
+            assert row.lock_expires_at is not None and job.lock_expires_at is not None
+            assert row.lock_expires_at >= job.lock_expires_at + LONG_LEASE - SHORT_LEASE
+        assert await backend.get(other.id) == other
+        assert (await fetch(backend, finished.id)).lock_expires_at is None
+
+    @covers("heartbeat_jobs")
+    async def test_heartbeat_of_a_worker_without_jobs_counts_zero(self, backend: Backend) -> None:
+        await enqueue_and_dispatch(backend, worker_id=uuid4())
+        assert await backend.heartbeat_jobs(uuid4(), LONG_LEASE) == 0
+
+    @covers("extend_reservation_leases")
+    async def test_no_reservations_no_extended_leases(self, backend: Backend) -> None:
+        worker = uuid4()
+        await enqueue_and_dispatch(backend, worker_id=worker)
+        assert await backend.extend_reservation_leases(worker, LONG_LEASE) == 0

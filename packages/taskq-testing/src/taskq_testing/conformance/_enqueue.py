@@ -1,0 +1,387 @@
+"""Enqueue: the inserted row, idempotency, singletons, the batch paths and wake-ups."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from uuid import uuid4
+
+import pytest
+
+from taskq.backend import Backend, CancelPhase, Connection, JobStatus
+from taskq.errors import SingletonCollisionError
+from taskq.models import ActorConfig, EnqueueArgs, JobFilter, JobRow
+from taskq_testing.conformance._support import (
+    ACTOR,
+    FAR,
+    AdvanceTime,
+    assert_close,
+    assert_utc,
+    covers,
+    fetch,
+    make_args,
+    reach,
+    require_conn,
+    wait_for_wake,
+)
+
+_Insert = Callable[[Backend, Connection, EnqueueArgs], Awaitable[object]]
+
+
+async def _via_enqueue(backend: Backend, conn: Connection, args: EnqueueArgs) -> object:
+    return await backend.enqueue(args)
+
+
+async def _via_enqueue_with_conn(backend: Backend, conn: Connection, args: EnqueueArgs) -> object:
+    return await backend.enqueue_with_conn(conn, args)
+
+
+async def _via_enqueue_batch(backend: Backend, conn: Connection, args: EnqueueArgs) -> object:
+    return await backend.enqueue_batch([args])
+
+
+async def _via_enqueue_batch_fast(backend: Backend, conn: Connection, args: EnqueueArgs) -> object:
+    return await backend.enqueue_batch_fast([args])
+
+
+_INSERTS: dict[str, _Insert] = {
+    "enqueue": _via_enqueue,
+    "enqueue_with_conn": _via_enqueue_with_conn,
+    "enqueue_batch": _via_enqueue_batch,
+    "enqueue_batch_fast": _via_enqueue_batch_fast,
+}
+# enqueue_batch_fast has no idempotency handling by contract.
+_IDEMPOTENT_INSERTS = ["enqueue", "enqueue_with_conn", "enqueue_batch"]
+
+
+def _full_args(**overrides: object) -> EnqueueArgs:
+    """Args with every optional field set, to check they are stored as given."""
+    return make_args(
+        payload={"n": 1, "nested": {"list": [1, "two", None]}},
+        priority=7,
+        max_attempts=5,
+        idempotency_key=f"idem-{uuid4()}",
+        identity_key="identity-1",
+        fairness_key="tenant-a",
+        timeout=timedelta(seconds=30),
+        result_ttl=timedelta(hours=2),
+        metadata={"source": "conformance", "nested": {"k": [1, 2]}},
+        tags=["red", "blue"],
+        trace_id="0af7651916cd43dd8448eb211c80319c",
+        span_id="b7ad6b7169203331",
+        **overrides,
+    )
+
+
+def _assert_stored_as_given(row: JobRow, args: EnqueueArgs) -> None:
+    assert row.id == args.id
+    assert (row.actor, row.queue, row.payload) == (args.actor, args.queue, args.payload)
+    assert (row.priority, row.max_attempts) == (args.priority, args.max_attempts)
+    assert (row.idempotency_key, row.identity_key, row.fairness_key) == (
+        args.idempotency_key,
+        args.identity_key,
+        args.fairness_key,
+    )
+    assert (row.timeout, row.result_ttl) == (args.timeout, args.result_ttl)
+    assert (row.metadata, row.tags) == (args.metadata, args.tags)
+    assert (row.trace_id, row.span_id) == (args.trace_id, args.span_id)
+
+
+def _assert_fresh(row: JobRow) -> None:
+    """The run-state of a job nobody has touched since insert."""
+    assert row.attempt == 0
+    assert row.progress_seq == 0 and row.progress_state is None
+    assert row.cancel_phase == CancelPhase.NONE
+    assert row.cancel_requested_at is None and row.cancel_reason is None
+    assert row.locked_by_worker is None and row.lock_expires_at is None
+    assert row.started_at is None and row.execution_started_at is None
+    assert row.finished_at is None
+    assert row.result is None and row.error is None
+
+
+class EnqueueTests:
+    """``enqueue`` and its batch/connection variants; actor settings for backpressure."""
+
+    @covers("enqueue", "get")
+    async def test_enqueue_stores_a_pending_job_as_given(self, backend: Backend) -> None:
+        args = _full_args()
+        row = await backend.enqueue(args)
+        _assert_stored_as_given(row, args)
+        _assert_fresh(row)
+        assert row.status is JobStatus.PENDING
+        assert_utc(row.created_at, row.scheduled_at)
+        assert_close(row.scheduled_at, row.created_at)
+        assert row.deadline_at is None
+        assert await backend.get(args.id) == row
+
+    @pytest.mark.parametrize("delay", [None, timedelta(0)], ids=["no-delay", "zero-delay"])
+    @covers("enqueue")
+    async def test_enqueue_without_a_positive_delay_is_pending_now(
+        self, backend: Backend, delay: timedelta | None
+    ) -> None:
+        row = await backend.enqueue(make_args(delay=delay))
+        assert row.status is JobStatus.PENDING
+        assert_close(row.scheduled_at, row.created_at)
+
+    @covers("enqueue")
+    async def test_enqueue_with_a_delay_is_scheduled_that_much_later(
+        self, backend: Backend
+    ) -> None:
+        row = await backend.enqueue(make_args(delay=FAR))
+        assert row.status is JobStatus.SCHEDULED
+        assert_utc(row.scheduled_at)
+        assert_close(row.scheduled_at, row.created_at + FAR)
+
+    @covers("enqueue")
+    async def test_schedule_to_close_sets_the_deadline_from_enqueue(self, backend: Backend) -> None:
+        row = await backend.enqueue(make_args(schedule_to_close=timedelta(minutes=30)))
+        assert_utc(row.deadline_at)
+        assert_close(row.deadline_at, row.created_at + timedelta(minutes=30))
+
+    @covers("enqueue", "get_events", "get_attempts")
+    async def test_enqueue_writes_no_history(self, backend: Backend) -> None:
+        # Creation is not a transition: no event, no attempt.
+        row = await backend.enqueue(make_args())
+        assert await backend.get_events(row.id) == []
+        assert await backend.get_attempts(row.id) == []
+
+    @pytest.mark.parametrize("method", sorted(_INSERTS))
+    @covers("subscribe_wake", "enqueue", "enqueue_with_conn", "enqueue_batch", "enqueue_batch_fast")
+    async def test_every_enqueue_path_wakes_every_subscriber(
+        self, backend: Backend, transaction_conn: Connection, method: str
+    ) -> None:
+        if method == "enqueue_with_conn":
+            require_conn(backend, transaction_conn)
+        async with backend.subscribe_wake() as first, backend.subscribe_wake() as second:
+            await _INSERTS[method](backend, transaction_conn, make_args())
+            await wait_for_wake(first)
+            await wait_for_wake(second)
+
+    # -- idempotency ------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        "existing_status",
+        [
+            JobStatus.PENDING,
+            JobStatus.SCHEDULED,
+            JobStatus.RUNNING,
+            JobStatus.SUCCEEDED,
+            JobStatus.CANCELLED,
+        ],
+    )
+    @pytest.mark.parametrize("method", _IDEMPOTENT_INSERTS)
+    @covers("enqueue", "enqueue_with_conn", "enqueue_batch", "list_jobs")
+    async def test_a_known_idempotency_key_returns_the_existing_job_unchanged(
+        self,
+        backend: Backend,
+        transaction_conn: Connection,
+        method: str,
+        existing_status: JobStatus,
+    ) -> None:
+        if method == "enqueue_with_conn":
+            require_conn(backend, transaction_conn)
+        existing = await reach(backend, existing_status, idempotency_key="k1", queue="q")
+        duplicate = make_args(idempotency_key="k1", queue="q", payload={"other": True})
+        returned = await _INSERTS[method](backend, transaction_conn, duplicate)
+        if method == "enqueue_batch":
+            assert isinstance(returned, list) and len(returned) == 1
+            returned = returned[0]
+        assert returned == existing
+        assert await backend.get(duplicate.id) is None
+        assert await backend.get(existing.id) == existing
+        assert [row.id for row in await backend.list_jobs(JobFilter())] == [existing.id]
+
+    @covers("enqueue")
+    async def test_idempotency_keys_are_scoped_per_actor(self, backend: Backend) -> None:
+        first = await backend.enqueue(make_args(idempotency_key="k1"))
+        other = await backend.enqueue(make_args(actor="conformance.other", idempotency_key="k1"))
+        assert other.id != first.id
+        assert await backend.get(other.id) == other
+
+    @covers("enqueue_batch")
+    async def test_enqueue_batch_mixes_new_rows_and_idempotent_hits_in_input_order(
+        self, backend: Backend
+    ) -> None:
+        existing = await backend.enqueue(make_args(idempotency_key="dup"))
+        fresh_a, dup, fresh_b = make_args(), make_args(idempotency_key="dup"), make_args(delay=FAR)
+        rows = await backend.enqueue_batch([fresh_a, dup, fresh_b])
+        assert [row.id for row in rows] == [fresh_a.id, existing.id, fresh_b.id]
+        assert rows[1] == existing
+        assert [row.status for row in rows] == [
+            JobStatus.PENDING,
+            JobStatus.PENDING,
+            JobStatus.SCHEDULED,
+        ]
+        assert len(await backend.list_jobs(JobFilter())) == 3
+
+    @pytest.mark.parametrize("duplicate_of", ["stored-job", "same-call"])
+    @covers("enqueue_batch_fast")
+    async def test_enqueue_batch_fast_fails_whole_on_a_duplicate_idempotency_key(
+        self, backend: Backend, duplicate_of: str
+    ) -> None:
+        before = []
+        if duplicate_of == "stored-job":
+            before = [await backend.enqueue(make_args(idempotency_key="dup"))]
+            batch = [make_args(), make_args(idempotency_key="dup")]
+        else:
+            batch = [
+                make_args(),
+                make_args(idempotency_key="dup"),
+                make_args(idempotency_key="dup"),
+            ]
+        # The contract fixes only that the call fails: Postgres surfaces the driver's
+        # unique violation, other backends may raise what they like.
+        with pytest.raises(Exception):  # noqa: B017
+            await backend.enqueue_batch_fast(batch)
+        assert await backend.list_jobs(JobFilter()) == before
+
+    # -- singleton ----------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        "active_status", [JobStatus.PENDING, JobStatus.SCHEDULED, JobStatus.RUNNING]
+    )
+    @covers("enqueue")
+    async def test_singleton_collides_with_an_active_job_of_the_same_identity(
+        self, backend: Backend, active_status: JobStatus
+    ) -> None:
+        active = await reach(backend, active_status, identity_key="user-1", queue="q")
+        refused = make_args(identity_key="user-1", singleton=True, queue="q")
+        with pytest.raises(SingletonCollisionError):
+            await backend.enqueue(refused)
+        assert await backend.get(refused.id) is None
+        assert [row.id for row in await backend.list_jobs(JobFilter())] == [active.id]
+
+    @pytest.mark.parametrize(
+        "finished_status", [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED]
+    )
+    @covers("enqueue")
+    async def test_singleton_ignores_finished_jobs_of_the_same_identity(
+        self, backend: Backend, finished_status: JobStatus
+    ) -> None:
+        await reach(backend, finished_status, identity_key="user-1")
+        row = await backend.enqueue(make_args(identity_key="user-1", singleton=True))
+        assert row.status is JobStatus.PENDING
+
+    @covers("enqueue")
+    async def test_singleton_identity_is_scoped_per_actor(self, backend: Backend) -> None:
+        await backend.enqueue(make_args(identity_key="user-1"))
+        row = await backend.enqueue(
+            make_args(actor="conformance.other", identity_key="user-1", singleton=True)
+        )
+        assert row.status is JobStatus.PENDING
+
+    @covers("enqueue")
+    async def test_identity_keys_without_singleton_never_block_enqueue(
+        self, backend: Backend
+    ) -> None:
+        first = await backend.enqueue(make_args(identity_key="user-1"))
+        second = await backend.enqueue(make_args(identity_key="user-1"))
+        assert {first.status, second.status} == {JobStatus.PENDING}
+        assert len(await backend.list_jobs(JobFilter(identity_key="user-1"))) == 2
+
+    @covers("enqueue")
+    async def test_singleton_without_identity_key_is_a_value_error(self, backend: Backend) -> None:
+        args = make_args(singleton=True)
+        with pytest.raises(ValueError):
+            await backend.enqueue(args)
+        assert await backend.get(args.id) is None
+
+    # -- batch and connection paths ----------------------------------------------------
+
+    @covers("enqueue_batch")
+    async def test_enqueue_batch_returns_one_row_per_item_in_input_order(
+        self, backend: Backend
+    ) -> None:
+        items = [_full_args(), make_args(delay=FAR), make_args(priority=-3)]
+        rows = await backend.enqueue_batch(items)
+        assert [row.id for row in rows] == [item.id for item in items]
+        for row, item in zip(rows, items, strict=True):
+            _assert_stored_as_given(row, item)
+            _assert_fresh(row)
+            assert await backend.get(item.id) == row
+        assert [row.status for row in rows] == [
+            JobStatus.PENDING,
+            JobStatus.SCHEDULED,
+            JobStatus.PENDING,
+        ]
+
+    @pytest.mark.parametrize("method", ["enqueue_batch", "enqueue_batch_fast"])
+    @covers("enqueue_batch", "enqueue_batch_fast")
+    async def test_enqueue_batch_of_nothing_inserts_nothing(
+        self, backend: Backend, method: str
+    ) -> None:
+        if method == "enqueue_batch":
+            assert await backend.enqueue_batch([]) == []
+        else:
+            assert await backend.enqueue_batch_fast([]) == 0
+        assert await backend.list_jobs(JobFilter()) == []
+
+    @covers("enqueue_batch")
+    async def test_enqueue_batch_is_all_or_nothing(self, backend: Backend) -> None:
+        # A second job cannot take an existing id, so the last item fails the batch.
+        existing = await backend.enqueue(make_args())
+        fresh = make_args()
+        with pytest.raises(Exception):  # noqa: B017 - the contract fixes failure, not the type
+            await backend.enqueue_batch([fresh, make_args(id=existing.id)])
+        assert await backend.get(fresh.id) is None
+        assert await backend.list_jobs(JobFilter()) == [existing]
+
+    @covers("enqueue_batch_fast")
+    async def test_enqueue_batch_fast_inserts_what_enqueue_would(self, backend: Backend) -> None:
+        items = [_full_args(), make_args(delay=FAR), make_args()]
+        assert await backend.enqueue_batch_fast(items) == 3
+        rows = [await fetch(backend, item.id) for item in items]
+        for row, item in zip(rows, items, strict=True):
+            _assert_stored_as_given(row, item)
+            _assert_fresh(row)
+            assert_utc(row.created_at, row.scheduled_at)
+        assert [row.status for row in rows] == [
+            JobStatus.PENDING,
+            JobStatus.SCHEDULED,
+            JobStatus.PENDING,
+        ]
+        assert_close(rows[1].scheduled_at, rows[1].created_at + FAR)
+
+    @covers("enqueue_with_conn")
+    async def test_enqueue_with_conn_inserts_what_enqueue_would(
+        self, backend: Backend, transaction_conn: Connection
+    ) -> None:
+        require_conn(backend, transaction_conn)
+        args = _full_args(delay=FAR, schedule_to_close=timedelta(hours=2))
+        row = await backend.enqueue_with_conn(transaction_conn, args)
+        _assert_stored_as_given(row, args)
+        _assert_fresh(row)
+        assert row.status is JobStatus.SCHEDULED
+        assert_close(row.scheduled_at, row.created_at + FAR)
+        assert_close(row.deadline_at, row.created_at + timedelta(hours=2))
+        assert await backend.get(args.id) == row
+
+    # -- actor settings (the client enforces backpressure with them) -----------------
+
+    @covers("register_actors", "get_actor_max_pending")
+    async def test_register_actors_upserts_max_pending(self, backend: Backend) -> None:
+        assert await backend.get_actor_max_pending() == {}
+        await backend.register_actors(
+            [ActorConfig(actor="a", max_pending=5), ActorConfig(actor="b", max_concurrent=2)]
+        )
+        assert await backend.get_actor_max_pending() == {"a": 5, "b": None}
+        await backend.register_actors([ActorConfig(actor="a", max_pending=7)])
+        assert await backend.get_actor_max_pending() == {"a": 7, "b": None}
+        await backend.register_actors([ActorConfig(actor="a")])
+        assert await backend.get_actor_max_pending() == {"a": None, "b": None}
+
+    @covers("register_actors", "enqueue")
+    async def test_max_pending_is_not_enforced_by_the_backend(self, backend: Backend) -> None:
+        await backend.register_actors([ActorConfig(actor=ACTOR, max_pending=1)])
+        for _ in range(3):
+            await backend.enqueue(make_args())
+        assert len(await backend.list_jobs(JobFilter(actor=ACTOR))) == 3
+
+    @covers("enqueue")
+    async def test_created_at_comes_from_the_backend_clock(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        first = await backend.enqueue(make_args())
+        await advance_time(timedelta(seconds=0.05))
+        second = await backend.enqueue(make_args())
+        assert second.created_at - first.created_at >= timedelta(seconds=0.05)

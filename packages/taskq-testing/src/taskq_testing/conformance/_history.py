@@ -1,0 +1,89 @@
+"""History: attempt rows and events, their order and ``write_attempt``."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from uuid import uuid4
+
+from taskq.backend import Backend
+from taskq.models import AttemptRow
+from taskq_testing.conformance._support import (
+    ERROR,
+    LONG_LEASE,
+    assert_history_consistent,
+    assert_utc,
+    covers,
+    enqueue_and_dispatch,
+    make_args,
+)
+
+
+class HistoryTests:
+    """``get_attempts``, ``write_attempt`` and ``get_events``."""
+
+    @covers("get_attempts")
+    async def test_attempts_are_listed_by_attempt_number(self, backend: Backend) -> None:
+        workers = [uuid4(), uuid4(), uuid4()]
+        job = await enqueue_and_dispatch(backend, worker_id=workers[0], max_attempts=3)
+        started = [job.started_at]
+        for attempt, worker in enumerate(workers[:2], start=1):
+            await backend.mark_failed_or_retry(job.id, worker, ERROR, timedelta(0), attempt=attempt)
+            [again] = await backend.dispatch_batch(workers[attempt], [job.queue], 1, LONG_LEASE)
+            started.append(again.started_at)
+        assert await backend.mark_succeeded(job.id, workers[2], None, attempt=3)
+        attempts = await backend.get_attempts(job.id)
+        assert [(a.attempt, a.outcome) for a in attempts] == [
+            (1, "failed"),
+            (2, "failed"),
+            (3, "succeeded"),
+        ]
+        assert [a.worker_id for a in attempts] == workers
+        assert [a.started_at for a in attempts] == started
+        assert [a.error for a in attempts] == [ERROR, ERROR, None]
+        await assert_history_consistent(backend, job.id)
+
+    @covers("write_attempt", "get_attempts")
+    async def test_write_attempt_inserts_or_replaces_by_attempt_number(
+        self, backend: Backend
+    ) -> None:
+        job = await backend.enqueue(make_args())
+        # Times come from the backend (the job's own created_at), never the test's clock.
+        at = job.created_at
+        second = AttemptRow(
+            job_id=job.id,
+            attempt=2,
+            worker_id=uuid4(),
+            started_at=at,
+            finished_at=at + timedelta(seconds=2),
+            outcome="interrupted",
+        )
+        first = second.model_copy(update={"attempt": 1, "outcome": "crashed", "worker_id": None})
+        await backend.write_attempt(second)
+        await backend.write_attempt(first)
+        assert await backend.get_attempts(job.id) == [first, second]
+        replaced = second.model_copy(update={"outcome": "failed", "error": ERROR})
+        await backend.write_attempt(replaced)
+        assert await backend.get_attempts(job.id) == [first, replaced]
+
+    @covers("get_events")
+    async def test_event_ids_increase_across_the_whole_backend(self, backend: Backend) -> None:
+        worker = uuid4()
+        a = await enqueue_and_dispatch(backend, worker_id=worker)
+        b = await enqueue_and_dispatch(backend, worker_id=worker)
+        assert await backend.mark_succeeded(a.id, worker, None)
+        assert await backend.write_cancel_request(b.id, None)
+        assert await backend.mark_cancelled(b.id, worker)
+        events_a = await backend.get_events(a.id)
+        events_b = await backend.get_events(b.id)
+        in_call_order = [events_a[0], events_b[0], events_a[1], *events_b[1:]]
+        ids = [e.event_id for e in in_call_order]
+        assert ids == sorted(set(ids)), ids
+        assert [e.kind for e in events_b] == ["state_change", "cancel_requested", "state_change"]
+        for event in in_call_order:
+            assert_utc(event.occurred_at)
+
+    @covers("get_attempts", "get_events")
+    async def test_an_unknown_job_has_no_history(self, backend: Backend) -> None:
+        await enqueue_and_dispatch(backend, worker_id=uuid4())
+        assert await backend.get_attempts(uuid4()) == []
+        assert await backend.get_events(uuid4()) == []

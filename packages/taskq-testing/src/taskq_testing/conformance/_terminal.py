@@ -1,0 +1,680 @@
+"""Terminal writes: ownership, attempt fencing, each write's outcome, and ``retry_job``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+
+from taskq.backend import Backend, CancelPhase, Connection, JobStatus
+from taskq.models import AttemptOutcome, JobRow
+from taskq_testing.conformance._support import (
+    ERROR,
+    FAR,
+    LONG_LEASE,
+    SHORT_LEASE,
+    AdvanceTime,
+    assert_close,
+    assert_history_consistent,
+    assert_utc,
+    covers,
+    enqueue_and_dispatch,
+    error_class_name,
+    expire_short_leases,
+    fetch,
+    last_event,
+    only_attempt,
+    reach,
+    require_conn,
+    running_job,
+    wait_for_wake,
+)
+
+_Call = Callable[[Backend, Connection, UUID, UUID, int | None], Awaitable[object]]
+
+
+@dataclass(frozen=True)
+class _Write:
+    """One ownership-guarded write and what it does when it acts."""
+
+    name: str
+    call: _Call
+    to_status: JobStatus
+    outcome: AttemptOutcome | None
+    """The attempt row's outcome; None for a write that ends no attempt."""
+    noop: object
+    done: object
+    cancel_phase: int = 0
+    """The cancel phase the job needs for the write to act."""
+    guarded: bool = True
+    """Takes the worker and attempt (``mark_abandoned`` takes neither)."""
+
+    def __str__(self) -> str:
+        return self.name
+
+
+async def _succeed(
+    b: Backend, conn: Connection, job: UUID, worker: UUID, attempt: int | None
+) -> object:
+    return await b.mark_succeeded(job, worker, {"ok": True}, attempt=attempt)
+
+
+async def _succeed_conn(
+    b: Backend, conn: Connection, job: UUID, worker: UUID, attempt: int | None
+) -> object:
+    return await b.mark_succeeded_with_conn(conn, job, worker, {"ok": True}, attempt=attempt)
+
+
+async def _fail(
+    b: Backend, conn: Connection, job: UUID, worker: UUID, attempt: int | None
+) -> object:
+    return await b.mark_failed_or_retry(job, worker, ERROR, None, attempt=attempt)
+
+
+async def _cancel(
+    b: Backend, conn: Connection, job: UUID, worker: UUID, attempt: int | None
+) -> object:
+    return await b.mark_cancelled(job, worker, attempt=attempt)
+
+
+async def _escalate(
+    b: Backend, conn: Connection, job: UUID, worker: UUID, attempt: int | None
+) -> object:
+    return await b.write_cancel_escalation(job, worker, 2, attempt=attempt)
+
+
+async def _abandon(
+    b: Backend, conn: Connection, job: UUID, worker: UUID, attempt: int | None
+) -> object:
+    return await b.mark_abandoned(job)
+
+
+async def _snooze(
+    b: Backend, conn: Connection, job: UUID, worker: UUID, attempt: int | None
+) -> object:
+    return await b.mark_snoozed(job, worker, FAR, attempt=attempt)
+
+
+async def _retry_after(
+    b: Backend, conn: Connection, job: UUID, worker: UUID, attempt: int | None
+) -> object:
+    return await b.mark_retry_after(job, worker, FAR, attempt=attempt)
+
+
+_RETURNS_ROW = object()
+"""Marker: ``mark_failed_or_retry`` reports through the row it returns."""
+
+_WRITES = [
+    _Write("mark_succeeded", _succeed, JobStatus.SUCCEEDED, "succeeded", False, True),
+    _Write(
+        "mark_succeeded_with_conn", _succeed_conn, JobStatus.SUCCEEDED, "succeeded", False, True
+    ),
+    _Write("mark_failed_or_retry", _fail, JobStatus.FAILED, "failed", _RETURNS_ROW, _RETURNS_ROW),
+    _Write("mark_cancelled", _cancel, JobStatus.CANCELLED, "cancelled", False, True),
+    _Write("write_cancel_escalation", _escalate, JobStatus.RUNNING, None, False, True, 1),
+    _Write("mark_abandoned", _abandon, JobStatus.ABANDONED, "abandoned", False, True, 2, False),
+    _Write("mark_snoozed", _snooze, JobStatus.SCHEDULED, "snoozed", "noop", "scheduled"),
+    _Write(
+        "mark_retry_after", _retry_after, JobStatus.SCHEDULED, "retry_after", "noop", "scheduled"
+    ),
+]
+_WRITE_NAMES = [w.name for w in _WRITES]
+_GUARDED = [w for w in _WRITES if w.guarded]
+
+_NOT_RUNNING_WITHOUT_WAIT = [
+    JobStatus.PENDING,
+    JobStatus.SCHEDULED,
+    JobStatus.SUCCEEDED,
+    JobStatus.FAILED,
+    JobStatus.CANCELLED,
+    JobStatus.ABANDONED,
+]
+
+
+def _expected(value: object, row: JobRow | None) -> object:
+    return row if value is _RETURNS_ROW else value
+
+
+async def _snapshot(backend: Backend, job_id: UUID) -> tuple[object, ...]:
+    return (
+        await backend.get(job_id),
+        await backend.get_attempts(job_id),
+        await backend.get_events(job_id),
+    )
+
+
+async def _attempt_two(backend: Backend, worker: UUID, cancel_phase: int) -> JobRow:
+    """A running job on its second attempt, held by the worker that ran the first."""
+    first = await enqueue_and_dispatch(backend, worker_id=worker)
+    retried = await backend.mark_failed_or_retry(first.id, worker, ERROR, timedelta(0))
+    assert retried.status is JobStatus.PENDING
+    [second] = await backend.dispatch_batch(worker, [first.queue], 1, LONG_LEASE)
+    assert (second.id, second.attempt, second.locked_by_worker) == (first.id, 2, worker)
+    if cancel_phase >= 1:
+        assert await backend.write_cancel_request(first.id, "conformance")
+    if cancel_phase >= 2:
+        assert await backend.write_cancel_escalation(first.id, worker, 2)
+    return await fetch(backend, first.id)
+
+
+class TerminalWriteTests:
+    """The ``mark_*`` family and ``write_cancel_escalation``; ``retry_job``."""
+
+    # -- the state table: writes act only on running jobs ---------------------------
+
+    @pytest.mark.parametrize("status", _NOT_RUNNING_WITHOUT_WAIT)
+    @pytest.mark.parametrize("write", _WRITES, ids=str)
+    @covers(*_WRITE_NAMES)
+    async def test_a_write_to_a_job_that_is_not_running_changes_nothing(
+        self, backend: Backend, transaction_conn: Connection, write: _Write, status: JobStatus
+    ) -> None:
+        if write.name == "mark_succeeded_with_conn":
+            require_conn(backend, transaction_conn)
+        worker = uuid4()
+        job = await reach(backend, status, worker_id=worker)
+        before = await _snapshot(backend, job.id)
+        result = await write.call(backend, transaction_conn, job.id, worker, None)
+        assert result == _expected(write.noop, job)
+        assert await _snapshot(backend, job.id) == before
+
+    @covers(*_WRITE_NAMES)
+    async def test_writes_to_a_crashed_job_change_nothing(
+        self, backend: Backend, transaction_conn: Connection, advance_time: AdvanceTime
+    ) -> None:
+        worker = uuid4()
+        job = await reach(backend, JobStatus.CRASHED, worker_id=worker, advance_time=advance_time)
+        before = await _snapshot(backend, job.id)
+        can_use_conn = (
+            transaction_conn is not None or type(backend).supports_transactional_simulation
+        )
+        for write in _WRITES:
+            if write.name == "mark_succeeded_with_conn" and not can_use_conn:
+                continue
+            result = await write.call(backend, transaction_conn, job.id, worker, None)
+            assert result == _expected(write.noop, job), write.name
+            assert await _snapshot(backend, job.id) == before, write.name
+
+    @pytest.mark.parametrize("write", _WRITES, ids=str)
+    @covers(*_WRITE_NAMES)
+    async def test_a_write_to_an_unknown_job_is_a_noop(
+        self, backend: Backend, transaction_conn: Connection, write: _Write
+    ) -> None:
+        if write.name == "mark_succeeded_with_conn":
+            require_conn(backend, transaction_conn)
+        if write.noop is _RETURNS_ROW:
+            # With no row to return, an unknown id is an error.
+            with pytest.raises(KeyError):
+                await write.call(backend, transaction_conn, uuid4(), uuid4(), None)
+        else:
+            assert await write.call(backend, transaction_conn, uuid4(), uuid4(), None) == write.noop
+
+    # -- acting, ownership and fencing ----------------------------------------------
+
+    @pytest.mark.parametrize("write", _WRITES, ids=str)
+    @covers(*_WRITE_NAMES, "get_attempts", "get_events")
+    async def test_the_owner_writes_once_with_one_attempt_row_and_one_event(
+        self, backend: Backend, transaction_conn: Connection, write: _Write
+    ) -> None:
+        if write.name == "mark_succeeded_with_conn":
+            require_conn(backend, transaction_conn)
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker, cancel_phase=write.cancel_phase)
+        events_before = await backend.get_events(job.id)
+        result = await write.call(backend, transaction_conn, job.id, worker, 1)
+        after = await fetch(backend, job.id)
+        assert result == _expected(write.done, after)
+        assert after.status is write.to_status
+        events = await backend.get_events(job.id)
+        assert events[: len(events_before)] == events_before
+        [event] = events[len(events_before) :]
+        attempts = await backend.get_attempts(job.id)
+        if write.outcome is None:
+            # The escalation changes the phase, not the status: the lock and attempt stay.
+            assert after.cancel_phase == CancelPhase.FORCED
+            assert (after.locked_by_worker, after.lock_expires_at) == (
+                worker,
+                job.lock_expires_at,
+            )
+            assert attempts == []
+            assert event.kind == "cancel_escalated"
+            assert event.detail == {"from_phase": 1, "to_phase": 2}
+            return
+        assert after.locked_by_worker is None and after.lock_expires_at is None
+        assert event.kind == "state_change"
+        assert (event.detail["from_state"], event.detail["to_state"]) == (
+            "running",
+            write.to_status,
+        )
+        attempt = only_attempt(attempts)
+        assert (attempt.job_id, attempt.attempt, attempt.outcome) == (job.id, 1, write.outcome)
+        assert attempt.worker_id == worker
+        assert attempt.started_at == job.started_at
+        assert_utc(attempt.finished_at, event.occurred_at)
+        assert_close(attempt.finished_at, event.occurred_at)
+        if after.is_terminal:
+            assert_close(after.finished_at, event.occurred_at)
+        else:
+            assert after.finished_at is None
+        await assert_history_consistent(backend, job.id)
+
+    @pytest.mark.parametrize("write", _GUARDED, ids=str)
+    @covers(*(w.name for w in _GUARDED))
+    async def test_another_worker_cannot_write(
+        self, backend: Backend, transaction_conn: Connection, write: _Write
+    ) -> None:
+        if write.name == "mark_succeeded_with_conn":
+            require_conn(backend, transaction_conn)
+        owner = uuid4()
+        job = await running_job(backend, worker_id=owner, cancel_phase=write.cancel_phase)
+        before = await _snapshot(backend, job.id)
+        result = await write.call(backend, transaction_conn, job.id, uuid4(), None)
+        assert result == _expected(write.noop, job)
+        assert await _snapshot(backend, job.id) == before
+        # The owner still can: the refusal was about ownership alone.
+        result = await write.call(backend, transaction_conn, job.id, owner, None)
+        assert result == _expected(write.done, await fetch(backend, job.id))
+
+    @pytest.mark.parametrize("write", _GUARDED, ids=str)
+    @covers(*(w.name for w in _GUARDED))
+    async def test_a_stale_attempt_number_cannot_write(
+        self, backend: Backend, transaction_conn: Connection, write: _Write
+    ) -> None:
+        if write.name == "mark_succeeded_with_conn":
+            require_conn(backend, transaction_conn)
+        worker = uuid4()
+        job = await _attempt_two(backend, worker, write.cancel_phase)
+        before = await _snapshot(backend, job.id)
+        result = await write.call(backend, transaction_conn, job.id, worker, 1)
+        assert result == _expected(write.noop, job)
+        assert await _snapshot(backend, job.id) == before
+        result = await write.call(backend, transaction_conn, job.id, worker, 2)
+        assert result == _expected(write.done, await fetch(backend, job.id))
+
+    @covers("mark_succeeded", "reclaim_expired_locks", "dispatch_batch")
+    async def test_a_reclaimed_job_redispatched_to_the_same_worker_fences_the_old_attempt(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # A paused worker's job is reclaimed and handed back to the same worker id (a
+        # restarted process reusing it): only the attempt number tells the runs apart.
+        worker = uuid4()
+        first = await enqueue_and_dispatch(backend, worker_id=worker, lease=SHORT_LEASE)
+        await expire_short_leases(advance_time)
+        assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
+        [second] = await backend.dispatch_batch(worker, [first.queue], 1, LONG_LEASE)
+        assert (second.attempt, second.locked_by_worker) == (2, worker)
+        assert not await backend.mark_succeeded(first.id, worker, "stale", attempt=1)
+        assert await backend.get(first.id) == second
+        assert await backend.mark_succeeded(first.id, worker, "fresh", attempt=2)
+        done = await fetch(backend, first.id)
+        assert (done.status, done.result) == (JobStatus.SUCCEEDED, "fresh")
+
+    # -- mark_succeeded ------------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        "result",
+        [
+            {"a": 1},
+            [1, "two", None],
+            "text",
+            42,
+            2.5,
+            True,
+            None,
+            {"deep": {"list": [{"x": None}]}},
+        ],
+        ids=["object", "array", "string", "int", "float", "bool", "null", "nested"],
+    )
+    @covers("mark_succeeded")
+    async def test_mark_succeeded_stores_any_json_result(
+        self, backend: Backend, result: Any
+    ) -> None:
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker)
+        assert await backend.mark_succeeded(job.id, worker, result)
+        assert (await fetch(backend, job.id)).result == result
+
+    @pytest.mark.parametrize(
+        ("result_ttl", "fallback", "expected"),
+        [
+            (None, None, None),
+            (timedelta(hours=1), None, timedelta(hours=1)),
+            (None, timedelta(hours=2), timedelta(hours=2)),
+            (timedelta(hours=1), timedelta(hours=2), timedelta(hours=1)),
+        ],
+        ids=["no-ttl", "job-ttl", "fallback-ttl", "job-ttl-wins"],
+    )
+    @pytest.mark.parametrize("method", ["mark_succeeded", "mark_succeeded_with_conn"])
+    @covers("mark_succeeded", "mark_succeeded_with_conn")
+    async def test_results_expire_after_the_job_ttl_else_the_fallback(
+        self,
+        backend: Backend,
+        transaction_conn: Connection,
+        method: str,
+        result_ttl: timedelta | None,
+        fallback: timedelta | None,
+        expected: timedelta | None,
+    ) -> None:
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker, result_ttl=result_ttl)
+        if method == "mark_succeeded":
+            assert await backend.mark_succeeded(job.id, worker, 1, fallback_result_ttl=fallback)
+        else:
+            require_conn(backend, transaction_conn)
+            assert await backend.mark_succeeded_with_conn(
+                transaction_conn, job.id, worker, 1, fallback_result_ttl=fallback
+            )
+        done = await fetch(backend, job.id)
+        if expected is None:
+            assert done.result_expires_at is None
+        else:
+            assert done.finished_at is not None
+            assert_utc(done.result_expires_at)
+            assert_close(done.result_expires_at, done.finished_at + expected)
+
+    @pytest.mark.parametrize(
+        ("seq", "kept"), [(2, True), (5, True), (7, False)], ids=["lower", "equal", "higher"]
+    )
+    @covers("mark_succeeded", "mark_failed_or_retry")
+    async def test_progress_is_stored_only_when_its_sequence_grows(
+        self, backend: Backend, seq: int, kept: bool
+    ) -> None:
+        worker = uuid4()
+        job = await enqueue_and_dispatch(backend, worker_id=worker)
+        retried = await backend.mark_failed_or_retry(
+            job.id, worker, ERROR, timedelta(0), progress_seq=5, progress_state={"at": 5}
+        )
+        assert (retried.progress_seq, retried.progress_state) == (5, {"at": 5})
+        await backend.dispatch_batch(worker, [job.queue], 1, LONG_LEASE)
+        assert await backend.mark_succeeded(
+            job.id, worker, None, progress_seq=seq, progress_state={"at": seq}
+        )
+        done = await fetch(backend, job.id)
+        expected = (5, {"at": 5}) if kept else (seq, {"at": seq})
+        assert (done.progress_seq, done.progress_state) == expected
+
+    @covers("record_progress")
+    async def test_record_progress_persists_while_running_and_never_rolls_back(
+        self, backend: Backend
+    ) -> None:
+        worker = uuid4()
+        job = await enqueue_and_dispatch(backend, worker_id=worker)
+        assert await backend.record_progress(job.id, worker, 2, {"done": 20}, attempt=job.attempt)
+        row = await fetch(backend, job.id)
+        assert (row.status, row.progress_seq, row.progress_state) == (
+            JobStatus.RUNNING,
+            2,
+            {"done": 20},
+        )
+        # an older write arriving late is accepted as the owner's but changes nothing
+        assert await backend.record_progress(job.id, worker, 1, {"done": 10})
+        row = await fetch(backend, job.id)
+        assert (row.progress_seq, row.progress_state) == (2, {"done": 20})
+        # not the owner, or a stale attempt: refused
+        assert not await backend.record_progress(job.id, uuid4(), 3, {"done": 30})
+        assert not await backend.record_progress(
+            job.id, worker, 3, {"done": 30}, attempt=job.attempt + 1
+        )
+        assert (await fetch(backend, job.id)).progress_seq == 2
+        assert await backend.mark_succeeded(job.id, worker, None)
+        assert not await backend.record_progress(job.id, worker, 9, {"done": 90})
+        done = await fetch(backend, job.id)
+        assert (done.progress_seq, done.progress_state) == (2, {"done": 20})
+
+    # -- mark_failed_or_retry ---------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        ("max_attempts", "deadline", "retry_delay", "status"),
+        [
+            (3, None, None, JobStatus.FAILED),
+            (3, None, FAR, JobStatus.SCHEDULED),
+            (3, None, timedelta(0), JobStatus.PENDING),
+            (1, None, FAR, JobStatus.FAILED),
+            (3, timedelta(minutes=30), FAR, JobStatus.FAILED),
+            (3, timedelta(hours=2), FAR, JobStatus.SCHEDULED),
+        ],
+        ids=[
+            "no-retry",
+            "retry-later",
+            "retry-now",
+            "attempts-spent",
+            "retry-past-deadline",
+            "retry-within-deadline",
+        ],
+    )
+    @covers("mark_failed_or_retry")
+    async def test_mark_failed_or_retry_decides_between_failing_and_retrying(
+        self,
+        backend: Backend,
+        max_attempts: int,
+        deadline: timedelta | None,
+        retry_delay: timedelta | None,
+        status: JobStatus,
+    ) -> None:
+        worker = uuid4()
+        job = await running_job(
+            backend, worker_id=worker, max_attempts=max_attempts, schedule_to_close=deadline
+        )
+        returned = await backend.mark_failed_or_retry(job.id, worker, ERROR, retry_delay)
+        after = await fetch(backend, job.id)
+        assert returned == after
+        assert after.status is status
+        assert after.error == ERROR
+        attempt = only_attempt(await backend.get_attempts(job.id))
+        assert (attempt.outcome, attempt.error) == ("failed", ERROR)
+        now = (await last_event(backend, job.id)).occurred_at
+        if status is JobStatus.FAILED:
+            assert_close(after.finished_at, now)
+        else:
+            assert retry_delay is not None
+            assert_close(after.scheduled_at, now + retry_delay)
+
+    # -- the cancel phases ---------------------------------------------------------------
+
+    @pytest.mark.parametrize("phase", [0, 2], ids=["not-requested", "already-forced"])
+    @covers("write_cancel_escalation")
+    async def test_escalation_needs_phase_one(self, backend: Backend, phase: int) -> None:
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker, cancel_phase=phase)
+        before = await _snapshot(backend, job.id)
+        assert not await backend.write_cancel_escalation(job.id, worker, 2)
+        assert await _snapshot(backend, job.id) == before
+
+    @pytest.mark.parametrize("phase", [0, 1], ids=["not-requested", "cooperative"])
+    @covers("mark_abandoned")
+    async def test_abandoning_needs_phase_two(self, backend: Backend, phase: int) -> None:
+        job = await running_job(backend, worker_id=uuid4(), cancel_phase=phase)
+        before = await _snapshot(backend, job.id)
+        assert not await backend.mark_abandoned(job.id)
+        assert await _snapshot(backend, job.id) == before
+
+    @covers("mark_cancelled", "write_cancel_request")
+    async def test_the_owner_can_cancel_while_a_cancel_is_requested(self, backend: Backend) -> None:
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker, cancel_phase=1)
+        assert await backend.mark_cancelled(job.id, worker)
+        done = await fetch(backend, job.id)
+        assert done.status is JobStatus.CANCELLED
+        assert only_attempt(await backend.get_attempts(job.id)).outcome == "cancelled"
+
+    # -- mark_snoozed -------------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        ("delay", "deadline", "outcome", "returned", "status"),
+        [
+            (FAR, None, "snoozed", "scheduled", JobStatus.SCHEDULED),
+            (timedelta(0), None, "snoozed", "scheduled", JobStatus.PENDING),
+            (FAR, None, "reservation_denied", "scheduled", JobStatus.SCHEDULED),
+            (FAR, timedelta(minutes=30), "snoozed", "failed", JobStatus.FAILED),
+        ],
+        ids=["later", "zero-delay", "custom-outcome", "past-deadline"],
+    )
+    @covers("mark_snoozed")
+    async def test_mark_snoozed_reschedules_without_using_an_attempt(
+        self,
+        backend: Backend,
+        delay: timedelta,
+        deadline: timedelta | None,
+        outcome: AttemptOutcome,
+        returned: str,
+        status: JobStatus,
+    ) -> None:
+        worker = uuid4()
+        job = await running_job(
+            backend, worker_id=worker, max_attempts=2, schedule_to_close=deadline
+        )
+        assert await backend.mark_snoozed(job.id, worker, delay, outcome=outcome) == returned
+        after = await fetch(backend, job.id)
+        assert after.status is status
+        attempt = only_attempt(await backend.get_attempts(job.id))
+        assert (attempt.attempt, attempt.outcome) == (1, outcome)
+        now = (await last_event(backend, job.id)).occurred_at
+        if status is JobStatus.FAILED:
+            assert error_class_name(after.error) == "DeadlineExceeded"
+            assert_close(after.finished_at, now)
+        else:
+            assert after.max_attempts == 3
+            assert_close(after.scheduled_at, now + delay)
+
+    @covers("mark_snoozed")
+    async def test_mark_snoozed_merges_the_metadata_update_shallowly(
+        self, backend: Backend
+    ) -> None:
+        worker = uuid4()
+        job = await running_job(
+            backend, worker_id=worker, metadata={"keep": 1, "nested": {"x": 1}, "swap": "old"}
+        )
+        update = {"nested": {"y": 2}, "swap": "new", "added": [1]}
+        assert (
+            await backend.mark_snoozed(job.id, worker, FAR, metadata_update=update) == "scheduled"
+        )
+        assert (await fetch(backend, job.id)).metadata == {
+            "keep": 1,
+            "nested": {"y": 2},
+            "swap": "new",
+            "added": [1],
+        }
+
+    @covers("mark_snoozed", "mark_retry_after", "dispatch_batch")
+    async def test_snoozing_keeps_attempt_numbers_unique(self, backend: Backend) -> None:
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker, max_attempts=1)
+        assert await backend.mark_snoozed(job.id, worker, timedelta(0)) == "scheduled"
+        [again] = await backend.dispatch_batch(worker, [job.queue], 1, LONG_LEASE)
+        assert (again.attempt, again.max_attempts) == (2, 2)
+        # The snooze gave back the budget it did not use, and no more.
+        assert await backend.mark_retry_after(job.id, worker, FAR) == "failed:MaxAttemptsExceeded"
+        attempts = await backend.get_attempts(job.id)
+        assert [(a.attempt, a.outcome) for a in attempts] == [(1, "snoozed"), (2, "retry_after")]
+
+    # -- mark_retry_after -----------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        ("consume", "max_attempts", "deadline", "returned", "max_after"),
+        [
+            (True, 3, None, "scheduled", 3),
+            (True, 1, None, "failed:MaxAttemptsExceeded", 1),
+            (True, 3, timedelta(minutes=30), "failed:DeadlineExceeded", 3),
+            (True, 1, timedelta(minutes=30), "failed:DeadlineExceeded", None),
+            (False, 1, None, "scheduled", 2),
+            (False, 3, None, "scheduled", 4),
+            (False, 3, timedelta(minutes=30), "failed:DeadlineExceeded", None),
+        ],
+        ids=[
+            "retry",
+            "attempts-spent",
+            "past-deadline",
+            "deadline-checked-first",
+            "denied-without-budget",
+            "denied-with-budget",
+            "denied-past-deadline",
+        ],
+    )
+    @covers("mark_retry_after")
+    async def test_mark_retry_after_outcomes(
+        self,
+        backend: Backend,
+        consume: bool,
+        max_attempts: int,
+        deadline: timedelta | None,
+        returned: str,
+        max_after: int | None,
+    ) -> None:
+        worker = uuid4()
+        job = await running_job(
+            backend, worker_id=worker, max_attempts=max_attempts, schedule_to_close=deadline
+        )
+        result = await backend.mark_retry_after(job.id, worker, FAR, consume_budget=consume)
+        assert result == returned
+        after = await fetch(backend, job.id)
+        attempt = only_attempt(await backend.get_attempts(job.id))
+        assert attempt.outcome == ("retry_after" if consume else "rate_limit_denied")
+        if max_after is not None:
+            assert after.max_attempts == max_after
+        now = (await last_event(backend, job.id)).occurred_at
+        if returned == "scheduled":
+            assert after.status is JobStatus.SCHEDULED
+            assert_close(after.scheduled_at, now + FAR)
+        else:
+            assert after.status is JobStatus.FAILED
+            assert_close(after.finished_at, now)
+
+    # -- retry_job ------------------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        "status",
+        [JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.ABANDONED, JobStatus.CRASHED],
+    )
+    @covers("retry_job", "subscribe_wake")
+    async def test_retry_job_gives_a_finished_job_a_new_life(
+        self, backend: Backend, advance_time: AdvanceTime, status: JobStatus
+    ) -> None:
+        worker = uuid4()
+        job = await reach(
+            backend, status, worker_id=worker, advance_time=advance_time, max_attempts=1
+        )
+        async with backend.subscribe_wake() as wake:
+            assert await backend.retry_job(job.id)
+            await wait_for_wake(wake)
+        after = await fetch(backend, job.id)
+        event = await last_event(backend, job.id)
+        assert event.kind == "state_change"
+        assert event.detail["reason"] == "retried"
+        assert (event.detail["from_state"], event.detail["to_state"]) == (status, "pending")
+        assert after.status is JobStatus.PENDING
+        assert_close(after.scheduled_at, event.occurred_at)
+        assert (after.locked_by_worker, after.lock_expires_at) == (None, None)
+        assert after.cancel_phase == CancelPhase.NONE
+        assert (after.cancel_requested_at, after.cancel_reason) == (None, None)
+        assert (after.finished_at, after.result, after.error) == (None, None, None)
+        # A job that spent its budget gets exactly one more attempt.
+        assert after.max_attempts == max(job.max_attempts, job.attempt + 1)
+        [again] = await backend.dispatch_batch(worker, [job.queue], 1, LONG_LEASE)
+        assert again.attempt == job.attempt + 1
+        await assert_history_consistent(backend, job.id)
+
+    @covers("retry_job")
+    async def test_retry_job_keeps_a_budget_that_is_not_spent(self, backend: Backend) -> None:
+        job = await reach(backend, JobStatus.FAILED, max_attempts=4)
+        assert await backend.retry_job(job.id)
+        assert (await fetch(backend, job.id)).max_attempts == 4
+
+    @pytest.mark.parametrize(
+        "status",
+        [JobStatus.PENDING, JobStatus.SCHEDULED, JobStatus.RUNNING, JobStatus.SUCCEEDED],
+    )
+    @covers("retry_job")
+    async def test_retry_job_refuses_other_statuses(
+        self, backend: Backend, status: JobStatus
+    ) -> None:
+        job = await reach(backend, status)
+        before = await _snapshot(backend, job.id)
+        assert not await backend.retry_job(job.id)
+        assert await _snapshot(backend, job.id) == before
+
+    @covers("retry_job")
+    async def test_retry_job_of_an_unknown_job_is_false(self, backend: Backend) -> None:
+        assert not await backend.retry_job(uuid4())

@@ -1,0 +1,118 @@
+"""A small application for tests that start real `taskq-worker` processes.
+
+The backend URL comes from TASKQ_DSN (the worker's --dsn overrides it), so
+the same module serves memory:// and Postgres runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel
+
+from taskq import Context, FixedBackoff, QueueConfig, RetryAfter, Snooze, TaskQ, actor
+
+
+class Sleep(BaseModel):
+    seconds: float = 0.0
+    tag: str = ""
+
+
+@actor(queue="default")
+async def nap(payload: Sleep, ctx: Context) -> dict[str, Any]:
+    await asyncio.sleep(payload.seconds)
+    return {"tag": payload.tag, "attempt": ctx.attempt}
+
+
+@actor(queue="other")
+def nap_sync(payload: Sleep) -> dict[str, Any]:
+    import time
+
+    time.sleep(payload.seconds)
+    return {"tag": payload.tag, "thread": threading.current_thread().name}
+
+
+@actor(queue="fair")
+async def fair(payload: Sleep) -> str:
+    await asyncio.sleep(payload.seconds)
+    return payload.tag
+
+
+@actor(max_attempts=3, retry_backoff=FixedBackoff(timedelta(seconds=0.2)))
+async def always_fails(payload: dict[str, Any]) -> None:
+    raise RuntimeError("boom")
+
+
+@actor
+async def snooze_twice(payload: dict[str, Any], ctx: Context) -> int:
+    if ctx.attempt <= 2:
+        raise Snooze(0.1)
+    return ctx.attempt
+
+
+@actor(max_attempts=2)
+async def retry_after(payload: dict[str, Any]) -> None:
+    raise RetryAfter(0.1)
+
+
+@actor(timeout=0.2, max_attempts=1)
+async def too_slow(payload: dict[str, Any]) -> None:
+    await asyncio.sleep(10)
+
+
+@actor(max_concurrent=2)
+async def capped(payload: Sleep) -> str:
+    await asyncio.sleep(payload.seconds)
+    return payload.tag
+
+
+@actor(identity_key=lambda p: p.tag)
+async def serialized(payload: Sleep) -> str:
+    await asyncio.sleep(payload.seconds)
+    return payload.tag
+
+
+@actor(max_pending=3)
+async def bounded(payload: dict[str, Any]) -> None:
+    return None
+
+
+@actor
+async def spawner(payload: dict[str, Any], ctx: Context) -> int:
+    for i in range(payload["children"]):
+        ctx.enqueue(nap, {"tag": f"child{i}"})
+    if payload.get("fail"):
+        raise ValueError("parent failed after enqueueing")
+    return payload["children"]
+
+
+@actor
+async def reporter(payload: dict[str, Any], ctx: Context) -> None:
+    await ctx.progress({"step": 1})
+    await asyncio.sleep(payload.get("seconds", 0))
+    await ctx.progress({"step": 2})
+
+
+tq = TaskQ(
+    os.environ.get("TASKQ_DSN", "memory://"),
+    schema=os.environ.get("TASKQ_SCHEMA", "taskq"),
+    actors=[
+        nap,
+        nap_sync,
+        fair,
+        always_fails,
+        snooze_twice,
+        retry_after,
+        too_slow,
+        capped,
+        serialized,
+        bounded,
+        spawner,
+        reporter,
+    ],
+    queues=[QueueConfig(queue="fair", mode="round_robin")],
+)

@@ -1,0 +1,44 @@
+"""Meta-tests binding the conformance suite to the protocol and the state machine."""
+
+from __future__ import annotations
+
+import inspect
+
+from taskq.backend import Backend
+from taskq_testing.conformance import BackendConformance
+from taskq_testing.conformance._support import COVERS_ATTRIBUTE
+from taskq_testing.conformance._transitions import BACKEND_DRIVEN_EDGES, DRIVES
+
+
+def _protocol_members() -> set[str]:
+    return {
+        name
+        for name, value in vars(Backend).items()
+        if not name.startswith("_") and inspect.isfunction(value)
+    }
+
+
+def _covered() -> set[str]:
+    return {
+        member
+        for name in dir(BackendConformance)
+        if name.startswith("test")
+        for member in getattr(getattr(BackendConformance, name), COVERS_ATTRIBUTE, ())
+    }
+
+
+def test_the_protocol_has_the_members_this_check_expects() -> None:
+    # Guards the filter below: a change in how Protocol classes store members must
+    # not silently shrink the set to check.
+    members = _protocol_members()
+    assert {"enqueue", "dispatch_batch", "subscribe_wake", "prune_old_batches"} <= members
+    assert "BACKEND_PROTOCOL_VERSION" not in members
+
+
+def test_every_protocol_member_has_a_conformance_test() -> None:
+    missing = _protocol_members() - _covered()
+    assert not missing, f"Backend members no conformance test covers: {sorted(missing)}"
+
+
+def test_every_backend_driven_transition_has_a_case() -> None:
+    assert set(DRIVES) == BACKEND_DRIVEN_EDGES

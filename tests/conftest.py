@@ -1,0 +1,3 @@
+"""Repository-wide test configuration."""
+
+pytest_plugins = ["pytester"]

@@ -1,0 +1,162 @@
+"""solve_dependencies: kwargs from the plan, through the containers only."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import pytest
+
+from taskq._di import ProviderRegistry, ScopeContainer, solve_dependencies
+from taskq._di.registry import ProviderEntry
+from taskq._di.solver import MISSING, Container, Containers
+from taskq._scope import Scope
+from taskq.errors import MissingProvider
+
+
+class Config:
+    pass
+
+
+class Conn:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+
+class Payload:
+    pass
+
+
+class RecordingContainer:
+    """A container that hands out markers and records what it was asked for."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.asked: list[str] = []
+
+    def peek(self, entry: ProviderEntry) -> object:
+        return MISSING
+
+    async def get_or_create(
+        self, entry: ProviderEntry, registry: ProviderRegistry, containers: Containers
+    ) -> object:
+        self.asked.append(entry.name)
+        return f"{self.name}:{entry.name}"
+
+    def get_or_create_sync(
+        self,
+        entry: ProviderEntry,
+        registry: ProviderRegistry,
+        containers: Containers,
+        loop: asyncio.AbstractEventLoop,
+    ) -> object:
+        raise AssertionError("the async solver never uses the sync path")
+
+
+def _explode(config: Config) -> Conn:
+    raise AssertionError("the solver must not call providers itself")
+
+
+async def test_the_solver_asks_the_container_of_each_effective_scope(
+    registry: ProviderRegistry,
+) -> None:
+    registry.register(Config, Config, scope=Scope.PROCESS)
+    registry.register(Conn, _explode, scope=Scope.LOOP)
+    fakes = {scope: RecordingContainer(scope.name) for scope in Scope}
+    containers: dict[Scope, Container] = dict(fakes)
+
+    async def job(
+        payload: Payload,
+        ctx: object,
+        config: Config,
+        conn: Conn,
+        fresh: Annotated[Conn, Scope.TRANSIENT],
+    ) -> None:
+        pass
+
+    payload = Payload()
+    kwargs = await solve_dependencies(job, registry, containers, {"payload": payload, "ctx": 7})
+    assert kwargs == {
+        "payload": payload,
+        "ctx": 7,
+        "config": "PROCESS:Config",
+        "conn": "LOOP:Conn",
+        "fresh": "TRANSIENT:Conn",
+    }
+    assert {scope.name: fake.asked for scope, fake in fakes.items()} == {
+        "PROCESS": ["Config"],
+        "THREAD": [],
+        "LOOP": ["Conn"],
+        "TRANSIENT": ["Conn"],
+    }
+
+
+async def test_passthrough_names_are_never_looked_up(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    registry.register_value(Payload, Payload())
+
+    async def job(payload: Payload) -> None:
+        pass
+
+    mine = Payload()
+    kwargs = await solve_dependencies(job, registry, containers, {"payload": mine})
+    assert kwargs == {"payload": mine}
+
+
+async def test_cached_values_skip_creation(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    calls: list[int] = []
+
+    def make_config() -> Config:
+        calls.append(1)
+        return Config()
+
+    registry.register(Config, make_config, scope=Scope.LOOP)
+    registry.register(Conn, Conn, scope=Scope.LOOP)
+
+    async def job(payload: int, conn: Conn, config: Config) -> None:
+        pass
+
+    first = await solve_dependencies(job, registry, containers, {"payload": 1})
+    second = await solve_dependencies(job, registry, containers, {"payload": 2})
+    assert first["conn"] is second["conn"]
+    assert first["config"] is second["config"] is first["conn"].config  # type: ignore[attr-defined]
+    assert calls == [1]
+
+
+async def test_a_parameter_nobody_provides_raises_missing_provider(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    async def job(payload: int, conn: Conn) -> None:
+        pass
+
+    with pytest.raises(MissingProvider, match=r"job needs conn: Conn"):
+        await solve_dependencies(job, registry, containers, {"payload": 1})
+
+
+async def test_defaults_fill_parameters_nobody_provides(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    async def job(payload: int, retries: int = 3) -> None:
+        pass
+
+    assert await solve_dependencies(job, registry, containers, {"payload": 1}) == {"payload": 1}
+
+
+async def test_a_scope_override_caches_the_value_in_that_scope(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    registry.register(Config, Config, scope=Scope.PROCESS)
+
+    async def job(shared: Config, fresh: Annotated[Config, Scope.TRANSIENT], again: Config) -> None:
+        pass
+
+    first = ScopeContainer(Scope.TRANSIENT)
+    second = ScopeContainer(Scope.TRANSIENT)
+    one = await solve_dependencies(job, registry, {**containers, Scope.TRANSIENT: first}, {})
+    two = await solve_dependencies(job, registry, {**containers, Scope.TRANSIENT: second}, {})
+    assert one["shared"] is one["again"] is two["shared"]
+    assert one["fresh"] is not one["shared"]
+    assert one["fresh"] is not two["fresh"]

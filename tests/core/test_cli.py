@@ -1,0 +1,79 @@
+"""The `taskq` console script, run as a subprocess like a user would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def taskq(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "taskq"), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_help_lists_subcommands() -> None:
+    proc = taskq("--help")
+    assert proc.returncode == 0
+    assert "plugins" in proc.stdout
+
+
+def test_every_subcommand_has_help() -> None:
+    from taskq.cli import _collect_commands
+
+    for command in _collect_commands().commands():
+        proc = taskq(command.name, "--help")
+        assert proc.returncode == 0, (command.name, proc.stderr)
+        assert f"usage: taskq {command.name}" in proc.stdout
+
+
+def test_version_lists_every_installed_distribution() -> None:
+    proc = taskq("--version")
+    assert proc.returncode == 0
+    names = {line.split()[0] for line in proc.stdout.splitlines()}
+    assert {
+        "taskq-core",
+        "taskq-postgres",
+        "taskq-ratelimit-redis",
+        "taskq-admin",
+        "taskq-otel",
+        "taskq-testing",
+    } <= names
+
+
+def test_no_subcommand_prints_help_and_fails() -> None:
+    proc = taskq()
+    assert proc.returncode == 1
+    assert "usage: taskq" in proc.stdout
+
+
+def test_unknown_subcommand_is_a_usage_error() -> None:
+    proc = taskq("frobnicate")
+    assert proc.returncode == 2
+    assert "invalid choice" in proc.stderr
+
+
+def test_plugins_json_is_machine_readable() -> None:
+    proc = taskq("plugins", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    core = next(p for p in data["plugins"] if p["name"] == "core")
+    assert core["distribution"] == "taskq-core"
+    assert "memory" in core["backend_schemes"]
+    assert data["failures"] == []
+
+
+def test_a_subcommand_name_cannot_be_taken_twice() -> None:
+    import pytest
+
+    from taskq.cli import CommandRegistry
+
+    registry = CommandRegistry()
+    registry.add("x", help="x", configure=lambda p: None, run=lambda a: 0)
+    registry._set_distribution("taskq-other")
+    with pytest.raises(ValueError, match="registered by both taskq-core and taskq-other"):
+        registry.add("x", help="x", configure=lambda p: None, run=lambda a: 0)

@@ -1,0 +1,104 @@
+"""Model semantics that both backends rely on."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from uuid import uuid4
+
+import pytest
+from pydantic import ValidationError
+
+from taskq.backend.statemachine import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
+from taskq.models import EnqueueArgs, ErrorInfo, JobFilter, ScheduleCreateArgs, ScheduleUpdateArgs
+
+
+def test_status_accepts_one_status_or_a_sequence() -> None:
+    assert JobFilter(status="pending").statuses() == {JobStatus.PENDING}
+    assert JobFilter(status=["pending", JobStatus.RUNNING]).statuses() == {
+        JobStatus.PENDING,
+        JobStatus.RUNNING,
+    }
+
+
+def test_empty_status_sequence_selects_nothing_not_everything() -> None:
+    assert JobFilter(status=[]).statuses() == frozenset()
+    assert JobFilter().statuses() is None
+
+
+def test_unknown_status_is_a_value_error_naming_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="unknown job status.*pending, scheduled"):
+        JobFilter(status=["pending", "finished"])
+
+
+def test_status_and_active_are_mutually_exclusive() -> None:
+    with pytest.raises(ValueError, match="either status or active"):
+        JobFilter(status="pending", active=True)
+
+
+def test_active_selects_by_terminality() -> None:
+    assert JobFilter(active=True).statuses() == ACTIVE_STATUSES
+    assert JobFilter(active=False).statuses() == TERMINAL_STATUSES
+
+
+def test_filter_limit_is_bounded() -> None:
+    with pytest.raises(ValidationError):
+        JobFilter(limit=0)
+
+
+def test_enqueue_args_reject_negative_durations_and_empty_actor() -> None:
+    with pytest.raises(ValidationError, match="delay"):
+        EnqueueArgs(actor="a", delay=timedelta(seconds=-1))
+    with pytest.raises(ValidationError, match="actor"):
+        EnqueueArgs(actor="")
+    with pytest.raises(ValidationError, match="max_attempts"):
+        EnqueueArgs(actor="a", max_attempts=0)
+
+
+def test_enqueue_args_get_distinct_ids() -> None:
+    assert EnqueueArgs(actor="a").id != EnqueueArgs(actor="a").id
+
+
+def test_models_are_immutable() -> None:
+    args = EnqueueArgs(actor="a")
+    with pytest.raises(ValidationError):
+        args.actor = "b"  # type: ignore[misc]
+
+
+def test_error_info_from_exception_names_the_class() -> None:
+    assert ErrorInfo.from_exception(KeyError("k")).error_class == "KeyError"
+    info = ErrorInfo.from_exception(ValidationErrorLike("bad"))
+    assert info.error_class.endswith("ValidationErrorLike")
+    assert info.message == "bad"
+
+
+class ValidationErrorLike(Exception):
+    pass
+
+
+def test_schedule_args_validate_cron_and_timezone() -> None:
+    ScheduleCreateArgs(name="n", actor="a", cron="*/5 * * * * *", timezone="Europe/Paris")
+    with pytest.raises(ValidationError, match="invalid cron"):
+        ScheduleCreateArgs(name="n", actor="a", cron="every minute")
+    with pytest.raises(ValidationError, match="unknown timezone"):
+        ScheduleCreateArgs(name="n", actor="a", cron="* * * * *", timezone="Mars/Base")
+    with pytest.raises(ValidationError, match="invalid cron"):
+        ScheduleUpdateArgs(cron="nope")
+
+
+def test_filter_after_builds_a_keyset_cursor() -> None:
+    from taskq.models import JobRow
+
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    row = JobRow(
+        id=uuid4(),
+        actor="a",
+        queue="q",
+        status=JobStatus.PENDING,
+        payload={},
+        priority=0,
+        attempt=0,
+        max_attempts=3,
+        created_at=when,
+        scheduled_at=when,
+    )
+    assert JobFilter(limit=2).after(row).cursor == (when, row.id)

@@ -1,0 +1,78 @@
+"""Schema names that could inject SQL are refused before any SQL runs."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+import asyncpg
+import pytest
+
+from taskq.identifiers import MAX_SCHEMA_NAME_BYTES
+from taskq_postgres.migrate import load_migrations, migrate, migration_status
+from taskq_testing.postgres import unique_schema_name
+
+# Not even identifiers: every interpolation site refuses these.
+BAD_IDENTIFIERS = [
+    "x; drop table jobs",
+    "taskq; DROP SCHEMA public CASCADE; --",
+    'taskq"; DROP SCHEMA public; --',
+    "ta'skq",
+    "taskq\n",
+    "\ntaskq",
+    "taskq ",
+    "t\u0430skq",  # Cyrillic a
+    "\uff54askq",  # fullwidth t
+    "taskq\x00",
+    "public.jobs",
+    "task-q",
+    "1taskq",
+    "",
+    "a" * 64,
+]
+# Identifiers, but too long for a schema (derived channel names must fit).
+BAD_NAMES = [*BAD_IDENTIFIERS, "a" * (MAX_SCHEMA_NAME_BYTES + 1)]
+
+
+class _NoSQL:
+    """A connection stand-in that fails the test on any use."""
+
+    def __getattr__(self, name: str) -> NoReturn:
+        raise AssertionError(f"SQL was attempted (connection.{name}) before validation")
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+async def test_migrate_rejects_before_touching_the_connection(name: str) -> None:
+    with pytest.raises(ValueError):
+        await migrate(_NoSQL(), name)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+async def test_status_rejects_before_touching_the_connection(name: str) -> None:
+    with pytest.raises(ValueError):
+        await migration_status(_NoSQL(), name)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+async def test_migrate_rejects_before_connecting(name: str) -> None:
+    # Port 1 refuses connections: reaching it would raise OSError, not ValueError.
+    with pytest.raises(ValueError):
+        await migrate("postgresql://postgres@127.0.0.1:1/x", name)
+
+
+@pytest.mark.parametrize("name", BAD_IDENTIFIERS)
+def test_rendering_checks_the_name_again(name: str) -> None:
+    migration = load_migrations()[0]
+    with pytest.raises(ValueError):
+        migration.render(name)
+
+
+@pytest.mark.postgres
+async def test_the_longest_allowed_name_migrates(pg_database_dsn: str) -> None:
+    name = unique_schema_name().ljust(MAX_SCHEMA_NAME_BYTES, "x")
+    assert len(name) == MAX_SCHEMA_NAME_BYTES
+    assert await migrate(pg_database_dsn, name)
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_database_dsn)
+    try:
+        assert await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"{name}.jobs")
+    finally:
+        await conn.close()

@@ -1,0 +1,462 @@
+"""The migration runner against the local PostgreSQL server."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import asyncpg
+import pytest
+from structlog.testing import capture_logs
+
+from taskq_postgres.migrate import (
+    NO_TRANSACTION_DIRECTIVE,
+    MigrationError,
+    bundled_migrations,
+    load_migrations,
+    migrate,
+    migration_status,
+)
+from taskq_testing.postgres import PgSchema, unique_schema_name
+
+pytestmark = pytest.mark.postgres
+
+BUNDLED = [m.name for m in load_migrations()]
+
+TABLES = {
+    "actor_config",
+    "batches",
+    "job_attempts",
+    "job_attempts_archive",
+    "job_events",
+    "jobs",
+    "jobs_archive",
+    "maintenance_leader",
+    "queues",
+    "rate_limit_buckets",
+    "rate_limit_window_entries",
+    "reservation_slots",
+    "schedules",
+    "schema_migrations",
+    "workers",
+}
+
+# The lock key is part of the contract: operators may take it by hand.
+LOCK_SQL = "SELECT pg_advisory_lock(hashtext('taskq:migrate:' || $1))"
+UNLOCK_SQL = "SELECT pg_advisory_unlock(hashtext('taskq:migrate:' || $1))"
+
+
+@pytest.fixture
+async def conn(pg_schema: PgSchema) -> AsyncIterator[asyncpg.Connection[Any]]:
+    connection = await asyncpg.connect(pg_schema.dsn)
+    yield connection
+    await connection.close()
+
+
+def _source(directory: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (directory / name).write_text(text, encoding="utf-8")
+    return directory
+
+
+async def _columns(conn: asyncpg.Connection[Any], schema: str, table: str) -> list[tuple[str, str]]:
+    rows = await conn.fetch(
+        "SELECT column_name, udt_name FROM information_schema.columns"
+        " WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position",
+        schema,
+        table,
+    )
+    return [(r["column_name"], r["udt_name"]) for r in rows]
+
+
+async def _wait_for_advisory_waiters(conn: asyncpg.Connection[Any], count: int) -> None:
+    deadline = time.monotonic() + 30
+    query = (
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+    while await conn.fetchval(query) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} migrators waited on the lock"
+        await asyncio.sleep(0.01)
+
+
+# ------------------------------------------------------------ fresh install
+
+
+async def test_a_fresh_schema_has_every_table(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    rows = await conn.fetch(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = $1", pg_schema.name
+    )
+    assert {r["table_name"] for r in rows} == TABLES
+
+
+async def test_job_status_enum_is_exactly_the_eight_statuses(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    labels = await conn.fetchval(f"SELECT enum_range(NULL::{pg_schema.name}.job_status)::text[]")
+    assert labels == [
+        "pending",
+        "scheduled",
+        "running",
+        "succeeded",
+        "failed",
+        "cancelled",
+        "crashed",
+        "abandoned",
+    ]
+
+
+async def test_nothing_lands_outside_the_target_schema(conn: asyncpg.Connection[Any]) -> None:
+    # An unqualified name in a migration would be created in public.
+    leaked = await conn.fetchval(
+        "SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        "        WHERE n.nspname = 'public')"
+        "     + (SELECT count(*) FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace"
+        "        WHERE n.nspname = 'public')"
+        "     + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        "        WHERE n.nspname = 'public')"
+    )
+    assert leaked == 0
+
+
+async def test_running_again_is_a_no_op(pg_schema: PgSchema) -> None:
+    assert await migrate(pg_schema.dsn, pg_schema.name) == []
+    statuses = await migration_status(pg_schema.dsn, pg_schema.name)
+    assert [(s.name, s.state) for s in statuses] == [(name, "applied") for name in BUNDLED]
+    assert all(s.applied_at is not None for s in statuses)
+
+
+async def test_status_of_an_absent_schema_is_all_pending(pg_database_dsn: str) -> None:
+    statuses = await migration_status(pg_database_dsn, unique_schema_name())
+    assert [(s.name, s.state, s.applied_at) for s in statuses] == [
+        (name, "pending", None) for name in BUNDLED
+    ]
+
+
+async def test_migrate_returns_what_it_applied_in_order(pg_database_dsn: str) -> None:
+    assert await migrate(pg_database_dsn, unique_schema_name()) == BUNDLED
+
+
+async def test_archives_mirror_the_live_tables(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    jobs = await _columns(conn, pg_schema.name, "jobs")
+    attempts = await _columns(conn, pg_schema.name, "job_attempts")
+    assert await _columns(conn, pg_schema.name, "jobs_archive") == [
+        *jobs,
+        ("archived_at", "timestamptz"),
+        ("expire_at", "timestamptz"),
+    ]
+    assert await _columns(conn, pg_schema.name, "job_attempts_archive") == [
+        *attempts,
+        ("archived_at", "timestamptz"),
+    ]
+
+
+async def test_dispatch_and_sweep_indexes_are_partial(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    rows = await conn.fetch(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1", pg_schema.name
+    )
+    defs = {r["indexname"]: r["indexdef"] for r in rows}
+    assert "(queue, actor, priority DESC, scheduled_at, id)" in defs["jobs_dispatch_idx"]
+    assert "WHERE (status = 'pending'" in defs["jobs_dispatch_idx"]
+    assert "WHERE (status = " in defs["jobs_running_lock_expiry_idx"]
+    assert "WHERE (status = " in defs["jobs_scheduled_idx"]
+    assert defs["jobs_idempotency_key_uq"].startswith("CREATE UNIQUE INDEX")
+    assert "(actor, identity_key)" in defs["jobs_running_identity_idx"]
+    assert "(kind, id)" in defs["job_events_outbox_idx"]
+    assert "(job_id, id)" in defs["job_events_job_idx"]
+
+
+# ------------------------------------------------------------ constraints
+
+
+async def _insert_job(conn: asyncpg.Connection[Any], schema: str, **columns: object) -> None:
+    columns.setdefault("actor", "a")
+    names = ", ".join(columns)
+    params = ", ".join(f"${i}" for i in range(1, len(columns) + 1))
+    await conn.execute(f"INSERT INTO {schema}.jobs ({names}) VALUES ({params})", *columns.values())
+
+
+async def test_cancel_phase_three_never_reaches_the_table(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    await _insert_job(conn, pg_schema.name, cancel_phase=2)
+    with pytest.raises(asyncpg.CheckViolationError):
+        await _insert_job(conn, pg_schema.name, cancel_phase=3)
+
+
+async def test_idempotency_key_holds_for_terminal_jobs_too(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    await _insert_job(conn, pg_schema.name, idempotency_key="k", status="succeeded")
+    await _insert_job(conn, pg_schema.name, actor="other", idempotency_key="k")
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await _insert_job(conn, pg_schema.name, idempotency_key="k")
+
+
+async def test_a_running_job_must_hold_a_lock(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    with pytest.raises(asyncpg.CheckViolationError):
+        await _insert_job(conn, pg_schema.name, status="running")
+    await conn.execute(
+        f"INSERT INTO {pg_schema.name}.jobs (actor, status, locked_by_worker, lock_expires_at)"
+        " VALUES ('a', 'running', $1, clock_timestamp())",
+        uuid4(),
+    )
+
+
+async def test_maintenance_leader_holds_one_row(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    table = f"{pg_schema.name}.maintenance_leader"
+    await conn.execute(f"INSERT INTO {table} (worker_id) VALUES ($1)", uuid4())
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await conn.execute(f"INSERT INTO {table} (worker_id) VALUES ($1)", uuid4())
+    with pytest.raises(asyncpg.CheckViolationError):
+        await conn.execute(f"INSERT INTO {table} (id, worker_id) VALUES (false, $1)", uuid4())
+
+
+async def test_queue_mode_is_checked(conn: asyncpg.Connection[Any], pg_schema: PgSchema) -> None:
+    await conn.execute(f"INSERT INTO {pg_schema.name}.queues (name) VALUES ('q')")
+    assert await conn.fetchval(f"SELECT mode FROM {pg_schema.name}.queues") == "strict_fifo"
+    with pytest.raises(asyncpg.CheckViolationError):
+        await conn.execute(f"INSERT INTO {pg_schema.name}.queues VALUES ('r', 'lifo')")
+
+
+async def test_updated_at_follows_every_update(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    await _insert_job(conn, pg_schema.name)
+    before = await conn.fetchval(f"SELECT updated_at FROM {pg_schema.name}.jobs")
+    await conn.execute(f"UPDATE {pg_schema.name}.jobs SET priority = 5")
+    assert await conn.fetchval(f"SELECT updated_at FROM {pg_schema.name}.jobs") > before
+
+
+async def test_events_and_attempts_go_with_their_job(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    s = pg_schema.name
+    job_id = uuid4()
+    await _insert_job(conn, s, id=job_id)
+    await conn.execute(f"INSERT INTO {s}.job_events (job_id, kind) VALUES ($1, 'x')", job_id)
+    await conn.execute(
+        f"INSERT INTO {s}.job_attempts (job_id, attempt, outcome) VALUES ($1, 1, 'failed')", job_id
+    )
+    await conn.execute(f"DELETE FROM {s}.jobs WHERE id = $1", job_id)
+    assert await conn.fetchval(f"SELECT count(*) FROM {s}.job_events") == 0
+    assert await conn.fetchval(f"SELECT count(*) FROM {s}.job_attempts") == 0
+
+
+# ------------------------------------------------------------ the runner
+
+
+async def test_checksum_drift_is_warned_and_not_rerun(pg_database_dsn: str, tmp_path: Path) -> None:
+    for entry in bundled_migrations().iterdir():
+        if entry.name.endswith(".sql"):
+            (tmp_path / entry.name).write_text(entry.read_text(encoding="utf-8"), encoding="utf-8")
+    schema = unique_schema_name()
+    await migrate(pg_database_dsn, schema, source=tmp_path)
+    edited = tmp_path / "01.00.00_01_pre_initial.sql"
+    edited.write_text(edited.read_text(encoding="utf-8") + "\n-- edited\n", encoding="utf-8")
+
+    with capture_logs() as logs:
+        assert await migrate(pg_database_dsn, schema, source=tmp_path) == []
+
+    drift = [e for e in logs if e["event"] == "migration-checksum-drift"]
+    assert len(drift) == 1
+    assert drift[0]["log_level"] == "warning"
+    assert drift[0]["migration"] == edited.name
+    assert drift[0]["schema"] == schema
+    assert drift[0]["recorded_checksum"] != drift[0]["current_checksum"]
+    states = {
+        s.name: s.state for s in await migration_status(pg_database_dsn, schema, source=tmp_path)
+    }
+    assert states[edited.name] == "drifted"
+    assert states["01.00.02_01_pre_job_events_outbox.sql"] == "applied"
+
+
+async def test_a_recorded_file_missing_here_is_unknown(pg_schema: PgSchema, tmp_path: Path) -> None:
+    shutil.copy(Path(str(bundled_migrations() / BUNDLED[0])), tmp_path / BUNDLED[0])
+    statuses = await migration_status(pg_schema.dsn, pg_schema.name, source=tmp_path)
+    assert [(s.name, s.state) for s in statuses] == [
+        (BUNDLED[0], "applied"),
+        *((name, "unknown") for name in BUNDLED[1:]),
+    ]
+
+
+async def test_concurrent_migrators_both_succeed_and_apply_each_file_once(
+    pg_database_dsn: str,
+) -> None:
+    schema = unique_schema_name()
+    holder, first, second = [await asyncpg.connect(pg_database_dsn) for _ in range(3)]
+    try:
+        # Hold the lock so that both migrators are provably waiting at once.
+        await holder.execute(LOCK_SQL, schema)
+        tasks = [asyncio.create_task(migrate(c, schema)) for c in (first, second)]
+        await _wait_for_advisory_waiters(holder, 2)
+        await holder.execute(UNLOCK_SQL, schema)
+        results = await asyncio.gather(*tasks)
+        recorded = await holder.fetch(
+            f"SELECT version FROM {schema}.schema_migrations ORDER BY version"
+        )
+    finally:
+        for c in (holder, first, second):
+            await c.close()
+    assert sorted(results, key=len) == [[], BUNDLED]
+    assert [r["version"] for r in recorded] == sorted(BUNDLED)
+
+
+async def test_different_schemas_do_not_wait_for_each_other(pg_database_dsn: str) -> None:
+    busy, other = unique_schema_name(), unique_schema_name()
+    holder = await asyncpg.connect(pg_database_dsn)
+    try:
+        await holder.execute(LOCK_SQL, busy)
+        assert await asyncio.wait_for(migrate(pg_database_dsn, other), timeout=60) == BUNDLED
+    finally:
+        await holder.close()
+
+
+async def test_case_variants_of_a_name_are_one_schema(pg_database_dsn: str) -> None:
+    lower = unique_schema_name()
+    assert await migrate(pg_database_dsn, lower.upper()) == BUNDLED
+    assert await migrate(pg_database_dsn, lower) == []
+    statuses = await migration_status(pg_database_dsn, lower)
+    assert {s.state for s in statuses} == {"applied"}
+
+
+async def test_pre_files_run_before_post_files(pg_database_dsn: str, tmp_path: Path) -> None:
+    def log(name: str) -> str:
+        return f"INSERT INTO {{schema}}.log (name) VALUES ('{name}');"
+
+    source = _source(
+        tmp_path,
+        {
+            "01.00.00_01_pre_log.sql": "CREATE TABLE {schema}.log (n serial, name text);"
+            + log("pre_log"),
+            "01.00.00_50_post_cleanup.sql": log("post_cleanup"),
+            "01.01.00_01_pre_later.sql": log("pre_later"),
+        },
+    )
+    schema = unique_schema_name()
+    applied = await migrate(pg_database_dsn, schema, source=source)
+    assert applied == [
+        "01.00.00_01_pre_log.sql",
+        "01.01.00_01_pre_later.sql",
+        "01.00.00_50_post_cleanup.sql",
+    ]
+    conn = await asyncpg.connect(pg_database_dsn)
+    try:
+        logged = await conn.fetch(f"SELECT name FROM {schema}.log ORDER BY n")
+    finally:
+        await conn.close()
+    assert [r["name"] for r in logged] == ["pre_log", "pre_later", "post_cleanup"]
+
+
+async def test_no_transaction_directive_allows_concurrent_index(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    source = _source(
+        tmp_path,
+        {
+            "01.00.00_01_pre_table.sql": "CREATE TABLE {schema}.t (c int);",
+            "01.00.00_02_pre_index.sql": f"{NO_TRANSACTION_DIRECTIVE}\n"
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS t_c_idx ON {schema}.t (c);\n",
+        },
+    )
+    schema = unique_schema_name()
+    assert len(await migrate(pg_database_dsn, schema, source=source)) == 2
+    conn = await asyncpg.connect(pg_database_dsn)
+    try:
+        valid = await conn.fetchval(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
+            f"{schema}.t_c_idx",
+        )
+    finally:
+        await conn.close()
+    assert valid is True
+
+
+async def test_without_the_directive_a_concurrent_index_fails_cleanly(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    source = _source(
+        tmp_path,
+        {
+            "01.00.00_01_pre_table.sql": "CREATE TABLE {schema}.t (c int);",
+            "01.00.00_02_pre_index.sql": "CREATE INDEX CONCURRENTLY t_c_idx ON {schema}.t (c);",
+        },
+    )
+    schema = unique_schema_name()
+    with pytest.raises(MigrationError, match=r"01\.00\.00_02_pre_index\.sql.*transaction block"):
+        await migrate(pg_database_dsn, schema, source=source)
+    states = [s.state for s in await migration_status(pg_database_dsn, schema, source=source)]
+    assert states == ["applied", "pending"]
+
+
+async def test_a_no_transaction_file_refuses_a_connection_inside_a_transaction(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    source = _source(tmp_path, {"01.00.00_01_pre_x.sql": f"{NO_TRANSACTION_DIRECTIVE}\nSELECT 1;"})
+    conn = await asyncpg.connect(pg_database_dsn)
+    try:
+        with pytest.raises(MigrationError, match="inside one"):
+            async with conn.transaction():
+                await migrate(conn, unique_schema_name(), source=source)
+    finally:
+        await conn.close()
+
+
+async def test_a_failing_file_leaves_nothing_behind(pg_database_dsn: str, tmp_path: Path) -> None:
+    source = _source(
+        tmp_path,
+        {
+            "01.00.00_01_pre_ok.sql": "CREATE TABLE {schema}.ok (c int);",
+            "01.00.00_02_pre_bad.sql": "CREATE TABLE {schema}.half (c int); SELECT 1 / 0;",
+            "01.00.00_03_pre_after.sql": "CREATE TABLE {schema}.after (c int);",
+        },
+    )
+    schema = unique_schema_name()
+    with pytest.raises(MigrationError, match=r"01\.00\.00_02_pre_bad\.sql.*division by zero"):
+        await migrate(pg_database_dsn, schema, source=source)
+    conn = await asyncpg.connect(pg_database_dsn)
+    try:
+        half = await conn.fetchval("SELECT to_regclass($1)", f"{schema}.half")
+    finally:
+        await conn.close()
+    assert half is None
+    states = [s.state for s in await migration_status(pg_database_dsn, schema, source=source)]
+    assert states == ["applied", "pending", "pending"]
+
+    (tmp_path / "01.00.00_02_pre_bad.sql").write_text("CREATE TABLE {schema}.half (c int);")
+    assert await migrate(pg_database_dsn, schema, source=source) == [
+        "01.00.00_02_pre_bad.sql",
+        "01.00.00_03_pre_after.sql",
+    ]
+
+
+async def test_two_schemas_in_one_database_are_isolated(pg_database_dsn: str) -> None:
+    first, second = unique_schema_name(), unique_schema_name()
+    await asyncio.gather(migrate(pg_database_dsn, first), migrate(pg_database_dsn, second))
+    conn = await asyncpg.connect(pg_database_dsn)
+    try:
+        await _insert_job(conn, first)
+        assert await conn.fetchval(f"SELECT count(*) FROM {first}.jobs") == 1
+        assert await conn.fetchval(f"SELECT count(*) FROM {second}.jobs") == 0
+        await conn.execute(f"DROP SCHEMA {first} CASCADE")
+        assert await conn.fetchval(f"SELECT count(*) FROM {second}.jobs") == 0
+    finally:
+        await conn.close()
+    statuses = await migration_status(pg_database_dsn, second)
+    assert {s.state for s in statuses} == {"applied"}
+    assert {s.state for s in await migration_status(pg_database_dsn, first)} == {"pending"}

@@ -1,0 +1,115 @@
+"""``taskq migrate`` through the installed console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from taskq_postgres.migrate import load_migrations
+from taskq_testing.postgres import unique_schema_name
+
+TASKQ = str(Path(sys.executable).with_name("taskq"))
+BUNDLED = [m.name for m in load_migrations()]
+
+
+def _taskq(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("TASKQ_DSN", "TASKQ_SCHEMA")}
+    return subprocess.run(
+        [TASKQ, *args],
+        check=False,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _assert_one_clear_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("taskq migrate: error: ")
+    return lines[0]
+
+
+@pytest.mark.postgres
+def test_migrate_then_status(pg_database_dsn: str) -> None:
+    schema = unique_schema_name()
+    first = _taskq("migrate", "--dsn", pg_database_dsn, "--schema", schema)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.split() == [w for name in BUNDLED for w in ("applied", name)]
+
+    again = _taskq("migrate", "--dsn", pg_database_dsn, "--schema", schema)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == f"schema {schema} is up to date"
+
+    status = _taskq("migrate", "--dsn", pg_database_dsn, "--schema", schema, "--status", "--json")
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert report["schema"] == schema
+    assert [(m["name"], m["state"]) for m in report["migrations"]] == [
+        (name, "applied") for name in BUNDLED
+    ]
+    assert all(m["applied_at"] for m in report["migrations"])
+
+
+@pytest.mark.postgres
+def test_dsn_and_schema_come_from_the_environment(pg_database_dsn: str) -> None:
+    schema = unique_schema_name()
+    env = {"TASKQ_DSN": pg_database_dsn, "TASKQ_SCHEMA": schema}
+    before = _taskq("migrate", "--status", **env)
+    assert before.returncode == 0, before.stderr
+    assert [line.split()[0] for line in before.stdout.splitlines()] == ["pending"] * len(BUNDLED)
+
+    applied = _taskq("migrate", "--json", **env)
+    assert applied.returncode == 0, applied.stderr
+    assert json.loads(applied.stdout) == {"schema": schema, "applied": BUNDLED}
+
+
+def test_no_dsn_says_how_to_give_one() -> None:
+    line = _assert_one_clear_line(_taskq("migrate"))
+    assert "--dsn" in line
+    assert "TASKQ_DSN" in line
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("postgresql://:::bad", "invalid DSN"),
+        ("mysql://localhost/x", "invalid DSN"),
+        ("postgresql://postgres@127.0.0.1:1/x", "cannot connect"),
+    ],
+)
+def test_bad_dsns_fail_with_one_line(dsn: str, expected: str) -> None:
+    assert expected in _assert_one_clear_line(_taskq("migrate", "--dsn", dsn))
+
+
+def test_passwords_stay_out_of_errors() -> None:
+    line = _assert_one_clear_line(_taskq("migrate", "--dsn", "postgresql://u:s3cret@127.0.0.1:1/x"))
+    assert "s3cret" not in line
+
+
+def test_an_invalid_schema_fails_before_connecting() -> None:
+    result = _taskq("migrate", "--dsn", "postgresql://postgres@127.0.0.1:1/x", "--schema", "a;b")
+    assert "invalid SQL identifier" in _assert_one_clear_line(result)
+
+
+def test_the_taskq_command_does_not_import_the_driver() -> None:
+    code = (
+        "import sys\n"
+        "from taskq.cli import build_parser\n"
+        "from taskq.cli import _collect_commands\n"
+        "names = [c.name for c in _collect_commands().commands()]\n"
+        "assert 'migrate' in names, names\n"
+        "print('asyncpg' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "False"

@@ -1,0 +1,230 @@
+"""PostgresBackend beyond the conformance suite: Postgres traps, transactions, diagnostics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from taskq.backend import JobStatus
+from taskq.errors import SingletonCollisionError
+from taskq.models import AttemptRow, EnqueueArgs, ErrorInfo, JobFilter, JobRow, QueueConfig
+from taskq_postgres import PostgresBackend
+from taskq_testing.postgres import PgSchema
+
+pytestmark = pytest.mark.postgres
+
+LEASE = timedelta(minutes=5)
+SHORT = timedelta(milliseconds=100)
+NUL = "\x00"
+FFFD = "\ufffd"
+
+
+@pytest_asyncio.fixture
+async def backend(pg_pooled_schema: PgSchema) -> AsyncIterator[PostgresBackend]:
+    backend = PostgresBackend(
+        pg_pooled_schema.dsn,
+        schema=pg_pooled_schema.name,
+        cancel_reclaim_headroom=timedelta(milliseconds=600),
+        reclaim_event_visibility_delay=timedelta(milliseconds=200),
+    )
+    await backend.open()
+    yield backend
+    await backend.close()
+
+
+async def _running(backend: PostgresBackend, lease: timedelta = LEASE) -> tuple[JobRow, UUID]:
+    """A running job (in a queue of its own) and its worker."""
+    worker = uuid4()
+    queue = f"q-{uuid4().hex[:8]}"
+    await backend.enqueue(EnqueueArgs(actor="a", queue=queue))
+    [job] = await backend.dispatch_batch(worker, [queue], 1, lease)
+    return job, worker
+
+
+# -- NUL characters, which text and jsonb reject -------------------------------------------
+
+
+async def test_a_terminal_write_stores_nul_characters_as_replacement_characters(
+    backend: PostgresBackend,
+) -> None:
+    job, worker = await _running(backend)
+    error = ErrorInfo(error_class=f"Boom{NUL}", message=f"bad{NUL}byte", traceback=f"tb{NUL}")
+    retried = await backend.mark_failed_or_retry(job.id, worker, error, timedelta(0))
+    assert retried.status is JobStatus.PENDING
+    clean = ErrorInfo(error_class=f"Boom{FFFD}", message=f"bad{FFFD}byte", traceback=f"tb{FFFD}")
+    assert retried.error == clean
+    assert (await backend.get_attempts(job.id))[0].error == clean
+
+    [again] = await backend.dispatch_batch(worker, [job.queue], 1, LEASE)
+    result = {"text": f"a{NUL}b", f"key{NUL}": [NUL, "\\u0000 stays", "\\\\u0000"]}
+    assert await backend.mark_succeeded(again.id, worker, result, 1, {"at": NUL})
+    done = await backend.get(job.id)
+    assert done is not None
+    assert done.result == {"text": f"a{FFFD}b", f"key{FFFD}": [FFFD, "\\u0000 stays", "\\\\u0000"]}
+    assert done.progress_state == {"at": FFFD}
+
+
+async def test_payloads_and_reasons_with_nul_characters_are_stored(
+    backend: PostgresBackend,
+) -> None:
+    job = await backend.enqueue(EnqueueArgs(actor="a", payload={"p": NUL}, metadata={NUL: 1}))
+    assert (job.payload, job.metadata) == ({"p": FFFD}, {FFFD: 1})
+    assert await backend.write_cancel_request(job.id, f"why{NUL}")
+    cancelled = await backend.get(job.id)
+    assert cancelled is not None and cancelled.cancel_reason == f"why{FFFD}"
+
+
+# -- transactions of the caller's -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "rollback"])
+async def test_enqueue_with_conn_lives_and_wakes_with_the_callers_transaction(
+    backend: PostgresBackend, commit: bool
+) -> None:
+    args = EnqueueArgs(actor="a")
+    async with backend.subscribe_wake() as woken, backend.connection() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        row = await backend.enqueue_with_conn(conn, args)
+        assert row.id == args.id
+        await asyncio.sleep(0.2)
+        assert not woken.is_set(), "woken before the transaction committed"
+        assert await backend.get(args.id) is None
+        await (transaction.commit() if commit else transaction.rollback())
+        if commit:
+            await asyncio.wait_for(woken.wait(), 5)
+        else:
+            await asyncio.sleep(0.2)
+            assert not woken.is_set()
+    assert (await backend.get(args.id) is not None) is commit
+
+
+async def test_concurrent_singletons_admit_exactly_one(backend: PostgresBackend) -> None:
+    attempts = [EnqueueArgs(actor="a", identity_key="user-1", singleton=True) for _ in range(8)]
+    results = await asyncio.gather(
+        *(backend.enqueue(args) for args in attempts), return_exceptions=True
+    )
+    admitted = [r for r in results if not isinstance(r, BaseException)]
+    refused = [r for r in results if isinstance(r, SingletonCollisionError)]
+    assert (len(admitted), len(refused)) == (1, 7), results
+    assert len(await backend.list_jobs(JobFilter(identity_key="user-1"))) == 1
+
+
+async def test_a_singleton_collision_hints_when_to_retry(backend: PostgresBackend) -> None:
+    await backend.enqueue(
+        EnqueueArgs(actor="a", identity_key="u", schedule_to_close=timedelta(minutes=10))
+    )
+    with pytest.raises(SingletonCollisionError) as info:
+        await backend.enqueue(EnqueueArgs(actor="a", identity_key="u", singleton=True))
+    hint = getattr(info.value, "retry_after", None)
+    assert hint is not None and 590 < hint <= 600
+
+
+# -- dispatch ------------------------------------------------------------------------------
+
+
+async def test_a_queue_cap_bounds_its_running_jobs(backend: PostgresBackend) -> None:
+    await backend.configure_queue(QueueConfig(queue="narrow", max_concurrent=2))
+    await backend.enqueue_batch([EnqueueArgs(actor=f"a{i}", queue="narrow") for i in range(5)])
+    await backend.enqueue_batch([EnqueueArgs(actor="a0", queue="wide") for _ in range(3)])
+    worker = uuid4()
+    first = await backend.dispatch_batch(worker, ["narrow", "wide"], 10, LEASE)
+    assert sorted(row.queue for row in first) == ["narrow", "narrow", "wide", "wide", "wide"]
+    assert await backend.dispatch_batch(worker, ["narrow"], 10, LEASE) == []
+    done = next(row for row in first if row.queue == "narrow")
+    assert await backend.mark_succeeded(done.id, worker, None)
+    assert len(await backend.dispatch_batch(worker, ["narrow"], 10, LEASE)) == 1
+
+
+async def test_mixed_queue_modes_interleave_only_the_round_robin_queue(
+    backend: PostgresBackend,
+) -> None:
+    await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+    rows = []
+    for queue, key in [("rr", "a"), ("rr", "a"), ("fifo", "x"), ("fifo", "y"), ("rr", "b")]:
+        rows.append(await backend.enqueue(EnqueueArgs(actor="m", queue=queue, fairness_key=key)))
+    dispatched = await backend.dispatch_batch(uuid4(), ["rr", "fifo"], 10, LEASE)
+    # Rank 1: rr/a, fifo (one cohort for the strict queue), rr/b; rank 2: rr/a, fifo.
+    assert [row.id for row in dispatched] == [rows[i].id for i in (0, 2, 4, 1, 3)]
+
+
+# -- reclaim -------------------------------------------------------------------------------
+
+
+async def test_a_cancel_in_progress_gets_the_backend_headroom_before_reclaim(
+    backend: PostgresBackend,
+) -> None:
+    job, _ = await _running(backend, lease=SHORT)
+    assert await backend.write_cancel_request(job.id, "stop")
+    await asyncio.sleep(0.3)  # lease expired, headroom (0.6 s) not yet
+    assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 0
+    await asyncio.sleep(0.5)
+    assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
+    reclaimed = await backend.get(job.id)
+    assert reclaimed is not None and reclaimed.status is JobStatus.CANCELLED
+
+
+async def test_a_long_transaction_holding_job_events_is_reported(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    job = await backend.enqueue(EnqueueArgs(actor="a"))
+    writer: asyncpg.Connection[Any] = await asyncpg.connect(
+        pg_pooled_schema.dsn, server_settings={"application_name": "slow-writer"}
+    )
+    try:
+        transaction = writer.transaction()
+        await transaction.start()
+        await writer.execute(
+            f"INSERT INTO {backend.schema}.job_events (job_id, kind) VALUES ($1, 'reclaimed')",
+            job.id,
+        )
+        assert await backend.check_reclaim_visibility_delay_risk() == []  # not yet too long
+        await asyncio.sleep(0.3)
+        [risk] = await backend.check_reclaim_visibility_delay_risk()
+        assert (risk.pid, risk.application_name) == (writer.get_server_pid(), "slow-writer")
+        assert "RowExclusiveLock" in risk.lock_modes
+        assert risk.transaction_age >= timedelta(milliseconds=200)
+        assert risk.state == "idle in transaction"
+        assert await backend.check_reclaim_visibility_delay_risk(timedelta(hours=1)) == []
+        await transaction.commit()
+        assert await backend.check_reclaim_visibility_delay_risk() == []
+    finally:
+        await writer.close()
+
+
+# -- history ---------------------------------------------------------------------------------
+
+
+async def test_write_attempt_for_an_unknown_job_is_a_key_error(backend: PostgresBackend) -> None:
+    with pytest.raises(KeyError):
+        await backend.write_attempt(
+            AttemptRow(
+                job_id=uuid4(),
+                attempt=1,
+                worker_id=None,
+                started_at=None,
+                finished_at=None,
+                outcome="interrupted",
+            )
+        )
+
+
+async def test_write_attempt_keeps_an_attempt_without_times(backend: PostgresBackend) -> None:
+    job = await backend.enqueue(EnqueueArgs(actor="a"))
+    attempt = AttemptRow(
+        job_id=job.id,
+        attempt=1,
+        worker_id=None,
+        started_at=None,
+        finished_at=None,
+        outcome="interrupted",
+    )
+    await backend.write_attempt(attempt)
+    assert await backend.get_attempts(job.id) == [attempt]

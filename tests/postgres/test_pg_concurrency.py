@@ -1,0 +1,165 @@
+"""Concurrent dispatchers on one schema: each job handed out once, caps and identities held."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from taskq.models import ActorConfig, EnqueueArgs, JobFilter
+from taskq_postgres import PostgresBackend
+from taskq_testing.postgres import PgSchema
+
+pytestmark = pytest.mark.postgres
+
+DISPATCHERS = 8
+LEASE = timedelta(minutes=5)
+QUEUES = ["q1", "q2"]
+CAP = 3
+
+
+@pytest_asyncio.fixture
+async def backend(pg_schema: PgSchema) -> AsyncIterator[PostgresBackend]:
+    backend = PostgresBackend(
+        pg_schema.dsn, schema=pg_schema.name, min_pool_size=2, max_pool_size=DISPATCHERS + 4
+    )
+    await backend.open()
+    yield backend
+    await backend.close()
+
+
+@pytest_asyncio.fixture
+async def conn(pg_schema: PgSchema) -> AsyncIterator[asyncpg.Connection[Any]]:
+    connection: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    yield connection
+    await connection.close()
+
+
+async def test_eight_dispatchers_hand_out_5000_jobs_once_each(
+    backend: PostgresBackend, conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    jobs = [
+        EnqueueArgs(actor=f"actor-{i % 20}", queue=QUEUES[i % 2], priority=i % 3)
+        for i in range(5000)
+    ]
+    assert await backend.enqueue_batch_fast(jobs) == 5000
+    handed_out: dict[UUID, list[UUID]] = {}
+
+    async def dispatcher() -> None:
+        worker = uuid4()
+        mine = handed_out.setdefault(worker, [])
+        while True:
+            rows = await backend.dispatch_batch(worker, QUEUES, 50, LEASE)
+            mine.extend(row.id for row in rows)
+            if not rows and not await backend.list_jobs(JobFilter(status="pending", limit=1)):
+                return
+
+    await asyncio.gather(*(dispatcher() for _ in range(DISPATCHERS)))
+
+    every = list(itertools.chain.from_iterable(handed_out.values()))
+    assert len(every) == len(set(every)) == 5000, "a job was handed out twice, or one was missed"
+    assert set(every) == {job.id for job in jobs}
+    assert sum(1 for ids in handed_out.values() if ids) > 1, "only one dispatcher got work"
+    s = pg_schema.name
+    assert (
+        await conn.fetchval(
+            f"SELECT count(*) FROM {s}.jobs WHERE status = 'running' AND attempt = 1"
+        )
+        == 5000
+    )
+    assert await conn.fetchval(f"SELECT count(*) FROM {s}.job_events") == 5000
+
+
+def _max_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
+    """The largest number of [start, end) intervals open at one instant."""
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    open_now = peak = 0
+    for _, step in edges:  # at equal times the end (-1) sorts first: [start, end)
+        open_now += step
+        peak = max(peak, open_now)
+    return peak
+
+
+async def test_caps_and_identities_hold_under_eight_dispatchers(
+    backend: PostgresBackend, conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    await backend.register_actors([ActorConfig(actor="capped", max_concurrent=CAP)])
+    jobs = (
+        [EnqueueArgs(actor="capped", queue="q1") for _ in range(150)]
+        + [
+            EnqueueArgs(actor="keyed", queue="q2", identity_key=f"user-{i % 15}")
+            for i in range(300)
+        ]
+        + [EnqueueArgs(actor=f"free-{i % 4}", queue=QUEUES[i % 2]) for i in range(600)]
+    )
+    assert await backend.enqueue_batch_fast(jobs) == len(jobs)
+    s = pg_schema.name
+    done = asyncio.Event()
+    samples: list[tuple[int, int]] = []
+
+    async def sampler() -> None:
+        while not done.is_set():
+            capped_running = await conn.fetchval(
+                f"SELECT count(*) FROM {s}.jobs WHERE status = 'running' AND actor = 'capped'"
+            )
+            doubled = await conn.fetchval(
+                f"SELECT count(*) FROM (SELECT 1 FROM {s}.jobs "
+                f"WHERE status = 'running' AND identity_key IS NOT NULL "
+                f"GROUP BY actor, identity_key HAVING count(*) > 1) d"
+            )
+            samples.append((capped_running, doubled))
+            await asyncio.sleep(0.002)
+
+    async def run(worker: UUID, job_id: UUID) -> None:
+        await asyncio.sleep(0.002)  # the "work"
+        assert await backend.mark_succeeded(job_id, worker, None, attempt=1)
+
+    async def dispatcher() -> None:
+        worker = uuid4()
+        while True:
+            rows = await backend.dispatch_batch(worker, QUEUES, 20, LEASE)
+            await asyncio.gather(*(run(worker, row.id) for row in rows))
+            if not rows:
+                if await backend.count_active_jobs(QUEUES) == 0:
+                    return
+                await asyncio.sleep(0.001)
+
+    sampling = asyncio.create_task(sampler())
+    try:
+        await asyncio.wait_for(asyncio.gather(*(dispatcher() for _ in range(DISPATCHERS))), 60)
+    finally:
+        done.set()
+        await sampling
+
+    assert await conn.fetchval(f"SELECT count(*) FROM {s}.jobs WHERE status = 'succeeded'") == len(
+        jobs
+    )
+    assert samples, "the sampler never ran"
+    over_count = (DISPATCHERS - 1) * CAP
+    assert max(capped for capped, _ in samples) <= CAP + over_count
+    assert all(doubled == 0 for _, doubled in samples), "two jobs of one identity ran together"
+
+    # Exact checks from the attempt history (both ends come from the server clock).
+    records = await conn.fetch(
+        f"SELECT j.actor, j.identity_key, a.started_at, a.finished_at "
+        f"FROM {s}.job_attempts a JOIN {s}.jobs j ON j.id = a.job_id "
+        f"WHERE j.actor IN ('capped', 'keyed')"
+    )
+    capped = [(r["started_at"], r["finished_at"]) for r in records if r["actor"] == "capped"]
+    assert len(capped) == 150
+    assert _max_overlap(capped) <= CAP + over_count
+    by_identity: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
+    for r in records:
+        if r["actor"] == "keyed":
+            by_identity[r["identity_key"]].append((r["started_at"], r["finished_at"]))
+    assert len(by_identity) == 15
+    for identity, intervals in by_identity.items():
+        assert _max_overlap(intervals) == 1, f"identity {identity} ran twice at once"

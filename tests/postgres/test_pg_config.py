@@ -1,0 +1,156 @@
+"""Building and opening PostgresBackend: validation, clear errors, registration."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import timedelta
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+import taskq
+from taskq.errors import ConfigurationError
+from taskq.identifiers import MAX_SCHEMA_NAME_BYTES
+from taskq.models import EnqueueArgs
+from taskq_postgres import BackendUnavailableError, PostgresBackend
+from taskq_testing.postgres import PgSchema, unique_schema_name
+
+pytestmark = pytest.mark.postgres
+
+# Port 1 refuses connections: reaching it raises, so a ValueError proves nothing connected.
+UNREACHABLE = "postgresql://postgres@127.0.0.1:1/taskq"
+
+HOSTILE_SCHEMAS = [
+    "x; drop table jobs",
+    "taskq; DROP SCHEMA public CASCADE; --",
+    'taskq"; DROP SCHEMA public; --',
+    "ta'skq",
+    "taskq\n",
+    "\ntaskq",
+    "taskq ",
+    "t\u0430skq",  # Cyrillic a
+    "\uff54askq",  # fullwidth t
+    "taskq\x00",
+    "public.jobs",
+    "",
+    "a" * (MAX_SCHEMA_NAME_BYTES + 1),
+]
+
+
+def _with_database(dsn: str, database: str) -> str:
+    return urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
+
+
+@pytest.mark.parametrize("schema", HOSTILE_SCHEMAS)
+def test_hostile_schema_names_are_refused_at_construction(schema: str) -> None:
+    with pytest.raises(ValueError, match="identifier|schema name"):
+        PostgresBackend(UNREACHABLE, schema=schema)
+
+
+def test_the_schema_is_checked_before_the_dsn() -> None:
+    with pytest.raises(ValueError, match="identifier"):
+        PostgresBackend("not a dsn", schema="x; drop table jobs")
+
+
+def test_schema_names_fold_to_lower_case() -> None:
+    assert PostgresBackend(UNREACHABLE, schema="TaskQ").schema == "taskq"
+
+
+@pytest.mark.parametrize(
+    ("dsn", "problem"),
+    [
+        ("", "needs a DSN"),
+        ("localhost/app", "scheme-less"),
+        ("mysql://root@localhost/app", "not mysql"),
+        ("postgresql://postgres@localhost:notaport/app", "invalid DSN"),
+        ("postgresql://postgres:secret@[::1/app", "invalid DSN"),
+    ],
+)
+def test_malformed_dsns_are_one_line_configuration_errors(dsn: str, problem: str) -> None:
+    with pytest.raises(ConfigurationError, match=problem) as info:
+        PostgresBackend(dsn)
+    assert "\n" not in str(info.value)
+    assert "secret" not in str(info.value)
+
+
+async def test_a_dsn_asyncpg_rejects_is_a_configuration_error_at_open() -> None:
+    backend = PostgresBackend("postgresql://postgres:secret@127.0.0.1:1/x?sslmode=sometimes")
+    with pytest.raises(ConfigurationError, match="invalid DSN") as info:
+        await backend.open()
+    message = str(info.value)
+    assert "\n" not in message and "secret" not in message and "***" in message
+
+
+async def test_an_unreachable_server_is_a_one_line_backend_unavailable_error() -> None:
+    backend = PostgresBackend(
+        "postgresql://postgres:secret@127.0.0.1:1/taskq", connect_timeout=timedelta(seconds=2)
+    )
+    with pytest.raises(BackendUnavailableError, match=r"cannot connect to PostgreSQL at") as info:
+        await backend.open()
+    message = str(info.value)
+    assert "\n" not in message
+    assert "127.0.0.1:1" in message and "secret" not in message
+    assert isinstance(info.value, taskq.TaskQError)
+
+
+async def test_a_missing_database_is_a_backend_unavailable_error(pg_database_dsn: str) -> None:
+    backend = PostgresBackend(_with_database(pg_database_dsn, "taskq_no_such_database"))
+    with pytest.raises(BackendUnavailableError, match="does not exist"):
+        await backend.open()
+
+
+async def test_an_unmigrated_schema_is_a_configuration_error(pg_database_dsn: str) -> None:
+    schema = unique_schema_name()
+    backend = PostgresBackend(pg_database_dsn, schema=schema)
+    with pytest.raises(ConfigurationError, match=f"taskq migrate --schema {schema}"):
+        await backend.open()
+
+
+async def test_use_before_open_or_after_close_is_a_clear_error(pg_schema: PgSchema) -> None:
+    backend = PostgresBackend(pg_schema.dsn, schema=pg_schema.name)
+    with pytest.raises(ConfigurationError, match="not open"):
+        await backend.enqueue(EnqueueArgs(actor="a"))
+    with pytest.raises(ConfigurationError, match="not open"):
+        backend.subscribe_wake()
+    await backend.open()
+    await backend.enqueue(EnqueueArgs(actor="a"))
+    await backend.close()
+    with pytest.raises(ConfigurationError, match="not open"):
+        await backend.get(EnqueueArgs(actor="a").id)
+
+
+@pytest.mark.parametrize("option", ["min_pool_size", "dispatch_oversample"])
+def test_nonsense_options_are_value_errors(option: str) -> None:
+    with pytest.raises(ValueError, match=option):
+        PostgresBackend(UNREACHABLE, **{option: 0})  # type: ignore[arg-type]
+
+
+def test_instance_ids_must_fit_an_application_name() -> None:
+    with pytest.raises(ValueError, match="instance_id"):
+        PostgresBackend(UNREACHABLE, instance_id="no spaces or ünïcode")
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
+def test_both_url_schemes_open_a_postgres_backend(scheme: str) -> None:
+    backend = taskq.open_backend(f"{scheme}://postgres@127.0.0.1:1/app", schema="tenant_a")
+    assert isinstance(backend, PostgresBackend)
+    assert backend.schema == "tenant_a"
+
+
+def test_from_url_refuses_other_schemes() -> None:
+    with pytest.raises(ValueError, match="postgresql://"):
+        PostgresBackend.from_url("memory://")
+
+
+def test_importing_the_package_and_its_plugin_does_not_import_asyncpg() -> None:
+    code = (
+        "import sys, taskq_postgres, taskq_postgres._plugin\n"
+        "print(sorted(m for m in ('asyncpg', 'taskq_postgres._backend') if m in sys.modules))\n"
+        "taskq_postgres.PostgresBackend\n"
+        "print('asyncpg' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.split() == ["[]", "True"]

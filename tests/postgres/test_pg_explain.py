@@ -1,0 +1,65 @@
+"""The dispatch statements' plans on a realistic backlog use the intended indexes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+from uuid import uuid4
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from taskq_postgres._statements import statements_for
+from taskq_testing.postgres import PgSchema
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest_asyncio.fixture
+async def backlog(pg_schema: PgSchema) -> AsyncIterator[asyncpg.Connection[Any]]:
+    """100,000 pending jobs over 50 actors (some capped) and two queues, analyzed."""
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    s = pg_schema.name
+    await conn.execute(
+        f"""
+        INSERT INTO {s}.jobs (actor, queue, priority, identity_key, fairness_key)
+        SELECT 'actor_' || (g % 50), CASE WHEN g % 10 = 0 THEN 'other' ELSE 'default' END, g % 3,
+               CASE WHEN g % 7 = 0 THEN 'user_' || (g % 100) END, 'tenant_' || (g % 20)
+        FROM generate_series(1, 100000) AS g
+        """
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.actor_config (actor, max_concurrent) "
+        f"SELECT 'actor_' || g, 5 FROM generate_series(0, 9) AS g"
+    )
+    # A few running jobs, so the running-side CTEs have rows to look at.
+    await conn.execute(
+        f"UPDATE {s}.jobs SET status = 'running', attempt = 1, locked_by_worker = gen_random_uuid(),"
+        f" lock_expires_at = clock_timestamp() + interval '5 minutes', started_at = clock_timestamp()"
+        f" WHERE id IN (SELECT id FROM {s}.jobs ORDER BY id LIMIT 200)"
+    )
+    await conn.execute(f"ANALYZE {s}.jobs")
+    await conn.execute(f"ANALYZE {s}.actor_config")
+    yield conn
+    await conn.close()
+
+
+async def test_dispatch_uses_indexes_not_a_seq_scan_of_jobs(
+    backlog: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    sql = statements_for(pg_schema.name)
+    common: list[Any] = [["default", "other"], 100, uuid4(), timedelta(minutes=5), 2, [], []]
+    variants = {
+        "strict_fifo": (sql.dispatch_strict_fifo, common),
+        "round_robin": (sql.dispatch_round_robin, [*common, ["default"]]),
+    }
+    for name, (statement, args) in variants.items():
+        plan = "\n".join(
+            row[0] for row in await backlog.fetch(f"EXPLAIN (COSTS OFF) {statement}", *args)
+        )
+        assert "Seq Scan on jobs" not in plan, f"{name}:\n{plan}"
+        assert "jobs_dispatch_idx" in plan, f"{name}:\n{plan}"
+        # And the statement behind the plan dispatches a full batch.
+        assert len(await backlog.fetch(statement, *args)) == 100, name

@@ -1,0 +1,73 @@
+"""The Postgres fixtures of the taskq_testing pytest plugin."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import asyncpg
+import pytest
+
+from taskq.identifiers import MAX_SCHEMA_NAME_BYTES, validate_schema_name
+from taskq_testing.postgres import PgSchema, migrated_schema, unique_schema_name
+
+pytestmark = pytest.mark.postgres
+
+_seen: list[str] = []
+
+
+async def _schema_exists(dsn: str, name: str) -> bool:
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(dsn)
+    try:
+        return bool(await conn.fetchval("SELECT to_regnamespace($1) IS NOT NULL", name))
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize("run", [1, 2])
+async def test_each_test_gets_its_own_migrated_schema(pg_schema: PgSchema, run: int) -> None:
+    assert pg_schema.name not in _seen
+    _seen.append(pg_schema.name)
+    assert pg_schema.dsn.rsplit("/", 1)[1].startswith("taskq_test_")
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        assert await conn.fetchval(f"SELECT count(*) FROM {pg_schema.name}.jobs") == 0
+    finally:
+        await conn.close()
+
+
+def test_pg_schema_works_in_sync_tests(pg_schema: PgSchema) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_schema.dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s",
+            (pg_schema.name,),
+        ).fetchone()
+    assert row is not None and row[0] > 0
+
+
+async def test_the_schema_is_dropped_afterwards(pg_database_dsn: str) -> None:
+    # Called from inside a running event loop on purpose: the migrator gets its own.
+    with migrated_schema(pg_database_dsn) as schema:
+        assert await _schema_exists(pg_database_dsn, schema.name)
+    assert not await _schema_exists(pg_database_dsn, schema.name)
+
+
+def test_unique_schema_names_are_valid_and_short() -> None:
+    name = unique_schema_name()
+    assert validate_schema_name(name) == name
+    assert len(name) < MAX_SCHEMA_NAME_BYTES
+    assert name != unique_schema_name()
+
+
+def test_loading_the_plugin_imports_no_driver() -> None:
+    code = (
+        "import sys, taskq_testing.pytest_plugin\n"
+        "print(sorted(m for m in ('asyncpg', 'psycopg', 'taskq_postgres') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"

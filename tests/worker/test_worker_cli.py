@@ -1,0 +1,90 @@
+"""`taskq-worker` as a command: arguments, settings precedence, errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from taskq import WorkerSettings
+from taskq.settings import SettingsError
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def worker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
+    return subprocess.run(
+        [str(BIN / "taskq-worker"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**base, **(env or {})},
+        check=False,
+    )
+
+
+def test_help_lists_every_flag() -> None:
+    proc = worker("--help")
+    assert proc.returncode == 0
+    for flag in ["--dsn", "--schema", "--queues", "--concurrency", "--until-idle", "--migrate"]:
+        assert flag in proc.stdout
+
+
+def test_until_idle_on_an_empty_memory_backend_exits_cleanly() -> None:
+    proc = worker("tests.apps.basic:tq", "--until-idle", env={"TASKQ_POLL_INTERVAL": "50ms"})
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "flag", "needle"),
+    [
+        ({"TASKQ_CONCURRENCY": "0"}, [], "TASKQ_CONCURRENCY='0'"),
+        ({}, ["--concurrency", "-3"], "--concurrency=-3"),
+        ({"TASKQ_LOCK_LEASE": "5s", "TASKQ_HEARTBEAT_INTERVAL": "2s"}, [], "at least 4 x"),
+        ({"TASKQ_POLL_INTERVAL": "soon"}, [], "expected a duration"),
+        ({"TASKQ_SCHEMA": "x; drop table jobs"}, [], "invalid SQL identifier"),
+    ],
+)
+def test_an_invalid_setting_is_one_line_and_exit_1(
+    env: dict[str, str], flag: list[str], needle: str
+) -> None:
+    proc = worker("tests.apps.basic:tq", "--until-idle", *flag, env=env)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("taskq-worker: error: invalid setting")
+    assert needle in lines[0]
+
+
+def test_bad_app_spec_is_a_clear_error() -> None:
+    proc = worker("tests.apps.nosuch:tq")
+    assert proc.returncode == 1
+    assert "cannot import 'tests.apps.nosuch'" in proc.stderr
+    proc = worker("tests.apps.basic:nope")
+    assert proc.returncode == 1
+    assert "not a TaskQ" in proc.stderr
+
+
+def test_flags_beat_env_which_beats_defaults() -> None:
+    env = {"TASKQ_CONCURRENCY": "7", "TASKQ_QUEUES": "a,b"}
+    assert WorkerSettings.load({}, env=env).concurrency == 7
+    assert WorkerSettings.load({"concurrency": 3}, env=env).concurrency == 3
+    assert WorkerSettings.load({}, env=env).queues == ["a", "b"]
+    assert WorkerSettings.load({}, env={}).concurrency == 10
+
+
+def test_durations_accept_units() -> None:
+    s = WorkerSettings.load({"poll_interval": "250ms", "lock_lease": "2m"}, env={})
+    assert s.poll_interval.total_seconds() == 0.25
+    assert s.lock_lease.total_seconds() == 120
+
+
+def test_lease_must_outlive_four_heartbeats() -> None:
+    with pytest.raises(SettingsError, match="lock_lease"):
+        WorkerSettings.load({"lock_lease": "10s", "heartbeat_interval": "3s"}, env={})

@@ -1,0 +1,205 @@
+"""The worker runtime end to end on the in-memory backend (in-process)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from taskq import (
+    Context,
+    FixedBackoff,
+    JobFailedError,
+    JobStatus,
+    PayloadValidationError,
+    ProviderRegistry,
+    RetryAfter,
+    Scope,
+    Snooze,
+    TaskQ,
+    UnknownActorError,
+    WorkerSettings,
+    actor,
+)
+from taskq.worker import Worker
+
+FAST = {
+    "poll_interval": "50ms",
+    "heartbeat_interval": "50ms",
+    "lock_lease": "1s",
+    "maintenance_interval": "20ms",
+    "until_idle": True,
+    "termination_grace_period": "5s",
+}
+
+
+class Add(BaseModel):
+    a: int
+    b: int
+
+
+@actor(queue="default")
+async def add(payload: Add) -> int:
+    return payload.a + payload.b
+
+
+@actor
+def add_sync(payload: Add) -> dict[str, Any]:
+    return {"sum": payload.a + payload.b, "thread": threading.current_thread().name}
+
+
+attempts: dict[str, int] = {}
+
+
+@actor(max_attempts=3, retry_backoff=FixedBackoff(timedelta(milliseconds=10)))
+async def flaky(payload: dict[str, Any]) -> str:
+    key = payload["key"]
+    attempts[key] = attempts.get(key, 0) + 1
+    if attempts[key] < payload["succeed_on"]:
+        raise RuntimeError(f"attempt {attempts[key]} failed")
+    return "ok"
+
+
+@actor
+async def snoozer(payload: dict[str, Any], ctx: Context) -> int:
+    if ctx.attempt < 3:
+        raise Snooze(0.01)
+    return ctx.attempt
+
+
+@actor(max_attempts=2)
+async def rate_limited(payload: dict[str, Any]) -> None:
+    raise RetryAfter(0.01)
+
+
+@actor(timeout=0.05, max_attempts=1)
+async def slow(payload: dict[str, Any]) -> None:
+    await asyncio.sleep(5)
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+@actor
+async def injected(payload: dict[str, Any], counter: Counter, ctx: Context) -> int:
+    counter.calls += 1
+    await ctx.progress({"step": 1})
+    await ctx.progress({"step": 2})
+    return counter.calls
+
+
+def make_app() -> TaskQ:
+    providers = ProviderRegistry()
+    providers.register(Counter, Counter, scope=Scope.LOOP)
+    return TaskQ(
+        "memory://",
+        actors=[add, add_sync, flaky, snoozer, rate_limited, slow, injected],
+        providers=providers,
+    )
+
+
+async def run_until_idle(tq: TaskQ, **overrides: Any) -> Worker:
+    worker = Worker(tq, WorkerSettings.load({**FAST, **overrides}, env={}))
+    async with asyncio.timeout(30):
+        await worker.run()
+    return worker
+
+
+async def test_jobs_of_every_shape_reach_their_terminal_state() -> None:
+    attempts.clear()
+    tq = make_app()
+    async with tq:
+        c = tq.client
+        ok = await c.enqueue(add, Add(a=1, b=2))
+        ok_sync = await c.enqueue("add_sync", {"a": 2, "b": 3})
+        retried = await c.enqueue(flaky, {"key": "r", "succeed_on": 2})
+        exhausted = await c.enqueue(flaky, {"key": "x", "succeed_on": 99})
+        snoozed = await c.enqueue(snoozer, {})
+        after = await c.enqueue(rate_limited, {})
+        timed_out = await c.enqueue(slow, {})
+        di = await c.enqueue(injected, {})
+        worker = await run_until_idle(tq)
+
+        assert worker.processed >= 8
+        assert await c.wait_for_result(ok.id, timeout=1) == 3
+        result = await c.wait_for_result(ok_sync.id, timeout=1)
+        assert result["sum"] == 5 and result["thread"].startswith("taskq-sync-actor")
+        assert await c.wait_for_result(retried.id, timeout=1) == "ok"
+        assert [a.outcome for a in await c.get_attempts(retried.id)] == ["failed", "succeeded"]
+
+        with pytest.raises(JobFailedError, match="RuntimeError: attempt 3 failed"):
+            await c.wait_for_result(exhausted.id, timeout=1)
+        assert len(await c.get_attempts(exhausted.id)) == 3
+
+        assert await c.wait_for_result(snoozed.id, timeout=1) == 3
+        snoozed_row = await c.get(snoozed.id)
+        assert snoozed_row is not None and snoozed_row.max_attempts == 3 + 2
+
+        after_row = await c.get(after.id)
+        assert after_row is not None and after_row.status is JobStatus.FAILED
+        assert [a.outcome for a in await c.get_attempts(after.id)] == ["retry_after", "retry_after"]
+
+        slow_row = await c.get(timed_out.id)
+        assert slow_row is not None and slow_row.status is JobStatus.FAILED
+        assert slow_row.error is not None and "timeout" in slow_row.error.message
+
+        di_row = await c.get(di.id)
+        assert di_row is not None and di_row.status is JobStatus.SUCCEEDED
+        assert di_row.progress_seq == 2 and di_row.progress_state == {"step": 2}
+
+
+async def test_enqueue_validates_payload_and_actor() -> None:
+    tq = make_app()
+    async with tq:
+        with pytest.raises(PayloadValidationError, match="b: Field required"):
+            await tq.client.enqueue(add, {"a": 1})
+        with pytest.raises(UnknownActorError, match="registered actors: add"):
+            await tq.client.enqueue("nope", {})
+        assert await tq.client.list_jobs() == []
+
+
+async def test_cooperative_cancel_ends_a_running_job_cancelled() -> None:
+    started = asyncio.Event()
+
+    @actor(name="waits")
+    async def waits(payload: dict[str, Any], ctx: Context) -> str:
+        started.set()
+        await ctx.cancel_event.wait()
+        return "stopped early"
+
+    tq = TaskQ("memory://", actors=[waits])
+    async with tq:
+        job = await tq.client.enqueue(waits, {})
+        runner = asyncio.create_task(run_until_idle(tq))
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.backend.write_cancel_request(job.id, "user asked")
+        await asyncio.wait_for(runner, 10)
+        row = await tq.client.get(job.id)
+        assert row is not None and row.status is JobStatus.CANCELLED
+
+
+async def test_sub_jobs_are_flushed_only_after_the_parent_succeeds() -> None:
+    @actor(name="child")
+    async def child(payload: dict[str, Any]) -> None:
+        return None
+
+    @actor(name="parent", max_attempts=1)
+    async def parent(payload: dict[str, Any], ctx: Context) -> None:
+        ctx.enqueue(child, {"n": 1})
+        if payload["fail"]:
+            raise ValueError("no")
+
+    tq = TaskQ("memory://", actors=[child, parent])
+    async with tq:
+        await tq.client.enqueue(parent, {"fail": False})
+        await tq.client.enqueue(parent, {"fail": True})
+        await run_until_idle(tq)
+        children = await tq.client.list_jobs(actor="child")
+        assert [c.payload for c in children] == [{"n": 1}]
+        assert children[0].status is JobStatus.SUCCEEDED

@@ -45,3 +45,8 @@ pytest: setup ## the test suite (parallel, with coverage)
 
 .PHONY: test
 test: lint typecheck pytest ## everything CI runs: lint, types, tests
+
+.PHONY: bench
+bench: setup ## run the benchmarks against the local Postgres (prints JSON lines)
+	$(BIN)/python -m bench.di_resolution
+	$(BIN)/python -m bench.latency

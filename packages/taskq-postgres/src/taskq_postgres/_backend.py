@@ -21,7 +21,7 @@ is Postgres-specific:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final, Literal, cast
@@ -56,6 +56,7 @@ from taskq.models import (
     ScheduleUpdateArgs,
 )
 from taskq_postgres._connect import (
+    NOTIFY_ROLE,
     POSTGRES_SCHEMES,
     check_dsn,
     check_instance_id,
@@ -83,6 +84,7 @@ from taskq_postgres._sql.cancel import FILTER_TOKEN
 from taskq_postgres._sql.enqueue import COPY_COLUMNS
 from taskq_postgres._sql.reads import WHERE_TOKEN
 from taskq_postgres._statements import statements_for
+from taskq_postgres._transient import TRANSIENT_PG_ERRORS
 from taskq_postgres.channels import events_channel, wake_channel, worker_channel_prefix
 
 __all__ = ["PostgresBackend"]
@@ -91,7 +93,7 @@ Connection = Any
 """A caller's asyncpg connection (plain or pooled): the protocol keeps it opaque."""
 
 _POOL_ROLE: Final = "taskq-pool"
-_NOTIFY_ROLE: Final = "taskq-notify"
+_NOTIFY_ROLE: Final = NOTIFY_ROLE
 _FINALIZER_TAG: Final = "batch_finalizer_for"
 
 
@@ -196,6 +198,8 @@ class PostgresBackend:
         idle_in_transaction_session_timeout: timedelta | None = timedelta(seconds=60),
         connect_timeout: timedelta = timedelta(seconds=10),
         instance_id: str | None = None,
+        notify_health_check_interval: timedelta = timedelta(seconds=5),
+        notify_conn_factory: Callable[[], Awaitable[asyncpg.Connection[Any]]] | None = None,
     ) -> None:
         # The schema first: a hostile name is refused before anything else is looked at.
         self.schema: Final = validate_schema_name(schema).lower()
@@ -211,6 +215,7 @@ class PostgresBackend:
             ("cancel_reclaim_headroom", cancel_reclaim_headroom),
             ("idle_in_transaction_session_timeout", idle_in_transaction_session_timeout),
             ("connect_timeout", connect_timeout),
+            ("notify_health_check_interval", notify_health_check_interval),
         ):
             if value is not None and value < timedelta(0):
                 raise ValueError(f"{name} must not be negative, got {value}")
@@ -221,6 +226,8 @@ class PostgresBackend:
         self.cancel_reclaim_headroom = cancel_reclaim_headroom
         self.idle_in_transaction_session_timeout = idle_in_transaction_session_timeout
         self.connect_timeout = connect_timeout
+        self.notify_health_check_interval = notify_health_check_interval
+        self._notify_conn_factory = notify_conn_factory
         self.instance_id: Final = check_instance_id(
             instance_id if instance_id is not None else uuid4().hex[:12]
         )
@@ -278,7 +285,11 @@ class PostgresBackend:
                 )
             self._pool = pool
             self._listener = NotifyListener(
-                self._connect_listener, self._wake_channel, self._events_channel
+                self._connect_listener,
+                self._wake_channel,
+                self._events_channel,
+                health_check_interval=self.notify_health_check_interval.total_seconds(),
+                transient=TRANSIENT_PG_ERRORS,
             )
 
     async def close(self) -> None:
@@ -294,7 +305,23 @@ class PostgresBackend:
     def _settings(self, role: str) -> dict[str, str]:
         return connection_settings(role, self.instance_id, self.idle_in_transaction_session_timeout)
 
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations to this backend's schema (needs no ``open()``);
+        returns the names applied (``taskq.backend.SupportsMigrate``)."""
+        from taskq_postgres.migrate import migrate
+
+        return await migrate(self.dsn, self.schema)
+
+    @property
+    def notify_reconnects(self) -> int:
+        """How many times the LISTEN connection was re-established since open."""
+        return self._listener.reconnects if self._listener is not None else 0
+
     async def _connect_listener(self) -> asyncpg.Connection[Any]:
+        # A credential-provider deployment reconnects through its own factory,
+        # never through a DSN that may hold stale credentials.
+        if self._notify_conn_factory is not None:
+            return await self._notify_conn_factory()
         return await connect(
             self.dsn, settings=self._settings(_NOTIFY_ROLE), connect_timeout=self.connect_timeout
         )

@@ -95,6 +95,9 @@ def check_instance_id(instance_id: str) -> str:
     return instance_id
 
 
+NOTIFY_ROLE = "taskq-notify"
+
+
 def connection_settings(
     role: str, instance_id: str, idle_in_transaction_timeout: timedelta | None
 ) -> dict[str, str]:
@@ -110,10 +113,18 @@ def connection_settings(
         if idle_in_transaction_timeout is None
         else max(int(idle_in_transaction_timeout / timedelta(milliseconds=1)), 1)
     )
-    return {
+    settings = {
         "application_name": f"{role}/{instance_id}",
         "idle_in_transaction_session_timeout": str(timeout_ms),
     }
+    if role == NOTIFY_ROLE:
+        # The LISTEN connection idles for long stretches: TCP keepalives let the
+        # server notice a vanished peer, and stop middleboxes from silently
+        # dropping the idle flow (the client side is checked by SELECT 1).
+        settings.update(
+            tcp_keepalives_idle="30", tcp_keepalives_interval="10", tcp_keepalives_count="3"
+        )
+    return settings
 
 
 @contextmanager

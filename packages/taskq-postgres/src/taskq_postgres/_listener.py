@@ -1,42 +1,77 @@
-"""The LISTEN side of the wake-ups: one dedicated connection, opened on first use.
+"""The LISTEN side of the wake-ups: one dedicated connection, kept alive.
 
 ``subscribe_wake`` / ``subscribe_cancel_wake`` register an ``asyncio.Event``;
 a notification on the schema's wake channel sets every wake event, a cancel
-notification on its events channel every cancel event. The LISTEN runs before
-the subscriber gets its event, so nothing committed after that is missed.
+notification on its events channel every cancel event. The LISTEN runs
+before the first subscriber gets its event, so nothing committed after that
+is missed.
 
-Deliberately simple: no health checks or reconnect loop (a later concern of
-the worker's listener service). If the connection drops, every subscriber is
-woken (so it polls instead of waiting for a wake that cannot come) and the
-next subscription opens a new connection.
+A health-check task runs ``SELECT 1`` on the connection every
+``health_check_interval``. When the check fails or the server drops the
+connection, it reconnects with bounded exponential backoff (up to 30 s),
+listens again and then sets every subscriber's event once: whatever was
+notified while nobody listened is picked up by one dispatch poll. While the
+connection is down subscribers keep working by polling.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
+import structlog
 
 __all__ = ["NotifyListener"]
 
+_log = structlog.get_logger("taskq.notify")
+
 Connect = Callable[[], Awaitable["asyncpg.Connection[Any]"]]
+
+MAX_BACKOFF = 30.0
 
 
 class NotifyListener:
     """Wake and cancel subscribers of one schema, fed by one LISTEN connection."""
 
-    def __init__(self, connect: Connect, wake_channel: str, events_channel: str) -> None:
+    def __init__(
+        self,
+        connect: Connect,
+        wake_channel: str,
+        events_channel: str,
+        *,
+        health_check_interval: float = 5.0,
+        initial_backoff: float = 0.1,
+        transient: tuple[type[BaseException], ...] = (),
+    ) -> None:
         self._connect = connect
         self._wake_channel = wake_channel
         self._events_channel = events_channel
+        self._health_check_interval = health_check_interval
+        self._initial_backoff = initial_backoff
+        self._transient: tuple[type[BaseException], ...] = (
+            *transient,
+            OSError,
+            TimeoutError,
+            asyncpg.PostgresError,
+        )
         self._wake: set[asyncio.Event] = set()
         self._cancel: set[asyncio.Event] = set()
         self._conn: asyncpg.Connection[Any] | None = None
+        self._lost = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._keeper: asyncio.Task[None] | None = None
+        self.reconnects = 0
+        """How many times the connection was re-established (for health and tests)."""
+
+    @property
+    def connected(self) -> bool:
+        """Whether the LISTEN connection is up."""
+        return self._conn is not None and not self._conn.is_closed()
 
     @asynccontextmanager
     async def subscribe_wake(self) -> AsyncIterator[asyncio.Event]:
@@ -52,7 +87,7 @@ class NotifyListener:
 
     @asynccontextmanager
     async def _subscribe(self, subscribers: set[asyncio.Event]) -> AsyncIterator[asyncio.Event]:
-        await self._listening()
+        await self._start()
         event = asyncio.Event()
         subscribers.add(event)
         try:
@@ -60,28 +95,78 @@ class NotifyListener:
         finally:
             subscribers.discard(event)
 
-    async def _listening(self) -> None:
+    async def _start(self) -> None:
         async with self._lock:
-            if self._conn is not None and not self._conn.is_closed():
-                return
-            conn = await self._connect()
-            try:
-                await conn.add_listener(self._wake_channel, self._on_wake)
-                await conn.add_listener(self._events_channel, self._on_event)
-            except BaseException:
-                await conn.close()
-                raise
-            conn.add_termination_listener(self._on_terminated)
-            self._conn = conn
+            if self._keeper is None:
+                await self._listen()
+                self._keeper = asyncio.create_task(self._keep_alive(), name="taskq-notify-health")
+
+    async def _listen(self) -> None:
+        conn = await self._connect()
+        try:
+            await conn.add_listener(self._wake_channel, self._on_wake)
+            await conn.add_listener(self._events_channel, self._on_event)
+        except BaseException:
+            await conn.close()
+            raise
+        conn.add_termination_listener(self._on_terminated)
+        self._conn = conn
+        self._lost.clear()
+
+    async def _healthy(self) -> bool:
+        conn = self._conn
+        if conn is None or conn.is_closed():
+            return False
+        try:
+            async with asyncio.timeout(self._health_check_interval):
+                await conn.fetchval("SELECT 1")
+        except self._transient as exc:
+            _log.warning("taskq.notify-health-check-failed", error=repr(exc))
+            return False
+        return True
+
+    async def _keep_alive(self) -> None:
+        """Check the connection; on loss reconnect with backoff, then wake everyone once."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._health_check_interval):
+                    await self._lost.wait()
+            if await self._healthy():
+                continue
+            await self._drop()
+            delay = self._initial_backoff
+            while True:
+                try:
+                    async with self._lock:
+                        if not self.connected:
+                            await self._listen()
+                    break
+                except self._transient as exc:
+                    _log.warning("taskq.notify-reconnect-failed", error=repr(exc), retry_in=delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, MAX_BACKOFF)
+            self.reconnects += 1
+            _log.info("taskq.notify-reconnected", reconnects=self.reconnects)
+            # Notifications sent while disconnected are gone: poll once for them.
+            _set_all(self._wake)
+            _set_all(self._cancel)
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            conn.remove_termination_listener(self._on_terminated)
+            with contextlib.suppress(*self._transient):
+                await conn.close(timeout=1)
 
     async def close(self) -> None:
-        """Stop listening and close the connection. Idempotent."""
+        """Stop the health check, stop listening and close the connection. Idempotent."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
         async with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is None or conn.is_closed():
-                return
-            conn.remove_termination_listener(self._on_terminated)
-            await conn.close()
+            await self._drop()
 
     def _on_wake(self, conn: object, pid: int, channel: str, payload: object) -> None:
         _set_all(self._wake)
@@ -96,6 +181,8 @@ class NotifyListener:
 
     def _on_terminated(self, conn: object) -> None:
         self._conn = None
+        self._lost.set()
+        # Until the reconnect, subscribers poll instead of waiting for a wake.
         _set_all(self._wake)
         _set_all(self._cancel)
 

@@ -25,3 +25,10 @@ def taskq_cli_commands(cli: CommandRegistry) -> None:
     from taskq_postgres import _cli
 
     _cli.register(cli)
+
+
+@hookimpl
+def taskq_transient_errors() -> tuple[type[BaseException], ...]:
+    from taskq_postgres._transient import TRANSIENT_PG_ERRORS
+
+    return TRANSIENT_PG_ERRORS

@@ -131,15 +131,20 @@ class Worker:
     ) -> None:
         """After stop: let held jobs finish within the grace, then end the loops."""
         await state.stopping.wait()
+        producer, consumers = workers[0], workers[1:]
+        await producer
+        # Consumers finish what is queued, then meet one end marker each.
+        for _ in consumers:
+            state.queue.put_nowait(None)
         grace = self.settings.termination_grace_period.total_seconds()
-        _, pending = await asyncio.wait(workers, timeout=grace)
+        _, pending = await asyncio.wait(consumers, timeout=grace)
         if pending:
             # Their locks stay; the reclaim sweep hands the jobs out again.
             _log.warning("taskq.shutdown-grace-exceeded", running=len(state.active))
             for active in list(state.active.values()):
                 if active.task is not None:
                     active.task.cancel()
-            await asyncio.wait(workers)
+            await asyncio.wait(consumers)
         state.finished.set()
         for task in background:
             task.cancel()

@@ -43,7 +43,8 @@ class WorkerState:
     client: JobsClient
     executor: ThreadPoolExecutor
     active: dict[UUID, ActiveJob] = field(default_factory=dict)
-    queue: asyncio.Queue[JobRow] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[JobRow | None] = field(default_factory=asyncio.Queue)
+    """Locally held jobs in dispatch order; None tells a consumer to finish."""
     slot_freed: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when dispatch must stop (shutdown requested, or idle in --until-idle)."""
@@ -65,7 +66,23 @@ class WorkerState:
             Scope.LOOP: self.loop_scope.current(),
         }
 
-    def release(self, job_id: UUID) -> None:
+    def hold(self, row: JobRow) -> None:
+        """Track a freshly dispatched job and queue it for a consumer.
+
+        A job reclaimed and dispatched again to this same worker may still
+        have its old attempt running here: that attempt is lost, so it is
+        cancelled and can never write over the new one.
+        """
+        previous = self.active.get(row.id)
+        if previous is not None:
+            previous.lost = True
+            if previous.task is not None:
+                previous.task.cancel()
+        self.active[row.id] = ActiveJob(row)
+        self.queue.put_nowait(row)
+
+    def release(self, job_id: UUID, active: ActiveJob) -> None:
         """Forget a job (done or lost) and let the producer fill the slot."""
-        self.active.pop(job_id, None)
+        if self.active.get(job_id) is active:
+            del self.active[job_id]
         self.slot_freed.set()

@@ -88,13 +88,13 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
     from taskq.backend import SupportsMigrate
     from taskq.worker._runtime import Worker
 
+    if settings.migrate:
+        if not isinstance(app.backend, SupportsMigrate):
+            raise ConfigurationError(
+                f"--migrate: {type(app.backend).__qualname__} has no migrations to apply"
+            )
+        await app.backend.migrate()
     async with app:
-        if settings.migrate:
-            if not isinstance(app.backend, SupportsMigrate):
-                raise ConfigurationError(
-                    f"--migrate: {type(app.backend).__qualname__} has no migrations to apply"
-                )
-            await app.backend.migrate()
         worker = Worker(app, settings)
         loop = asyncio.get_running_loop()
         signals_seen = 0

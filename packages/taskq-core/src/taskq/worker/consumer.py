@@ -37,24 +37,17 @@ UNKNOWN_ACTOR_DELAY = timedelta(seconds=5)
 
 
 async def consumer_loop(state: WorkerState) -> None:
-    """Take jobs from the local queue until shutdown drained it."""
-    while True:
-        if state.stopping.is_set() and state.queue.empty():
-            return
-        try:
-            async with asyncio.timeout(state.settings.poll_interval.total_seconds()):
-                row = await state.queue.get()
-        except TimeoutError:
-            continue
+    """Take jobs from the local queue until shutdown's end-of-queue marker (None)."""
+    while (row := await state.queue.get()) is not None:
         active = state.active.get(row.id)
-        if active is None or active.lost:
+        if active is None or active.lost or active.row.attempt != row.attempt:
             continue  # lost before it started: the lock is gone, so is the job
         task = asyncio.create_task(execute(state, row), name=f"taskq-job-{row.actor}-{row.id}")
         active.task = task
         # asyncio.wait does not raise when the job task is cancelled (lock lost).
         await asyncio.wait([task])
         state.processed += 1
-        state.release(row.id)
+        state.release(row.id, active)
 
 
 async def _write(state: WorkerState, what: str, call: Callable[[], Awaitable[T]]) -> T | None:

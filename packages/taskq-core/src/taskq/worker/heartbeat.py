@@ -31,6 +31,7 @@ async def heartbeat_once(state: WorkerState) -> None:
     backend, wid = state.backend, state.worker_id
     held = dict(state.active)
     renewed = await backend.heartbeat_jobs(wid, state.settings.lock_lease)
+    await backend.extend_reservation_leases(wid, state.settings.lock_lease)
     if renewed < len(held):
         for job_id, active in held.items():
             row = await backend.get(job_id)
@@ -40,14 +41,14 @@ async def heartbeat_once(state: WorkerState) -> None:
                 and row.locked_by_worker == wid
                 and row.attempt == active.row.attempt
             )
-            if still_ours or job_id not in state.active:
+            if still_ours or state.active.get(job_id) is not active:
                 continue
             _log.warning("taskq.lock-lost", job_id=str(job_id), attempt=active.row.attempt)
             active.lost = True
             if active.task is not None:
                 active.task.cancel()
             else:
-                state.release(job_id)
+                state.release(job_id, active)
     for flag in await backend.poll_cancel_flags(wid):
         flagged = state.active.get(flag.job_id)
         if flagged is None or flagged.cancel_requested:

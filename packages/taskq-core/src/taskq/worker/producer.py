@@ -11,18 +11,20 @@ import asyncio
 
 import structlog
 
-from taskq.worker._state import ActiveJob, WorkerState
+from taskq.worker._state import WorkerState
 from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
 
 _log = structlog.get_logger("taskq.worker")
 
 
-async def _wait(event: asyncio.Event, seconds: float) -> None:
+async def _wait(event: asyncio.Event, stopping: asyncio.Event, seconds: float) -> None:
+    """Until ``event`` or ``stopping`` is set, or ``seconds`` pass."""
+    waiters = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(stopping.wait())]
     try:
-        async with asyncio.timeout(seconds):
-            await event.wait()
-    except TimeoutError:
-        pass
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 async def producer_loop(state: WorkerState) -> None:
@@ -37,7 +39,7 @@ async def producer_loop(state: WorkerState) -> None:
             if free <= 0:
                 state.slot_freed.clear()
                 if state.capacity - len(state.active) <= 0:
-                    await _wait(state.slot_freed, poll)
+                    await _wait(state.slot_freed, state.stopping, poll)
                 continue
             wanted = min(free, settings.dispatch_batch_size)
             # Cleared before dispatching: a NOTIFY arriving meanwhile sets it again.
@@ -48,15 +50,14 @@ async def producer_loop(state: WorkerState) -> None:
                 )
             except transient as exc:
                 _log.warning("taskq.dispatch-transient-error", error=repr(exc))
-                await _wait(state.stopping, poll)
+                await _wait(state.stopping, state.stopping, poll)
                 continue
             except Exception as exc:  # noqa: BLE001 - the guard decides
                 guard.failed(exc)
-                await _wait(state.stopping, poll)
+                await _wait(state.stopping, state.stopping, poll)
                 continue
             guard.succeeded()
             for row in jobs:
-                state.active[row.id] = ActiveJob(row)
-                state.queue.put_nowait(row)
+                state.hold(row)
             if len(jobs) < wanted:
-                await _wait(wake, poll)
+                await _wait(wake, state.stopping, poll)

@@ -31,9 +31,10 @@ async def _sleep(delta: timedelta) -> None:
 
 def _backend_not_overridden(self: object) -> Backend:
     """An opened backend with no data, fresh for each test. Override this fixture."""
-    raise NotImplementedError(
+    pytest.fail(
         f"{type(self).__name__} must override the `backend` fixture: an async fixture "
-        f"yielding an opened, empty backend (fresh per test) and closing it afterwards"
+        f"yielding an opened, empty backend (fresh per test) and closing it afterwards",
+        pytrace=False,
     )
 
 

@@ -1,0 +1,31 @@
+"""``TRANSIENT_PG_ERRORS``: the one tuple of "Postgres is having a moment" errors.
+
+Every worker loop that awaits Postgres logs these and retries on its next
+tick (the tuple reaches core through the ``taskq_transient_errors`` hook).
+Authentication failures are deliberately absent: with a static DSN they do
+not heal by themselves, and retrying them silently would hide the outage.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import asyncpg
+from asyncpg import exceptions as pg
+
+__all__ = ["TRANSIENT_PG_ERRORS"]
+
+TRANSIENT_PG_ERRORS: Final[tuple[type[BaseException], ...]] = (
+    TimeoutError,  # client-side deadlines
+    asyncpg.PostgresConnectionError,  # connection gone
+    asyncpg.InterfaceError,  # unusable connection
+    OSError,  # dead socket
+    pg.QueryCanceledError,  # server-side statement_timeout / command_timeout
+    pg.AdminShutdownError,  # 57P01: restart or shutdown
+    pg.CannotConnectNowError,  # 57P03: crash recovery
+    pg.TooManyConnectionsError,  # 53300: server saturated
+    pg.DeadlockDetectedError,  # 40P01
+    pg.SerializationError,  # 40001
+    pg.IdleSessionTimeoutError,
+    pg.IdleInTransactionSessionTimeoutError,
+)

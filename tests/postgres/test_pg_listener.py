@@ -1,0 +1,125 @@
+"""The LISTEN connection survives being killed: it reconnects and wakes again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+
+from taskq import EnqueueArgs, JobStatus, TaskQ, WorkerSettings, actor
+from taskq.worker import Worker
+from taskq_postgres import PostgresBackend
+from taskq_testing.postgres import PgSchema
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def backend(pg_pooled_schema: PgSchema) -> AsyncIterator[PostgresBackend]:
+    backend = PostgresBackend(
+        pg_pooled_schema.dsn,
+        schema=pg_pooled_schema.name,
+        notify_health_check_interval=timedelta(milliseconds=200),
+    )
+    await backend.open()
+    yield backend
+    await backend.close()
+
+
+async def _kill_notify_connection(backend: PostgresBackend) -> int:
+    conn = await asyncpg.connect(backend.dsn)
+    try:
+        killed = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = $1",
+            f"taskq-notify/{backend.instance_id}",
+        )
+    finally:
+        await conn.close()
+    return int(killed)
+
+
+async def _until(predicate: Any, seconds: float = 10.0) -> None:
+    async with asyncio.timeout(seconds):
+        while not predicate():  # noqa: ASYNC110 - a counter, not an event, is observed
+            await asyncio.sleep(0.02)
+
+
+async def test_listener_reconnects_after_its_connection_is_terminated(
+    backend: PostgresBackend,
+) -> None:
+    async with backend.subscribe_wake() as wake:
+        assert await _kill_notify_connection(backend) == 1
+        await _until(lambda: backend.notify_reconnects == 1)
+        await asyncio.sleep(0.05)
+        wake.clear()
+        await backend.enqueue(EnqueueArgs(actor="a"))
+        async with asyncio.timeout(5):
+            await wake.wait()
+
+
+async def test_a_worker_run_completes_after_the_notify_connection_dies(
+    backend: PostgresBackend,
+) -> None:
+    @actor(name="noop")
+    async def noop(payload: dict[str, Any]) -> str:
+        return "done"
+
+    tq = TaskQ(backend.dsn, actors=[noop], backend=backend)
+    # Polling every 30 s: only a working LISTEN connection can start jobs quickly.
+    settings = WorkerSettings.load(
+        {"poll_interval": "30s", "heartbeat_interval": "100ms", "lock_lease": "2s"}, env={}
+    )
+    worker = Worker(tq, settings)
+    run = asyncio.create_task(worker.run())
+    try:
+        first = await tq.client.enqueue(noop, {})
+        assert await tq.client.wait_for_result(first.id, timeout=5) == "done"
+        assert await _kill_notify_connection(backend) == 1
+        await _until(lambda: backend.notify_reconnects >= 1)
+        second = await tq.client.enqueue(noop, {})
+        assert await tq.client.wait_for_result(second.id, timeout=5) == "done"
+    finally:
+        worker.stop()
+        await asyncio.wait_for(run, 10)
+    row = await tq.client.get(second.id)
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+
+
+async def test_the_listen_connection_keeps_tcp_alive(backend: PostgresBackend) -> None:
+    async with backend.subscribe_wake():
+        listener = backend._listener
+        assert listener is not None and listener._conn is not None
+        assert await listener._conn.fetchval("SHOW tcp_keepalives_idle") == "30"
+
+
+async def test_a_connection_factory_is_used_for_every_listen_connection(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    made: list[str] = []
+
+    async def factory() -> asyncpg.Connection[Any]:
+        made.append("conn")
+        return await asyncpg.connect(pg_pooled_schema.dsn)
+
+    backend = PostgresBackend(
+        pg_pooled_schema.dsn,
+        schema=pg_pooled_schema.name,
+        notify_conn_factory=factory,
+        notify_health_check_interval=timedelta(milliseconds=100),
+    )
+    await backend.open()
+    try:
+        async with backend.subscribe_wake():
+            assert made == ["conn"]
+            listener = backend._listener
+            assert listener is not None and listener._conn is not None
+            await listener._conn.close()  # the health check notices and reconnects
+            await _until(lambda: backend.notify_reconnects == 1)
+            assert made == ["conn", "conn"]
+    finally:
+        await backend.close()

@@ -1,0 +1,161 @@
+"""The worker under adversity: lost locks, loop errors, capacity reads, client admin."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from taskq import (
+    EnqueueItem,
+    JobStatus,
+    MaxPendingExceededError,
+    TaskQ,
+    WorkerSettings,
+    actor,
+)
+from taskq.backend import FakeClock
+from taskq.backend.memory import InMemoryBackend
+from taskq.worker import Worker
+from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
+
+SETTINGS = {
+    "poll_interval": "50ms",
+    "heartbeat_interval": "50ms",
+    "lock_lease": "1s",
+    "maintenance_interval": "20ms",
+}
+
+
+async def test_a_job_whose_lock_was_reclaimed_is_cancelled_locally_and_writes_nothing() -> None:
+    started = asyncio.Event()
+    finished: list[str] = []
+
+    @actor(name="long", max_attempts=1)
+    async def long(payload: dict[str, Any]) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            finished.append("cancelled")
+            raise
+        return "should never be stored"
+
+    clock = FakeClock()
+    tq = TaskQ("memory://", actors=[long], backend=InMemoryBackend(clock=clock))
+    async with tq:
+        job = await tq.client.enqueue(long, {})
+        worker = Worker(tq, WorkerSettings.load(SETTINGS, env={}))
+        run = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        # A long pause: the lease runs out and the sweep reclaims the job.
+        clock.advance(timedelta(hours=1))
+        async with asyncio.timeout(5):
+            while not finished:  # noqa: ASYNC110 - waiting on the actor's own record
+                await asyncio.sleep(0.02)
+        worker.stop()
+        await asyncio.wait_for(run, 5)
+        row = await tq.client.get(job.id)
+        assert row is not None and row.status is JobStatus.CRASHED and row.result is None
+        assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["crashed"]
+
+
+def test_the_loop_guard_tolerates_isolated_errors_and_reraises_a_streak() -> None:
+    guard = UnexpectedLoopErrorGuard("test", max_consecutive=3)
+    guard.failed(ValueError("one"))
+    guard.failed(ValueError("two"))
+    guard.succeeded()  # a working iteration forgives the streak
+    guard.failed(ValueError("one again"))
+    guard.failed(ValueError("two again"))
+    with pytest.raises(ValueError, match="three"):
+        guard.failed(ValueError("three"))
+
+
+def test_transient_errors_come_from_every_plugin() -> None:
+    import asyncpg
+
+    errors = transient_errors()
+    assert TimeoutError in errors and OSError in errors  # core's
+    assert asyncpg.PostgresConnectionError in errors  # taskq-postgres's
+    assert asyncpg.InvalidPasswordError not in errors  # auth failures are not transient
+
+
+async def test_a_producer_that_keeps_failing_stops_the_worker() -> None:
+    class Broken(InMemoryBackend):
+        async def dispatch_batch(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("a bug, not a blip")
+
+    tq = TaskQ("memory://", backend=Broken())
+    async with tq:
+        worker = Worker(tq, WorkerSettings.load({**SETTINGS, "poll_interval": "10ms"}, env={}))
+        with pytest.raises(ExceptionGroup) as info:
+            await asyncio.wait_for(worker.run(), 10)
+        assert info.group_contains(RuntimeError, match="a bug, not a blip")
+
+
+@actor(name="limited", max_pending=2)
+async def limited(payload: dict[str, Any]) -> None:
+    return None
+
+
+async def test_max_pending_read_failure_fails_open() -> None:
+    class Flaky(InMemoryBackend):
+        async def get_actor_max_pending(self) -> dict[str, int | None]:
+            raise ConnectionError("blip")
+
+        async def count_pending_jobs(self, actors: list[str]) -> dict[str, int]:
+            return dict.fromkeys(actors, 0)
+
+    tq = TaskQ("memory://", actors=[limited], backend=Flaky())
+    async with tq:
+        for _ in range(3):  # the code literal (2) applies with counts of 0: no refusal
+            await tq.client.enqueue(limited, {})
+
+
+async def test_a_backend_without_get_actor_max_pending_fails_loudly() -> None:
+    class Old(InMemoryBackend):
+        get_actor_max_pending = None  # type: ignore[assignment]
+
+    tq = TaskQ("memory://", actors=[limited], backend=Old())
+    async with tq:
+        with pytest.raises(TypeError, match="lacks get_actor_max_pending"):
+            await tq.client.enqueue(limited, {})
+
+
+async def test_the_stored_max_pending_beats_the_code_literal() -> None:
+    from taskq import ActorConfig
+
+    tq = TaskQ("memory://", actors=[limited])
+    async with tq:
+        await tq.backend.register_actors([ActorConfig(actor="limited", max_pending=1)])
+        await tq.client.enqueue(limited, {})
+        with pytest.raises(MaxPendingExceededError, match="max_pending=1"):
+            await tq.client.enqueue(limited, {})
+        with pytest.raises(MaxPendingExceededError):
+            await tq.client.enqueue_batch([EnqueueItem(actor="limited", payload={})])
+
+
+async def test_client_batch_forms_retry_and_enqueue_with_conn() -> None:
+    @actor(name="plain", max_attempts=1)
+    async def plain(payload: dict[str, Any]) -> None:
+        raise RuntimeError("fails once")
+
+    tq = TaskQ("memory://", actors=[plain])
+    async with tq:
+        c = tq.client
+        assert await c.enqueue_batch_fast([(plain, {"i": i}) for i in range(5)]) == 5
+        rows = await c.enqueue_batch(
+            [EnqueueItem(actor="plain", payload={"i": 9}, options={"priority": 3})]
+        )
+        assert rows[0].priority == 3
+        via_conn = await c.enqueue_with_conn(None, plain, {"i": 10})
+        assert (await c.get(via_conn.id)) is not None
+        await Worker(tq, WorkerSettings.load({**SETTINGS, "until_idle": True}, env={})).run()
+        failed = await c.list_jobs(status="failed")
+        assert len(failed) == 7
+        assert await c.retry(failed[0].id)
+        again = await c.get(failed[0].id)
+        assert again is not None and again.status is JobStatus.PENDING
+        assert not await c.retry(failed[0].id)  # pending is not retryable

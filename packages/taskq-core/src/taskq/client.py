@@ -15,7 +15,15 @@ from taskq.actor import Actor
 from taskq.backend import Backend, Connection
 from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
 from taskq.errors import JobFailedError, MaxPendingExceededError, UnknownActorError
-from taskq.models import AttemptRow, EnqueueArgs, EnqueueItem, EventRow, JobFilter, JobRow
+from taskq.models import (
+    AttemptRow,
+    BulkCancelResult,
+    EnqueueArgs,
+    EnqueueItem,
+    EventRow,
+    JobFilter,
+    JobRow,
+)
 
 __all__ = ["JobsClient"]
 
@@ -229,6 +237,18 @@ class JobsClient:
     async def retry(self, job_id: UUID) -> bool:
         """Run a failed, crashed, cancelled or abandoned job again. False otherwise."""
         return await self._backend.retry_job(job_id)
+
+    async def cancel(self, job_id: UUID, *, reason: str | None = None) -> bool:
+        """Cancel a job: a pending or scheduled one ends ``cancelled`` at once; a running
+        one gets a cancel request its actor sees as ``ctx.cancel_event``. False when the
+        job is already finished or unknown."""
+        return await self._backend.write_cancel_request(job_id, reason)
+
+    async def cancel_where(
+        self, filters: JobFilter | None = None, *, reason: str | None = None, **fields: Any
+    ) -> BulkCancelResult:
+        """:meth:`cancel` every job a filter selects (its ``limit`` is ignored)."""
+        return await self._backend.cancel_where(filters or JobFilter(**fields), reason)
 
     async def wait_for_result(
         self,

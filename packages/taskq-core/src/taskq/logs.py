@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import structlog
 
-__all__ = ["configure_logging"]
+if TYPE_CHECKING:
+    from taskq.models import JobRow
+
+__all__ = ["bind_job_context", "configure_logging"]
 
 _configured = False
 
@@ -43,3 +49,22 @@ def configure_logging(*, level: int = logging.INFO, json: bool | None = None) ->
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+@contextmanager
+def bind_job_context(job: JobRow) -> Iterator[None]:
+    """Put the job's identity on every log record emitted inside (context vars).
+
+    Fields: ``job_id``, ``actor``, ``queue``, ``attempt``, ``identity_key``
+    and ``trace_id``. Each job runs in its own asyncio task, so bindings of
+    concurrent jobs never mix.
+    """
+    with structlog.contextvars.bound_contextvars(
+        job_id=str(job.id),
+        actor=job.actor,
+        queue=job.queue,
+        attempt=job.attempt,
+        identity_key=job.identity_key,
+        trace_id=job.trace_id,
+    ):
+        yield

@@ -89,6 +89,12 @@ class WorkerSettings(BaseModel):
     """How long shutdown waits for running jobs before leaving them to the reclaim sweep."""
     fallback_result_ttl: Duration | None = None
     """Result lifetime for actors without ``result_ttl`` (None: keep until pruned)."""
+    health_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve /healthz, /readyz (and /tasks) on this port (0: any free port)."""
+    health_host: str = "0.0.0.0"
+    """Interface the health server binds."""
+    health_tasks_enabled: bool = False
+    """Serve /tasks (asyncio task stacks: code structure only, no values)."""
     until_idle: bool = False
     """Exit once no job is active in this worker's queues (scripts and tests)."""
     migrate: bool = False

@@ -26,6 +26,8 @@ from typing import Any
 import asyncpg
 import structlog
 
+from taskq_postgres._connect import BackendUnavailableError
+
 __all__ = ["NotifyListener"]
 
 _log = structlog.get_logger("taskq.notify")
@@ -53,11 +55,13 @@ class NotifyListener:
         self._events_channel = events_channel
         self._health_check_interval = health_check_interval
         self._initial_backoff = initial_backoff
+        # BackendUnavailableError: how a failed reconnect surfaces from _connect.
         self._transient: tuple[type[BaseException], ...] = (
             *transient,
             OSError,
             TimeoutError,
             asyncpg.PostgresError,
+            BackendUnavailableError,
         )
         self._wake: set[asyncio.Event] = set()
         self._cancel: set[asyncio.Event] = set()
@@ -164,7 +168,10 @@ class NotifyListener:
         if keeper is not None:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+                try:
+                    await keeper
+                except Exception as exc:  # noqa: BLE001 - closing must not fail on it
+                    _log.error("taskq.notify-keeper-failed", exc_info=exc)
         async with self._lock:
             await self._drop()
 

@@ -38,6 +38,7 @@ __all__ = [
     "hookspec",
     "taskq_backends",
     "taskq_cli_commands",
+    "taskq_default_dsn",
     "taskq_transient_errors",
 ]
 
@@ -86,4 +87,14 @@ def taskq_transient_errors() -> tuple[type[BaseException], ...]:  # type: ignore
     Core contributes ``TimeoutError`` and ``OSError``; taskq-postgres its
     ``TRANSIENT_PG_ERRORS``. Authentication failures must not be listed:
     they are not transient for a static DSN.
+    """
+
+
+@hookspec(firstresult=True)
+def taskq_default_dsn() -> str | None:
+    """A database URL to use when the user gave none (no ``--dsn``, no ``TASKQ_DSN``).
+
+    taskq-postgres's ``[embedded]`` extra answers with an embedded server it
+    starts under ``./.taskq/`` (and says so on stderr). Return None to pass.
+    The first non-None answer wins.
     """

@@ -15,6 +15,7 @@ from taskq.settings import WorkerSettings
 from taskq.worker._state import WorkerState
 from taskq.worker.consumer import consumer_loop
 from taskq.worker.drain import drain_monitor_loop
+from taskq.worker.health import HealthServer
 from taskq.worker.heartbeat import heartbeat_loop
 from taskq.worker.maintenance import maintenance_loop
 from taskq.worker.producer import producer_loop
@@ -41,6 +42,8 @@ class Worker:
         self.worker_id = worker_id or uuid4()
         self._state: WorkerState | None = None
         self._stop_requested = False
+        self.health: HealthServer | None = None
+        """The health server while running, when ``health_port`` is set."""
 
     @property
     def processed(self) -> int:
@@ -98,6 +101,14 @@ class Worker:
             concurrency=settings.concurrency,
             actors=sorted(self.app.actors),
         )
+        if settings.health_port is not None:
+            self.health = HealthServer(
+                state,
+                settings.health_host,
+                settings.health_port,
+                tasks_enabled=settings.health_tasks_enabled,
+            )
+            await self.health.start()
         try:
             async with asyncio.TaskGroup() as group:
                 background = [
@@ -115,6 +126,8 @@ class Worker:
                 ]
                 group.create_task(self._supervise(state, workers, background), name="taskq-stop")
         finally:
+            if self.health is not None:
+                await self.health.close()
             executor.shutdown(wait=False, cancel_futures=True)
             await state.loop_scope.aclose()
             await state.thread_scope.aclose()

@@ -61,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit once the queues have no active job (TASKQ_UNTIL_IDLE)",
     )
     parser.add_argument(
+        "--health-port",
+        type=int,
+        help="serve /healthz and /readyz on this port (TASKQ_HEALTH_PORT)",
+    )
+    parser.add_argument(
         "--migrate",
         action="store_const",
         const=True,
@@ -126,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "until_idle": args.until_idle,
         "migrate": args.migrate,
+        "health_port": args.health_port,
     }
     try:
         settings = WorkerSettings.load(flags)

@@ -22,6 +22,7 @@ from taskq.actor import CONTEXT_PARAMETER, Actor
 from taskq.backend import SupportsTransactions
 from taskq.context import Context
 from taskq.errors import PayloadValidationError, WorkerOwnershipMismatch
+from taskq.logs import bind_job_context
 from taskq.models import ErrorInfo, JobRow
 from taskq.signals import RetryAfter, Snooze
 from taskq.worker._state import WorkerState
@@ -85,19 +86,16 @@ def _jsonable(result: Any) -> Any:
 
 
 async def execute(state: WorkerState, row: JobRow) -> None:
-    """Run one attempt of ``row`` and record its outcome."""
+    """Run one attempt of ``row`` and record its outcome, its identity on every log record."""
+    with bind_job_context(row):
+        await _execute(state, row)
+
+
+async def _execute(state: WorkerState, row: JobRow) -> None:
     backend, wid = state.backend, state.worker_id
-    log = _log.bind(
-        job_id=str(row.id),
-        actor=row.actor,
-        queue=row.queue,
-        attempt=row.attempt,
-        identity_key=row.identity_key,
-        trace_id=row.trace_id,
-    )
     actor = state.actors.get(row.actor)
     if actor is None:
-        log.warning("taskq.unknown-actor", known=sorted(state.actors))
+        _log.warning("taskq.unknown-actor", known=sorted(state.actors))
         await _write(
             state,
             "retry_after",
@@ -122,7 +120,7 @@ async def execute(state: WorkerState, row: JobRow) -> None:
         if stored is False:
             _ownership_lost(row, "progress")
 
-    ctx = Context(row, log, state.client, record_progress)
+    ctx = Context(row, _log, state.client, record_progress)
     active = state.active.get(row.id)
     if active is not None:
         active.ctx = ctx
@@ -133,7 +131,7 @@ async def execute(state: WorkerState, row: JobRow) -> None:
     if actor.wants_context:
         passthrough[CONTEXT_PARAMETER] = ctx
     timeout = row.timeout.total_seconds() if row.timeout is not None else None
-    log.debug("taskq.job-started")
+    _log.debug("taskq.job-started")
     try:
         result = await _invoke(state, actor, passthrough, timeout)
     except Snooze as snooze:
@@ -175,7 +173,7 @@ async def execute(state: WorkerState, row: JobRow) -> None:
             await _cancelled(state, row, ctx)
             return
         decision = actor.retry.classify(exc, row.attempt)
-        log.info("taskq.job-raised", error=repr(exc), decision=decision.kind)
+        _log.info("taskq.job-raised", error=repr(exc), decision=decision.kind)
         await _fail(state, row, exc, retry_delay=decision.delay, ctx=ctx)
         return
 
@@ -190,7 +188,7 @@ async def execute(state: WorkerState, row: JobRow) -> None:
     ok = await _succeed(state, row, ctx, stored)
     if ok is False:
         _ownership_lost(row, "succeeded")
-    log.debug("taskq.job-succeeded")
+    _log.debug("taskq.job-succeeded")
 
 
 class _NotOwner(Exception):

@@ -1,0 +1,127 @@
+"""The worker's health endpoints: ``/healthz``, ``/readyz`` and ``/tasks``.
+
+A deliberately tiny HTTP/1.1 responder on asyncio streams: core takes no
+web framework for three GET routes, and the server runs on the worker's own
+event loop, so ``/healthz`` answering at all proves the loop is not wedged.
+
+* ``/healthz`` (liveness): 200 while the process serves requests.
+* ``/readyz`` (readiness): 200 when the worker is not shutting down and the
+  backend answered a query within a second; 503 with the reason otherwise.
+* ``/tasks``: one line per live asyncio task with its await site, only when
+  ``health_tasks_enabled`` (it reveals code structure, never values).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+import structlog
+
+from taskq.worker._state import WorkerState
+
+__all__ = ["HealthServer", "describe_tasks"]
+
+_log = structlog.get_logger("taskq.worker")
+
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+# Readiness probes can be frequent; one backend round trip per second is plenty.
+_READINESS_CACHE_SECONDS = 1.0
+
+
+def describe_tasks() -> list[dict[str, object]]:
+    """Every live asyncio task: name, coroutine and the frames it waits in."""
+    described = []
+    for task in asyncio.all_tasks():
+        frames = [f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack(limit=8)]
+        coro = task.get_coro()
+        described.append(
+            {
+                "name": task.get_name(),
+                "coro": getattr(coro, "__qualname__", repr(coro)),
+                "await_sites": frames,
+            }
+        )
+    return sorted(described, key=lambda t: str(t["name"]))
+
+
+class HealthServer:
+    """Serves the health routes for one worker until closed."""
+
+    def __init__(self, state: WorkerState, host: str, port: int, *, tasks_enabled: bool) -> None:
+        self._state = state
+        self._host = host
+        self._port = port
+        self._tasks_enabled = tasks_enabled
+        self._server: asyncio.Server | None = None
+        self._ready_at = 0.0
+        self._ready: tuple[bool, str] = (False, "not checked yet")
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when 0 asked the OS for a free one)."""
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        _log.info("taskq.health-server-started", host=self._host, port=self.port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def readiness(self) -> tuple[bool, str]:
+        """(ready, reason): not shutting down, and the backend reachable."""
+        if self._state.stopping.is_set():
+            return False, "shutting down"
+        now = time.monotonic()
+        if now - self._ready_at < _READINESS_CACHE_SECONDS:
+            return self._ready
+        try:
+            async with asyncio.timeout(1.0):
+                await self._state.backend.count_active_jobs(self._state.settings.queues)
+            self._ready = (True, "ok")
+        except Exception as exc:  # noqa: BLE001 - any failure at all means "not ready"
+            self._ready = (False, f"backend unreachable: {type(exc).__name__}")
+        self._ready_at = now
+        return self._ready
+
+    async def _route(self, method: str, path: str) -> tuple[int, str, str]:
+        if method != "GET":
+            return 405, "text/plain", "only GET\n"
+        if path == "/healthz":
+            return 200, "application/json", json.dumps({"status": "alive"})
+        if path == "/readyz":
+            ready, reason = await self.readiness()
+            body = json.dumps({"ready": ready, "reason": reason})
+            return (200 if ready else 503), "application/json", body
+        if path == "/tasks" and self._tasks_enabled:
+            return 200, "application/json", json.dumps(describe_tasks(), indent=1)
+        return 404, "text/plain", "not found\n"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(5):
+                request_line = (await reader.readline()).decode("latin-1").split()
+                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    pass  # headers are not needed
+            method, path = (request_line + ["", ""])[:2]
+            status, content_type, body = await self._route(method, path.split("?", 1)[0])
+            payload = body.encode()
+            writer.write(
+                f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
+                f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n"
+                f"Connection: close\r\n\r\n".encode()
+                + payload
+            )
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass  # a probe that hung up or stalled: nothing to answer
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()

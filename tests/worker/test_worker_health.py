@@ -1,0 +1,153 @@
+"""Health endpoints of a real worker process, and the job context on log records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import structlog
+
+from taskq import TaskQ, WorkerSettings, actor
+from taskq.worker import Worker
+from taskq_testing.faults import TcpProxy
+from taskq_testing.postgres import PgSchema
+from tests.apps import basic
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(port: int, path: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+def _wait_for(port: int, path: str, status: int, seconds: float = 15) -> Any:
+    deadline = time.monotonic() + seconds
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            code, body = _get(port, path)
+            if code == status:
+                return body
+            last = (code, body)
+        except (urllib.error.URLError, ConnectionError) as exc:
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError(f"{path} never answered {status}; last: {last}")
+
+
+@pytest.mark.postgres
+def test_readyz_follows_the_database_and_shutdown(pg_schema: PgSchema) -> None:
+    port = _free_port()
+    with TcpProxy(5432) as proxy:
+        _readyz_scenario(pg_schema, proxy, port)
+
+
+def _readyz_scenario(pg_schema: PgSchema, proxy: TcpProxy, port: int) -> None:
+    # the worker reaches Postgres only through the proxy, which the test can cut
+    parts = urlsplit(pg_schema.dsn)
+    via_proxy = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
+    env.update(
+        TASKQ_DSN=via_proxy,
+        TASKQ_SCHEMA=pg_schema.name,
+        TASKQ_HEARTBEAT_INTERVAL="100ms",
+        TASKQ_LOCK_LEASE="2s",
+        TASKQ_POLL_INTERVAL="100ms",
+        TASKQ_HEALTH_TASKS_ENABLED="true",
+    )
+    proc = subprocess.Popen(
+        [str(BIN / "taskq-worker"), "tests.apps.basic:tq", "--health-port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert _wait_for(port, "/healthz", 200) == {"status": "alive"}
+        assert _wait_for(port, "/readyz", 200)["ready"] is True
+        tasks = _wait_for(port, "/tasks", 200)
+        assert any(t["name"] == "taskq-producer" for t in tasks)
+
+        proxy.cut()
+        try:
+            body = _wait_for(port, "/readyz", 503)
+            assert body["ready"] is False and "backend unreachable" in body["reason"]
+            assert _get(port, "/healthz")[0] == 200  # alive, just not ready
+        finally:
+            proxy.restore()
+        _wait_for(port, "/readyz", 200)
+
+        # a job that keeps the worker busy while it shuts down
+        async def enqueue_long() -> None:
+            app = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=basic.tq.actors.values())
+            async with app:
+                await app.client.enqueue(basic.nap, {"seconds": 3})
+
+        asyncio.run(enqueue_long())
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        body = _wait_for(port, "/readyz", 503)
+        assert body["reason"] == "shutting down"
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err[-6000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_every_record_inside_a_job_carries_the_job_context() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def keep(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+        seen.append(dict(event))
+        raise structlog.DropEvent
+
+    @actor(name="chatty")
+    async def chatty(payload: dict[str, Any]) -> None:
+        structlog.get_logger("user.code").info("inside-the-actor")
+
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, keep])
+    try:
+        tq = TaskQ("memory://", actors=[chatty])
+        async with tq:
+            job = await tq.client.enqueue(chatty, {}, identity_key="k9")
+            settings = {
+                "poll_interval": "50ms",
+                "heartbeat_interval": "50ms",
+                "lock_lease": "1s",
+                "until_idle": True,
+            }
+            await Worker(tq, WorkerSettings.load(settings, env={})).run()
+    finally:
+        structlog.reset_defaults()
+    [record] = [e for e in seen if e["event"] == "inside-the-actor"]
+    assert record["job_id"] == str(job.id)
+    assert (record["actor"], record["queue"], record["attempt"]) == ("chatty", "default", 1)
+    assert record["identity_key"] == "k9" and "trace_id" in record
+    outside = [e for e in seen if e["event"] == "taskq.worker-started"]
+    assert outside and "job_id" not in outside[0]

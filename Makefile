@@ -23,6 +23,10 @@ $(VENV)/.installed: requirements.lock.txt $(addsuffix /pyproject.toml,$(PACKAGES
 	$(UV) pip install --quiet --python $(BIN)/python --no-deps $(addprefix -e ,$(PACKAGES))
 	@touch $@
 
+.PHONY: demo
+demo: setup ## run the demo: a worker processing real jobs (embedded Postgres when no DSN is given)
+	$(BIN)/taskq demo
+
 .PHONY: lock
 lock: ## re-resolve dependencies and rewrite the host-free lock
 	$(UV) lock

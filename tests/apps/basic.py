@@ -97,6 +97,44 @@ async def reporter(payload: dict[str, Any], ctx: Context) -> None:
     await ctx.progress({"step": 2})
 
 
+@actor(max_attempts=3)
+async def cooperative(payload: Sleep, ctx: Context) -> str:
+    """Checks its cancel_event between units of work."""
+    for _ in range(int(payload.seconds / 0.05)):
+        if ctx.cancel_event.is_set():
+            return "stopped early"
+        await asyncio.sleep(0.05)
+    return "done"
+
+
+@actor(max_attempts=3)
+async def stubborn(payload: Sleep) -> str:
+    """Ignores cancel_event; stops only when its task is cancelled."""
+    await asyncio.sleep(payload.seconds)
+    return "done"
+
+
+@actor(max_attempts=3)
+async def swallower(payload: Sleep) -> str:
+    """Swallows CancelledError: the worst citizen."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + payload.seconds
+    while loop.time() < end:
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            continue
+    return "done"
+
+
+@actor(max_attempts=1)
+async def blocker(payload: Sleep) -> None:
+    """Blocks the event loop (what the loop-lag watchdog exists for)."""
+    import time
+
+    time.sleep(payload.seconds)  # noqa: ASYNC251 - blocking the loop is this actor's purpose  # noqa: ASYNC251 - blocking the loop is this actor's purpose
+
+
 tq = TaskQ(
     os.environ.get("TASKQ_DSN", "memory://"),
     schema=os.environ.get("TASKQ_SCHEMA", "taskq"),
@@ -113,6 +151,10 @@ tq = TaskQ(
         bounded,
         spawner,
         reporter,
+        cooperative,
+        stubborn,
+        swallower,
+        blocker,
     ],
     queues=[QueueConfig(queue="fair", mode="round_robin")],
 )

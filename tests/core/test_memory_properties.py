@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
@@ -54,6 +55,7 @@ from taskq.models import (
     ActorConfig,
     EnqueueArgs,
     ErrorInfo,
+    EventRow,
     JobFilter,
     JobId,
     JobRow,
@@ -101,6 +103,17 @@ fences = st.sampled_from(["none", "right", "right", "wrong"])
 # else to any job of the bundle, so both the real writes and the no-ops happen.
 running_pick = st.none() | st.integers(0, 5)
 owners = st.sampled_from([True, True, True, False])
+
+
+@dataclass
+class Observation:
+    """What the backend reports after a step."""
+
+    rows: list[JobRow]
+    events: dict[JobId, list[EventRow]]
+    active: list[JobRow]
+    active_count: int
+    waiting_counts: dict[str, int]
 
 
 class MemoryBackendMachine(RuleBasedStateMachine):
@@ -201,7 +214,8 @@ class MemoryBackendMachine(RuleBasedStateMachine):
                 actor=st.sampled_from(ACTORS),
                 queue=st.sampled_from(QUEUES),
                 max_attempts=st.integers(1, 3),
-                identity_key=st.none() | st.sampled_from(["k1", "k2"]),
+                # Mostly one shared key, so identity serialization is contended.
+                identity_key=st.sampled_from(["k1", None, "k1", "k2"]),
             ),
             min_size=2,
             max_size=6,
@@ -545,12 +559,33 @@ class MemoryBackendMachine(RuleBasedStateMachine):
         event(f"reclaim_expired_locks: {'some' if reclaimed else 'none'}")
 
     # -- invariants, after every step -------------------------------------------------------
+    async def observe(self) -> Observation:
+        rows = await self.backend.list_jobs(JobFilter(limit=10_000))
+        return Observation(
+            rows=rows,
+            events={row.id: await self.backend.get_events(row.id) for row in rows},
+            active=await self.backend.list_jobs(JobFilter(active=True, limit=10_000)),
+            active_count=await self.backend.count_active_jobs(list(QUEUES)),
+            waiting_counts=await self.backend.count_pending_jobs(list(ACTORS)),
+        )
+
     @invariant()
-    def history_replays_to_valid_transitions(self) -> None:
-        for row in self.all_jobs():
+    def after_every_step(self) -> None:
+        # One observation per step, in one trip through the event loop, keeps the
+        # steps (and shrinking a failure) fast.
+        observed = self.run(self.observe())
+        self.check_history_replays_to_valid_transitions(observed)
+        self.check_one_holder_per_running_job_and_identity(observed.rows)
+        self.check_caps_are_never_exceeded(observed.rows)
+        self.check_waiting_jobs_have_an_attempt_left(observed.rows)
+        self.check_counts_agree_with_list_jobs(observed)
+        self.check_terminal_jobs_never_change(observed.rows)  # last: it records the rows
+
+    def check_history_replays_to_valid_transitions(self, observed: Observation) -> None:
+        for row in observed.rows:
             events = [
                 event
-                for event in self.run(self.backend.get_events(row.id))
+                for event in observed.events[row.id]
                 if event.kind in ("state_change", "reclaimed")
             ]
             count, status = self.replayed.get(row.id, (0, None))
@@ -569,53 +604,53 @@ class MemoryBackendMachine(RuleBasedStateMachine):
             assert status is row.status
             self.replayed[row.id] = (len(events), status)
 
-    @invariant()
-    def terminal_jobs_never_change(self) -> None:
-        for row in self.all_jobs():
+    def check_one_holder_per_running_job_and_identity(self, rows: list[JobRow]) -> None:
+        for row in rows:
+            held = row.locked_by_worker is not None and row.lock_expires_at is not None
+            assert held == (row.status is JobStatus.RUNNING)
+        identities = [
+            (row.actor, row.identity_key)
+            for row in rows
+            if row.status is JobStatus.RUNNING and row.identity_key is not None
+        ]
+        assert len(identities) == len(set(identities)), "an identity runs twice"
+
+    def check_caps_are_never_exceeded(self, rows: list[JobRow]) -> None:
+        running = [row for row in rows if row.status is JobStatus.RUNNING]
+        per_actor = Counter(row.actor for row in running)
+        per_queue = Counter(row.queue for row in running)
+        for actor, cap in self.actor_caps.items():
+            assert cap is None or per_actor[actor] <= cap, f"actor {actor} over its cap"
+        for queue, cap in self.queue_caps.items():
+            assert cap is None or per_queue[queue] <= cap, f"queue {queue} over its cap"
+
+    def check_waiting_jobs_have_an_attempt_left(self, rows: list[JobRow]) -> None:
+        for row in rows:
+            if row.status in WAITING:
+                assert row.attempt < row.max_attempts
+
+    def check_counts_agree_with_list_jobs(self, observed: Observation) -> None:
+        active_ids = {row.id for row in observed.rows if not row.is_terminal}
+        assert {row.id for row in observed.active} == active_ids
+        assert observed.active_count == len(active_ids)
+        waiting = Counter(row.actor for row in observed.rows if row.status in WAITING)
+        assert observed.waiting_counts == {actor: waiting[actor] for actor in ACTORS}
+
+    def check_terminal_jobs_never_change(self, rows: list[JobRow]) -> None:
+        for row in rows:
             before = self.seen.get(row.id)
             if before is not None and before.is_terminal and row.id not in self.retried:
                 assert row == before, f"terminal job {row.id} changed"
             self.seen[row.id] = row
         self.retried.clear()
 
-    @invariant()
-    def one_holder_per_running_job_and_identity(self) -> None:
-        running = [row for row in self.all_jobs() if row.status is JobStatus.RUNNING]
-        for row in self.all_jobs():
-            held = row.locked_by_worker is not None and row.lock_expires_at is not None
-            assert held == (row.status is JobStatus.RUNNING)
-        identities = [(row.actor, row.identity_key) for row in running if row.identity_key]
-        assert len(identities) == len(set(identities))
-
-    @invariant()
-    def caps_are_never_exceeded(self) -> None:
-        running = [row for row in self.all_jobs() if row.status is JobStatus.RUNNING]
-        per_actor = Counter(row.actor for row in running)
-        per_queue = Counter(row.queue for row in running)
-        for actor, cap in self.actor_caps.items():
-            assert cap is None or per_actor[actor] <= cap
-        for queue, cap in self.queue_caps.items():
-            assert cap is None or per_queue[queue] <= cap
-
-    @invariant()
-    def waiting_jobs_have_an_attempt_left(self) -> None:
-        for row in self.all_jobs():
-            if row.status in WAITING:
-                assert row.attempt < row.max_attempts
-
-    @invariant()
-    def counts_agree_with_list_jobs(self) -> None:
-        rows = self.all_jobs()
-        active = self.run(self.backend.list_jobs(JobFilter(active=True, limit=10_000)))
-        assert {row.id for row in active} == {row.id for row in rows if not row.is_terminal}
-        assert self.run(self.backend.count_active_jobs(list(QUEUES))) == len(active)
-        waiting = Counter(row.actor for row in rows if row.status in WAITING)
-        assert self.run(self.backend.count_pending_jobs(list(ACTORS))) == {
-            actor: waiting[actor] for actor in ACTORS
-        }
-
 
 MemoryBackendMachine.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=30, deadline=None
+    max_examples=100,
+    stateful_step_count=30,
+    deadline=None,
+    # Shrink only the first failure found, so a failing run reports well within
+    # the pytest timeout instead of shrinking several bugs one after another.
+    report_multiple_bugs=False,
 )
 TestMemoryBackendProperties = MemoryBackendMachine.TestCase

@@ -72,10 +72,28 @@ def test_dsn_and_schema_come_from_the_environment(pg_database_dsn: str) -> None:
     assert json.loads(applied.stdout) == {"schema": schema, "applied": BUNDLED}
 
 
-def test_no_dsn_says_how_to_give_one() -> None:
-    line = _assert_one_clear_line(_taskq("migrate"))
+def test_no_dsn_says_how_to_give_one(tmp_path: Path) -> None:
+    # Without the [embedded] extra there is no default server: hide pgserver
+    # (an installed one would start under ./.taskq/; tests/demo/ covers that).
+    code = (
+        "import sys; sys.modules['pgserver'] = None\n"
+        "from taskq.cli import main\n"
+        "sys.exit(main(['migrate']))\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in ("TASKQ_DSN", "TASKQ_SCHEMA")}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=tmp_path,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    line = _assert_one_clear_line(result)
     assert "--dsn" in line
     assert "TASKQ_DSN" in line
+    assert not (tmp_path / ".taskq").exists()
 
 
 @pytest.mark.parametrize(

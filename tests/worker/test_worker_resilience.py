@@ -50,8 +50,10 @@ async def test_a_job_whose_lock_was_reclaimed_is_cancelled_locally_and_writes_no
         worker = Worker(tq, WorkerSettings.load(SETTINGS, env={}))
         run = asyncio.create_task(worker.run())
         await asyncio.wait_for(started.wait(), 5)
-        # A long pause: the lease runs out and the sweep reclaims the job.
+        # A long pause: the lease runs out and a sweep reclaims the job (here, at
+        # once: no await between the jump and the reclaim lets a heartbeat renew).
         clock.advance(timedelta(hours=1))
+        assert await tq.backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
         async with asyncio.timeout(5):
             while not finished:  # noqa: ASYNC110 - waiting on the actor's own record
                 await asyncio.sleep(0.02)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self
 
@@ -11,8 +12,9 @@ from taskq.actor import Actor
 from taskq.backend import Backend
 from taskq.client import JobsClient
 from taskq.errors import ConfigurationError
-from taskq.models import QueueConfig
+from taskq.models import EventRow, QueueConfig
 from taskq.plugins import open_backend
+from taskq.reclaims import watch_reclaims
 
 __all__ = ["TaskQ"]
 
@@ -52,6 +54,23 @@ class TaskQ:
             backend if backend is not None else open_backend(url, schema=schema, **backend_options)
         )
         self.client = JobsClient(self.backend, self.actors)
+
+    def watch_reclaims(
+        self,
+        after_id: int = 0,
+        *,
+        poll_interval: timedelta = timedelta(seconds=5),
+        visibility_delay: timedelta | None = None,
+    ) -> AsyncIterator[EventRow]:
+        """Crash-reclaim events after ``after_id``, in id order, as they happen (woken
+        by the backend's wake channel, ``poll_interval`` as the fallback). At least
+        once: persist ``event.event_id`` as your cursor after processing each."""
+        return watch_reclaims(
+            self.backend,
+            after_id,
+            poll_interval=poll_interval,
+            visibility_delay=visibility_delay,
+        )
 
     async def __aenter__(self) -> Self:
         await self.backend.open()

@@ -23,6 +23,9 @@ from taskq.models import (
     EventRow,
     JobFilter,
     JobRow,
+    ScheduleCreateArgs,
+    ScheduleRecord,
+    ScheduleUpdateArgs,
 )
 
 __all__ = ["JobsClient"]
@@ -249,6 +252,29 @@ class JobsClient:
     ) -> BulkCancelResult:
         """:meth:`cancel` every job a filter selects (its ``limit`` is ignored)."""
         return await self._backend.cancel_where(filters or JobFilter(**fields), reason)
+
+    # -- schedules ---------------------------------------------------------------
+    async def create_schedule(self, args: ScheduleCreateArgs) -> ScheduleRecord:
+        """Store a cron schedule the maintenance leader fires; its first ``next_fire_at``
+        follows the backend's clock. ``UnknownActorError`` for an actor this
+        application does not know, ``ValueError`` when the name is taken."""
+        self._actor(args.actor)
+        return await self._backend.create_schedule(args)
+
+    async def list_schedules(
+        self, *, actor: str | None = None, enabled: bool | None = None
+    ) -> list[ScheduleRecord]:
+        """Schedules by name, optionally only one actor's or only (dis)abled ones."""
+        return await self._backend.list_schedules(actor=actor, enabled=enabled)
+
+    async def update_schedule(self, schedule_id: UUID, args: ScheduleUpdateArgs) -> ScheduleRecord:
+        """Change the fields of ``args`` that are set; ``next_fire_at`` is recomputed.
+        ``KeyError`` for an unknown schedule."""
+        return await self._backend.update_schedule(schedule_id, args)
+
+    async def delete_schedule(self, schedule_id: UUID) -> None:
+        """Remove a schedule; ``KeyError`` for an unknown one."""
+        await self._backend.delete_schedule(schedule_id)
 
     async def wait_for_result(
         self,

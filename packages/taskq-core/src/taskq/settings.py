@@ -82,11 +82,49 @@ class WorkerSettings(BaseModel):
     lock_lease: Duration = timedelta(seconds=30)
     """How long a dispatched job stays locked without a heartbeat; at least 4 heartbeats."""
     maintenance_interval: Duration = timedelta(seconds=1)
-    """Cadence of scheduled -> pending promotion and the deadline/reclaim sweeps."""
+    """Leader only: cadence of scheduled -> pending promotion and the deadline/reclaim
+    sweeps (Sweeps 1-2; tighter than a 30 s sweep so crash recovery is lease + 1 s)."""
+    leader_lease: Duration = timedelta(seconds=30)
+    """A leader that stops renewing (frozen, partitioned) loses leadership within this;
+    the election ticks every ``heartbeat_interval``."""
+    leader_reclaim_grace: Duration | None = None
+    """After winning an election, how long the new leader waits before its first
+    reclaim, so workers cut off with it (a database outage) renew their leases first
+    (None: 2 x heartbeat_interval)."""
+    cron_interval: Duration = timedelta(seconds=1)
+    """Leader only: how often due cron schedules are fired."""
+    cron_catch_up: Duration = timedelta(minutes=1)
+    """Cron slots missed by longer than this (no leader) are skipped, not fired late."""
+    prune_interval: Duration = timedelta(days=1)
+    """Leader only: cadence of Sweep 5 (terminal jobs -> archive)."""
+    archive_expiry_interval: Duration = timedelta(days=1)
+    """Leader only: cadence of Sweep 6 (archived jobs past expire_at are deleted)."""
+    prune_retention_succeeded: Duration = timedelta(days=7)
+    prune_retention_failed: Duration = timedelta(days=30)
+    prune_retention_cancelled: Duration = timedelta(days=7)
+    prune_retention_crashed: Duration = timedelta(days=30)
+    prune_retention_abandoned: Duration = timedelta(days=30)
+    """How long a terminal job of each status stays in ``jobs`` before it is archived."""
+    archive_retention: Duration = timedelta(days=365)
+    """How long an archived job is kept before Sweep 6 deletes it."""
+    prune_batch_size: int = Field(default=10_000, ge=1, le=1_000_000)
+    """Jobs moved per atomic prune statement."""
+    drain_grace_period: Duration = timedelta(seconds=10)
+    """Shutdown: how long running jobs may finish on their own before being asked to stop."""
     cancellation_grace_period: Duration = timedelta(seconds=30)
+    """How long a job asked to stop (cancel or shutdown) has before its task is cancelled."""
     cleanup_grace_period: Duration = timedelta(seconds=10)
+    """How long a cancelled task has to unwind before it is abandoned."""
     termination_grace_period: Duration = timedelta(seconds=60)
-    """How long shutdown waits for running jobs before leaving them to the reclaim sweep."""
+    """Hard wall for a whole shutdown, from the first signal (watchdog detector 1)."""
+    watchdog_enabled: bool = True
+    watchdog_loop_lag_budget: Duration | None = None
+    """How long the event loop may go unscheduled before detector 4 trips; below lock_lease
+    (default: half the lease, at most 30 s)."""
+    watchdog_loop_lag_startup_grace: Duration = timedelta(seconds=30)
+    watchdog_tick_grace_factor: float = Field(default=5.0, gt=1.0)
+    watchdog_stale_floor: Duration = timedelta(seconds=10)
+    watchdog_check_interval: Duration = timedelta(seconds=1)
     fallback_result_ttl: Duration | None = None
     """Result lifetime for actors without ``result_ttl`` (None: keep until pruned)."""
     health_port: int | None = Field(default=None, ge=0, le=65535)
@@ -111,10 +149,18 @@ class WorkerSettings(BaseModel):
         "lock_lease",
         "maintenance_interval",
         "termination_grace_period",
+        "watchdog_loop_lag_budget",
+        "watchdog_check_interval",
+        "leader_lease",
+        "cron_interval",
+        "cron_catch_up",
+        "prune_interval",
+        "archive_expiry_interval",
+        "archive_retention",
     )
     @classmethod
-    def _positive(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
+    def _positive(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
             raise ValueError("must be greater than 0")
         return value
 
@@ -126,7 +172,49 @@ class WorkerSettings(BaseModel):
                 f"heartbeat_interval ({self.heartbeat_interval.total_seconds()}s), so one slow "
                 f"heartbeat cannot let a live job's lock expire"
             )
+        budget = self.watchdog_loop_lag_budget
+        if self.watchdog_enabled and budget is not None and budget >= self.lock_lease:
+            raise ValueError(
+                f"watchdog_loop_lag_budget ({budget.total_seconds()}s) must "
+                f"be below lock_lease ({self.lock_lease.total_seconds()}s): a loop blocked longer "
+                f"than the lease lets its jobs be reclaimed and run twice before the watchdog fires"
+            )
         return self
+
+    @property
+    def loop_lag_budget(self) -> timedelta:
+        """Detector 4's budget: the setting, else half the lease capped at 30 s."""
+        if self.watchdog_loop_lag_budget is not None:
+            return self.watchdog_loop_lag_budget
+        return min(timedelta(seconds=30), self.lock_lease / 2)
+
+    @model_validator(mode="after")
+    def _leader_renews_within_its_lease(self) -> Self:
+        if self.leader_lease < 2 * self.heartbeat_interval:
+            raise ValueError(
+                f"leader_lease ({self.leader_lease.total_seconds()}s) must be at least 2 x "
+                f"heartbeat_interval ({self.heartbeat_interval.total_seconds()}s): the leader "
+                f"renews once per heartbeat_interval"
+            )
+        return self
+
+    @property
+    def reclaim_grace(self) -> timedelta:
+        """``leader_reclaim_grace``, or its default of two heartbeats."""
+        if self.leader_reclaim_grace is not None:
+            return self.leader_reclaim_grace
+        return 2 * self.heartbeat_interval
+
+    @property
+    def prune_retention(self) -> dict[str, timedelta]:
+        """Retention of each terminal status, for Sweep 5."""
+        return {
+            "succeeded": self.prune_retention_succeeded,
+            "failed": self.prune_retention_failed,
+            "cancelled": self.prune_retention_cancelled,
+            "crashed": self.prune_retention_crashed,
+            "abandoned": self.prune_retention_abandoned,
+        }
 
     @classmethod
     def load(

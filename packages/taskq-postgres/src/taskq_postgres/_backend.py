@@ -21,7 +21,7 @@ is Postgres-specific:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final, Literal, cast
@@ -33,6 +33,8 @@ import asyncpg
 from croniter import croniter
 
 from taskq.backend import check_protocol_version
+from taskq.backend._protocol import ScheduleFire
+from taskq.backend.cron import cron_slots
 from taskq.errors import ConfigurationError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import (
@@ -56,8 +58,10 @@ from taskq.models import (
     ScheduleUpdateArgs,
 )
 from taskq_postgres._connect import (
+    LEADER_ROLE,
     NOTIFY_ROLE,
     POSTGRES_SCHEMES,
+    BackendUnavailableError,
     check_dsn,
     check_instance_id,
     connect,
@@ -66,6 +70,7 @@ from taskq_postgres._connect import (
     redact,
 )
 from taskq_postgres._enqueue import check_singletons, insert_jobs, refuse_keyless_singletons
+from taskq_postgres._leader import LeaderStatements, PostgresLeaderElector
 from taskq_postgres._listener import NotifyListener
 from taskq_postgres._rows import (
     LongRunningJobEventsWriter,
@@ -80,6 +85,8 @@ from taskq_postgres._rows import (
     schedule_record,
     writer_row,
 )
+from taskq_postgres._sql import prune as prune_sql
+from taskq_postgres._sql import render
 from taskq_postgres._sql.cancel import FILTER_TOKEN
 from taskq_postgres._sql.enqueue import COPY_COLUMNS
 from taskq_postgres._sql.reads import WHERE_TOKEN
@@ -232,6 +239,9 @@ class PostgresBackend:
             instance_id if instance_id is not None else uuid4().hex[:12]
         )
         self._sql = statements_for(self.schema)
+        self._leader_sql = LeaderStatements(self.schema)
+        self._prune_sql = render(prune_sql.PRUNE_TERMINAL_JOBS, self.schema)
+        self._expire_archive_sql = render(prune_sql.EXPIRE_ARCHIVE, self.schema)
         self._wake_channel = wake_channel(self.schema)
         self._events_channel = events_channel(self.schema)
         self._worker_prefix = worker_channel_prefix(self.schema)
@@ -985,6 +995,81 @@ class PostgresBackend:
         """Remove a schedule; ``KeyError`` if unknown."""
         if await self._db().fetchval(self._sql.delete_schedule, schedule_id) is None:
             raise KeyError(f"no schedule with id {schedule_id}")
+
+    # -- maintenance leader (taskq.backend._protocol's optional protocols) -----------------
+    def leader_elector(self, worker_id: UUID, *, lease: timedelta) -> PostgresLeaderElector:
+        """An elector over a dedicated ``taskq-leader`` session whose
+        ``idle_session_timeout`` is ``lease`` (``SupportsLeaderElection``)."""
+        lease_ms = max(int(lease / timedelta(milliseconds=1)), 1)
+        settings = {**self._settings(LEADER_ROLE), "idle_session_timeout": str(lease_ms)}
+
+        async def connect_leader() -> asyncpg.Connection[Any]:
+            try:
+                return await connect(
+                    self.dsn, settings=settings, connect_timeout=self.connect_timeout
+                )
+            except BackendUnavailableError as exc:
+                # An unreachable server is an outage the election rides out; a
+                # refused login is not, and stays loud.
+                if isinstance(exc.__cause__, TRANSIENT_PG_ERRORS):
+                    raise exc.__cause__ from None
+                raise
+
+        return PostgresLeaderElector(
+            connect_leader, self._leader_sql, worker_id, command_timeout=lease / 2
+        )
+
+    async def fire_due_schedules(self, build: ScheduleFire, *, catch_up: timedelta) -> int:
+        """Enqueue each due slot of each due schedule and advance ``next_fire_at``, all in
+        one transaction holding the schedules' row locks (``SupportsCron``). Slots and
+        the catch-up cutoff come from the server clock read under those locks."""
+        fired = 0
+        async with self._transaction() as tx:
+            for record in await tx.fetch(self._leader_sql.cron_due, 100):
+                schedule = schedule_record(record)
+                slots, following = cron_slots(schedule, record["now"], catch_up)
+                jobs = [args for slot in slots if (args := build(schedule, slot)) is not None]
+                if jobs:
+                    await self._enqueue(tx, jobs)
+                await tx.execute(
+                    self._leader_sql.cron_advance,
+                    schedule.id,
+                    following,
+                    slots[-1] if slots else None,
+                    record["next_fire_at"],
+                )
+                fired += len(jobs)
+        return fired
+
+    async def prune_terminal_jobs(
+        self,
+        retention: Mapping[str, timedelta],
+        *,
+        archive_retention: timedelta,
+        batch_size: int = 10_000,
+    ) -> int:
+        """Move terminal jobs past their status's retention (with their attempts) into
+        the archive, one atomic statement per batch (``SupportsPrune``)."""
+        moved = 0
+        for status, keep in retention.items():
+            while True:
+                record = await self._db().fetchrow(
+                    self._prune_sql, status, keep, batch_size, archive_retention
+                )
+                count = int(record["moved"]) if record is not None else 0
+                moved += count
+                if count < batch_size:
+                    break
+        return moved
+
+    async def expire_archive(self, *, batch_size: int = 10_000) -> int:
+        """Delete archived jobs past ``expire_at`` (attempts by cascade), in batches."""
+        deleted = 0
+        while True:
+            count = int(await self._db().fetchval(self._expire_archive_sql, batch_size))
+            deleted += count
+            if count < batch_size:
+                return deleted
 
     # -- batches -----------------------------------------------------------------------------
     async def enqueue_batch_atomic(

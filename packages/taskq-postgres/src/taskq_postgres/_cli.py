@@ -14,8 +14,9 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
 
+from taskq._dsn import resolve_dsn
+from taskq.errors import TaskQError
 from taskq.identifiers import validate_schema_name
 
 if TYPE_CHECKING:
@@ -30,7 +31,11 @@ class _CommandError(Exception):
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dsn", help="PostgreSQL URL (default: $TASKQ_DSN)")
+    parser.add_argument(
+        "--dsn",
+        help="PostgreSQL URL (default: $TASKQ_DSN, else the embedded server under ./.taskq/ "
+        "when taskq-postgres[embedded] is installed)",
+    )
     parser.add_argument("--schema", help="schema to migrate (default: $TASKQ_SCHEMA, else taskq)")
     parser.add_argument(
         "--status", action="store_true", help="list applied and pending migrations; change nothing"
@@ -38,43 +43,32 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
-def _redact(dsn: str) -> str:
-    """The DSN with its password masked, fit for an error message."""
-    try:
-        parts = urlsplit(dsn)
-        if parts.password is None:
-            return dsn
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return "<unparsable DSN>"
-
-
 @asynccontextmanager
 async def _connection(dsn: str) -> AsyncIterator[Connection]:
     """Connect, and turn every expected failure into a one-line :class:`_CommandError`."""
     import asyncpg
 
+    from taskq_postgres._connect import redact
     from taskq_postgres.migrate import MigrationError
 
     try:
         conn = await asyncpg.connect(dsn, timeout=_CONNECT_TIMEOUT_SECONDS)
     except asyncpg.ClientConfigurationError as exc:
         reason = str(exc).removeprefix("invalid DSN: ")
-        raise _CommandError(f"invalid DSN {_redact(dsn)}: {reason}") from exc
+        raise _CommandError(f"invalid DSN {redact(dsn)}: {reason}") from exc
     except ValueError as exc:  # asyncpg's URL parsing leaks bare int() errors
         raise _CommandError(
-            f"invalid DSN {_redact(dsn)}: expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
+            f"invalid DSN {redact(dsn)}: expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
             f"({exc})"
         ) from exc
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise _CommandError(f"cannot connect to {_redact(dsn)}: {exc}") from exc
+        raise _CommandError(f"cannot connect to {redact(dsn)}: {exc}") from exc
     try:
         yield conn
     except MigrationError as exc:
         raise _CommandError(str(exc)) from exc
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise _CommandError(f"database error on {_redact(dsn)}: {exc}") from exc
+        raise _CommandError(f"database error on {redact(dsn)}: {exc}") from exc
     finally:
         await conn.close()
 
@@ -124,17 +118,16 @@ def _log_to_stderr() -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    dsn = args.dsn or os.environ.get("TASKQ_DSN")
     schema = args.schema or os.environ.get("TASKQ_SCHEMA") or "taskq"
     try:
-        if not dsn:
-            raise _CommandError(
-                "no database given: pass --dsn postgresql://USER@HOST:PORT/DB "
-                "or set the TASKQ_DSN environment variable"
-            )
         try:
             validate_schema_name(schema)
         except ValueError as exc:
+            raise _CommandError(str(exc)) from exc
+        # After the schema check, so a typo does not start an embedded server for nothing.
+        try:
+            dsn = resolve_dsn(args.dsn)
+        except TaskQError as exc:
             raise _CommandError(str(exc)) from exc
         _log_to_stderr()
         if args.status:

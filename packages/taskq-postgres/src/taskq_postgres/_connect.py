@@ -96,12 +96,14 @@ def check_instance_id(instance_id: str) -> str:
 
 
 NOTIFY_ROLE = "taskq-notify"
+LEADER_ROLE = "taskq-leader"
 
 
 def connection_settings(
     role: str, instance_id: str, idle_in_transaction_timeout: timedelta | None
 ) -> dict[str, str]:
-    """Session settings for a TaskQ connection of ``role`` (``taskq-pool``, ``taskq-notify``).
+    """Session settings for a TaskQ connection of ``role`` (``taskq-pool``,
+    ``taskq-notify``, ``taskq-leader``).
 
     ``application_name`` lets operators find the connection in
     ``pg_stat_activity``; ``idle_in_transaction_session_timeout`` ends a
@@ -117,10 +119,10 @@ def connection_settings(
         "application_name": f"{role}/{instance_id}",
         "idle_in_transaction_session_timeout": str(timeout_ms),
     }
-    if role == NOTIFY_ROLE:
-        # The LISTEN connection idles for long stretches: TCP keepalives let the
-        # server notice a vanished peer, and stop middleboxes from silently
-        # dropping the idle flow (the client side is checked by SELECT 1).
+    if role in (NOTIFY_ROLE, LEADER_ROLE):
+        # The LISTEN and leader connections idle between uses: TCP keepalives let
+        # the server notice a vanished peer (releasing the leader's lock), and
+        # stop middleboxes from silently dropping the idle flow.
         settings.update(
             tcp_keepalives_idle="30", tcp_keepalives_interval="10", tcp_keepalives_count="3"
         )

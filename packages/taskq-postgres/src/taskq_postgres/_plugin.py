@@ -22,9 +22,13 @@ def taskq_backends() -> dict[str, BackendFactory]:
 
 @hookimpl
 def taskq_cli_commands(cli: CommandRegistry) -> None:
-    from taskq_postgres import _cli
+    from taskq_postgres import _cli, _embedded
 
     _cli.register(cli)
+    if _embedded.is_available():
+        from taskq_postgres import _embedded_cli
+
+        _embedded_cli.register(cli)
 
 
 @hookimpl
@@ -32,3 +36,12 @@ def taskq_transient_errors() -> tuple[type[BaseException], ...]:
     from taskq_postgres._transient import TRANSIENT_PG_ERRORS
 
     return TRANSIENT_PG_ERRORS
+
+
+@hookimpl
+def taskq_default_dsn() -> str | None:
+    # With the [embedded] extra: a server under ./.taskq/, started or reused.
+    # Without it: pass (None), so core's message says how to give a DSN.
+    from taskq_postgres._embedded import default_dsn
+
+    return default_dsn()

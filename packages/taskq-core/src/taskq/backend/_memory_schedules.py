@@ -84,6 +84,14 @@ class ScheduleTable:
         self._rows[schedule_id] = updated
         return updated
 
+    def advance(self, schedule_id: UUID, following: datetime, fired: datetime | None) -> None:
+        """Move a schedule past the slots just fired (``fired``: the last of them)."""
+        current = self._get(schedule_id)
+        changes: dict[str, object] = {"next_fire_at": following}
+        if fired is not None:
+            changes["last_fired_at"] = fired
+        self._rows[schedule_id] = current.model_copy(update=changes)
+
     def delete(self, schedule_id: UUID) -> None:
         self._get(schedule_id)
         del self._rows[schedule_id]

@@ -28,7 +28,7 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Protocol, runtime_checkable
@@ -62,7 +62,11 @@ __all__ = [
     "BACKEND_PROTOCOL_VERSION",
     "PROTOCOL_MEMBERS",
     "Backend",
+    "LeaderElector",
+    "SupportsCron",
+    "SupportsLeaderElection",
     "SupportsMigrate",
+    "SupportsPrune",
     "SupportsTransactions",
     "check_protocol_version",
     "missing_members",
@@ -492,6 +496,86 @@ class SupportsTransactions(Protocol):
 
     def transaction(self) -> AbstractAsyncContextManager[Connection]:
         """A connection inside a transaction; commits on a clean exit, rolls back on error."""
+        ...
+
+
+@runtime_checkable
+class LeaderElector(Protocol):
+    """One worker's candidacy for maintenance leader, from a backend that elects.
+
+    At most one elector per schema leads at a time. Leadership is a lease the
+    elector renews on each :meth:`try_acquire`: a leader that stops calling it
+    (killed, frozen, partitioned) loses leadership within the lease, and only
+    then can another elector acquire it.
+    """
+
+    async def try_acquire(self) -> bool:
+        """Acquire leadership if it is free, or confirm (and renew) it if held.
+
+        True while this elector leads. A False after a True means leadership
+        was lost (the lease ran out, the connection died): the caller must stop
+        leader-only work at once. Failures to reach the backend raise.
+        """
+        ...
+
+    async def release(self) -> None:
+        """Step down (idempotent); another elector may acquire at once."""
+        ...
+
+
+@runtime_checkable
+class SupportsLeaderElection(Protocol):
+    """A backend that can elect one maintenance leader among its workers.
+
+    Without it a worker assumes it is alone and leads unconditionally.
+    """
+
+    def leader_elector(self, worker_id: UUID, *, lease: timedelta) -> LeaderElector:
+        """A new elector for ``worker_id``; ``lease`` bounds how long a leader that
+        stops renewing keeps leadership."""
+        ...
+
+
+ScheduleFire = Callable[["ScheduleRecord", datetime], "EnqueueArgs | None"]
+"""Builds the job of one schedule slot (``None``: skip the slot, e.g. unknown actor)."""
+
+
+@runtime_checkable
+class SupportsCron(Protocol):
+    """A backend that fires cron schedules (the leader's cron loop)."""
+
+    async def fire_due_schedules(self, build: ScheduleFire, *, catch_up: timedelta) -> int:
+        """Enqueue one job per due slot of every enabled schedule; returns the jobs
+        enqueued.
+
+        The backend's clock decides what is due. Slots older than ``catch_up``
+        are skipped (``next_fire_at`` is recomputed from ``now - catch_up``).
+        Each schedule's slots are enqueued and its ``next_fire_at`` advanced in
+        one atomic step that also excludes concurrent callers, so no slot fires
+        twice even when two leaders overlap.
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsPrune(Protocol):
+    """A backend with a job archive: Sweep 5 (prune) and Sweep 6 (archive expiry)."""
+
+    async def prune_terminal_jobs(
+        self,
+        retention: Mapping[str, timedelta],
+        *,
+        archive_retention: timedelta,
+        batch_size: int = 10_000,
+    ) -> int:
+        """Move terminal jobs finished longer than their status's ``retention`` ago
+        (statuses absent from the mapping are kept) with their attempts into the
+        archive, in atomic batches of ``batch_size``; their events are deleted.
+        Archived rows expire ``archive_retention`` later. Returns the jobs moved."""
+        ...
+
+    async def expire_archive(self, *, batch_size: int = 10_000) -> int:
+        """Delete archived jobs (and their attempts) past ``expire_at``; returns how many."""
         ...
 
 

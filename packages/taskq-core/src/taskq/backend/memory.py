@@ -43,8 +43,9 @@ from taskq.backend._memory_queries import select_jobs
 from taskq.backend._memory_schedules import ScheduleTable
 from taskq.backend._memory_store import JobStore, deadline_error, due_after, wake
 from taskq.backend._memory_sweeps import fail_past_deadline, promote_due, reclaim_expired
-from taskq.backend._protocol import Connection, check_protocol_version
+from taskq.backend._protocol import Connection, ScheduleFire, check_protocol_version
 from taskq.backend.clock import Clock, SystemClock
+from taskq.backend.cron import cron_slots
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
 from taskq.models import (
     ActorConfig,
@@ -106,6 +107,8 @@ class InMemoryBackend:
         self._queues: dict[str, QueueConfig] = {}
         self._schedules = ScheduleTable(self.clock)
         self._batches = BatchTable(self._store, self.clock)
+        self.leader: UUID | None = None
+        """The worker leading maintenance on this backend, if any."""
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> InMemoryBackend:
@@ -701,6 +704,29 @@ class InMemoryBackend:
         """Remove a schedule; ``KeyError`` if unknown."""
         self._schedules.delete(schedule_id)
 
+    # -- maintenance leader ---------------------------------------------------------------
+    def leader_elector(self, worker_id: UUID, *, lease: timedelta) -> _MemoryLeaderElector:
+        """An elector among the workers sharing this backend (one process: nothing can
+        freeze a leader without freezing them all, so ``lease`` is not needed)."""
+        del lease
+        return _MemoryLeaderElector(self, worker_id)
+
+    async def fire_due_schedules(self, build: ScheduleFire, *, catch_up: timedelta) -> int:
+        """Enqueue each due slot of each enabled schedule and advance it; nothing awaits
+        between reading a schedule and advancing it, so no slot fires twice."""
+        now = self.clock.now()
+        fired = 0
+        for schedule in self._schedules.list(actor=None, enabled=True):
+            if schedule.next_fire_at is None or schedule.next_fire_at > now:
+                continue
+            slots, following = cron_slots(schedule, now, catch_up)
+            jobs = [args for slot in slots if (args := build(schedule, slot)) is not None]
+            plan = self._store.plan_inserts(jobs, now, idempotent=True)
+            self._store.insert(plan)
+            self._schedules.advance(schedule.id, following, slots[-1] if slots else None)
+            fired += len(jobs)
+        return fired
+
     # -- batches -------------------------------------------------------------------------
     async def enqueue_batch_atomic(
         self,
@@ -773,6 +799,23 @@ class InMemoryBackend:
     async def prune_old_batches(self, cutoff: datetime) -> int:
         """Delete batches completed before ``cutoff`` with no children left."""
         return self._batches.prune(cutoff)
+
+
+class _MemoryLeaderElector:
+    """``LeaderElector`` over :attr:`InMemoryBackend.leader`."""
+
+    def __init__(self, backend: InMemoryBackend, worker_id: UUID) -> None:
+        self._backend = backend
+        self._worker_id = worker_id
+
+    async def try_acquire(self) -> bool:
+        if self._backend.leader is None:
+            self._backend.leader = self._worker_id
+        return self._backend.leader == self._worker_id
+
+    async def release(self) -> None:
+        if self._backend.leader == self._worker_id:
+            self._backend.leader = None
 
 
 # Fail at import, not at the first misbehaving call, if this module and core's

@@ -23,9 +23,12 @@ def taskq_backends() -> dict[str, BackendFactory]:
 
 @hookimpl
 def taskq_cli_commands(cli: CommandRegistry) -> None:
-    from taskq.cli import _plugins_cmd
+    from taskq.cli import _demo_cmd, _enqueue_cmd, _jobs_cmd, _plugins_cmd
 
     _plugins_cmd.register(cli)
+    _enqueue_cmd.register(cli)
+    _jobs_cmd.register(cli)
+    _demo_cmd.register(cli)
 
 
 @hookimpl

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
 
 import structlog
@@ -12,13 +13,21 @@ import structlog
 from taskq._di import ActorSpec
 from taskq.models import ActorConfig
 from taskq.settings import WorkerSettings
+from taskq.worker._liveness import LoopLiveness
 from taskq.worker._state import WorkerState
+from taskq.worker._watchdog import (
+    LoopLagWatchdog,
+    ShutdownWatchdog,
+    guard_sibling,
+    stale_tick_loop,
+)
 from taskq.worker.consumer import consumer_loop
 from taskq.worker.drain import drain_monitor_loop
 from taskq.worker.health import HealthServer
 from taskq.worker.heartbeat import heartbeat_loop
-from taskq.worker.maintenance import maintenance_loop
+from taskq.worker.leader import MaintenanceLeader
 from taskq.worker.producer import producer_loop
+from taskq.worker.shutdown import orchestrate_shutdown
 
 if TYPE_CHECKING:
     from taskq.app import TaskQ
@@ -42,6 +51,10 @@ class Worker:
         self.worker_id = worker_id or uuid4()
         self._state: WorkerState | None = None
         self._stop_requested = False
+        self._escalate = asyncio.Event()
+        self._shutdown_watchdog = ShutdownWatchdog(
+            settings.termination_grace_period.total_seconds()
+        )
         self.health: HealthServer | None = None
         """The health server while running, when ``health_port`` is set."""
 
@@ -51,10 +64,22 @@ class Worker:
         return self._state.processed if self._state else 0
 
     def stop(self) -> None:
-        """Stop dispatching; running and locally queued jobs finish first."""
+        """Shut down gracefully (the first SIGTERM): see :mod:`taskq.worker.shutdown`."""
+        if not self._stop_requested and self.settings.watchdog_enabled:
+            self._shutdown_watchdog.arm()  # anchored on the first signal
         self._stop_requested = True
         if self._state is not None:
             self._state.stopping.set()
+
+    def escalate(self) -> None:
+        """Skip the remaining drain and cooperative waits (the second SIGTERM)."""
+        self._escalate.set()
+
+    def lingering_tasks(self) -> list[asyncio.Task[None]]:
+        """Job tasks that ignored cancellation and still run after :meth:`run` returned."""
+        if self._state is None:
+            return []
+        return [task for task in self._state.job_tasks if not task.done()]
 
     async def _prepare(self) -> None:
         backend = self.app.backend
@@ -90,6 +115,9 @@ class Worker:
             providers=self.app.providers,
             client=self.app.client,
             executor=executor,
+            liveness=LoopLiveness(
+                settings.watchdog_tick_grace_factor, settings.watchdog_stale_floor.total_seconds()
+            ),
         )
         self._state = state
         if self._stop_requested:
@@ -109,23 +137,63 @@ class Worker:
                 tasks_enabled=settings.health_tasks_enabled,
             )
             await self.health.start()
+        lag_watchdog: LoopLagWatchdog | None = None
+        if settings.watchdog_enabled:
+            lag_watchdog = LoopLagWatchdog(
+                asyncio.get_running_loop(),
+                state.liveness,
+                budget=settings.loop_lag_budget.total_seconds(),
+                startup_grace=settings.watchdog_loop_lag_startup_grace.total_seconds(),
+                check_interval=settings.watchdog_check_interval.total_seconds(),
+            )
+            lag_watchdog.start()
+
+        def sibling(
+            name: str, run: Callable[[], Coroutine[Any, Any, None]]
+        ) -> Coroutine[Any, Any, None]:
+            return guard_sibling(name, run, state.stopping.is_set)()
+
         try:
             async with asyncio.TaskGroup() as group:
                 background = [
-                    group.create_task(heartbeat_loop(state), name="taskq-heartbeat"),
-                    group.create_task(maintenance_loop(state), name="taskq-maintenance"),
+                    group.create_task(
+                        sibling("heartbeat", lambda: heartbeat_loop(state)), name="taskq-heartbeat"
+                    ),
+                    group.create_task(
+                        sibling("maintenance-leader", MaintenanceLeader(state).run),
+                        name="taskq-maintenance-leader",
+                    ),
                 ]
+                if settings.watchdog_enabled:
+                    background.append(
+                        group.create_task(
+                            stale_tick_loop(
+                                state.liveness, settings.watchdog_check_interval.total_seconds()
+                            ),
+                            name="taskq-stale-tick-watchdog",
+                        )
+                    )
                 if settings.until_idle:
                     background.append(
                         group.create_task(drain_monitor_loop(state), name="taskq-drain-monitor")
                     )
-                workers = [group.create_task(producer_loop(state), name="taskq-producer")]
+                workers = [
+                    group.create_task(
+                        sibling("producer", lambda: producer_loop(state)), name="taskq-producer"
+                    )
+                ]
                 workers += [
-                    group.create_task(consumer_loop(state), name=f"taskq-consumer-{i}")
+                    group.create_task(
+                        sibling("consumer", lambda: consumer_loop(state)),
+                        name=f"taskq-consumer-{i}",
+                    )
                     for i in range(settings.concurrency)
                 ]
                 group.create_task(self._supervise(state, workers, background), name="taskq-stop")
         finally:
+            if lag_watchdog is not None:
+                lag_watchdog.stop()
+            self._shutdown_watchdog.disarm()
             if self.health is not None:
                 await self.health.close()
             executor.shutdown(wait=False, cancel_futures=True)
@@ -146,18 +214,12 @@ class Worker:
         await state.stopping.wait()
         producer, consumers = workers[0], workers[1:]
         await producer
+        if self._stop_requested:
+            await orchestrate_shutdown(state, self._escalate)
         # Consumers finish what is queued, then meet one end marker each.
         for _ in consumers:
             state.queue.put_nowait(None)
-        grace = self.settings.termination_grace_period.total_seconds()
-        _, pending = await asyncio.wait(consumers, timeout=grace)
-        if pending:
-            # Their locks stay; the reclaim sweep hands the jobs out again.
-            _log.warning("taskq.shutdown-grace-exceeded", running=len(state.active))
-            for active in list(state.active.values()):
-                if active.task is not None:
-                    active.task.cancel()
-            await asyncio.wait(consumers)
+        await asyncio.wait(consumers)
         state.finished.set()
         for task in background:
             task.cancel()

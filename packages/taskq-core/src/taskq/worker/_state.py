@@ -6,17 +6,21 @@ import asyncio
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from taskq._di import Containers, LoopScope, ProcessScope, ProviderRegistry, ThreadScope
 from taskq._scope import Scope
 from taskq.actor import Actor
-from taskq.backend import Backend
+from taskq.backend import Backend, CancelPhase
 from taskq.client import JobsClient
 from taskq.context import Context
 from taskq.models import JobRow
 from taskq.settings import WorkerSettings
+from taskq.worker._liveness import LoopLiveness
+
+if TYPE_CHECKING:
+    from taskq.worker.cancel import CancelController
 
 
 @dataclass
@@ -26,9 +30,26 @@ class ActiveJob:
     row: JobRow
     ctx: Context | None = None
     task: asyncio.Task[None] | None = None
+    done: asyncio.Future[None] | None = None
+    """Resolved when the consumer may move on: the task ended, or the job was
+    abandoned or handed back while its task refused to stop."""
     cancel_requested: bool = False
+    """A user asked to cancel this job."""
+    cancel_phase: CancelPhase = CancelPhase.NONE
+    cancel_observed_at: float | None = None
+    """Loop time (monotonic) when this worker first saw the cancel request."""
+    interrupted: bool = False
+    """Shutdown stopped it: hand it back for another attempt, not cancelled."""
     lost: bool = False
     """The lock was lost (reclaimed elsewhere): never write this job's outcome."""
+    settling: bool = False
+    """The actor finished and its outcome is being written: a lease not renewed
+    meanwhile is that write, not a loss."""
+
+    def finish(self) -> None:
+        """Let the consumer move on (idempotent)."""
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
 
 
 @dataclass
@@ -54,6 +75,17 @@ class WorkerState:
     thread_scope: ThreadScope = field(default_factory=ThreadScope)
     loop_scope: LoopScope = field(default_factory=LoopScope)
     processed: int = 0
+    liveness: LoopLiveness = field(default_factory=LoopLiveness)
+    job_tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    """Every job task not yet finished, including abandoned ones still running."""
+    shutdown_phase: int = 0
+    """A ``ShutdownPhase`` value; 0 while running normally."""
+    cancel: CancelController = field(init=False)
+
+    def __post_init__(self) -> None:
+        from taskq.worker.cancel import make_cancel_controller
+
+        self.cancel = make_cancel_controller(self)
 
     @property
     def capacity(self) -> int:

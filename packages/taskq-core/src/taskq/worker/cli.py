@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from taskq.errors import ConfigurationError, TaskQError
 if TYPE_CHECKING:
     from taskq.app import TaskQ
     from taskq.settings import WorkerSettings
+    from taskq.worker._runtime import Worker
 
 __all__ = ["build_parser", "load_app", "main"]
 
@@ -101,20 +103,40 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
         await app.backend.migrate()
     async with app:
         worker = Worker(app, settings)
-        loop = asyncio.get_running_loop()
-        signals_seen = 0
-
-        def on_signal() -> None:
-            nonlocal signals_seen
-            signals_seen += 1
-            if signals_seen == 1:
-                worker.stop()
-            else:  # a second signal: stop waiting for running jobs
-                raise SystemExit(EXIT_ERROR)
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
+        _install_signal_handlers(worker)
         await worker.run()
+        lingering = worker.lingering_tasks()
+    if lingering:
+        # Tasks that swallowed cancellation would block the interpreter's exit
+        # forever; their jobs were handed back, so leave now.
+        print(f"taskq-worker: {len(lingering)} job task(s) ignored cancellation", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_OK)
+
+
+def _install_signal_handlers(worker: Worker) -> None:
+    """SIGTERM/SIGINT escalate (drain, then force, then exit 1); SIGUSR2 dumps task stacks."""
+    from taskq.worker._stacks import dump_task_stacks
+
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_stop_signal() -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen == 1:
+            worker.stop()
+        elif signals_seen == 2:
+            worker.escalate()
+        else:  # the third: stop now (the orchestrator's job is the supervisor's now)
+            print("taskq-worker: third signal, exiting at once", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(EXIT_ERROR)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_stop_signal)
+    loop.add_signal_handler(signal.SIGUSR2, lambda: dump_task_stacks("sigusr2"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,7 @@ to this same worker) cannot overwrite the newer attempt.
 from __future__ import annotations
 
 import asyncio
+import functools
 import traceback
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -19,13 +20,13 @@ from pydantic_core import to_jsonable_python
 
 from taskq._di import build_actor_scope
 from taskq.actor import CONTEXT_PARAMETER, Actor
-from taskq.backend import SupportsTransactions
+from taskq.backend import CancelPhase, SupportsTransactions
 from taskq.context import Context
 from taskq.errors import PayloadValidationError, WorkerOwnershipMismatch
 from taskq.logs import bind_job_context
 from taskq.models import ErrorInfo, JobRow
 from taskq.signals import RetryAfter, Snooze
-from taskq.worker._state import WorkerState
+from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
 
 _log = structlog.get_logger("taskq.worker")
@@ -45,10 +46,19 @@ async def consumer_loop(state: WorkerState) -> None:
             continue  # lost before it started: the lock is gone, so is the job
         task = asyncio.create_task(execute(state, row), name=f"taskq-job-{row.actor}-{row.id}")
         active.task = task
-        # asyncio.wait does not raise when the job task is cancelled (lock lost).
-        await asyncio.wait([task])
+        active.done = asyncio.get_running_loop().create_future()
+        task.add_done_callback(functools.partial(_finished, active))
+        state.job_tasks.add(task)
+        task.add_done_callback(state.job_tasks.discard)
+        # Not `await task`: a cancelled job task must not cancel its consumer, and
+        # an abandoned one that ignores cancellation must not hold the slot forever.
+        await active.done
         state.processed += 1
         state.release(row.id, active)
+
+
+def _finished(active: ActiveJob, _task: asyncio.Task[None]) -> None:
+    active.finish()
 
 
 async def _write(state: WorkerState, what: str, call: Callable[[], Awaitable[T]]) -> T | None:
@@ -124,7 +134,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     active = state.active.get(row.id)
     if active is not None:
         active.ctx = ctx
-        if active.cancel_requested:
+        if active.cancel_requested or active.interrupted:
             ctx.cancel_event.set()
 
     passthrough: dict[str, Any] = {actor.payload_parameter: payload}
@@ -133,7 +143,15 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     timeout = row.timeout.total_seconds() if row.timeout is not None else None
     _log.debug("taskq.job-started")
     try:
-        result = await _invoke(state, actor, passthrough, timeout)
+        try:
+            result = await _invoke(state, actor, passthrough, timeout)
+        finally:
+            if active is not None:
+                active.settling = True
+    except asyncio.CancelledError:
+        if not await _stopped(state, row, ctx):
+            raise
+        return
     except Snooze as snooze:
         snooze_delay = snooze.delay
         outcome = await _write(
@@ -169,16 +187,14 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
             _ownership_lost(row, "retry_after")
         return
     except Exception as exc:  # noqa: BLE001 - every actor error becomes an outcome
-        if ctx.cancel_event.is_set():
-            await _cancelled(state, row, ctx)
+        if ctx.cancel_event.is_set() and await _stopped(state, row, ctx):
             return
         decision = actor.retry.classify(exc, row.attempt)
         _log.info("taskq.job-raised", error=repr(exc), decision=decision.kind)
         await _fail(state, row, exc, retry_delay=decision.delay, ctx=ctx)
         return
 
-    if ctx.cancel_event.is_set():
-        await _cancelled(state, row, ctx)
+    if ctx.cancel_event.is_set() and await _stopped(state, row, ctx):
         return
     try:
         stored = _jsonable(result)
@@ -283,6 +299,46 @@ async def _fail(
     # A no-op returns the row as someone else left it: not our attempt's error.
     if after is not None and not (after.attempt == row.attempt and after.error == info):
         _ownership_lost(row, "failed_or_retry")
+
+
+async def _stopped(state: WorkerState, row: JobRow, ctx: Context) -> bool:
+    """Write the outcome of a job that was told to stop; False when it is not ours to write.
+
+    A user's cancel ends it ``cancelled``; a shutdown hands it back for another
+    attempt (``interrupted``, no attempt used). A lost lock, or an abandonment
+    the cancel controller owns (the consumer skip guard), writes nothing.
+    """
+    active = state.active.get(row.id)
+    if active is None or active.lost or active.row.attempt != row.attempt:
+        return False
+    if active.cancel_phase >= CancelPhase.ABANDON_PENDING:
+        return True
+    if active.cancel_requested:
+        await _cancelled(state, row, ctx)
+        return True
+    if active.interrupted:
+        await hand_back(state, row, ctx)
+        return True
+    return False
+
+
+async def hand_back(state: WorkerState, row: JobRow, ctx: Context | None) -> None:
+    """Return a job interrupted by shutdown for another attempt, its budget untouched."""
+    verdict = await _write(
+        state,
+        "interrupted",
+        lambda: state.backend.mark_snoozed(
+            row.id,
+            state.worker_id,
+            timedelta(0),
+            progress_seq=ctx.progress_seq if ctx else 0,
+            progress_state=ctx.progress_state if ctx else None,
+            outcome="interrupted",
+            attempt=row.attempt,
+        ),
+    )
+    if verdict == "noop":
+        _ownership_lost(row, "interrupted")
 
 
 async def _cancelled(state: WorkerState, row: JobRow, ctx: Context) -> None:

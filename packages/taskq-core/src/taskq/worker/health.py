@@ -20,31 +20,16 @@ import time
 
 import structlog
 
+from taskq.worker._stacks import describe_tasks
 from taskq.worker._state import WorkerState
 
-__all__ = ["HealthServer", "describe_tasks"]
+__all__ = ["HealthServer"]
 
 _log = structlog.get_logger("taskq.worker")
 
 _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 # Readiness probes can be frequent; one backend round trip per second is plenty.
 _READINESS_CACHE_SECONDS = 1.0
-
-
-def describe_tasks() -> list[dict[str, object]]:
-    """Every live asyncio task: name, coroutine and the frames it waits in."""
-    described = []
-    for task in asyncio.all_tasks():
-        frames = [f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack(limit=8)]
-        coro = task.get_coro()
-        described.append(
-            {
-                "name": task.get_name(),
-                "coro": getattr(coro, "__qualname__", repr(coro)),
-                "await_sites": frames,
-            }
-        )
-    return sorted(described, key=lambda t: str(t["name"]))
 
 
 class HealthServer:

@@ -27,7 +27,7 @@ async def _sleep_or_wake(seconds: float, wake: asyncio.Event) -> None:
 
 
 async def heartbeat_once(state: WorkerState) -> None:
-    """One tick: renew leases, drop lost jobs, deliver cancel requests."""
+    """One tick: renew leases, drop lost jobs, advance cancellations."""
     backend, wid = state.backend, state.worker_id
     held = dict(state.active)
     renewed = await backend.heartbeat_jobs(wid, state.settings.lock_lease)
@@ -41,7 +41,7 @@ async def heartbeat_once(state: WorkerState) -> None:
                 and row.locked_by_worker == wid
                 and row.attempt == active.row.attempt
             )
-            if still_ours or state.active.get(job_id) is not active:
+            if still_ours or active.settling or state.active.get(job_id) is not active:
                 continue
             _log.warning("taskq.lock-lost", job_id=str(job_id), attempt=active.row.attempt)
             active.lost = True
@@ -49,14 +49,8 @@ async def heartbeat_once(state: WorkerState) -> None:
                 active.task.cancel()
             else:
                 state.release(job_id, active)
-    for flag in await backend.poll_cancel_flags(wid):
-        flagged = state.active.get(flag.job_id)
-        if flagged is None or flagged.cancel_requested:
-            continue
-        flagged.cancel_requested = True
-        if flagged.ctx is not None:
-            flagged.ctx.cancel_event.set()
-        _log.info("taskq.cancel-observed", job_id=str(flag.job_id), reason=flag.reason)
+    await state.cancel.run_tick(await backend.poll_cancel_flags(wid))
+    await state.cancel.run_post_tick()
 
 
 async def heartbeat_loop(state: WorkerState) -> None:
@@ -75,4 +69,5 @@ async def heartbeat_loop(state: WorkerState) -> None:
                 guard.failed(exc)
             else:
                 guard.succeeded()
+            state.liveness.tick("heartbeat", interval)
             await _sleep_or_wake(interval, cancel_wake)

@@ -1,48 +1,59 @@
-"""Maintenance sweeps: scheduled -> pending, deadlines, expired locks.
+"""The maintenance leader's sweeps: what one leader tick does, per loop.
 
-Every sweep is a guarded, idempotent statement that is safe to run from
-several workers at once (row locks with SKIP LOCKED on Postgres), so until
-leader election gates them each worker runs them on its own cadence.
+Each function is one iteration of a leader loop (see :mod:`taskq.worker.leader`);
+every sweep is a guarded, idempotent statement, so an overlap with a leader
+that has not yet noticed it was deposed moves nothing twice.
 """
 
 from __future__ import annotations
 
-import asyncio
+from typing import TYPE_CHECKING
 
-import structlog
+from taskq.backend._protocol import SupportsCron, SupportsPrune
+from taskq.worker.cron import SlotJobBuilder
 
-from taskq.worker._state import WorkerState
-from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
+if TYPE_CHECKING:
+    from taskq.worker._state import WorkerState
 
-_log = structlog.get_logger("taskq.worker")
+__all__ = ["archive_expiry_once", "cron_once", "prune_once", "sweep_once"]
 
 
-async def sweep_once(state: WorkerState) -> dict[str, int]:
-    """Run each sweep once; returns how many jobs each one moved."""
+async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
+    """Promote due scheduled jobs, fail those past their deadline (Sweep 2) and, when
+    ``reclaim``, reclaim expired locks (Sweep 1); returns how many jobs each moved."""
     backend, settings = state.backend, state.settings
-    return {
+    moved = {
         "scheduled_to_pending": await backend.scheduled_to_pending(),
         "deadline": await backend.deadline_sweep(),
-        "reclaimed": await backend.reclaim_expired_locks(
+    }
+    if reclaim:
+        moved["reclaimed"] = await backend.reclaim_expired_locks(
             settings.cancellation_grace_period, settings.cleanup_grace_period
-        ),
+        )
+    return moved
+
+
+async def cron_once(state: WorkerState, backend: SupportsCron) -> dict[str, int]:
+    """Fire every due cron slot (within the catch-up window)."""
+    build = SlotJobBuilder(state.client, state.actors.keys())
+    return {
+        "cron_fired": await backend.fire_due_schedules(build, catch_up=state.settings.cron_catch_up)
     }
 
 
-async def maintenance_loop(state: WorkerState) -> None:
-    """Sweep every ``maintenance_interval`` until cancelled."""
-    guard = UnexpectedLoopErrorGuard("maintenance")
-    transient = transient_errors()
-    interval = state.settings.maintenance_interval.total_seconds()
-    while True:
-        try:
-            moved = await sweep_once(state)
-        except transient as exc:
-            _log.warning("taskq.sweep-transient-error", error=repr(exc))
-        except Exception as exc:  # noqa: BLE001 - the guard decides
-            guard.failed(exc)
-        else:
-            guard.succeeded()
-            if any(moved.values()):
-                _log.debug("taskq.swept", **moved)
-        await asyncio.sleep(interval)
+async def prune_once(state: WorkerState, backend: SupportsPrune) -> dict[str, int]:
+    """Sweep 5: terminal jobs past their retention -> the archive."""
+    settings = state.settings
+    moved = await backend.prune_terminal_jobs(
+        settings.prune_retention,
+        archive_retention=settings.archive_retention,
+        batch_size=settings.prune_batch_size,
+    )
+    return {"pruned": moved}
+
+
+async def archive_expiry_once(state: WorkerState, backend: SupportsPrune) -> dict[str, int]:
+    """Sweep 6: archived jobs past ``expire_at`` are deleted."""
+    return {
+        "archive_expired": await backend.expire_archive(batch_size=state.settings.prune_batch_size)
+    }

@@ -35,6 +35,7 @@ async def producer_loop(state: WorkerState) -> None:
     transient = transient_errors()
     async with state.backend.subscribe_wake() as wake:
         while not state.stopping.is_set():
+            state.liveness.tick("producer", poll)
             free = state.capacity - len(state.active)
             if free <= 0:
                 state.slot_freed.clear()

@@ -1,0 +1,294 @@
+"""``taskq demo``: a worker processing a few hundred real jobs, then a summary.
+
+The demo enqueues the mix from :func:`taskq.demo.plan` (quick jobs, retries,
+permanent failures, snoozes, ``RetryAfter``, delayed and cancelled jobs, a
+fan-out with sub-jobs, a job reporting progress), runs an in-process worker
+until the demo queue is idle while a progress line counts finished jobs, and
+prints how the jobs ended and how long they took.
+
+Re-runs are repeatable: each run tags its jobs and reports on its own tag
+only, and first cancels whatever an interrupted earlier run left waiting in
+the demo queue (it would keep this run's worker from ever going idle). The
+backend protocol has no way to delete jobs, so earlier runs' finished jobs
+stay in the schema as history; the schema defaults to ``taskq_demo`` so they
+never mix with an application's, and the demo touches no other schema.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Final, TextIO
+from uuid import UUID, uuid4
+
+from taskq.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from taskq.cli._commands import CommandRegistry
+    from taskq.client import JobsClient
+    from taskq.models import AttemptRow, JobFilter, JobRow
+
+DEFAULT_SCHEMA: Final = "taskq_demo"
+DEFAULT_JOBS: Final = 300
+MAX_JOBS: Final = 10_000
+"""One page of ``list_jobs``: the demo reads its jobs back in a single call."""
+
+# Short dispatch and maintenance intervals, so snoozed, retried and delayed
+# jobs come due within the demo's seconds; the jobs are short, so heartbeats
+# and leases keep their defaults. env={} below keeps the user's TASKQ_*
+# variables from changing any of it.
+_WORKER_SETTINGS: Final[dict[str, Any]] = {
+    "concurrency": 16,
+    "until_idle": True,
+    "poll_interval": "200ms",
+    "maintenance_interval": "100ms",
+    "termination_grace_period": "10s",
+}
+
+
+def _job_count(text: str) -> int:
+    from taskq.demo import MIN_JOBS
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not MIN_JOBS <= value <= MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"must be between {MIN_JOBS} and {MAX_JOBS}, got {value}")
+    return value
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dsn",
+        help="backend URL (default: $TASKQ_DSN, else the embedded PostgreSQL under ./.taskq/ "
+        "when taskq-postgres[embedded] is installed); memory:// runs it all in this process",
+    )
+    parser.add_argument(
+        "--schema",
+        default=DEFAULT_SCHEMA,
+        help=f"schema for the demo's jobs, migrated if needed (default: {DEFAULT_SCHEMA}; "
+        f"TASKQ_SCHEMA is ignored so the demo never lands in an application's schema)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=_job_count,
+        default=DEFAULT_JOBS,
+        help=f"how many jobs, sub-jobs included (default: {DEFAULT_JOBS})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+class _ProgressLine:
+    """``done/total`` on stderr: redrawn in place on a terminal, else a plain line
+    every few seconds (CI logs and pipes get no carriage returns)."""
+
+    _WIDTH: Final = 30
+    _PLAIN_EVERY_SECONDS: Final = 2.0
+
+    def __init__(self, stream: TextIO, total: int) -> None:
+        self._stream = stream
+        self._total = total
+        self._tty = stream.isatty()
+        self._last_plain: float | None = None
+
+    @property
+    def interval(self) -> float:
+        """How often to look at the jobs again."""
+        return 0.1 if self._tty else 0.5
+
+    def _text(self, done: int) -> str:
+        filled = self._WIDTH * min(done, self._total) // self._total
+        bar = "#" * filled + "." * (self._WIDTH - filled)
+        return f"taskq demo: [{bar}] {done}/{self._total} jobs done"
+
+    def show(self, done: int) -> None:
+        """Report ``done`` finished jobs."""
+        if self._tty:
+            self._stream.write("\r" + self._text(done))
+        else:
+            now = time.monotonic()
+            if self._last_plain is not None and now - self._last_plain < self._PLAIN_EVERY_SECONDS:
+                return
+            self._last_plain = now
+            self._stream.write(self._text(done) + "\n")
+        self._stream.flush()
+
+    def finish(self, done: int) -> None:
+        """The final count, always shown, ending the line."""
+        self._stream.write(("\r" if self._tty else "") + self._text(done) + "\n")
+        self._stream.flush()
+
+
+@dataclass(frozen=True)
+class Summary:
+    """How a demo run went: its jobs' final statuses and its timings (seconds)."""
+
+    schema: str
+    jobs: int
+    statuses: dict[str, int]
+    wall_seconds: float
+    jobs_per_second: float
+    attempts: int
+    run_seconds_median: float | None
+    run_seconds_p95: float | None
+    enqueue_to_start_seconds_median: float | None
+
+    def as_table(self) -> str:
+        """The summary as aligned text for people."""
+        lines = [f"taskq demo: {self.jobs} jobs in schema {self.schema}", "", "  status      jobs"]
+        lines += [f"  {status:<10} {count:>5}" for status, count in self.statuses.items()]
+        lines += [f"  {'total':<10} {self.jobs:>5}", ""]
+        lines.append(f"  {'wall time':<17} {_duration(self.wall_seconds)}")
+        lines.append(f"  {'throughput':<17} {self.jobs_per_second:.1f} jobs/s")
+        lines.append(
+            f"  {'run time':<17} median {_duration(self.run_seconds_median)}, "
+            f"p95 {_duration(self.run_seconds_p95)} (over {self.attempts} attempts)"
+        )
+        lines.append(
+            f"  {'enqueue -> start':<17} median {_duration(self.enqueue_to_start_seconds_median)}"
+        )
+        return "\n".join(lines)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _p95(values: list[float]) -> float | None:
+    # Nearest rank: an observed value, never an interpolation between two.
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(math.ceil(0.95 * len(ordered)) - 1, 0)]
+
+
+def summarize(
+    schema: str, rows: list[JobRow], attempts: list[AttemptRow], wall_seconds: float
+) -> Summary:
+    """Count ``rows`` by status (every terminal status listed, zero or not) and
+    time the ``attempts``; queueing time runs from a job's creation to its first start."""
+    from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
+
+    counts = {s.value: 0 for s in JobStatus if s in TERMINAL_STATUSES}
+    for row in rows:
+        counts[row.status.value] = counts.get(row.status.value, 0) + 1
+    run_times = [d.total_seconds() for a in attempts if (d := a.duration) is not None]
+    first_start: dict[UUID, datetime] = {}
+    for a in attempts:
+        if a.started_at is not None:
+            first_start[a.job_id] = min(a.started_at, first_start.get(a.job_id, a.started_at))
+    waits = [
+        (first_start[r.id] - r.created_at).total_seconds() for r in rows if r.id in first_start
+    ]
+    return Summary(
+        schema=schema,
+        jobs=len(rows),
+        statuses=counts,
+        wall_seconds=wall_seconds,
+        jobs_per_second=len(rows) / wall_seconds if wall_seconds > 0 else 0.0,
+        attempts=len(attempts),
+        run_seconds_median=statistics.median(run_times) if run_times else None,
+        run_seconds_p95=_p95(run_times),
+        enqueue_to_start_seconds_median=statistics.median(waits) if waits else None,
+    )
+
+
+async def _count_finished(client: JobsClient, run: JobFilter) -> int:
+    return len(await client.list_jobs(run.model_copy(update={"active": False})))
+
+
+async def _watch(client: JobsClient, run: JobFilter, progress: _ProgressLine) -> None:
+    while True:
+        progress.show(await _count_finished(client, run))
+        await asyncio.sleep(progress.interval)
+
+
+async def run_demo(dsn: str, schema: str, jobs: int, progress_stream: TextIO) -> Summary:
+    """Enqueue the demo's ``jobs`` jobs in ``schema`` on ``dsn``, work them off, summarize."""
+    from taskq.backend import SupportsMigrate
+    from taskq.demo import DEMO_QUEUE, build_app, plan
+    from taskq.models import JobFilter
+    from taskq.settings import WorkerSettings
+    from taskq.worker import Worker
+
+    app = build_app(dsn, schema=schema)
+    if isinstance(app.backend, SupportsMigrate):
+        await app.backend.migrate()
+    settings = WorkerSettings.load({**_WORKER_SETTINGS, "queues": [DEMO_QUEUE]}, env={})
+    tag = f"taskq-demo-run:{uuid4().hex[:12]}"
+    run = JobFilter(tags=(tag,), limit=MAX_JOBS)
+    async with app:
+        client = app.client
+        await client.cancel_where(
+            JobFilter(queue=DEMO_QUEUE, active=True), reason="left over by an interrupted demo"
+        )
+        items, to_cancel = plan(jobs, random.Random(), tags=[tag])
+        enqueued = await client.enqueue_batch(items)
+        for index in to_cancel:
+            await client.cancel(enqueued[index].id, reason="cancelled by the demo while pending")
+
+        progress = _ProgressLine(progress_stream, jobs)
+        worker = Worker(app, settings)
+        started = time.monotonic()
+        async with asyncio.TaskGroup() as group:
+            watcher = group.create_task(_watch(client, run, progress))
+            await worker.run()
+            watcher.cancel()
+        wall_seconds = time.monotonic() - started
+        progress.finish(await _count_finished(client, run))
+
+        rows = await client.list_jobs(run)
+        attempts = [a for row in rows for a in await client.get_attempts(row.id)]
+    return summarize(schema, rows, attempts, wall_seconds)
+
+
+def _quiet_logs() -> None:
+    # The worker logs every failed attempt at INFO; the demo fails dozens on
+    # purpose, and those lines would bury the progress line and the summary.
+    # Warnings and errors still show.
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+def _run(args: argparse.Namespace) -> int:
+    from taskq._dsn import resolve_dsn
+    from taskq.identifiers import validate_schema_name
+
+    try:
+        schema = validate_schema_name(args.schema)
+    except ValueError as exc:
+        raise ConfigurationError(f"--schema: {exc}") from None
+    dsn = resolve_dsn(args.dsn)
+    _quiet_logs()
+    summary = asyncio.run(run_demo(dsn, schema, args.jobs, sys.stderr))
+    if args.json:
+        print(json.dumps(asdict(summary), indent=2))
+    else:
+        print(summary.as_table())
+    return 0
+
+
+def register(cli: CommandRegistry) -> None:
+    """Add ``taskq demo`` to the ``taskq`` command."""
+    cli.add(
+        "demo",
+        help="run a worker on a few hundred demonstration jobs and summarize how they ended "
+        "(embedded PostgreSQL when no DSN is given)",
+        configure=_configure,
+        run=_run,
+    )

@@ -1,0 +1,76 @@
+"""Rendering for the ``taskq`` commands: aligned text tables, times, durations and JSON.
+
+Text output is for people (aligned, long cells cut short); ``--json`` output
+is for scripts and carries every field in full.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+__all__ = ["compact", "format_duration", "format_time", "print_json", "table"]
+
+_ELLIPSIS = "..."  # ASCII: a terminal with a non-UTF-8 encoding must not break the output
+
+
+def print_json(value: Any) -> None:
+    """Print ``value`` (pydantic models, or lists and dicts of them) as indented JSON."""
+    from pydantic_core import to_jsonable_python
+
+    print(json.dumps(to_jsonable_python(value), indent=2))
+
+
+def format_time(value: datetime | None, *, ms: bool = False) -> str:
+    """A UTC time, ``2024-05-01T12:00:03Z`` (``…03.250Z`` with ``ms``); empty for None."""
+    if value is None:
+        return ""
+    return value.astimezone(UTC).isoformat(timespec="milliseconds" if ms else "seconds")[:-6] + "Z"
+
+
+def format_duration(value: timedelta | None) -> str:
+    """A duration at a precision fit for its size: ``850ms``, ``2.35s``, ``4m05s``, ``1h02m``."""
+    if value is None:
+        return ""
+    seconds = value.total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.2f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def compact(value: Any, limit: int | None = None) -> str:
+    """``value`` on one line: text (strings, ids, enum values) as is with its whitespace
+    collapsed, anything else as JSON; cut to ``limit`` characters when given."""
+    from pydantic_core import to_jsonable_python
+
+    plain = to_jsonable_python(value)
+    text = " ".join(plain.split()) if isinstance(plain, str) else json.dumps(plain)
+    return _cut(text, limit)
+
+
+def _cut(text: str, limit: int | None) -> str:
+    if limit is None or len(text) <= limit:
+        return text
+    return text[: max(limit - len(_ELLIPSIS), 0)] + _ELLIPSIS
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], max_width: int = 40) -> str:
+    """``rows`` under ``headers`` in left-aligned columns two spaces apart; a cell longer
+    than ``max_width`` is cut short. Trailing blanks are stripped from every line."""
+    cells = [[_cut(" ".join(c.split()), max_width) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        for line in [list(headers), *cells]
+    ]
+    return "\n".join(lines)

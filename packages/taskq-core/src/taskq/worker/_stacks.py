@@ -1,0 +1,49 @@
+"""``dump_task_stacks``: the one implementation behind every task-stack dump.
+
+Used by SIGUSR2, the ``/tasks`` health route, watchdog trips and the
+shutdown straggler log. Each live asyncio task becomes one structured record
+(name, coroutine, await sites as file:line) plus a raw stderr line, so the
+dump survives a broken logging pipeline. No locals or payload values are
+included: only code structure and file paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import structlog
+
+__all__ = ["describe_tasks", "dump_task_stacks"]
+
+_log = structlog.get_logger("taskq.worker")
+
+
+def describe_tasks(tasks: set[asyncio.Task[object]] | None = None) -> list[dict[str, object]]:
+    """Every live task (default: of the running loop): name, coroutine, await sites."""
+    described = []
+    for task in tasks if tasks is not None else asyncio.all_tasks():
+        frames = [f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack(limit=8)]
+        coro = task.get_coro()
+        described.append(
+            {
+                "name": task.get_name(),
+                "coro": getattr(coro, "__qualname__", repr(coro)),
+                "await_sites": frames,
+            }
+        )
+    return sorted(described, key=lambda t: str(t["name"]))
+
+
+def dump_task_stacks(reason: str, *, detector: str | None = None) -> int:
+    """Log one record per live task and echo it raw to stderr; returns the task count."""
+    tasks = describe_tasks()
+    for task in tasks:
+        _log.warning("taskq.task-stack", reason=reason, detector=detector, **task)
+        print(
+            f"taskq task-stack [{reason}] {task['name']} {task['coro']} "
+            f"at {' <- '.join(map(str, task['await_sites']))}",  # type: ignore[call-overload]
+            file=sys.stderr,
+        )
+    sys.stderr.flush()
+    return len(tasks)

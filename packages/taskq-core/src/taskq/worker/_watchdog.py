@@ -1,0 +1,172 @@
+"""Hang detection: four detectors that end a wedged worker with exit code 2.
+
+A wedged process cannot be trusted to unwind, so a trip logs, dumps what it
+can, flushes and calls ``os._exit(EXIT_WATCHDOG)`` with no further awaits;
+the supervisor restarts the worker and its jobs come back through the
+reclaim sweep once their leases expire.
+
+1. :class:`ShutdownWatchdog` — a shutdown still running
+   ``termination_grace_period`` after the first signal (a thread: it must
+   fire even when the loop is wedged).
+2. :func:`stale_tick_loop` — an interval-driven loop that has not ticked
+   within its budget (``LoopLiveness``), checked from inside the TaskGroup.
+3. :func:`guard_sibling` — a long-lived sibling returning while the worker
+   is not shutting down.
+4. :class:`LoopLagWatchdog` — the event loop not scheduling a beat within
+   ``watchdog_loop_lag_budget`` (a daemon thread; dumps thread stacks with
+   faulthandler because a blocked loop cannot list its tasks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import os
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, NoReturn
+
+import structlog
+
+from taskq.worker._liveness import LoopLiveness
+from taskq.worker._stacks import dump_task_stacks
+
+__all__ = [
+    "EXIT_WATCHDOG",
+    "LoopLagWatchdog",
+    "ShutdownWatchdog",
+    "guard_sibling",
+    "stale_tick_loop",
+    "trip",
+]
+
+_log = structlog.get_logger("taskq.watchdog")
+
+EXIT_WATCHDOG = 2
+
+
+def _exit(code: int) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def trip(detector: str, reason: str, *, in_loop: bool = True) -> NoReturn:
+    """Log, dump stacks, flush and exit with :data:`EXIT_WATCHDOG`. Never returns."""
+    _log.critical("taskq.watchdog-trip", detector=detector, reason=reason)
+    if in_loop:
+        dump_task_stacks(f"watchdog: {reason}", detector=detector)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    _exit(EXIT_WATCHDOG)
+
+
+class ShutdownWatchdog:
+    """Detector 1: trips when a shutdown overruns ``deadline`` seconds from :meth:`arm`."""
+
+    def __init__(self, deadline: float) -> None:
+        self._deadline = deadline
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def arm(self) -> None:
+        """Start counting (at the first shutdown signal). Idempotent."""
+        if self._thread is not None:
+            return
+        _log.info("taskq.shutdown-watchdog-armed", deadline_s=self._deadline)
+        self._thread = threading.Thread(
+            target=self._watch, name="taskq-shutdown-watchdog", daemon=True
+        )
+        self._thread.start()
+
+    def disarm(self) -> None:
+        """The shutdown finished in time."""
+        self._done.set()
+
+    def _watch(self) -> None:
+        if not self._done.wait(self._deadline):
+            trip(
+                "shutdown-deadline",
+                f"shutdown still running after {self._deadline}s",
+                in_loop=False,
+            )
+
+
+class LoopLagWatchdog:
+    """Detector 4: a daemon thread that trips when the loop stops scheduling its beats."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        liveness: LoopLiveness,
+        *,
+        budget: float,
+        startup_grace: float,
+        check_interval: float,
+    ) -> None:
+        self._loop = loop
+        self._liveness = liveness
+        self._budget = budget
+        self._startup_grace = startup_grace
+        self._check_interval = check_interval
+        self._last_beat = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="taskq-loop-lag", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _beat(self) -> None:
+        self._last_beat = time.monotonic()
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        requested: float | None = None  # when the beat still awaited was scheduled
+        try:
+            while not self._stop.wait(self._check_interval):
+                now = time.monotonic()
+                if requested is not None and self._last_beat < requested:
+                    armed = self._liveness.any_tick.is_set() or now - started >= self._startup_grace
+                    if armed and now - requested > self._budget:
+                        trip(
+                            "loop-lag",
+                            f"event loop blocked for {now - requested:.1f}s "
+                            f"(budget {self._budget}s)",
+                            in_loop=False,
+                        )
+                    continue  # that beat is still queued: do not pile up more
+                requested = now
+                try:
+                    self._loop.call_soon_threadsafe(self._beat)
+                except RuntimeError:
+                    return  # the loop closed: the worker is gone
+        except BaseException as exc:
+            # A dead watchdog thread silently removes detector 4: say so loudly.
+            _log.critical("taskq.loop-lag-watchdog-died", error=repr(exc))
+            raise
+
+
+async def stale_tick_loop(liveness: LoopLiveness, check_interval: float) -> None:
+    """Detector 2: trip when any tracked loop's tick is older than its budget."""
+    while True:
+        await asyncio.sleep(check_interval)
+        stale = liveness.stale()
+        if stale:
+            trip("stale-tick", f"loops stopped ticking: {stale}")
+
+
+def guard_sibling(
+    name: str, run: Callable[[], Awaitable[None]], shutting_down: Callable[[], bool]
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """Detector 3: a sibling loop may only return once shutdown began."""
+
+    async def guarded() -> None:
+        await run()
+        if not shutting_down():
+            trip("sibling-contract", f"worker loop {name!r} returned while the worker runs")
+
+    return guarded

@@ -1,0 +1,117 @@
+"""Three-phase cancellation of running jobs, driven by the heartbeat.
+
+1. **Cooperative** — the first time this worker sees a cancel request
+   (``poll_cancel_flags``) it sets the actor's ``ctx.cancel_event`` and notes
+   the (monotonic) time. No write: the request is already stored.
+2. **Forced** — after ``cancellation_grace_period`` the escalation (phase 2
+   and its event row) is written, and only then, with no await in between,
+   the job's task is cancelled. If the write fails the task is left alone
+   and the next tick tries again. A phase 2 already stored (written by an
+   earlier run of this worker) fast-advances the local phase without a write.
+3. **Abandonment** — after ``cancellation_grace_period +
+   cleanup_grace_period`` a task that still has not stopped (it swallowed
+   ``CancelledError``) is queued as ``ABANDON_PENDING`` (in-process only);
+   :meth:`CancelController.run_post_tick` writes ``mark_abandoned`` after the
+   tick's own writes are done, and the consumer moves on.
+
+The consumer skips its own terminal write for a job in ``ABANDON_PENDING``:
+the controller owns it, so the two can never both write.
+
+The architecture runs phases 1-3 inside one heartbeat transaction
+(``run_in_tx(conn)``); here every write is one atomic statement of the
+backend's own (the escalation UPDATE and its event row together), so the
+controller needs no connection of its own and core imports no driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Protocol, runtime_checkable
+from uuid import UUID
+
+import structlog
+
+from taskq.backend import CancelPhase
+from taskq.models import CancelFlag
+from taskq.worker._state import WorkerState
+
+__all__ = ["CancelController", "make_cancel_controller"]
+
+_log = structlog.get_logger("taskq.worker")
+
+
+@runtime_checkable
+class CancelController(Protocol):
+    """What the heartbeat calls on every tick."""
+
+    async def run_tick(self, flags: list[CancelFlag]) -> None:
+        """Observe new cancel requests and escalate overdue ones."""
+        ...
+
+    async def run_post_tick(self) -> None:
+        """Write the abandonments queued by :meth:`run_tick`."""
+        ...
+
+
+class _CancelController:
+    def __init__(self, state: WorkerState) -> None:
+        self._state = state
+        self._pending_abandons: deque[UUID] = deque()
+
+    async def run_tick(self, flags: list[CancelFlag]) -> None:
+        state = self._state
+        loop = asyncio.get_running_loop()
+        for flag in flags:
+            active = state.active.get(flag.job_id)
+            if active is None:
+                continue
+            if active.cancel_phase is CancelPhase.NONE:
+                active.cancel_requested = True
+                active.cancel_phase = CancelPhase.COOPERATIVE
+                active.cancel_observed_at = loop.time()
+                if active.ctx is not None:
+                    active.ctx.cancel_event.set()
+                _log.info("taskq.cancel-observed", job_id=str(flag.job_id), reason=flag.reason)
+            if flag.cancel_phase is CancelPhase.FORCED and active.cancel_phase < CancelPhase.FORCED:
+                active.cancel_phase = CancelPhase.FORCED  # already escalated: no second write
+                if active.task is not None:
+                    active.task.cancel()
+        grace = state.settings.cancellation_grace_period.total_seconds()
+        cleanup = grace + state.settings.cleanup_grace_period.total_seconds()
+        for job_id, active in list(state.active.items()):
+            if active.cancel_observed_at is None or active.task is None or active.task.done():
+                continue
+            waited = loop.time() - active.cancel_observed_at
+            if active.cancel_phase is CancelPhase.COOPERATIVE and waited >= grace:
+                escalated = await state.backend.write_cancel_escalation(
+                    job_id, state.worker_id, 2, attempt=active.row.attempt
+                )
+                if escalated:
+                    # Stored before the task hears of it, with no await in between.
+                    active.cancel_phase = CancelPhase.FORCED
+                    active.task.cancel()
+                    _log.warning("taskq.cancel-forced", job_id=str(job_id))
+            elif active.cancel_phase is CancelPhase.FORCED and waited >= cleanup:
+                active.cancel_phase = CancelPhase.ABANDON_PENDING
+                self._pending_abandons.append(job_id)
+
+    async def run_post_tick(self) -> None:
+        state = self._state
+        while self._pending_abandons:
+            job_id = self._pending_abandons[0]
+            active = state.active.get(job_id)
+            if await state.backend.mark_abandoned(
+                job_id,
+                active.ctx.progress_seq if active and active.ctx else 0,
+                active.ctx.progress_state if active and active.ctx else None,
+            ):
+                _log.error("taskq.job-abandoned", job_id=str(job_id))
+            self._pending_abandons.popleft()
+            if active is not None:
+                active.finish()
+
+
+def make_cancel_controller(state: WorkerState) -> CancelController:
+    """The production controller for one worker."""
+    return _CancelController(state)

@@ -1,0 +1,177 @@
+"""``MaintenanceLeader``: the election and the leader-only loops of one worker.
+
+Every worker runs the election loop; the loops behind it (promotion and the
+deadline/reclaim sweeps, cron, prune, archive expiry) work only while this
+worker leads. Each of their iterations first confirms leadership with the
+backend (a round trip on the leader session), so a leader that was frozen
+and deposed steps down on its first tick after waking instead of sweeping
+beside its successor.
+
+A new leader holds back reclaims for ``reclaim_grace``: after a database
+outage longer than the lock lease every lease looks expired, and the
+workers that are alive and still running those jobs need one heartbeat to
+renew them before the sweep may judge them dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from taskq.backend._protocol import (
+    LeaderElector,
+    SupportsCron,
+    SupportsLeaderElection,
+    SupportsPrune,
+)
+from taskq.worker._state import WorkerState
+from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
+from taskq.worker.maintenance import archive_expiry_once, cron_once, prune_once, sweep_once
+
+__all__ = ["MaintenanceLeader"]
+
+_log = structlog.get_logger("taskq.leader")
+
+Work = Callable[[], Awaitable[dict[str, int]]]
+
+
+class _Solo:
+    """The elector of a backend that cannot elect: this worker leads alone."""
+
+    async def try_acquire(self) -> bool:
+        return True
+
+    async def release(self) -> None:
+        return None
+
+
+class MaintenanceLeader:
+    """Runs the election and, while elected, the maintenance loops (see module doc)."""
+
+    def __init__(self, state: WorkerState) -> None:
+        self.state = state
+        backend = state.backend
+        self.elector: LeaderElector = (
+            backend.leader_elector(state.worker_id, lease=state.settings.leader_lease)
+            if isinstance(backend, SupportsLeaderElection)
+            else _Solo()
+        )
+        self.is_leader = asyncio.Event()
+        """Set while this worker leads."""
+        self._elected_at = 0.0
+        self._confirm_lock = asyncio.Lock()
+        self._loops: list[tuple[str, float, Work]] = []
+
+    async def run(self) -> None:
+        """Elect and lead until cancelled; steps down (releases the lease) on exit."""
+        settings, backend = self.state.settings, self.state.backend
+        self._loops = [
+            ("leader-sweep", settings.maintenance_interval.total_seconds(), self._sweep),
+        ]
+        if isinstance(backend, SupportsCron):
+            cron_backend = backend
+            self._loops.append(
+                (
+                    "leader-cron",
+                    settings.cron_interval.total_seconds(),
+                    lambda: cron_once(self.state, cron_backend),
+                )
+            )
+        if isinstance(backend, SupportsPrune):
+            prune_backend = backend
+            self._loops += [
+                (
+                    "leader-prune",
+                    settings.prune_interval.total_seconds(),
+                    lambda: prune_once(self.state, prune_backend),
+                ),
+                (
+                    "leader-archive-expiry",
+                    settings.archive_expiry_interval.total_seconds(),
+                    lambda: archive_expiry_once(self.state, prune_backend),
+                ),
+            ]
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._election_loop(), name="taskq-leader-election")
+                for name, period, work in self._loops:
+                    group.create_task(self._gated(name, period, work), name=f"taskq-{name}")
+        finally:
+            # Shielded: a cancelled worker still hands leadership over at once.
+            await asyncio.shield(self._step_down())
+
+    async def confirm(self) -> bool:
+        """Ask the backend whether this worker leads (acquiring when free)."""
+        async with self._confirm_lock:
+            try:
+                leading = await self.elector.try_acquire()
+            except BaseException:
+                self._set_leading(False)
+                raise
+            self._set_leading(leading)
+            return leading
+
+    def _set_leading(self, leading: bool) -> None:
+        if leading == self.is_leader.is_set():
+            return
+        wid = str(self.state.worker_id)
+        if leading:
+            self._elected_at = asyncio.get_running_loop().time()
+            self.is_leader.set()
+            _log.info("taskq.leader-elected", worker_id=wid)
+            return
+        self.is_leader.clear()
+        for name, _, _ in self._loops:
+            self.state.liveness.forget(name)
+        _log.warning("taskq.leader-lost", worker_id=wid)
+
+    async def _step_down(self) -> None:
+        async with self._confirm_lock:
+            try:
+                await self.elector.release()
+            finally:
+                if self.is_leader.is_set():
+                    self.is_leader.clear()
+                    _log.info("taskq.leader-stepped-down", worker_id=str(self.state.worker_id))
+
+    async def _election_loop(self) -> None:
+        guard = UnexpectedLoopErrorGuard("leader-election")
+        transient = transient_errors()
+        period = self.state.settings.heartbeat_interval.total_seconds()
+        while True:
+            try:
+                await self.confirm()
+            except transient as exc:
+                _log.warning("taskq.leader-election-transient-error", error=repr(exc))
+            except Exception as exc:  # noqa: BLE001 - the guard decides
+                guard.failed(exc)
+            else:
+                guard.succeeded()
+            self.state.liveness.tick("leader-election", period)
+            await asyncio.sleep(period)
+
+    async def _gated(self, name: str, period: float, work: Work) -> None:
+        guard = UnexpectedLoopErrorGuard(name)
+        transient = transient_errors()
+        while True:
+            await self.is_leader.wait()
+            try:
+                moved = await work() if await self.confirm() else {}
+            except transient as exc:
+                _log.warning("taskq.leader-loop-transient-error", loop=name, error=repr(exc))
+            except Exception as exc:  # noqa: BLE001 - the guard decides
+                guard.failed(exc)
+            else:
+                guard.succeeded()
+                if any(moved.values()):
+                    _log.info("taskq.leader-swept", loop=name, **moved)
+            if self.is_leader.is_set():
+                self.state.liveness.tick(name, period)
+            await asyncio.sleep(period)
+
+    async def _sweep(self) -> dict[str, int]:
+        grace = self.state.settings.reclaim_grace.total_seconds()
+        reclaim = asyncio.get_running_loop().time() - self._elected_at >= grace
+        return await sweep_once(self.state, reclaim=reclaim)

@@ -1,0 +1,124 @@
+"""Shutdown orchestration: DRAINING -> CANCELLING -> FORCING -> ABANDONING.
+
+Each phase is recorded before its work begins, so the health endpoint and
+the consumers can see where the shutdown is.
+
+* DRAINING — dispatch stops; jobs locked but not started go back at once;
+  running jobs get ``drain_grace_period`` to finish on their own.
+* CANCELLING — each running job's ``cancel_event`` is set (cooperative stop)
+  for ``cancellation_grace_period``.
+* FORCING — the remaining tasks are cancelled; ``cleanup_grace_period`` to unwind.
+* ABANDONING — tasks that still run are left behind.
+
+A job interrupted by a shutdown is not the user's cancellation: it is
+handed back for another attempt (outcome ``interrupted``, retry budget
+untouched), as River, GoodJob, Solid Queue and Procrastinate treat deploys.
+Only a job a user asked to cancel ends ``cancelled`` or ``abandoned``. A
+second signal skips the remaining waits of DRAINING and CANCELLING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from enum import IntEnum
+
+import structlog
+
+from taskq.backend import CancelPhase
+from taskq.worker._state import WorkerState
+from taskq.worker.consumer import hand_back
+
+__all__ = ["ShutdownPhase", "orchestrate_shutdown"]
+
+_log = structlog.get_logger("taskq.worker")
+
+
+class ShutdownPhase(IntEnum):
+    """Where a worker's shutdown is; only ever moves forward."""
+
+    NONE = 0
+    DRAINING = 1
+    CANCELLING = 2
+    FORCING = 3
+    ABANDONING = 4
+
+
+def _enter(state: WorkerState, phase: ShutdownPhase) -> None:
+    state.shutdown_phase = phase
+    _log.info("taskq.shutdown-phase", phase=phase.name, running=_running_count(state))
+
+
+def _running_count(state: WorkerState) -> int:
+    return sum(1 for a in state.active.values() if a.done is not None and not a.done.done())
+
+
+async def _wait_running(state: WorkerState, seconds: float, escalate: asyncio.Event | None) -> None:
+    """Until every running job's consumer may move on, ``seconds`` pass, or ``escalate``."""
+    waiting = [a.done for a in state.active.values() if a.done is not None and not a.done.done()]
+    if not waiting:
+        return
+    stopper = asyncio.ensure_future(escalate.wait()) if escalate is not None else None
+    everyone = asyncio.ensure_future(asyncio.wait(waiting))
+    try:
+        await asyncio.wait(
+            [everyone, *([stopper] if stopper else [])],
+            timeout=seconds,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+    finally:
+        everyone.cancel()
+        if stopper is not None:
+            stopper.cancel()
+
+
+async def _hand_back_unstarted(state: WorkerState) -> int:
+    released = 0
+    while not state.queue.empty():
+        row = state.queue.get_nowait()
+        if row is None:
+            continue
+        active = state.active.get(row.id)
+        if active is None or active.task is not None or active.row.attempt != row.attempt:
+            continue
+        await hand_back(state, row, None)
+        state.release(row.id, active)
+        released += 1
+    return released
+
+
+async def orchestrate_shutdown(state: WorkerState, escalate: asyncio.Event) -> None:
+    """Run the four phases over the jobs this worker holds; returns when all is settled."""
+    settings = state.settings
+    started = time.monotonic()
+    _enter(state, ShutdownPhase.DRAINING)
+    released = await _hand_back_unstarted(state)
+    if released:
+        _log.info("taskq.unstarted-handed-back", jobs=released)
+    await _wait_running(state, settings.drain_grace_period.total_seconds(), escalate)
+
+    _enter(state, ShutdownPhase.CANCELLING)
+    for active in state.active.values():
+        if not active.cancel_requested:
+            active.interrupted = True
+        if active.ctx is not None:
+            active.ctx.cancel_event.set()
+    await _wait_running(state, settings.cancellation_grace_period.total_seconds(), escalate)
+
+    _enter(state, ShutdownPhase.FORCING)
+    for active in state.active.values():
+        if active.task is not None and not active.task.done():
+            active.task.cancel()
+    await _wait_running(state, settings.cleanup_grace_period.total_seconds(), None)
+
+    _enter(state, ShutdownPhase.ABANDONING)
+    for active in list(state.active.values()):
+        if active.done is None or active.done.done():
+            continue
+        _log.error("taskq.task-ignored-cancellation", job_id=str(active.row.id))
+        if active.interrupted:
+            await hand_back(state, active.row, active.ctx)
+        elif active.cancel_phase >= CancelPhase.FORCED:
+            await state.backend.mark_abandoned(active.row.id)
+        active.finish()
+    _log.info("taskq.shutdown-duration", seconds=round(time.monotonic() - started, 3))

@@ -1,0 +1,175 @@
+"""The embedded PostgreSQL server behind the ``taskq`` commands' default DSN.
+
+With the ``[embedded]`` extra installed, a command given no ``--dsn`` and no
+``TASKQ_DSN`` gets a server that pgserver runs from its bundled binaries,
+with its data under ``./.taskq/pgdata`` of the current directory.
+
+Lifetime: the server outlives the command that started it. Someone who runs
+``taskq demo`` and then ``taskq jobs list`` expects to see the demo's jobs,
+and a fresh start per command would cost a second or more each time. The
+next command in the same directory finds the running server through its
+``postmaster.pid`` and reuses it; ``taskq embedded stop`` stops it and
+``taskq embedded status`` shows it. The data stays in ``./.taskq/`` across
+stops; delete that directory (after stopping) to start from nothing.
+
+pgserver is imported inside the functions, so that loading the plugin stays
+cheap and works without the extra.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from taskq.errors import TaskQError
+
+__all__ = [
+    "SHOWN_DIR",
+    "EmbeddedServer",
+    "EmbeddedServerError",
+    "data_dir",
+    "default_dsn",
+    "find_running",
+    "is_available",
+    "stop",
+]
+
+SHOWN_DIR: Final = "./.taskq/"
+"""How messages name the directory: relative, as the user typed nothing."""
+
+_STOP_TIMEOUT_SECONDS: Final = 30.0
+
+
+class EmbeddedServerError(TaskQError):
+    """The embedded PostgreSQL server could not be started or stopped.
+
+    Its log is ``./.taskq/pgdata/log``. Pass ``--dsn`` (or set ``TASKQ_DSN``)
+    to use another server instead.
+    """
+
+
+@dataclass(frozen=True)
+class EmbeddedServer:
+    """A running embedded server: its postmaster's pid and a DSN to reach it."""
+
+    pid: int
+    dsn: str
+
+
+def is_available() -> bool:
+    """Whether the ``[embedded]`` extra (pgserver) is installed."""
+    return importlib.util.find_spec("pgserver") is not None
+
+
+def data_dir(base: Path | None = None) -> Path:
+    """The server's data directory: ``.taskq/pgdata`` under ``base`` (default: the cwd)."""
+    return (base if base is not None else Path.cwd()) / ".taskq" / "pgdata"
+
+
+@contextmanager
+def _quiet_runtime_dir() -> Iterator[None]:
+    # pgserver asks platformdirs for a runtime directory (for its lock file and a
+    # fallback socket directory) when it is imported and when it starts a server.
+    # Without XDG_RUNTIME_DIR platformdirs warns and falls back to a directory
+    # that works; the warning would only alarm users (and fail warning-strict tests).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"platformdirs(\.|$)")
+        yield
+
+
+def find_running(base: Path | None = None) -> EmbeddedServer | None:
+    """The server running on ``data_dir(base)``, or None when none is."""
+    pgdata = data_dir(base)
+    with _quiet_runtime_dir():
+        from pgserver.utils import PostmasterInfo
+
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+    if info is None or not info.is_running():
+        return None
+    return EmbeddedServer(pid=info.pid, dsn=info.get_uri())
+
+
+def default_dsn(base: Path | None = None) -> str | None:
+    """Start (or reuse) the embedded server and return its DSN; None without pgserver.
+
+    Says on stderr, in one line, that the embedded server is in use and how to
+    stop it, so nobody mistakes it for their own database.
+    """
+    if not is_available():
+        return None
+    pgdata = data_dir(base)
+    already_running = find_running(base) is not None
+    try:
+        # pgserver creates pgdata itself but insists that its parent exists.
+        pgdata.parent.mkdir(exist_ok=True)
+        with _quiet_runtime_dir():
+            from pgserver.postgres_server import get_server
+
+            # cleanup_mode=None: leave the server running when this process exits.
+            dsn = get_server(pgdata, cleanup_mode=None).get_uri()
+    except (OSError, subprocess.SubprocessError, RuntimeError, AssertionError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise EmbeddedServerError(
+            f"could not start the embedded PostgreSQL under {SHOWN_DIR}: {reason}. "
+            f"Its log is {SHOWN_DIR}pgdata/log; or pass --dsn / set TASKQ_DSN to use another server"
+        ) from exc
+    verb = "using the running" if already_running else "started an"
+    print(
+        f"taskq: no --dsn or TASKQ_DSN given; {verb} embedded PostgreSQL under {SHOWN_DIR} "
+        f"(stop it with: taskq embedded stop)",
+        file=sys.stderr,
+    )
+    return dsn
+
+
+def stop(base: Path | None = None, *, timeout: float = _STOP_TIMEOUT_SECONDS) -> int | None:
+    """Stop the server on ``data_dir(base)``; return its pid, or None if none was running.
+
+    SIGINT asks the postmaster for a *fast* shutdown: open sessions are
+    disconnected and their transactions rolled back, then the server writes a
+    checkpoint and removes ``postmaster.pid``, which is what we wait for.
+    Signalling works whoever owns the server (pgserver runs it as a dedicated
+    user when we are root), where ``pg_ctl stop`` would have to switch users.
+    """
+    server = find_running(base)
+    if server is None:
+        return None
+    pid_file = data_dir(base) / "postmaster.pid"
+    try:
+        os.kill(server.pid, signal.SIGINT)
+    except ProcessLookupError:
+        return server.pid  # it exited on its own in between
+    except PermissionError as exc:
+        raise EmbeddedServerError(
+            f"not allowed to stop the embedded PostgreSQL under {SHOWN_DIR} (pid {server.pid}): "
+            f"it runs as another user; stop it as that user"
+        ) from exc
+    deadline = time.monotonic() + timeout
+    while pid_file.exists() and _alive(server.pid):
+        if time.monotonic() > deadline:
+            raise EmbeddedServerError(
+                f"the embedded PostgreSQL under {SHOWN_DIR} (pid {server.pid}) did not stop "
+                f"within {timeout:.0f} s; see {SHOWN_DIR}pgdata/log"
+            )
+        time.sleep(0.05)
+    return server.pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True

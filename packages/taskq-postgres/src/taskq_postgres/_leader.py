@@ -1,0 +1,114 @@
+"""``PostgresLeaderElector``: maintenance-leader election over a session advisory lock.
+
+The lock lives on a dedicated, non-pooled connection (``taskq-leader/<id>``
+in ``pg_stat_activity``): it is held exactly as long as that session lives.
+A killed leader's session ends with its socket; a frozen (SIGSTOPped) or
+partitioned one would keep it forever, so the session carries
+``idle_session_timeout = lease``: a leader that stops renewing is
+disconnected by the server within the lease, which releases the lock. The
+renewals (one statement per tick) keep a live leader's session from idling
+that long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import structlog
+
+from taskq_postgres._sql import leader, render
+
+__all__ = ["LeaderStatements", "PostgresLeaderElector"]
+
+_log = structlog.get_logger("taskq.leader")
+
+
+class LeaderStatements:
+    """The election and cron statements of one schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.try_lock = render(leader.LEADER_TRY_LOCK, schema)
+        self.claim_row = render(leader.LEADER_CLAIM_ROW, schema)
+        self.renew = render(leader.LEADER_RENEW, schema)
+        self.resign_row = render(leader.LEADER_RESIGN_ROW, schema)
+        self.cron_due = render(leader.CRON_DUE, schema)
+        self.cron_advance = render(leader.CRON_ADVANCE, schema)
+
+
+class PostgresLeaderElector:
+    """One worker's candidacy (see :class:`taskq.backend._protocol.LeaderElector`).
+
+    ``connect`` opens the dedicated session (already carrying the
+    ``idle_session_timeout``); ``command_timeout`` bounds every statement so a
+    silent network cannot hold a tick past the lease.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[asyncpg.Connection[Any]]],
+        statements: LeaderStatements,
+        worker_id: UUID,
+        *,
+        command_timeout: timedelta,
+    ) -> None:
+        self._connect = connect
+        self._sql = statements
+        self._worker_id = worker_id
+        self._timeout = command_timeout.total_seconds()
+        self._conn: asyncpg.Connection[Any] | None = None
+        self._leading = False
+
+    async def try_acquire(self) -> bool:
+        """Take the lock once per session, then only confirm the session still holds it."""
+        try:
+            if self._conn is None or self._conn.is_closed():
+                self._leading = False
+                self._conn = await self._connect()
+            conn = self._conn
+            if self._leading:
+                self._leading = bool(
+                    await conn.fetchval(self._sql.renew, self._worker_id, timeout=self._timeout)
+                )
+                if not self._leading:
+                    await self._drop()
+                return self._leading
+            if await conn.fetchval(self._sql.try_lock, timeout=self._timeout):
+                self._leading = True
+                await conn.execute(self._sql.claim_row, self._worker_id, timeout=self._timeout)
+            return self._leading
+        except BaseException:
+            # Whatever state the session is in, it no longer proves leadership.
+            await self._drop()
+            raise
+
+    async def release(self) -> None:
+        """Clear the observability row when leading, then end the session (which
+        releases the lock however many times it was taken)."""
+        conn = self._conn
+        if conn is not None and not conn.is_closed() and self._leading:
+            try:
+                await conn.execute(self._sql.resign_row, self._worker_id, timeout=self._timeout)
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+                _log.warning("taskq.leader-resign-row-failed", error=repr(exc))
+        await self._drop(graceful=True)
+
+    async def _drop(self, *, graceful: bool = False) -> None:
+        conn, self._conn = self._conn, None
+        self._leading = False
+        if conn is None or conn.is_closed():
+            return
+        if graceful:
+            # A clean close returns once the server ended the session, so the
+            # lock is free for a successor the moment release() returns.
+            try:
+                await asyncio.wait_for(conn.close(), self._timeout)
+                return
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError):
+                pass
+        # terminate(), not close(): a dead peer must not hold the step-down.
+        conn.terminate()

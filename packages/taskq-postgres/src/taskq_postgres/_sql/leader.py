@@ -1,0 +1,87 @@
+"""The maintenance leader's SQL: the election over a session advisory lock, and the
+cron tick.
+
+The advisory lock key is derived from the schema name, so two TaskQ schemas in
+one database elect their own leaders. ``pg_try_advisory_lock`` stacks (each
+success needs its own unlock), so it is taken once per session; afterwards the
+holder only confirms it still holds it (``LEADER_RENEW``), and steps down by
+closing the session.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from taskq_postgres._sql.schedules import SCHEDULE_COLUMNS
+
+__all__ = [
+    "CRON_ADVANCE",
+    "CRON_DUE",
+    "LEADER_CLAIM_ROW",
+    "LEADER_RENEW",
+    "LEADER_RESIGN_ROW",
+    "LEADER_TRY_LOCK",
+]
+
+LEADER_TRY_LOCK: Final = """
+-- arbiter: none (the lock is held while this session lives)
+SELECT pg_try_advisory_lock(hashtextextended('taskq:maintenance_leader:{schema}', 0))
+"""
+
+LEADER_CLAIM_ROW: Final = """
+-- arbiter: clock_timestamp() (acquired_at / last_seen_at, observability only)
+INSERT INTO {schema}.maintenance_leader AS l (id, worker_id, acquired_at, last_seen_at)
+VALUES (true, $1, clock_timestamp(), clock_timestamp())
+ON CONFLICT (id) DO UPDATE
+SET worker_id = EXCLUDED.worker_id, acquired_at = EXCLUDED.acquired_at,
+    last_seen_at = EXCLUDED.last_seen_at
+"""
+
+# The leader session takes no other advisory lock, so "this backend holds a
+# granted advisory lock" is "this session still leads".
+LEADER_RENEW: Final = """
+-- arbiter: clock_timestamp() (last_seen_at, observability only)
+WITH held AS MATERIALIZED (
+    SELECT EXISTS (
+        SELECT 1 FROM pg_locks
+        WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
+    ) AS ok
+),
+touched AS (
+    UPDATE {schema}.maintenance_leader
+    SET last_seen_at = clock_timestamp()
+    WHERE worker_id = $1 AND (SELECT ok FROM held)
+    RETURNING 1
+)
+SELECT ok FROM held
+"""
+
+LEADER_RESIGN_ROW: Final = """
+-- arbiter: none
+DELETE FROM {schema}.maintenance_leader WHERE worker_id = $1
+"""
+
+# Locks the due schedules for the rest of the tick's transaction: a second
+# (overlapping) leader skips them, or sees them already advanced.
+CRON_DUE: Final = (
+    """
+-- arbiter: clock_timestamp() (due check next_fire_at <= now; the slots and the
+-- catch-up cutoff are computed from the "now" returned here)
+SELECT clock_timestamp() AS now, """
+    + SCHEDULE_COLUMNS
+    + """
+FROM {schema}.schedules s
+WHERE s.enabled AND s.next_fire_at <= clock_timestamp()
+ORDER BY s.next_fire_at
+LIMIT $1
+FOR UPDATE OF s SKIP LOCKED
+"""
+)
+
+# Conditional on the next_fire_at read under the lock: a fence on top of it.
+CRON_ADVANCE: Final = """
+-- arbiter: none ($2/$3 were computed from the server clock read by CRON_DUE)
+UPDATE {schema}.schedules
+SET next_fire_at = $2, last_fired_at = COALESCE($3, last_fired_at)
+WHERE id = $1 AND next_fire_at = $4
+"""

@@ -1,0 +1,79 @@
+"""Sweep 5 (prune terminal jobs into the archive) and Sweep 6 (archive expiry).
+
+Each statement moves one batch atomically: the job and its attempts land in
+the archive and leave the hot tables in the same statement (the job's events
+go by cascade, they are not archived). The column lists are explicit because
+a column added to ``jobs`` later is appended after the archive's own columns.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["EXPIRE_ARCHIVE", "PRUNE_TERMINAL_JOBS"]
+
+_JOB_COLUMNS: Final = (
+    "id, actor, queue, status, priority, payload, scheduled_at, created_at, enqueued_at, "
+    "attempt, max_attempts, locked_by_worker, lock_expires_at, started_at, "
+    "execution_started_at, finished_at, cancel_requested_at, cancel_reason, cancel_phase, "
+    "idempotency_key, identity_key, fairness_key, schedule_to_close_deadline, result, "
+    "result_ttl, result_expires_at, progress_seq, progress_state, error_class, error_message, "
+    "error_traceback, trace_id, span_id, metadata, tags, timeout, updated_at"
+)
+_ATTEMPT_COLUMNS: Final = (
+    "id, job_id, attempt, worker_id, started_at, finished_at, duration_ms, outcome, "
+    "error_class, error_message, error_traceback"
+)
+
+
+def _qualified(alias: str, columns: str) -> str:
+    return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
+
+
+PRUNE_TERMINAL_JOBS: Final = f"""
+-- arbiter: clock_timestamp() (retention cutoff finished_at < now - $2; archived_at and
+-- expire_at = now + $4)
+-- $1 terminal status, $3 batch size
+WITH victims AS MATERIALIZED (
+    SELECT j.id
+    FROM {{schema}}.jobs j
+    WHERE j.status = $1::text::{{schema}}.job_status
+      AND j.finished_at < clock_timestamp() - $2::interval
+    ORDER BY j.finished_at
+    LIMIT $3
+    FOR UPDATE OF j SKIP LOCKED
+),
+archived AS (
+    INSERT INTO {{schema}}.jobs_archive ({_JOB_COLUMNS}, archived_at, expire_at)
+    SELECT {_qualified("j", _JOB_COLUMNS)}, clock_timestamp(), clock_timestamp() + $4::interval
+    FROM {{schema}}.jobs j JOIN victims v ON v.id = j.id
+    RETURNING 1
+),
+archived_attempts AS (
+    INSERT INTO {{schema}}.job_attempts_archive ({_ATTEMPT_COLUMNS}, archived_at)
+    SELECT {_qualified("a", _ATTEMPT_COLUMNS)}, clock_timestamp()
+    FROM {{schema}}.job_attempts a JOIN victims v ON v.id = a.job_id
+    RETURNING 1
+),
+removed AS (
+    DELETE FROM {{schema}}.jobs j USING victims v WHERE j.id = v.id RETURNING 1
+)
+SELECT (SELECT count(*) FROM removed) AS moved,
+       (SELECT count(*) FROM archived) AS archived,
+       (SELECT count(*) FROM archived_attempts) AS attempts
+"""
+
+EXPIRE_ARCHIVE: Final = """
+-- arbiter: clock_timestamp() (expire_at < now)
+WITH doomed AS (
+    SELECT a.id FROM {schema}.jobs_archive a
+    WHERE a.expire_at < clock_timestamp()
+    ORDER BY a.expire_at
+    LIMIT $1
+    FOR UPDATE OF a SKIP LOCKED
+),
+removed AS (
+    DELETE FROM {schema}.jobs_archive a USING doomed d WHERE a.id = d.id RETURNING 1
+)
+SELECT count(*) FROM removed
+"""

@@ -1,0 +1,72 @@
+"""``taskq enqueue`` against a real Postgres schema, with a real worker to run the jobs."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from uuid import UUID
+
+import pytest
+
+from tests.cli.cli_helpers import APP, Cli, clean_env, error_line, run
+
+pytestmark = pytest.mark.postgres
+
+
+def test_enqueued_jobs_run_and_show_their_history(cli: Cli) -> None:
+    # flags, with no TASKQ_* in the environment
+    by_flags = run(
+        "taskq",
+        *("enqueue", APP, "nap", '{"tag": "flags"}', "--dsn", cli.pg.dsn, "--schema", cli.pg.name),
+        env=clean_env(),
+    )
+    assert by_flags.returncode == 0, by_flags.stderr
+    flags_id = UUID(by_flags.stdout.strip())
+    # the environment
+    env_id = UUID(cli.ok("enqueue", APP, "nap", '{"tag": "env"}').strip())
+
+    cli.work_until_idle()
+
+    shown = cli.json("jobs", "show", str(flags_id))
+    assert shown["job"]["status"] == "succeeded"
+    assert shown["job"]["result"] == {"tag": "flags", "attempt": 1}
+    assert [a["outcome"] for a in shown["attempts"]] == ["succeeded"]
+    assert [e["detail"]["to_state"] for e in shown["events"]] == ["running", "succeeded"]
+
+    text = cli.ok("jobs", "show", str(env_id))
+    fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines())
+    assert fields["status"].strip() == "succeeded"
+    assert fields["result"].strip() == '{"tag": "env", "attempt": 1}'
+    attempts = text.split("attempts:\n")[1].split("\n\n")[0].splitlines()
+    assert attempts[0].split() == ["attempt", "outcome", "started", "duration", "error"]
+    assert attempts[1].split()[:2] == ["1", "succeeded"]
+    events = text.split("events:\n")[1].splitlines()
+    assert events[0].split() == ["id", "time", "kind", "detail"]
+    assert "to_state=succeeded" in events[-1]
+
+
+def test_options_reach_the_job(cli: Cli) -> None:
+    args = ("enqueue", APP, "nap", '{"seconds": 0.5}', "--delay", "1h", "--priority", "7")
+    row = cli.json(*args, "--queue", "other", "--idempotency-key", "k1")
+    assert row["status"] == "scheduled"
+    assert (row["actor"], row["queue"], row["priority"]) == ("nap", "other", 7)
+    assert row["payload"] == {"seconds": 0.5, "tag": ""}
+    assert row["idempotency_key"] == "k1"
+    delay = datetime.fromisoformat(row["scheduled_at"]) - datetime.fromisoformat(row["created_at"])
+    assert timedelta(minutes=59) < delay <= timedelta(hours=1, seconds=1)
+
+    again = cli.ok(*args, "--idempotency-key", "k1")
+    assert again.strip() == row["id"]
+
+
+def test_bad_input_is_one_line_and_enqueues_nothing(cli: Cli) -> None:
+    cases = [
+        ("nap", '{"tag": ', "not valid JSON"),
+        ("no_such_actor", "{}", "unknown actor 'no_such_actor'"),
+        ("nap", '{"seconds": "soon"}', "invalid payload for actor 'nap': seconds"),
+    ]
+    for actor, payload, expected in cases:
+        assert expected in error_line(cli.taskq("enqueue", APP, actor, payload))
+    assert "cannot import 'tests.apps.nope'" in error_line(
+        cli.taskq("enqueue", "tests.apps.nope:tq", "nap", "{}")
+    )
+    assert cli.ok("jobs", "list") == "no jobs\n"

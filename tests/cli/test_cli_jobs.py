@@ -1,0 +1,107 @@
+"""``taskq jobs list|show|retry|cancel`` against a real Postgres schema."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from uuid import uuid4
+
+import pytest
+
+from taskq import JobStatus
+from tests.cli.cli_helpers import Cli, clean_env, error_line, run
+
+pytestmark = pytest.mark.postgres
+
+
+def test_list_filters_and_formats(cli: Cli) -> None:
+    first, later, other, cancelled = cli.seed(
+        ("nap", {"tag": "first"}, {}),
+        ("nap", {}, {"delay": 3600}),
+        ("nap_sync", {}, {}),
+        ("always_fails", {}, {}),
+    )
+    assert cli.on_backend(lambda b: b.write_cancel_request(cancelled.id, None))
+
+    everything = cli.json("jobs", "list")
+    assert [j["id"] for j in everything] == [str(j.id) for j in (cancelled, other, later, first)]
+    assert everything[-1]["payload"] == {"seconds": 0.0, "tag": "first"}
+
+    def ids(*args: str) -> set[str]:
+        return {j["id"] for j in cli.json("jobs", "list", *args)}
+
+    assert ids("--status", "scheduled", "cancelled") == {str(later.id), str(cancelled.id)}
+    assert ids("--active", "--queue", "default") == {str(first.id), str(later.id)}
+    assert ids("--finished") == {str(cancelled.id)}
+    assert ids("--actor", "nap", "--limit", "1") == {str(later.id)}
+
+    # --dsn and --schema instead of the environment
+    listed = run(
+        "taskq", "jobs", "list", "--dsn", cli.pg.dsn, "--schema", cli.pg.name, env=clean_env()
+    )
+    assert listed.returncode == 0, listed.stderr
+    header, *lines = listed.stdout.splitlines()
+    assert header.split() == [
+        "id", "actor", "queue", "status", "attempt", "created_at", "finished/scheduled"
+    ]  # fmt: skip
+    assert len(lines) == 4
+    # aligned: every column starts where its header does
+    starts = [header.index(name) for name in ("actor", "queue", "status", "attempt")]
+    for line, job in zip(lines, (cancelled, other, later, first), strict=True):
+        assert line.startswith(str(job.id))
+        assert [line[s:].split()[0] for s in starts] == [
+            job.actor, job.queue, "cancelled" if job is cancelled else job.status.value, "0/3"
+        ]  # fmt: skip
+
+
+def test_show_retry_and_refusals_after_a_worker_ran(cli: Cli) -> None:
+    succeeded, failed = cli.seed(("nap", {}, {}), ("always_fails", {}, {}))
+    cli.work_until_idle()
+
+    text = cli.ok("jobs", "show", str(failed.id))
+    assert "status:       failed" in text
+    assert "error:        RuntimeError: boom" in text
+    attempts = text.split("attempts:\n")[1].split("\n\n")[0].splitlines()[1:]
+    assert [a.split()[:2] for a in attempts] == [["1", "failed"], ["2", "failed"], ["3", "failed"]]
+    assert all(a.endswith("RuntimeError: boom") for a in attempts)
+    events = text.split("events:\n")[1].splitlines()[1:]
+    assert "to_state=failed from_state=running" in events[-1]
+
+    shown = cli.json("jobs", "show", str(failed.id))
+    assert set(shown) == {"job", "attempts", "events"}
+    assert [a["error"]["message"] for a in shown["attempts"]] == ["boom"] * 3
+    assert shown["events"][-1]["detail"]["to_state"] == "failed"
+
+    assert cli.ok("jobs", "retry", str(failed.id)) == f"job {failed.id} is pending again\n"
+    assert cli.json("jobs", "show", str(failed.id))["job"]["status"] == "pending"
+
+    refused = error_line(cli.taskq("jobs", "retry", str(succeeded.id)))
+    assert f"job {succeeded.id} cannot be retried: it is succeeded" in refused
+
+
+def test_cancel_pending_running_and_finished_jobs(cli: Cli) -> None:
+    waiting, running = cli.seed(("nap", {}, {}), ("nap_sync", {}, {}))
+
+    # what a worker's dispatch does, without a worker that would finish the job
+    [row] = cli.on_backend(lambda b: b.dispatch_batch(uuid4(), ["other"], 1, timedelta(minutes=5)))
+    assert row.id == running.id
+
+    said = cli.ok("jobs", "cancel", str(waiting.id), "--reason", "not needed")
+    assert said == f"job {waiting.id} cancelled\n"
+    job = cli.json("jobs", "show", str(waiting.id))["job"]
+    assert (job["status"], job["cancel_reason"]) == ("cancelled", "not needed")
+
+    said = cli.ok("jobs", "cancel", str(running.id))
+    assert said.startswith(f"cancel requested for job {running.id} (running)")
+    job = cli.json("jobs", "show", str(running.id))["job"]
+    assert job["status"] == JobStatus.RUNNING and job["cancel_requested_at"] is not None
+
+    refused = error_line(cli.taskq("jobs", "cancel", str(waiting.id)))
+    assert "cannot be cancelled: it already finished (cancelled)" in refused
+
+
+@pytest.mark.parametrize("action", ["show", "retry", "cancel"])
+def test_unknown_and_malformed_ids(cli: Cli, action: str) -> None:
+    unknown = str(uuid4())
+    assert error_line(cli.taskq("jobs", action, unknown)) == f"taskq: error: no job {unknown}"
+    malformed = error_line(cli.taskq("jobs", action, "12345"))
+    assert "'12345' is not a job id" in malformed

@@ -1,0 +1,66 @@
+"""``taskq enqueue`` and ``taskq jobs``: help, usage errors and the missing-DSN message.
+
+Nothing here reaches a database.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from taskq.plugins import get_plugin_manager
+from tests.cli.cli_helpers import APP, clean_env, error_line, run
+
+
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [
+        (
+            ["enqueue"],
+            ["--dsn", "--schema", "--delay", "--priority", "--queue", "--idempotency-key"],
+        ),
+        (["jobs"], ["list", "show", "retry", "cancel"]),
+        (["jobs", "list"], ["--status", "--active", "--finished", "--actor", "--queue", "--limit"]),
+        (["jobs", "show"], ["JOB_ID", "--json"]),
+        (["jobs", "retry"], ["JOB_ID", "--dsn"]),
+        (["jobs", "cancel"], ["JOB_ID", "--reason"]),
+    ],
+    ids=" ".join,
+)
+def test_every_subcommand_has_help(command: list[str], flags: list[str]) -> None:
+    result = run("taskq", *command, "--help", env=clean_env())
+    assert result.returncode == 0, result.stderr
+    assert f"usage: taskq {' '.join(command)}" in result.stdout
+    for flag in flags:
+        assert flag in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["enqueue", APP, "nap", "{}", "--delay", "soon"],
+        ["jobs"],
+        ["jobs", "list", "--active", "--finished"],
+        ["jobs", "list", "--status", "done"],
+        ["jobs", "list", "--limit", "0"],
+    ],
+    ids=" ".join,
+)
+def test_usage_errors_exit_2(args: list[str]) -> None:
+    result = run("taskq", *args, env=clean_env())
+    assert result.returncode == 2
+    assert f"usage: taskq {args[0]}" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [["enqueue", APP, "nap", "{}"], ["jobs", "list"], ["jobs", "cancel", "0" * 32]]
+)
+def test_no_dsn_anywhere_says_how_to_give_one(args: list[str]) -> None:
+    # The plugins offering a default DSN (an embedded server) are turned off, so
+    # nothing is started; postgresql:// may go with them, which no DSN needs.
+    defaults = get_plugin_manager().hook.taskq_default_dsn.get_hookimpls()
+    offering = [impl.plugin_name for impl in defaults]
+    assert "core" not in offering
+    env = clean_env(TASKQ_DISABLE_PLUGINS=",".join(offering))
+    line = error_line(run("taskq", *args, env=env))
+    assert "--dsn" in line
+    assert "TASKQ_DSN" in line

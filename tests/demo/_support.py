@@ -1,0 +1,71 @@
+"""Running the ``taskq`` command as a user would, for the demo and embedded-server tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TASKQ = str(Path(sys.executable).with_name("taskq"))
+
+needs_pgserver = pytest.mark.skipif(
+    importlib.util.find_spec("pgserver") is None,
+    reason="needs the taskq-postgres[embedded] extra (pgserver)",
+)
+
+
+def user_env() -> dict[str, str]:
+    """This environment without the variables that would name a database or schema."""
+    return {k: v for k, v in os.environ.items() if k not in ("TASKQ_DSN", "TASKQ_SCHEMA")}
+
+
+def taskq(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``taskq ARGS`` in ``cwd``, with no DSN in the environment."""
+    return subprocess.run(
+        [TASKQ, *args],
+        check=False,
+        cwd=cwd,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def taskq_without_pgserver(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``taskq ARGS`` as if the [embedded] extra were not installed."""
+    code = (
+        "import sys; sys.modules['pgserver'] = None\n"
+        "from taskq.cli import main\n"
+        f"sys.exit(main({list(args)!r}))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=cwd,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def expected_statuses(jobs: int) -> dict[str, int]:
+    """How the demo's ``jobs`` jobs end: the mix fixes the counts, whatever the random draw."""
+    import random
+
+    from taskq.demo import doomed, plan
+
+    items, cancelled = plan(jobs, random.Random(0))
+    failed = sum(item.actor == doomed.name for item in items)
+    return {
+        "succeeded": jobs - failed - len(cancelled),
+        "failed": failed,
+        "cancelled": len(cancelled),
+        "crashed": 0,
+        "abandoned": 0,
+    }

@@ -1,0 +1,90 @@
+"""``taskq demo``'s flags and messages, on the in-memory backend or with no backend at all."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from taskq._dsn import NO_DSN_MESSAGE, resolve_dsn
+from taskq.demo import ACTORS, MIN_JOBS, plan, quick
+from taskq.errors import ConfigurationError
+from tests.demo._support import taskq, taskq_without_pgserver
+
+
+def test_without_the_embedded_extra_no_dsn_is_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pgserver", None)  # as if the extra were not installed
+    monkeypatch.chdir(tmp_path)
+
+    with pytest.raises(ConfigurationError) as raised:
+        resolve_dsn(None, env={})
+
+    assert str(raised.value) == NO_DSN_MESSAGE
+    assert not (tmp_path / ".taskq").exists()
+
+
+def test_flag_and_env_beat_the_embedded_default(tmp_path: Path) -> None:
+    assert resolve_dsn("memory://flag", env={"TASKQ_DSN": "memory://env"}) == "memory://flag"
+    assert resolve_dsn(None, env={"TASKQ_DSN": "memory://env"}) == "memory://env"
+
+
+def test_demo_without_any_dsn_says_how_to_give_one(tmp_path: Path) -> None:
+    result = taskq_without_pgserver("demo", cwd=tmp_path)
+
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [f"taskq: error: {NO_DSN_MESSAGE}"]
+    assert "--dsn" in NO_DSN_MESSAGE
+    assert "TASKQ_DSN" in NO_DSN_MESSAGE
+    assert not (tmp_path / ".taskq").exists()
+
+
+def test_demo_on_memory_prints_a_summary_table(tmp_path: Path) -> None:
+    result = taskq("demo", "--dsn", "memory://", "--jobs", str(MIN_JOBS), cwd=tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert lines[0] == ["taskq", "demo:", str(MIN_JOBS), "jobs", "in", "schema", "taskq_demo"]
+    counts = {line[0]: int(line[1]) for line in lines if len(line) == 2 and line[1].isdigit()}
+    assert set(counts) == {"succeeded", "failed", "cancelled", "crashed", "abandoned", "total"}
+    assert counts.pop("total") == sum(counts.values()) == MIN_JOBS
+    for label in ("wall time", "throughput", "run time", "enqueue -> start"):
+        assert any(line.strip().startswith(label) for line in result.stdout.splitlines()), label
+    assert "embedded" not in result.stderr
+    assert not (tmp_path / ".taskq").exists()
+
+
+@pytest.mark.parametrize("jobs", [str(MIN_JOBS - 1), "10001", "many"])
+def test_demo_refuses_a_job_count_outside_its_range(tmp_path: Path, jobs: str) -> None:
+    result = taskq("demo", "--dsn", "memory://", "--jobs", jobs, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--jobs" in result.stderr
+
+
+def test_demo_refuses_an_invalid_schema_in_one_line(tmp_path: Path) -> None:
+    result = taskq("demo", "--dsn", "memory://", "--schema", "a;b", cwd=tmp_path)
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("taskq: error: --schema: invalid SQL identifier")
+
+
+@pytest.mark.parametrize("jobs", [MIN_JOBS, 300])
+def test_the_mix_holds_every_kind_and_adds_up(jobs: int) -> None:
+    items, cancelled = plan(jobs, random.Random(7), tags=["t"])
+
+    fan_out_children = 5
+    assert len(items) + fan_out_children == jobs
+    assert {item.actor for item in items} == {a.name for a in ACTORS}
+    assert all(item.options["tags"] == ["t"] for item in items)
+    assert any("delay" in item.options for item in items)
+    # the jobs to cancel are plain quick jobs, due at once
+    assert cancelled
+    assert all(items[i].actor == quick.name and "delay" not in items[i].options for i in cancelled)
+
+
+def test_the_mix_needs_a_minimum_of_jobs() -> None:
+    with pytest.raises(ValueError, match=f"at least {MIN_JOBS}"):
+        plan(MIN_JOBS - 1, random.Random(0))

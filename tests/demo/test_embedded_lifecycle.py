@@ -1,0 +1,86 @@
+"""The embedded server's lifetime: started by the first command, reused, stopped on request."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from taskq_postgres.migrate import load_migrations
+from tests.demo._support import needs_pgserver, taskq
+
+pytestmark = needs_pgserver
+
+BUNDLED = [m.name for m in load_migrations()]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    stopped = taskq("embedded", "stop", cwd=tmp_path)
+    assert stopped.returncode == 0, stopped.stderr
+
+
+def _status(project: Path) -> dict[str, object]:
+    result = taskq("embedded", "status", "--json", cwd=project)
+    assert result.returncode == 0, result.stderr
+    status: dict[str, object] = json.loads(result.stdout)
+    return status
+
+
+def _exits_within(pid: int, *, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_migrate_without_a_dsn_uses_the_embedded_server(project: Path) -> None:
+    assert _status(project)["running"] is False
+
+    first = taskq("migrate", "--json", cwd=project)
+    assert first.returncode == 0, first.stderr
+    assert "started an embedded PostgreSQL under ./.taskq/" in first.stderr
+    assert json.loads(first.stdout) == {"schema": "taskq", "applied": BUNDLED}
+
+    running = _status(project)
+    assert running["running"] is True
+    assert str(running["dsn"]).startswith("postgresql://")
+    assert running["data_dir"] == str(project / ".taskq" / "pgdata")
+
+    again = taskq("migrate", cwd=project)
+    assert again.returncode == 0, again.stderr
+    assert "using the running embedded PostgreSQL under ./.taskq/" in again.stderr
+    assert again.stdout.strip() == "schema taskq is up to date"
+    assert _status(project)["pid"] == running["pid"]
+
+
+def test_stop_ends_the_server_and_keeps_its_data(project: Path) -> None:
+    assert taskq("migrate", cwd=project).returncode == 0
+    pid = _status(project)["pid"]
+    assert isinstance(pid, int)
+
+    stopped = taskq("embedded", "stop", cwd=project)
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.strip() == f"stopped the embedded PostgreSQL under ./.taskq/ (pid {pid})"
+    # Like `pg_ctl stop`, stop returns once the server removed postmaster.pid;
+    # the process itself exits a moment later.
+    assert _exits_within(pid, seconds=5)
+    assert _status(project)["running"] is False
+
+    idle = taskq("embedded", "stop", cwd=project)
+    assert idle.returncode == 0, idle.stderr
+    assert idle.stdout.strip() == "no embedded PostgreSQL is running under ./.taskq/"
+
+    restarted = taskq("migrate", cwd=project)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "started an embedded PostgreSQL" in restarted.stderr
+    assert restarted.stdout.strip() == "schema taskq is up to date"

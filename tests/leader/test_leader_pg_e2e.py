@@ -1,0 +1,236 @@
+"""The maintenance leader on Postgres, with real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from taskq import JobFilter, JobStatus, TaskQ
+from taskq.models import EventRow, ScheduleCreateArgs
+from taskq_testing.faults import TcpProxy
+from taskq_testing.postgres import PgSchema
+from tests.apps import basic
+from tests.leader.conftest import Spawn, WorkerProc, wait_until
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def tq(pg_schema: PgSchema) -> AsyncIterator[TaskQ]:
+    app = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=basic.tq.actors.values())
+    async with app:
+        yield app
+
+
+async def _leader(tq: TaskQ) -> UUID | None:
+    async with tq.backend.connection() as conn:  # type: ignore[attr-defined]
+        value: UUID | None = await conn.fetchval(
+            f"SELECT worker_id FROM {tq.schema}.maintenance_leader"
+        )
+        return value
+
+
+def _worker_id(worker: WorkerProc) -> UUID | None:
+    started = worker.events("taskq.worker-started")
+    return UUID(started[0]["worker_id"]) if started else None
+
+
+def _stamp(record: dict[str, Any]) -> float:
+    return datetime.fromisoformat(record["timestamp"]).timestamp()
+
+
+def _terms(worker: WorkerProc, end: float) -> list[tuple[float, float]]:
+    """(start, end) of each stretch this worker believed it led, from its log."""
+    terms, start = [], None
+    for record in worker.events():
+        if record.get("event") == "taskq.leader-elected":
+            start = _stamp(record)
+        elif record.get("event") in {"taskq.leader-lost", "taskq.leader-stepped-down"}:
+            assert start is not None
+            terms.append((start, _stamp(record)))
+            start = None
+    if start is not None:
+        terms.append((start, end))
+    return terms
+
+
+async def test_a_killed_leader_is_replaced_within_a_heartbeat_and_a_second(
+    tq: TaskQ, spawn: Spawn
+) -> None:
+    first = spawn("--queues", "other")
+    await wait_until(lambda: _leader(tq))
+    first_id = await _leader(tq)
+    assert first_id == _worker_id(first)
+    second = spawn("--queues", "other")
+    await wait_until(lambda: asyncio.sleep(0, _worker_id(second)))
+    await asyncio.sleep(0.5)  # the second is a follower now
+    assert await _leader(tq) == first_id
+    killed_wall = time.time()  # noqa: TID251 - compared with the workers' log stamps
+    first.proc.kill()
+    killed_at = time.monotonic()
+
+    async def replaced() -> bool:
+        return await _leader(tq) == _worker_id(second)
+
+    await wait_until(replaced, seconds=5)
+    # heartbeat_interval (100 ms) + 1 s
+    assert time.monotonic() - killed_at <= 1.1
+    # One leader at a time: the second's only term began after the first died.
+    [(second_start, _)] = _terms(second, time.time())  # noqa: TID251 - log stamps
+    assert second_start >= killed_wall
+
+
+async def test_a_frozen_leader_is_replaced_and_steps_down_when_it_wakes(
+    tq: TaskQ, spawn: Spawn
+) -> None:
+    first = spawn("--queues", "other")
+    await wait_until(lambda: _leader(tq))
+    second = spawn("--queues", "other")
+    await wait_until(lambda: asyncio.sleep(0, _worker_id(second)))
+    await asyncio.sleep(0.5)
+    assert await _leader(tq) == _worker_id(first)
+
+    first.signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+
+    async def replaced() -> bool:
+        return await _leader(tq) == _worker_id(second)
+
+    await wait_until(replaced, seconds=10)
+    # the leader lease (1 s) + the follower's election tick + slack
+    assert time.monotonic() - stopped_at <= 2.5
+    await asyncio.sleep(max(0.0, 3.0 - (time.monotonic() - stopped_at)))  # 3 x lease
+    first.signal(signal.SIGCONT)
+    await wait_until(lambda: asyncio.sleep(0, first.events("taskq.leader-lost")), seconds=5)
+    await asyncio.sleep(0.5)
+    assert await _leader(tq) == _worker_id(second)
+    # Never two leaders sweeping: the woken leader swept nothing before stepping down,
+    # and it did not win the lock back.
+    lost_at = _stamp(first.events("taskq.leader-lost")[0])
+    woke_sweeps = [r for r in first.events("taskq.leader-swept") if _stamp(r) > lost_at - 3.5]
+    assert woke_sweeps == []
+    assert len(first.events("taskq.leader-elected")) == 1
+
+
+async def test_a_sigkilled_worker_s_jobs_are_reclaimed_and_reported_once_each(
+    tq: TaskQ, spawn: Spawn
+) -> None:
+    c = tq.client
+    leader = spawn("--queues", "other")
+    await wait_until(lambda: _leader(tq))
+    retried = [await c.enqueue(basic.nap, {"seconds": 60}) for _ in range(5)]
+    crashed = [await c.enqueue(basic.nap, {"seconds": 60}, max_attempts=1) for _ in range(5)]
+    ids = {j.id for j in retried + crashed}
+    victim = spawn("--queues", "default", "--concurrency", "10")
+
+    async def all_running() -> bool:
+        rows = await c.list_jobs(JobFilter(status=[JobStatus.RUNNING], limit=100))
+        return len(rows) == 10
+
+    await wait_until(all_running)
+    seen: list[EventRow] = []
+
+    async def consume() -> None:
+        async for event in tq.watch_reclaims(0, visibility_delay=timedelta(milliseconds=200)):
+            seen.append(event)  # noqa: PERF401 - seen is read while the feed runs
+
+    consumer = asyncio.create_task(consume())
+    victim.proc.kill()
+    killed_at = time.monotonic()
+
+    async def reclaimed() -> bool:
+        rows = await c.list_jobs(JobFilter(limit=100))
+        return all(r.status is not JobStatus.RUNNING for r in rows)
+
+    await wait_until(reclaimed, seconds=10)
+    # lock lease (2 s) + the sweep interval (50 ms) + the heartbeat that last renewed
+    assert time.monotonic() - killed_at <= 2.0 + 0.05 + 0.1 + 0.5
+    await wait_until(lambda: asyncio.sleep(0, len(seen) >= 10), seconds=5)
+    await asyncio.sleep(0.5)
+    consumer.cancel()
+    assert sorted(str(e.job_id) for e in seen) == sorted(str(i) for i in ids)
+    for job in retried:
+        row = await c.get(job.id)
+        assert row is not None and row.status is JobStatus.PENDING
+    for job in crashed:
+        row = await c.get(job.id)
+        assert row is not None and row.status is JobStatus.CRASHED
+        assert [a.outcome for a in await c.get_attempts(job.id)] == ["crashed"]
+    assert leader.proc.poll() is None
+
+
+async def test_an_outage_longer_than_the_lease_runs_no_job_twice(
+    tq: TaskQ, spawn: Spawn, pg_schema: PgSchema
+) -> None:
+    from urllib.parse import urlsplit, urlunsplit
+
+    c = tq.client
+    jobs = [await c.enqueue(basic.nap, {"seconds": 7}) for _ in range(5)]
+    parts = urlsplit(pg_schema.dsn)
+    with TcpProxy(parts.port or 5432) as proxy:
+        netloc = parts.netloc.rsplit(":", 1)[0] + f":{proxy.port}"
+        worker = spawn(
+            "--concurrency", "5", env={"TASKQ_DSN": urlunsplit(parts._replace(netloc=netloc))}
+        )
+
+        async def all_running() -> bool:
+            rows = await c.list_jobs(JobFilter(status=[JobStatus.RUNNING], limit=100))
+            return len(rows) == 5
+
+        await wait_until(all_running)
+        proxy.cut()
+        await asyncio.sleep(3)  # > the 2 s lock lease: every lease looks expired after
+        proxy.restore()
+
+        async def all_done() -> bool:
+            rows = [await c.get(j.id) for j in jobs]
+            return all(r is not None and r.status is JobStatus.SUCCEEDED for r in rows)
+
+        try:
+            await wait_until(all_done, seconds=30)
+        except AssertionError:
+            rows = [await c.get(j.id) for j in jobs]
+            raise AssertionError(
+                [(r.status, r.attempt, r.lock_expires_at) for r in rows if r]
+            ) from None
+    for job in jobs:
+        assert [a.outcome for a in await c.get_attempts(job.id)] == ["succeeded"]
+    assert worker.events("taskq.leader-lost")  # the outage did take leadership away
+
+
+async def test_a_per_second_cron_fires_every_slot_once_across_a_failover(
+    tq: TaskQ, spawn: Spawn
+) -> None:
+    first = spawn("--queues", "other")
+    await wait_until(lambda: _leader(tq))
+    second = spawn("--queues", "other")
+    await wait_until(lambda: asyncio.sleep(0, _worker_id(second)))
+    schedule = await tq.client.create_schedule(
+        ScheduleCreateArgs(name="tick", actor="nap", cron="*/1 * * * * *", payload={})
+    )
+    await asyncio.sleep(2.5)
+    first.proc.kill()
+
+    async def replaced() -> bool:
+        return await _leader(tq) == _worker_id(second)
+
+    await wait_until(replaced, seconds=5)
+    await asyncio.sleep(2.5)
+    second.proc.kill()  # freeze the state before reading it
+    second.proc.wait(timeout=10)
+    [current] = await tq.client.list_schedules()
+    assert current.id == schedule.id and current.next_fire_at is not None
+    fired = await tq.client.list_jobs(JobFilter(actor="nap", limit=1000))
+    slots = sorted(datetime.fromisoformat(j.metadata["schedule_slot"]) for j in fired)
+    assert len(slots) == len(set(slots))  # never twice for one slot
+    assert len(slots) >= 4
+    # every second from the first slot to the last fired, none skipped over the failover
+    assert slots == [slots[0] + timedelta(seconds=i) for i in range(len(slots))]
+    assert slots[-1] + timedelta(seconds=1) == current.next_fire_at

@@ -1,0 +1,65 @@
+"""Detectors 2 and 3, and the liveness registry, in-process (the exit is intercepted)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import NoReturn
+
+import pytest
+
+from taskq.worker import _watchdog
+from taskq.worker._liveness import LoopLiveness
+
+
+class Tripped(Exception):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def no_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_exit(code: int) -> NoReturn:
+        raise Tripped(code)
+
+    monkeypatch.setattr(_watchdog, "_exit", fake_exit)
+
+
+async def test_a_loop_that_stops_ticking_trips_detector_2() -> None:
+    liveness = LoopLiveness(grace_factor=2, stale_floor=0.05)
+    liveness.tick("sweeper", period=0.01)
+    with pytest.raises(Tripped, match="2"):
+        await asyncio.wait_for(_watchdog.stale_tick_loop(liveness, 0.02), 5)
+
+
+async def test_a_ticking_or_forgotten_loop_does_not_trip() -> None:
+    liveness = LoopLiveness(grace_factor=2, stale_floor=0.05)
+    liveness.tick("gated", period=0.01)
+    liveness.forget("gated")  # its gate closed: parked legitimately
+
+    async def ticker() -> None:
+        while True:
+            liveness.tick("busy", period=0.01)
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(ticker())
+    try:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(_watchdog.stale_tick_loop(liveness, 0.02), 0.3)
+    finally:
+        task.cancel()
+    assert set(liveness.ages()) == {"busy"}
+
+
+async def test_a_sibling_returning_early_trips_detector_3() -> None:
+    async def returns() -> None:
+        return None
+
+    with pytest.raises(Tripped, match="2"):
+        await _watchdog.guard_sibling("producer", returns, lambda: False)()
+    # during shutdown returning is the contract
+    await _watchdog.guard_sibling("producer", returns, lambda: True)()
+
+
+def test_budget_has_a_floor() -> None:
+    liveness = LoopLiveness(grace_factor=5, stale_floor=10)
+    assert liveness.budget(0.1) == 10
+    assert liveness.budget(30) == 150

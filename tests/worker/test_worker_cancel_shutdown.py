@@ -1,0 +1,205 @@
+"""Cancellation, shutdown and the watchdogs, with real worker processes on Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from taskq import JobStatus, TaskQ, WorkerSettings
+from taskq.settings import SettingsError
+from taskq_testing.postgres import PgSchema
+from tests.apps import basic
+
+pytestmark = pytest.mark.postgres
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+FAST = {
+    "TASKQ_POLL_INTERVAL": "100ms",
+    "TASKQ_HEARTBEAT_INTERVAL": "100ms",
+    "TASKQ_LOCK_LEASE": "3s",
+    "TASKQ_MAINTENANCE_INTERVAL": "100ms",
+    "TASKQ_CANCELLATION_GRACE_PERIOD": "500ms",
+    "TASKQ_CLEANUP_GRACE_PERIOD": "500ms",
+    "TASKQ_DRAIN_GRACE_PERIOD": "300ms",
+    "TASKQ_TERMINATION_GRACE_PERIOD": "15s",
+}
+
+
+@contextmanager
+def worker(pg: PgSchema, *args: str, **env: str) -> Iterator[subprocess.Popen[str]]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
+    proc = subprocess.Popen(
+        [str(BIN / "taskq-worker"), "tests.apps.basic:tq", *args],
+        cwd=REPO,
+        env={**base, **FAST, "TASKQ_DSN": pg.dsn, "TASKQ_SCHEMA": pg.name, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+
+
+@pytest.fixture
+async def tq(pg_schema: PgSchema) -> AsyncIterator[TaskQ]:
+    app = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=basic.tq.actors.values())
+    async with app:
+        yield app
+
+
+async def _until_status(tq: TaskQ, job_id: Any, *statuses: JobStatus, seconds: float = 20) -> Any:
+    async with asyncio.timeout(seconds):
+        while True:
+            row = await tq.client.get(job_id)
+            if row is not None and row.status in statuses:
+                return row
+            await asyncio.sleep(0.05)
+
+
+async def _events(tq: TaskQ, job_id: Any) -> list[tuple[str, dict[str, Any]]]:
+    return [(e.kind, e.detail) for e in await tq.client.get_events(job_id)]
+
+
+async def test_cooperative_forced_and_abandoned_cancellation(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    polite = await tq.client.enqueue(basic.cooperative, {"seconds": 30})
+    stubborn = await tq.client.enqueue(basic.stubborn, {"seconds": 30})
+    swallower = await tq.client.enqueue(basic.swallower, {"seconds": 30})
+    with worker(pg_schema, "--concurrency", "4") as proc:
+        for job in (polite, stubborn, swallower):
+            await _until_status(tq, job.id, JobStatus.RUNNING)
+        await asyncio.sleep(0.3)  # the actors are inside their bodies
+        for job in (polite, stubborn, swallower):
+            assert await tq.client.cancel(job.id, reason="test")
+
+        done = await _until_status(tq, polite.id, JobStatus.CANCELLED)
+        assert done.cancel_phase == 1  # honoured cooperatively: never forced
+        kinds = [k for k, _ in await _events(tq, polite.id)]
+        assert "cancel_requested" in kinds and "cancel_escalated" not in kinds
+
+        forced = await _until_status(tq, stubborn.id, JobStatus.CANCELLED)
+        assert forced.cancel_phase == 2
+        events = await tq.client.get_events(stubborn.id)
+        escalated = next(e for e in events if e.kind == "cancel_escalated")
+        ended = next(e for e in events if e.detail.get("to_state") == "cancelled")
+        assert escalated.event_id < ended.event_id  # phase 2 stored before the task stopped
+
+        abandoned = await _until_status(tq, swallower.id, JobStatus.ABANDONED)
+        assert abandoned.cancel_phase == 2
+        assert [a.outcome for a in await tq.client.get_attempts(swallower.id)] == ["abandoned"]
+        assert proc.poll() is None  # the worker itself carries on
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0  # the abandoned task cannot hold the exit
+
+
+async def test_sigterm_hands_running_and_unstarted_jobs_back(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    jobs = [await tq.client.enqueue(basic.cooperative, {"seconds": 60}) for _ in range(25)]
+    with worker(pg_schema, "--concurrency", "20", TASKQ_PREFETCH="5") as proc:
+        async with asyncio.timeout(20):
+            while len(await tq.client.list_jobs(status="running")) < 25:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert time.monotonic() - started < 15  # within termination_grace_period
+    rows = [await tq.client.get(j.id) for j in jobs]
+    assert Counter(r.status for r in rows if r) == {JobStatus.PENDING: 25}
+    for row in rows:
+        assert row is not None and row.max_attempts == 3 + 1  # the retry budget is untouched
+        assert [a.outcome for a in await tq.client.get_attempts(row.id)] == ["interrupted"]
+
+
+async def test_a_second_sigterm_skips_the_drain_wait(tq: TaskQ, pg_schema: PgSchema) -> None:
+    job = await tq.client.enqueue(basic.stubborn, {"seconds": 60})
+    with worker(
+        pg_schema,
+        TASKQ_DRAIN_GRACE_PERIOD="30s",
+        TASKQ_CANCELLATION_GRACE_PERIOD="30s",
+        TASKQ_TERMINATION_GRACE_PERIOD="90s",
+    ) as proc:
+        await _until_status(tq, job.id, JobStatus.RUNNING)
+        await asyncio.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert time.monotonic() - started < 5  # not the 30 s drain nor the 30 s cancel wait
+    row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.PENDING
+
+
+async def test_a_blocked_event_loop_trips_the_loop_lag_watchdog(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    await tq.client.enqueue(basic.blocker, {"seconds": 60})
+    with worker(
+        pg_schema,
+        TASKQ_WATCHDOG_LOOP_LAG_BUDGET="1s",
+        TASKQ_WATCHDOG_LOOP_LAG_STARTUP_GRACE="0.2s",
+        TASKQ_WATCHDOG_CHECK_INTERVAL="200ms",
+    ) as proc:
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert '"detector": "loop-lag"' in stderr
+    assert "in blocker" in stderr  # the faulthandler dump names the actor
+
+
+async def test_a_shutdown_that_overruns_trips_the_shutdown_watchdog(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    job = await tq.client.enqueue(basic.stubborn, {"seconds": 60})
+    with worker(
+        pg_schema, TASKQ_DRAIN_GRACE_PERIOD="30s", TASKQ_TERMINATION_GRACE_PERIOD="1s"
+    ) as proc:
+        await _until_status(tq, job.id, JobStatus.RUNNING)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert '"detector": "shutdown-deadline"' in stderr
+
+
+async def test_sigusr2_dumps_task_stacks_and_the_worker_keeps_running(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    with worker(pg_schema) as proc:
+        first = await tq.client.enqueue(basic.nap, {})
+        await tq.client.wait_for_result(first.id, timeout=20)
+        proc.send_signal(signal.SIGUSR2)
+        second = await tq.client.enqueue(basic.nap, {})
+        assert await tq.client.wait_for_result(second.id, timeout=20) is not None
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    dumps = [line for line in stderr.splitlines() if line.startswith("taskq task-stack [sigusr2]")]
+    assert any("taskq-producer" in line for line in dumps)
+    assert any("taskq-heartbeat" in line for line in dumps)
+
+
+def test_a_loop_lag_budget_at_or_above_the_lease_is_refused() -> None:
+    with pytest.raises(SettingsError, match="watchdog_loop_lag_budget"):
+        WorkerSettings.load({"lock_lease": "30s", "watchdog_loop_lag_budget": "30s"}, env={})
+    settings = WorkerSettings.load({"lock_lease": "30s", "watchdog_loop_lag_budget": "29s"}, env={})
+    assert settings.loop_lag_budget.total_seconds() == 29
+    relaxed = WorkerSettings.load({"lock_lease": "8s", "heartbeat_interval": "2s"}, env={})
+    assert relaxed.loop_lag_budget.total_seconds() == 4

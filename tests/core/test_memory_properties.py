@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
+import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -63,6 +64,10 @@ from taskq.models import (
 )
 
 T = TypeVar("T")
+
+# A passing run takes seconds; shrinking a failure to its shortest example can
+# take a minute or two, which should end in a report, not a timeout.
+pytestmark = pytest.mark.timeout(300)
 
 ACTORS = ("a", "b")
 QUEUES = ("q1", "q2")

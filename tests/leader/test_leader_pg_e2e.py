@@ -123,18 +123,30 @@ async def test_a_sigkilled_worker_s_jobs_are_reclaimed_and_reported_once_each(
     tq: TaskQ, spawn: Spawn
 ) -> None:
     c = tq.client
-    leader = spawn("--queues", "other")
+    # the leader's reclaim: a cancel in progress waits cancel + cleanup grace + headroom
+    leader = spawn(
+        "--queues",
+        "other",
+        env={
+            "TASKQ_CANCELLATION_GRACE_PERIOD": "200ms",
+            "TASKQ_CLEANUP_GRACE_PERIOD": "200ms",
+            "TASKQ_CANCEL_RECLAIM_HEADROOM": "200ms",
+        },
+    )
     await wait_until(lambda: _leader(tq))
     retried = [await c.enqueue(basic.nap, {"seconds": 60}) for _ in range(5)]
     crashed = [await c.enqueue(basic.nap, {"seconds": 60}, max_attempts=1) for _ in range(5)]
-    ids = {j.id for j in retried + crashed}
-    victim = spawn("--queues", "default", "--concurrency", "10")
+    cancelling = [await c.enqueue(basic.nap, {"seconds": 60}) for _ in range(2)]
+    ids = {j.id for j in retried + crashed + cancelling}
+    victim = spawn("--queues", "default", "--concurrency", "12")
 
     async def all_running() -> bool:
         rows = await c.list_jobs(JobFilter(status=[JobStatus.RUNNING], limit=100))
-        return len(rows) == 10
+        return len(rows) == 12
 
     await wait_until(all_running)
+    for job in cancelling:  # nap ignores cancel_event: still running when the worker dies
+        assert await c.cancel(job.id, reason="user asked")
     seen: list[EventRow] = []
 
     async def consume() -> None:
@@ -150,9 +162,10 @@ async def test_a_sigkilled_worker_s_jobs_are_reclaimed_and_reported_once_each(
         return all(r.status is not JobStatus.RUNNING for r in rows)
 
     await wait_until(reclaimed, seconds=10)
-    # lock lease (2 s) + the sweep interval (50 ms) + the heartbeat that last renewed
-    assert time.monotonic() - killed_at <= 2.0 + 0.05 + 0.1 + 0.5
-    await wait_until(lambda: asyncio.sleep(0, len(seen) >= 10), seconds=5)
+    # lock lease (2 s) + the sweep interval (50 ms) + the heartbeat that last renewed,
+    # and for a cancel in progress its graces and headroom (0.6 s)
+    assert time.monotonic() - killed_at <= 2.0 + 0.05 + 0.1 + 0.6 + 0.5
+    await wait_until(lambda: asyncio.sleep(0, len(seen) >= 12), seconds=5)
     await asyncio.sleep(0.5)
     consumer.cancel()
     assert sorted(str(e.job_id) for e in seen) == sorted(str(i) for i in ids)
@@ -163,6 +176,12 @@ async def test_a_sigkilled_worker_s_jobs_are_reclaimed_and_reported_once_each(
         row = await c.get(job.id)
         assert row is not None and row.status is JobStatus.CRASHED
         assert [a.outcome for a in await c.get_attempts(job.id)] == ["crashed"]
+    for job in cancelling:  # the user's request is honoured, attempts left or not
+        row = await c.get(job.id)
+        assert row is not None and row.status is JobStatus.CANCELLED
+        assert [a.outcome for a in await c.get_attempts(job.id)] == ["crashed"]
+    to_states = {str(e.job_id): e.detail["to_state"] for e in seen}
+    assert {to_states[str(j.id)] for j in cancelling} == {"cancelled"}
     assert leader.proc.poll() is None
 
 

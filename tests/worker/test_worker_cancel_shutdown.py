@@ -177,6 +177,9 @@ async def test_a_shutdown_that_overruns_trips_the_shutdown_watchdog(
         _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 2
     assert '"detector": "shutdown-deadline"' in stderr
+    # the back half of the budget logged what the shutdown was waiting for
+    stragglers = [ln for ln in stderr.splitlines() if "task-stack [shutdown-straggler]" in ln]
+    assert any("taskq-job-stubborn" in line for line in stragglers)
 
 
 async def test_sigusr2_dumps_task_stacks_and_the_worker_keeps_running(

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,3 +89,30 @@ def test_durations_accept_units() -> None:
 def test_lease_must_outlive_four_heartbeats() -> None:
     with pytest.raises(SettingsError, match="lock_lease"):
         WorkerSettings.load({"lock_lease": "10s", "heartbeat_interval": "3s"}, env={})
+
+
+def test_backend_tunables_reach_the_backend_and_keep_the_apps_own_options() -> None:
+    from taskq import TaskQ
+    from taskq.worker.cli import _rebuild_app
+
+    app = TaskQ(
+        "postgresql://postgres@127.0.0.1:5432/none", schema="s1", password_file="/run/secret"
+    )
+    settings = WorkerSettings.load(
+        {},
+        env={
+            "TASKQ_DISPATCH_OVERSAMPLE": "5",
+            "TASKQ_RECLAIM_EVENT_VISIBILITY_DELAY": "500ms",
+            "TASKQ_CANCEL_RECLAIM_HEADROOM": "3s",
+        },
+    )
+    rebuilt = _rebuild_app(app, settings)
+    backend: Any = rebuilt.backend
+    assert backend.dispatch_oversample == 5
+    assert backend.reclaim_event_visibility_delay.total_seconds() == 0.5
+    assert backend.cancel_reclaim_headroom.total_seconds() == 3
+    assert rebuilt.backend_options["password_file"] == "/run/secret"
+    assert rebuilt.schema == "s1"
+    # the in-memory backend takes what applies to it and ignores dispatch sampling
+    memory: Any = _rebuild_app(TaskQ("memory://"), settings).backend
+    assert memory.cancel_reclaim_headroom.total_seconds() == 3

@@ -50,6 +50,8 @@ class TaskQ:
             self.actors[a.name] = a
         self.providers = providers if providers is not None else ProviderRegistry()
         self.queues = list(queues)
+        self.backend_options = dict(backend_options)
+        """Options the backend was built with (kept so a worker can rebuild it)."""
         self.backend: Backend = (
             backend if backend is not None else open_backend(url, schema=schema, **backend_options)
         )

@@ -192,6 +192,10 @@ class SingletonCollisionError(EnqueueError):
     passes; it is never stored or used as a predicate.
     """
 
+    def __init__(self, message: str | None = None, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
 
 # ------------------------------------------------------------ results
 

@@ -95,6 +95,11 @@ class WorkerSettings(BaseModel):
     """Leader only: how often due cron schedules are fired."""
     cron_catch_up: Duration = timedelta(minutes=1)
     """Cron slots missed by longer than this (no leader) are skipped, not fired late."""
+    result_expiry_interval: Duration = timedelta(seconds=30)
+    """Leader only: how often stored results past ``result_expires_at`` are cleared."""
+    stale_batch_interval: Duration = timedelta(seconds=30)
+    """Leader only: how often active batches whose children all finished are completed
+    (the safety net for a terminal hook lost to a crash, and for empty batches)."""
     prune_interval: Duration = timedelta(days=1)
     """Leader only: cadence of Sweep 5 (terminal jobs -> archive)."""
     archive_expiry_interval: Duration = timedelta(days=1)
@@ -125,8 +130,18 @@ class WorkerSettings(BaseModel):
     watchdog_tick_grace_factor: float = Field(default=5.0, gt=1.0)
     watchdog_stale_floor: Duration = timedelta(seconds=10)
     watchdog_check_interval: Duration = timedelta(seconds=1)
+    watchdog_dump_interval: Duration = timedelta(seconds=5)
+    """Between straggler dumps in the back half of a slow shutdown (detector 1)."""
+    watchdog_dump_after_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Fraction of termination_grace_period after which straggler dumps begin."""
     fallback_result_ttl: Duration | None = None
     """Result lifetime for actors without ``result_ttl`` (None: keep until pruned)."""
+    dispatch_oversample: int | None = Field(default=None, ge=1, le=100)
+    """Backend: candidates sampled per actor per free slot in dispatch (default 2)."""
+    reclaim_event_visibility_delay: Duration | None = None
+    """Backend: how old a reclaim event must be before pollers see it (default 2 s)."""
+    cancel_reclaim_headroom: Duration | None = None
+    """Backend: extra wait before reclaiming a job whose cancel is in progress (default 60 s)."""
     health_port: int | None = Field(default=None, ge=0, le=65535)
     """Serve /healthz, /readyz (and /tasks) on this port (0: any free port)."""
     health_host: str = "0.0.0.0"
@@ -154,6 +169,8 @@ class WorkerSettings(BaseModel):
         "leader_lease",
         "cron_interval",
         "cron_catch_up",
+        "result_expiry_interval",
+        "stale_batch_interval",
         "prune_interval",
         "archive_expiry_interval",
         "archive_retention",
@@ -180,6 +197,15 @@ class WorkerSettings(BaseModel):
                 f"than the lease lets its jobs be reclaimed and run twice before the watchdog fires"
             )
         return self
+
+    def backend_options(self) -> dict[str, Any]:
+        """The backend tunables that were set, as backend constructor options."""
+        tunables = {
+            "dispatch_oversample": self.dispatch_oversample,
+            "reclaim_event_visibility_delay": self.reclaim_event_visibility_delay,
+            "cancel_reclaim_headroom": self.cancel_reclaim_headroom,
+        }
+        return {name: value for name, value in tunables.items() if value is not None}
 
     @property
     def loop_lag_budget(self) -> timedelta:

@@ -62,11 +62,13 @@ from taskq_postgres._connect import (
     NOTIFY_ROLE,
     POSTGRES_SCHEMES,
     BackendUnavailableError,
+    Password,
     check_dsn,
     check_instance_id,
     connect,
     connection_settings,
     create_pool,
+    password_from_file,
     redact,
 )
 from taskq_postgres._enqueue import check_singletons, insert_jobs, refuse_keyless_singletons
@@ -207,6 +209,8 @@ class PostgresBackend:
         instance_id: str | None = None,
         notify_health_check_interval: timedelta = timedelta(seconds=5),
         notify_conn_factory: Callable[[], Awaitable[asyncpg.Connection[Any]]] | None = None,
+        password: Password = None,
+        password_file: str | None = None,
     ) -> None:
         # The schema first: a hostile name is refused before anything else is looked at.
         self.schema: Final = validate_schema_name(schema).lower()
@@ -235,6 +239,13 @@ class PostgresBackend:
         self.connect_timeout = connect_timeout
         self.notify_health_check_interval = notify_health_check_interval
         self._notify_conn_factory = notify_conn_factory
+        if password is not None and password_file is not None:
+            raise ValueError("give password or password_file, not both")
+        # A callable is asked at every new connection: rotated secrets take
+        # effect on the connections a credential reload replaces.
+        self._password: Password = (
+            password_from_file(password_file) if password_file is not None else password
+        )
         self.instance_id: Final = check_instance_id(
             instance_id if instance_id is not None else uuid4().hex[:12]
         )
@@ -281,6 +292,7 @@ class PostgresBackend:
                 max_size=self.max_pool_size,
                 settings=self._settings(_POOL_ROLE),
                 connect_timeout=self.connect_timeout,
+                password=self._password,
             )
             try:
                 migrated = await pool.fetchval(self._sql.schema_is_migrated)
@@ -322,6 +334,15 @@ class PostgresBackend:
 
         return await migrate(self.dsn, self.schema)
 
+    async def reload_credentials(self) -> None:
+        """Make every pooled connection reconnect (with fresh credentials from the
+        password provider) once it is released, and the LISTEN connection at once
+        (``taskq.backend.SupportsCredentialReload``; the worker's SIGHUP)."""
+        pool = self._require_pool()
+        await pool.expire_connections()
+        if self._listener is not None:
+            await self._listener.reconnect()
+
     @property
     def notify_reconnects(self) -> int:
         """How many times the LISTEN connection was re-established since open."""
@@ -333,7 +354,10 @@ class PostgresBackend:
         if self._notify_conn_factory is not None:
             return await self._notify_conn_factory()
         return await connect(
-            self.dsn, settings=self._settings(_NOTIFY_ROLE), connect_timeout=self.connect_timeout
+            self.dsn,
+            settings=self._settings(_NOTIFY_ROLE),
+            connect_timeout=self.connect_timeout,
+            password=self._password,
         )
 
     def _require_pool(self) -> asyncpg.Pool[asyncpg.Record]:
@@ -1006,7 +1030,10 @@ class PostgresBackend:
         async def connect_leader() -> asyncpg.Connection[Any]:
             try:
                 return await connect(
-                    self.dsn, settings=settings, connect_timeout=self.connect_timeout
+                    self.dsn,
+                    settings=settings,
+                    connect_timeout=self.connect_timeout,
+                    password=self._password,
                 )
             except BackendUnavailableError as exc:
                 # An unreachable server is an outage the election rides out; a
@@ -1070,6 +1097,17 @@ class PostgresBackend:
             deleted += count
             if count < batch_size:
                 return deleted
+
+    async def sweep_expired_results(self) -> int:
+        """Clear the result of every job whose ``result_expires_at`` has passed on the
+        server clock (``SupportsResultExpiry``); the expiry time itself is kept."""
+        return _changed(await self._db().execute(self._sql.expire_results))
+
+    async def complete_stale_batches(self) -> int:
+        """Complete every active batch with no active child and release its finalizer,
+        in one statement (``SupportsStaleBatchSweep``); returns the batches completed."""
+        record = await self._db().fetchrow(self._sql.complete_stale_batches, self._wake_channel)
+        return int(record["completed"]) if record is not None else 0
 
     # -- batches -----------------------------------------------------------------------------
     async def enqueue_batch_atomic(

@@ -13,7 +13,7 @@ refuses the login.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Final
@@ -141,6 +141,21 @@ def _translated(dsn: str) -> Iterator[None]:
         ) from exc
 
 
+Password = str | Callable[[], str] | Callable[[], Awaitable[str]] | None
+"""A password, or a callable asyncpg calls for each new connection (credential
+rotation: a reload makes new connections ask again)."""
+
+
+def password_from_file(path: str) -> Callable[[], str]:
+    """A password provider reading ``path`` at every new connection (mounted secrets)."""
+
+    def read() -> str:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+
+    return read
+
+
 async def create_pool(
     dsn: str,
     *,
@@ -148,6 +163,7 @@ async def create_pool(
     max_size: int,
     settings: dict[str, str],
     connect_timeout: timedelta,
+    password: Password = None,
 ) -> asyncpg.Pool[asyncpg.Record]:
     """An asyncpg pool whose connections carry ``settings``; errors translated."""
     with _translated(dsn):
@@ -157,16 +173,20 @@ async def create_pool(
             max_size=max_size,
             server_settings=settings,
             timeout=connect_timeout.total_seconds(),
+            password=password,
         )
     return pool
 
 
 async def connect(
-    dsn: str, *, settings: dict[str, str], connect_timeout: timedelta
+    dsn: str, *, settings: dict[str, str], connect_timeout: timedelta, password: Password = None
 ) -> asyncpg.Connection[Any]:
     """One dedicated (non-pooled) connection carrying ``settings``; errors translated."""
     with _translated(dsn):
         conn: asyncpg.Connection[Any] = await asyncpg.connect(
-            dsn, server_settings=settings, timeout=connect_timeout.total_seconds()
+            dsn,
+            server_settings=settings,
+            timeout=connect_timeout.total_seconds(),
+            password=password,
         )
     return conn

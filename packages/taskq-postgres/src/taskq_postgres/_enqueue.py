@@ -118,14 +118,13 @@ async def insert_jobs(
 
 
 def _collision(args: EnqueueArgs, holder: object, retry_after: float | None) -> Exception:
-    error = SingletonCollisionError(
+    # retry_after is an advisory hint for the caller (architecture: Clock
+    # Domains), never a predicate.
+    return SingletonCollisionError(
         f"actor {args.actor!r} already has an active job ({holder}) with "
-        f"identity_key {args.identity_key!r}; retry once it finishes"
+        f"identity_key {args.identity_key!r}; retry once it finishes",
+        retry_after=retry_after,
     )
-    # SingletonCollisionError does not declare the attribute; it is an advisory
-    # hint for the caller (architecture: Clock Domains), never a predicate.
-    setattr(error, "retry_after", retry_after)  # noqa: B010 -- undeclared attribute
-    return error
 
 
 async def check_singletons(

@@ -162,6 +162,12 @@ class NotifyListener:
             with contextlib.suppress(*self._transient):
                 await conn.close(timeout=1)
 
+    async def reconnect(self) -> None:
+        """Replace the connection now (credential reload); subscribers keep their events."""
+        async with self._lock:
+            await self._drop()
+        self._lost.set()  # the health-check task reconnects and wakes everyone once
+
     async def close(self) -> None:
         """Stop the health check, stop listening and close the connection. Idempotent."""
         keeper, self._keeper = self._keeper, None

@@ -48,6 +48,7 @@ class Statements:
     reclaim_expired_locks: str
     poll_reclaim_events: str
     reclaim_visibility_risk: str
+    expire_results: str
     # cancellation
     cancel_jobs: str
     poll_cancel_flags: str
@@ -67,6 +68,7 @@ class Statements:
     reset_batch_failures: str
     abort_batch: str
     complete_batch: str
+    complete_stale_batches: str
     get_batch: str
     count_batch_non_terminal: str
     list_batches: str
@@ -113,6 +115,7 @@ def statements_for(schema: str) -> Statements:
         reclaim_expired_locks=sweeps.RECLAIM_EXPIRED_LOCKS.render(s),
         poll_reclaim_events=render(sweeps.POLL_RECLAIM_EVENTS, s),
         reclaim_visibility_risk=render(sweeps.RECLAIM_VISIBILITY_RISK, s),
+        expire_results=render(sweeps.EXPIRE_RESULTS, s),
         cancel_jobs=render(cancel.CANCEL_JOBS, s),
         poll_cancel_flags=render(cancel.POLL_CANCEL_FLAGS, s),
         get_job=render(reads.GET_JOB, s),
@@ -129,6 +132,7 @@ def statements_for(schema: str) -> Statements:
         reset_batch_failures=render(batch.RESET_BATCH_FAILURES, s),
         abort_batch=render(batch.ABORT_BATCH, s),
         complete_batch=render(batch.COMPLETE_BATCH, s),
+        complete_stale_batches=render(batch.COMPLETE_STALE_BATCHES, s),
         get_batch=render(batch.GET_BATCH, s),
         count_batch_non_terminal=render(batch.COUNT_BATCH_NON_TERMINAL, s),
         list_batches=render(batch.LIST_BATCHES, s),

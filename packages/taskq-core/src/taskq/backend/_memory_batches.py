@@ -185,6 +185,18 @@ class BatchTable:
         if batch is not None and batch.status == "active":
             self._finish(batch, "complete", self._clock.now())
 
+    def complete_stale(self) -> int:
+        """Complete every active batch none of whose children is still active."""
+        now = self._clock.now()
+        stale = [
+            row
+            for row in self._rows.values()
+            if row.status == "active" and self.count_non_terminal(row.id) == 0
+        ]
+        for batch in stale:
+            self._finish(batch, "complete", now)
+        return len(stale)
+
     def _finish(self, batch: BatchRow, status: BatchStatus, now: datetime) -> None:
         self._rows[batch.id] = batch.model_copy(update={"status": status, "completed_at": now})
         finalizer = (

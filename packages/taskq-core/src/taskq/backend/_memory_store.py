@@ -171,19 +171,17 @@ class JobStore:
                 and row.actor == args.actor
                 and row.identity_key == args.identity_key
             ):
-                error = SingletonCollisionError(
-                    f"actor {args.actor!r} already has an active job ({row.id}) with "
-                    f"identity_key {args.identity_key!r}; retry once it finishes"
-                )
+                # An advisory hint for the caller (architecture: Clock Domains).
                 retry_after = (
                     max((row.deadline_at - now).total_seconds(), 0.0)
                     if row.deadline_at is not None
                     else None
                 )
-                # SingletonCollisionError does not declare the attribute; it is an
-                # advisory hint for the caller (architecture: Clock Domains).
-                setattr(error, "retry_after", retry_after)  # noqa: B010 -- undeclared attribute
-                raise error
+                raise SingletonCollisionError(
+                    f"actor {args.actor!r} already has an active job ({row.id}) with "
+                    f"identity_key {args.identity_key!r}; retry once it finishes",
+                    retry_after=retry_after,
+                )
 
     # -- writing -------------------------------------------------------------------
     def event(self, job_id: JobId, kind: EventKind, detail: dict[str, Any], now: datetime) -> None:

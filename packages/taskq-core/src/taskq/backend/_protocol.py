@@ -63,10 +63,13 @@ __all__ = [
     "PROTOCOL_MEMBERS",
     "Backend",
     "LeaderElector",
+    "SupportsCredentialReload",
     "SupportsCron",
     "SupportsLeaderElection",
     "SupportsMigrate",
     "SupportsPrune",
+    "SupportsResultExpiry",
+    "SupportsStaleBatchSweep",
     "SupportsTransactions",
     "check_protocol_version",
     "missing_members",
@@ -487,6 +490,15 @@ class SupportsMigrate(Protocol):
 
 
 @runtime_checkable
+class SupportsCredentialReload(Protocol):
+    """A backend that can pick up rotated credentials without a restart (SIGHUP)."""
+
+    async def reload_credentials(self) -> None:
+        """Replace connections so new ones authenticate with fresh credentials."""
+        ...
+
+
+@runtime_checkable
 class SupportsTransactions(Protocol):
     """A backend whose ``*_with_conn`` methods can share one real transaction.
 
@@ -576,6 +588,27 @@ class SupportsPrune(Protocol):
 
     async def expire_archive(self, *, batch_size: int = 10_000) -> int:
         """Delete archived jobs (and their attempts) past ``expire_at``; returns how many."""
+        ...
+
+
+@runtime_checkable
+class SupportsResultExpiry(Protocol):
+    """A backend that drops stored results once they expire (a leader sweep)."""
+
+    async def sweep_expired_results(self) -> int:
+        """Clear ``result`` of every job whose ``result_expires_at`` has passed on the
+        backend's clock (``result_expires_at`` is kept); returns the jobs cleared."""
+        ...
+
+
+@runtime_checkable
+class SupportsStaleBatchSweep(Protocol):
+    """A backend whose leader completes batches a lost terminal hook left active."""
+
+    async def complete_stale_batches(self) -> int:
+        """Mark every ``active`` batch with no non-terminal child ``complete`` and
+        release its finalizer, as :meth:`Backend.complete_batch` does for one batch;
+        returns the batches completed."""
         ...
 
 

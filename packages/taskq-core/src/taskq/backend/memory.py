@@ -121,8 +121,10 @@ class InMemoryBackend:
                 f"InMemoryBackend serves memory:// URLs, not {url!r}; "
                 f"use 'memory://' or the backend that serves {scheme or 'this'}://"
             )
-        # A schema namespaces a database; one process's memory needs none.
+        # A schema namespaces a database and dispatch samples a table; one
+        # process's memory needs neither.
         options.pop("schema", None)
+        options.pop("dispatch_oversample", None)  # nothing is sampled in memory
         return cls(**options)
 
     # -- lifecycle -------------------------------------------------------------
@@ -638,6 +640,21 @@ class InMemoryBackend:
         cancel_wait = cancel_grace + cleanup_grace + self.cancel_reclaim_headroom
         return reclaim_expired(self._store, self.clock.now(), cancel_wait)
 
+    async def sweep_expired_results(self) -> int:
+        """Clear the result of every job whose ``result_expires_at`` has passed
+        (``SupportsResultExpiry``); the expiry time itself is kept."""
+        now = self.clock.now()
+        expired = [
+            row
+            for row in self._jobs.values()
+            if row.result is not None
+            and row.result_expires_at is not None
+            and row.result_expires_at <= now
+        ]
+        for row in expired:
+            self._store.update(row, result=None)
+        return len(expired)
+
     # -- reads -------------------------------------------------------------------------
     async def get(self, job_id: JobId) -> JobRow | None:
         """One job, or None."""
@@ -795,6 +812,11 @@ class InMemoryBackend:
     ) -> int:
         """Children of the batch (finalizer excluded) not yet terminal."""
         return self._batches.count_non_terminal(batch_id)
+
+    async def complete_stale_batches(self) -> int:
+        """Complete every active batch with no active child and release its finalizer
+        (``SupportsStaleBatchSweep``); returns the batches completed."""
+        return self._batches.complete_stale()
 
     async def prune_old_batches(self, cutoff: datetime) -> int:
         """Delete batches completed before ``cutoff`` with no children left."""

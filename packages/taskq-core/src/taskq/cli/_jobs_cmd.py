@@ -21,11 +21,18 @@ from taskq.backend.statemachine import JobStatus
 from taskq.errors import ConfigurationError, TaskQError
 
 if TYPE_CHECKING:
+    from taskq.backend import Backend
     from taskq.cli._commands import CommandRegistry
     from taskq.client import JobsClient
     from taskq.models import AttemptRow, EventRow, JobRow
 
-__all__ = ["JobCommandError", "register"]
+__all__ = [
+    "JobCommandError",
+    "add_connection_options",
+    "connect_backend",
+    "open_client",
+    "register",
+]
 
 DEFAULT_SCHEMA = "taskq"
 _MAX_LIMIT = 10_000  # JobFilter's own bound
@@ -38,7 +45,8 @@ class JobCommandError(TaskQError):
 # -- arguments -------------------------------------------------------------------------
 
 
-def _add_connection_options(parser: argparse.ArgumentParser) -> None:
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """``--dsn`` and ``--schema``, shared by the commands that talk to a backend directly."""
     parser.add_argument(
         "--dsn", help="database URL (default: $TASKQ_DSN, else an installed embedded server)"
     )
@@ -71,7 +79,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         help="list jobs, newest first",
         description="List jobs, newest first. Status filters: --status, --active or --finished.",
     )
-    _add_connection_options(listing)
+    add_connection_options(listing)
     which = listing.add_mutually_exclusive_group()
     which.add_argument(
         "--status",
@@ -99,7 +107,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         description="Show a job's fields, its attempts and its audit events.",
     )
     _add_job_id(show)
-    _add_connection_options(show)
+    add_connection_options(show)
     show.add_argument(
         "--json", action="store_true", help="print a JSON object {job, attempts, events}"
     )
@@ -111,7 +119,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         description="Give a failed, crashed, cancelled or abandoned job a new life as pending.",
     )
     _add_job_id(retry)
-    _add_connection_options(retry)
+    add_connection_options(retry)
     retry.set_defaults(_jobs_run=_retry)
 
     cancel = actions.add_parser(
@@ -121,7 +129,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "stop (its actor sees ctx.cancel_event).",
     )
     _add_job_id(cancel)
-    _add_connection_options(cancel)
+    add_connection_options(cancel)
     cancel.add_argument("--reason", help="why, recorded on the job and its cancel event")
     cancel.set_defaults(_jobs_run=_cancel)
 
@@ -145,11 +153,10 @@ def register(cli: CommandRegistry) -> None:
 
 
 @asynccontextmanager
-async def _client(args: argparse.Namespace) -> AsyncIterator[JobsClient]:
-    """A client on the backend the options name; no actors are needed to read, retry
-    or cancel."""
+async def connect_backend(args: argparse.Namespace) -> AsyncIterator[Backend]:
+    """The open backend that ``--dsn`` / ``--schema`` (or their environment variables)
+    name; closed on exit."""
     from taskq._dsn import resolve_dsn
-    from taskq.client import JobsClient
     from taskq.identifiers import validate_schema_name
     from taskq.plugins import open_backend
 
@@ -161,9 +168,19 @@ async def _client(args: argparse.Namespace) -> AsyncIterator[JobsClient]:
     backend = open_backend(resolve_dsn(args.dsn), schema=schema)
     await backend.open()
     try:
-        yield JobsClient(backend, {})
+        yield backend
     finally:
         await backend.close()
+
+
+@asynccontextmanager
+async def open_client(args: argparse.Namespace) -> AsyncIterator[JobsClient]:
+    """A client on the backend the options name; no actors are needed to read, retry
+    or cancel."""
+    from taskq.client import JobsClient
+
+    async with connect_backend(args) as backend:
+        yield JobsClient(backend, {})
 
 
 def _job_id(text: str) -> UUID:
@@ -200,7 +217,7 @@ async def _list(args: argparse.Namespace) -> int:
         order="desc",
         limit=args.limit,
     )
-    async with _client(args) as client:
+    async with open_client(args) as client:
         rows = await client.list_jobs(filters)
     if args.json:
         print_json(rows)
@@ -232,7 +249,7 @@ async def _show(args: argparse.Namespace) -> int:
     from taskq.cli._output import print_json
 
     job_id = _job_id(args.job_id)
-    async with _client(args) as client:
+    async with open_client(args) as client:
         row = await _existing(client, job_id)
         attempts = await client.get_attempts(job_id)
         events = await client.get_events(job_id)
@@ -328,7 +345,7 @@ def _pairs(detail: dict[str, Any]) -> str:
 
 async def _retry(args: argparse.Namespace) -> int:
     job_id = _job_id(args.job_id)
-    async with _client(args) as client:
+    async with open_client(args) as client:
         if not await client.retry(job_id):
             row = await _existing(client, job_id)
             raise JobCommandError(
@@ -341,7 +358,7 @@ async def _retry(args: argparse.Namespace) -> int:
 
 async def _cancel(args: argparse.Namespace) -> int:
     job_id = _job_id(args.job_id)
-    async with _client(args) as client:
+    async with open_client(args) as client:
         if not await client.cancel(job_id, reason=args.reason):
             row = await _existing(client, job_id)
             raise JobCommandError(

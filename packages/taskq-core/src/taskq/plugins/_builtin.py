@@ -23,11 +23,12 @@ def taskq_backends() -> dict[str, BackendFactory]:
 
 @hookimpl
 def taskq_cli_commands(cli: CommandRegistry) -> None:
-    from taskq.cli import _demo_cmd, _enqueue_cmd, _jobs_cmd, _plugins_cmd
+    from taskq.cli import _demo_cmd, _enqueue_cmd, _jobs_cmd, _plugins_cmd, _schedules_cmd
 
     _plugins_cmd.register(cli)
     _enqueue_cmd.register(cli)
     _jobs_cmd.register(cli)
+    _schedules_cmd.register(cli)
     _demo_cmd.register(cli)
 
 

@@ -11,10 +11,12 @@ from uuid import UUID, uuid4
 import structlog
 
 from taskq._di import ActorSpec
+from taskq.backend import SupportsCredentialReload
 from taskq.models import ActorConfig
 from taskq.settings import WorkerSettings
 from taskq.worker._liveness import LoopLiveness
 from taskq.worker._state import WorkerState
+from taskq.worker._transient import transient_errors
 from taskq.worker._watchdog import (
     LoopLagWatchdog,
     ShutdownWatchdog,
@@ -52,8 +54,13 @@ class Worker:
         self._state: WorkerState | None = None
         self._stop_requested = False
         self._escalate = asyncio.Event()
+        self._reload = asyncio.Event()
+        self.reloads = 0
+        """Credential reloads completed (SIGHUP)."""
         self._shutdown_watchdog = ShutdownWatchdog(
-            settings.termination_grace_period.total_seconds()
+            settings.termination_grace_period.total_seconds(),
+            dump_interval=settings.watchdog_dump_interval.total_seconds(),
+            dump_after_fraction=settings.watchdog_dump_after_fraction,
         )
         self.health: HealthServer | None = None
         """The health server while running, when ``health_port`` is set."""
@@ -70,6 +77,11 @@ class Worker:
         self._stop_requested = True
         if self._state is not None:
             self._state.stopping.set()
+
+    def reload(self) -> None:
+        """Reload credentials (SIGHUP). Requests during a reload coalesce into one
+        follow-up reload."""
+        self._reload.set()
 
     def escalate(self) -> None:
         """Skip the remaining drain and cooperative waits (the second SIGTERM)."""
@@ -164,6 +176,11 @@ class Worker:
                         name="taskq-maintenance-leader",
                     ),
                 ]
+                background.append(
+                    group.create_task(
+                        sibling("credential-reload", self._reload_loop), name="taskq-reload"
+                    )
+                )
                 if settings.watchdog_enabled:
                     background.append(
                         group.create_task(
@@ -203,6 +220,25 @@ class Worker:
             _log.info(
                 "taskq.worker-stopped", worker_id=str(self.worker_id), processed=state.processed
             )
+
+    async def _reload_loop(self) -> None:
+        """Event-driven: one reload per burst of requests (a request arriving during a
+        reload sets the event again, so exactly one follow-up reload runs)."""
+        transient = transient_errors()
+        while True:
+            await self._reload.wait()
+            self._reload.clear()
+            backend = self.app.backend
+            if not isinstance(backend, SupportsCredentialReload):
+                _log.warning("taskq.reload-unsupported", backend=type(backend).__qualname__)
+                continue
+            try:
+                await backend.reload_credentials()
+            except transient as exc:
+                _log.warning("taskq.credentials-reload-failed", error=repr(exc))
+                continue
+            self.reloads += 1
+            _log.info("taskq.credentials-reloaded", reloads=self.reloads)
 
     async def _supervise(
         self,

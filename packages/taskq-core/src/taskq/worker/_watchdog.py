@@ -63,18 +63,36 @@ def trip(detector: str, reason: str, *, in_loop: bool = True) -> NoReturn:
 
 
 class ShutdownWatchdog:
-    """Detector 1: trips when a shutdown overruns ``deadline`` seconds from :meth:`arm`."""
+    """Detector 1: trips when a shutdown overruns ``deadline`` seconds from :meth:`arm`.
 
-    def __init__(self, deadline: float) -> None:
+    In the back half of the budget (past ``dump_after_fraction``) it asks the
+    loop to log the still-running tasks every ``dump_interval`` seconds, so an
+    operator sees what a slow shutdown is waiting for before it is cut short.
+    """
+
+    def __init__(
+        self, deadline: float, *, dump_interval: float = 5.0, dump_after_fraction: float = 0.5
+    ) -> None:
         self._deadline = deadline
+        self._dump_interval = dump_interval
+        self._dump_after = deadline * dump_after_fraction
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def arm(self) -> None:
-        """Start counting (at the first shutdown signal). Idempotent."""
+        """Start counting (at the first shutdown signal, from the loop). Idempotent."""
         if self._thread is not None:
             return
-        _log.info("taskq.shutdown-watchdog-armed", deadline_s=self._deadline)
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None  # armed off-loop: no straggler dumps, the deadline still holds
+        _log.info(
+            "taskq.shutdown-watchdog-armed",
+            deadline_s=self._deadline,
+            dump_after_s=self._dump_after,
+        )
         self._thread = threading.Thread(
             target=self._watch, name="taskq-shutdown-watchdog", daemon=True
         )
@@ -85,12 +103,23 @@ class ShutdownWatchdog:
         self._done.set()
 
     def _watch(self) -> None:
-        if not self._done.wait(self._deadline):
-            trip(
-                "shutdown-deadline",
-                f"shutdown still running after {self._deadline}s",
-                in_loop=False,
-            )
+        started = time.monotonic()
+        while True:
+            elapsed = time.monotonic() - started
+            if elapsed >= self._deadline:
+                trip(
+                    "shutdown-deadline",
+                    f"shutdown still running after {self._deadline}s",
+                    in_loop=False,
+                )
+            if elapsed >= self._dump_after and self._loop is not None:
+                try:
+                    self._loop.call_soon_threadsafe(dump_task_stacks, "shutdown-straggler")
+                except RuntimeError:
+                    return  # the loop is closed: the shutdown is over
+            step = self._dump_interval if elapsed >= self._dump_after else self._dump_after
+            if self._done.wait(max(min(step, self._deadline - elapsed), 0.0)):
+                return
 
 
 class LoopLagWatchdog:

@@ -77,10 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
-    """The app, on another DSN or schema when the settings say so."""
+    """The app, on another DSN or schema, or with backend tuning, when the settings say so."""
     from taskq.app import TaskQ
 
-    if settings.dsn is None and settings.schema_name is None:
+    tuning = settings.backend_options()
+    if settings.dsn is None and settings.schema_name is None and not tuning:
         return app
     return TaskQ(
         settings.dsn or app.url,
@@ -88,6 +89,7 @@ def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
         actors=app.actors.values(),
         providers=app.providers,
         queues=app.queues,
+        **{**app.backend_options, **tuning},
     )
 
 
@@ -116,7 +118,8 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
 
 
 def _install_signal_handlers(worker: Worker) -> None:
-    """SIGTERM/SIGINT escalate (drain, then force, then exit 1); SIGUSR2 dumps task stacks."""
+    """SIGTERM/SIGINT escalate (drain, then force, then exit 1); SIGHUP reloads
+    credentials; SIGUSR2 dumps task stacks."""
     from taskq.worker._stacks import dump_task_stacks
 
     loop = asyncio.get_running_loop()
@@ -137,6 +140,7 @@ def _install_signal_handlers(worker: Worker) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_stop_signal)
     loop.add_signal_handler(signal.SIGUSR2, lambda: dump_task_stacks("sigusr2"))
+    loop.add_signal_handler(signal.SIGHUP, worker.reload)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,11 +1,11 @@
 """``MaintenanceLeader``: the election and the leader-only loops of one worker.
 
 Every worker runs the election loop; the loops behind it (promotion and the
-deadline/reclaim sweeps, cron, prune, archive expiry) work only while this
-worker leads. Each of their iterations first confirms leadership with the
-backend (a round trip on the leader session), so a leader that was frozen
-and deposed steps down on its first tick after waking instead of sweeping
-beside its successor.
+deadline/reclaim sweeps, cron, result expiry, stale batches, prune, archive
+expiry) work only while this worker leads. Each of their iterations first
+confirms leadership with the backend (a round trip on the leader session),
+so a leader that was frozen and deposed steps down on its first tick after
+waking instead of sweeping beside its successor.
 
 A new leader holds back reclaims for ``reclaim_grace``: after a database
 outage longer than the lock lease every lease looks expired, and the
@@ -25,10 +25,19 @@ from taskq.backend._protocol import (
     SupportsCron,
     SupportsLeaderElection,
     SupportsPrune,
+    SupportsResultExpiry,
+    SupportsStaleBatchSweep,
 )
 from taskq.worker._state import WorkerState
 from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
-from taskq.worker.maintenance import archive_expiry_once, cron_once, prune_once, sweep_once
+from taskq.worker.maintenance import (
+    archive_expiry_once,
+    cron_once,
+    expire_results_once,
+    prune_once,
+    stale_batches_once,
+    sweep_once,
+)
 
 __all__ = ["MaintenanceLeader"]
 
@@ -77,6 +86,24 @@ class MaintenanceLeader:
                     "leader-cron",
                     settings.cron_interval.total_seconds(),
                     lambda: cron_once(self.state, cron_backend),
+                )
+            )
+        if isinstance(backend, SupportsResultExpiry):
+            expiry_backend = backend
+            self._loops.append(
+                (
+                    "leader-result-expiry",
+                    settings.result_expiry_interval.total_seconds(),
+                    lambda: expire_results_once(expiry_backend),
+                )
+            )
+        if isinstance(backend, SupportsStaleBatchSweep):
+            batch_backend = backend
+            self._loops.append(
+                (
+                    "leader-stale-batches",
+                    settings.stale_batch_interval.total_seconds(),
+                    lambda: stale_batches_once(batch_backend),
                 )
             )
         if isinstance(backend, SupportsPrune):

@@ -9,13 +9,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from taskq.backend._protocol import SupportsCron, SupportsPrune
+from taskq.backend._protocol import (
+    SupportsCron,
+    SupportsPrune,
+    SupportsResultExpiry,
+    SupportsStaleBatchSweep,
+)
+from taskq.backend.clock import SystemClock
 from taskq.worker.cron import SlotJobBuilder
 
 if TYPE_CHECKING:
     from taskq.worker._state import WorkerState
 
-__all__ = ["archive_expiry_once", "cron_once", "prune_once", "sweep_once"]
+__all__ = [
+    "archive_expiry_once",
+    "cron_once",
+    "expire_results_once",
+    "prune_once",
+    "stale_batches_once",
+    "sweep_once",
+]
 
 
 async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
@@ -41,15 +54,30 @@ async def cron_once(state: WorkerState, backend: SupportsCron) -> dict[str, int]
     }
 
 
+async def expire_results_once(backend: SupportsResultExpiry) -> dict[str, int]:
+    """Clear stored results past their ``result_expires_at``."""
+    return {"results_expired": await backend.sweep_expired_results()}
+
+
+async def stale_batches_once(backend: SupportsStaleBatchSweep) -> dict[str, int]:
+    """Complete active batches whose children all finished (a lost terminal hook)."""
+    return {"stale_batches_completed": await backend.complete_stale_batches()}
+
+
 async def prune_once(state: WorkerState, backend: SupportsPrune) -> dict[str, int]:
-    """Sweep 5: terminal jobs past their retention -> the archive."""
+    """Sweep 5: terminal jobs past their retention -> the archive; then the batch rows
+    finished before the shortest retention whose children are all gone."""
     settings = state.settings
     moved = await backend.prune_terminal_jobs(
         settings.prune_retention,
         archive_retention=settings.archive_retention,
         batch_size=settings.prune_batch_size,
     )
-    return {"pruned": moved}
+    # After the jobs, so a batch row never goes while its children are still visible
+    # (the backend also keeps any batch with a child left). The cutoff is a retention
+    # boundary, days wide: this host's clock is precise enough for it.
+    cutoff = SystemClock().now() - min(settings.prune_retention.values())
+    return {"pruned": moved, "batches_pruned": await state.backend.prune_old_batches(cutoff)}
 
 
 async def archive_expiry_once(state: WorkerState, backend: SupportsPrune) -> dict[str, int]:

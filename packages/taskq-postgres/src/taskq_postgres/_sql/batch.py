@@ -14,6 +14,7 @@ __all__ = [
     "ABORT_BATCH",
     "BATCH_COLUMNS",
     "COMPLETE_BATCH",
+    "COMPLETE_STALE_BATCHES",
     "COUNT_BATCH_NON_TERMINAL",
     "CREATE_BATCH",
     "GET_BATCH",
@@ -150,6 +151,40 @@ finished AS (
     RETURNING b.finalizer_job_id
 ),"""
     + _RELEASE_FINALIZER
+    + """
+SELECT (SELECT count(*) FROM finished) AS completed, (SELECT count(*) FROM notified) AS notified
+"""
+)
+
+COMPLETE_STALE_BATCHES: Final = (
+    """
+-- arbiter: clock_timestamp() (completed_at; the finalizers' scheduled_at)
+-- The leader's safety net for a lost terminal hook (and for empty batches):
+-- every active batch with no non-terminal child -> complete, its finalizer ->
+-- pending, as COMPLETE_BATCH does for one. SKIP LOCKED leaves a batch a worker's
+-- hook is finishing right now to that hook. $1 wake channel.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+stale AS (
+    SELECT b.id
+    FROM {schema}.batches b
+    WHERE b.status = 'active'
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.jobs j
+          WHERE """
+    + _CHILDREN_OF_B
+    + """
+            AND j.status IN ('pending', 'scheduled', 'running'))
+    FOR UPDATE OF b SKIP LOCKED
+),
+finished AS (
+    UPDATE {schema}.batches b
+    SET status = 'complete', completed_at = n.ts
+    FROM stale s CROSS JOIN now n
+    WHERE b.id = s.id AND b.status = 'active'
+    RETURNING b.finalizer_job_id
+),"""
+    # The fragment binds the wake channel as $2 for the one-batch statements.
+    + _RELEASE_FINALIZER.replace("$2::text", "$1::text")
     + """
 SELECT (SELECT count(*) FROM finished) AS completed, (SELECT count(*) FROM notified) AS notified
 """

@@ -15,6 +15,7 @@ from taskq_postgres._sql import TransitionSQL
 
 __all__ = [
     "DEADLINE_SWEEP",
+    "EXPIRE_RESULTS",
     "POLL_RECLAIM_EVENTS",
     "RECLAIM_EXPIRED_LOCKS",
     "RECLAIM_VISIBILITY_RISK",
@@ -181,4 +182,23 @@ WHERE l.locktype = 'relation' AND l.granted
   AND a.xact_start < clock_timestamp() - $1::interval
 GROUP BY a.pid, a.application_name, a.state, a.xact_start, a.query
 ORDER BY a.xact_start
+"""
+
+# Not a transition: the job keeps its status and result_expires_at (so a reader
+# can tell an expired result from a job that returned nothing). ``result IS NOT
+# NULL`` keeps the partial index scan from rewriting rows already cleared.
+EXPIRE_RESULTS: Final = """
+-- arbiter: clock_timestamp() (expiry check result_expires_at <= now)
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+due AS (
+    SELECT j.id
+    FROM {schema}.jobs j CROSS JOIN now n
+    WHERE j.result_expires_at IS NOT NULL AND j.result_expires_at <= n.ts
+      AND j.result IS NOT NULL
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE {schema}.jobs j
+SET result = NULL, updated_at = n.ts
+FROM due d CROSS JOIN now n
+WHERE j.id = d.id
 """

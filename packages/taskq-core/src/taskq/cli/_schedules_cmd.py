@@ -1,0 +1,247 @@
+"""``taskq schedules list|create|update|delete``: manage the cron schedules the
+maintenance leader fires.
+
+Like ``taskq jobs``, these commands need no application: schedules are rows
+in the backend, so an operator manages them with only a DSN. The payload is
+stored as given, and the actor need not be known here: both are checked
+by the worker that fires a slot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any, TypeVar
+from uuid import UUID
+
+from taskq.cli._jobs_cmd import add_connection_options, connect_backend
+from taskq.errors import TaskQError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from taskq.cli._commands import CommandRegistry
+
+__all__ = ["ScheduleCommandError", "register"]
+
+
+_M = TypeVar("_M", bound="BaseModel")
+
+
+class ScheduleCommandError(TaskQError):
+    """The schedule cannot be created, changed or deleted; the message says why."""
+
+
+# -- arguments -------------------------------------------------------------------------
+
+
+def _add_schedule_id(parser: argparse.ArgumentParser) -> None:
+    # A plain string: a malformed id is reported like an unknown one (exit 1), not
+    # as a usage error.
+    parser.add_argument("schedule_id", metavar="ID", help="the schedule's id (a UUID)")
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="schedules_action", metavar="ACTION", required=True)
+
+    listing = actions.add_parser(
+        "list", help="list schedules by name", description="List cron schedules by name."
+    )
+    add_connection_options(listing)
+    listing.add_argument("--actor", help="only this actor's schedules")
+    listing.add_argument("--json", action="store_true", help="print a JSON array for scripts")
+    listing.set_defaults(_schedules_run=_list)
+
+    create = actions.add_parser(
+        "create",
+        help="add a cron schedule",
+        description="Add a schedule: the maintenance leader enqueues a job of ACTOR at "
+        "every slot of CRON.",
+    )
+    create.add_argument("name", metavar="NAME", help="a unique name for the schedule")
+    create.add_argument("actor", metavar="ACTOR", help="the actor each slot enqueues")
+    create.add_argument(
+        "cron", metavar="CRON", help="cron expression, e.g. '*/5 * * * *' (a 6th field: seconds)"
+    )
+    create.add_argument("--payload", help="the jobs' payload as a JSON object (default: {})")
+    create.add_argument("--queue", default="default", help="the jobs' queue (default: default)")
+    create.add_argument("--timezone", default="UTC", help="timezone CRON is read in (default: UTC)")
+    create.add_argument("--disabled", action="store_true", help="store it without firing it")
+    add_connection_options(create)
+    create.set_defaults(_schedules_run=_create)
+
+    update = actions.add_parser(
+        "update",
+        help="change a schedule",
+        description="Change a schedule; options not given are kept.",
+    )
+    _add_schedule_id(update)
+    update.add_argument("--cron", help="a new cron expression")
+    update.add_argument("--payload", help="a new payload, as a JSON object")
+    update.add_argument("--queue", help="a new queue")
+    update.add_argument("--timezone", help="a new timezone")
+    toggle = update.add_mutually_exclusive_group()
+    toggle.add_argument(
+        "--enable", dest="enabled", action="store_const", const=True, help="fire it again"
+    )
+    toggle.add_argument(
+        "--disable", dest="enabled", action="store_const", const=False, help="stop firing it"
+    )
+    add_connection_options(update)
+    update.set_defaults(_schedules_run=_update)
+
+    delete = actions.add_parser(
+        "delete", help="remove a schedule", description="Remove a schedule for good."
+    )
+    _add_schedule_id(delete)
+    add_connection_options(delete)
+    delete.set_defaults(_schedules_run=_delete)
+
+
+def _run(args: argparse.Namespace) -> int:
+    code: int = asyncio.run(args._schedules_run(args))
+    return code
+
+
+def register(cli: CommandRegistry) -> None:
+    """Add ``taskq schedules`` to the ``taskq`` command."""
+    cli.add(
+        "schedules",
+        help="list, create, update or delete cron schedules",
+        configure=_configure,
+        run=_run,
+    )
+
+
+# -- parsing ---------------------------------------------------------------------------
+
+
+def _schedule_id(text: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise ScheduleCommandError(
+            f"{text!r} is not a schedule id; ids are UUIDs as `taskq schedules list` shows them"
+        ) from None
+
+
+def _payload(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScheduleCommandError(
+            f"--payload is not valid JSON ({exc}); quote it for the shell, "
+            f"e.g. --payload '{{\"n\": 1}}'"
+        ) from None
+    if not isinstance(value, dict):
+        raise ScheduleCommandError(f"--payload must be a JSON object, got {text!r}")
+    return value
+
+
+def _validated(model: type[_M], **fields: Any) -> _M:
+    """``model(**fields)``, with a bad cron expression or timezone reported in one line."""
+    from pydantic import ValidationError
+
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(part) for part in err["loc"])
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise ScheduleCommandError(f"{where}: {message}") from None
+
+
+# -- the actions -------------------------------------------------------------------------
+
+
+async def _list(args: argparse.Namespace) -> int:
+    from taskq.cli._output import format_time, print_json, table
+
+    async with connect_backend(args) as backend:
+        schedules = await backend.list_schedules(actor=args.actor)
+    if args.json:
+        print_json(schedules)
+        return 0
+    if not schedules:
+        print("no schedules")
+        return 0
+    print(
+        table(
+            ["id", "name", "actor", "cron", "timezone", "queue", "enabled", "next_fire_at"],
+            [
+                [
+                    str(s.id),
+                    s.name,
+                    s.actor,
+                    s.cron,
+                    s.timezone,
+                    s.queue,
+                    "yes" if s.enabled else "no",
+                    format_time(s.next_fire_at),
+                ]
+                for s in schedules
+            ],
+        )
+    )
+    return 0
+
+
+async def _create(args: argparse.Namespace) -> int:
+    from taskq.cli._output import format_time
+    from taskq.models import ScheduleCreateArgs
+
+    create = _validated(
+        ScheduleCreateArgs,
+        name=args.name,
+        actor=args.actor,
+        cron=args.cron,
+        payload=_payload(args.payload) if args.payload is not None else {},
+        queue=args.queue,
+        timezone=args.timezone,
+        enabled=not args.disabled,
+    )
+    async with connect_backend(args) as backend:
+        try:
+            schedule = await backend.create_schedule(create)
+        except ValueError as exc:  # the name is taken
+            raise ScheduleCommandError(str(exc)) from None
+    when = f"next fire {format_time(schedule.next_fire_at)}" if schedule.enabled else "disabled"
+    print(f"schedule {schedule.name} created: id {schedule.id}, {when}")
+    return 0
+
+
+async def _update(args: argparse.Namespace) -> int:
+    from taskq.models import ScheduleUpdateArgs
+
+    schedule_id = _schedule_id(args.schedule_id)
+    changes = _validated(
+        ScheduleUpdateArgs,
+        cron=args.cron,
+        payload=_payload(args.payload) if args.payload is not None else None,
+        queue=args.queue,
+        timezone=args.timezone,
+        enabled=args.enabled,
+    )
+    if not changes.model_dump(exclude_none=True):
+        raise ScheduleCommandError(
+            "nothing to change: give --cron, --payload, --queue, --timezone, --enable or --disable"
+        )
+    async with connect_backend(args) as backend:
+        try:
+            schedule = await backend.update_schedule(schedule_id, changes)
+        except KeyError:
+            raise ScheduleCommandError(f"no schedule {schedule_id}") from None
+    print(f"schedule {schedule.name} updated")
+    return 0
+
+
+async def _delete(args: argparse.Namespace) -> int:
+    schedule_id = _schedule_id(args.schedule_id)
+    async with connect_backend(args) as backend:
+        try:
+            await backend.delete_schedule(schedule_id)
+        except KeyError:
+            raise ScheduleCommandError(f"no schedule {schedule_id}") from None
+    print(f"schedule {schedule_id} deleted")
+    return 0

@@ -1,0 +1,104 @@
+"""``taskq schedules list|create|update|delete`` against a real Postgres schema."""
+
+from __future__ import annotations
+
+from uuid import uuid4
+
+import pytest
+
+from tests.cli.cli_helpers import Cli, clean_env, error_line, run
+
+pytestmark = pytest.mark.postgres
+
+
+def _created_id(output: str) -> str:
+    # "schedule NAME created: id UUID, next fire TIME"
+    return output.split(" id ")[1].split(",")[0]
+
+
+def test_create_list_update_delete(cli: Cli) -> None:
+    out = cli.ok(
+        "schedules", "create", "nightly", "nap", "0 3 * * *",
+        "--payload", '{"seconds": 0.5}', "--queue", "batch", "--timezone", "Europe/Paris",
+    )  # fmt: skip
+    assert out.startswith("schedule nightly created: id ")
+    assert "next fire " in out
+    nightly = _created_id(out)
+    paused = cli.ok("schedules", "create", "paused", "nap_sync", "*/5 * * * *", "--disabled")
+    assert paused.endswith(", disabled\n")
+    paused_id = _created_id(paused)
+
+    listed = cli.json("schedules", "list")
+    assert [s["name"] for s in listed] == ["nightly", "paused"]
+    first = listed[0]
+    assert first["id"] == nightly
+    assert (first["actor"], first["cron"], first["queue"], first["timezone"]) == (
+        "nap", "0 3 * * *", "batch", "Europe/Paris"
+    )  # fmt: skip
+    assert first["payload"] == {"seconds": 0.5}
+    assert first["enabled"] is True and first["next_fire_at"] is not None
+    assert listed[1]["enabled"] is False and listed[1]["next_fire_at"] is None
+    assert [s["name"] for s in cli.json("schedules", "list", "--actor", "nap_sync")] == ["paused"]
+
+    # text table, with --dsn/--schema instead of the environment
+    text = run(
+        "taskq", "schedules", "list", "--dsn", cli.pg.dsn, "--schema", cli.pg.name,
+        env=clean_env(),
+    )  # fmt: skip
+    assert text.returncode == 0, text.stderr
+    header, *lines = text.stdout.splitlines()
+    assert header.split() == [
+        "id", "name", "actor", "cron", "timezone", "queue", "enabled", "next_fire_at"
+    ]  # fmt: skip
+    assert [line.split()[:3] for line in lines] == [
+        [nightly, "nightly", "nap"], [paused_id, "paused", "nap_sync"]
+    ]  # fmt: skip
+
+    assert cli.ok("schedules", "update", paused_id, "--enable", "--cron", "0 * * * *") == (
+        "schedule paused updated\n"
+    )
+    assert cli.ok("schedules", "update", nightly, "--disable", "--payload", "{}") == (
+        "schedule nightly updated\n"
+    )
+    by_name = {s["name"]: s for s in cli.json("schedules", "list")}
+    assert by_name["paused"]["enabled"] is True and by_name["paused"]["cron"] == "0 * * * *"
+    assert by_name["paused"]["next_fire_at"] is not None
+    assert by_name["nightly"]["enabled"] is False and by_name["nightly"]["payload"] == {}
+    assert by_name["nightly"]["queue"] == "batch"  # untouched options are kept
+
+    assert cli.ok("schedules", "delete", nightly) == f"schedule {nightly} deleted\n"
+    assert [s["name"] for s in cli.json("schedules", "list")] == ["paused"]
+    cli.ok("schedules", "delete", paused_id)
+    assert cli.ok("schedules", "list") == "no schedules\n"
+
+
+def test_refusals_are_one_line_errors(cli: Cli) -> None:
+    created = cli.ok("schedules", "create", "once", "nap", "* * * * *")
+    schedule_id = _created_id(created)
+    unknown = str(uuid4())
+
+    cases = {
+        ("create", "once", "nap", "* * * * *"): "a schedule named 'once' already exists",
+        ("create", "bad", "nap", "not cron"): "cron: invalid cron expression 'not cron'",
+        ("create", "bad", "nap", "* * * * *", "--timezone", "Mars/Olympus"): (
+            "timezone: unknown timezone 'Mars/Olympus'"
+        ),
+        ("create", "bad", "nap", "* * * * *", "--payload", "{oops"): "--payload is not valid JSON",
+        ("create", "bad", "nap", "* * * * *", "--payload", "[1]"): (
+            "--payload must be a JSON object"
+        ),
+        ("update", schedule_id): "nothing to change",
+        ("update", unknown, "--disable"): f"no schedule {unknown}",
+        ("update", schedule_id, "--cron", "61 * * * *"): "invalid cron expression",
+        ("delete", unknown): f"no schedule {unknown}",
+        ("delete", "not-a-uuid"): "'not-a-uuid' is not a schedule id",
+    }
+    for args, expected in cases.items():
+        assert expected in error_line(cli.taskq("schedules", *args)), args
+    assert [s["name"] for s in cli.json("schedules", "list")] == ["once"]
+
+
+def test_enable_and_disable_are_exclusive(cli: Cli) -> None:
+    result = cli.taskq("schedules", "update", str(uuid4()), "--enable", "--disable")
+    assert result.returncode == 2
+    assert "not allowed with argument" in result.stderr

@@ -1,0 +1,273 @@
+"""TaskQ's benchmark suite: enqueue, drain and latency, next to SQL floors and PgQueuer.
+
+    python -m bench [--quick] [--only NAME ...] [--out bench/results/latest.md]
+
+Every scenario gets its own fresh schema in one throwaway database on the
+local server (127.0.0.1), prints one JSON line, and is bounded in counts and
+time. A TaskQ line carries ``vs_<scenario>`` ratios (its throughput divided by
+the other's) for its floors and PgQueuer when those ran in the same run. The
+Markdown table (with the issue's targets checked) goes to ``--out``. See
+bench/README.md for the method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import logging
+import os
+import platform
+import time
+import traceback
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import _floors, _pgqueuer, _taskq
+from bench._common import FULL, QUICK, Result, Sizes, analyze
+from bench._report import Target, markdown
+
+from taskq.logs import configure_logging
+from taskq_postgres.channels import wake_channel
+from taskq_testing.postgres import DEFAULT_TEST_DSN, migrated_schema, throwaway_database
+
+SchemaRun = Callable[[str, str], Coroutine[Any, Any, Result]]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """``run`` takes the throwaway database's DSN; ``compare`` names the scenarios
+    whose throughput this one is divided by."""
+
+    name: str
+    n: int
+    run: Callable[[str], Result]
+    compare: tuple[str, ...] = ()
+
+
+def _in_schema(body: SchemaRun) -> Callable[[str], Result]:
+    """Run ``body`` on a freshly migrated TaskQ schema, dropped afterwards."""
+
+    def run(dsn: str) -> Result:
+        with migrated_schema(dsn) as schema:
+            return asyncio.run(body(dsn, schema.name))
+
+    return run
+
+
+def _preloaded(n: int, chunk: int, body: SchemaRun) -> SchemaRun:
+    """``body`` on a schema already holding ``n`` pending no-op jobs (enqueued untimed,
+    then analyzed)."""
+
+    async def run(dsn: str, schema: str) -> Result:
+        await _taskq.preload(dsn, schema, n, chunk)
+        await analyze(dsn, schema, "jobs")
+        return await body(dsn, schema)
+
+    return run
+
+
+@functools.cache
+def _pgqueuer_ready() -> str | None:
+    """None once PgQueuer's virtualenv is usable, else why it is not."""
+    try:
+        _pgqueuer.ensure_venv()
+    except _pgqueuer.Unavailable as exc:
+        return str(exc)
+    return None
+
+
+def _pgqueuer_run(name: str, n: int, body: Callable[[str], Result]) -> Callable[[str], Result]:
+    def run(dsn: str) -> Result:
+        reason = _pgqueuer_ready()
+        if reason is None:
+            try:
+                return body(dsn)
+            except _pgqueuer.Unavailable as exc:
+                reason = str(exc)
+        return Result(name, n, None, {"skipped": reason})
+
+    return run
+
+
+def scenarios(sizes: Sizes) -> list[Scenario]:
+    """Every scenario of a run, each after the ones it is compared with."""
+    one, bulk, chunk, cap = sizes.enqueue_one, sizes.bulk, sizes.bulk_chunk, sizes.timeout_s
+    found = [
+        Scenario(
+            "floor_insert_notify",
+            one,
+            _in_schema(lambda d, s: _floors.insert_notify(d, s, one, wake_channel(s))),
+        ),
+        Scenario(
+            "pgqueuer_enqueue_one",
+            one,
+            _pgqueuer_run(
+                "pgqueuer_enqueue_one", one, lambda d: _pgqueuer.enqueue_one(d, one, cap)
+            ),
+        ),
+        Scenario(
+            "taskq_enqueue_one",
+            one,
+            _in_schema(lambda d, s: _taskq.enqueue_one(d, s, one)),
+            ("floor_insert_notify", "pgqueuer_enqueue_one"),
+        ),
+        Scenario(
+            "floor_copy",
+            bulk,
+            _in_schema(lambda d, s: _floors.copy(d, s, bulk, chunk, wake_channel(s))),
+        ),
+        Scenario(
+            "pgqueuer_enqueue_batch",
+            bulk,
+            _pgqueuer_run(
+                "pgqueuer_enqueue_batch",
+                bulk,
+                lambda d: _pgqueuer.enqueue_batch(d, bulk, chunk, cap),
+            ),
+        ),
+        Scenario(
+            "taskq_enqueue_batch",
+            bulk,
+            _in_schema(lambda d, s: _taskq.enqueue_batch(d, s, bulk, chunk)),
+            ("floor_copy", "pgqueuer_enqueue_batch"),
+        ),
+        Scenario(
+            "taskq_enqueue_copy",
+            bulk,
+            _in_schema(lambda d, s: _taskq.enqueue_copy(d, s, bulk, chunk)),
+            ("floor_copy", "pgqueuer_enqueue_batch"),
+        ),
+    ]
+    n = sizes.drain
+    for concurrency in sizes.drain_concurrencies:
+        for workers in (1, 2):
+            found += _drain_scenarios(n, workers, concurrency, chunk, cap)
+    rate, seconds = sizes.latency_rate, sizes.latency_seconds
+    found.append(
+        Scenario(
+            "taskq_latency",
+            int(rate * seconds),
+            _in_schema(lambda d, s: _taskq.latency(d, s, rate, seconds)),
+        )
+    )
+    return found
+
+
+def _drain_scenarios(
+    n: int, workers: int, concurrency: int, chunk: int, cap: float
+) -> list[Scenario]:
+    suffix = f"w{workers}_c{concurrency}"
+    floors = [_floor_drain(n, workers, concurrency, audit, chunk, cap) for audit in (False, True)]
+    pgqueuer_name = f"pgqueuer_drain_{suffix}"
+    pgqueuer = Scenario(
+        pgqueuer_name,
+        n,
+        _pgqueuer_run(
+            pgqueuer_name, n, lambda d: _pgqueuer.drain(d, n, workers, concurrency, chunk, cap)
+        ),
+    )
+    taskq = Scenario(
+        f"taskq_drain_{suffix}",
+        n,
+        _in_schema(
+            _preloaded(n, chunk, lambda d, s: _taskq.drain(d, s, n, workers, concurrency, cap))
+        ),
+        tuple(s.name for s in floors) + (pgqueuer_name,),
+    )
+    return [*floors, pgqueuer, taskq]
+
+
+def _floor_drain(
+    n: int, workers: int, concurrency: int, audit: bool, chunk: int, cap: float
+) -> Scenario:
+    async def body(dsn: str, schema: str) -> Result:
+        return await _floors.drain(dsn, schema, n, workers, concurrency, audit, cap)
+
+    name = _floors.drain_name(workers, concurrency, audit)
+    return Scenario(name, n, _in_schema(_preloaded(n, chunk, body)))
+
+
+def targets(sizes: Sizes) -> list[Target]:
+    """The issue's targets that this run measures."""
+    found = [
+        Target(
+            "single enqueue >= 90% of INSERT + NOTIFY",
+            "taskq_enqueue_one",
+            "floor_insert_notify",
+            0.9,
+        ),
+        Target("COPY >= 80% of raw COPY", "taskq_enqueue_copy", "floor_copy", 0.8),
+    ]
+    for concurrency in sizes.drain_concurrencies:
+        for workers in (1, 2):
+            suffix = f"w{workers}_c{concurrency}"
+            drain = f"taskq_drain_{suffix}"
+            found.append(
+                Target(f"drain {suffix} >= 2x PgQueuer", drain, f"pgqueuer_drain_{suffix}", 2.0)
+            )
+            found.append(
+                Target(
+                    f"drain {suffix} >= 50% of audit floor",
+                    drain,
+                    f"audit_floor_drain_{suffix}",
+                    0.5,
+                )
+            )
+    found.append(Target("latency p99 < 5 ms at 200 jobs/s", "taskq_latency", None, 5.0))
+    return found
+
+
+def _run_one(scenario: Scenario, dsn: str, results: dict[str, Result]) -> Result:
+    try:
+        result = scenario.run(dsn)
+    except Exception as exc:  # noqa: BLE001 - one broken scenario must not end the run
+        traceback.print_exc()
+        result = Result(scenario.name, scenario.n, None, {"error": repr(exc)})
+    mine = result.per_second
+    for other in scenario.compare:
+        theirs = results[other].per_second if other in results else None
+        if mine is not None and theirs:
+            result.extra[f"vs_{other}"] = round(mine / theirs, 3)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small counts (about a minute)")
+    parser.add_argument(
+        "--only", action="append", metavar="NAME", help="run only this scenario (repeatable)"
+    )
+    parser.add_argument("--out", type=Path, default=Path("bench/results/latest.md"))
+    args = parser.parse_args()
+    configure_logging(level=logging.WARNING)  # to stderr: stdout is the JSON lines
+    sizes = QUICK if args.quick else FULL
+    chosen = scenarios(sizes)
+    if args.only:
+        unknown = sorted(set(args.only) - {s.name for s in chosen})
+        if unknown:
+            names = ", ".join(s.name for s in chosen)
+            parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {names}")
+        chosen = [s for s in chosen if s.name in args.only]
+    started = time.monotonic()
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    results: dict[str, Result] = {}
+    with throwaway_database(DEFAULT_TEST_DSN) as dsn:
+        for scenario in chosen:
+            result = _run_one(scenario, dsn, results)
+            results[result.scenario] = result
+            print(json.dumps(result.line()), flush=True)
+    header = (
+        f"{'Quick' if args.quick else 'Full'} run, {when}, {os.cpu_count()} CPUs "
+        f"({platform.machine()}, Python {platform.python_version()}), "
+        f"{time.monotonic() - started:.0f} s wall"
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(markdown(header, list(results.values()), targets(sizes)))
+
+
+if __name__ == "__main__":
+    main()

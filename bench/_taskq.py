@@ -1,0 +1,146 @@
+"""TaskQ's scenarios: enqueue (one at a time, batch, COPY), drain, and enqueue->start latency."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import asyncpg
+from bench._common import NAP_PAYLOAD, Result, chunks, drain_span, stopwatch
+from bench.latency import REPO, _percentile, _start_worker
+
+from taskq import TaskQ
+from taskq.identifiers import check_identifier
+from tests.apps import basic
+
+
+def _app(dsn: str, schema: str) -> TaskQ:
+    return TaskQ(dsn, schema=schema, actors=basic.tq.actors.values())
+
+
+async def enqueue_one(dsn: str, schema: str, n: int) -> Result:
+    """``n`` calls of ``client.enqueue``, one after the other."""
+    async with _app(dsn, schema) as app:
+        with stopwatch() as elapsed:
+            for _ in range(n):
+                await app.client.enqueue(basic.nap, NAP_PAYLOAD)
+    return Result("taskq_enqueue_one", n, elapsed[0])
+
+
+async def enqueue_batch(dsn: str, schema: str, n: int, chunk: int) -> Result:
+    """``n`` jobs through ``client.enqueue_batch``, ``chunk`` per call."""
+    async with _app(dsn, schema) as app:
+        with stopwatch() as elapsed:
+            for size in chunks(n, chunk):
+                await app.client.enqueue_batch([(basic.nap, NAP_PAYLOAD)] * size)
+    return Result("taskq_enqueue_batch", n, elapsed[0], {"chunk": chunk})
+
+
+async def enqueue_copy(dsn: str, schema: str, n: int, chunk: int) -> Result:
+    """``n`` jobs through ``client.enqueue_batch_fast`` (COPY), ``chunk`` per call."""
+    async with _app(dsn, schema) as app:
+        with stopwatch() as elapsed:
+            for size in chunks(n, chunk):
+                await app.client.enqueue_batch_fast([(basic.nap, NAP_PAYLOAD)] * size)
+    return Result("taskq_enqueue_copy", n, elapsed[0], {"chunk": chunk})
+
+
+async def preload(dsn: str, schema: str, n: int, chunk: int) -> None:
+    """Enqueue ``n`` no-op jobs by COPY, untimed (the drains' backlog)."""
+    await enqueue_copy(dsn, schema, n, chunk)
+
+
+def _worker_env(dsn: str, schema: str, concurrency: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
+    env.update(
+        TASKQ_DSN=dsn,
+        TASKQ_SCHEMA=schema,
+        TASKQ_CONCURRENCY=str(concurrency),
+        TASKQ_QUEUES="default",
+        TASKQ_UNTIL_IDLE="true",
+    )
+    return env
+
+
+async def drain(
+    dsn: str, schema: str, n: int, workers: int, concurrency: int, time_limit: float
+) -> Result:
+    """Run ``workers`` ``taskq-worker --until-idle`` processes over ``n`` pending jobs."""
+    command = [os.path.join(os.path.dirname(sys.executable), "taskq-worker"), "tests.apps.basic:tq"]
+    env = _worker_env(dsn, schema, concurrency)
+    processes = [
+        await asyncio.create_subprocess_exec(
+            *command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        for _ in range(workers)
+    ]
+    extra: dict[str, Any] = {"workers": workers, "concurrency": concurrency}
+    deadline = time.monotonic() + time_limit
+    for process in processes:
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                _, stderr = await process.communicate()
+        except TimeoutError:
+            process.kill()
+            _, stderr = await process.communicate()
+            extra["error"] = f"timed out after {time_limit:.0f} s"
+        if process.returncode != 0 and "error" not in extra:
+            tail = " ".join(stderr.decode(errors="replace").strip().splitlines()[-1:])
+            extra["error"] = f"worker exited with {process.returncode}: {tail}"
+    done, span = await drain_span(dsn, schema)
+    if done != n and "error" not in extra:
+        extra["error"] = f"only {done} of {n} jobs succeeded"
+    return Result(f"taskq_drain_w{workers}_c{concurrency}", n, span, extra)
+
+
+async def latency(dsn: str, schema: str, rate: float, seconds: float) -> Result:
+    """Enqueue at a steady ``rate`` for ``seconds`` to an idle worker (NOTIFY-driven, as
+    bench/latency.py); latency is the server clock's ``started_at - created_at``."""
+    n = int(rate * seconds)
+    worker = _start_worker(dsn, schema)
+    try:
+        async with _app(dsn, schema) as app:
+            await asyncio.sleep(1.5)  # let the worker start and LISTEN
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            with stopwatch() as elapsed:
+                for i in range(n):
+                    await asyncio.sleep(max(0.0, start + i / rate - loop.time()))
+                    await app.client.enqueue(basic.nap, NAP_PAYLOAD)
+            latencies = await _wait_latencies(dsn, schema, n, time_limit=30)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    extra: dict[str, Any] = {"target_rate_per_s": rate}
+    if len(latencies) < n:
+        extra["error"] = f"only {len(latencies)} of {n} jobs started within 30 s"
+    if latencies:
+        extra.update(
+            p50_ms=round(statistics.median(latencies), 2),
+            p95_ms=round(_percentile(latencies, 0.95), 2),
+            p99_ms=round(_percentile(latencies, 0.99), 2),
+            max_ms=round(max(latencies), 2),
+        )
+    return Result("taskq_latency", n, elapsed[0], extra)
+
+
+async def _wait_latencies(dsn: str, schema: str, n: int, time_limit: float) -> list[float]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        query = f"""
+            SELECT extract(epoch FROM started_at - created_at)::float8 * 1000 AS ms
+            FROM {check_identifier(schema)}.jobs WHERE started_at IS NOT NULL
+        """
+        deadline = time.monotonic() + time_limit
+        while True:
+            rows = await conn.fetch(query)
+            if len(rows) >= n or time.monotonic() > deadline:
+                return [float(r["ms"]) for r in rows]
+            await asyncio.sleep(0.2)
+    finally:
+        await conn.close()

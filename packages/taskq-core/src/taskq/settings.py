@@ -100,6 +100,13 @@ class WorkerSettings(BaseModel):
     stale_batch_interval: Duration = timedelta(seconds=30)
     """Leader only: how often active batches whose children all finished are completed
     (the safety net for a terminal hook lost to a crash, and for empty batches)."""
+    queue_depth_interval: Duration = timedelta(seconds=15)
+    """Leader only: how often the per-queue job counts are sampled and logged."""
+    stranded_check_interval: Duration = timedelta(seconds=60)
+    """Leader only: how often waiting jobs of unregistered actors are looked for."""
+    stale_worker_after: Duration = timedelta(minutes=5)
+    """Leader only: a worker row unseen for this long is deleted (the worker died
+    without deregistering); must stay well above ``heartbeat_interval``."""
     prune_interval: Duration = timedelta(days=1)
     """Leader only: cadence of Sweep 5 (terminal jobs -> archive)."""
     archive_expiry_interval: Duration = timedelta(days=1)
@@ -171,6 +178,9 @@ class WorkerSettings(BaseModel):
         "cron_catch_up",
         "result_expiry_interval",
         "stale_batch_interval",
+        "queue_depth_interval",
+        "stranded_check_interval",
+        "stale_worker_after",
         "prune_interval",
         "archive_expiry_interval",
         "archive_retention",

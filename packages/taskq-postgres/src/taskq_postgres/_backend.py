@@ -1109,6 +1109,41 @@ class PostgresBackend:
         record = await self._db().fetchrow(self._sql.complete_stale_batches, self._wake_channel)
         return int(record["completed"]) if record is not None else 0
 
+    # -- fleet statistics and the worker registry -------------------------------------------
+    async def queue_depths(self) -> dict[str, dict[str, int]]:
+        """Pending, scheduled and running jobs per queue (``SupportsFleetStats``)."""
+        return {
+            r["queue"]: {
+                "pending": int(r["pending"]),
+                "scheduled": int(r["scheduled"]),
+                "running": int(r["running"]),
+            }
+            for r in await self._db().fetch(self._sql.queue_depths)
+        }
+
+    async def stranded_jobs(self) -> dict[str, int]:
+        """Pending and scheduled jobs per actor with no ``actor_config`` row
+        (``SupportsFleetStats``)."""
+        return {r["actor"]: int(r["jobs"]) for r in await self._db().fetch(self._sql.stranded_jobs)}
+
+    async def register_worker(
+        self, worker_id: UUID, hostname: str, pid: int, queues: list[str]
+    ) -> None:
+        """Upsert the worker's row on the server clock (``SupportsWorkerRegistry``)."""
+        await self._db().execute(self._sql.register_worker, worker_id, hostname, pid, queues)
+
+    async def touch_worker(self, worker_id: UUID) -> None:
+        """Set the worker's ``last_seen_at`` to the server clock (no-op when gone)."""
+        await self._db().execute(self._sql.touch_worker, worker_id)
+
+    async def deregister_worker(self, worker_id: UUID) -> None:
+        """Delete the worker's row (no-op when it is gone)."""
+        await self._db().execute(self._sql.deregister_worker, worker_id)
+
+    async def cleanup_stale_workers(self, older_than: timedelta) -> int:
+        """Delete workers unseen for more than ``older_than`` on the server clock."""
+        return _changed(await self._db().execute(self._sql.cleanup_stale_workers, older_than))
+
     # -- batches -----------------------------------------------------------------------------
     async def enqueue_batch_atomic(
         self,

@@ -6,7 +6,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from taskq.identifiers import check_identifier
-from taskq_postgres._sql import batch, cancel, dispatch, enqueue, reads, render, schedules, sweeps
+from taskq_postgres._sql import (
+    batch,
+    cancel,
+    dispatch,
+    enqueue,
+    fleet,
+    reads,
+    render,
+    schedules,
+    sweeps,
+)
 from taskq_postgres._sql import terminal as term
 
 __all__ = ["Statements", "statements_for"]
@@ -80,6 +90,13 @@ class Statements:
     update_schedule: str
     list_schedules: str
     delete_schedule: str
+    # fleet statistics and the worker registry
+    queue_depths: str
+    stranded_jobs: str
+    register_worker: str
+    touch_worker: str
+    deregister_worker: str
+    cleanup_stale_workers: str
 
 
 @lru_cache(maxsize=32)
@@ -143,4 +160,10 @@ def statements_for(schema: str) -> Statements:
         update_schedule=render(schedules.UPDATE_SCHEDULE, s),
         list_schedules=render(schedules.LIST_SCHEDULES, s),
         delete_schedule=render(schedules.DELETE_SCHEDULE, s),
+        queue_depths=render(fleet.QUEUE_DEPTHS, s),
+        stranded_jobs=render(fleet.STRANDED_JOBS, s),
+        register_worker=render(fleet.REGISTER_WORKER, s),
+        touch_worker=render(fleet.TOUCH_WORKER, s),
+        deregister_worker=render(fleet.DEREGISTER_WORKER, s),
+        cleanup_stale_workers=render(fleet.CLEANUP_STALE_WORKERS, s),
     )

@@ -38,7 +38,15 @@ from taskq.models import (
     JobRow,
 )
 
-__all__ = ["InsertPlan", "JobStore", "deadline_error", "due_after", "new_job", "wake"]
+__all__ = [
+    "InsertPlan",
+    "JobStore",
+    "WorkerRecord",
+    "deadline_error",
+    "due_after",
+    "new_job",
+    "wake",
+]
 
 _ZERO = timedelta(0)
 
@@ -84,6 +92,18 @@ def deadline_error() -> ErrorInfo:
     return ErrorInfo(
         error_class="DeadlineExceeded", message="the job's schedule_to_close deadline passed"
     )
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    """One row of the in-memory ``workers`` table (the worker registry)."""
+
+    id: UUID
+    hostname: str
+    pid: int
+    queues: list[str]
+    started_at: datetime
+    last_seen_at: datetime
 
 
 @dataclass

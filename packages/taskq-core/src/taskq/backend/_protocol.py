@@ -65,12 +65,14 @@ __all__ = [
     "LeaderElector",
     "SupportsCredentialReload",
     "SupportsCron",
+    "SupportsFleetStats",
     "SupportsLeaderElection",
     "SupportsMigrate",
     "SupportsPrune",
     "SupportsResultExpiry",
     "SupportsStaleBatchSweep",
     "SupportsTransactions",
+    "SupportsWorkerRegistry",
     "check_protocol_version",
     "missing_members",
 ]
@@ -609,6 +611,47 @@ class SupportsStaleBatchSweep(Protocol):
         """Mark every ``active`` batch with no non-terminal child ``complete`` and
         release its finalizer, as :meth:`Backend.complete_batch` does for one batch;
         returns the batches completed."""
+        ...
+
+
+@runtime_checkable
+class SupportsFleetStats(Protocol):
+    """A backend that reports queue depths and stranded jobs (leader sampling loops)."""
+
+    async def queue_depths(self) -> dict[str, dict[str, int]]:
+        """Per queue with any such job, how many jobs are ``pending``, ``scheduled``
+        and ``running`` (all three keys present, zero when none)."""
+        ...
+
+    async def stranded_jobs(self) -> dict[str, int]:
+        """Per actor with no registered config (no ``actor_config`` row), how many of
+        its jobs are ``pending`` or ``scheduled``; actors with none are omitted."""
+        ...
+
+
+@runtime_checkable
+class SupportsWorkerRegistry(Protocol):
+    """A backend that keeps a row per live worker (the ``workers`` table)."""
+
+    async def register_worker(
+        self, worker_id: UUID, hostname: str, pid: int, queues: list[str]
+    ) -> None:
+        """Upsert the worker's row; ``started_at`` and ``last_seen_at`` are set to the
+        backend's clock (on a re-registration too)."""
+        ...
+
+    async def touch_worker(self, worker_id: UUID) -> None:
+        """Set the worker's ``last_seen_at`` to the backend's clock (no-op when the
+        row is gone)."""
+        ...
+
+    async def deregister_worker(self, worker_id: UUID) -> None:
+        """Delete the worker's row (no-op when it is gone)."""
+        ...
+
+    async def cleanup_stale_workers(self, older_than: timedelta) -> int:
+        """Delete every worker row whose ``last_seen_at`` is more than ``older_than``
+        before the backend's clock; returns how many were deleted."""
         ...
 
 

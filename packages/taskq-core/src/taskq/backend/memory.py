@@ -32,6 +32,7 @@ import copy
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
@@ -41,7 +42,13 @@ from taskq.backend._memory_batches import BatchTable
 from taskq.backend._memory_dispatch import RunningLoad, dispatch_order, take_jobs
 from taskq.backend._memory_queries import select_jobs
 from taskq.backend._memory_schedules import ScheduleTable
-from taskq.backend._memory_store import JobStore, deadline_error, due_after, wake
+from taskq.backend._memory_store import (
+    JobStore,
+    WorkerRecord,
+    deadline_error,
+    due_after,
+    wake,
+)
 from taskq.backend._memory_sweeps import fail_past_deadline, promote_due, reclaim_expired
 from taskq.backend._protocol import Connection, ScheduleFire, check_protocol_version
 from taskq.backend.clock import Clock, SystemClock
@@ -109,6 +116,8 @@ class InMemoryBackend:
         self._batches = BatchTable(self._store, self.clock)
         self.leader: UUID | None = None
         """The worker leading maintenance on this backend, if any."""
+        self.workers: dict[UUID, WorkerRecord] = {}
+        """The worker registry (``SupportsWorkerRegistry``), by worker id."""
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> InMemoryBackend:
@@ -654,6 +663,58 @@ class InMemoryBackend:
         for row in expired:
             self._store.update(row, result=None)
         return len(expired)
+
+    # -- fleet statistics and the worker registry ---------------------------------------
+    async def queue_depths(self) -> dict[str, dict[str, int]]:
+        """Pending, scheduled and running jobs per queue (``SupportsFleetStats``)."""
+        counted = (_S.PENDING, _S.SCHEDULED, _S.RUNNING)
+        depths: dict[str, dict[str, int]] = {}
+        for row in self._jobs.values():
+            if row.status in counted:
+                counts = depths.setdefault(row.queue, {s.value: 0 for s in counted})
+                counts[row.status.value] += 1
+        return depths
+
+    async def stranded_jobs(self) -> dict[str, int]:
+        """Pending and scheduled jobs per actor with no registered config
+        (``SupportsFleetStats``)."""
+        stranded: dict[str, int] = {}
+        for row in self._jobs.values():
+            if row.status in _WAITING and row.actor not in self._actors:
+                stranded[row.actor] = stranded.get(row.actor, 0) + 1
+        return stranded
+
+    async def register_worker(
+        self, worker_id: UUID, hostname: str, pid: int, queues: list[str]
+    ) -> None:
+        """Upsert the worker's row on this backend's clock (``SupportsWorkerRegistry``)."""
+        now = self.clock.now()
+        self.workers[worker_id] = WorkerRecord(
+            id=worker_id,
+            hostname=hostname,
+            pid=pid,
+            queues=list(queues),
+            started_at=now,
+            last_seen_at=now,
+        )
+
+    async def touch_worker(self, worker_id: UUID) -> None:
+        """Refresh the worker's ``last_seen_at`` (no-op when its row is gone)."""
+        record = self.workers.get(worker_id)
+        if record is not None:
+            self.workers[worker_id] = replace(record, last_seen_at=self.clock.now())
+
+    async def deregister_worker(self, worker_id: UUID) -> None:
+        """Delete the worker's row (no-op when it is gone)."""
+        self.workers.pop(worker_id, None)
+
+    async def cleanup_stale_workers(self, older_than: timedelta) -> int:
+        """Delete workers not seen for more than ``older_than``; returns how many."""
+        cutoff = self.clock.now() - older_than
+        stale = [wid for wid, record in self.workers.items() if record.last_seen_at < cutoff]
+        for wid in stale:
+            del self.workers[wid]
+        return len(stale)
 
     # -- reads -------------------------------------------------------------------------
     async def get(self, job_id: JobId) -> JobRow | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -12,6 +14,7 @@ import structlog
 
 from taskq._di import ActorSpec
 from taskq.backend import SupportsCredentialReload
+from taskq.backend._protocol import SupportsWorkerRegistry
 from taskq.models import ActorConfig
 from taskq.settings import WorkerSettings
 from taskq.worker._liveness import LoopLiveness
@@ -134,6 +137,11 @@ class Worker:
         self._state = state
         if self._stop_requested:
             state.stopping.set()
+        registry = self.app.backend
+        if isinstance(registry, SupportsWorkerRegistry):
+            await registry.register_worker(
+                self.worker_id, socket.gethostname(), os.getpid(), list(settings.queues)
+            )
         _log.info(
             "taskq.worker-started",
             worker_id=str(self.worker_id),
@@ -207,6 +215,14 @@ class Worker:
                     for i in range(settings.concurrency)
                 ]
                 group.create_task(self._supervise(state, workers, background), name="taskq-stop")
+            # Only on a clean stop: a worker that crashed out of its TaskGroup keeps its
+            # row until the leader's stale-worker sweep, like a killed one.
+            if isinstance(registry, SupportsWorkerRegistry):
+                try:
+                    await registry.deregister_worker(self.worker_id)
+                except transient_errors() as exc:
+                    # The stop itself succeeded; the sweep removes the row later.
+                    _log.warning("taskq.worker-deregister-failed", error=repr(exc))
         finally:
             if lag_watchdog is not None:
                 lag_watchdog.stop()

@@ -11,6 +11,7 @@ import asyncio
 
 import structlog
 
+from taskq.backend._protocol import SupportsWorkerRegistry
 from taskq.backend.statemachine import JobStatus
 from taskq.worker._state import WorkerState
 from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
@@ -27,11 +28,14 @@ async def _sleep_or_wake(seconds: float, wake: asyncio.Event) -> None:
 
 
 async def heartbeat_once(state: WorkerState) -> None:
-    """One tick: renew leases, drop lost jobs, advance cancellations."""
+    """One tick: renew leases and this worker's registry row, drop lost jobs, advance
+    cancellations."""
     backend, wid = state.backend, state.worker_id
     held = dict(state.active)
     renewed = await backend.heartbeat_jobs(wid, state.settings.lock_lease)
     await backend.extend_reservation_leases(wid, state.settings.lock_lease)
+    if isinstance(backend, SupportsWorkerRegistry):
+        await backend.touch_worker(wid)
     if renewed < len(held):
         for job_id, active in held.items():
             row = await backend.get(job_id)

@@ -1,11 +1,12 @@
 """``MaintenanceLeader``: the election and the leader-only loops of one worker.
 
-Every worker runs the election loop; the loops behind it (promotion and the
-deadline/reclaim sweeps, cron, result expiry, stale batches, prune, archive
-expiry) work only while this worker leads. Each of their iterations first
-confirms leadership with the backend (a round trip on the leader session),
-so a leader that was frozen and deposed steps down on its first tick after
-waking instead of sweeping beside its successor.
+Every worker runs the election loop; the loops behind it (promotion, the
+deadline/reclaim sweeps and stale workers, cron, result expiry, stale batches,
+queue-depth sampling, the stranded-jobs detector, prune, archive expiry) work
+only while this worker leads. Each of their iterations first confirms
+leadership with the backend (a round trip on the leader session), so a leader
+that was frozen and deposed steps down on its first tick after waking instead
+of sweeping beside its successor.
 
 A new leader holds back reclaims for ``reclaim_grace``: after a database
 outage longer than the lock lease every lease looks expired, and the
@@ -23,6 +24,7 @@ import structlog
 from taskq.backend._protocol import (
     LeaderElector,
     SupportsCron,
+    SupportsFleetStats,
     SupportsLeaderElection,
     SupportsPrune,
     SupportsResultExpiry,
@@ -35,7 +37,9 @@ from taskq.worker.maintenance import (
     cron_once,
     expire_results_once,
     prune_once,
+    queue_depth_once,
     stale_batches_once,
+    stranded_jobs_once,
     sweep_once,
 )
 
@@ -106,6 +110,20 @@ class MaintenanceLeader:
                     lambda: stale_batches_once(batch_backend),
                 )
             )
+        if isinstance(backend, SupportsFleetStats):
+            stats_backend = backend
+            self._loops += [
+                (
+                    "leader-queue-depth",
+                    settings.queue_depth_interval.total_seconds(),
+                    lambda: queue_depth_once(stats_backend),
+                ),
+                (
+                    "leader-stranded-jobs",
+                    settings.stranded_check_interval.total_seconds(),
+                    lambda: stranded_jobs_once(stats_backend),
+                ),
+            ]
         if isinstance(backend, SupportsPrune):
             prune_backend = backend
             self._loops += [

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import structlog
+
 from taskq.backend._protocol import (
     SupportsCron,
+    SupportsFleetStats,
     SupportsPrune,
     SupportsResultExpiry,
     SupportsStaleBatchSweep,
+    SupportsWorkerRegistry,
 )
 from taskq.backend.clock import SystemClock
 from taskq.worker.cron import SlotJobBuilder
@@ -26,14 +30,20 @@ __all__ = [
     "cron_once",
     "expire_results_once",
     "prune_once",
+    "queue_depth_once",
     "stale_batches_once",
+    "stranded_jobs_once",
     "sweep_once",
 ]
 
+_log = structlog.get_logger("taskq.leader")
+
 
 async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
-    """Promote due scheduled jobs, fail those past their deadline (Sweep 2) and, when
-    ``reclaim``, reclaim expired locks (Sweep 1); returns how many jobs each moved."""
+    """Promote due scheduled jobs, fail those past their deadline (Sweep 2), when
+    ``reclaim`` reclaim expired locks (Sweep 1) and, with a worker registry, delete
+    the rows of workers unseen for ``stale_worker_after``; returns how many rows each
+    moved."""
     backend, settings = state.backend, state.settings
     moved = {
         "scheduled_to_pending": await backend.scheduled_to_pending(),
@@ -43,6 +53,8 @@ async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
         moved["reclaimed"] = await backend.reclaim_expired_locks(
             settings.cancellation_grace_period, settings.cleanup_grace_period
         )
+    if isinstance(backend, SupportsWorkerRegistry):
+        moved["stale_workers"] = await backend.cleanup_stale_workers(settings.stale_worker_after)
     return moved
 
 
@@ -62,6 +74,22 @@ async def expire_results_once(backend: SupportsResultExpiry) -> dict[str, int]:
 async def stale_batches_once(backend: SupportsStaleBatchSweep) -> dict[str, int]:
     """Complete active batches whose children all finished (a lost terminal hook)."""
     return {"stale_batches_completed": await backend.complete_stale_batches()}
+
+
+async def queue_depth_once(backend: SupportsFleetStats) -> dict[str, int]:
+    """Log one ``taskq.queue-depth`` record: pending/scheduled/running per queue."""
+    _log.info("taskq.queue-depth", queues=await backend.queue_depths())
+    # A sample moves nothing: the record above is the loop's whole output.
+    return {}
+
+
+async def stranded_jobs_once(backend: SupportsFleetStats) -> dict[str, int]:
+    """Warn (``taskq.stranded-jobs``) about waiting jobs of actors no worker registered:
+    no worker will ever run them until such an actor is deployed again."""
+    stranded = await backend.stranded_jobs()
+    if stranded:
+        _log.warning("taskq.stranded-jobs", actors=stranded, jobs=sum(stranded.values()))
+    return {}
 
 
 async def prune_once(state: WorkerState, backend: SupportsPrune) -> dict[str, int]:

@@ -1,0 +1,64 @@
+"""Fleet statistics (queue depths, stranded jobs) and the worker registry."""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "CLEANUP_STALE_WORKERS",
+    "DEREGISTER_WORKER",
+    "QUEUE_DEPTHS",
+    "REGISTER_WORKER",
+    "STRANDED_JOBS",
+    "TOUCH_WORKER",
+]
+
+QUEUE_DEPTHS: Final = """
+-- arbiter: none
+SELECT j.queue,
+       count(*) FILTER (WHERE j.status = 'pending') AS pending,
+       count(*) FILTER (WHERE j.status = 'scheduled') AS scheduled,
+       count(*) FILTER (WHERE j.status = 'running') AS running
+FROM {schema}.jobs j
+WHERE j.status IN ('pending', 'scheduled', 'running')
+GROUP BY j.queue
+ORDER BY j.queue
+"""
+
+STRANDED_JOBS: Final = """
+-- arbiter: none
+-- Waiting jobs of actors no worker registered: nothing will ever dispatch them.
+SELECT j.actor, count(*) AS jobs
+FROM {schema}.jobs j
+WHERE j.status IN ('pending', 'scheduled')
+  AND NOT EXISTS (SELECT 1 FROM {schema}.actor_config a WHERE a.actor = j.actor)
+GROUP BY j.actor
+ORDER BY j.actor
+"""
+
+REGISTER_WORKER: Final = """
+-- arbiter: clock_timestamp() (started_at = last_seen_at = now)
+-- $1 id, $2 hostname, $3 pid, $4 queues. One reading of the clock, so a fresh
+-- row's started_at and last_seen_at are equal.
+INSERT INTO {schema}.workers AS w (id, hostname, pid, queues, started_at, last_seen_at)
+SELECT $1, $2, $3, $4::text[], n.ts, n.ts
+FROM (SELECT clock_timestamp() AS ts) n
+ON CONFLICT (id) DO UPDATE
+SET hostname = EXCLUDED.hostname, pid = EXCLUDED.pid, queues = EXCLUDED.queues,
+    started_at = EXCLUDED.started_at, last_seen_at = EXCLUDED.last_seen_at
+"""
+
+TOUCH_WORKER: Final = """
+-- arbiter: clock_timestamp() (last_seen_at = now)
+UPDATE {schema}.workers SET last_seen_at = clock_timestamp() WHERE id = $1
+"""
+
+DEREGISTER_WORKER: Final = """
+-- arbiter: none
+DELETE FROM {schema}.workers WHERE id = $1
+"""
+
+CLEANUP_STALE_WORKERS: Final = """
+-- arbiter: clock_timestamp() (stale check last_seen_at < now - $1)
+DELETE FROM {schema}.workers WHERE last_seen_at < clock_timestamp() - $1::interval
+"""

@@ -116,3 +116,22 @@ def test_backend_tunables_reach_the_backend_and_keep_the_apps_own_options() -> N
     # the in-memory backend takes what applies to it and ignores dispatch sampling
     memory: Any = _rebuild_app(TaskQ("memory://"), settings).backend
     assert memory.cancel_reclaim_headroom.total_seconds() == 3
+
+
+def test_a_command_timeout_that_cannot_fit_a_loops_stale_budget_is_refused() -> None:
+    with pytest.raises(SettingsError, match="dispatcher_command_timeout.*poll_interval"):
+        WorkerSettings.load({"dispatcher_command_timeout": "12s"}, env={})
+    ok = WorkerSettings.load(
+        {"dispatcher_command_timeout": "12s", "watchdog_stale_floor": "20s"}, env={}
+    )
+    assert ok.backend_options()["command_timeout"].total_seconds() == 12
+
+
+def test_the_command_timeout_bounds_every_postgres_statement() -> None:
+    from taskq import TaskQ
+    from taskq.worker.cli import _rebuild_app
+
+    app = TaskQ("postgresql://postgres@127.0.0.1:5432/none")
+    settings = WorkerSettings.load({"dispatcher_command_timeout": "2s"}, env={})
+    backend: Any = _rebuild_app(app, settings).backend
+    assert backend.command_timeout.total_seconds() == 2

@@ -143,6 +143,9 @@ class WorkerSettings(BaseModel):
     """Fraction of termination_grace_period after which straggler dumps begin."""
     fallback_result_ttl: Duration | None = None
     """Result lifetime for actors without ``result_ttl`` (None: keep until pruned)."""
+    dispatcher_command_timeout: Duration = timedelta(seconds=5)
+    """Backend: client-side bound on every statement the worker's loops run, so a
+    stalled database errors an iteration instead of hanging it past the watchdog."""
     dispatch_oversample: int | None = Field(default=None, ge=1, le=100)
     """Backend: candidates sampled per actor per free slot in dispatch (default 2)."""
     reclaim_event_visibility_delay: Duration | None = None
@@ -206,11 +209,35 @@ class WorkerSettings(BaseModel):
                 f"be below lock_lease ({self.lock_lease.total_seconds()}s): a loop blocked longer "
                 f"than the lease lets its jobs be reclaimed and run twice before the watchdog fires"
             )
+        if self.watchdog_enabled:
+            self._check_staleness_budgets()
         return self
+
+    def _check_staleness_budgets(self) -> None:
+        # A timeout-capped iteration of a bounded loop must fit its stale-tick
+        # budget, or a healthy worker on a slow database trips detector 2.
+        floor = self.watchdog_stale_floor.total_seconds()
+        timeout = self.dispatcher_command_timeout.total_seconds()
+        for name in (
+            "poll_interval",
+            "heartbeat_interval",
+            "maintenance_interval",
+            "cron_interval",
+        ):
+            period = getattr(self, name).total_seconds()
+            budget = max(period * self.watchdog_tick_grace_factor, floor)
+            if timeout + period > budget:
+                raise ValueError(
+                    f"dispatcher_command_timeout ({timeout}s) + {name} ({period}s) exceeds "
+                    f"that loop's stale-tick budget ({budget}s = max({name} x "
+                    f"watchdog_tick_grace_factor, watchdog_stale_floor)); lower the timeout "
+                    f"or raise watchdog_stale_floor"
+                )
 
     def backend_options(self) -> dict[str, Any]:
         """The backend tunables that were set, as backend constructor options."""
         tunables = {
+            "command_timeout": self.dispatcher_command_timeout,
             "dispatch_oversample": self.dispatch_oversample,
             "reclaim_event_visibility_delay": self.reclaim_event_visibility_delay,
             "cancel_reclaim_headroom": self.cancel_reclaim_headroom,

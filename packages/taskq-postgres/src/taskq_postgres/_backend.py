@@ -103,6 +103,9 @@ Connection = Any
 
 _POOL_ROLE: Final = "taskq-pool"
 _NOTIFY_ROLE: Final = NOTIFY_ROLE
+# Prune and archive batches move thousands of rows: exempt from the worker's
+# short per-statement command_timeout, yet still bounded.
+_BULK_STATEMENT_TIMEOUT: Final = 600.0
 _FINALIZER_TAG: Final = "batch_finalizer_for"
 
 
@@ -206,6 +209,7 @@ class PostgresBackend:
         cancel_reclaim_headroom: timedelta = timedelta(seconds=60),
         idle_in_transaction_session_timeout: timedelta | None = timedelta(seconds=60),
         connect_timeout: timedelta = timedelta(seconds=10),
+        command_timeout: timedelta | None = None,
         instance_id: str | None = None,
         notify_health_check_interval: timedelta = timedelta(seconds=5),
         notify_conn_factory: Callable[[], Awaitable[asyncpg.Connection[Any]]] | None = None,
@@ -237,6 +241,7 @@ class PostgresBackend:
         self.cancel_reclaim_headroom = cancel_reclaim_headroom
         self.idle_in_transaction_session_timeout = idle_in_transaction_session_timeout
         self.connect_timeout = connect_timeout
+        self.command_timeout = command_timeout
         self.notify_health_check_interval = notify_health_check_interval
         self._notify_conn_factory = notify_conn_factory
         if password is not None and password_file is not None:
@@ -293,6 +298,7 @@ class PostgresBackend:
                 settings=self._settings(_POOL_ROLE),
                 connect_timeout=self.connect_timeout,
                 password=self._password,
+                command_timeout=self.command_timeout,
             )
             try:
                 migrated = await pool.fetchval(self._sql.schema_is_migrated)
@@ -1081,7 +1087,12 @@ class PostgresBackend:
         for status, keep in retention.items():
             while True:
                 record = await self._db().fetchrow(
-                    self._prune_sql, status, keep, batch_size, archive_retention
+                    self._prune_sql,
+                    status,
+                    keep,
+                    batch_size,
+                    archive_retention,
+                    timeout=_BULK_STATEMENT_TIMEOUT,
                 )
                 count = int(record["moved"]) if record is not None else 0
                 moved += count
@@ -1093,7 +1104,11 @@ class PostgresBackend:
         """Delete archived jobs past ``expire_at`` (attempts by cascade), in batches."""
         deleted = 0
         while True:
-            count = int(await self._db().fetchval(self._expire_archive_sql, batch_size))
+            count = int(
+                await self._db().fetchval(
+                    self._expire_archive_sql, batch_size, timeout=_BULK_STATEMENT_TIMEOUT
+                )
+            )
             deleted += count
             if count < batch_size:
                 return deleted

@@ -168,8 +168,13 @@ async def create_pool(
     settings: dict[str, str],
     connect_timeout: timedelta,
     password: Password = None,
+    command_timeout: timedelta | None = None,
 ) -> asyncpg.Pool[asyncpg.Record]:
-    """An asyncpg pool whose connections carry ``settings``; errors translated."""
+    """An asyncpg pool whose connections carry ``settings``; errors translated.
+
+    ``command_timeout`` bounds every statement (client side), so a stalled
+    server turns into a ``TimeoutError`` the worker loops treat as transient.
+    """
     with _translated(dsn):
         pool: asyncpg.Pool[asyncpg.Record] = await asyncpg.create_pool(
             dsn,
@@ -177,6 +182,7 @@ async def create_pool(
             max_size=max_size,
             server_settings=settings,
             timeout=connect_timeout.total_seconds(),
+            command_timeout=None if command_timeout is None else command_timeout.total_seconds(),
             password=password,
         )
     return pool

@@ -134,6 +134,7 @@ class InMemoryBackend:
         # process's memory needs neither.
         options.pop("schema", None)
         options.pop("dispatch_oversample", None)  # nothing is sampled in memory
+        options.pop("command_timeout", None)  # no statements, no server to stall
         return cls(**options)
 
     # -- lifecycle -------------------------------------------------------------

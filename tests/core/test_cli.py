@@ -77,3 +77,31 @@ def test_a_subcommand_name_cannot_be_taken_twice() -> None:
     registry._set_distribution("taskq-other")
     with pytest.raises(ValueError, match="registered by both taskq-core and taskq-other"):
         registry.add("x", help="x", configure=lambda p: None, run=lambda a: 0)
+
+
+def _command_paths(parser: object, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    import argparse
+
+    paths = [prefix] if prefix else []
+    for action in getattr(parser, "_actions", []):
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                paths += _command_paths(sub, (*prefix, name))
+    return paths
+
+
+def test_every_nested_subcommand_answers_help(capsys: object) -> None:
+    import pytest
+
+    from taskq.cli import _collect_commands, build_parser
+
+    parser = build_parser(_collect_commands())
+    paths = _command_paths(parser)
+    # jobs, schedules and embedded have subcommands of their own
+    assert {("jobs", "show"), ("schedules", "create"), ("embedded", "stop")} <= set(paths)
+    for path in paths:
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args([*path, "--help"])
+        assert exit_info.value.code == 0
+        out = capsys.readouterr().out  # type: ignore[attr-defined]
+        assert f"usage: taskq {' '.join(path)}" in out

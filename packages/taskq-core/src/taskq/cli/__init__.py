@@ -43,20 +43,11 @@ class _VersionAction(argparse.Action):
 
 
 def _collect_commands() -> CommandRegistry:
-    from taskq.plugins._registry import _load
+    from taskq.plugins._registry import call_each
 
-    loaded = _load()
     registry = CommandRegistry()
-    caller = loaded.pm.hook.taskq_cli_commands
-    for impl in caller.get_hookimpls():
-        registry._set_distribution(loaded.dist_of.get(impl.plugin_name, impl.plugin_name))
-        try:
-            impl.function(cli=registry)
-        except Exception as exc:  # noqa: BLE001 - one plugin's commands failing must not hide the rest
-            print(
-                f"taskq: plugin {impl.plugin_name!r} failed to add its commands: {exc}",
-                file=sys.stderr,
-            )
+    # a plugin whose commands fail to register is logged; the others still appear
+    call_each("taskq_cli_commands", before=registry._set_distribution, cli=registry)
     return registry
 
 

@@ -133,12 +133,15 @@ def plugin_failures() -> list[PluginLoadError]:
     return list(_load().failures)
 
 
-def call_each(hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
+def call_each(
+    hook_name: str, *, before: Callable[[str], None] | None = None, **kwargs: Any
+) -> list[tuple[str, Any]]:
     """Call every implementation of a hook separately, isolating failures.
 
     Returns ``(distribution, result)`` pairs. An implementation that raises
     is logged as ``taskq.plugin-hook-failed`` and skipped: a broken plugin
-    must not stop the others.
+    must not stop the others. ``before(distribution)`` runs ahead of each
+    call (the CLI uses it to attribute the commands a plugin adds).
     """
     loaded = _load()
     caller = getattr(loaded.pm.hook, hook_name)
@@ -147,6 +150,8 @@ def call_each(hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
     for impl in caller.get_hookimpls():
         dist = loaded.dist_of.get(impl.plugin_name, impl.plugin_name)
         fn: Callable[..., Any] = impl.function
+        if before is not None:
+            before(dist)
         try:
             results.append((dist, fn(**{k: kwargs[k] for k in impl.argnames})))
         except Exception as exc:  # noqa: BLE001 - plugin isolation

@@ -1,12 +1,13 @@
 """TaskQ's benchmark suite: enqueue, drain and latency, next to SQL floors and PgQueuer.
 
-    python -m bench [--quick] [--only NAME ...] [--out bench/results/latest.md]
+    python -m bench [--quick] [--only NAME ...] [--repeat K] [--out bench/results/latest.md]
 
 Every scenario gets its own fresh schema in one throwaway database on the
 local server (127.0.0.1), prints one JSON line, and is bounded in counts and
 time. A TaskQ line carries ``vs_<scenario>`` ratios (its throughput divided by
-the other's) for its floors and PgQueuer when those ran in the same run. The
-Markdown table (with the issue's targets checked) goes to ``--out``. See
+the other's) for its floors and PgQueuer when those ran in the same run. With
+``--repeat K`` each scenario runs K times and reports the median of its figures
+next to all K values. The Markdown table (with the issue's targets checked) goes to ``--out``. See
 bench/README.md for the method.
 """
 
@@ -26,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import _floors, _pgqueuer, _taskq
-from bench._common import FULL, QUICK, Result, Sizes, analyze
+from bench import _deep, _floors, _pgqueuer, _taskq
+from bench._common import FULL, QUICK, Result, Sizes, analyze, median_of
 from bench._report import Target, markdown
 
 from taskq.logs import configure_logging
@@ -154,7 +155,26 @@ def scenarios(sizes: Sizes) -> list[Scenario]:
             _in_schema(lambda d, s: _taskq.latency(d, s, rate, seconds)),
         )
     )
+    found += [
+        _dispatch_scenario(depth, sizes.dispatch_samples, cap) for depth in sizes.dispatch_depths
+    ]
+    n, concurrency = sizes.memory_jobs, sizes.memory_concurrency
+    found.append(
+        Scenario(
+            _taskq.memory_name(concurrency),
+            n,
+            _in_schema(_preloaded(n, chunk, lambda d, s: _taskq.memory(d, s, n, concurrency, cap))),
+        )
+    )
     return found
+
+
+def _dispatch_scenario(depth: int, samples: int, cap: float) -> Scenario:
+    return Scenario(
+        _deep.scenario_name(depth),
+        depth,
+        _in_schema(lambda d, s: _deep.dispatch_latency(d, s, depth, samples, cap)),
+    )
 
 
 def _drain_scenarios(
@@ -218,15 +238,37 @@ def targets(sizes: Sizes) -> list[Target]:
                 )
             )
     found.append(Target("latency p99 < 5 ms at 200 jobs/s", "taskq_latency", None, 5.0))
+    found.append(
+        Target(
+            "dispatch of 100 at 1,000,000 pending: p99 < 20 ms",
+            _deep.scenario_name(1_000_000),
+            None,
+            20.0,
+        )
+    )
+    found.append(
+        Target(
+            "worker RSS growth < 10 % (after 10% of the jobs to the end)",
+            _taskq.memory_name(sizes.memory_concurrency),
+            None,
+            10.0,
+            metric="rss_growth_pct",
+        )
+    )
     return found
 
 
-def _run_one(scenario: Scenario, dsn: str, results: dict[str, Result]) -> Result:
+def _attempt(scenario: Scenario, dsn: str) -> Result:
     try:
-        result = scenario.run(dsn)
+        return scenario.run(dsn)
     except Exception as exc:  # noqa: BLE001 - one broken scenario must not end the run
         traceback.print_exc()
-        result = Result(scenario.name, scenario.n, None, {"error": repr(exc)})
+        return Result(scenario.name, scenario.n, None, {"error": repr(exc)})
+
+
+def _run_one(scenario: Scenario, dsn: str, results: dict[str, Result], repeat: int) -> Result:
+    runs = [_attempt(scenario, dsn) for _ in range(repeat)]
+    result = runs[0] if repeat == 1 else median_of(runs)
     mine = result.per_second
     for other in scenario.compare:
         theirs = results[other].per_second if other in results else None
@@ -241,8 +283,17 @@ def main() -> None:
     parser.add_argument(
         "--only", action="append", metavar="NAME", help="run only this scenario (repeatable)"
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run each scenario K times and report the medians (and every run's figures)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/latest.md"))
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     configure_logging(level=logging.WARNING)  # to stderr: stdout is the JSON lines
     sizes = QUICK if args.quick else FULL
     chosen = scenarios(sizes)
@@ -257,13 +308,14 @@ def main() -> None:
     results: dict[str, Result] = {}
     with throwaway_database(DEFAULT_TEST_DSN) as dsn:
         for scenario in chosen:
-            result = _run_one(scenario, dsn, results)
+            result = _run_one(scenario, dsn, results, args.repeat)
             results[result.scenario] = result
             print(json.dumps(result.line()), flush=True)
     header = (
         f"{'Quick' if args.quick else 'Full'} run, {when}, {os.cpu_count()} CPUs "
         f"({platform.machine()}, Python {platform.python_version()}), "
         f"{time.monotonic() - started:.0f} s wall"
+        + (f", medians of {args.repeat} runs per scenario" if args.repeat > 1 else "")
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(markdown(header, list(results.values()), targets(sizes)))

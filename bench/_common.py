@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 
@@ -25,6 +26,10 @@ class Sizes:
     drain: int
     drain_concurrencies: tuple[int, ...]
     latency_seconds: float
+    dispatch_depths: tuple[int, ...]
+    dispatch_samples: int
+    memory_jobs: int
+    memory_concurrency: int = 64
     latency_rate: float = 200.0
     bulk_chunk: int = 5_000
     timeout_s: float = 600.0
@@ -36,6 +41,9 @@ QUICK = Sizes(
     drain=2_000,
     drain_concurrencies=(16,),
     latency_seconds=10,
+    dispatch_depths=(10_000, 100_000),
+    dispatch_samples=30,
+    memory_jobs=20_000,
     timeout_s=180,
 )
 FULL = Sizes(
@@ -44,6 +52,9 @@ FULL = Sizes(
     drain=20_000,
     drain_concurrencies=(16, 64),
     latency_seconds=30,
+    dispatch_depths=(10_000, 100_000, 1_000_000),
+    dispatch_samples=50,
+    memory_jobs=200_000,
 )
 
 
@@ -71,6 +82,47 @@ class Result:
             "per_second": None if per_second is None else round(per_second, 1),
             **self.extra,
         }
+
+
+FIGURES: Final = (
+    "p50_ms",
+    "p95_ms",
+    "p99_ms",
+    "max_ms",
+    "rss_warm_mb",
+    "rss_end_mb",
+    "rss_peak_mb",
+    "rss_growth_pct",
+)
+"""The measured values of ``Result.extra`` that ``--repeat`` reports the median of."""
+
+
+def median_of(runs: list[Result]) -> Result:
+    """One result for ``runs`` of one scenario: the median of ``seconds`` and of each
+    figure over the runs that have figures, with every run's value in ``<figure>_runs``
+    (``per_second_runs`` for the throughput) and the other runs' errors in ``failed_runs``."""
+    good = [r for r in runs if not _failed(r)]
+    failed = [_failed(r) for r in runs if _failed(r)]
+    if not good:
+        return Result(runs[0].scenario, runs[0].n, None, {**runs[-1].extra, "runs": len(runs)})
+    extra = {**good[0].extra, "runs": len(runs)}
+    if failed:
+        extra["failed_runs"] = failed
+    seconds = None
+    if all(r.seconds for r in good):
+        seconds = statistics.median(r.seconds or 0.0 for r in good)
+        extra["per_second_runs"] = [round(r.per_second or 0.0, 1) for r in good]
+    for name in FIGURES:
+        values = [v for r in good if isinstance(v := r.extra.get(name), int | float)]
+        if len(values) == len(good):
+            extra[name] = round(statistics.median(values), 2)
+            extra[f"{name}_runs"] = values
+    return Result(good[0].scenario, good[0].n, seconds, extra)
+
+
+def _failed(result: Result) -> Any:
+    """Why ``result`` has no figures (its error or skip reason), else None."""
+    return result.extra.get("error") or result.extra.get("skipped")
 
 
 @contextmanager

@@ -7,27 +7,43 @@ from typing import Any
 
 from bench._common import Result
 
-_DETAIL_KEYS = ("p50_ms", "p95_ms", "p99_ms", "max_ms", "error", "skipped")
+_DETAIL_KEYS = (
+    "p50_ms",
+    "p95_ms",
+    "p99_ms",
+    "max_ms",
+    "rss_warm_mb",
+    "rss_end_mb",
+    "rss_peak_mb",
+    "rss_growth_pct",
+    "error",
+    "skipped",
+    "failed_runs",
+)
+_UNITS = {"ms": "ms", "mb": "MB", "pct": "%"}
 
 
 @dataclass(frozen=True)
 class Target:
     """``scenario``'s throughput >= ``threshold`` x ``reference``'s; without a reference,
-    ``scenario``'s p99 < ``threshold`` milliseconds."""
+    ``scenario``'s ``metric`` (``<name>_<unit>`` in its extra figures) < ``threshold``."""
 
     label: str
     scenario: str
     reference: str | None
     threshold: float
+    metric: str = "p99_ms"
 
     def check(self, results: dict[str, Result]) -> tuple[str, str]:
         """(measured, verdict); "n/a" when either side did not run or has no figure."""
         result = results.get(self.scenario)
         if self.reference is None:
-            p99 = None if result is None else result.extra.get("p99_ms")
-            if p99 is None:
+            value = None if result is None else result.extra.get(self.metric)
+            if value is None:
                 return "n/a", "n/a"
-            return f"p99 {p99} ms", "met" if p99 < self.threshold else "missed"
+            name, _, unit = self.metric.rpartition("_")
+            verdict = "met" if value < self.threshold else "missed"
+            return f"{name} {value} {_UNITS[unit]}", verdict
         ratio = None if result is None else result.extra.get(f"vs_{self.reference}")
         if ratio is None:
             return "n/a", "n/a"
@@ -36,6 +52,13 @@ class Target:
 
 def _cell(value: Any) -> str:
     return "" if value is None else str(value).replace("|", "\\|")
+
+
+def _with_runs(line: dict[str, Any], key: str) -> str:
+    """``line[key]``, followed by every run's value when ``--repeat`` gave several."""
+    runs = line.get(f"{key}_runs")
+    value = _cell(line[key])
+    return value if runs is None else f"{value} (runs: {', '.join(map(str, runs))})"
 
 
 def markdown(header: str, results: list[Result], targets: list[Target]) -> str:
@@ -55,10 +78,10 @@ def markdown(header: str, results: list[Result], targets: list[Target]) -> str:
             for key, value in line.items()
             if key.startswith("vs_")
         )
-        details = ", ".join(f"{key} {line[key]}" for key in _DETAIL_KEYS if key in line)
+        details = ", ".join(f"{key} {_with_runs(line, key)}" for key in _DETAIL_KEYS if key in line)
         lines.append(
             f"| {result.scenario} | {result.n} | {_cell(line['seconds'])} | "
-            f"{_cell(line['per_second'])} | {ratios} | {_cell(details)} |"
+            f"{_with_runs(line, 'per_second')} | {ratios} | {details} |"
         )
     by_name = {r.scenario: r for r in results}
     lines += ["", "## Targets", "", "| target | measured | verdict |", "|---|---:|---|"]

@@ -144,3 +144,81 @@ async def _wait_latencies(dsn: str, schema: str, n: int, time_limit: float) -> l
             await asyncio.sleep(0.2)
     finally:
         await conn.close()
+
+
+def _rss_kb(pid: int) -> int | None:
+    """The process's resident set in kB (``VmRSS``), or None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except FileNotFoundError:
+        pass
+    return None  # a zombie keeps its status file but no VmRSS line
+
+
+def memory_name(concurrency: int) -> str:
+    """The memory scenario's name."""
+    return f"taskq_memory_c{concurrency}"
+
+
+async def memory(dsn: str, schema: str, n: int, concurrency: int, time_limit: float) -> Result:
+    """One ``taskq-worker --until-idle`` at ``concurrency`` over ``n`` pending jobs, its RSS
+    read about every second next to the number of jobs done so far."""
+    command = [os.path.join(os.path.dirname(sys.executable), "taskq-worker"), "tests.apps.basic:tq"]
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        cwd=REPO,
+        env=_worker_env(dsn, schema, concurrency),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    stderr = asyncio.create_task(process.stderr.read())  # drained, so the pipe never fills
+    extra: dict[str, Any] = {"concurrency": concurrency}
+    samples: list[tuple[int, int]] = []  # (jobs succeeded, RSS kB)
+    conn = await asyncpg.connect(dsn)
+    deadline = time.monotonic() + time_limit
+    try:
+        done_sql = (
+            f"SELECT count(*) FROM {check_identifier(schema)}.jobs WHERE status = 'succeeded'"
+        )
+        while process.returncode is None:
+            rss = _rss_kb(process.pid)
+            done = int(await conn.fetchval(done_sql))
+            if rss is not None:
+                samples.append((done, rss))
+            if time.monotonic() > deadline:
+                process.kill()
+                extra["error"] = f"timed out after {time_limit:.0f} s"
+            try:
+                async with asyncio.timeout(1.0):
+                    await process.wait()
+            except TimeoutError:
+                pass
+    finally:
+        await conn.close()
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+    log = await stderr
+    if process.returncode != 0 and "error" not in extra:
+        tail = " ".join(log.decode(errors="replace").strip().splitlines()[-1:])
+        extra["error"] = f"worker exited with {process.returncode}: {tail}"
+    warm = next((rss for done, rss in samples if done >= n // 10), None)
+    if warm is not None:
+        end = samples[-1][1]
+        extra.update(
+            rss_warm_mb=round(warm / 1024, 1),
+            rss_end_mb=round(end / 1024, 1),
+            rss_peak_mb=round(max(rss for _, rss in samples) / 1024, 1),
+            rss_growth_pct=round((end - warm) / warm * 100, 1),
+            rss_samples=len(samples),
+        )
+    elif "error" not in extra:
+        extra["error"] = f"no RSS sample after {n // 10} jobs"
+    done, span = await drain_span(dsn, schema)
+    if done != n and "error" not in extra:
+        extra["error"] = f"only {done} of {n} jobs succeeded"
+    return Result(memory_name(concurrency), n, span, extra)

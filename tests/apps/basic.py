@@ -7,6 +7,7 @@ the same module serves memory:// and Postgres runs.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import threading
 from datetime import timedelta
@@ -36,10 +37,21 @@ def nap_sync(payload: Sleep) -> dict[str, Any]:
     return {"tag": payload.tag, "thread": threading.current_thread().name}
 
 
+# Start order within one worker process: finish times cannot tell it, since the
+# completer writes successes that finish close together in one statement.
+_starts = itertools.count()
+
+
+@actor(queue="default")
+async def ordered(payload: Sleep) -> dict[str, Any]:
+    return {"tag": payload.tag, "started": next(_starts)}
+
+
 @actor(queue="fair")
-async def fair(payload: Sleep) -> str:
+async def fair(payload: Sleep) -> dict[str, Any]:
+    started = next(_starts)
     await asyncio.sleep(payload.seconds)
-    return payload.tag
+    return {"tag": payload.tag, "started": started}
 
 
 @actor(max_attempts=3, retry_backoff=FixedBackoff(timedelta(seconds=0.2)))
@@ -142,6 +154,7 @@ tq = TaskQ(
         nap,
         nap_sync,
         fair,
+        ordered,
         always_fails,
         snooze_twice,
         retry_after,

@@ -37,6 +37,8 @@ class TestPostgresBackend(BackendConformance):
             cancel_reclaim_headroom=timedelta(milliseconds=600),
             # Long enough to watch an event being held back, short enough to wait out.
             reclaim_event_visibility_delay=timedelta(milliseconds=500),
+            # Wider than the default, so that the wake tests see enqueues coalesced.
+            wake_coalesce_window=timedelta(milliseconds=50),
         )
         await backend.open()
         yield backend

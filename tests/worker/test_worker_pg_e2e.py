@@ -123,8 +123,10 @@ async def test_a_thousand_jobs_across_actors_and_queues(tq: TaskQ, pg_schema: Pg
 async def test_priority_and_round_robin_order_show_in_start_order(
     tq: TaskQ, pg_schema: PgSchema
 ) -> None:
-    low = [await tq.client.enqueue(basic.nap, {"tag": f"low{i}"}, priority=0) for i in range(3)]
-    high = [await tq.client.enqueue(basic.nap, {"tag": f"high{i}"}, priority=5) for i in range(3)]
+    low = [await tq.client.enqueue(basic.ordered, {"tag": f"low{i}"}, priority=0) for i in range(3)]
+    high = [
+        await tq.client.enqueue(basic.ordered, {"tag": f"high{i}"}, priority=5) for i in range(3)
+    ]
     a = [await tq.client.enqueue(basic.fair, {"tag": "a"}, fairness_key="a") for _ in range(4)]
     b = [await tq.client.enqueue(basic.fair, {"tag": "b"}, fairness_key="b") for _ in range(4)]
     await asyncio.to_thread(
@@ -140,12 +142,9 @@ async def test_priority_and_round_robin_order_show_in_start_order(
     )
 
     async def start_order(jobs: list[Any]) -> list[str]:
-        # one job at a time, so the order they finished is the order they started
-        finished = {}
-        for job in jobs:
-            [attempt] = await tq.client.get_attempts(job.id)
-            finished[attempt.finished_at] = job.payload["tag"]
-        return [finished[t] for t in sorted(finished)]
+        results = [(await tq.client.get(job.id)) for job in jobs]
+        ordered = sorted((r.result["started"], r.result["tag"]) for r in results if r is not None)
+        return [tag for _, tag in ordered]
 
     assert await start_order(low + high) == ["high0", "high1", "high2", "low0", "low1", "low2"]
     assert await start_order(a + b) == ["a", "b"] * 4

@@ -92,6 +92,7 @@ class JobsClient:
         self._backend = backend
         self._actors = actors
         self._capacity = _CapacityCache(backend, max_pending_cache_ttl)
+        self._defaults: dict[str, EnqueueArgs] = {}
 
     # -- enqueue ---------------------------------------------------------------
     def _actor(self, ref: ActorRef) -> Actor[..., Any]:
@@ -148,6 +149,30 @@ class JobsClient:
             tags=list(tags),
         )
 
+    def _args(self, ref: ActorRef, payload: Any, options: Mapping[str, Any]) -> EnqueueArgs:
+        """:meth:`build_args`, cheaper without options: then every field but the id and
+        the payload is the actor's default, validated once and copied since."""
+        if options:
+            return self.build_args(ref, payload, **options)
+        target = self._actor(ref)
+        defaults = self._defaults.get(target.name)
+        if defaults is None or target.options.identity_key is not None:
+            # The identity key follows the payload: no copy can stand for it.
+            args = self.build_args(target, payload)
+            if target.options.identity_key is None:
+                self._defaults[target.name] = args
+            return args
+        # model_copy does not validate: the payload is the actor's own dump, and
+        # the id a fresh UUID. Fresh containers: no two jobs share a mutable value.
+        return defaults.model_copy(
+            update={
+                "id": uuid4(),
+                "payload": target.dump_payload(payload),
+                "metadata": {},
+                "tags": [],
+            }
+        )
+
     async def _check_capacity(self, counts: Mapping[str, int]) -> None:
         """Refuse when an actor's waiting jobs plus ``counts[actor]`` would pass ``max_pending``."""
         limits = await self._capacity.limits()
@@ -169,7 +194,7 @@ class JobsClient:
     async def enqueue(self, actor: ActorRef, payload: Any, **options: Any) -> JobRow:
         """Enqueue one job; options as :meth:`build_args`. Returns the stored row
         (the existing one for a repeated ``idempotency_key``)."""
-        args = self.build_args(actor, payload, **options)
+        args = self._args(actor, payload, options)
         await self._check_capacity({args.actor: 1})
         return await self._backend.enqueue(args)
 
@@ -178,7 +203,7 @@ class JobsClient:
     ) -> JobRow:
         """Enqueue inside the caller's own transaction (asyncpg connection on Postgres):
         the job exists if and only if that transaction commits."""
-        args = self.build_args(actor, payload, **options)
+        args = self._args(actor, payload, options)
         await self._check_capacity({args.actor: 1})
         return await self._backend.enqueue_with_conn(conn, args)
 
@@ -186,10 +211,10 @@ class JobsClient:
         built = []
         for item in items:
             if isinstance(item, EnqueueItem):
-                built.append(self.build_args(item.actor, item.payload, **item.options))
+                built.append(self._args(item.actor, item.payload, item.options))
             else:
                 ref, payload = item
-                built.append(self.build_args(ref, payload))
+                built.append(self._args(ref, payload, {}))
         return built
 
     async def _checked_batch(

@@ -46,6 +46,7 @@ __all__ = [
     "ScheduleCreateArgs",
     "ScheduleRecord",
     "ScheduleUpdateArgs",
+    "SuccessWrite",
 ]
 
 JobId: TypeAlias = UUID
@@ -250,6 +251,17 @@ class BulkCancelResult(_Model):
     """Pending/scheduled jobs moved to ``cancelled`` at once."""
     requested: list[JobId] = Field(default_factory=list)
     """Running jobs flagged for cooperative cancellation."""
+
+
+class SuccessWrite(_Model):
+    """One job's success for ``mark_succeeded_many``: what ``mark_succeeded`` takes."""
+
+    job_id: JobId
+    attempt: int | None = None
+    """The attempt fence; None writes whatever attempt the caller holds."""
+    result: Any = None
+    progress_seq: int = 0
+    progress_state: dict[str, Any] | None = None
 
 
 def _as_status_tuple(value: object) -> tuple[JobStatus, ...]:

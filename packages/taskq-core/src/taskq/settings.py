@@ -78,6 +78,9 @@ class WorkerSettings(BaseModel):
     dispatch_batch_size: int = Field(default=100, ge=1, le=10_000)
     poll_interval: Duration = timedelta(seconds=1)
     """Dispatch poll when no NOTIFY arrives (a fallback, not the usual path)."""
+    completion_window: Duration = timedelta(0)
+    """How long the completer waits to gather more successes into one write (0: write
+    at once; successes finishing while a write is in flight always share the next)."""
     heartbeat_interval: Duration = timedelta(seconds=5)
     lock_lease: Duration = timedelta(seconds=30)
     """How long a dispatched job stays locked without a heartbeat; at least 4 heartbeats."""
@@ -152,6 +155,12 @@ class WorkerSettings(BaseModel):
     """Backend: how old a reclaim event must be before pollers see it (default 2 s)."""
     cancel_reclaim_headroom: Duration | None = None
     """Backend: extra wait before reclaiming a job whose cancel is in progress (default 60 s)."""
+    wake_coalesce_window: Duration | None = None
+    """Backend: enqueues within this long of a NOTIFYing one share one trailing NOTIFY
+    (default 2 ms; 0: one NOTIFY per enqueue)."""
+    poll_only: bool | None = None
+    """Backend: no LISTEN/NOTIFY at all; dispatch every ``poll_interval`` and see cancels
+    at each heartbeat (for poolers without LISTEN, e.g. PgBouncer transaction mode)."""
     health_port: int | None = Field(default=None, ge=0, le=65535)
     """Serve /healthz, /readyz (and /tasks) on this port (0: any free port)."""
     health_host: str = "0.0.0.0"
@@ -192,6 +201,13 @@ class WorkerSettings(BaseModel):
     def _positive(cls, value: timedelta | None) -> timedelta | None:
         if value is not None and value <= timedelta(0):
             raise ValueError("must be greater than 0")
+        return value
+
+    @field_validator("completion_window")
+    @classmethod
+    def _short_window(cls, value: timedelta) -> timedelta:
+        if not timedelta(0) <= value <= timedelta(seconds=1):
+            raise ValueError("must be between 0 and 1 second (it delays every success)")
         return value
 
     @model_validator(mode="after")
@@ -241,6 +257,8 @@ class WorkerSettings(BaseModel):
             "dispatch_oversample": self.dispatch_oversample,
             "reclaim_event_visibility_delay": self.reclaim_event_visibility_delay,
             "cancel_reclaim_headroom": self.cancel_reclaim_headroom,
+            "wake_coalesce_window": self.wake_coalesce_window,
+            "poll_only": self.poll_only,
         }
         return {name: value for name, value in tunables.items() if value is not None}
 

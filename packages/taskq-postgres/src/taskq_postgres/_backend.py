@@ -22,7 +22,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    nullcontext,
+)
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final, Literal, cast
 from urllib.parse import urlsplit
@@ -56,13 +61,16 @@ from taskq.models import (
     ScheduleCreateArgs,
     ScheduleRecord,
     ScheduleUpdateArgs,
+    SuccessWrite,
 )
 from taskq_postgres._connect import (
     LEADER_ROLE,
     NOTIFY_ROLE,
     POSTGRES_SCHEMES,
     BackendUnavailableError,
+    LentConnections,
     Password,
+    PinnedConnection,
     check_dsn,
     check_instance_id,
     connect,
@@ -71,7 +79,12 @@ from taskq_postgres._connect import (
     password_from_file,
     redact,
 )
-from taskq_postgres._enqueue import check_singletons, insert_jobs, refuse_keyless_singletons
+from taskq_postgres._enqueue import (
+    check_singletons,
+    copy_records,
+    insert_jobs,
+    refuse_keyless_singletons,
+)
 from taskq_postgres._leader import LeaderStatements, PostgresLeaderElector
 from taskq_postgres._listener import NotifyListener
 from taskq_postgres._rows import (
@@ -94,6 +107,7 @@ from taskq_postgres._sql.enqueue import COPY_COLUMNS
 from taskq_postgres._sql.reads import WHERE_TOKEN
 from taskq_postgres._statements import statements_for
 from taskq_postgres._transient import TRANSIENT_PG_ERRORS
+from taskq_postgres._wake import WakeCoalescer
 from taskq_postgres.channels import events_channel, wake_channel, worker_channel_prefix
 
 __all__ = ["PostgresBackend"]
@@ -166,13 +180,21 @@ def _job_conditions(filters: JobFilter, params: _Params) -> list[str]:
     return conditions
 
 
+@asynccontextmanager
+async def _unset_event() -> AsyncIterator[asyncio.Event]:
+    """A subscription nothing notifies (poll-only): the subscriber's timeout polls."""
+    yield asyncio.Event()
+
+
 class PostgresBackend:
     """The Backend protocol on PostgreSQL (URLs ``postgresql://`` and ``postgres://``).
 
     ``dsn`` names the database; ``schema`` the TaskQ schema in it (migrated
     with ``taskq migrate``; validated here, before any SQL). Options:
 
-    * ``min_pool_size`` / ``max_pool_size``: the asyncpg pool's bounds.
+    * ``min_pool_size`` / ``max_pool_size``: the asyncpg pool's bounds. Once the
+      first enqueue ran, one pooled connection stays checked out for one-job
+      enqueues (not with ``max_pool_size=1``).
     * ``dispatch_oversample``: how many candidates per free slot the dispatch
       reads per actor, to absorb those that caps and identities filter out.
     * ``reclaim_event_visibility_delay``: the default trailing watermark of
@@ -186,6 +208,17 @@ class PostgresBackend:
     * ``instance_id``: names this backend's connections in ``pg_stat_activity``
       (``application_name`` ``taskq-pool/<id>`` and ``taskq-notify/<id>``);
       default: random.
+    * ``wake_coalesce_window`` (default 2 ms): after an enqueue that notifies the
+      workers, the enqueues this backend commits within the window skip their
+      NOTIFY and one trailing NOTIFY follows at its end, sent once they have
+      committed (every NOTIFY takes a cluster-wide lock at commit). An isolated
+      enqueue still notifies at once; 0 notifies on every enqueue. Enqueues in
+      a caller's transaction always notify in it.
+    * ``poll_only`` (default False): send no wake NOTIFY on enqueue and open no
+      LISTEN connection; ``subscribe_wake`` / ``subscribe_cancel_wake`` events are
+      never set, so workers dispatch every ``poll_interval`` and see cancels at
+      their heartbeat. For poolers without LISTEN/NOTIFY (PgBouncer transaction
+      mode) or to keep NOTIFY's commit lock off a heavy insert load.
 
     Call :meth:`open` before use and :meth:`close` after (``TaskQ`` does both).
     Beyond the protocol: :meth:`connection` lends a pooled connection for the
@@ -215,6 +248,8 @@ class PostgresBackend:
         notify_conn_factory: Callable[[], Awaitable[asyncpg.Connection[Any]]] | None = None,
         password: Password = None,
         password_file: str | None = None,
+        wake_coalesce_window: timedelta = timedelta(milliseconds=2),
+        poll_only: bool = False,
     ) -> None:
         # The schema first: a hostile name is refused before anything else is looked at.
         self.schema: Final = validate_schema_name(schema).lower()
@@ -231,6 +266,7 @@ class PostgresBackend:
             ("idle_in_transaction_session_timeout", idle_in_transaction_session_timeout),
             ("connect_timeout", connect_timeout),
             ("notify_health_check_interval", notify_health_check_interval),
+            ("wake_coalesce_window", wake_coalesce_window),
         ):
             if value is not None and value < timedelta(0):
                 raise ValueError(f"{name} must not be negative, got {value}")
@@ -244,6 +280,8 @@ class PostgresBackend:
         self.command_timeout = command_timeout
         self.notify_health_check_interval = notify_health_check_interval
         self._notify_conn_factory = notify_conn_factory
+        self.wake_coalesce_window = wake_coalesce_window
+        self.poll_only = poll_only
         if password is not None and password_file is not None:
             raise ValueError("give password or password_file, not both")
         # A callable is asked at every new connection: rotated secrets take
@@ -262,7 +300,10 @@ class PostgresBackend:
         self._events_channel = events_channel(self.schema)
         self._worker_prefix = worker_channel_prefix(self.schema)
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
+        self._lent = LentConnections()
+        self._pinned: PinnedConnection | None = None
         self._listener: NotifyListener | None = None
+        self._wakes = WakeCoalescer(self._send_wake, wake_coalesce_window.total_seconds())
         self._open_lock = asyncio.Lock()
 
     @classmethod
@@ -299,6 +340,7 @@ class PostgresBackend:
                 connect_timeout=self.connect_timeout,
                 password=self._password,
                 command_timeout=self.command_timeout,
+                lent=self._lent,
             )
             try:
                 migrated = await pool.fetchval(self._sql.schema_is_migrated)
@@ -312,21 +354,29 @@ class PostgresBackend:
                     f"run `taskq migrate --schema {self.schema}` first"
                 )
             self._pool = pool
-            self._listener = NotifyListener(
-                self._connect_listener,
-                self._wake_channel,
-                self._events_channel,
-                health_check_interval=self.notify_health_check_interval.total_seconds(),
-                transient=TRANSIENT_PG_ERRORS,
-            )
+            # A pool of one would be left to the pinned connection alone.
+            self._pinned = PinnedConnection(pool) if self.max_pool_size > 1 else None
+            if not self.poll_only:
+                self._listener = NotifyListener(
+                    self._connect_listener,
+                    self._wake_channel,
+                    self._events_channel,
+                    health_check_interval=self.notify_health_check_interval.total_seconds(),
+                    transient=TRANSIENT_PG_ERRORS,
+                )
 
     async def close(self) -> None:
-        """Close the listener connection and the pool. Idempotent."""
+        """Send the wake still owed to coalesced enqueues, then close the listener
+        connection and the pool. Idempotent."""
+        await self._wakes.close()
         async with self._open_lock:
             listener, self._listener = self._listener, None
             pool, self._pool = self._pool, None
+            pinned, self._pinned = self._pinned, None
         if listener is not None:
             await listener.close()
+        if pinned is not None:
+            await pinned.release()
         if pool is not None:
             await pool.close()
 
@@ -346,6 +396,8 @@ class PostgresBackend:
         (``taskq.backend.SupportsCredentialReload``; the worker's SIGHUP)."""
         pool = self._require_pool()
         await pool.expire_connections()
+        if self._pinned is not None:
+            await self._pinned.release()  # released, it is closed and replaced
         if self._listener is not None:
             await self._listener.reconnect()
 
@@ -387,6 +439,7 @@ class PostgresBackend:
         transaction left idle longer is ended by the server, releasing its locks.
         """
         async with self._require_pool().acquire() as conn:
+            self._lent.lend(conn)  # caller code may leave session state: reset on release
             yield conn
 
     def _db(self, conn: Connection = None) -> Any:
@@ -426,16 +479,32 @@ class PostgresBackend:
         )
 
     # -- enqueue -------------------------------------------------------------------
+    def _wake_for(self, conn: Connection) -> AbstractContextManager[str | None]:
+        """Around one enqueue (ending after its commit): the wake channel its statement
+        notifies, or None (poll-only, or coalesced into a trailing NOTIFY)."""
+        if self.poll_only:
+            return nullcontext(None)
+        if conn is not None:
+            return nullcontext(self._wake_channel)  # commits with the caller: notify in it
+        return self._wakes.around(self._wake_channel)
+
+    def _autocommit_db(self) -> PinnedConnection | asyncpg.Pool[asyncpg.Record]:
+        pool = self._require_pool()
+        return self._pinned if self._pinned is not None else pool
+
+    async def _send_wake(self) -> None:
+        await self._require_pool().execute(self._sql.notify, self._wake_channel)
+
     async def _enqueue(self, conn: Connection, args_list: Sequence[EnqueueArgs]) -> list[JobRow]:
         refuse_keyless_singletons(args_list)
-        if not any(args.singleton for args in args_list):
-            rows, _ = await insert_jobs(
-                self._db(conn), self._sql, args_list, wake_channel=self._wake_channel
-            )
-            return rows
-        async with self._transaction(conn) as tx:
-            await check_singletons(tx, self._sql, self.schema, args_list)
-            rows, _ = await insert_jobs(tx, self._sql, args_list, wake_channel=self._wake_channel)
+        with self._wake_for(conn) as channel:
+            if not any(args.singleton for args in args_list):
+                db = conn if conn is not None else self._autocommit_db()
+                rows, _ = await insert_jobs(db, self._sql, args_list, wake_channel=channel)
+                return rows
+            async with self._transaction(conn) as tx:
+                await check_singletons(tx, self._sql, self.schema, args_list)
+                rows, _ = await insert_jobs(tx, self._sql, args_list, wake_channel=channel)
             return rows
 
     async def enqueue(self, args: EnqueueArgs) -> JobRow:
@@ -460,44 +529,18 @@ class PostgresBackend:
         if not args_list:
             return 0
         refuse_keyless_singletons(args_list)
-        async with self._transaction(connection) as tx:
-            await check_singletons(tx, self._sql, self.schema, args_list)
-            # COPY cannot evaluate clock_timestamp(): read it once, in this transaction.
-            now: datetime = await tx.fetchval(self._sql.copy_clock_now, self._wake_channel)
-            records = []
-            for a in args_list:
-                delayed = a.delay is not None and a.delay > timedelta(0)
-                records.append(
-                    (
-                        a.id,
-                        a.actor,
-                        a.queue,
-                        "scheduled" if delayed else "pending",
-                        a.priority,
-                        dump_json(a.payload),
-                        now + a.delay if delayed and a.delay is not None else now,
-                        now,
-                        now,
-                        a.max_attempts,
-                        a.idempotency_key,
-                        a.identity_key,
-                        a.fairness_key,
-                        now + a.schedule_to_close if a.schedule_to_close is not None else None,
-                        a.timeout,
-                        a.result_ttl,
-                        dump_json(a.metadata),
-                        list(a.tags),
-                        a.trace_id,
-                        a.span_id,
-                        now,
-                    )
+        with self._wake_for(connection) as channel:
+            async with self._transaction(connection) as tx:
+                await check_singletons(tx, self._sql, self.schema, args_list)
+                # COPY cannot evaluate clock_timestamp(): read it once, in this transaction.
+                now: datetime = await tx.fetchval(self._sql.copy_clock_now, channel)
+                records = copy_records(args_list, now)
+                await tx.copy_records_to_table(
+                    "jobs",
+                    schema_name=check_identifier(self.schema),
+                    columns=list(COPY_COLUMNS),
+                    records=records,
                 )
-            await tx.copy_records_to_table(
-                "jobs",
-                schema_name=check_identifier(self.schema),
-                columns=list(COPY_COLUMNS),
-                records=records,
-            )
         return len(records)
 
     async def enqueue_with_conn(self, conn: Connection, args: EnqueueArgs) -> JobRow:
@@ -624,6 +667,32 @@ class PostgresBackend:
             fallback_result_ttl,
             attempt,
         )
+
+    async def mark_succeeded_many(
+        self,
+        worker_id: UUID,
+        items: Sequence[SuccessWrite],
+        fallback_result_ttl: timedelta | None = None,
+    ) -> list[bool]:
+        """``mark_succeeded`` for a list in one statement: each row keeps its own
+        ownership guard, attempt row and event; one flag per item, in order."""
+        if not items:
+            return []
+        records = await self._db().fetch(
+            self._sql.mark_succeeded_many,
+            worker_id,
+            fallback_result_ttl,
+            [item.job_id for item in items],
+            [item.attempt for item in items],
+            [None if item.result is None else dump_json(item.result) for item in items],
+            [item.progress_seq for item in items],
+            [
+                None if item.progress_state is None else dump_json(item.progress_state)
+                for item in items
+            ],
+        )
+        moved = {record["id"] for record in records}
+        return [item.job_id in moved for item in items]
 
     async def mark_succeeded_with_conn(
         self,
@@ -951,20 +1020,23 @@ class PostgresBackend:
         return int(await self._db().fetchval(self._sql.count_active_jobs, list(queues)))
 
     # -- wake-ups ---------------------------------------------------------------------------
-    def _require_listener(self) -> NotifyListener:
+    def _require_listener(self) -> NotifyListener | None:
         self._require_pool()
-        assert self._listener is not None  # set together with the pool
+        assert self._listener is not None or self.poll_only  # set together with the pool
         return self._listener
 
     def subscribe_wake(self) -> AbstractAsyncContextManager[asyncio.Event]:
         """An event set whenever new work may be dispatchable (enqueue, promotion, retry,
         reclaim, finalizer release) in this schema. The consumer clears it. The first
-        subscription opens the LISTEN connection."""
-        return self._require_listener().subscribe_wake()
+        subscription opens the LISTEN connection. Never set when ``poll_only``."""
+        listener = self._require_listener()
+        return _unset_event() if listener is None else listener.subscribe_wake()
 
     def subscribe_cancel_wake(self) -> AbstractAsyncContextManager[asyncio.Event]:
-        """An event set whenever a running job of this schema receives a cancel request."""
-        return self._require_listener().subscribe_cancel()
+        """An event set whenever a running job of this schema receives a cancel request.
+        Never set when ``poll_only``."""
+        listener = self._require_listener()
+        return _unset_event() if listener is None else listener.subscribe_cancel()
 
     # -- schedules ---------------------------------------------------------------------------
     async def create_schedule(self, args: ScheduleCreateArgs) -> ScheduleRecord:
@@ -1208,7 +1280,7 @@ class PostgresBackend:
                 finalizer_id, inserted = final_row.id, inserted + new
             if batch_row is not None:
                 await self._insert_batch_row(tx, batch_row, finalizer_id)
-            if inserted:
+            if inserted and not self.poll_only:
                 await tx.execute(self._sql.notify, self._wake_channel)
         return rows
 

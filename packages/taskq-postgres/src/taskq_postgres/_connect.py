@@ -26,6 +26,8 @@ from taskq.errors import ConfigurationError, TaskQError
 __all__ = [
     "POSTGRES_SCHEMES",
     "BackendUnavailableError",
+    "LentConnections",
+    "PinnedConnection",
     "check_dsn",
     "check_instance_id",
     "connect",
@@ -160,6 +162,92 @@ def password_from_file(path: str) -> Callable[[], str]:
     return read
 
 
+class LentConnections:
+    """The pool connections handed to caller code: only they get asyncpg's session
+    reset when released.
+
+    asyncpg resets every connection returned to a pool (advisory locks,
+    cursors, LISTENs, ``RESET ALL``): one more round trip per pooled statement,
+    as much again as a one-job enqueue. TaskQ's own statements leave no session
+    state behind (transaction-scoped advisory locks only; no ``SET``, ``LISTEN``
+    or held cursor), so a connection needs the reset only after a caller had it
+    (``PostgresBackend.connection``). An open transaction is rolled back on
+    release either way.
+    """
+
+    def __init__(self) -> None:
+        # Server pids: the pool hands the reset hook the raw connection, the caller
+        # gets a proxy of it, and both report the same backend process.
+        self._pids: set[int] = set()
+
+    def lend(self, conn: Any) -> None:
+        """Mark ``conn`` (a pooled connection or its proxy) as handed to caller code."""
+        self._pids.add(conn.get_server_pid())
+
+    async def reset(self, conn: asyncpg.Connection[Any]) -> None:
+        """The pool's reset hook: asyncpg's full reset for a lent connection, else nothing."""
+        pid = conn.get_server_pid()
+        if pid not in self._pids:
+            return
+        self._pids.discard(pid)
+        query = conn.get_reset_query()
+        if query:
+            await conn.execute(query)
+
+
+class PinnedConnection:
+    """One pool connection kept checked out for the backend's one-statement writes
+    (a one-job enqueue), used while idle; a concurrent caller goes to the pool.
+
+    asyncpg's acquire and release take several event-loop turns, about as long
+    as a one-row INSERT on a small machine. Any error hands the connection back
+    to the pool, which waits out a cancelled query or replaces a broken
+    connection; the next call pins another.
+    """
+
+    def __init__(self, pool: asyncpg.Pool[asyncpg.Record]) -> None:
+        self._pool = pool
+        self._conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record] | None = None
+        self._busy = False
+
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        """``Pool.fetch``, on the pinned connection when it is idle."""
+        result: list[asyncpg.Record] = await self._run("fetch", query, args)
+        return result
+
+    async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
+        """``Pool.fetchrow``, on the pinned connection when it is idle."""
+        result: asyncpg.Record | None = await self._run("fetchrow", query, args)
+        return result
+
+    async def _run(self, method: str, query: str, args: tuple[Any, ...]) -> Any:
+        if self._busy:
+            return await getattr(self._pool, method)(query, *args)
+        self._busy = True
+        conn = self._conn
+        kept = False
+        try:
+            if conn is None:
+                conn = self._conn = await self._pool.acquire()
+            result = await getattr(conn, method)(query, *args)
+            kept = True
+            return result
+        finally:
+            self._busy = False
+            # Handed back on an error, or when release() came meanwhile.
+            if conn is not None and (not kept or self._conn is not conn):
+                if self._conn is conn:
+                    self._conn = None
+                await self._pool.release(conn)
+
+    async def release(self) -> None:
+        """Hand the connection back now (before the pool closes, or so that a
+        credential reload replaces it); a later call pins another."""
+        conn, self._conn = self._conn, None
+        if conn is not None and not self._busy:  # a busy call hands it back itself
+            await self._pool.release(conn)
+
+
 async def create_pool(
     dsn: str,
     *,
@@ -169,11 +257,14 @@ async def create_pool(
     connect_timeout: timedelta,
     password: Password = None,
     command_timeout: timedelta | None = None,
+    lent: LentConnections | None = None,
 ) -> asyncpg.Pool[asyncpg.Record]:
     """An asyncpg pool whose connections carry ``settings``; errors translated.
 
     ``command_timeout`` bounds every statement (client side), so a stalled
     server turns into a ``TimeoutError`` the worker loops treat as transient.
+    With ``lent``, a released connection is reset only if it was lent (see
+    :class:`LentConnections`); without, always (asyncpg's default).
     """
     with _translated(dsn):
         pool: asyncpg.Pool[asyncpg.Record] = await asyncpg.create_pool(
@@ -184,6 +275,7 @@ async def create_pool(
             timeout=connect_timeout.total_seconds(),
             command_timeout=None if command_timeout is None else command_timeout.total_seconds(),
             password=password,
+            reset=None if lent is None else lent.reset,
         )
     return pool
 

@@ -1,8 +1,9 @@
 """Enqueue on Postgres: the insert's parameters, idempotent hits and singleton checks.
 
 The insert (``ENQUEUE``) takes a whole list as parallel arrays, so one job
-and a thousand cost one statement each. Items whose ``(actor,
-idempotency_key)`` exists come back as the existing row. Singletons need a
+and a thousand cost one statement each; a lone job without an idempotency
+key (the usual ``enqueue``) takes the leaner ``ENQUEUE_ONE``. Items whose
+``(actor, idempotency_key)`` exists come back as the existing row. Singletons need a
 check that no concurrent singleton enqueue can slip past: it runs under
 transaction-scoped advisory locks on the identities, in the same transaction
 as the insert.
@@ -11,16 +12,17 @@ as the insert.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
 
 from taskq.errors import SingletonCollisionError
 from taskq.models import EnqueueArgs, JobRow
-from taskq_postgres._rows import dump_json, job_row
+from taskq_postgres._rows import clean_text, dump_json, job_row
 from taskq_postgres._statements import Statements
 
-__all__ = ["check_singletons", "insert_jobs", "refuse_keyless_singletons"]
+__all__ = ["check_singletons", "copy_records", "insert_jobs", "refuse_keyless_singletons"]
 
 Db = Any
 """A pool, a pooled connection or a caller's connection: anything with ``fetch``."""
@@ -59,6 +61,65 @@ def _insert_params(args_list: Sequence[EnqueueArgs], parked: Sequence[bool]) -> 
     ]
 
 
+def _one_params(a: EnqueueArgs) -> tuple[Any, ...]:
+    # Tags go as text[] (no JSON round trip); NULs replaced as dump_json does for ENQUEUE.
+    return (
+        a.id,
+        a.actor,
+        a.queue,
+        a.priority,
+        dump_json(a.payload),
+        a.delay,
+        a.max_attempts,
+        a.identity_key,
+        a.fairness_key,
+        a.schedule_to_close,
+        a.timeout,
+        a.result_ttl,
+        dump_json(a.metadata) if a.metadata else "{}",
+        [clean_text(tag) for tag in a.tags],
+        a.trace_id,
+        a.span_id,
+    )
+
+
+def copy_records(args_list: Sequence[EnqueueArgs], now: datetime) -> list[tuple[Any, ...]]:
+    """The rows ``enqueue_batch_fast`` COPYs (``COPY_COLUMNS``), created at ``now``."""
+    zero = timedelta(0)
+    records: list[tuple[Any, ...]] = []
+    append = records.append
+    for a in args_list:
+        delay = a.delay
+        delayed = delay is not None and delay > zero
+        deadline = a.schedule_to_close
+        append(
+            (
+                a.id,
+                a.actor,
+                a.queue,
+                "scheduled" if delayed else "pending",
+                a.priority,
+                dump_json(a.payload),
+                now + delay if delay is not None and delayed else now,
+                now,
+                now,
+                a.max_attempts,
+                a.idempotency_key,
+                a.identity_key,
+                a.fairness_key,
+                None if deadline is None else now + deadline,
+                a.timeout,
+                a.result_ttl,
+                dump_json(a.metadata) if a.metadata else "{}",
+                list(a.tags),
+                a.trace_id,
+                a.span_id,
+                now,
+            )
+        )
+    return records
+
+
 async def insert_jobs(
     db: Db,
     sql: Statements,
@@ -75,6 +136,9 @@ async def insert_jobs(
     """
     flags = parked if parked is not None else [False] * len(args_list)
     try:
+        if len(args_list) == 1 and args_list[0].idempotency_key is None and not flags[0]:
+            record = await db.fetchrow(sql.enqueue_one, *_one_params(args_list[0]), wake_channel)
+            return [job_row(record)], 1
         records = await db.fetch(sql.enqueue, *_insert_params(args_list, flags), wake_channel)
     except asyncpg.UniqueViolationError as exc:
         if exc.constraint_name != "jobs_pkey":

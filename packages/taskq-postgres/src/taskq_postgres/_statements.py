@@ -28,6 +28,7 @@ class Statements:
 
     # enqueue
     enqueue: str
+    enqueue_one: str
     existing_by_key: str
     singleton_locks: str
     enqueue_conflicts: str
@@ -43,6 +44,7 @@ class Statements:
     configure_queue: str
     # terminal writes and history writes
     mark_succeeded: str
+    mark_succeeded_many: str
     mark_failed_or_retry: str
     mark_cancelled: str
     mark_abandoned: str
@@ -105,6 +107,7 @@ def statements_for(schema: str) -> Statements:
     s = check_identifier(schema)
     return Statements(
         enqueue=render(enqueue.ENQUEUE, s),
+        enqueue_one=render(enqueue.ENQUEUE_ONE, s),
         existing_by_key=render(enqueue.EXISTING_BY_KEY, s),
         singleton_locks=render(enqueue.SINGLETON_LOCKS, s),
         enqueue_conflicts=render(enqueue.ENQUEUE_CONFLICTS, s),
@@ -118,6 +121,7 @@ def statements_for(schema: str) -> Statements:
         register_actors=render(dispatch.REGISTER_ACTORS, s),
         configure_queue=render(dispatch.CONFIGURE_QUEUE, s),
         mark_succeeded=term.MARK_SUCCEEDED.render(s),
+        mark_succeeded_many=term.MARK_SUCCEEDED_MANY.render(s),
         mark_failed_or_retry=term.MARK_FAILED_OR_RETRY.render(s),
         mark_cancelled=term.MARK_CANCELLED.render(s),
         mark_abandoned=term.MARK_ABANDONED.render(s),

@@ -6,6 +6,7 @@ from taskq.backend._protocol import BACKEND_PROTOCOL_VERSION as BACKEND_PROTOCOL
 from taskq.backend._protocol import PROTOCOL_MEMBERS as PROTOCOL_MEMBERS
 from taskq.backend._protocol import Backend as Backend
 from taskq.backend._protocol import Connection as Connection
+from taskq.backend._protocol import SupportsBatchedSuccess as SupportsBatchedSuccess
 from taskq.backend._protocol import SupportsCredentialReload as SupportsCredentialReload
 from taskq.backend._protocol import SupportsMigrate as SupportsMigrate
 from taskq.backend._protocol import SupportsTransactions as SupportsTransactions
@@ -32,6 +33,7 @@ __all__ = [
     "Connection",
     "FakeClock",
     "JobStatus",
+    "SupportsBatchedSuccess",
     "SupportsCredentialReload",
     "SupportsMigrate",
     "SupportsTransactions",

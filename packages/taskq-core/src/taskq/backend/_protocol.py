@@ -28,7 +28,7 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Protocol, runtime_checkable
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         ScheduleCreateArgs,
         ScheduleRecord,
         ScheduleUpdateArgs,
+        SuccessWrite,
     )
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "PROTOCOL_MEMBERS",
     "Backend",
     "LeaderElector",
+    "SupportsBatchedSuccess",
     "SupportsCredentialReload",
     "SupportsCron",
     "SupportsFleetStats",
@@ -89,6 +91,7 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     gained fallback_result_ttl; terminal writes gained the keyword-only
 #     `attempt` fence; open/close, register_actors and configure_queue made
 #     explicit so every state is reachable through the protocol.
+#     Additive (optional protocols, no bump): SupportsBatchedSuccess.
 #
 # When to bump: "increment it whenever a change alters an existing protocol
 # member's observable contract such that an implementation written against
@@ -479,6 +482,27 @@ class Backend(Protocol):
 
     async def prune_old_batches(self, cutoff: datetime) -> int:
         """Delete finished batches completed before ``cutoff`` with no children left."""
+        ...
+
+
+@runtime_checkable
+class SupportsBatchedSuccess(Protocol):
+    """A backend that records many successes in one step (the worker's completer).
+
+    Each item is judged on its own exactly as :meth:`Backend.mark_succeeded`
+    judges it (running, held by ``worker_id``, on ``item.attempt`` when given)
+    and, when it acts, leaves the same attempt row and event. One item that
+    is not the caller's does not stop the others.
+    """
+
+    async def mark_succeeded_many(
+        self,
+        worker_id: UUID,
+        items: Sequence[SuccessWrite],
+        fallback_result_ttl: timedelta | None = None,
+    ) -> list[bool]:
+        """``running -> succeeded`` for every item the caller owns; one flag per item,
+        in order (False: a no-op). An item's job id appears at most once."""
         ...
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -73,6 +73,7 @@ from taskq.models import (
     ScheduleCreateArgs,
     ScheduleRecord,
     ScheduleUpdateArgs,
+    SuccessWrite,
 )
 
 __all__ = ["InMemoryBackend"]
@@ -285,6 +286,26 @@ class InMemoryBackend:
             result_expires_at=now + ttl if ttl is not None else None,
         )
         return True
+
+    async def mark_succeeded_many(
+        self,
+        worker_id: UUID,
+        items: Sequence[SuccessWrite],
+        fallback_result_ttl: timedelta | None = None,
+    ) -> list[bool]:
+        """``mark_succeeded`` for each item, in order; one flag per item."""
+        return [
+            await self.mark_succeeded(
+                item.job_id,
+                worker_id,
+                item.result,
+                item.progress_seq,
+                item.progress_state,
+                fallback_result_ttl,
+                attempt=item.attempt,
+            )
+            for item in items
+        ]
 
     async def mark_succeeded_with_conn(
         self,

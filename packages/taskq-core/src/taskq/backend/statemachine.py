@@ -109,7 +109,11 @@ TRANSITION_DRIVERS: Final[Mapping[tuple[JobStatus, JobStatus], tuple[str, ...]]]
     {
         (_S.PENDING, _S.RUNNING): ("dispatch_batch",),
         (_S.SCHEDULED, _S.PENDING): ("scheduled_to_pending", "complete_batch", "abort_batch"),
-        (_S.RUNNING, _S.SUCCEEDED): ("mark_succeeded", "mark_succeeded_with_conn"),
+        (_S.RUNNING, _S.SUCCEEDED): (
+            "mark_succeeded",
+            "mark_succeeded_with_conn",
+            "mark_succeeded_many",
+        ),
         (_S.RUNNING, _S.FAILED): ("mark_failed_or_retry", "mark_snoozed", "mark_retry_after"),
         (_S.RUNNING, _S.SCHEDULED): ("mark_failed_or_retry", "mark_snoozed", "mark_retry_after"),
         (_S.RUNNING, _S.CANCELLED): ("mark_cancelled", "reclaim_expired_locks"),

@@ -229,6 +229,8 @@ class Worker:
             self._shutdown_watchdog.disarm()
             if self.health is not None:
                 await self.health.close()
+            if state.completer is not None:
+                await state.completer.aclose()
             executor.shutdown(wait=False, cancel_futures=True)
             await state.loop_scope.aclose()
             await state.thread_scope.aclose()
@@ -272,6 +274,13 @@ class Worker:
         for _ in consumers:
             state.queue.put_nowait(None)
         await asyncio.wait(consumers)
+        # A consumer leaves its last job's outcome write to the job task; the
+        # heartbeat must keep the lease until that write is done.
+        writing = [
+            a.done for a in state.active.values() if a.done is not None and not a.done.done()
+        ]
+        if writing:
+            await asyncio.wait(writing)
         state.finished.set()
         for task in background:
             task.cancel()

@@ -12,12 +12,13 @@ from uuid import UUID
 from taskq._di import Containers, LoopScope, ProcessScope, ProviderRegistry, ThreadScope
 from taskq._scope import Scope
 from taskq.actor import Actor
-from taskq.backend import Backend, CancelPhase
+from taskq.backend import Backend, CancelPhase, SupportsBatchedSuccess
 from taskq.client import JobsClient
 from taskq.context import Context
 from taskq.models import JobRow
 from taskq.settings import WorkerSettings
 from taskq.worker._liveness import LoopLiveness
+from taskq.worker.completer import Completer
 
 if TYPE_CHECKING:
     from taskq.worker.cancel import CancelController
@@ -31,8 +32,11 @@ class ActiveJob:
     ctx: Context | None = None
     task: asyncio.Task[None] | None = None
     done: asyncio.Future[None] | None = None
-    """Resolved when the consumer may move on: the task ended, or the job was
+    """Resolved when the job lets go of its slot: the task ended, or the job was
     abandoned or handed back while its task refused to stop."""
+    ran: asyncio.Future[None] | None = None
+    """Resolved when the consumer may take another job: the actor returned (its
+    outcome is being written), or ``done``."""
     cancel_requested: bool = False
     """A user asked to cancel this job."""
     cancel_phase: CancelPhase = CancelPhase.NONE
@@ -46,10 +50,18 @@ class ActiveJob:
     """The actor finished and its outcome is being written: a lease not renewed
     meanwhile is that write, not a loss."""
 
+    def settle(self) -> None:
+        """The actor returned: only its outcome write is left (idempotent)."""
+        self.settling = True
+        if self.ran is not None and not self.ran.done():
+            self.ran.set_result(None)
+
     def finish(self) -> None:
-        """Let the consumer move on (idempotent)."""
+        """Free the job's slot (idempotent)."""
         if self.done is not None and not self.done.done():
             self.done.set_result(None)
+        if self.ran is not None and not self.ran.done():
+            self.ran.set_result(None)
 
 
 @dataclass
@@ -81,15 +93,43 @@ class WorkerState:
     shutdown_phase: int = 0
     """A ``ShutdownPhase`` value; 0 while running normally."""
     cancel: CancelController = field(init=False)
+    completer: Completer | None = field(init=False)
+    """Batches success writes; None when the backend can only write them one by one."""
 
     def __post_init__(self) -> None:
         from taskq.worker.cancel import make_cancel_controller
 
         self.cancel = make_cancel_controller(self)
+        self.completer = (
+            Completer(
+                self.backend,
+                self.worker_id,
+                fallback_result_ttl=self.settings.fallback_result_ttl,
+                window=self.settings.completion_window,
+            )
+            if isinstance(self.backend, SupportsBatchedSuccess)
+            else None
+        )
 
     @property
     def capacity(self) -> int:
         return self.settings.concurrency + self.settings.prefetch
+
+    def free_slots(self) -> int:
+        """Jobs the producer may lock now.
+
+        A job whose actor returned and whose outcome is still being written
+        (settling) holds its lock but not a consumer, so up to ``concurrency``
+        of them do not count: the next jobs are dispatched and run while the
+        completer writes, instead of after it.
+        """
+        settling = sum(1 for active in self.active.values() if active.settling)
+        return self.capacity - len(self.active) + min(settling, self.settings.concurrency)
+
+    def settle(self, active: ActiveJob) -> None:
+        """Mark ``active`` as settling and let the producer use the consumer it left."""
+        active.settle()
+        self.slot_freed.set()
 
     def containers(self) -> Containers:
         return {

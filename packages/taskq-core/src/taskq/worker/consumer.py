@@ -24,7 +24,7 @@ from taskq.backend import CancelPhase, SupportsTransactions
 from taskq.context import Context
 from taskq.errors import PayloadValidationError, WorkerOwnershipMismatch
 from taskq.logs import bind_job_context
-from taskq.models import ErrorInfo, JobRow
+from taskq.models import ErrorInfo, JobRow, SuccessWrite
 from taskq.signals import RetryAfter, Snooze
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
@@ -44,21 +44,29 @@ async def consumer_loop(state: WorkerState) -> None:
         active = state.active.get(row.id)
         if active is None or active.lost or active.row.attempt != row.attempt:
             continue  # lost before it started: the lock is gone, so is the job
+        loop = asyncio.get_running_loop()
         task = asyncio.create_task(execute(state, row), name=f"taskq-job-{row.actor}-{row.id}")
         active.task = task
-        active.done = asyncio.get_running_loop().create_future()
+        active.done = loop.create_future()
+        active.ran = loop.create_future()
+        active.done.add_done_callback(functools.partial(_released, state, active))
         task.add_done_callback(functools.partial(_finished, active))
         state.job_tasks.add(task)
         task.add_done_callback(state.job_tasks.discard)
         # Not `await task`: a cancelled job task must not cancel its consumer, and
         # an abandoned one that ignores cancellation must not hold the slot forever.
-        await active.done
-        state.processed += 1
-        state.release(row.id, active)
+        # Nor the outcome write: the job task finishes it (and frees the slot) while
+        # this consumer runs the next job.
+        await active.ran
 
 
 def _finished(active: ActiveJob, _task: asyncio.Task[None]) -> None:
     active.finish()
+
+
+def _released(state: WorkerState, active: ActiveJob, _done: asyncio.Future[None]) -> None:
+    state.processed += 1
+    state.release(active.row.id, active)
 
 
 async def _write(state: WorkerState, what: str, call: Callable[[], Awaitable[T]]) -> T | None:
@@ -147,7 +155,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
             result = await _invoke(state, actor, passthrough, timeout)
         finally:
             if active is not None:
-                active.settling = True
+                state.settle(active)
     except asyncio.CancelledError:
         if not await _stopped(state, row, ctx):
             raise
@@ -242,6 +250,16 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
             return True
 
         return await _write(state, "succeeded", in_transaction)
+    completer = state.completer
+    if completer is not None and not ctx.subjobs:
+        write = SuccessWrite(
+            job_id=row.id,
+            attempt=row.attempt,
+            result=result,
+            progress_seq=ctx.progress_seq,
+            progress_state=ctx.progress_state,
+        )
+        return await _write(state, "succeeded", lambda: completer.succeed(write))
     ok = await _write(
         state,
         "succeeded",

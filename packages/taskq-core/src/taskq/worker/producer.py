@@ -36,10 +36,10 @@ async def producer_loop(state: WorkerState) -> None:
     async with state.backend.subscribe_wake() as wake:
         while not state.stopping.is_set():
             state.liveness.tick("producer", poll)
-            free = state.capacity - len(state.active)
+            free = state.free_slots()
             if free <= 0:
                 state.slot_freed.clear()
-                if state.capacity - len(state.active) <= 0:
+                if state.free_slots() <= 0:
                     await _wait(state.slot_freed, state.stopping, poll)
                 continue
             wanted = min(free, settings.dispatch_batch_size)

@@ -9,9 +9,13 @@ phases (architecture.md, "Dispatch CTE")::
     running_per_actor   running jobs per actor (max_concurrent)
     running_identities  (actor, identity_key) pairs already running
     per_actor_capacity  residual = max_concurrent - in_flight (limit_n when uncapped)
+    head                strict FIFO: the first limit_n * oversample due jobs of the queues
+    head_admitted       strict FIFO: what the per-actor sample would admit from the head
+    head_suffices       strict FIFO: the head gives limit_n jobs, or holds every due job
     candidates          CROSS JOIN LATERAL per (queue, actor), LIMIT residual * oversample
-    identity_dedup      DISTINCT ON (actor, identity_key) UNION ALL jobs without identity
-    ranked              pending_rank per actor
+                        (strict FIFO: only when the head does not suffice)
+    admitted            identity dedup: DISTINCT ON (actor, identity_key) UNION ALL jobs
+                        without identity; then pending_rank per actor <= residual
     locked              FOR UPDATE SKIP LOCKED, LIMIT limit_n
     eligible_candidates in_flight < max_concurrent gate; actor_rank
     queue_capacity      residual of each capped queue (queues.max_concurrent)
@@ -22,15 +26,19 @@ phases (architecture.md, "Dispatch CTE")::
 ``FOR UPDATE`` lives only in ``locked``: Postgres forbids it next to window
 functions. Concurrent dispatchers may over-count an actor's cap by at most
 ``(producers - 1) * max_concurrent`` (each sees the others' running jobs only
-once they commit); the sweeps bound the effect. ``pending_actors`` and
-``queue_capacity`` are additions to the architecture's list: the first names
-the actors to sample, the second applies the queue caps the in-memory
-reference enforces too.
+once they commit); the sweeps bound the effect. ``pending_actors``, the
+``head`` phases and ``queue_capacity`` are additions to the architecture's
+list: the first names the actors to sample, the head phases spare strict FIFO
+that sample on deep queues (below), the last applies the queue caps the
+in-memory reference enforces too.
 
 Round robin ranks every pending job of each (queue, actor) asked for (an
 index-only scan of ``jobs_dispatch_idx``), so its cost grows with the backlog
-of the round-robin queues; strict FIFO reads ``residual * oversample`` rows
-per (queue, actor) whatever the backlog.
+of the round-robin queues. Strict FIFO reads ``limit_n * oversample`` rows of
+``jobs_dispatch_head_idx`` per queue plus one ``jobs_dispatch_idx`` entry per
+pending actor, whatever the backlog and the number of actors; only when caps
+or identities filter out most of the head does it also read ``residual *
+oversample`` rows per (queue, actor).
 """
 
 from __future__ import annotations
@@ -56,7 +64,47 @@ QUEUE_SETTINGS: Final = """
 SELECT name, mode, max_concurrent FROM {schema}.queues WHERE name = ANY($1::text[])
 """
 
+# Strict FIFO first reads the head of the queues: their first limit_n *
+# oversample due jobs in dispatch order (jobs_dispatch_head_idx), whatever the
+# number of actors. The head is a prefix of the global order, so what the
+# per-actor sample would admit from it (same per-(queue, actor) sample bound,
+# same identity dedup and ranks, which depend only on earlier jobs) is exactly
+# the start of what the per-actor sample admits. When that gives limit_n jobs,
+# or the head holds every due job, it is the answer; only otherwise (caps or
+# identities filter out most of the head) are all actors sampled, which reads
+# up to residual * oversample jobs of each.
 _STRICT_CANDIDATES: Final = """
+head AS (
+    SELECT h.*,
+           ROW_NUMBER() OVER (PARTITION BY h.queue, h.actor ORDER BY <ORDER:h>) AS actor_pos
+    FROM (
+        SELECT c.*
+        FROM params p
+        CROSS JOIN unnest(p.queues) AS q (queue)
+        CROSS JOIN LATERAL (
+            SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
+                   NULL::bigint AS fairness_rank
+            FROM {schema}.jobs j
+            WHERE j.status = 'pending' AND j.queue = q.queue AND j.scheduled_at <= p.now
+            ORDER BY j.priority DESC, j.scheduled_at, j.id
+            LIMIT p.limit_n * p.oversample
+        ) c
+        ORDER BY <ORDER:c>
+        LIMIT (SELECT p.limit_n * p.oversample FROM params p)
+    ) h
+),
+head_candidates AS (
+    SELECT h.id, h.actor, h.queue, h.priority, h.scheduled_at, h.identity_key, h.fairness_rank
+    FROM head h
+    JOIN per_actor_capacity pac ON pac.actor = h.actor
+    CROSS JOIN params p
+    WHERE h.actor_pos <= pac.residual * p.oversample
+),<ADMIT:head_admitted:head_candidates>
+head_suffices (ok) AS (
+    SELECT (SELECT count(*) FROM head_admitted) >= p.limit_n
+           OR (SELECT count(*) FROM head) < p.limit_n * p.oversample
+    FROM params p
+),
 candidates AS (
     SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key,
            NULL::bigint AS fairness_rank
@@ -71,7 +119,12 @@ candidates AS (
         ORDER BY j.priority DESC, j.scheduled_at, j.id
         LIMIT pac.residual * p.oversample
     ) c
-    WHERE pa.actor IS NOT NULL AND pac.residual > 0
+    WHERE pa.actor IS NOT NULL AND pac.residual > 0 AND NOT (SELECT hs.ok FROM head_suffices hs)
+),<ADMIT:sampled_admitted:candidates>
+admitted AS (
+    SELECT * FROM head_admitted WHERE (SELECT hs.ok FROM head_suffices hs)
+    UNION ALL
+    SELECT * FROM sampled_admitted
 ),"""
 
 # Round robin ranks each job within its fairness cohort: first among its
@@ -108,6 +161,34 @@ candidates AS (
         LIMIT pac.residual * p.oversample
     ) c
     WHERE pa.actor IS NOT NULL AND pac.residual > 0
+),<ADMIT:admitted:candidates>"""
+
+# What the candidates of <SOURCE> admit: identity dedup (one job per (actor,
+# identity_key), none whose identity is running), then at most residual jobs
+# per actor, by pending_rank.
+_ADMIT: Final = """
+<NAME>_dedup AS (
+    (
+        SELECT DISTINCT ON (c.actor, c.identity_key) c.*
+        FROM <SOURCE> c
+        WHERE c.identity_key IS NOT NULL
+          AND NOT EXISTS (
+              SELECT 1 FROM running_identities ri
+              WHERE ri.actor = c.actor AND ri.identity_key = c.identity_key
+          )
+        ORDER BY c.actor, c.identity_key, <ORDER:c>
+    )
+    UNION ALL
+    SELECT c.* FROM <SOURCE> c WHERE c.identity_key IS NULL
+),
+<NAME> AS (
+    SELECT r.*
+    FROM (
+        SELECT d.*, ROW_NUMBER() OVER (PARTITION BY d.actor ORDER BY <ORDER:d>) AS pending_rank
+        FROM <NAME>_dedup d
+    ) r
+    JOIN per_actor_capacity pac ON pac.actor = r.actor
+    WHERE r.pending_rank <= pac.residual
 ),"""
 
 _DISPATCH_TEMPLATE: Final = """
@@ -156,35 +237,11 @@ per_actor_capacity AS (
     LEFT JOIN {schema}.actor_config ac ON ac.actor = a.actor
     LEFT JOIN running_per_actor r ON r.actor = a.actor
 ),<CANDIDATES>
-identity_dedup AS (
-    (
-        SELECT DISTINCT ON (c.actor, c.identity_key) c.*
-        FROM candidates c
-        WHERE c.identity_key IS NOT NULL
-          AND NOT EXISTS (
-              SELECT 1 FROM running_identities ri
-              WHERE ri.actor = c.actor AND ri.identity_key = c.identity_key
-          )
-        ORDER BY c.actor, c.identity_key, <ORDER:c>
-    )
-    UNION ALL
-    SELECT c.* FROM candidates c WHERE c.identity_key IS NULL
-),
-ranked AS (
-    SELECT d.*, ROW_NUMBER() OVER (PARTITION BY d.actor ORDER BY <ORDER:d>) AS pending_rank
-    FROM identity_dedup d
-),
 -- The candidates are put in order before the join with jobs, so the nested loop
 -- stops locking once it has limit_n rows instead of joining every candidate first.
 locked AS (
     SELECT r.id, r.actor, r.queue, r.priority, r.scheduled_at, r.fairness_rank
-    FROM (
-        SELECT r.*
-        FROM ranked r
-        JOIN per_actor_capacity pac ON pac.actor = r.actor
-        WHERE r.pending_rank <= pac.residual
-        ORDER BY <ORDER:r>
-    ) r
+    FROM (SELECT r.* FROM admitted r ORDER BY <ORDER:r>) r
     JOIN {schema}.jobs j ON j.id = r.id
     WHERE j.status = 'pending'
     ORDER BY <ORDER:r>
@@ -241,10 +298,20 @@ _STRICT_ORDER: Final = "{a}.priority DESC, {a}.scheduled_at, {a}.id"
 _ROUND_ROBIN_ORDER: Final = "{a}.fairness_rank, {a}.priority DESC, {a}.scheduled_at, {a}.id"
 
 
+def _admit(candidates: str) -> str:
+    """``candidates`` with each ``<ADMIT:name:source>`` replaced by the admission CTEs."""
+    head, *parts = candidates.split("<ADMIT:")
+    for part in parts:
+        spec, _, rest = part.partition(">")
+        name, source = spec.split(":")
+        head += _ADMIT.replace("<NAME>", name).replace("<SOURCE>", source) + rest
+    return head
+
+
 def _variant(candidates: str, order: str, rr_param: str) -> str:
-    sql = _DISPATCH_TEMPLATE.replace("<CANDIDATES>", candidates).replace("<RR_PARAM>", rr_param)
-    sql = sql.replace("<JOB_COLUMNS>", job_columns("j"))
-    for alias in "cdrle":
+    sql = _DISPATCH_TEMPLATE.replace("<CANDIDATES>", _admit(candidates))
+    sql = sql.replace("<RR_PARAM>", rr_param).replace("<JOB_COLUMNS>", job_columns("j"))
+    for alias in "cdhrle":
         sql = sql.replace(f"<ORDER:{alias}>", order.replace("{a}", alias))
     return sql
 

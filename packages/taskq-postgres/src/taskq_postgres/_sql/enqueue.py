@@ -11,6 +11,7 @@ __all__ = [
     "COPY_COLUMNS",
     "ENQUEUE",
     "ENQUEUE_CONFLICTS",
+    "ENQUEUE_ONE",
     "EXISTING_BY_KEY",
     "NOTIFY",
     "SINGLETON_LOCKS",
@@ -87,6 +88,32 @@ WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.id = i.id)
 """
 )
 
+ENQUEUE_ONE: Final = (
+    """
+-- arbiter: clock_timestamp() (created_at; scheduled_at = now + delay; deadline = now + schedule_to_close)
+-- ENQUEUE for its common case, one job without an idempotency key: no arrays to
+-- unnest, no conflict to resolve, no existing row to look up. $1..$16 as the
+-- arrays of ENQUEUE (tags as text[]); $17 is the wake channel, or NULL.
+INSERT INTO {schema}.jobs AS j (
+    id, actor, queue, status, priority, payload, scheduled_at, created_at, enqueued_at,
+    max_attempts, identity_key, fairness_key, schedule_to_close_deadline,
+    timeout, result_ttl, metadata, tags, trace_id, span_id, updated_at
+)
+SELECT
+    $1::uuid, $2::text, $3::text,
+    CASE WHEN $6::interval > interval '0' THEN 'scheduled' ELSE 'pending' END::{schema}.job_status,
+    $4::int, $5::text::jsonb,
+    CASE WHEN $6::interval > interval '0' THEN n.ts + $6::interval ELSE n.ts END,
+    n.ts, n.ts, $7::int, $8::text, $9::text, n.ts + $10::interval, $11::interval, $12::interval,
+    $13::text::jsonb, $14::text[], $15::text, $16::text, n.ts
+FROM (SELECT clock_timestamp() AS ts) AS n
+RETURNING """
+    + _J
+    + """,
+    CASE WHEN $17::text IS NOT NULL THEN pg_notify($17::text, '') END AS notified
+"""
+)
+
 EXISTING_BY_KEY: Final = (
     """
 -- arbiter: none (a lookup by key)
@@ -129,8 +156,10 @@ WHERE j.status IN ('pending', 'scheduled', 'running')
 
 CLOCK_NOW: Final = """
 -- arbiter: clock_timestamp() (the instant COPY'd jobs are created at)
--- $1 is the wake channel: the notify is sent when the COPY's transaction commits.
-SELECT clock_timestamp() AS now, pg_notify($1::text, '') AS notified
+-- $1 is the wake channel (or NULL: no wake): the notify is sent when the COPY's
+-- transaction commits.
+SELECT clock_timestamp() AS now,
+       CASE WHEN $1::text IS NOT NULL THEN pg_notify($1::text, '') END AS notified
 """
 
 NOTIFY: Final = """

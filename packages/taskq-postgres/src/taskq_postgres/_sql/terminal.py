@@ -21,6 +21,7 @@ __all__ = [
     "MARK_RETRY_AFTER",
     "MARK_SNOOZED",
     "MARK_SUCCEEDED",
+    "MARK_SUCCEEDED_MANY",
     "RECORD_PROGRESS",
     "RETRY_JOB",
     "WRITE_ATTEMPT",
@@ -78,6 +79,61 @@ event AS (
     FROM updated u
 )
 SELECT count(*) AS changed FROM updated
+""",
+)
+
+MARK_SUCCEEDED_MANY: Final = TransitionSQL.of(
+    _S.RUNNING,
+    _S.SUCCEEDED,
+    """
+-- arbiter: clock_timestamp() (finished_at; result_expires_at = now + ttl)
+-- MARK_SUCCEEDED for a list: $1 worker, $2 fallback result ttl, then one element per
+-- job in the parallel arrays $3 ids, $4 attempts (NULL: any), $5 results (JSON text),
+-- $6 progress_seq, $7 progress_state. Each row keeps its own ownership guard; the ids
+-- that moved come back. Rows are locked in id order so two lists cannot deadlock.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+input AS (
+    SELECT DISTINCT ON (i.id) i.*
+    FROM unnest($3::uuid[], $4::int[], $5::text[], $6::bigint[], $7::text[])
+        AS i (id, attempt, result, progress_seq, progress_state)
+    ORDER BY i.id
+),
+owned AS (
+    SELECT j.id, j.attempt, j.started_at, j.locked_by_worker,
+           i.result, i.progress_seq, i.progress_state
+    FROM {schema}.jobs j JOIN input i ON i.id = j.id
+    WHERE j.status = 'running' AND j.locked_by_worker = $1
+      AND (i.attempt IS NULL OR j.attempt = i.attempt)
+    ORDER BY j.id
+    FOR UPDATE OF j
+),
+updated AS (
+    UPDATE {schema}.jobs j
+    SET status = 'succeeded', finished_at = n.ts, updated_at = n.ts,
+        locked_by_worker = NULL, lock_expires_at = NULL,
+        result = o.result::jsonb,
+        result_expires_at = n.ts + coalesce(j.result_ttl, $2::interval),
+        progress_seq = greatest(j.progress_seq, o.progress_seq),
+        progress_state = CASE WHEN o.progress_seq > j.progress_seq THEN o.progress_state::jsonb
+                              ELSE j.progress_state END
+    FROM owned o CROSS JOIN now n
+    WHERE j.id = o.id AND j.status = 'running'
+    RETURNING j.id
+),
+attempt AS (
+    INSERT INTO {schema}.job_attempts
+        (job_id, attempt, worker_id, started_at, finished_at, duration_ms, outcome)
+    SELECT o.id, o.attempt, o.locked_by_worker, o.started_at, n.ts, """
+    + _DURATION_MS
+    + """, 'succeeded'
+    FROM owned o JOIN updated u ON u.id = o.id CROSS JOIN now n
+),
+event AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT u.id, 'state_change', '{"from_state": "running", "to_state": "succeeded"}'
+    FROM updated u
+)
+SELECT u.id FROM updated u
 """,
 )
 

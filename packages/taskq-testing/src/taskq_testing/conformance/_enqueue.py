@@ -14,6 +14,7 @@ from taskq.models import ActorConfig, EnqueueArgs, JobFilter, JobRow
 from taskq_testing.conformance._support import (
     ACTOR,
     FAR,
+    LONG_LEASE,
     AdvanceTime,
     assert_close,
     assert_utc,
@@ -102,9 +103,15 @@ def _assert_fresh(row: JobRow) -> None:
 class EnqueueTests:
     """``enqueue`` and its batch/connection variants; actor settings for backpressure."""
 
+    @pytest.mark.parametrize("keyed", [True, False], ids=["idempotency-key", "no-key"])
     @covers("enqueue", "get")
-    async def test_enqueue_stores_a_pending_job_as_given(self, backend: Backend) -> None:
+    async def test_enqueue_stores_a_pending_job_as_given(
+        self, backend: Backend, keyed: bool
+    ) -> None:
+        # Without a key, Postgres takes a leaner statement: both must store the same.
         args = _full_args()
+        if not keyed:
+            args = args.model_copy(update={"idempotency_key": None})
         row = await backend.enqueue(args)
         _assert_stored_as_given(row, args)
         _assert_fresh(row)
@@ -156,6 +163,23 @@ class EnqueueTests:
             await _INSERTS[method](backend, transaction_conn, make_args())
             await wait_for_wake(first)
             await wait_for_wake(second)
+
+    @covers("subscribe_wake", "enqueue", "dispatch_batch")
+    async def test_enqueues_right_after_a_wake_still_wake(self, backend: Backend) -> None:
+        # Postgres coalesces the NOTIFYs of enqueues close together: those of the
+        # burst go out as one trailing wake, which must come all the same.
+        queue, burst = f"burst-{uuid4().hex[:8]}", 10
+        async with backend.subscribe_wake() as wake:
+            await backend.enqueue(make_args(queue=queue))
+            await wait_for_wake(wake)
+            wake.clear()
+            for _ in range(burst):
+                await backend.enqueue(make_args(queue=queue))
+            found = 0
+            while found < burst + 1:
+                await wait_for_wake(wake)
+                wake.clear()
+                found += len(await backend.dispatch_batch(uuid4(), [queue], 20, LONG_LEASE))
 
     # -- idempotency ------------------------------------------------------------
 
@@ -342,12 +366,15 @@ class EnqueueTests:
         ]
         assert_close(rows[1].scheduled_at, rows[1].created_at + FAR)
 
+    @pytest.mark.parametrize("keyed", [True, False], ids=["idempotency-key", "no-key"])
     @covers("enqueue_with_conn")
     async def test_enqueue_with_conn_inserts_what_enqueue_would(
-        self, backend: Backend, transaction_conn: Connection
+        self, backend: Backend, transaction_conn: Connection, keyed: bool
     ) -> None:
         require_conn(backend, transaction_conn)
         args = _full_args(delay=FAR, schedule_to_close=timedelta(hours=2))
+        if not keyed:
+            args = args.model_copy(update={"idempotency_key": None})
         row = await backend.enqueue_with_conn(transaction_conn, args)
         _assert_stored_as_given(row, args)
         _assert_fresh(row)

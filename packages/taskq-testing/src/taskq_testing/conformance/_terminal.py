@@ -10,8 +10,8 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from taskq.backend import Backend, CancelPhase, Connection, JobStatus
-from taskq.models import AttemptOutcome, JobRow
+from taskq.backend import Backend, CancelPhase, Connection, JobStatus, SupportsBatchedSuccess
+from taskq.models import AttemptOutcome, JobRow, SuccessWrite
 from taskq_testing.conformance._support import (
     ERROR,
     FAR,
@@ -69,6 +69,22 @@ async def _succeed_conn(
     return await b.mark_succeeded_with_conn(conn, job, worker, {"ok": True}, attempt=attempt)
 
 
+def batched(backend: Backend) -> SupportsBatchedSuccess:
+    """``backend`` as a ``SupportsBatchedSuccess``; skips the test when it is not one."""
+    if not isinstance(backend, SupportsBatchedSuccess):
+        pytest.skip(f"{type(backend).__name__} does not implement SupportsBatchedSuccess")
+    return backend
+
+
+async def _succeed_many(
+    b: Backend, conn: Connection, job: UUID, worker: UUID, attempt: int | None
+) -> object:
+    [flag] = await batched(b).mark_succeeded_many(
+        worker, [SuccessWrite(job_id=job, attempt=attempt, result={"ok": True})]
+    )
+    return flag
+
+
 async def _fail(
     b: Backend, conn: Connection, job: UUID, worker: UUID, attempt: int | None
 ) -> object:
@@ -113,6 +129,7 @@ _WRITES = [
     _Write(
         "mark_succeeded_with_conn", _succeed_conn, JobStatus.SUCCEEDED, "succeeded", False, True
     ),
+    _Write("mark_succeeded_many", _succeed_many, JobStatus.SUCCEEDED, "succeeded", False, True),
     _Write("mark_failed_or_retry", _fail, JobStatus.FAILED, "failed", _RETURNS_ROW, _RETURNS_ROW),
     _Write("mark_cancelled", _cancel, JobStatus.CANCELLED, "cancelled", False, True),
     _Write("write_cancel_escalation", _escalate, JobStatus.RUNNING, None, False, True, 1),
@@ -122,8 +139,10 @@ _WRITES = [
         "mark_retry_after", _retry_after, JobStatus.SCHEDULED, "retry_after", "noop", "scheduled"
     ),
 ]
-_WRITE_NAMES = [w.name for w in _WRITES]
+# ``covers`` names Backend members; optional-protocol writes are checked all the same.
+_WRITE_NAMES = [w.name for w in _WRITES if hasattr(Backend, w.name)]
 _GUARDED = [w for w in _WRITES if w.guarded]
+_GUARDED_NAMES = [w.name for w in _GUARDED if hasattr(Backend, w.name)]
 
 _NOT_RUNNING_WITHOUT_WAIT = [
     JobStatus.PENDING,
@@ -262,7 +281,7 @@ class TerminalWriteTests:
         await assert_history_consistent(backend, job.id)
 
     @pytest.mark.parametrize("write", _GUARDED, ids=str)
-    @covers(*(w.name for w in _GUARDED))
+    @covers(*_GUARDED_NAMES)
     async def test_another_worker_cannot_write(
         self, backend: Backend, transaction_conn: Connection, write: _Write
     ) -> None:
@@ -279,7 +298,7 @@ class TerminalWriteTests:
         assert result == _expected(write.done, await fetch(backend, job.id))
 
     @pytest.mark.parametrize("write", _GUARDED, ids=str)
-    @covers(*(w.name for w in _GUARDED))
+    @covers(*_GUARDED_NAMES)
     async def test_a_stale_attempt_number_cannot_write(
         self, backend: Backend, transaction_conn: Connection, write: _Write
     ) -> None:
@@ -423,6 +442,97 @@ class TerminalWriteTests:
         assert not await backend.record_progress(job.id, worker, 9, {"done": 90})
         done = await fetch(backend, job.id)
         assert (done.progress_seq, done.progress_state) == (2, {"done": 20})
+
+    # -- mark_succeeded_many (SupportsBatchedSuccess) ---------------------------------
+
+    async def test_mark_succeeded_many_judges_each_item_on_its_own(self, backend: Backend) -> None:
+        many = batched(backend)
+        worker = uuid4()
+        fenced = await running_job(backend, worker_id=worker)
+        unfenced = await running_job(backend, worker_id=worker)
+        foreign = await running_job(backend, worker_id=uuid4())
+        stale = await _attempt_two(backend, worker, 0)
+        finished = await running_job(backend, worker_id=worker)
+        assert await backend.mark_succeeded(finished.id, worker, "first")
+        untouched = [foreign, stale, finished]
+        before = [await _snapshot(backend, job.id) for job in untouched]
+        flags = await many.mark_succeeded_many(
+            worker,
+            [
+                SuccessWrite(job_id=fenced.id, attempt=1, result={"n": 1}),
+                SuccessWrite(job_id=foreign.id, attempt=1, result="not yours"),
+                SuccessWrite(job_id=stale.id, attempt=1, result="stale"),
+                SuccessWrite(job_id=uuid4(), result="unknown"),
+                SuccessWrite(job_id=finished.id, result="twice"),
+                SuccessWrite(
+                    job_id=unfenced.id, result=[2], progress_seq=3, progress_state={"p": 3}
+                ),
+            ],
+        )
+        assert flags == [True, False, False, False, False, True]
+        assert [await _snapshot(backend, job.id) for job in untouched] == before
+        for job, result, progress in [
+            (fenced, {"n": 1}, (0, None)),
+            (unfenced, [2], (3, {"p": 3})),
+        ]:
+            done = await fetch(backend, job.id)
+            assert (done.status, done.result) == (JobStatus.SUCCEEDED, result)
+            assert (done.progress_seq, done.progress_state) == progress
+            assert done.locked_by_worker is None and done.lock_expires_at is None
+            attempt = only_attempt(await backend.get_attempts(job.id))
+            assert (attempt.attempt, attempt.outcome, attempt.worker_id) == (
+                1,
+                "succeeded",
+                worker,
+            )
+            event = await last_event(backend, job.id)
+            assert event.detail == {"from_state": "running", "to_state": "succeeded"}
+            assert_close(done.finished_at, event.occurred_at)
+            await assert_history_consistent(backend, job.id)
+
+    @pytest.mark.parametrize(
+        ("result_ttl", "fallback", "expected"),
+        [
+            (None, None, None),
+            (timedelta(hours=1), timedelta(hours=2), timedelta(hours=1)),
+            (None, timedelta(hours=2), timedelta(hours=2)),
+        ],
+        ids=["no-ttl", "job-ttl-wins", "fallback-ttl"],
+    )
+    async def test_mark_succeeded_many_expires_results_like_mark_succeeded(
+        self,
+        backend: Backend,
+        result_ttl: timedelta | None,
+        fallback: timedelta | None,
+        expected: timedelta | None,
+    ) -> None:
+        many = batched(backend)
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker, result_ttl=result_ttl)
+        assert await many.mark_succeeded_many(
+            worker, [SuccessWrite(job_id=job.id, result=None)], fallback
+        ) == [True]
+        done = await fetch(backend, job.id)
+        assert done.result is None
+        if expected is None:
+            assert done.result_expires_at is None
+        else:
+            assert done.finished_at is not None
+            assert_close(done.result_expires_at, done.finished_at + expected)
+
+    async def test_mark_succeeded_many_keeps_newer_progress(self, backend: Backend) -> None:
+        many = batched(backend)
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker)
+        assert await backend.record_progress(job.id, worker, 5, {"at": 5})
+        assert await many.mark_succeeded_many(
+            worker, [SuccessWrite(job_id=job.id, progress_seq=2, progress_state={"at": 2})]
+        ) == [True]
+        done = await fetch(backend, job.id)
+        assert (done.progress_seq, done.progress_state) == (5, {"at": 5})
+
+    async def test_mark_succeeded_many_of_nothing_is_nothing(self, backend: Backend) -> None:
+        assert await batched(backend).mark_succeeded_many(uuid4(), []) == []
 
     # -- mark_failed_or_retry ---------------------------------------------------------
 

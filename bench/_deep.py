@@ -1,0 +1,120 @@
+"""Deep queues: the latency of one dispatch of 100 with N jobs pending.
+
+The backlog is written by one ``INSERT … SELECT … FROM generate_series`` (the
+columns a plain enqueue writes; the rest take their defaults), then
+``VACUUM ANALYZE``: loading a million jobs through the client would take
+minutes and measure nothing of interest here. The jobs are spread over
+``ACTORS`` actors of the ``default`` queue, registered uncapped as a worker
+registers its actors, in FIFO order (actor ``g % ACTORS`` for the ``g``-th job).
+
+Each sample times ``PostgresBackend.dispatch_batch`` (the queue-settings
+lookup and the dispatch statement) on the client's clock, then puts the
+dispatched jobs back to pending and deletes their events, untimed, so the
+depth and the number of running jobs stay constant from sample to sample.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from datetime import timedelta
+from typing import Any, Final
+from uuid import uuid4
+
+import asyncpg
+from bench._common import NAP_PAYLOAD, Result
+from bench.latency import _percentile
+
+from taskq.identifiers import check_identifier
+from taskq.models import ActorConfig
+from taskq_postgres import PostgresBackend
+
+ACTORS: Final = 50
+BATCH: Final = 100
+_WARMUP: Final = 3
+_LEASE: Final = timedelta(minutes=5)
+
+
+def scenario_name(depth: int) -> str:
+    """``taskq_dispatch100_at_10k`` and the like."""
+    label = f"{depth // 1_000_000}m" if depth % 1_000_000 == 0 else f"{depth // 1_000}k"
+    return f"taskq_dispatch{BATCH}_at_{label}"
+
+
+def _actor(i: int) -> str:
+    return f"nap_{i:02d}"
+
+
+async def _load(conn: asyncpg.Connection[Any], schema: str, depth: int, seconds: float) -> None:
+    s = check_identifier(schema)
+    # Bounded like the rest of the scenario: a load that would outlast the limit fails.
+    await conn.execute(f"SET statement_timeout = {max(1, int(seconds * 1000))}")
+    await conn.execute(
+        f"""
+        INSERT INTO {s}.jobs (actor, queue, payload, scheduled_at, created_at, enqueued_at)
+        SELECT 'nap_' || lpad((g % {ACTORS})::text, 2, '0'), 'default', $1::jsonb,
+               t.start + g * interval '1 microsecond', t.start, t.start
+        FROM (SELECT clock_timestamp() - interval '1 hour' AS start) t,
+             generate_series(1, $2::int) AS g
+        """,
+        json.dumps(NAP_PAYLOAD),
+        depth,
+    )
+    await conn.execute("RESET statement_timeout")
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+
+
+async def dispatch_latency(
+    dsn: str, schema: str, depth: int, samples: int, time_limit: float
+) -> Result:
+    """``samples`` timed dispatches of ``BATCH`` on a backlog of ``depth`` pending jobs."""
+    deadline = time.monotonic() + time_limit
+    name = scenario_name(depth)
+    s = check_identifier(schema)
+    conn = await asyncpg.connect(dsn)
+    backend = PostgresBackend(dsn, schema=schema, min_pool_size=1, max_pool_size=1)
+    extra: dict[str, Any] = {"pending": depth, "actors": ACTORS, "batch": BATCH}
+    latencies: list[float] = []
+    try:
+        await _load(conn, schema, depth, deadline - time.monotonic())
+        await backend.open()
+        await backend.register_actors([ActorConfig(actor=_actor(i)) for i in range(ACTORS)])
+        restore = await conn.prepare(
+            f"""
+            WITH back AS (
+                UPDATE {s}.jobs
+                SET status = 'pending', attempt = attempt - 1, locked_by_worker = NULL,
+                    lock_expires_at = NULL, started_at = NULL
+                WHERE id = ANY($1::uuid[]) AND status = 'running'
+                RETURNING id
+            )
+            DELETE FROM {s}.job_events e USING back WHERE e.job_id = back.id
+            """
+        )
+        worker_id = uuid4()
+        for i in range(_WARMUP + samples):
+            if time.monotonic() > deadline:
+                extra["error"] = f"timed out after {len(latencies)} of {samples} samples"
+                break
+            started = time.perf_counter()
+            rows = await backend.dispatch_batch(worker_id, ["default"], BATCH, _LEASE)
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            await restore.fetch([row.id for row in rows])
+            if len(rows) != BATCH:
+                extra["error"] = f"a dispatch returned {len(rows)} jobs, not {BATCH}"
+                break
+            if i >= _WARMUP:
+                latencies.append(elapsed_ms)
+    finally:
+        await backend.close()
+        await conn.close()
+    extra["samples"] = len(latencies)
+    if latencies:
+        extra.update(
+            p50_ms=round(statistics.median(latencies), 2),
+            p95_ms=round(_percentile(latencies, 0.95), 2),
+            p99_ms=round(_percentile(latencies, 0.99), 2),
+            max_ms=round(max(latencies), 2),
+        )
+    return Result(name, depth, None, extra)

@@ -1,0 +1,119 @@
+"""The connections of the enqueue path: a pinned one for one-job enqueues, and session
+resets only for connections lent to caller code."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from taskq import EnqueueArgs
+from taskq_postgres import PostgresBackend
+from taskq_testing.postgres import PgSchema
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def backend(pg_pooled_schema: PgSchema) -> AsyncIterator[PostgresBackend]:
+    backend = PostgresBackend(
+        pg_pooled_schema.dsn, schema=pg_pooled_schema.name, min_pool_size=1, max_pool_size=3
+    )
+    await backend.open()
+    yield backend
+    await backend.close()
+
+
+async def test_a_lent_connection_is_reset_when_it_comes_back(backend: PostgresBackend) -> None:
+    async with backend.connection() as conn:
+        pid = conn.get_server_pid()
+        await conn.execute("SET statement_timeout = '1234ms'")
+        await conn.execute("SELECT pg_advisory_lock(4242)")
+    async with backend.connection() as conn:
+        assert conn.get_server_pid() == pid  # the pool is LIFO: the same session
+        assert await conn.fetchval("SHOW statement_timeout") == "0"
+        held = await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1", pid
+        )
+        assert held == 0
+
+
+async def test_concurrent_enqueues_share_the_pinned_connection_and_the_pool(
+    backend: PostgresBackend,
+) -> None:
+    rows = await asyncio.gather(*(backend.enqueue(EnqueueArgs(actor="a")) for _ in range(12)))
+    assert len({row.id for row in rows}) == 12
+    for row in rows:
+        assert await backend.get(row.id) == row
+
+
+async def test_a_cancelled_enqueue_leaves_the_pinned_connection_usable(
+    backend: PostgresBackend,
+) -> None:
+    await backend.enqueue(EnqueueArgs(actor="a"))  # pins a connection
+    task = asyncio.create_task(backend.enqueue(EnqueueArgs(actor="a")))
+    await asyncio.sleep(0)  # let it send its statement
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    row = await backend.enqueue(EnqueueArgs(actor="a"))
+    assert await backend.get(row.id) == row
+
+
+async def test_a_failed_enqueue_leaves_the_pinned_connection_usable(
+    backend: PostgresBackend,
+) -> None:
+    first = await backend.enqueue(EnqueueArgs(actor="a"))
+    with pytest.raises(ValueError, match="already exists"):
+        await backend.enqueue(EnqueueArgs(id=first.id, actor="a"))
+    row = await backend.enqueue(EnqueueArgs(actor="a"))
+    assert await backend.get(row.id) == row
+
+
+async def test_close_returns_the_pinned_connection_and_reopen_pins_anew(
+    backend: PostgresBackend,
+) -> None:
+    await backend.enqueue(EnqueueArgs(actor="a"))
+    await asyncio.wait_for(backend.close(), 10)  # would wait forever on a held connection
+    await backend.open()
+    row = await backend.enqueue(EnqueueArgs(actor="a"))
+    assert await backend.get(row.id) == row
+
+
+async def test_a_credential_reload_replaces_the_pinned_connection(
+    backend: PostgresBackend,
+) -> None:
+    async def pinned_pid() -> int:
+        async with backend.connection() as conn:
+            # The pinned session is the one that inserted the job's row last.
+            return int(
+                await conn.fetchval(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = $1 "
+                    "AND pid <> pg_backend_pid() AND query LIKE '%INSERT INTO%'",
+                    f"taskq-pool/{backend.instance_id}",
+                )
+            )
+
+    await backend.enqueue(EnqueueArgs(actor="a"))
+    before = await pinned_pid()
+    await backend.reload_credentials()
+    await backend.enqueue(EnqueueArgs(actor="a"))
+    assert await pinned_pid() != before
+
+
+async def test_a_pool_of_one_connection_is_not_pinned(pg_pooled_schema: PgSchema) -> None:
+    # Pinned, its only connection would leave nothing for the trailing wake or a caller.
+    backend = PostgresBackend(
+        pg_pooled_schema.dsn, schema=pg_pooled_schema.name, min_pool_size=1, max_pool_size=1
+    )
+    await backend.open()
+    try:
+        async with asyncio.timeout(10):
+            for _ in range(3):
+                await backend.enqueue(EnqueueArgs(actor="a"))  # some coalesced: a flush follows
+            async with backend.connection() as conn:
+                count = await conn.fetchval(f"SELECT count(*) FROM {backend.schema}.jobs")
+                assert count == 3
+    finally:
+        await asyncio.wait_for(backend.close(), 10)

@@ -1,0 +1,85 @@
+"""``WakeCoalescer`` on its own: which enqueue notifies, and when the trailing wake goes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from taskq_postgres._wake import WakeCoalescer
+
+HOUR = 3600.0
+
+
+class Sends:
+    """A ``send`` that records each trailing NOTIFY."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.count = 0
+        self.fail = fail
+        self.event = asyncio.Event()
+
+    async def __call__(self) -> None:
+        self.count += 1
+        self.event.set()
+        if self.fail:
+            raise ConnectionError("server went away")
+
+
+async def test_only_the_first_enqueue_of_a_window_notifies() -> None:
+    sends = Sends()
+    wakes = WakeCoalescer(sends, HOUR)
+    with wakes.around("ch") as first:
+        pass
+    with wakes.around("ch") as second:
+        pass
+    assert (first, second) == ("ch", None)
+    assert sends.count == 0  # the trailing wake waits for the window's end
+    await wakes.close()
+    assert sends.count == 1
+
+
+async def test_a_skipped_enqueue_still_running_is_not_covered_until_it_finishes() -> None:
+    sends = Sends()
+    wakes = WakeCoalescer(sends, 0.01)
+    with wakes.around("ch"):
+        pass
+    with wakes.around("ch") as channel:
+        assert channel is None
+        # The window ends while this enqueue has not committed: nothing is sent for it.
+        await asyncio.sleep(0.05)
+        assert sends.count == 0
+    await asyncio.wait_for(sends.event.wait(), 10)
+    assert sends.count == 1
+
+
+async def test_a_zero_window_never_coalesces() -> None:
+    sends = Sends()
+    wakes = WakeCoalescer(sends, 0.0)
+    with wakes.around("ch") as first, wakes.around("ch") as second:
+        assert (first, second) == ("ch", "ch")
+    await wakes.close()
+    assert sends.count == 0
+
+
+async def test_a_failed_skipped_enqueue_is_owed_a_wake() -> None:
+    # Its commit may have happened with only the reply lost.
+    sends = Sends()
+    wakes = WakeCoalescer(sends, HOUR)
+    with wakes.around("ch"):
+        pass
+    with pytest.raises(RuntimeError), wakes.around("ch"):
+        raise RuntimeError("insert failed")
+    await wakes.close()
+    assert sends.count == 1
+
+
+async def test_a_failed_trailing_notify_is_logged_not_raised() -> None:
+    sends = Sends(fail=True)
+    wakes = WakeCoalescer(sends, HOUR)
+    with wakes.around("ch"):
+        pass
+    with wakes.around("ch"):
+        pass
+    await wakes.close()
+    assert sends.count == 1

@@ -16,7 +16,6 @@ depth and the number of running jobs stay constant from sample to sample.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from datetime import timedelta
 from typing import Any, Final
@@ -24,7 +23,7 @@ from uuid import uuid4
 
 import asyncpg
 from bench._common import NAP_PAYLOAD, Result
-from bench.latency import _percentile
+from bench.latency import latency_figures
 
 from taskq.identifiers import check_identifier
 from taskq.models import ActorConfig
@@ -111,10 +110,5 @@ async def dispatch_latency(
         await conn.close()
     extra["samples"] = len(latencies)
     if latencies:
-        extra.update(
-            p50_ms=round(statistics.median(latencies), 2),
-            p95_ms=round(_percentile(latencies, 0.95), 2),
-            p99_ms=round(_percentile(latencies, 0.99), 2),
-            max_ms=round(max(latencies), 2),
-        )
+        extra.update(latency_figures(latencies))
     return Result(name, depth, None, extra)

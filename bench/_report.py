@@ -5,21 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bench._common import Result
+from bench._common import FIGURES, Result
 
-_DETAIL_KEYS = (
-    "p50_ms",
-    "p95_ms",
-    "p99_ms",
-    "max_ms",
-    "rss_warm_mb",
-    "rss_end_mb",
-    "rss_peak_mb",
-    "rss_growth_pct",
-    "error",
-    "skipped",
-    "failed_runs",
-)
+_DETAIL_KEYS = (*FIGURES, "error", "skipped", "failed_runs")
 _UNITS = {"ms": "ms", "mb": "MB", "pct": "%"}
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ from typing import Any
 
 import asyncpg
 from bench._common import NAP_PAYLOAD, Result, chunks, drain_span, stopwatch
-from bench.latency import REPO, _percentile, _start_worker
+from bench.latency import REPO, _start_worker, latency_figures
 
 from taskq import TaskQ
 from taskq.identifiers import check_identifier
@@ -120,12 +119,7 @@ async def latency(dsn: str, schema: str, rate: float, seconds: float) -> Result:
     if len(latencies) < n:
         extra["error"] = f"only {len(latencies)} of {n} jobs started within 30 s"
     if latencies:
-        extra.update(
-            p50_ms=round(statistics.median(latencies), 2),
-            p95_ms=round(_percentile(latencies, 0.95), 2),
-            p99_ms=round(_percentile(latencies, 0.99), 2),
-            max_ms=round(max(latencies), 2),
-        )
+        extra.update(latency_figures(latencies))
     return Result("taskq_latency", n, elapsed[0], extra)
 
 

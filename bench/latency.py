@@ -34,6 +34,16 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def latency_figures(latencies: list[float]) -> dict[str, float]:
+    """p50/p95/p99/max of ``latencies`` (ms), rounded for a JSON line."""
+    return {
+        "p50_ms": round(statistics.median(latencies), 2),
+        "p95_ms": round(_percentile(latencies, 0.95), 2),
+        "p99_ms": round(_percentile(latencies, 0.99), 2),
+        "max_ms": round(max(latencies), 2),
+    }
+
+
 def _start_worker(dsn: str, schema: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
     env.update(TASKQ_DSN=dsn, TASKQ_SCHEMA=schema, TASKQ_POLL_INTERVAL="30s")
@@ -65,10 +75,7 @@ async def _measure(dsn: str, schema: str, jobs: int, rate: float) -> dict[str, o
         "scenario": "enqueue_to_start_latency_idle_worker",
         "jobs": jobs,
         "rate_per_s": rate,
-        "p50_ms": round(statistics.median(latencies), 2),
-        "p95_ms": round(_percentile(latencies, 0.95), 2),
-        "p99_ms": round(_percentile(latencies, 0.99), 2),
-        "max_ms": round(max(latencies), 2),
+        **latency_figures(latencies),
     }
 
 

@@ -43,6 +43,24 @@ owned AS (
 
 _DURATION_MS: Final = "greatest((extract(epoch FROM n.ts - o.started_at) * 1000)::bigint, 0)"
 
+# The attempt row and event of every job ``updated`` moved to succeeded.
+_SUCCEEDED_HISTORY: Final = (
+    """
+attempt AS (
+    INSERT INTO {schema}.job_attempts
+        (job_id, attempt, worker_id, started_at, finished_at, duration_ms, outcome)
+    SELECT o.id, o.attempt, o.locked_by_worker, o.started_at, n.ts, """
+    + _DURATION_MS
+    + """, 'succeeded'
+    FROM owned o JOIN updated u ON u.id = o.id CROSS JOIN now n
+),
+event AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT u.id, 'state_change', '{"from_state": "running", "to_state": "succeeded"}'
+    FROM updated u
+)"""
+)
+
 MARK_SUCCEEDED: Final = TransitionSQL.of(
     _S.RUNNING,
     _S.SUCCEEDED,
@@ -64,20 +82,9 @@ updated AS (
     FROM owned o CROSS JOIN now n
     WHERE j.id = o.id AND j.status = 'running'
     RETURNING j.id
-),
-attempt AS (
-    INSERT INTO {schema}.job_attempts
-        (job_id, attempt, worker_id, started_at, finished_at, duration_ms, outcome)
-    SELECT o.id, o.attempt, o.locked_by_worker, o.started_at, n.ts, """
-    + _DURATION_MS
-    + """, 'succeeded'
-    FROM owned o JOIN updated u ON u.id = o.id CROSS JOIN now n
-),
-event AS (
-    INSERT INTO {schema}.job_events (job_id, kind, detail)
-    SELECT u.id, 'state_change', '{"from_state": "running", "to_state": "succeeded"}'
-    FROM updated u
-)
+),"""
+    + _SUCCEEDED_HISTORY
+    + """
 SELECT count(*) AS changed FROM updated
 """,
 )
@@ -119,20 +126,9 @@ updated AS (
     FROM owned o CROSS JOIN now n
     WHERE j.id = o.id AND j.status = 'running'
     RETURNING j.id
-),
-attempt AS (
-    INSERT INTO {schema}.job_attempts
-        (job_id, attempt, worker_id, started_at, finished_at, duration_ms, outcome)
-    SELECT o.id, o.attempt, o.locked_by_worker, o.started_at, n.ts, """
-    + _DURATION_MS
-    + """, 'succeeded'
-    FROM owned o JOIN updated u ON u.id = o.id CROSS JOIN now n
-),
-event AS (
-    INSERT INTO {schema}.job_events (job_id, kind, detail)
-    SELECT u.id, 'state_change', '{"from_state": "running", "to_state": "succeeded"}'
-    FROM updated u
-)
+),"""
+    + _SUCCEEDED_HISTORY
+    + """
 SELECT u.id FROM updated u
 """,
 )

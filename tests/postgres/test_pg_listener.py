@@ -123,3 +123,45 @@ async def test_a_connection_factory_is_used_for_every_listen_connection(
             assert made == ["conn", "conn"]
     finally:
         await backend.close()
+
+
+async def test_a_health_check_failing_with_any_error_still_reconnects(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    """asyncpg can raise errors outside the transient tuple on a dying connection."""
+    made: list[asyncpg.Connection[Any]] = []
+
+    async def factory() -> asyncpg.Connection[Any]:
+        conn = await asyncpg.connect(pg_pooled_schema.dsn)
+        made.append(conn)
+        return conn
+
+    backend = PostgresBackend(
+        pg_pooled_schema.dsn,
+        schema=pg_pooled_schema.name,
+        notify_conn_factory=factory,
+        notify_health_check_interval=timedelta(milliseconds=100),
+    )
+    await backend.open()
+    try:
+        async with backend.subscribe_wake() as wake:
+            # The first connection's `SELECT 1` now fails with a plain ValueError.
+            await made[0].set_type_codec(
+                "int4",
+                schema="pg_catalog",
+                encoder=str,
+                decoder=_undecodable,
+                format="text",
+            )
+            await _until(lambda: backend.notify_reconnects == 1)
+            assert len(made) == 2 and made[0].is_closed()
+            wake.clear()
+            await backend.enqueue(EnqueueArgs(actor="a"))
+            async with asyncio.timeout(5):
+                await wake.wait()
+    finally:
+        await backend.close()
+
+
+def _undecodable(text: str) -> int:
+    raise ValueError(f"cannot decode {text!r}")

@@ -7,7 +7,7 @@ before the first subscriber gets its event, so nothing committed after that
 is missed.
 
 A health-check task runs ``SELECT 1`` on the connection every
-``health_check_interval``. When the check fails or the server drops the
+``health_check_interval``. When the check fails (for any reason) or the server drops the
 connection, it reconnects with bounded exponential backoff (up to 30 s),
 listens again and then sets every subscriber's event once: whatever was
 notified while nobody listened is picked up by one dispatch poll. While the
@@ -124,7 +124,11 @@ class NotifyListener:
         try:
             async with asyncio.timeout(self._health_check_interval):
                 await conn.fetchval("SELECT 1")
-        except self._transient as exc:
+        # Any failure means "replace the connection", not only the transient
+        # tuple: between a server-side termination and the socket's EOF asyncpg
+        # raises InternalClientError ("another operation is in progress"), and a
+        # health check that raised would end the keeper and with it every reconnect.
+        except Exception as exc:  # noqa: BLE001
             _log.warning("taskq.notify-health-check-failed", error=repr(exc))
             return False
         return True

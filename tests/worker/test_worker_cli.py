@@ -135,3 +135,23 @@ def test_the_command_timeout_bounds_every_postgres_statement() -> None:
     settings = WorkerSettings.load({"dispatcher_command_timeout": "2s"}, env={})
     backend: Any = _rebuild_app(app, settings).backend
     assert backend.command_timeout.total_seconds() == 2
+
+
+def test_the_worker_command_keeps_its_start_up_objects_out_of_the_collector(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gc
+
+    from taskq.worker.cli import main
+
+    for name in [k for k in os.environ if k.startswith("TASKQ_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TASKQ_POLL_INTERVAL", "50ms")
+    # configure_logging is once per process: keep this test's from reaching the others.
+    monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
+    gc.unfreeze()
+    try:
+        assert main(["tests.apps.basic:tq", "--until-idle"]) == 0
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

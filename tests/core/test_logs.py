@@ -1,0 +1,64 @@
+"""``bind_job_context``: a job's fields on every record inside, the outer context after."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from uuid import uuid4
+
+import structlog
+
+from taskq import JobStatus
+from taskq.logs import bind_job_context
+from taskq.models import JobRow
+
+
+def _job(actor: str) -> JobRow:
+    now = datetime.now(UTC)
+    return JobRow(
+        id=uuid4(),
+        actor=actor,
+        queue="default",
+        status=JobStatus.RUNNING,
+        payload={},
+        priority=0,
+        attempt=2,
+        max_attempts=3,
+        created_at=now,
+        scheduled_at=now,
+        identity_key="k",
+    )
+
+
+def test_the_job_fields_are_bound_inside_and_the_outer_values_come_back() -> None:
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(actor="outer", request="r1")
+    job = _job("inner")
+    try:
+        with bind_job_context(job):
+            inside = structlog.contextvars.get_contextvars()
+        after = structlog.contextvars.get_contextvars()
+    finally:
+        structlog.contextvars.clear_contextvars()
+    assert inside == {
+        "actor": "inner",
+        "request": "r1",
+        "job_id": str(job.id),
+        "queue": "default",
+        "attempt": 2,
+        "identity_key": "k",
+        "trace_id": None,
+    }
+    assert after == {"actor": "outer", "request": "r1"}
+
+
+def test_the_context_is_restored_when_the_job_raises() -> None:
+    structlog.contextvars.clear_contextvars()
+    try:
+        try:
+            with bind_job_context(_job("boom")):
+                raise RuntimeError("actor failed")
+        except RuntimeError:
+            pass
+        assert structlog.contextvars.get_contextvars() == {}
+    finally:
+        structlog.contextvars.clear_contextvars()

@@ -13,7 +13,7 @@ from taskq.models import JobRow
 
 
 def _job(actor: str) -> JobRow:
-    now = datetime.now(UTC)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
     return JobRow(
         id=uuid4(),
         actor=actor,

@@ -90,7 +90,9 @@ class Actor(Generic[P, R]):
     def validate_payload(self, payload: Any) -> Any:
         """The payload as the actor's payload type; ``PayloadValidationError`` names each bad field."""
         try:
-            return self._adapter.validate_python(payload)
+            # The adapter's core validator directly: TypeAdapter.validate_python adds
+            # ~3 µs of argument handling per call, paid on every enqueue and job start.
+            return self._adapter.validator.validate_python(payload)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or '<payload>'}: {err['msg']}"
@@ -103,7 +105,7 @@ class Actor(Generic[P, R]):
     def dump_payload(self, payload: Any) -> dict[str, Any]:
         """Validate and serialise a payload to the JSON object stored on the job."""
         value = self.validate_payload(payload)
-        dumped = self._adapter.dump_python(value, mode="json")
+        dumped = self._adapter.serializer.to_python(value, mode="json")
         if not isinstance(dumped, dict):
             raise PayloadValidationError(
                 f"payload for actor {self.name!r} must serialise to a JSON object, "

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import _deep, _floors, _pgqueuer, _taskq
-from bench._common import FULL, QUICK, Result, Sizes, analyze, median_of
+from bench._common import FULL, QUICK, Result, Sizes, analyze, checkpoint, median_of
 from bench._report import Target, markdown
 
 from taskq.logs import configure_logging
@@ -260,6 +260,7 @@ def targets(sizes: Sizes) -> list[Target]:
 
 def _attempt(scenario: Scenario, dsn: str) -> Result:
     try:
+        asyncio.run(checkpoint(dsn))
         return scenario.run(dsn)
     except Exception as exc:  # noqa: BLE001 - one broken scenario must not end the run
         traceback.print_exc()

@@ -153,6 +153,17 @@ async def analyze(dsn: str, schema: str, table: str) -> None:
         await conn.close()
 
 
+async def checkpoint(dsn: str) -> None:
+    """Write out every dirty page now (CHECKPOINT), so that what one scenario wrote
+    is not flushed to disk while the next one is timed (the checkpointer spreads
+    the writes of a drain's dirty buffers over minutes)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("CHECKPOINT")
+    finally:
+        await conn.close()
+
+
 async def drain_span(dsn: str, schema: str) -> tuple[int, float]:
     """Succeeded jobs in ``schema.jobs`` and the server-clock seconds from the first
     ``started_at`` to the last ``finished_at``."""

@@ -214,8 +214,9 @@ class PostgresBackend:
       committed (every NOTIFY takes a cluster-wide lock at commit). An isolated
       enqueue still notifies at once; 0 notifies on every enqueue. Enqueues in
       a caller's transaction always notify in it.
-    * ``poll_only`` (default False): send no wake NOTIFY on enqueue and open no
-      LISTEN connection; ``subscribe_wake`` / ``subscribe_cancel_wake`` events are
+    * ``poll_only`` (default False): send no NOTIFY at all (enqueues, retries,
+      sweeps, released batch finalizers, cancel requests) and open no LISTEN
+      connection; ``subscribe_wake`` / ``subscribe_cancel_wake`` events are
       never set, so workers dispatch every ``poll_interval`` and see cancels at
       their heartbeat. For poolers without LISTEN/NOTIFY (PgBouncer transaction
       mode) or to keep NOTIFY's commit lock off a heavy insert load.
@@ -298,6 +299,9 @@ class PostgresBackend:
         self._expire_archive_sql = render(prune_sql.EXPIRE_ARCHIVE, self.schema)
         self._wake_channel = wake_channel(self.schema)
         self._events_channel = events_channel(self.schema)
+        # What the statements that move jobs notify: None (no NOTIFY) when poll-only.
+        self._wake_to = None if poll_only else self._wake_channel
+        self._events_to = None if poll_only else self._events_channel
         self._worker_prefix = worker_channel_prefix(self.schema)
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
         self._lent = LentConnections()
@@ -932,7 +936,7 @@ class PostgresBackend:
     ) -> BulkCancelResult:
         sql = self._sql.cancel_jobs.replace(FILTER_TOKEN, condition)
         records = await self._db().fetch(
-            sql, clean_text(reason), self._events_channel, self._worker_prefix, *params
+            sql, clean_text(reason), self._events_to, self._worker_prefix, *params
         )
         result = BulkCancelResult()
         for record in records:
@@ -962,13 +966,13 @@ class PostgresBackend:
     # -- admin -----------------------------------------------------------------------------
     async def retry_job(self, job_id: JobId) -> bool:
         """Give a failed/crashed/cancelled/abandoned job a new life as ``pending``."""
-        record = await self._db().fetchrow(self._sql.retry_job, job_id, self._wake_channel)
+        record = await self._db().fetchrow(self._sql.retry_job, job_id, self._wake_to)
         return bool(record is not None and record["changed"])
 
     # -- sweeps ----------------------------------------------------------------------------
     async def scheduled_to_pending(self) -> int:
         """Promote due scheduled jobs; one wake when any moved."""
-        record = await self._db().fetchrow(self._sql.scheduled_to_pending, self._wake_channel)
+        record = await self._db().fetchrow(self._sql.scheduled_to_pending, self._wake_to)
         return int(record["changed"]) if record is not None else 0
 
     async def deadline_sweep(self) -> int:
@@ -981,7 +985,7 @@ class PostgresBackend:
         cancel_reclaim_headroom`` past its lease. One wake when any was reclaimed."""
         cancel_wait = cancel_grace + cleanup_grace + self.cancel_reclaim_headroom
         record = await self._db().fetchrow(
-            self._sql.reclaim_expired_locks, cancel_wait, self._wake_channel
+            self._sql.reclaim_expired_locks, cancel_wait, self._wake_to
         )
         return int(record["changed"]) if record is not None else 0
 
@@ -1193,7 +1197,7 @@ class PostgresBackend:
     async def complete_stale_batches(self) -> int:
         """Complete every active batch with no active child and release its finalizer,
         in one statement (``SupportsStaleBatchSweep``); returns the batches completed."""
-        record = await self._db().fetchrow(self._sql.complete_stale_batches, self._wake_channel)
+        record = await self._db().fetchrow(self._sql.complete_stale_batches, self._wake_to)
         return int(record["completed"]) if record is not None else 0
 
     # -- fleet statistics and the worker registry -------------------------------------------
@@ -1350,14 +1354,12 @@ class PostgresBackend:
     async def abort_batch(self, batch_id: UUID, *, connection: Connection = None) -> int:
         """Abort an active batch: cancel its waiting children, release its finalizer;
         returns the children cancelled (0 for a finished batch)."""
-        record = await self._db(connection).fetchrow(
-            self._sql.abort_batch, batch_id, self._wake_channel
-        )
+        record = await self._db(connection).fetchrow(self._sql.abort_batch, batch_id, self._wake_to)
         return int(record["cancelled"]) if record is not None else 0
 
     async def complete_batch(self, batch_id: UUID, *, connection: Connection = None) -> None:
         """Complete an active batch and release its finalizer (no-op otherwise)."""
-        await self._db(connection).fetchrow(self._sql.complete_batch, batch_id, self._wake_channel)
+        await self._db(connection).fetchrow(self._sql.complete_batch, batch_id, self._wake_to)
 
     async def get_batch(self, batch_id: UUID) -> BatchRow | None:
         """One batch row, or None."""

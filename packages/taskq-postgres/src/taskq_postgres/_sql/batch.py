@@ -85,7 +85,10 @@ released_events AS (
     SELECT r.id, 'state_change', '{"from_state": "scheduled", "to_state": "pending"}'
     FROM released r
 ),
-notified AS (SELECT pg_notify($2::text, '') WHERE EXISTS (SELECT 1 FROM released))"""
+notified AS (
+    SELECT pg_notify($2::text, '')
+    WHERE $2::text IS NOT NULL AND EXISTS (SELECT 1 FROM released)
+)"""
 
 ABORT_BATCH: Final = (
     """

@@ -24,7 +24,7 @@ CANCEL_JOBS: Final = (
 -- Pending/scheduled jobs are cancelled at once; running ones get cancel phase 1
 -- (the first request's time is kept) and their worker is told: one notify on the
 -- events channel ($2) and one on the worker's own channel (prefix $3) per worker,
--- never one per row. $1 reason.
+-- never one per row; none when $2 is NULL (poll-only). $1 reason.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 target AS (
     SELECT j.id, j.status, j.created_at
@@ -80,6 +80,7 @@ notified AS (
     CROSS JOIN LATERAL (VALUES ($2::text), ("""
     + WORKER_CHANNEL_SQL
     + """)) AS c (channel)
+    WHERE $2::text IS NOT NULL
 )
 SELECT x.outcome, x.id
 FROM (

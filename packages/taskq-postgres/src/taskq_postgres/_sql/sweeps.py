@@ -50,7 +50,10 @@ events AS (
     FROM promoted p
     ORDER BY p.id
 ),
-notified AS (SELECT pg_notify($1::text, '') WHERE EXISTS (SELECT 1 FROM promoted))
+notified AS (
+    SELECT pg_notify($1::text, '')
+    WHERE $1::text IS NOT NULL AND EXISTS (SELECT 1 FROM promoted)
+)
 SELECT (SELECT count(*) FROM promoted) AS changed, (SELECT count(*) FROM notified) AS notified
 """,
 )
@@ -149,7 +152,10 @@ events AS (
     FROM decision d JOIN reclaimed r ON r.id = d.id
     ORDER BY d.id
 ),
-notified AS (SELECT pg_notify($2::text, '') WHERE EXISTS (SELECT 1 FROM reclaimed))
+notified AS (
+    SELECT pg_notify($2::text, '')
+    WHERE $2::text IS NOT NULL AND EXISTS (SELECT 1 FROM reclaimed)
+)
 SELECT (SELECT count(*) FROM reclaimed) AS changed, (SELECT count(*) FROM notified) AS notified
 """,
 )

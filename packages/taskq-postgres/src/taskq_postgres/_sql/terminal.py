@@ -453,7 +453,10 @@ event AS (
                               'reason', 'retried')
     FROM retried r
 ),
-notified AS (SELECT pg_notify($2::text, '') WHERE EXISTS (SELECT 1 FROM retried))
+notified AS (
+    SELECT pg_notify($2::text, '')
+    WHERE $2::text IS NOT NULL AND EXISTS (SELECT 1 FROM retried)
+)
 SELECT (SELECT count(*) FROM retried) AS changed, (SELECT count(*) FROM notified) AS notified
 """
 

@@ -88,7 +88,7 @@ async def test_a_deep_queue_dispatch_reads_the_head_not_every_actors_sample(
         f"FROM generate_series(1, 15000) AS g"
     )
     await conn.execute(f"VACUUM ANALYZE {s}.jobs")
-    args: list[Any] = [["default"], 100, uuid4(), LEASE, 2, [], []]
+    args: list[Any] = [["default"], 100, uuid4(), LEASE, 2]
     statement = statements_for(s).dispatch_strict_fifo
     order = "ORDER BY priority DESC, scheduled_at, id"
     first = await conn.fetch(f"SELECT id FROM {s}.jobs {order} LIMIT 100")
@@ -231,7 +231,7 @@ def _case(rng: random.Random) -> Case:
 
 
 async def _load(conn: asyncpg.Connection[Any], schema: str, case: Case) -> None:
-    await conn.execute(f"TRUNCATE {schema}.jobs, {schema}.actor_config CASCADE")
+    await conn.execute(f"TRUNCATE {schema}.jobs, {schema}.actor_config, {schema}.queues CASCADE")
     await conn.executemany(
         f"""
         INSERT INTO {schema}.jobs (id, actor, queue, priority, scheduled_at, identity_key, status,
@@ -259,6 +259,11 @@ async def _load(conn: asyncpg.Connection[Any], schema: str, case: Case) -> None:
         f"INSERT INTO {schema}.actor_config (actor, max_concurrent) VALUES ($1, $2)",
         list(case.actor_caps.items()),
     )
+    # The strict-FIFO statement reads the queue caps from the queues table.
+    await conn.executemany(
+        f"INSERT INTO {schema}.queues (name, mode, max_concurrent) VALUES ($1, 'strict_fifo', $2)",
+        list(case.queue_caps.items()),
+    )
 
 
 async def test_dispatch_matches_the_per_actor_sample_model(
@@ -272,17 +277,9 @@ async def test_dispatch_matches_the_per_actor_sample_model(
         await _load(conn, pg_schema.name, case)
         expected, head_suffices = _expected(case)
         paths[head_suffices] += 1
-        capped_queues = [q for q in case.queues if q in case.queue_caps]
         async with conn.transaction():
             rows = await conn.fetch(
-                statement,
-                case.queues,
-                case.limit,
-                uuid4(),
-                LEASE,
-                case.oversample,
-                capped_queues,
-                [case.queue_caps[q] for q in capped_queues],
+                statement, case.queues, case.limit, uuid4(), LEASE, case.oversample
             )
         assert [r["id"] for r in rows] == expected, (attempt, case)
     # Both paths ran, or the comparison proves less than it claims.

@@ -50,10 +50,10 @@ async def test_dispatch_uses_indexes_not_a_seq_scan_of_jobs(
     backlog: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:
     sql = statements_for(pg_schema.name)
-    common: list[Any] = [["default", "other"], 100, uuid4(), timedelta(minutes=5), 2, [], []]
+    common: list[Any] = [["default", "other"], 100, uuid4(), timedelta(minutes=5), 2]
     variants = {
         "strict_fifo": (sql.dispatch_strict_fifo, common),
-        "round_robin": (sql.dispatch_round_robin, [*common, ["default"]]),
+        "round_robin": (sql.dispatch_round_robin, [*common, [], [], ["default"]]),
     }
     for name, (statement, args) in variants.items():
         plan = "\n".join(

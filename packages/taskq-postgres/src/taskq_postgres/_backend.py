@@ -300,6 +300,9 @@ class PostgresBackend:
         self._wake_channel = wake_channel(self.schema)
         self._events_channel = events_channel(self.schema)
         # What the statements that move jobs notify: None (no NOTIFY) when poll-only.
+        # Queue lists that held a round-robin queue at their last dispatch: they
+        # look the settings up first instead of trying strict FIFO first.
+        self._round_robin_calls: set[tuple[str, ...]] = set()
         self._wake_to = None if poll_only else self._wake_channel
         self._events_to = None if poll_only else self._events_channel
         self._worker_prefix = worker_channel_prefix(self.schema)
@@ -559,31 +562,42 @@ class PostgresBackend:
     ) -> list[JobRow]:
         """Lock up to ``limit`` due pending jobs of ``queues`` for ``worker_id``.
 
-        Reads the queues' modes and caps (one query), then runs the strict-FIFO
-        dispatch, or the round-robin one when any queue asked for is round robin.
+        The strict-FIFO statement reads the queues' modes and caps itself, so a
+        busy strict-FIFO dispatch is one round trip. It locks nothing when a queue
+        asked for is round robin; only then (or when it found no job, or when these
+        queues were round robin last time) are the settings looked up, and the
+        round-robin statement runs with them.
         """
         if limit <= 0 or not queues:
             return []
         wanted = list(dict.fromkeys(queues))
+        key = tuple(wanted)
         db = self._db()
+        fifo_params = [wanted, limit, worker_id, lock_lease, self.dispatch_oversample]
+        fifo_first = key not in self._round_robin_calls
+        if fifo_first:
+            records = await db.fetch(self._sql.dispatch_strict_fifo, *fifo_params)
+            if records:
+                return [job_row(record) for record in records]
         settings = await db.fetch(self._sql.queue_settings, wanted)
         round_robin = [r["name"] for r in settings if r["mode"] == "round_robin"]
+        if not round_robin:
+            self._round_robin_calls.discard(key)
+            if fifo_first:
+                return []  # all strict FIFO, so that statement found nothing due
+            records = await db.fetch(self._sql.dispatch_strict_fifo, *fifo_params)
+            return [job_row(record) for record in records]
+        self._round_robin_calls.add(key)
         capped = [
             (r["name"], r["max_concurrent"]) for r in settings if r["max_concurrent"] is not None
         ]
-        params: list[Any] = [
-            wanted,
-            limit,
-            worker_id,
-            lock_lease,
-            self.dispatch_oversample,
+        records = await db.fetch(
+            self._sql.dispatch_round_robin,
+            *fifo_params,
             [name for name, _ in capped],
             [cap for _, cap in capped],
-        ]
-        if round_robin:
-            records = await db.fetch(self._sql.dispatch_round_robin, *params, round_robin)
-        else:
-            records = await db.fetch(self._sql.dispatch_strict_fifo, *params)
+            round_robin,
+        )
         return [job_row(record) for record in records]
 
     async def heartbeat_jobs(self, worker_id: UUID, lock_lease: timedelta) -> int:

@@ -3,8 +3,10 @@
 Both variants are one atomic ``UPDATE … RETURNING`` built from the same
 phases (architecture.md, "Dispatch CTE")::
 
-    params              $1 queues, $2 limit_n, $3 worker_id, $4 lock_lease, $5 oversample,
-                        $6/$7 capped queues and their caps, ($8 round-robin queues)
+    params              $1 queues, $2 limit_n, $3 worker_id, $4 lock_lease, $5 oversample;
+                        round robin: $6/$7 capped queues and their caps, $8 round-robin
+                        queues (from QUEUE_SETTINGS); strict FIFO reads the caps from
+                        ``queues`` itself and sets limit_n to 0 for a round-robin queue
     pending_actors      the (queue, actor) pairs with pending jobs: a loose index scan
     running_per_actor   running jobs per actor (max_concurrent)
     running_identities  (actor, identity_key) pairs already running
@@ -60,7 +62,8 @@ __all__ = [
 
 QUEUE_SETTINGS: Final = """
 -- arbiter: none
--- One indexed lookup per dispatch: queues absent here are strict_fifo, uncapped.
+-- Queues absent here are strict_fifo, uncapped. Read before a round-robin dispatch
+-- (which takes the caps as parameters), not before a strict-FIFO one.
 SELECT name, mode, max_concurrent FROM {schema}.queues WHERE name = ANY($1::text[])
 """
 
@@ -194,11 +197,7 @@ _ADMIT: Final = """
 _DISPATCH_TEMPLATE: Final = """
 -- arbiter: clock_timestamp() (due check scheduled_at <= now; started_at and lease expiry)
 WITH RECURSIVE
-params AS (
-    SELECT $1::text[] AS queues, $2::int AS limit_n, $3::uuid AS worker_id,
-           $4::interval AS lock_lease, $5::int AS oversample,
-           $6::text[] AS capped_queues, $7::int[] AS queue_caps,
-           <RR_PARAM> clock_timestamp() AS now
+params AS (<PARAMS>
 ),
 -- One index probe per (queue, actor) with pending jobs instead of reading them all.
 pending_actors (queue, actor) AS (
@@ -308,9 +307,34 @@ def _admit(candidates: str) -> str:
     return head
 
 
-def _variant(candidates: str, order: str, rr_param: str) -> str:
+# Strict FIFO reads the queue settings itself (saving a round trip per dispatch),
+# and dispatches nothing when a queue asked for is round robin: the caller then
+# looks the settings up (QUEUE_SETTINGS) and runs the round-robin variant.
+_STRICT_PARAMS: Final = """
+    SELECT $1::text[] AS queues,
+           CASE WHEN qs.round_robin THEN 0 ELSE $2::int END AS limit_n,
+           $3::uuid AS worker_id, $4::interval AS lock_lease, $5::int AS oversample,
+           qs.capped_queues, qs.queue_caps, clock_timestamp() AS now
+    FROM (
+        SELECT coalesce(bool_or(q.mode = 'round_robin'), false) AS round_robin,
+               coalesce(array_agg(q.name ORDER BY q.name)
+                        FILTER (WHERE q.max_concurrent IS NOT NULL), '{}') AS capped_queues,
+               coalesce(array_agg(q.max_concurrent ORDER BY q.name)
+                        FILTER (WHERE q.max_concurrent IS NOT NULL), '{}') AS queue_caps
+        FROM {schema}.queues q
+        WHERE q.name = ANY($1::text[])
+    ) AS qs"""
+
+_ROUND_ROBIN_PARAMS: Final = """
+    SELECT $1::text[] AS queues, $2::int AS limit_n, $3::uuid AS worker_id,
+           $4::interval AS lock_lease, $5::int AS oversample,
+           $6::text[] AS capped_queues, $7::int[] AS queue_caps,
+           $8::text[] AS rr_queues, clock_timestamp() AS now"""
+
+
+def _variant(candidates: str, order: str, params: str) -> str:
     sql = _DISPATCH_TEMPLATE.replace("<CANDIDATES>", _admit(candidates))
-    sql = sql.replace("<RR_PARAM>", rr_param).replace("<JOB_COLUMNS>", job_columns("j"))
+    sql = sql.replace("<PARAMS>", params).replace("<JOB_COLUMNS>", job_columns("j"))
     for alias in "cdhrle":
         sql = sql.replace(f"<ORDER:{alias}>", order.replace("{a}", alias))
     return sql
@@ -319,14 +343,15 @@ def _variant(candidates: str, order: str, rr_param: str) -> str:
 DISPATCH_STRICT_FIFO: Final = TransitionSQL.of(
     JobStatus.PENDING,
     JobStatus.RUNNING,
-    _variant(_STRICT_CANDIDATES, _STRICT_ORDER, ""),
+    _variant(_STRICT_CANDIDATES, _STRICT_ORDER, _STRICT_PARAMS),
 )
-"""Priority, then time, then id. For calls whose queues are all ``strict_fifo``."""
+"""Priority, then time, then id; $1..$5 only (caps from the ``queues`` table). Locks
+nothing when a queue asked for is ``round_robin``."""
 
 DISPATCH_ROUND_ROBIN: Final = TransitionSQL.of(
     JobStatus.PENDING,
     JobStatus.RUNNING,
-    _variant(_ROUND_ROBIN_CANDIDATES, _ROUND_ROBIN_ORDER, "$8::text[] AS rr_queues,"),
+    _variant(_ROUND_ROBIN_CANDIDATES, _ROUND_ROBIN_ORDER, _ROUND_ROBIN_PARAMS),
 )
 """Interleaves fairness cohorts: ``fairness_rank, priority DESC, scheduled_at, id``.
 For calls asking for at least one ``round_robin`` queue ($8 lists them)."""

@@ -20,6 +20,8 @@ import json
 import logging
 import os
 import platform
+import statistics
+import sys
 import time
 import traceback
 from collections.abc import Callable, Coroutine
@@ -267,14 +269,22 @@ def _attempt(scenario: Scenario, dsn: str) -> Result:
         return Result(scenario.name, scenario.n, None, {"error": repr(exc)})
 
 
-def _run_one(scenario: Scenario, dsn: str, results: dict[str, Result], repeat: int) -> Result:
-    runs = [_attempt(scenario, dsn) for _ in range(repeat)]
-    result = runs[0] if repeat == 1 else median_of(runs)
-    mine = result.per_second
+def _summary(scenario: Scenario, runs: dict[str, list[Result]]) -> Result:
+    """One line for ``scenario``: its run, or the medians of its runs; each ratio to a
+    compared scenario is the median of the per-round ratios (runs minutes apart on a
+    machine whose speed drifts would otherwise skew it)."""
+    mine = runs[scenario.name]
+    result = mine[0] if len(mine) == 1 else median_of(mine)
     for other in scenario.compare:
-        theirs = results[other].per_second if other in results else None
-        if mine is not None and theirs:
-            result.extra[f"vs_{other}"] = round(mine / theirs, 3)
+        ratios = [
+            round(a.per_second / b.per_second, 3)
+            for a, b in zip(mine, runs.get(other, []), strict=False)
+            if a.per_second is not None and b.per_second
+        ]
+        if ratios:
+            result.extra[f"vs_{other}"] = round(statistics.median(ratios), 3)
+            if len(mine) > 1:
+                result.extra[f"vs_{other}_runs"] = ratios
     return result
 
 
@@ -306,12 +316,19 @@ def main() -> None:
         chosen = [s for s in chosen if s.name in args.only]
     started = time.monotonic()
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    results: dict[str, Result] = {}
+    runs: dict[str, list[Result]] = {scenario.name: [] for scenario in chosen}
     with throwaway_database(DEFAULT_TEST_DSN) as dsn:
-        for scenario in chosen:
-            result = _run_one(scenario, dsn, results, args.repeat)
-            results[result.scenario] = result
-            print(json.dumps(result.line()), flush=True)
+        # Round by round (every scenario once per round), so that the runs compared
+        # with each other were taken close together in time.
+        for round_no in range(1, args.repeat + 1):
+            for scenario in chosen:
+                run = _attempt(scenario, dsn)
+                runs[scenario.name].append(run)
+                if args.repeat > 1:  # progress; the medians follow on stdout
+                    print(json.dumps({"round": round_no, **run.line()}), file=sys.stderr)
+    results = {scenario.name: _summary(scenario, runs) for scenario in chosen}
+    for result in results.values():
+        print(json.dumps(result.line()), flush=True)
     header = (
         f"{'Quick' if args.quick else 'Full'} run, {when}, {os.cpu_count()} CPUs "
         f"({platform.machine()}, Python {platform.python_version()}), "

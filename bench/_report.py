@@ -49,6 +49,13 @@ def _with_runs(line: dict[str, Any], key: str) -> str:
     return value if runs is None else f"{value} (runs: {', '.join(map(str, runs))})"
 
 
+def _ratio(line: dict[str, Any], key: str) -> str:
+    """A ratio, followed by each round's when ``--repeat`` gave several."""
+    rounds = line.get(f"{key}_runs")
+    text = f"{line[key]:.2f}x"
+    return text if rounds is None else f"{text} (rounds: {', '.join(f'{r:.2f}' for r in rounds)})"
+
+
 def markdown(header: str, results: list[Result], targets: list[Target]) -> str:
     """The whole report."""
     lines = [
@@ -62,9 +69,9 @@ def markdown(header: str, results: list[Result], targets: list[Target]) -> str:
     for result in results:
         line = result.line()
         ratios = ", ".join(
-            f"{key.removeprefix('vs_')} {value:.2f}x"
-            for key, value in line.items()
-            if key.startswith("vs_")
+            f"{key.removeprefix('vs_')} {_ratio(line, key)}"
+            for key in line
+            if key.startswith("vs_") and not key.endswith("_runs")
         )
         details = ", ".join(f"{key} {_with_runs(line, key)}" for key in _DETAIL_KEYS if key in line)
         lines.append(

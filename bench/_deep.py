@@ -62,6 +62,8 @@ async def _load(conn: asyncpg.Connection[Any], schema: str, depth: int, seconds:
     )
     await conn.execute("RESET statement_timeout")
     await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    # The load dirtied the whole table: written out now, not during the samples.
+    await conn.execute("CHECKPOINT")
 
 
 async def dispatch_latency(

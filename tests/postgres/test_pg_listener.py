@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -97,70 +98,65 @@ async def test_the_listen_connection_keeps_tcp_alive(backend: PostgresBackend) -
         assert await listener._conn.fetchval("SHOW tcp_keepalives_idle") == "30"
 
 
-async def test_a_connection_factory_is_used_for_every_listen_connection(
-    pg_pooled_schema: PgSchema,
-) -> None:
-    made: list[str] = []
+@asynccontextmanager
+async def _factory_backend(
+    pg: PgSchema,
+) -> AsyncIterator[tuple[PostgresBackend, list[asyncpg.Connection[Any]]]]:
+    """An open backend whose LISTEN connections come from a factory keeping each one."""
+    made: list[asyncpg.Connection[Any]] = []
 
     async def factory() -> asyncpg.Connection[Any]:
-        made.append("conn")
-        return await asyncpg.connect(pg_pooled_schema.dsn)
+        conn = await asyncpg.connect(pg.dsn)
+        made.append(conn)
+        return conn
 
     backend = PostgresBackend(
-        pg_pooled_schema.dsn,
-        schema=pg_pooled_schema.name,
+        pg.dsn,
+        schema=pg.name,
         notify_conn_factory=factory,
         notify_health_check_interval=timedelta(milliseconds=100),
     )
     await backend.open()
     try:
-        async with backend.subscribe_wake():
-            assert made == ["conn"]
-            listener = backend._listener
-            assert listener is not None and listener._conn is not None
-            await listener._conn.close()  # the health check notices and reconnects
-            await _until(lambda: backend.notify_reconnects == 1)
-            assert made == ["conn", "conn"]
+        yield backend, made
     finally:
         await backend.close()
+
+
+async def test_a_connection_factory_is_used_for_every_listen_connection(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    async with _factory_backend(pg_pooled_schema) as (backend, made), backend.subscribe_wake():
+        assert len(made) == 1
+        listener = backend._listener
+        assert listener is not None and listener._conn is made[0]
+        await made[0].close()  # the health check notices and reconnects
+        await _until(lambda: backend.notify_reconnects == 1)
+        assert len(made) == 2
 
 
 async def test_a_health_check_failing_with_any_error_still_reconnects(
     pg_pooled_schema: PgSchema,
 ) -> None:
     """asyncpg can raise errors outside the transient tuple on a dying connection."""
-    made: list[asyncpg.Connection[Any]] = []
-
-    async def factory() -> asyncpg.Connection[Any]:
-        conn = await asyncpg.connect(pg_pooled_schema.dsn)
-        made.append(conn)
-        return conn
-
-    backend = PostgresBackend(
-        pg_pooled_schema.dsn,
-        schema=pg_pooled_schema.name,
-        notify_conn_factory=factory,
-        notify_health_check_interval=timedelta(milliseconds=100),
-    )
-    await backend.open()
-    try:
-        async with backend.subscribe_wake() as wake:
-            # The first connection's `SELECT 1` now fails with a plain ValueError.
-            await made[0].set_type_codec(
-                "int4",
-                schema="pg_catalog",
-                encoder=str,
-                decoder=_undecodable,
-                format="text",
-            )
-            await _until(lambda: backend.notify_reconnects == 1)
-            assert len(made) == 2 and made[0].is_closed()
-            wake.clear()
-            await backend.enqueue(EnqueueArgs(actor="a"))
-            async with asyncio.timeout(5):
-                await wake.wait()
-    finally:
-        await backend.close()
+    async with (
+        _factory_backend(pg_pooled_schema) as (backend, made),
+        backend.subscribe_wake() as wake,
+    ):
+        # The first connection's `SELECT 1` now fails with a plain ValueError.
+        await made[0].set_type_codec(
+            "int4",
+            schema="pg_catalog",
+            encoder=str,
+            decoder=_undecodable,
+            format="text",
+        )
+        await _until(lambda: backend.notify_reconnects == 1)
+        assert len(made) == 2 and made[0].is_closed()
+        wake.clear()
+        await backend.enqueue(EnqueueArgs(actor="a"))
+        async with asyncio.timeout(5):
+            await wake.wait()
 
 
 def _undecodable(text: str) -> int:

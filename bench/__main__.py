@@ -192,15 +192,31 @@ def _drain_scenarios(
             pgqueuer_name, n, lambda d: _pgqueuer.drain(d, n, workers, concurrency, chunk, cap)
         ),
     )
-    taskq = Scenario(
-        f"taskq_drain_{suffix}",
-        n,
-        _in_schema(
-            _preloaded(n, chunk, lambda d, s: _taskq.drain(d, s, n, workers, concurrency, cap))
-        ),
-        tuple(s.name for s in floors) + (pgqueuer_name,),
-    )
-    return [*floors, pgqueuer, taskq]
+    compare = tuple(s.name for s in floors) + (pgqueuer_name,)
+    taskq = [
+        Scenario(
+            f"taskq_drain_{suffix}" + (f"_prefetch{prefetch}" if prefetch else ""),
+            n,
+            _in_schema(
+                _preloaded(
+                    n,
+                    chunk,
+                    functools.partial(_drain_body, n, workers, concurrency, cap, prefetch=prefetch),
+                )
+            ),
+            compare,
+        )
+        # The default, and with TASKQ_PREFETCH = concurrency: the next jobs are
+        # dispatched while the current ones run.
+        for prefetch in (0, concurrency)
+    ]
+    return [*floors, pgqueuer, *taskq]
+
+
+async def _drain_body(
+    n: int, workers: int, concurrency: int, cap: float, dsn: str, schema: str, *, prefetch: int
+) -> Result:
+    return await _taskq.drain(dsn, schema, n, workers, concurrency, cap, prefetch)
 
 
 def _floor_drain(

@@ -54,12 +54,13 @@ async def preload(dsn: str, schema: str, n: int, chunk: int) -> None:
     await enqueue_copy(dsn, schema, n, chunk)
 
 
-def _worker_env(dsn: str, schema: str, concurrency: int) -> dict[str, str]:
+def _worker_env(dsn: str, schema: str, concurrency: int, prefetch: int = 0) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
     env.update(
         TASKQ_DSN=dsn,
         TASKQ_SCHEMA=schema,
         TASKQ_CONCURRENCY=str(concurrency),
+        TASKQ_PREFETCH=str(prefetch),
         TASKQ_QUEUES="default",
         TASKQ_UNTIL_IDLE="true",
     )
@@ -67,11 +68,18 @@ def _worker_env(dsn: str, schema: str, concurrency: int) -> dict[str, str]:
 
 
 async def drain(
-    dsn: str, schema: str, n: int, workers: int, concurrency: int, time_limit: float
+    dsn: str,
+    schema: str,
+    n: int,
+    workers: int,
+    concurrency: int,
+    time_limit: float,
+    prefetch: int = 0,
 ) -> Result:
-    """Run ``workers`` ``taskq-worker --until-idle`` processes over ``n`` pending jobs."""
+    """Run ``workers`` ``taskq-worker --until-idle`` processes over ``n`` pending jobs,
+    each locking up to ``prefetch`` jobs ahead of its ``concurrency``."""
     command = [os.path.join(os.path.dirname(sys.executable), "taskq-worker"), "tests.apps.basic:tq"]
-    env = _worker_env(dsn, schema, concurrency)
+    env = _worker_env(dsn, schema, concurrency, prefetch)
     processes = [
         await asyncio.create_subprocess_exec(
             *command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -94,7 +102,8 @@ async def drain(
     done, span = await drain_span(dsn, schema)
     if done != n and "error" not in extra:
         extra["error"] = f"only {done} of {n} jobs succeeded"
-    return Result(f"taskq_drain_w{workers}_c{concurrency}", n, span, extra)
+    name = f"taskq_drain_w{workers}_c{concurrency}" + (f"_prefetch{prefetch}" if prefetch else "")
+    return Result(name, n, span, extra)
 
 
 async def latency(dsn: str, schema: str, rate: float, seconds: float) -> Result:

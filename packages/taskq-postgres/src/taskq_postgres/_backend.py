@@ -300,11 +300,11 @@ class PostgresBackend:
         self._wake_channel = wake_channel(self.schema)
         self._events_channel = events_channel(self.schema)
         # What the statements that move jobs notify: None (no NOTIFY) when poll-only.
+        self._wake_to = None if poll_only else self._wake_channel
+        self._events_to = None if poll_only else self._events_channel
         # Queue lists that held a round-robin queue at their last dispatch: they
         # look the settings up first instead of trying strict FIFO first.
         self._round_robin_calls: set[tuple[str, ...]] = set()
-        self._wake_to = None if poll_only else self._wake_channel
-        self._events_to = None if poll_only else self._events_channel
         self._worker_prefix = worker_channel_prefix(self.schema)
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
         self._lent = LentConnections()
@@ -573,10 +573,10 @@ class PostgresBackend:
         wanted = list(dict.fromkeys(queues))
         key = tuple(wanted)
         db = self._db()
-        fifo_params = [wanted, limit, worker_id, lock_lease, self.dispatch_oversample]
+        params = [wanted, limit, worker_id, lock_lease, self.dispatch_oversample]
         fifo_first = key not in self._round_robin_calls
         if fifo_first:
-            records = await db.fetch(self._sql.dispatch_strict_fifo, *fifo_params)
+            records = await db.fetch(self._sql.dispatch_strict_fifo, *params)
             if records:
                 return [job_row(record) for record in records]
         settings = await db.fetch(self._sql.queue_settings, wanted)
@@ -585,7 +585,7 @@ class PostgresBackend:
             self._round_robin_calls.discard(key)
             if fifo_first:
                 return []  # all strict FIFO, so that statement found nothing due
-            records = await db.fetch(self._sql.dispatch_strict_fifo, *fifo_params)
+            records = await db.fetch(self._sql.dispatch_strict_fifo, *params)
             return [job_row(record) for record in records]
         self._round_robin_calls.add(key)
         capped = [
@@ -593,7 +593,7 @@ class PostgresBackend:
         ]
         records = await db.fetch(
             self._sql.dispatch_round_robin,
-            *fifo_params,
+            *params,
             [name for name, _ in capped],
             [cap for _, cap in capped],
             round_robin,

@@ -7,8 +7,8 @@ before the first subscriber gets its event, so nothing committed after that
 is missed.
 
 A health-check task runs ``SELECT 1`` on the connection every
-``health_check_interval``. When the check fails (for any reason) or the server drops the
-connection, it reconnects with bounded exponential backoff (up to 30 s),
+``health_check_interval``. When the check fails (for any reason) or the server
+drops the connection, it reconnects with bounded exponential backoff (up to 30 s),
 listens again and then sets every subscriber's event once: whatever was
 notified while nobody listened is picked up by one dispatch poll. While the
 connection is down subscribers keep working by polling.

@@ -1237,9 +1237,9 @@ class PostgresBackend:
         """Upsert the worker's row on the server clock (``SupportsWorkerRegistry``)."""
         await self._db().execute(self._sql.register_worker, worker_id, hostname, pid, queues)
 
-    async def touch_worker(self, worker_id: UUID) -> None:
-        """Set the worker's ``last_seen_at`` to the server clock (no-op when gone)."""
-        await self._db().execute(self._sql.touch_worker, worker_id)
+    async def touch_worker(self, worker_id: UUID) -> bool:
+        """Set the worker's ``last_seen_at`` to the server clock; False when the row is gone."""
+        return _changed(await self._db().execute(self._sql.touch_worker, worker_id)) == 1
 
     async def deregister_worker(self, worker_id: UUID) -> None:
         """Delete the worker's row (no-op when it is gone)."""

@@ -664,9 +664,9 @@ class SupportsWorkerRegistry(Protocol):
         backend's clock (on a re-registration too)."""
         ...
 
-    async def touch_worker(self, worker_id: UUID) -> None:
-        """Set the worker's ``last_seen_at`` to the backend's clock (no-op when the
-        row is gone)."""
+    async def touch_worker(self, worker_id: UUID) -> bool:
+        """Set the worker's ``last_seen_at`` to the backend's clock; False when the row
+        is gone (swept as stale, or never registered): the worker registers again."""
         ...
 
     async def deregister_worker(self, worker_id: UUID) -> None:

@@ -720,11 +720,13 @@ class InMemoryBackend:
             last_seen_at=now,
         )
 
-    async def touch_worker(self, worker_id: UUID) -> None:
-        """Refresh the worker's ``last_seen_at`` (no-op when its row is gone)."""
+    async def touch_worker(self, worker_id: UUID) -> bool:
+        """Refresh the worker's ``last_seen_at``; False when its row is gone."""
         record = self.workers.get(worker_id)
-        if record is not None:
-            self.workers[worker_id] = replace(record, last_seen_at=self.clock.now())
+        if record is None:
+            return False
+        self.workers[worker_id] = replace(record, last_seen_at=self.clock.now())
+        return True
 
     async def deregister_worker(self, worker_id: UUID) -> None:
         """Delete the worker's row (no-op when it is gone)."""

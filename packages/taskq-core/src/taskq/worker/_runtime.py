@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -137,11 +135,7 @@ class Worker:
         self._state = state
         if self._stop_requested:
             state.stopping.set()
-        registry = self.app.backend
-        if isinstance(registry, SupportsWorkerRegistry):
-            await registry.register_worker(
-                self.worker_id, socket.gethostname(), os.getpid(), list(settings.queues)
-            )
+        await state.register()
         _log.info(
             "taskq.worker-started",
             worker_id=str(self.worker_id),
@@ -217,6 +211,7 @@ class Worker:
                 group.create_task(self._supervise(state, workers, background), name="taskq-stop")
             # Only on a clean stop: a worker that crashed out of its TaskGroup keeps its
             # row until the leader's stale-worker sweep, like a killed one.
+            registry = state.backend
             if isinstance(registry, SupportsWorkerRegistry):
                 try:
                     await registry.deregister_worker(self.worker_id)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -13,6 +15,7 @@ from taskq._di import Containers, LoopScope, ProcessScope, ProviderRegistry, Thr
 from taskq._scope import Scope
 from taskq.actor import Actor
 from taskq.backend import Backend, CancelPhase, SupportsBatchedSuccess
+from taskq.backend._protocol import SupportsWorkerRegistry
 from taskq.client import JobsClient
 from taskq.context import Context
 from taskq.models import JobRow
@@ -130,6 +133,14 @@ class WorkerState:
         """Mark ``active`` as settling and let the producer use the consumer it left."""
         active.settle()
         self.slot_freed.set()
+
+    async def register(self) -> None:
+        """Write this worker's registry row (hostname, pid, queues), when the backend
+        keeps a registry: at start-up, and again if the row was swept meanwhile."""
+        if isinstance(self.backend, SupportsWorkerRegistry):
+            await self.backend.register_worker(
+                self.worker_id, socket.gethostname(), os.getpid(), list(self.settings.queues)
+            )
 
     def containers(self) -> Containers:
         return {

@@ -34,8 +34,10 @@ async def heartbeat_once(state: WorkerState) -> None:
     held = dict(state.active)
     renewed = await backend.heartbeat_jobs(wid, state.settings.lock_lease)
     await backend.extend_reservation_leases(wid, state.settings.lock_lease)
-    if isinstance(backend, SupportsWorkerRegistry):
-        await backend.touch_worker(wid)
+    if isinstance(backend, SupportsWorkerRegistry) and not await backend.touch_worker(wid):
+        # Swept as stale (this worker stalled past stale_worker_after): show it again.
+        _log.warning("taskq.worker-row-restored", worker_id=str(wid))
+        await state.register()
     if renewed < len(held):
         for job_id, active in held.items():
             row = await backend.get(job_id)

@@ -190,7 +190,7 @@ class MaintenanceTests(TimeLimits):
         assert await registry.cleanup_stale_workers(FAR) == 0
 
         await advance_time(_STEP)
-        await registry.touch_worker(live)
+        assert await registry.touch_worker(live)
         await registry.deregister_worker(gone)
         # Registering again is an upsert that counts as being seen.
         await registry.register_worker(again, "host-b", 4343, [])
@@ -199,6 +199,7 @@ class MaintenanceTests(TimeLimits):
         await advance_time(_STEP)
         assert await registry.cleanup_stale_workers(_STALE_AFTER) == 2  # live, again
         assert await registry.cleanup_stale_workers(_STALE_AFTER) == 0
-        # Rows that are gone make the per-worker calls no-ops, not errors.
-        await registry.touch_worker(dead)
+        # Rows that are gone make the per-worker calls no-ops, not errors; a touch
+        # says the row is gone, so that its worker can register again.
+        assert not await registry.touch_worker(dead)
         await registry.deregister_worker(dead)

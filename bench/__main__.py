@@ -195,13 +195,13 @@ def _drain_scenarios(
     compare = tuple(s.name for s in floors) + (pgqueuer_name,)
     taskq = [
         Scenario(
-            f"taskq_drain_{suffix}" + (f"_prefetch{prefetch}" if prefetch else ""),
+            _taskq.drain_name(workers, concurrency, prefetch),
             n,
             _in_schema(
                 _preloaded(
                     n,
                     chunk,
-                    functools.partial(_drain_body, n, workers, concurrency, cap, prefetch=prefetch),
+                    lambda d, s, p=prefetch: _taskq.drain(d, s, n, workers, concurrency, cap, p),
                 )
             ),
             compare,
@@ -211,12 +211,6 @@ def _drain_scenarios(
         for prefetch in (0, concurrency)
     ]
     return [*floors, pgqueuer, *taskq]
-
-
-async def _drain_body(
-    n: int, workers: int, concurrency: int, cap: float, dsn: str, schema: str, *, prefetch: int
-) -> Result:
-    return await _taskq.drain(dsn, schema, n, workers, concurrency, cap, prefetch)
 
 
 def _floor_drain(

@@ -67,6 +67,11 @@ def _worker_env(dsn: str, schema: str, concurrency: int, prefetch: int = 0) -> d
     return env
 
 
+def drain_name(workers: int, concurrency: int, prefetch: int) -> str:
+    """The scenario name of a TaskQ drain (``_prefetchP`` only when prefetching)."""
+    return f"taskq_drain_w{workers}_c{concurrency}" + (f"_prefetch{prefetch}" if prefetch else "")
+
+
 async def drain(
     dsn: str,
     schema: str,
@@ -102,8 +107,7 @@ async def drain(
     done, span = await drain_span(dsn, schema)
     if done != n and "error" not in extra:
         extra["error"] = f"only {done} of {n} jobs succeeded"
-    name = f"taskq_drain_w{workers}_c{concurrency}" + (f"_prefetch{prefetch}" if prefetch else "")
-    return Result(name, n, span, extra)
+    return Result(drain_name(workers, concurrency, prefetch), n, span, extra)
 
 
 async def latency(dsn: str, schema: str, rate: float, seconds: float) -> Result:

@@ -21,7 +21,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from taskq.models import ActorConfig, EnqueueArgs
+from taskq.models import ActorConfig, EnqueueArgs, QueueConfig
 from taskq_postgres import PostgresBackend
 from taskq_postgres._statements import statements_for
 from taskq_testing.postgres import PgSchema
@@ -99,6 +99,41 @@ async def test_a_deep_queue_dispatch_reads_the_head_not_every_actors_sample(
     assert read.get("jobs_dispatch_head_idx", 0) == 200, read
     # The loose index scan naming the pending actors reads one entry per actor.
     assert read.get("jobs_dispatch_idx", 0) <= 60, read
+
+
+@pytest.mark.parametrize("gate", ["none", "actor_cap", "identity", "queue_cap"])
+async def test_a_head_without_caps_or_identities_skips_the_per_actor_machinery(
+    backend: PostgresBackend, conn: asyncpg.Connection[Any], pg_schema: PgSchema, gate: str
+) -> None:
+    # Nothing at the head is capped or identity-gated: the batch is the head's first
+    # limit_n jobs, so the statement must not name the pending actors (a loose scan
+    # of jobs_dispatch_idx) nor count their running jobs. One gate brings them back.
+    s = pg_schema.name
+    if gate == "actor_cap":
+        await backend.register_actors([ActorConfig(actor="a", max_concurrent=50)])
+    if gate == "queue_cap":
+        await backend.configure_queue(QueueConfig(queue="default", max_concurrent=50))
+    await backend.enqueue_batch(_jobs("a", 20, identity_key="k" if gate == "identity" else None))
+    await backend.enqueue_batch(_jobs("b", 20))
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    statement = statements_for(s).dispatch_strict_fifo
+    args: list[Any] = [["default"], 10, uuid4(), LEASE, 2]
+    plan = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args))
+    assert dict(_rows_read(plan[0]["Plan"])).get("jobs_dispatch_head_idx") == 20
+    ran = dict(_ctes_run(plan[0]["Plan"]))
+    per_actor = ("pending_actors", "running_per_actor", "per_actor_capacity", "head_admitted")
+    if gate == "none":
+        assert not any(ran[cte] for cte in per_actor), ran
+    else:
+        assert all(ran[cte] for cte in per_actor), ran
+
+
+def _ctes_run(node: dict[str, Any]) -> Iterable[tuple[str, bool]]:
+    """(CTE name, whether it ran) for every CTE of ``node``."""
+    if node.get("Subplan Name", "").startswith("CTE "):
+        yield node["Subplan Name"].removeprefix("CTE "), node["Actual Loops"] > 0
+    for child in node.get("Plans", ()):
+        yield from _ctes_run(child)
 
 
 def _rows_read(node: dict[str, Any]) -> Iterable[tuple[str, int]]:

@@ -11,7 +11,12 @@ phases (architecture.md, "Dispatch CTE")::
     running_per_actor   running jobs per actor (max_concurrent)
     running_identities  (actor, identity_key) pairs already running
     per_actor_capacity  residual = max_concurrent - in_flight (limit_n when uncapped)
-    head                strict FIFO: the first limit_n * oversample due jobs of the queues
+    head_rows           strict FIFO: the first limit_n * oversample due jobs of the queues
+    head_plain          strict FIFO: no queue cap, and no job of the head is capped or
+                        identity-gated; then the batch is the head's first unlocked
+                        limit_n jobs and every per-actor phase is skipped (round robin:
+                        always false)
+    head                strict FIFO: head_rows with each job's position within its actor
     head_admitted       strict FIFO: what the per-actor sample would admit from the head
     head_suffices       strict FIFO: the head gives limit_n jobs, or holds every due job
     candidates          CROSS JOIN LATERAL per (queue, actor), LIMIT residual * oversample
@@ -25,6 +30,11 @@ phases (architecture.md, "Dispatch CTE")::
     dispatched          UPDATE … WHERE status = 'pending' (the race guard) RETURNING
     events              one state_change event per dispatched job
 
+The phases skipped for a plain head are gated by one-time filters (``WHERE
+(SELECT ok FROM head_plain)``), which Postgres evaluates before running the
+branch under them: the common uncapped dispatch never names the pending
+actors nor counts their running jobs.
+
 ``FOR UPDATE`` lives only in ``locked``: Postgres forbids it next to window
 functions. Concurrent dispatchers may over-count an actor's cap by at most
 ``(producers - 1) * max_concurrent`` (each sees the others' running jobs only
@@ -37,8 +47,9 @@ in-memory reference enforces too.
 Round robin ranks every pending job of each (queue, actor) asked for (an
 index-only scan of ``jobs_dispatch_idx``), so its cost grows with the backlog
 of the round-robin queues. Strict FIFO reads ``limit_n * oversample`` rows of
-``jobs_dispatch_head_idx`` per queue plus one ``jobs_dispatch_idx`` entry per
-pending actor, whatever the backlog and the number of actors; only when caps
+``jobs_dispatch_head_idx`` per queue plus, unless the head is plain, one
+``jobs_dispatch_idx`` entry per pending actor, whatever the backlog and the
+number of actors; only when caps
 or identities filter out most of the head does it also read ``residual *
 oversample`` rows per (queue, actor).
 """
@@ -77,24 +88,34 @@ SELECT name, mode, max_concurrent FROM {schema}.queues WHERE name = ANY($1::text
 # identities filter out most of the head) are all actors sampled, which reads
 # up to residual * oversample jobs of each.
 _STRICT_CANDIDATES: Final = """
+head_rows AS (
+    SELECT c.*
+    FROM params p
+    CROSS JOIN unnest(p.queues) AS q (queue)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
+               NULL::bigint AS fairness_rank
+        FROM {schema}.jobs j
+        WHERE j.status = 'pending' AND j.queue = q.queue AND j.scheduled_at <= p.now
+        ORDER BY j.priority DESC, j.scheduled_at, j.id
+        LIMIT p.limit_n * p.oversample
+    ) c
+    ORDER BY <ORDER:c>
+    LIMIT (SELECT p.limit_n * p.oversample FROM params p)
+),
+head_plain (ok) AS (
+    SELECT cardinality(p.capped_queues) = 0
+           AND NOT EXISTS (SELECT 1 FROM head_rows h WHERE h.identity_key IS NOT NULL)
+           AND NOT EXISTS (
+               SELECT 1 FROM head_rows h JOIN {schema}.actor_config ac ON ac.actor = h.actor
+               WHERE ac.max_concurrent IS NOT NULL
+           )
+    FROM params p
+),
 head AS (
     SELECT h.*,
            ROW_NUMBER() OVER (PARTITION BY h.queue, h.actor ORDER BY <ORDER:h>) AS actor_pos
-    FROM (
-        SELECT c.*
-        FROM params p
-        CROSS JOIN unnest(p.queues) AS q (queue)
-        CROSS JOIN LATERAL (
-            SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
-                   NULL::bigint AS fairness_rank
-            FROM {schema}.jobs j
-            WHERE j.status = 'pending' AND j.queue = q.queue AND j.scheduled_at <= p.now
-            ORDER BY j.priority DESC, j.scheduled_at, j.id
-            LIMIT p.limit_n * p.oversample
-        ) c
-        ORDER BY <ORDER:c>
-        LIMIT (SELECT p.limit_n * p.oversample FROM params p)
-    ) h
+    FROM head_rows h
 ),
 head_candidates AS (
     SELECT h.id, h.actor, h.queue, h.priority, h.scheduled_at, h.identity_key, h.fairness_rank
@@ -122,12 +143,16 @@ candidates AS (
         ORDER BY j.priority DESC, j.scheduled_at, j.id
         LIMIT pac.residual * p.oversample
     ) c
-    WHERE pa.actor IS NOT NULL AND pac.residual > 0 AND NOT (SELECT hs.ok FROM head_suffices hs)
+    WHERE pa.actor IS NOT NULL AND pac.residual > 0
+      AND NOT (SELECT hp.ok FROM head_plain hp) AND NOT (SELECT hs.ok FROM head_suffices hs)
 ),<ADMIT:sampled_admitted:candidates>
 admitted AS (
-    SELECT * FROM head_admitted WHERE (SELECT hs.ok FROM head_suffices hs)
+    SELECT h.*, NULL::bigint AS pending_rank FROM head_rows h WHERE (SELECT hp.ok FROM head_plain hp)
     UNION ALL
-    SELECT * FROM sampled_admitted
+    SELECT * FROM head_admitted
+    WHERE NOT (SELECT hp.ok FROM head_plain hp) AND (SELECT hs.ok FROM head_suffices hs)
+    UNION ALL
+    SELECT * FROM sampled_admitted WHERE NOT (SELECT hp.ok FROM head_plain hp)
 ),"""
 
 # Round robin ranks each job within its fairness cohort: first among its
@@ -137,6 +162,7 @@ admitted AS (
 # cannot crowd a shallow one out of the sample. In strict queues asked for in
 # the same call ($8 lists the round-robin ones) every job shares one cohort.
 _ROUND_ROBIN_CANDIDATES: Final = """
+head_plain (ok) AS (SELECT false),
 candidates AS (
     SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key,
            ROW_NUMBER() OVER (
@@ -262,16 +288,26 @@ queue_capacity AS (
     FROM params p CROSS JOIN unnest(p.capped_queues, p.queue_caps) AS qc (queue, cap)
 ),
 eligible AS (
-    SELECT e.id, e.priority, e.scheduled_at, e.fairness_rank
-    FROM (
-        SELECT e.*, ROW_NUMBER() OVER (PARTITION BY e.queue ORDER BY <ORDER:e>) AS queue_rank
-        FROM eligible_candidates e
-        WHERE e.max_concurrent IS NULL OR e.actor_rank <= e.max_concurrent - e.in_flight
-    ) e
-    LEFT JOIN queue_capacity qc ON qc.queue = e.queue
-    WHERE qc.queue IS NULL OR e.queue_rank <= qc.residual
-    ORDER BY <ORDER:e>
-    LIMIT (SELECT p.limit_n FROM params p)
+    (
+        SELECT l.id, l.priority, l.scheduled_at, l.fairness_rank
+        FROM locked l
+        WHERE (SELECT hp.ok FROM head_plain hp)
+        LIMIT (SELECT p.limit_n FROM params p)
+    )
+    UNION ALL
+    (
+        SELECT e.id, e.priority, e.scheduled_at, e.fairness_rank
+        FROM (
+            SELECT e.*, ROW_NUMBER() OVER (PARTITION BY e.queue ORDER BY <ORDER:e>) AS queue_rank
+            FROM eligible_candidates e
+            WHERE e.max_concurrent IS NULL OR e.actor_rank <= e.max_concurrent - e.in_flight
+        ) e
+        LEFT JOIN queue_capacity qc ON qc.queue = e.queue
+        WHERE (qc.queue IS NULL OR e.queue_rank <= qc.residual)
+          AND NOT (SELECT hp.ok FROM head_plain hp)
+        ORDER BY <ORDER:e>
+        LIMIT (SELECT p.limit_n FROM params p)
+    )
 ),
 dispatched AS (
     UPDATE {schema}.jobs j

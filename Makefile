@@ -16,10 +16,12 @@ help: ## list the targets
 .PHONY: setup
 setup: $(VENV)/.installed ## create .venv and install the workspace from the committed lock
 
+# Bytecode at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, every worker
+# process the tests and the benchmark start would otherwise compile its imports again.
 $(VENV)/.installed: requirements.lock.txt $(addsuffix /pyproject.toml,$(PACKAGES))
 	@$(PY) -m uv --version >/dev/null 2>&1 || $(PY) -m pip install --quiet uv
 	@test -x $(BIN)/python || $(UV) venv --quiet --python $(PY) $(VENV)
-	$(UV) pip sync --quiet --python $(BIN)/python --require-hashes requirements.lock.txt
+	$(UV) pip sync --quiet --compile-bytecode --python $(BIN)/python --require-hashes requirements.lock.txt
 	$(UV) pip install --quiet --python $(BIN)/python --no-deps $(addprefix -e ,$(PACKAGES))
 	@touch $@
 

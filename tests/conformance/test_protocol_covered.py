@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import inspect
 
-from taskq.backend import Backend
+import pytest
+
+from taskq.backend import Backend, SupportsBatchedSuccess, SupportsUnstartedHandBack
+from taskq.backend.memory import InMemoryBackend
+from taskq_postgres import PostgresBackend
 from taskq_testing.conformance import BackendConformance
 from taskq_testing.conformance._support import COVERS_ATTRIBUTE
 from taskq_testing.conformance._transitions import BACKEND_DRIVEN_EDGES, DRIVES
@@ -42,3 +46,11 @@ def test_every_protocol_member_has_a_conformance_test() -> None:
 
 def test_every_backend_driven_transition_has_a_case() -> None:
     assert set(DRIVES) == BACKEND_DRIVEN_EDGES
+
+
+@pytest.mark.parametrize("backend_type", [InMemoryBackend, PostgresBackend])
+def test_the_builtin_backends_implement_the_optional_writes(backend_type: type) -> None:
+    # The suite skips an optional protocol's tests on a backend without it: the
+    # built-in ones must not lose theirs unnoticed.
+    assert issubclass(backend_type, SupportsBatchedSuccess)
+    assert issubclass(backend_type, SupportsUnstartedHandBack)

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from taskq.backend import PROTOCOL_MEMBERS, SupportsBatchedSuccess
+from taskq.backend import PROTOCOL_MEMBERS, SupportsBatchedSuccess, SupportsUnstartedHandBack
 from taskq.backend.statemachine import (
     ACTIVE_STATUSES,
     TERMINAL_STATUSES,
@@ -59,7 +59,12 @@ def test_terminal_statuses_have_no_way_out() -> None:
 
 def test_every_transition_has_a_driver_and_every_driver_is_a_backend_member() -> None:
     # A driver belongs to the Backend protocol or to an optional one a backend may add.
-    optional = {name for name in vars(SupportsBatchedSuccess) if not name.startswith("_")}
+    optional = {
+        name
+        for protocol in (SupportsBatchedSuccess, SupportsUnstartedHandBack)
+        for name in vars(protocol)
+        if not name.startswith("_")
+    }
     table = {(s, d) for s, targets in VALID_TRANSITIONS.items() for d in targets}
     assert set(TRANSITION_DRIVERS) == table
     for drivers in TRANSITION_DRIVERS.values():

@@ -58,7 +58,7 @@ def test_the_sql_modules_are_all_found() -> None:
 def test_every_terminal_write_is_tagged_with_its_transition() -> None:
     terminal = importlib.import_module("taskq_postgres._sql.terminal")
     writes = [name for name in terminal.__all__ if name.startswith("MARK_")]
-    assert len(writes) == 7
+    assert len(writes) == 8
     untagged = [name for name in writes if not isinstance(getattr(terminal, name), TransitionSQL)]
     assert untagged == []
     assert {"dispatch.DISPATCH_STRICT_FIFO", "dispatch.DISPATCH_ROUND_ROBIN"} <= set(TRANSITIONS)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
+from uuid import UUID
 
 import pytest
 from pydantic import BaseModel
@@ -25,6 +27,7 @@ from taskq import (
     WorkerSettings,
     actor,
 )
+from taskq.backend.memory import InMemoryBackend
 from taskq.worker import Worker
 
 FAST = {
@@ -203,3 +206,52 @@ async def test_sub_jobs_are_flushed_only_after_the_parent_succeeds() -> None:
         children = await tq.client.list_jobs(actor="child")
         assert [c.payload for c in children] == [{"n": 1}]
         assert children[0].status is JobStatus.SUCCEEDED
+
+
+class _HandBackDown(InMemoryBackend):
+    """The statement handing back unstarted jobs fails (the database went away)."""
+
+    async def hand_back_unstarted(
+        self, worker_id: UUID, jobs: Sequence[tuple[UUID, int | None]]
+    ) -> int:
+        raise ConnectionError("connection lost")
+
+
+async def test_unstarted_jobs_a_failed_hand_back_could_not_return_stay_for_the_sweep() -> None:
+    started = asyncio.Event()
+
+    @actor(name="holds")
+    async def holds(payload: dict[str, Any], ctx: Context) -> None:
+        started.set()
+        await ctx.cancel_event.wait()
+
+    tq = TaskQ("memory://", actors=[holds], backend=_HandBackDown())
+    async with tq:
+        jobs = [await tq.client.enqueue(holds, {}) for _ in range(3)]
+        worker = Worker(
+            tq,
+            WorkerSettings.load(
+                {
+                    **FAST,
+                    "until_idle": False,
+                    "concurrency": 1,
+                    "prefetch": 2,
+                    "drain_grace_period": "50ms",
+                },
+                env={},
+            ),
+        )
+        runner = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        while len(await tq.client.list_jobs(status="running")) < 3:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        worker.stop()
+        await asyncio.wait_for(runner, 10)  # the failure does not wedge the shutdown
+        rows = [await tq.client.get(job.id) for job in jobs]
+        # The one that ran was handed back as it stopped; the two prefetched ones keep
+        # their lock until the lease runs out and the reclaim sweep re-pends them.
+        assert sorted(r.status for r in rows if r) == [
+            JobStatus.PENDING,
+            JobStatus.RUNNING,
+            JobStatus.RUNNING,
+        ]

@@ -849,6 +849,26 @@ class PostgresBackend:
             return "noop"
         return "failed" if to_status == "failed" else "scheduled"
 
+    async def hand_back_unstarted(
+        self, worker_id: UUID, jobs: Sequence[tuple[JobId, int | None]]
+    ) -> int:
+        """``mark_snoozed`` with no delay and outcome ``interrupted`` for every job, in one
+        statement (a stopping worker's unstarted jobs); how many moved."""
+        if not jobs:
+            return 0
+        moved = await self._db().fetch(
+            self._sql.mark_snoozed_many,
+            [job_id for job_id, _ in jobs],
+            worker_id,
+            [attempt for _, attempt in jobs],
+            timedelta(0),
+            None,
+            "interrupted",
+            0,
+            None,
+        )
+        return len(moved)
+
     async def mark_retry_after(
         self,
         job_id: JobId,

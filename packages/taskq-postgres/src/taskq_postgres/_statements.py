@@ -49,6 +49,7 @@ class Statements:
     mark_cancelled: str
     mark_abandoned: str
     mark_snoozed: str
+    mark_snoozed_many: str
     mark_retry_after: str
     write_cancel_escalation: str
     record_progress: str
@@ -126,6 +127,7 @@ def statements_for(schema: str) -> Statements:
         mark_cancelled=term.MARK_CANCELLED.render(s),
         mark_abandoned=term.MARK_ABANDONED.render(s),
         mark_snoozed=term.MARK_SNOOZED.render(s),
+        mark_snoozed_many=term.MARK_SNOOZED_MANY.render(s),
         mark_retry_after=term.MARK_RETRY_AFTER.render(s),
         write_cancel_escalation=render(term.WRITE_CANCEL_ESCALATION, s),
         record_progress=render(term.RECORD_PROGRESS, s),

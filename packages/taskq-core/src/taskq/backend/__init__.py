@@ -10,6 +10,7 @@ from taskq.backend._protocol import SupportsBatchedSuccess as SupportsBatchedSuc
 from taskq.backend._protocol import SupportsCredentialReload as SupportsCredentialReload
 from taskq.backend._protocol import SupportsMigrate as SupportsMigrate
 from taskq.backend._protocol import SupportsTransactions as SupportsTransactions
+from taskq.backend._protocol import SupportsUnstartedHandBack as SupportsUnstartedHandBack
 from taskq.backend._protocol import check_protocol_version as check_protocol_version
 from taskq.backend._protocol import missing_members as missing_members
 from taskq.backend.clock import Clock as Clock
@@ -37,6 +38,7 @@ __all__ = [
     "SupportsCredentialReload",
     "SupportsMigrate",
     "SupportsTransactions",
+    "SupportsUnstartedHandBack",
     "SystemClock",
     "check_protocol_version",
     "missing_members",

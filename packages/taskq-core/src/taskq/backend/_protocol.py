@@ -74,6 +74,7 @@ __all__ = [
     "SupportsResultExpiry",
     "SupportsStaleBatchSweep",
     "SupportsTransactions",
+    "SupportsUnstartedHandBack",
     "SupportsWorkerRegistry",
     "check_protocol_version",
     "missing_members",
@@ -91,7 +92,8 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     gained fallback_result_ttl; terminal writes gained the keyword-only
 #     `attempt` fence; open/close, register_actors and configure_queue made
 #     explicit so every state is reachable through the protocol.
-#     Additive (optional protocols, no bump): SupportsBatchedSuccess.
+#     Additive (optional protocols, no bump): SupportsBatchedSuccess,
+#     SupportsUnstartedHandBack.
 #
 # When to bump: "increment it whenever a change alters an existing protocol
 # member's observable contract such that an implementation written against
@@ -503,6 +505,25 @@ class SupportsBatchedSuccess(Protocol):
     ) -> list[bool]:
         """``running -> succeeded`` for every item the caller owns; one flag per item,
         in order (False: a no-op). An item's job id appears at most once."""
+        ...
+
+
+@runtime_checkable
+class SupportsUnstartedHandBack(Protocol):
+    """A backend that hands back, in one step, the jobs a stopping worker locked but
+    never started (architecture.md, "Drain phase").
+
+    Each job is judged on its own exactly as :meth:`Backend.mark_snoozed` with no
+    delay and outcome ``interrupted`` judges it (running, held by ``worker_id``, on
+    the given attempt when not None), and, when it acts, ends the same way: pending
+    again at once with its retry budget untouched (failed if its deadline passed),
+    one attempt row and one event.
+    """
+
+    async def hand_back_unstarted(
+        self, worker_id: UUID, jobs: Sequence[tuple[JobId, int | None]]
+    ) -> int:
+        """Hand back every ``(job id, attempt)`` the caller holds; how many moved."""
         ...
 
 

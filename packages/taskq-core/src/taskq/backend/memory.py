@@ -479,6 +479,19 @@ class InMemoryBackend:
         )
         return "failed" if to is _S.FAILED else "scheduled"
 
+    async def hand_back_unstarted(
+        self, worker_id: UUID, jobs: Sequence[tuple[JobId, int | None]]
+    ) -> int:
+        """``mark_snoozed`` with no delay and outcome ``interrupted`` for each job (a
+        stopping worker's unstarted ones); how many moved."""
+        moved = 0
+        for job_id, attempt in jobs:
+            verdict = await self.mark_snoozed(
+                job_id, worker_id, timedelta(0), outcome="interrupted", attempt=attempt
+            )
+            moved += verdict != "noop"
+        return moved
+
     async def mark_retry_after(
         self,
         job_id: JobId,

@@ -3,8 +3,8 @@
 Each phase is recorded before its work begins, so the health endpoint and
 the consumers can see where the shutdown is.
 
-* DRAINING — dispatch stops; jobs locked but not started go back at once;
-  running jobs get ``drain_grace_period`` to finish on their own.
+* DRAINING — dispatch stops; jobs locked but not started go back at once, in one
+  statement; running jobs get ``drain_grace_period`` to finish on their own.
 * CANCELLING — each running job's ``cancel_event`` is set (cooperative stop)
   for ``cancellation_grace_period``.
 * FORCING — the remaining tasks are cancelled; ``cleanup_grace_period`` to unwind.
@@ -25,8 +25,10 @@ from enum import IntEnum
 
 import structlog
 
-from taskq.backend import CancelPhase
-from taskq.worker._state import WorkerState
+from taskq.backend import CancelPhase, SupportsUnstartedHandBack
+from taskq.models import JobRow
+from taskq.worker._state import ActiveJob, WorkerState
+from taskq.worker._transient import transient_errors
 from taskq.worker.consumer import hand_back
 
 __all__ = ["ShutdownPhase", "orchestrate_shutdown"]
@@ -73,7 +75,10 @@ async def _wait_running(state: WorkerState, seconds: float, escalate: asyncio.Ev
 
 
 async def _hand_back_unstarted(state: WorkerState) -> int:
-    released = 0
+    """Give the jobs locked but never started (the local queue) back to the fleet: in one
+    statement when the backend can (architecture.md, "Drain phase"), else one by one.
+    If that statement fails, their leases run out and the reclaim sweep takes them."""
+    unstarted: list[tuple[JobRow, ActiveJob]] = []
     while not state.queue.empty():
         row = state.queue.get_nowait()
         if row is None:
@@ -81,9 +86,23 @@ async def _hand_back_unstarted(state: WorkerState) -> int:
         active = state.active.get(row.id)
         if active is None or active.task is not None or active.row.attempt != row.attempt:
             continue
-        await hand_back(state, row, None)
+        unstarted.append((row, active))
+    backend = state.backend
+    if not unstarted:
+        released = 0
+    elif isinstance(backend, SupportsUnstartedHandBack):
+        jobs = [(row.id, row.attempt) for row, _ in unstarted]
+        try:
+            released = await backend.hand_back_unstarted(state.worker_id, jobs)
+        except transient_errors() as exc:
+            _log.warning("taskq.unstarted-hand-back-failed", jobs=len(jobs), error=repr(exc))
+            released = 0
+    else:
+        for row, _ in unstarted:
+            await hand_back(state, row, None)
+        released = len(unstarted)
+    for row, active in unstarted:
         state.release(row.id, active)
-        released += 1
     return released
 
 

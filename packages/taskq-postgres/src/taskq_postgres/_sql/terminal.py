@@ -20,6 +20,7 @@ __all__ = [
     "MARK_FAILED_OR_RETRY",
     "MARK_RETRY_AFTER",
     "MARK_SNOOZED",
+    "MARK_SNOOZED_MANY",
     "MARK_SUCCEEDED",
     "MARK_SUCCEEDED_MANY",
     "RECORD_PROGRESS",
@@ -269,17 +270,10 @@ SELECT count(*) AS changed FROM updated
 # The error class and message of a job failed because its deadline passed.
 _DEADLINE_ERROR: Final = "'DeadlineExceeded', 'the job''s schedule_to_close deadline passed'"
 
-MARK_SNOOZED: Final = TransitionSQL.of(
-    _S.RUNNING,
-    (_S.SCHEDULED, _S.PENDING, _S.FAILED),
+# The snooze after the owned CTE: $4 delay, $5 metadata update (JSON text or NULL),
+# $6 the attempt's outcome, $7 progress_seq, $8 progress_state.
+_SNOOZE: Final = (
     """
--- arbiter: clock_timestamp() (run again at now + delay; the new time must not pass the deadline)
--- The snooze gives back the attempt it does not use (max_attempts + 1), so attempt
--- numbers stay unique. $4 delay, $5 metadata update (JSON text or NULL), $6 the
--- attempt's outcome, $7 progress_seq, $8 progress_state.
-WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
-    + _OWNED
-    + """,
 decision AS (
     SELECT o.*, n.ts, e.error_class, e.error_message,
            CASE
@@ -328,7 +322,53 @@ event AS (
     FROM updated u
 )
 SELECT u.status::text AS to_status FROM updated u
-""",
+"""
+)
+
+MARK_SNOOZED: Final = TransitionSQL.of(
+    _S.RUNNING,
+    (_S.SCHEDULED, _S.PENDING, _S.FAILED),
+    """
+-- arbiter: clock_timestamp() (run again at now + delay; the new time must not pass the deadline)
+-- The snooze gives back the attempt it does not use (max_attempts + 1), so attempt
+-- numbers stay unique.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
+    + _OWNED
+    + ","
+    + _SNOOZE,
+)
+
+# Every job of the parallel arrays $1 ids / $3 attempts (NULL: any) that is running
+# and held by $2; an id given twice counts once. Locked in id order (no deadlock
+# with another list).
+_OWNED_MANY: Final = """
+owned AS (
+    SELECT j.id, j.attempt, j.max_attempts, j.started_at, j.locked_by_worker,
+           j.schedule_to_close_deadline
+    FROM {schema}.jobs j
+    JOIN (
+        SELECT DISTINCT ON (i.id) i.id, i.attempt
+        FROM unnest($1::uuid[], $3::int[]) AS i (id, attempt)
+        ORDER BY i.id
+    ) AS i ON i.id = j.id
+    WHERE j.status = 'running' AND j.locked_by_worker = $2
+      AND (i.attempt IS NULL OR j.attempt = i.attempt)
+    ORDER BY j.id
+    FOR UPDATE OF j
+)"""
+
+MARK_SNOOZED_MANY: Final = TransitionSQL.of(
+    _S.RUNNING,
+    (_S.SCHEDULED, _S.PENDING, _S.FAILED),
+    """
+-- arbiter: clock_timestamp() (run again at now + delay; the new time must not pass the deadline)
+-- MARK_SNOOZED for a list, each job on its own guard: the shutdown's hand-back of the
+-- jobs a worker locked but never started, in one statement (architecture.md, "Drain
+-- phase"). One row per job that moved.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
+    + _OWNED_MANY
+    + ","
+    + _SNOOZE,
 )
 
 MARK_RETRY_AFTER: Final = TransitionSQL.of(

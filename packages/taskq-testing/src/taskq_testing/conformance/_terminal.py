@@ -10,7 +10,14 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from taskq.backend import Backend, CancelPhase, Connection, JobStatus, SupportsBatchedSuccess
+from taskq.backend import (
+    Backend,
+    CancelPhase,
+    Connection,
+    JobStatus,
+    SupportsBatchedSuccess,
+    SupportsUnstartedHandBack,
+)
 from taskq.models import AttemptOutcome, JobRow, SuccessWrite
 from taskq_testing.conformance._support import (
     ERROR,
@@ -121,6 +128,19 @@ async def _retry_after(
     return await b.mark_retry_after(job, worker, FAR, attempt=attempt)
 
 
+def handing_back(backend: Backend) -> SupportsUnstartedHandBack:
+    """``backend`` as a ``SupportsUnstartedHandBack``; skips the test when it is not one."""
+    if not isinstance(backend, SupportsUnstartedHandBack):
+        pytest.skip(f"{type(backend).__name__} does not implement SupportsUnstartedHandBack")
+    return backend
+
+
+async def _hand_back(
+    b: Backend, conn: Connection, job: UUID, worker: UUID, attempt: int | None
+) -> object:
+    return await handing_back(b).hand_back_unstarted(worker, [(job, attempt)])
+
+
 _RETURNS_ROW = object()
 """Marker: ``mark_failed_or_retry`` reports through the row it returns."""
 
@@ -138,6 +158,7 @@ _WRITES = [
     _Write(
         "mark_retry_after", _retry_after, JobStatus.SCHEDULED, "retry_after", "noop", "scheduled"
     ),
+    _Write("hand_back_unstarted", _hand_back, JobStatus.PENDING, "interrupted", 0, 1),
 ]
 # ``covers`` names Backend members; optional-protocol writes are checked all the same.
 _WRITE_NAMES = [w.name for w in _WRITES if hasattr(Backend, w.name)]
@@ -533,6 +554,34 @@ class TerminalWriteTests:
 
     async def test_mark_succeeded_many_of_nothing_is_nothing(self, backend: Backend) -> None:
         assert await batched(backend).mark_succeeded_many(uuid4(), []) == []
+
+    # -- hand_back_unstarted (SupportsUnstartedHandBack) ------------------------------
+
+    async def test_hand_back_unstarted_moves_each_owned_job_like_an_interrupting_snooze(
+        self, backend: Backend
+    ) -> None:
+        many = handing_back(backend)
+        worker = uuid4()
+        first = await running_job(backend, worker_id=worker)
+        second = await running_job(backend, worker_id=worker)
+        stale = await running_job(backend, worker_id=worker)
+        elsewhere = await running_job(backend, worker_id=uuid4())
+        jobs = [(first.id, 1), (second.id, None), (first.id, 1), (stale.id, 2)]
+        assert await many.hand_back_unstarted(worker, [*jobs, (elsewhere.id, None)]) == 2
+        for job in (first, second):
+            row = await fetch(backend, job.id)
+            assert (row.status, row.attempt, row.max_attempts) == (
+                JobStatus.PENDING,
+                1,
+                job.max_attempts + 1,
+            )
+            assert row.locked_by_worker is None
+            assert_close(row.scheduled_at, (await last_event(backend, job.id)).occurred_at)
+            assert only_attempt(await backend.get_attempts(job.id)).outcome == "interrupted"
+            await assert_history_consistent(backend, job.id)
+        for job in (stale, elsewhere):
+            assert (await fetch(backend, job.id)).status is JobStatus.RUNNING
+        assert await many.hand_back_unstarted(worker, []) == 0
 
     # -- mark_failed_or_retry ---------------------------------------------------------
 

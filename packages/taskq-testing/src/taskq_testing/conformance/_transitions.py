@@ -98,10 +98,13 @@ async def _fail(ctx: _Context) -> UUID:
     return job
 
 
-async def _retry(ctx: _Context) -> UUID:
-    job, worker = await _running(ctx)
-    await ctx.backend.mark_failed_or_retry(job, worker, ERROR, FAR)
-    return job
+def _retry(delay: timedelta) -> _Drive:
+    async def drive(ctx: _Context) -> UUID:
+        job, worker = await _running(ctx)
+        await ctx.backend.mark_failed_or_retry(job, worker, ERROR, delay)
+        return job
+
+    return drive
 
 
 async def _snooze_past_deadline(ctx: _Context) -> UUID:
@@ -110,10 +113,13 @@ async def _snooze_past_deadline(ctx: _Context) -> UUID:
     return job
 
 
-async def _snooze(ctx: _Context) -> UUID:
-    job, worker = await _running(ctx)
-    assert await ctx.backend.mark_snoozed(job, worker, FAR) == "scheduled"
-    return job
+def _snooze(delay: timedelta) -> _Drive:
+    async def drive(ctx: _Context) -> UUID:
+        job, worker = await _running(ctx)
+        assert await ctx.backend.mark_snoozed(job, worker, delay) == "scheduled"
+        return job
+
+    return drive
 
 
 async def _retry_after_spent(ctx: _Context) -> UUID:
@@ -122,10 +128,13 @@ async def _retry_after_spent(ctx: _Context) -> UUID:
     return job
 
 
-async def _retry_after(ctx: _Context) -> UUID:
-    job, worker = await _running(ctx)
-    assert await ctx.backend.mark_retry_after(job, worker, FAR) == "scheduled"
-    return job
+def _retry_after(delay: timedelta) -> _Drive:
+    async def drive(ctx: _Context) -> UUID:
+        job, worker = await _running(ctx)
+        assert await ctx.backend.mark_retry_after(job, worker, delay) == "scheduled"
+        return job
+
+    return drive
 
 
 async def _cancel(ctx: _Context) -> UUID:
@@ -237,9 +246,12 @@ DRIVES: dict[tuple[JobStatus, JobStatus, str], _Drive] = {
     (_S.RUNNING, _S.FAILED, "mark_failed_or_retry"): _fail,
     (_S.RUNNING, _S.FAILED, "mark_snoozed"): _snooze_past_deadline,
     (_S.RUNNING, _S.FAILED, "mark_retry_after"): _retry_after_spent,
-    (_S.RUNNING, _S.SCHEDULED, "mark_failed_or_retry"): _retry,
-    (_S.RUNNING, _S.SCHEDULED, "mark_snoozed"): _snooze,
-    (_S.RUNNING, _S.SCHEDULED, "mark_retry_after"): _retry_after,
+    (_S.RUNNING, _S.SCHEDULED, "mark_failed_or_retry"): _retry(FAR),
+    (_S.RUNNING, _S.SCHEDULED, "mark_snoozed"): _snooze(FAR),
+    (_S.RUNNING, _S.SCHEDULED, "mark_retry_after"): _retry_after(FAR),
+    (_S.RUNNING, _S.PENDING, "mark_failed_or_retry"): _retry(timedelta(0)),
+    (_S.RUNNING, _S.PENDING, "mark_snoozed"): _snooze(timedelta(0)),
+    (_S.RUNNING, _S.PENDING, "mark_retry_after"): _retry_after(timedelta(0)),
     (_S.RUNNING, _S.CANCELLED, "mark_cancelled"): _cancel,
     (_S.RUNNING, _S.CANCELLED, "reclaim_expired_locks"): _reclaim_cancelled,
     (_S.RUNNING, _S.ABANDONED, "mark_abandoned"): _abandon,

@@ -170,7 +170,8 @@ class JobRow(_Model):
     started_at: datetime | None = None
     """When the current attempt was dispatched."""
     execution_started_at: datetime | None = None
-    """When the actor body of the current attempt began (drain re-pends rows where this is unset)."""
+    """Always None today: dispatch clears it and nothing writes it (docs/adr/0004); the
+    worker tracks which of its jobs have started in memory."""
     finished_at: datetime | None = None
     locked_by_worker: UUID | None = None
     lock_expires_at: datetime | None = None

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import structlog
 
-from taskq._di import ProviderRegistry, build_actor_scope
+from taskq._di import ProviderRegistry, build_actor_scope, passthrough_scope
 from taskq._di.solver import Container
 from taskq._scope import Scope
 
@@ -318,3 +318,29 @@ async def test_call_sync_on_the_loop_thread_fails_instead_of_deadlocking(
     async with build_actor_scope(sync_job, registry, containers, {"payload": 1}) as scope:
         with pytest.raises(RuntimeError, match="event loop's thread"):
             scope.call_sync()
+
+
+async def test_an_invocation_that_needs_nothing_resolved_runs_without_a_scope(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    teardowns = Teardowns()
+    _register_transients(registry, teardowns)
+
+    async def plain(payload: int, ctx: str, limit: int = 5) -> tuple[int, str, int]:
+        return payload, ctx, limit
+
+    def plain_sync(payload: int, ctx: str) -> int:
+        return payload * 2
+
+    passed = {"payload": 3, "ctx": "c"}
+    scope = passthrough_scope(plain, registry, containers, passed)
+    assert scope is not None and scope.kwargs == passed
+    assert scope.kwargs is not passed  # the caller's mapping stays its own
+    assert await scope.invoke() == (3, "c", 5)  # an unprovided default stays the default
+    sync_scope = passthrough_scope(plain_sync, registry, containers, passed)
+    assert sync_scope is not None
+    with ThreadPoolExecutor(1) as executor:
+        assert await sync_scope.invoke(executor) == 6
+    # One parameter left to resolve (tx, audit, pool): the full scope is needed.
+    assert passthrough_scope(job, registry, containers, passed) is None
+    assert teardowns.order == []

@@ -3,7 +3,8 @@
 Actors and providers declare what they need through type hints; the
 :class:`ProviderRegistry` knows what provides each type and for how long
 (:class:`Scope`), the scope containers create, cache and tear the values
-down, and :func:`build_actor_scope` resolves one actor invocation.
+down, and :func:`build_actor_scope` resolves one actor invocation
+(:func:`passthrough_scope` one that needs nothing resolved).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from taskq._di.scopes import ResolvedActorScope as ResolvedActorScope
 from taskq._di.scopes import ScopeContainer as ScopeContainer
 from taskq._di.scopes import ThreadScope as ThreadScope
 from taskq._di.scopes import build_actor_scope as build_actor_scope
+from taskq._di.scopes import passthrough_scope as passthrough_scope
 from taskq._di.solver import Container as Container
 from taskq._di.solver import Containers as Containers
 from taskq._di.solver import solve_dependencies as solve_dependencies
@@ -41,5 +43,6 @@ __all__ = [
     "ScopeContainer",
     "ThreadScope",
     "build_actor_scope",
+    "passthrough_scope",
     "solve_dependencies",
 ]

@@ -388,6 +388,30 @@ class ResolvedActorScope:
         return self.func(**kwargs)
 
 
+def passthrough_scope(
+    func: Callable[..., object],
+    registry: ProviderRegistry,
+    containers: Containers,
+    passthrough_kwargs: Mapping[str, object],
+) -> ResolvedActorScope | None:
+    """The invocation of *func* when every parameter it needs is passed through, else None.
+
+    Then there is nothing to resolve and no TRANSIENT value to tear down, so the
+    invocation needs no scope around it (for a no-op actor, ~2.5 µs against ~7 µs
+    through :func:`build_actor_scope`'s context manager and TRANSIENT container).
+    """
+    if any(step.name not in passthrough_kwargs for step in registry.plan(func)):
+        return None
+    return ResolvedActorScope(
+        func,
+        dict(passthrough_kwargs),
+        is_async=inspect.iscoroutinefunction(func),
+        registry=registry,
+        containers=containers,
+        loop=asyncio.get_running_loop(),
+    )
+
+
 @asynccontextmanager
 async def build_actor_scope(
     func: Callable[..., object],

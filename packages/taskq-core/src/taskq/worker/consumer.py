@@ -12,13 +12,14 @@ import asyncio
 import functools
 import traceback
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from datetime import timedelta
 from typing import Any, TypeVar
 
 import structlog
 from pydantic_core import to_jsonable_python
 
-from taskq._di import build_actor_scope
+from taskq._di import ResolvedActorScope, build_actor_scope, passthrough_scope
 from taskq.actor import CONTEXT_PARAMETER, Actor
 from taskq.backend import CancelPhase, SupportsTransactions
 from taskq.context import Context
@@ -278,19 +279,25 @@ async def _invoke(
     passthrough: dict[str, Any],
     limit: float | None,
 ) -> Any:
-    async with build_actor_scope(
-        actor.fn, state.providers, state.containers(), passthrough
-    ) as scope:
-        if limit is None:
-            return await scope.invoke(state.executor)
-        deadline = asyncio.timeout(limit)
-        try:
-            async with deadline:
-                return await scope.invoke(state.executor)
-        except TimeoutError:
-            if deadline.expired():
-                raise TimeoutError(f"attempt exceeded its timeout of {limit}s") from None
-            raise
+    containers = state.containers()
+    plain = passthrough_scope(actor.fn, state.providers, containers, passthrough)
+    if plain is not None:
+        return await _call(plain, state.executor, limit)
+    async with build_actor_scope(actor.fn, state.providers, containers, passthrough) as scope:
+        return await _call(scope, state.executor, limit)
+
+
+async def _call(scope: ResolvedActorScope, executor: Executor, limit: float | None) -> Any:
+    if limit is None:
+        return await scope.invoke(executor)
+    deadline = asyncio.timeout(limit)
+    try:
+        async with deadline:
+            return await scope.invoke(executor)
+    except TimeoutError:
+        if deadline.expired():
+            raise TimeoutError(f"attempt exceeded its timeout of {limit}s") from None
+        raise
 
 
 async def _fail(

@@ -1,5 +1,6 @@
-"""Which statements a dispatch runs: one for a busy strict-FIFO queue, the settings
-lookup only when that statement found nothing or a queue is round robin."""
+"""Which statements a dispatch runs: one for a busy strict-FIFO queue (the plain-head
+statement, or the full one for a head that needs cap or identity checks), the
+settings lookup only when a queue is round robin or the full statement found nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from uuid import uuid4
 import asyncpg
 import pytest
 
-from taskq.models import EnqueueArgs, QueueConfig
+from taskq.models import ActorConfig, EnqueueArgs, QueueConfig
 from taskq_postgres import PostgresBackend
 from taskq_testing.postgres import PgSchema
 
@@ -33,6 +34,7 @@ async def backend(pg_pooled_schema: PgSchema) -> AsyncIterator[PostgresBackend]:
 async def statements(backend: PostgresBackend) -> list[str]:
     """The names of the dispatch statements the backend's connections run, in order."""
     names = {
+        backend._sql.dispatch_plain_head: "plain_head",
         backend._sql.dispatch_strict_fifo: "strict_fifo",
         backend._sql.dispatch_round_robin: "round_robin",
         backend._sql.queue_settings: "queue_settings",
@@ -57,14 +59,46 @@ async def test_a_busy_strict_fifo_dispatch_is_one_statement(
 ) -> None:
     await backend.enqueue_batch([EnqueueArgs(actor="a") for _ in range(3)])
     assert len(await backend.dispatch_batch(uuid4(), ["default"], 2, LEASE)) == 2
-    assert statements == ["strict_fifo"]
+    assert statements == ["plain_head"]
     statements.clear()
     assert len(await backend.dispatch_batch(uuid4(), ["default"], 2, LEASE)) == 1
+    assert statements == ["plain_head"]
+    statements.clear()
+    # Nothing due: a plain head rules a round-robin queue out, so nothing else runs.
+    assert await backend.dispatch_batch(uuid4(), ["default"], 2, LEASE) == []
+    assert statements == ["plain_head"]
+
+
+async def test_a_head_that_needs_checks_goes_to_the_full_statement_until_plain_again(
+    backend: PostgresBackend, statements: list[str]
+) -> None:
+    await backend.register_actors([ActorConfig(actor="capped", max_concurrent=1)])
+    await backend.enqueue_batch([EnqueueArgs(actor="capped") for _ in range(2)])
+    await backend.enqueue_batch([EnqueueArgs(actor="a") for _ in range(3)])
+    worker = uuid4()
+    first = await backend.dispatch_batch(worker, ["default"], 2, LEASE)
+    assert [row.actor for row in first] == ["capped", "a"]  # the cap held one back
+    assert statements == ["plain_head", "strict_fifo"]
+    statements.clear()
+    # Remembered: the full statement runs first; this head (capped, a, a) is not plain.
+    assert [r.actor for r in await backend.dispatch_batch(worker, ["default"], 1, LEASE)] == ["a"]
     assert statements == ["strict_fifo"]
     statements.clear()
-    # Nothing due: the settings tell whether a round-robin queue held it back.
-    assert await backend.dispatch_batch(uuid4(), ["default"], 2, LEASE) == []
-    assert statements == ["strict_fifo", "queue_settings"]
+    # The second capped job is still at the head: gated until it is dispatched.
+    assert await backend.mark_succeeded(first[0].id, worker, None)
+    assert [r.actor for r in await backend.dispatch_batch(worker, ["default"], 1, LEASE)] == [
+        "capped"
+    ]
+    assert statements == ["strict_fifo"]
+    statements.clear()
+    # The head is plain now (one job of "a"): the full statement says so, and the
+    # plain-head statement runs first again.
+    assert [r.actor for r in await backend.dispatch_batch(worker, ["default"], 1, LEASE)] == ["a"]
+    assert statements == ["strict_fifo"]
+    statements.clear()
+    await backend.enqueue(EnqueueArgs(actor="a"))
+    assert len(await backend.dispatch_batch(worker, ["default"], 1, LEASE)) == 1
+    assert statements == ["plain_head"]
 
 
 async def test_a_round_robin_queue_is_dispatched_by_the_round_robin_statement(
@@ -75,10 +109,10 @@ async def test_a_round_robin_queue_is_dispatched_by_the_round_robin_statement(
         [EnqueueArgs(actor="a", queue="fair", fairness_key=k) for k in "xxxy"]
     )
     worker = uuid4()
-    # The strict-FIFO statement locks nothing for a call naming a round-robin queue.
+    # The strict-FIFO statements lock nothing for a call naming a round-robin queue.
     first = await backend.dispatch_batch(worker, ["default", "fair"], 2, LEASE)
     assert sorted(row.fairness_key or "" for row in first) == ["x", "y"]
-    assert statements == ["strict_fifo", "queue_settings", "round_robin"]
+    assert statements == ["plain_head", "strict_fifo", "queue_settings", "round_robin"]
     statements.clear()
     # Remembered: the next call looks the settings up first.
     assert len(await backend.dispatch_batch(worker, ["default", "fair"], 2, LEASE)) == 2
@@ -92,7 +126,7 @@ async def test_a_round_robin_queue_is_dispatched_by_the_round_robin_statement(
     statements.clear()
     await backend.enqueue(EnqueueArgs(actor="a", queue="fair"))
     assert len(await backend.dispatch_batch(worker, ["default", "fair"], 2, LEASE)) == 1
-    assert statements == ["strict_fifo"]
+    assert statements == ["plain_head"]
 
 
 async def test_queue_caps_are_read_by_the_strict_fifo_statement(
@@ -101,4 +135,4 @@ async def test_queue_caps_are_read_by_the_strict_fifo_statement(
     await backend.configure_queue(QueueConfig(queue="small", max_concurrent=2))
     await backend.enqueue_batch([EnqueueArgs(actor="a", queue="small") for _ in range(5)])
     assert len(await backend.dispatch_batch(uuid4(), ["small"], 5, LEASE)) == 2
-    assert statements == ["strict_fifo"]
+    assert statements == ["plain_head", "strict_fifo"]

@@ -226,7 +226,9 @@ async def test_max_concurrent_and_identity_serialization(tq: TaskQ, pg_schema: P
 async def test_two_workers_split_the_work_and_run_nothing_twice(
     tq: TaskQ, pg_schema: PgSchema
 ) -> None:
-    await tq.client.enqueue_batch([(basic.nap, {"seconds": 0.01}) for _ in range(300)])
+    # 300 x 20 ms at concurrency 4 keeps one worker busy 1.5 s: longer than the other
+    # takes to start on a loaded machine, so both get jobs.
+    await tq.client.enqueue_batch([(basic.nap, {"seconds": 0.02}) for _ in range(300)])
     with (
         worker_process(pg_schema, "--until-idle", "--concurrency", "4") as w1,
         worker_process(pg_schema, "--until-idle", "--concurrency", "4") as w2,

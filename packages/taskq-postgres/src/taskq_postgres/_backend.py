@@ -305,6 +305,9 @@ class PostgresBackend:
         # Queue lists that held a round-robin queue at their last dispatch: they
         # look the settings up first instead of trying strict FIFO first.
         self._round_robin_calls: set[tuple[str, ...]] = set()
+        # Queue lists whose head last needed the cap or identity checks: they run the
+        # full strict-FIFO statement without trying the plain-head one first.
+        self._gated_heads: set[tuple[str, ...]] = set()
         self._worker_prefix = worker_channel_prefix(self.schema)
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
         self._lent = LentConnections()
@@ -562,11 +565,13 @@ class PostgresBackend:
     ) -> list[JobRow]:
         """Lock up to ``limit`` due pending jobs of ``queues`` for ``worker_id``.
 
-        The strict-FIFO statement reads the queues' modes and caps itself, so a
-        busy strict-FIFO dispatch is one round trip. It locks nothing when a queue
-        asked for is round robin; only then (or when it found no job, or when these
-        queues were round robin last time) are the settings looked up, and the
-        round-robin statement runs with them.
+        The strict-FIFO statements read the queues' modes and caps themselves, so
+        a busy strict-FIFO dispatch is one round trip: the small plain-head
+        statement when the head of the queues needs no cap or identity check, else
+        (and next time, until a head is plain again) the full one. They lock nothing
+        when a queue asked for is round robin; only then (or when the full one found
+        no job, or when these queues were round robin last time) are the settings
+        looked up, and the round-robin statement runs with them.
         """
         if limit <= 0 or not queues:
             return []
@@ -575,8 +580,15 @@ class PostgresBackend:
         db = self._db()
         params = [wanted, limit, worker_id, lock_lease, self.dispatch_oversample]
         fifo_first = key not in self._round_robin_calls
+        if fifo_first and key not in self._gated_heads:
+            records = await db.fetch(self._sql.dispatch_plain_head, *params)
+            if records[0]["plain_head"]:
+                return [job_row(record) for record in records if record["id"] is not None]
+            self._gated_heads.add(key)
         if fifo_first:
             records = await db.fetch(self._sql.dispatch_strict_fifo, *params)
+            if not records or records[0]["plain_head"]:
+                self._gated_heads.discard(key)
             if records:
                 return [job_row(record) for record in records]
         settings = await db.fetch(self._sql.queue_settings, wanted)

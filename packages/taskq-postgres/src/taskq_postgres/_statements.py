@@ -36,6 +36,7 @@ class Statements:
     notify: str
     # dispatch, leases, dispatch settings
     queue_settings: str
+    dispatch_plain_head: str
     dispatch_strict_fifo: str
     dispatch_round_robin: str
     heartbeat_jobs: str
@@ -115,6 +116,7 @@ def statements_for(schema: str) -> Statements:
         copy_clock_now=render(enqueue.CLOCK_NOW, s),
         notify=render(enqueue.NOTIFY, s),
         queue_settings=render(dispatch.QUEUE_SETTINGS, s),
+        dispatch_plain_head=dispatch.DISPATCH_PLAIN_HEAD.render(s),
         dispatch_strict_fifo=dispatch.DISPATCH_STRICT_FIFO.render(s),
         dispatch_round_robin=dispatch.DISPATCH_ROUND_ROBIN.render(s),
         heartbeat_jobs=render(dispatch.HEARTBEAT_JOBS, s),

@@ -63,6 +63,7 @@ from taskq_postgres._sql import TransitionSQL, job_columns
 
 __all__ = [
     "CONFIGURE_QUEUE",
+    "DISPATCH_PLAIN_HEAD",
     "DISPATCH_ROUND_ROBIN",
     "DISPATCH_STRICT_FIFO",
     "EXTEND_RESERVATION_LEASES",
@@ -87,7 +88,11 @@ SELECT name, mode, max_concurrent FROM {schema}.queues WHERE name = ANY($1::text
 # or the head holds every due job, it is the answer; only otherwise (caps or
 # identities filter out most of the head) are all actors sampled, which reads
 # up to residual * oversample jobs of each.
-_STRICT_CANDIDATES: Final = """
+# The head of the queues: their first limit_n * oversample due jobs in dispatch
+# order, and whether it is plain (no queue is round robin or capped, no job of the
+# head is identity-gated or of a capped actor): then the batch is simply its first
+# unlocked limit_n jobs.
+_HEAD: Final = """
 head_rows AS (
     SELECT c.*
     FROM params p
@@ -104,7 +109,7 @@ head_rows AS (
     LIMIT (SELECT p.limit_n * p.oversample FROM params p)
 ),
 head_plain (ok) AS (
-    SELECT cardinality(p.capped_queues) = 0
+    SELECT NOT p.round_robin AND cardinality(p.capped_queues) = 0
            AND NOT EXISTS (SELECT 1 FROM head_rows h WHERE h.identity_key IS NOT NULL)
            AND NOT EXISTS (
                SELECT 1 FROM head_rows h JOIN {schema}.actor_config ac ON ac.actor = h.actor
@@ -112,6 +117,11 @@ head_plain (ok) AS (
            )
     FROM params p
 ),
+"""
+
+_STRICT_CANDIDATES: Final = (
+    _HEAD
+    + """
 head AS (
     SELECT h.*,
            ROW_NUMBER() OVER (PARTITION BY h.queue, h.actor ORDER BY <ORDER:h>) AS actor_pos
@@ -154,6 +164,7 @@ admitted AS (
     UNION ALL
     SELECT * FROM sampled_admitted WHERE NOT (SELECT hp.ok FROM head_plain hp)
 ),"""
+)
 
 # Round robin ranks each job within its fairness cohort: first among its
 # cohort-mates by priority DESC, scheduled_at, id. PARTITION BY puts all NULL
@@ -309,6 +320,12 @@ eligible AS (
         LIMIT (SELECT p.limit_n FROM params p)
     )
 ),
+<WRITE>
+SELECT d.*, (SELECT hp.ok FROM head_plain hp) AS plain_head FROM dispatched d ORDER BY <ORDER:d>
+"""
+
+# Lock and mark what ``eligible`` holds, with one event per job.
+_WRITE: Final = """
 dispatched AS (
     UPDATE {schema}.jobs j
     SET status = 'running', attempt = j.attempt + 1, locked_by_worker = p.worker_id,
@@ -325,9 +342,7 @@ events AS (
                               'worker_id', p.worker_id::text)
     FROM dispatched d CROSS JOIN params p
     ORDER BY <ORDER:d>
-)
-SELECT d.* FROM dispatched d ORDER BY <ORDER:d>
-"""
+)"""
 
 _STRICT_ORDER: Final = "{a}.priority DESC, {a}.scheduled_at, {a}.id"
 _ROUND_ROBIN_ORDER: Final = "{a}.fairness_rank, {a}.priority DESC, {a}.scheduled_at, {a}.id"
@@ -350,7 +365,7 @@ _STRICT_PARAMS: Final = """
     SELECT $1::text[] AS queues,
            CASE WHEN qs.round_robin THEN 0 ELSE $2::int END AS limit_n,
            $3::uuid AS worker_id, $4::interval AS lock_lease, $5::int AS oversample,
-           qs.capped_queues, qs.queue_caps, clock_timestamp() AS now
+           qs.round_robin, qs.capped_queues, qs.queue_caps, clock_timestamp() AS now
     FROM (
         SELECT coalesce(bool_or(q.mode = 'round_robin'), false) AS round_robin,
                coalesce(array_agg(q.name ORDER BY q.name)
@@ -368,12 +383,17 @@ _ROUND_ROBIN_PARAMS: Final = """
            $8::text[] AS rr_queues, clock_timestamp() AS now"""
 
 
-def _variant(candidates: str, order: str, params: str) -> str:
-    sql = _DISPATCH_TEMPLATE.replace("<CANDIDATES>", _admit(candidates))
-    sql = sql.replace("<PARAMS>", params).replace("<JOB_COLUMNS>", job_columns("j"))
+def _ordered(sql: str, order: str) -> str:
+    """``sql`` with ``<WRITE>``, ``<JOB_COLUMNS>`` and every ``<ORDER:alias>`` filled in."""
+    sql = sql.replace("<WRITE>", _WRITE).replace("<JOB_COLUMNS>", job_columns("j"))
     for alias in "cdhrle":
         sql = sql.replace(f"<ORDER:{alias}>", order.replace("{a}", alias))
     return sql
+
+
+def _variant(candidates: str, order: str, params: str) -> str:
+    sql = _DISPATCH_TEMPLATE.replace("<CANDIDATES>", _admit(candidates))
+    return _ordered(sql.replace("<PARAMS>", params), order)
 
 
 DISPATCH_STRICT_FIFO: Final = TransitionSQL.of(
@@ -391,6 +411,42 @@ DISPATCH_ROUND_ROBIN: Final = TransitionSQL.of(
 )
 """Interleaves fairness cohorts: ``fairness_rank, priority DESC, scheduled_at, id``.
 For calls asking for at least one ``round_robin`` queue ($8 lists them)."""
+
+DISPATCH_PLAIN_HEAD: Final = TransitionSQL.of(
+    JobStatus.PENDING,
+    JobStatus.RUNNING,
+    _ordered(
+        """
+-- arbiter: clock_timestamp() (due check scheduled_at <= now; started_at and lease expiry)
+-- Strict FIFO for a plain head only ($1..$5 as DISPATCH_STRICT_FIFO): no per-actor,
+-- cap or identity phase to plan or start, which is most of that statement's cost.
+-- Always one row more than it locks: plain_head, with the job columns NULL; when
+-- plain_head is false it locks nothing and DISPATCH_STRICT_FIFO is the one to run.
+WITH
+params AS ("""
+        + _STRICT_PARAMS
+        + """
+),"""
+        + _HEAD
+        + """
+eligible AS (
+    SELECT h.id, h.priority, h.scheduled_at, h.fairness_rank
+    FROM head_rows h
+    JOIN {schema}.jobs j ON j.id = h.id
+    WHERE j.status = 'pending' AND (SELECT hp.ok FROM head_plain hp)
+    ORDER BY <ORDER:h>
+    LIMIT (SELECT p.limit_n FROM params p)
+    FOR UPDATE OF j SKIP LOCKED
+),<WRITE>
+SELECT hp.ok AS plain_head, d.*
+FROM head_plain hp LEFT JOIN dispatched d ON true
+ORDER BY <ORDER:d>
+""",
+        _STRICT_ORDER,
+    ),
+)
+"""The strict-FIFO batch of a plain head in a small statement; every dispatch of a
+strict-FIFO queue list tries it first unless its last head was not plain."""
 
 HEARTBEAT_JOBS: Final = """
 -- arbiter: clock_timestamp() (the new lease expiry)

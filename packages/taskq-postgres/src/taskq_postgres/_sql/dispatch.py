@@ -429,9 +429,10 @@ params AS ("""
 ),"""
         + _HEAD
         + """
+-- In order before the join, as in locked: the nested loop stops at limit_n rows.
 eligible AS (
     SELECT h.id, h.priority, h.scheduled_at, h.fairness_rank
-    FROM head_rows h
+    FROM (SELECT h.* FROM head_rows h ORDER BY <ORDER:h>) h
     JOIN {schema}.jobs j ON j.id = h.id
     WHERE j.status = 'pending' AND (SELECT hp.ok FROM head_plain hp)
     ORDER BY <ORDER:h>

@@ -1,7 +1,12 @@
-"""Dispatch: the two CTE variants, the queue-mode lookup, leases and dispatch settings.
+"""Dispatch: the CTE variants, the queue-mode lookup, leases and dispatch settings.
 
-Both variants are one atomic ``UPDATE … RETURNING`` built from the same
-phases (architecture.md, "Dispatch CTE")::
+The two variants of architecture.md ("Dispatch CTE"), strict FIFO and round
+robin, are each one atomic ``UPDATE … RETURNING`` built from the same phases;
+a third, small statement (``DISPATCH_PLAIN_HEAD``: params, head_rows,
+head_plain, then straight to the lock and the write) serves the common
+strict-FIFO case whose head needs no cap or identity check, because starting
+the full statement's plan costs about a fifth of a dispatch even when its
+per-actor branches do not run::
 
     params              $1 queues, $2 limit_n, $3 worker_id, $4 lock_lease, $5 oversample;
                         round robin: $6/$7 capped queues and their caps, $8 round-robin

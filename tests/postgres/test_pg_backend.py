@@ -74,8 +74,16 @@ async def test_a_terminal_write_stores_nul_characters_as_replacement_characters(
 async def test_payloads_and_reasons_with_nul_characters_are_stored(
     backend: PostgresBackend,
 ) -> None:
-    job = await backend.enqueue(EnqueueArgs(actor="a", payload={"p": NUL}, metadata={NUL: 1}))
-    assert (job.payload, job.metadata) == ({"p": FFFD}, {FFFD: 1})
+    job = await backend.enqueue(
+        EnqueueArgs(actor="a", payload={"p": NUL}, metadata={NUL: 1}, tags=[f"t{NUL}"])
+    )
+    assert (job.payload, job.metadata, job.tags) == ({"p": FFFD}, {FFFD: 1}, [f"t{FFFD}"])
+    assert await backend.get(job.id) == job
+    copied = EnqueueArgs(actor="a", payload={"p": NUL}, metadata={NUL: 1}, tags=[f"t{NUL}"])
+    assert await backend.enqueue_batch_fast([copied]) == 1
+    stored = await backend.get(copied.id)
+    assert stored is not None
+    assert (stored.payload, stored.metadata, stored.tags) == ({"p": FFFD}, {FFFD: 1}, [f"t{FFFD}"])
     assert await backend.write_cancel_request(job.id, f"why{NUL}")
     cancelled = await backend.get(job.id)
     assert cancelled is not None and cancelled.cancel_reason == f"why{FFFD}"

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, cast
+from typing import Any, Final, cast, overload
 
 from pydantic_core import from_json, to_json
 
@@ -57,6 +57,12 @@ REPLACEMENT_CHARACTER: Final = "\ufffd"
 _JSON_NUL: Final = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 
 
+@overload
+def clean_text(value: str) -> str: ...
+@overload
+def clean_text(value: None) -> None: ...
+@overload
+def clean_text(value: str | None) -> str | None: ...
 def clean_text(value: str | None) -> str | None:
     """``value`` with NUL characters replaced (``text`` columns reject them)."""
     if value is None or "\x00" not in value:

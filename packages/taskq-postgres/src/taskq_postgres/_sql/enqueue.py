@@ -88,12 +88,13 @@ WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.id = i.id)
 """
 )
 
-ENQUEUE_ONE: Final = (
-    """
+ENQUEUE_ONE: Final = """
 -- arbiter: clock_timestamp() (created_at; scheduled_at = now + delay; deadline = now + schedule_to_close)
 -- ENQUEUE for its common case, one job without an idempotency key: no arrays to
 -- unnest, no conflict to resolve, no existing row to look up. $1..$16 as the
--- arrays of ENQUEUE (tags as text[]); $17 is the wake channel, or NULL.
+-- arrays of ENQUEUE (tags as text[]); $17 is the wake channel, or NULL. It returns
+-- only what the server decides (status, attempt, the times): the caller knows the
+-- rest, as it sent it, and a fresh row's other columns hold their defaults.
 INSERT INTO {schema}.jobs AS j (
     id, actor, queue, status, priority, payload, scheduled_at, created_at, enqueued_at,
     max_attempts, identity_key, fairness_key, schedule_to_close_deadline,
@@ -107,12 +108,9 @@ SELECT
     n.ts, n.ts, $7::int, $8::text, $9::text, n.ts + $10::interval, $11::interval, $12::interval,
     $13::text::jsonb, $14::text[], $15::text, $16::text, n.ts
 FROM (SELECT clock_timestamp() AS ts) AS n
-RETURNING """
-    + _J
-    + """,
+RETURNING j.status, j.attempt, j.created_at, j.scheduled_at, j.schedule_to_close_deadline,
     CASE WHEN $17::text IS NOT NULL THEN pg_notify($17::text, '') END AS notified
 """
-)
 
 EXISTING_BY_KEY: Final = (
     """

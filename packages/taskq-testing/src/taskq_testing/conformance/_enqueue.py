@@ -121,6 +121,22 @@ class EnqueueTests:
         assert row.deadline_at is None
         assert await backend.get(args.id) == row
 
+    @covers("enqueue", "get")
+    async def test_a_delayed_job_with_a_deadline_is_returned_as_stored(
+        self, backend: Backend
+    ) -> None:
+        # Postgres builds a keyless job's returned row from what it sent and what
+        # the server decided (status, times): it must equal the stored one.
+        args = _full_args(delay=FAR, schedule_to_close=FAR * 2).model_copy(
+            update={"idempotency_key": None}
+        )
+        row = await backend.enqueue(args)
+        _assert_stored_as_given(row, args)
+        _assert_fresh(row)
+        assert row.status is JobStatus.SCHEDULED
+        assert row.deadline_at is not None
+        assert await backend.get(args.id) == row
+
     @pytest.mark.parametrize("delay", [None, timedelta(0)], ids=["no-delay", "zero-delay"])
     @covers("enqueue")
     async def test_enqueue_without_a_positive_delay_is_pending_now(

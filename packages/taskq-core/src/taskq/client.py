@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 from uuid import UUID, uuid4
 
 import structlog
@@ -33,6 +34,21 @@ __all__ = ["JobsClient"]
 _log = structlog.get_logger("taskq.client")
 
 ActorRef = Actor[..., Any] | str
+
+
+_VERSION_4: Final = (0x4000 << 64) | (0x8000 << 48)
+_NOT_VERSION_BITS: Final = ~((0xF000 << 64) | (0xC000 << 48))
+
+
+def _fresh_ids(n: int) -> list[UUID]:
+    """``n`` random (version 4) UUIDs, as ``uuid4`` makes them but from one
+    ``os.urandom`` call and without its per-call checks: half its cost per job."""
+    blob = os.urandom(16 * n)
+    take = int.from_bytes
+    return [
+        UUID(int=take(blob[i : i + 16]) & _NOT_VERSION_BITS | _VERSION_4)
+        for i in range(0, 16 * n, 16)
+    ]
 
 
 def _seconds(value: timedelta | float | None) -> timedelta | None:
@@ -149,16 +165,19 @@ class JobsClient:
             tags=list(tags),
         )
 
-    def _args(self, ref: ActorRef, payload: Any, options: Mapping[str, Any]) -> EnqueueArgs:
+    def _args(
+        self, ref: ActorRef, payload: Any, options: Mapping[str, Any], job_id: UUID | None = None
+    ) -> EnqueueArgs:
         """:meth:`build_args`, cheaper without options: then every field but the id and
-        the payload is the actor's default, validated once and copied since."""
+        the payload is the actor's default, validated once and copied since.
+        ``job_id`` (else a fresh one) unless the options name one."""
         if options:
-            return self.build_args(ref, payload, **options)
+            return self.build_args(ref, payload, **{"job_id": job_id, **options})
         target = self._actor(ref)
         defaults = self._defaults.get(target.name)
         if defaults is None or target.options.identity_key is not None:
             # The identity key follows the payload: no copy can stand for it.
-            args = self.build_args(target, payload)
+            args = self.build_args(target, payload, job_id=job_id)
             if target.options.identity_key is None:
                 self._defaults[target.name] = args
             return args
@@ -166,7 +185,7 @@ class JobsClient:
         # the id a fresh UUID. Fresh containers: no two jobs share a mutable value.
         return defaults.model_copy(
             update={
-                "id": uuid4(),
+                "id": job_id or uuid4(),
                 "payload": target.dump_payload(payload),
                 "metadata": {},
                 "tags": [],
@@ -208,13 +227,14 @@ class JobsClient:
         return await self._backend.enqueue_with_conn(conn, args)
 
     def _batch_args(self, items: Iterable[EnqueueItem | tuple[ActorRef, Any]]) -> list[EnqueueArgs]:
+        listed = list(items)
         built = []
-        for item in items:
+        for item, job_id in zip(listed, _fresh_ids(len(listed)), strict=True):
             if isinstance(item, EnqueueItem):
-                built.append(self._args(item.actor, item.payload, item.options))
+                built.append(self._args(item.actor, item.payload, item.options, job_id))
             else:
                 ref, payload = item
-                built.append(self._args(ref, payload, {}))
+                built.append(self._args(ref, payload, {}, job_id))
         return built
 
     async def _checked_batch(

@@ -1,0 +1,33 @@
+"""Job ids the client makes for a batch: random version-4 UUIDs, one per job."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import RFC_4122, uuid4
+
+from taskq import EnqueueItem, TaskQ, actor
+
+
+@actor(name="plain")
+async def plain(payload: dict[str, Any]) -> None:
+    return None
+
+
+async def test_a_batch_gets_distinct_version_4_ids_and_keeps_an_id_an_item_names() -> None:
+    own = uuid4()
+    async with TaskQ("memory://", actors=[plain]) as tq:
+        rows = await tq.client.enqueue_batch(
+            [
+                *[(plain, {}) for _ in range(300)],
+                EnqueueItem(actor="plain", payload={}, options={"job_id": own}),
+                EnqueueItem(actor="plain", payload={}, options={"priority": 2}),
+            ]
+        )
+        copied = await tq.client.enqueue_batch_fast([(plain, {}) for _ in range(300)])
+        assert copied == 300
+        stored = await tq.client.list_jobs(limit=1000)
+    ids = [row.id for row in rows]
+    assert ids[300] == own
+    made = [job.id for job in stored if job.id != own]
+    assert len(made) == 601 and len(set(made)) == 601
+    assert all(i.version == 4 and i.variant == RFC_4122 for i in made)

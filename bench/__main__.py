@@ -26,12 +26,23 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Coroutine
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import _deep, _floors, _pgqueuer, _taskq
-from bench._common import FULL, QUICK, Result, Sizes, analyze, checkpoint, median_of
+from bench._common import (
+    FULL,
+    QUICK,
+    Loop,
+    Result,
+    Sizes,
+    analyze,
+    checkpoint,
+    interleaved,
+    median_of,
+)
 from bench._report import Target, markdown
 from bench.latency import REPO
 
@@ -44,21 +55,54 @@ SchemaRun = Callable[[str, str], Coroutine[Any, Any, Result]]
 
 @dataclass(frozen=True)
 class Scenario:
-    """``run`` takes the throwaway database's DSN; ``compare`` names the scenarios
-    whose throughput this one is divided by."""
+    """``run`` takes the throwaway database's DSN and returns a result per name of
+    ``names``; ``compare`` names the scenarios whose throughput this one is divided by."""
 
     name: str
     n: int
-    run: Callable[[str], Result]
+    run: Callable[[str], list[Result]]
     compare: tuple[str, ...] = ()
+    paired: tuple[str, ...] = ()
+    """References measured in turns with this scenario, in the same run (see
+    ``interleaved``): their results come first."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (*self.paired, self.name)
 
 
-def _in_schema(body: SchemaRun) -> Callable[[str], Result]:
+def _in_schema(body: SchemaRun) -> Callable[[str], list[Result]]:
     """Run ``body`` on a freshly migrated TaskQ schema, dropped afterwards."""
 
-    def run(dsn: str) -> Result:
+    def run(dsn: str) -> list[Result]:
         with migrated_schema(dsn) as schema:
-            return asyncio.run(body(dsn, schema.name))
+            return [asyncio.run(body(dsn, schema.name))]
+
+    return run
+
+
+def _in_turns(
+    n: int, slice_size: int, **loops: Callable[[str, str], AbstractAsyncContextManager[Loop]]
+) -> Callable[[str], list[Result]]:
+    """Time each of ``loops`` (by scenario name) inserting ``n`` jobs, each on a freshly
+    migrated schema of its own, the loops taking turns ``slice_size`` jobs at a time."""
+
+    async def measure(dsn: str, schemas: list[str]) -> list[Result]:
+        async with AsyncExitStack() as stack:
+            opened = [
+                await stack.enter_async_context(open_loop(dsn, schema))
+                for open_loop, schema in zip(loops.values(), schemas, strict=True)
+            ]
+            seconds = await interleaved(opened, n, slice_size)
+        return [
+            Result(name, n, spent, {"in_turns_with": [o for o in loops if o != name]})
+            for name, spent in zip(loops, seconds, strict=True)
+        ]
+
+    def run(dsn: str) -> list[Result]:
+        with ExitStack() as stack:
+            schemas = [stack.enter_context(migrated_schema(dsn)).name for _ in loops]
+            return asyncio.run(measure(dsn, schemas))
 
     return run
 
@@ -85,15 +129,17 @@ def _pgqueuer_ready() -> str | None:
     return None
 
 
-def _pgqueuer_run(name: str, n: int, body: Callable[[str], Result]) -> Callable[[str], Result]:
-    def run(dsn: str) -> Result:
+def _pgqueuer_run(
+    name: str, n: int, body: Callable[[str], Result]
+) -> Callable[[str], list[Result]]:
+    def run(dsn: str) -> list[Result]:
         reason = _pgqueuer_ready()
         if reason is None:
             try:
-                return body(dsn)
+                return [body(dsn)]
             except _pgqueuer.Unavailable as exc:
                 reason = str(exc)
-        return Result(name, n, None, {"skipped": reason})
+        return [Result(name, n, None, {"skipped": reason})]
 
     return run
 
@@ -102,11 +148,6 @@ def scenarios(sizes: Sizes) -> list[Scenario]:
     """Every scenario of a run, each after the ones it is compared with."""
     one, bulk, chunk, cap = sizes.enqueue_one, sizes.bulk, sizes.bulk_chunk, sizes.timeout_s
     found = [
-        Scenario(
-            "floor_insert_notify",
-            one,
-            _in_schema(lambda d, s: _floors.insert_notify(d, s, one, wake_channel(s))),
-        ),
         Scenario(
             "pgqueuer_enqueue_one",
             one,
@@ -117,13 +158,14 @@ def scenarios(sizes: Sizes) -> list[Scenario]:
         Scenario(
             "taskq_enqueue_one",
             one,
-            _in_schema(lambda d, s: _taskq.enqueue_one(d, s, one)),
+            _in_turns(
+                one,
+                max(one // 20, 1),
+                floor_insert_notify=lambda d, s: _floors.insert_notify(d, s, wake_channel(s)),
+                taskq_enqueue_one=_taskq.enqueue_one,
+            ),
             ("floor_insert_notify", "pgqueuer_enqueue_one"),
-        ),
-        Scenario(
-            "floor_copy",
-            bulk,
-            _in_schema(lambda d, s: _floors.copy(d, s, bulk, chunk, wake_channel(s))),
+            paired=("floor_insert_notify",),
         ),
         Scenario(
             "pgqueuer_enqueue_batch",
@@ -135,15 +177,21 @@ def scenarios(sizes: Sizes) -> list[Scenario]:
             ),
         ),
         Scenario(
+            "taskq_enqueue_copy",
+            bulk,
+            _in_turns(
+                bulk,
+                chunk,
+                floor_copy=lambda d, s: _floors.copy(d, s, wake_channel(s)),
+                taskq_enqueue_copy=_taskq.enqueue_copy,
+            ),
+            ("floor_copy", "pgqueuer_enqueue_batch"),
+            paired=("floor_copy",),
+        ),
+        Scenario(
             "taskq_enqueue_batch",
             bulk,
             _in_schema(lambda d, s: _taskq.enqueue_batch(d, s, bulk, chunk)),
-            ("floor_copy", "pgqueuer_enqueue_batch"),
-        ),
-        Scenario(
-            "taskq_enqueue_copy",
-            bulk,
-            _in_schema(lambda d, s: _taskq.enqueue_copy(d, s, bulk, chunk)),
             ("floor_copy", "pgqueuer_enqueue_batch"),
         ),
     ]
@@ -272,22 +320,22 @@ def targets(sizes: Sizes) -> list[Target]:
     return found
 
 
-def _attempt(scenario: Scenario, dsn: str) -> Result:
+def _attempt(scenario: Scenario, dsn: str) -> list[Result]:
     try:
         asyncio.run(checkpoint(dsn))
         return scenario.run(dsn)
     except Exception as exc:  # noqa: BLE001 - one broken scenario must not end the run
         traceback.print_exc()
-        return Result(scenario.name, scenario.n, None, {"error": repr(exc)})
+        return [Result(name, scenario.n, None, {"error": repr(exc)}) for name in scenario.names]
 
 
-def _summary(scenario: Scenario, runs: dict[str, list[Result]]) -> Result:
-    """One line for ``scenario``: its run, or the medians of its runs; each ratio to a
-    compared scenario is the median of the per-round ratios (runs minutes apart on a
-    machine whose speed drifts would otherwise skew it)."""
-    mine = runs[scenario.name]
+def _summary(name: str, compare: tuple[str, ...], runs: dict[str, list[Result]]) -> Result:
+    """One line for scenario ``name``: its run, or the medians of its runs; each ratio
+    to a ``compare`` scenario is the median of the per-round ratios (runs minutes apart
+    on a machine whose speed drifts would otherwise skew it)."""
+    mine = runs[name]
     result = mine[0] if len(mine) == 1 else median_of(mine)
-    for other in scenario.compare:
+    for other in compare:
         ratios = [
             round(a.per_second / b.per_second, 3)
             for a, b in zip(mine, runs.get(other, []), strict=False)
@@ -331,24 +379,29 @@ def main() -> None:
     sizes = QUICK if args.quick else FULL
     chosen = scenarios(sizes)
     if args.only:
-        unknown = sorted(set(args.only) - {s.name for s in chosen})
+        known = [name for s in chosen for name in s.names]
+        unknown = sorted(set(args.only) - set(known))
         if unknown:
-            names = ", ".join(s.name for s in chosen)
-            parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {names}")
-        chosen = [s for s in chosen if s.name in args.only]
+            parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        # A reference measured in turns with a scenario comes with it, and it with it.
+        chosen = [s for s in chosen if set(s.names) & set(args.only)]
     started = time.monotonic()
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    runs: dict[str, list[Result]] = {scenario.name: [] for scenario in chosen}
+    runs: dict[str, list[Result]] = {name: [] for scenario in chosen for name in scenario.names}
     with throwaway_database(DEFAULT_TEST_DSN) as dsn:
         # Round by round (every scenario once per round), so that the runs compared
         # with each other were taken close together in time.
         for round_no in range(1, args.repeat + 1):
             for scenario in chosen:
-                run = _attempt(scenario, dsn)
-                runs[scenario.name].append(run)
-                if args.repeat > 1:  # progress; the medians follow on stdout
-                    print(json.dumps({"round": round_no, **run.line()}), file=sys.stderr)
-    results = {scenario.name: _summary(scenario, runs) for scenario in chosen}
+                for run in _attempt(scenario, dsn):
+                    runs[run.scenario].append(run)
+                    if args.repeat > 1:  # progress; the medians follow on stdout
+                        print(json.dumps({"round": round_no, **run.line()}), file=sys.stderr)
+    results = {
+        name: _summary(name, scenario.compare if name == scenario.name else (), runs)
+        for scenario in chosen
+        for name in scenario.names
+    }
     for result in results.values():
         print(json.dumps(result.line()), flush=True)
     header = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -134,6 +134,28 @@ def stopwatch() -> Iterator[list[float]]:
         yield elapsed
     finally:
         elapsed[0] = time.perf_counter() - started
+
+
+Loop = Callable[[int], Awaitable[None]]
+"""An enqueue loop, opened and warm: ``await run(k)`` inserts ``k`` more jobs."""
+
+
+async def interleaved(loops: Sequence[Loop], n: int, slice_size: int) -> list[float]:
+    """The seconds each loop took to insert ``n`` jobs, the loops taking turns a slice
+    of ``slice_size`` at a time (and the one that goes first alternating too).
+
+    This machine's speed drifts by tens of percent within seconds: two runs timed
+    one after the other compare the drift as much as the code. In turns, each
+    loop sees the same drift, the same server state and tables of the same size.
+    """
+    spent = [0.0] * len(loops)
+    for turn, size in enumerate(chunks(n, slice_size)):
+        shift = turn % len(loops)
+        for i in [*range(shift, len(loops)), *range(shift)]:
+            started = time.perf_counter()
+            await loops[i](size)
+            spent[i] += time.perf_counter() - started
+    return spent
 
 
 def chunks(total: int, size: int) -> Iterator[int]:

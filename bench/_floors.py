@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, Final
 from uuid import UUID, uuid4
 
 import asyncpg
-from bench._common import NAP_PAYLOAD, Result, chunks, drain_span, stopwatch
+from bench._common import NAP_PAYLOAD, Loop, Result, drain_span
 
 from taskq.identifiers import check_identifier
 
@@ -61,53 +63,59 @@ def _insert_notify_sql(schema: str) -> str:
     """
 
 
-async def insert_notify(dsn: str, schema: str, n: int, channel: str) -> Result:
-    """``n`` jobs, one INSERT + NOTIFY statement each, on one connection."""
+@asynccontextmanager
+async def insert_notify(dsn: str, schema: str, channel: str) -> AsyncIterator[Loop]:
+    """A loop inserting ``k`` jobs per call, one INSERT + NOTIFY statement each, on one
+    connection."""
     conn = await asyncpg.connect(dsn)
     try:
         statement = await conn.prepare(_insert_notify_sql(schema))
-        with stopwatch() as elapsed:
-            for _ in range(n):
+
+        async def run(k: int) -> None:
+            for _ in range(k):
                 await statement.fetchrow(uuid4(), json.dumps(NAP_PAYLOAD), channel)
+
+        yield run
     finally:
         await conn.close()
-    return Result("floor_insert_notify", n, elapsed[0])
 
 
-async def copy(dsn: str, schema: str, n: int, chunk: int, channel: str) -> Result:
-    """``n`` jobs by COPY, ``chunk`` rows per transaction (clock read + NOTIFY + COPY)."""
+@asynccontextmanager
+async def copy(dsn: str, schema: str, channel: str) -> AsyncIterator[Loop]:
+    """A loop COPYing ``k`` jobs per call in one transaction (clock read + NOTIFY + COPY)."""
     conn = await asyncpg.connect(dsn)
+
+    async def run(k: int) -> None:
+        async with conn.transaction():
+            now: datetime = await conn.fetchval(
+                "SELECT clock_timestamp() FROM pg_notify($1::text, '')", channel
+            )
+            records: list[tuple[Any, ...]] = [
+                (
+                    uuid4(),
+                    "nap",
+                    "default",
+                    "pending",
+                    0,
+                    json.dumps(NAP_PAYLOAD),
+                    now,
+                    now,
+                    now,
+                    3,
+                    "{}",
+                    [],
+                    now,
+                )
+                for _ in range(k)
+            ]
+            await conn.copy_records_to_table(
+                "jobs", schema_name=schema, columns=list(_COLUMNS), records=records
+            )
+
     try:
-        with stopwatch() as elapsed:
-            for size in chunks(n, chunk):
-                async with conn.transaction():
-                    now: datetime = await conn.fetchval(
-                        "SELECT clock_timestamp() FROM pg_notify($1::text, '')", channel
-                    )
-                    records: list[tuple[Any, ...]] = [
-                        (
-                            uuid4(),
-                            "nap",
-                            "default",
-                            "pending",
-                            0,
-                            json.dumps(NAP_PAYLOAD),
-                            now,
-                            now,
-                            now,
-                            3,
-                            "{}",
-                            [],
-                            now,
-                        )
-                        for _ in range(size)
-                    ]
-                    await conn.copy_records_to_table(
-                        "jobs", schema_name=schema, columns=list(_COLUMNS), records=records
-                    )
+        yield run
     finally:
         await conn.close()
-    return Result("floor_copy", n, elapsed[0])
 
 
 def _claim_sql(schema: str) -> str:

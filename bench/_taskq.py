@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
-from bench._common import NAP_PAYLOAD, Result, chunks, drain_span, stopwatch
+from bench._common import NAP_PAYLOAD, Loop, Result, chunks, drain_span, stopwatch
 from bench.latency import REPO, _start_worker, latency_figures
 
 from taskq import TaskQ
@@ -22,13 +24,16 @@ def _app(dsn: str, schema: str) -> TaskQ:
     return TaskQ(dsn, schema=schema, actors=basic.tq.actors.values())
 
 
-async def enqueue_one(dsn: str, schema: str, n: int) -> Result:
-    """``n`` calls of ``client.enqueue``, one after the other."""
+@asynccontextmanager
+async def enqueue_one(dsn: str, schema: str) -> AsyncIterator[Loop]:
+    """A loop of ``k`` calls of ``client.enqueue`` per call, one after the other."""
     async with _app(dsn, schema) as app:
-        with stopwatch() as elapsed:
-            for _ in range(n):
+
+        async def run(k: int) -> None:
+            for _ in range(k):
                 await app.client.enqueue(basic.nap, NAP_PAYLOAD)
-    return Result("taskq_enqueue_one", n, elapsed[0])
+
+        yield run
 
 
 async def enqueue_batch(dsn: str, schema: str, n: int, chunk: int) -> Result:
@@ -40,18 +45,22 @@ async def enqueue_batch(dsn: str, schema: str, n: int, chunk: int) -> Result:
     return Result("taskq_enqueue_batch", n, elapsed[0], {"chunk": chunk})
 
 
-async def enqueue_copy(dsn: str, schema: str, n: int, chunk: int) -> Result:
-    """``n`` jobs through ``client.enqueue_batch_fast`` (COPY), ``chunk`` per call."""
+@asynccontextmanager
+async def enqueue_copy(dsn: str, schema: str) -> AsyncIterator[Loop]:
+    """A loop of one ``client.enqueue_batch_fast`` (COPY) of ``k`` jobs per call."""
     async with _app(dsn, schema) as app:
-        with stopwatch() as elapsed:
-            for size in chunks(n, chunk):
-                await app.client.enqueue_batch_fast([(basic.nap, NAP_PAYLOAD)] * size)
-    return Result("taskq_enqueue_copy", n, elapsed[0], {"chunk": chunk})
+
+        async def run(k: int) -> None:
+            await app.client.enqueue_batch_fast([(basic.nap, NAP_PAYLOAD)] * k)
+
+        yield run
 
 
 async def preload(dsn: str, schema: str, n: int, chunk: int) -> None:
     """Enqueue ``n`` no-op jobs by COPY, untimed (the drains' backlog)."""
-    await enqueue_copy(dsn, schema, n, chunk)
+    async with enqueue_copy(dsn, schema) as run:
+        for size in chunks(n, chunk):
+            await run(size)
 
 
 def _worker_env(dsn: str, schema: str, concurrency: int, prefetch: int = 0) -> dict[str, str]:

@@ -4,7 +4,6 @@ settings lookup only when a queue is round robin or the full statement found not
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from uuid import uuid4
@@ -31,59 +30,47 @@ async def backend(pg_pooled_schema: PgSchema) -> AsyncIterator[PostgresBackend]:
     await backend.close()
 
 
-class Statements:
-    """The names of the dispatch statements the backend's connections ran, in order."""
-
-    def __init__(self, names: dict[str, str]) -> None:
-        self._names = names
-        self._ran: list[str] = []
-
-    def log(self, query: asyncpg.connection.LoggedQuery) -> None:
-        if query.query in self._names:
-            self._ran.append(self._names[query.query])
-
-    async def taken(self) -> list[str]:
-        """Those run since the last call. asyncpg calls a query logger soon after the
-        query, not during it: one turn of the event loop lets it."""
-        await asyncio.sleep(0)
-        ran, self._ran = self._ran, []
-        return ran
-
-
 @pytest.fixture
-async def statements(backend: PostgresBackend) -> Statements:
-    logged = Statements(
-        {
-            backend._sql.dispatch_plain_head: "plain_head",
-            backend._sql.dispatch_strict_fifo: "strict_fifo",
-            backend._sql.dispatch_round_robin: "round_robin",
-            backend._sql.queue_settings: "queue_settings",
-        }
-    )
+async def statements(backend: PostgresBackend) -> list[str]:
+    """The names of the dispatch statements the backend's connections run, in order."""
+    names = {
+        backend._sql.dispatch_plain_head: "plain_head",
+        backend._sql.dispatch_strict_fifo: "strict_fifo",
+        backend._sql.dispatch_round_robin: "round_robin",
+        backend._sql.queue_settings: "queue_settings",
+    }
+    ran: list[str] = []
+
+    def log(query: asyncpg.connection.LoggedQuery) -> None:
+        if query.query in names:
+            ran.append(names[query.query])
+
     pool = backend._require_pool()
     held = [await pool.acquire() for _ in range(2)]  # every connection of the pool
     for conn in held:
-        conn.add_query_logger(logged.log)
+        conn.add_query_logger(log)
     for conn in held:
         await pool.release(conn)
-    return logged
+    return ran
 
 
 async def test_a_busy_strict_fifo_dispatch_is_one_statement(
-    backend: PostgresBackend, statements: Statements
+    backend: PostgresBackend, statements: list[str]
 ) -> None:
     await backend.enqueue_batch([EnqueueArgs(actor="a") for _ in range(3)])
     assert len(await backend.dispatch_batch(uuid4(), ["default"], 2, LEASE)) == 2
-    assert await statements.taken() == ["plain_head"]
+    assert statements == ["plain_head"]
+    statements.clear()
     assert len(await backend.dispatch_batch(uuid4(), ["default"], 2, LEASE)) == 1
-    assert await statements.taken() == ["plain_head"]
+    assert statements == ["plain_head"]
+    statements.clear()
     # Nothing due: a plain head rules a round-robin queue out, so nothing else runs.
     assert await backend.dispatch_batch(uuid4(), ["default"], 2, LEASE) == []
-    assert await statements.taken() == ["plain_head"]
+    assert statements == ["plain_head"]
 
 
 async def test_a_head_that_needs_checks_goes_to_the_full_statement_until_plain_again(
-    backend: PostgresBackend, statements: Statements
+    backend: PostgresBackend, statements: list[str]
 ) -> None:
     await backend.register_actors([ActorConfig(actor="capped", max_concurrent=1)])
     await backend.enqueue_batch([EnqueueArgs(actor="capped") for _ in range(2)])
@@ -91,27 +78,31 @@ async def test_a_head_that_needs_checks_goes_to_the_full_statement_until_plain_a
     worker = uuid4()
     first = await backend.dispatch_batch(worker, ["default"], 2, LEASE)
     assert [row.actor for row in first] == ["capped", "a"]  # the cap held one back
-    assert await statements.taken() == ["plain_head", "strict_fifo"]
+    assert statements == ["plain_head", "strict_fifo"]
+    statements.clear()
     # Remembered: the full statement runs first; this head (capped, a, a) is not plain.
     assert [r.actor for r in await backend.dispatch_batch(worker, ["default"], 1, LEASE)] == ["a"]
-    assert await statements.taken() == ["strict_fifo"]
+    assert statements == ["strict_fifo"]
+    statements.clear()
     # The second capped job is still at the head: gated until it is dispatched.
     assert await backend.mark_succeeded(first[0].id, worker, None)
     assert [r.actor for r in await backend.dispatch_batch(worker, ["default"], 1, LEASE)] == [
         "capped"
     ]
-    assert await statements.taken() == ["strict_fifo"]
+    assert statements == ["strict_fifo"]
+    statements.clear()
     # The head is plain now (one job of "a"): the full statement says so, and the
     # plain-head statement runs first again.
     assert [r.actor for r in await backend.dispatch_batch(worker, ["default"], 1, LEASE)] == ["a"]
-    assert await statements.taken() == ["strict_fifo"]
+    assert statements == ["strict_fifo"]
+    statements.clear()
     await backend.enqueue(EnqueueArgs(actor="a"))
     assert len(await backend.dispatch_batch(worker, ["default"], 1, LEASE)) == 1
-    assert await statements.taken() == ["plain_head"]
+    assert statements == ["plain_head"]
 
 
 async def test_a_round_robin_queue_is_dispatched_by_the_round_robin_statement(
-    backend: PostgresBackend, statements: Statements
+    backend: PostgresBackend, statements: list[str]
 ) -> None:
     await backend.configure_queue(QueueConfig(queue="fair", mode="round_robin"))
     await backend.enqueue_batch(
@@ -121,29 +112,27 @@ async def test_a_round_robin_queue_is_dispatched_by_the_round_robin_statement(
     # The strict-FIFO statements lock nothing for a call naming a round-robin queue.
     first = await backend.dispatch_batch(worker, ["default", "fair"], 2, LEASE)
     assert sorted(row.fairness_key or "" for row in first) == ["x", "y"]
-    assert await statements.taken() == [
-        "plain_head",
-        "strict_fifo",
-        "queue_settings",
-        "round_robin",
-    ]
+    assert statements == ["plain_head", "strict_fifo", "queue_settings", "round_robin"]
+    statements.clear()
     # Remembered: the next call looks the settings up first.
     assert len(await backend.dispatch_batch(worker, ["default", "fair"], 2, LEASE)) == 2
-    assert await statements.taken() == ["queue_settings", "round_robin"]
+    assert statements == ["queue_settings", "round_robin"]
+    statements.clear()
     # Switched back to strict FIFO: seen in the settings, and strict FIFO runs again.
     await backend.configure_queue(QueueConfig(queue="fair", mode="strict_fifo"))
     await backend.enqueue(EnqueueArgs(actor="a", queue="fair"))
     assert len(await backend.dispatch_batch(worker, ["default", "fair"], 2, LEASE)) == 1
-    assert await statements.taken() == ["queue_settings", "strict_fifo"]
+    assert statements == ["queue_settings", "strict_fifo"]
+    statements.clear()
     await backend.enqueue(EnqueueArgs(actor="a", queue="fair"))
     assert len(await backend.dispatch_batch(worker, ["default", "fair"], 2, LEASE)) == 1
-    assert await statements.taken() == ["plain_head"]
+    assert statements == ["plain_head"]
 
 
 async def test_queue_caps_are_read_by_the_strict_fifo_statement(
-    backend: PostgresBackend, statements: Statements
+    backend: PostgresBackend, statements: list[str]
 ) -> None:
     await backend.configure_queue(QueueConfig(queue="small", max_concurrent=2))
     await backend.enqueue_batch([EnqueueArgs(actor="a", queue="small") for _ in range(5)])
     assert len(await backend.dispatch_batch(uuid4(), ["small"], 5, LEASE)) == 2
-    assert await statements.taken() == ["plain_head", "strict_fifo"]
+    assert statements == ["plain_head", "strict_fifo"]

@@ -1,16 +1,14 @@
-"""The connections of the enqueue path: a pinned one for one-job enqueues (and
-dispatches), and session resets only for connections lent to caller code."""
+"""The connections of the enqueue path: a pinned one for one-job enqueues, and session
+resets only for connections lent to caller code."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import timedelta
-from uuid import uuid4
 
 import pytest
 
-from taskq import EnqueueArgs, JobStatus
+from taskq import EnqueueArgs
 from taskq_postgres import PostgresBackend
 from taskq_testing.postgres import PgSchema
 
@@ -48,21 +46,6 @@ async def test_concurrent_enqueues_share_the_pinned_connection_and_the_pool(
     assert len({row.id for row in rows}) == 12
     for row in rows:
         assert await backend.get(row.id) == row
-
-
-async def test_a_dispatch_runs_on_the_pinned_connection_not_the_pool(
-    backend: PostgresBackend,
-) -> None:
-    await backend.enqueue(EnqueueArgs(actor="a"))  # pins a connection
-    pool = backend._require_pool()
-    others = [await pool.acquire() for _ in range(2)]  # the rest of the pool
-    try:
-        async with asyncio.timeout(5):  # a pool acquire would wait for ever
-            [job] = await backend.dispatch_batch(uuid4(), ["default"], 1, timedelta(minutes=1))
-        assert job.status is JobStatus.RUNNING
-    finally:
-        for conn in others:
-            await pool.release(conn)
 
 
 async def test_a_cancelled_enqueue_leaves_the_pinned_connection_usable(

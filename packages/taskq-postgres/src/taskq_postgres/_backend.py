@@ -577,9 +577,7 @@ class PostgresBackend:
             return []
         wanted = list(dict.fromkeys(queues))
         key = tuple(wanted)
-        # Each statement commits alone: the pinned connection spares the pool's
-        # acquire and release on the path from a wake to a job's start.
-        db: Any = self._autocommit_db()  # as _db(): its records are read as mappings
+        db = self._db()
         params = [wanted, limit, worker_id, lock_lease, self.dispatch_oversample]
         fifo_first = key not in self._round_robin_calls
         if fifo_first and key not in self._gated_heads:

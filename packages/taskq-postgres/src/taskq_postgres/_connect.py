@@ -197,8 +197,7 @@ class LentConnections:
 
 class PinnedConnection:
     """One pool connection kept checked out for the backend's one-statement writes
-    (a one-job enqueue, a dispatch), used while idle; a concurrent caller goes to
-    the pool.
+    (a one-job enqueue), used while idle; a concurrent caller goes to the pool.
 
     asyncpg's acquire and release take several event-loop turns, about as long
     as a one-row INSERT on a small machine. Any error hands the connection back

@@ -46,7 +46,7 @@ def _fresh_ids(n: int) -> list[UUID]:
     blob = os.urandom(16 * n)
     take = int.from_bytes
     return [
-        UUID(int=take(blob[i : i + 16]) & _NOT_VERSION_BITS | _VERSION_4)
+        UUID(int=(take(blob[i : i + 16]) & _NOT_VERSION_BITS) | _VERSION_4)
         for i in range(0, 16 * n, 16)
     ]
 

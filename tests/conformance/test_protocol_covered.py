@@ -6,7 +6,12 @@ import inspect
 
 import pytest
 
-from taskq.backend import Backend, SupportsBatchedSuccess, SupportsUnstartedHandBack
+from taskq.backend import (
+    Backend,
+    SupportsBatchedSuccess,
+    SupportsUnstartedHandBack,
+    SupportsWorkerCancelWake,
+)
 from taskq.backend.memory import InMemoryBackend
 from taskq_postgres import PostgresBackend
 from taskq_testing.conformance import BackendConformance
@@ -54,3 +59,4 @@ def test_the_builtin_backends_implement_the_optional_writes(backend_type: type) 
     # built-in ones must not lose theirs unnoticed.
     assert issubclass(backend_type, SupportsBatchedSuccess)
     assert issubclass(backend_type, SupportsUnstartedHandBack)
+    assert issubclass(backend_type, SupportsWorkerCancelWake)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import asyncpg
 import pytest
@@ -14,9 +15,12 @@ import pytest
 from taskq import EnqueueArgs, JobStatus, TaskQ, WorkerSettings, actor
 from taskq.worker import Worker
 from taskq_postgres import PostgresBackend
+from taskq_postgres.channels import worker_channel
 from taskq_testing.postgres import PgSchema
 
 pytestmark = pytest.mark.postgres
+
+LONG = timedelta(hours=1)
 
 
 @pytest.fixture
@@ -61,6 +65,46 @@ async def test_listener_reconnects_after_its_connection_is_terminated(
         await backend.enqueue(EnqueueArgs(actor="a"))
         async with asyncio.timeout(5):
             await wake.wait()
+
+
+async def test_a_workers_own_channel_is_listened_to_again_after_a_reconnect(
+    backend: PostgresBackend,
+) -> None:
+    worker = uuid4()
+    await backend.enqueue(EnqueueArgs(actor="a"))
+    [job] = await backend.dispatch_batch(worker, ["default"], 1, timedelta(minutes=5))
+    async with backend.subscribe_worker_cancel_wake(worker) as cancel_wake:
+        assert await _kill_notify_connection(backend) == 1
+        await _until(lambda: backend.notify_reconnects == 1)
+        assert cancel_wake.is_set()  # woken once for what the outage may have hidden
+        cancel_wake.clear()
+        assert await backend.write_cancel_request(job.id, "stop")
+        async with asyncio.timeout(5):
+            await cancel_wake.wait()
+
+
+async def test_leaving_a_workers_channel_unlistens_it(pg_pooled_schema: PgSchema) -> None:
+    # No health check while the test reads the notify connection itself.
+    backend = PostgresBackend(
+        pg_pooled_schema.dsn, schema=pg_pooled_schema.name, notify_health_check_interval=LONG
+    )
+    await backend.open()
+    try:
+        channel = worker_channel(backend.schema, worker := uuid4())
+        async with backend.subscribe_wake():  # keeps the LISTEN connection up
+            async with backend.subscribe_worker_cancel_wake(worker):
+                assert channel in await _listened(backend)
+            assert channel not in await _listened(backend)
+    finally:
+        await backend.close()
+
+
+async def _listened(backend: PostgresBackend) -> set[str]:
+    """The channels the notify connection listens to (read on that connection)."""
+    listener = backend._require_listener()
+    assert listener is not None and listener._conn is not None
+    rows = await listener._conn.fetch("SELECT pg_listening_channels() AS channel")
+    return {row["channel"] for row in rows}
 
 
 async def test_a_worker_run_completes_after_the_notify_connection_dies(

@@ -187,6 +187,34 @@ async def test_cooperative_cancel_ends_a_running_job_cancelled() -> None:
         assert row is not None and row.status is JobStatus.CANCELLED
 
 
+async def test_a_cancel_request_wakes_the_heartbeat_of_the_worker_holding_the_job() -> None:
+    # Heartbeats 20 s apart: only the cancel wake of this worker's own
+    # subscription can bring the request to the job in time.
+    started = asyncio.Event()
+
+    @actor(name="waits")
+    async def waits(payload: dict[str, Any], ctx: Context) -> str:
+        started.set()
+        await ctx.cancel_event.wait()
+        return "stopped early"
+
+    tq = TaskQ("memory://", actors=[waits])
+    async with tq:
+        job = await tq.client.enqueue(waits, {})
+        settings = WorkerSettings.load(
+            {**FAST, "heartbeat_interval": "20s", "lock_lease": "80s", "leader_lease": "40s"},
+            env={},
+        )
+        runner = asyncio.create_task(Worker(tq, settings).run())
+        await asyncio.wait_for(started.wait(), 5)
+        assert isinstance(tq.backend, InMemoryBackend)
+        assert tq.backend._store.worker_cancel_wake_subscribers, "not subscribed per worker"
+        assert await tq.backend.write_cancel_request(job.id, "user asked")
+        await asyncio.wait_for(runner, 10)
+        row = await tq.client.get(job.id)
+        assert row is not None and row.status is JobStatus.CANCELLED
+
+
 async def test_sub_jobs_are_flushed_only_after_the_parent_succeeds() -> None:
     @actor(name="child")
     async def child(payload: dict[str, Any]) -> None:

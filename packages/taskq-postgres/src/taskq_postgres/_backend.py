@@ -108,7 +108,12 @@ from taskq_postgres._sql.reads import WHERE_TOKEN
 from taskq_postgres._statements import statements_for
 from taskq_postgres._transient import TRANSIENT_PG_ERRORS
 from taskq_postgres._wake import WakeCoalescer
-from taskq_postgres.channels import events_channel, wake_channel, worker_channel_prefix
+from taskq_postgres.channels import (
+    events_channel,
+    wake_channel,
+    worker_channel,
+    worker_channel_prefix,
+)
 
 __all__ = ["PostgresBackend"]
 
@@ -1087,6 +1092,17 @@ class PostgresBackend:
         Never set when ``poll_only``."""
         listener = self._require_listener()
         return _unset_event() if listener is None else listener.subscribe_cancel()
+
+    def subscribe_worker_cancel_wake(
+        self, worker_id: UUID
+    ) -> AbstractAsyncContextManager[asyncio.Event]:
+        """An event set when a running job ``worker_id`` holds receives a cancel request:
+        its own channel (``channels.worker_channel``) is listened to meanwhile. Never set
+        when ``poll_only``."""
+        listener = self._require_listener()
+        if listener is None:
+            return _unset_event()
+        return listener.subscribe_worker_cancel(worker_channel(self.schema, worker_id))
 
     # -- schedules ---------------------------------------------------------------------------
     async def create_schedule(self, args: ScheduleCreateArgs) -> ScheduleRecord:

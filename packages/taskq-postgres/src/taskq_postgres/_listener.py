@@ -2,9 +2,10 @@
 
 ``subscribe_wake`` / ``subscribe_cancel_wake`` register an ``asyncio.Event``;
 a notification on the schema's wake channel sets every wake event, a cancel
-notification on its events channel every cancel event. The LISTEN runs
-before the first subscriber gets its event, so nothing committed after that
-is missed.
+notification on its events channel every cancel event. A worker's own channel
+(``subscribe_worker_cancel``) is listened to while someone subscribes to it,
+and sets only its subscribers' events. The LISTEN runs before a subscriber
+gets its event, so nothing committed after that is missed.
 
 A health-check task runs ``SELECT 1`` on the connection every
 ``health_check_interval``. When the check fails (for any reason) or the server
@@ -65,6 +66,8 @@ class NotifyListener:
         )
         self._wake: set[asyncio.Event] = set()
         self._cancel: set[asyncio.Event] = set()
+        self._worker_cancel: dict[str, set[asyncio.Event]] = {}
+        """By worker channel: the subscribers of each channel listened to."""
         self._conn: asyncpg.Connection[Any] | None = None
         self._lost = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -90,6 +93,40 @@ class NotifyListener:
             yield event
 
     @asynccontextmanager
+    async def subscribe_worker_cancel(self, channel: str) -> AsyncIterator[asyncio.Event]:
+        """An event set on every notification on ``channel`` (a worker's own) while inside."""
+        await self._start()
+        event = asyncio.Event()
+        async with self._lock:
+            subscribers = self._worker_cancel.setdefault(channel, set())
+            if not subscribers:
+                await self._change_listener(channel, listen=True)
+            subscribers.add(event)
+        try:
+            yield event
+        finally:
+            async with self._lock:
+                subscribers.discard(event)
+                if not subscribers:
+                    del self._worker_cancel[channel]
+                    await self._change_listener(channel, listen=False)
+
+    async def _change_listener(self, channel: str, *, listen: bool) -> None:
+        """LISTEN to (or UNLISTEN from) a worker channel on the live connection. When
+        the connection is down, or fails now, the reconnect listens to what is subscribed."""
+        conn = self._conn
+        if conn is None or conn.is_closed():
+            return
+        try:
+            if listen:
+                await conn.add_listener(channel, self._on_worker_event)
+            else:
+                await conn.remove_listener(channel, self._on_worker_event)
+        except self._transient as exc:
+            _log.warning("taskq.notify-listen-failed", channel=channel, error=repr(exc))
+            self._lost.set()  # the health check decides whether to reconnect
+
+    @asynccontextmanager
     async def _subscribe(self, subscribers: set[asyncio.Event]) -> AsyncIterator[asyncio.Event]:
         await self._start()
         event = asyncio.Event()
@@ -110,6 +147,8 @@ class NotifyListener:
         try:
             await conn.add_listener(self._wake_channel, self._on_wake)
             await conn.add_listener(self._events_channel, self._on_event)
+            for channel in self._worker_cancel:
+                await conn.add_listener(channel, self._on_worker_event)
         except BaseException:
             await conn.close()
             raise
@@ -156,8 +195,7 @@ class NotifyListener:
             self.reconnects += 1
             _log.info("taskq.notify-reconnected", reconnects=self.reconnects)
             # Notifications sent while disconnected are gone: poll once for them.
-            _set_all(self._wake)
-            _set_all(self._cancel)
+            self._set_everyone()
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
@@ -196,12 +234,20 @@ class NotifyListener:
         if isinstance(message, dict) and message.get("type") == "cancel":
             _set_all(self._cancel)
 
+    def _on_worker_event(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        _set_all(self._worker_cancel.get(channel, set()))
+
     def _on_terminated(self, conn: object) -> None:
         self._conn = None
         self._lost.set()
         # Until the reconnect, subscribers poll instead of waiting for a wake.
+        self._set_everyone()
+
+    def _set_everyone(self) -> None:
         _set_all(self._wake)
         _set_all(self._cancel)
+        for subscribers in self._worker_cancel.values():
+            _set_all(subscribers)
 
 
 def _set_all(events: set[asyncio.Event]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -127,6 +128,10 @@ class JobStore:
         """The ``reclaimed`` events, in id order: the outbox ``poll_reclaim_events`` reads."""
         self.wake_subscribers: set[asyncio.Event] = set()
         self.cancel_wake_subscribers: set[asyncio.Event] = set()
+        self.worker_cancel_wake_subscribers: defaultdict[UUID, set[asyncio.Event]] = defaultdict(
+            set
+        )
+        """By worker: woken only by cancel requests for that worker's jobs."""
         self._idempotency: dict[tuple[str, str], JobId] = {}
         self._event_ids = itertools.count(1)
 

@@ -75,6 +75,7 @@ __all__ = [
     "SupportsStaleBatchSweep",
     "SupportsTransactions",
     "SupportsUnstartedHandBack",
+    "SupportsWorkerCancelWake",
     "SupportsWorkerRegistry",
     "check_protocol_version",
     "missing_members",
@@ -524,6 +525,22 @@ class SupportsUnstartedHandBack(Protocol):
         self, worker_id: UUID, jobs: Sequence[tuple[JobId, int | None]]
     ) -> int:
         """Hand back every ``(job id, attempt)`` the caller holds; how many moved."""
+        ...
+
+
+@runtime_checkable
+class SupportsWorkerCancelWake(Protocol):
+    """A backend that wakes only the worker a cancel request concerns (architecture.md,
+    "NOTIFY / Wake Mechanism": the per-worker channel), where
+    :meth:`Backend.subscribe_cancel_wake` wakes every worker on any cancel request.
+    """
+
+    def subscribe_worker_cancel_wake(
+        self, worker_id: UUID
+    ) -> AbstractAsyncContextManager[asyncio.Event]:
+        """An event set when a cancel request arrives for a running job ``worker_id``
+        holds, not for other workers' jobs. Like every wake it is a hint to poll: it
+        may also be set after a lost notification connection comes back."""
         ...
 
 

@@ -602,6 +602,8 @@ class InMemoryBackend:
             row.id, "cancel_requested", {"reason": reason} if reason is not None else {}, now
         )
         wake(self._store.cancel_wake_subscribers)
+        if row.locked_by_worker is not None:
+            wake(self._store.worker_cancel_wake_subscribers.get(row.locked_by_worker, set()))
         return False
 
     async def write_cancel_request(self, job_id: JobId, reason: str | None) -> bool:
@@ -799,6 +801,12 @@ class InMemoryBackend:
     def subscribe_cancel_wake(self) -> AbstractAsyncContextManager[asyncio.Event]:
         """An event set whenever a running job receives a cancel request."""
         return self._subscribe(self._store.cancel_wake_subscribers)
+
+    def subscribe_worker_cancel_wake(
+        self, worker_id: UUID
+    ) -> AbstractAsyncContextManager[asyncio.Event]:
+        """An event set when a running job ``worker_id`` holds receives a cancel request."""
+        return self._subscribe(self._store.worker_cancel_wake_subscribers[worker_id])
 
     # -- schedules -----------------------------------------------------------------------
     async def create_schedule(self, args: ScheduleCreateArgs) -> ScheduleRecord:

@@ -8,10 +8,11 @@ local tasks are cancelled at once, and their outcome is never written.
 from __future__ import annotations
 
 import asyncio
+from contextlib import AbstractAsyncContextManager
 
 import structlog
 
-from taskq.backend._protocol import SupportsWorkerRegistry
+from taskq.backend._protocol import SupportsWorkerCancelWake, SupportsWorkerRegistry
 from taskq.backend.statemachine import JobStatus
 from taskq.worker._state import WorkerState
 from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
@@ -25,6 +26,15 @@ async def _sleep_or_wake(seconds: float, wake: asyncio.Event) -> None:
             await wake.wait()
     except TimeoutError:
         pass
+
+
+def _cancel_wake(state: WorkerState) -> AbstractAsyncContextManager[asyncio.Event]:
+    """Woken by cancel requests for this worker's jobs only, where the backend can tell;
+    else by every cancel request (each then costs every worker a heartbeat)."""
+    backend = state.backend
+    if isinstance(backend, SupportsWorkerCancelWake):
+        return backend.subscribe_worker_cancel_wake(state.worker_id)
+    return backend.subscribe_cancel_wake()
 
 
 async def heartbeat_once(state: WorkerState) -> None:
@@ -64,7 +74,7 @@ async def heartbeat_loop(state: WorkerState) -> None:
     guard = UnexpectedLoopErrorGuard("heartbeat")
     transient = transient_errors()
     interval = state.settings.heartbeat_interval.total_seconds()
-    async with state.backend.subscribe_cancel_wake() as cancel_wake:
+    async with _cancel_wake(state) as cancel_wake:
         while True:
             cancel_wake.clear()
             try:

@@ -6,7 +6,7 @@ from uuid import uuid4
 
 import pytest
 
-from taskq.backend import Backend, CancelPhase, JobStatus
+from taskq.backend import Backend, CancelPhase, JobStatus, SupportsWorkerCancelWake
 from taskq.models import CancelFlag, JobFilter
 from taskq_testing.conformance._support import (
     TICK,
@@ -63,6 +63,31 @@ class CancelTests:
         assert_utc(after.cancel_requested_at)
         assert_close(after.cancel_requested_at, requested.occurred_at)
         assert after.finished_at is None
+
+    @pytest.mark.parametrize("how", ["one", "where"])
+    @covers("write_cancel_request", "cancel_where")
+    async def test_a_cancel_request_wakes_only_the_worker_holding_the_job(
+        self, backend: Backend, how: str
+    ) -> None:
+        if not isinstance(backend, SupportsWorkerCancelWake):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsWorkerCancelWake")
+        holder, other = uuid4(), uuid4()
+        job = await running_job(backend, worker_id=holder, tags=["held"])
+        others = await running_job(backend, worker_id=other)
+        async with (
+            backend.subscribe_worker_cancel_wake(holder) as mine,
+            backend.subscribe_worker_cancel_wake(other) as theirs,
+        ):
+            if how == "one":
+                assert await backend.write_cancel_request(job.id, "stop")
+            else:
+                result = await backend.cancel_where(JobFilter(tags=("held",)), "stop")
+                assert result.requested == [job.id]
+            await wait_for_wake(mine)
+            # Both would come from the same commit: by now the other one would be here.
+            assert not theirs.is_set()
+            assert await backend.write_cancel_request(others.id, "stop")
+            await wait_for_wake(theirs)
 
     @pytest.mark.parametrize("phase", [CancelPhase.COOPERATIVE, CancelPhase.FORCED])
     @covers("write_cancel_request")

@@ -42,7 +42,7 @@ class TcpProxy:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._call(self._close())
+        self._call(self._shut_down())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()
@@ -72,13 +72,28 @@ class TcpProxy:
             writer.transport.abort()
         self._writers.clear()
 
+    async def _shut_down(self) -> None:
+        """Close everything, and end the connections still being set up: their
+        sockets would otherwise outlive the loop, unclosed."""
+        await self._close()
+        pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Tracked at once: a cut while the upstream connection opens must drop it too.
+        self._writers.add(writer)
         try:
             up_reader, up_writer = await asyncio.open_connection(*self._target)
         except OSError:
             writer.transport.abort()
+            self._writers.discard(writer)
             return
-        self._writers |= {writer, up_writer}
+        if writer not in self._writers:  # cut meanwhile
+            up_writer.transport.abort()
+            return
+        self._writers.add(up_writer)
         await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
         self._writers -= {writer, up_writer}
 

@@ -167,7 +167,11 @@ async def test_enqueue_validates_payload_and_actor() -> None:
         assert await tq.client.list_jobs() == []
 
 
-async def test_cooperative_cancel_ends_a_running_job_cancelled() -> None:
+@pytest.mark.parametrize("heartbeats", ["often", "rarely"])
+async def test_cooperative_cancel_ends_a_running_job_cancelled(heartbeats: str) -> None:
+    # Rarely: 20 s apart, so only the cancel wake of the worker's own subscription
+    # can bring the request to the job in time.
+    slow = {"heartbeat_interval": "20s", "lock_lease": "80s", "leader_lease": "40s"}
     started = asyncio.Event()
 
     @actor(name="waits")
@@ -179,33 +183,8 @@ async def test_cooperative_cancel_ends_a_running_job_cancelled() -> None:
     tq = TaskQ("memory://", actors=[waits])
     async with tq:
         job = await tq.client.enqueue(waits, {})
-        runner = asyncio.create_task(run_until_idle(tq))
-        await asyncio.wait_for(started.wait(), 5)
-        assert await tq.backend.write_cancel_request(job.id, "user asked")
-        await asyncio.wait_for(runner, 10)
-        row = await tq.client.get(job.id)
-        assert row is not None and row.status is JobStatus.CANCELLED
-
-
-async def test_a_cancel_request_wakes_the_heartbeat_of_the_worker_holding_the_job() -> None:
-    # Heartbeats 20 s apart: only the cancel wake of this worker's own
-    # subscription can bring the request to the job in time.
-    started = asyncio.Event()
-
-    @actor(name="waits")
-    async def waits(payload: dict[str, Any], ctx: Context) -> str:
-        started.set()
-        await ctx.cancel_event.wait()
-        return "stopped early"
-
-    tq = TaskQ("memory://", actors=[waits])
-    async with tq:
-        job = await tq.client.enqueue(waits, {})
-        settings = WorkerSettings.load(
-            {**FAST, "heartbeat_interval": "20s", "lock_lease": "80s", "leader_lease": "40s"},
-            env={},
-        )
-        runner = asyncio.create_task(Worker(tq, settings).run())
+        overrides = slow if heartbeats == "rarely" else {}
+        runner = asyncio.create_task(run_until_idle(tq, **overrides))
         await asyncio.wait_for(started.wait(), 5)
         assert isinstance(tq.backend, InMemoryBackend)
         assert tq.backend._store.worker_cancel_wake_subscribers, "not subscribed per worker"

@@ -15,6 +15,8 @@ import pytest
 from taskq import EnqueueArgs, JobStatus, TaskQ, WorkerSettings, actor
 from taskq.worker import Worker
 from taskq_postgres import PostgresBackend
+from taskq_postgres._listener import NotifyListener
+from taskq_postgres._transient import TRANSIENT_PG_ERRORS
 from taskq_postgres.channels import worker_channel
 from taskq_testing.postgres import PgSchema
 
@@ -205,3 +207,49 @@ async def test_a_health_check_failing_with_any_error_still_reconnects(
 
 def _undecodable(text: str) -> int:
     raise ValueError(f"cannot decode {text!r}")
+
+
+async def test_subscribing_while_postgres_is_out_of_reach_polls_then_listens(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # A worker loop subscribing during an outage must not fail (it used to end the
+    # worker): its event is set so it polls, and the LISTEN starts once Postgres answers.
+    refused = 2
+
+    async def connect() -> asyncpg.Connection[Any]:
+        nonlocal refused
+        if refused:
+            refused -= 1
+            raise OSError("connection refused")
+        return await asyncpg.connect(pg_pooled_schema.dsn)
+
+    wake_channel, events_channel, own_channel = (f"t_{uuid4().hex}" for _ in range(3))
+    listener = NotifyListener(
+        connect,
+        wake_channel,
+        events_channel,
+        health_check_interval=0.1,
+        initial_backoff=0.01,
+        transient=TRANSIENT_PG_ERRORS,
+    )
+    try:
+        async with (
+            listener.subscribe_wake() as wake,
+            listener.subscribe_worker_cancel(own_channel) as own,
+        ):
+            assert wake.is_set() and own.is_set()
+            await _until(lambda: listener.reconnects == 1)
+            wake.clear()
+            own.clear()
+            conn = await asyncpg.connect(pg_pooled_schema.dsn)
+            try:
+                await conn.execute(
+                    "SELECT pg_notify($1, ''), pg_notify($2, '')", wake_channel, own_channel
+                )
+            finally:
+                await conn.close()
+            async with asyncio.timeout(5):
+                await wake.wait()
+                await own.wait()
+    finally:
+        await listener.close()

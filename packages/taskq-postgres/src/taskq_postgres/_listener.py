@@ -5,7 +5,9 @@ a notification on the schema's wake channel sets every wake event, a cancel
 notification on its events channel every cancel event. A worker's own channel
 (``subscribe_worker_cancel``) is listened to while someone subscribes to it,
 and sets only its subscribers' events. The LISTEN runs before a subscriber
-gets its event, so nothing committed after that is missed.
+gets its event, so nothing committed after that is missed. When Postgres is out
+of reach at that moment, the subscriber gets its event already set (it polls)
+instead of an error, and the health-check task connects as below.
 
 A health-check task runs ``SELECT 1`` on the connection every
 ``health_check_interval``. When the check fails (for any reason) or the server
@@ -102,6 +104,7 @@ class NotifyListener:
             if not subscribers:
                 await self._change_listener(channel, listen=True)
             subscribers.add(event)
+        self._poll_while_deaf(event)
         try:
             yield event
         finally:
@@ -131,6 +134,7 @@ class NotifyListener:
         await self._start()
         event = asyncio.Event()
         subscribers.add(event)
+        self._poll_while_deaf(event)
         try:
             yield event
         finally:
@@ -138,9 +142,16 @@ class NotifyListener:
 
     async def _start(self) -> None:
         async with self._lock:
-            if self._keeper is None:
+            if self._keeper is not None:
+                return
+            try:
                 await self._listen()
-                self._keeper = asyncio.create_task(self._keep_alive(), name="taskq-notify-health")
+            except self._transient as exc:
+                # Postgres is out of reach right now: the keeper connects as soon as it
+                # can and wakes everyone then; until that, subscribers poll.
+                _log.warning("taskq.notify-listen-failed", error=repr(exc))
+                self._lost.set()
+            self._keeper = asyncio.create_task(self._keep_alive(), name="taskq-notify-health")
 
     async def _listen(self) -> None:
         conn = await self._connect()
@@ -155,6 +166,12 @@ class NotifyListener:
         conn.add_termination_listener(self._on_terminated)
         self._conn = conn
         self._lost.clear()
+
+    def _poll_while_deaf(self, event: asyncio.Event) -> None:
+        """A new subscriber while nothing listens: set its event, so that it polls now
+        rather than wait for a wake that cannot come (the reconnect sets it again)."""
+        if not self.connected:
+            event.set()
 
     async def _healthy(self) -> bool:
         conn = self._conn

@@ -12,6 +12,7 @@ from taskq.backend import (
     SupportsUnstartedHandBack,
     SupportsWorkerCancelWake,
 )
+from taskq.backend._protocol import SupportsPrune
 from taskq.backend.memory import InMemoryBackend
 from taskq_postgres import PostgresBackend
 from taskq_testing.conformance import BackendConformance
@@ -60,3 +61,4 @@ def test_the_builtin_backends_implement_the_optional_writes(backend_type: type) 
     assert issubclass(backend_type, SupportsBatchedSuccess)
     assert issubclass(backend_type, SupportsUnstartedHandBack)
     assert issubclass(backend_type, SupportsWorkerCancelWake)
+    assert issubclass(backend_type, SupportsPrune)

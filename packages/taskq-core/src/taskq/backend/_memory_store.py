@@ -3,7 +3,8 @@
 :class:`JobStore` plays the part of the Postgres schema: the ``jobs`` table
 (frozen :class:`~taskq.models.JobRow` values, replaced on every change),
 ``job_attempts`` keyed by ``(job_id, attempt)``, ``job_events`` with one
-global increasing id, and the idempotency index. Every status change goes
+global increasing id, and the idempotency index; :meth:`JobStore.delete` is
+the cascade that removes a job with all of them. Every status change goes
 through :meth:`JobStore.move` (checked against the state machine, event row
 written) and every finished attempt through :meth:`JobStore.end_attempt`,
 so the "every transition leaves history" rule has one home.
@@ -15,7 +16,7 @@ import asyncio
 import copy
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -257,6 +258,23 @@ class JobStore:
         """A state-machine transition: checked against ``VALID_TRANSITIONS``, then written."""
         assert_valid_transition(row.status, to, row.id)
         return self.write_status(row, to, now, kind=kind, detail=detail, **changes)
+
+    def delete(self, job_ids: Collection[JobId]) -> dict[JobId, list[AttemptRow]]:
+        """Delete jobs with their events (the reclaim outbox's too) and their idempotency
+        keys, as the Postgres cascade does; returns each job's attempts, by attempt
+        number, which leave the store with it."""
+        attempts: dict[JobId, list[AttemptRow]] = {}
+        for job_id in job_ids:
+            row = self.jobs.pop(job_id)
+            key = (row.actor, row.idempotency_key) if row.idempotency_key is not None else None
+            if key is not None and self._idempotency.get(key) == job_id:
+                del self._idempotency[key]
+            self.events.pop(job_id, None)
+            by_number = self.attempts.pop(job_id, {})
+            attempts[job_id] = [by_number[n] for n in sorted(by_number)]
+        if attempts:
+            self.reclaim_events[:] = [e for e in self.reclaim_events if e.job_id not in attempts]
+        return attempts
 
     def owned(self, job_id: JobId, worker_id: UUID, attempt: int | None) -> JobRow | None:
         """The job if ``worker_id`` may finish it: running, locked by that worker and,

@@ -9,7 +9,8 @@ says in the simplest way that is still correct, and it is held to the same
 How it maps to the Postgres backend:
 
 * **Tables** live in :class:`~taskq.backend._memory_store.JobStore` (jobs,
-  attempts, events), :class:`~taskq.backend._memory_batches.BatchTable` and
+  attempts, events), :class:`~taskq.backend._memory_archive.JobArchive`
+  (the pruned jobs), :class:`~taskq.backend._memory_batches.BatchTable` and
   :class:`~taskq.backend._memory_schedules.ScheduleTable`. Rows are frozen
   pydantic models, replaced with ``model_copy`` on every change.
 * **Atomicity.** No method awaits while it works, so on one event loop each
@@ -30,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -38,6 +39,7 @@ from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 from uuid import UUID
 
+from taskq.backend._memory_archive import JobArchive
 from taskq.backend._memory_batches import BatchTable
 from taskq.backend._memory_dispatch import RunningLoad, dispatch_order, take_jobs
 from taskq.backend._memory_queries import select_jobs
@@ -115,6 +117,7 @@ class InMemoryBackend:
         self._queues: dict[str, QueueConfig] = {}
         self._schedules = ScheduleTable(self.clock)
         self._batches = BatchTable(self._store, self.clock)
+        self._archive = JobArchive(self._store, self.clock)
         self.leader: UUID | None = None
         """The worker leading maintenance on this backend, if any."""
         self.workers: dict[UUID, WorkerRecord] = {}
@@ -700,6 +703,23 @@ class InMemoryBackend:
         for row in expired:
             self._store.update(row, result=None)
         return len(expired)
+
+    async def prune_terminal_jobs(
+        self,
+        retention: Mapping[str, timedelta],
+        *,
+        archive_retention: timedelta,
+        batch_size: int = 10_000,
+    ) -> int:
+        """Move terminal jobs past their status's retention (with their attempts) into
+        the archive and delete their events, ``batch_size`` at a time (``SupportsPrune``);
+        archived jobs expire ``archive_retention`` later. Returns the jobs moved."""
+        return self._archive.prune(retention, archive_retention, batch_size)
+
+    async def expire_archive(self, *, batch_size: int = 10_000) -> int:
+        """Delete archived jobs (and their attempts) past ``expire_at``, ``batch_size``
+        at a time (``SupportsPrune``); returns how many."""
+        return self._archive.expire(batch_size)
 
     # -- fleet statistics and the worker registry ---------------------------------------
     async def queue_depths(self) -> dict[str, dict[str, int]]:

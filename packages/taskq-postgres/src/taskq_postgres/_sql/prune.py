@@ -33,26 +33,28 @@ def _qualified(alias: str, columns: str) -> str:
 PRUNE_TERMINAL_JOBS: Final = f"""
 -- arbiter: clock_timestamp() (retention cutoff finished_at < now - $2; archived_at and
 -- expire_at = now + $4)
--- $1 terminal status, $3 batch size
-WITH victims AS MATERIALIZED (
+-- $1 terminal status, $3 batch size. The clock is read once: a job's archived_at
+-- and its attempts' are the same instant, and expire_at is exactly $4 later.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+victims AS MATERIALIZED (
     SELECT j.id
     FROM {{schema}}.jobs j
     WHERE j.status = $1::text::{{schema}}.job_status
-      AND j.finished_at < clock_timestamp() - $2::interval
+      AND j.finished_at < (SELECT ts FROM now) - $2::interval
     ORDER BY j.finished_at
     LIMIT $3
     FOR UPDATE OF j SKIP LOCKED
 ),
 archived AS (
     INSERT INTO {{schema}}.jobs_archive ({_JOB_COLUMNS}, archived_at, expire_at)
-    SELECT {_qualified("j", _JOB_COLUMNS)}, clock_timestamp(), clock_timestamp() + $4::interval
-    FROM {{schema}}.jobs j JOIN victims v ON v.id = j.id
+    SELECT {_qualified("j", _JOB_COLUMNS)}, n.ts, n.ts + $4::interval
+    FROM {{schema}}.jobs j JOIN victims v ON v.id = j.id CROSS JOIN now n
     RETURNING 1
 ),
 archived_attempts AS (
     INSERT INTO {{schema}}.job_attempts_archive ({_ATTEMPT_COLUMNS}, archived_at)
-    SELECT {_qualified("a", _ATTEMPT_COLUMNS)}, clock_timestamp()
-    FROM {{schema}}.job_attempts a JOIN victims v ON v.id = a.job_id
+    SELECT {_qualified("a", _ATTEMPT_COLUMNS)}, n.ts
+    FROM {{schema}}.job_attempts a JOIN victims v ON v.id = a.job_id CROSS JOIN now n
     RETURNING 1
 ),
 removed AS (

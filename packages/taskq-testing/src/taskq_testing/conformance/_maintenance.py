@@ -1,21 +1,22 @@
 """The maintenance leader's optional backend members: result expiry, stale batches,
-fleet statistics and the worker registry.
+fleet statistics, the worker registry, and pruning into the archive.
 
 These members belong to optional protocols (``SupportsResultExpiry``,
-``SupportsStaleBatchSweep``, ``SupportsFleetStats``, ``SupportsWorkerRegistry``);
-a backend without one skips its tests.
+``SupportsStaleBatchSweep``, ``SupportsFleetStats``, ``SupportsWorkerRegistry``,
+``SupportsPrune``); a backend without one skips its tests.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
 
 from taskq.backend import Backend, JobStatus
 from taskq.backend._protocol import (
     SupportsFleetStats,
+    SupportsPrune,
     SupportsResultExpiry,
     SupportsStaleBatchSweep,
     SupportsWorkerRegistry,
@@ -24,6 +25,7 @@ from taskq.models import ActorConfig, BatchRow
 from taskq_testing.conformance._support import (
     FAR,
     LONG_LEASE,
+    TICK,
     AdvanceTime,
     TimeLimits,
     assert_close,
@@ -31,10 +33,12 @@ from taskq_testing.conformance._support import (
     enqueue_and_dispatch,
     fetch,
     make_args,
+    reach,
     skip_unless_can_wait,
 )
 
 _SHORT_TTL = timedelta(milliseconds=500)
+_ZERO = timedelta(0)
 
 
 def _result_expiry(backend: Backend) -> SupportsResultExpiry:
@@ -61,14 +65,24 @@ def _worker_registry(backend: Backend) -> SupportsWorkerRegistry:
     return backend
 
 
+def _prune(backend: Backend) -> SupportsPrune:
+    if not isinstance(backend, SupportsPrune):
+        pytest.skip(f"{type(backend).__name__} does not implement SupportsPrune")
+    return backend
+
+
+async def _reclaimed_job_ids(backend: Backend) -> set[UUID]:
+    return {e.job_id for e in await backend.poll_reclaim_events(0, 1000, visibility_delay=_ZERO)}
+
+
 # Short enough for a real clock, with room between "fresh" and "stale" for a slow CI.
 _STALE_AFTER = timedelta(milliseconds=300)
 _STEP = timedelta(milliseconds=600)
 
 
 class MaintenanceTests(TimeLimits):
-    """``sweep_expired_results``, ``complete_stale_batches``, the fleet statistics and
-    the worker registry."""
+    """``sweep_expired_results``, ``complete_stale_batches``, the fleet statistics, the
+    worker registry, ``prune_terminal_jobs`` and ``expire_archive``."""
 
     @covers("mark_succeeded")
     async def test_sweep_expired_results_clears_only_expired_results(
@@ -203,3 +217,76 @@ class MaintenanceTests(TimeLimits):
         # says the row is gone, so that its worker can register again.
         assert not await registry.touch_worker(dead)
         await registry.deregister_worker(dead)
+
+    @covers("get", "get_attempts", "get_events", "poll_reclaim_events", "enqueue")
+    async def test_prune_moves_only_terminal_jobs_past_their_status_retention(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        pruner = _prune(backend)
+        # First, while no other lease exists: reaching it reclaims every expired lease.
+        crashed = await reach(backend, JobStatus.CRASHED, advance_time=advance_time)
+        key = f"prune-{uuid4()}"
+        done = [await reach(backend, JobStatus.SUCCEEDED, idempotency_key=key)]
+        done += [await reach(backend, JobStatus.SUCCEEDED) for _ in range(2)]
+        failed = await reach(backend, JobStatus.FAILED)
+        cancelled = await reach(backend, JobStatus.CANCELLED)
+        scheduled = await reach(backend, JobStatus.SCHEDULED)
+        running = await reach(backend, JobStatus.RUNNING)
+        pruned, kept = [crashed, *done], [failed, cancelled, scheduled, running]
+        history = {
+            job.id: (await backend.get_attempts(job.id), await backend.get_events(job.id))
+            for job in pruned + kept
+        }
+        # Something to delete: every job to be pruned ran, so it has both.
+        assert all(all(history[job.id]) for job in pruned)
+        assert crashed.id in await _reclaimed_job_ids(backend)
+        await advance_time(TICK)
+
+        # failed: finished more recently than its retention; cancelled: not in the
+        # mapping; scheduled and running: not terminal. Three succeeded jobs in
+        # batches of two take a full batch and a partial one.
+        retention = {"succeeded": _ZERO, "crashed": _ZERO, "failed": FAR}
+        assert await pruner.prune_terminal_jobs(retention, archive_retention=FAR, batch_size=2) == 4
+        for job in pruned:
+            assert await backend.get(job.id) is None
+            assert await backend.get_attempts(job.id) == []
+            assert await backend.get_events(job.id) == []
+        # The reclaim outbox is the jobs' events: the pruned job's reclaim left it too.
+        assert crashed.id not in await _reclaimed_job_ids(backend)
+        for job in kept:
+            assert await fetch(backend, job.id) == job
+            assert (await backend.get_attempts(job.id), await backend.get_events(job.id)) == (
+                history[job.id]
+            )
+        # Idempotency holds only over the jobs table: once archived, the key is free.
+        again = await backend.enqueue(make_args(idempotency_key=key))
+        assert again.id != done[0].id
+        assert again.status is JobStatus.PENDING
+        assert await pruner.prune_terminal_jobs(retention, archive_retention=FAR, batch_size=2) == 0
+
+        # Named with a retention they have outlived, the kept terminal jobs go too.
+        retention = {"failed": _ZERO, "cancelled": _ZERO}
+        assert await pruner.prune_terminal_jobs(retention, archive_retention=FAR) == 2
+        assert await backend.get(failed.id) is None
+        assert await backend.get(cancelled.id) is None
+        assert await fetch(backend, scheduled.id) == scheduled
+        assert await fetch(backend, running.id) == running
+
+    async def test_expire_archive_deletes_only_archived_jobs_past_expire_at(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        pruner = _prune(backend)
+        for _ in range(2):
+            await reach(backend, JobStatus.SUCCEEDED)
+        await advance_time(TICK)
+        assert await pruner.prune_terminal_jobs({"succeeded": _ZERO}, archive_retention=FAR) == 2
+        for _ in range(3):
+            await reach(backend, JobStatus.SUCCEEDED)
+        await advance_time(TICK)
+        assert await pruner.prune_terminal_jobs({"succeeded": _ZERO}, archive_retention=_ZERO) == 3
+        await advance_time(TICK)
+
+        # The three archived with no retention expire, in batches of two; the two
+        # archived for an hour do not.
+        assert await pruner.expire_archive(batch_size=2) == 3
+        assert await pruner.expire_archive(batch_size=2) == 0

@@ -84,6 +84,50 @@ def test_transient_errors_come_from_every_plugin() -> None:
     assert asyncpg.InvalidPasswordError not in errors  # auth failures are not transient
 
 
+async def test_a_success_write_failing_longer_than_the_lease_lands_once_it_can() -> None:
+    # The heartbeat renews every job locked by its worker. A worker that gave up on
+    # the write (it used to, after one lease) left the job running and locked, renewed
+    # for as long as it lived: never finished, never reclaimed.
+    class Blip(InMemoryBackend):
+        failing_until = 0.0
+
+        def _blip(self) -> None:
+            if asyncio.get_running_loop().time() < self.failing_until:
+                raise OSError("connection reset")
+
+        async def mark_succeeded(self, *args: Any, **kwargs: Any) -> Any:
+            self._blip()
+            return await super().mark_succeeded(*args, **kwargs)
+
+        async def mark_succeeded_many(self, *args: Any, **kwargs: Any) -> Any:
+            self._blip()
+            return await super().mark_succeeded_many(*args, **kwargs)
+
+    @actor(name="quick")
+    async def quick(payload: dict[str, Any]) -> str:
+        # Writes fail from now on, for three leases.
+        backend.failing_until = asyncio.get_running_loop().time() + 1.5
+        return "done"
+
+    backend = Blip()
+    tq = TaskQ("memory://", actors=[quick], backend=backend)
+    # No sweep: nothing but the worker's own write can finish the job.
+    settings = {**SETTINGS, "lock_lease": "500ms", "maintenance_interval": "1h"}
+    async with tq:
+        job = await tq.client.enqueue(quick, {})
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        run = asyncio.create_task(worker.run())
+        try:
+            async with asyncio.timeout(10):
+                while (row := await tq.client.get(job.id)) is None or not row.is_terminal:  # noqa: ASYNC110 - polling the stored row
+                    await asyncio.sleep(0.05)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(run, 10)
+        assert row.status is JobStatus.SUCCEEDED and row.result == "done"
+        assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["succeeded"]
+
+
 async def test_a_producer_that_keeps_failing_stops_the_worker() -> None:
     class Broken(InMemoryBackend):
         async def dispatch_batch(self, *args: Any, **kwargs: Any) -> Any:

@@ -70,10 +70,21 @@ def _released(state: WorkerState, active: ActiveJob, _done: asyncio.Future[None]
     state.release(active.row.id, active)
 
 
-async def _write(state: WorkerState, what: str, call: Callable[[], Awaitable[T]]) -> T | None:
-    """Run an outcome write, retrying transient failures for up to one lock lease.
+async def _write(
+    state: WorkerState, what: str, call: Callable[[], Awaitable[T]], *, give_up: bool = False
+) -> T | None:
+    """Run an outcome write, retrying transient failures until it lands.
 
-    Past that the lock has expired anyway and the reclaim sweep owns the job.
+    The job keeps its slot meanwhile, so the heartbeat keeps its lease: the
+    heartbeat renews every job locked by this worker, so a job given up on
+    here would stay ``running`` and locked, renewed for as long as the worker
+    lives, and no sweep would ever reclaim it. If the lease lapsed during an
+    outage and the job was reclaimed, the write's ownership guard makes it a
+    no-op. Only the task's cancellation (shutdown, lost lock) ends the retries.
+
+    ``give_up``: stop after one lock lease and return None. For writes the job
+    can do without (progress), and for hand-backs the shutdown makes itself:
+    the worker then exits, its heartbeat stops and the reclaim sweep takes the job.
     """
     transient = transient_errors()
     deadline = asyncio.get_running_loop().time() + state.settings.lock_lease.total_seconds()
@@ -82,7 +93,7 @@ async def _write(state: WorkerState, what: str, call: Callable[[], Awaitable[T]]
         try:
             return await call()
         except transient as exc:
-            if asyncio.get_running_loop().time() + pause > deadline:
+            if give_up and asyncio.get_running_loop().time() + pause > deadline:
                 _log.error("taskq.outcome-write-abandoned", write=what, error=repr(exc))
                 return None
             _log.warning("taskq.outcome-write-retry", write=what, error=repr(exc))
@@ -135,6 +146,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
             state,
             "progress",
             lambda: backend.record_progress(row.id, wid, seq, progress, attempt=row.attempt),
+            give_up=True,
         )
         if stored is False:
             _ownership_lost(row, "progress")
@@ -347,8 +359,11 @@ async def _stopped(state: WorkerState, row: JobRow, ctx: Context) -> bool:
     return False
 
 
-async def hand_back(state: WorkerState, row: JobRow, ctx: Context | None) -> None:
-    """Return a job interrupted by shutdown for another attempt, its budget untouched."""
+async def hand_back(
+    state: WorkerState, row: JobRow, ctx: Context | None, *, give_up: bool = False
+) -> None:
+    """Return a job interrupted by shutdown for another attempt, its budget untouched
+    (``give_up`` as for :func:`_write`)."""
     verdict = await _write(
         state,
         "interrupted",
@@ -361,6 +376,7 @@ async def hand_back(state: WorkerState, row: JobRow, ctx: Context | None) -> Non
             outcome="interrupted",
             attempt=row.attempt,
         ),
+        give_up=give_up,
     )
     if verdict == "noop":
         _ownership_lost(row, "interrupted")

@@ -99,7 +99,7 @@ async def _hand_back_unstarted(state: WorkerState) -> int:
             released = 0
     else:
         for row, _ in unstarted:
-            await hand_back(state, row, None)
+            await hand_back(state, row, None, give_up=True)
         released = len(unstarted)
     for row, active in unstarted:
         state.release(row.id, active)
@@ -136,7 +136,7 @@ async def orchestrate_shutdown(state: WorkerState, escalate: asyncio.Event) -> N
             continue
         _log.error("taskq.task-ignored-cancellation", job_id=str(active.row.id))
         if active.interrupted:
-            await hand_back(state, active.row, active.ctx)
+            await hand_back(state, active.row, active.ctx, give_up=True)
         elif active.cancel_phase >= CancelPhase.FORCED:
             await state.backend.mark_abandoned(active.row.id)
         active.finish()

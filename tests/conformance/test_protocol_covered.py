@@ -9,6 +9,7 @@ import pytest
 from taskq.backend import (
     Backend,
     SupportsBatchedSuccess,
+    SupportsHeldJobs,
     SupportsUnstartedHandBack,
     SupportsWorkerCancelWake,
 )
@@ -62,3 +63,4 @@ def test_the_builtin_backends_implement_the_optional_writes(backend_type: type) 
     assert issubclass(backend_type, SupportsUnstartedHandBack)
     assert issubclass(backend_type, SupportsWorkerCancelWake)
     assert issubclass(backend_type, SupportsPrune)
+    assert issubclass(backend_type, SupportsHeldJobs)

@@ -10,6 +10,7 @@ import pytest
 
 from taskq import (
     EnqueueItem,
+    JobRow,
     JobStatus,
     MaxPendingExceededError,
     TaskQ,
@@ -84,6 +85,11 @@ def test_transient_errors_come_from_every_plugin() -> None:
     assert asyncpg.InvalidPasswordError not in errors  # auth failures are not transient
 
 
+async def _all_finished(tq: TaskQ, jobs: list[JobRow]) -> bool:
+    rows = [await tq.client.get(job.id) for job in jobs]
+    return all(row is not None and row.is_terminal for row in rows)
+
+
 async def test_a_success_write_failing_longer_than_the_lease_lands_once_it_can() -> None:
     # The heartbeat renews every job locked by its worker. A worker that gave up on
     # the write (it used to, after one lease) left the job running and locked, renewed
@@ -119,13 +125,55 @@ async def test_a_success_write_failing_longer_than_the_lease_lands_once_it_can()
         run = asyncio.create_task(worker.run())
         try:
             async with asyncio.timeout(10):
-                while (row := await tq.client.get(job.id)) is None or not row.is_terminal:  # noqa: ASYNC110 - polling the stored row
+                while not await _all_finished(tq, [job]):  # noqa: ASYNC110 - polling rows
                     await asyncio.sleep(0.05)
         finally:
             worker.stop()
             await asyncio.wait_for(run, 10)
-        assert row.status is JobStatus.SUCCEEDED and row.result == "done"
+        row = await tq.client.get(job.id)
+        assert row is not None and row.status is JobStatus.SUCCEEDED and row.result == "done"
         assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["succeeded"]
+
+
+async def test_jobs_locked_by_a_dispatch_whose_reply_was_lost_are_handed_back() -> None:
+    # The dispatch commits, then the connection drops before its reply arrives: the
+    # jobs are locked by a worker that does not know them, and its heartbeat renews them.
+    class LostReply(InMemoryBackend):
+        lost = 0
+
+        async def dispatch_batch(self, *args: Any, **kwargs: Any) -> Any:
+            rows = await super().dispatch_batch(*args, **kwargs)
+            if rows and not self.lost:
+                self.lost = len(rows)
+                raise OSError("connection reset")
+            return rows
+
+    @actor(name="quick")
+    async def quick(payload: dict[str, Any]) -> str:
+        return "done"
+
+    backend = LostReply()
+    tq = TaskQ("memory://", actors=[quick], backend=backend)
+    # No sweep: only the worker itself can give the jobs back.
+    settings = {**SETTINGS, "maintenance_interval": "1h"}
+    async with tq:
+        jobs = [await tq.client.enqueue(quick, {}) for _ in range(3)]
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        run = asyncio.create_task(worker.run())
+        try:
+            async with asyncio.timeout(10):
+                while not await _all_finished(tq, jobs):  # noqa: ASYNC110 - polling rows
+                    await asyncio.sleep(0.05)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(run, 10)
+        assert backend.lost == 3
+        for job in jobs:
+            row = await tq.client.get(job.id)
+            assert row is not None and row.status is JobStatus.SUCCEEDED
+            # Handed back unstarted: its budget untouched, the lost lock on record.
+            outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
+            assert outcomes == ["interrupted", "succeeded"]
 
 
 async def test_a_producer_that_keeps_failing_stops_the_worker() -> None:

@@ -621,6 +621,11 @@ class PostgresBackend:
         """Extend the lease of every running job ``worker_id`` holds; returns how many."""
         return _changed(await self._db().execute(self._sql.heartbeat_jobs, worker_id, lock_lease))
 
+    async def held_jobs(self, worker_id: UUID) -> list[tuple[JobId, int]]:
+        """``(id, attempt)`` of every running job ``worker_id`` holds (``SupportsHeldJobs``)."""
+        records = await self._db().fetch(self._sql.held_jobs, worker_id)
+        return [(record["id"], record["attempt"]) for record in records]
+
     async def record_progress(
         self,
         job_id: JobId,

@@ -40,6 +40,7 @@ class Statements:
     dispatch_strict_fifo: str
     dispatch_round_robin: str
     heartbeat_jobs: str
+    held_jobs: str
     extend_reservation_leases: str
     register_actors: str
     configure_queue: str
@@ -120,6 +121,7 @@ def statements_for(schema: str) -> Statements:
         dispatch_strict_fifo=dispatch.DISPATCH_STRICT_FIFO.render(s),
         dispatch_round_robin=dispatch.DISPATCH_ROUND_ROBIN.render(s),
         heartbeat_jobs=render(dispatch.HEARTBEAT_JOBS, s),
+        held_jobs=render(dispatch.HELD_JOBS, s),
         extend_reservation_leases=render(dispatch.EXTEND_RESERVATION_LEASES, s),
         register_actors=render(dispatch.REGISTER_ACTORS, s),
         configure_queue=render(dispatch.CONFIGURE_QUEUE, s),

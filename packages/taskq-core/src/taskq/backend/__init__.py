@@ -8,6 +8,7 @@ from taskq.backend._protocol import Backend as Backend
 from taskq.backend._protocol import Connection as Connection
 from taskq.backend._protocol import SupportsBatchedSuccess as SupportsBatchedSuccess
 from taskq.backend._protocol import SupportsCredentialReload as SupportsCredentialReload
+from taskq.backend._protocol import SupportsHeldJobs as SupportsHeldJobs
 from taskq.backend._protocol import SupportsMigrate as SupportsMigrate
 from taskq.backend._protocol import SupportsTransactions as SupportsTransactions
 from taskq.backend._protocol import SupportsUnstartedHandBack as SupportsUnstartedHandBack
@@ -37,6 +38,7 @@ __all__ = [
     "JobStatus",
     "SupportsBatchedSuccess",
     "SupportsCredentialReload",
+    "SupportsHeldJobs",
     "SupportsMigrate",
     "SupportsTransactions",
     "SupportsUnstartedHandBack",

@@ -68,6 +68,7 @@ __all__ = [
     "SupportsCredentialReload",
     "SupportsCron",
     "SupportsFleetStats",
+    "SupportsHeldJobs",
     "SupportsLeaderElection",
     "SupportsMigrate",
     "SupportsPrune",
@@ -94,7 +95,7 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     `attempt` fence; open/close, register_actors and configure_queue made
 #     explicit so every state is reachable through the protocol.
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
-#     SupportsUnstartedHandBack.
+#     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs.
 #
 # When to bump: "increment it whenever a change alters an existing protocol
 # member's observable contract such that an implementation written against
@@ -525,6 +526,19 @@ class SupportsUnstartedHandBack(Protocol):
         self, worker_id: UUID, jobs: Sequence[tuple[JobId, int | None]]
     ) -> int:
         """Hand back every ``(job id, attempt)`` the caller holds; how many moved."""
+        ...
+
+
+@runtime_checkable
+class SupportsHeldJobs(Protocol):
+    """A backend that lists the jobs a worker holds, so that a worker can find the
+    ones it never heard of: a dispatch that committed but whose reply was lost (the
+    connection dropped) leaves jobs locked by a worker that does not know it has
+    them, and its heartbeat, which renews every job it locks, would keep them
+    ``running`` for as long as it lives."""
+
+    async def held_jobs(self, worker_id: UUID) -> list[tuple[JobId, int]]:
+        """``(job id, attempt)`` of every ``running`` job locked by ``worker_id``."""
         ...
 
 

@@ -227,14 +227,21 @@ class InMemoryBackend:
     async def heartbeat_jobs(self, worker_id: UUID, lock_lease: timedelta) -> int:
         """Extend the lease of every running job ``worker_id`` holds."""
         now = self.clock.now()
-        held = [
+        held = self._held(worker_id)
+        for row in held:
+            self._store.update(row, lock_expires_at=now + lock_lease)
+        return len(held)
+
+    async def held_jobs(self, worker_id: UUID) -> list[tuple[JobId, int]]:
+        """``(id, attempt)`` of every running job ``worker_id`` holds (``SupportsHeldJobs``)."""
+        return [(row.id, row.attempt) for row in self._held(worker_id)]
+
+    def _held(self, worker_id: UUID) -> list[JobRow]:
+        return [
             row
             for row in self._jobs.values()
             if row.status is _S.RUNNING and row.locked_by_worker == worker_id
         ]
-        for row in held:
-            self._store.update(row, lock_expires_at=now + lock_lease)
-        return len(held)
 
     async def extend_reservation_leases(self, worker_id: UUID, lock_lease: timedelta) -> int:
         """Always 0: the in-memory backend holds no reservation slots."""

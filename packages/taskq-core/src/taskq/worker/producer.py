@@ -3,6 +3,14 @@
 It sleeps on the backend's wake subscription (NOTIFY on Postgres) and falls
 back to polling every ``poll_interval``; when the process is full it waits
 for a consumer to free a slot instead.
+
+A dispatch that fails may still have committed (its reply lost with the
+connection, or the error raised while reading it): its jobs are then locked
+by this worker, which does not know them, and the heartbeat (renewing every
+job the worker locks) would keep them ``running`` for as long as the worker
+lives. So after such a failure, before dispatching again, the producer asks
+the backend which jobs it holds and hands back the ones it never heard of,
+unstarted.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ import asyncio
 
 import structlog
 
+from taskq.backend import SupportsHeldJobs, SupportsUnstartedHandBack
 from taskq.worker._state import WorkerState
 from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
 
@@ -27,15 +36,42 @@ async def _wait(event: asyncio.Event, stopping: asyncio.Event, seconds: float) -
             waiter.cancel()
 
 
+async def _hand_back_unheard(state: WorkerState) -> None:
+    """Hand back the jobs the backend says this worker holds and it never heard of.
+
+    Runs only between dispatches (the producer makes them one at a time), so
+    none of them can be a dispatch still on its way here.
+    """
+    backend = state.backend
+    if not (
+        isinstance(backend, SupportsHeldJobs) and isinstance(backend, SupportsUnstartedHandBack)
+    ):
+        return  # without both, the lease runs out once the worker stops
+    known = {(job_id, active.row.attempt) for job_id, active in state.active.items()}
+    unheard = [job for job in await backend.held_jobs(state.worker_id) if job not in known]
+    if unheard:
+        moved = await backend.hand_back_unstarted(state.worker_id, unheard)
+        _log.warning("taskq.unheard-jobs-handed-back", jobs=len(unheard), moved=moved)
+
+
 async def producer_loop(state: WorkerState) -> None:
     """Dispatch until ``state.stopping`` is set."""
     settings = state.settings
     poll = settings.poll_interval.total_seconds()
     guard = UnexpectedLoopErrorGuard("producer")
     transient = transient_errors()
+    unsure = False  # a dispatch failed: it may have locked jobs all the same
     async with state.backend.subscribe_wake() as wake:
         while not state.stopping.is_set():
             state.liveness.tick("producer", poll)
+            if unsure:
+                try:
+                    await _hand_back_unheard(state)
+                except transient as exc:
+                    _log.warning("taskq.unheard-jobs-transient-error", error=repr(exc))
+                    await _wait(state.stopping, state.stopping, poll)
+                    continue
+                unsure = False
             free = state.free_slots()
             if free <= 0:
                 state.slot_freed.clear()
@@ -51,10 +87,12 @@ async def producer_loop(state: WorkerState) -> None:
                 )
             except transient as exc:
                 _log.warning("taskq.dispatch-transient-error", error=repr(exc))
+                unsure = True
                 await _wait(state.stopping, state.stopping, poll)
                 continue
             except Exception as exc:  # noqa: BLE001 - the guard decides
                 guard.failed(exc)
+                unsure = True
                 await _wait(state.stopping, state.stopping, poll)
                 continue
             guard.succeeded()

@@ -73,6 +73,7 @@ __all__ = [
     "DISPATCH_STRICT_FIFO",
     "EXTEND_RESERVATION_LEASES",
     "HEARTBEAT_JOBS",
+    "HELD_JOBS",
     "QUEUE_SETTINGS",
     "REGISTER_ACTORS",
 ]
@@ -459,6 +460,11 @@ HEARTBEAT_JOBS: Final = """
 UPDATE {schema}.jobs
 SET lock_expires_at = clock_timestamp() + $2::interval, updated_at = clock_timestamp()
 WHERE status = 'running' AND locked_by_worker = $1
+"""
+
+HELD_JOBS: Final = """
+-- arbiter: none (the running jobs a worker holds)
+SELECT id, attempt FROM {schema}.jobs WHERE status = 'running' AND locked_by_worker = $1
 """
 
 EXTEND_RESERVATION_LEASES: Final = """

@@ -8,7 +8,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from taskq.backend import Backend, JobStatus
+from taskq.backend import Backend, JobStatus, SupportsHeldJobs
 from taskq.models import ActorConfig, JobRow, QueueConfig
 from taskq_testing.conformance._support import (
     ACTOR,
@@ -324,6 +324,23 @@ class DispatchTests:
     async def test_heartbeat_of_a_worker_without_jobs_counts_zero(self, backend: Backend) -> None:
         await enqueue_and_dispatch(backend, worker_id=uuid4())
         assert await backend.heartbeat_jobs(uuid4(), LONG_LEASE) == 0
+
+    # -- held_jobs (SupportsHeldJobs) ---------------------------------------------------
+
+    async def test_held_jobs_are_the_workers_running_jobs_with_their_attempts(
+        self, backend: Backend
+    ) -> None:
+        if not isinstance(backend, SupportsHeldJobs):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsHeldJobs")
+        mine, theirs = uuid4(), uuid4()
+        held = [await enqueue_and_dispatch(backend, worker_id=mine) for _ in range(2)]
+        finished = await enqueue_and_dispatch(backend, worker_id=mine)
+        assert await backend.mark_succeeded(finished.id, mine, None)
+        await enqueue_and_dispatch(backend, worker_id=theirs)
+        assert sorted(await backend.held_jobs(mine)) == sorted(
+            (job.id, job.attempt) for job in held
+        )
+        assert await backend.held_jobs(uuid4()) == []
 
     @covers("extend_reservation_leases")
     async def test_no_reservations_no_extended_leases(self, backend: Backend) -> None:

@@ -128,6 +128,12 @@ _BULK_STATEMENT_TIMEOUT: Final = 600.0
 _FINALIZER_TAG: Final = "batch_finalizer_for"
 
 
+def _check_batch_size(batch_size: int) -> None:
+    # Zero would loop for ever: an empty batch is not "fewer than batch_size".
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+
+
 def _changed(status: str) -> int:
     """The row count of an ``UPDATE n`` / ``DELETE n`` command status."""
     return int(status.rsplit(" ", 1)[-1])
@@ -1226,6 +1232,7 @@ class PostgresBackend:
     ) -> int:
         """Move terminal jobs past their status's retention (with their attempts) into
         the archive, one atomic statement per batch (``SupportsPrune``)."""
+        _check_batch_size(batch_size)
         moved = 0
         for status, keep in retention.items():
             while True:
@@ -1245,6 +1252,7 @@ class PostgresBackend:
 
     async def expire_archive(self, *, batch_size: int = 10_000) -> int:
         """Delete archived jobs past ``expire_at`` (attempts by cascade), in batches."""
+        _check_batch_size(batch_size)
         deleted = 0
         while True:
             count = int(

@@ -290,3 +290,13 @@ class MaintenanceTests(TimeLimits):
         # archived for an hour do not.
         assert await pruner.expire_archive(batch_size=2) == 3
         assert await pruner.expire_archive(batch_size=2) == 0
+
+    async def test_prune_and_expiry_refuse_an_empty_batch_size(self, backend: Backend) -> None:
+        # A batch size of 0 would never end the batch loop.
+        pruner = _prune(backend)
+        with pytest.raises(ValueError, match="batch_size"):
+            await pruner.prune_terminal_jobs(
+                {"succeeded": _ZERO}, archive_retention=FAR, batch_size=0
+            )
+        with pytest.raises(ValueError, match="batch_size"):
+            await pruner.expire_archive(batch_size=0)

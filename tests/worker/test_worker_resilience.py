@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from taskq import (
+    EnqueueArgs,
     EnqueueItem,
     JobRow,
     JobStatus,
@@ -174,6 +175,35 @@ async def test_jobs_locked_by_a_dispatch_whose_reply_was_lost_are_handed_back() 
             # Handed back unstarted: its budget untouched, the lost lock on record.
             outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
             assert outcomes == ["interrupted", "succeeded"]
+
+
+async def test_a_job_locked_for_the_worker_behind_its_back_is_found_by_the_heartbeat() -> None:
+    # Whatever the cause, a job locked by a live worker that does not know it would be
+    # renewed by every heartbeat: renewing more jobs than it knows makes the worker look.
+    @actor(name="quick")
+    async def quick(payload: dict[str, Any]) -> str:
+        return "done"
+
+    tq = TaskQ("memory://", actors=[quick])
+    settings = {**SETTINGS, "maintenance_interval": "1h"}  # no sweep reclaims it
+    async with tq:
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        run = asyncio.create_task(worker.run())
+        try:
+            await asyncio.sleep(0.2)  # up and idle
+            job = await tq.backend.enqueue(EnqueueArgs(actor="quick"))
+            [locked] = await tq.backend.dispatch_batch(
+                worker.worker_id, ["default"], 1, timedelta(seconds=30)
+            )
+            assert locked.id == job.id
+            async with asyncio.timeout(10):
+                while not await _all_finished(tq, [job]):  # noqa: ASYNC110 - polling rows
+                    await asyncio.sleep(0.05)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(run, 10)
+        outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
+        assert outcomes == ["interrupted", "succeeded"]
 
 
 async def test_a_producer_that_keeps_failing_stops_the_worker() -> None:

@@ -29,6 +29,7 @@ class TcpProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._forwarding: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
         self.port = 0
 
     def __enter__(self) -> Self:
@@ -60,7 +61,7 @@ class TcpProxy:
         future.result(timeout=10)
 
     async def _listen(self, port: int) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", port)
+        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", port)
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     async def _close(self) -> None:
@@ -81,21 +82,30 @@ class TcpProxy:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # Tracked at once: a cut while the upstream connection opens must drop it too.
+    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A plain callback, run as the connection is made: the connection is tracked
+        # before anything can cut or cancel it (a task might be cancelled unstarted).
         self._writers.add(writer)
+        task = asyncio.get_running_loop().create_task(self._forward(reader, writer))
+        self._forwarding.add(task)
+        task.add_done_callback(self._forwarding.discard)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_writer: asyncio.StreamWriter | None = None
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self._target)
-        except OSError:
-            writer.transport.abort()
-            self._writers.discard(writer)
-            return
-        if writer not in self._writers:  # cut meanwhile
-            up_writer.transport.abort()
-            return
-        self._writers.add(up_writer)
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-        self._writers -= {writer, up_writer}
+            try:
+                up_reader, up_writer = await asyncio.open_connection(*self._target)
+            except OSError:
+                return
+            if writer not in self._writers:  # cut meanwhile
+                return
+            self._writers.add(up_writer)
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:  # also when cancelled at shutdown
+            for end in (writer, up_writer):
+                if end is not None:
+                    end.transport.abort()
+                    self._writers.discard(end)
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -95,6 +95,10 @@ class WorkerState:
     """Every job task not yet finished, including abandoned ones still running."""
     shutdown_phase: int = 0
     """A ``ShutdownPhase`` value; 0 while running normally."""
+    unheard_suspected: bool = False
+    """The backend may hold jobs for this worker that it never heard of (a dispatch
+    failed, or a heartbeat renewed more jobs than it knows): the producer checks,
+    between two dispatches, and hands them back."""
     cancel: CancelController = field(init=False)
     completer: Completer | None = field(init=False)
     """Batches success writes; None when the backend can only write them one by one."""

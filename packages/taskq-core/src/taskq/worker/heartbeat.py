@@ -43,6 +43,10 @@ async def heartbeat_once(state: WorkerState) -> None:
     backend, wid = state.backend, state.worker_id
     held = dict(state.active)
     renewed = await backend.heartbeat_jobs(wid, state.settings.lock_lease)
+    if renewed > len(held):
+        # Locked for this worker and unknown to it, unless a dispatch is on its way:
+        # the producer looks, between two dispatches.
+        state.unheard_suspected = True
     await backend.extend_reservation_leases(wid, state.settings.lock_lease)
     if isinstance(backend, SupportsWorkerRegistry) and not await backend.touch_worker(wid):
         # Swept as stale (this worker stalled past stale_worker_after): show it again.

@@ -8,9 +8,9 @@ A dispatch that fails may still have committed (its reply lost with the
 connection, or the error raised while reading it): its jobs are then locked
 by this worker, which does not know them, and the heartbeat (renewing every
 job the worker locks) would keep them ``running`` for as long as the worker
-lives. So after such a failure, before dispatching again, the producer asks
-the backend which jobs it holds and hands back the ones it never heard of,
-unstarted.
+lives. So after such a failure (or when a heartbeat renews more jobs than
+the worker knows), before dispatching again, the producer asks the backend
+which jobs it holds and hands back the ones it never heard of, unstarted.
 """
 
 from __future__ import annotations
@@ -60,18 +60,22 @@ async def producer_loop(state: WorkerState) -> None:
     poll = settings.poll_interval.total_seconds()
     guard = UnexpectedLoopErrorGuard("producer")
     transient = transient_errors()
-    unsure = False  # a dispatch failed: it may have locked jobs all the same
     async with state.backend.subscribe_wake() as wake:
         while not state.stopping.is_set():
             state.liveness.tick("producer", poll)
-            if unsure:
+            if state.unheard_suspected:
+                # Cleared first: a heartbeat suspecting again meanwhile is not lost.
+                state.unheard_suspected = False
                 try:
                     await _hand_back_unheard(state)
-                except transient as exc:
-                    _log.warning("taskq.unheard-jobs-transient-error", error=repr(exc))
+                except Exception as exc:  # noqa: BLE001 - transient, or the guard decides
+                    if isinstance(exc, transient):
+                        _log.warning("taskq.unheard-jobs-transient-error", error=repr(exc))
+                    else:
+                        guard.failed(exc)
+                    state.unheard_suspected = True
                     await _wait(state.stopping, state.stopping, poll)
                     continue
-                unsure = False
             free = state.free_slots()
             if free <= 0:
                 state.slot_freed.clear()
@@ -87,12 +91,12 @@ async def producer_loop(state: WorkerState) -> None:
                 )
             except transient as exc:
                 _log.warning("taskq.dispatch-transient-error", error=repr(exc))
-                unsure = True
+                state.unheard_suspected = True  # it may have locked jobs all the same
                 await _wait(state.stopping, state.stopping, poll)
                 continue
             except Exception as exc:  # noqa: BLE001 - the guard decides
                 guard.failed(exc)
-                unsure = True
+                state.unheard_suspected = True  # it may have locked jobs all the same
                 await _wait(state.stopping, state.stopping, poll)
                 continue
             guard.succeeded()

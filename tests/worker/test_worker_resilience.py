@@ -7,6 +7,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import structlog
+import structlog.testing
 
 from taskq import (
     EnqueueArgs,
@@ -134,6 +136,45 @@ async def test_a_success_write_failing_longer_than_the_lease_lands_once_it_can()
         row = await tq.client.get(job.id)
         assert row is not None and row.status is JobStatus.SUCCEEDED and row.result == "done"
         assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["succeeded"]
+
+
+async def test_a_success_whose_first_try_committed_is_not_reported_as_lost() -> None:
+    # The write commits and its reply is lost; the retry finds the job already
+    # succeeded (a no-op). That is this worker's own success, not a lost lock.
+    class LostReply(InMemoryBackend):
+        lost = False
+
+        async def mark_succeeded_many(self, *args: Any, **kwargs: Any) -> Any:
+            flags = await super().mark_succeeded_many(*args, **kwargs)
+            if not self.lost:
+                self.lost = True
+                raise OSError("connection reset")
+            return flags
+
+    @actor(name="quick")
+    async def quick(payload: dict[str, Any]) -> str:
+        return "done"
+
+    backend = LostReply()
+    tq = TaskQ("memory://", actors=[quick], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(quick, {})
+        worker = Worker(tq, WorkerSettings.load(SETTINGS, env={}))
+        with structlog.testing.capture_logs() as logs:
+            run = asyncio.create_task(worker.run())
+            try:
+                async with asyncio.timeout(10):
+                    while not any(log["event"] == "taskq.outcome-write-retry" for log in logs):  # noqa: ASYNC110 - polling the captured logs
+                        await asyncio.sleep(0.02)
+                    while not worker.processed:  # noqa: ASYNC110 - polling a counter
+                        await asyncio.sleep(0.02)
+            finally:
+                worker.stop()
+                await asyncio.wait_for(run, 10)
+        assert backend.lost
+        assert not [log for log in logs if log["event"] == "taskq.ownership-lost"]
+        row = await tq.client.get(job.id)
+        assert row is not None and row.status is JobStatus.SUCCEEDED
 
 
 async def test_jobs_locked_by_a_dispatch_whose_reply_was_lost_are_handed_back() -> None:

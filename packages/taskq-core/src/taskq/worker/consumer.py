@@ -21,7 +21,7 @@ from pydantic_core import to_jsonable_python
 
 from taskq._di import ResolvedActorScope, build_actor_scope, passthrough_scope
 from taskq.actor import CONTEXT_PARAMETER, Actor
-from taskq.backend import CancelPhase, SupportsTransactions
+from taskq.backend import CancelPhase, JobStatus, SupportsTransactions
 from taskq.context import Context
 from taskq.errors import PayloadValidationError, WorkerOwnershipMismatch
 from taskq.logs import bind_job_context
@@ -223,9 +223,22 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         await _fail(state, row, TypeError(f"result is not JSON-serialisable: {exc}"), None, ctx)
         return
     ok = await _succeed(state, row, ctx, stored)
-    if ok is False:
+    if ok is False and not await _our_success_landed(state, row):
         _ownership_lost(row, "succeeded")
     _log.debug("taskq.job-succeeded")
+
+
+async def _our_success_landed(state: WorkerState, row: JobRow) -> bool:
+    """Whether a success write that reported a no-op had in fact landed: an earlier
+    try of it committed and lost its reply, and the retry found the row finished.
+    Only this attempt's holder can make the job succeed on this attempt (a reclaimed
+    job runs again on the next one)."""
+    current = await _write(state, "read", lambda: state.backend.get(row.id), give_up=True)
+    return (
+        current is not None
+        and current.status is JobStatus.SUCCEEDED
+        and current.attempt == row.attempt
+    )
 
 
 class _NotOwner(Exception):

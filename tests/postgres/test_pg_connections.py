@@ -14,6 +14,7 @@ import pytest_asyncio
 
 from taskq.models import EnqueueArgs
 from taskq_postgres import PostgresBackend
+from taskq_postgres._transient import TRANSIENT_PG_ERRORS
 from taskq_testing.postgres import PgSchema
 
 pytestmark = pytest.mark.postgres
@@ -105,3 +106,21 @@ async def test_the_timeout_can_be_disabled(pg_pooled_schema: PgSchema) -> None:
             assert await pooled.fetchval("SHOW idle_in_transaction_session_timeout") == "0"
     finally:
         await backend.close()
+
+
+async def test_a_statement_on_a_connection_the_server_just_terminated_is_transient(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # A Postgres restart terminates every pooled connection at once: a worker loop
+    # using one before asyncpg has read the socket's end must see a transient error,
+    # or five of them in a row end the worker (the loop guard's streak).
+    admin = await asyncpg.connect(pg_pooled_schema.dsn)
+    conn = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        await admin.execute("SELECT pg_terminate_backend($1)", conn.get_server_pid())
+        # At once, asyncpg raises InternalClientError; a moment later, InterfaceError.
+        with pytest.raises(TRANSIENT_PG_ERRORS):
+            await conn.execute("SELECT 1")
+    finally:
+        await conn.close()
+        await admin.close()

@@ -19,6 +19,11 @@ TRANSIENT_PG_ERRORS: Final[tuple[type[BaseException], ...]] = (
     TimeoutError,  # client-side deadlines
     asyncpg.PostgresConnectionError,  # connection gone
     asyncpg.InterfaceError,  # unusable connection
+    # A statement sent on a connection the server has just terminated (restart,
+    # pg_terminate_backend), before the client read the socket's end: asyncpg finds
+    # the protocol mid-operation ("another operation is in progress"). Not a bug of
+    # ours: a moment later the same call raises InterfaceError.
+    asyncpg.InternalClientError,
     OSError,  # dead socket
     pg.QueryCanceledError,  # server-side statement_timeout / command_timeout
     pg.AdminShutdownError,  # 57P01: restart or shutdown

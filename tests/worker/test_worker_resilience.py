@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -88,9 +90,30 @@ def test_transient_errors_come_from_every_plugin() -> None:
     assert asyncpg.InvalidPasswordError not in errors  # auth failures are not transient
 
 
-async def _all_finished(tq: TaskQ, jobs: list[JobRow]) -> bool:
-    rows = [await tq.client.get(job.id) for job in jobs]
-    return all(row is not None and row.is_terminal for row in rows)
+@actor(name="quick")
+async def quick(payload: dict[str, Any]) -> str:
+    return "done"
+
+
+@asynccontextmanager
+async def _running(tq: TaskQ, settings: dict[str, str]) -> AsyncIterator[Worker]:
+    """A worker on ``tq`` running while inside; stopped and awaited on the way out."""
+    worker = Worker(tq, WorkerSettings.load(settings, env={}))
+    run = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(run, 10)
+
+
+async def _until_finished(tq: TaskQ, jobs: list[JobRow]) -> None:
+    async with asyncio.timeout(10):
+        while True:
+            rows = [await tq.client.get(job.id) for job in jobs]
+            if all(row is not None and row.is_terminal for row in rows):
+                return
+            await asyncio.sleep(0.05)
 
 
 async def test_a_success_write_failing_longer_than_the_lease_lands_once_it_can() -> None:
@@ -124,15 +147,8 @@ async def test_a_success_write_failing_longer_than_the_lease_lands_once_it_can()
     settings = {**SETTINGS, "lock_lease": "500ms", "maintenance_interval": "1h"}
     async with tq:
         job = await tq.client.enqueue(quick, {})
-        worker = Worker(tq, WorkerSettings.load(settings, env={}))
-        run = asyncio.create_task(worker.run())
-        try:
-            async with asyncio.timeout(10):
-                while not await _all_finished(tq, [job]):  # noqa: ASYNC110 - polling rows
-                    await asyncio.sleep(0.05)
-        finally:
-            worker.stop()
-            await asyncio.wait_for(run, 10)
+        async with _running(tq, settings):
+            await _until_finished(tq, [job])
         row = await tq.client.get(job.id)
         assert row is not None and row.status is JobStatus.SUCCEEDED and row.result == "done"
         assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["succeeded"]
@@ -151,26 +167,15 @@ async def test_a_success_whose_first_try_committed_is_not_reported_as_lost() -> 
                 raise OSError("connection reset")
             return flags
 
-    @actor(name="quick")
-    async def quick(payload: dict[str, Any]) -> str:
-        return "done"
-
     backend = LostReply()
     tq = TaskQ("memory://", actors=[quick], backend=backend)
     async with tq:
         job = await tq.client.enqueue(quick, {})
-        worker = Worker(tq, WorkerSettings.load(SETTINGS, env={}))
         with structlog.testing.capture_logs() as logs:
-            run = asyncio.create_task(worker.run())
-            try:
-                async with asyncio.timeout(10):
-                    while not any(log["event"] == "taskq.outcome-write-retry" for log in logs):  # noqa: ASYNC110 - polling the captured logs
-                        await asyncio.sleep(0.02)
-                    while not worker.processed:  # noqa: ASYNC110 - polling a counter
-                        await asyncio.sleep(0.02)
-            finally:
-                worker.stop()
-                await asyncio.wait_for(run, 10)
+            async with _running(tq, SETTINGS) as worker, asyncio.timeout(10):
+                # Succeeded at the first try; the retry and its verdict come after.
+                while not worker.processed:  # noqa: ASYNC110 - polling a counter
+                    await asyncio.sleep(0.02)
         assert backend.lost
         assert not [log for log in logs if log["event"] == "taskq.ownership-lost"]
         row = await tq.client.get(job.id)
@@ -190,25 +195,14 @@ async def test_jobs_locked_by_a_dispatch_whose_reply_was_lost_are_handed_back() 
                 raise OSError("connection reset")
             return rows
 
-    @actor(name="quick")
-    async def quick(payload: dict[str, Any]) -> str:
-        return "done"
-
     backend = LostReply()
     tq = TaskQ("memory://", actors=[quick], backend=backend)
     # No sweep: only the worker itself can give the jobs back.
     settings = {**SETTINGS, "maintenance_interval": "1h"}
     async with tq:
         jobs = [await tq.client.enqueue(quick, {}) for _ in range(3)]
-        worker = Worker(tq, WorkerSettings.load(settings, env={}))
-        run = asyncio.create_task(worker.run())
-        try:
-            async with asyncio.timeout(10):
-                while not await _all_finished(tq, jobs):  # noqa: ASYNC110 - polling rows
-                    await asyncio.sleep(0.05)
-        finally:
-            worker.stop()
-            await asyncio.wait_for(run, 10)
+        async with _running(tq, settings):
+            await _until_finished(tq, jobs)
         assert backend.lost == 3
         for job in jobs:
             row = await tq.client.get(job.id)
@@ -221,28 +215,17 @@ async def test_jobs_locked_by_a_dispatch_whose_reply_was_lost_are_handed_back() 
 async def test_a_job_locked_for_the_worker_behind_its_back_is_found_by_the_heartbeat() -> None:
     # Whatever the cause, a job locked by a live worker that does not know it would be
     # renewed by every heartbeat: renewing more jobs than it knows makes the worker look.
-    @actor(name="quick")
-    async def quick(payload: dict[str, Any]) -> str:
-        return "done"
-
     tq = TaskQ("memory://", actors=[quick])
     settings = {**SETTINGS, "maintenance_interval": "1h"}  # no sweep reclaims it
     async with tq:
-        worker = Worker(tq, WorkerSettings.load(settings, env={}))
-        run = asyncio.create_task(worker.run())
-        try:
+        async with _running(tq, settings) as worker:
             await asyncio.sleep(0.2)  # up and idle
             job = await tq.backend.enqueue(EnqueueArgs(actor="quick"))
             [locked] = await tq.backend.dispatch_batch(
                 worker.worker_id, ["default"], 1, timedelta(seconds=30)
             )
             assert locked.id == job.id
-            async with asyncio.timeout(10):
-                while not await _all_finished(tq, [job]):  # noqa: ASYNC110 - polling rows
-                    await asyncio.sleep(0.05)
-        finally:
-            worker.stop()
-            await asyncio.wait_for(run, 10)
+            await _until_finished(tq, [job])
         outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
         assert outcomes == ["interrupted", "succeeded"]
 

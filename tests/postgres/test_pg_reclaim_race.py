@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from uuid import uuid4
 
+import asyncpg
 import pytest
 
 from taskq import EnqueueArgs, JobStatus
+from taskq.models import SuccessWrite
 from taskq_postgres import PostgresBackend
 from taskq_testing.postgres import PgSchema
 
@@ -63,3 +65,67 @@ async def test_completion_and_reclaim_never_both_win(backend: PostgresBackend) -
             assert row.status is JobStatus.CRASHED and row.result is None
             assert attempts[0].outcome == "crashed"
             assert len([e for e in events if e.kind == "reclaimed"]) == 1
+
+
+async def test_list_completion_and_reclaim_never_both_win(backend: PostgresBackend) -> None:
+    """The batched success (the worker's completer) against the reclaim sweep, row by row."""
+    worker = uuid4()
+    rounds = 40
+    for i in range(rounds):
+        await backend.enqueue(EnqueueArgs(actor="race", queue=f"q{i}", max_attempts=1))
+    jobs = []
+    for i in range(rounds):
+        (job,) = await backend.dispatch_batch(worker, [f"q{i}"], 1, timedelta(milliseconds=50))
+        jobs.append(job)
+    await asyncio.sleep(0.1)
+    writes = [SuccessWrite(job_id=job.id, attempt=job.attempt, result={"ok": True}) for job in jobs]
+    reclaimed, flags = await asyncio.gather(
+        backend.reclaim_expired_locks(timedelta(0), timedelta(0)),
+        backend.mark_succeeded_many(worker, writes),
+    )
+    assert reclaimed + sum(flags) == rounds
+    for job, won in zip(jobs, flags, strict=True):
+        row = await backend.get(job.id)
+        attempts = await backend.get_attempts(job.id)
+        assert row is not None and len(attempts) == 1
+        expected = JobStatus.SUCCEEDED if won else JobStatus.CRASHED
+        assert row.status is expected and attempts[0].outcome == expected.value
+
+
+async def test_list_completion_rechecks_a_row_changed_while_it_waited(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    """A success list meeting a row another transaction holds waits for it, then judges
+    the row as that transaction left it: here reclaimed and dispatched to another
+    worker meanwhile, so that job is not ours to finish and the rest of the list is."""
+    worker, other = uuid4(), uuid4()
+    for _ in range(2):
+        await backend.enqueue(EnqueueArgs(actor="race"))
+    taken, kept = await backend.dispatch_batch(worker, ["default"], 2, timedelta(minutes=1))
+    schema = pg_pooled_schema.name
+    rival = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        transaction = rival.transaction()
+        await transaction.start()
+        await rival.execute(
+            f"UPDATE {schema}.jobs SET attempt = attempt + 1, locked_by_worker = $2 WHERE id = $1",
+            taken.id,
+            other,
+        )
+        writes = [SuccessWrite(job_id=job.id, attempt=job.attempt) for job in (taken, kept)]
+        completing = asyncio.create_task(backend.mark_succeeded_many(worker, writes))
+        while not await rival.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
+        ):
+            assert not completing.done()
+            await asyncio.sleep(0.01)
+        await transaction.commit()
+        assert await completing == [False, True]
+    finally:
+        await rival.close()
+    taken_row, kept_row = await backend.get(taken.id), await backend.get(kept.id)
+    assert taken_row is not None and kept_row is not None
+    assert taken_row.status is JobStatus.RUNNING and taken_row.locked_by_worker == other
+    assert kept_row.status is JobStatus.SUCCEEDED
+    assert await backend.get_attempts(taken.id) == []
+    assert [a.outcome for a in await backend.get_attempts(kept.id)] == ["succeeded"]

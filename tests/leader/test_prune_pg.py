@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from uuid import uuid4
 
 import pytest
 
-from taskq import TaskQ
+from taskq import EnqueueArgs, TaskQ
 from taskq_postgres import PostgresBackend
 from taskq_testing.postgres import PgSchema
 from tests.apps import basic
@@ -75,3 +76,32 @@ async def test_pruned_jobs_and_attempts_land_in_the_archive_tables_until_expiry(
             assert await conn.fetchval(f"SELECT count(*) FROM {s}.jobs_archive") == 0
             # By cascade.
             assert await conn.fetchval(f"SELECT count(*) FROM {s}.job_attempts_archive") == 0
+
+
+async def test_an_id_archived_again_replaces_the_earlier_job_and_its_attempts(
+    pg_schema: PgSchema,
+) -> None:
+    backend = PostgresBackend(pg_schema.dsn, schema=pg_schema.name)
+    await backend.open()
+    try:
+        job_id, worker = uuid4(), uuid4()
+        lease = timedelta(minutes=1)
+        for outcome in ("first", "second"):
+            await backend.enqueue(EnqueueArgs(id=job_id, actor="a", payload={"run": outcome}))
+            (job,) = await backend.dispatch_batch(worker, ["default"], 1, lease)
+            assert await backend.mark_succeeded(job.id, worker, outcome, attempt=job.attempt)
+            assert (
+                await backend.prune_terminal_jobs(
+                    {"succeeded": timedelta(0)}, archive_retention=_ARCHIVE_RETENTION
+                )
+                == 1
+            )
+        s = pg_schema.name
+        async with backend.connection() as conn:
+            archived = await conn.fetch(f"SELECT id, result::text FROM {s}.jobs_archive")
+            attempts = await conn.fetch(f"SELECT job_id, archived_at FROM {s}.job_attempts_archive")
+            archived_at = await conn.fetchval(f"SELECT archived_at FROM {s}.jobs_archive")
+        assert [(r["id"], r["result"]) for r in archived] == [(job_id, '"second"')]
+        assert [(r["job_id"], r["archived_at"]) for r in attempts] == [(job_id, archived_at)]
+    finally:
+        await backend.close()

@@ -4,6 +4,12 @@ Each statement moves one batch atomically: the job and its attempts land in
 the archive and leave the hot tables in the same statement (the job's events
 go by cascade, they are not archived). The column lists are explicit because
 a column added to ``jobs`` later is appended after the archive's own columns.
+
+A job id is free again once its job left ``jobs``, so a caller enqueueing with
+explicit ids (derived from a business key, say) can archive the same id twice.
+The archive keeps one row per id: the later job replaces the earlier one and
+its attempts, as on the in-memory backend. (An insert that failed on the key
+instead would fail every later prune of that status: the batch would never move.)
 """
 
 from __future__ import annotations
@@ -30,6 +36,15 @@ def _qualified(alias: str, columns: str) -> str:
     return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
 
 
+def _replace_all(columns: str) -> str:
+    """``(a, b) = ROW(excluded.a, excluded.b)``: every column but the key, as inserted."""
+    names = [c.strip() for c in columns.split(",") if c.strip() != "id"]
+    return f"({', '.join(names)}) = ROW({_qualified('excluded', ', '.join(names))})"
+
+
+_REPLACE: Final = _replace_all(_JOB_COLUMNS + ", archived_at, expire_at")
+
+
 PRUNE_TERMINAL_JOBS: Final = f"""
 -- arbiter: clock_timestamp() (retention cutoff finished_at < now - $2; archived_at and
 -- expire_at = now + $4)
@@ -49,7 +64,13 @@ archived AS (
     INSERT INTO {{schema}}.jobs_archive ({_JOB_COLUMNS}, archived_at, expire_at)
     SELECT {_qualified("j", _JOB_COLUMNS)}, n.ts, n.ts + $4::interval
     FROM {{schema}}.jobs j JOIN victims v ON v.id = j.id CROSS JOIN now n
+    ON CONFLICT (id) DO UPDATE SET {_REPLACE}
     RETURNING 1
+),
+-- The attempts of an earlier job archived under the same id go with the row it
+-- replaced. The statement's snapshot does not see the attempts inserted below.
+replaced_attempts AS (
+    DELETE FROM {{schema}}.job_attempts_archive a USING victims v WHERE a.job_id = v.id
 ),
 archived_attempts AS (
     INSERT INTO {{schema}}.job_attempts_archive ({_ATTEMPT_COLUMNS}, archived_at)

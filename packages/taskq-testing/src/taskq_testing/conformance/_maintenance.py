@@ -272,6 +272,27 @@ class MaintenanceTests(TimeLimits):
         assert await fetch(backend, scheduled.id) == scheduled
         assert await fetch(backend, running.id) == running
 
+    @covers("enqueue")
+    async def test_a_job_id_archived_twice_keeps_the_later_job(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # Explicit ids are free again once their job left the jobs table; archiving the
+        # same id again must not fail the prune (it would fail every later one).
+        pruner = _prune(backend)
+        job_id = uuid4()
+        await reach(backend, JobStatus.SUCCEEDED, id=job_id)
+        await advance_time(TICK)
+        assert await pruner.prune_terminal_jobs({"succeeded": _ZERO}, archive_retention=FAR) == 1
+        again = await reach(backend, JobStatus.FAILED, id=job_id)
+        assert again.id == job_id
+        await advance_time(TICK)
+        assert await pruner.prune_terminal_jobs({"failed": _ZERO}, archive_retention=_ZERO) == 1
+        assert await backend.get(job_id) is None
+        await advance_time(TICK)
+        # One archived row for the id, the later job's: it expires with no retention.
+        assert await pruner.expire_archive() == 1
+        assert await pruner.expire_archive() == 0
+
     async def test_expire_archive_deletes_only_archived_jobs_past_expire_at(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:

@@ -136,3 +136,38 @@ async def test_queue_caps_are_read_by_the_strict_fifo_statement(
     await backend.enqueue_batch([EnqueueArgs(actor="a", queue="small") for _ in range(5)])
     assert len(await backend.dispatch_batch(uuid4(), ["small"], 5, LEASE)) == 2
     assert statements == ["plain_head", "strict_fifo"]
+
+
+async def test_a_full_head_held_by_other_dispatchers_is_read_past_once(
+    backend: PostgresBackend, statements: list[str], pg_pooled_schema: PgSchema
+) -> None:
+    # A batch of 2 reads a head of 4 (oversample 2). Another transaction holding
+    # all 4, as other workers' dispatches in flight do, would leave this one with
+    # nothing while 8 more are due: the worker would then wait for a wake.
+    await backend.enqueue_batch([EnqueueArgs(actor="a") for _ in range(12)])
+    s = pg_pooled_schema.name
+    rival = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        order = [
+            r["id"]
+            for r in await rival.fetch(
+                f"SELECT id FROM {s}.jobs ORDER BY priority DESC, scheduled_at, id"
+            )
+        ]
+        async with rival.transaction():
+            await rival.execute(f"SELECT 1 FROM {s}.jobs WHERE id = ANY($1) FOR UPDATE", order[:4])
+            jobs = await backend.dispatch_batch(uuid4(), ["default"], 2, LEASE)
+            assert [job.id for job in jobs] == order[4:6]
+            assert statements == ["plain_head", "plain_head"]
+            statements.clear()
+            # A head that was not full held every due job: short, it is not read again.
+            await backend.enqueue_batch([EnqueueArgs(actor="a", queue="few") for _ in range(3)])
+            few = await rival.fetch(
+                f"SELECT id FROM {s}.jobs WHERE queue = 'few' "
+                f"ORDER BY priority DESC, scheduled_at, id FOR UPDATE LIMIT 2"
+            )
+            (job,) = await backend.dispatch_batch(uuid4(), ["few"], 2, LEASE)
+            assert job.id not in {r["id"] for r in few}
+            assert statements == ["plain_head"]
+    finally:
+        await rival.close()

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
+from uuid import UUID
 
 import pytest
 import structlog
@@ -307,3 +308,20 @@ async def test_client_batch_forms_retry_and_enqueue_with_conn() -> None:
         again = await c.get(failed[0].id)
         assert again is not None and again.status is JobStatus.PENDING
         assert not await c.retry(failed[0].id)  # pending is not retryable
+
+
+async def test_a_short_dispatch_is_followed_by_another_not_by_a_wait_for_a_wake() -> None:
+    # On Postgres a dispatch can come back short while jobs are due: it skipped rows
+    # other workers had locked. A worker that then waited for a wake sat idle for a
+    # poll interval in a drain (no enqueue, so no wake). Only an empty one waits.
+    class OneAtATime(InMemoryBackend):
+        async def dispatch_batch(
+            self, worker_id: UUID, queues: list[str], limit: int, lock_lease: timedelta
+        ) -> list[JobRow]:
+            return await super().dispatch_batch(worker_id, queues, min(limit, 1), lock_lease)
+
+    tq = TaskQ("memory://", actors=[quick], backend=OneAtATime())
+    async with tq:
+        jobs = [await tq.client.enqueue(quick, {}) for _ in range(4)]
+        async with _running(tq, {**SETTINGS, "poll_interval": "30s", "concurrency": "4"}):
+            await _until_finished(tq, jobs)

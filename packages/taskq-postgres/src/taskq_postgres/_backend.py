@@ -578,7 +578,8 @@ class PostgresBackend:
 
         The strict-FIFO statements read the queues' modes and caps themselves, so
         a busy strict-FIFO dispatch is one round trip: the small plain-head
-        statement when the head of the queues needs no cap or identity check, else
+        statement when the head of the queues needs no cap or identity check (run
+        once more over a deeper head when other dispatchers' locks left it short), else
         (and next time, until a head is plain again) the full one. They lock nothing
         when a queue asked for is round robin; only then (or when the full one found
         no job, or when these queues were round robin last time) are the settings
@@ -594,7 +595,13 @@ class PostgresBackend:
         if fifo_first and key not in self._gated_heads:
             records = await db.fetch(self._sql.dispatch_plain_head, *params)
             if records[0]["plain_head"]:
-                return [job_row(record) for record in records if record["id"] is not None]
+                jobs = [job_row(record) for record in records if record["id"] is not None]
+                if (
+                    len(jobs) < limit
+                    and records[0]["head_size"] == limit * self.dispatch_oversample
+                ):
+                    jobs += await self._dispatch_past_locked(db, params, limit - len(jobs))
+                return jobs
             self._gated_heads.add(key)
         if fifo_first:
             records = await db.fetch(self._sql.dispatch_strict_fifo, *params)
@@ -622,6 +629,21 @@ class PostgresBackend:
             round_robin,
         )
         return [job_row(record) for record in records]
+
+    async def _dispatch_past_locked(self, db: Any, params: list[Any], missing: int) -> list[JobRow]:
+        """Once more, for ``missing`` jobs, over a head four times as deep.
+
+        A plain head that was full (so due jobs lie beyond it) yet gave fewer jobs
+        than asked: other dispatchers held the rest of it (``SKIP LOCKED``), their
+        dispatches still in flight. Short, the worker would wait for a wake with
+        slots free and jobs due (a drain by two workers lost seconds so).
+        """
+        wanted, limit, worker_id, lock_lease, oversample = params
+        deeper = -(-4 * limit * oversample // missing)  # ceiling: 4x the head's rows
+        records = await db.fetch(
+            self._sql.dispatch_plain_head, wanted, missing, worker_id, lock_lease, deeper
+        )
+        return [job_row(record) for record in records if record["id"] is not None]
 
     async def heartbeat_jobs(self, worker_id: UUID, lock_lease: timedelta) -> int:
         """Extend the lease of every running job ``worker_id`` holds; returns how many."""

@@ -1,8 +1,8 @@
 """The producer loop: locks due jobs into the local queue while there is room.
 
-It sleeps on the backend's wake subscription (NOTIFY on Postgres) and falls
-back to polling every ``poll_interval``; when the process is full it waits
-for a consumer to free a slot instead.
+When a dispatch finds nothing, it sleeps on the backend's wake subscription
+(NOTIFY on Postgres) and falls back to polling every ``poll_interval``; when
+the process is full it waits for a consumer to free a slot instead.
 
 A dispatch that fails may still have committed (its reply lost with the
 connection, or the error raised while reading it): its jobs are then locked
@@ -102,5 +102,9 @@ async def producer_loop(state: WorkerState) -> None:
             guard.succeeded()
             for row in jobs:
                 state.hold(row)
-            if len(jobs) < wanted:
+            # Only an empty dispatch means nothing is due. A short one may have skipped
+            # rows other workers had locked (``SKIP LOCKED``) with more due behind them:
+            # waiting for a wake there left a worker idle for a whole poll interval in
+            # a drain, where no enqueue sends one. The next turn finds out.
+            if not jobs:
                 await _wait(wake, state.stopping, poll)

@@ -426,8 +426,9 @@ DISPATCH_PLAIN_HEAD: Final = TransitionSQL.of(
 -- arbiter: clock_timestamp() (due check scheduled_at <= now; started_at and lease expiry)
 -- Strict FIFO for a plain head only ($1..$5 as DISPATCH_STRICT_FIFO): no per-actor,
 -- cap or identity phase to plan or start, which is most of that statement's cost.
--- Always one row more than it locks: plain_head, with the job columns NULL; when
--- plain_head is false it locks nothing and DISPATCH_STRICT_FIFO is the one to run.
+-- Always one row more than it locks: plain_head and head_size (rows the head read),
+-- with the job columns NULL; when plain_head is false it locks nothing and
+-- DISPATCH_STRICT_FIFO is the one to run.
 WITH
 params AS ("""
         + _STRICT_PARAMS
@@ -445,7 +446,7 @@ eligible AS (
     LIMIT (SELECT p.limit_n FROM params p)
     FOR UPDATE OF j SKIP LOCKED
 ),<WRITE>
-SELECT hp.ok AS plain_head, d.*
+SELECT hp.ok AS plain_head, (SELECT count(*) FROM head_rows) AS head_size, d.*
 FROM head_plain hp LEFT JOIN dispatched d ON true
 ORDER BY <ORDER:d>
 """,

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
 
-from taskq import EnqueueArgs, JobStatus
+from taskq import EnqueueArgs, JobRow, JobStatus
 from taskq.models import SuccessWrite
 from taskq_postgres import PostgresBackend
 from taskq_testing.postgres import PgSchema
@@ -31,16 +31,23 @@ async def backend(pg_pooled_schema: PgSchema) -> AsyncIterator[PostgresBackend]:
     await backend.close()
 
 
-async def test_completion_and_reclaim_never_both_win(backend: PostgresBackend) -> None:
+async def _expired_leases(backend: PostgresBackend, rounds: int = 40) -> tuple[UUID, list[JobRow]]:
+    """``rounds`` one-attempt jobs of one worker whose leases have all expired: both
+    the owner's write and the reclaim sweep are now eligible."""
     worker = uuid4()
-    rounds = 40
     for i in range(rounds):
         await backend.enqueue(EnqueueArgs(actor="race", queue=f"q{i}", max_attempts=1))
     jobs = []
     for i in range(rounds):
         (job,) = await backend.dispatch_batch(worker, [f"q{i}"], 1, timedelta(milliseconds=50))
         jobs.append(job)
-    await asyncio.sleep(0.1)  # every lease has expired: both writers are now eligible
+    await asyncio.sleep(0.1)
+    return worker, jobs
+
+
+async def test_completion_and_reclaim_never_both_win(backend: PostgresBackend) -> None:
+    worker, jobs = await _expired_leases(backend)
+    rounds = len(jobs)
 
     async def complete(job_id: object) -> bool:
         return await backend.mark_succeeded(job_id, worker, {"ok": True})  # type: ignore[arg-type]
@@ -69,15 +76,8 @@ async def test_completion_and_reclaim_never_both_win(backend: PostgresBackend) -
 
 async def test_list_completion_and_reclaim_never_both_win(backend: PostgresBackend) -> None:
     """The batched success (the worker's completer) against the reclaim sweep, row by row."""
-    worker = uuid4()
-    rounds = 40
-    for i in range(rounds):
-        await backend.enqueue(EnqueueArgs(actor="race", queue=f"q{i}", max_attempts=1))
-    jobs = []
-    for i in range(rounds):
-        (job,) = await backend.dispatch_batch(worker, [f"q{i}"], 1, timedelta(milliseconds=50))
-        jobs.append(job)
-    await asyncio.sleep(0.1)
+    worker, jobs = await _expired_leases(backend)
+    rounds = len(jobs)
     writes = [SuccessWrite(job_id=job.id, attempt=job.attempt, result={"ok": True}) for job in jobs]
     reclaimed, flags = await asyncio.gather(
         backend.reclaim_expired_locks(timedelta(0), timedelta(0)),

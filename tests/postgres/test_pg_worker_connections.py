@@ -32,14 +32,18 @@ async def _held_by(backend: PostgresBackend, rounds: int) -> int:
     return idle - _idle(backend)
 
 
+def _backend(schema: PgSchema, *, pool_size: int) -> PostgresBackend:
+    return PostgresBackend(
+        schema.dsn, schema=schema.name, min_pool_size=pool_size, max_pool_size=pool_size
+    )
+
+
 def _idle(backend: PostgresBackend) -> int:
     return backend._require_pool().get_idle_size()
 
 
 async def test_dispatch_and_success_each_keep_one_connection(pg_pooled_schema: PgSchema) -> None:
-    backend = PostgresBackend(
-        pg_pooled_schema.dsn, schema=pg_pooled_schema.name, min_pool_size=5, max_pool_size=5
-    )
+    backend = _backend(pg_pooled_schema, pool_size=5)
     await backend.open()
     try:
         assert await _held_by(backend, 3) == 2  # one for dispatches, one for successes
@@ -55,9 +59,7 @@ async def test_dispatch_and_success_each_keep_one_connection(pg_pooled_schema: P
 async def test_a_small_pool_keeps_its_connections_for_everything_else(
     pg_pooled_schema: PgSchema,
 ) -> None:
-    backend = PostgresBackend(
-        pg_pooled_schema.dsn, schema=pg_pooled_schema.name, min_pool_size=4, max_pool_size=4
-    )
+    backend = _backend(pg_pooled_schema, pool_size=4)
     await backend.open()
     try:
         assert await _held_by(backend, 2) == 0
@@ -68,9 +70,7 @@ async def test_a_small_pool_keeps_its_connections_for_everything_else(
 async def test_a_credential_reload_replaces_the_pinned_connections(
     pg_pooled_schema: PgSchema,
 ) -> None:
-    backend = PostgresBackend(
-        pg_pooled_schema.dsn, schema=pg_pooled_schema.name, min_pool_size=5, max_pool_size=5
-    )
+    backend = _backend(pg_pooled_schema, pool_size=5)
 
     async def sessions() -> set[int]:
         """The sessions whose last statement was a dispatch or a batched success."""

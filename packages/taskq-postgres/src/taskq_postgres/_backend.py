@@ -126,6 +126,7 @@ _NOTIFY_ROLE: Final = NOTIFY_ROLE
 # short per-statement command_timeout, yet still bounded.
 _BULK_STATEMENT_TIMEOUT: Final = 600.0
 _FINALIZER_TAG: Final = "batch_finalizer_for"
+_NO_DELAY: Final = timedelta(0)
 _MIN_POOL_FOR_WORKER_PINS: Final = 5
 """Three pinned connections (enqueue, dispatch, success) leave two to the rest."""
 
@@ -522,6 +523,14 @@ class PostgresBackend:
             return nullcontext(self._wake_channel)  # commits with the caller: notify in it
         return self._wakes.around(self._wake_channel)
 
+    def _wake_if_pending(self, statuses: Iterable[str]) -> None:
+        """After a worker's write put a job back in ``pending`` (no delay: a snooze, a
+        retry, a hand-back), wake the workers as an enqueue does, with a trailing NOTIFY
+        sent once the write committed. A delayed job waits ``scheduled``; Sweep 3
+        notifies when it moves it."""
+        if not self.poll_only and "pending" in statuses:
+            self._wakes.owe()
+
     def _pinned_connections(self) -> list[PinnedConnection]:
         return [
             pinned
@@ -837,6 +846,8 @@ class PostgresBackend:
             record = await db.fetchrow(self._sql.get_job, job_id)
             if record is None:
                 raise KeyError(f"no job with id {job_id}")
+        else:
+            self._wake_if_pending([record["status"]])
         return job_row(record)
 
     async def mark_cancelled(
@@ -917,6 +928,7 @@ class PostgresBackend:
         )
         if to_status is None:
             return "noop"
+        self._wake_if_pending([to_status])
         return "failed" if to_status == "failed" else "scheduled"
 
     async def hand_back_unstarted(
@@ -937,6 +949,7 @@ class PostgresBackend:
             0,
             None,
         )
+        self._wake_if_pending([record["to_status"] for record in moved])
         return len(moved)
 
     async def mark_retry_after(
@@ -964,6 +977,8 @@ class PostgresBackend:
         )
         if result is None:
             return "noop"
+        # "scheduled" covers both: no delay puts the job back in pending.
+        self._wake_if_pending(["pending" if result == "scheduled" and delay <= _NO_DELAY else ""])
         return cast(
             Literal["scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded"], result
         )

@@ -781,6 +781,38 @@ class TerminalWriteTests:
             assert after.status is JobStatus.FAILED
             assert_close(after.finished_at, now)
 
+    # -- back to pending: a wake ------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        "path", ["snooze", "interrupted", "retry", "retry_after", "hand_back_unstarted"]
+    )
+    @covers("subscribe_wake", "mark_snoozed", "mark_failed_or_retry", "mark_retry_after")
+    async def test_a_worker_putting_a_job_back_in_pending_wakes_every_subscriber(
+        self, backend: Backend, path: str
+    ) -> None:
+        # As an enqueue does: an idle worker would otherwise take the job only at its
+        # next poll (a stopping worker's hand-backs, retries without a delay).
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker)
+        async with backend.subscribe_wake() as first, backend.subscribe_wake() as second:
+            if path == "snooze":
+                await backend.mark_snoozed(job.id, worker, timedelta(0), attempt=job.attempt)
+            elif path == "interrupted":
+                await backend.mark_snoozed(
+                    job.id, worker, timedelta(0), outcome="interrupted", attempt=job.attempt
+                )
+            elif path == "retry":
+                await backend.mark_failed_or_retry(
+                    job.id, worker, ERROR, timedelta(0), attempt=job.attempt
+                )
+            elif path == "retry_after":
+                await backend.mark_retry_after(job.id, worker, timedelta(0), attempt=job.attempt)
+            else:
+                await handing_back(backend).hand_back_unstarted(worker, [(job.id, job.attempt)])
+            assert (await fetch(backend, job.id)).status is JobStatus.PENDING
+            await wait_for_wake(first)
+            await wait_for_wake(second)
+
     # -- retry_job ------------------------------------------------------------------------
 
     @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -92,6 +93,17 @@ async def test_list_completion_and_reclaim_never_both_win(backend: PostgresBacke
         assert row.status is expected and attempts[0].outcome == expected.value
 
 
+async def _waiting_list_writes(conn: asyncpg.Connection[Any]) -> int:
+    """Batched success statements of this database waiting for a row lock."""
+    # In a transaction, the activity view would be read from one cached snapshot.
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    count: int = await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND query LIKE '%MARK_SUCCEEDED for a list%' AND datname = current_database()"
+    )
+    return count
+
+
 async def test_list_completion_rechecks_a_row_changed_while_it_waited(
     backend: PostgresBackend, pg_pooled_schema: PgSchema
 ) -> None:
@@ -114,11 +126,10 @@ async def test_list_completion_rechecks_a_row_changed_while_it_waited(
         )
         writes = [SuccessWrite(job_id=job.id, attempt=job.attempt) for job in (taken, kept)]
         completing = asyncio.create_task(backend.mark_succeeded_many(worker, writes))
-        while not await rival.fetchval(
-            "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
-        ):
-            assert not completing.done()
-            await asyncio.sleep(0.01)
+        async with asyncio.timeout(10):
+            while not await _waiting_list_writes(rival):
+                assert not completing.done()
+                await asyncio.sleep(0.01)
         await transaction.commit()
         assert await completing == [False, True]
     finally:

@@ -523,12 +523,12 @@ class PostgresBackend:
             return nullcontext(self._wake_channel)  # commits with the caller: notify in it
         return self._wakes.around(self._wake_channel)
 
-    def _wake_if_pending(self, statuses: Iterable[str]) -> None:
+    def _wake_if_pending(self, back_in_pending: bool) -> None:
         """After a worker's write put a job back in ``pending`` (no delay: a snooze, a
         retry, a hand-back), wake the workers as an enqueue does, with a trailing NOTIFY
         sent once the write committed. A delayed job waits ``scheduled``; Sweep 3
         notifies when it moves it."""
-        if not self.poll_only and "pending" in statuses:
+        if back_in_pending and not self.poll_only:
             self._wakes.owe()
 
     def _pinned_connections(self) -> list[PinnedConnection]:
@@ -847,7 +847,7 @@ class PostgresBackend:
             if record is None:
                 raise KeyError(f"no job with id {job_id}")
         else:
-            self._wake_if_pending([record["status"]])
+            self._wake_if_pending(record["status"] == "pending")
         return job_row(record)
 
     async def mark_cancelled(
@@ -928,7 +928,7 @@ class PostgresBackend:
         )
         if to_status is None:
             return "noop"
-        self._wake_if_pending([to_status])
+        self._wake_if_pending(to_status == "pending")
         return "failed" if to_status == "failed" else "scheduled"
 
     async def hand_back_unstarted(
@@ -949,7 +949,7 @@ class PostgresBackend:
             0,
             None,
         )
-        self._wake_if_pending([record["to_status"] for record in moved])
+        self._wake_if_pending(any(record["to_status"] == "pending" for record in moved))
         return len(moved)
 
     async def mark_retry_after(
@@ -978,7 +978,7 @@ class PostgresBackend:
         if result is None:
             return "noop"
         # "scheduled" covers both: no delay puts the job back in pending.
-        self._wake_if_pending(["pending" if result == "scheduled" and delay <= _NO_DELAY else ""])
+        self._wake_if_pending(result == "scheduled" and delay <= _NO_DELAY)
         return cast(
             Literal["scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded"], result
         )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
-from uuid import RFC_4122, uuid4
+from uuid import RFC_4122, UUID, SafeUUID, uuid4
 
 from taskq import EnqueueItem, TaskQ, actor
 
@@ -31,3 +32,16 @@ async def test_a_batch_gets_distinct_version_4_ids_and_keeps_an_id_an_item_names
     made = [job.id for job in stored if job.id != own]
     assert len(made) == 601 and len(set(made)) == 601
     assert all(i.version == 4 and i.variant == RFC_4122 for i in made)
+
+
+async def test_a_one_job_enqueue_gets_a_fresh_version_4_id_that_behaves_as_any_uuid() -> None:
+    async with TaskQ("memory://", actors=[plain]) as tq:
+        first = await tq.client.enqueue(plain, {})
+        second = await tq.client.enqueue(plain, {})
+    assert first.id != second.id
+    for made in (first.id, second.id):
+        assert made.version == 4 and made.variant == RFC_4122
+        parsed = UUID(str(made))
+        assert parsed == made and hash(parsed) == hash(made)
+        assert pickle.loads(pickle.dumps(made)) == made
+        assert made.is_safe is SafeUUID.unknown

@@ -9,7 +9,14 @@ import pytest
 from pydantic import ValidationError
 
 from taskq.backend.statemachine import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
-from taskq.models import EnqueueArgs, ErrorInfo, JobFilter, ScheduleCreateArgs, ScheduleUpdateArgs
+from taskq.models import (
+    EnqueueArgs,
+    ErrorInfo,
+    JobFilter,
+    ScheduleCreateArgs,
+    ScheduleUpdateArgs,
+    from_valid_values,
+)
 
 
 def test_status_accepts_one_status_or_a_sequence() -> None:
@@ -62,6 +69,30 @@ def test_models_are_immutable() -> None:
     args = EnqueueArgs(actor="a")
     with pytest.raises(ValidationError):
         args.actor = "b"  # type: ignore[misc]
+
+
+def test_from_valid_values_builds_what_validation_builds_and_stays_frozen() -> None:
+    validated = EnqueueArgs(actor="a", payload={"n": 1}, delay=timedelta(seconds=5), tags=["t"])
+    built = from_valid_values(EnqueueArgs, dict(validated))
+    assert built == validated
+    assert built.model_dump() == validated.model_dump()
+    with pytest.raises(ValidationError):
+        built.actor = "b"  # type: ignore[misc]
+    # A copy with changes leaves the original (and its shared fields-set) alone.
+    changed = built.model_copy(update={"priority": 7})
+    assert (changed.priority, built.priority) == (7, 0)
+    assert from_valid_values(EnqueueArgs, dict(validated)).model_fields_set == set(
+        EnqueueArgs.model_fields
+    )
+
+
+def test_from_valid_values_refuses_values_that_miss_a_field() -> None:
+    values = dict(EnqueueArgs(actor="a"))
+    del values["queue"]
+    with pytest.raises(
+        TypeError, match=r"EnqueueArgs needs exactly its fields: missing \['queue'\]"
+    ):
+        from_valid_values(EnqueueArgs, values)
 
 
 def test_error_info_from_exception_names_the_class() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, Literal, Self, TypeAlias
+from typing import Any, Literal, Self, TypeAlias, TypeVar
 from uuid import UUID, uuid4
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -47,6 +47,7 @@ __all__ = [
     "ScheduleRecord",
     "ScheduleUpdateArgs",
     "SuccessWrite",
+    "from_valid_values",
 ]
 
 JobId: TypeAlias = UUID
@@ -83,6 +84,37 @@ JsonDict: TypeAlias = dict[str, Any]
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+_M = TypeVar("_M", bound=_Model)
+_ALL_FIELDS: dict[type[BaseModel], set[str]] = {}
+
+
+def from_valid_values(cls: type[_M], values: dict[str, Any]) -> _M:
+    """An instance of ``cls`` holding ``values`` as they are, without validation.
+
+    For hot paths whose values already are what validation would produce:
+    typed database columns, or the fields of a model validated before
+    (validating a job row costs about as much as the rest of its decoding).
+    ``values`` must name every field, and becomes the instance's own: do not
+    reuse it. Anything else goes through the constructor.
+    """
+    fields = _ALL_FIELDS.get(cls)
+    if fields is None:
+        fields = _ALL_FIELDS[cls] = set(cls.model_fields)
+    if len(values) != len(fields):  # a count: the hot paths pass literal key sets
+        raise TypeError(
+            f"{cls.__name__} needs exactly its fields: missing {sorted(fields - values.keys())}, "
+            f"unknown {sorted(values.keys() - fields)}"
+        )
+    instance = cls.__new__(cls)
+    # What pydantic's own model_construct sets, without its per-field loop. The
+    # fields-set is shared: frozen models never change it (model_copy copies it).
+    object.__setattr__(instance, "__dict__", values)
+    object.__setattr__(instance, "__pydantic_fields_set__", fields)
+    object.__setattr__(instance, "__pydantic_extra__", None)
+    object.__setattr__(instance, "__pydantic_private__", None)
+    return instance
 
 
 class ErrorInfo(_Model):

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 
 from taskq.backend.statemachine import JobStatus
 from taskq.errors import SingletonCollisionError
-from taskq.models import EnqueueArgs, JobRow
+from taskq.models import EnqueueArgs, JobRow, from_valid_values
 from taskq_postgres._rows import clean_text, dump_json, job_row, load_json
 from taskq_postgres._statements import Statements
 
@@ -27,6 +27,14 @@ __all__ = ["check_singletons", "copy_records", "insert_jobs", "refuse_keyless_si
 
 Db = Any
 """A pool, a pooled connection or a caller's connection: anything with ``fetch``."""
+
+_FRESH_ROW: Final[dict[str, Any]] = {
+    name: field.default
+    for name, field in JobRow.model_fields.items()
+    if not field.is_required() and field.default_factory is None
+}
+"""A new job's fields with plain defaults (``None``, zero), as the columns that
+``ENQUEUE_ONE`` neither sets nor returns hold them."""
 
 
 def refuse_keyless_singletons(args_list: Sequence[EnqueueArgs]) -> None:
@@ -89,27 +97,33 @@ async def _insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str
         wake_channel,
     )
     # Returning the whole row and validating it cost about a tenth of a one-job
-    # enqueue. The JSON is parsed back from the text stored, so NUL replacements show.
-    return JobRow(
-        id=a.id,
-        actor=a.actor,
-        queue=a.queue,
-        status=JobStatus(record["status"]),
-        payload=load_json(payload),
-        priority=a.priority,
-        attempt=record["attempt"],
-        max_attempts=a.max_attempts,
-        created_at=record["created_at"],
-        scheduled_at=record["scheduled_at"],
-        identity_key=a.identity_key,
-        fairness_key=a.fairness_key,
-        deadline_at=record["schedule_to_close_deadline"],
-        timeout=a.timeout,
-        result_ttl=a.result_ttl,
-        metadata=load_json(metadata),
-        tags=tags,
-        trace_id=a.trace_id,
-        span_id=a.span_id,
+    # enqueue: the row is what was sent (validated as EnqueueArgs) plus what the
+    # server decided. The JSON is parsed back from the text stored, so NUL
+    # replacements show.
+    return from_valid_values(
+        JobRow,
+        {
+            **_FRESH_ROW,
+            "id": a.id,
+            "actor": a.actor,
+            "queue": a.queue,
+            "status": JobStatus(record["status"]),
+            "payload": load_json(payload),
+            "priority": a.priority,
+            "attempt": record["attempt"],
+            "max_attempts": a.max_attempts,
+            "created_at": record["created_at"],
+            "scheduled_at": record["scheduled_at"],
+            "identity_key": a.identity_key,
+            "fairness_key": a.fairness_key,
+            "deadline_at": record["schedule_to_close_deadline"],
+            "timeout": a.timeout,
+            "result_ttl": a.result_ttl,
+            "metadata": load_json(metadata),
+            "tags": tags,
+            "trace_id": a.trace_id,
+            "span_id": a.span_id,
+        },
     )
 
 

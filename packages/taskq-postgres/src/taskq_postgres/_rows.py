@@ -30,6 +30,7 @@ from taskq.models import (
     EventRow,
     JobRow,
     ScheduleRecord,
+    from_valid_values,
 )
 
 __all__ = [
@@ -98,41 +99,49 @@ def _error(record: Record) -> ErrorInfo | None:
 
 
 def job_row(record: Record) -> JobRow:
-    """A ``jobs`` record (selected with ``job_columns``) as a :class:`JobRow`."""
-    return JobRow(
-        id=record["id"],
-        actor=record["actor"],
-        queue=record["queue"],
-        status=JobStatus(record["status"]),
-        payload=load_json(record["payload"]),
-        priority=record["priority"],
-        attempt=record["attempt"],
-        max_attempts=record["max_attempts"],
-        created_at=record["created_at"],
-        scheduled_at=record["scheduled_at"],
-        started_at=record["started_at"],
-        execution_started_at=record["execution_started_at"],
-        finished_at=record["finished_at"],
-        locked_by_worker=record["locked_by_worker"],
-        lock_expires_at=record["lock_expires_at"],
-        cancel_requested_at=record["cancel_requested_at"],
-        cancel_reason=record["cancel_reason"],
-        cancel_phase=parse_cancel_phase(record["cancel_phase"]),
-        idempotency_key=record["idempotency_key"],
-        identity_key=record["identity_key"],
-        fairness_key=record["fairness_key"],
-        deadline_at=record["schedule_to_close_deadline"],
-        timeout=record["timeout"],
-        result=load_json(record["result"]),
-        result_ttl=record["result_ttl"],
-        result_expires_at=record["result_expires_at"],
-        progress_seq=record["progress_seq"],
-        progress_state=load_json(record["progress_state"]),
-        error=_error(record),
-        metadata=load_json(record["metadata"]),
-        tags=list(record["tags"]),
-        trace_id=record["trace_id"],
-        span_id=record["span_id"],
+    """A ``jobs`` record (selected with ``job_columns``) as a :class:`JobRow`.
+
+    What TaskQ writes was validated on the way in, and the columns' types, NOT
+    NULLs and enums keep it so; the row is built without validating it again
+    (this runs for every job dispatched).
+    """
+    return from_valid_values(
+        JobRow,
+        {
+            "id": record["id"],
+            "actor": record["actor"],
+            "queue": record["queue"],
+            "status": JobStatus(record["status"]),
+            "payload": load_json(record["payload"]),
+            "priority": record["priority"],
+            "attempt": record["attempt"],
+            "max_attempts": record["max_attempts"],
+            "created_at": record["created_at"],
+            "scheduled_at": record["scheduled_at"],
+            "started_at": record["started_at"],
+            "execution_started_at": record["execution_started_at"],
+            "finished_at": record["finished_at"],
+            "locked_by_worker": record["locked_by_worker"],
+            "lock_expires_at": record["lock_expires_at"],
+            "cancel_requested_at": record["cancel_requested_at"],
+            "cancel_reason": record["cancel_reason"],
+            "cancel_phase": parse_cancel_phase(record["cancel_phase"]),
+            "idempotency_key": record["idempotency_key"],
+            "identity_key": record["identity_key"],
+            "fairness_key": record["fairness_key"],
+            "deadline_at": record["schedule_to_close_deadline"],
+            "timeout": record["timeout"],
+            "result": load_json(record["result"]),
+            "result_ttl": record["result_ttl"],
+            "result_expires_at": record["result_expires_at"],
+            "progress_seq": record["progress_seq"],
+            "progress_state": load_json(record["progress_state"]),
+            "error": _error(record),
+            "metadata": load_json(record["metadata"]),
+            "tags": list(record["tags"]),
+            "trace_id": record["trace_id"],
+            "span_id": record["span_id"],
+        },
     )
 
 

@@ -321,18 +321,28 @@ class LoopScope:
     def __init__(self) -> None:
         self._containers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ScopeContainer]
         self._containers = weakref.WeakKeyDictionary()
+        # The last answer: a worker asks once per job, always from the same loop, and
+        # a WeakKeyDictionary lookup makes a new weak reference every time.
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], ScopeContainer] | None = None
 
     def current(self) -> ScopeContainer:
         """The running loop's container, created on first use."""
         loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0]() is loop:
+            return last[1]
         container = self._containers.get(loop)
         if container is None:
             container = self._containers[loop] = ScopeContainer(Scope.LOOP)
+        self._last = (weakref.ref(loop), container)
         return container
 
     async def aclose(self) -> None:
         """Close the running loop's container (its async teardowns need this loop)."""
-        container = self._containers.pop(asyncio.get_running_loop(), None)
+        loop = asyncio.get_running_loop()
+        if self._last is not None and self._last[0]() is loop:
+            self._last = None
+        container = self._containers.pop(loop, None)
         if container is not None:
             await container.aclose()
 

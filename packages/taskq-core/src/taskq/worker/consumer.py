@@ -25,7 +25,7 @@ from taskq.backend import CancelPhase, JobStatus, SupportsTransactions
 from taskq.context import Context
 from taskq.errors import PayloadValidationError, WorkerOwnershipMismatch
 from taskq.logs import bind_job_context
-from taskq.models import ErrorInfo, JobRow, SuccessWrite
+from taskq.models import ErrorInfo, JobRow, SuccessWrite, from_valid_values
 from taskq.signals import RetryAfter, Snooze
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
@@ -278,12 +278,16 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
         return await _write(state, "succeeded", in_transaction)
     completer = state.completer
     if completer is not None and not ctx.subjobs:
-        write = SuccessWrite(
-            job_id=row.id,
-            attempt=row.attempt,
-            result=result,
-            progress_seq=ctx.progress_seq,
-            progress_state=ctx.progress_state,
+        # Built unvalidated, as every value is the worker's own (the result is jsonable).
+        write = from_valid_values(
+            SuccessWrite,
+            {
+                "job_id": row.id,
+                "attempt": row.attempt,
+                "result": result,
+                "progress_seq": ctx.progress_seq,
+                "progress_state": ctx.progress_state,
+            },
         )
         return await _write(state, "succeeded", lambda: completer.succeed(write))
     ok = await _write(

@@ -1,14 +1,16 @@
-"""``bind_job_context``: a job's fields on every record inside, the outer context after."""
+"""``bind_job_context``: a job's fields on every record inside, the outer context after;
+``bind_job_fields``: the same fields, for a task that ends with the job."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from uuid import uuid4
 
 import structlog
 
 from taskq import JobStatus
-from taskq.logs import bind_job_context
+from taskq.logs import bind_job_context, bind_job_fields
 from taskq.models import JobRow
 
 
@@ -62,3 +64,22 @@ def test_the_context_is_restored_when_the_job_raises() -> None:
         assert structlog.contextvars.get_contextvars() == {}
     finally:
         structlog.contextvars.clear_contextvars()
+
+
+async def test_job_fields_bound_in_a_task_end_with_it() -> None:
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(request="r1")
+    job = _job("tasked")
+
+    async def run_job() -> dict[str, object]:
+        bind_job_fields(job)
+        await asyncio.sleep(0)
+        return structlog.contextvars.get_contextvars()
+
+    try:
+        inside = await asyncio.create_task(run_job())
+        after = structlog.contextvars.get_contextvars()
+    finally:
+        structlog.contextvars.clear_contextvars()
+    assert inside["job_id"] == str(job.id) and inside["request"] == "r1"
+    assert after == {"request": "r1"}

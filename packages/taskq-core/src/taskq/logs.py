@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from contextvars import Token
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 if TYPE_CHECKING:
     from taskq.models import JobRow
 
-__all__ = ["bind_job_context", "configure_logging"]
+__all__ = ["bind_job_context", "bind_job_fields", "configure_logging"]
 
 _configured = False
 
@@ -51,17 +52,14 @@ def configure_logging(*, level: int = logging.INFO, json: bool | None = None) ->
     )
 
 
-@contextmanager
-def bind_job_context(job: JobRow) -> Iterator[None]:
-    """Put the job's identity on every log record emitted inside (context vars).
+def bind_job_fields(job: JobRow) -> Mapping[str, Token[Any]]:
+    """Put the job's identity on every later log record of this context (context vars).
 
-    Fields: ``job_id``, ``actor``, ``queue``, ``attempt``, ``identity_key``
-    and ``trace_id``. Each job runs in its own asyncio task, so bindings of
-    concurrent jobs never mix.
+    The fields of :func:`bind_job_context`, without undoing them: for a context
+    that ends with the job (the worker runs each job in an asyncio task of its
+    own, and a task's bindings end with it). Returns the tokens that would undo them.
     """
-    # bind + reset by token: bound_contextvars would copy the whole context to
-    # save what it overwrites, a cost paid per job on the worker's hot path.
-    tokens = structlog.contextvars.bind_contextvars(
+    return structlog.contextvars.bind_contextvars(
         job_id=str(job.id),
         actor=job.actor,
         queue=job.queue,
@@ -69,6 +67,18 @@ def bind_job_context(job: JobRow) -> Iterator[None]:
         identity_key=job.identity_key,
         trace_id=job.trace_id,
     )
+
+
+@contextmanager
+def bind_job_context(job: JobRow) -> Iterator[None]:
+    """Put the job's identity on every log record emitted inside (context vars).
+
+    Fields: ``job_id``, ``actor``, ``queue``, ``attempt``, ``identity_key``
+    and ``trace_id``. Bindings made in different asyncio tasks never mix.
+    """
+    # bind + reset by token: bound_contextvars would copy the whole context to
+    # save what it overwrites.
+    tokens = bind_job_fields(job)
     try:
         yield
     finally:

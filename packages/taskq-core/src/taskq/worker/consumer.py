@@ -24,7 +24,7 @@ from taskq.actor import CONTEXT_PARAMETER, Actor
 from taskq.backend import CancelPhase, JobStatus, SupportsTransactions
 from taskq.context import Context
 from taskq.errors import PayloadValidationError, WorkerOwnershipMismatch
-from taskq.logs import bind_job_context
+from taskq.logs import bind_job_fields
 from taskq.models import ErrorInfo, JobRow, SuccessWrite, from_valid_values
 from taskq.signals import RetryAfter, Snooze
 from taskq.worker._state import ActiveJob, WorkerState
@@ -116,9 +116,12 @@ def _jsonable(result: Any) -> Any:
 
 
 async def execute(state: WorkerState, row: JobRow) -> None:
-    """Run one attempt of ``row`` and record its outcome, its identity on every log record."""
-    with bind_job_context(row):
-        await _execute(state, row)
+    """Run one attempt of ``row`` and record its outcome, its identity on every log record.
+
+    Runs as the job's own task: its log bindings end with it, with nothing to undo.
+    """
+    bind_job_fields(row)
+    await _execute(state, row)
 
 
 async def _execute(state: WorkerState, row: JobRow) -> None:

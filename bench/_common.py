@@ -53,7 +53,7 @@ FULL = Sizes(
     drain_concurrencies=(16, 64),
     latency_seconds=30,
     dispatch_depths=(10_000, 100_000, 1_000_000),
-    dispatch_samples=50,
+    dispatch_samples=300,
     memory_jobs=200_000,
 )
 

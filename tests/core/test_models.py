@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
 import pytest
-from pydantic import ValidationError
+from pydantic import PrivateAttr, ValidationError
 
 from taskq.backend.statemachine import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
 from taskq.models import (
@@ -93,6 +93,14 @@ def test_from_valid_values_refuses_values_that_miss_a_field() -> None:
         TypeError, match=r"EnqueueArgs needs exactly its fields: missing \['queue'\]"
     ):
         from_valid_values(EnqueueArgs, values)
+
+
+def test_from_valid_values_refuses_a_model_with_private_attributes() -> None:
+    class WithPrivate(EnqueueArgs):
+        _seen: int = PrivateAttr(default=0)
+
+    with pytest.raises(TypeError, match="WithPrivate has private attributes"):
+        from_valid_values(WithPrivate, dict(EnqueueArgs(actor="a")))
 
 
 def test_error_info_from_exception_names_the_class() -> None:

@@ -101,6 +101,8 @@ def from_valid_values(cls: type[_M], values: dict[str, Any]) -> _M:
     """
     fields = _ALL_FIELDS.get(cls)
     if fields is None:
+        if cls.__private_attributes__:
+            raise TypeError(f"{cls.__name__} has private attributes: build it validated")
         fields = _ALL_FIELDS[cls] = set(cls.model_fields)
     if len(values) != len(fields):  # a count: the hot paths pass literal key sets
         raise TypeError(

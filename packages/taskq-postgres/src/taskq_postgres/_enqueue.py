@@ -33,8 +33,9 @@ _FRESH_ROW: Final[dict[str, Any]] = {
     for name, field in JobRow.model_fields.items()
     if not field.is_required() and field.default_factory is None
 }
-"""A new job's fields with plain defaults (``None``, zero), as the columns that
-``ENQUEUE_ONE`` neither sets nor returns hold them."""
+"""A new job's fields with plain defaults (``None``, zero): what a fresh row holds where
+``ENQUEUE_ONE`` neither set nor returned a column. ``_insert_one`` lays the values it sent
+and got back over them."""
 
 
 def refuse_keyless_singletons(args_list: Sequence[EnqueueArgs]) -> None:

@@ -28,6 +28,7 @@ class TcpProxy:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
+        self._refusing = False  # cut or shutting down: a connection accepted now is dropped
         self._writers: set[asyncio.StreamWriter] = set()
         self._forwarding: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
         self.port = 0
@@ -61,10 +62,12 @@ class TcpProxy:
         future.result(timeout=10)
 
     async def _listen(self, port: int) -> None:
+        self._refusing = False
         self._server = await asyncio.start_server(self._accepted, "127.0.0.1", port)
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     async def _close(self) -> None:
+        self._refusing = True
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -77,19 +80,21 @@ class TcpProxy:
         """Close everything, and end the connections still being set up: their
         sockets would otherwise outlive the loop, unclosed."""
         await self._close()
-        pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        # A connection cancelled while being accepted closes its transport with a
-        # callback of this loop: let those run before the loop stops, or the socket
-        # is left to the garbage collector (a ResourceWarning in some later test).
+        current = asyncio.current_task()
+        while pending := [task for task in asyncio.all_tasks() if task is not current]:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        # Closing a transport takes one more callback of this loop: run them before it stops.
         for _ in range(2):
             await asyncio.sleep(0)
 
     def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # A plain callback, run as the connection is made: the connection is tracked
         # before anything can cut or cancel it (a task might be cancelled unstarted).
+        if self._refusing:  # accepted just before a cut or the shutdown, made after it
+            writer.transport.abort()
+            return
         self._writers.add(writer)
         task = asyncio.get_running_loop().create_task(self._forward(reader, writer))
         self._forwarding.add(task)

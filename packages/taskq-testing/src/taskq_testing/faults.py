@@ -47,6 +47,14 @@ class TcpProxy:
         self._call(self._shut_down())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            # Once more, on a thread of its own (the caller may be running a loop): what
+            # the loop's last turn scheduled (a transport's close) runs now, not never.
+            last = threading.Thread(
+                target=self._loop.run_until_complete, args=(self._shut_down(),), daemon=True
+            )
+            last.start()
+            last.join(timeout=5)
         self._loop.close()
 
     def cut(self) -> None:

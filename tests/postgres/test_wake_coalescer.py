@@ -83,3 +83,38 @@ async def test_a_failed_trailing_notify_is_logged_not_raised() -> None:
         pass
     await wakes.close()
     assert sends.count == 1
+
+
+async def test_enqueues_one_after_another_send_no_trailing_notify() -> None:
+    # Each window's first enqueue notifies in its own statement and covers the
+    # skipped ones before it, even when one of them was still running as its
+    # window ended: a loop of single enqueues needs no NOTIFY statement of its own.
+    sends = Sends()
+    wakes = WakeCoalescer(sends, 0.03)
+    notified = []
+    for _ in range(30):
+        with wakes.around("ch") as channel:
+            notified.append(channel)
+            await asyncio.sleep(0.004)  # the statement's round trip
+    assert sends.count == 0
+    assert notified[0] == "ch"
+    assert 2 <= notified.count("ch") < len(notified)
+    # With no enqueue to follow, the last window's skipped ones get their wake.
+    await asyncio.wait_for(sends.event.wait(), 10)
+    assert sends.count == 1
+
+
+async def test_a_running_enqueue_delays_an_owed_wake_by_one_window_at_most() -> None:
+    sends = Sends()
+    wakes = WakeCoalescer(sends, 0.01)
+    with wakes.around("ch"):
+        pass
+    with wakes.around("ch") as finished:
+        pass
+    with wakes.around("ch") as running:
+        # The wake owed to the finished one goes while this one still runs.
+        await asyncio.wait_for(sends.event.wait(), 10)
+        assert sends.count == 1
+    assert (finished, running) == (None, None)
+    await wakes.close()
+    assert sends.count == 2

@@ -225,8 +225,10 @@ class PostgresBackend:
       default: random.
     * ``wake_coalesce_window`` (default 2 ms): after an enqueue that notifies the
       workers, the enqueues this backend commits within the window skip their
-      NOTIFY and one trailing NOTIFY follows at its end, sent once they have
-      committed (every NOTIFY takes a cluster-wide lock at commit). An isolated
+      NOTIFY and one trailing NOTIFY follows at its end (one window later at
+      most while one of them still runs, as the next window's first enqueue may
+      cover them), sent once they have committed (every NOTIFY takes a
+      cluster-wide lock at commit). An isolated
       enqueue still notifies at once; 0 notifies on every enqueue. Enqueues in
       a caller's transaction always notify in it.
     * ``poll_only`` (default False): send no NOTIFY at all (enqueues, retries,

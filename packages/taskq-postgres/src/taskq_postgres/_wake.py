@@ -11,7 +11,11 @@ NOTIFY per window.
 No wake is lost: the trailing NOTIFY is sent only for skipped enqueues that
 have finished (so committed), on a statement started after that, so a worker
 it wakes sees their jobs. A skipped enqueue still running when a window
-closes owes its own trailing NOTIFY, in the next window. Only enqueues whose
+closes owes its own trailing NOTIFY, in the next window. While one runs, the
+trailing NOTIFY for those finished waits one more window at most: in a loop of
+one enqueue after another, the enqueue that follows it leads a new window and
+its NOTIFY covers them all, so such a loop sends no NOTIFY statement of its
+own (one per window rides on an INSERT). Only enqueues whose
 commit the backend sees take part (its own statements and transactions); one
 inside a caller's transaction notifies in that transaction, as before.
 """
@@ -42,22 +46,34 @@ class WakeCoalescer:
         self._window = window
         self._quiet_until = float("-inf")
         self._owed = False
-        self._flusher: asyncio.Task[None] | None = None
-        self._waiting = False  # the flusher is sleeping out the window (not yet sending)
+        self._skipped_running = 0
+        # A timer for the current window, not a task sleeping it out: in a loop of
+        # one enqueue after another most windows end with nothing owed, and a task
+        # per window cost more loop turns than the NOTIFYs it saved.
+        self._window_end: asyncio.TimerHandle | None = None
+        self._extended = False
+        self._sending: set[asyncio.Task[None]] = set()
 
     @contextmanager
     def around(self, channel: str) -> Iterator[str | None]:
         """Around one enqueue whose commit the backend awaits: yields the channel its
         statement notifies, or None when a trailing NOTIFY is to cover it."""
-        leading = self._claim()
+        if self._claim():
+            try:
+                yield channel
+            except BaseException:
+                # A failed leading enqueue sent no NOTIFY, yet its claim cleared
+                # what was owed.
+                self.owe()
+                raise
+            return
+        self._skipped_running += 1
         try:
-            yield channel if leading else None
-        except BaseException:
-            # A failed leading enqueue sent no NOTIFY, yet its claim cleared what
-            # was owed; a failed skipped one may have committed all the same.
-            self.owe()
-            raise
-        if not leading:
+            yield None
+        finally:
+            # Failed or not: a failed skipped enqueue may have committed all the
+            # same, with only the reply lost.
+            self._skipped_running -= 1
             self.owe()
 
     def _claim(self) -> bool:
@@ -66,36 +82,49 @@ class WakeCoalescer:
             return False
         self._quiet_until = now + self._window
         # This enqueue's NOTIFY commits after every skipped enqueue that has
-        # finished so far: it covers them.
+        # finished so far: it covers them, and the last window's timer is moot.
         self._owed = False
+        self._stop_timer()
         return True
+
+    def _stop_timer(self) -> None:
+        if self._window_end is not None:
+            self._window_end.cancel()
+            self._window_end = None
+        self._extended = False
 
     def owe(self) -> None:
         """A trailing NOTIFY is owed (a skipped enqueue finished): send it at the window's end."""
         self._owed = True
-        if not self._waiting:
-            self._waiting = True
-            self._flusher = asyncio.get_running_loop().create_task(
-                self._flush_at_window_end(), name="taskq-wake-flush"
-            )
+        if self._window_end is None:
+            # A claim cannot move the window's end while it lasts: one timer will do.
+            self._start_timer(max(self._quiet_until - time.monotonic(), 0.0))
 
-    async def _flush_at_window_end(self) -> None:
-        try:
-            # A claim cannot move the window's end while it lasts: one sleep will do.
-            await asyncio.sleep(max(self._quiet_until - time.monotonic(), 0.0))
-        finally:
-            # From here on, a newly skipped enqueue needs a flusher of its own: this
-            # one's NOTIFY may commit before that enqueue does.
-            self._waiting = False
-        await self._flush()
+    def _start_timer(self, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._window_end = loop.call_later(delay, self._at_window_end)
 
-    async def _flush(self) -> None:
+    def _at_window_end(self) -> None:
+        self._window_end = None
         if not self._owed:
-            return  # a leading enqueue's NOTIFY covered the skipped ones
+            return
+        if self._skipped_running and not self._extended:
+            # One enqueue follows another: the one still running is about to
+            # finish, and the next one will lead a window of its own, its NOTIFY
+            # covering them all. Wait one more window for that, no longer.
+            self._extended = True
+            self._start_timer(self._window)
+            return
+        self._extended = False
         self._owed = False
         # The trailing NOTIFY opens a window of its own: under a steady stream of
-        # enqueues, about one NOTIFY per window goes out.
+        # concurrent enqueues, about one NOTIFY per window goes out.
         self._quiet_until = time.monotonic() + self._window
+        task = asyncio.get_running_loop().create_task(self._notify(), name="taskq-wake-flush")
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _notify(self) -> None:
         try:
             await self._send()
         except Exception as exc:  # noqa: BLE001 - workers fall back to polling
@@ -103,10 +132,9 @@ class WakeCoalescer:
 
     async def close(self) -> None:
         """Send an owed wake now rather than at the window's end (before the pool closes)."""
-        flusher = self._flusher
-        if flusher is not None:
-            if self._waiting:
-                flusher.cancel()
-            await asyncio.wait([flusher])
-            self._waiting = False  # a flusher cancelled before it ran did not clear it
-        await self._flush()
+        self._stop_timer()
+        if self._sending:
+            await asyncio.wait(list(self._sending))
+        if self._owed:
+            self._owed = False
+            await self._notify()

@@ -118,3 +118,14 @@ async def test_a_running_enqueue_delays_an_owed_wake_by_one_window_at_most() -> 
     assert (finished, running) == (None, None)
     await wakes.close()
     assert sends.count == 2
+
+
+async def test_a_failed_leading_enqueue_leaves_a_wake_owed() -> None:
+    # Its claim cleared what earlier skipped enqueues were owed; its NOTIFY never went.
+    sends = Sends()
+    wakes = WakeCoalescer(sends, HOUR)
+    with pytest.raises(RuntimeError), wakes.around("ch") as channel:
+        assert channel == "ch"
+        raise RuntimeError("insert failed")
+    await wakes.close()
+    assert sends.count == 1

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 
 import structlog
 
@@ -54,27 +54,19 @@ class WakeCoalescer:
         self._extended = False
         self._sending: set[asyncio.Task[None]] = set()
 
-    @contextmanager
-    def around(self, channel: str) -> Iterator[str | None]:
+    def around(self, channel: str) -> AbstractContextManager[str | None]:
         """Around one enqueue whose commit the backend awaits: yields the channel its
         statement notifies, or None when a trailing NOTIFY is to cover it."""
         if self._claim():
-            try:
-                yield channel
-            except BaseException:
-                # A failed leading enqueue sent no NOTIFY, yet its claim cleared
-                # what was owed.
-                self.owe()
-                raise
-            return
+            return _Enqueue(self, channel)
         self._skipped_running += 1
-        try:
-            yield None
-        finally:
-            # Failed or not: a failed skipped enqueue may have committed all the
-            # same, with only the reply lost.
-            self._skipped_running -= 1
-            self.owe()
+        return _Enqueue(self, None)
+
+    def _skipped_finished(self) -> None:
+        # Failed or not: a failed skipped enqueue may have committed all the same,
+        # with only the reply lost.
+        self._skipped_running -= 1
+        self.owe()
 
     def _claim(self) -> bool:
         now = time.monotonic()
@@ -138,3 +130,24 @@ class WakeCoalescer:
         if self._owed:
             self._owed = False
             await self._notify()
+
+
+class _Enqueue:
+    """Around one enqueue: a class of its own rather than a generator, as one-at-a-time
+    enqueues pay for every object and frame around their statement."""
+
+    __slots__ = ("_channel", "_wakes")
+
+    def __init__(self, wakes: WakeCoalescer, channel: str | None) -> None:
+        self._wakes = wakes
+        self._channel = channel  # None: skipped, a trailing NOTIFY covers it
+
+    def __enter__(self) -> str | None:
+        return self._channel
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if self._channel is None:
+            self._wakes._skipped_finished()
+        elif kind is not None:
+            # A failed leading enqueue sent no NOTIFY, yet its claim cleared what was owed.
+            self._wakes.owe()

@@ -37,7 +37,7 @@ from zoneinfo import ZoneInfo
 import asyncpg
 from croniter import croniter
 
-from taskq.backend import check_protocol_version
+from taskq.backend import check_batch_size, check_protocol_version
 from taskq.backend._protocol import ScheduleFire
 from taskq.backend.cron import cron_slots
 from taskq.errors import ConfigurationError
@@ -129,12 +129,6 @@ _FINALIZER_TAG: Final = "batch_finalizer_for"
 _NO_DELAY: Final = timedelta(0)
 _MIN_POOL_FOR_WORKER_PINS: Final = 5
 """Three pinned connections (enqueue, dispatch, success) leave two to the rest."""
-
-
-def _check_batch_size(batch_size: int) -> None:
-    # Zero would loop for ever: an empty batch is not "fewer than batch_size".
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, not {batch_size}")
 
 
 def _changed(status: str) -> int:
@@ -1291,7 +1285,7 @@ class PostgresBackend:
     ) -> int:
         """Move terminal jobs past their status's retention (with their attempts) into
         the archive, one atomic statement per batch (``SupportsPrune``)."""
-        _check_batch_size(batch_size)
+        check_batch_size(batch_size)
         moved = 0
         for status, keep in retention.items():
             while True:
@@ -1311,7 +1305,7 @@ class PostgresBackend:
 
     async def expire_archive(self, *, batch_size: int = 10_000) -> int:
         """Delete archived jobs past ``expire_at`` (attempts by cascade), in batches."""
-        _check_batch_size(batch_size)
+        check_batch_size(batch_size)
         deleted = 0
         while True:
             count = int(

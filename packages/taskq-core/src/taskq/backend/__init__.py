@@ -13,6 +13,7 @@ from taskq.backend._protocol import SupportsMigrate as SupportsMigrate
 from taskq.backend._protocol import SupportsTransactions as SupportsTransactions
 from taskq.backend._protocol import SupportsUnstartedHandBack as SupportsUnstartedHandBack
 from taskq.backend._protocol import SupportsWorkerCancelWake as SupportsWorkerCancelWake
+from taskq.backend._protocol import check_batch_size as check_batch_size
 from taskq.backend._protocol import check_protocol_version as check_protocol_version
 from taskq.backend._protocol import missing_members as missing_members
 from taskq.backend.clock import Clock as Clock
@@ -44,6 +45,7 @@ __all__ = [
     "SupportsUnstartedHandBack",
     "SupportsWorkerCancelWake",
     "SystemClock",
+    "check_batch_size",
     "check_protocol_version",
     "missing_members",
 ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from taskq.backend._memory_store import JobStore
+from taskq.backend._protocol import check_batch_size
 from taskq.backend.clock import Clock
 from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
 from taskq.models import AttemptRow, JobId, JobRow
@@ -31,12 +32,6 @@ class ArchivedJob:
     attempts: tuple[AttemptRow, ...]
     archived_at: datetime
     expire_at: datetime
-
-
-def _check_batch_size(batch_size: int) -> None:
-    # Zero would loop for ever: an empty batch is not "fewer than batch_size".
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, not {batch_size}")
 
 
 class JobArchive:
@@ -56,7 +51,7 @@ class JobArchive:
         A job without ``finished_at`` is never old enough (in SQL the comparison is
         NULL), and a non-terminal status in ``retention`` moves nothing.
         """
-        _check_batch_size(batch_size)
+        check_batch_size(batch_size)
         moved = 0
         for name, keep in retention.items():
             status = JobStatus(name)
@@ -96,7 +91,7 @@ class JobArchive:
     def expire(self, batch_size: int) -> int:
         """Delete archived jobs (their attempts with them) whose ``expire_at`` has
         passed, oldest first; returns how many."""
-        _check_batch_size(batch_size)
+        check_batch_size(batch_size)
         deleted = 0
         while True:
             now = self._clock.now()

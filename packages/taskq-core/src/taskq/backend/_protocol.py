@@ -78,6 +78,7 @@ __all__ = [
     "SupportsUnstartedHandBack",
     "SupportsWorkerCancelWake",
     "SupportsWorkerRegistry",
+    "check_batch_size",
     "check_protocol_version",
     "missing_members",
 ]
@@ -667,6 +668,14 @@ class SupportsPrune(Protocol):
     async def expire_archive(self, *, batch_size: int = 10_000) -> int:
         """Delete archived jobs (and their attempts) past ``expire_at``; returns how many."""
         ...
+
+
+def check_batch_size(batch_size: int) -> None:
+    """The ``batch_size`` rule of :class:`SupportsPrune`'s methods: at least 1, else
+    ``ValueError`` (zero would loop for ever: an empty batch is not "fewer than
+    ``batch_size``", so the loop would never see its last batch)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, not {batch_size}")
 
 
 @runtime_checkable

@@ -39,18 +39,28 @@ ActorRef = Actor[..., Any] | str
 
 _VERSION_4: Final = (0x4000 << 64) | (0x8000 << 48)
 _NOT_VERSION_BITS: Final = ~((0xF000 << 64) | (0xC000 << 48))
+# Looked up once: an enum member's attribute access alone costs a fresh id a fifth.
+_NEW_UUID: Final = UUID.__new__
+_SET_SLOT: Final = object.__setattr__
+_UNKNOWN_SAFETY: Final = SafeUUID.unknown
+
+
+def _fresh_id() -> UUID:
+    """A random (version 4) UUID, as ``uuid4`` makes it but without the checks of
+    ``UUID.__init__`` (a version 4 value is in range by construction)."""
+    # As CPython's own UUID._from_int (3.14) does: set the two slots directly.
+    fresh = _NEW_UUID(UUID)
+    _SET_SLOT(fresh, "int", (int.from_bytes(os.urandom(16)) & _NOT_VERSION_BITS) | _VERSION_4)
+    _SET_SLOT(fresh, "is_safe", _UNKNOWN_SAFETY)
+    return fresh
 
 
 def _fresh_ids(n: int) -> list[UUID]:
-    """``n`` random (version 4) UUIDs, as ``uuid4`` makes them but from one
-    ``os.urandom`` call and without the checks of ``UUID.__init__`` (a version 4
-    value is in range by construction): a third of its cost per job."""
+    """``n`` fresh ids, as :func:`_fresh_id` makes them, from one ``os.urandom`` call."""
     blob = os.urandom(16 * n)
-    take = int.from_bytes
-    new, set_slot, unknown = UUID.__new__, object.__setattr__, SafeUUID.unknown
+    take, new, set_slot, unknown = int.from_bytes, _NEW_UUID, _SET_SLOT, _UNKNOWN_SAFETY
     ids: list[UUID] = []
     for i in range(0, 16 * n, 16):
-        # As CPython's own UUID._from_int (3.14) does: set the two slots directly.
         fresh = new(UUID)
         set_slot(fresh, "int", (take(blob[i : i + 16]) & _NOT_VERSION_BITS) | _VERSION_4)
         set_slot(fresh, "is_safe", unknown)
@@ -80,6 +90,12 @@ class _CapacityCache:
         self._ttl = ttl
         self._limits: dict[str, int | None] = {}
         self._read_at: float | None = None
+
+    def cached(self) -> Mapping[str, int | None] | None:
+        """The limits if read less than ``ttl`` ago, else None (await :meth:`limits`)."""
+        if self._read_at is not None and time.monotonic() - self._read_at < self._ttl:
+            return self._limits
+        return None
 
     async def limits(self) -> Mapping[str, int | None]:
         now = time.monotonic()
@@ -195,7 +211,7 @@ class JobsClient:
             EnqueueArgs,
             {
                 **defaults,
-                "id": job_id or _fresh_ids(1)[0],
+                "id": job_id or _fresh_id(),
                 "payload": target.dump_payload(payload),
                 "metadata": {},
                 "tags": [],
@@ -204,7 +220,10 @@ class JobsClient:
 
     async def _check_capacity(self, counts: Mapping[str, int]) -> None:
         """Refuse when an actor's waiting jobs plus ``counts[actor]`` would pass ``max_pending``."""
-        limits = await self._capacity.limits()
+        # Fresh limits without a coroutine of their own: this runs on every enqueue.
+        limits = self._capacity.cached()
+        if limits is None:
+            limits = await self._capacity.limits()
         bounded = {
             name: limit
             for name in counts

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, Literal, Self, TypeAlias, TypeVar
+from typing import Any, Final, Literal, Self, TypeAlias, TypeVar
 from uuid import UUID, uuid4
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -88,6 +88,7 @@ class _Model(BaseModel):
 
 _M = TypeVar("_M", bound=_Model)
 _ALL_FIELDS: dict[type[BaseModel], set[str]] = {}
+_SET: Final = object.__setattr__
 
 
 def from_valid_values(cls: type[_M], values: dict[str, Any]) -> _M:
@@ -112,10 +113,10 @@ def from_valid_values(cls: type[_M], values: dict[str, Any]) -> _M:
     instance = cls.__new__(cls)
     # What pydantic's own model_construct sets, without its per-field loop. The
     # fields-set is shared: frozen models never change it (model_copy copies it).
-    object.__setattr__(instance, "__dict__", values)
-    object.__setattr__(instance, "__pydantic_fields_set__", fields)
-    object.__setattr__(instance, "__pydantic_extra__", None)
-    object.__setattr__(instance, "__pydantic_private__", None)
+    _SET(instance, "__dict__", values)
+    _SET(instance, "__pydantic_fields_set__", fields)
+    _SET(instance, "__pydantic_extra__", None)
+    _SET(instance, "__pydantic_private__", None)
     return instance
 
 

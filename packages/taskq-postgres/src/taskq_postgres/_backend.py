@@ -83,6 +83,7 @@ from taskq_postgres._enqueue import (
     check_singletons,
     copy_records,
     insert_jobs,
+    insert_one,
     refuse_keyless_singletons,
 )
 from taskq_postgres._leader import LeaderStatements, PostgresLeaderElector
@@ -556,8 +557,13 @@ class PostgresBackend:
     async def enqueue(self, args: EnqueueArgs) -> JobRow:
         """Insert one job (``pending``, or ``scheduled`` after a positive ``delay``) and
         wake the workers. A known idempotency key returns the existing row."""
-        [row] = await self._enqueue(None, [args])
-        return row
+        if args.singleton or args.idempotency_key is not None:
+            [row] = await self._enqueue(None, [args])
+            return row
+        # The usual enqueue, in as few frames as it can: a one-at-a-time producer
+        # pays for every layer around the statement.
+        with self._wake_for(None) as channel:
+            return await insert_one(self._autocommit_db(), self._sql, args, channel)
 
     async def enqueue_batch(
         self, args_list: list[EnqueueArgs], *, connection: Connection = None

@@ -23,7 +23,13 @@ from taskq.models import EnqueueArgs, JobRow, from_valid_values
 from taskq_postgres._rows import clean_text, dump_json, job_row, load_json
 from taskq_postgres._statements import Statements
 
-__all__ = ["check_singletons", "copy_records", "insert_jobs", "refuse_keyless_singletons"]
+__all__ = [
+    "check_singletons",
+    "copy_records",
+    "insert_jobs",
+    "insert_one",
+    "refuse_keyless_singletons",
+]
 
 Db = Any
 """A pool, a pooled connection or a caller's connection: anything with ``fetch``."""
@@ -71,32 +77,44 @@ def _insert_params(args_list: Sequence[EnqueueArgs], parked: Sequence[bool]) -> 
     ]
 
 
-async def _insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str | None) -> JobRow:
-    """``ENQUEUE_ONE``: the row is built from what was sent plus what the server decided."""
+def _duplicate_id(exc: asyncpg.UniqueViolationError) -> ValueError:
+    """A clash on the jobs' primary key as the caller's error; any other clash re-raised."""
+    if exc.constraint_name != "jobs_pkey":
+        raise exc
+    return ValueError(f"a job with that id already exists: {exc.detail}")
+
+
+async def insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str | None) -> JobRow:
+    """Insert one job without an idempotency key (``ENQUEUE_ONE``), notifying
+    ``wake_channel`` (or None); the row is built from what was sent plus what the
+    server decided. Singletons need :func:`check_singletons` first, in a transaction."""
     payload = dump_json(a.payload)
     metadata = dump_json(a.metadata) if a.metadata else "{}"
     # Tags go as text[] (no JSON round trip); NULs replaced as dump_json does for ENQUEUE.
     tags = [clean_text(tag) for tag in a.tags]
-    record = await db.fetchrow(
-        sql.enqueue_one,
-        a.id,
-        a.actor,
-        a.queue,
-        a.priority,
-        payload,
-        a.delay,
-        a.max_attempts,
-        a.identity_key,
-        a.fairness_key,
-        a.schedule_to_close,
-        a.timeout,
-        a.result_ttl,
-        metadata,
-        tags,
-        a.trace_id,
-        a.span_id,
-        wake_channel,
-    )
+    try:
+        record = await db.fetchrow(
+            sql.enqueue_one,
+            a.id,
+            a.actor,
+            a.queue,
+            a.priority,
+            payload,
+            a.delay,
+            a.max_attempts,
+            a.identity_key,
+            a.fairness_key,
+            a.schedule_to_close,
+            a.timeout,
+            a.result_ttl,
+            metadata,
+            tags,
+            a.trace_id,
+            a.span_id,
+            wake_channel,
+        )
+    except asyncpg.UniqueViolationError as exc:
+        raise _duplicate_id(exc) from exc
     # Returning the whole row and validating it cost about a tenth of a one-job
     # enqueue: the row is what was sent (validated as EnqueueArgs) plus what the
     # server decided. The JSON is parsed back from the text stored, so NUL
@@ -180,14 +198,12 @@ async def insert_jobs(
     future instead of following their delay.
     """
     flags = parked if parked is not None else [False] * len(args_list)
+    if len(args_list) == 1 and args_list[0].idempotency_key is None and not flags[0]:
+        return [await insert_one(db, sql, args_list[0], wake_channel)], 1
     try:
-        if len(args_list) == 1 and args_list[0].idempotency_key is None and not flags[0]:
-            return [await _insert_one(db, sql, args_list[0], wake_channel)], 1
         records = await db.fetch(sql.enqueue, *_insert_params(args_list, flags), wake_channel)
     except asyncpg.UniqueViolationError as exc:
-        if exc.constraint_name != "jobs_pkey":
-            raise
-        raise ValueError(f"a job with that id already exists: {exc.detail}") from exc
+        raise _duplicate_id(exc) from exc
     inserted: dict[Any, JobRow] = {}
     by_key: dict[tuple[str, str], JobRow] = {}
     for record in records:

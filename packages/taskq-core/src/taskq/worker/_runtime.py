@@ -271,9 +271,7 @@ class Worker:
         await asyncio.wait(consumers)
         # A consumer leaves its last job's outcome write to the job task; the
         # heartbeat must keep the lease until that write is done.
-        writing = [
-            a.done for a in state.active.values() if a.done is not None and not a.done.done()
-        ]
+        writing = [a.slot_freed() for a in state.active.values() if a.holds_slot]
         if writing:
             await asyncio.wait(writing)
         state.finished.set()

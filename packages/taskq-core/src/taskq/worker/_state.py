@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,12 +34,15 @@ class ActiveJob:
     row: JobRow
     ctx: Context | None = None
     task: asyncio.Task[None] | None = None
-    done: asyncio.Future[None] | None = None
-    """Resolved when the job lets go of its slot: the task ended, or the job was
-    abandoned or handed back while its task refused to stop."""
+    release: Callable[[], None] | None = None
+    """Set when the job starts; called once when it lets go of its slot (then None):
+    the task ended, or the job was abandoned or handed back while its task refused
+    to stop."""
     ran: asyncio.Future[None] | None = None
     """Resolved when the consumer may take another job: the actor returned (its
-    outcome is being written), or ``done``."""
+    outcome is being written), or the slot was freed."""
+    # Made only for those who wait (shutdown): a future per job is a loop turn per job.
+    _freed: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
     cancel_requested: bool = False
     """A user asked to cancel this job."""
     cancel_phase: CancelPhase = CancelPhase.NONE
@@ -59,10 +62,27 @@ class ActiveJob:
         if self.ran is not None and not self.ran.done():
             self.ran.set_result(None)
 
+    @property
+    def holds_slot(self) -> bool:
+        """Started, and its slot not yet freed."""
+        return self.release is not None
+
+    def slot_freed(self) -> asyncio.Future[None]:
+        """Resolved once the job has let go of its slot (already, if it has or never
+        started)."""
+        if self._freed is None:
+            self._freed = asyncio.get_running_loop().create_future()
+            if self.release is None:
+                self._freed.set_result(None)
+        return self._freed
+
     def finish(self) -> None:
         """Free the job's slot (idempotent)."""
-        if self.done is not None and not self.done.done():
-            self.done.set_result(None)
+        release, self.release = self.release, None
+        if release is not None:
+            release()
+            if self._freed is not None and not self._freed.done():
+                self._freed.set_result(None)
         if self.ran is not None and not self.ran.done():
             self.ran.set_result(None)
 

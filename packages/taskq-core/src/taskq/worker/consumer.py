@@ -45,15 +45,13 @@ async def consumer_loop(state: WorkerState) -> None:
         active = state.active.get(row.id)
         if active is None or active.lost or active.row.attempt != row.attempt:
             continue  # lost before it started: the lock is gone, so is the job
-        loop = asyncio.get_running_loop()
         task = asyncio.create_task(execute(state, row), name=f"taskq-job-{row.actor}-{row.id}")
         active.task = task
-        active.done = loop.create_future()
-        active.ran = loop.create_future()
-        active.done.add_done_callback(functools.partial(_released, state, active))
-        task.add_done_callback(functools.partial(_finished, active))
+        active.ran = asyncio.get_running_loop().create_future()
+        active.release = functools.partial(_released, state, active)
+        # One callback (each is a loop turn of its own, on every job).
+        task.add_done_callback(functools.partial(_finished, state, active))
         state.job_tasks.add(task)
-        task.add_done_callback(state.job_tasks.discard)
         # Not `await task`: a cancelled job task must not cancel its consumer, and
         # an abandoned one that ignores cancellation must not hold the slot forever.
         # Nor the outcome write: the job task finishes it (and frees the slot) while
@@ -61,11 +59,12 @@ async def consumer_loop(state: WorkerState) -> None:
         await active.ran
 
 
-def _finished(active: ActiveJob, _task: asyncio.Task[None]) -> None:
+def _finished(state: WorkerState, active: ActiveJob, task: asyncio.Task[None]) -> None:
+    state.job_tasks.discard(task)
     active.finish()
 
 
-def _released(state: WorkerState, active: ActiveJob, _done: asyncio.Future[None]) -> None:
+def _released(state: WorkerState, active: ActiveJob) -> None:
     state.processed += 1
     state.release(active.row.id, active)
 

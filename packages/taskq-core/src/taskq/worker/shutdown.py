@@ -52,12 +52,12 @@ def _enter(state: WorkerState, phase: ShutdownPhase) -> None:
 
 
 def _running_count(state: WorkerState) -> int:
-    return sum(1 for a in state.active.values() if a.done is not None and not a.done.done())
+    return sum(1 for a in state.active.values() if a.holds_slot)
 
 
 async def _wait_running(state: WorkerState, seconds: float, escalate: asyncio.Event | None) -> None:
     """Until every running job's consumer may move on, ``seconds`` pass, or ``escalate``."""
-    waiting = [a.done for a in state.active.values() if a.done is not None and not a.done.done()]
+    waiting = [a.slot_freed() for a in state.active.values() if a.holds_slot]
     if not waiting:
         return
     stopper = asyncio.ensure_future(escalate.wait()) if escalate is not None else None
@@ -132,7 +132,7 @@ async def orchestrate_shutdown(state: WorkerState, escalate: asyncio.Event) -> N
 
     _enter(state, ShutdownPhase.ABANDONING)
     for active in list(state.active.values()):
-        if active.done is None or active.done.done():
+        if not active.holds_slot:
             continue
         _log.error("taskq.task-ignored-cancellation", job_id=str(active.row.id))
         if active.interrupted:

@@ -90,9 +90,11 @@ async def test_enqueues_one_after_another_send_no_trailing_notify() -> None:
     # skipped ones before it, even when one of them was still running as its
     # window ended: a loop of single enqueues needs no NOTIFY statement of its own.
     sends = Sends()
-    wakes = WakeCoalescer(sends, 0.03)
+    # A window many round trips long: only a stall of a whole window (a loaded CI
+    # machine) would let one end with the same enqueue still running.
+    wakes = WakeCoalescer(sends, 0.1)
     notified = []
-    for _ in range(30):
+    for _ in range(60):
         with wakes.around("ch") as channel:
             notified.append(channel)
             await asyncio.sleep(0.004)  # the statement's round trip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, Final
 from uuid import UUID, SafeUUID, uuid4
@@ -255,44 +255,49 @@ class JobsClient:
         await self._check_capacity({args.actor: 1})
         return await self._backend.enqueue_with_conn(conn, args)
 
-    def _batch_args(self, items: Iterable[EnqueueItem | tuple[ActorRef, Any]]) -> list[EnqueueArgs]:
-        listed = list(items)
-        built = []
+    def _each_args(self, listed: list[EnqueueItem | tuple[ActorRef, Any]]) -> Iterator[EnqueueArgs]:
+        """The args of each item, validated one by one as they are pulled."""
         for item, job_id in zip(listed, _fresh_ids(len(listed)), strict=True):
             # The tuple test first: a model class's isinstance goes through ABCMeta.
             if isinstance(item, tuple) or not isinstance(item, EnqueueItem):
                 ref, payload = item
-                built.append(self._args(ref, payload, {}, job_id))
+                yield self._args(ref, payload, {}, job_id)
             else:
-                built.append(self._args(item.actor, item.payload, item.options, job_id))
-        return built
+                yield self._args(item.actor, item.payload, item.options, job_id)
 
-    async def _checked_batch(
-        self, items: Iterable[EnqueueItem | tuple[ActorRef, Any]]
-    ) -> list[EnqueueArgs]:
-        args = self._batch_args(items)
+    async def _check_batch_capacity(self, listed: list[EnqueueItem | tuple[ActorRef, Any]]) -> None:
         counts: dict[str, int] = {}
-        for a in args:
-            counts[a.actor] = counts.get(a.actor, 0) + 1
+        for item in listed:
+            if isinstance(item, tuple) or not isinstance(item, EnqueueItem):
+                ref, _ = item
+            else:
+                ref = item.actor
+            name = self._actor(ref).name
+            counts[name] = counts.get(name, 0) + 1
         await self._check_capacity(counts)
-        return args
 
     async def enqueue_batch(
         self, items: Iterable[EnqueueItem | tuple[ActorRef, Any]], *, connection: Connection = None
     ) -> list[JobRow]:
         """Enqueue many jobs atomically (all or none); one row per item, in order.
         Every payload is validated before anything is written."""
+        listed = list(items)
+        await self._check_batch_capacity(listed)
         return await self._backend.enqueue_batch(
-            await self._checked_batch(items), connection=connection
+            list(self._each_args(listed)), connection=connection
         )
 
     async def enqueue_batch_fast(
         self, items: Iterable[EnqueueItem | tuple[ActorRef, Any]], *, connection: Connection = None
     ) -> int:
         """Bulk enqueue (COPY on Postgres): the fastest path, without idempotency
-        handling or returned rows. Returns the count inserted."""
+        handling or returned rows. Returns the count inserted. Payloads are validated
+        as the rows are written (on Postgres, while the server takes the rows sent
+        before); an invalid one fails the call and nothing is written."""
+        listed = list(items)
+        await self._check_batch_capacity(listed)
         return await self._backend.enqueue_batch_fast(
-            await self._checked_batch(items), connection=connection
+            self._each_args(listed), connection=connection
         )
 
     # -- reads and admin -----------------------------------------------------------

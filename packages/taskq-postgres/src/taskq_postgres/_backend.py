@@ -29,6 +29,7 @@ from contextlib import (
     nullcontext,
 )
 from datetime import UTC, datetime, timedelta
+from itertools import chain
 from typing import Any, ClassVar, Final, Literal, cast
 from urllib.parse import urlsplit
 from uuid import UUID, uuid4
@@ -41,7 +42,7 @@ from taskq.backend import check_batch_size, check_protocol_version
 from taskq.backend._protocol import ScheduleFire
 from taskq.backend.cron import cron_slots
 from taskq.errors import ConfigurationError
-from taskq.identifiers import check_identifier, validate_schema_name
+from taskq.identifiers import validate_schema_name
 from taskq.models import (
     ActorConfig,
     AttemptOutcome,
@@ -81,7 +82,7 @@ from taskq_postgres._connect import (
 )
 from taskq_postgres._enqueue import (
     check_singletons,
-    copy_records,
+    copy_jobs,
     insert_jobs,
     insert_one,
     refuse_keyless_singletons,
@@ -104,7 +105,6 @@ from taskq_postgres._rows import (
 from taskq_postgres._sql import prune as prune_sql
 from taskq_postgres._sql import render
 from taskq_postgres._sql.cancel import FILTER_TOKEN
-from taskq_postgres._sql.enqueue import COPY_COLUMNS
 from taskq_postgres._sql.reads import WHERE_TOKEN
 from taskq_postgres._statements import statements_for
 from taskq_postgres._transient import TRANSIENT_PG_ERRORS
@@ -574,26 +574,20 @@ class PostgresBackend:
         return await self._enqueue(connection, args_list)
 
     async def enqueue_batch_fast(
-        self, args_list: list[EnqueueArgs], *, connection: Connection = None
+        self, args_list: Iterable[EnqueueArgs], *, connection: Connection = None
     ) -> int:
-        """COPY the jobs in; returns how many. No idempotency handling: a used key fails
-        the whole call. A caller's ``connection`` must use asyncpg's default json codecs."""
-        if not args_list:
+        """COPY the jobs in, pulling them as the rows are sent; returns how many. No
+        idempotency handling: a used key fails the whole call. A caller's
+        ``connection`` must use asyncpg's default json codecs."""
+        pulled = iter(args_list)
+        first = next(pulled, None)
+        if first is None:
             return 0
-        refuse_keyless_singletons(args_list)
         with self._wake_for(connection) as channel:
             async with self._transaction(connection) as tx:
-                await check_singletons(tx, self._sql, self.schema, args_list)
                 # COPY cannot evaluate clock_timestamp(): read it once, in this transaction.
                 now: datetime = await tx.fetchval(self._sql.copy_clock_now, channel)
-                records = copy_records(args_list, now)
-                await tx.copy_records_to_table(
-                    "jobs",
-                    schema_name=check_identifier(self.schema),
-                    columns=list(COPY_COLUMNS),
-                    records=records,
-                )
-        return len(records)
+                return await copy_jobs(tx, self._sql, self.schema, chain([first], pulled), now)
 
     async def enqueue_with_conn(self, conn: Connection, args: EnqueueArgs) -> JobRow:
         """``enqueue`` on the caller's connection: the job exists (and the workers are

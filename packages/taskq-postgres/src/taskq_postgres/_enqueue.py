@@ -6,12 +6,13 @@ key (the usual ``enqueue``) takes the leaner ``ENQUEUE_ONE``. Items whose
 ``(actor, idempotency_key)`` exists come back as the existing row. Singletons need a
 check that no concurrent singleton enqueue can slip past: it runs under
 transaction-scoped advisory locks on the identities, in the same transaction
-as the insert.
+as the insert. ``enqueue_batch_fast`` COPYs its jobs, making each row as asyncpg
+sends it, and checks singletons after the COPY.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -19,13 +20,15 @@ import asyncpg
 
 from taskq.backend.statemachine import JobStatus
 from taskq.errors import SingletonCollisionError
+from taskq.identifiers import check_identifier
 from taskq.models import EnqueueArgs, JobRow, from_valid_values
 from taskq_postgres._rows import clean_text, dump_json, job_row, load_json
+from taskq_postgres._sql.enqueue import COPY_COLUMNS
 from taskq_postgres._statements import Statements
 
 __all__ = [
     "check_singletons",
-    "copy_records",
+    "copy_jobs",
     "insert_jobs",
     "insert_one",
     "refuse_keyless_singletons",
@@ -146,41 +149,86 @@ async def insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str 
     )
 
 
-def copy_records(args_list: Sequence[EnqueueArgs], now: datetime) -> list[tuple[Any, ...]]:
-    """The rows ``enqueue_batch_fast`` COPYs (``COPY_COLUMNS``), created at ``now``."""
-    zero = timedelta(0)
-    records: list[tuple[Any, ...]] = []
-    append = records.append
-    for a in args_list:
-        delay = a.delay
-        delayed = delay is not None and delay > zero
-        deadline = a.schedule_to_close
-        append(
-            (
-                a.id,
-                a.actor,
-                a.queue,
-                "scheduled" if delayed else "pending",
-                a.priority,
-                dump_json(a.payload),
-                now + delay if delay is not None and delayed else now,
-                now,
-                now,
-                a.max_attempts,
-                a.idempotency_key,
-                a.identity_key,
-                a.fairness_key,
-                None if deadline is None else now + deadline,
-                a.timeout,
-                a.result_ttl,
-                dump_json(a.metadata) if a.metadata else "{}",
-                [clean_text(tag) for tag in a.tags] if a.tags else a.tags,
-                a.trace_id,
-                a.span_id,
-                now,
-            )
-        )
-    return records
+class _CopyFeed:
+    """The rows one COPY writes (``COPY_COLUMNS``), created at ``now``, each made as
+    asyncpg asks for it: a lazy input is built (and validated) while the server
+    takes the rows already sent, instead of before the COPY starts.
+
+    Whatever pulling the input raises ends the rows there and waits in ``error``, for
+    the caller to raise once the COPY has ended (the transaction then rolls back).
+    Raised inside the COPY, it would make asyncpg abort it and cancel the query over
+    a second connection. The jobs with an identity key are kept for the singleton
+    check that follows.
+    """
+
+    __slots__ = ("_args", "_now", "count", "error", "identified")
+
+    def __init__(self, args: Iterable[EnqueueArgs], now: datetime) -> None:
+        self._args = args
+        self._now = now
+        self.count = 0
+        self.error: Exception | None = None
+        self.identified: list[EnqueueArgs] = []
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        now, zero, identified = self._now, timedelta(0), self.identified
+        try:
+            for a in self._args:
+                if a.identity_key is not None:
+                    identified.append(a)
+                elif a.singleton:
+                    refuse_keyless_singletons([a])
+                delay = a.delay
+                delayed = delay is not None and delay > zero
+                deadline = a.schedule_to_close
+                row = (
+                    a.id,
+                    a.actor,
+                    a.queue,
+                    "scheduled" if delayed else "pending",
+                    a.priority,
+                    dump_json(a.payload),
+                    now + delay if delay is not None and delayed else now,
+                    now,
+                    now,
+                    a.max_attempts,
+                    a.idempotency_key,
+                    a.identity_key,
+                    a.fairness_key,
+                    None if deadline is None else now + deadline,
+                    a.timeout,
+                    a.result_ttl,
+                    dump_json(a.metadata) if a.metadata else "{}",
+                    [clean_text(tag) for tag in a.tags] if a.tags else a.tags,
+                    a.trace_id,
+                    a.span_id,
+                    now,
+                )
+                self.count += 1
+                yield row
+        except Exception as exc:  # noqa: BLE001 - kept, and raised by copy_jobs after the COPY
+            self.error = exc
+
+
+async def copy_jobs(
+    tx: Db, sql: Statements, schema: str, args: Iterable[EnqueueArgs], now: datetime
+) -> int:
+    """COPY ``args`` into ``jobs`` in ``tx`` (the caller's transaction), created at
+    ``now``, pulling them as the rows are sent; returns how many.
+
+    Singletons are checked after the COPY, under their identities' locks, against
+    the active jobs other than these: a competing enqueue either committed before
+    the check (and is seen) or waits on the lock until this transaction ends.
+    """
+    feed = _CopyFeed(args, now)
+    await tx.copy_records_to_table(
+        "jobs", schema_name=check_identifier(schema), columns=list(COPY_COLUMNS), records=feed
+    )
+    if feed.error is not None:
+        raise feed.error
+    if any(a.singleton for a in feed.identified):
+        await check_singletons(tx, sql, schema, feed.identified, copied=True)
+    return feed.count
 
 
 async def insert_jobs(
@@ -252,16 +300,23 @@ def _collision(args: EnqueueArgs, holder: object, retry_after: float | None) -> 
 
 
 async def check_singletons(
-    db: Db, sql: Statements, schema: str, args_list: Sequence[EnqueueArgs]
+    db: Db, sql: Statements, schema: str, args_list: Sequence[EnqueueArgs], *, copied: bool = False
 ) -> None:
     """Raise ``SingletonCollisionError`` for a singleton whose identity an active job
-    (stored, or earlier in ``args_list``) holds. Must run in the inserting transaction."""
+    (stored, or earlier in ``args_list``) holds. Must run in the inserting transaction:
+    before the insert, or after it when ``copied`` (``args_list`` then being stored, its
+    own rows are not holders)."""
     singles = [a for a in args_list if a.singleton]
     if not singles:
         return
     lock_keys = sorted({f"taskq:singleton:{schema}:{a.actor}:{a.identity_key}" for a in singles})
     await db.fetchval(sql.singleton_locks, lock_keys)
-    keyed = [(a.actor, a.idempotency_key) for a in args_list if a.idempotency_key is not None]
+    # Copied jobs had no idempotent hits: a used key failed the COPY.
+    keyed = (
+        []
+        if copied
+        else [(a.actor, a.idempotency_key) for a in args_list if a.idempotency_key is not None]
+    )
     records = await db.fetch(
         sql.enqueue_conflicts,
         [k[0] for k in keyed],
@@ -270,7 +325,12 @@ async def check_singletons(
         [a.identity_key for a in singles],
     )
     used_keys = {(r["actor"], r["key"]) for r in records if r["kind"] == "idempotency"}
-    active = {(r["actor"], r["key"]): r for r in records if r["kind"] == "identity"}
+    ours = {a.id for a in args_list} if copied else set()
+    active = {
+        (r["actor"], r["key"]): r
+        for r in records
+        if r["kind"] == "identity" and r["id"] not in ours
+    }
     staged_keys: set[tuple[str, str]] = set()
     staged: dict[tuple[str, str], EnqueueArgs] = {}
     for args in args_list:

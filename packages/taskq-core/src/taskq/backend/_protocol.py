@@ -157,10 +157,13 @@ class Backend(Protocol):
         ...
 
     async def enqueue_batch_fast(
-        self, args_list: list[EnqueueArgs], *, connection: Connection = None
+        self, args_list: Iterable[EnqueueArgs], *, connection: Connection = None
     ) -> int:
         """Bulk insert (COPY on Postgres); returns the inserted count. No
-        idempotency handling and no rows returned: the fast path."""
+        idempotency handling and no rows returned: the fast path. ``args_list`` may
+        be lazy (the client validates payloads as it is pulled): a backend may pull
+        it while writing, and whatever pulling raises fails the call with nothing
+        written."""
         ...
 
     async def enqueue_with_conn(self, conn: Connection, args: EnqueueArgs) -> JobRow:

@@ -174,10 +174,10 @@ class InMemoryBackend:
         return plan.rows
 
     async def enqueue_batch_fast(
-        self, args_list: list[EnqueueArgs], *, connection: Connection = None
+        self, args_list: Iterable[EnqueueArgs], *, connection: Connection = None
     ) -> int:
         """Insert all items or none; a used idempotency key fails the whole call."""
-        plan = self._store.plan_inserts(args_list, self.clock.now(), idempotent=False)
+        plan = self._store.plan_inserts(list(args_list), self.clock.now(), idempotent=False)
         self._store.insert(plan)
         return len(plan.new)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from uuid import uuid4
 
@@ -27,6 +27,14 @@ from taskq_testing.conformance._support import (
 )
 
 _Insert = Callable[[Backend, Connection, EnqueueArgs], Awaitable[object]]
+
+_MANY = 6_000
+"""Jobs enough for a backend that writes as it pulls to have sent some before the end
+(asyncpg sends a COPY's rows every 512 KiB: some 2,500 jobs)."""
+
+
+class _InputFailed(Exception):
+    """Raised by a test's input while a backend pulls it."""
 
 
 async def _via_enqueue(backend: Backend, conn: Connection, args: EnqueueArgs) -> object:
@@ -381,6 +389,66 @@ class EnqueueTests:
             JobStatus.PENDING,
         ]
         assert_close(rows[1].scheduled_at, rows[1].created_at + FAR)
+
+    @covers("enqueue_batch_fast")
+    async def test_enqueue_batch_fast_takes_a_lazy_input(self, backend: Backend) -> None:
+        items = [make_args() for _ in range(_MANY)]
+        assert await backend.enqueue_batch_fast(item for item in items) == _MANY
+        for item in (items[0], items[-1]):
+            _assert_stored_as_given(await fetch(backend, item.id), item)
+
+    @covers("enqueue_batch_fast")
+    async def test_enqueue_batch_fast_writes_nothing_when_its_input_fails_late(
+        self, backend: Backend
+    ) -> None:
+        def failing() -> Iterator[EnqueueArgs]:
+            for i in range(_MANY):
+                if i == _MANY - 100:
+                    raise _InputFailed(i)
+                yield make_args()
+
+        with pytest.raises(_InputFailed):
+            await backend.enqueue_batch_fast(failing())
+        assert await backend.list_jobs(JobFilter()) == []
+        after = make_args()
+        assert await backend.enqueue_batch_fast([after]) == 1
+        assert [row.id for row in await backend.list_jobs(JobFilter())] == [after.id]
+
+    @covers("enqueue_batch_fast")
+    async def test_enqueue_batch_fast_admits_singletons_whose_identity_is_free(
+        self, backend: Backend
+    ) -> None:
+        items = [
+            make_args(identity_key="user-1", singleton=True),
+            make_args(identity_key="user-2", singleton=True),
+            make_args(identity_key="user-1"),
+        ]
+        assert await backend.enqueue_batch_fast(items) == 3
+        assert len(await backend.list_jobs(JobFilter(identity_key="user-1"))) == 2
+
+    @pytest.mark.parametrize("holder", ["stored", "earlier-in-batch"])
+    @covers("enqueue_batch_fast")
+    async def test_enqueue_batch_fast_refuses_a_singleton_whose_identity_is_held(
+        self, backend: Backend, holder: str
+    ) -> None:
+        stored = []
+        if holder == "stored":
+            stored = [(await backend.enqueue(make_args(identity_key="user-1"))).id]
+        batch = [make_args() for _ in range(3)]
+        if holder == "earlier-in-batch":
+            batch.insert(1, make_args(identity_key="user-1"))
+        batch.append(make_args(identity_key="user-1", singleton=True))
+        with pytest.raises(SingletonCollisionError):
+            await backend.enqueue_batch_fast(batch)
+        assert [row.id for row in await backend.list_jobs(JobFilter())] == stored
+
+    @covers("enqueue_batch_fast")
+    async def test_enqueue_batch_fast_refuses_a_singleton_without_identity_key(
+        self, backend: Backend
+    ) -> None:
+        with pytest.raises(ValueError):
+            await backend.enqueue_batch_fast([make_args(), make_args(singleton=True)])
+        assert await backend.list_jobs(JobFilter()) == []
 
     @pytest.mark.parametrize("keyed", [True, False], ids=["idempotency-key", "no-key"])
     @covers("enqueue_with_conn")

@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import timedelta
+from types import MappingProxyType
 from typing import Any, Final
 from uuid import UUID, SafeUUID, uuid4
 
@@ -72,6 +73,20 @@ def _seconds(value: timedelta | float | None) -> timedelta | None:
     if value is None or isinstance(value, timedelta):
         return value
     return timedelta(seconds=value)
+
+
+def _item_parts(
+    item: EnqueueItem | tuple[ActorRef, Any],
+) -> tuple[ActorRef, Any, Mapping[str, Any]]:
+    """A batch item's actor, payload and options (none for an ``(actor, payload)`` pair)."""
+    # The tuple test first: a model class's isinstance goes through ABCMeta.
+    if isinstance(item, tuple) or not isinstance(item, EnqueueItem):
+        ref, payload = item
+        return ref, payload, _NO_OPTIONS
+    return item.actor, item.payload, item.options
+
+
+_NO_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
 class _CapacityCache:
@@ -258,21 +273,13 @@ class JobsClient:
     def _each_args(self, listed: list[EnqueueItem | tuple[ActorRef, Any]]) -> Iterator[EnqueueArgs]:
         """The args of each item, validated one by one as they are pulled."""
         for item, job_id in zip(listed, _fresh_ids(len(listed)), strict=True):
-            # The tuple test first: a model class's isinstance goes through ABCMeta.
-            if isinstance(item, tuple) or not isinstance(item, EnqueueItem):
-                ref, payload = item
-                yield self._args(ref, payload, {}, job_id)
-            else:
-                yield self._args(item.actor, item.payload, item.options, job_id)
+            ref, payload, options = _item_parts(item)
+            yield self._args(ref, payload, options, job_id)
 
     async def _check_batch_capacity(self, listed: list[EnqueueItem | tuple[ActorRef, Any]]) -> None:
         counts: dict[str, int] = {}
         for item in listed:
-            if isinstance(item, tuple) or not isinstance(item, EnqueueItem):
-                ref, _ = item
-            else:
-                ref = item.actor
-            name = self._actor(ref).name
+            name = self._actor(_item_parts(item)[0]).name
             counts[name] = counts.get(name, 0) + 1
         await self._check_capacity(counts)
 

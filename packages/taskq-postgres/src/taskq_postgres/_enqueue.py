@@ -87,35 +87,64 @@ def _duplicate_id(exc: asyncpg.UniqueViolationError) -> ValueError:
     return ValueError(f"a job with that id already exists: {exc.detail}")
 
 
+def _plain(a: EnqueueArgs) -> bool:
+    """Whether every optional column of ``a``'s row keeps its default."""
+    return not (
+        a.identity_key is not None
+        or a.fairness_key is not None
+        or a.schedule_to_close is not None
+        or a.timeout is not None
+        or a.result_ttl is not None
+        or a.metadata
+        or a.tags
+        or a.trace_id is not None
+        or a.span_id is not None
+    )
+
+
 async def insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str | None) -> JobRow:
-    """Insert one job without an idempotency key (``ENQUEUE_ONE``), notifying
-    ``wake_channel`` (or None); the row is built from what was sent plus what the
-    server decided. Singletons need :func:`check_singletons` first, in a transaction."""
+    """Insert one job without an idempotency key (``ENQUEUE_ONE``, or ``ENQUEUE_ONE_PLAIN``
+    when none of its optional columns is set), notifying ``wake_channel`` (or None); the
+    row is built from what was sent plus what the server decided. Singletons need
+    :func:`check_singletons` first, in a transaction."""
     payload = dump_json(a.payload)
     metadata = dump_json(a.metadata) if a.metadata else "{}"
     # Tags go as text[] (no JSON round trip); NULs replaced as dump_json does for ENQUEUE.
     tags = [clean_text(tag) for tag in a.tags]
     try:
-        record = await db.fetchrow(
-            sql.enqueue_one,
-            a.id,
-            a.actor,
-            a.queue,
-            a.priority,
-            payload,
-            a.delay,
-            a.max_attempts,
-            a.identity_key,
-            a.fairness_key,
-            a.schedule_to_close,
-            a.timeout,
-            a.result_ttl,
-            metadata,
-            tags,
-            a.trace_id,
-            a.span_id,
-            wake_channel,
-        )
+        if _plain(a):
+            record = await db.fetchrow(
+                sql.enqueue_one_plain,
+                a.id,
+                a.actor,
+                a.queue,
+                a.priority,
+                payload,
+                a.delay,
+                a.max_attempts,
+                wake_channel,
+            )
+        else:
+            record = await db.fetchrow(
+                sql.enqueue_one,
+                a.id,
+                a.actor,
+                a.queue,
+                a.priority,
+                payload,
+                a.delay,
+                a.max_attempts,
+                a.identity_key,
+                a.fairness_key,
+                a.schedule_to_close,
+                a.timeout,
+                a.result_ttl,
+                metadata,
+                tags,
+                a.trace_id,
+                a.span_id,
+                wake_channel,
+            )
     except asyncpg.UniqueViolationError as exc:
         raise _duplicate_id(exc) from exc
     # Returning the whole row and validating it cost about a tenth of a one-job

@@ -29,6 +29,7 @@ class Statements:
     # enqueue
     enqueue: str
     enqueue_one: str
+    enqueue_one_plain: str
     existing_by_key: str
     singleton_locks: str
     enqueue_conflicts: str
@@ -111,6 +112,7 @@ def statements_for(schema: str) -> Statements:
     return Statements(
         enqueue=render(enqueue.ENQUEUE, s),
         enqueue_one=render(enqueue.ENQUEUE_ONE, s),
+        enqueue_one_plain=render(enqueue.ENQUEUE_ONE_PLAIN, s),
         existing_by_key=render(enqueue.EXISTING_BY_KEY, s),
         singleton_locks=render(enqueue.SINGLETON_LOCKS, s),
         enqueue_conflicts=render(enqueue.ENQUEUE_CONFLICTS, s),

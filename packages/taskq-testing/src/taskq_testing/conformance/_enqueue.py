@@ -82,6 +82,12 @@ def _full_args(**overrides: object) -> EnqueueArgs:
     )
 
 
+def _plain_args(**overrides: object) -> EnqueueArgs:
+    """Args with none of the optional fields (keys, deadline, timeout, TTL, metadata,
+    tags, trace) set: a job as most enqueues make it."""
+    return make_args(payload={"n": 2, "list": [1, None]}, priority=3, max_attempts=4, **overrides)
+
+
 def _assert_stored_as_given(row: JobRow, args: EnqueueArgs) -> None:
     assert row.id == args.id
     assert (row.actor, row.queue, row.payload) == (args.actor, args.queue, args.payload)
@@ -111,14 +117,13 @@ def _assert_fresh(row: JobRow) -> None:
 class EnqueueTests:
     """``enqueue`` and its batch/connection variants; actor settings for backpressure."""
 
-    @pytest.mark.parametrize("keyed", [True, False], ids=["idempotency-key", "no-key"])
+    @pytest.mark.parametrize("kind", ["idempotency-key", "no-key", "plain"])
     @covers("enqueue", "get")
-    async def test_enqueue_stores_a_pending_job_as_given(
-        self, backend: Backend, keyed: bool
-    ) -> None:
-        # Without a key, Postgres takes a leaner statement: both must store the same.
-        args = _full_args()
-        if not keyed:
+    async def test_enqueue_stores_a_pending_job_as_given(self, backend: Backend, kind: str) -> None:
+        # Without a key, Postgres takes a leaner statement, and a leaner one still
+        # when no optional field is set: all must store the same.
+        args = _full_args() if kind != "plain" else _plain_args()
+        if kind == "no-key":
             args = args.model_copy(update={"idempotency_key": None})
         row = await backend.enqueue(args)
         _assert_stored_as_given(row, args)
@@ -129,20 +134,23 @@ class EnqueueTests:
         assert row.deadline_at is None
         assert await backend.get(args.id) == row
 
+    @pytest.mark.parametrize("plain", [False, True], ids=["with-deadline", "plain"])
     @covers("enqueue", "get")
-    async def test_a_delayed_job_with_a_deadline_is_returned_as_stored(
-        self, backend: Backend
-    ) -> None:
+    async def test_a_delayed_job_is_returned_as_stored(self, backend: Backend, plain: bool) -> None:
         # Postgres builds a keyless job's returned row from what it sent and what
         # the server decided (status, times): it must equal the stored one.
-        args = _full_args(delay=FAR, schedule_to_close=FAR * 2).model_copy(
-            update={"idempotency_key": None}
-        )
+        if plain:
+            args = _plain_args(delay=FAR)
+        else:
+            args = _full_args(delay=FAR, schedule_to_close=FAR * 2).model_copy(
+                update={"idempotency_key": None}
+            )
         row = await backend.enqueue(args)
         _assert_stored_as_given(row, args)
         _assert_fresh(row)
         assert row.status is JobStatus.SCHEDULED
-        assert row.deadline_at is not None
+        assert_close(row.scheduled_at, row.created_at + FAR)
+        assert (row.deadline_at is None) is plain
         assert await backend.get(args.id) == row
 
     @pytest.mark.parametrize("delay", [None, timedelta(0)], ids=["no-delay", "zero-delay"])

@@ -64,20 +64,26 @@ def _insert_params(args_list: Sequence[EnqueueArgs], parked: Sequence[bool]) -> 
         [a.queue for a in args_list],
         [a.priority for a in args_list],
         [dump_json(a.payload) for a in args_list],
-        [a.delay for a in args_list],
+        _sparse([a.delay for a in args_list]),
         [a.max_attempts for a in args_list],
-        [a.idempotency_key for a in args_list],
-        [a.identity_key for a in args_list],
-        [a.fairness_key for a in args_list],
-        [a.schedule_to_close for a in args_list],
-        [a.timeout for a in args_list],
-        [a.result_ttl for a in args_list],
-        [dump_json(a.metadata) for a in args_list],
-        [dump_json(a.tags) for a in args_list],
-        [a.trace_id for a in args_list],
-        [a.span_id for a in args_list],
-        list(parked),
+        _sparse([a.idempotency_key for a in args_list]),
+        _sparse([a.identity_key for a in args_list]),
+        _sparse([a.fairness_key for a in args_list]),
+        _sparse([a.schedule_to_close for a in args_list]),
+        _sparse([a.timeout for a in args_list]),
+        _sparse([a.result_ttl for a in args_list]),
+        _sparse([dump_json(a.metadata) if a.metadata else None for a in args_list]),
+        _sparse([dump_json(a.tags) if a.tags else None for a in args_list]),
+        _sparse([a.trace_id for a in args_list]),
+        _sparse([a.span_id for a in args_list]),
+        list(parked) if any(parked) else None,
     ]
+
+
+def _sparse(column: list[Any]) -> list[Any] | None:
+    """``column``, or None (a NULL array, which ``unnest`` pads with NULLs) when every
+    value is None: asyncpg then encodes no element of it (a few type checks each)."""
+    return column if any(value is not None for value in column) else None
 
 
 def _duplicate_id(exc: asyncpg.UniqueViolationError) -> ValueError:

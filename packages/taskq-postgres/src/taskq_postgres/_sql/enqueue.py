@@ -27,7 +27,8 @@ ENQUEUE: Final = (
 -- One row per element of the parallel arrays $1..$18. An item whose (actor,
 -- idempotency_key) exists is skipped by ON CONFLICT and its existing row is
 -- returned instead (inserted = false). $19 is the wake channel, or NULL when the
--- caller sends the one wake of its transaction itself.
+-- caller sends the one wake of its transaction itself. An array of the optional
+-- columns ($6, $8..$18) may be NULL when no item sets it: unnest pads it with NULLs.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 input AS (
     SELECT *
@@ -59,7 +60,7 @@ ins AS (
             ELSE n.ts
         END,
         n.ts, n.ts, i.max_attempts, i.idempotency_key, i.identity_key, i.fairness_key,
-        n.ts + i.schedule_to_close, i.timeout, i.result_ttl, i.metadata::jsonb,
+        n.ts + i.schedule_to_close, i.timeout, i.result_ttl, COALESCE(i.metadata::jsonb, '{}'),
         ARRAY(SELECT jsonb_array_elements_text(i.tags::jsonb)), i.trace_id, i.span_id, n.ts
     FROM input i CROSS JOIN now n
     ORDER BY i.ord

@@ -344,11 +344,15 @@ class EnqueueTests:
 
     # -- batch and connection paths ----------------------------------------------------
 
+    @pytest.mark.parametrize("plain", [False, True], ids=["mixed", "plain"])
     @covers("enqueue_batch")
     async def test_enqueue_batch_returns_one_row_per_item_in_input_order(
-        self, backend: Backend
+        self, backend: Backend, plain: bool
     ) -> None:
-        items = [_full_args(), make_args(delay=FAR), make_args(priority=-3)]
+        # Postgres sends an optional column no item sets as a NULL array: with every
+        # item plain, all of them.
+        first = _plain_args() if plain else _full_args()
+        items = [first, _plain_args(delay=FAR), make_args(priority=-3)]
         rows = await backend.enqueue_batch(items)
         assert [row.id for row in rows] == [item.id for item in items]
         for row, item in zip(rows, items, strict=True):

@@ -43,8 +43,8 @@ _FRESH_ROW: Final[dict[str, Any]] = {
     if not field.is_required() and field.default_factory is None
 }
 """A new job's fields with plain defaults (``None``, zero): what a fresh row holds where
-``ENQUEUE_ONE`` neither set nor returned a column. ``_insert_one`` lays the values it sent
-and got back over them."""
+the insert neither set nor returned a column. ``_fresh_row`` lays the values sent and
+returned over them."""
 
 
 def refuse_keyless_singletons(args_list: Sequence[EnqueueArgs]) -> None:
@@ -55,6 +55,11 @@ def refuse_keyless_singletons(args_list: Sequence[EnqueueArgs]) -> None:
                 f"singleton=True needs an identity_key (actor {args.actor!r}): "
                 f"a singleton is unique per (actor, identity_key)"
             )
+
+
+_PAYLOADS: Final = 4
+_METADATAS: Final = 13
+"""Where ``_insert_params`` puts the payload and metadata texts (``ENQUEUE``'s $5, $14)."""
 
 
 def _insert_params(args_list: Sequence[EnqueueArgs], parked: Sequence[bool]) -> list[Any]:
@@ -114,9 +119,7 @@ async def insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str 
     row is built from what was sent plus what the server decided. Singletons need
     :func:`check_singletons` first, in a transaction."""
     payload = dump_json(a.payload)
-    metadata = dump_json(a.metadata) if a.metadata else "{}"
-    # Tags go as text[] (no JSON round trip); NULs replaced as dump_json does for ENQUEUE.
-    tags = [clean_text(tag) for tag in a.tags]
+    metadata = dump_json(a.metadata) if a.metadata else None
     try:
         if _plain(a):
             record = await db.fetchrow(
@@ -145,18 +148,26 @@ async def insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str 
                 a.schedule_to_close,
                 a.timeout,
                 a.result_ttl,
-                metadata,
-                tags,
+                metadata or "{}",
+                # text[] (no JSON round trip); NULs replaced as dump_json does for ENQUEUE
+                [clean_text(tag) for tag in a.tags],
                 a.trace_id,
                 a.span_id,
                 wake_channel,
             )
     except asyncpg.UniqueViolationError as exc:
         raise _duplicate_id(exc) from exc
-    # Returning the whole row and validating it cost about a tenth of a one-job
-    # enqueue: the row is what was sent (validated as EnqueueArgs) plus what the
-    # server decided. The JSON is parsed back from the text stored, so NUL
-    # replacements show.
+    return _fresh_row(a, payload, metadata, record)
+
+
+def _fresh_row(
+    a: EnqueueArgs, payload: str, metadata: str | None, record: asyncpg.Record
+) -> JobRow:
+    """The row of a job just inserted: what was sent (``a``, validated as EnqueueArgs)
+    plus what the server decided (``record``: status, attempt, the times; see
+    ``FRESH_COLUMNS``). Returning the whole row and decoding it cost about a tenth of
+    a one-job enqueue. The JSON is parsed back from the text sent (``metadata`` None:
+    ``{}``), so NUL replacements show."""
     return from_valid_values(
         JobRow,
         {
@@ -171,13 +182,14 @@ async def insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str 
             "max_attempts": a.max_attempts,
             "created_at": record["created_at"],
             "scheduled_at": record["scheduled_at"],
+            "idempotency_key": a.idempotency_key,
             "identity_key": a.identity_key,
             "fairness_key": a.fairness_key,
             "deadline_at": record["schedule_to_close_deadline"],
             "timeout": a.timeout,
             "result_ttl": a.result_ttl,
-            "metadata": load_json(metadata),
-            "tags": tags,
+            "metadata": {} if metadata is None else load_json(metadata),
+            "tags": [clean_text(tag) for tag in a.tags],
             "trace_id": a.trace_id,
             "span_id": a.span_id,
         },
@@ -283,18 +295,28 @@ async def insert_jobs(
     flags = parked if parked is not None else [False] * len(args_list)
     if len(args_list) == 1 and args_list[0].idempotency_key is None and not flags[0]:
         return [await insert_one(db, sql, args_list[0], wake_channel)], 1
+    params = _insert_params(args_list, flags)
     try:
-        records = await db.fetch(sql.enqueue, *_insert_params(args_list, flags), wake_channel)
+        records = await db.fetch(sql.enqueue, *params, wake_channel)
     except asyncpg.UniqueViolationError as exc:
         raise _duplicate_id(exc) from exc
+    payloads, metadatas = params[_PAYLOADS], params[_METADATAS]
+    fresh = {record["id"]: record for record in records if record["inserted"]}
     inserted: dict[Any, JobRow] = {}
     by_key: dict[tuple[str, str], JobRow] = {}
+    for k, args in enumerate(args_list):
+        record = fresh.get(args.id)
+        if record is None:
+            continue
+        row = inserted[args.id] = _fresh_row(
+            args, payloads[k], metadatas[k] if metadatas is not None else None, record
+        )
+        if args.idempotency_key is not None:
+            by_key.setdefault((args.actor, args.idempotency_key), row)
     for record in records:
-        row = job_row(record)
-        if record["inserted"]:
-            inserted[row.id] = row
-        if row.idempotency_key is not None:
-            by_key.setdefault((row.actor, row.idempotency_key), row)
+        if not record["inserted"]:
+            row = job_row(record)
+            by_key.setdefault((row.actor, row.idempotency_key or ""), row)
     unresolved = [
         (a.actor, a.idempotency_key)
         for a in args_list

@@ -19,14 +19,29 @@ __all__ = [
 ]
 
 _J: Final = job_columns("j")
-_I: Final = job_columns("ins")
+
+FRESH_COLUMNS: Final = (
+    "id",
+    "status",
+    "attempt",
+    "created_at",
+    "scheduled_at",
+    "schedule_to_close_deadline",
+)
+"""What the server decides for a job it inserts; the caller knows the rest (it sent it,
+or the column holds its default)."""
+
+_FRESH: Final = ", ".join(
+    f"ins.{name}" if name in FRESH_COLUMNS else f"NULL AS {name}" for name in JOB_COLUMNS
+)
 
 ENQUEUE: Final = (
     """
 -- arbiter: clock_timestamp() (created_at; scheduled_at = now + delay; deadline = now + schedule_to_close)
 -- One row per element of the parallel arrays $1..$18. An item whose (actor,
 -- idempotency_key) exists is skipped by ON CONFLICT and its existing row is
--- returned instead (inserted = false). $19 is the wake channel, or NULL when the
+-- returned instead (inserted = false); an inserted one comes back with only
+-- FRESH_COLUMNS, the rest NULL. $19 is the wake channel, or NULL when the
 -- caller sends the one wake of its transaction itself. An array of the optional
 -- columns ($6, $8..$18) may be NULL when no item sets it: unnest pads it with NULLs.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
@@ -66,7 +81,7 @@ ins AS (
     ORDER BY i.ord
     ON CONFLICT (actor, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING """
-    + ", ".join(JOB_COLUMNS)
+    + ", ".join(FRESH_COLUMNS)
     + """
 ),
 notified AS (
@@ -75,7 +90,7 @@ notified AS (
     WHERE $19::text IS NOT NULL
 )
 SELECT true AS inserted, """
-    + _I
+    + _FRESH
     + """
 FROM ins
 -- Referencing notified makes Postgres run it: an unreferenced CTE never runs.

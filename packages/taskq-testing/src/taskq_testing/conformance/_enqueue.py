@@ -270,6 +270,20 @@ class EnqueueTests:
         ]
         assert len(await backend.list_jobs(JobFilter())) == 3
 
+    @covers("enqueue_batch", "get")
+    async def test_enqueue_batch_gives_a_key_repeated_in_the_call_its_first_items_row(
+        self, backend: Backend
+    ) -> None:
+        first = _full_args()
+        again = make_args(idempotency_key=first.idempotency_key, payload={"again": True})
+        plain = make_args()
+        rows = await backend.enqueue_batch([first, again, plain])
+        assert [row.id for row in rows] == [first.id, first.id, plain.id]
+        _assert_stored_as_given(rows[0], first)
+        assert rows[1] == rows[0] == await backend.get(first.id)
+        assert await backend.get(again.id) is None
+        assert len(await backend.list_jobs(JobFilter())) == 2
+
     @pytest.mark.parametrize("duplicate_of", ["stored-job", "same-call"])
     @covers("enqueue_batch_fast")
     async def test_enqueue_batch_fast_fails_whole_on_a_duplicate_idempotency_key(

@@ -233,6 +233,10 @@ class PostgresBackend:
       their heartbeat. For poolers without LISTEN/NOTIFY (PgBouncer transaction
       mode) or to keep NOTIFY's commit lock off a heavy insert load.
 
+    TaskQ's connections run with ``TimeZone`` UTC (whatever the server's or the DSN's),
+    so that a duration is exact: elsewhere ``+ interval '1 day'`` is a calendar day of
+    the session's zone, 23 or 25 hours across a DST change.
+
     Call :meth:`open` before use and :meth:`close` after (``TaskQ`` does both).
     Beyond the protocol: :meth:`connection` lends a pooled connection for the
     ``*_with_conn`` methods, and :meth:`check_reclaim_visibility_delay_risk`

@@ -124,6 +124,11 @@ def connection_settings(
         # overestimates (CTE row guesses); JIT then compiled ~200 functions per
         # dispatch, ~110 ms each time on a 20,000-job backlog, for nothing.
         "jit": "off",
+        # A duration TaskQ adds to a timestamp is exact: asyncpg sends a timedelta's
+        # days as interval days, and timestamptz + '1 day' is a calendar day in the
+        # session's zone (23 or 25 hours across a DST change). The enqueue statements,
+        # which may run on a caller's connection, do their arithmetic in seconds.
+        "TimeZone": "UTC",
     }
     if role in (NOTIFY_ROLE, LEADER_ROLE):
         # The LISTEN and leader connections idle between uses: TCP keepalives let

@@ -44,6 +44,9 @@ ENQUEUE: Final = (
 -- FRESH_COLUMNS, the rest NULL. $19 is the wake channel, or NULL when the
 -- caller sends the one wake of its transaction itself. An array of the optional
 -- columns ($6, $8..$18) may be NULL when no item sets it: unnest pads it with NULLs.
+-- Durations are added as seconds (make_interval(secs => extract(epoch FROM d))): on a
+-- caller's connection the session's zone may have DST, where + interval '1 day' is
+-- a calendar day (23 or 25 hours), not the timedelta sent.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 input AS (
     SELECT *
@@ -71,11 +74,12 @@ ins AS (
         -- A parked batch finalizer waits for its batch, not for time.
         CASE
             WHEN i.parked THEN timestamptz '9999-01-01 00:00:00+00'
-            WHEN i.delay > interval '0' THEN n.ts + i.delay
+            WHEN i.delay > interval '0'
+                THEN n.ts + make_interval(secs => extract(epoch FROM i.delay))
             ELSE n.ts
         END,
         n.ts, n.ts, i.max_attempts, i.idempotency_key, i.identity_key, i.fairness_key,
-        n.ts + i.schedule_to_close, i.timeout, i.result_ttl, COALESCE(i.metadata::jsonb, '{}'),
+        n.ts + make_interval(secs => extract(epoch FROM i.schedule_to_close)), i.timeout, i.result_ttl, COALESCE(i.metadata::jsonb, '{}'),
         ARRAY(SELECT jsonb_array_elements_text(i.tags::jsonb)), i.trace_id, i.span_id, n.ts
     FROM input i CROSS JOIN now n
     ORDER BY i.ord
@@ -112,6 +116,7 @@ ENQUEUE_ONE: Final = """
 -- arrays of ENQUEUE (tags as text[]); $17 is the wake channel, or NULL. It returns
 -- only what the server decides (status, attempt, the times): the caller knows the
 -- rest, as it sent it, and a fresh row's other columns hold their defaults.
+-- Durations are added as seconds, as in ENQUEUE.
 INSERT INTO {schema}.jobs AS j (
     id, actor, queue, status, priority, payload, scheduled_at, created_at, enqueued_at,
     max_attempts, identity_key, fairness_key, schedule_to_close_deadline,
@@ -121,10 +126,13 @@ SELECT
     $1::uuid, $2::text, $3::text,
     CASE WHEN $6::interval > interval '0' THEN 'scheduled' ELSE 'pending' END::{schema}.job_status,
     $4::int, $5::text::jsonb,
-    CASE WHEN $6::interval > interval '0' THEN n.ts + $6::interval ELSE n.ts END,
-    n.ts, n.ts, $7::int, $8::text, $9::text, n.ts + $10::interval, $11::interval, $12::interval,
+    CASE WHEN $6::interval > interval '0' THEN n.ts + n.delay ELSE n.ts END,
+    n.ts, n.ts, $7::int, $8::text, $9::text,
+    n.ts + make_interval(secs => extract(epoch FROM $10::interval)), $11::interval, $12::interval,
     $13::text::jsonb, $14::text[], $15::text, $16::text, n.ts
-FROM (SELECT clock_timestamp() AS ts) AS n
+FROM (
+    SELECT clock_timestamp() AS ts, make_interval(secs => extract(epoch FROM $6::interval)) AS delay
+) AS n
 RETURNING j.status, j.attempt, j.created_at, j.scheduled_at, j.schedule_to_close_deadline,
     CASE WHEN $17::text IS NOT NULL THEN pg_notify($17::text, '') END AS notified
 """
@@ -145,9 +153,11 @@ SELECT
     $1::uuid, $2::text, $3::text,
     CASE WHEN $6::interval > interval '0' THEN 'scheduled' ELSE 'pending' END::{schema}.job_status,
     $4::int, $5::text::jsonb,
-    CASE WHEN $6::interval > interval '0' THEN n.ts + $6::interval ELSE n.ts END,
+    CASE WHEN $6::interval > interval '0' THEN n.ts + n.delay ELSE n.ts END,
     n.ts, n.ts, $7::int, n.ts
-FROM (SELECT clock_timestamp() AS ts) AS n
+FROM (
+    SELECT clock_timestamp() AS ts, make_interval(secs => extract(epoch FROM $6::interval)) AS delay
+) AS n
 RETURNING j.status, j.attempt, j.created_at, j.scheduled_at, j.schedule_to_close_deadline,
     CASE WHEN $8::text IS NOT NULL THEN pg_notify($8::text, '') END AS notified
 """

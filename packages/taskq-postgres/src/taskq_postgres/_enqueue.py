@@ -120,29 +120,15 @@ async def insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str 
     :func:`check_singletons` first, in a transaction."""
     payload = dump_json(a.payload)
     metadata = dump_json(a.metadata) if a.metadata else None
+    # $1..$7 of both statements
+    head = (a.id, a.actor, a.queue, a.priority, payload, a.delay, a.max_attempts)
     try:
         if _plain(a):
-            record = await db.fetchrow(
-                sql.enqueue_one_plain,
-                a.id,
-                a.actor,
-                a.queue,
-                a.priority,
-                payload,
-                a.delay,
-                a.max_attempts,
-                wake_channel,
-            )
+            record = await db.fetchrow(sql.enqueue_one_plain, *head, wake_channel)
         else:
             record = await db.fetchrow(
                 sql.enqueue_one,
-                a.id,
-                a.actor,
-                a.queue,
-                a.priority,
-                payload,
-                a.delay,
-                a.max_attempts,
+                *head,
                 a.identity_key,
                 a.fairness_key,
                 a.schedule_to_close,

@@ -29,15 +29,7 @@ from taskq import (
 )
 from taskq.backend.memory import InMemoryBackend
 from taskq.worker import Worker
-
-FAST = {
-    "poll_interval": "50ms",
-    "heartbeat_interval": "50ms",
-    "lock_lease": "1s",
-    "maintenance_interval": "20ms",
-    "until_idle": True,
-    "termination_grace_period": "5s",
-}
+from taskq_testing import TEST_SETTINGS, run_until_idle
 
 
 class Add(BaseModel):
@@ -105,13 +97,6 @@ def make_app() -> TaskQ:
         actors=[add, add_sync, flaky, snoozer, rate_limited, slow, injected],
         providers=providers,
     )
-
-
-async def run_until_idle(tq: TaskQ, **overrides: Any) -> Worker:
-    worker = Worker(tq, WorkerSettings.load({**FAST, **overrides}, env={}))
-    async with asyncio.timeout(30):
-        await worker.run()
-    return worker
 
 
 async def test_jobs_of_every_shape_reach_their_terminal_state() -> None:
@@ -239,8 +224,7 @@ async def test_unstarted_jobs_a_failed_hand_back_could_not_return_stay_for_the_s
             tq,
             WorkerSettings.load(
                 {
-                    **FAST,
-                    "until_idle": False,
+                    **TEST_SETTINGS,
                     "concurrency": 1,
                     "prefetch": 2,
                     "drain_grace_period": "50ms",

@@ -1,5 +1,15 @@
 """TaskQ's pytest plugin, loaded in every pytest run (entry point ``pytest11: taskq``).
 
+Backend fixtures, each an open backend of this test alone (closed after it): build
+the application on it with ``TaskQ(url, actors=[...], backend=...)`` and run its
+jobs with :func:`taskq_testing.run_until_idle`.
+
+* ``memory_backend``: an :class:`~taskq.backend.memory.InMemoryBackend`.
+* ``pg_backend``: a ``PostgresBackend`` on a ``pg_pooled_schema`` (needs
+  taskq-postgres: ``pip install 'taskq-testing[postgres]'``).
+* ``taskq_backend``: each test that takes it runs twice, on ``memory_backend``
+  and on ``pg_backend``.
+
 Postgres fixtures:
 
 * ``pg_database_dsn`` (session): the DSN of a throwaway database created for
@@ -19,14 +29,17 @@ test with the reason; they never skip silently.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import pytest_asyncio
 
 # Before anything imports the conformance suite, so its asserts show values
 # even when it runs from an installed wheel. Imports of this package follow it.
 pytest.register_assert_rewrite("taskq_testing.conformance")
 
+from taskq.backend import Backend
+from taskq.backend.memory import InMemoryBackend
 from taskq_testing.postgres import (
     PgSchema,
     PostgresUnavailable,
@@ -66,3 +79,37 @@ def pg_pooled_schema(_pg_schema_pool: SchemaPool) -> Iterator[PgSchema]:
     """An empty migrated schema for this test alone, reused from earlier tests."""
     with _pg_schema_pool.schema() as schema:
         yield schema
+
+
+@pytest_asyncio.fixture
+async def memory_backend() -> AsyncIterator[Backend]:
+    """An open in-memory backend of this test alone."""
+    backend = InMemoryBackend()
+    await backend.open()
+    yield backend
+    await backend.close()
+
+
+@pytest_asyncio.fixture
+async def pg_backend(pg_pooled_schema: PgSchema) -> AsyncIterator[Backend]:
+    """An open Postgres backend on an empty migrated schema of this test alone."""
+    try:
+        # Here, not at the top: loading the plugin imports no database driver.
+        from taskq_postgres import PostgresBackend
+    except ImportError:
+        raise pytest.fail.Exception(
+            "pg_backend needs taskq-postgres: pip install 'taskq-testing[postgres]'",
+            pytrace=False,
+        ) from None
+    backend = PostgresBackend(pg_pooled_schema.dsn, schema=pg_pooled_schema.name)
+    await backend.open()
+    yield backend
+    await backend.close()
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def taskq_backend(request: pytest.FixtureRequest) -> Backend:
+    """``memory_backend``, then ``pg_backend``: the test runs once on each."""
+    name = "memory_backend" if request.param == "memory" else "pg_backend"
+    backend: Backend = request.getfixturevalue(name)
+    return backend

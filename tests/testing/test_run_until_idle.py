@@ -1,0 +1,82 @@
+"""taskq_testing's backend fixtures and ``run_until_idle``, as an application's tests use them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from taskq import Context, Snooze, TaskQ, actor
+from taskq.backend import Backend
+from taskq.backend.memory import InMemoryBackend
+from taskq.models import JobStatus
+from taskq_testing import TEST_SETTINGS, run_until_idle
+
+
+class Add(BaseModel):
+    a: int
+    b: int
+
+
+@actor(queue="default")
+async def add(payload: Add) -> int:
+    return payload.a + payload.b
+
+
+@actor(queue="elsewhere")
+async def snooze_once(payload: dict[str, Any], ctx: Context) -> str:
+    if ctx.attempt == 1 and not ctx.job.metadata.get("snoozed"):
+        raise Snooze(0.05, metadata_update={"snoozed": True})
+    return "woke"
+
+
+@actor(queue="elsewhere")
+async def forever(payload: dict[str, Any]) -> None:
+    await asyncio.sleep(3600)
+
+
+def _app(backend: Backend) -> TaskQ:
+    # The URL is not used when a backend is given.
+    return TaskQ("memory://", actors=[add, snooze_once, forever], backend=backend)
+
+
+async def test_every_queue_of_the_app_is_run_to_the_end(taskq_backend: Backend) -> None:
+    app = _app(taskq_backend)
+    sums = [await app.client.enqueue(add, {"a": i, "b": 1}) for i in range(5)]
+    snoozed = await app.client.enqueue(snooze_once, {})
+    worker = await run_until_idle(app)
+    assert worker.processed >= 6
+    assert [await app.client.wait_for_result(job.id, timeout=1) for job in sums] == [1, 2, 3, 4, 5]
+    assert await app.client.wait_for_result(snoozed.id, timeout=1) == "woke"
+
+
+async def test_queues_can_be_narrowed(memory_backend: Backend) -> None:
+    app = _app(memory_backend)
+    here = await app.client.enqueue(add, {"a": 1, "b": 1})
+    there = await app.client.enqueue(snooze_once, {})
+    await run_until_idle(app, queues="default")
+    ran, left = await app.client.get(here.id), await app.client.get(there.id)
+    assert ran is not None and ran.status is JobStatus.SUCCEEDED
+    assert left is not None and left.status is JobStatus.PENDING
+
+
+async def test_a_job_that_never_ends_times_out_with_a_reason(memory_backend: Backend) -> None:
+    app = _app(memory_backend)
+    await app.client.enqueue(forever, {})
+    with pytest.raises(TimeoutError, match=r"still had jobs to run after 0.5 s"):
+        await run_until_idle(app, timeout=0.5)
+
+
+def test_the_test_settings_keep_the_lease_above_four_heartbeats() -> None:
+    # architecture.md, Key Invariants: lock_lease >= 4 x heartbeat_interval.
+    from taskq.settings import WorkerSettings
+
+    settings = WorkerSettings.load(dict(TEST_SETTINGS), env={})
+    assert settings.lock_lease >= 4 * settings.heartbeat_interval
+
+
+async def test_the_memory_fixture_is_an_open_backend_of_its_own(memory_backend: Backend) -> None:
+    assert isinstance(memory_backend, InMemoryBackend)
+    assert await memory_backend.count_active_jobs(["default"]) == 0

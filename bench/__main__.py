@@ -93,10 +93,18 @@ def _in_turns(
                 await stack.enter_async_context(open_loop(dsn, schema))
                 for open_loop, schema in zip(loops.values(), schemas, strict=True)
             ]
-            seconds = await interleaved(opened, n, slice_size)
+            timings = await interleaved(opened, n, slice_size)
         return [
-            Result(name, n, spent, {"in_turns_with": [o for o in loops if o != name]})
-            for name, spent in zip(loops, seconds, strict=True)
+            Result(
+                name,
+                n,
+                spent,
+                {
+                    "in_turns_with": [o for o in loops if o != name],
+                    "client_cpu_us": round(cpu / n * 1e6, 1),
+                },
+            )
+            for name, (spent, cpu) in zip(loops, timings, strict=True)
         ]
 
     def run(dsn: str) -> list[Result]:

@@ -85,6 +85,7 @@ class Result:
 
 
 FIGURES: Final = (
+    "client_cpu_us",
     "p50_ms",
     "p95_ms",
     "p99_ms",
@@ -140,22 +141,27 @@ Loop = Callable[[int], Awaitable[None]]
 """An enqueue loop, opened and warm: ``await run(k)`` inserts ``k`` more jobs."""
 
 
-async def interleaved(loops: Sequence[Loop], n: int, slice_size: int) -> list[float]:
-    """The seconds each loop took to insert ``n`` jobs, the loops taking turns a slice
-    of ``slice_size`` at a time (and the one that goes first alternating too).
+async def interleaved(loops: Sequence[Loop], n: int, slice_size: int) -> list[tuple[float, float]]:
+    """The seconds each loop took to insert ``n`` jobs, and the seconds of this process's
+    CPU it used, the loops taking turns a slice of ``slice_size`` at a time (and the one
+    that goes first alternating too).
 
     This machine's speed drifts by tens of percent within seconds: two runs timed
     one after the other compare the drift as much as the code. In turns, each
     loop sees the same drift, the same server state and tables of the same size.
+    The client's CPU drifts far less than the wall clock, and shows what the
+    client's code costs apart from the server's share.
     """
     spent = [0.0] * len(loops)
+    cpu = [0.0] * len(loops)
     for turn, size in enumerate(chunks(n, slice_size)):
         shift = turn % len(loops)
         for i in [*range(shift, len(loops)), *range(shift)]:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             await loops[i](size)
             spent[i] += time.perf_counter() - started
-    return spent
+            cpu[i] += time.process_time() - cpu_started
+    return list(zip(spent, cpu, strict=True))
 
 
 def chunks(total: int, size: int) -> Iterator[int]:

@@ -3,90 +3,33 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from types import MappingProxyType
-from typing import Any, Final
-from uuid import UUID, SafeUUID, uuid4
+from typing import Any
+from uuid import UUID
 
 import structlog
 
 from taskq.actor import Actor
+from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, check_capacity
 from taskq.backend import Backend, Connection
 from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
-from taskq.errors import JobFailedError, MaxPendingExceededError, UnknownActorError
+from taskq.errors import JobFailedError
 from taskq.models import (
     AttemptRow,
     BulkCancelResult,
-    EnqueueArgs,
-    EnqueueItem,
     EventRow,
     JobFilter,
     JobRow,
     ScheduleCreateArgs,
     ScheduleRecord,
     ScheduleUpdateArgs,
-    from_valid_values,
 )
 
-__all__ = ["JobsClient"]
+__all__ = ["ActorRef", "JobsClient"]
 
 _log = structlog.get_logger("taskq.client")
-
-ActorRef = Actor[..., Any] | str
-
-
-_VERSION_4: Final = (0x4000 << 64) | (0x8000 << 48)
-_NOT_VERSION_BITS: Final = ~((0xF000 << 64) | (0xC000 << 48))
-# Looked up once: an enum member's attribute access alone costs a fresh id a fifth.
-_NEW_UUID: Final = UUID.__new__
-_SET_SLOT: Final = object.__setattr__
-_UNKNOWN_SAFETY: Final = SafeUUID.unknown
-
-
-def _fresh_id() -> UUID:
-    """A random (version 4) UUID, as ``uuid4`` makes it but without the checks of
-    ``UUID.__init__`` (a version 4 value is in range by construction)."""
-    # As CPython's own UUID._from_int (3.14) does: set the two slots directly.
-    fresh = _NEW_UUID(UUID)
-    _SET_SLOT(fresh, "int", (int.from_bytes(os.urandom(16)) & _NOT_VERSION_BITS) | _VERSION_4)
-    _SET_SLOT(fresh, "is_safe", _UNKNOWN_SAFETY)
-    return fresh
-
-
-def _fresh_ids(n: int) -> list[UUID]:
-    """``n`` fresh ids, as :func:`_fresh_id` makes them, from one ``os.urandom`` call."""
-    blob = os.urandom(16 * n)
-    take, new, set_slot, unknown = int.from_bytes, _NEW_UUID, _SET_SLOT, _UNKNOWN_SAFETY
-    ids: list[UUID] = []
-    for i in range(0, 16 * n, 16):
-        fresh = new(UUID)
-        set_slot(fresh, "int", (take(blob[i : i + 16]) & _NOT_VERSION_BITS) | _VERSION_4)
-        set_slot(fresh, "is_safe", unknown)
-        ids.append(fresh)
-    return ids
-
-
-def _seconds(value: timedelta | float | None) -> timedelta | None:
-    if value is None or isinstance(value, timedelta):
-        return value
-    return timedelta(seconds=value)
-
-
-def _item_parts(
-    item: EnqueueItem | tuple[ActorRef, Any],
-) -> tuple[ActorRef, Any, Mapping[str, Any]]:
-    """A batch item's actor, payload and options (none for an ``(actor, payload)`` pair)."""
-    # The tuple test first: a model class's isinstance goes through ABCMeta.
-    if isinstance(item, tuple) or not isinstance(item, EnqueueItem):
-        ref, payload = item
-        return ref, payload, _NO_OPTIONS
-    return item.actor, item.payload, item.options
-
-
-_NO_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
 class _CapacityCache:
@@ -144,120 +87,27 @@ class JobsClient:
         max_pending_cache_ttl: float = 5.0,
     ) -> None:
         self._backend = backend
-        self._actors = actors
+        self._build = ArgsBuilder(actors)
         self._capacity = _CapacityCache(backend, max_pending_cache_ttl)
-        self._defaults: dict[str, dict[str, Any]] = {}
-        """Per actor without an identity key: the fields of its option-less args."""
+        self.build_args = self._build.build
+        """Validate a payload and merge the actor's defaults with per-call options
+        (:meth:`~taskq.args_builder.ArgsBuilder.build`)."""
 
     # -- enqueue ---------------------------------------------------------------
-    def _actor(self, ref: ActorRef) -> Actor[..., Any]:
-        name = ref if isinstance(ref, str) else ref.name
-        found = self._actors.get(name)
-        if found is None:
-            known = ", ".join(sorted(self._actors)) or "none"
-            raise UnknownActorError(
-                f"unknown actor {name!r}; registered actors: {known}. "
-                f"Pass it to TaskQ(actors=[...])"
-            )
-        return found
-
-    def build_args(
-        self,
-        actor: ActorRef,
-        payload: Any,
-        *,
-        delay: timedelta | float | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        idempotency_key: str | None = None,
-        identity_key: str | None = None,
-        singleton: bool = False,
-        fairness_key: str | None = None,
-        schedule_to_close: timedelta | float | None = None,
-        timeout: timedelta | float | None = None,
-        result_ttl: timedelta | float | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        tags: Iterable[str] = (),
-        job_id: UUID | None = None,
-    ) -> EnqueueArgs:
-        """Validate a payload and merge the actor's defaults with per-call options."""
-        target = self._actor(actor)
-        opts = target.options
-        value = target.validate_payload(payload)
-        return EnqueueArgs(
-            id=job_id or uuid4(),
-            actor=target.name,
-            queue=queue or opts.queue,
-            payload=target.dump_payload(value),
-            priority=opts.priority if priority is None else priority,
-            delay=_seconds(delay),
-            max_attempts=max_attempts or opts.max_attempts,
-            idempotency_key=idempotency_key,
-            identity_key=identity_key if identity_key is not None else target.identity_for(value),
-            singleton=singleton,
-            fairness_key=fairness_key,
-            schedule_to_close=_seconds(schedule_to_close) or opts.schedule_to_close,
-            timeout=_seconds(timeout) or opts.timeout,
-            result_ttl=_seconds(result_ttl) or opts.result_ttl,
-            metadata=dict(metadata or {}),
-            tags=list(tags),
-        )
-
-    def _args(
-        self, ref: ActorRef, payload: Any, options: Mapping[str, Any], job_id: UUID | None = None
-    ) -> EnqueueArgs:
-        """:meth:`build_args`, cheaper without options: then every field but the id and
-        the payload is the actor's default, validated once and copied since.
-        ``job_id`` (else a fresh one) unless the options name one."""
-        if options:
-            return self.build_args(ref, payload, **{"job_id": job_id, **options})
-        target = self._actor(ref)
-        defaults = self._defaults.get(target.name)
-        if defaults is None or target.options.identity_key is not None:
-            # The identity key follows the payload: no copy can stand for it.
-            args = self.build_args(target, payload, job_id=job_id)
-            if target.options.identity_key is None:
-                self._defaults[target.name] = dict(args)
-            return args
-        # Nothing to validate again: the payload is the actor's own dump, the id a
-        # fresh UUID. Fresh containers: no two jobs share a mutable value.
-        return from_valid_values(
-            EnqueueArgs,
-            {
-                **defaults,
-                "id": job_id or _fresh_id(),
-                "payload": target.dump_payload(payload),
-                "metadata": {},
-                "tags": [],
-            },
-        )
-
     async def _check_capacity(self, counts: Mapping[str, int]) -> None:
         """Refuse when an actor's waiting jobs plus ``counts[actor]`` would pass ``max_pending``."""
         # Fresh limits without a coroutine of their own: this runs on every enqueue.
         limits = self._capacity.cached()
         if limits is None:
             limits = await self._capacity.limits()
-        bounded = {
-            name: limit
-            for name in counts
-            if (limit := limits.get(name, self._actors[name].options.max_pending)) is not None
-        }
-        if not bounded:
-            return
-        waiting = await self._backend.count_pending_jobs(sorted(bounded))
-        for name, limit in bounded.items():
-            if waiting.get(name, 0) + counts[name] > limit:
-                raise MaxPendingExceededError(
-                    f"actor {name!r} already has {waiting.get(name, 0)} waiting jobs "
-                    f"(max_pending={limit}); retry later or raise its max_pending"
-                )
+        bounded = self._build.bounded(counts, limits)
+        if bounded:
+            check_capacity(counts, bounded, await self._backend.count_pending_jobs(sorted(bounded)))
 
     async def enqueue(self, actor: ActorRef, payload: Any, **options: Any) -> JobRow:
         """Enqueue one job; options as :meth:`build_args`. Returns the stored row
         (the existing one for a repeated ``idempotency_key``)."""
-        args = self._args(actor, payload, options)
+        args = self._build.args(actor, payload, options)
         await self._check_capacity({args.actor: 1})
         return await self._backend.enqueue(args)
 
@@ -266,45 +116,32 @@ class JobsClient:
     ) -> JobRow:
         """Enqueue inside the caller's own transaction (asyncpg connection on Postgres):
         the job exists if and only if that transaction commits."""
-        args = self._args(actor, payload, options)
+        args = self._build.args(actor, payload, options)
         await self._check_capacity({args.actor: 1})
         return await self._backend.enqueue_with_conn(conn, args)
 
-    def _each_args(self, listed: list[EnqueueItem | tuple[ActorRef, Any]]) -> Iterator[EnqueueArgs]:
-        """The args of each item, validated one by one as they are pulled."""
-        for item, job_id in zip(listed, _fresh_ids(len(listed)), strict=True):
-            ref, payload, options = _item_parts(item)
-            yield self._args(ref, payload, options, job_id)
-
-    async def _check_batch_capacity(self, listed: list[EnqueueItem | tuple[ActorRef, Any]]) -> None:
-        counts: dict[str, int] = {}
-        for item in listed:
-            name = self._actor(_item_parts(item)[0]).name
-            counts[name] = counts.get(name, 0) + 1
-        await self._check_capacity(counts)
-
     async def enqueue_batch(
-        self, items: Iterable[EnqueueItem | tuple[ActorRef, Any]], *, connection: Connection = None
+        self, items: Iterable[BatchItem], *, connection: Connection = None
     ) -> list[JobRow]:
         """Enqueue many jobs atomically (all or none); one row per item, in order.
         Every payload is validated before anything is written."""
         listed = list(items)
-        await self._check_batch_capacity(listed)
+        await self._check_capacity(self._build.counts(listed))
         return await self._backend.enqueue_batch(
-            list(self._each_args(listed)), connection=connection
+            list(self._build.each(listed)), connection=connection
         )
 
     async def enqueue_batch_fast(
-        self, items: Iterable[EnqueueItem | tuple[ActorRef, Any]], *, connection: Connection = None
+        self, items: Iterable[BatchItem], *, connection: Connection = None
     ) -> int:
         """Bulk enqueue (COPY on Postgres): the fastest path, without idempotency
         handling or returned rows. Returns the count inserted. Payloads are validated
         as the rows are written (on Postgres, while the server takes the rows sent
         before); an invalid one fails the call and nothing is written."""
         listed = list(items)
-        await self._check_batch_capacity(listed)
+        await self._check_capacity(self._build.counts(listed))
         return await self._backend.enqueue_batch_fast(
-            self._each_args(listed), connection=connection
+            self._build.each(listed), connection=connection
         )
 
     # -- reads and admin -----------------------------------------------------------
@@ -345,7 +182,7 @@ class JobsClient:
         """Store a cron schedule the maintenance leader fires; its first ``next_fire_at``
         follows the backend's clock. ``UnknownActorError`` for an actor this
         application does not know, ``ValueError`` when the name is taken."""
-        self._actor(args.actor)
+        self._build.actor(args.actor)
         return await self._backend.create_schedule(args)
 
     async def list_schedules(

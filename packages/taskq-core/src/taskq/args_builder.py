@@ -1,0 +1,208 @@
+"""What every producer does before it writes: validate payloads and build ``EnqueueArgs``
+from an application's actors, and check ``max_pending``.
+
+:class:`ArgsBuilder` is shared by :class:`~taskq.client.JobsClient` and by synchronous
+clients (``taskq_postgres.SyncJobsClient``), which differ only in how they reach the
+database.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import timedelta
+from types import MappingProxyType
+from typing import Any, Final
+from uuid import UUID, SafeUUID, uuid4
+
+from taskq.actor import Actor
+from taskq.errors import MaxPendingExceededError, UnknownActorError
+from taskq.models import EnqueueArgs, EnqueueItem, from_valid_values
+
+__all__ = ["ActorRef", "ArgsBuilder", "BatchItem", "check_capacity"]
+
+ActorRef = Actor[..., Any] | str
+BatchItem = EnqueueItem | tuple[ActorRef, Any]
+"""One item of a batch enqueue: an ``EnqueueItem``, or an ``(actor, payload)`` pair."""
+
+_VERSION_4: Final = (0x4000 << 64) | (0x8000 << 48)
+_NOT_VERSION_BITS: Final = ~((0xF000 << 64) | (0xC000 << 48))
+# Looked up once: an enum member's attribute access alone costs a fresh id a fifth.
+_NEW_UUID: Final = UUID.__new__
+_SET_SLOT: Final = object.__setattr__
+_UNKNOWN_SAFETY: Final = SafeUUID.unknown
+
+
+def _fresh_id() -> UUID:
+    """A random (version 4) UUID, as ``uuid4`` makes it but without the checks of
+    ``UUID.__init__`` (a version 4 value is in range by construction)."""
+    # As CPython's own UUID._from_int (3.14) does: set the two slots directly.
+    fresh = _NEW_UUID(UUID)
+    _SET_SLOT(fresh, "int", (int.from_bytes(os.urandom(16)) & _NOT_VERSION_BITS) | _VERSION_4)
+    _SET_SLOT(fresh, "is_safe", _UNKNOWN_SAFETY)
+    return fresh
+
+
+def _fresh_ids(n: int) -> list[UUID]:
+    """``n`` fresh ids, as :func:`_fresh_id` makes them, from one ``os.urandom`` call."""
+    blob = os.urandom(16 * n)
+    take, new, set_slot, unknown = int.from_bytes, _NEW_UUID, _SET_SLOT, _UNKNOWN_SAFETY
+    ids: list[UUID] = []
+    for i in range(0, 16 * n, 16):
+        fresh = new(UUID)
+        set_slot(fresh, "int", (take(blob[i : i + 16]) & _NOT_VERSION_BITS) | _VERSION_4)
+        set_slot(fresh, "is_safe", unknown)
+        ids.append(fresh)
+    return ids
+
+
+def _seconds(value: timedelta | float | None) -> timedelta | None:
+    if value is None or isinstance(value, timedelta):
+        return value
+    return timedelta(seconds=value)
+
+
+def _item_parts(
+    item: EnqueueItem | tuple[ActorRef, Any],
+) -> tuple[ActorRef, Any, Mapping[str, Any]]:
+    """A batch item's actor, payload and options (none for an ``(actor, payload)`` pair)."""
+    # The tuple test first: a model class's isinstance goes through ABCMeta.
+    if isinstance(item, tuple) or not isinstance(item, EnqueueItem):
+        ref, payload = item
+        return ref, payload, _NO_OPTIONS
+    return item.actor, item.payload, item.options
+
+
+_NO_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({})
+
+
+class ArgsBuilder:
+    """Validates payloads against an application's ``actors`` (by name) and builds the
+    ``EnqueueArgs`` of their jobs, merging each actor's defaults with per-call options."""
+
+    def __init__(self, actors: Mapping[str, Actor[..., Any]]) -> None:
+        self._actors = actors
+        self._defaults: dict[str, dict[str, Any]] = {}
+        """Per actor without an identity key: the fields of its option-less args."""
+
+    def actor(self, ref: ActorRef) -> Actor[..., Any]:
+        """The application's actor ``ref`` names; ``UnknownActorError`` otherwise."""
+        name = ref if isinstance(ref, str) else ref.name
+        found = self._actors.get(name)
+        if found is None:
+            known = ", ".join(sorted(self._actors)) or "none"
+            raise UnknownActorError(
+                f"unknown actor {name!r}; registered actors: {known}. "
+                f"Pass it to TaskQ(actors=[...])"
+            )
+        return found
+
+    def build(
+        self,
+        actor: ActorRef,
+        payload: Any,
+        *,
+        delay: timedelta | float | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        idempotency_key: str | None = None,
+        identity_key: str | None = None,
+        singleton: bool = False,
+        fairness_key: str | None = None,
+        schedule_to_close: timedelta | float | None = None,
+        timeout: timedelta | float | None = None,
+        result_ttl: timedelta | float | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        tags: Iterable[str] = (),
+        job_id: UUID | None = None,
+    ) -> EnqueueArgs:
+        """Validate a payload and merge the actor's defaults with per-call options."""
+        target = self.actor(actor)
+        opts = target.options
+        value = target.validate_payload(payload)
+        return EnqueueArgs(
+            id=job_id or uuid4(),
+            actor=target.name,
+            queue=queue or opts.queue,
+            payload=target.dump_payload(value),
+            priority=opts.priority if priority is None else priority,
+            delay=_seconds(delay),
+            max_attempts=max_attempts or opts.max_attempts,
+            idempotency_key=idempotency_key,
+            identity_key=identity_key if identity_key is not None else target.identity_for(value),
+            singleton=singleton,
+            fairness_key=fairness_key,
+            schedule_to_close=_seconds(schedule_to_close) or opts.schedule_to_close,
+            timeout=_seconds(timeout) or opts.timeout,
+            result_ttl=_seconds(result_ttl) or opts.result_ttl,
+            metadata=dict(metadata or {}),
+            tags=list(tags),
+        )
+
+    def args(
+        self, ref: ActorRef, payload: Any, options: Mapping[str, Any], job_id: UUID | None = None
+    ) -> EnqueueArgs:
+        """:meth:`build`, cheaper without options: then every field but the id and
+        the payload is the actor's default, validated once and copied since.
+        ``job_id`` (else a fresh one) unless the options name one."""
+        if options:
+            return self.build(ref, payload, **{"job_id": job_id, **options})
+        target = self.actor(ref)
+        defaults = self._defaults.get(target.name)
+        if defaults is None or target.options.identity_key is not None:
+            # The identity key follows the payload: no copy can stand for it.
+            args = self.build(target, payload, job_id=job_id)
+            if target.options.identity_key is None:
+                self._defaults[target.name] = dict(args)
+            return args
+        # Nothing to validate again: the payload is the actor's own dump, the id a
+        # fresh UUID. Fresh containers: no two jobs share a mutable value.
+        return from_valid_values(
+            EnqueueArgs,
+            {
+                **defaults,
+                "id": job_id or _fresh_id(),
+                "payload": target.dump_payload(payload),
+                "metadata": {},
+                "tags": [],
+            },
+        )
+
+    def each(self, listed: list[BatchItem]) -> Iterator[EnqueueArgs]:
+        """The args of each item, validated one by one as they are pulled."""
+        for item, job_id in zip(listed, _fresh_ids(len(listed)), strict=True):
+            ref, payload, options = _item_parts(item)
+            yield self.args(ref, payload, options, job_id)
+
+    def counts(self, listed: Iterable[BatchItem]) -> dict[str, int]:
+        """How many of the items go to each actor (``UnknownActorError`` for an unknown one)."""
+        counts: dict[str, int] = {}
+        for item in listed:
+            name = self.actor(_item_parts(item)[0]).name
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    def bounded(
+        self, counts: Mapping[str, int], limits: Mapping[str, int | None]
+    ) -> dict[str, int]:
+        """The ``max_pending`` of each actor of ``counts`` that has one: the stored
+        ``limits`` (what workers registered), else the decorator's."""
+        return {
+            name: limit
+            for name in counts
+            if (limit := limits.get(name, self._actors[name].options.max_pending)) is not None
+        }
+
+
+def check_capacity(
+    counts: Mapping[str, int], bounded: Mapping[str, int], waiting: Mapping[str, int]
+) -> None:
+    """``MaxPendingExceededError`` when an actor's ``waiting`` jobs plus ``counts[actor]``
+    would pass its ``bounded`` limit."""
+    for name, limit in bounded.items():
+        if waiting.get(name, 0) + counts[name] > limit:
+            raise MaxPendingExceededError(
+                f"actor {name!r} already has {waiting.get(name, 0)} waiting jobs "
+                f"(max_pending={limit}); retry later or raise its max_pending"
+            )

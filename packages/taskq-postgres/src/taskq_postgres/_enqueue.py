@@ -8,13 +8,17 @@ check that no concurrent singleton enqueue can slip past: it runs under
 transaction-scoped advisory locks on the identities, in the same transaction
 as the insert. ``enqueue_batch_fast`` COPYs its jobs, making each row as asyncpg
 sends it, and checks singletons after the COPY.
+
+The multi-statement steps are written once, as plans (generators that yield each
+:class:`Query` and get its answer back), so that the asyncpg backend (:func:`run`)
+and the psycopg sync client run the same logic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, NamedTuple, TypeVar
 
 import asyncpg
 
@@ -27,15 +31,58 @@ from taskq_postgres._sql.enqueue import COPY_COLUMNS
 from taskq_postgres._statements import Statements
 
 __all__ = [
+    "CopyFeed",
+    "Plan",
+    "Query",
     "check_singletons",
     "copy_jobs",
+    "duplicate_id",
     "insert_jobs",
     "insert_one",
+    "one_job",
+    "plan_check_singletons",
+    "plan_insert_jobs",
     "refuse_keyless_singletons",
+    "run",
 ]
 
 Db = Any
 """A pool, a pooled connection or a caller's connection: anything with ``fetch``."""
+
+_T = TypeVar("_T")
+
+
+class Query(NamedTuple):
+    """One statement a plan needs the answer of: ``kind`` names the asyncpg method
+    (``fetch``: the records, ``fetchrow``: the first or None, ``fetchval``: its first
+    value)."""
+
+    kind: str
+    sql: str
+    args: tuple[Any, ...]
+
+
+Plan = Generator[Query, Any, _T]
+"""Yields each statement to run and takes its answer back; returns the result."""
+
+
+async def run(db: Db, plan: Plan[_T]) -> _T:
+    """Run ``plan``'s statements on ``db`` (asyncpg), one after the other."""
+    try:
+        query = next(plan)
+        while True:
+            try:
+                answer = await getattr(db, query.kind)(query.sql, *query.args)
+            except asyncpg.UniqueViolationError as exc:
+                error = duplicate_id(exc.constraint_name, exc.detail)
+                if error is None:
+                    raise
+                raise error from exc
+            query = plan.send(answer)
+    except StopIteration as done:
+        result: _T = done.value
+        return result
+
 
 _FRESH_ROW: Final[dict[str, Any]] = {
     name: field.default
@@ -43,7 +90,7 @@ _FRESH_ROW: Final[dict[str, Any]] = {
     if not field.is_required() and field.default_factory is None
 }
 """A new job's fields with plain defaults (``None``, zero): what a fresh row holds where
-the insert neither set nor returned a column. ``_fresh_row`` lays the values sent and
+the insert neither set nor returned a column. ``fresh_row`` lays the values sent and
 returned over them."""
 
 
@@ -91,11 +138,12 @@ def _sparse(column: list[Any]) -> list[Any] | None:
     return column if any(value is not None for value in column) else None
 
 
-def _duplicate_id(exc: asyncpg.UniqueViolationError) -> ValueError:
-    """A clash on the jobs' primary key as the caller's error; any other clash re-raised."""
-    if exc.constraint_name != "jobs_pkey":
-        raise exc
-    return ValueError(f"a job with that id already exists: {exc.detail}")
+def duplicate_id(constraint: str | None, detail: str | None) -> ValueError | None:
+    """A unique violation on ``constraint`` as the caller's error when it is the jobs'
+    primary key; None for any other (to be raised as it is)."""
+    if constraint != "jobs_pkey":
+        return None
+    return ValueError(f"a job with that id already exists: {detail}")
 
 
 def _plain(a: EnqueueArgs) -> bool:
@@ -113,42 +161,53 @@ def _plain(a: EnqueueArgs) -> bool:
     )
 
 
-async def insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str | None) -> JobRow:
-    """Insert one job without an idempotency key (``ENQUEUE_ONE``, or ``ENQUEUE_ONE_PLAIN``
-    when none of its optional columns is set), notifying ``wake_channel`` (or None); the
-    row is built from what was sent plus what the server decided. Singletons need
-    :func:`check_singletons` first, in a transaction."""
+def one_job(
+    sql: Statements, a: EnqueueArgs, wake_channel: str | None
+) -> tuple[str, tuple[Any, ...], str, str | None]:
+    """The statement inserting ``a`` (``ENQUEUE_ONE``, or ``ENQUEUE_ONE_PLAIN`` when none of
+    its optional columns is set), notifying ``wake_channel`` (or None): its text and
+    arguments (a ``fetchrow``), and the payload and metadata texts it sends (for
+    :func:`fresh_row`)."""
     payload = dump_json(a.payload)
     metadata = dump_json(a.metadata) if a.metadata else None
     # $1..$7 of both statements
     head = (a.id, a.actor, a.queue, a.priority, payload, a.delay, a.max_attempts)
+    if _plain(a):
+        return sql.enqueue_one_plain, (*head, wake_channel), payload, None
+    args = (
+        *head,
+        a.identity_key,
+        a.fairness_key,
+        a.schedule_to_close,
+        a.timeout,
+        a.result_ttl,
+        metadata or "{}",
+        # text[] (no JSON round trip); NULs replaced as dump_json does for ENQUEUE
+        [clean_text(tag) for tag in a.tags],
+        a.trace_id,
+        a.span_id,
+        wake_channel,
+    )
+    return sql.enqueue_one, args, payload, metadata
+
+
+async def insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str | None) -> JobRow:
+    """Insert one job without an idempotency key (:func:`one_job`); the row is built
+    from what was sent plus what the server decided. Singletons need
+    :func:`check_singletons` first, in a transaction."""
+    # Not a plan: a one-at-a-time producer pays for every layer around the statement.
+    text, args, payload, metadata = one_job(sql, a, wake_channel)
     try:
-        if _plain(a):
-            record = await db.fetchrow(sql.enqueue_one_plain, *head, wake_channel)
-        else:
-            record = await db.fetchrow(
-                sql.enqueue_one,
-                *head,
-                a.identity_key,
-                a.fairness_key,
-                a.schedule_to_close,
-                a.timeout,
-                a.result_ttl,
-                metadata or "{}",
-                # text[] (no JSON round trip); NULs replaced as dump_json does for ENQUEUE
-                [clean_text(tag) for tag in a.tags],
-                a.trace_id,
-                a.span_id,
-                wake_channel,
-            )
+        record = await db.fetchrow(text, *args)
     except asyncpg.UniqueViolationError as exc:
-        raise _duplicate_id(exc) from exc
-    return _fresh_row(a, payload, metadata, record)
+        error = duplicate_id(exc.constraint_name, exc.detail)
+        if error is None:
+            raise
+        raise error from exc
+    return fresh_row(a, payload, metadata, record)
 
 
-def _fresh_row(
-    a: EnqueueArgs, payload: str, metadata: str | None, record: asyncpg.Record
-) -> JobRow:
+def fresh_row(a: EnqueueArgs, payload: str, metadata: str | None, record: Any) -> JobRow:
     """The row of a job just inserted: what was sent (``a``, validated as EnqueueArgs)
     plus what the server decided (``record``: status, attempt, the times; see
     ``FRESH_COLUMNS``). Returning the whole row and decoding it cost about a tenth of
@@ -182,7 +241,7 @@ def _fresh_row(
     )
 
 
-class _CopyFeed:
+class CopyFeed:
     """The rows one COPY writes (``COPY_COLUMNS``), created at ``now``, each made as
     asyncpg asks for it: a lazy input is built (and validated) while the server
     takes the rows already sent, instead of before the COPY starts.
@@ -253,7 +312,7 @@ async def copy_jobs(
     the active jobs other than these: a competing enqueue either committed before
     the check (and is seen) or waits on the lock until this transaction ends.
     """
-    feed = _CopyFeed(args, now)
+    feed = CopyFeed(args, now)
     await tx.copy_records_to_table(
         "jobs", schema_name=check_identifier(schema), columns=list(COPY_COLUMNS), records=feed
     )
@@ -272,6 +331,16 @@ async def insert_jobs(
     wake_channel: str | None,
     parked: Sequence[bool] | None = None,
 ) -> tuple[list[JobRow], int]:
+    """:func:`plan_insert_jobs`, run on ``db``."""
+    return await run(db, plan_insert_jobs(sql, args_list, wake_channel, parked))
+
+
+def plan_insert_jobs(
+    sql: Statements,
+    args_list: Sequence[EnqueueArgs],
+    wake_channel: str | None,
+    parked: Sequence[bool] | None = None,
+) -> Plan[tuple[list[JobRow], int]]:
     """Insert ``args_list``; one row per item in input order, and how many were new.
 
     ``wake_channel`` (or None) is notified once if anything was inserted.
@@ -280,12 +349,11 @@ async def insert_jobs(
     """
     flags = parked if parked is not None else [False] * len(args_list)
     if len(args_list) == 1 and args_list[0].idempotency_key is None and not flags[0]:
-        return [await insert_one(db, sql, args_list[0], wake_channel)], 1
+        text, one_args, payload, metadata = one_job(sql, args_list[0], wake_channel)
+        record = yield Query("fetchrow", text, one_args)
+        return [fresh_row(args_list[0], payload, metadata, record)], 1
     params = _insert_params(args_list, flags)
-    try:
-        records = await db.fetch(sql.enqueue, *params, wake_channel)
-    except asyncpg.UniqueViolationError as exc:
-        raise _duplicate_id(exc) from exc
+    records = yield Query("fetch", sql.enqueue, (*params, wake_channel))
     payloads, metadatas = params[_PAYLOADS], params[_METADATAS]
     fresh = {record["id"]: record for record in records if record["inserted"]}
     inserted: dict[Any, JobRow] = {}
@@ -294,7 +362,7 @@ async def insert_jobs(
         record = fresh.get(args.id)
         if record is None:
             continue
-        row = inserted[args.id] = _fresh_row(
+        row = inserted[args.id] = fresh_row(
             args, payloads[k], metadatas[k] if metadatas is not None else None, record
         )
         if args.idempotency_key is not None:
@@ -313,9 +381,10 @@ async def insert_jobs(
     if unresolved:
         # Inserted by another transaction after our snapshot: ON CONFLICT waited
         # for it to commit, so a fresh statement sees it.
-        for record in await db.fetch(
-            sql.existing_by_key, [k[0] for k in unresolved], [k[1] for k in unresolved]
-        ):
+        found_by_key = yield Query(
+            "fetch", sql.existing_by_key, ([k[0] for k in unresolved], [k[1] for k in unresolved])
+        )
+        for record in found_by_key:
             row = job_row(record)
             by_key.setdefault((row.actor, row.idempotency_key or ""), row)
     rows: list[JobRow] = []
@@ -345,6 +414,13 @@ def _collision(args: EnqueueArgs, holder: object, retry_after: float | None) -> 
 async def check_singletons(
     db: Db, sql: Statements, schema: str, args_list: Sequence[EnqueueArgs], *, copied: bool = False
 ) -> None:
+    """:func:`plan_check_singletons`, run on ``db``."""
+    await run(db, plan_check_singletons(sql, schema, args_list, copied=copied))
+
+
+def plan_check_singletons(
+    sql: Statements, schema: str, args_list: Sequence[EnqueueArgs], *, copied: bool = False
+) -> Plan[None]:
     """Raise ``SingletonCollisionError`` for a singleton whose identity an active job
     (stored, or earlier in ``args_list``) holds. Must run in the inserting transaction:
     before the insert, or after it when ``copied`` (``args_list`` then being stored, its
@@ -353,19 +429,22 @@ async def check_singletons(
     if not singles:
         return
     lock_keys = sorted({f"taskq:singleton:{schema}:{a.actor}:{a.identity_key}" for a in singles})
-    await db.fetchval(sql.singleton_locks, lock_keys)
+    yield Query("fetchval", sql.singleton_locks, (lock_keys,))
     # Copied jobs had no idempotent hits: a used key failed the COPY.
     keyed = (
         []
         if copied
         else [(a.actor, a.idempotency_key) for a in args_list if a.idempotency_key is not None]
     )
-    records = await db.fetch(
+    records = yield Query(
+        "fetch",
         sql.enqueue_conflicts,
-        [k[0] for k in keyed],
-        [k[1] for k in keyed],
-        [a.actor for a in singles],
-        [a.identity_key for a in singles],
+        (
+            [k[0] for k in keyed],
+            [k[1] for k in keyed],
+            [a.actor for a in singles],
+            [a.identity_key for a in singles],
+        ),
     )
     used_keys = {(r["actor"], r["key"]) for r in records if r["kind"] == "idempotency"}
     ours = {a.id for a in args_list} if copied else set()

@@ -15,14 +15,13 @@ from taskq.models import JobStatus
 from taskq_testing import TEST_SETTINGS, run_until_idle
 
 
-class Add(BaseModel):
-    a: int
-    b: int
+class Square(BaseModel):
+    n: int
 
 
 @actor(queue="default")
-async def add(payload: Add) -> int:
-    return payload.a + payload.b
+async def square(payload: Square) -> int:
+    return payload.n * payload.n
 
 
 @actor(queue="elsewhere")
@@ -39,22 +38,23 @@ async def forever(payload: dict[str, Any]) -> None:
 
 def _app(backend: Backend) -> TaskQ:
     # The URL is not used when a backend is given.
-    return TaskQ("memory://", actors=[add, snooze_once, forever], backend=backend)
+    return TaskQ("memory://", actors=[square, snooze_once, forever], backend=backend)
 
 
 async def test_every_queue_of_the_app_is_run_to_the_end(taskq_backend: Backend) -> None:
     app = _app(taskq_backend)
-    sums = [await app.client.enqueue(add, {"a": i, "b": 1}) for i in range(5)]
+    squares = [await app.client.enqueue(square, {"n": i}) for i in range(5)]
     snoozed = await app.client.enqueue(snooze_once, {})
     worker = await run_until_idle(app)
     assert worker.processed >= 6
-    assert [await app.client.wait_for_result(job.id, timeout=1) for job in sums] == [1, 2, 3, 4, 5]
+    results = [await app.client.wait_for_result(job.id, timeout=1) for job in squares]
+    assert results == [0, 1, 4, 9, 16]
     assert await app.client.wait_for_result(snoozed.id, timeout=1) == "woke"
 
 
 async def test_queues_can_be_narrowed(memory_backend: Backend) -> None:
     app = _app(memory_backend)
-    here = await app.client.enqueue(add, {"a": 1, "b": 1})
+    here = await app.client.enqueue(square, {"n": 3})
     there = await app.client.enqueue(snooze_once, {})
     await run_until_idle(app, queues="default")
     ran, left = await app.client.get(here.id), await app.client.get(there.id)

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from taskq_postgres._backend import PostgresBackend as PostgresBackend
     from taskq_postgres._connect import BackendUnavailableError as BackendUnavailableError
     from taskq_postgres._rows import LongRunningJobEventsWriter as LongRunningJobEventsWriter
+    from taskq_postgres._sync_client import SyncJobsClient as SyncJobsClient
     from taskq_postgres.channels import events_channel as events_channel
     from taskq_postgres.channels import wake_channel as wake_channel
     from taskq_postgres.channels import worker_channel as worker_channel
@@ -27,6 +28,7 @@ __all__ = [
     "MigrationError",
     "MigrationStatus",
     "PostgresBackend",
+    "SyncJobsClient",
     "events_channel",
     "migrate",
     "migration_status",
@@ -38,6 +40,7 @@ _HOMES = {
     "PostgresBackend": "taskq_postgres._backend",
     "BackendUnavailableError": "taskq_postgres._connect",
     "LongRunningJobEventsWriter": "taskq_postgres._rows",
+    "SyncJobsClient": "taskq_postgres._sync_client",
     "events_channel": "taskq_postgres.channels",
     "wake_channel": "taskq_postgres.channels",
     "worker_channel": "taskq_postgres.channels",

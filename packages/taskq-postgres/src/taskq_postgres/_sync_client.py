@@ -1,0 +1,227 @@
+"""``SyncJobsClient``: TaskQ's enqueue calls for synchronous code (Django, Flask), on psycopg.
+
+Given a DSN it keeps one connection of its own, in autocommit: each call commits
+by itself. Given a ``psycopg.Connection`` it enqueues in that connection's
+transaction: the jobs exist (and the workers are woken) only if the caller
+commits. It runs the plans the asyncpg backend runs (``_enqueue``) and the payload
+validation and ``max_pending`` check of ``JobsClient`` (``taskq.args_builder``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self, TypeVar
+from uuid import uuid4
+
+import psycopg
+from psycopg.rows import DictRow, dict_row
+
+from taskq.actor import Actor
+from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, check_capacity
+from taskq.errors import ConfigurationError
+from taskq.identifiers import check_identifier, validate_schema_name
+from taskq.models import EnqueueArgs, JobRow
+from taskq_postgres._enqueue import (
+    CopyFeed,
+    Plan,
+    duplicate_id,
+    plan_check_singletons,
+    plan_insert_jobs,
+    refuse_keyless_singletons,
+)
+from taskq_postgres._sql.enqueue import COPY_COLUMNS
+from taskq_postgres._statements import statements_for
+from taskq_postgres.channels import wake_channel
+
+__all__ = ["SyncJobsClient"]
+
+_T = TypeVar("_T")
+
+_Cursor = psycopg.RawCursor[DictRow]
+
+
+class SyncJobsClient:
+    """Enqueue from synchronous code: ``enqueue``, ``enqueue_batch`` and
+    ``enqueue_batch_fast``, as :class:`~taskq.client.JobsClient` has them.
+
+    ``target`` is a DSN (``postgresql://…``; the client opens one connection of its
+    own, closed by :meth:`close` or ``with``) or a caller's ``psycopg.Connection``,
+    whose transaction the jobs join (a savepoint where one is open; left open for
+    the caller to commit). ``actors`` are the application's, which payloads are
+    validated against (``TaskQ.actors.values()``); ``schema`` the TaskQ schema.
+    One client may be shared by threads: its calls take turns.
+    """
+
+    def __init__(
+        self,
+        target: str | psycopg.Connection[Any],
+        *,
+        actors: Iterable[Actor[..., Any]],
+        schema: str = "taskq",
+        max_pending_cache_ttl: float = 5.0,
+    ) -> None:
+        self.schema = validate_schema_name(schema)
+        named: dict[str, Actor[..., Any]] = {}
+        for a in actors:
+            if a.name in named:
+                raise ConfigurationError(
+                    f"two actors are named {a.name!r}; give one an explicit @actor(name=...)"
+                )
+            named[a.name] = a
+        self._build = ArgsBuilder(named)
+        self._sql = statements_for(self.schema)
+        self._channel = wake_channel(self.schema)
+        self._ttl = max_pending_cache_ttl
+        self._limits: dict[str, int | None] = {}
+        self._limits_read_at: float | None = None
+        self._lock = threading.Lock()
+        if isinstance(target, str):
+            # Durations added on TaskQ's own connections are exact (see PostgresBackend).
+            self._conn: psycopg.Connection[Any] = psycopg.connect(
+                target,
+                autocommit=True,
+                application_name=f"taskq-sync/{uuid4().hex[:12]}",
+                options="-c TimeZone=UTC -c jit=off",
+            )
+            self._owned = True
+        else:
+            self._conn = target
+            self._owned = False
+
+    # -- enqueue ---------------------------------------------------------------
+    def enqueue(self, actor: ActorRef, payload: Any, **options: Any) -> JobRow:
+        """Enqueue one job; options as ``JobsClient.enqueue``. Returns the stored row (the
+        existing one for a repeated ``idempotency_key``)."""
+        args = self._build.args(actor, payload, options)
+        with self._turn() as cur:
+            self._check_capacity(cur, {args.actor: 1})
+            [row] = self._insert(cur, [args])
+        return row
+
+    def enqueue_batch(self, items: Iterable[BatchItem]) -> list[JobRow]:
+        """Enqueue many jobs atomically (all or none); one row per item, in order.
+        Every payload is validated before anything is written."""
+        listed = list(items)
+        counts = self._build.counts(listed)
+        with self._turn() as cur:
+            self._check_capacity(cur, counts)
+            args_list = list(self._build.each(listed))
+            return self._insert(cur, args_list) if args_list else []
+
+    def enqueue_batch_fast(self, items: Iterable[BatchItem]) -> int:
+        """Bulk enqueue by COPY, without idempotency handling or returned rows; returns
+        how many. Payloads are validated as the rows are written; an invalid one fails
+        the call and nothing is written."""
+        listed = list(items)
+        counts = self._build.counts(listed)
+        if not listed:
+            return 0
+        with self._turn() as cur, self._conn.transaction():
+            self._check_capacity(cur, counts)
+            cur.execute(self._sql.copy_clock_now, (self._channel,))
+            clock = cur.fetchone()
+            assert clock is not None
+            feed = CopyFeed(self._build.each(listed), clock["now"])
+            table = f"{check_identifier(self.schema)}.jobs ({', '.join(COPY_COLUMNS)})"
+            with cur.copy(f"COPY {table} FROM STDIN") as copy:
+                for row in feed:
+                    copy.write_row(row)
+            if feed.error is not None:
+                raise feed.error
+            if any(a.singleton for a in feed.identified):
+                checking = plan_check_singletons(
+                    self._sql, self.schema, feed.identified, copied=True
+                )
+                _run(cur, checking)
+            return feed.count
+
+    def _insert(self, cur: _Cursor, args_list: list[EnqueueArgs]) -> list[JobRow]:
+        """Insert as ``PostgresBackend.enqueue_batch`` does, notifying the workers."""
+        refuse_keyless_singletons(args_list)
+        inserting = plan_insert_jobs(self._sql, args_list, self._channel)
+        if not any(a.singleton for a in args_list):
+            rows, _ = _run(cur, inserting)
+            return rows
+        # The singleton check holds its identities' locks until the insert commits.
+        with self._conn.transaction():
+            _run(cur, plan_check_singletons(self._sql, self.schema, args_list))
+            rows, _ = _run(cur, inserting)
+        return rows
+
+    def _check_capacity(self, cur: _Cursor, counts: Mapping[str, int]) -> None:
+        bounded = self._build.bounded(counts, self._max_pending(cur))
+        if not bounded:
+            return
+        cur.execute(self._sql.count_pending_jobs, (sorted(bounded),))
+        waiting = {r["actor"]: int(r["waiting"]) for r in cur.fetchall()}
+        check_capacity(counts, bounded, waiting)
+
+    def _max_pending(self, cur: _Cursor) -> Mapping[str, int | None]:
+        """The fleet-wide ``max_pending`` limits workers registered, re-read every ``ttl``."""
+        now = time.monotonic()
+        if self._limits_read_at is None or now - self._limits_read_at >= self._ttl:
+            cur.execute(self._sql.get_actor_max_pending)
+            self._limits = {r["actor"]: r["max_pending"] for r in cur.fetchall()}
+            self._limits_read_at = now
+        return self._limits
+
+    @contextmanager
+    def _turn(self) -> Iterator[_Cursor]:
+        """This thread's turn on the connection, with a cursor taking ``$n`` parameters."""
+        with self._lock, psycopg.RawCursor(self._conn, row_factory=dict_row) as cur:
+            yield cur
+
+    # -- lifetime -------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the connection the client opened (a caller's stays open)."""
+        if self._owned:
+            self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _run(cur: _Cursor, plan: Plan[_T]) -> _T:
+    """Run ``plan``'s statements on ``cur``, one after the other (``_enqueue.run`` on psycopg)."""
+    try:
+        query = next(plan)
+        while True:
+            try:
+                cur.execute(query.sql, query.args)
+            except psycopg.errors.UniqueViolation as exc:
+                error = duplicate_id(exc.diag.constraint_name, exc.diag.message_detail)
+                if error is None:
+                    raise
+                raise error from exc
+            query = plan.send(_answer(cur, query.kind))
+    except StopIteration as done:
+        result: _T = done.value
+        return result
+
+
+def _answer(cur: _Cursor, kind: str) -> Any:
+    """What asyncpg's ``fetch``, ``fetchrow`` or ``fetchval`` would have returned, times in
+    UTC (psycopg gives them in the session's zone)."""
+    if kind == "fetch":
+        return [_in_utc(row) for row in cur.fetchall()]
+    row = cur.fetchone()
+    if row is None:
+        return None
+    return _in_utc(row) if kind == "fetchrow" else next(iter(row.values()))
+
+
+def _in_utc(row: DictRow) -> dict[str, Any]:
+    return {k: v.astimezone(UTC) if isinstance(v, datetime) else v for k, v in row.items()}

@@ -1,0 +1,168 @@
+"""``SyncJobsClient``: the enqueue calls for synchronous code, on psycopg."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from datetime import UTC, timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+from taskq import EnqueueItem, actor
+from taskq.errors import MaxPendingExceededError, PayloadValidationError, SingletonCollisionError
+from taskq.models import JobFilter, JobRow, JobStatus
+from taskq_postgres import PostgresBackend, SyncJobsClient, wake_channel
+from taskq_testing.postgres import PgSchema
+
+pytestmark = pytest.mark.postgres
+
+
+class Item(BaseModel):
+    n: int
+
+
+@actor(name="sync.item")
+async def item(payload: Item) -> None:
+    return None
+
+
+@actor(name="sync.capped", max_pending=2)
+async def capped(payload: dict[str, Any]) -> None:
+    return None
+
+
+ACTORS = [item, capped]
+
+
+@pytest.fixture
+def client(pg_pooled_schema: PgSchema) -> Iterator[SyncJobsClient]:
+    with SyncJobsClient(pg_pooled_schema.dsn, actors=ACTORS, schema=pg_pooled_schema.name) as c:
+        yield c
+
+
+def _stored(pg: PgSchema, job_id: UUID | None = None) -> list[JobRow]:
+    """What the asyncpg backend reads back: one job, or all of them."""
+
+    async def read() -> list[JobRow]:
+        backend = PostgresBackend(pg.dsn, schema=pg.name)
+        await backend.open()
+        try:
+            if job_id is not None:
+                row = await backend.get(job_id)
+                return [] if row is None else [row]
+            return await backend.list_jobs(JobFilter(limit=1000))
+        finally:
+            await backend.close()
+
+    return asyncio.run(read())
+
+
+@pytest.mark.parametrize("options", [{}, {"delay": 60, "tags": ["a"], "metadata": {"k": 1}}])
+def test_enqueue_returns_the_row_as_stored(
+    client: SyncJobsClient, pg_pooled_schema: PgSchema, options: dict[str, Any]
+) -> None:
+    row = client.enqueue(item, {"n": 1}, identity_key="i-1", **options)
+    assert row.payload == {"n": 1} and row.identity_key == "i-1"
+    assert row.status is (JobStatus.SCHEDULED if options else JobStatus.PENDING)
+    assert row.created_at.tzinfo is UTC
+    assert _stored(pg_pooled_schema, row.id) == [row]
+
+
+def test_jobs_join_the_callers_transaction(pg_pooled_schema: PgSchema) -> None:
+    # The caller's session is in a zone with DST: rows still come back in UTC.
+    dsn = pg_pooled_schema.dsn
+    with (
+        psycopg.connect(dsn, options="-c TimeZone=America/New_York") as conn,
+        psycopg.connect(dsn, autocommit=True) as listener,
+    ):
+        listener.execute(f"LISTEN {wake_channel(pg_pooled_schema.name)}")
+        client = SyncJobsClient(conn, actors=ACTORS, schema=pg_pooled_schema.name)
+        dropped = client.enqueue(item, {"n": 1})
+        conn.rollback()
+        kept = client.enqueue(item, {"n": 2})
+        assert dropped.created_at.tzinfo is UTC
+        assert _stored(pg_pooled_schema) == []  # not committed yet
+        assert list(listener.notifies(timeout=0.2)) == []
+        conn.commit()
+        assert list(listener.notifies(timeout=5, stop_after=1))  # woken at commit
+        assert _stored(pg_pooled_schema) == [kept]
+        client.close()  # the caller's connection stays open
+        assert not conn.closed
+
+
+def test_enqueue_batch_mixes_new_rows_and_idempotent_hits_in_order(
+    client: SyncJobsClient, pg_pooled_schema: PgSchema
+) -> None:
+    existing = client.enqueue(item, {"n": 0}, idempotency_key="k")
+    rows = client.enqueue_batch(
+        [
+            (item, {"n": 1}),
+            EnqueueItem(actor="sync.item", payload={"n": 2}, options={"idempotency_key": "k"}),
+            (item, {"n": 3}),
+        ]
+    )
+    assert rows[1] == existing
+    assert [r.payload for r in rows] == [{"n": 1}, {"n": 0}, {"n": 3}]
+    assert len(_stored(pg_pooled_schema)) == 3
+    assert client.enqueue_batch([]) == []
+
+
+def test_singletons_collide(client: SyncJobsClient) -> None:
+    client.enqueue(item, {"n": 1}, identity_key="only", singleton=True)
+    with pytest.raises(SingletonCollisionError, match="identity_key 'only'"):
+        client.enqueue(item, {"n": 2}, identity_key="only", singleton=True)
+
+
+def test_bad_input_writes_nothing(client: SyncJobsClient, pg_pooled_schema: PgSchema) -> None:
+    with pytest.raises(PayloadValidationError, match="sync.item"):
+        client.enqueue_batch([(item, {"n": 1}), (item, {"n": "not a number"})])
+    taken = client.enqueue(item, {"n": 1})
+    with pytest.raises(ValueError, match="a job with that id already exists"):
+        client.enqueue(item, {"n": 2}, job_id=taken.id)
+    assert _stored(pg_pooled_schema) == [taken]
+
+
+def test_max_pending_is_enforced(client: SyncJobsClient) -> None:
+    client.enqueue_batch([(capped, {}), (capped, {})])
+    with pytest.raises(MaxPendingExceededError, match="max_pending=2"):
+        client.enqueue(capped, {})
+
+
+def test_enqueue_batch_fast_copies_and_fails_whole(
+    client: SyncJobsClient, pg_pooled_schema: PgSchema
+) -> None:
+    assert client.enqueue_batch_fast([(item, {"n": i}) for i in range(500)]) == 500
+    with pytest.raises(PayloadValidationError):
+        client.enqueue_batch_fast([*[(item, {"n": i}) for i in range(300)], (item, {"n": "x"})])
+    stored = _stored(pg_pooled_schema)
+    assert len(stored) == 500
+    assert all(r.created_at.tzinfo is UTC and r.status is JobStatus.PENDING for r in stored)
+    assert (
+        client.enqueue_batch_fast(
+            [(item, {"n": 1})],
+        )
+        == 1
+    )
+
+
+def test_a_delay_of_days_is_exact(client: SyncJobsClient) -> None:
+    row = client.enqueue(item, {"n": 1}, delay=timedelta(days=200))
+    assert row.scheduled_at - row.created_at == timedelta(days=200)
+
+
+def test_threads_share_one_client(client: SyncJobsClient, pg_pooled_schema: PgSchema) -> None:
+    def enqueue_some() -> None:
+        for i in range(20):
+            client.enqueue(item, {"n": i})
+
+    threads = [threading.Thread(target=enqueue_some) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(_stored(pg_pooled_schema)) == 80

@@ -63,7 +63,7 @@ def _seconds(value: timedelta | float | None) -> timedelta | None:
 
 
 def _item_parts(
-    item: EnqueueItem | tuple[ActorRef, Any],
+    item: BatchItem,
 ) -> tuple[ActorRef, Any, Mapping[str, Any]]:
     """A batch item's actor, payload and options (none for an ``(actor, payload)`` pair)."""
     # The tuple test first: a model class's isinstance goes through ABCMeta.

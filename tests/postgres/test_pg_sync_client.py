@@ -166,3 +166,37 @@ def test_threads_share_one_client(client: SyncJobsClient, pg_pooled_schema: PgSc
     for t in threads:
         t.join()
     assert len(_stored(pg_pooled_schema)) == 80
+
+
+def _race(clients: list[SyncJobsClient], identity: str) -> list[str]:
+    """Each client enqueues the same singleton at once; what each got."""
+    start = threading.Barrier(len(clients))
+    outcomes: list[str] = []
+
+    def enqueue(c: SyncJobsClient) -> None:
+        start.wait()
+        try:
+            c.enqueue(item, {"n": 1}, identity_key=identity, singleton=True)
+            outcomes.append("admitted")
+        except SingletonCollisionError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=enqueue, args=(c,)) for c in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(outcomes)
+
+
+def test_concurrent_singletons_admit_exactly_one(pg_pooled_schema: PgSchema) -> None:
+    clients = [
+        SyncJobsClient(pg_pooled_schema.dsn, actors=ACTORS, schema=pg_pooled_schema.name)
+        for _ in range(2)
+    ]
+    try:
+        for round_no in range(5):
+            assert _race(clients, f"race-{round_no}") == ["admitted", "refused"]
+    finally:
+        for c in clients:
+            c.close()

@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 import psycopg
 import pytest
+from psycopg.types.datetime import TimestamptzLoader
 from pydantic import BaseModel
 
 from taskq import EnqueueItem, actor
+from taskq.actor import Actor
 from taskq.errors import MaxPendingExceededError, PayloadValidationError, SingletonCollisionError
 from taskq.models import JobFilter, JobRow, JobStatus
 from taskq_postgres import PostgresBackend, SyncJobsClient, wake_channel
@@ -36,7 +38,7 @@ async def capped(payload: dict[str, Any]) -> None:
     return None
 
 
-ACTORS = [item, capped]
+ACTORS: list[Actor[..., Any]] = [item, capped]
 
 
 @pytest.fixture
@@ -93,6 +95,27 @@ def test_jobs_join_the_callers_transaction(pg_pooled_schema: PgSchema) -> None:
         assert _stored(pg_pooled_schema) == [kept]
         client.close()  # the caller's connection stays open
         assert not conn.closed
+
+
+class _NaiveTimes(TimestamptzLoader):
+    """What Django registers without USE_TZ: naive times in the session's zone."""
+
+    def load(self, data: Any) -> datetime:
+        loaded: datetime = super().load(data)
+        return loaded.replace(tzinfo=None)
+
+
+def test_rows_are_in_utc_whatever_the_callers_connection_loads(pg_pooled_schema: PgSchema) -> None:
+    with psycopg.connect(pg_pooled_schema.dsn, options="-c TimeZone=Asia/Tokyo") as conn:
+        conn.adapters.register_loader("timestamptz", _NaiveTimes)
+        client = SyncJobsClient(conn, actors=ACTORS, schema=pg_pooled_schema.name)
+        row = client.enqueue(item, {"n": 1}, delay=60)
+        conn.commit()
+        assert row.created_at.tzinfo is UTC
+        assert _stored(pg_pooled_schema) == [row]
+        # The caller's own loading is left as it was.
+        naive = conn.execute("SELECT now()").fetchone()
+        assert naive is not None and naive[0].tzinfo is None
 
 
 def test_enqueue_batch_mixes_new_rows_and_idempotent_hits_in_order(

@@ -20,6 +20,7 @@ from uuid import uuid4
 
 import psycopg
 from psycopg.rows import DictRow, dict_row
+from psycopg.types.datetime import TimestamptzLoader
 
 from taskq.actor import Actor
 from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, check_capacity
@@ -174,6 +175,9 @@ class SyncJobsClient:
     def _turn(self) -> Iterator[_Cursor]:
         """This thread's turn on the connection, with a cursor taking ``$n`` parameters."""
         with self._lock, psycopg.RawCursor(self._conn, row_factory=dict_row) as cur:
+            # psycopg's own loader on this cursor alone: a caller's connection may load
+            # times its own way (Django without USE_TZ: naive, in its zone).
+            cur.adapters.register_loader("timestamptz", TimestamptzLoader)
             yield cur
 
     # -- lifetime -------------------------------------------------------------------

@@ -223,3 +223,26 @@ def test_concurrent_singletons_admit_exactly_one(pg_pooled_schema: PgSchema) -> 
     finally:
         for c in clients:
             c.close()
+
+
+def test_a_lost_connection_of_its_own_is_replaced(
+    client: SyncJobsClient, pg_pooled_schema: PgSchema
+) -> None:
+    first = client.enqueue(item, {"n": 1})
+    with psycopg.connect(pg_pooled_schema.dsn, autocommit=True) as admin:
+        # This session's database only: other xdist workers have databases of their own.
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE 'taskq-sync/%'"
+        )
+    with pytest.raises(psycopg.OperationalError):
+        client.enqueue(item, {"n": 2})  # the call that meets the loss fails: no blind retry
+    after = client.enqueue(item, {"n": 3})
+    assert {r.id for r in _stored(pg_pooled_schema)} == {first.id, after.id}
+
+
+def test_a_closed_client_says_so(pg_pooled_schema: PgSchema) -> None:
+    client = SyncJobsClient(pg_pooled_schema.dsn, actors=ACTORS, schema=pg_pooled_schema.name)
+    client.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        client.enqueue(item, {"n": 1})

@@ -81,18 +81,9 @@ class SyncJobsClient:
         self._limits: dict[str, int | None] = {}
         self._limits_read_at: float | None = None
         self._lock = threading.Lock()
-        if isinstance(target, str):
-            # Durations added on TaskQ's own connections are exact (see PostgresBackend).
-            self._conn: psycopg.Connection[Any] = psycopg.connect(
-                target,
-                autocommit=True,
-                application_name=f"taskq-sync/{uuid4().hex[:12]}",
-                options="-c TimeZone=UTC -c jit=off",
-            )
-            self._owned = True
-        else:
-            self._conn = target
-            self._owned = False
+        self._dsn = target if isinstance(target, str) else None
+        self._conn = target if isinstance(target, psycopg.Connection) else self._connect()
+        self._closed = False
 
     # -- enqueue ---------------------------------------------------------------
     def enqueue(self, actor: ActorRef, payload: Any, **options: Any) -> JobRow:
@@ -171,20 +162,42 @@ class SyncJobsClient:
             self._limits_read_at = now
         return self._limits
 
+    def _connect(self) -> psycopg.Connection[Any]:
+        assert self._dsn is not None
+        # Durations added on TaskQ's own connections are exact (see PostgresBackend).
+        return psycopg.connect(
+            self._dsn,
+            autocommit=True,
+            application_name=f"taskq-sync/{uuid4().hex[:12]}",
+            options="-c TimeZone=UTC -c jit=off",
+        )
+
     @contextmanager
     def _turn(self) -> Iterator[_Cursor]:
-        """This thread's turn on the connection, with a cursor taking ``$n`` parameters."""
-        with self._lock, psycopg.RawCursor(self._conn, row_factory=dict_row) as cur:
-            # psycopg's own loader on this cursor alone: a caller's connection may load
-            # times its own way (Django without USE_TZ: naive, in its zone).
-            cur.adapters.register_loader("timestamptz", TimestamptzLoader)
-            yield cur
+        """This thread's turn on the connection, with a cursor taking ``$n`` parameters.
+
+        A connection of its own that was lost (the server restarted, a proxy dropped
+        it) is replaced; the call that saw it fail raised, since whether its statement
+        committed cannot be known.
+        """
+        if self._closed:
+            raise RuntimeError("this SyncJobsClient is closed; make a new one")
+        with self._lock:
+            if self._dsn is not None and self._conn.closed:
+                self._conn = self._connect()
+            with psycopg.RawCursor(self._conn, row_factory=dict_row) as cur:
+                # psycopg's own loader on this cursor alone: a caller's connection may
+                # load times its own way (Django without USE_TZ: naive, in its zone).
+                cur.adapters.register_loader("timestamptz", TimestamptzLoader)
+                yield cur
 
     # -- lifetime -------------------------------------------------------------------
     def close(self) -> None:
         """Close the connection the client opened (a caller's stays open)."""
-        if self._owned:
-            self._conn.close()
+        with self._lock:
+            self._closed = True
+            if self._dsn is not None:
+                self._conn.close()
 
     def __enter__(self) -> Self:
         return self

@@ -9,7 +9,7 @@ type through the DI engine.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, get_type_hints, overload
@@ -19,7 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 from taskq.errors import ConfigurationError, PayloadValidationError
 from taskq.retry import Backoff, ExponentialBackoff, RetryClassifier
 
-__all__ = ["Actor", "ActorOptions", "actor"]
+__all__ = ["Actor", "ActorOptions", "actor", "actors_by_name"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -183,3 +183,15 @@ def actor(
         return Actor(func, options)
 
     return decorate(fn) if fn is not None else decorate
+
+
+def actors_by_name(actors: Iterable[Actor[..., Any]]) -> dict[str, Actor[..., Any]]:
+    """``actors`` by name; ``ConfigurationError`` when two share one."""
+    named: dict[str, Actor[..., Any]] = {}
+    for a in actors:
+        if a.name in named:
+            raise ConfigurationError(
+                f"two actors are named {a.name!r}; give one an explicit @actor(name=...)"
+            )
+        named[a.name] = a
+    return named

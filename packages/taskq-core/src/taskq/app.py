@@ -8,10 +8,9 @@ from types import TracebackType
 from typing import Any, Self
 
 from taskq._di import ProviderRegistry
-from taskq.actor import Actor
+from taskq.actor import Actor, actors_by_name
 from taskq.backend import Backend
 from taskq.client import JobsClient
-from taskq.errors import ConfigurationError
 from taskq.models import EventRow, QueueConfig
 from taskq.plugins import open_backend
 from taskq.reclaims import watch_reclaims
@@ -41,13 +40,7 @@ class TaskQ:
     ) -> None:
         self.url = url
         self.schema = schema
-        self.actors: dict[str, Actor[..., Any]] = {}
-        for a in actors:
-            if a.name in self.actors:
-                raise ConfigurationError(
-                    f"two actors are named {a.name!r}; give one an explicit @actor(name=...)"
-                )
-            self.actors[a.name] = a
+        self.actors: dict[str, Actor[..., Any]] = actors_by_name(actors)
         self.providers = providers if providers is not None else ProviderRegistry()
         self.queues = list(queues)
         self.backend_options = dict(backend_options)

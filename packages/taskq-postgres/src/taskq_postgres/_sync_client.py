@@ -22,9 +22,8 @@ import psycopg
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.datetime import TimestamptzLoader
 
-from taskq.actor import Actor
+from taskq.actor import Actor, actors_by_name
 from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, check_capacity
-from taskq.errors import ConfigurationError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
 from taskq_postgres._enqueue import (
@@ -67,14 +66,7 @@ class SyncJobsClient:
         max_pending_cache_ttl: float = 5.0,
     ) -> None:
         self.schema = validate_schema_name(schema)
-        named: dict[str, Actor[..., Any]] = {}
-        for a in actors:
-            if a.name in named:
-                raise ConfigurationError(
-                    f"two actors are named {a.name!r}; give one an explicit @actor(name=...)"
-                )
-            named[a.name] = a
-        self._build = ArgsBuilder(named)
+        self._build = ArgsBuilder(actors_by_name(actors))
         self._sql = statements_for(self.schema)
         self._channel = wake_channel(self.schema)
         self._ttl = max_pending_cache_ttl

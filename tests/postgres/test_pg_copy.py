@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
-import pytest_asyncio
 from pydantic import BaseModel, field_validator
 
 from taskq import TaskQ, actor
+from taskq.backend import Backend
 from taskq.errors import PayloadValidationError, SingletonCollisionError
 from taskq.models import EnqueueArgs, JobFilter
-from taskq_postgres import PostgresBackend
 from taskq_testing.postgres import PgSchema
 
 pytestmark = pytest.mark.postgres
@@ -43,14 +42,6 @@ async def copied(payload: Item) -> None:
     return None
 
 
-@pytest_asyncio.fixture
-async def backend(pg_pooled_schema: PgSchema) -> AsyncIterator[PostgresBackend]:
-    backend = PostgresBackend(pg_pooled_schema.dsn, schema=pg_pooled_schema.name)
-    await backend.open()
-    yield backend
-    await backend.close()
-
-
 def _copies_running(watcher: psycopg.Connection[tuple[int]], schema: str) -> int:
     found = watcher.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s",
@@ -60,7 +51,7 @@ def _copies_running(watcher: psycopg.Connection[tuple[int]], schema: str) -> int
 
 
 async def test_the_copy_runs_while_its_input_is_still_being_pulled(
-    backend: PostgresBackend, pg_pooled_schema: PgSchema
+    pg_backend: Backend, pg_pooled_schema: PgSchema
 ) -> None:
     # The jobs past the first 512 KiB are made while the server already holds the
     # COPY: an input pulled whole before the COPY would find no COPY running.
@@ -73,7 +64,7 @@ async def test_the_copy_runs_while_its_input_is_still_being_pulled(
                     copying.append(_copies_running(watcher, pg_pooled_schema.name))
                 yield EnqueueArgs(actor="a")
 
-        assert await backend.enqueue_batch_fast(pulled()) == MANY
+        assert await pg_backend.enqueue_batch_fast(pulled()) == MANY
     assert copying == [1]
 
 
@@ -99,18 +90,18 @@ async def test_the_client_validates_payloads_while_the_copy_runs(
     assert copying == [1]
 
 
-async def test_concurrent_copied_singletons_admit_exactly_one(backend: PostgresBackend) -> None:
+async def test_concurrent_copied_singletons_admit_exactly_one(pg_backend: Backend) -> None:
     batches = [
         [EnqueueArgs(actor="a"), EnqueueArgs(actor="a", identity_key="user-1", singleton=True)]
         for _ in range(6)
     ]
     results = await asyncio.gather(
-        *(backend.enqueue_batch_fast(batch) for batch in batches), return_exceptions=True
+        *(pg_backend.enqueue_batch_fast(batch) for batch in batches), return_exceptions=True
     )
     refused = [r for r in results if isinstance(r, SingletonCollisionError)]
     assert (results.count(2), len(refused)) == (1, 5), results
-    assert len(await backend.list_jobs(JobFilter(identity_key="user-1"))) == 1
-    assert len(await backend.list_jobs(JobFilter(limit=100))) == 2
+    assert len(await pg_backend.list_jobs(JobFilter(identity_key="user-1"))) == 1
+    assert len(await pg_backend.list_jobs(JobFilter(limit=100))) == 2
 
 
 async def test_an_invalid_payload_late_in_a_copy_enqueues_nothing(

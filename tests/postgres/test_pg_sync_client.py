@@ -11,6 +11,7 @@ from uuid import UUID
 
 import psycopg
 import pytest
+import structlog.testing
 from psycopg.types.datetime import TimestamptzLoader
 from pydantic import BaseModel
 
@@ -246,3 +247,40 @@ def test_a_closed_client_says_so(pg_pooled_schema: PgSchema) -> None:
     client.close()
     with pytest.raises(RuntimeError, match="closed"):
         client.enqueue(item, {"n": 1})
+
+
+def test_poll_only_sends_no_wake(pg_pooled_schema: PgSchema) -> None:
+    dsn, schema = pg_pooled_schema.dsn, pg_pooled_schema.name
+    with (
+        psycopg.connect(dsn, autocommit=True) as listener,
+        SyncJobsClient(dsn, actors=ACTORS, schema=schema, poll_only=True) as quiet,
+        SyncJobsClient(dsn, actors=ACTORS, schema=schema) as waking,
+    ):
+        listener.execute(f"LISTEN {wake_channel(schema)}")
+        quiet.enqueue(item, {"n": 1})
+        quiet.enqueue_batch([(item, {"n": 2}), (item, {"n": 3})])
+        assert quiet.enqueue_batch_fast([(item, {"n": 4})]) == 1
+        assert list(listener.notifies(timeout=0.3)) == []
+        waking.enqueue(item, {"n": 5})  # the listener does hear a wake
+        assert list(listener.notifies(timeout=5, stop_after=1))
+    assert len(_stored(pg_pooled_schema)) == 5
+
+
+def test_a_failed_limits_read_fails_open_and_keeps_the_callers_transaction(
+    pg_schema: PgSchema,
+) -> None:
+    # A fresh schema of this test alone: the table the limits are read from goes away.
+    with psycopg.connect(pg_schema.dsn) as conn:
+        conn.execute(f"ALTER TABLE {pg_schema.name}.actor_config RENAME TO actor_config_gone")
+        conn.commit()
+        conn.execute("SELECT 1")  # the caller's transaction is open
+        client = SyncJobsClient(conn, actors=ACTORS, schema=pg_schema.name)
+        with structlog.testing.capture_logs() as logs:
+            kept = client.enqueue_batch([(capped, {}), (capped, {})])
+        assert [e["event"] for e in logs] == ["taskq.max-pending-read-failed"]
+        assert "actor_config" in logs[0]["error"]
+        # The decorator's literal still applies, counted on the jobs table.
+        with pytest.raises(MaxPendingExceededError, match="max_pending=2"):
+            client.enqueue(capped, {})
+        conn.commit()
+    assert {r.id for r in _stored(pg_schema)} == {r.id for r in kept}

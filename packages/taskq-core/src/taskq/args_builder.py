@@ -9,17 +9,22 @@ database.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import timedelta
 from types import MappingProxyType
 from typing import Any, Final
 from uuid import UUID, SafeUUID, uuid4
 
+import structlog
+
 from taskq.actor import Actor
 from taskq.errors import MaxPendingExceededError, UnknownActorError
 from taskq.models import EnqueueArgs, EnqueueItem, from_valid_values
 
-__all__ = ["ActorRef", "ArgsBuilder", "BatchItem", "check_capacity"]
+__all__ = ["ActorRef", "ArgsBuilder", "BatchItem", "MaxPendingLimits", "check_capacity"]
+
+_log = structlog.get_logger("taskq.client")
 
 ActorRef = Actor[..., Any] | str
 BatchItem = EnqueueItem | tuple[ActorRef, Any]
@@ -206,3 +211,37 @@ def check_capacity(
                 f"actor {name!r} already has {waiting.get(name, 0)} waiting jobs "
                 f"(max_pending={limit}); retry later or raise its max_pending"
             )
+
+
+class MaxPendingLimits:
+    """The fleet-wide ``max_pending`` limits as a producer last read them, re-read every
+    ``ttl`` seconds.
+
+    Workers store each actor's limit at start-up, so a stored value wins over the
+    decorator's literal (:meth:`ArgsBuilder.bounded`); the literal applies to actors
+    no worker has registered yet. A failed read fails open, loudly: the limits read
+    before (the literals at first) apply until the next read, since a hiccup of
+    that read must not stop producers. The producer does the reading (awaited or
+    not) and hands the outcome to :meth:`update`.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self._ttl = ttl
+        self._limits: dict[str, int | None] = {}
+        self._read_at: float | None = None
+
+    def cached(self) -> Mapping[str, int | None] | None:
+        """The limits if read less than ``ttl`` ago, else None: read them and :meth:`update`."""
+        if self._read_at is not None and time.monotonic() - self._read_at < self._ttl:
+            return self._limits
+        return None
+
+    def update(self, read: Mapping[str, int | None] | Exception) -> Mapping[str, int | None]:
+        """Keep what the read returned, or (it raised) log and keep the limits known; either
+        way the next read is due in ``ttl`` seconds. Returns the limits in force."""
+        if isinstance(read, Exception):
+            _log.warning("taskq.max-pending-read-failed", error=repr(read))
+        else:
+            self._limits = dict(read)
+        self._read_at = time.monotonic()
+        return self._limits

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-import structlog
-
 from taskq.actor import Actor
-from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, check_capacity
+from taskq.args_builder import (
+    ActorRef,
+    ArgsBuilder,
+    BatchItem,
+    MaxPendingLimits,
+    check_capacity,
+)
 from taskq.backend import Backend, Connection
 from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
 from taskq.errors import JobFailedError
@@ -29,47 +32,34 @@ from taskq.models import (
 
 __all__ = ["ActorRef", "JobsClient"]
 
-_log = structlog.get_logger("taskq.client")
-
 
 class _CapacityCache:
-    """Fleet-wide ``max_pending`` limits, re-read from the backend every ``ttl`` seconds.
+    """:class:`~taskq.args_builder.MaxPendingLimits` read from the backend.
 
-    Workers write each actor's limit to the backend at start-up, so the
-    stored value wins over the decorator's literal; the literal applies to
-    actors no worker has registered yet. Reading the limits fails open (a
-    backend hiccup must not stop producers) except when the backend lacks
-    ``get_actor_max_pending`` altogether: that is a protocol mismatch, and
-    enforcing code literals forever in silence would hide it.
+    A backend that lacks ``get_actor_max_pending`` altogether is a protocol
+    mismatch, not a hiccup: that fails loudly, since enforcing the code literals
+    forever in silence would hide it.
     """
 
     def __init__(self, backend: Backend, ttl: float) -> None:
         self._backend = backend
-        self._ttl = ttl
-        self._limits: dict[str, int | None] = {}
-        self._read_at: float | None = None
-
-    def cached(self) -> Mapping[str, int | None] | None:
-        """The limits if read less than ``ttl`` ago, else None (await :meth:`limits`)."""
-        if self._read_at is not None and time.monotonic() - self._read_at < self._ttl:
-            return self._limits
-        return None
+        self._known = MaxPendingLimits(ttl)
+        self.cached = self._known.cached
 
     async def limits(self) -> Mapping[str, int | None]:
-        now = time.monotonic()
-        if self._read_at is not None and now - self._read_at < self._ttl:
-            return self._limits
+        limits = self._known.cached()
+        if limits is not None:
+            return limits
         if not callable(getattr(self._backend, "get_actor_max_pending", None)):
             raise TypeError(
                 f"{type(self._backend).__qualname__} lacks get_actor_max_pending (backend "
                 f"protocol v3); upgrade the backend so max_pending is enforced fleet-wide"
             )
         try:
-            self._limits = dict(await self._backend.get_actor_max_pending())
-        except Exception as exc:  # noqa: BLE001 - fail open, loudly
-            _log.warning("taskq.max-pending-read-failed", error=repr(exc))
-        self._read_at = now
-        return self._limits
+            read: Mapping[str, int | None] | Exception = await self._backend.get_actor_max_pending()
+        except Exception as exc:  # noqa: BLE001 - fails open, logged by update()
+            read = exc
+        return self._known.update(read)
 
 
 class JobsClient:

@@ -10,7 +10,6 @@ validation and ``max_pending`` check of ``JobsClient`` (``taskq.args_builder``).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -23,7 +22,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.datetime import TimestamptzLoader
 
 from taskq.actor import Actor, actors_by_name
-from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, check_capacity
+from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, MaxPendingLimits, check_capacity
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
 from taskq_postgres._enqueue import (
@@ -54,6 +53,8 @@ class SyncJobsClient:
     whose transaction the jobs join (a savepoint where one is open; left open for
     the caller to commit). ``actors`` are the application's, which payloads are
     validated against (``TaskQ.actors.values()``); ``schema`` the TaskQ schema.
+    ``poll_only`` sends no NOTIFY (as ``PostgresBackend(poll_only=True)``: for workers
+    that poll, or to keep NOTIFY's commit lock off a heavy insert load).
     One client may be shared by threads: its calls take turns.
     """
 
@@ -64,14 +65,13 @@ class SyncJobsClient:
         actors: Iterable[Actor[..., Any]],
         schema: str = "taskq",
         max_pending_cache_ttl: float = 5.0,
+        poll_only: bool = False,
     ) -> None:
         self.schema = validate_schema_name(schema)
         self._build = ArgsBuilder(actors_by_name(actors))
         self._sql = statements_for(self.schema)
-        self._channel = wake_channel(self.schema)
-        self._ttl = max_pending_cache_ttl
-        self._limits: dict[str, int | None] = {}
-        self._limits_read_at: float | None = None
+        self._channel = None if poll_only else wake_channel(self.schema)
+        self._limits = MaxPendingLimits(max_pending_cache_ttl)
         self._lock = threading.Lock()
         self._dsn = target if isinstance(target, str) else None
         self._conn = target if isinstance(target, psycopg.Connection) else self._connect()
@@ -146,13 +146,20 @@ class SyncJobsClient:
         check_capacity(counts, bounded, waiting)
 
     def _max_pending(self, cur: _Cursor) -> Mapping[str, int | None]:
-        """The fleet-wide ``max_pending`` limits workers registered, re-read every ``ttl``."""
-        now = time.monotonic()
-        if self._limits_read_at is None or now - self._limits_read_at >= self._ttl:
-            cur.execute(self._sql.get_actor_max_pending)
-            self._limits = {r["actor"]: r["max_pending"] for r in cur.fetchall()}
-            self._limits_read_at = now
-        return self._limits
+        """The fleet-wide ``max_pending`` limits (``MaxPendingLimits``: a failed read fails open)."""
+        limits = self._limits.cached()
+        if limits is not None:
+            return limits
+        try:
+            # In a savepoint on a caller's open transaction: a failed read leaves it usable.
+            with self._conn.transaction():
+                cur.execute(self._sql.get_actor_max_pending)
+                read: Mapping[str, int | None] | Exception = {
+                    r["actor"]: r["max_pending"] for r in cur.fetchall()
+                }
+        except psycopg.Error as exc:
+            read = exc
+        return self._limits.update(read)
 
     def _connect(self) -> psycopg.Connection[Any]:
         assert self._dsn is not None

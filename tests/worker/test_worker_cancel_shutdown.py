@@ -155,6 +155,27 @@ async def test_a_second_sigterm_skips_the_drain_wait(tq: TaskQ, pg_schema: PgSch
     assert row is not None and row.status is JobStatus.PENDING
 
 
+async def test_a_drain_longer_than_the_stale_tick_budget_ends_cleanly(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    # The producer stops at the signal; the drain then waits ~2.5 s for the job, past
+    # the 1 s budget a loop may go without ticking. A stopped loop is not a stuck one.
+    job = await tq.client.enqueue(basic.nap, {"seconds": 3})
+    with worker(
+        pg_schema,
+        TASKQ_DRAIN_GRACE_PERIOD="10s",
+        TASKQ_WATCHDOG_STALE_FLOOR="1s",
+        TASKQ_WATCHDOG_CHECK_INTERVAL="100ms",
+        TASKQ_DISPATCHER_COMMAND_TIMEOUT="500ms",
+    ) as proc:
+        await _until_status(tq, job.id, JobStatus.RUNNING)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr[-2000:]
+    row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+
+
 async def test_a_blocked_event_loop_trips_the_loop_lag_watchdog(
     tq: TaskQ, pg_schema: PgSchema
 ) -> None:

@@ -108,3 +108,6 @@ async def producer_loop(state: WorkerState) -> None:
             # a drain, where no enqueue sends one. The next turn finds out.
             if not jobs:
                 await _wait(wake, state.stopping, poll)
+    # Stopped on purpose: the shutdown that follows may outlast this loop's stale-tick
+    # budget, and detector 2 must not take a loop that ended for a stuck one.
+    state.liveness.forget("producer")

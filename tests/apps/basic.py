@@ -144,7 +144,7 @@ async def blocker(payload: Sleep) -> None:
     """Blocks the event loop (what the loop-lag watchdog exists for)."""
     import time
 
-    time.sleep(payload.seconds)  # noqa: ASYNC251 - blocking the loop is this actor's purpose  # noqa: ASYNC251 - blocking the loop is this actor's purpose
+    time.sleep(payload.seconds)  # noqa: ASYNC251 - blocking the loop is this actor's purpose
 
 
 tq = TaskQ(

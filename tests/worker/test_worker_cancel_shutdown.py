@@ -19,7 +19,7 @@ import pytest
 from taskq import JobStatus, TaskQ, WorkerSettings
 from taskq.settings import SettingsError
 from taskq_testing.postgres import PgSchema
-from tests.apps import basic
+from tests.apps import basic, hung_teardown
 
 pytestmark = pytest.mark.postgres
 
@@ -38,10 +38,12 @@ FAST = {
 
 
 @contextmanager
-def worker(pg: PgSchema, *args: str, **env: str) -> Iterator[subprocess.Popen[str]]:
+def worker(
+    pg: PgSchema, *args: str, app: str = "tests.apps.basic:tq", **env: str
+) -> Iterator[subprocess.Popen[str]]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
     proc = subprocess.Popen(
-        [str(BIN / "taskq-worker"), "tests.apps.basic:tq", *args],
+        [str(BIN / "taskq-worker"), app, *args],
         cwd=REPO,
         env={**base, **FAST, "TASKQ_DSN": pg.dsn, "TASKQ_SCHEMA": pg.name, **env},
         stdout=subprocess.DEVNULL,
@@ -135,6 +137,41 @@ async def test_sigterm_hands_running_and_unstarted_jobs_back(
     assert max(ended.values()) >= 5
 
 
+async def test_a_shutdown_forces_a_users_cancel_as_the_protocol_does(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    # The cancels are seen (phase 1) but their grace is long: the shutdown, hurried by a
+    # second signal, is what forces them. Phase 2 is stored before each task is
+    # cancelled, and a task that ignores it is marked abandoned, not left running.
+    stubborn = await tq.client.enqueue(basic.stubborn, {"seconds": 60})
+    swallower = await tq.client.enqueue(basic.swallower, {"seconds": 60})
+    with worker(
+        pg_schema,
+        "--concurrency",
+        "2",
+        TASKQ_CANCELLATION_GRACE_PERIOD="60s",
+        TASKQ_TERMINATION_GRACE_PERIOD="30s",
+    ) as proc:
+        for job in (stubborn, swallower):
+            await _until_status(tq, job.id, JobStatus.RUNNING)
+        await asyncio.sleep(0.3)
+        for job in (stubborn, swallower):
+            assert await tq.client.cancel(job.id, reason="test")
+        await asyncio.sleep(0.5)  # a heartbeat or a cancel wake: both observed
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    forced = await tq.client.get(stubborn.id)
+    assert forced is not None and forced.status is JobStatus.CANCELLED
+    assert forced.cancel_phase == 2
+    abandoned = await tq.client.get(swallower.id)
+    assert abandoned is not None and abandoned.status is JobStatus.ABANDONED
+    for job in (stubborn, swallower):
+        kinds = [k for k, _ in await _events(tq, job.id)]
+        assert "cancel_escalated" in kinds, kinds
+
+
 async def test_a_second_sigterm_skips_the_drain_wait(tq: TaskQ, pg_schema: PgSchema) -> None:
     job = await tq.client.enqueue(basic.stubborn, {"seconds": 60})
     with worker(
@@ -207,6 +244,24 @@ async def test_a_shutdown_that_overruns_trips_the_shutdown_watchdog(
     # the back half of the budget logged what the shutdown was waiting for
     stragglers = [ln for ln in stderr.splitlines() if "task-stack [shutdown-straggler]" in ln]
     assert any("taskq-job-stubborn" in line for line in stragglers)
+
+
+async def test_a_teardown_that_hangs_trips_the_shutdown_watchdog(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    producer = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=hung_teardown.tq.actors.values())
+    async with producer:
+        job = await producer.client.enqueue(hung_teardown.uses_client, {})
+    with worker(
+        pg_schema, app="tests.apps.hung_teardown:tq", TASKQ_TERMINATION_GRACE_PERIOD="2s"
+    ) as proc:
+        await _until_status(tq, job.id, JobStatus.SUCCEEDED)  # the provider is open
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert '"detector": "shutdown-deadline"' in stderr
+    assert time.monotonic() - started < 10
 
 
 async def test_sigusr2_dumps_task_stacks_and_the_worker_keeps_running(

@@ -113,8 +113,13 @@ class Worker:
         for queue in self.app.queues:
             await backend.configure_queue(queue)
 
-    async def run(self) -> None:
-        """Work until :meth:`stop` (or idleness with ``until_idle``)."""
+    async def run(self, *, disarm_when_done: bool = True) -> None:
+        """Work until :meth:`stop` (or idleness with ``until_idle``).
+
+        A stop arms the shutdown watchdog (``termination_grace_period``), which stays
+        armed through the teardown here (DI scopes run user code) and, with
+        ``disarm_when_done=False``, until :meth:`shutdown_done`: the CLI keeps it armed
+        while the application closes the backend, so no step of a stop can hang."""
         await self._prepare()
         settings = self.settings
         executor = ThreadPoolExecutor(
@@ -221,7 +226,6 @@ class Worker:
         finally:
             if lag_watchdog is not None:
                 lag_watchdog.stop()
-            self._shutdown_watchdog.disarm()
             if self.health is not None:
                 await self.health.close()
             if state.completer is not None:
@@ -233,6 +237,12 @@ class Worker:
             _log.info(
                 "taskq.worker-stopped", worker_id=str(self.worker_id), processed=state.processed
             )
+            if disarm_when_done:
+                self.shutdown_done()
+
+    def shutdown_done(self) -> None:
+        """The whole stop finished: disarm the shutdown watchdog."""
+        self._shutdown_watchdog.disarm()
 
     async def _reload_loop(self) -> None:
         """Event-driven: one reload per burst of requests (a request arriving during a

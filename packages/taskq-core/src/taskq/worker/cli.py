@@ -104,11 +104,13 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
                 f"--migrate: {type(app.backend).__qualname__} has no migrations to apply"
             )
         await app.backend.migrate()
+    worker = Worker(app, settings)
     async with app:
-        worker = Worker(app, settings)
         _install_signal_handlers(worker)
-        await worker.run()
+        await worker.run(disarm_when_done=False)
         lingering = worker.lingering_tasks()
+    # Closing the backend is part of the stop that termination_grace_period bounds.
+    worker.shutdown_done()
     if lingering:
         # Tasks that swallowed cancellation would block the interpreter's exit
         # forever; their jobs were handed back, so leave now.

@@ -7,8 +7,11 @@ the consumers can see where the shutdown is.
   statement; running jobs get ``drain_grace_period`` to finish on their own.
 * CANCELLING — each running job's ``cancel_event`` is set (cooperative stop)
   for ``cancellation_grace_period``.
-* FORCING — the remaining tasks are cancelled; ``cleanup_grace_period`` to unwind.
-* ABANDONING — tasks that still run are left behind.
+* FORCING — the remaining tasks are cancelled (a job a user asked to cancel has
+  phase 2 stored first, as the cancellation protocol does); ``cleanup_grace_period``
+  to unwind.
+* ABANDONING — tasks that still run are left behind: an interrupted job is handed
+  back, a user-cancelled one marked ``abandoned``.
 
 A job interrupted by a shutdown is not the user's cancellation: it is
 handed back for another attempt (outcome ``interrupted``, retry budget
@@ -106,6 +109,22 @@ async def _hand_back_unstarted(state: WorkerState) -> int:
     return released
 
 
+async def _escalate_user_cancel(state: WorkerState, active: ActiveJob) -> None:
+    """Store phase 2 of a user's cancel before its task is cancelled, as the heartbeat's
+    cancel controller does: the audit trail shows the force, and a task that ignores it
+    can then be marked abandoned (ABANDONING)."""
+    try:
+        escalated = await state.backend.write_cancel_escalation(
+            active.row.id, state.worker_id, 2, attempt=active.row.attempt
+        )
+    except transient_errors() as exc:
+        _log.warning("taskq.cancel-escalation-failed", job_id=str(active.row.id), error=repr(exc))
+        return
+    if escalated:
+        active.cancel_phase = CancelPhase.FORCED
+        _log.warning("taskq.cancel-forced", job_id=str(active.row.id))
+
+
 async def orchestrate_shutdown(state: WorkerState, escalate: asyncio.Event) -> None:
     """Run the four phases over the jobs this worker holds; returns when all is settled."""
     settings = state.settings
@@ -125,8 +144,10 @@ async def orchestrate_shutdown(state: WorkerState, escalate: asyncio.Event) -> N
     await _wait_running(state, settings.cancellation_grace_period.total_seconds(), escalate)
 
     _enter(state, ShutdownPhase.FORCING)
-    for active in state.active.values():
+    for active in list(state.active.values()):
         if active.task is not None and not active.task.done():
+            if active.cancel_requested and active.cancel_phase is CancelPhase.COOPERATIVE:
+                await _escalate_user_cancel(state, active)
             active.task.cancel()
     await _wait_running(state, settings.cleanup_grace_period.total_seconds(), None)
 

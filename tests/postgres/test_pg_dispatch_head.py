@@ -197,18 +197,32 @@ def _expected(case: Case) -> tuple[list[UUID], bool]:
                 kept.append(job)
         return kept
 
+    queue_running = Counter(j.queue for j in running)
+    queue_residual = {q: max(cap - queue_running[q], 0) for q, cap in case.queue_caps.items()}
+
     def admit(candidates: list[Job]) -> list[Job]:
         seen: set[tuple[str, str]] = set()
         ranks: Counter[str] = Counter()
-        admitted = []
+        per_actor = []
         for job in candidates:
             if job.identity_key is not None:
                 identity = (job.actor, job.identity_key)
                 if identity in running_identities or identity in seen:
                     continue
                 seen.add(identity)
+            if queue_residual.get(job.queue) == 0:
+                continue  # a full queue's jobs take no actor's places
             ranks[job.actor] += 1
             if ranks[job.actor] <= residual[job.actor]:
+                per_actor.append(job)
+        queue_ranks: Counter[str] = Counter()
+        admitted = []
+        for job in per_actor:
+            queue_ranks[job.queue] += 1
+            if (
+                job.queue not in queue_residual
+                or queue_ranks[job.queue] <= queue_residual[job.queue]
+            ):
                 admitted.append(job)
         return admitted
 
@@ -229,8 +243,7 @@ def _expected(case: Case) -> tuple[list[UUID], bool]:
         cap = case.actor_caps.get(job.actor)
         if cap is None or actor_ranks[job.actor] <= cap - in_flight[job.actor]:
             capped.append(job)
-    queue_running = Counter(j.queue for j in running)
-    queue_ranks: Counter[str] = Counter()
+    queue_ranks = Counter[str]()
     batch = []
     for job in capped:
         queue_ranks[job.queue] += 1

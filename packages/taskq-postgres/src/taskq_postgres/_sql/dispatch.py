@@ -26,11 +26,12 @@ per-actor branches do not run::
     head_suffices       strict FIFO: the head gives limit_n jobs, or holds every due job
     candidates          CROSS JOIN LATERAL per (queue, actor), LIMIT residual * oversample
                         (strict FIFO: only when the head does not suffice)
+    queue_capacity      residual of each capped queue (queues.max_concurrent)
     admitted            identity dedup: DISTINCT ON (actor, identity_key) UNION ALL jobs
-                        without identity; then pending_rank per actor <= residual
+                        without identity; then pending_rank per actor <= residual; then
+                        the rank within a capped queue <= its residual
     locked              FOR UPDATE SKIP LOCKED, LIMIT limit_n
     eligible_candidates in_flight < max_concurrent gate; actor_rank
-    queue_capacity      residual of each capped queue (queues.max_concurrent)
     eligible            actor_rank <= max_concurrent - in_flight; queue caps; LIMIT limit_n
     dispatched          UPDATE … WHERE status = 'pending' (the race guard) RETURNING
     events              one state_change event per dispatched job
@@ -211,7 +212,13 @@ candidates AS (
 
 # What the candidates of <SOURCE> admit: identity dedup (one job per (actor,
 # identity_key), none whose identity is running), then at most residual jobs
-# per actor, by pending_rank.
+# per actor, by pending_rank, among the jobs of queues with room, then at most
+# the residual of each capped queue. Queue caps apply before the lock's LIMIT
+# and before the actors' ranks: a full queue's jobs taking the batch's (or an
+# actor's) places would leave the call's other queues with none, dispatch after
+# dispatch. A job dropped by its queue's cap may still have taken its actor's
+# place from a job of another queue: that batch is short, never over a cap, and
+# the next dispatch sees the new running counts.
 _ADMIT: Final = """
 <NAME>_dedup AS (
     (
@@ -227,14 +234,31 @@ _ADMIT: Final = """
     UNION ALL
     SELECT c.* FROM <SOURCE> c WHERE c.identity_key IS NULL
 ),
-<NAME> AS (
+<NAME>_per_actor AS (
     SELECT r.*
     FROM (
         SELECT d.*, ROW_NUMBER() OVER (PARTITION BY d.actor ORDER BY <ORDER:d>) AS pending_rank
         FROM <NAME>_dedup d
+        WHERE NOT EXISTS (
+            SELECT 1 FROM queue_capacity qc WHERE qc.queue = d.queue AND qc.residual = 0
+        )
     ) r
     JOIN per_actor_capacity pac ON pac.actor = r.actor
     WHERE r.pending_rank <= pac.residual
+),
+<NAME> AS (
+    SELECT r.* FROM <NAME>_per_actor r
+    WHERE (SELECT cardinality(p.capped_queues) = 0 FROM params p)
+    UNION ALL
+    SELECT r.id, r.actor, r.queue, r.priority, r.scheduled_at, r.identity_key,
+           r.fairness_rank, r.pending_rank
+    FROM (
+        SELECT a.*, ROW_NUMBER() OVER (PARTITION BY a.queue ORDER BY <ORDER:a>) AS queue_rank
+        FROM <NAME>_per_actor a
+        WHERE (SELECT cardinality(p.capped_queues) > 0 FROM params p)
+    ) r
+    LEFT JOIN queue_capacity qc ON qc.queue = r.queue
+    WHERE qc.queue IS NULL OR r.queue_rank <= qc.residual
 ),"""
 
 _DISPATCH_TEMPLATE: Final = """
@@ -278,6 +302,12 @@ per_actor_capacity AS (
     CROSS JOIN params p
     LEFT JOIN {schema}.actor_config ac ON ac.actor = a.actor
     LEFT JOIN running_per_actor r ON r.actor = a.actor
+),
+queue_capacity AS (
+    SELECT qc.queue,
+           greatest(qc.cap - (SELECT count(*) FROM {schema}.jobs j
+                              WHERE j.status = 'running' AND j.queue = qc.queue), 0) AS residual
+    FROM params p CROSS JOIN unnest(p.capped_queues, p.queue_caps) AS qc (queue, cap)
 ),<CANDIDATES>
 -- The candidates are put in order before the join with jobs, so the nested loop
 -- stops locking once it has limit_n rows instead of joining every candidate first.
@@ -297,12 +327,6 @@ eligible_candidates AS (
     LEFT JOIN {schema}.actor_config ac ON ac.actor = l.actor
     LEFT JOIN running_per_actor r ON r.actor = l.actor
     WHERE ac.max_concurrent IS NULL OR coalesce(r.in_flight, 0) < ac.max_concurrent
-),
-queue_capacity AS (
-    SELECT qc.queue,
-           greatest(qc.cap - (SELECT count(*) FROM {schema}.jobs j
-                              WHERE j.status = 'running' AND j.queue = qc.queue), 0) AS residual
-    FROM params p CROSS JOIN unnest(p.capped_queues, p.queue_caps) AS qc (queue, cap)
 ),
 eligible AS (
     (
@@ -392,7 +416,7 @@ _ROUND_ROBIN_PARAMS: Final = """
 def _ordered(sql: str, order: str) -> str:
     """``sql`` with ``<WRITE>``, ``<JOB_COLUMNS>`` and every ``<ORDER:alias>`` filled in."""
     sql = sql.replace("<WRITE>", _WRITE).replace("<JOB_COLUMNS>", job_columns("j"))
-    for alias in "cdhrle":
+    for alias in "acdhrle":
         sql = sql.replace(f"<ORDER:{alias}>", order.replace("{a}", alias))
     return sql
 

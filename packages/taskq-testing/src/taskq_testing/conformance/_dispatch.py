@@ -9,7 +9,7 @@ from uuid import UUID, uuid4
 import pytest
 
 from taskq.backend import Backend, JobStatus, SupportsHeldJobs
-from taskq.models import ActorConfig, JobRow, QueueConfig
+from taskq.models import ActorConfig, JobRow, QueueConfig, QueueMode
 from taskq_testing.conformance._support import (
     ACTOR,
     ERROR,
@@ -260,6 +260,24 @@ class DispatchTests:
         assert await backend.mark_succeeded(done.id, worker, None)
         refill = await backend.dispatch_batch(worker, ["default"], 20, LONG_LEASE)
         assert [row.actor for row in refill] == [ACTOR]
+
+    @pytest.mark.parametrize("mode", ["strict_fifo", "round_robin"])
+    @covers("dispatch_batch", "configure_queue")
+    async def test_a_full_capped_queue_does_not_hold_back_the_others(
+        self, backend: Backend, mode: QueueMode
+    ) -> None:
+        await backend.configure_queue(QueueConfig(queue="capped", mode=mode, max_concurrent=2))
+        # The capped queue's waiting jobs come first in the order (priority).
+        for _ in range(5):
+            await backend.enqueue(make_args(queue="capped", priority=10))
+        other = {(await backend.enqueue(make_args(queue="other"))).id for _ in range(3)}
+        worker, queues = uuid4(), ["capped", "other"]
+        assert len(await backend.dispatch_batch(worker, ["capped"], 5, LONG_LEASE)) == 2
+        # "capped" is full: the places go to the other queue's jobs.
+        second = await backend.dispatch_batch(worker, queues, 2, LONG_LEASE)
+        third = await backend.dispatch_batch(worker, queues, 2, LONG_LEASE)
+        assert (len(second), len(third)) == (2, 1)
+        assert {row.id for row in [*second, *third]} == other
 
     @covers("dispatch_batch", "register_actors")
     async def test_raising_max_concurrent_releases_more_jobs(self, backend: Backend) -> None:

@@ -37,6 +37,11 @@ class RunningLoad:
                 load.add(job)
         return load
 
+    def actor_full(self, actor: str, caps: Mapping[str, int | None]) -> bool:
+        """Whether ``actor`` runs as many jobs as its cap allows."""
+        cap = caps.get(actor)
+        return cap is not None and self.per_actor[actor] >= cap
+
     def add(self, job: JobRow) -> None:
         self.per_actor[job.actor] += 1
         self.per_queue[job.queue] += 1
@@ -89,8 +94,7 @@ def take_jobs(
     for job in ordered:
         if len(taken) >= limit:
             break
-        actor_cap = actor_caps.get(job.actor)
-        if actor_cap is not None and load.per_actor[job.actor] >= actor_cap:
+        if load.actor_full(job.actor, actor_caps):
             continue
         queue_cap = queue_caps.get(job.queue)
         if queue_cap is not None and load.per_queue[job.queue] >= queue_cap:

@@ -202,11 +202,18 @@ class InMemoryBackend:
         round_robin = {
             q for q in wanted if q in self._queues and self._queues[q].mode == "round_robin"
         }
+        load = RunningLoad.of(self._jobs.values())
+        actor_caps = {name: cfg.max_concurrent for name, cfg in self._actors.items()}
+        # As the Postgres CTE samples only actors with room: the jobs of an actor at its
+        # cap take no place in the fairness ranks.
+        ranked = dispatch_order(
+            (row for row in due if not load.actor_full(row.actor, actor_caps)), round_robin
+        )
         chosen = take_jobs(
-            dispatch_order(due, round_robin),
+            ranked,
             limit,
-            RunningLoad.of(self._jobs.values()),
-            actor_caps={name: cfg.max_concurrent for name, cfg in self._actors.items()},
+            load,
+            actor_caps=actor_caps,
             queue_caps={name: cfg.max_concurrent for name, cfg in self._queues.items()},
         )
         return [

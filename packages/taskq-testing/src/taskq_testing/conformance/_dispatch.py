@@ -218,6 +218,27 @@ class DispatchTests:
         dispatched = await backend.dispatch_batch(uuid4(), ["rr"], 2, LONG_LEASE)
         assert [row.id for row in dispatched] == [rows[0].id, rows[4].id]
 
+    @covers("dispatch_batch", "configure_queue", "register_actors")
+    async def test_round_robin_ranks_only_the_jobs_of_actors_with_room(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+        await backend.register_actors([ActorConfig(actor=ACTOR, max_concurrent=1)])
+        worker = uuid4()
+        await _enqueue_spread(backend, advance_time, {"queue": "rr", "fairness_key": "t1"})
+        assert len(await backend.dispatch_batch(worker, ["rr"], 1, LONG_LEASE)) == 1
+        # ACTOR is at its cap: its waiting jobs must not push cohort t1's other job
+        # behind cohort t2's in the ranking.
+        *_, first_free, _ = await _enqueue_spread(
+            backend,
+            advance_time,
+            *({"queue": "rr", "fairness_key": "t1"} for _ in range(3)),
+            {"queue": "rr", "fairness_key": "t1", "actor": "conformance.free"},
+            {"queue": "rr", "fairness_key": "t2", "actor": "conformance.free"},
+        )
+        [taken] = await backend.dispatch_batch(worker, ["rr"], 1, LONG_LEASE)
+        assert taken.id == first_free.id
+
     @covers("dispatch_batch", "configure_queue")
     async def test_queues_are_strict_fifo_unless_configured(
         self, backend: Backend, advance_time: AdvanceTime

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import time, timedelta
 from typing import Annotated, Any, Self
 
 from pydantic import (
@@ -114,10 +114,16 @@ class WorkerSettings(BaseModel):
     stale_worker_after: Duration = timedelta(minutes=5)
     """Leader only: a worker row unseen for this long is deleted (the worker died
     without deregistering); must stay well above ``heartbeat_interval``."""
+    prune_at: time = time(3, 0)
+    """Leader only: the UTC time of day Sweep 5 (terminal jobs -> archive) runs at, then
+    every ``prune_interval`` (``03:00``: off-peak, not at each deploy or failover)."""
     prune_interval: Duration = timedelta(days=1)
-    """Leader only: cadence of Sweep 5 (terminal jobs -> archive)."""
+    """Leader only: cadence of Sweep 5 from ``prune_at``."""
+    archive_expiry_at: time = time(4, 0)
+    """Leader only: the UTC time of day Sweep 6 (archived jobs past expire_at are deleted)
+    runs at, then every ``archive_expiry_interval``; an hour after the prune by default."""
     archive_expiry_interval: Duration = timedelta(days=1)
-    """Leader only: cadence of Sweep 6 (archived jobs past expire_at are deleted)."""
+    """Leader only: cadence of Sweep 6 from ``archive_expiry_at``."""
     prune_retention_succeeded: Duration = timedelta(days=7)
     prune_retention_failed: Duration = timedelta(days=30)
     prune_retention_cancelled: Duration = timedelta(days=7)
@@ -206,6 +212,14 @@ class WorkerSettings(BaseModel):
         if value is not None and value <= timedelta(0):
             raise ValueError("must be greater than 0")
         return value
+
+    @field_validator("prune_at", "archive_expiry_at")
+    @classmethod
+    def _utc_time_of_day(cls, value: time) -> time:
+        offset = value.utcoffset()
+        if offset is not None and offset != timedelta(0):
+            raise ValueError("give the time of day in UTC, without an offset (e.g. 03:00)")
+        return value.replace(tzinfo=None)
 
     @field_validator("completion_window")
     @classmethod

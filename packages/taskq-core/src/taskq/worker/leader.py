@@ -17,7 +17,10 @@ renew them before the sweep may judge them dead.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, time, timedelta
+from typing import NamedTuple
 
 import structlog
 
@@ -30,6 +33,7 @@ from taskq.backend._protocol import (
     SupportsResultExpiry,
     SupportsStaleBatchSweep,
 )
+from taskq.backend.clock import SystemClock
 from taskq.worker._state import WorkerState
 from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
 from taskq.worker.maintenance import (
@@ -48,6 +52,29 @@ __all__ = ["MaintenanceLeader"]
 _log = structlog.get_logger("taskq.leader")
 
 Work = Callable[[], Awaitable[dict[str, int]]]
+
+
+class _Loop(NamedTuple):
+    """One leader loop: ``work`` every ``period`` seconds, or, given ``at`` (a UTC time of
+    day), at ``at`` and every ``period`` from there."""
+
+    name: str
+    period: float
+    work: Work
+    at: time | None = None
+
+
+def _next_slot(
+    now: datetime, at: time, period: timedelta, after: datetime | None = None
+) -> datetime:
+    """The first instant from ``now`` of the form ``at`` (UTC) plus a whole number of
+    ``period``s (``at`` 03:00 and a day: 03:00 every day), later than ``after`` (the
+    slot last run: a sleep that ends a little early must not run it twice)."""
+    anchor = datetime.combine(now.date(), at, tzinfo=UTC)
+    slot = anchor + math.ceil((now - anchor) / period) * period
+    while after is not None and slot <= after:
+        slot += period
+    return slot
 
 
 class _Solo:
@@ -75,18 +102,18 @@ class MaintenanceLeader:
         """Set while this worker leads."""
         self._elected_at = 0.0
         self._confirm_lock = asyncio.Lock()
-        self._loops: list[tuple[str, float, Work]] = []
+        self._loops: list[_Loop] = []
 
     async def run(self) -> None:
         """Elect and lead until cancelled; steps down (releases the lease) on exit."""
         settings, backend = self.state.settings, self.state.backend
         self._loops = [
-            ("leader-sweep", settings.maintenance_interval.total_seconds(), self._sweep),
+            _Loop("leader-sweep", settings.maintenance_interval.total_seconds(), self._sweep),
         ]
         if isinstance(backend, SupportsCron):
             cron_backend = backend
             self._loops.append(
-                (
+                _Loop(
                     "leader-cron",
                     settings.cron_interval.total_seconds(),
                     lambda: cron_once(self.state, cron_backend),
@@ -95,7 +122,7 @@ class MaintenanceLeader:
         if isinstance(backend, SupportsResultExpiry):
             expiry_backend = backend
             self._loops.append(
-                (
+                _Loop(
                     "leader-result-expiry",
                     settings.result_expiry_interval.total_seconds(),
                     lambda: expire_results_once(expiry_backend),
@@ -104,7 +131,7 @@ class MaintenanceLeader:
         if isinstance(backend, SupportsStaleBatchSweep):
             batch_backend = backend
             self._loops.append(
-                (
+                _Loop(
                     "leader-stale-batches",
                     settings.stale_batch_interval.total_seconds(),
                     lambda: stale_batches_once(batch_backend),
@@ -113,12 +140,12 @@ class MaintenanceLeader:
         if isinstance(backend, SupportsFleetStats):
             stats_backend = backend
             self._loops += [
-                (
+                _Loop(
                     "leader-queue-depth",
                     settings.queue_depth_interval.total_seconds(),
                     lambda: queue_depth_once(stats_backend),
                 ),
-                (
+                _Loop(
                     "leader-stranded-jobs",
                     settings.stranded_check_interval.total_seconds(),
                     lambda: stranded_jobs_once(stats_backend),
@@ -127,22 +154,24 @@ class MaintenanceLeader:
         if isinstance(backend, SupportsPrune):
             prune_backend = backend
             self._loops += [
-                (
+                _Loop(
                     "leader-prune",
                     settings.prune_interval.total_seconds(),
                     lambda: prune_once(self.state, prune_backend),
+                    settings.prune_at,
                 ),
-                (
+                _Loop(
                     "leader-archive-expiry",
                     settings.archive_expiry_interval.total_seconds(),
                     lambda: archive_expiry_once(self.state, prune_backend),
+                    settings.archive_expiry_at,
                 ),
             ]
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._election_loop(), name="taskq-leader-election")
-                for name, period, work in self._loops:
-                    group.create_task(self._gated(name, period, work), name=f"taskq-{name}")
+                for loop in self._loops:
+                    group.create_task(self._gated(loop), name=f"taskq-{loop.name}")
         finally:
             # Shielded: a cancelled worker still hands leadership over at once.
             await asyncio.shield(self._step_down())
@@ -168,8 +197,8 @@ class MaintenanceLeader:
             _log.info("taskq.leader-elected", worker_id=wid)
             return
         self.is_leader.clear()
-        for name, _, _ in self._loops:
-            self.state.liveness.forget(name)
+        for loop in self._loops:
+            self.state.liveness.forget(loop.name)
         _log.warning("taskq.leader-lost", worker_id=wid)
 
     async def _step_down(self) -> None:
@@ -197,11 +226,19 @@ class MaintenanceLeader:
             self.state.liveness.tick("leader-election", period)
             await asyncio.sleep(period)
 
-    async def _gated(self, name: str, period: float, work: Work) -> None:
+    async def _gated(self, loop: _Loop) -> None:
+        name, period, work = loop.name, loop.period, loop.work
         guard = UnexpectedLoopErrorGuard(name)
         transient = transient_errors()
+        last_slot: datetime | None = None
         while True:
             await self.is_leader.wait()
+            if loop.at is not None:
+                # Wall time: when to start, not a comparison against rows (those stay
+                # in the backend's statements).
+                now = SystemClock().now()
+                last_slot = _next_slot(now, loop.at, timedelta(seconds=period), last_slot)
+                await asyncio.sleep((last_slot - now).total_seconds())
             try:
                 moved = await work() if await self.confirm() else {}
             except transient as exc:
@@ -214,7 +251,8 @@ class MaintenanceLeader:
                     _log.info("taskq.leader-swept", loop=name, **moved)
             if self.is_leader.is_set():
                 self.state.liveness.tick(name, period)
-            await asyncio.sleep(period)
+            if loop.at is None:
+                await asyncio.sleep(period)
 
     async def _sweep(self) -> dict[str, int]:
         grace = self.state.settings.reclaim_grace.total_seconds()

@@ -1,0 +1,82 @@
+"""When the leader's daily sweeps run: at their UTC time of day (and every period from
+there), not whenever a worker happens to be elected."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, time, timedelta
+from typing import Any
+
+import pytest
+
+from taskq import JobStatus, TaskQ, WorkerSettings, actor
+from taskq.backend import SystemClock
+from taskq.settings import SettingsError
+from taskq.worker import Worker
+from taskq.worker.leader import _next_slot
+from taskq_testing import TEST_SETTINGS, run_until_idle
+
+DAY = timedelta(days=1)
+
+
+def _at(hh: int, mm: int = 0, ss: float = 0.0, day: int = 4) -> datetime:
+    return datetime(2026, 12, day, hh, mm, tzinfo=UTC) + timedelta(seconds=ss)
+
+
+@pytest.mark.parametrize(
+    ("now", "at", "period", "after", "expected"),
+    [
+        (_at(2), time(3), DAY, None, _at(3)),  # later today
+        (_at(3), time(3), DAY, None, _at(3)),  # now is the slot
+        (_at(3, ss=1), time(3), DAY, None, _at(3, day=5)),  # just missed: tomorrow
+        (_at(22), time(3), timedelta(hours=6), None, _at(3, day=5)),  # 03, 09, 15, 21
+        (_at(10), time(3), timedelta(hours=6), None, _at(15)),
+        (_at(1), time(3), timedelta(hours=6), None, _at(3)),
+        # A sleep that woke a little early does not run the same slot twice.
+        (_at(2, 59, 59.999), time(3), DAY, _at(3), _at(3, day=5)),
+        (_at(12, ss=0.1), time(0), timedelta(milliseconds=250), None, _at(12, ss=0.25)),
+    ],
+)
+def test_the_next_slot(
+    now: datetime, at: time, period: timedelta, after: datetime | None, expected: datetime
+) -> None:
+    assert _next_slot(now, at, period, after) == expected
+
+
+def test_the_time_of_day_is_utc() -> None:
+    settings = WorkerSettings.load({}, env={"TASKQ_PRUNE_AT": "02:30"})
+    assert (settings.prune_at, settings.archive_expiry_at) == (time(2, 30), time(4))
+    assert WorkerSettings.load({}, env={}).prune_at == time(3)
+    with pytest.raises(SettingsError, match="TASKQ_ARCHIVE_EXPIRY_AT.*in UTC"):
+        WorkerSettings.load({}, env={"TASKQ_ARCHIVE_EXPIRY_AT": "04:00+02:00"})
+
+
+@actor(name="schedule.done")
+async def done(payload: dict[str, Any]) -> None:
+    return None
+
+
+async def test_the_prune_waits_for_its_time_of_day() -> None:
+    tq = TaskQ("memory://", actors=[done])
+    async with tq:
+        job = await tq.client.enqueue(done, {})
+        await run_until_idle(tq)
+        slot = SystemClock().now() + timedelta(seconds=1.5)
+        settings = {
+            **TEST_SETTINGS,
+            "prune_at": slot.time().isoformat(),
+            "prune_retention_succeeded": "1ms",
+        }
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        runner = asyncio.create_task(worker.run())
+        try:
+            await asyncio.sleep(0.7)  # elected long since: an interval loop had pruned
+            row = await tq.client.get(job.id)
+            assert row is not None and row.status is JobStatus.SUCCEEDED
+            async with asyncio.timeout(10):
+                while await tq.client.get(job.id) is not None:  # noqa: ASYNC110 - polling the store
+                    await asyncio.sleep(0.05)
+            assert SystemClock().now() >= slot
+        finally:
+            worker.stop()
+            await asyncio.wait_for(runner, 10)

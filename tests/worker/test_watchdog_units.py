@@ -7,6 +7,7 @@ from typing import NoReturn
 
 import pytest
 
+from taskq.errors import ContractViolation
 from taskq.worker import _watchdog
 from taskq.worker._liveness import LoopLiveness
 
@@ -59,7 +60,34 @@ async def test_a_sibling_returning_early_trips_detector_3() -> None:
     await _watchdog.guard_sibling("producer", returns, lambda: True)()
 
 
+async def test_with_the_watchdogs_off_detector_3_raises_instead_of_exiting() -> None:
+    async def returns() -> None:
+        return None
+
+    with pytest.raises(ContractViolation, match="'heartbeat' returned while the worker runs"):
+        await _watchdog.guard_sibling("heartbeat", returns, lambda: False, exits=False)()
+
+
 def test_budget_has_a_floor() -> None:
     liveness = LoopLiveness(grace_factor=5, stale_floor=10)
     assert liveness.budget(0.1) == 10
     assert liveness.budget(30) == 150
+
+
+async def test_a_worker_with_the_watchdogs_off_fails_when_a_loop_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from taskq import TaskQ, WorkerSettings
+    from taskq.worker import Worker, _runtime
+    from taskq_testing import TEST_SETTINGS
+
+    async def heartbeat_that_returns(state: object) -> None:
+        return None
+
+    monkeypatch.setattr(_runtime, "heartbeat_loop", heartbeat_that_returns)
+    tq = TaskQ("memory://")
+    async with tq:
+        settings = WorkerSettings.load({**TEST_SETTINGS, "watchdog_enabled": False}, env={})
+        with pytest.raises(ExceptionGroup) as raised:
+            await asyncio.wait_for(Worker(tq, settings).run(), 10)
+    assert raised.group_contains(ContractViolation, match="'heartbeat' returned")

@@ -143,6 +143,8 @@ class WorkerSettings(BaseModel):
     termination_grace_period: Duration = timedelta(seconds=60)
     """Hard wall for a whole shutdown, from the first signal (watchdog detector 1)."""
     watchdog_enabled: bool = True
+    """Master switch of the watchdogs (detectors 1, 2 and 4 off; detector 3, a loop that
+    returned early, then fails the worker instead of ending the process at once)."""
     watchdog_loop_lag_budget: Duration | None = None
     """How long the event loop may go unscheduled before detector 4 trips; below lock_lease
     (default: half the lease, at most 30 s)."""

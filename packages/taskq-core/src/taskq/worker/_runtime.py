@@ -170,7 +170,9 @@ class Worker:
         def sibling(
             name: str, run: Callable[[], Coroutine[Any, Any, None]]
         ) -> Coroutine[Any, Any, None]:
-            return guard_sibling(name, run, state.stopping.is_set)()
+            return guard_sibling(
+                name, run, state.stopping.is_set, exits=settings.watchdog_enabled
+            )()
 
         try:
             async with asyncio.TaskGroup() as group:

@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 
 import structlog
 
+from taskq.errors import ContractViolation
 from taskq.worker._liveness import LoopLiveness
 from taskq.worker._stacks import dump_task_stacks
 
@@ -189,13 +190,25 @@ async def stale_tick_loop(liveness: LoopLiveness, check_interval: float) -> None
 
 
 def guard_sibling(
-    name: str, run: Callable[[], Awaitable[None]], shutting_down: Callable[[], bool]
+    name: str,
+    run: Callable[[], Awaitable[None]],
+    shutting_down: Callable[[], bool],
+    *,
+    exits: bool = True,
 ) -> Callable[[], Coroutine[Any, Any, None]]:
-    """Detector 3: a sibling loop may only return once shutdown began."""
+    """Detector 3: a sibling loop may only return once shutdown began.
+
+    ``exits`` (the watchdogs on): trip, ending the process. Off: raise
+    ``ContractViolation`` into the worker's task group instead, which ends the
+    worker the ordinary way; never let it run on without the loop (a worker whose
+    heartbeat stopped would let its jobs be reclaimed and run twice)."""
 
     async def guarded() -> None:
         await run()
         if not shutting_down():
-            trip("sibling-contract", f"worker loop {name!r} returned while the worker runs")
+            reason = f"worker loop {name!r} returned while the worker runs"
+            if exits:
+                trip("sibling-contract", reason)
+            raise ContractViolation(reason)
 
     return guarded

@@ -125,6 +125,11 @@ def test_a_command_timeout_that_cannot_fit_a_loops_stale_budget_is_refused() -> 
         {"dispatcher_command_timeout": "12s", "watchdog_stale_floor": "20s"}, env={}
     )
     assert ok.backend_options()["command_timeout"].total_seconds() == 12
+    # The leader's bounded loops too: 9 s + 1.5 s does not fit max(1.5 s x 5, 10 s).
+    with pytest.raises(SettingsError, match="result_expiry_interval"):
+        WorkerSettings.load(
+            {"dispatcher_command_timeout": "9s", "result_expiry_interval": "1.5s"}, env={}
+        )
 
 
 def test_the_command_timeout_bounds_every_postgres_statement() -> None:

@@ -259,6 +259,10 @@ class WorkerSettings(BaseModel):
             "heartbeat_interval",
             "maintenance_interval",
             "cron_interval",
+            "result_expiry_interval",
+            "stale_batch_interval",
+            "queue_depth_interval",
+            "stranded_check_interval",
         ):
             period = getattr(self, name).total_seconds()
             budget = max(period * self.watchdog_tick_grace_factor, floor)

@@ -246,3 +246,36 @@ async def test_unstarted_jobs_a_failed_hand_back_could_not_return_stay_for_the_s
             JobStatus.RUNNING,
             JobStatus.RUNNING,
         ]
+
+
+class _ReplyLostAtStop(InMemoryBackend):
+    """The first dispatch locks its jobs, then its reply is lost, as the worker is told
+    to stop: the producer never gets another turn to hand them back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stop_worker: Any = None
+
+    async def dispatch_batch(self, *args: Any, **kwargs: Any) -> list[Any]:
+        rows = await super().dispatch_batch(*args, **kwargs)
+        if rows and self.stop_worker is not None:
+            self.stop_worker()
+            self.stop_worker = None
+            raise ConnectionError("the reply was lost")
+        return rows
+
+
+async def test_a_stopping_worker_hands_back_jobs_whose_dispatch_reply_was_lost() -> None:
+    tq = TaskQ("memory://", actors=[add], backend=_ReplyLostAtStop())
+    async with tq:
+        jobs = [await tq.client.enqueue(add, {"a": 1, "b": i}) for i in range(3)]
+        worker = Worker(tq, WorkerSettings.load(dict(TEST_SETTINGS), env={}))
+        assert isinstance(tq.backend, _ReplyLostAtStop)
+        tq.backend.stop_worker = worker.stop
+        await asyncio.wait_for(worker.run(), 10)
+        rows = [await tq.client.get(job.id) for job in jobs]
+        # Back in pending at once, not locked until the lease runs out (whose reclaim
+        # would spend an attempt on jobs that never ran).
+        assert [r.status for r in rows if r] == [JobStatus.PENDING] * 3
+        for job in jobs:
+            assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["interrupted"]

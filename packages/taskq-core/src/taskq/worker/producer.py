@@ -36,11 +36,12 @@ async def _wait(event: asyncio.Event, stopping: asyncio.Event, seconds: float) -
             waiter.cancel()
 
 
-async def _hand_back_unheard(state: WorkerState) -> None:
+async def hand_back_unheard(state: WorkerState) -> None:
     """Hand back the jobs the backend says this worker holds and it never heard of.
 
-    Runs only between dispatches (the producer makes them one at a time), so
-    none of them can be a dispatch still on its way here.
+    Runs only between dispatches (the producer makes them one at a time, and the
+    shutdown's drain after the producer stopped), so none of them can be a dispatch
+    still on its way here.
     """
     backend = state.backend
     if not (
@@ -67,7 +68,7 @@ async def producer_loop(state: WorkerState) -> None:
                 # Cleared first: a heartbeat suspecting again meanwhile is not lost.
                 state.unheard_suspected = False
                 try:
-                    await _hand_back_unheard(state)
+                    await hand_back_unheard(state)
                 except Exception as exc:  # noqa: BLE001 - transient, or the guard decides
                     if isinstance(exc, transient):
                         _log.warning("taskq.unheard-jobs-transient-error", error=repr(exc))

@@ -4,7 +4,8 @@ Each phase is recorded before its work begins, so the health endpoint and
 the consumers can see where the shutdown is.
 
 * DRAINING — dispatch stops; jobs locked but not started go back at once, in one
-  statement; running jobs get ``drain_grace_period`` to finish on their own.
+  statement (and those of a dispatch whose reply was lost, when one was); running
+  jobs get ``drain_grace_period`` to finish on their own.
 * CANCELLING — each running job's ``cancel_event`` is set (cooperative stop)
   for ``cancellation_grace_period``.
 * FORCING — the remaining tasks are cancelled (a job a user asked to cancel has
@@ -33,6 +34,7 @@ from taskq.models import JobRow
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
 from taskq.worker.consumer import hand_back
+from taskq.worker.producer import hand_back_unheard
 
 __all__ = ["ShutdownPhase", "orchestrate_shutdown"]
 
@@ -133,6 +135,14 @@ async def orchestrate_shutdown(state: WorkerState, escalate: asyncio.Event) -> N
     released = await _hand_back_unstarted(state)
     if released:
         _log.info("taskq.unstarted-handed-back", jobs=released)
+    if state.unheard_suspected:
+        # A dispatch whose reply was lost just before the stop: the producer that
+        # would have handed its jobs back has ended.
+        state.unheard_suspected = False
+        try:
+            await hand_back_unheard(state)
+        except transient_errors() as exc:
+            _log.warning("taskq.unheard-jobs-transient-error", error=repr(exc))
     await _wait_running(state, settings.drain_grace_period.total_seconds(), escalate)
 
     _enter(state, ShutdownPhase.CANCELLING)

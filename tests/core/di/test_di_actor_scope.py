@@ -344,3 +344,46 @@ async def test_an_invocation_that_needs_nothing_resolved_runs_without_a_scope(
     # One parameter left to resolve (tx, audit, pool): the full scope is needed.
     assert passthrough_scope(job, registry, containers, passed) is None
     assert teardowns.order == []
+
+
+class Conn:
+    pass
+
+
+@pytest.mark.parametrize("stage", ["creating", "running"])
+async def test_a_sync_actor_cancelled_mid_thread_keeps_its_values_until_the_thread_ends(
+    registry: ProviderRegistry, containers: dict[Scope, Container], stage: str
+) -> None:
+    # A timeout or a forced cancel stops the wait, not the thread: its TRANSIENT values
+    # go once it ends, whether it was still creating them or already using them.
+    order: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    def conn() -> Iterator[Conn]:
+        if stage == "creating":
+            started.set()
+            release.wait(5)
+        order.append("open")
+        yield Conn()
+        order.append("close")
+
+    def job(payload: int, conn: Conn) -> None:
+        if stage == "running":
+            started.set()
+            release.wait(5)
+        order.append("body")
+
+    registry.register(Conn, conn, scope=Scope.TRANSIENT)
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        async with build_actor_scope(job, registry, containers, {"payload": 1}) as scope:
+            running = asyncio.ensure_future(scope.invoke(executor))
+            assert await asyncio.to_thread(started.wait, 5)
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+        assert "close" not in order  # the scope exited; the thread still holds its values
+        release.set()
+        async with asyncio.timeout(5):
+            while "close" not in order:  # noqa: ASYNC110 - the teardown runs on the loop
+                await asyncio.sleep(0.01)
+    assert order == ["open", "body", "close"]

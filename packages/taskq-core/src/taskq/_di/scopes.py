@@ -356,7 +356,17 @@ class ResolvedActorScope:
     until then its :attr:`kwargs` holds only the passthrough arguments.
     """
 
-    __slots__ = ("_containers", "_loop", "_registry", "func", "is_async", "kwargs")
+    __slots__ = (
+        "_containers",
+        "_in_thread",
+        "_loop",
+        "_registry",
+        "_thread_lock",
+        "_when_thread_ends",
+        "func",
+        "is_async",
+        "kwargs",
+    )
 
     def __init__(
         self,
@@ -374,12 +384,16 @@ class ResolvedActorScope:
         self._registry = registry
         self._containers = containers
         self._loop = loop
+        self._in_thread = False
+        self._when_thread_ends: Callable[[], object] | None = None
+        self._thread_lock = None if is_async else threading.Lock()
 
     async def invoke(self, executor: Executor | None = None) -> object:
         """Call the actor: awaited if async, else in *executor* (default: the loop's).
 
-        Cancelling a sync actor stops the wait, not its thread: the thread
-        runs on while the TRANSIENT values are torn down on scope exit.
+        Cancelling a sync actor stops the wait, not its thread: the thread runs
+        on, and :func:`build_actor_scope` tears its TRANSIENT values down once it
+        ends (:meth:`defer_while_in_thread`).
         """
         if self.is_async:
             return await cast("Awaitable[object]", self.func(**self.kwargs))
@@ -392,10 +406,37 @@ class ResolvedActorScope:
         Run it in the thread that should own the actor's THREAD-scoped values,
         never on the event loop's thread.
         """
-        kwargs = solve_dependencies_sync(
-            self.func, self._registry, self._containers, self.kwargs, self._loop
-        )
-        return self.func(**kwargs)
+        lock = self._thread_lock
+        assert lock is not None, "call_sync is for sync actors"
+        with lock:
+            self._in_thread = True
+        try:
+            kwargs = solve_dependencies_sync(
+                self.func, self._registry, self._containers, self.kwargs, self._loop
+            )
+            return self.func(**kwargs)
+        finally:
+            with lock:
+                self._in_thread = False
+                then = self._when_thread_ends
+            if then is not None:
+                try:
+                    self._loop.call_soon_threadsafe(then)
+                except RuntimeError:  # the loop is closed: the process is ending
+                    _log.warning("taskq.di-transient-scope-left-open", actor=self.func.__name__)
+
+    def defer_while_in_thread(self, then: Callable[[], object]) -> bool:
+        """If a sync actor's thread still runs (its wait was cancelled: a timeout, a
+        forced cancel), have ``then`` called on the loop once it ends, and return True;
+        else False. A thread that starts later finds the scope closed and creates
+        nothing."""
+        if self._thread_lock is None:
+            return False
+        with self._thread_lock:
+            if not self._in_thread:
+                return False
+            self._when_thread_ends = then
+            return True
 
 
 def passthrough_scope(
@@ -440,12 +481,13 @@ async def build_actor_scope(
     transient = ScopeContainer(Scope.TRANSIENT)
     scoped: dict[Scope, Container] = {**containers, Scope.TRANSIENT: transient}
     is_async = inspect.iscoroutinefunction(func)
+    resolved: ResolvedActorScope | None = None
     try:
         if is_async:
             kwargs = await solve_dependencies(func, registry, scoped, passthrough_kwargs)
         else:
             kwargs = dict(passthrough_kwargs)
-        yield ResolvedActorScope(
+        resolved = ResolvedActorScope(
             func,
             kwargs,
             is_async=is_async,
@@ -453,8 +495,22 @@ async def build_actor_scope(
             containers=scoped,
             loop=asyncio.get_running_loop(),
         )
+        yield resolved
     finally:
-        await _aclose_shielded(transient)
+        # A sync actor whose thread runs on still uses (or is creating) its values:
+        # closing now would pull them from under it, or miss what it creates next.
+        if resolved is None or not resolved.defer_while_in_thread(lambda: _close_later(transient)):
+            await _aclose_shielded(transient)
+
+
+_CLOSING_LATER: set[asyncio.Task[None]] = set()
+"""TRANSIENT scopes closing after their actor's thread ended (held until done)."""
+
+
+def _close_later(container: ScopeContainer) -> None:
+    task = asyncio.get_running_loop().create_task(container.aclose())
+    _CLOSING_LATER.add(task)
+    task.add_done_callback(_CLOSING_LATER.discard)
 
 
 async def _aclose_shielded(container: ScopeContainer) -> None:

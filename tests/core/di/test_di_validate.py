@@ -9,6 +9,7 @@ import pytest
 
 from taskq._di import ActorSpec, ProviderRegistry
 from taskq._scope import Scope
+from taskq.context import Context
 from taskq.errors import ConfigurationError, MissingProvider, ScopeViolation
 
 if TYPE_CHECKING:
@@ -223,8 +224,21 @@ def test_an_unannotated_parameter_is_a_missing_provider(registry: ProviderRegist
         return Conn(settings)
 
     registry.register(Conn, factory)
-    with pytest.raises(MissingProvider, match=r"Conn \(LOOP\) -> settings: <unannotated>"):
+    with pytest.raises(
+        MissingProvider,
+        match=r"Conn \(LOOP\) -> settings: <unannotated> \(no type hint: annotate the parameter",
+    ):
         registry.validate()
+
+
+def test_a_context_under_another_name_is_told_to_be_called_ctx(
+    registry: ProviderRegistry,
+) -> None:
+    async def job(payload: Payload, context: Context) -> None:
+        pass
+
+    with pytest.raises(MissingProvider, match=r"context: Context \(.*call the parameter ctx\)"):
+        registry.validate({"job": _spec(job)})
 
 
 def test_bad_actor_signatures_are_all_reported(registry: ProviderRegistry) -> None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 from taskq._di.lifecycle import Lifecycle
 from taskq._di.solver import type_name
 from taskq._scope import Scope
+from taskq.context import Context
 from taskq.errors import ConfigurationError, MissingProvider, ScopeViolation
 
 if TYPE_CHECKING:
@@ -185,6 +186,15 @@ def _visit_for_cycles(
         finished.add(entry)
 
 
+def _fix(key: object) -> str:
+    """What to do about a missing provider of ``key`` when it is not to register one."""
+    if key is None:
+        return " (no type hint: annotate the parameter with the type to inject)"
+    if key is Context:
+        return " (the job context is passed by name: call the parameter ctx)"
+    return ""
+
+
 def _walk(registry: ProviderRegistry, roots: Iterable[Root]) -> tuple[list[str], list[str]]:
     """Collect scope violations and missing providers, each with its path."""
     violations: list[str] = []
@@ -197,7 +207,7 @@ def _walk(registry: ProviderRegistry, roots: Iterable[Root]) -> tuple[list[str],
             if step.name in skip:
                 continue
             if entry is None:
-                missing.append(f"{path} -> {step.name}: {type_name(step.key)}")
+                missing.append(f"{path} -> {step.name}: {type_name(step.key)}{_fix(step.key)}")
                 continue
             child = f"{path} -> {_label(entry, step.scope)}"
             if step.scope > scope:

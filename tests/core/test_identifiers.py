@@ -12,9 +12,20 @@ from taskq.identifiers import (
 )
 
 
-@pytest.mark.parametrize("name", ["taskq", "_x", "Tenant_42", "a" * MAX_SCHEMA_NAME_BYTES])
+@pytest.mark.parametrize("name", ["taskq", "_x", "tenant_42", "a" * MAX_SCHEMA_NAME_BYTES])
 def test_plain_identifiers_pass(name: str) -> None:
     assert validate_schema_name(name) == name
+
+
+def test_a_schema_name_comes_back_as_postgres_folds_it() -> None:
+    # One spelling for every name derived from it (channels, lock keys).
+    assert validate_schema_name("Tenant_42") == "tenant_42"
+
+
+@pytest.mark.parametrize("name", ["order", "ORDER", "all", "user", "left", "system_user"])
+def test_reserved_key_words_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="reserved SQL key word"):
+        validate_schema_name(name)
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from typing import Any, NoReturn
 import asyncpg
 import pytest
 
-from taskq.identifiers import MAX_SCHEMA_NAME_BYTES
+from taskq.identifiers import MAX_SCHEMA_NAME_BYTES, validate_schema_name
 from taskq_postgres.migrate import load_migrations, migrate, migration_status
 from taskq_testing.postgres import unique_schema_name
 
@@ -28,6 +28,7 @@ BAD_IDENTIFIERS = [
     "1taskq",
     "",
     "a" * 64,
+    "order",  # a reserved key word: fails inside the first statement
 ]
 # Identifiers, but too long for a schema (derived channel names must fit).
 BAD_NAMES = [*BAD_IDENTIFIERS, "a" * (MAX_SCHEMA_NAME_BYTES + 1)]
@@ -76,3 +77,23 @@ async def test_the_longest_allowed_name_migrates(pg_database_dsn: str) -> None:
         assert await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"{name}.jobs")
     finally:
         await conn.close()
+
+
+@pytest.mark.postgres
+async def test_the_reserved_key_words_are_the_servers(pg_database_dsn: str) -> None:
+    # Every key word this server reserves for schema names (categories R and T) is
+    # refused before any SQL; the others pass (int, name, ...).
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_database_dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT word, catcode IN ('R', 'T') AS reserved FROM pg_get_keywords()"
+        )
+    finally:
+        await conn.close()
+    refused = set()
+    for row in rows:
+        try:
+            validate_schema_name(row["word"])
+        except ValueError:
+            refused.add(row["word"])
+    assert refused == {r["word"] for r in rows if r["reserved"]}

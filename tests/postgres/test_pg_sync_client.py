@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from taskq import EnqueueItem, actor
 from taskq.actor import Actor
 from taskq.errors import MaxPendingExceededError, PayloadValidationError, SingletonCollisionError
-from taskq.models import JobFilter, JobRow, JobStatus
+from taskq.models import EnqueueArgs, JobFilter, JobRow, JobStatus
 from taskq_postgres import PostgresBackend, SyncJobsClient, wake_channel
 from taskq_testing.postgres import PgSchema
 
@@ -96,6 +96,26 @@ def test_jobs_join_the_callers_transaction(pg_pooled_schema: PgSchema) -> None:
         assert _stored(pg_pooled_schema) == [kept]
         client.close()  # the caller's connection stays open
         assert not conn.closed
+
+
+@pytest.mark.parametrize("call", ["singleton", "copy", "batch"])
+def test_every_call_joins_a_callers_transaction_it_opens(
+    pg_pooled_schema: PgSchema, call: str
+) -> None:
+    # The caller's connection has no transaction yet: the call opens it, as any first
+    # statement does, and leaves it to the caller (not one of its own, committed).
+    with psycopg.connect(pg_pooled_schema.dsn) as conn:
+        client = SyncJobsClient(conn, actors=ACTORS, schema=pg_pooled_schema.name)
+        for outcome in ("rollback", "commit"):
+            if call == "singleton":
+                client.enqueue(item, {"n": 1}, identity_key="only", singleton=True)
+            elif call == "copy":
+                assert client.enqueue_batch_fast([(item, {"n": 1})]) == 1
+            else:
+                client.enqueue_batch([(item, {"n": 1}), (item, {"n": 2})])
+            assert _stored(pg_pooled_schema) == []
+            getattr(conn, outcome)()
+        assert _stored(pg_pooled_schema) != []
 
 
 class _NaiveTimes(TimestamptzLoader):
@@ -284,3 +304,37 @@ def test_a_failed_limits_read_fails_open_and_keeps_the_callers_transaction(
             client.enqueue(capped, {})
         conn.commit()
     assert {r.id for r in _stored(pg_schema)} == {r.id for r in kept}
+
+
+def test_a_mixed_case_schema_name_shares_the_backends_singleton_locks(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # "T_ABC" and "t_abc" are one schema: both clients must lock the same identity key.
+    dsn, spelled = pg_pooled_schema.dsn, pg_pooled_schema.name.upper()
+    outcome: list[BaseException | JobRow] = []
+
+    async def backend_enqueue() -> JobRow:
+        backend = PostgresBackend(dsn, schema=spelled)
+        await backend.open()
+        try:
+            args = EnqueueArgs(actor="sync.item", payload={"n": 2}, identity_key="one")
+            return await backend.enqueue(args.model_copy(update={"singleton": True}))
+        finally:
+            await backend.close()
+
+    def run() -> None:
+        try:
+            outcome.append(asyncio.run(backend_enqueue()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.append(exc)
+
+    with psycopg.connect(dsn) as conn:
+        client = SyncJobsClient(conn, actors=ACTORS, schema=spelled.lower().title())
+        client.enqueue(item, {"n": 1}, identity_key="one", singleton=True)  # not committed
+        racer = threading.Thread(target=run)
+        racer.start()
+        racer.join(0.5)
+        assert racer.is_alive()  # waiting on the identity's lock
+        conn.commit()
+        racer.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], SingletonCollisionError), outcome

@@ -22,6 +22,116 @@ _IDENT_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """Plain ASCII identifiers only. Always used with ``fullmatch``: ``match`` with
 ``^...$`` would accept a trailing newline (``$`` matches before it)."""
 
+_RESERVED: Final = frozenset(
+    {
+        "all",
+        "analyse",
+        "analyze",
+        "and",
+        "any",
+        "array",
+        "as",
+        "asc",
+        "asymmetric",
+        "both",
+        "case",
+        "cast",
+        "check",
+        "collate",
+        "column",
+        "constraint",
+        "create",
+        "current_catalog",
+        "current_date",
+        "current_role",
+        "current_time",
+        "current_timestamp",
+        "current_user",
+        "default",
+        "deferrable",
+        "desc",
+        "distinct",
+        "do",
+        "else",
+        "end",
+        "except",
+        "false",
+        "fetch",
+        "for",
+        "foreign",
+        "from",
+        "grant",
+        "group",
+        "having",
+        "in",
+        "initially",
+        "intersect",
+        "into",
+        "lateral",
+        "leading",
+        "limit",
+        "localtime",
+        "localtimestamp",
+        "not",
+        "null",
+        "offset",
+        "on",
+        "only",
+        "or",
+        "order",
+        "placing",
+        "primary",
+        "references",
+        "returning",
+        "select",
+        "session_user",
+        "some",
+        "symmetric",
+        "system_user",
+        "table",
+        "then",
+        "to",
+        "trailing",
+        "true",
+        "union",
+        "unique",
+        "user",
+        "using",
+        "variadic",
+        "when",
+        "where",
+        "window",
+        "with",
+        # reserved, though allowed as a function or type name: not as a schema's
+        "authorization",
+        "binary",
+        "collation",
+        "concurrently",
+        "cross",
+        "current_schema",
+        "freeze",
+        "full",
+        "ilike",
+        "inner",
+        "is",
+        "isnull",
+        "join",
+        "left",
+        "like",
+        "natural",
+        "notnull",
+        "outer",
+        "overlaps",
+        "right",
+        "similar",
+        "tablesample",
+        "verbose",
+    }
+)
+"""Postgres's reserved key words (``pg_get_keywords()``, categories R and T, plus
+``system_user`` from 16): unquoted, none can name a schema, so a name among them
+would pass the pattern and fail inside the first statement."""
+
 MAX_IDENTIFIER_BYTES: Final = 63
 """Postgres truncates longer identifiers silently (NAMEDATALEN - 1)."""
 
@@ -46,14 +156,21 @@ def check_identifier(name: str) -> str:
             f"invalid SQL identifier {name!r}: longer than Postgres's "
             f"{MAX_IDENTIFIER_BYTES}-byte limit"
         )
+    if name.lower() in _RESERVED:
+        raise ValueError(
+            f"invalid SQL identifier {name!r}: a reserved SQL key word; choose another name"
+        )
     return name
 
 
 def validate_schema_name(schema: str) -> str:
-    """Validate a TaskQ schema name; return it unchanged or raise ``ValueError``.
+    """Validate a TaskQ schema name; return it as Postgres folds it (lowercase) or raise
+    ``ValueError``.
 
     Beyond :func:`check_identifier`, the name must leave room for the
-    channel names derived from it (at most :data:`MAX_SCHEMA_NAME_BYTES`).
+    channel names derived from it (at most :data:`MAX_SCHEMA_NAME_BYTES`). Folded
+    here, once: ``TaskQ`` and ``taskq`` name one schema, and every name derived from
+    it (channels, lock keys) must be the same for both spellings.
     """
     check_identifier(schema)
     if len(schema.encode()) > MAX_SCHEMA_NAME_BYTES:
@@ -61,4 +178,4 @@ def validate_schema_name(schema: str) -> str:
             f"schema name {schema!r} is too long: at most {MAX_SCHEMA_NAME_BYTES} bytes, so "
             f"that derived NOTIFY channel names fit Postgres's {MAX_IDENTIFIER_BYTES}-byte limit"
         )
-    return schema
+    return schema.lower()

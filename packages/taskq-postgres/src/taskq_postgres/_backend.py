@@ -269,7 +269,7 @@ class PostgresBackend:
         poll_only: bool = False,
     ) -> None:
         # The schema first: a hostile name is refused before anything else is looked at.
-        self.schema: Final = validate_schema_name(schema).lower()
+        self.schema: Final = validate_schema_name(schema)
         self.dsn: Final = check_dsn(dsn)
         if not 1 <= min_pool_size <= max_pool_size:
             raise ValueError(

@@ -18,6 +18,7 @@ from typing import Any, Self, TypeVar
 from uuid import uuid4
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.datetime import TimestamptzLoader
 
@@ -105,7 +106,7 @@ class SyncJobsClient:
         counts = self._build.counts(listed)
         if not listed:
             return 0
-        with self._turn() as cur, self._conn.transaction():
+        with self._turn() as cur, self._atomic(cur):
             self._check_capacity(cur, counts)
             cur.execute(self._sql.copy_clock_now, (self._channel,))
             clock = cur.fetchone()
@@ -132,7 +133,7 @@ class SyncJobsClient:
             rows, _ = _run(cur, inserting)
             return rows
         # The singleton check holds its identities' locks until the insert commits.
-        with self._conn.transaction():
+        with self._atomic(cur):
             _run(cur, plan_check_singletons(self._sql, self.schema, args_list))
             rows, _ = _run(cur, inserting)
         return rows
@@ -151,8 +152,8 @@ class SyncJobsClient:
         if limits is not None:
             return limits
         try:
-            # In a savepoint on a caller's open transaction: a failed read leaves it usable.
-            with self._conn.transaction():
+            # In a savepoint on a caller's transaction: a failed read leaves it usable.
+            with self._atomic(cur):
                 cur.execute(self._sql.get_actor_max_pending)
                 read: Mapping[str, int | None] | Exception = {
                     r["actor"]: r["max_pending"] for r in cur.fetchall()
@@ -160,6 +161,18 @@ class SyncJobsClient:
         except psycopg.Error as exc:
             read = exc
         return self._limits.update(read)
+
+    @contextmanager
+    def _atomic(self, cur: _Cursor) -> Iterator[None]:
+        """All or nothing: a savepoint in the caller's transaction (left open for the caller
+        to commit), or on an autocommit connection a transaction of its own."""
+        conn = self._conn
+        if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+            # No transaction yet: on an idle connection psycopg's transaction() would BEGIN
+            # and COMMIT one of its own. A first statement opens the caller's, as any does.
+            cur.execute("SELECT 1")
+        with conn.transaction():
+            yield
 
     def _connect(self) -> psycopg.Connection[Any]:
         assert self._dsn is not None

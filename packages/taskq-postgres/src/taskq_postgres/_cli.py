@@ -123,7 +123,8 @@ def _run(args: argparse.Namespace) -> int:
         try:
             validate_schema_name(schema)
         except ValueError as exc:
-            raise _CommandError(str(exc)) from exc
+            source = "--schema" if args.schema else "TASKQ_SCHEMA"
+            raise _CommandError(f"{source}: {exc}") from exc
         # After the schema check, so a typo does not start an embedded server for nothing.
         try:
             dsn = resolve_dsn(args.dsn)

@@ -460,3 +460,36 @@ async def test_two_schemas_in_one_database_are_isolated(pg_database_dsn: str) ->
     statuses = await migration_status(pg_database_dsn, second)
     assert {s.state for s in statuses} == {"applied"}
     assert {s.state for s in await migration_status(pg_database_dsn, first)} == {"pending"}
+
+
+async def test_a_worker_start_up_holds_destructive_files_back(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    release_1 = {"01.00.00_01_pre_log.sql": "CREATE TABLE {schema}.log (legacy text, name text);"}
+    release_2 = {
+        **release_1,
+        "01.01.00_01_pre_add.sql": "ALTER TABLE {schema}.log ADD COLUMN new text;",
+        "01.01.00_50_post_drop.sql": "ALTER TABLE {schema}.log DROP COLUMN legacy;",
+    }
+
+    def release(n: int, files: dict[str, str]) -> Path:
+        (tmp_path / str(n)).mkdir()
+        return _source(tmp_path / str(n), files)
+
+    schema = unique_schema_name()
+    assert await migrate(pg_database_dsn, schema, source=release(1, release_1))
+    # The first worker of release 2 starts while release 1's still use "legacy".
+    with capture_logs() as logs:
+        applied = await migrate(pg_database_dsn, schema, source=release(2, release_2), post=False)
+    assert applied == ["01.01.00_01_pre_add.sql"]
+    assert [e["migrations"] for e in logs if e["event"] == "migration-post-held-back"] == [
+        ["01.01.00_50_post_drop.sql"]
+    ]
+    # The operator's `taskq migrate`, once every worker is on release 2.
+    assert await migrate(pg_database_dsn, schema, source=release(3, release_2)) == [
+        "01.01.00_50_post_drop.sql"
+    ]
+    # A new schema has no old workers: it gets every file.
+    fresh = unique_schema_name()
+    applied = await migrate(pg_database_dsn, fresh, source=release(4, release_2), post=False)
+    assert len(applied) == 3

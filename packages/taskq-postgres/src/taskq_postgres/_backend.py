@@ -421,10 +421,12 @@ class PostgresBackend:
 
     async def migrate(self) -> list[str]:
         """Apply pending migrations to this backend's schema (needs no ``open()``);
-        returns the names applied (``taskq.backend.SupportsMigrate``)."""
+        returns the names applied (``taskq.backend.SupportsMigrate``). What a worker
+        runs at start-up (``--migrate``): destructive (``post``) files wait for
+        ``taskq migrate``, since workers of the old version may still be running."""
         from taskq_postgres.migrate import migrate
 
-        return await migrate(self.dsn, self.schema)
+        return await migrate(self.dsn, self.schema, post=False)
 
     async def reload_credentials(self) -> None:
         """Make every pooled connection reconnect (with fresh credentials from the

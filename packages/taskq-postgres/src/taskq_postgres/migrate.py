@@ -222,8 +222,15 @@ async def migrate(
     schema: str = "taskq",
     *,
     source: Traversable | None = None,
+    post: bool = True,
 ) -> list[str]:
     """Apply every pending migration to ``schema``; return the names applied, in order.
+
+    ``post=False`` (a worker migrating at start-up, in a rolling deploy) holds the
+    pending ``post`` files back, logging ``migration-post-held-back``: they may remove
+    what workers still on the old version use, so they wait for ``taskq migrate``,
+    run once every worker is on the new version. A schema with nothing applied yet
+    has no such workers and gets them all.
 
     ``target`` is a DSN (a connection is opened and closed here) or an open
     asyncpg connection, which must not be inside a transaction if a pending
@@ -255,6 +262,11 @@ async def migrate(
                     current_checksum=current,
                 )
         pending = [m for m in migrations if m.name not in applied]
+        if not post and applied:
+            held = [m.name for m in pending if m.phase == "post"]
+            if held:
+                _log.warning("migration-post-held-back", schema=schema, migrations=held)
+                pending = [m for m in pending if m.phase == "pre"]
         if conn.is_in_transaction() and not all(m.transactional for m in pending):
             raise MigrationError(
                 "a pending migration must run outside a transaction "

@@ -567,7 +567,9 @@ class SupportsMigrate(Protocol):
     """A backend with schema migrations (``taskq-worker --migrate``)."""
 
     async def migrate(self) -> list[str]:
-        """Apply pending migrations; returns the names applied."""
+        """Apply pending migrations; returns the names applied. Run by a worker at
+        start-up, so a destructive step old workers could still trip on may wait for
+        an explicit migration command."""
         ...
 
 

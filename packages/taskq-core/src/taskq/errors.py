@@ -42,6 +42,7 @@ __all__ = [
     "JobFailedError",
     "MaxPendingExceededError",
     "MissingProvider",
+    "OutcomeNotRecorded",
     "PayloadValidationError",
     "PluginError",
     "PluginLoadError",
@@ -211,6 +212,13 @@ class JobFailedError(TaskQError):
         self.row = row
         detail = f": {row.error.error_class}: {row.error.message}" if row.error else ""
         super().__init__(f"job {row.id} ({row.actor}) ended {row.status.value}{detail}")
+
+
+class OutcomeNotRecorded(TaskQError):
+    """A job's outcome could not be stored (a result, progress or sub-job the database
+    refuses, a retry backoff that raised): the job ends ``failed`` with this error
+    instead of running again and again. Make the value storable (finite JSON numbers,
+    in-range integers), or fix the backoff."""
 
 
 # ------------------------------------------------------------ batches

@@ -9,11 +9,12 @@ error message or a result, so such characters are stored as U+FFFD.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, cast, overload
+from typing import Any, Final, NoReturn, cast, overload
 
 from pydantic_core import from_json, to_json
 
@@ -72,15 +73,26 @@ def clean_text(value: str | None) -> str | None:
 
 
 def dump_json(value: Any) -> str:
-    """``value`` as JSON text that ``jsonb`` accepts (``\\u0000`` escapes replaced).
+    """``value`` as JSON text that ``jsonb`` accepts (``\\u0000`` escapes replaced);
+    ``ValueError`` for a NaN or infinite number, which JSON cannot hold.
 
     pydantic-core's serializer: compact, UTF-8 as is, and about ten times faster than
     ``json.dumps`` on a small object (it runs for every payload a COPY enqueues).
     """
     text = to_json(value).decode()
+    if "NaN" in text or "Infinity" in text:
+        # Maybe only inside strings: the parser tells a bare constant apart.
+        json.loads(text, parse_constant=_refuse_constant)
     if "\\u0000" not in text:
         return text
     return _JSON_NUL.sub(r"\1\\ufffd", text)
+
+
+def _refuse_constant(constant: str) -> NoReturn:
+    raise ValueError(
+        f"{constant} is not a JSON number, and Postgres stores JSON: "
+        f"send None or a string for it instead"
+    )
 
 
 def load_json(text: str | None) -> Any:

@@ -21,6 +21,7 @@ from uuid import UUID
 
 from taskq.backend import SupportsBatchedSuccess
 from taskq.models import SuccessWrite
+from taskq.worker._transient import transient_errors
 
 __all__ = ["Completer"]
 
@@ -50,8 +51,10 @@ class Completer:
     async def succeed(self, write: SuccessWrite) -> bool:
         """Record ``write``; True when it moved the job, False on a no-op.
 
-        A failed flush raises its error in every job it carried: each job's
-        own retry (the consumer's transient-error loop) submits it again.
+        A flush that failed on a transient error raises it in every job it carried:
+        each job's own retry (the consumer's transient-error loop) submits it again.
+        One that failed otherwise is retried write by write, so that only the job
+        whose write the backend refuses gets the error.
         """
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append((write, future))
@@ -81,6 +84,12 @@ class Completer:
                 self._worker_id, [write for write, _ in batch], self._ttl
             )
         except Exception as exc:  # noqa: BLE001 - every waiter gets the error
+            if len(batch) > 1 and not isinstance(exc, transient_errors()):
+                # A value the database refuses (one job's result) must not fail the
+                # other jobs sharing its statement: each is written on its own.
+                for waiting in batch:
+                    await self._flush([waiting])
+                return
             for _, future in batch:
                 if not future.done():
                     future.set_exception(exc)

@@ -23,7 +23,7 @@ from taskq._di import ResolvedActorScope, build_actor_scope, passthrough_scope
 from taskq.actor import CONTEXT_PARAMETER, Actor
 from taskq.backend import CancelPhase, JobStatus, SupportsTransactions
 from taskq.context import Context
-from taskq.errors import PayloadValidationError, WorkerOwnershipMismatch
+from taskq.errors import OutcomeNotRecorded, PayloadValidationError, WorkerOwnershipMismatch
 from taskq.logs import bind_job_fields
 from taskq.models import ErrorInfo, JobRow, SuccessWrite, from_valid_values
 from taskq.signals import RetryAfter, Snooze
@@ -120,7 +120,16 @@ async def execute(state: WorkerState, row: JobRow) -> None:
     Runs as the job's own task: its log bindings end with it, with nothing to undo.
     """
     bind_job_fields(row)
-    await _execute(state, row)
+    try:
+        await _execute(state, row)
+    except Exception as exc:  # noqa: BLE001 - the last resort, see below
+        # The outcome could not be recorded (a value the database refuses, a backoff
+        # that raised). Left running, the job would be handed back unstarted and run
+        # again forever, never spending an attempt: it fails instead, saying why.
+        _log.error("taskq.outcome-unrecordable", error=repr(exc))
+        error = OutcomeNotRecorded(f"the job's outcome could not be recorded: {exc!r}")
+        error.__cause__ = exc
+        await _fail(state, row, error, retry_delay=None)
 
 
 async def _execute(state: WorkerState, row: JobRow) -> None:

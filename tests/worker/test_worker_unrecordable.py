@@ -1,0 +1,72 @@
+"""An outcome the backend cannot record ends the job failed, saying why: it must not run
+again and again (handed back unstarted, never spending an attempt), nor take down the
+other jobs whose successes share its write."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from taskq import Context, TaskQ, actor
+from taskq.backend import Backend
+from taskq.models import JobStatus
+from taskq_testing import run_until_idle
+
+
+@actor(name="unrecordable.nan_result", max_attempts=3)
+async def nan_result(payload: dict[str, Any]) -> dict[str, float]:
+    return {"x": float("nan")}  # JSON has no NaN: Postgres refuses to store it
+
+
+@actor(name="unrecordable.nan_progress", max_attempts=3)
+async def nan_progress(payload: dict[str, Any], ctx: Context) -> None:
+    await ctx.progress({"ratio": float("inf")})
+
+
+@actor(name="unrecordable.fine")
+async def fine(payload: dict[str, Any]) -> int:
+    return 1
+
+
+def _broken_backoff(attempt: int) -> timedelta:
+    raise RuntimeError("a bug in the backoff")
+
+
+@actor(name="unrecordable.bad_backoff", max_attempts=3, retry_backoff=_broken_backoff)
+async def bad_backoff(payload: dict[str, Any]) -> None:
+    raise ValueError("the actor's own failure")
+
+
+def _app(backend: Backend) -> TaskQ:
+    return TaskQ("memory://", actors=[nan_result, nan_progress, fine, bad_backoff], backend=backend)
+
+
+async def _ended_failed_once(tq: TaskQ, job_id: Any, cause: str) -> None:
+    row = await tq.client.get(job_id)
+    assert row is not None and row.status is JobStatus.FAILED, row
+    assert row.attempt == 1  # no reruns
+    assert row.error is not None and row.error.error_class.endswith("OutcomeNotRecorded")
+    assert cause in row.error.message
+
+
+async def test_a_backoff_that_raises_fails_the_job(taskq_backend: Backend) -> None:
+    tq = _app(taskq_backend)
+    job = await tq.client.enqueue(bad_backoff, {})
+    await run_until_idle(tq, timeout=20)
+    await _ended_failed_once(tq, job.id, "a bug in the backoff")
+
+
+@pytest.mark.postgres
+async def test_values_postgres_refuses_fail_their_job_alone(pg_backend: Backend) -> None:
+    tq = _app(pg_backend)
+    bad = await tq.client.enqueue(nan_result, {})
+    bad_progress = await tq.client.enqueue(nan_progress, {})
+    good = [await tq.client.enqueue(fine, {}) for _ in range(20)]
+    # Concurrency 16: the good successes share batched writes with the bad one.
+    await run_until_idle(tq, timeout=20, concurrency=16)
+    await _ended_failed_once(tq, bad.id, "NaN is not a JSON number")
+    await _ended_failed_once(tq, bad_progress.id, "Infinity is not a JSON number")
+    rows = [await tq.client.get(job.id) for job in good]
+    assert all(r is not None and r.status is JobStatus.SUCCEEDED for r in rows)

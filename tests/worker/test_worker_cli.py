@@ -160,3 +160,8 @@ def test_the_worker_command_keeps_its_start_up_objects_out_of_the_collector(
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_a_duration_out_of_range_is_a_clear_setting_error() -> None:
+    with pytest.raises(SettingsError, match="TASKQ_POLL_INTERVAL.*out of range"):
+        WorkerSettings.load({}, env={"TASKQ_POLL_INTERVAL": "99999999999999d"})

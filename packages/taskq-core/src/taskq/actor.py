@@ -17,6 +17,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, get_type_hints, overload
 from pydantic import TypeAdapter, ValidationError
 
 from taskq.errors import ConfigurationError, PayloadValidationError
+from taskq.models import INT32_MAX, INT32_MIN
 from taskq.retry import Backoff, ExponentialBackoff, RetryClassifier
 
 __all__ = ["Actor", "ActorOptions", "actor", "actors_by_name"]
@@ -160,8 +161,14 @@ def actor(
     (``MaxPendingExceededError``); ``identity_key(payload)`` serializes jobs
     with the same key; ``result_ttl`` expires stored results.
     """
-    if max_attempts < 1:
-        raise ConfigurationError(f"@actor max_attempts must be at least 1, got {max_attempts}")
+    if not 1 <= max_attempts <= INT32_MAX:
+        raise ConfigurationError(
+            f"@actor max_attempts must be between 1 and {INT32_MAX}, got {max_attempts}"
+        )
+    if not INT32_MIN <= priority <= INT32_MAX:
+        raise ConfigurationError(
+            f"@actor priority must be between {INT32_MIN} and {INT32_MAX}, got {priority}"
+        )
     for option, value in (("max_concurrent", max_concurrent), ("max_pending", max_pending)):
         if value is not None and value < (1 if option == "max_concurrent" else 0):
             raise ConfigurationError(f"@actor option {option} is out of range: {value}")

@@ -61,10 +61,17 @@ def _fresh_ids(n: int) -> list[UUID]:
     return ids
 
 
+def _or(value: timedelta | None, default: timedelta | None) -> timedelta | None:
+    return default if value is None else value
+
+
 def _seconds(value: timedelta | float | None) -> timedelta | None:
     if value is None or isinstance(value, timedelta):
         return value
-    return timedelta(seconds=value)
+    try:
+        return timedelta(seconds=value)
+    except OverflowError:
+        raise ValueError(f"{value} seconds is out of range") from None
 
 
 def _item_parts(
@@ -126,21 +133,24 @@ class ArgsBuilder:
         target = self.actor(actor)
         opts = target.options
         value = target.validate_payload(payload)
+        if isinstance(tags, str):
+            raise TypeError(f"tags must be a list of strings, not the string {tags!r}")
+        # An option given (even 0 or "") is the job's, checked as such; None: the actor's.
         return EnqueueArgs(
             id=job_id or uuid4(),
             actor=target.name,
-            queue=queue or opts.queue,
+            queue=opts.queue if queue is None else queue,
             payload=target.dump_payload(value),
             priority=opts.priority if priority is None else priority,
             delay=_seconds(delay),
-            max_attempts=max_attempts or opts.max_attempts,
+            max_attempts=opts.max_attempts if max_attempts is None else max_attempts,
             idempotency_key=idempotency_key,
             identity_key=identity_key if identity_key is not None else target.identity_for(value),
             singleton=singleton,
             fairness_key=fairness_key,
-            schedule_to_close=_seconds(schedule_to_close) or opts.schedule_to_close,
-            timeout=_seconds(timeout) or opts.timeout,
-            result_ttl=_seconds(result_ttl) or opts.result_ttl,
+            schedule_to_close=_or(_seconds(schedule_to_close), opts.schedule_to_close),
+            timeout=_or(_seconds(timeout), opts.timeout),
+            result_ttl=_or(_seconds(result_ttl), opts.result_ttl),
             metadata=dict(metadata or {}),
             tags=list(tags),
         )

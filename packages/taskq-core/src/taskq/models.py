@@ -23,6 +23,9 @@ from taskq.backend.statemachine import (
 )
 
 __all__ = [
+    "INT32_MAX",
+    "INT32_MIN",
+    "MAX_DURATION",
     "ActorConfig",
     "AttemptOutcome",
     "AttemptRow",
@@ -139,6 +142,14 @@ class ErrorInfo(_Model):
         return cls(error_class=name, message=str(exc), traceback=traceback)
 
 
+INT32_MIN: Final = -(2**31)
+INT32_MAX: Final = 2**31 - 1
+"""Bounds of the integers a job stores (priority, attempts): Postgres ``integer``."""
+
+MAX_DURATION: Final = timedelta(days=36_500)
+"""The longest delay, deadline, timeout or result TTL: a century."""
+
+
 class EnqueueArgs(_Model):
     """Everything a backend needs to insert one job.
 
@@ -150,10 +161,10 @@ class EnqueueArgs(_Model):
     actor: str = Field(min_length=1)
     queue: str = Field(default="default", min_length=1)
     payload: JsonDict = Field(default_factory=dict)
-    priority: int = 0
+    priority: int = Field(default=0, ge=INT32_MIN, le=INT32_MAX)
     delay: timedelta | None = None
     """Run no earlier than this long after enqueue (the job starts ``scheduled``)."""
-    max_attempts: int = Field(default=3, ge=1)
+    max_attempts: int = Field(default=3, ge=1, le=INT32_MAX)
     idempotency_key: str | None = None
     """Enqueueing the same (actor, key) again returns the existing job instead."""
     identity_key: str | None = None
@@ -177,6 +188,16 @@ class EnqueueArgs(_Model):
     def _non_negative(cls, value: timedelta | None) -> timedelta | None:
         if value is not None and value < timedelta(0):
             raise ValueError("must not be negative")
+        if value is not None and value > MAX_DURATION:
+            # The times derived from it must stay readable (Python's datetime ends in 9999).
+            raise ValueError(f"must be at most {MAX_DURATION.days} days")
+        return value
+
+    @field_validator("schedule_to_close", "timeout")
+    @classmethod
+    def _positive(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise ValueError("must be positive (None: no limit)")
         return value
 
 

@@ -42,7 +42,10 @@ def parse_duration(value: object) -> object:
         match = _DURATION_RE.fullmatch(value)
         if match is None:
             raise ValueError("expected a duration such as 30, 0.5, 500ms, 30s, 5m or 1h")
-        return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+        try:
+            return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+        except OverflowError:
+            raise ValueError(f"duration {value!r} is out of range") from None
     return value
 
 

@@ -1,0 +1,52 @@
+"""Enqueue options are the caller's when given, checked as such, on every backend: a
+value the database could not hold is refused before anything is written, and an
+explicit 0 or "" is not quietly replaced by the actor's default."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from taskq import TaskQ, actor
+from taskq.backend import Backend
+from taskq.models import INT32_MAX
+
+
+@actor(name="options.job", queue="jobs", max_attempts=2, timeout=30, result_ttl=60)
+async def job(payload: dict[str, Any]) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"priority": INT32_MAX + 1}, "priority"),
+        ({"priority": -(2**31) - 1}, "priority"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"max_attempts": INT32_MAX + 1}, "max_attempts"),
+        ({"queue": ""}, "queue"),
+        ({"timeout": 0}, "timeout"),
+        ({"schedule_to_close": 0}, "schedule_to_close"),
+        ({"delay": timedelta(days=100_000_000)}, "delay"),
+        ({"delay": 1e20}, "out of range"),
+        ({"tags": "urgent"}, "tags must be a list"),
+    ],
+)
+async def test_bad_options_are_refused_and_write_nothing(
+    taskq_backend: Backend, options: dict[str, Any], error: str
+) -> None:
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    with pytest.raises((ValueError, TypeError), match=error):
+        await tq.client.enqueue(job, {}, **options)
+    assert await tq.client.list_jobs() == []
+
+
+async def test_given_options_are_kept_and_others_come_from_the_actor(
+    taskq_backend: Backend,
+) -> None:
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    mine = await tq.client.enqueue(job, {}, result_ttl=0, priority=INT32_MAX, tags=["a"])
+    assert (mine.result_ttl, mine.priority, mine.tags) == (timedelta(0), INT32_MAX, ["a"])
+    assert (mine.queue, mine.max_attempts, mine.timeout) == ("jobs", 2, timedelta(seconds=30))

@@ -466,7 +466,8 @@ class ScheduleCreateArgs(_Model):
     cron: str = Field(min_length=1)
     """Cron expression; a sixth field gives seconds (croniter syntax)."""
     payload: JsonDict = Field(default_factory=dict)
-    queue: str = "default"
+    queue: str | None = Field(default=None, min_length=1)
+    """The fired jobs' queue; None: the actor's own (as it is when each slot fires)."""
     timezone: str = "UTC"
     enabled: bool = True
     options: JsonDict = Field(default_factory=dict)
@@ -488,7 +489,7 @@ class ScheduleUpdateArgs(_Model):
 
     cron: str | None = None
     payload: JsonDict | None = None
-    queue: str | None = None
+    queue: str | None = Field(default=None, min_length=1)
     timezone: str | None = None
     enabled: bool | None = None
     options: JsonDict | None = None
@@ -512,7 +513,8 @@ class ScheduleRecord(_Model):
     actor: str
     cron: str
     payload: JsonDict
-    queue: str
+    queue: str | None
+    """None: the actor's own queue."""
     timezone: str
     enabled: bool
     options: JsonDict = Field(default_factory=dict)

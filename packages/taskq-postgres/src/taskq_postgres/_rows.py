@@ -224,7 +224,7 @@ def schedule_record(record: Record) -> ScheduleRecord:
         actor=record["actor"],
         cron=record["cron"],
         payload=load_json(record["payload"]),
-        queue=record["queue"] if record["queue"] is not None else "default",
+        queue=record["queue"],
         timezone=record["timezone"],
         enabled=record["enabled"],
         options=load_json(record["options"]),

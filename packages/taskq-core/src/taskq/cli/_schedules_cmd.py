@@ -65,7 +65,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "cron", metavar="CRON", help="cron expression, e.g. '*/5 * * * *' (a 6th field: seconds)"
     )
     create.add_argument("--payload", help="the jobs' payload as a JSON object (default: {})")
-    create.add_argument("--queue", default="default", help="the jobs' queue (default: default)")
+    create.add_argument("--queue", help="the jobs' queue (default: the actor's)")
     create.add_argument("--timezone", default="UTC", help="timezone CRON is read in (default: UTC)")
     create.add_argument("--disabled", action="store_true", help="store it without firing it")
     add_connection_options(create)
@@ -176,7 +176,7 @@ async def _list(args: argparse.Namespace) -> int:
                     s.actor,
                     s.cron,
                     s.timezone,
-                    s.queue,
+                    s.queue or "(the actor's)",
                     "yes" if s.enabled else "no",
                     format_time(s.next_fire_at),
                 ]

@@ -34,7 +34,7 @@ class SlotJobBuilder:
             # the slot (the stranded-jobs warning covers an actor nobody runs).
             return EnqueueArgs(
                 actor=schedule.actor,
-                queue=schedule.queue,
+                queue=schedule.queue or "default",
                 payload=schedule.payload,
                 idempotency_key=key,
                 metadata=metadata,

@@ -62,6 +62,18 @@ class _CapacityCache:
         return self._known.update(read)
 
 
+def _job_filter(filters: JobFilter | None, fields: Mapping[str, Any]) -> JobFilter:
+    """``filters``, or one made of ``fields``; both at once would leave one unused."""
+    if filters is None:
+        return JobFilter(**fields)
+    if fields:
+        raise TypeError(
+            f"give a JobFilter or filter keywords, not both (got a JobFilter and "
+            f"{', '.join(sorted(fields))}): put every condition in the JobFilter"
+        )
+    return filters
+
+
 class JobsClient:
     """Enqueue jobs and inspect, retry or wait for them.
 
@@ -141,7 +153,7 @@ class JobsClient:
 
     async def list_jobs(self, filters: JobFilter | None = None, **fields: Any) -> list[JobRow]:
         """Jobs matching a :class:`JobFilter` (or its fields as keywords), one page."""
-        return await self._backend.list_jobs(filters or JobFilter(**fields))
+        return await self._backend.list_jobs(_job_filter(filters, fields))
 
     async def get_attempts(self, job_id: UUID) -> list[AttemptRow]:
         """Every attempt of a job, oldest first."""
@@ -165,7 +177,7 @@ class JobsClient:
         self, filters: JobFilter | None = None, *, reason: str | None = None, **fields: Any
     ) -> BulkCancelResult:
         """:meth:`cancel` every job a filter selects (its ``limit`` is ignored)."""
-        return await self._backend.cancel_where(filters or JobFilter(**fields), reason)
+        return await self._backend.cancel_where(_job_filter(filters, fields), reason)
 
     # -- schedules ---------------------------------------------------------------
     async def create_schedule(self, args: ScheduleCreateArgs) -> ScheduleRecord:

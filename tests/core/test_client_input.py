@@ -1,6 +1,7 @@
-"""Enqueue options are the caller's when given, checked as such, on every backend: a
-value the database could not hold is refused before anything is written, and an
-explicit 0 or "" is not quietly replaced by the actor's default."""
+"""What the client makes of its caller's input, on every backend: enqueue options are
+the caller's when given, checked as such (a value the database could not hold is
+refused before anything is written, an explicit 0 or "" is not quietly replaced by the
+actor's default), and a filter is never half used."""
 
 from __future__ import annotations
 
@@ -50,3 +51,16 @@ async def test_given_options_are_kept_and_others_come_from_the_actor(
     mine = await tq.client.enqueue(job, {}, result_ttl=0, priority=INT32_MAX, tags=["a"])
     assert (mine.result_ttl, mine.priority, mine.tags) == (timedelta(0), INT32_MAX, ["a"])
     assert (mine.queue, mine.max_attempts, mine.timeout) == ("jobs", 2, timedelta(seconds=30))
+
+
+async def test_a_filter_and_filter_keywords_together_are_refused(taskq_backend: Backend) -> None:
+    from taskq.models import JobFilter
+
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    kept = await tq.client.enqueue(job, {})
+    with pytest.raises(TypeError, match="not both"):
+        await tq.client.cancel_where(JobFilter(actor="options.job"), queue="elsewhere")
+    with pytest.raises(TypeError, match="not both"):
+        await tq.client.list_jobs(JobFilter(actor="options.job"), queue="elsewhere")
+    row = await tq.client.get(kept.id)
+    assert row is not None and row.cancel_requested_at is None  # nothing was cancelled

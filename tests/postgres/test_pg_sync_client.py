@@ -338,3 +338,16 @@ def test_a_mixed_case_schema_name_shares_the_backends_singleton_locks(
         conn.commit()
         racer.join(10)
     assert len(outcome) == 1 and isinstance(outcome[0], SingletonCollisionError), outcome
+
+
+def test_a_copy_with_a_used_key_or_id_is_a_clear_error(
+    client: SyncJobsClient, pg_pooled_schema: PgSchema
+) -> None:
+    kept = client.enqueue(item, {"n": 1}, idempotency_key="k")
+    used_key = EnqueueItem(actor="sync.item", payload={"n": 2}, options={"idempotency_key": "k"})
+    with pytest.raises(ValueError, match="idempotency key is already used"):
+        client.enqueue_batch_fast([used_key])
+    used_id = EnqueueItem(actor="sync.item", payload={"n": 3}, options={"job_id": kept.id})
+    with pytest.raises(ValueError, match="already exists"):
+        client.enqueue_batch_fast([used_id])
+    assert _stored(pg_pooled_schema) == [kept]

@@ -74,10 +74,8 @@ async def run(db: Db, plan: Plan[_T]) -> _T:
             try:
                 answer = await getattr(db, query.kind)(query.sql, *query.args)
             except asyncpg.UniqueViolationError as exc:
-                error = duplicate_id(exc.constraint_name, exc.detail)
-                if error is None:
-                    raise
-                raise error from exc
+                _raise_duplicate(exc)
+                raise
             query = plan.send(answer)
     except StopIteration as done:
         result: _T = done.value
@@ -140,10 +138,24 @@ def _sparse(column: list[Any]) -> list[Any] | None:
 
 def duplicate_id(constraint: str | None, detail: str | None) -> ValueError | None:
     """A unique violation on ``constraint`` as the caller's error when it is the jobs'
-    primary key; None for any other (to be raised as it is)."""
-    if constraint != "jobs_pkey":
-        return None
-    return ValueError(f"a job with that id already exists: {detail}")
+    primary key or idempotency key (only a COPY meets the latter: the inserts take a
+    used key as a hit); None for any other (to be raised as it is)."""
+    if constraint == "jobs_pkey":
+        return ValueError(f"a job with that id already exists: {detail}")
+    if constraint == "jobs_idempotency_key_uq":
+        return ValueError(
+            f"an idempotency key is already used: {detail}; enqueue_batch_fast does not "
+            f"deduplicate, use enqueue_batch"
+        )
+    return None
+
+
+def _raise_duplicate(exc: asyncpg.UniqueViolationError) -> None:
+    """Raise :func:`duplicate_id`'s error for ``exc`` when it has one (else return, for
+    the caller to re-raise ``exc``)."""
+    error = duplicate_id(exc.constraint_name, exc.detail)
+    if error is not None:
+        raise error from exc
 
 
 def _plain(a: EnqueueArgs) -> bool:
@@ -200,10 +212,8 @@ async def insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str 
     try:
         record = await db.fetchrow(text, *args)
     except asyncpg.UniqueViolationError as exc:
-        error = duplicate_id(exc.constraint_name, exc.detail)
-        if error is None:
-            raise
-        raise error from exc
+        _raise_duplicate(exc)
+        raise
     return fresh_row(a, payload, metadata, record)
 
 
@@ -313,9 +323,13 @@ async def copy_jobs(
     the check (and is seen) or waits on the lock until this transaction ends.
     """
     feed = CopyFeed(args, now)
-    await tx.copy_records_to_table(
-        "jobs", schema_name=check_identifier(schema), columns=list(COPY_COLUMNS), records=feed
-    )
+    try:
+        await tx.copy_records_to_table(
+            "jobs", schema_name=check_identifier(schema), columns=list(COPY_COLUMNS), records=feed
+        )
+    except asyncpg.UniqueViolationError as exc:
+        _raise_duplicate(exc)
+        raise
     if feed.error is not None:
         raise feed.error
     if any(a.singleton for a in feed.identified):

@@ -113,9 +113,15 @@ class SyncJobsClient:
             assert clock is not None
             feed = CopyFeed(self._build.each(listed), clock["now"])
             table = f"{check_identifier(self.schema)}.jobs ({', '.join(COPY_COLUMNS)})"
-            with cur.copy(f"COPY {table} FROM STDIN") as copy:
-                for row in feed:
-                    copy.write_row(row)
+            try:
+                with cur.copy(f"COPY {table} FROM STDIN") as copy:
+                    for row in feed:
+                        copy.write_row(row)
+            except psycopg.errors.UniqueViolation as exc:
+                error = duplicate_id(exc.diag.constraint_name, exc.diag.message_detail)
+                if error is None:
+                    raise
+                raise error from exc
             if feed.error is not None:
                 raise feed.error
             if any(a.singleton for a in feed.identified):

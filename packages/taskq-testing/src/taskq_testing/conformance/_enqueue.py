@@ -299,11 +299,16 @@ class EnqueueTests:
                 make_args(idempotency_key="dup"),
                 make_args(idempotency_key="dup"),
             ]
-        # The contract fixes only that the call fails: Postgres surfaces the driver's
-        # unique violation, other backends may raise what they like.
-        with pytest.raises(Exception):  # noqa: B017
+        with pytest.raises(ValueError, match="idempotency key"):
             await backend.enqueue_batch_fast(batch)
         assert await backend.list_jobs(JobFilter()) == before
+
+    @covers("enqueue_batch_fast")
+    async def test_enqueue_batch_fast_fails_whole_on_a_used_job_id(self, backend: Backend) -> None:
+        taken = await backend.enqueue(make_args())
+        with pytest.raises(ValueError, match="already exists"):
+            await backend.enqueue_batch_fast([make_args(), make_args(id=taken.id)])
+        assert await backend.list_jobs(JobFilter()) == [taken]
 
     # -- singleton ----------------------------------------------------------------
 

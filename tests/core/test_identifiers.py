@@ -28,6 +28,12 @@ def test_reserved_key_words_are_refused(name: str) -> None:
         validate_schema_name(name)
 
 
+@pytest.mark.parametrize("name", ["pg_foo", "PG_taskq"])
+def test_postgres_own_schema_prefix_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="starts with pg_"):
+        validate_schema_name(name)
+
+
 @pytest.mark.parametrize(
     "name",
     [

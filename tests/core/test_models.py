@@ -122,6 +122,10 @@ def test_schedule_args_validate_cron_and_timezone() -> None:
         ScheduleCreateArgs(name="n", actor="a", cron="* * * * *", timezone="Mars/Base")
     with pytest.raises(ValidationError, match="invalid cron"):
         ScheduleUpdateArgs(cron="nope")
+    # Parses, but names no date: would fail at every computation of its next slot.
+    with pytest.raises(ValidationError, match="never fires"):
+        ScheduleUpdateArgs(cron="0 0 30 2 *")
+    ScheduleCreateArgs(name="n", actor="a", cron="0 0 29 2 *")  # leap days exist
 
 
 def test_filter_after_builds_a_keyset_cursor() -> None:

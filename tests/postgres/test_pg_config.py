@@ -154,3 +154,10 @@ def test_importing_the_package_and_its_plugin_does_not_import_asyncpg() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.split() == ["[]", "True"]
+
+
+async def test_migrate_on_an_unreachable_server_is_backend_unavailable() -> None:
+    # What `taskq-worker --migrate` meets: one clear line, not the driver's traceback.
+    backend = PostgresBackend(UNREACHABLE, schema="taskq")
+    with pytest.raises(BackendUnavailableError, match="cannot connect to PostgreSQL"):
+        await backend.migrate()

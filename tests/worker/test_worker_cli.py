@@ -165,3 +165,24 @@ def test_the_worker_command_keeps_its_start_up_objects_out_of_the_collector(
 def test_a_duration_out_of_range_is_a_clear_setting_error() -> None:
     with pytest.raises(SettingsError, match="TASKQ_POLL_INTERVAL.*out of range"):
         WorkerSettings.load({}, env={"TASKQ_POLL_INTERVAL": "99999999999999d"})
+
+
+async def test_a_health_port_already_taken_is_a_clear_error() -> None:
+    import socket
+
+    from taskq import TaskQ
+    from taskq.errors import ConfigurationError
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        tq = TaskQ("memory://")
+        async with tq:
+            settings = WorkerSettings.load(
+                {**TEST_SETTINGS, "health_port": port, "health_host": "127.0.0.1"}, env={}
+            )
+            with pytest.raises(ConfigurationError, match=f"cannot listen on 127.0.0.1:{port}"):
+                await Worker(tq, settings).run()

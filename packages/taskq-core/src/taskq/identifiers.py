@@ -173,6 +173,10 @@ def validate_schema_name(schema: str) -> str:
     it (channels, lock keys) must be the same for both spellings.
     """
     check_identifier(schema)
+    if schema.lower().startswith("pg_"):
+        raise ValueError(
+            f"schema name {schema!r} starts with pg_, which Postgres reserves for its own schemas"
+        )
     if len(schema.encode()) > MAX_SCHEMA_NAME_BYTES:
         raise ValueError(
             f"schema name {schema!r} is too long: at most {MAX_SCHEMA_NAME_BYTES} bytes, so "

@@ -441,10 +441,16 @@ class BatchFilter(_Model):
 
 
 def _check_cron(value: str) -> str:
-    from croniter import croniter
+    from croniter import CroniterBadDateError, croniter
 
     if not croniter.is_valid(value):
         raise ValueError(f"invalid cron expression {value!r}")
+    try:
+        # From a fixed instant (no clock): an expression such as "0 0 30 2 *" parses but
+        # names no date, and would fail at every computation of its next slot.
+        croniter(value, datetime(2000, 1, 1)).get_next(datetime)
+    except (CroniterBadDateError, ValueError):
+        raise ValueError(f"cron expression {value!r} never fires (no such date)") from None
     return value
 
 

@@ -79,6 +79,7 @@ from taskq_postgres._connect import (
     create_pool,
     password_from_file,
     redact,
+    translated_errors,
 )
 from taskq_postgres._enqueue import (
     check_singletons,
@@ -426,7 +427,8 @@ class PostgresBackend:
         ``taskq migrate``, since workers of the old version may still be running."""
         from taskq_postgres.migrate import migrate
 
-        return await migrate(self.dsn, self.schema, post=False)
+        with translated_errors(self.dsn):  # an unreachable server is BackendUnavailableError
+            return await migrate(self.dsn, self.schema, post=False)
 
     async def reload_credentials(self) -> None:
         """Make every pooled connection reconnect (with fresh credentials from the

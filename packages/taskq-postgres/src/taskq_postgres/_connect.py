@@ -141,7 +141,9 @@ def connection_settings(
 
 
 @contextmanager
-def _translated(dsn: str) -> Iterator[None]:
+def translated_errors(dsn: str) -> Iterator[None]:
+    """A failure to connect as :class:`BackendUnavailableError` (a bad DSN as
+    ``ConfigurationError``), with the redacted address and the reason."""
     try:
         yield
     except (asyncpg.ClientConfigurationError, ValueError) as exc:
@@ -271,7 +273,7 @@ async def create_pool(
     With ``lent``, a released connection is reset only if it was lent (see
     :class:`LentConnections`); without, always (asyncpg's default).
     """
-    with _translated(dsn):
+    with translated_errors(dsn):
         pool: asyncpg.Pool[asyncpg.Record] = await asyncpg.create_pool(
             dsn,
             min_size=min_size,
@@ -289,7 +291,7 @@ async def connect(
     dsn: str, *, settings: dict[str, str], connect_timeout: timedelta, password: Password = None
 ) -> asyncpg.Connection[Any]:
     """One dedicated (non-pooled) connection carrying ``settings``; errors translated."""
-    with _translated(dsn):
+    with translated_errors(dsn):
         conn: asyncpg.Connection[Any] = await asyncpg.connect(
             dsn,
             server_settings=settings,

@@ -13,6 +13,7 @@ import structlog
 from taskq._di import ActorSpec
 from taskq.backend import SupportsCredentialReload
 from taskq.backend._protocol import SupportsWorkerRegistry
+from taskq.errors import ConfigurationError
 from taskq.models import ActorConfig
 from taskq.settings import WorkerSettings
 from taskq.worker._liveness import LoopLiveness
@@ -140,6 +141,21 @@ class Worker:
         self._state = state
         if self._stop_requested:
             state.stopping.set()
+        # Before registering: a port already taken stops the start with nothing to undo.
+        if settings.health_port is not None:
+            self.health = HealthServer(
+                state,
+                settings.health_host,
+                settings.health_port,
+                tasks_enabled=settings.health_tasks_enabled,
+            )
+            try:
+                await self.health.start()
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"health server: cannot listen on {settings.health_host}:"
+                    f"{settings.health_port}: {exc.strerror or exc}"
+                ) from exc
         await state.register()
         _log.info(
             "taskq.worker-started",
@@ -148,14 +164,6 @@ class Worker:
             concurrency=settings.concurrency,
             actors=sorted(self.app.actors),
         )
-        if settings.health_port is not None:
-            self.health = HealthServer(
-                state,
-                settings.health_host,
-                settings.health_port,
-                tasks_enabled=settings.health_tasks_enabled,
-            )
-            await self.health.start()
         lag_watchdog: LoopLagWatchdog | None = None
         if settings.watchdog_enabled:
             lag_watchdog = LoopLagWatchdog(

@@ -186,3 +186,27 @@ async def test_a_health_port_already_taken_is_a_clear_error() -> None:
             )
             with pytest.raises(ConfigurationError, match=f"cannot listen on 127.0.0.1:{port}"):
                 await Worker(tq, settings).run()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tests.apps.basic:tq", "--concurrency", "abc"],
+        ["--until-idle"],  # APP missing
+    ],
+)
+def test_a_usage_error_exits_1_not_the_watchdogs_2(argv: list[str]) -> None:
+    from taskq.worker.cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    assert exited.value.code == 1
+
+
+def test_a_subcommands_usage_error_exits_1_too() -> None:
+    from taskq.cli import _collect_commands, build_parser
+
+    parser = build_parser(_collect_commands())
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["enqueue", "tests.apps.basic:tq", "nap", "{}", "--delay", "5x"])
+    assert exited.value.code == 1

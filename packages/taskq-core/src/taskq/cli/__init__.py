@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from taskq.cli._commands import Command as Command
 from taskq.cli._commands import CommandRegistry as CommandRegistry
+from taskq.cli._parser import ArgumentParser
 from taskq.errors import TaskQError
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "Command", "CommandRegistry", "build_parser", "main"]
@@ -53,7 +54,7 @@ def _collect_commands() -> CommandRegistry:
 
 def build_parser(registry: CommandRegistry) -> argparse.ArgumentParser:
     """The ``taskq`` argument parser with every registered subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="taskq",
         description="TaskQ: a Postgres-backed job queue. Run `taskq COMMAND --help` for details.",
     )

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from taskq.cli._parser import ArgumentParser
 from taskq.errors import ConfigurationError, TaskQError
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def load_app(spec: str) -> TaskQ:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``taskq-worker`` argument parser; flags override ``TASKQ_*`` env vars."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="taskq-worker",
         description="Run the actors of a TaskQ application. Every flag also reads "
         "TASKQ_<NAME> from the environment (a flag wins).",

@@ -1,4 +1,5 @@
-"""The job a cron slot enqueues: the actor's own queue unless the schedule names one."""
+"""The job a cron slot enqueues (the actor's own queue unless the schedule names one), and
+schedules checked at create and update as their slots' jobs will be built."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
+from pydantic import BaseModel
 
 from taskq import TaskQ, actor
 from taskq.backend import Backend
-from taskq.models import ScheduleCreateArgs, ScheduleRecord
+from taskq.errors import PayloadValidationError
+from taskq.models import ScheduleCreateArgs, ScheduleRecord, ScheduleUpdateArgs
 from taskq.worker.cron import SlotJobBuilder
 
 SLOT = datetime(2026, 12, 4, 3, 0, tzinfo=UTC)
@@ -18,6 +21,15 @@ SLOT = datetime(2026, 12, 4, 3, 0, tzinfo=UTC)
 
 @actor(name="cron.report", queue="reports")
 async def report(payload: dict[str, Any]) -> None:
+    return None
+
+
+class Count(BaseModel):
+    n: int
+
+
+@actor(name="cron.counted")
+async def counted(payload: Count) -> None:
     return None
 
 
@@ -62,3 +74,39 @@ async def test_a_schedule_without_a_queue_is_stored_so(taskq_backend: Backend) -
     assert record.queue is None
     [listed] = await tq.client.list_schedules()
     assert listed.queue is None
+
+
+@pytest.mark.parametrize(
+    ("payload", "options", "error", "match"),
+    [
+        ({"n": 1}, {"bogus": 1}, TypeError, "bogus"),
+        ({"n": 1}, {"priority": "high"}, ValueError, "priority"),
+        ({}, {"metadata": {"k": 1}}, ValueError, "cannot set metadata"),
+    ],
+)
+async def test_a_schedule_is_checked_as_its_slots_jobs_will_be(
+    taskq_backend: Backend,
+    payload: dict[str, Any],
+    options: dict[str, Any],
+    error: type,
+    match: str,
+) -> None:
+    tq = TaskQ("memory://", actors=[report, counted], backend=taskq_backend)
+    with pytest.raises(error, match=match):
+        await tq.client.create_schedule(
+            ScheduleCreateArgs(
+                name="bad", actor="cron.counted", cron="* * * * *", payload=payload, options=options
+            )
+        )
+    assert await tq.client.list_schedules() == []
+
+
+async def test_an_update_is_checked_against_the_stored_schedule(taskq_backend: Backend) -> None:
+    tq = TaskQ("memory://", actors=[report, counted], backend=taskq_backend)
+    stored = await tq.client.create_schedule(
+        ScheduleCreateArgs(name="ok", actor="cron.counted", cron="* * * * *", payload={"n": 1})
+    )
+    with pytest.raises(PayloadValidationError):
+        await tq.client.update_schedule(stored.id, ScheduleUpdateArgs(payload={"n": "many"}))
+    [kept] = await tq.client.list_schedules()
+    assert kept.payload == {"n": 1}

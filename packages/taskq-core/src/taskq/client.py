@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 from uuid import UUID
 
 from taskq.actor import Actor
@@ -62,6 +62,10 @@ class _CapacityCache:
         return self._known.update(read)
 
 
+_SLOT_OWNED: Final = frozenset({"idempotency_key", "metadata", "job_id", "queue"})
+"""Enqueue options a cron slot sets itself (``SlotJobBuilder``)."""
+
+
 def _job_filter(filters: JobFilter | None, fields: Mapping[str, Any]) -> JobFilter:
     """``filters``, or one made of ``fields``; both at once would leave one unused."""
     if filters is None:
@@ -90,6 +94,7 @@ class JobsClient:
     ) -> None:
         self._backend = backend
         self._build = ArgsBuilder(actors)
+        self._actors = actors
         self._capacity = _CapacityCache(backend, max_pending_cache_ttl)
         self.build_args = self._build.build
         """Validate a payload and merge the actor's defaults with per-call options
@@ -183,8 +188,10 @@ class JobsClient:
     async def create_schedule(self, args: ScheduleCreateArgs) -> ScheduleRecord:
         """Store a cron schedule the maintenance leader fires; its first ``next_fire_at``
         follows the backend's clock. ``UnknownActorError`` for an actor this
-        application does not know, ``ValueError`` when the name is taken."""
-        self._build.actor(args.actor)
+        application does not know, ``ValueError`` when the name is taken. The payload and
+        options are checked as each slot's job will be (``PayloadValidationError``,
+        ``TypeError`` for an unknown option, ``ValueError`` for a bad one)."""
+        self._check_slot_job(args.actor, args.payload, args.queue, args.options)
         return await self._backend.create_schedule(args)
 
     async def list_schedules(
@@ -195,8 +202,35 @@ class JobsClient:
 
     async def update_schedule(self, schedule_id: UUID, args: ScheduleUpdateArgs) -> ScheduleRecord:
         """Change the fields of ``args`` that are set; ``next_fire_at`` is recomputed.
-        ``KeyError`` for an unknown schedule."""
+        ``KeyError`` for an unknown schedule; a new payload, queue or options are
+        checked as in :meth:`create_schedule`."""
+        if args.payload is not None or args.queue is not None or args.options is not None:
+            current = next(
+                (s for s in await self._backend.list_schedules() if s.id == schedule_id), None
+            )
+            if current is None:
+                raise KeyError(schedule_id)
+            if current.actor in self._actors:  # another application's actor: its own check
+                self._check_slot_job(
+                    current.actor,
+                    current.payload if args.payload is None else args.payload,
+                    current.queue if args.queue is None else args.queue,
+                    current.options if args.options is None else args.options,
+                )
         return await self._backend.update_schedule(schedule_id, args)
+
+    def _check_slot_job(
+        self, actor: str, payload: Any, queue: str | None, options: Mapping[str, Any]
+    ) -> None:
+        """What the cron loop will build for each slot, built once now: a bad stored
+        payload or option would otherwise skip every slot, with only a log line."""
+        owned = _SLOT_OWNED & options.keys()
+        if owned:
+            raise ValueError(
+                f"schedule options cannot set {', '.join(sorted(owned))}: each slot sets its "
+                f"own (give the schedule's queue= for a queue)"
+            )
+        self._build.build(actor, payload, queue=queue, **options)
 
     async def delete_schedule(self, schedule_id: UUID) -> None:
         """Remove a schedule; ``KeyError`` for an unknown one."""

@@ -65,3 +65,14 @@ def test_no_dsn_anywhere_says_how_to_give_one(args: list[str]) -> None:
     line = error_line(run("taskq", *args, env=env))
     assert "--dsn" in line
     assert "TASKQ_DSN" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["enqueue", APP, "nap", "{}"], ["jobs", "list"], ["schedules", "list"]],
+)
+def test_memory_is_refused_where_other_processes_jobs_are_meant(args: list[str]) -> None:
+    # The job would be stored in this command's process and gone as it exits.
+    result = run("taskq", *args, "--dsn", "memory://", env=clean_env())
+    assert result.returncode == 1
+    assert "memory:// lives inside one process" in error_line(result)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BIN = Path(sys.executable).parent
 
 
@@ -105,3 +107,18 @@ def test_every_nested_subcommand_answers_help(capsys: object) -> None:
         assert exit_info.value.code == 0
         out = capsys.readouterr().out  # type: ignore[attr-defined]
         assert f"usage: taskq {' '.join(path)}" in out
+
+
+def test_a_reader_that_went_away_is_no_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `taskq jobs list | head`: head exits, the next write meets a closed pipe.
+    import io
+    import os
+
+    from taskq.cli import main
+
+    read, write = os.pipe()
+    os.close(read)
+    closed = io.TextIOWrapper(io.FileIO(write, "w"), write_through=False)
+    monkeypatch.setattr("sys.stdout", closed)
+    assert main(["plugins"]) == 1  # and no BrokenPipeError escaped
+    closed.close()  # what is left in its buffer goes to /dev/null now, without an error

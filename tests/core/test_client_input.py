@@ -64,3 +64,15 @@ async def test_a_filter_and_filter_keywords_together_are_refused(taskq_backend: 
         await tq.client.list_jobs(JobFilter(actor="options.job"), queue="elsewhere")
     row = await tq.client.get(kept.id)
     assert row is not None and row.cancel_requested_at is None  # nothing was cancelled
+
+
+async def test_wait_for_result_with_no_time_answers_from_one_read(taskq_backend: Backend) -> None:
+    from taskq_testing import run_until_idle
+
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    waiting = await tq.client.enqueue(job, {}, queue="nobody-works-this")
+    with pytest.raises(TimeoutError, match=r"did not finish within 0 s \(it is pending\)"):
+        await tq.client.wait_for_result(waiting.id, timeout=0)
+    done = await tq.client.enqueue(job, {})
+    await run_until_idle(tq, queues=["jobs"])
+    assert await tq.client.wait_for_result(done.id, timeout=0) is None  # done: no wait

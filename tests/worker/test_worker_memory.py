@@ -279,3 +279,19 @@ async def test_a_stopping_worker_hands_back_jobs_whose_dispatch_reply_was_lost()
         assert [r.status for r in rows if r] == [JobStatus.PENDING] * 3
         for job in jobs:
             assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["interrupted"]
+
+
+async def test_the_last_attempts_failure_is_logged_as_final() -> None:
+    import structlog.testing
+
+    @actor(name="fails_twice", max_attempts=2, retry_backoff=FixedBackoff(timedelta(0)))
+    async def fails_twice(payload: dict[str, Any]) -> None:
+        raise RuntimeError("no")
+
+    tq = TaskQ("memory://", actors=[fails_twice])
+    async with tq:
+        await tq.client.enqueue(fails_twice, {})
+        with structlog.testing.capture_logs() as logs:
+            await run_until_idle(tq)
+    decisions = [e["decision"] for e in logs if e["event"] == "taskq.job-raised"]
+    assert decisions == ["retry", "fail"]

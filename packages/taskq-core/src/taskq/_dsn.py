@@ -29,3 +29,16 @@ def resolve_dsn(flag: str | None, env: Mapping[str, str] | None = None) -> str:
     if default:
         return default
     raise ConfigurationError(NO_DSN_MESSAGE)
+
+
+def resolve_shared_dsn(flag: str | None) -> str:
+    """:func:`resolve_dsn` for a command acting on jobs other processes see (enqueue,
+    jobs, schedules): ``memory://`` is refused, as its store lives and dies with the
+    command's own process."""
+    dsn = resolve_dsn(flag)
+    if dsn.partition(":")[0].lower() == "memory":
+        raise ConfigurationError(
+            "memory:// lives inside one process: this command would act on an empty store "
+            "that vanishes when it exits; give a Postgres DSN (--dsn or TASKQ_DSN)"
+        )
+    return dsn

@@ -249,14 +249,24 @@ class JobsClient:
         """
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         pause = 0.01
-        async with asyncio.timeout(limit):
-            while True:
-                row = await self._backend.get(job_id)
-                if row is None:
-                    raise KeyError(f"no job {job_id}")
-                if row.status in TERMINAL_STATUSES:
-                    if row.status is JobStatus.SUCCEEDED:
-                        return row.result
-                    raise JobFailedError(row)
-                await asyncio.sleep(pause)
-                pause = min(pause * 1.5, 0.5)
+        # Read once before the clock runs: timeout=0 asks "is it done?", on every backend.
+        row = await self._backend.get(job_id)
+        try:
+            async with asyncio.timeout(limit) as budget:
+                while True:
+                    if row is None:
+                        raise KeyError(f"no job {job_id}")
+                    if row.status in TERMINAL_STATUSES:
+                        if row.status is JobStatus.SUCCEEDED:
+                            return row.result
+                        raise JobFailedError(row)
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 1.5, 0.5)
+                    row = await self._backend.get(job_id)
+        except TimeoutError:
+            if not budget.expired():
+                raise
+            status = row.status.value if row is not None else "gone"
+            raise TimeoutError(
+                f"job {job_id} did not finish within {limit:g} s (it is {status})"
+            ) from None

@@ -4,6 +4,7 @@ and plugins register through the ``taskq_cli_commands`` hook."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -80,9 +81,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     try:
         code: int = run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
     except TaskQError as exc:
         print(f"taskq: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
+        return EXIT_ERROR
+    except BrokenPipeError:
+        # The reader went away (`taskq jobs list | head`): no traceback, and none either
+        # from the flush at exit (Python's documented recipe).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_ERROR
     return code

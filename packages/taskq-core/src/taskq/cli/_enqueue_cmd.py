@@ -74,7 +74,7 @@ def _target(app: TaskQ, schema_flag: str | None, dsn_flag: str | None) -> TaskQ:
     """``app``'s actors, providers and queues on the database the options name."""
     from urllib.parse import urlsplit
 
-    from taskq._dsn import resolve_dsn
+    from taskq._dsn import resolve_shared_dsn
     from taskq.app import TaskQ
     from taskq.identifiers import validate_schema_name
 
@@ -87,7 +87,7 @@ def _target(app: TaskQ, schema_flag: str | None, dsn_flag: str | None) -> TaskQ:
     # that is memory://, which would vanish with this process.
     app_url = None if urlsplit(app.url).scheme == "memory" else app.url
     return TaskQ(
-        resolve_dsn(dsn_flag or os.environ.get("TASKQ_DSN") or app_url),
+        resolve_shared_dsn(dsn_flag or os.environ.get("TASKQ_DSN") or app_url),
         schema=schema,
         actors=app.actors.values(),
         providers=app.providers,

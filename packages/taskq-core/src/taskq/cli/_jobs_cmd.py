@@ -156,7 +156,7 @@ def register(cli: CommandRegistry) -> None:
 async def connect_backend(args: argparse.Namespace) -> AsyncIterator[Backend]:
     """The open backend that ``--dsn`` / ``--schema`` (or their environment variables)
     name; closed on exit."""
-    from taskq._dsn import resolve_dsn
+    from taskq._dsn import resolve_shared_dsn
     from taskq.identifiers import validate_schema_name
     from taskq.plugins import open_backend
 
@@ -165,7 +165,7 @@ async def connect_backend(args: argparse.Namespace) -> AsyncIterator[Backend]:
         validate_schema_name(schema)
     except ValueError as exc:
         raise ConfigurationError(f"--schema: {exc}") from None
-    backend = open_backend(resolve_dsn(args.dsn), schema=schema)
+    backend = open_backend(resolve_shared_dsn(args.dsn), schema=schema)
     await backend.open()
     try:
         yield backend

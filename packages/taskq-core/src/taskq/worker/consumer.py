@@ -222,7 +222,9 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         if ctx.cancel_event.is_set() and await _stopped(state, row, ctx):
             return
         decision = actor.retry.classify(exc, row.attempt)
-        _log.info("taskq.job-raised", error=repr(exc), decision=decision.kind)
+        # The backend fails a job whose attempts are spent, whatever the policy says.
+        final = "fail" if row.attempt >= row.max_attempts else decision.kind
+        _log.info("taskq.job-raised", error=repr(exc), decision=final)
         await _fail(state, row, exc, retry_delay=decision.delay, ctx=ctx)
         return
 

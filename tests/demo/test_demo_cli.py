@@ -60,7 +60,7 @@ def test_demo_on_memory_prints_a_summary_table(tmp_path: Path) -> None:
 @pytest.mark.parametrize("jobs", [str(MIN_JOBS - 1), "10001", "many"])
 def test_demo_refuses_a_job_count_outside_its_range(tmp_path: Path, jobs: str) -> None:
     result = taskq("demo", "--dsn", "memory://", "--jobs", jobs, cwd=tmp_path)
-    assert result.returncode == 2
+    assert result.returncode == 1  # a usage error; 2 is a watchdog trip
     assert "--jobs" in result.stderr
 
 

@@ -1,4 +1,4 @@
-"""An application's actors are known by name: two may not share one."""
+"""An application's actors are known by name: two may not share one, and each is an actor."""
 
 from __future__ import annotations
 
@@ -26,3 +26,16 @@ def test_two_actors_with_one_name_are_refused_with_the_fix() -> None:
 def test_actors_are_looked_up_by_their_names() -> None:
     first, second = _named("first"), _named("second")
     assert TaskQ("memory://", actors=[first, second]).actors == {"first": first, "second": second}
+
+
+def test_a_plain_function_is_refused_with_the_fix() -> None:
+    async def job(payload: dict[str, Any]) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match="is not an actor: decorate the function"):
+        TaskQ("memory://", actors=[job])  # type: ignore[list-item]
+
+
+def test_an_empty_name_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="name must not be empty"):
+        _named("")

@@ -76,3 +76,10 @@ async def test_wait_for_result_with_no_time_answers_from_one_read(taskq_backend:
     done = await tq.client.enqueue(job, {})
     await run_until_idle(tq, queues=["jobs"])
     assert await tq.client.wait_for_result(done.id, timeout=0) is None  # done: no wait
+
+
+async def test_enqueue_with_conn_needs_a_connection(taskq_backend: Backend) -> None:
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    with pytest.raises(TypeError, match="needs the caller's connection"):
+        await tq.client.enqueue_with_conn(None, job, {})
+    assert await tq.client.list_jobs() == []

@@ -161,6 +161,8 @@ def actor(
     (``MaxPendingExceededError``); ``identity_key(payload)`` serializes jobs
     with the same key; ``result_ttl`` expires stored results.
     """
+    if name is not None and not name.strip():
+        raise ConfigurationError("@actor name must not be empty (leave it out for the function's)")
     if not 1 <= max_attempts <= INT32_MAX:
         raise ConfigurationError(
             f"@actor max_attempts must be between 1 and {INT32_MAX}, got {max_attempts}"
@@ -196,6 +198,10 @@ def actors_by_name(actors: Iterable[Actor[..., Any]]) -> dict[str, Actor[..., An
     """``actors`` by name; ``ConfigurationError`` when two share one."""
     named: dict[str, Actor[..., Any]] = {}
     for a in actors:
+        if not isinstance(a, Actor):
+            raise ConfigurationError(
+                f"{a!r} is not an actor: decorate the function with @actor before passing it"
+            )
         if a.name in named:
             raise ConfigurationError(
                 f"two actors are named {a.name!r}; give one an explicit @actor(name=...)"

@@ -78,8 +78,9 @@ async def test_wait_for_result_with_no_time_answers_from_one_read(taskq_backend:
     assert await tq.client.wait_for_result(done.id, timeout=0) is None  # done: no wait
 
 
-async def test_enqueue_with_conn_needs_a_connection(taskq_backend: Backend) -> None:
-    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+async def test_enqueue_with_conn_needs_a_connection_on_postgres(pg_backend: Backend) -> None:
+    # The caller's transaction is the point: without one the job would commit at once.
+    tq = TaskQ("memory://", actors=[job], backend=pg_backend)
     with pytest.raises(TypeError, match="needs the caller's connection"):
         await tq.client.enqueue_with_conn(None, job, {})
     assert await tq.client.list_jobs() == []

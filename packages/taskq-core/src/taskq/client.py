@@ -123,9 +123,6 @@ class JobsClient:
     ) -> JobRow:
         """Enqueue inside the caller's own transaction (asyncpg connection on Postgres):
         the job exists if and only if that transaction commits."""
-        if conn is None:
-            # Postgres would take None for "no transaction" and commit the job at once.
-            raise TypeError("enqueue_with_conn needs the caller's connection; use enqueue")
         args = self._build.args(actor, payload, options)
         await self._check_capacity({args.actor: 1})
         return await self._backend.enqueue_with_conn(conn, args)

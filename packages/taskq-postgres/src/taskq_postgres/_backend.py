@@ -600,6 +600,9 @@ class PostgresBackend:
     async def enqueue_with_conn(self, conn: Connection, args: EnqueueArgs) -> JobRow:
         """``enqueue`` on the caller's connection: the job exists (and the workers are
         woken) only if the caller's transaction commits."""
+        if conn is None:
+            # None means "no caller's transaction" to _enqueue: the job would commit at once.
+            raise TypeError("enqueue_with_conn needs the caller's connection; use enqueue")
         [row] = await self._enqueue(conn, [args])
         return row
 

@@ -295,3 +295,22 @@ async def test_the_last_attempts_failure_is_logged_as_final() -> None:
             await run_until_idle(tq)
     decisions = [e["decision"] for e in logs if e["event"] == "taskq.job-raised"]
     assert decisions == ["retry", "fail"]
+
+
+async def test_until_idle_ends_when_only_jobs_of_unknown_actors_are_left() -> None:
+    import structlog.testing
+
+    from taskq.models import EnqueueArgs
+
+    tq = TaskQ("memory://", actors=[add])
+    async with tq:
+        # Enqueued by another application (the backend takes any actor name).
+        ghost = await tq.backend.enqueue(EnqueueArgs(actor="ghost.actor"))
+        known = await tq.client.enqueue(add, {"a": 1, "b": 2})
+        with structlog.testing.capture_logs() as logs:
+            await run_until_idle(tq, timeout=10)  # would bounce the ghost job forever
+        assert await tq.client.wait_for_result(known.id, timeout=0) == 3
+        row = await tq.client.get(ghost.id)
+        assert row is not None and row.status is not JobStatus.RUNNING
+    errors = [e for e in logs if e["event"] == "taskq.idle-but-jobs-of-unknown-actors"]
+    assert errors and all(e["actors"] == ["ghost.actor"] for e in errors)

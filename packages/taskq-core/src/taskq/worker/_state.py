@@ -119,6 +119,9 @@ class WorkerState:
     """The backend may hold jobs for this worker that it never heard of (a dispatch
     failed, or a heartbeat renewed more jobs than it knows): the producer checks,
     between two dispatches, and hands them back."""
+    met_unknown_actor: bool = False
+    """A job of an actor this application does not know was handed back (--until-idle
+    then checks whether only such jobs are left, which it would bounce forever)."""
     cancel: CancelController = field(init=False)
     completer: Completer | None = field(init=False)
     """Batches success writes; None when the backend can only write them one by one."""

@@ -137,6 +137,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     actor = state.actors.get(row.actor)
     if actor is None:
         _log.warning("taskq.unknown-actor", known=sorted(state.actors))
+        state.met_unknown_actor = True
         await _write(
             state,
             "retry_after",

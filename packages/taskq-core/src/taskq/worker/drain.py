@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Final
 
 import structlog
 
+from taskq.models import JobFilter
 from taskq.worker._state import WorkerState
 from taskq.worker._transient import transient_errors
 
@@ -16,7 +18,9 @@ async def drain_monitor_loop(state: WorkerState) -> None:
     """Stop dispatch when this worker holds nothing and ``count_active_jobs`` is 0.
 
     Two consecutive idle readings are required, so a job enqueued by a job
-    that just finished (its sub-job) is not missed between the two reads.
+    that just finished (its sub-job) is not missed between the two reads. Jobs of
+    actors the application does not know count as none (with an error log): the
+    worker could only hand them back, every few seconds, forever.
     """
     interval = state.settings.poll_interval.total_seconds()
     idle_readings = 0
@@ -30,7 +34,35 @@ async def drain_monitor_loop(state: WorkerState) -> None:
         except transient_errors() as exc:
             _log.warning("taskq.drain-check-transient-error", error=repr(exc))
             continue
+        if remaining and state.met_unknown_actor:
+            try:
+                strangers = await _only_unknown_actors_left(state)
+            except transient_errors() as exc:
+                _log.warning("taskq.drain-check-transient-error", error=repr(exc))
+                continue
+            if strangers:
+                # Handed back every few seconds, forever: nothing this worker can run is left.
+                _log.error("taskq.idle-but-jobs-of-unknown-actors", actors=strangers)
+                remaining = 0
         idle_readings = idle_readings + 1 if remaining == 0 else 0
         if idle_readings >= 2:
             _log.info("taskq.idle", processed=state.processed)
             state.stopping.set()
+
+
+_SAMPLE: Final = 1_000
+
+
+async def _only_unknown_actors_left(state: WorkerState) -> list[str]:
+    """The actors of the active jobs left in the worker's queues when the application knows
+    none of them, else []. More than ``_SAMPLE`` jobs in a queue: [] (not looked at)."""
+    strangers: set[str] = set()
+    for queue in state.settings.queues:
+        rows = await state.backend.list_jobs(JobFilter(active=True, queue=queue, limit=_SAMPLE))
+        if len(rows) == _SAMPLE:
+            return []
+        for row in rows:
+            if row.actor in state.actors:
+                return []
+            strangers.add(row.actor)
+    return sorted(strangers)

@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from taskq.backend.statemachine import (
@@ -53,6 +54,29 @@ __all__ = [
 _ZERO = timedelta(0)
 
 
+_V = TypeVar("_V")
+
+
+def stored_json(value: _V) -> _V:
+    """A deep copy of JSON ``value`` to store (the caller's later mutations cannot reach
+    the store); ``ValueError`` for a NaN or infinite number, which JSON cannot hold
+    (Postgres's ``jsonb`` refuses them too)."""
+    _check_finite(value)
+    return copy.deepcopy(value)
+
+
+def _check_finite(value: object) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        constant = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        raise ValueError(f"{constant} is not a JSON number: send None or a string for it instead")
+    if isinstance(value, dict):
+        for item in value.values():
+            _check_finite(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _check_finite(item)
+
+
 def new_job(args: EnqueueArgs, now: datetime) -> JobRow:
     """The row ``enqueue`` inserts for ``args``. JSON values are copied so the
     caller's later mutations cannot reach the store."""
@@ -62,7 +86,7 @@ def new_job(args: EnqueueArgs, now: datetime) -> JobRow:
         actor=args.actor,
         queue=args.queue,
         status=status,
-        payload=copy.deepcopy(args.payload),
+        payload=stored_json(args.payload),
         priority=args.priority,
         attempt=0,
         max_attempts=args.max_attempts,
@@ -74,7 +98,7 @@ def new_job(args: EnqueueArgs, now: datetime) -> JobRow:
         deadline_at=now + args.schedule_to_close if args.schedule_to_close is not None else None,
         timeout=args.timeout,
         result_ttl=args.result_ttl,
-        metadata=copy.deepcopy(args.metadata),
+        metadata=stored_json(args.metadata),
         tags=list(args.tags),
         trace_id=args.trace_id,
         span_id=args.span_id,
@@ -311,7 +335,7 @@ class JobStore:
             changes["finished_at"] = now
         if progress_seq > row.progress_seq:
             changes["progress_seq"] = progress_seq
-            changes["progress_state"] = copy.deepcopy(progress_state)
+            changes["progress_state"] = stored_json(progress_state)
         updated = self.move(
             row,
             to,

@@ -29,7 +29,6 @@ Not thread-safe: use one instance from one event loop.
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -49,6 +48,7 @@ from taskq.backend._memory_store import (
     WorkerRecord,
     deadline_error,
     due_after,
+    stored_json,
     wake,
 )
 from taskq.backend._memory_sweeps import fail_past_deadline, promote_due, reclaim_expired
@@ -269,7 +269,7 @@ class InMemoryBackend:
             return False
         if progress_seq > row.progress_seq:
             self._store.update(
-                row, progress_seq=progress_seq, progress_state=copy.deepcopy(progress_state)
+                row, progress_seq=progress_seq, progress_state=stored_json(progress_state)
             )
         return True
 
@@ -299,7 +299,7 @@ class InMemoryBackend:
             outcome="succeeded",
             progress_seq=progress_seq,
             progress_state=progress_state,
-            result=copy.deepcopy(result),
+            result=stored_json(result),
             result_expires_at=now + ttl if ttl is not None else None,
         )
         return True
@@ -476,7 +476,7 @@ class InMemoryBackend:
         now = self.clock.now()
         changes: dict[str, Any] = {"max_attempts": row.max_attempts + 1}
         if metadata_update:
-            changes["metadata"] = {**row.metadata, **copy.deepcopy(metadata_update)}
+            changes["metadata"] = {**row.metadata, **stored_json(metadata_update)}
         attempt_error = None
         if row.deadline_at is not None and now + delay > row.deadline_at:
             to = _S.FAILED

@@ -303,6 +303,20 @@ class EnqueueTests:
             await backend.enqueue_batch_fast(batch)
         assert await backend.list_jobs(JobFilter()) == before
 
+    @pytest.mark.parametrize("field", ["payload", "metadata"])
+    @covers("enqueue", "enqueue_batch", "enqueue_batch_fast")
+    async def test_a_number_json_cannot_hold_is_refused_and_writes_nothing(
+        self, backend: Backend, field: str
+    ) -> None:
+        bad = make_args(**{field: {"x": float("nan")}})
+        with pytest.raises(ValueError, match="is not a JSON number"):
+            await backend.enqueue(bad)
+        with pytest.raises(ValueError, match="is not a JSON number"):
+            await backend.enqueue_batch([make_args(), bad])
+        with pytest.raises(ValueError, match="is not a JSON number"):
+            await backend.enqueue_batch_fast([make_args(), bad])
+        assert await backend.list_jobs(JobFilter()) == []
+
     @covers("enqueue_batch_fast")
     async def test_enqueue_batch_fast_fails_whole_on_a_used_job_id(self, backend: Backend) -> None:
         taken = await backend.enqueue(make_args())

@@ -378,6 +378,21 @@ class TerminalWriteTests:
         assert (await fetch(backend, job.id)).result == result
 
     @pytest.mark.parametrize(
+        "bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"]
+    )
+    @covers("mark_succeeded", "record_progress")
+    async def test_numbers_json_cannot_hold_are_refused_and_change_nothing(
+        self, backend: Backend, bad: float
+    ) -> None:
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker)
+        with pytest.raises(ValueError, match="is not a JSON number"):
+            await backend.mark_succeeded(job.id, worker, {"ratio": [1.0, bad]})
+        with pytest.raises(ValueError, match="is not a JSON number"):
+            await backend.record_progress(job.id, worker, 1, {"ratio": bad})
+        assert await fetch(backend, job.id) == job
+
+    @pytest.mark.parametrize(
         ("result_ttl", "fallback", "expected"),
         [
             (None, None, None),

@@ -301,6 +301,7 @@ class InMemoryBackend:
             progress_state=progress_state,
             result=stored_json(result),
             result_expires_at=now + ttl if ttl is not None else None,
+            error=None,  # an earlier attempt's: the job did not fail (its attempts keep it)
         )
         return True
 

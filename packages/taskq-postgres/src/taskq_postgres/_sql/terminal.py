@@ -77,12 +77,14 @@ MARK_SUCCEEDED: Final = TransitionSQL.of(
     """
 -- arbiter: clock_timestamp() (finished_at; result_expires_at = now + ttl)
 -- $4 result (JSON text), $5 fallback result ttl, $6 progress_seq, $7 progress_state.
+-- An earlier attempt's error is cleared: the job did not fail (job_attempts keep it).
 -- No owned pass: the guarded UPDATE is the lock (module docstring).
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 updated AS (
     UPDATE {schema}.jobs j
     SET status = 'succeeded', finished_at = n.ts, updated_at = n.ts,
         locked_by_worker = NULL, lock_expires_at = NULL,
+        error_class = NULL, error_message = NULL, error_traceback = NULL,
         result = $4::text::jsonb,
         result_expires_at = n.ts + coalesce(j.result_ttl, $5::interval),
         progress_seq = greatest(j.progress_seq, $6::bigint),
@@ -120,6 +122,7 @@ updated AS (
     UPDATE {schema}.jobs j
     SET status = 'succeeded', finished_at = n.ts, updated_at = n.ts,
         locked_by_worker = NULL, lock_expires_at = NULL,
+        error_class = NULL, error_message = NULL, error_traceback = NULL,
         result = i.result::jsonb,
         result_expires_at = n.ts + coalesce(j.result_ttl, $2::interval),
         progress_seq = greatest(j.progress_seq, i.progress_seq),

@@ -451,6 +451,25 @@ class TerminalWriteTests:
         expected = (5, {"at": 5}) if kept else (seq, {"at": seq})
         assert (done.progress_seq, done.progress_state) == expected
 
+    @pytest.mark.parametrize("write", ["mark_succeeded", "mark_succeeded_many"])
+    @covers("mark_succeeded", "get_attempts")
+    async def test_a_success_after_a_failed_attempt_clears_the_jobs_error(
+        self, backend: Backend, write: str
+    ) -> None:
+        worker = uuid4()
+        job = await _attempt_two(backend, worker, cancel_phase=0)
+        assert job.error is not None  # the first attempt's
+        if write == "mark_succeeded":
+            assert await backend.mark_succeeded(job.id, worker, "ok")
+        else:
+            success = SuccessWrite(job_id=job.id, attempt=job.attempt, result="ok")
+            assert await batched(backend).mark_succeeded_many(worker, [success]) == [True]
+        done = await fetch(backend, job.id)
+        assert (done.status, done.error) == (JobStatus.SUCCEEDED, None)
+        attempts = await backend.get_attempts(job.id)
+        assert [a.outcome for a in attempts] == ["failed", "succeeded"]
+        assert attempts[0].error is not None  # the history keeps it
+
     @covers("record_progress")
     async def test_record_progress_persists_while_running_and_never_rolls_back(
         self, backend: Backend

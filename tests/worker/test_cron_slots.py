@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from taskq import TaskQ, actor
 from taskq.backend import Backend
-from taskq.errors import PayloadValidationError
+from taskq.errors import EnqueueOptionsError, PayloadValidationError
 from taskq.models import ScheduleCreateArgs, ScheduleRecord, ScheduleUpdateArgs
 from taskq.worker.cron import SlotJobBuilder
 
@@ -79,8 +79,8 @@ async def test_a_schedule_without_a_queue_is_stored_so(taskq_backend: Backend) -
 @pytest.mark.parametrize(
     ("payload", "options", "error", "match"),
     [
-        ({"n": 1}, {"bogus": 1}, TypeError, "bogus"),
-        ({"n": 1}, {"priority": "high"}, ValueError, "priority"),
+        ({"n": 1}, {"bogus": 1}, EnqueueOptionsError, "unknown enqueue option.*bogus"),
+        ({"n": 1}, {"priority": "high"}, EnqueueOptionsError, "priority"),
         ({}, {"metadata": {"k": 1}}, ValueError, "cannot set metadata"),
     ],
 )

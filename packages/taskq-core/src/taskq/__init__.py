@@ -19,10 +19,12 @@ from taskq.context import Context as Context
 from taskq.errors import BatchAbortedError as BatchAbortedError
 from taskq.errors import ConfigurationError as ConfigurationError
 from taskq.errors import EmptyBatchError as EmptyBatchError
+from taskq.errors import EnqueueOptionsError as EnqueueOptionsError
 from taskq.errors import InvalidTransition as InvalidTransition
 from taskq.errors import JobFailedError as JobFailedError
 from taskq.errors import MaxPendingExceededError as MaxPendingExceededError
 from taskq.errors import MissingProvider as MissingProvider
+from taskq.errors import OutcomeNotRecorded as OutcomeNotRecorded
 from taskq.errors import PayloadValidationError as PayloadValidationError
 from taskq.errors import ProtocolVersionMismatch as ProtocolVersionMismatch
 from taskq.errors import ScopeViolation as ScopeViolation
@@ -74,6 +76,7 @@ __all__ = [
     "EmptyBatchError",
     "EnqueueArgs",
     "EnqueueItem",
+    "EnqueueOptionsError",
     "ErrorInfo",
     "EventRow",
     "ExponentialBackoff",
@@ -86,6 +89,7 @@ __all__ = [
     "JobsClient",
     "MaxPendingExceededError",
     "MissingProvider",
+    "OutcomeNotRecorded",
     "PayloadValidationError",
     "ProtocolVersionMismatch",
     "ProviderRegistry",

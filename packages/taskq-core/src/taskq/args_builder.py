@@ -8,6 +8,7 @@ database.
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -17,9 +18,10 @@ from typing import Any, Final
 from uuid import UUID, SafeUUID, uuid4
 
 import structlog
+from pydantic import ValidationError
 
-from taskq.actor import Actor
-from taskq.errors import MaxPendingExceededError, UnknownActorError
+from taskq.actor import Actor, validation_problems
+from taskq.errors import EnqueueOptionsError, MaxPendingExceededError, UnknownActorError
 from taskq.models import EnqueueArgs, EnqueueItem, from_valid_values
 
 __all__ = ["ActorRef", "ArgsBuilder", "BatchItem", "MaxPendingLimits", "check_capacity"]
@@ -71,7 +73,7 @@ def _seconds(value: timedelta | float | None) -> timedelta | None:
     try:
         return timedelta(seconds=value)
     except OverflowError:
-        raise ValueError(f"{value} seconds is out of range") from None
+        raise EnqueueOptionsError(f"{value} seconds is out of range") from None
 
 
 def _item_parts(
@@ -134,26 +136,34 @@ class ArgsBuilder:
         opts = target.options
         value = target.validate_payload(payload)
         if isinstance(tags, str):
-            raise TypeError(f"tags must be a list of strings, not the string {tags!r}")
+            raise EnqueueOptionsError(f"tags must be a list of strings, not the string {tags!r}")
         # An option given (even 0 or "") is the job's, checked as such; None: the actor's.
-        return EnqueueArgs(
-            id=job_id or uuid4(),
-            actor=target.name,
-            queue=opts.queue if queue is None else queue,
-            payload=target.dump_payload(value),
-            priority=opts.priority if priority is None else priority,
-            delay=_seconds(delay),
-            max_attempts=opts.max_attempts if max_attempts is None else max_attempts,
-            idempotency_key=idempotency_key,
-            identity_key=identity_key if identity_key is not None else target.identity_for(value),
-            singleton=singleton,
-            fairness_key=fairness_key,
-            schedule_to_close=_or(_seconds(schedule_to_close), opts.schedule_to_close),
-            timeout=_or(_seconds(timeout), opts.timeout),
-            result_ttl=_or(_seconds(result_ttl), opts.result_ttl),
-            metadata=dict(metadata or {}),
-            tags=list(tags),
-        )
+        try:
+            return EnqueueArgs(
+                id=job_id or uuid4(),
+                actor=target.name,
+                queue=opts.queue if queue is None else queue,
+                payload=target.dump_payload(value),
+                priority=opts.priority if priority is None else priority,
+                delay=_seconds(delay),
+                max_attempts=opts.max_attempts if max_attempts is None else max_attempts,
+                idempotency_key=idempotency_key,
+                identity_key=identity_key
+                if identity_key is not None
+                else target.identity_for(value),
+                singleton=singleton,
+                fairness_key=fairness_key,
+                schedule_to_close=_or(_seconds(schedule_to_close), opts.schedule_to_close),
+                timeout=_or(_seconds(timeout), opts.timeout),
+                result_ttl=_or(_seconds(result_ttl), opts.result_ttl),
+                metadata=dict(metadata or {}),
+                tags=list(tags),
+            )
+        except ValidationError as exc:
+            raise EnqueueOptionsError(
+                f"invalid enqueue options for actor {target.name!r}: "
+                f"{validation_problems(exc, '<options>')}"
+            ) from None
 
     def args(
         self, ref: ActorRef, payload: Any, options: Mapping[str, Any], job_id: UUID | None = None
@@ -162,6 +172,12 @@ class ArgsBuilder:
         the payload is the actor's default, validated once and copied since.
         ``job_id`` (else a fresh one) unless the options name one."""
         if options:
+            unknown = options.keys() - _OPTIONS
+            if unknown:
+                raise EnqueueOptionsError(
+                    f"unknown enqueue option(s) {', '.join(sorted(unknown))}; "
+                    f"the options are {', '.join(sorted(_OPTIONS))}"
+                )
             return self.build(ref, payload, **{"job_id": job_id, **options})
         target = self.actor(ref)
         defaults = self._defaults.get(target.name)
@@ -208,6 +224,14 @@ class ArgsBuilder:
             for name in counts
             if (limit := limits.get(name, self._actors[name].options.max_pending)) is not None
         }
+
+
+_OPTIONS: Final = frozenset(inspect.signature(ArgsBuilder.build).parameters) - {
+    "self",
+    "actor",
+    "payload",
+}
+"""The per-call options an enqueue takes (:meth:`ArgsBuilder.build`'s keywords)."""
 
 
 def check_capacity(

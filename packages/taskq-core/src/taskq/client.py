@@ -190,7 +190,7 @@ class JobsClient:
         follows the backend's clock. ``UnknownActorError`` for an actor this
         application does not know, ``ValueError`` when the name is taken. The payload and
         options are checked as each slot's job will be (``PayloadValidationError``,
-        ``TypeError`` for an unknown option, ``ValueError`` for a bad one)."""
+        ``EnqueueOptionsError``)."""
         self._check_slot_job(args.actor, args.payload, args.queue, args.options)
         return await self._backend.create_schedule(args)
 
@@ -230,7 +230,7 @@ class JobsClient:
                 f"schedule options cannot set {', '.join(sorted(owned))}: each slot sets its "
                 f"own (give the schedule's queue= for a queue)"
             )
-        self._build.build(actor, payload, queue=queue, **options)
+        self._build.args(actor, payload, {**options, "queue": queue})
 
     async def delete_schedule(self, schedule_id: UUID) -> None:
         """Remove a schedule; ``KeyError`` for an unknown one."""

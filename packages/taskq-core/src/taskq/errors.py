@@ -37,6 +37,7 @@ __all__ = [
     "ContractViolation",
     "EmptyBatchError",
     "EnqueueError",
+    "EnqueueOptionsError",
     "IncompatiblePluginError",
     "InvalidTransition",
     "JobFailedError",
@@ -176,6 +177,13 @@ class PayloadValidationError(EnqueueError, ValueError):
     """The payload does not match the actor's payload model.
 
     The message names each offending field. Nothing was enqueued.
+    """
+
+
+class EnqueueOptionsError(EnqueueError, ValueError):
+    """An enqueue option is unknown, out of range or of the wrong type.
+
+    The message names each offending option. Nothing was enqueued.
     """
 
 

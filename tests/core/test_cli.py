@@ -120,5 +120,7 @@ def test_a_reader_that_went_away_is_no_traceback(monkeypatch: pytest.MonkeyPatch
     os.close(read)
     closed = io.TextIOWrapper(io.FileIO(write, "w"), write_through=False)
     monkeypatch.setattr("sys.stdout", closed)
+    # In-process: leave the logging configuration of the tests that follow alone.
+    monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
     assert main(["plugins"]) == 1  # and no BrokenPipeError escaped
     closed.close()  # what is left in its buffer goes to /dev/null now, without an error

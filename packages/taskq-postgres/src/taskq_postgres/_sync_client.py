@@ -118,10 +118,8 @@ class SyncJobsClient:
                     for row in feed:
                         copy.write_row(row)
             except psycopg.errors.UniqueViolation as exc:
-                error = duplicate_id(exc.diag.constraint_name, exc.diag.message_detail)
-                if error is None:
-                    raise
-                raise error from exc
+                _raise_duplicate(exc)
+                raise
             if feed.error is not None:
                 raise feed.error
             if any(a.singleton for a in feed.identified):
@@ -237,14 +235,20 @@ def _run(cur: _Cursor, plan: Plan[_T]) -> _T:
             try:
                 cur.execute(query.sql, query.args)
             except psycopg.errors.UniqueViolation as exc:
-                error = duplicate_id(exc.diag.constraint_name, exc.diag.message_detail)
-                if error is None:
-                    raise
-                raise error from exc
+                _raise_duplicate(exc)
+                raise
             query = plan.send(_answer(cur, query.kind))
     except StopIteration as done:
         result: _T = done.value
         return result
+
+
+def _raise_duplicate(exc: psycopg.errors.UniqueViolation) -> None:
+    """Raise :func:`duplicate_id`'s error for ``exc`` when it has one (else return, for
+    the caller to re-raise ``exc``), as ``_enqueue`` does for asyncpg."""
+    error = duplicate_id(exc.diag.constraint_name, exc.diag.message_detail)
+    if error is not None:
+        raise error from exc
 
 
 def _answer(cur: _Cursor, kind: str) -> Any:

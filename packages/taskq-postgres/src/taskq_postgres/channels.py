@@ -36,24 +36,19 @@ _HASH_DIGITS: Final = 16
 _KEPT_HEAD: Final = MAX_IDENTIFIER_BYTES - _HASH_DIGITS - 1
 
 
-def _schema(schema: str) -> str:
-    # Folded ("TaskQ" and "taskq" are one schema, so one set of channels).
-    return validate_schema_name(schema)
-
-
 def wake_channel(schema: str) -> str:
     """The channel that wakes every dispatcher of ``schema``."""
-    return f"taskq_wake_{_schema(schema)}"
+    return f"taskq_wake_{validate_schema_name(schema)}"
 
 
 def events_channel(schema: str) -> str:
     """The fleet-wide event channel of ``schema`` (cancel requests)."""
-    return f"taskq_events_{_schema(schema)}"
+    return f"taskq_events_{validate_schema_name(schema)}"
 
 
 def worker_channel_prefix(schema: str) -> str:
     """``taskq_worker_{schema}_``: a worker channel before its (possible) shortening."""
-    return f"taskq_worker_{_schema(schema)}_"
+    return f"taskq_worker_{validate_schema_name(schema)}_"
 
 
 def worker_channel(schema: str, worker_id: UUID) -> str:

@@ -10,26 +10,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 __all__ = ["TcpProxy"]
 
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
 
 class TcpProxy:
-    """Forwards 127.0.0.1:``port`` to ``target_host:target_port`` on a thread of its own."""
+    """Forwards 127.0.0.1:``port`` to ``target_host:target_port`` on a thread of its own.
+
+    Sockets are accepted and forwarded by hand (not through ``asyncio.start_server``), so
+    that every socket is this object's from the moment it exists: a cut or the shutdown
+    closes each one, even a connection accepted in the same instant (asyncio's server
+    leaves those to a task of its own that fails once the server is closed, and the
+    garbage collector then finds their sockets unclosed).
+    """
 
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
-        if target_host not in {"127.0.0.1", "localhost", "::1"}:
+        if target_host not in _LOOPBACK:
             raise ValueError("TcpProxy targets loopback addresses only")
-        self._target = (target_host, target_port)
+        family, _, _, _, address = socket.getaddrinfo(
+            target_host, target_port, type=socket.SOCK_STREAM
+        )[0]
+        self._target_family = family
+        self._target: tuple[Any, ...] = address
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._server: asyncio.Server | None = None
-        self._refusing = False  # cut or shutting down: a connection accepted now is dropped
-        self._writers: set[asyncio.StreamWriter] = set()
+        self._listener: socket.socket | None = None
+        self._sockets: set[socket.socket] = set()  # every open socket of a forwarded connection
         self._forwarding: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
         self.port = 0
 
@@ -44,18 +57,13 @@ class TcpProxy:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._call(self._shut_down())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        if not self._thread.is_alive():
-            # Once more, on a thread of its own (the caller may be running a loop): what
-            # the loop's last turn scheduled (a transport's close) runs now, not never.
-            last = threading.Thread(
-                target=self._loop.run_until_complete, args=(self._shut_down(),), daemon=True
-            )
-            last.start()
-            last.join(timeout=5)
-        self._loop.close()
+        try:
+            self._call(self._close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            if not self._thread.is_alive():
+                self._loop.close()
 
     def cut(self) -> None:
         """Drop every connection and refuse new ones until :meth:`restore`."""
@@ -70,65 +78,70 @@ class TcpProxy:
         future.result(timeout=10)
 
     async def _listen(self, port: int) -> None:
-        self._refusing = False
-        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", port)
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        listener = socket.create_server(("127.0.0.1", port))  # SO_REUSEADDR: restore reuses it
+        listener.setblocking(False)
+        self._listener = listener
+        self.port = int(listener.getsockname()[1])
+        asyncio.get_running_loop().add_reader(listener.fileno(), self._accept, listener)
+
+    def _accept(self, listener: socket.socket) -> None:
+        # A reader callback, run synchronously: each socket is tracked as it is accepted,
+        # before anything can cut or cancel (a task cancelled unstarted runs no cleanup).
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # the client gave up before its connection was accepted
+                continue
+            conn.setblocking(False)
+            self._sockets.add(conn)
+            task = loop.create_task(self._forward(conn))
+            self._forwarding.add(task)
+            task.add_done_callback(self._forwarding.discard)
 
     async def _close(self) -> None:
-        self._refusing = True
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-        for writer in list(self._writers):
-            writer.transport.abort()
-        self._writers.clear()
+        """Stop accepting, end every forwarding task, close every socket."""
+        if self._listener is not None:
+            asyncio.get_running_loop().remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
+        tasks = list(self._forwarding)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for sock in self._sockets:  # those of tasks cancelled before they started
+            sock.close()
+        self._sockets.clear()
 
-    async def _shut_down(self) -> None:
-        """Close everything, and end the connections still being set up: their
-        sockets would otherwise outlive the loop, unclosed."""
-        await self._close()
-        current = asyncio.current_task()
-        while pending := [task for task in asyncio.all_tasks() if task is not current]:
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        # Closing a transport takes one more callback of this loop: run them before it stops.
-        for _ in range(2):
-            await asyncio.sleep(0)
-
-    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # A plain callback, run as the connection is made: the connection is tracked
-        # before anything can cut or cancel it (a task might be cancelled unstarted).
-        if self._refusing:  # accepted just before a cut or the shutdown, made after it
-            writer.transport.abort()
-            return
-        self._writers.add(writer)
-        task = asyncio.get_running_loop().create_task(self._forward(reader, writer))
-        self._forwarding.add(task)
-        task.add_done_callback(self._forwarding.discard)
-
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_writer: asyncio.StreamWriter | None = None
+    async def _forward(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        upstream = socket.socket(self._target_family, socket.SOCK_STREAM)
+        upstream.setblocking(False)
+        self._sockets.add(upstream)
+        pipes: list[asyncio.Task[None]] = []
         try:
-            try:
-                up_reader, up_writer = await asyncio.open_connection(*self._target)
-            except OSError:
-                return
-            if writer not in self._writers:  # cut meanwhile
-                return
-            self._writers.add(up_writer)
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-        finally:  # also when cancelled at shutdown
-            for end in (writer, up_writer):
-                if end is not None:
-                    end.transport.abort()
-                    self._writers.discard(end)
+            with contextlib.suppress(OSError):
+                await loop.sock_connect(upstream, self._target)
+                pipes = [
+                    loop.create_task(_pipe(loop, conn, upstream)),
+                    loop.create_task(_pipe(loop, upstream, conn)),
+                ]
+                # Either side closing (or failing) ends the connection, as a cut would.
+                await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when cancelled by a cut or the shutdown
+            for pipe in pipes:
+                pipe.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
+            for sock in (conn, upstream):
+                sock.close()
+                self._sockets.discard(sock)
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(ConnectionError, OSError):
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    writer.transport.abort()
+async def _pipe(
+    loop: asyncio.AbstractEventLoop, source: socket.socket, sink: socket.socket
+) -> None:
+    with contextlib.suppress(OSError):
+        while data := await loop.sock_recv(source, 65536):
+            await loop.sock_sendall(sink, data)

@@ -61,6 +61,17 @@ def test_enqueue_args_reject_negative_durations_and_empty_actor() -> None:
         EnqueueArgs(actor="a", max_attempts=0)
 
 
+@pytest.mark.parametrize(
+    "field",
+    ["actor", "queue", "idempotency_key", "identity_key", "fairness_key", "trace_id", "span_id"],
+)
+def test_enqueue_args_refuse_nul_in_names_and_keys(field: str) -> None:
+    # Replaced, as in a payload, two keys could become one.
+    values = {"actor": "a", field: "x\x00y"}
+    with pytest.raises(ValidationError, match=f"{field}\n.*NUL"):
+        EnqueueArgs(**values)
+
+
 def test_enqueue_args_get_distinct_ids() -> None:
     assert EnqueueArgs(actor="a").id != EnqueueArgs(actor="a").id
 

@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from taskq.backend import JobStatus
 from taskq.errors import SingletonCollisionError
-from taskq.models import AttemptRow, EnqueueArgs, ErrorInfo, JobFilter, JobRow, QueueConfig
+from taskq.models import AttemptRow, EnqueueArgs, JobFilter, JobRow, QueueConfig
 from taskq_postgres import PostgresBackend
 from taskq_testing.postgres import PgSchema
 
@@ -22,8 +22,6 @@ pytestmark = pytest.mark.postgres
 
 LEASE = timedelta(minutes=5)
 SHORT = timedelta(milliseconds=100)
-NUL = "\x00"
-FFFD = "\ufffd"
 
 
 @pytest_asyncio.fixture
@@ -46,47 +44,6 @@ async def _running(backend: PostgresBackend, lease: timedelta = LEASE) -> tuple[
     await backend.enqueue(EnqueueArgs(actor="a", queue=queue))
     [job] = await backend.dispatch_batch(worker, [queue], 1, lease)
     return job, worker
-
-
-# -- NUL characters, which text and jsonb reject -------------------------------------------
-
-
-async def test_a_terminal_write_stores_nul_characters_as_replacement_characters(
-    backend: PostgresBackend,
-) -> None:
-    job, worker = await _running(backend)
-    error = ErrorInfo(error_class=f"Boom{NUL}", message=f"bad{NUL}byte", traceback=f"tb{NUL}")
-    retried = await backend.mark_failed_or_retry(job.id, worker, error, timedelta(0))
-    assert retried.status is JobStatus.PENDING
-    clean = ErrorInfo(error_class=f"Boom{FFFD}", message=f"bad{FFFD}byte", traceback=f"tb{FFFD}")
-    assert retried.error == clean
-    assert (await backend.get_attempts(job.id))[0].error == clean
-
-    [again] = await backend.dispatch_batch(worker, [job.queue], 1, LEASE)
-    result = {"text": f"a{NUL}b", f"key{NUL}": [NUL, "\\u0000 stays", "\\\\u0000"]}
-    assert await backend.mark_succeeded(again.id, worker, result, 1, {"at": NUL})
-    done = await backend.get(job.id)
-    assert done is not None
-    assert done.result == {"text": f"a{FFFD}b", f"key{FFFD}": [FFFD, "\\u0000 stays", "\\\\u0000"]}
-    assert done.progress_state == {"at": FFFD}
-
-
-async def test_payloads_and_reasons_with_nul_characters_are_stored(
-    backend: PostgresBackend,
-) -> None:
-    job = await backend.enqueue(
-        EnqueueArgs(actor="a", payload={"p": NUL}, metadata={NUL: 1}, tags=[f"t{NUL}"])
-    )
-    assert (job.payload, job.metadata, job.tags) == ({"p": FFFD}, {FFFD: 1}, [f"t{FFFD}"])
-    assert await backend.get(job.id) == job
-    copied = EnqueueArgs(actor="a", payload={"p": NUL}, metadata={NUL: 1}, tags=[f"t{NUL}"])
-    assert await backend.enqueue_batch_fast([copied]) == 1
-    stored = await backend.get(copied.id)
-    assert stored is not None
-    assert (stored.payload, stored.metadata, stored.tags) == ({"p": FFFD}, {FFFD: 1}, [f"t{FFFD}"])
-    assert await backend.write_cancel_request(job.id, f"why{NUL}")
-    cancelled = await backend.get(job.id)
-    assert cancelled is not None and cancelled.cancel_reason == f"why{FFFD}"
 
 
 # -- transactions of the caller's -------------------------------------------------------------

@@ -183,6 +183,17 @@ class EnqueueArgs(_Model):
     trace_id: str | None = None
     span_id: str | None = None
 
+    @field_validator(
+        "actor", "queue", "idempotency_key", "identity_key", "fairness_key", "trace_id", "span_id"
+    )
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        # Stored text cannot hold NUL; unlike in a payload, replacing it could make two
+        # keys (or queues) one.
+        if value is not None and "\x00" in value:
+            raise ValueError("must not contain NUL characters (\\x00)")
+        return value
+
     @field_validator("delay", "schedule_to_close", "timeout", "result_ttl")
     @classmethod
     def _non_negative(cls, value: timedelta | None) -> timedelta | None:

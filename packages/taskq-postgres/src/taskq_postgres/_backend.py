@@ -41,6 +41,7 @@ from croniter import croniter
 from taskq.backend import check_batch_size, check_protocol_version
 from taskq.backend._protocol import ScheduleFire
 from taskq.backend.cron import cron_slots
+from taskq.backend.storable import clean_text, dump_json
 from taskq.errors import ConfigurationError
 from taskq.identifiers import validate_schema_name
 from taskq.models import (
@@ -96,8 +97,6 @@ from taskq_postgres._rows import (
     batch_counts,
     batch_row,
     cancel_flag,
-    clean_text,
-    dump_json,
     event_row,
     job_row,
     schedule_record,

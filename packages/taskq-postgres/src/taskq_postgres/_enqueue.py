@@ -23,10 +23,11 @@ from typing import Any, Final, NamedTuple, TypeVar
 import asyncpg
 
 from taskq.backend.statemachine import JobStatus
+from taskq.backend.storable import clean_text, dump_json, load_json
 from taskq.errors import SingletonCollisionError
 from taskq.identifiers import check_identifier
 from taskq.models import EnqueueArgs, JobRow, from_valid_values
-from taskq_postgres._rows import clean_text, dump_json, job_row, load_json
+from taskq_postgres._rows import job_row
 from taskq_postgres._sql.enqueue import COPY_COLUMNS
 from taskq_postgres._statements import Statements
 

@@ -2,23 +2,19 @@
 
 JSON travels as text (``::text`` in the select lists, ``$n::text::jsonb`` in
 the statements), so the backend works on any caller connection whatever json
-codecs it has configured. Postgres rejects NUL (``\\x00``) in ``text`` and
-``\\u0000`` in ``jsonb``; a terminal write must not fail over a stray NUL in an
-error message or a result, so such characters are stored as U+FFFD.
+codecs it has configured; what goes in is made storable by
+:mod:`taskq.backend.storable` (NULs replaced, NaN refused), as on every backend.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, NoReturn, cast, overload
-
-from pydantic_core import from_json, to_json
+from typing import Any, cast
 
 from taskq.backend.statemachine import JobStatus, parse_cancel_phase
+from taskq.backend.storable import load_json
 from taskq.models import (
     AttemptOutcome,
     AttemptRow,
@@ -35,69 +31,19 @@ from taskq.models import (
 )
 
 __all__ = [
-    "REPLACEMENT_CHARACTER",
     "LongRunningJobEventsWriter",
     "attempt_row",
     "batch_counts",
     "batch_row",
     "cancel_flag",
-    "clean_text",
-    "dump_json",
     "event_row",
     "job_row",
-    "load_json",
     "schedule_record",
     "writer_row",
 ]
 
 Record = Mapping[str, Any]
 """An ``asyncpg.Record`` (read by column name)."""
-
-REPLACEMENT_CHARACTER: Final = "\ufffd"
-
-# A \u0000 escape that is not itself escaped: preceded by an even number of backslashes.
-_JSON_NUL: Final = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
-
-
-@overload
-def clean_text(value: str) -> str: ...
-@overload
-def clean_text(value: None) -> None: ...
-@overload
-def clean_text(value: str | None) -> str | None: ...
-def clean_text(value: str | None) -> str | None:
-    """``value`` with NUL characters replaced (``text`` columns reject them)."""
-    if value is None or "\x00" not in value:
-        return value
-    return value.replace("\x00", REPLACEMENT_CHARACTER)
-
-
-def dump_json(value: Any) -> str:
-    """``value`` as JSON text that ``jsonb`` accepts (``\\u0000`` escapes replaced);
-    ``ValueError`` for a NaN or infinite number, which JSON cannot hold.
-
-    pydantic-core's serializer: compact, UTF-8 as is, and about ten times faster than
-    ``json.dumps`` on a small object (it runs for every payload a COPY enqueues).
-    """
-    text = to_json(value).decode()
-    if "NaN" in text or "Infinity" in text:
-        # Maybe only inside strings: the parser tells a bare constant apart.
-        json.loads(text, parse_constant=_refuse_constant)
-    if "\\u0000" not in text:
-        return text
-    return _JSON_NUL.sub(r"\1\\ufffd", text)
-
-
-def _refuse_constant(constant: str) -> NoReturn:
-    raise ValueError(
-        f"{constant} is not a JSON number, and Postgres stores JSON: "
-        f"send None or a string for it instead"
-    )
-
-
-def load_json(text: str | None) -> Any:
-    """A JSON column read as text; SQL NULL is None."""
-    return None if text is None else from_json(text)
 
 
 def _error(record: Record) -> ErrorInfo | None:

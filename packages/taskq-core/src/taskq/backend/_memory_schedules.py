@@ -9,6 +9,7 @@ from zoneinfo import ZoneInfo
 from croniter import croniter
 
 from taskq.backend.clock import Clock
+from taskq.backend.storable import stored_json
 from taskq.models import ScheduleCreateArgs, ScheduleRecord, ScheduleUpdateArgs
 
 __all__ = ["ScheduleTable", "next_fire_at"]
@@ -47,11 +48,11 @@ class ScheduleTable:
             name=args.name,
             actor=args.actor,
             cron=args.cron,
-            payload=args.payload,
+            payload=stored_json(args.payload),
             queue=args.queue,
             timezone=args.timezone,
             enabled=args.enabled,
-            options=args.options,
+            options=stored_json(args.options),
             next_fire_at=_next_fire(args.cron, args.timezone, args.enabled, now),
             created_at=now,
             updated_at=now,
@@ -77,6 +78,8 @@ class ScheduleTable:
         now = self._clock.now()
         updated = merged.model_copy(
             update={
+                "payload": stored_json(merged.payload),
+                "options": stored_json(merged.options),
                 "next_fire_at": _next_fire(merged.cron, merged.timezone, merged.enabled, now),
                 "updated_at": now,
             }

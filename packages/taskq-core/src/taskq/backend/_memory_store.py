@@ -13,14 +13,12 @@ so the "every transition leaves history" rule has one home.
 from __future__ import annotations
 
 import asyncio
-import copy
 import itertools
-import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
 from taskq.backend.statemachine import (
@@ -29,6 +27,7 @@ from taskq.backend.statemachine import (
     JobStatus,
     assert_valid_transition,
 )
+from taskq.backend.storable import clean_text, stored_json
 from taskq.errors import SingletonCollisionError
 from taskq.models import (
     AttemptOutcome,
@@ -48,38 +47,16 @@ __all__ = [
     "deadline_error",
     "due_after",
     "new_job",
+    "stored_error",
     "wake",
 ]
 
 _ZERO = timedelta(0)
 
 
-_V = TypeVar("_V")
-
-
-def stored_json(value: _V) -> _V:
-    """A deep copy of JSON ``value`` to store (the caller's later mutations cannot reach
-    the store); ``ValueError`` for a NaN or infinite number, which JSON cannot hold
-    (Postgres's ``jsonb`` refuses them too)."""
-    _check_finite(value)
-    return copy.deepcopy(value)
-
-
-def _check_finite(value: object) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        constant = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-        raise ValueError(f"{constant} is not a JSON number: send None or a string for it instead")
-    if isinstance(value, dict):
-        for item in value.values():
-            _check_finite(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _check_finite(item)
-
-
 def new_job(args: EnqueueArgs, now: datetime) -> JobRow:
-    """The row ``enqueue`` inserts for ``args``. JSON values are copied so the
-    caller's later mutations cannot reach the store."""
+    """The row ``enqueue`` inserts for ``args``, its values as stored (``stored_json``:
+    copies the caller's later mutations cannot reach)."""
     status, scheduled_at = due_after(now, args.delay or _ZERO)
     return JobRow(
         id=args.id,
@@ -99,9 +76,18 @@ def new_job(args: EnqueueArgs, now: datetime) -> JobRow:
         timeout=args.timeout,
         result_ttl=args.result_ttl,
         metadata=stored_json(args.metadata),
-        tags=list(args.tags),
+        tags=[clean_text(tag) for tag in args.tags],
         trace_id=args.trace_id,
         span_id=args.span_id,
+    )
+
+
+def stored_error(error: ErrorInfo) -> ErrorInfo:
+    """``error`` as stored (NUL characters replaced, as in every text a job holds)."""
+    return ErrorInfo(
+        error_class=clean_text(error.error_class),
+        message=clean_text(error.message),
+        traceback=clean_text(error.traceback),
     )
 
 

@@ -48,7 +48,7 @@ from taskq.backend._memory_store import (
     WorkerRecord,
     deadline_error,
     due_after,
-    stored_json,
+    stored_error,
     wake,
 )
 from taskq.backend._memory_sweeps import fail_past_deadline, promote_due, reclaim_expired
@@ -56,6 +56,7 @@ from taskq.backend._protocol import Connection, ScheduleFire, check_protocol_ver
 from taskq.backend.clock import Clock, SystemClock
 from taskq.backend.cron import cron_slots
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
+from taskq.backend.storable import clean_text, stored_json
 from taskq.models import (
     ActorConfig,
     AttemptOutcome,
@@ -379,16 +380,17 @@ class InMemoryBackend:
             to, changes["scheduled_at"] = due_after(now, retry_delay)
         else:
             to = _S.FAILED
+        error = stored_error(error_info)
         return self._store.end_attempt(
             row,
             to,
             now,
             worker_id=worker_id,
             outcome="failed",
-            attempt_error=error_info,
+            attempt_error=error,
             progress_seq=progress_seq,
             progress_state=progress_state,
-            error=error_info,
+            error=error,
             **changes,
         )
 
@@ -597,6 +599,7 @@ class InMemoryBackend:
     # -- cancellation -----------------------------------------------------------------
     def _request_cancel(self, row: JobRow, reason: str | None, now: datetime) -> bool:
         """The cancel request on one job; returns whether it ended the job at once."""
+        reason = clean_text(reason)
         if row.status in _WAITING:
             self._store.move(
                 row,

@@ -16,6 +16,7 @@ from taskq_testing.conformance._support import (
     covers,
     fetch,
     last_event,
+    make_args,
     reach,
     running_job,
     wait_for_wake,
@@ -119,6 +120,17 @@ class CancelTests:
     @covers("write_cancel_request")
     async def test_cancelling_an_unknown_job_is_false(self, backend: Backend) -> None:
         assert not await backend.write_cancel_request(uuid4(), None)
+
+    @covers("write_cancel_request", "cancel_where")
+    async def test_a_reason_with_nul_characters_is_stored_with_replacements(
+        self, backend: Backend
+    ) -> None:
+        waiting = await backend.enqueue(make_args())
+        assert await backend.write_cancel_request(waiting.id, "why\x00")
+        assert (await fetch(backend, waiting.id)).cancel_reason == "why\ufffd"
+        running = await running_job(backend, worker_id=uuid4())
+        await backend.cancel_where(JobFilter(queue=running.queue), "bulk\x00")
+        assert (await fetch(backend, running.id)).cancel_reason == "bulk\ufffd"
 
     @covers("poll_cancel_flags")
     async def test_poll_cancel_flags_lists_the_workers_flagged_jobs(self, backend: Backend) -> None:

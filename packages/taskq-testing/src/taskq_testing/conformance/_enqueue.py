@@ -303,6 +303,22 @@ class EnqueueTests:
             await backend.enqueue_batch_fast(batch)
         assert await backend.list_jobs(JobFilter()) == before
 
+    @covers("enqueue", "enqueue_batch", "enqueue_batch_fast", "get")
+    async def test_nul_characters_in_payload_metadata_and_tags_are_stored_as_replacements(
+        self, backend: Backend
+    ) -> None:
+        def nul_args() -> EnqueueArgs:
+            return make_args(payload={"p": "\x00"}, metadata={"\x00": 1}, tags=["t\x00"])
+
+        stored = ({"p": "\ufffd"}, {"\ufffd": 1}, ["t\ufffd"])
+        one = await backend.enqueue(nul_args())
+        [batched] = await backend.enqueue_batch([nul_args()])
+        copied = nul_args()
+        assert await backend.enqueue_batch_fast([copied]) == 1
+        for job in (one, batched, await fetch(backend, copied.id)):
+            assert (job.payload, job.metadata, job.tags) == stored
+            assert await fetch(backend, job.id) == job
+
     @pytest.mark.parametrize("field", ["payload", "metadata"])
     @covers("enqueue", "enqueue_batch", "enqueue_batch_fast")
     async def test_a_number_json_cannot_hold_is_refused_and_writes_nothing(

@@ -41,6 +41,22 @@ def _args(**overrides: Any) -> ScheduleCreateArgs:
 class ScheduleTests:
     """``create_schedule``, ``list_schedules``, ``update_schedule``, ``delete_schedule``."""
 
+    @covers("create_schedule", "update_schedule", "list_schedules")
+    async def test_a_schedule_stores_its_payload_and_options_as_json(
+        self, backend: Backend
+    ) -> None:
+        payload = {"text": "a\x00b", "pair": (1, 2)}
+        record = await backend.create_schedule(_args(payload=payload, options={"tags": ["x"]}))
+        assert record.payload == {"text": "a\ufffdb", "pair": [1, 2]}
+        assert [r.payload for r in await backend.list_schedules()] == [record.payload]
+        with pytest.raises(ValueError, match="is not a JSON number"):
+            await backend.create_schedule(_args(name="other", payload={"x": float("nan")}))
+        with pytest.raises(ValueError, match="is not a JSON number"):
+            await backend.update_schedule(
+                record.id, ScheduleUpdateArgs(options={"priority": float("inf")})
+            )
+        assert await backend.list_schedules() == [record]
+
     @pytest.mark.parametrize("timezone", ["UTC", "Asia/Tokyo", "America/New_York"])
     @covers("create_schedule")
     async def test_create_schedule_stores_it_with_the_next_fire_time(

@@ -18,7 +18,7 @@ from taskq.backend import (
     SupportsBatchedSuccess,
     SupportsUnstartedHandBack,
 )
-from taskq.models import AttemptOutcome, JobRow, SuccessWrite
+from taskq.models import AttemptOutcome, ErrorInfo, JobRow, SuccessWrite
 from taskq_testing.conformance._support import (
     ERROR,
     FAR,
@@ -376,6 +376,30 @@ class TerminalWriteTests:
         job = await running_job(backend, worker_id=worker)
         assert await backend.mark_succeeded(job.id, worker, result)
         assert (await fetch(backend, job.id)).result == result
+
+    @covers("mark_failed_or_retry", "mark_succeeded", "get_attempts")
+    async def test_nul_characters_in_errors_and_results_are_stored_as_replacement_characters(
+        self, backend: Backend
+    ) -> None:
+        # Postgres text and jsonb cannot hold NUL; a terminal write must not fail over one.
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker)
+        error = ErrorInfo(error_class="Boom\x00", message="bad\x00byte", traceback="tb\x00")
+        retried = await backend.mark_failed_or_retry(job.id, worker, error, timedelta(0))
+        clean = ErrorInfo(error_class="Boom\ufffd", message="bad\ufffdbyte", traceback="tb\ufffd")
+        assert retried.error == clean
+        assert (await backend.get_attempts(job.id))[0].error == clean
+
+        [again] = await backend.dispatch_batch(worker, [job.queue], 1, LONG_LEASE)
+        # A NUL escaped in the text itself (a backslash and "u0000") is no NUL: it stays.
+        result = {"text": "a\x00b", "key\x00": ["\x00", "\\u0000 stays", "\\\\u0000"]}
+        assert await backend.mark_succeeded(again.id, worker, result, 1, {"at": "\x00"})
+        done = await fetch(backend, job.id)
+        assert done.result == {
+            "text": "a\ufffdb",
+            "key\ufffd": ["\ufffd", "\\u0000 stays", "\\\\u0000"],
+        }
+        assert done.progress_state == {"at": "\ufffd"}
 
     @pytest.mark.parametrize(
         "bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"]

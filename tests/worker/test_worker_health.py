@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import signal
@@ -41,6 +42,16 @@ def _get(port: int, path: str) -> tuple[int, Any]:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"null")
+
+
+def _request(port: int, method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request(method, path)
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
 
 
 def _wait_for(port: int, path: str, status: int, seconds: float = 15) -> Any:
@@ -88,6 +99,10 @@ def _readyz_scenario(pg_schema: PgSchema, proxy: TcpProxy, port: int) -> None:
     )
     try:
         assert _wait_for(port, "/healthz", 200) == {"status": "alive"}
+        status, headers, body = _request(port, "HEAD", "/healthz")
+        assert (status, body) == (200, b"") and int(headers["Content-Length"]) > 0
+        status, headers, _ = _request(port, "POST", "/healthz")
+        assert (status, headers["Allow"]) == (405, "GET, HEAD")
         assert _wait_for(port, "/readyz", 200)["ready"] is True
         tasks = _wait_for(port, "/tasks", 200)
         assert any(t["name"] == "taskq-producer" for t in tasks)

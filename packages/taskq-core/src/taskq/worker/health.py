@@ -1,7 +1,7 @@
 """The worker's health endpoints: ``/healthz``, ``/readyz`` and ``/tasks``.
 
 A deliberately tiny HTTP/1.1 responder on asyncio streams: core takes no
-web framework for three GET routes, and the server runs on the worker's own
+web framework for three GET (and HEAD) routes, and the server runs on the worker's own
 event loop, so ``/healthz`` answering at all proves the loop is not wedged.
 
 * ``/healthz`` (liveness): 200 while the process serves requests.
@@ -76,8 +76,8 @@ class HealthServer:
         return self._ready
 
     async def _route(self, method: str, path: str) -> tuple[int, str, str]:
-        if method != "GET":
-            return 405, "text/plain", "only GET\n"
+        if method not in ("GET", "HEAD"):  # HEAD: what some load balancers probe with
+            return 405, "text/plain", "only GET and HEAD\n"
         if path == "/healthz":
             return 200, "application/json", json.dumps({"status": "alive"})
         if path == "/readyz":
@@ -97,11 +97,12 @@ class HealthServer:
             method, path = (request_line + ["", ""])[:2]
             status, content_type, body = await self._route(method, path.split("?", 1)[0])
             payload = body.encode()
+            allow = "Allow: GET, HEAD\r\n" if status == 405 else ""
             writer.write(
                 f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
                 f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n"
-                f"Connection: close\r\n\r\n".encode()
-                + payload
+                f"{allow}Connection: close\r\n\r\n".encode()
+                + (b"" if method == "HEAD" else payload)
             )
             await writer.drain()
         except (TimeoutError, ConnectionError):

@@ -98,6 +98,17 @@ def test_object_missing_protocol_members_is_refused(extra_plugins: list[object])
         taskq.open_backend("half://")
 
 
+def test_a_backend_without_simulation_or_transactions_is_refused(
+    extra_plugins: list[object],
+) -> None:
+    class NoTransactions(InMemoryBackend):
+        supports_transactional_simulation = False  # but no transaction(): sub-jobs unsafe
+
+    _register(extra_plugins, "notx", taskq_backends=lambda: {"notx": lambda url: NoTransactions()})
+    with pytest.raises(IncompatiblePluginError, match="missing: transaction"):
+        taskq.open_backend("notx://")
+
+
 def test_a_failing_hook_does_not_hide_other_plugins(extra_plugins: list[object]) -> None:
     def explode() -> dict[str, object]:
         raise RuntimeError("boom")

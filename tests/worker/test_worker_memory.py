@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -198,6 +199,41 @@ async def test_sub_jobs_are_flushed_only_after_the_parent_succeeds() -> None:
         children = await tq.client.list_jobs(actor="child")
         assert [c.payload for c in children] == [{"n": 1}]
         assert children[0].status is JobStatus.SUCCEEDED
+
+
+class _OffersTransactions(InMemoryBackend):
+    """Counts the transactions the worker opens through ``transaction()``."""
+
+    def __init__(self, simulates: bool) -> None:
+        super().__init__()
+        self.supports_transactional_simulation = simulates  # type: ignore[misc]
+        self.opened = 0
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        self.opened += 1
+        yield None  # the in-memory methods ignore the connection
+
+
+@pytest.mark.parametrize("simulates", [True, False])
+async def test_sub_jobs_go_through_a_transaction_only_when_the_backend_does_not_simulate(
+    simulates: bool,
+) -> None:
+    @actor(name="child")
+    async def child(payload: dict[str, Any]) -> None:
+        return None
+
+    @actor(name="parent")
+    async def parent(payload: dict[str, Any], ctx: Context) -> None:
+        ctx.enqueue(child, {})
+
+    backend = _OffersTransactions(simulates)
+    tq = TaskQ("memory://", actors=[child, parent], backend=backend)
+    async with tq:
+        await tq.client.enqueue(parent, {})
+        await run_until_idle(tq)
+        assert len(await tq.client.list_jobs(actor="child")) == 1
+    assert backend.opened == (0 if simulates else 1)
 
 
 class _HandBackDown(InMemoryBackend):

@@ -752,8 +752,14 @@ PROTOCOL_MEMBERS: Final[frozenset[str]] = frozenset(
 
 
 def missing_members(obj: object) -> list[str]:
-    """Protocol members ``obj`` lacks, sorted; empty when it satisfies ``Backend``."""
-    return sorted(name for name in PROTOCOL_MEMBERS if not hasattr(obj, name))
+    """Protocol members ``obj`` lacks, sorted; empty when it satisfies ``Backend``.
+    A backend that does not simulate transactions (``supports_transactional_simulation``
+    False) must offer real ones: ``transaction`` (:class:`SupportsTransactions`)."""
+    missing = [name for name in PROTOCOL_MEMBERS if not hasattr(obj, name)]
+    simulates = getattr(obj, "supports_transactional_simulation", True)
+    if simulates is False and not isinstance(obj, SupportsTransactions):
+        missing.append("transaction (supports_transactional_simulation is False)")
+    return sorted(missing)
 
 
 def check_protocol_version(backend_type: type, *, distribution: str | None = None) -> None:

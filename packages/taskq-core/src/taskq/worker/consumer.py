@@ -263,11 +263,16 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
     """Write the success and, atomically with it, the sub-jobs the actor enqueued.
 
     A backend with real transactions does both in one; one that simulates
-    them (in-memory) flushes the buffered sub-jobs only after the success
-    write took. Either way a failed or lost job enqueues nothing.
+    them (``supports_transactional_simulation``: in-memory) flushes the buffered
+    sub-jobs only after the success write took. Either way a failed or lost job
+    enqueues nothing.
     """
     backend, wid, ttl = state.backend, state.worker_id, state.settings.fallback_result_ttl
-    if ctx.subjobs and isinstance(backend, SupportsTransactions):
+    if (
+        ctx.subjobs
+        and not backend.supports_transactional_simulation
+        and isinstance(backend, SupportsTransactions)  # checked at open: see missing_members
+    ):
 
         async def in_transaction() -> bool:
             try:

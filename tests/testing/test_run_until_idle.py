@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -69,6 +70,68 @@ async def test_a_job_that_never_ends_times_out_with_a_reason(memory_backend: Bac
     await app.client.enqueue(forever, {})
     with pytest.raises(TimeoutError, match=r"still had jobs to run after 0.5 s"):
         await run_until_idle(app, timeout=0.5)
+
+
+@actor(queue="elsewhere")
+async def slow_side_effect(payload: dict[str, Any]) -> None:
+    await asyncio.sleep(1.0)
+    _SIDE_EFFECTS.append(payload["n"])
+
+
+_SIDE_EFFECTS: list[int] = []
+
+
+async def test_a_timeout_cancels_the_actors_still_running(memory_backend: Backend) -> None:
+    app = TaskQ("memory://", actors=[slow_side_effect], backend=memory_backend)
+    await app.client.enqueue(slow_side_effect, {"n": 1})
+    with pytest.raises(TimeoutError, match="left: 1 running"):
+        await run_until_idle(app, timeout=0.3)
+    await asyncio.sleep(1.2)  # past the actor's own end, had it been left running
+    assert _SIDE_EFFECTS == []
+
+
+async def test_a_timeout_names_jobs_due_later(taskq_backend: Backend) -> None:
+    app = _app(taskq_backend)
+    await app.client.enqueue(square, {"n": 2}, delay=timedelta(hours=1))
+    with pytest.raises(TimeoutError, match="left: 1 scheduled, the first scheduled due at 20"):
+        await run_until_idle(app, timeout=0.3)
+
+
+async def test_a_timeout_must_be_positive(memory_backend: Backend) -> None:
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        await run_until_idle(_app(memory_backend), timeout=0)
+
+
+def test_a_blocked_event_loop_fails_slowly_but_never_ends_the_test_run(
+    pytester: pytest.Pytester,
+) -> None:
+    # The watchdogs would end the process (exit 2): under pytest, the whole run.
+    pytester.makepyfile(
+        """
+        import time
+
+        import pytest
+
+        from taskq import TaskQ, actor
+        from taskq_testing import run_until_idle
+
+
+        @actor()
+        async def blocks(payload: dict) -> str:
+            time.sleep(2.5)  # blocks the loop past the lag budget (half the 1 s lease)
+            return "done"
+
+
+        @pytest.mark.asyncio
+        async def test_blocking(memory_backend):
+            app = TaskQ("memory://", actors=[blocks], backend=memory_backend)
+            job = await app.client.enqueue(blocks, {})
+            await run_until_idle(app)
+            assert await app.client.wait_for_result(job.id, timeout=1) == "done"
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(passed=1)
 
 
 def test_the_test_settings_keep_the_lease_above_four_heartbeats() -> None:

@@ -9,11 +9,14 @@ async with app:
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
 from taskq import TaskQ
+from taskq.backend import JobStatus
+from taskq.models import JobFilter
 from taskq.settings import WorkerSettings
 from taskq.worker import Worker
 
@@ -26,10 +29,15 @@ TEST_SETTINGS: Final[Mapping[str, str]] = MappingProxyType(
         "lock_lease": "1s",
         "maintenance_interval": "20ms",
         "termination_grace_period": "5s",
+        # The watchdogs end a stuck process; here the process is the test run.
+        "watchdog_enabled": "false",
     }
 )
 """The worker settings :func:`run_until_idle` starts from: intervals short enough that
-retries, snoozes and the leader's sweeps happen within a test's second or two."""
+snoozes, the leader's sweeps and reclaims happen within a test's second or two (retry
+delays are the actor's ``retry_backoff``: ``FixedBackoff(timedelta(0))`` in a test
+that retries). The watchdogs are off: a blocked event loop or a hung shutdown must
+fail the test, not end the pytest process."""
 
 
 def _all_queues(app: TaskQ) -> list[str]:
@@ -55,8 +63,12 @@ async def run_until_idle(
     ``settings`` override any other :class:`~taskq.settings.WorkerSettings` field,
     starting from :data:`TEST_SETTINGS`. The process's ``TASKQ_*`` variables are
     ignored, so a test runs the same everywhere. Raises ``TimeoutError`` when jobs
-    are still running or due after ``timeout`` seconds.
+    are still running, pending or scheduled (a delay, a retry's backoff) after
+    ``timeout`` seconds, naming them; the actors still running are cancelled first,
+    so none goes on after the test.
     """
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive (seconds), not {timeout}")
     flags = {**TEST_SETTINGS, "queues": _all_queues(app), **settings, "until_idle": True}
     worker = Worker(app, WorkerSettings.load(flags, env={}))
     try:
@@ -65,9 +77,35 @@ async def run_until_idle(
     except TimeoutError:
         if not budget.expired():
             raise
+        await _cancel(worker.lingering_tasks())
+        left = await _jobs_left(app, worker.settings.queues)
         raise TimeoutError(
             f"the worker still had jobs to run after {timeout} s ({worker.processed} "
-            f"finished): a job that never ends, or one retried or re-enqueued without "
-            f"end? Pass a larger timeout= if the work is just long"
+            f"finished; left: {left}): a job that never ends, one due later, or one "
+            f"retried or re-enqueued without end? Pass a larger timeout= if the work is "
+            f"just long"
         ) from None
     return worker
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        # Bounded: an actor that swallows cancellation must not hang the test instead.
+        await asyncio.wait(tasks, timeout=5)
+
+
+async def _jobs_left(app: TaskQ, queues: list[str]) -> str:
+    """What is left to run, by status, with when the first scheduled job is due."""
+    rows = [
+        row
+        for row in await app.backend.list_jobs(JobFilter(active=True, limit=1000))
+        if row.queue in queues
+    ]
+    counts = Counter(row.status.value for row in rows)
+    parts = [f"{count} {status}" for status, count in sorted(counts.items())]
+    due = [row.scheduled_at for row in rows if row.status is JobStatus.SCHEDULED]
+    if due:
+        parts.append(f"the first scheduled due at {min(due).isoformat()}")
+    return ", ".join(parts) or "none"

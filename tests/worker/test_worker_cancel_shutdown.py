@@ -264,6 +264,22 @@ async def test_a_teardown_that_hangs_trips_the_shutdown_watchdog(
     assert time.monotonic() - started < 10
 
 
+async def test_a_sync_actor_still_in_its_thread_does_not_hold_the_exit(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    # Nothing can cancel a thread: the job is handed back (or abandoned) at the stop,
+    # and a process lingering until the call returns could run it alongside its next run.
+    job = await tq.client.enqueue(basic.nap_sync, {"seconds": 30})
+    with worker(pg_schema, "--queues", "other") as proc:
+        await _until_status(tq, job.id, JobStatus.RUNNING)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=40)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert time.monotonic() - started < 10
+    assert "1 sync actor call(s) still running" in stderr
+
+
 async def test_sigusr2_dumps_task_stacks_and_the_worker_keeps_running(
     tq: TaskQ, pg_schema: PgSchema
 ) -> None:

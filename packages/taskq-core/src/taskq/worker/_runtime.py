@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
 
@@ -18,6 +17,7 @@ from taskq.models import ActorConfig
 from taskq.settings import WorkerSettings
 from taskq.worker._liveness import LoopLiveness
 from taskq.worker._state import WorkerState
+from taskq.worker._sync_pool import SyncActorPool
 from taskq.worker._transient import transient_errors
 from taskq.worker._watchdog import (
     LoopLagWatchdog,
@@ -54,6 +54,7 @@ class Worker:
         self.settings = settings
         self.worker_id = worker_id or uuid4()
         self._state: WorkerState | None = None
+        self._executor: SyncActorPool | None = None
         self._stop_requested = False
         self._escalate = asyncio.Event()
         self._reload = asyncio.Event()
@@ -95,6 +96,11 @@ class Worker:
             return []
         return [task for task in self._state.job_tasks if not task.done()]
 
+    def lingering_threads(self) -> int:
+        """Sync actor calls still running in their threads after :meth:`run` returned
+        (a thread cannot be cancelled; its job was handed back or abandoned)."""
+        return 0 if self._executor is None else self._executor.running
+
     async def _prepare(self) -> None:
         backend = self.app.backend
         actors = self.app.actors
@@ -123,9 +129,7 @@ class Worker:
         while the application closes the backend, so no step of a stop can hang."""
         await self._prepare()
         settings = self.settings
-        executor = ThreadPoolExecutor(
-            max_workers=settings.concurrency, thread_name_prefix="taskq-sync-actor"
-        )
+        executor = self._executor = SyncActorPool(settings.concurrency)
         state = WorkerState(
             worker_id=self.worker_id,
             settings=settings,

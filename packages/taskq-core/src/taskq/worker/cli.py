@@ -112,10 +112,16 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
         lingering = worker.lingering_tasks()
     # Closing the backend is part of the stop that termination_grace_period bounds.
     worker.shutdown_done()
-    if lingering:
-        # Tasks that swallowed cancellation would block the interpreter's exit
-        # forever; their jobs were handed back, so leave now.
-        print(f"taskq-worker: {len(lingering)} job task(s) ignored cancellation", file=sys.stderr)
+    threads = worker.lingering_threads()
+    if lingering or threads:
+        # Tasks that swallowed cancellation, and sync actors' threads (which nothing
+        # can cancel), would hold the interpreter's exit for as long as they run, while
+        # their jobs, handed back, may already run elsewhere: leave now.
+        print(
+            f"taskq-worker: exiting with {len(lingering)} job task(s) that ignored "
+            f"cancellation and {threads} sync actor call(s) still running",
+            file=sys.stderr,
+        )
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_OK)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import importlib.metadata
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -115,3 +118,91 @@ def test_a_failing_hook_does_not_hide_other_plugins(extra_plugins: list[object])
 
     _register(extra_plugins, "exploding", taskq_backends=explode)
     assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
+
+
+@pytest.fixture
+def entry_points(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callable[..., None]]:
+    """Stand in for the installed ``taskq`` entry points: ``name=source`` plugins,
+    each a module of its own; discovery runs again on the next use."""
+    from taskq.plugins import _registry
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    points: list[importlib.metadata.EntryPoint] = []
+
+    def install(**plugins: str) -> None:
+        for name, source in plugins.items():
+            module = f"fake_taskq_plugin_{name}"
+            (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+            points.append(importlib.metadata.EntryPoint(name, module, "taskq"))
+        _registry._load.cache_clear()
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: list(points))
+    yield install
+    _registry._load.cache_clear()  # the real entry points again from the next use on
+
+
+_GOOD = """
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.plugins import hookimpl
+
+    @hookimpl
+    def taskq_backends():
+        return {"good": lambda url: InMemoryBackend()}
+"""
+
+
+def test_a_plugin_with_a_misspelt_hook_is_reported_and_the_others_still_load(
+    entry_points: Callable[..., None],
+) -> None:
+    misspelt = """
+        from taskq.plugins import hookimpl
+
+        @hookimpl
+        def taskq_backend():
+            return {}
+    """
+    entry_points(misspelt=misspelt, good=_GOOD)
+    [failure] = taskq.plugins.plugin_failures()
+    assert failure.name == "misspelt" and "taskq_backend" in str(failure)
+    assert "misspelt" not in [p.name for p in taskq.plugins.loaded_plugins()]
+    assert isinstance(taskq.open_backend("good://"), InMemoryBackend)
+
+
+def test_a_backends_hook_returning_no_mapping_is_skipped(
+    entry_points: Callable[..., None],
+) -> None:
+    entry_points(
+        empty="""
+            from taskq.plugins import hookimpl
+
+            @hookimpl
+            def taskq_backends():
+                return None
+        """,
+        good=_GOOD,
+    )
+    assert isinstance(taskq.open_backend("good://"), InMemoryBackend)
+    assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
+
+
+def test_transient_errors_keep_only_exception_classes(extra_plugins: list[object]) -> None:
+    from taskq.worker._transient import transient_errors
+
+    _register(extra_plugins, "odd", taskq_transient_errors=lambda: (KeyError, "nope", None))
+    transient_errors.cache_clear()
+    try:
+        kinds = transient_errors()
+    finally:
+        transient_errors.cache_clear()
+    assert KeyError in kinds and OSError in kinds
+    assert all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds)
+
+
+def test_a_scheme_claimed_twice_names_the_entry_points_to_disable(
+    entry_points: Callable[..., None],
+) -> None:
+    entry_points(first=_GOOD, second=_GOOD.replace("InMemoryBackend()", "InMemoryBackend() "))
+    with pytest.raises(
+        PluginError, match="TASKQ_DISABLE_PLUGINS=first or TASKQ_DISABLE_PLUGINS=second"
+    ):
+        taskq.open_backend("good://")

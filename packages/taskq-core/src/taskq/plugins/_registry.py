@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -99,7 +99,12 @@ def _load() -> _Loaded:
         try:
             module = ep.load()
             pm.register(module, name=ep.name)
+            # A misspelt hook name would otherwise be silently ignored; checked plugin by
+            # plugin, so the one at fault is named and left out, and the others load.
+            pm.check_pending()
         except Exception as exc:  # noqa: BLE001 - any import failure is reported, not fatal
+            if pm.has_plugin(ep.name):
+                pm.unregister(name=ep.name)
             failure = PluginLoadError(ep.name, dist, exc)
             loaded.failures.append(failure)
             _log.error("taskq.plugin-load-failed", plugin=ep.name, distribution=dist, exc_info=exc)
@@ -108,8 +113,6 @@ def _load() -> _Loaded:
         loaded.dist_of[ep.name] = dist_name
         loaded.plugins.append(PluginInfo(ep.name, dist_name, _dist_version(dist_name)))
 
-    # A misspelt hook name in a plugin would otherwise be silently ignored.
-    pm.check_pending()
     if os.environ.get("TASKQ_TRACE_PLUGINS") == "1":
         pm.add_hookcall_monitoring(
             before=lambda name, _impls, kwargs: _log.debug("taskq.hook-call", hook=name, **kwargs),
@@ -168,14 +171,34 @@ def backend_factories() -> dict[str, tuple[BackendFactory, str]]:
     """
     schemes: dict[str, tuple[BackendFactory, str]] = {}
     for dist, mapping in call_each("taskq_backends"):
-        for scheme, factory in dict(mapping).items():
+        if not isinstance(mapping, Mapping) or not all(
+            isinstance(scheme, str) and callable(factory) for scheme, factory in mapping.items()
+        ):
+            _log.error(
+                "taskq.plugin-hook-bad-result",
+                hook="taskq_backends",
+                distribution=dist,
+                expected="a dict of URL scheme -> backend factory",
+                got=type(mapping).__name__,
+            )
+            continue
+        for scheme, factory in mapping.items():
             if scheme in schemes and schemes[scheme][1] != dist:
+                names = " or ".join(
+                    f"TASKQ_DISABLE_PLUGINS={name}"
+                    for name in _entry_point_names(schemes[scheme][1], dist)
+                )
                 raise PluginError(
                     f"URL scheme {scheme!r} is claimed by both {schemes[scheme][1]} and {dist}; "
-                    f"uninstall one, or disable one with TASKQ_DISABLE_PLUGINS."
+                    f"uninstall one, or disable one by its entry point name: {names}"
                 )
             schemes[scheme] = (factory, dist)
     return schemes
+
+
+def _entry_point_names(*distributions: str) -> list[str]:
+    """The entry point names the plugins of ``distributions`` are registered under."""
+    return [name for name, dist in _load().dist_of.items() if dist in distributions]
 
 
 def _unknown_scheme_message(url: str, scheme: str, installed: list[str]) -> str:

@@ -22,9 +22,20 @@ _log = structlog.get_logger("taskq.worker")
 def transient_errors() -> tuple[type[BaseException], ...]:
     """Every exception type a plugin declared transient (deduplicated, stable order)."""
     seen: dict[type[BaseException], None] = {}
-    for _dist, types in call_each("taskq_transient_errors"):
-        for kind in types:
-            seen.setdefault(kind, None)
+    for dist, types in call_each("taskq_transient_errors"):
+        kinds = list(types) if isinstance(types, list | tuple | set | frozenset) else [types]
+        for kind in kinds:
+            if isinstance(kind, type) and issubclass(kind, BaseException):
+                seen.setdefault(kind, None)
+            else:
+                # In an except clause anything else would raise TypeError at every error.
+                _log.error(
+                    "taskq.plugin-hook-bad-result",
+                    hook="taskq_transient_errors",
+                    distribution=dist,
+                    expected="exception classes",
+                    got=repr(kind),
+                )
     return tuple(seen)
 
 

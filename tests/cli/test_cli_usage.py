@@ -76,3 +76,12 @@ def test_memory_is_refused_where_other_processes_jobs_are_meant(args: list[str])
     result = run("taskq", *args, "--dsn", "memory://", env=clean_env())
     assert result.returncode == 1
     assert "memory:// lives inside one process" in error_line(result)
+
+
+def test_the_exit_codes_are_public_where_api_md_names_them() -> None:
+    import taskq.cli
+    import taskq.worker
+
+    assert (taskq.cli.EXIT_OK, taskq.cli.EXIT_ERROR, taskq.cli.EXIT_WATCHDOG) == (0, 1, 2)
+    assert taskq.worker.EXIT_WATCHDOG == 2
+    assert "EXIT_WATCHDOG" in taskq.worker.__all__ and "EXIT_WATCHDOG" in taskq.cli.__all__

@@ -10,13 +10,21 @@ from collections.abc import Sequence
 
 from taskq.cli._commands import Command as Command
 from taskq.cli._commands import CommandRegistry as CommandRegistry
+from taskq.cli._exit_codes import EXIT_ERROR as EXIT_ERROR
+from taskq.cli._exit_codes import EXIT_OK as EXIT_OK
+from taskq.cli._exit_codes import EXIT_WATCHDOG as EXIT_WATCHDOG
 from taskq.cli._parser import ArgumentParser
 from taskq.errors import TaskQError
 
-__all__ = ["EXIT_ERROR", "EXIT_OK", "Command", "CommandRegistry", "build_parser", "main"]
-
-EXIT_OK = 0
-EXIT_ERROR = 1
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "EXIT_WATCHDOG",
+    "Command",
+    "CommandRegistry",
+    "build_parser",
+    "main",
+]
 
 
 def _version_text() -> str:

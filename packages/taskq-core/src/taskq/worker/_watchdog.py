@@ -30,12 +30,12 @@ from typing import Any, NoReturn
 
 import structlog
 
+from taskq.cli._exit_codes import EXIT_WATCHDOG
 from taskq.errors import ContractViolation
 from taskq.worker._liveness import LoopLiveness
 from taskq.worker._stacks import dump_task_stacks
 
 __all__ = [
-    "EXIT_WATCHDOG",
     "LoopLagWatchdog",
     "ShutdownWatchdog",
     "guard_sibling",
@@ -44,8 +44,6 @@ __all__ = [
 ]
 
 _log = structlog.get_logger("taskq.watchdog")
-
-EXIT_WATCHDOG = 2
 
 
 def _exit(code: int) -> NoReturn:

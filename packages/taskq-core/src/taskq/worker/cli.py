@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from taskq.cli._exit_codes import EXIT_ERROR, EXIT_OK
 from taskq.cli._parser import ArgumentParser
 from taskq.errors import ConfigurationError, TaskQError
 
@@ -21,9 +22,6 @@ if TYPE_CHECKING:
     from taskq.worker._runtime import Worker
 
 __all__ = ["build_parser", "load_app", "main"]
-
-EXIT_OK = 0
-EXIT_ERROR = 1
 
 
 def load_app(spec: str) -> TaskQ:

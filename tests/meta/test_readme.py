@@ -16,4 +16,5 @@ def test_quick_example_runs() -> None:
         [sys.executable, "-c", example], capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 0, proc.stderr
+    assert "{'ok': True}" in proc.stdout
     assert "state_change" in proc.stdout

@@ -55,6 +55,23 @@ async def test_the_schema_is_dropped_afterwards(pg_database_dsn: str) -> None:
     assert not await _schema_exists(pg_database_dsn, schema.name)
 
 
+def test_a_schema_a_lock_keeps_from_being_dropped_is_named_in_a_warning(
+    pg_database_dsn: str,
+) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_database_dsn) as holder:  # a transaction a test left open
+        with (
+            pytest.warns(ResourceWarning, match="was left in place") as caught,
+            migrated_schema(pg_database_dsn) as schema,
+        ):
+            holder.execute(f"LOCK TABLE {schema.name}.jobs IN ACCESS SHARE MODE")
+        holder.rollback()
+        holder.execute(f"DROP SCHEMA {schema.name} CASCADE")
+        holder.commit()
+    assert schema.name in str(caught[0].message)
+
+
 def test_unique_schema_names_are_valid_and_short() -> None:
     name = unique_schema_name()
     assert validate_schema_name(name) == name

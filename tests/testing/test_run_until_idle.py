@@ -145,3 +145,24 @@ def test_the_test_settings_keep_the_lease_above_four_heartbeats() -> None:
 async def test_the_memory_fixture_is_an_open_backend_of_its_own(memory_backend: Backend) -> None:
     assert isinstance(memory_backend, InMemoryBackend)
     assert await memory_backend.count_active_jobs(["default"]) == 0
+
+
+def test_the_postgres_fixtures_say_what_to_install_when_the_driver_is_missing(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(
+        """
+        import sys
+
+        sys.modules["psycopg"] = None  # as if taskq-testing[postgres] were not installed
+        """
+    )
+    pytester.makepyfile(
+        """
+        def test_needs_postgres(pg_backend):
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(errors=1)
+    assert "pip install 'taskq-testing[postgres]'" in result.stdout.str()

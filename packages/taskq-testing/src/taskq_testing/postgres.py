@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -155,7 +156,13 @@ def _drop_schema(database_dsn: str, schema: str) -> None:
                 )
             )
         except psycopg.errors.LockNotAvailable:
-            pass
+            warnings.warn(
+                f"schema {schema!r} was left in place: a connection still holds a lock in "
+                f"it (a transaction left open?); it goes with a throwaway database, "
+                f"else drop it by hand",
+                ResourceWarning,
+                stacklevel=2,
+            )
 
 
 class SchemaPool:

@@ -53,6 +53,17 @@ from taskq_testing.postgres import (
 def pg_database_dsn() -> Iterator[str]:
     """DSN of an empty database that lives for this test session (per xdist worker)."""
     try:
+        # Here, not at the top: loading the plugin imports no database driver.
+        import psycopg  # noqa: F401
+
+        import taskq_postgres  # noqa: F401
+    except ImportError:
+        raise pytest.fail.Exception(
+            "the Postgres fixtures need taskq-postgres and psycopg: "
+            "pip install 'taskq-testing[postgres]'",
+            pytrace=False,
+        ) from None
+    try:
         with throwaway_database() as dsn:
             yield dsn
     except PostgresUnavailable as exc:
@@ -93,14 +104,8 @@ async def memory_backend() -> AsyncIterator[Backend]:
 @pytest_asyncio.fixture
 async def pg_backend(pg_pooled_schema: PgSchema) -> AsyncIterator[Backend]:
     """An open Postgres backend on an empty migrated schema of this test alone."""
-    try:
-        # Here, not at the top: loading the plugin imports no database driver.
-        from taskq_postgres import PostgresBackend
-    except ImportError:
-        raise pytest.fail.Exception(
-            "pg_backend needs taskq-postgres: pip install 'taskq-testing[postgres]'",
-            pytrace=False,
-        ) from None
+    from taskq_postgres import PostgresBackend  # pg_database_dsn checked it is installed
+
     backend = PostgresBackend(pg_pooled_schema.dsn, schema=pg_pooled_schema.name)
     await backend.open()
     yield backend

@@ -41,7 +41,9 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("actor", metavar="ACTOR", help="the actor's name")
     parser.add_argument("payload", metavar="JSON", help="the payload, as JSON: '{\"seconds\": 1}'")
     parser.add_argument(
-        "--dsn", help="database URL (default: $TASKQ_DSN, else an installed embedded server)"
+        "--dsn",
+        help="database URL (default: $TASKQ_DSN, else the application's own URL unless "
+        "memory://, else an installed embedded server)",
     )
     parser.add_argument(
         "--schema", help="database schema (default: $TASKQ_SCHEMA, else the application's)"

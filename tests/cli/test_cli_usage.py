@@ -85,3 +85,10 @@ def test_the_exit_codes_are_public_where_api_md_names_them() -> None:
     assert (taskq.cli.EXIT_OK, taskq.cli.EXIT_ERROR, taskq.cli.EXIT_WATCHDOG) == (0, 1, 2)
     assert taskq.worker.EXIT_WATCHDOG == 2
     assert "EXIT_WATCHDOG" in taskq.worker.__all__ and "EXIT_WATCHDOG" in taskq.cli.__all__
+
+
+@pytest.mark.parametrize("command", ["migrate", "embedded"])
+def test_a_command_of_a_missing_distribution_says_what_to_install(command: str) -> None:
+    result = run("taskq", command, "--help", env=clean_env(TASKQ_DISABLE_PLUGINS="postgres"))
+    assert result.returncode == 1
+    assert "pip install taskq-postgres" in error_line(result)

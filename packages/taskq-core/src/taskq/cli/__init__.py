@@ -76,12 +76,34 @@ def build_parser(registry: CommandRegistry) -> argparse.ArgumentParser:
     return parser
 
 
+# The first-party commands that come with another distribution, for the hint when one
+# is asked for without it installed.
+_COMMAND_PROVIDERS: dict[str, str] = {
+    "migrate": "taskq-postgres",
+    "embedded": "taskq-postgres",
+}
+
+
+def _missing_command(registry: CommandRegistry, argv: Sequence[str]) -> str | None:
+    """The message for a first-party command whose distribution is not installed."""
+    name = next((arg for arg in argv if not arg.startswith("-")), None)
+    provider = _COMMAND_PROVIDERS.get(name or "")
+    if provider is None or any(command.name == name for command in registry.commands()):
+        return None
+    return f"`taskq {name}` comes with {provider}, which is not installed: pip install {provider}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``taskq`` console script; returns the exit code."""
     from taskq.logs import configure_logging
 
     configure_logging()
-    parser = build_parser(_collect_commands())
+    registry = _collect_commands()
+    missing = _missing_command(registry, sys.argv[1:] if argv is None else argv)
+    if missing is not None:
+        print(f"taskq: error: {missing}", file=sys.stderr)
+        return EXIT_ERROR
+    parser = build_parser(registry)
     args = parser.parse_args(argv)
     run = getattr(args, "_run", None)
     if run is None:

@@ -7,6 +7,7 @@ import inspect
 import pytest
 
 from taskq.backend import (
+    OPTIONAL_PROTOCOLS,
     Backend,
     SupportsBatchedSuccess,
     SupportsHeldJobs,
@@ -24,7 +25,8 @@ from taskq_testing.conformance._transitions import BACKEND_DRIVEN_EDGES, DRIVES
 def _protocol_members() -> set[str]:
     return {
         name
-        for name, value in vars(Backend).items()
+        for protocol in (Backend, *OPTIONAL_PROTOCOLS)
+        for name, value in vars(protocol).items()
         if not name.startswith("_") and inspect.isfunction(value)
     }
 
@@ -43,6 +45,7 @@ def test_the_protocol_has_the_members_this_check_expects() -> None:
     # not silently shrink the set to check.
     members = _protocol_members()
     assert {"enqueue", "dispatch_batch", "subscribe_wake", "prune_old_batches"} <= members
+    assert {"fire_due_schedules", "leader_elector", "mark_succeeded_many"} <= members
     assert "BACKEND_PROTOCOL_VERSION" not in members
 
 
@@ -64,3 +67,5 @@ def test_the_builtin_backends_implement_the_optional_writes(backend_type: type) 
     assert issubclass(backend_type, SupportsWorkerCancelWake)
     assert issubclass(backend_type, SupportsPrune)
     assert issubclass(backend_type, SupportsHeldJobs)
+    for protocol in OPTIONAL_PROTOCOLS:
+        assert issubclass(backend_type, protocol), protocol.__name__

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 from taskq.backend._protocol import BACKEND_PROTOCOL_VERSION as BACKEND_PROTOCOL_VERSION
+from taskq.backend._protocol import OPTIONAL_PROTOCOLS as OPTIONAL_PROTOCOLS
 from taskq.backend._protocol import PROTOCOL_MEMBERS as PROTOCOL_MEMBERS
 from taskq.backend._protocol import Backend as Backend
 from taskq.backend._protocol import Connection as Connection
+from taskq.backend._protocol import LeaderElector as LeaderElector
+from taskq.backend._protocol import ScheduleFire as ScheduleFire
 from taskq.backend._protocol import SupportsBatchedSuccess as SupportsBatchedSuccess
 from taskq.backend._protocol import SupportsCredentialReload as SupportsCredentialReload
+from taskq.backend._protocol import SupportsCron as SupportsCron
+from taskq.backend._protocol import SupportsFleetStats as SupportsFleetStats
 from taskq.backend._protocol import SupportsHeldJobs as SupportsHeldJobs
+from taskq.backend._protocol import SupportsLeaderElection as SupportsLeaderElection
 from taskq.backend._protocol import SupportsMigrate as SupportsMigrate
+from taskq.backend._protocol import SupportsPrune as SupportsPrune
+from taskq.backend._protocol import SupportsResultExpiry as SupportsResultExpiry
+from taskq.backend._protocol import SupportsStaleBatchSweep as SupportsStaleBatchSweep
 from taskq.backend._protocol import SupportsTransactions as SupportsTransactions
 from taskq.backend._protocol import SupportsUnstartedHandBack as SupportsUnstartedHandBack
 from taskq.backend._protocol import SupportsWorkerCancelWake as SupportsWorkerCancelWake
+from taskq.backend._protocol import SupportsWorkerRegistry as SupportsWorkerRegistry
 from taskq.backend._protocol import check_batch_size as check_batch_size
 from taskq.backend._protocol import check_protocol_version as check_protocol_version
 from taskq.backend._protocol import missing_members as missing_members
@@ -28,6 +38,7 @@ from taskq.backend.statemachine import JobStatus as JobStatus
 __all__ = [
     "ACTIVE_STATUSES",
     "BACKEND_PROTOCOL_VERSION",
+    "OPTIONAL_PROTOCOLS",
     "PROTOCOL_MEMBERS",
     "TERMINAL_STATUSES",
     "VALID_TRANSITIONS",
@@ -37,13 +48,22 @@ __all__ = [
     "Connection",
     "FakeClock",
     "JobStatus",
+    "LeaderElector",
+    "ScheduleFire",
     "SupportsBatchedSuccess",
     "SupportsCredentialReload",
+    "SupportsCron",
+    "SupportsFleetStats",
     "SupportsHeldJobs",
+    "SupportsLeaderElection",
     "SupportsMigrate",
+    "SupportsPrune",
+    "SupportsResultExpiry",
+    "SupportsStaleBatchSweep",
     "SupportsTransactions",
     "SupportsUnstartedHandBack",
     "SupportsWorkerCancelWake",
+    "SupportsWorkerRegistry",
     "SystemClock",
     "check_batch_size",
     "check_protocol_version",

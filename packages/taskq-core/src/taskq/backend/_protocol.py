@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKEND_PROTOCOL_VERSION",
+    "OPTIONAL_PROTOCOLS",
     "PROTOCOL_MEMBERS",
     "Backend",
     "LeaderElector",
@@ -615,7 +616,9 @@ class LeaderElector(Protocol):
         ...
 
     async def release(self) -> None:
-        """Step down (idempotent); another elector may acquire at once."""
+        """Step down (idempotent); another elector may acquire at once. Also lets go
+        of what the elector holds to try (Postgres: its session): call it when done
+        with an elector, even one that never led."""
         ...
 
 
@@ -749,6 +752,24 @@ PROTOCOL_MEMBERS: Final[frozenset[str]] = frozenset(
     name for name in (*vars(Backend), *Backend.__annotations__) if not name.startswith("_")
 )
 """Every attribute and method a backend must have (for diagnostics and meta-tests)."""
+
+
+OPTIONAL_PROTOCOLS: Final[tuple[type, ...]] = (
+    SupportsBatchedSuccess,
+    SupportsUnstartedHandBack,
+    SupportsHeldJobs,
+    SupportsWorkerCancelWake,
+    SupportsLeaderElection,
+    SupportsCron,
+    SupportsPrune,
+    SupportsResultExpiry,
+    SupportsStaleBatchSweep,
+    SupportsFleetStats,
+    SupportsWorkerRegistry,
+)
+"""The optional protocols whose behaviour the conformance suite specifies (a backend
+without one skips its tests). ``SupportsMigrate``, ``SupportsCredentialReload`` and
+``SupportsTransactions`` are left out: what they do is the store's own business."""
 
 
 def missing_members(obj: object) -> list[str]:

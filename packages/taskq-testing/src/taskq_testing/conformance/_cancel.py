@@ -66,7 +66,7 @@ class CancelTests:
         assert after.finished_at is None
 
     @pytest.mark.parametrize("how", ["one", "where"])
-    @covers("write_cancel_request", "cancel_where")
+    @covers("write_cancel_request", "cancel_where", "subscribe_worker_cancel_wake")
     async def test_a_cancel_request_wakes_only_the_worker_holding_the_job(
         self, backend: Backend, how: str
     ) -> None:

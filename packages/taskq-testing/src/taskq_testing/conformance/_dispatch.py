@@ -366,6 +366,7 @@ class DispatchTests:
 
     # -- held_jobs (SupportsHeldJobs) ---------------------------------------------------
 
+    @covers("held_jobs")
     async def test_held_jobs_are_the_workers_running_jobs_with_their_attempts(
         self, backend: Backend
     ) -> None:

@@ -84,7 +84,7 @@ class MaintenanceTests(TimeLimits):
     """``sweep_expired_results``, ``complete_stale_batches``, the fleet statistics, the
     worker registry, ``prune_terminal_jobs`` and ``expire_archive``."""
 
-    @covers("mark_succeeded")
+    @covers("mark_succeeded", "sweep_expired_results")
     async def test_sweep_expired_results_clears_only_expired_results(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
@@ -109,7 +109,7 @@ class MaintenanceTests(TimeLimits):
         # Idempotent: a cleared result is not counted again.
         assert await sweeper.sweep_expired_results() == 0
 
-    @covers("complete_batch", "enqueue_batch_atomic", "create_batch")
+    @covers("complete_batch", "enqueue_batch_atomic", "create_batch", "complete_stale_batches")
     async def test_complete_stale_batches_completes_only_batches_with_no_active_child(
         self, backend: Backend
     ) -> None:
@@ -155,7 +155,7 @@ class MaintenanceTests(TimeLimits):
         assert await backend.get_batch(aborted_id) == aborted
         assert await sweeper.complete_stale_batches() == 0
 
-    @covers("enqueue", "dispatch_batch")
+    @covers("enqueue", "dispatch_batch", "queue_depths")
     async def test_queue_depths_counts_waiting_and_running_jobs_per_queue(
         self, backend: Backend
     ) -> None:
@@ -174,7 +174,7 @@ class MaintenanceTests(TimeLimits):
         # A queue whose jobs all finished has no depth to report.
         assert finished not in depths
 
-    @covers("register_actors")
+    @covers("register_actors", "stranded_jobs")
     async def test_stranded_jobs_counts_waiting_jobs_of_unregistered_actors(
         self, backend: Backend
     ) -> None:
@@ -193,6 +193,7 @@ class MaintenanceTests(TimeLimits):
         assert known not in stranded
         assert busy not in stranded
 
+    @covers("cleanup_stale_workers", "deregister_worker", "register_worker", "touch_worker")
     async def test_worker_registry_registers_touches_deregisters_and_sweeps(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
@@ -218,7 +219,9 @@ class MaintenanceTests(TimeLimits):
         assert not await registry.touch_worker(dead)
         await registry.deregister_worker(dead)
 
-    @covers("get", "get_attempts", "get_events", "poll_reclaim_events", "enqueue")
+    @covers(
+        "get", "get_attempts", "get_events", "poll_reclaim_events", "enqueue", "prune_terminal_jobs"
+    )
     async def test_prune_moves_only_terminal_jobs_past_their_status_retention(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
@@ -272,7 +275,7 @@ class MaintenanceTests(TimeLimits):
         assert await fetch(backend, scheduled.id) == scheduled
         assert await fetch(backend, running.id) == running
 
-    @covers("enqueue")
+    @covers("enqueue", "expire_archive", "prune_terminal_jobs")
     async def test_a_job_id_archived_twice_keeps_the_later_job(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
@@ -293,6 +296,7 @@ class MaintenanceTests(TimeLimits):
         assert await pruner.expire_archive() == 1
         assert await pruner.expire_archive() == 0
 
+    @covers("expire_archive", "prune_terminal_jobs")
     async def test_expire_archive_deletes_only_archived_jobs_past_expire_at(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
@@ -312,6 +316,7 @@ class MaintenanceTests(TimeLimits):
         assert await pruner.expire_archive(batch_size=2) == 3
         assert await pruner.expire_archive(batch_size=2) == 0
 
+    @covers("expire_archive", "prune_terminal_jobs")
     async def test_prune_and_expiry_refuse_an_empty_batch_size(self, backend: Backend) -> None:
         # A batch size of 0 would never end the batch loop.
         pruner = _prune(backend)

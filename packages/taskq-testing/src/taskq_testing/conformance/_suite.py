@@ -17,6 +17,7 @@ from taskq_testing.conformance._dispatch import DispatchTests
 from taskq_testing.conformance._enqueue import EnqueueTests
 from taskq_testing.conformance._filters import FilterTests
 from taskq_testing.conformance._history import HistoryTests
+from taskq_testing.conformance._leadership import LeadershipTests
 from taskq_testing.conformance._maintenance import MaintenanceTests
 from taskq_testing.conformance._reclaim_events import ReclaimEventTests
 from taskq_testing.conformance._schedules import ScheduleTests
@@ -59,6 +60,7 @@ class ProtocolTests:
 # pytest runs inherited tests in reverse MRO order, so the bases are listed last
 # area first: the protocol pin runs first, then enqueue, dispatch, and so on.
 class BackendConformance(
+    LeadershipTests,
     MaintenanceTests,
     HistoryTests,
     ScheduleTests,

@@ -15,7 +15,14 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from taskq.backend import TERMINAL_STATUSES, VALID_TRANSITIONS, Backend, Connection, JobStatus
+from taskq.backend import (
+    OPTIONAL_PROTOCOLS,
+    TERMINAL_STATUSES,
+    VALID_TRANSITIONS,
+    Backend,
+    Connection,
+    JobStatus,
+)
 from taskq.models import AttemptRow, EnqueueArgs, ErrorInfo, EventRow, JobRow
 
 AdvanceTime: TypeAlias = Callable[[timedelta], Awaitable[None]]
@@ -66,14 +73,23 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def covers(*members: str) -> Callable[[_F], _F]:
-    """Record which ``Backend`` members a conformance test exercises.
+    """Record which members of ``Backend`` and of its optional protocols
+    (``OPTIONAL_PROTOCOLS``) a conformance test exercises.
 
-    The coverage meta-test requires every protocol member to be covered by at
-    least one test. Unknown names fail at import, so a typo cannot hide a gap.
+    The coverage meta-test requires every such member to be covered by at least
+    one test. Unknown names fail at import, so a typo cannot hide a gap.
     """
-    unknown = [m for m in members if m.startswith("_") or not hasattr(Backend, m)]
+    unknown = [
+        m
+        for m in members
+        if m.startswith("_")
+        or not any(hasattr(protocol, m) for protocol in (Backend, *OPTIONAL_PROTOCOLS))
+    ]
     if unknown:
-        raise ValueError(f"covers(): {unknown} are not members of taskq.backend.Backend")
+        raise ValueError(
+            f"covers(): {unknown} are not members of taskq.backend.Backend "
+            f"or of an optional protocol (taskq.backend.OPTIONAL_PROTOCOLS)"
+        )
 
     def mark(test: _F) -> _F:
         setattr(test, COVERS_ATTRIBUTE, frozenset(members) | getattr(test, COVERS_ATTRIBUTE, set()))

@@ -476,7 +476,7 @@ class TerminalWriteTests:
         assert (done.progress_seq, done.progress_state) == expected
 
     @pytest.mark.parametrize("write", ["mark_succeeded", "mark_succeeded_many"])
-    @covers("mark_succeeded", "get_attempts")
+    @covers("mark_succeeded", "get_attempts", "mark_succeeded_many")
     async def test_a_success_after_a_failed_attempt_clears_the_jobs_error(
         self, backend: Backend, write: str
     ) -> None:
@@ -524,6 +524,7 @@ class TerminalWriteTests:
 
     # -- mark_succeeded_many (SupportsBatchedSuccess) ---------------------------------
 
+    @covers("mark_succeeded_many")
     async def test_mark_succeeded_many_judges_each_item_on_its_own(self, backend: Backend) -> None:
         many = batched(backend)
         worker = uuid4()
@@ -578,6 +579,7 @@ class TerminalWriteTests:
         ],
         ids=["no-ttl", "job-ttl-wins", "fallback-ttl"],
     )
+    @covers("mark_succeeded_many")
     async def test_mark_succeeded_many_expires_results_like_mark_succeeded(
         self,
         backend: Backend,
@@ -599,6 +601,7 @@ class TerminalWriteTests:
             assert done.finished_at is not None
             assert_close(done.result_expires_at, done.finished_at + expected)
 
+    @covers("mark_succeeded_many")
     async def test_mark_succeeded_many_keeps_newer_progress(self, backend: Backend) -> None:
         many = batched(backend)
         worker = uuid4()
@@ -610,11 +613,13 @@ class TerminalWriteTests:
         done = await fetch(backend, job.id)
         assert (done.progress_seq, done.progress_state) == (5, {"at": 5})
 
+    @covers("mark_succeeded_many")
     async def test_mark_succeeded_many_of_nothing_is_nothing(self, backend: Backend) -> None:
         assert await batched(backend).mark_succeeded_many(uuid4(), []) == []
 
     # -- hand_back_unstarted (SupportsUnstartedHandBack) ------------------------------
 
+    @covers("hand_back_unstarted")
     async def test_hand_back_unstarted_moves_each_owned_job_like_an_interrupting_snooze(
         self, backend: Backend
     ) -> None:
@@ -844,7 +849,13 @@ class TerminalWriteTests:
     @pytest.mark.parametrize(
         "path", ["snooze", "interrupted", "retry", "retry_after", "hand_back_unstarted"]
     )
-    @covers("subscribe_wake", "mark_snoozed", "mark_failed_or_retry", "mark_retry_after")
+    @covers(
+        "subscribe_wake",
+        "mark_snoozed",
+        "mark_failed_or_retry",
+        "mark_retry_after",
+        "hand_back_unstarted",
+    )
     async def test_a_worker_putting_a_job_back_in_pending_wakes_every_subscriber(
         self, backend: Backend, path: str
     ) -> None:

@@ -1,0 +1,168 @@
+"""The maintenance leader's election and cron ticks (``SupportsLeaderElection``,
+``SupportsCron``); a backend without one skips its tests.
+
+What a lease does to a leader that stops renewing is not checked here: a backend in
+one process (in-memory) cannot freeze a leader without freezing every elector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+from uuid import uuid4
+
+import pytest
+
+from taskq.backend import Backend, SupportsCron, SupportsLeaderElection
+from taskq.models import EnqueueArgs, JobFilter, ScheduleCreateArgs, ScheduleRecord
+from taskq_testing.conformance._support import (
+    ACTOR,
+    AdvanceTime,
+    TimeLimits,
+    covers,
+    make_args,
+    skip_unless_can_wait,
+)
+
+_LEASE = timedelta(seconds=5)
+_EVERY_SECOND = "* * * * * *"
+_PAST_ONE_SLOT = timedelta(seconds=1.1)
+"""Long enough that a per-second schedule created now has at least one slot due."""
+_WIDE_CATCH_UP = timedelta(hours=1)
+
+
+def _elections(backend: Backend) -> SupportsLeaderElection:
+    if not isinstance(backend, SupportsLeaderElection):
+        pytest.skip(f"{type(backend).__name__} does not implement SupportsLeaderElection")
+    return backend
+
+
+def _cron(backend: Backend) -> SupportsCron:
+    if not isinstance(backend, SupportsCron):
+        pytest.skip(f"{type(backend).__name__} does not implement SupportsCron")
+    return backend
+
+
+def _slot_job(schedule: ScheduleRecord, slot: datetime) -> EnqueueArgs:
+    """A slot's job, as the worker's builder makes it: keyed by schedule and slot."""
+    return make_args(
+        actor=schedule.actor,
+        payload=schedule.payload,
+        idempotency_key=f"schedule:{schedule.id}:{slot.isoformat()}",
+        metadata={"schedule_slot": slot.isoformat()},
+    )
+
+
+async def _fired_slots(backend: Backend) -> list[str]:
+    jobs = await backend.list_jobs(JobFilter(actor=ACTOR, limit=1000))
+    return sorted(job.metadata["schedule_slot"] for job in jobs)
+
+
+async def _every_second(backend: Backend, **overrides: object) -> ScheduleRecord:
+    fields: dict[str, object] = {
+        "name": f"tick-{uuid4().hex[:8]}",
+        "actor": ACTOR,
+        "cron": _EVERY_SECOND,
+        "payload": {"n": 1},
+        **overrides,
+    }
+    return await backend.create_schedule(ScheduleCreateArgs.model_validate(fields))
+
+
+class LeadershipTests(TimeLimits):
+    """``leader_elector`` (``try_acquire``, ``release``) and ``fire_due_schedules``."""
+
+    @covers("leader_elector")
+    async def test_one_elector_leads_until_it_steps_down(self, backend: Backend) -> None:
+        elections = _elections(backend)
+        first = elections.leader_elector(uuid4(), lease=_LEASE)
+        second = elections.leader_elector(uuid4(), lease=_LEASE)
+        try:
+            assert await first.try_acquire()
+            for _ in range(3):  # each tick confirms (renews) the leadership it holds
+                assert await first.try_acquire()
+                assert not await second.try_acquire()
+            await second.release()  # stepping down from nothing changes nothing
+            assert await first.try_acquire()
+            await first.release()
+            await first.release()  # idempotent
+            assert await second.try_acquire()
+            assert not await first.try_acquire()
+        finally:  # an elector holds what it needs to try (a session) until released
+            await first.release()
+            await second.release()
+
+    @covers("fire_due_schedules", "create_schedule", "list_schedules")
+    async def test_each_due_slot_fires_once_and_the_schedule_moves_past_it(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        cron = _cron(backend)
+        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "a due cron slot")
+        created = await _every_second(backend)
+        await advance_time(_PAST_ONE_SLOT)
+        fired = await cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP)
+        assert fired >= 1
+        # Again at once: only a slot that came due meanwhile may fire, none twice.
+        fired += await cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP)
+        slots = await _fired_slots(backend)
+        assert len(slots) == fired == len(set(slots))
+        [after] = await backend.list_schedules()
+        assert after.next_fire_at is not None and created.next_fire_at is not None
+        assert after.next_fire_at.isoformat() > slots[-1]
+        assert slots[0] == created.next_fire_at.isoformat()
+        assert after.last_fired_at is not None and after.last_fired_at.isoformat() == slots[-1]
+
+    @covers("fire_due_schedules")
+    async def test_two_concurrent_ticks_fire_each_slot_once(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        cron = _cron(backend)
+        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "a due cron slot")
+        await _every_second(backend)
+        await advance_time(_PAST_ONE_SLOT)
+        counts = await asyncio.gather(
+            cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP),
+            cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP),
+        )
+        slots = await _fired_slots(backend)
+        assert sum(counts) == len(slots) == len(set(slots)) >= 1
+
+    @covers("fire_due_schedules", "update_schedule")
+    async def test_disabled_schedules_do_not_fire(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        cron = _cron(backend)
+        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "a due cron slot")
+        await _every_second(backend, enabled=False)
+        await advance_time(_PAST_ONE_SLOT)
+        assert await cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP) == 0
+        assert await _fired_slots(backend) == []
+
+    @covers("fire_due_schedules")
+    async def test_a_slot_the_builder_skips_enqueues_nothing_but_is_passed(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        cron = _cron(backend)
+        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "a due cron slot")
+        created = await _every_second(backend)
+        await advance_time(_PAST_ONE_SLOT)
+        assert await cron.fire_due_schedules(lambda _s, _t: None, catch_up=_WIDE_CATCH_UP) == 0
+        assert await _fired_slots(backend) == []
+        [after] = await backend.list_schedules()
+        assert after.next_fire_at is not None and created.next_fire_at is not None
+        assert after.next_fire_at > created.next_fire_at
+
+    @covers("fire_due_schedules")
+    async def test_slots_older_than_the_catch_up_window_are_skipped(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        cron = _cron(backend)
+        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "a due cron slot")
+        created = await _every_second(backend)
+        await advance_time(_PAST_ONE_SLOT)
+        # No window: every slot due so far is older than "now"; the schedule resumes after it.
+        assert await cron.fire_due_schedules(_slot_job, catch_up=timedelta(0)) == 0
+        assert await _fired_slots(backend) == []
+        [after] = await backend.list_schedules()
+        assert after.next_fire_at is not None and created.next_fire_at is not None
+        assert after.next_fire_at > created.next_fire_at

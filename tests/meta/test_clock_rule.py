@@ -8,7 +8,8 @@ from taskq.backend import PROTOCOL_MEMBERS, Backend
 
 # Members allowed a datetime parameter, each with its reason.
 ALLOWED = {
-    # a retention cutoff chosen by the operator, not a clock reading compared to rows
+    # a retention boundary the leader derives from the backend's own clock
+    # (SupportsPrune.now), never from its host's
     ("prune_old_batches", "cutoff"),
 }
 

@@ -350,3 +350,25 @@ async def test_until_idle_ends_when_only_jobs_of_unknown_actors_are_left() -> No
         assert row is not None and row.status is not JobStatus.RUNNING
     errors = [e for e in logs if e["event"] == "taskq.idle-but-jobs-of-unknown-actors"]
     assert errors and all(e["actors"] == ["ghost.actor"] for e in errors)
+
+
+async def test_the_batch_prune_cutoff_comes_from_the_backends_clock_not_the_hosts() -> None:
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from taskq.backend import FakeClock
+    from taskq.worker.maintenance import prune_once
+
+    clock = FakeClock(datetime(2031, 1, 1, tzinfo=UTC))  # years ahead of this host
+    backend = InMemoryBackend(clock=clock)
+    await backend.open()
+    batch = uuid4()
+    await backend.create_batch(batch, "q", 0, None, None, None)
+    await backend.complete_batch(batch)
+    settings = WorkerSettings.load({}, env={})
+    state: Any = SimpleNamespace(settings=settings, backend=backend)
+    assert (await prune_once(state, backend))["batches_pruned"] == 0  # completed just now
+    clock.advance(min(settings.prune_retention.values()) + timedelta(days=1))
+    assert (await prune_once(state, backend))["batches_pruned"] == 1
+    assert await backend.get_batch(batch) is None

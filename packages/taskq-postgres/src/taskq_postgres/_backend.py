@@ -1527,6 +1527,11 @@ class PostgresBackend:
         count = await self._db(connection).fetchval(self._sql.count_batch_non_terminal, batch_id)
         return int(count)
 
+    async def now(self) -> datetime:
+        """The database's clock (``SupportsPrune``)."""
+        now: datetime = await self._db().fetchval("SELECT clock_timestamp()")
+        return now
+
     async def prune_old_batches(self, cutoff: datetime) -> int:
         """Delete batches completed before ``cutoff`` whose children are gone."""
         return _changed(await self._db().execute(self._sql.prune_old_batches, cutoff))

@@ -677,6 +677,12 @@ class SupportsPrune(Protocol):
         """Delete archived jobs (and their attempts) past ``expire_at``; returns how many."""
         ...
 
+    async def now(self) -> datetime:
+        """The backend's clock, read now: the arbiter of its time predicates. The
+        leader takes the batch rows' prune cutoff (``prune_old_batches``) from it,
+        never from its host's clock."""
+        ...
+
 
 def check_batch_size(batch_size: int) -> None:
     """The ``batch_size`` rule of :class:`SupportsPrune`'s methods: at least 1, else

@@ -739,6 +739,10 @@ class InMemoryBackend:
         at a time (``SupportsPrune``); returns how many."""
         return self._archive.expire(batch_size)
 
+    async def now(self) -> datetime:
+        """This backend's clock (``SupportsPrune``)."""
+        return self.clock.now()
+
     # -- fleet statistics and the worker registry ---------------------------------------
     async def queue_depths(self) -> dict[str, dict[str, int]]:
         """Pending, scheduled and running jobs per queue (``SupportsFleetStats``)."""

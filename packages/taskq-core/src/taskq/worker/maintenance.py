@@ -19,7 +19,6 @@ from taskq.backend._protocol import (
     SupportsStaleBatchSweep,
     SupportsWorkerRegistry,
 )
-from taskq.backend.clock import SystemClock
 from taskq.worker.cron import SlotJobBuilder
 
 if TYPE_CHECKING:
@@ -102,9 +101,9 @@ async def prune_once(state: WorkerState, backend: SupportsPrune) -> dict[str, in
         batch_size=settings.prune_batch_size,
     )
     # After the jobs, so a batch row never goes while its children are still visible
-    # (the backend also keeps any batch with a child left). The cutoff is a retention
-    # boundary, days wide: this host's clock is precise enough for it.
-    cutoff = SystemClock().now() - min(settings.prune_retention.values())
+    # (the backend also keeps any batch with a child left). The cutoff comes from the
+    # backend's clock, the one that wrote completed_at, not from this host's.
+    cutoff = await backend.now() - min(settings.prune_retention.values())
     return {"pruned": moved, "batches_pruned": await state.backend.prune_old_batches(cutoff)}
 
 

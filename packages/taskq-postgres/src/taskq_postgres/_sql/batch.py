@@ -243,7 +243,7 @@ LIMIT $1
 
 PRUNE_OLD_BATCHES: Final = (
     """
--- arbiter: none (the cutoff is the caller's, a time the backend wrote earlier)
+-- arbiter: clock_timestamp(), read by the caller through now() (the cutoff derives from it)
 DELETE FROM {schema}.batches b
 WHERE b.completed_at < $1
   AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE """

@@ -29,6 +29,7 @@ from taskq_testing.conformance._support import (
     AdvanceTime,
     TimeLimits,
     assert_close,
+    assert_utc,
     covers,
     enqueue_and_dispatch,
     fetch,
@@ -326,3 +327,15 @@ class MaintenanceTests(TimeLimits):
             )
         with pytest.raises(ValueError, match="batch_size"):
             await pruner.expire_archive(batch_size=0)
+
+    @covers("now", "enqueue")
+    async def test_now_reads_the_clock_the_backend_writes_its_times_with(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        pruner = _prune(backend)
+        job = await backend.enqueue(make_args())
+        first = await pruner.now()
+        assert_utc(first)
+        assert first >= job.created_at
+        await advance_time(_STEP)
+        assert await pruner.now() >= first + _STEP

@@ -28,3 +28,39 @@ def test_demo_runs_on_the_given_schema_and_reruns_alike(
         assert summary["jobs"] == JOBS
         assert summary["statuses"] == expected_statuses(JOBS)
     assert not (tmp_path / ".taskq").exists()
+
+
+@pytest.mark.postgres
+def test_ctrl_c_stops_the_demo_gracefully_and_leaves_no_job_locked(
+    pg_schema: PgSchema, tmp_path: Path
+) -> None:
+    import asyncio
+    import signal
+    import subprocess
+    import time
+
+    from taskq.models import JobFilter, JobStatus
+    from tests.demo._support import TASKQ, user_env
+
+    args = ["demo", "--dsn", pg_schema.dsn, "--schema", pg_schema.name, "--jobs", "5000"]
+    proc = subprocess.Popen(
+        [TASKQ, *args],
+        cwd=tmp_path,
+        env=user_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(4)  # enqueued, and the worker busy
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+
+    async def running() -> list[object]:
+        from taskq import TaskQ
+
+        async with TaskQ(pg_schema.dsn, schema=pg_schema.name) as app:
+            return await app.client.list_jobs(JobFilter(status=[JobStatus.RUNNING]))
+
+    assert asyncio.run(running()) == []  # handed back, not left for a lease to expire

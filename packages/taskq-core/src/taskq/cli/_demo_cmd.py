@@ -222,6 +222,7 @@ async def run_demo(dsn: str, schema: str, jobs: int, progress_stream: TextIO) ->
     from taskq.models import JobFilter
     from taskq.settings import WorkerSettings
     from taskq.worker import Worker
+    from taskq.worker.signal_handlers import install_signal_handlers
 
     app = build_app(dsn, schema=schema)
     if isinstance(app.backend, SupportsMigrate):
@@ -241,6 +242,9 @@ async def run_demo(dsn: str, schema: str, jobs: int, progress_stream: TextIO) ->
 
         progress = _ProgressLine(progress_stream, jobs)
         worker = Worker(app, settings)
+        # Ctrl-C stops the demo as it stops taskq-worker: jobs handed back, not left
+        # locked for the next run to wait out.
+        install_signal_handlers(worker, "taskq demo")
         started = time.monotonic()
         async with asyncio.TaskGroup() as group:
             watcher = group.create_task(_watch(client, run, progress))

@@ -7,7 +7,6 @@ import asyncio
 import gc
 import importlib
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,6 @@ from taskq.errors import ConfigurationError, TaskQError
 if TYPE_CHECKING:
     from taskq.app import TaskQ
     from taskq.settings import WorkerSettings
-    from taskq.worker._runtime import Worker
 
 __all__ = ["build_parser", "load_app", "main"]
 
@@ -96,6 +94,7 @@ def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
 async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
     from taskq.backend import SupportsMigrate
     from taskq.worker._runtime import Worker
+    from taskq.worker.signal_handlers import install_signal_handlers
 
     if settings.migrate:
         if not isinstance(app.backend, SupportsMigrate):
@@ -105,7 +104,7 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
         await app.backend.migrate()
     worker = Worker(app, settings)
     async with app:
-        _install_signal_handlers(worker)
+        install_signal_handlers(worker, "taskq-worker")
         await worker.run(disarm_when_done=False)
         lingering = worker.lingering_tasks()
     # Closing the backend is part of the stop that termination_grace_period bounds.
@@ -123,32 +122,6 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_OK)
-
-
-def _install_signal_handlers(worker: Worker) -> None:
-    """SIGTERM/SIGINT escalate (drain, then force, then exit 1); SIGHUP reloads
-    credentials; SIGUSR2 dumps task stacks."""
-    from taskq.worker._stacks import dump_task_stacks
-
-    loop = asyncio.get_running_loop()
-    signals_seen = 0
-
-    def on_stop_signal() -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        if signals_seen == 1:
-            worker.stop()
-        elif signals_seen == 2:
-            worker.escalate()
-        else:  # the third: stop now (the orchestrator's job is the supervisor's now)
-            print("taskq-worker: third signal, exiting at once", file=sys.stderr)
-            sys.stderr.flush()
-            os._exit(EXIT_ERROR)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_stop_signal)
-    loop.add_signal_handler(signal.SIGUSR2, lambda: dump_task_stacks("sigusr2"))
-    loop.add_signal_handler(signal.SIGHUP, worker.reload)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

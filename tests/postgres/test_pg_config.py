@@ -161,3 +161,26 @@ async def test_migrate_on_an_unreachable_server_is_backend_unavailable() -> None
     backend = PostgresBackend(UNREACHABLE, schema="taskq")
     with pytest.raises(BackendUnavailableError, match="cannot connect to PostgreSQL"):
         await backend.migrate()
+
+
+async def test_migrate_connects_with_the_backends_password_and_settings(
+    pg_database_dsn: str,
+) -> None:
+    # A worker's --migrate must authenticate as the backend does (a password file or a
+    # provider, not just the DSN), or it fails where the worker itself would connect.
+    asked: list[str] = []
+
+    def password() -> str:
+        asked.append("asked")
+        return "unused under trust auth"
+
+    schema = unique_schema_name()
+    backend = PostgresBackend(pg_database_dsn, schema=schema, password=password)
+    try:
+        assert await backend.migrate()
+        assert asked
+    finally:
+        import psycopg
+
+        with psycopg.connect(pg_database_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -123,6 +123,7 @@ Connection = Any
 
 _POOL_ROLE: Final = "taskq-pool"
 _NOTIFY_ROLE: Final = NOTIFY_ROLE
+_MIGRATE_ROLE: Final = "taskq-migrate"
 # Prune and archive batches move thousands of rows: exempt from the worker's
 # short per-statement command_timeout, yet still bounded.
 _BULK_STATEMENT_TIMEOUT: Final = 600.0
@@ -426,8 +427,18 @@ class PostgresBackend:
         ``taskq migrate``, since workers of the old version may still be running."""
         from taskq_postgres.migrate import migrate
 
-        with translated_errors(self.dsn):  # an unreachable server is BackendUnavailableError
-            return await migrate(self.dsn, self.schema, post=False)
+        # As the pool connects: the backend's password (file or provider) and timeout.
+        conn = await connect(
+            self.dsn,
+            settings=self._settings(_MIGRATE_ROLE),
+            connect_timeout=self.connect_timeout,
+            password=self._password,
+        )
+        try:
+            with translated_errors(self.dsn):  # a server gone meanwhile: BackendUnavailable
+                return await migrate(conn, self.schema, post=False)
+        finally:
+            await conn.close()
 
     async def reload_credentials(self) -> None:
         """Make every pooled connection reconnect (with fresh credentials from the

@@ -493,3 +493,47 @@ async def test_a_worker_start_up_holds_destructive_files_back(
     fresh = unique_schema_name()
     applied = await migrate(pg_database_dsn, fresh, source=release(4, release_2), post=False)
     assert len(applied) == 3
+
+
+@pytest.fixture
+async def unprivileged_dsn(pg_database_dsn: str) -> AsyncIterator[str]:
+    """A DSN of the test database for a role that may not create schemas in it."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    role = f"taskq_test_noperm_{uuid4().hex[:8]}"
+    admin: asyncpg.Connection[Any] = await asyncpg.connect(pg_database_dsn)
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN")
+        parts = urlsplit(pg_database_dsn)
+        yield urlunsplit(parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}"))
+    finally:
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
+
+
+async def test_a_schema_the_role_cannot_create_is_a_migration_error_that_keeps_no_lock(
+    unprivileged_dsn: str,
+) -> None:
+    schema = unique_schema_name()
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(unprivileged_dsn)
+    try:
+        async with conn.transaction():  # the caller's own transaction stays usable
+            with pytest.raises(MigrationError, match="cannot prepare schema .*permission denied"):
+                await migrate(conn, schema)
+            assert await conn.fetchval("SELECT 1") == 1
+        held = await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        )
+        assert held == 0  # the next migrator would wait for ever on a kept lock
+    finally:
+        await conn.close()
+
+
+async def test_a_worker_migrating_without_the_right_says_so_not_that_it_cannot_connect(
+    unprivileged_dsn: str,
+) -> None:
+    from taskq_postgres import PostgresBackend
+
+    backend = PostgresBackend(unprivileged_dsn, schema=unique_schema_name())
+    with pytest.raises(MigrationError, match="cannot prepare schema"):
+        await backend.migrate()

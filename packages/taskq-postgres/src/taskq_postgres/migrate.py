@@ -188,6 +188,21 @@ async def _migration_lock(conn: Connection, schema: str) -> AsyncIterator[None]:
             await conn.execute(_UNLOCK_SQL, schema)
 
 
+async def _prepared(conn: Connection, schema: str) -> dict[str, tuple[str, datetime]]:
+    """Create the schema and its ledger if missing; the migrations applied so far."""
+    try:
+        # A savepoint in a caller's transaction: a failure leaves it usable (and the
+        # migration lock releasable) instead of aborted.
+        async with conn.transaction():
+            await conn.execute(_render(_BOOTSTRAP_SQL, schema))
+        return await _applied(conn, schema)
+    except asyncpg.PostgresError as exc:
+        raise MigrationError(
+            f"cannot prepare schema {schema!r} for migrations: {exc} (the role needs "
+            f"CREATE on the database, or on an existing schema it does not own)"
+        ) from exc
+
+
 async def _applied(conn: Connection, schema: str) -> dict[str, tuple[str, datetime]]:
     exists = await conn.fetchval(
         "SELECT to_regclass($1) IS NOT NULL", f"{check_identifier(schema)}.schema_migrations"
@@ -247,8 +262,7 @@ async def migrate(
     schema = validate_schema_name(schema)  # folded: one lock key for TaskQ and taskq
     migrations = load_migrations(source)
     async with _connected(target) as conn, _migration_lock(conn, schema):
-        await conn.execute(_render(_BOOTSTRAP_SQL, schema))
-        applied = await _applied(conn, schema)
+        applied = await _prepared(conn, schema)
         for migration in migrations:
             if migration.name not in applied:
                 continue

@@ -72,6 +72,14 @@ def test_dsn_and_schema_come_from_the_environment(pg_database_dsn: str) -> None:
     assert json.loads(applied.stdout) == {"schema": schema, "applied": BUNDLED}
 
 
+@pytest.mark.postgres
+def test_the_report_names_the_schema_as_postgres_holds_it(pg_database_dsn: str) -> None:
+    schema = unique_schema_name()
+    applied = _taskq("migrate", "--dsn", pg_database_dsn, "--schema", schema.upper(), "--json")
+    assert applied.returncode == 0, applied.stderr
+    assert json.loads(applied.stdout)["schema"] == schema
+
+
 def test_no_dsn_says_how_to_give_one(tmp_path: Path) -> None:
     # Without the [embedded] extra there is no default server: hide pgserver
     # (an installed one would start under ./.taskq/; tests/demo/ covers that).

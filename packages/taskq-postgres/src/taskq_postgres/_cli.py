@@ -121,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
     schema = args.schema or os.environ.get("TASKQ_SCHEMA") or "taskq"
     try:
         try:
-            validate_schema_name(schema)
+            schema = validate_schema_name(schema)  # folded, as the schema it names is
         except ValueError as exc:
             source = "--schema" if args.schema else "TASKQ_SCHEMA"
             raise _CommandError(f"{source}: {exc}") from exc

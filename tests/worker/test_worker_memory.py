@@ -372,3 +372,41 @@ async def test_the_batch_prune_cutoff_comes_from_the_backends_clock_not_the_host
     clock.advance(min(settings.prune_retention.values()) + timedelta(days=1))
     assert (await prune_once(state, backend))["batches_pruned"] == 1
     assert await backend.get_batch(batch) is None
+
+
+class _SlowToConfirm(InMemoryBackend):
+    """Leads at once; every later confirmation hangs (a slow database) until cancelled."""
+
+    def leader_elector(self, worker_id: UUID, *, lease: timedelta) -> Any:
+        calls = 0
+
+        class Elector:
+            async def try_acquire(self) -> bool:
+                nonlocal calls
+                calls += 1
+                if calls > 1:
+                    await asyncio.sleep(3600)
+                return True
+
+            async def release(self) -> None:
+                return None
+
+        return Elector()
+
+
+async def test_a_stop_during_a_leadership_check_steps_down_without_a_lost_warning() -> None:
+    from structlog.testing import capture_logs
+
+    @actor(name="quick")
+    async def quick(payload: dict[str, Any]) -> None:
+        await asyncio.sleep(0.3)  # the election loop is inside its second check by then
+
+    tq = TaskQ("memory://", actors=[quick], backend=_SlowToConfirm())
+    async with tq:
+        await tq.client.enqueue(quick, {})
+        with capture_logs() as logs:
+            await run_until_idle(tq)
+    events = [entry["event"] for entry in logs]
+    assert "taskq.leader-elected" in events
+    assert "taskq.leader-stepped-down" in events
+    assert "taskq.leader-lost" not in events

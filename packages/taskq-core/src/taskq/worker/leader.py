@@ -181,6 +181,8 @@ class MaintenanceLeader:
         async with self._confirm_lock:
             try:
                 leading = await self.elector.try_acquire()
+            except asyncio.CancelledError:
+                raise  # the worker is stopping: the step-down settles leadership
             except BaseException:
                 self._set_leading(False)
                 raise

@@ -91,6 +91,20 @@ def test_lease_must_outlive_four_heartbeats() -> None:
         WorkerSettings.load({"lock_lease": "10s", "heartbeat_interval": "3s"}, env={})
 
 
+def test_a_backend_instance_the_app_was_given_is_the_one_the_worker_uses() -> None:
+    from taskq import TaskQ
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.errors import ConfigurationError
+    from taskq.worker.cli import _rebuild_app
+
+    mine = InMemoryBackend()
+    app = TaskQ("memory://", backend=mine)
+    assert _rebuild_app(app, WorkerSettings.load({}, env={})).backend is mine
+    for env in ({"TASKQ_SCHEMA": "other"}, {"TASKQ_POLL_ONLY": "true"}):
+        with pytest.raises(ConfigurationError, match="was given its backend"):
+            _rebuild_app(app, WorkerSettings.load({}, env=env))
+
+
 def test_backend_tunables_reach_the_backend_and_keep_the_apps_own_options() -> None:
     from taskq import TaskQ
     from taskq.worker.cli import _rebuild_app

@@ -48,6 +48,9 @@ class TaskQ:
         self.backend: Backend = (
             backend if backend is not None else open_backend(url, schema=schema, **backend_options)
         )
+        self.backend_from_url = backend is None
+        """Whether the backend was built from ``url`` (a worker may build it anew with its
+        settings), not given as an instance (which a worker uses as it is)."""
         self.client = JobsClient(self.backend, self.actors)
 
     def watch_reclaims(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import time, timedelta
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Final, Self
 
 from pydantic import (
     BaseModel,
@@ -26,7 +26,13 @@ from pydantic import (
 from taskq.errors import ConfigurationError
 from taskq.identifiers import validate_schema_name
 
-__all__ = ["ENV_PREFIX", "SettingsError", "WorkerSettings", "parse_duration"]
+__all__ = [
+    "BACKEND_TUNABLES",
+    "ENV_PREFIX",
+    "SettingsError",
+    "WorkerSettings",
+    "parse_duration",
+]
 
 ENV_PREFIX = "TASKQ_"
 
@@ -60,6 +66,17 @@ def _split_list(value: object) -> object:
 
 class SettingsError(ConfigurationError):
     """A worker setting is invalid; the message names it, its value and the rule."""
+
+
+BACKEND_TUNABLES: Final = {
+    "dispatcher_command_timeout": "command_timeout",
+    "dispatch_oversample": "dispatch_oversample",
+    "reclaim_event_visibility_delay": "reclaim_event_visibility_delay",
+    "cancel_reclaim_headroom": "cancel_reclaim_headroom",
+    "wake_coalesce_window": "wake_coalesce_window",
+    "poll_only": "poll_only",
+}
+"""Worker settings that are backend constructor options: setting field -> option."""
 
 
 class WorkerSettings(BaseModel):
@@ -279,14 +296,7 @@ class WorkerSettings(BaseModel):
 
     def backend_options(self) -> dict[str, Any]:
         """The backend tunables that were set, as backend constructor options."""
-        tunables = {
-            "command_timeout": self.dispatcher_command_timeout,
-            "dispatch_oversample": self.dispatch_oversample,
-            "reclaim_event_visibility_delay": self.reclaim_event_visibility_delay,
-            "cancel_reclaim_headroom": self.cancel_reclaim_headroom,
-            "wake_coalesce_window": self.wake_coalesce_window,
-            "poll_only": self.poll_only,
-        }
+        tunables = {option: getattr(self, field) for field, option in BACKEND_TUNABLES.items()}
         return {name: value for name, value in tunables.items() if value is not None}
 
     @property

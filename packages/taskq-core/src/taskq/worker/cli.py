@@ -77,8 +77,23 @@ def build_parser() -> argparse.ArgumentParser:
 def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
     """The app, on another DSN or schema, or with backend tuning, when the settings say so."""
     from taskq.app import TaskQ
+    from taskq.settings import BACKEND_TUNABLES
 
     tuning = settings.backend_options()
+    if not app.backend_from_url:
+        # An instance the application built itself: nothing here can rebuild it.
+        chosen = [
+            name
+            for name in ("dsn", "schema_name", *BACKEND_TUNABLES)
+            if name in settings.model_fields_set
+        ]
+        if chosen:
+            raise ConfigurationError(
+                f"the application was given its backend (TaskQ(backend=...)), so "
+                f"{', '.join(chosen)} cannot apply to it: unset them, or build the "
+                f"application from a URL"
+            )
+        return app
     if settings.dsn is None and settings.schema_name is None and not tuning:
         return app
     return TaskQ(

@@ -69,6 +69,17 @@ async def _every_second(backend: Backend, **overrides: object) -> ScheduleRecord
     return await backend.create_schedule(ScheduleCreateArgs.model_validate(fields))
 
 
+async def _due(
+    backend: Backend, advance_time: AdvanceTime, max_advance: timedelta, **overrides: object
+) -> tuple[SupportsCron, ScheduleRecord]:
+    """A per-second schedule (as created) with at least one slot due by now."""
+    cron = _cron(backend)
+    skip_unless_can_wait(_PAST_ONE_SLOT, max_advance, "a due cron slot")
+    created = await _every_second(backend, **overrides)
+    await advance_time(_PAST_ONE_SLOT)
+    return cron, created
+
+
 class LeadershipTests(TimeLimits):
     """``leader_elector`` (``try_acquire``, ``release``) and ``fire_due_schedules``."""
 
@@ -96,10 +107,7 @@ class LeadershipTests(TimeLimits):
     async def test_each_due_slot_fires_once_and_the_schedule_moves_past_it(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
-        cron = _cron(backend)
-        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "a due cron slot")
-        created = await _every_second(backend)
-        await advance_time(_PAST_ONE_SLOT)
+        cron, created = await _due(backend, advance_time, self.max_advance)
         fired = await cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP)
         assert fired >= 1
         # Again at once: only a slot that came due meanwhile may fire, none twice.
@@ -116,10 +124,7 @@ class LeadershipTests(TimeLimits):
     async def test_two_concurrent_ticks_fire_each_slot_once(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
-        cron = _cron(backend)
-        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "a due cron slot")
-        await _every_second(backend)
-        await advance_time(_PAST_ONE_SLOT)
+        cron, _ = await _due(backend, advance_time, self.max_advance)
         counts = await asyncio.gather(
             cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP),
             cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP),
@@ -131,10 +136,7 @@ class LeadershipTests(TimeLimits):
     async def test_disabled_schedules_do_not_fire(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
-        cron = _cron(backend)
-        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "a due cron slot")
-        await _every_second(backend, enabled=False)
-        await advance_time(_PAST_ONE_SLOT)
+        cron, _ = await _due(backend, advance_time, self.max_advance, enabled=False)
         assert await cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP) == 0
         assert await _fired_slots(backend) == []
 
@@ -142,10 +144,7 @@ class LeadershipTests(TimeLimits):
     async def test_a_slot_the_builder_skips_enqueues_nothing_but_is_passed(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
-        cron = _cron(backend)
-        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "a due cron slot")
-        created = await _every_second(backend)
-        await advance_time(_PAST_ONE_SLOT)
+        cron, created = await _due(backend, advance_time, self.max_advance)
         assert await cron.fire_due_schedules(lambda _s, _t: None, catch_up=_WIDE_CATCH_UP) == 0
         assert await _fired_slots(backend) == []
         [after] = await backend.list_schedules()
@@ -156,10 +155,7 @@ class LeadershipTests(TimeLimits):
     async def test_slots_older_than_the_catch_up_window_are_skipped(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
-        cron = _cron(backend)
-        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "a due cron slot")
-        created = await _every_second(backend)
-        await advance_time(_PAST_ONE_SLOT)
+        cron, created = await _due(backend, advance_time, self.max_advance)
         # No window: every slot due so far is older than "now"; the schedule resumes after it.
         assert await cron.fire_due_schedules(_slot_job, catch_up=timedelta(0)) == 0
         assert await _fired_slots(backend) == []

@@ -410,3 +410,68 @@ async def test_a_stop_during_a_leadership_check_steps_down_without_a_lost_warnin
     assert "taskq.leader-elected" in events
     assert "taskq.leader-stepped-down" in events
     assert "taskq.leader-lost" not in events
+
+
+async def test_a_job_running_into_its_deadline_fails_without_another_attempt() -> None:
+    @actor(name="slow_past_deadline", max_attempts=3)
+    async def slow(payload: dict[str, Any]) -> None:
+        await asyncio.sleep(5)
+
+    tq = TaskQ("memory://", actors=[slow])
+    async with tq:
+        job = await tq.client.enqueue(slow, {}, schedule_to_close=timedelta(milliseconds=300))
+        await run_until_idle(tq, timeout=4)
+        row = await tq.client.get(job.id)
+        assert row is not None and row.status is JobStatus.FAILED
+        assert row.error is not None and row.error.error_class == "DeadlineExceeded"
+        assert len(await tq.client.get_attempts(job.id)) == 1
+
+
+class _NoDeadlineSweep(InMemoryBackend):
+    """The leader's deadline sweep never runs: only the worker can notice a deadline."""
+
+    async def deadline_sweep(self) -> int:
+        return 0
+
+
+async def test_a_job_dispatched_past_its_deadline_is_failed_not_run() -> None:
+    ran: list[str] = []
+
+    @actor(name="late")
+    async def late(payload: dict[str, Any]) -> None:
+        ran.append("ran")
+
+    tq = TaskQ("memory://", actors=[late], backend=_NoDeadlineSweep())
+    async with tq:
+        job = await tq.client.enqueue(late, {}, schedule_to_close=timedelta(milliseconds=50))
+        await asyncio.sleep(0.1)
+        await run_until_idle(tq)
+        row = await tq.client.get(job.id)
+    assert ran == []
+    assert row is not None and row.status is JobStatus.FAILED
+    assert row.error is not None and row.error.error_class == "DeadlineExceeded"
+
+
+async def test_a_timed_out_sync_attempt_is_not_retried_while_its_thread_runs() -> None:
+    import time
+
+    from taskq.retry import FixedBackoff
+
+    spans: list[tuple[float, float]] = []
+
+    @actor(name="sync_slow", max_attempts=2, timeout=0.2, retry_backoff=FixedBackoff(timedelta(0)))
+    def sync_slow(payload: dict[str, Any]) -> None:
+        started = time.monotonic()
+        time.sleep(0.8)
+        spans.append((started, time.monotonic()))
+
+    tq = TaskQ("memory://", actors=[sync_slow])
+    async with tq:
+        job = await tq.client.enqueue(sync_slow, {})
+        await run_until_idle(tq, timeout=10)
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+    assert row is not None and row.status is JobStatus.FAILED
+    assert [a.error.error_class if a.error else None for a in attempts] == ["TimeoutError"] * 2
+    first, second = sorted(spans)
+    assert second[0] >= first[1]  # the retry began once the first thread had returned

@@ -142,6 +142,13 @@ class ErrorInfo(_Model):
         return cls(error_class=name, message=str(exc), traceback=traceback)
 
 
+DEADLINE_EXCEEDED: Final = ErrorInfo(
+    error_class="DeadlineExceeded", message="the job's schedule_to_close deadline passed"
+)
+"""The error of a job failed because its ``schedule_to_close`` deadline passed, whoever
+noticed (the deadline sweep, a retry past it, the worker running it)."""
+
+
 INT32_MIN: Final = -(2**31)
 INT32_MAX: Final = 2**31 - 1
 """Bounds of the integers a job stores (priority, attempts): Postgres ``integer``."""

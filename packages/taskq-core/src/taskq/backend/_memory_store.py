@@ -44,7 +44,6 @@ __all__ = [
     "InsertPlan",
     "JobStore",
     "WorkerRecord",
-    "deadline_error",
     "due_after",
     "new_job",
     "stored_error",
@@ -97,13 +96,6 @@ def due_after(now: datetime, delay: timedelta) -> tuple[JobStatus, datetime]:
     if delay <= _ZERO:
         return JobStatus.PENDING, now
     return JobStatus.SCHEDULED, now + delay
-
-
-def deadline_error() -> ErrorInfo:
-    """The error of a job failed because its ``schedule_to_close`` deadline passed."""
-    return ErrorInfo(
-        error_class="DeadlineExceeded", message="the job's schedule_to_close deadline passed"
-    )
 
 
 @dataclass(frozen=True)

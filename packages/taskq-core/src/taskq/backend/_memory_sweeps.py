@@ -11,9 +11,9 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from taskq.backend._memory_store import JobStore, deadline_error, wake
+from taskq.backend._memory_store import JobStore, wake
 from taskq.backend.statemachine import CancelPhase, JobStatus
-from taskq.models import ErrorInfo
+from taskq.models import DEADLINE_EXCEEDED, ErrorInfo
 
 __all__ = ["fail_past_deadline", "promote_due", "reclaim_expired"]
 
@@ -48,7 +48,7 @@ def fail_past_deadline(store: JobStore, now: datetime) -> int:
         and row.deadline_at < now
     ]
     for row in late:
-        store.move(row, _S.FAILED, now, finished_at=now, error=deadline_error())
+        store.move(row, _S.FAILED, now, finished_at=now, error=DEADLINE_EXCEEDED)
     return len(late)
 
 

@@ -46,7 +46,6 @@ from taskq.backend._memory_schedules import ScheduleTable
 from taskq.backend._memory_store import (
     JobStore,
     WorkerRecord,
-    deadline_error,
     due_after,
     stored_error,
     wake,
@@ -58,6 +57,7 @@ from taskq.backend.cron import cron_slots
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
 from taskq.backend.storable import clean_text, stored_json
 from taskq.models import (
+    DEADLINE_EXCEEDED,
     ActorConfig,
     AttemptOutcome,
     AttemptRow,
@@ -483,7 +483,7 @@ class InMemoryBackend:
         attempt_error = None
         if row.deadline_at is not None and now + delay > row.deadline_at:
             to = _S.FAILED
-            attempt_error = changes["error"] = deadline_error()
+            attempt_error = changes["error"] = DEADLINE_EXCEEDED
         else:
             to, changes["scheduled_at"] = due_after(now, delay)
         self._store.end_attempt(
@@ -536,7 +536,7 @@ class InMemoryBackend:
         attempt_error = None
         if row.deadline_at is not None and now + delay > row.deadline_at:
             to, result = _S.FAILED, "failed:DeadlineExceeded"
-            attempt_error = changes["error"] = deadline_error()
+            attempt_error = changes["error"] = DEADLINE_EXCEEDED
         elif consume_budget and row.attempt >= row.max_attempts:
             to, result = _S.FAILED, "failed:MaxAttemptsExceeded"
             attempt_error = changes["error"] = ErrorInfo(

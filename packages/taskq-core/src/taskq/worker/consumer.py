@@ -13,6 +13,7 @@ import functools
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -25,7 +26,7 @@ from taskq.backend import CancelPhase, JobStatus, SupportsTransactions
 from taskq.context import Context
 from taskq.errors import OutcomeNotRecorded, PayloadValidationError, WorkerOwnershipMismatch
 from taskq.logs import bind_job_fields
-from taskq.models import ErrorInfo, JobRow, SuccessWrite, from_valid_values
+from taskq.models import DEADLINE_EXCEEDED, ErrorInfo, JobRow, SuccessWrite, from_valid_values
 from taskq.signals import RetryAfter, Snooze
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
@@ -173,11 +174,15 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     passthrough: dict[str, Any] = {actor.payload_parameter: payload}
     if actor.wants_context:
         passthrough[CONTEXT_PARAMETER] = ctx
-    timeout = row.timeout.total_seconds() if row.timeout is not None else None
+    limit = _attempt_limit(row)
+    if limit is not None and limit.seconds <= 0:
+        # Dispatched past its deadline (before the sweep failed it): never started.
+        await _fail_with(state, row, DEADLINE_EXCEEDED, retry_delay=None, ctx=ctx)
+        return
     _log.debug("taskq.job-started")
     try:
         try:
-            result = await _invoke(state, actor, passthrough, timeout)
+            result = await _invoke(state, actor, passthrough, limit)
         finally:
             if active is not None:
                 state.settle(active)
@@ -221,6 +226,10 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         return
     except Exception as exc:  # noqa: BLE001 - every actor error becomes an outcome
         if ctx.cancel_event.is_set() and await _stopped(state, row, ctx):
+            return
+        if isinstance(exc, _DeadlinePassed):
+            _log.info("taskq.job-past-deadline")
+            await _fail_with(state, row, DEADLINE_EXCEEDED, retry_delay=None, ctx=ctx)
             return
         decision = actor.retry.classify(exc, row.attempt)
         # The backend fails a job whose attempts are spent, whatever the policy says.
@@ -321,11 +330,40 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
     return ok
 
 
+class _DeadlinePassed(Exception):
+    """The attempt ran into the job's ``schedule_to_close`` deadline."""
+
+
+@dataclass(frozen=True)
+class _Limit:
+    """How long an attempt may run: its ``timeout``, or what is left of the job's
+    deadline when that comes first."""
+
+    seconds: float
+    deadline: bool
+
+    def expired(self) -> Exception:
+        if self.deadline:
+            return _DeadlinePassed()
+        return TimeoutError(f"attempt exceeded its timeout of {self.seconds}s")
+
+
+def _attempt_limit(row: JobRow) -> _Limit | None:
+    timeout = row.timeout.total_seconds() if row.timeout is not None else None
+    if row.deadline_at is None or row.started_at is None:
+        return None if timeout is None else _Limit(timeout, deadline=False)
+    # Both times are the database's: the budget is a duration, run on this host's clock.
+    left = (row.deadline_at - row.started_at).total_seconds()
+    if timeout is not None and timeout < left:
+        return _Limit(timeout, deadline=False)
+    return _Limit(left, deadline=True)
+
+
 async def _invoke(
     state: WorkerState,
     actor: Actor[..., Any],
     passthrough: dict[str, Any],
-    limit: float | None,
+    limit: _Limit | None,
 ) -> Any:
     containers = state.containers()
     plain = passthrough_scope(actor.fn, state.providers, containers, passthrough)
@@ -335,17 +373,37 @@ async def _invoke(
         return await _call(scope, state.executor, limit)
 
 
-async def _call(scope: ResolvedActorScope, executor: Executor, limit: float | None) -> Any:
+async def _call(scope: ResolvedActorScope, executor: Executor, limit: _Limit | None) -> Any:
     if limit is None:
         return await scope.invoke(executor)
-    deadline = asyncio.timeout(limit)
+    if not scope.is_async:
+        return await _call_in_thread(scope, executor, limit)
+    deadline = asyncio.timeout(limit.seconds)
     try:
         async with deadline:
             return await scope.invoke(executor)
     except TimeoutError:
         if deadline.expired():
-            raise TimeoutError(f"attempt exceeded its timeout of {limit}s") from None
+            raise limit.expired() from None
         raise
+
+
+async def _call_in_thread(scope: ResolvedActorScope, executor: Executor, limit: _Limit) -> Any:
+    """A sync actor under a limit. Nothing can stop its thread: past the limit the
+    attempt has failed, but the outcome waits for the thread to return, so that no
+    retry (and no other job in its slot) runs alongside it."""
+    call = asyncio.ensure_future(scope.invoke(executor))
+    try:
+        done, _ = await asyncio.wait({call}, timeout=limit.seconds)
+        if call in done:
+            return call.result()
+        _log.warning("taskq.sync-actor-past-limit", limit_seconds=limit.seconds)
+        await asyncio.wait({call})
+    except asyncio.CancelledError:
+        call.cancel()  # stops the wait, not the thread
+        raise
+    call.exception()  # retrieved: the limit is the outcome, whatever the thread did
+    raise limit.expired()
 
 
 async def _fail(
@@ -356,6 +414,16 @@ async def _fail(
     ctx: Context | None = None,
 ) -> None:
     info = ErrorInfo.from_exception(exc, traceback="".join(traceback.format_exception(exc)) or None)
+    await _fail_with(state, row, info, retry_delay, ctx)
+
+
+async def _fail_with(
+    state: WorkerState,
+    row: JobRow,
+    info: ErrorInfo,
+    retry_delay: timedelta | None,
+    ctx: Context | None = None,
+) -> None:
     after = await _write(
         state,
         "failed_or_retry",

@@ -172,7 +172,9 @@ async def test_dispatch_and_sweep_indexes_are_partial(
     assert "WHERE (status = " in defs["jobs_running_lock_expiry_idx"]
     assert "WHERE (status = " in defs["jobs_scheduled_idx"]
     assert defs["jobs_idempotency_key_uq"].startswith("CREATE UNIQUE INDEX")
-    assert "(actor, identity_key)" in defs["jobs_running_identity_idx"]
+    assert defs["jobs_running_identity_key"].startswith("CREATE UNIQUE INDEX")
+    assert "(actor, identity_key) WHERE (status = " in defs["jobs_running_identity_key"]
+    assert "jobs_running_identity_idx" not in defs  # replaced by the unique one
     assert "(kind, id)" in defs["job_events_outbox_idx"]
     assert "(job_id, id)" in defs["job_events_job_idx"]
 

@@ -163,3 +163,30 @@ async def test_caps_and_identities_hold_under_eight_dispatchers(
     assert len(by_identity) == 15
     for identity, intervals in by_identity.items():
         assert _max_overlap(intervals) == 1, f"identity {identity} ran twice at once"
+
+
+async def test_dispatchers_racing_for_one_identity_start_one_job(
+    backend: PostgresBackend, conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    # A dispatcher whose snapshot predates a higher-priority job of the same identity
+    # starts the older one; another, snapshot taken after, sees it still pending and
+    # would start the newer one: two running jobs of one identity.
+    older = await backend.enqueue(EnqueueArgs(actor="a", queue="q1", identity_key="k"))
+    first = conn.transaction()
+    await first.start()
+    await conn.execute(
+        f"UPDATE {pg_schema.name}.jobs SET status = 'running', attempt = 1,"
+        " locked_by_worker = $2, lock_expires_at = clock_timestamp() + interval '5 minutes',"
+        " started_at = clock_timestamp() WHERE id = $1",
+        older.id,
+        uuid4(),
+    )
+    newer = await backend.enqueue(EnqueueArgs(actor="a", queue="q1", identity_key="k", priority=10))
+    second = asyncio.create_task(backend.dispatch_batch(uuid4(), ["q1"], 10, LEASE))
+    await asyncio.sleep(0.5)
+    assert not second.done(), "the second start did not wait for the first"
+    await first.commit()
+    assert await second == []  # it lost the race, ran again and saw the running job
+    running = await conn.fetch(f"SELECT id FROM {pg_schema.name}.jobs WHERE status = 'running'")
+    assert [r["id"] for r in running] == [older.id]
+    assert (await backend.get(newer.id)) is not None

@@ -12,7 +12,7 @@ import json
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -268,6 +268,13 @@ def _case(rng: random.Random) -> Case:
         )
         for _ in range(rng.randrange(5, 60))
     ]
+    # At most one running job per identity: the schema refuses a second one.
+    seen: set[tuple[str, str]] = set()
+    for i, job in enumerate(jobs):
+        if job.running and job.identity_key is not None:
+            if (job.actor, job.identity_key) in seen:
+                jobs[i] = replace(job, running=False)
+            seen.add((job.actor, job.identity_key))
     return Case(
         jobs=jobs,
         actor_caps={a: rng.randrange(1, 5) for a in actors if rng.random() < 0.5},

@@ -34,11 +34,13 @@ async def backlog(pg_schema: PgSchema) -> AsyncIterator[asyncpg.Connection[Any]]
         f"INSERT INTO {s}.actor_config (actor, max_concurrent) "
         f"SELECT 'actor_' || g, 5 FROM generate_series(0, 9) AS g"
     )
-    # A few running jobs, so the running-side CTEs have rows to look at.
+    # A few running jobs (one per identity, as the schema allows), so the running-side
+    # CTEs have rows to look at.
     await conn.execute(
         f"UPDATE {s}.jobs SET status = 'running', attempt = 1, locked_by_worker = gen_random_uuid(),"
         f" lock_expires_at = clock_timestamp() + interval '5 minutes', started_at = clock_timestamp()"
-        f" WHERE id IN (SELECT id FROM {s}.jobs ORDER BY id LIMIT 200)"
+        f" WHERE id IN (SELECT DISTINCT ON (actor, identity_key) id FROM {s}.jobs"
+        f" WHERE id IN (SELECT id FROM {s}.jobs ORDER BY id LIMIT 200))"
     )
     await conn.execute(f"ANALYZE {s}.jobs")
     await conn.execute(f"ANALYZE {s}.actor_config")

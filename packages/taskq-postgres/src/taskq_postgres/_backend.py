@@ -124,6 +124,8 @@ Connection = Any
 _POOL_ROLE: Final = "taskq-pool"
 _NOTIFY_ROLE: Final = NOTIFY_ROLE
 _MIGRATE_ROLE: Final = "taskq-migrate"
+_RUNNING_IDENTITY_INDEX: Final = "jobs_running_identity_key"
+_IDENTITY_RACE_TRIES: Final = 3
 # Prune and archive batches move thousands of rows: exempt from the worker's
 # short per-statement command_timeout, yet still bounded.
 _BULK_STATEMENT_TIMEOUT: Final = 600.0
@@ -621,6 +623,22 @@ class PostgresBackend:
         self, worker_id: UUID, queues: list[str], limit: int, lock_lease: timedelta
     ) -> list[JobRow]:
         """Lock up to ``limit`` due pending jobs of ``queues`` for ``worker_id``.
+
+        A dispatch that would start a second running job of one identity (another
+        dispatcher started one after this statement's snapshot) fails on the unique
+        index ``jobs_running_identity_key`` and runs again; it then sees that job."""
+        for _ in range(_IDENTITY_RACE_TRIES):
+            try:
+                return await self._dispatch(worker_id, queues, limit, lock_lease)
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name != _RUNNING_IDENTITY_INDEX:
+                    raise
+        return []  # lost every time: the producer dispatches again on its next turn
+
+    async def _dispatch(
+        self, worker_id: UUID, queues: list[str], limit: int, lock_lease: timedelta
+    ) -> list[JobRow]:
+        """One dispatch, as :meth:`dispatch_batch` describes.
 
         The strict-FIFO statements read the queues' modes and caps themselves, so
         a busy strict-FIFO dispatch is one round trip: the small plain-head

@@ -224,3 +224,23 @@ def test_a_subcommands_usage_error_exits_1_too() -> None:
     with pytest.raises(SystemExit) as exited:
         parser.parse_args(["enqueue", "tests.apps.basic:tq", "nap", "{}", "--delay", "5x"])
     assert exited.value.code == 1
+
+
+def test_a_connection_lost_while_starting_is_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gc
+
+    from taskq.worker.cli import main
+
+    for name in [k for k in os.environ if k.startswith("TASKQ_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
+    try:
+        assert main(["tests.apps.lost_at_start:tq"]) == 1
+    finally:
+        gc.unfreeze()  # main() froze what it had loaded
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("taskq-worker: error: the connection to the backend failed")
+    assert "ConnectionResetError" in err[0]

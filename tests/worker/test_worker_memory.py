@@ -475,3 +475,101 @@ async def test_a_timed_out_sync_attempt_is_not_retried_while_its_thread_runs() -
     assert [a.error.error_class if a.error else None for a in attempts] == ["TimeoutError"] * 2
     first, second = sorted(spans)
     assert second[0] >= first[1]  # the retry began once the first thread had returned
+
+
+_SHORT_STOP = {
+    **TEST_SETTINGS,
+    "drain_grace_period": "100ms",
+    "cancellation_grace_period": "100ms",
+    "cleanup_grace_period": "100ms",
+    "termination_grace_period": "6s",
+}
+
+
+class _WritesFailWhileAway(InMemoryBackend):
+    """Outcome writes fail (the database is away) while ``away`` is set."""
+
+    away = False
+    failed_writes = 0
+
+    def _check(self) -> None:
+        if self.away:
+            self.failed_writes += 1
+            raise ConnectionRefusedError("database away")
+
+    async def mark_succeeded(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return await super().mark_succeeded(*args, **kwargs)
+
+    async def mark_succeeded_many(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return await super().mark_succeeded_many(*args, **kwargs)
+
+    async def mark_abandoned(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return await super().mark_abandoned(*args, **kwargs)
+
+
+async def test_a_stop_keeps_writing_the_outcome_of_a_job_that_finished() -> None:
+    from taskq.worker import Worker
+
+    began, finished = asyncio.Event(), asyncio.Event()
+
+    @actor(name="finishes_in_drain")
+    async def finishes(payload: dict[str, Any]) -> str:
+        began.set()
+        await asyncio.sleep(0.3)
+        finished.set()
+        return "done"
+
+    backend = _WritesFailWhileAway()
+    tq = TaskQ("memory://", actors=[finishes], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(finishes, {})
+        settings = {**_SHORT_STOP, "drain_grace_period": "1s", "queues": ["default"]}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(began.wait(), 5)  # it finishes within the drain grace
+        backend.away = True
+        worker.stop()
+        await finished.wait()
+        await asyncio.sleep(1.5)  # past every grace but the hard wall: still retrying
+        backend.away = False
+        await asyncio.wait_for(running, 10)
+        row = await tq.client.get(job.id)
+    assert backend.failed_writes > 0
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+
+
+async def test_marking_a_job_abandoned_at_the_stop_retries_a_lost_connection() -> None:
+    from taskq.worker import Worker
+
+    started = asyncio.Event()
+
+    @actor(name="stubborn_until")
+    async def stubborn(payload: dict[str, Any]) -> None:
+        started.set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 2.5
+        while loop.time() < end:
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                continue  # ignores every cancellation for a while
+
+    backend = _WritesFailWhileAway()
+    tq = TaskQ("memory://", actors=[stubborn], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        worker = Worker(tq, WorkerSettings.load({**_SHORT_STOP, "queues": ["default"]}, env={}))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        await tq.client.cancel(job.id)
+        worker.stop()
+        backend.away = True
+        asyncio.get_running_loop().call_later(0.6, setattr, backend, "away", False)
+        await asyncio.wait_for(running, 10)  # no transient error escapes the stop
+        row = await tq.client.get(job.id)
+        await asyncio.gather(*worker.lingering_tasks(), return_exceptions=True)
+    assert backend.failed_writes > 0
+    assert row is not None and row.status is JobStatus.ABANDONED

@@ -168,4 +168,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_ERROR
+    except Exception as exc:
+        lost = _lost_connection(exc)
+        if lost is None:
+            raise
+        # Started against a database that went away mid-way (or a network cut): one line
+        # to act on, not a driver's traceback; a supervisor restarts the worker.
+        print(
+            f"taskq-worker: error: the connection to the backend failed while the worker "
+            f"ran ({type(lost).__name__}: {lost}); check that it is reachable, then start "
+            f"again",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     return EXIT_OK
+
+
+def _lost_connection(exc: BaseException) -> BaseException | None:
+    """``exc`` (or the first of a group made only of them) when it is a transient
+    backend error, else None."""
+    from taskq.worker._transient import transient_errors
+
+    transient = transient_errors()
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = exc.exceptions
+        if leaves and all(_lost_connection(leaf) is not None for leaf in leaves):
+            return _lost_connection(leaves[0])
+        return None
+    return exc if isinstance(exc, transient) else None

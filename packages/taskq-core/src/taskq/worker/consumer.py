@@ -70,7 +70,7 @@ def _released(state: WorkerState, active: ActiveJob) -> None:
     state.release(active.row.id, active)
 
 
-async def _write(
+async def write_retrying(
     state: WorkerState, what: str, call: Callable[[], Awaitable[T]], *, give_up: bool = False
 ) -> T | None:
     """Run an outcome write, retrying transient failures until it lands.
@@ -139,7 +139,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     if actor is None:
         _log.warning("taskq.unknown-actor", known=sorted(state.actors))
         state.met_unknown_actor = True
-        await _write(
+        await write_retrying(
             state,
             "retry_after",
             lambda: backend.mark_retry_after(
@@ -155,7 +155,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         return
 
     async def record_progress(seq: int, progress: dict[str, Any]) -> None:
-        stored = await _write(
+        stored = await write_retrying(
             state,
             "progress",
             lambda: backend.record_progress(row.id, wid, seq, progress, attempt=row.attempt),
@@ -192,7 +192,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         return
     except Snooze as snooze:
         snooze_delay = snooze.delay
-        outcome = await _write(
+        outcome = await write_retrying(
             state,
             "snooze",
             lambda: backend.mark_snoozed(
@@ -209,7 +209,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         return
     except RetryAfter as retry_after:
         retry_delay = retry_after.delay
-        verdict = await _write(
+        verdict = await write_retrying(
             state,
             "retry_after",
             lambda: backend.mark_retry_after(
@@ -256,7 +256,7 @@ async def _our_success_landed(state: WorkerState, row: JobRow) -> bool:
     try of it committed and lost its reply, and the retry found the row finished.
     Only this attempt's holder can make the job succeed on this attempt (a reclaimed
     job runs again on the next one)."""
-    current = await _write(state, "read", lambda: state.backend.get(row.id), give_up=True)
+    current = await write_retrying(state, "read", lambda: state.backend.get(row.id), give_up=True)
     return (
         current is not None
         and current.status is JobStatus.SUCCEEDED
@@ -303,7 +303,7 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
                 return False
             return True
 
-        return await _write(state, "succeeded", in_transaction)
+        return await write_retrying(state, "succeeded", in_transaction)
     completer = state.completer
     if completer is not None and not ctx.subjobs:
         # Built unvalidated, as every value is the worker's own (the result is jsonable).
@@ -317,8 +317,8 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
                 "progress_state": ctx.progress_state,
             },
         )
-        return await _write(state, "succeeded", lambda: completer.succeed(write))
-    ok = await _write(
+        return await write_retrying(state, "succeeded", lambda: completer.succeed(write))
+    ok = await write_retrying(
         state,
         "succeeded",
         lambda: backend.mark_succeeded(
@@ -326,7 +326,7 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
         ),
     )
     if ok and ctx.subjobs:
-        await _write(state, "subjobs", lambda: backend.enqueue_batch(ctx.subjobs))
+        await write_retrying(state, "subjobs", lambda: backend.enqueue_batch(ctx.subjobs))
     return ok
 
 
@@ -424,7 +424,7 @@ async def _fail_with(
     retry_delay: timedelta | None,
     ctx: Context | None = None,
 ) -> None:
-    after = await _write(
+    after = await write_retrying(
         state,
         "failed_or_retry",
         lambda: state.backend.mark_failed_or_retry(
@@ -467,8 +467,8 @@ async def hand_back(
     state: WorkerState, row: JobRow, ctx: Context | None, *, give_up: bool = False
 ) -> None:
     """Return a job interrupted by shutdown for another attempt, its budget untouched
-    (``give_up`` as for :func:`_write`)."""
-    verdict = await _write(
+    (``give_up`` as for :func:`write_retrying`)."""
+    verdict = await write_retrying(
         state,
         "interrupted",
         lambda: state.backend.mark_snoozed(
@@ -487,7 +487,7 @@ async def hand_back(
 
 
 async def _cancelled(state: WorkerState, row: JobRow, ctx: Context) -> None:
-    ok = await _write(
+    ok = await write_retrying(
         state,
         "cancelled",
         lambda: state.backend.mark_cancelled(

@@ -33,7 +33,7 @@ from taskq.backend import CancelPhase, SupportsUnstartedHandBack
 from taskq.models import JobRow
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
-from taskq.worker.consumer import hand_back
+from taskq.worker.consumer import hand_back, write_retrying
 from taskq.worker.producer import hand_back_unheard
 
 __all__ = ["ShutdownPhase", "orchestrate_shutdown"]
@@ -155,20 +155,43 @@ async def orchestrate_shutdown(state: WorkerState, escalate: asyncio.Event) -> N
 
     _enter(state, ShutdownPhase.FORCING)
     for active in list(state.active.values()):
-        if active.task is not None and not active.task.done():
+        # A job whose actor returned is only writing its outcome (retrying while the
+        # database is away): cancelling that would lose a finished job's result.
+        if active.task is not None and not active.task.done() and not active.settling:
             if active.cancel_requested and active.cancel_phase is CancelPhase.COOPERATIVE:
                 await _escalate_user_cancel(state, active)
             active.task.cancel()
     await _wait_running(state, settings.cleanup_grace_period.total_seconds(), None)
 
     _enter(state, ShutdownPhase.ABANDONING)
-    for active in list(state.active.values()):
-        if not active.holds_slot:
-            continue
-        _log.error("taskq.task-ignored-cancellation", job_id=str(active.row.id))
+    # Outcome writes still retrying get what is left of the stop's hard wall, less a
+    # margin for closing the backend.
+    wall = settings.termination_grace_period.total_seconds()
+    left = wall - (time.monotonic() - started) - min(2.0, wall / 10)
+    if any(a.holds_slot and a.settling for a in state.active.values()):
+        await _wait_running(state, max(left, 0.0), None)
+    # Concurrently: one by one, a database that is away would cost a lease per job.
+    await asyncio.gather(*(_abandon(state, a) for a in list(state.active.values()) if a.holds_slot))
+    _log.info("taskq.shutdown-duration", seconds=round(time.monotonic() - started, 3))
+
+
+async def _abandon(state: WorkerState, active: ActiveJob) -> None:
+    """Let go of a job whose task still runs at the end of the stop."""
+    job_id = str(active.row.id)
+    if active.settling:
+        # Its outcome never landed: the lease runs out and the reclaim sweep takes it.
+        _log.error("taskq.outcome-unwritten-at-stop", job_id=job_id)
+        if active.task is not None:
+            active.task.cancel()
+    else:
+        _log.error("taskq.task-ignored-cancellation", job_id=job_id)
         if active.interrupted:
             await hand_back(state, active.row, active.ctx, give_up=True)
         elif active.cancel_phase >= CancelPhase.FORCED:
-            await state.backend.mark_abandoned(active.row.id)
-        active.finish()
-    _log.info("taskq.shutdown-duration", seconds=round(time.monotonic() - started, 3))
+            await write_retrying(
+                state,
+                "abandoned",
+                lambda: state.backend.mark_abandoned(active.row.id),
+                give_up=True,
+            )
+    active.finish()

@@ -151,13 +151,15 @@ def actor(
 ) -> Actor[P, R] | Callable[[Callable[P, R]], Actor[P, R]]:
     """Declare an actor: ``@actor`` or ``@actor(queue="images", max_attempts=5, ...)``.
 
-    ``name`` defaults to the function's qualified name. ``timeout`` bounds
-    each attempt (a ``TimeoutError``, retried), ``schedule_to_close`` the whole job
-    (``DeadlineExceeded``, not retried; a job dispatched past it is not run). A sync
-    actor's thread cannot be stopped: past either limit its attempt has failed, but
-    the outcome is written (and a retry can start) once the thread returns. ``max_concurrent``
-    caps running jobs fleet-wide; ``max_pending`` refuses enqueues beyond it
-    (``MaxPendingExceededError``); ``identity_key(payload)`` serializes jobs
+    ``name`` defaults to the function's qualified name. ``timeout`` bounds each
+    attempt (a ``TimeoutError``, retried), ``schedule_to_close`` the whole job
+    (``DeadlineExceeded``, not retried; a job dispatched past it is not run). A
+    sync actor's thread cannot be stopped: past either limit its attempt has
+    failed, but the outcome is written (and a retry can start) once the thread
+    returns. ``max_concurrent`` caps running jobs fleet-wide; ``max_pending``
+    refuses enqueues beyond it (``MaxPendingExceededError``; counted before the
+    insert, so producers enqueueing at the same moment may overshoot it by the
+    enqueues they have in flight); ``identity_key(payload)`` serializes jobs
     with the same key; ``result_ttl`` expires stored results.
     """
     if name is not None and not name.strip():

@@ -54,7 +54,9 @@ def _priority_order(job: JobRow) -> tuple[int, datetime, UUID]:
 
 
 def dispatch_order(
-    candidates: Iterable[JobRow], round_robin_queues: Container[str]
+    candidates: Iterable[JobRow],
+    round_robin_queues: Container[str],
+    running: Iterable[JobRow] = (),
 ) -> list[JobRow]:
     """Order due jobs for dispatch.
 
@@ -64,10 +66,15 @@ def dispatch_order(
     ``strict_fifo`` queues all form a single cohort. Sorting by ``(rank,
     priority DESC, scheduled_at, id)`` then gives plain priority/FIFO order
     when only strict queues are asked for, and interleaves the cohorts (first
-    of each, then second of each, …) when round-robin queues are.
+    of each, then second of each, …) when round-robin queues are. A round-robin
+    cohort's ranks start after its jobs already ``running`` there: every dispatch
+    starts afresh, so a cohort of older jobs would otherwise win each one-slot
+    dispatch for as long as its backlog lasts.
     """
     ranked: list[tuple[int, JobRow]] = []
-    seen: Counter[tuple[str, str | None]] = Counter()
+    seen: Counter[tuple[str, str | None]] = Counter(
+        ("fairness", job.fairness_key) for job in running if job.queue in round_robin_queues
+    )
     for job in sorted(candidates, key=_priority_order):
         cohort = (
             ("fairness", job.fairness_key) if job.queue in round_robin_queues else ("fifo", None)

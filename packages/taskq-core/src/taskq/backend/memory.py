@@ -208,7 +208,9 @@ class InMemoryBackend:
         # As the Postgres CTE samples only actors with room: the jobs of an actor at its
         # cap take no place in the fairness ranks.
         ranked = dispatch_order(
-            (row for row in due if not load.actor_full(row.actor, actor_caps)), round_robin
+            (row for row in due if not load.actor_full(row.actor, actor_caps)),
+            round_robin,
+            (row for row in self._jobs.values() if row.status is _S.RUNNING),
         )
         chosen = take_jobs(
             ranked,

@@ -174,37 +174,51 @@ admitted AS (
 )
 
 # Round robin ranks each job within its fairness cohort: first among its
-# cohort-mates by priority DESC, scheduled_at, id. PARTITION BY puts all NULL
+# cohort-mates by priority DESC, scheduled_at, id, after the cohort's jobs already
+# running (in the round-robin queues asked for): each dispatch starts afresh, so
+# without them a cohort whose jobs are older would win every one-slot dispatch,
+# starving the others for as long as its backlog lasts. PARTITION BY puts all NULL
 # keys in one cohort (no '__null__' sentinel a real key could collide with).
 # The lateral samples each (queue, actor) by cohort rank, so a deep cohort
 # cannot crowd a shallow one out of the sample. In strict queues asked for in
 # the same call ($8 lists the round-robin ones) every job shares one cohort.
 _ROUND_ROBIN_CANDIDATES: Final = """
 head_plain (ok) AS (SELECT false),
+running_cohorts AS (
+    SELECT j.fairness_key, count(*) AS running
+    FROM {schema}.jobs j CROSS JOIN params p
+    WHERE j.status = 'running' AND j.queue = ANY (p.rr_queues)
+    GROUP BY j.fairness_key
+),
 candidates AS (
     SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key,
            ROW_NUMBER() OVER (
                PARTITION BY c.queue = ANY (p.rr_queues),
                             CASE WHEN c.queue = ANY (p.rr_queues) THEN c.fairness_key END
                ORDER BY c.priority DESC, c.scheduled_at, c.id
-           ) AS fairness_rank
+           ) + c.running AS fairness_rank
     FROM pending_actors pa
     JOIN per_actor_capacity pac ON pac.actor = pa.actor
     CROSS JOIN params p
     CROSS JOIN LATERAL (
-        SELECT f.id, f.actor, f.queue, f.priority, f.scheduled_at, f.identity_key, f.fairness_key
+        SELECT f.id, f.actor, f.queue, f.priority, f.scheduled_at, f.identity_key, f.fairness_key,
+               f.running
         FROM (
             SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
                    j.fairness_key,
                    ROW_NUMBER() OVER (
                        PARTITION BY CASE WHEN pa.queue = ANY (p.rr_queues) THEN j.fairness_key END
                        ORDER BY j.priority DESC, j.scheduled_at, j.id
-                   ) AS cohort_rank
+                   ) AS cohort_rank,
+                   CASE WHEN pa.queue = ANY (p.rr_queues) THEN coalesce((
+                       SELECT rc.running FROM running_cohorts rc
+                       WHERE rc.fairness_key IS NOT DISTINCT FROM j.fairness_key
+                   ), 0) ELSE 0 END AS running
             FROM {schema}.jobs j
             WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
               AND j.scheduled_at <= p.now
         ) f
-        ORDER BY f.cohort_rank, f.priority DESC, f.scheduled_at, f.id
+        ORDER BY f.cohort_rank + f.running, f.priority DESC, f.scheduled_at, f.id
         LIMIT pac.residual * p.oversample
     ) c
     WHERE pa.actor IS NOT NULL AND pac.residual > 0

@@ -225,7 +225,8 @@ class DispatchTests:
         await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
         await backend.register_actors([ActorConfig(actor=ACTOR, max_concurrent=1)])
         worker = uuid4()
-        await _enqueue_spread(backend, advance_time, {"queue": "rr", "fairness_key": "t1"})
+        # Of a cohort of its own: running jobs count in their cohort's ranks.
+        await _enqueue_spread(backend, advance_time, {"queue": "rr", "fairness_key": "t0"})
         assert len(await backend.dispatch_batch(worker, ["rr"], 1, LONG_LEASE)) == 1
         # ACTOR is at its cap: its waiting jobs must not push cohort t1's other job
         # behind cohort t2's in the ranking.
@@ -238,6 +239,23 @@ class DispatchTests:
         )
         [taken] = await backend.dispatch_batch(worker, ["rr"], 1, LONG_LEASE)
         assert taken.id == first_free.id
+
+    @covers("dispatch_batch", "configure_queue")
+    async def test_round_robin_puts_a_cohort_after_its_running_jobs(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # One slot at a time: a deep cohort of older jobs must not take every dispatch
+        # while a shallow one waits behind its whole backlog.
+        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+        big = {"queue": "rr", "fairness_key": "big"}
+        *_, small = await _enqueue_spread(
+            backend, advance_time, big, big, big, {"queue": "rr", "fairness_key": "small"}
+        )
+        taken = [
+            (await backend.dispatch_batch(uuid4(), ["rr"], 1, LONG_LEASE))[0] for _ in range(2)
+        ]
+        assert taken[0].fairness_key == "big"
+        assert taken[1].id == small.id
 
     @covers("dispatch_batch", "configure_queue")
     async def test_queues_are_strict_fifo_unless_configured(

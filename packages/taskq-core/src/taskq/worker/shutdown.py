@@ -10,9 +10,11 @@ the consumers can see where the shutdown is.
   for ``cancellation_grace_period``.
 * FORCING — the remaining tasks are cancelled (a job a user asked to cancel has
   phase 2 stored first, as the cancellation protocol does); ``cleanup_grace_period``
-  to unwind.
-* ABANDONING — tasks that still run are left behind: an interrupted job is handed
-  back, a user-cancelled one marked ``abandoned``.
+  to unwind. A job whose actor returned is not: it is only writing its outcome.
+* ABANDONING — outcome writes still retrying (the database away) get what is left
+  of ``termination_grace_period``; tasks that still run are then left behind: an
+  interrupted job is handed back, a user-cancelled one marked ``abandoned``, all at
+  once.
 
 A job interrupted by a shutdown is not the user's cancellation: it is
 handed back for another attempt (outcome ``interrupted``, retry budget

@@ -190,6 +190,9 @@ running_cohorts AS (
     WHERE j.status = 'running' AND j.queue = ANY (p.rr_queues)
     GROUP BY j.fairness_key
 ),
+running_unkeyed (running) AS (
+    SELECT coalesce((SELECT rc.running FROM running_cohorts rc WHERE rc.fairness_key IS NULL), 0)
+),
 candidates AS (
     SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key,
            ROW_NUMBER() OVER (
@@ -200,6 +203,7 @@ candidates AS (
     FROM pending_actors pa
     JOIN per_actor_capacity pac ON pac.actor = pa.actor
     CROSS JOIN params p
+    CROSS JOIN running_unkeyed ru
     CROSS JOIN LATERAL (
         SELECT f.id, f.actor, f.queue, f.priority, f.scheduled_at, f.identity_key, f.fairness_key,
                f.running
@@ -210,11 +214,13 @@ candidates AS (
                        PARTITION BY CASE WHEN pa.queue = ANY (p.rr_queues) THEN j.fairness_key END
                        ORDER BY j.priority DESC, j.scheduled_at, j.id
                    ) AS cohort_rank,
-                   CASE WHEN pa.queue = ANY (p.rr_queues) THEN coalesce((
-                       SELECT rc.running FROM running_cohorts rc
-                       WHERE rc.fairness_key IS NOT DISTINCT FROM j.fairness_key
-                   ), 0) ELSE 0 END AS running
+                   CASE WHEN pa.queue <> ALL (p.rr_queues) THEN 0
+                        WHEN j.fairness_key IS NULL THEN ru.running
+                        ELSE coalesce(rc.running, 0) END AS running
             FROM {schema}.jobs j
+            -- An equality join (hashable), not IS NOT DISTINCT FROM per row: the NULL
+            -- cohort's count is read once (running_unkeyed).
+            LEFT JOIN running_cohorts rc ON rc.fairness_key = j.fairness_key
             WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
               AND j.scheduled_at <= p.now
         ) f

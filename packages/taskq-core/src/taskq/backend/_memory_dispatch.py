@@ -28,6 +28,8 @@ class RunningLoad:
     per_actor: Counter[str] = field(default_factory=Counter)
     per_queue: Counter[str] = field(default_factory=Counter)
     identities: set[tuple[str, str]] = field(default_factory=set)
+    per_cohort: Counter[tuple[str, str | None]] = field(default_factory=Counter)
+    """Running jobs per ``(queue, fairness_key)``, for round robin's ranks."""
 
     @classmethod
     def of(cls, jobs: Iterable[JobRow]) -> RunningLoad:
@@ -45,6 +47,7 @@ class RunningLoad:
     def add(self, job: JobRow) -> None:
         self.per_actor[job.actor] += 1
         self.per_queue[job.queue] += 1
+        self.per_cohort[job.queue, job.fairness_key] += 1
         if job.identity_key is not None:
             self.identities.add((job.actor, job.identity_key))
 
@@ -56,7 +59,7 @@ def _priority_order(job: JobRow) -> tuple[int, datetime, UUID]:
 def dispatch_order(
     candidates: Iterable[JobRow],
     round_robin_queues: Container[str],
-    running: Iterable[JobRow] = (),
+    load: RunningLoad | None = None,
 ) -> list[JobRow]:
     """Order due jobs for dispatch.
 
@@ -67,14 +70,15 @@ def dispatch_order(
     priority DESC, scheduled_at, id)`` then gives plain priority/FIFO order
     when only strict queues are asked for, and interleaves the cohorts (first
     of each, then second of each, …) when round-robin queues are. A round-robin
-    cohort's ranks start after its jobs already ``running`` there: every dispatch
+    cohort's ranks start after its jobs already running there (``load``): every dispatch
     starts afresh, so a cohort of older jobs would otherwise win each one-slot
     dispatch for as long as its backlog lasts.
     """
     ranked: list[tuple[int, JobRow]] = []
-    seen: Counter[tuple[str, str | None]] = Counter(
-        ("fairness", job.fairness_key) for job in running if job.queue in round_robin_queues
-    )
+    seen: Counter[tuple[str, str | None]] = Counter()
+    for (queue, key), running in (load.per_cohort if load else {}).items():
+        if queue in round_robin_queues:
+            seen["fairness", key] += running
     for job in sorted(candidates, key=_priority_order):
         cohort = (
             ("fairness", job.fairness_key) if job.queue in round_robin_queues else ("fifo", None)

@@ -210,7 +210,7 @@ class InMemoryBackend:
         ranked = dispatch_order(
             (row for row in due if not load.actor_full(row.actor, actor_caps)),
             round_robin,
-            (row for row in self._jobs.values() if row.status is _S.RUNNING),
+            load,
         )
         chosen = take_jobs(
             ranked,

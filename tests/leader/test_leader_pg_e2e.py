@@ -229,6 +229,57 @@ async def test_an_outage_longer_than_the_lease_runs_no_job_twice(
     assert worker.events("taskq.leader-lost")  # the outage did take leadership away
 
 
+async def test_a_stalled_network_is_ridden_out_without_a_watchdog_exit(
+    tq: TaskQ, spawn: Spawn, pg_schema: PgSchema
+) -> None:
+    # A black hole, not a cut: no reset, so every wait runs to its own timeout. Each
+    # call a loop makes must end within dispatcher_command_timeout (1 s here), or
+    # the loop misses its stale-tick budget (the 5 s floor) and the watchdog ends the
+    # worker, running jobs and all: a timed-out statement used to wait as long again
+    # for its cancel request, and a reconnect for connect_timeout (10 s).
+    from urllib.parse import urlsplit, urlunsplit
+
+    c = tq.client
+    jobs = [await c.enqueue(basic.nap, {"seconds": 6}) for _ in range(3)]
+    parts = urlsplit(pg_schema.dsn)
+    with TcpProxy(parts.port or 5432) as proxy:
+        netloc = parts.netloc.rsplit(":", 1)[0] + f":{proxy.port}"
+        worker = spawn(
+            "--concurrency",
+            "3",
+            env={
+                "TASKQ_DSN": urlunsplit(parts._replace(netloc=netloc)),
+                "TASKQ_POLL_INTERVAL": "200ms",
+                "TASKQ_HEARTBEAT_INTERVAL": "500ms",
+                "TASKQ_LOCK_LEASE": "4s",
+                "TASKQ_LEADER_LEASE": "2s",
+                "TASKQ_DISPATCHER_COMMAND_TIMEOUT": "1s",
+                "TASKQ_WATCHDOG_STALE_FLOOR": "5s",
+            },
+        )
+
+        async def all_running() -> bool:
+            rows = await c.list_jobs(JobFilter(status=[JobStatus.RUNNING], limit=100))
+            return len(rows) == 3
+
+        await wait_until(all_running)
+        proxy.stall()
+        await asyncio.sleep(9)  # past the floor, with reconnects tried meanwhile
+        alive_through_the_stall = worker.proc.poll() is None
+        proxy.restore()
+
+        async def all_done() -> bool:
+            rows = [await c.get(j.id) for j in jobs]
+            return all(r is not None and r.status is JobStatus.SUCCEEDED for r in rows)
+
+        assert alive_through_the_stall, worker.events("taskq.watchdog-trip")
+        await wait_until(all_done, seconds=30)
+    assert worker.proc.poll() is None
+    assert not worker.events("taskq.watchdog-trip")
+    outcomes = [[a.outcome for a in await c.get_attempts(job.id)] for job in jobs]
+    assert all(o in (["succeeded"], ["interrupted", "succeeded"]) for o in outcomes), outcomes
+
+
 async def test_a_per_second_cron_fires_every_slot_once_across_a_failover(
     tq: TaskQ, spawn: Spawn
 ) -> None:

@@ -1,12 +1,18 @@
-"""The worker's dispatcher_command_timeout bounds statements on the pool."""
+"""The worker's dispatcher_command_timeout bounds the backend's calls, end to end."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+from uuid import uuid4
 
 import pytest
 
 from taskq_postgres import PostgresBackend
+from taskq_testing.faults import TcpProxy
 from taskq_testing.postgres import PgSchema
 
 pytestmark = pytest.mark.postgres
@@ -28,3 +34,84 @@ async def test_a_stalled_statement_times_out_and_the_pool_stays_usable(
         assert await backend.count_active_jobs(["default"]) == 0
     finally:
         await backend.close()
+
+
+def _through(proxy: TcpProxy, dsn: str) -> str:
+    parts = urlsplit(dsn)
+    netloc = parts.netloc.rsplit(":", 1)[0] + f":{proxy.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+async def _ends_within(call: Awaitable[Any], seconds: float) -> BaseException | None:
+    """What ``call`` raised, asserting it ended within ``seconds``."""
+    task = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        raise AssertionError(f"still running after {seconds}s")
+    return task.exception()
+
+
+_BUDGET = 1.5  # seconds; the waits the deadline cuts short were 2 x _BUDGET and 30 s
+
+
+@pytest.mark.parametrize("max_pool_size", [1, 10], ids=["pool", "pinned"])
+async def test_over_a_stalled_network_each_call_ends_within_the_command_timeout(
+    pg_pooled_schema: PgSchema, max_pool_size: int
+) -> None:
+    # A black hole, not a cut: without the call's own deadline a statement that timed
+    # out waited as long again for its cancel request before the pool took its
+    # connection back, and the reconnect that follows waited for connect_timeout.
+    with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
+        backend = PostgresBackend(
+            _through(proxy, pg_pooled_schema.dsn),
+            schema=pg_pooled_schema.name,
+            max_pool_size=max_pool_size,
+            command_timeout=timedelta(seconds=_BUDGET),
+            connect_timeout=timedelta(seconds=30),
+        )
+        await backend.open()
+
+        def dispatch() -> Awaitable[Any]:
+            return backend.dispatch_batch(uuid4(), ["default"], 1, timedelta(seconds=30))
+
+        try:
+            await dispatch()
+            proxy.stall()
+            for call, bound in (
+                (dispatch(), _BUDGET + 1),  # on the open connection
+                (backend.count_active_jobs(["default"]), 10),  # on a new one
+                (dispatch(), 10),
+            ):
+                error = await _ends_within(call, bound)
+                assert isinstance(error, TimeoutError), repr(error)
+            proxy.restore()
+            assert await backend.count_active_jobs(["default"]) == 0
+        finally:
+            await backend.close()
+
+
+async def test_over_a_stalled_network_a_leader_confirmation_ends_within_the_command_timeout(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
+        backend = PostgresBackend(
+            _through(proxy, pg_pooled_schema.dsn),
+            schema=pg_pooled_schema.name,
+            command_timeout=timedelta(seconds=_BUDGET),
+            connect_timeout=timedelta(seconds=30),
+        )
+        await backend.open()
+        elector = backend.leader_elector(uuid4(), lease=timedelta(seconds=60))
+        try:
+            assert await elector.try_acquire()
+            proxy.stall()
+            # Half the budget each: the election loop may wait for one in flight first.
+            for bound in (_BUDGET / 2 + 0.5, 10):  # the renewal, then the reconnect
+                error = await _ends_within(elector.try_acquire(), bound)
+                assert isinstance(error, TimeoutError), repr(error)
+            proxy.restore()
+            assert await elector.try_acquire()
+        finally:
+            await elector.release()
+            await backend.close()

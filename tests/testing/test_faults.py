@@ -114,3 +114,29 @@ def test_no_socket_is_left_unclosed_when_it_stops_while_clients_keep_connecting(
             gc.collect()
     unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert unclosed == []
+
+
+def test_a_stall_holds_traffic_both_ways_and_new_connections_until_restored(
+    echo_port: int,
+) -> None:
+    with TcpProxy(echo_port) as proxy:
+        client = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+        client.sendall(b"one")
+        assert client.recv(4096) == b"one"
+
+        proxy.stall()
+        client.settimeout(0.3)
+        client.sendall(b"two")
+        with pytest.raises(TimeoutError):
+            client.recv(4096)
+        # A connection made during the stall is accepted and then hears nothing.
+        late = socket.create_connection(("127.0.0.1", proxy.port), timeout=0.3)
+        late.sendall(b"three")
+        with pytest.raises(TimeoutError):
+            late.recv(4096)
+
+        proxy.restore()
+        for sock, data in ((client, b"two"), (late, b"three")):
+            with sock:
+                sock.settimeout(5)
+                assert sock.recv(4096) == data

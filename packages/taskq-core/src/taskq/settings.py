@@ -179,8 +179,9 @@ class WorkerSettings(BaseModel):
     fallback_result_ttl: Duration | None = None
     """Result lifetime for actors without ``result_ttl`` (None: keep until pruned)."""
     dispatcher_command_timeout: Duration = timedelta(seconds=5)
-    """Backend: client-side bound on every statement the worker's loops run, so a
-    stalled database errors an iteration instead of hanging it past the watchdog."""
+    """Backend: client-side bound on every call the worker's loops make (getting a
+    connection, its statement, handing it back), so a stalled database or network
+    errors an iteration instead of hanging it past the watchdog."""
     dispatch_oversample: int | None = Field(default=None, ge=1, le=100)
     """Backend: candidates sampled per actor per free slot in dispatch (default 2)."""
     reclaim_event_visibility_delay: Duration | None = None

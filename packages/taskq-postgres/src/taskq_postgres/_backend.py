@@ -65,6 +65,7 @@ from taskq.models import (
     ScheduleUpdateArgs,
     SuccessWrite,
 )
+from taskq_postgres._bounded import BoundedPool, PinnedConnection
 from taskq_postgres._connect import (
     LEADER_ROLE,
     NOTIFY_ROLE,
@@ -72,7 +73,6 @@ from taskq_postgres._connect import (
     BackendUnavailableError,
     LentConnections,
     Password,
-    PinnedConnection,
     check_dsn,
     check_instance_id,
     connect,
@@ -330,6 +330,7 @@ class PostgresBackend:
         self._worker_prefix = worker_channel_prefix(self.schema)
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
         self._lent = LentConnections()
+        self._bounded: BoundedPool | None = None
         self._pinned: PinnedConnection | None = None
         self._pinned_dispatch: PinnedConnection | None = None
         self._pinned_success: PinnedConnection | None = None
@@ -385,15 +386,19 @@ class PostgresBackend:
                     f"run `taskq migrate --schema {self.schema}` first"
                 )
             self._pool = pool
+            bounded = self._bounded = BoundedPool(
+                pool,
+                None if self.command_timeout is None else self.command_timeout.total_seconds(),
+            )
             # A pool of one would be left to the pinned connection alone. A worker's
             # dispatches and batched successes (one statement each, back to back; a
             # concurrent call goes to the pool) get theirs where two connections stay
             # free: in drains by two workers, skipping acquire and release gave ~15 %
             # more jobs/s (bench/README.md).
-            self._pinned = PinnedConnection(pool) if self.max_pool_size > 1 else None
+            self._pinned = PinnedConnection(bounded) if self.max_pool_size > 1 else None
             worker_pins = self.max_pool_size >= _MIN_POOL_FOR_WORKER_PINS
-            self._pinned_dispatch = PinnedConnection(pool) if worker_pins else None
-            self._pinned_success = PinnedConnection(pool) if worker_pins else None
+            self._pinned_dispatch = PinnedConnection(bounded) if worker_pins else None
+            self._pinned_success = PinnedConnection(bounded) if worker_pins else None
             if not self.poll_only:
                 self._listener = NotifyListener(
                     self._connect_listener,
@@ -410,6 +415,7 @@ class PostgresBackend:
         async with self._open_lock:
             listener, self._listener = self._listener, None
             pool, self._pool = self._pool, None
+            self._bounded = None
             pinned = self._pinned_connections()
             self._pinned = self._pinned_dispatch = self._pinned_success = None
         if listener is not None:
@@ -494,9 +500,15 @@ class PostgresBackend:
             self._lent.lend(conn)  # caller code may leave session state: reset on release
             yield conn
 
+    def _require_bounded(self) -> BoundedPool:
+        self._require_pool()
+        assert self._bounded is not None  # set together with the pool
+        return self._bounded
+
     def _db(self, conn: Connection = None) -> Any:
-        """The caller's connection when given, else the pool (which acquires per call)."""
-        return conn if conn is not None else self._require_pool()
+        """The caller's connection when given, else the pool (which acquires per call,
+        each call bounded by ``command_timeout``)."""
+        return conn if conn is not None else self._require_bounded()
 
     @asynccontextmanager
     async def _transaction(self, conn: Connection = None) -> AsyncIterator[Any]:
@@ -506,7 +518,7 @@ class PostgresBackend:
             async with conn.transaction():
                 yield conn
             return
-        async with self._require_pool().acquire() as pooled, pooled.transaction():
+        async with self._require_bounded().acquire() as pooled, pooled.transaction():
             yield pooled
 
     # -- configuration -------------------------------------------------------------
@@ -555,12 +567,12 @@ class PostgresBackend:
             if pinned is not None
         ]
 
-    def _autocommit_db(self) -> PinnedConnection | asyncpg.Pool[asyncpg.Record]:
-        pool = self._require_pool()
+    def _autocommit_db(self) -> PinnedConnection | BoundedPool:
+        pool = self._require_bounded()
         return self._pinned if self._pinned is not None else pool
 
     async def _send_wake(self) -> None:
-        await self._require_pool().execute(self._sql.notify, self._wake_channel)
+        await self._require_bounded().execute(self._sql.notify, self._wake_channel)
 
     async def _enqueue(self, conn: Connection, args_list: Sequence[EnqueueArgs]) -> list[JobRow]:
         refuse_keyless_singletons(args_list)
@@ -653,7 +665,7 @@ class PostgresBackend:
             return []
         wanted = list(dict.fromkeys(queues))
         key = tuple(wanted)
-        db: Any = self._pinned_dispatch or self._require_pool()  # as _db(): untyped records
+        db: Any = self._pinned_dispatch or self._require_bounded()  # as _db(): untyped records
         params = [wanted, limit, worker_id, lock_lease, self.dispatch_oversample]
         fifo_first = key not in self._round_robin_calls
         if fifo_first and key not in self._gated_heads:
@@ -810,7 +822,7 @@ class PostgresBackend:
         ownership guard, attempt row and event; one flag per item, in order."""
         if not items:
             return []
-        records = await (self._pinned_success or self._require_pool()).fetch(
+        records = await (self._pinned_success or self._require_bounded()).fetch(
             self._sql.mark_succeeded_many,
             worker_id,
             fallback_result_ttl,
@@ -1270,7 +1282,9 @@ class PostgresBackend:
     # -- maintenance leader (taskq.backend._protocol's optional protocols) -----------------
     def leader_elector(self, worker_id: UUID, *, lease: timedelta) -> PostgresLeaderElector:
         """An elector over a dedicated ``taskq-leader`` session whose
-        ``idle_session_timeout`` is ``lease`` (``SupportsLeaderElection``)."""
+        ``idle_session_timeout`` is ``lease`` (``SupportsLeaderElection``). Each
+        confirmation ends within half the lease, and within half the
+        ``command_timeout`` when one is set."""
         lease_ms = max(int(lease / timedelta(milliseconds=1)), 1)
         settings = {**self._settings(LEADER_ROLE), "idle_session_timeout": str(lease_ms)}
 
@@ -1289,8 +1303,14 @@ class PostgresBackend:
                     raise exc.__cause__ from None
                 raise
 
+        # Within the lease; and two confirmations (the election loop may wait for one in
+        # flight before its own) within the command_timeout a worker loop's iteration
+        # is checked against.
+        timeout = lease / 2
+        if self.command_timeout is not None:
+            timeout = min(timeout, self.command_timeout / 2)
         return PostgresLeaderElector(
-            connect_leader, self._leader_sql, worker_id, command_timeout=lease / 2
+            connect_leader, self._leader_sql, worker_id, command_timeout=timeout
         )
 
     async def fire_due_schedules(self, build: ScheduleFire, *, catch_up: timedelta) -> int:

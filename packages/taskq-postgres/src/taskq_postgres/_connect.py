@@ -27,7 +27,6 @@ __all__ = [
     "POSTGRES_SCHEMES",
     "BackendUnavailableError",
     "LentConnections",
-    "PinnedConnection",
     "check_dsn",
     "check_instance_id",
     "connect",
@@ -200,59 +199,6 @@ class LentConnections:
         query = conn.get_reset_query()
         if query:
             await conn.execute(query)
-
-
-class PinnedConnection:
-    """One pool connection kept checked out for the backend's one-statement writes
-    (a one-job enqueue), used while idle; a concurrent caller goes to the pool.
-
-    asyncpg's acquire and release take several event-loop turns, about as long
-    as a one-row INSERT on a small machine. Any error hands the connection back
-    to the pool, which waits out a cancelled query or replaces a broken
-    connection; the next call pins another.
-    """
-
-    def __init__(self, pool: asyncpg.Pool[asyncpg.Record]) -> None:
-        self._pool = pool
-        self._conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record] | None = None
-        self._busy = False
-
-    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
-        """``Pool.fetch``, on the pinned connection when it is idle."""
-        result: list[asyncpg.Record] = await self._run("fetch", query, args)
-        return result
-
-    async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
-        """``Pool.fetchrow``, on the pinned connection when it is idle."""
-        result: asyncpg.Record | None = await self._run("fetchrow", query, args)
-        return result
-
-    async def _run(self, method: str, query: str, args: tuple[Any, ...]) -> Any:
-        if self._busy:
-            return await getattr(self._pool, method)(query, *args)
-        self._busy = True
-        conn = self._conn
-        kept = False
-        try:
-            if conn is None:
-                conn = self._conn = await self._pool.acquire()
-            result = await getattr(conn, method)(query, *args)
-            kept = True
-            return result
-        finally:
-            self._busy = False
-            # Handed back on an error, or when release() came meanwhile.
-            if conn is not None and (not kept or self._conn is not conn):
-                if self._conn is conn:
-                    self._conn = None
-                await self._pool.release(conn)
-
-    async def release(self) -> None:
-        """Hand the connection back now (before the pool closes, or so that a
-        credential reload replaces it); a later call pins another."""
-        conn, self._conn = self._conn, None
-        if conn is not None and not self._busy:  # a busy call hands it back itself
-            await self._pool.release(conn)
 
 
 async def create_pool(

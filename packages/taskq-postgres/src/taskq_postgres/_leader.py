@@ -44,8 +44,9 @@ class PostgresLeaderElector:
     """One worker's candidacy (see :class:`taskq.backend._protocol.LeaderElector`).
 
     ``connect`` opens the dedicated session (already carrying the
-    ``idle_session_timeout``); ``command_timeout`` bounds every statement so a
-    silent network cannot hold a tick past the lease.
+    ``idle_session_timeout``); ``command_timeout`` bounds each :meth:`try_acquire`
+    end to end (a reconnect included), so a silent network cannot hold a tick past
+    the lease, nor the election loop past its stale-tick budget.
     """
 
     def __init__(
@@ -65,6 +66,10 @@ class PostgresLeaderElector:
 
     async def try_acquire(self) -> bool:
         """Take the lock once per session, then only confirm the session still holds it."""
+        async with asyncio.timeout(self._timeout):
+            return await self._try_acquire()
+
+    async def _try_acquire(self) -> bool:
         try:
             if self._conn is None or self._conn.is_closed():
                 self._leading = False

@@ -1,9 +1,13 @@
-"""Fault injection for tests: a TCP proxy that can cut the line to a server.
+"""Fault injection for tests: a TCP proxy that can cut or stall the line to a server.
 
 Point a client's DSN at :attr:`TcpProxy.port` instead of the server's; then
 :meth:`TcpProxy.cut` drops every open connection and refuses new ones (what
-a network partition or a dead server looks like from the client), and
-:meth:`TcpProxy.restore` lets connections through again. Loopback only.
+a dead server or a refused route looks like from the client),
+:meth:`TcpProxy.stall` keeps every connection open and accepts new ones but
+carries no byte either way (a black-holed network: packets dropped, no reset,
+so only the client's own timeouts end a wait), and :meth:`TcpProxy.restore`
+lets traffic through again (what a stall held back is then delivered).
+Loopback only.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()  # every open socket of a forwarded connection
         self._forwarding: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
+        self._flowing = asyncio.Event()  # cleared while stalled
+        self._flowing.set()
         self.port = 0
 
     def __enter__(self) -> Self:
@@ -69,9 +75,26 @@ class TcpProxy:
         """Drop every connection and refuse new ones until :meth:`restore`."""
         self._call(self._close())
 
+    def stall(self) -> None:
+        """Carry no byte either way until :meth:`restore`; connections stay open and new
+        ones are accepted (and stall too)."""
+        self._call(self._set_flowing(False))
+
     def restore(self) -> None:
-        """Accept connections again, on the same port."""
-        self._call(self._listen(self.port))
+        """After a cut, accept connections again on the same port; after a stall, deliver
+        what was held back and carry traffic again."""
+        self._call(self._restore())
+
+    async def _set_flowing(self, flowing: bool) -> None:
+        if flowing:
+            self._flowing.set()
+        else:
+            self._flowing.clear()
+
+    async def _restore(self) -> None:
+        await self._set_flowing(True)
+        if self._listener is None:
+            await self._listen(self.port)
 
     def _call(self, coro: object) -> None:
         future: Future[None] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
@@ -125,8 +148,8 @@ class TcpProxy:
             with contextlib.suppress(OSError):
                 await loop.sock_connect(upstream, self._target)
                 pipes = [
-                    loop.create_task(_pipe(loop, conn, upstream)),
-                    loop.create_task(_pipe(loop, upstream, conn)),
+                    loop.create_task(_pipe(loop, conn, upstream, self._flowing)),
+                    loop.create_task(_pipe(loop, upstream, conn, self._flowing)),
                 ]
                 # Either side closing (or failing) ends the connection, as a cut would.
                 await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
@@ -140,8 +163,16 @@ class TcpProxy:
 
 
 async def _pipe(
-    loop: asyncio.AbstractEventLoop, source: socket.socket, sink: socket.socket
+    loop: asyncio.AbstractEventLoop,
+    source: socket.socket,
+    sink: socket.socket,
+    flowing: asyncio.Event,
 ) -> None:
     with contextlib.suppress(OSError):
-        while data := await loop.sock_recv(source, 65536):
+        while True:
+            data = await loop.sock_recv(source, 65536)
+            # A stall holds what was read, a close included, as a dropped packet is resent.
+            await flowing.wait()
+            if not data:
+                return
             await loop.sock_sendall(sink, data)

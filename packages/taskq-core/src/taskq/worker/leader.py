@@ -102,6 +102,8 @@ class MaintenanceLeader:
         """Set while this worker leads."""
         self._elected_at = 0.0
         self._confirm_lock = asyncio.Lock()
+        self._confirmations = 0
+        """Confirmations started so far (each under the lock)."""
         self._loops: list[_Loop] = []
 
     async def run(self) -> None:
@@ -177,8 +179,18 @@ class MaintenanceLeader:
             await asyncio.shield(self._step_down())
 
     async def confirm(self) -> bool:
-        """Ask the backend whether this worker leads (acquiring when free)."""
+        """Ask the backend whether this worker leads (acquiring when free).
+
+        A caller that waited while another confirmation started and ended takes its
+        answer (given after this call began, so as fresh as its own): in an outage
+        each confirmation runs to its timeout, and the leader loops asking one after
+        the other kept the election loop waiting for all of them, past its
+        stale-tick budget."""
+        asked = self._confirmations
         async with self._confirm_lock:
+            if self._confirmations != asked:
+                return self.is_leader.is_set()
+            self._confirmations += 1
             try:
                 leading = await self.elector.try_acquire()
             except asyncio.CancelledError:

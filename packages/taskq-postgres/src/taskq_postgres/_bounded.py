@@ -1,0 +1,195 @@
+"""Calls bounded end to end by the backend's ``command_timeout``.
+
+asyncpg's ``command_timeout`` bounds a statement, not the call around it. A
+statement that times out leaves its connection waiting for a cancel request
+(sent over a second connection, bounded by the same timeout again) before the
+pool takes it back, and getting a connection may first open one
+(``connect_timeout``). Over a black-holed network every one of those waits
+runs to its end: one call took up to ``connect_timeout`` + 2 x
+``command_timeout``, past the stale-tick budget a worker loop's iteration is
+checked against (``WorkerSettings``), so a worker tripped its watchdog and
+exited during exactly the outage its loops are meant to ride out.
+
+Here a call (getting its connection, its statement or transaction, handing
+the connection back) has one deadline, and a connection still in use at the
+deadline is closed: whatever waits on it fails at once, as a ``TimeoutError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+__all__ = ["BoundedPool", "PinnedConnection"]
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    Proxy: TypeAlias = asyncpg.pool.PoolConnectionProxy[asyncpg.Record]
+
+# What a statement, a rollback or a release raises once its connection was closed.
+_CLOSED_ERRORS = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError)
+
+
+@contextmanager
+def _closed_at(conn: Proxy, deadline: float, budget: float) -> Iterator[None]:
+    """Close ``conn`` if the block still runs at ``deadline`` (loop time); what the
+    closing interrupts is raised as a ``TimeoutError``."""
+    fired = False
+
+    def close() -> None:
+        nonlocal fired
+        fired = True
+        conn.terminate()
+
+    timer = asyncio.get_running_loop().call_at(deadline, close)
+    try:
+        yield
+    except _CLOSED_ERRORS as exc:
+        if not fired:
+            raise
+        raise TimeoutError(
+            f"PostgreSQL did not answer within {budget:g}s (command_timeout); "
+            f"the connection was closed"
+        ) from exc
+    finally:
+        timer.cancel()
+
+
+class BoundedPool:
+    """The backend's view of its asyncpg pool: each call, from getting a connection to
+    handing it back, bounded by ``budget`` seconds (or the call's own ``timeout``).
+
+    With no budget (a backend without ``command_timeout``) calls are the pool's own.
+    """
+
+    def __init__(self, pool: asyncpg.Pool[asyncpg.Record], budget: float | None) -> None:
+        self.pool = pool
+        self.budget = budget
+
+    @asynccontextmanager
+    async def acquire(
+        self,
+        timeout: float | None = None,  # noqa: ASYNC109 - asyncpg's signature, as below
+    ) -> AsyncIterator[Proxy]:
+        """A pooled connection for one call, closed if the call outlives its budget."""
+        budget = timeout if timeout is not None else self.budget
+        if budget is None:
+            async with self.pool.acquire() as conn:
+                yield conn
+            return
+        deadline = asyncio.get_running_loop().time() + budget
+        conn = await self.pool.acquire(timeout=budget)  # a connect included
+        with _closed_at(conn, deadline, budget):
+            try:
+                yield conn
+            finally:
+                # Inside the deadline: should asyncpg's own statement timeout fire first,
+                # the release waits for its cancel request, which a stalled network
+                # never delivers.
+                await self.pool.release(conn)
+
+    async def execute(
+        self,
+        query: str,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> str:
+        async with self.acquire(timeout) as conn:
+            status: str = await conn.execute(query, *args, timeout=timeout)
+            return status
+
+    async def fetch(
+        self,
+        query: str,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> list[asyncpg.Record]:
+        async with self.acquire(timeout) as conn:
+            return await conn.fetch(query, *args, timeout=timeout)
+
+    async def fetchrow(
+        self,
+        query: str,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> asyncpg.Record | None:
+        async with self.acquire(timeout) as conn:
+            return await conn.fetchrow(query, *args, timeout=timeout)
+
+    async def fetchval(
+        self,
+        query: str,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Any:
+        async with self.acquire(timeout) as conn:
+            return await conn.fetchval(query, *args, timeout=timeout)
+
+
+class PinnedConnection:
+    """One pool connection kept checked out for the backend's one-statement writes
+    (a one-job enqueue), used while idle; a concurrent caller goes to the pool.
+
+    asyncpg's acquire and release take several event-loop turns, about as long
+    as a one-row INSERT on a small machine. Any error hands the connection back
+    to the pool, which waits out a cancelled query or replaces a broken
+    connection; the next call pins another. Each call has the pool's budget, as
+    :class:`BoundedPool`'s do.
+    """
+
+    def __init__(self, pool: BoundedPool) -> None:
+        self._pool = pool
+        self._conn: Proxy | None = None
+        self._busy = False
+
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        """``Pool.fetch``, on the pinned connection when it is idle."""
+        result: list[asyncpg.Record] = await self._run("fetch", query, args)
+        return result
+
+    async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
+        """``Pool.fetchrow``, on the pinned connection when it is idle."""
+        result: asyncpg.Record | None = await self._run("fetchrow", query, args)
+        return result
+
+    async def _run(self, method: str, query: str, args: tuple[Any, ...]) -> Any:
+        if self._busy:
+            return await getattr(self._pool, method)(query, *args)
+        self._busy = True
+        pool, budget = self._pool.pool, self._pool.budget
+        deadline = None if budget is None else asyncio.get_running_loop().time() + budget
+        conn = self._conn
+        kept = False
+        try:
+            if conn is None:
+                conn = self._conn = await pool.acquire(timeout=budget)
+            bounded = (
+                nullcontext()
+                if budget is None or deadline is None
+                else _closed_at(conn, deadline, budget)
+            )
+            with bounded:
+                try:
+                    result = await getattr(conn, method)(query, *args)
+                    kept = True
+                    return result
+                finally:
+                    # Handed back on an error, or when release() came meanwhile.
+                    if not kept or self._conn is not conn:
+                        if self._conn is conn:
+                            self._conn = None
+                        await pool.release(conn)
+        finally:
+            self._busy = False
+
+    async def release(self) -> None:
+        """Hand the connection back now (before the pool closes, or so that a
+        credential reload replaces it); a later call pins another."""
+        conn, self._conn = self._conn, None
+        if conn is not None and not self._busy:  # a busy call hands it back itself
+            await self._pool.pool.release(conn)

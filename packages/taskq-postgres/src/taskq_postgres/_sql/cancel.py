@@ -25,6 +25,9 @@ CANCEL_JOBS: Final = (
 -- (the first request's time is kept) and their worker is told: one notify on the
 -- events channel ($2) and one on the worker's own channel (prefix $3) per worker,
 -- never one per row; none when $2 is NULL (poll-only). $1 reason.
+-- The updates decide on target's status, never on their own read of j: target locked
+-- the row, and a status change that committed while it waited for the lock (a dispatch,
+-- a snooze) is in target's re-read row, not in the statement's snapshot.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 target AS (
     SELECT j.id, j.status, j.created_at
@@ -38,7 +41,6 @@ cancelled AS (
         cancel_requested_at = n.ts, cancel_reason = $1::text
     FROM target t CROSS JOIN now n
     WHERE j.id = t.id AND t.status IN ('pending', 'scheduled')
-      AND j.status IN ('pending', 'scheduled')
     RETURNING j.id, j.created_at, t.status AS from_status
 ),
 requested AS (
@@ -47,7 +49,7 @@ requested AS (
         cancel_requested_at = coalesce(j.cancel_requested_at, n.ts),
         cancel_reason = coalesce($1::text, j.cancel_reason)
     FROM target t CROSS JOIN now n
-    WHERE j.id = t.id AND t.status = 'running' AND j.status = 'running'
+    WHERE j.id = t.id AND t.status = 'running'
     RETURNING j.id, j.created_at, j.locked_by_worker
 ),
 events AS (
@@ -60,7 +62,8 @@ events AS (
                                                     'reason', $1::text)) AS detail
         FROM cancelled c
         UNION ALL
-        SELECT r.id, r.created_at, 'cancel_requested', jsonb_build_object('reason', $1::text)
+        SELECT r.id, r.created_at, 'cancel_requested',
+               jsonb_strip_nulls(jsonb_build_object('reason', $1::text))
         FROM requested r
     ) e
     ORDER BY e.created_at, e.job_id

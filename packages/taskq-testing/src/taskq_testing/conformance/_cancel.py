@@ -60,7 +60,7 @@ class CancelTests:
         assert after.cancel_phase == CancelPhase.COOPERATIVE
         assert after.cancel_reason == "stop"
         [_, requested] = await backend.get_events(job.id)
-        assert requested.kind == "cancel_requested"
+        assert (requested.kind, requested.detail) == ("cancel_requested", {"reason": "stop"})
         assert_utc(after.cancel_requested_at)
         assert_close(after.cancel_requested_at, requested.occurred_at)
         assert after.finished_at is None
@@ -89,6 +89,14 @@ class CancelTests:
             assert not theirs.is_set()
             assert await backend.write_cancel_request(others.id, "stop")
             await wait_for_wake(theirs)
+
+    @covers("write_cancel_request")
+    async def test_a_request_without_a_reason_records_none(self, backend: Backend) -> None:
+        job = await running_job(backend, worker_id=uuid4())
+        assert await backend.write_cancel_request(job.id, None)
+        [_, requested] = await backend.get_events(job.id)
+        assert (requested.kind, requested.detail) == ("cancel_requested", {})
+        assert (await fetch(backend, job.id)).cancel_reason is None
 
     @pytest.mark.parametrize("phase", [CancelPhase.COOPERATIVE, CancelPhase.FORCED])
     @covers("write_cancel_request")

@@ -75,12 +75,21 @@ class _CancelController:
                 _log.info("taskq.cancel-observed", job_id=str(flag.job_id), reason=flag.reason)
             if flag.cancel_phase is CancelPhase.FORCED and active.cancel_phase < CancelPhase.FORCED:
                 active.cancel_phase = CancelPhase.FORCED  # already escalated: no second write
-                if active.task is not None:
+                if active.task is not None and not active.settling:
                     active.task.cancel()
         grace = state.settings.cancellation_grace_period.total_seconds()
         cleanup = grace + state.settings.cleanup_grace_period.total_seconds()
         for job_id, active in list(state.active.items()):
-            if active.cancel_observed_at is None or active.task is None or active.task.done():
+            # Not a job whose actor returned (its outcome write may be retrying through a
+            # blip: cancelling it lost the result and ran the job again), nor one whose
+            # lock was lost (its writes are no longer this worker's).
+            if (
+                active.cancel_observed_at is None
+                or active.task is None
+                or active.task.done()
+                or active.settling
+                or active.lost
+            ):
                 continue
             waited = loop.time() - active.cancel_observed_at
             if active.cancel_phase is CancelPhase.COOPERATIVE and waited >= grace:

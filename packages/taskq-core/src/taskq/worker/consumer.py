@@ -174,6 +174,10 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     passthrough: dict[str, Any] = {actor.payload_parameter: payload}
     if actor.wants_context:
         passthrough[CONTEXT_PARAMETER] = ctx
+    if active is not None and active.cancel_requested:
+        # Cancelled while it waited for a slot here (prefetched): never started.
+        await _cancelled(state, row, ctx)
+        return
     limit = _attempt_limit(row)
     if limit is not None and limit.seconds <= 0:
         # Dispatched past its deadline (before the sweep failed it): never started.
@@ -190,39 +194,12 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         if not await _stopped(state, row, ctx):
             raise
         return
-    except Snooze as snooze:
-        snooze_delay = snooze.delay
-        outcome = await write_retrying(
-            state,
-            "snooze",
-            lambda: backend.mark_snoozed(
-                row.id,
-                wid,
-                snooze_delay,
-                progress_seq=ctx.progress_seq,
-                progress_state=ctx.progress_state,
-                attempt=row.attempt,
-            ),
-        )
-        if outcome == "noop":
-            _ownership_lost(row, "snooze")
-        return
-    except RetryAfter as retry_after:
-        retry_delay = retry_after.delay
-        verdict = await write_retrying(
-            state,
-            "retry_after",
-            lambda: backend.mark_retry_after(
-                row.id,
-                wid,
-                retry_delay,
-                progress_seq=ctx.progress_seq,
-                progress_state=ctx.progress_state,
-                attempt=row.attempt,
-            ),
-        )
-        if verdict == "noop":
-            _ownership_lost(row, "retry_after")
+    except (Snooze, RetryAfter) as signal:
+        # Told to stop first: a cancelled job is not rescheduled (it would come back
+        # with its cancel flag set), an interrupted one is handed back as such.
+        if ctx.cancel_event.is_set() and await _stopped(state, row, ctx):
+            return
+        await _reschedule(state, row, ctx, signal)
         return
     except Exception as exc:  # noqa: BLE001 - every actor error becomes an outcome
         if ctx.cancel_event.is_set() and await _stopped(state, row, ctx):
@@ -249,6 +226,32 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     if ok is False and not await _our_success_landed(state, row):
         _ownership_lost(row, "succeeded")
     _log.debug("taskq.job-succeeded")
+
+
+async def _reschedule(
+    state: WorkerState, row: JobRow, ctx: Context, signal: Snooze | RetryAfter
+) -> None:
+    """Write what the actor asked for: a snooze, or a retry after a delay."""
+    backend = state.backend
+    name, mark = (
+        ("snooze", backend.mark_snoozed)
+        if isinstance(signal, Snooze)
+        else ("retry_after", backend.mark_retry_after)
+    )
+    verdict = await write_retrying(
+        state,
+        name,
+        lambda: mark(
+            row.id,
+            state.worker_id,
+            signal.delay,
+            progress_seq=ctx.progress_seq,
+            progress_state=ctx.progress_state,
+            attempt=row.attempt,
+        ),
+    )
+    if verdict == "noop":
+        _ownership_lost(row, name)
 
 
 async def _our_success_landed(state: WorkerState, row: JobRow) -> bool:

@@ -1,0 +1,123 @@
+"""Cancellation in one worker process on the in-memory backend: what a cancel request
+does to a job that snoozes, whose outcome is being written, or that has not started."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from taskq import Context, JobStatus, RetryAfter, Snooze, TaskQ, actor
+from taskq.backend.memory import InMemoryBackend
+from taskq_testing import run_until_idle
+
+_GRACES = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "100ms"}
+
+
+@pytest.mark.parametrize("signal", [Snooze, RetryAfter])
+async def test_a_snooze_raised_after_a_cancel_ends_the_job_cancelled(
+    signal: type[Snooze | RetryAfter],
+) -> None:
+    # Rescheduled, the job came back with its cancel flag set, snoozed again, and never
+    # ended (a RetryAfter one ended failed).
+    started = asyncio.Event()
+
+    @actor(name="snoozes_when_told")
+    async def snoozes(payload: dict[str, Any], ctx: Context) -> None:
+        started.set()
+        await ctx.cancel_event.wait()
+        raise signal(0.01)
+
+    tq = TaskQ("memory://", actors=[snoozes])
+    async with tq:
+        job = await tq.client.enqueue(snoozes, {})
+        runner = asyncio.create_task(run_until_idle(tq, **_GRACES))
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.wait_for(runner, 10)
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+    assert row is not None and row.status is JobStatus.CANCELLED
+    assert [a.outcome for a in attempts] == ["cancelled"]
+
+
+class _SuccessWritesFail(InMemoryBackend):
+    """Success writes fail (a database blip) while ``away`` is set."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.away = False
+        self.failed = asyncio.Event()
+
+    def _check(self) -> None:
+        if self.away:
+            self.failed.set()
+            raise ConnectionRefusedError("database away")
+
+    async def mark_succeeded(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return await super().mark_succeeded(*args, **kwargs)
+
+    async def mark_succeeded_many(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return await super().mark_succeeded_many(*args, **kwargs)
+
+
+async def test_a_cancel_does_not_escalate_over_a_finished_jobs_outcome_write() -> None:
+    # The escalation cancelled the task writing the success: the job was handed back
+    # and its actor ran a second time.
+    runs = 0
+
+    @actor(name="finishes_at_once")
+    async def finishes(payload: dict[str, Any]) -> str:
+        nonlocal runs
+        runs += 1
+        backend.away = True
+        return "done"
+
+    backend = _SuccessWritesFail()
+    tq = TaskQ("memory://", actors=[finishes], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(finishes, {})
+        runner = asyncio.create_task(run_until_idle(tq, **_GRACES))
+        await asyncio.wait_for(backend.failed.wait(), 5)
+        assert await tq.client.cancel(job.id)  # still running: the success is not in
+        await asyncio.sleep(0.6)  # heartbeats see it; past both graces
+        backend.away = False
+        await asyncio.wait_for(runner, 10)
+        row = await tq.client.get(job.id)
+    assert runs == 1
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+
+
+async def test_a_job_cancelled_before_it_starts_never_runs() -> None:
+    # Locked by this worker (prefetched) and cancelled while it waited for a slot: it
+    # used to start with its cancel already overdue, and be forced at the next tick.
+    release = asyncio.Event()
+    ran: list[str] = []
+
+    @actor(name="holds_the_slot")
+    async def holds(payload: dict[str, Any]) -> None:
+        ran.append(payload["name"])
+        await release.wait()
+
+    tq = TaskQ("memory://", actors=[holds])
+    async with tq:
+        first = await tq.client.enqueue(holds, {"name": "first"})
+        second = await tq.client.enqueue(holds, {"name": "second"})
+        runner = asyncio.create_task(run_until_idle(tq, concurrency=1, prefetch=1, **_GRACES))
+        for _ in range(500):  # until the second is locked here, waiting for the slot
+            row = await tq.client.get(second.id)
+            if row is not None and row.status is JobStatus.RUNNING:
+                break
+            await asyncio.sleep(0.01)
+        assert await tq.client.cancel(second.id)
+        await asyncio.sleep(0.3)  # the heartbeat sees the request
+        release.set()
+        await asyncio.wait_for(runner, 10)
+        rows = [await tq.client.get(j.id) for j in (first, second)]
+        attempts = await tq.client.get_attempts(second.id)
+    assert ran == ["first"]
+    assert [r.status for r in rows if r] == [JobStatus.SUCCEEDED, JobStatus.CANCELLED]
+    assert [a.outcome for a in attempts] == ["cancelled"]

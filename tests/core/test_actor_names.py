@@ -39,3 +39,26 @@ def test_a_plain_function_is_refused_with_the_fix() -> None:
 def test_an_empty_name_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="name must not be empty"):
         _named("")
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"name": "n\x00ul"}, "actor: .*must not contain NUL"),
+        ({"name": "n" * 257}, "actor: .*at most 256 bytes"),
+        ({"queue": ""}, "queue: String should have at least 1 character"),
+        ({"queue": "a\x00b"}, "queue: .*must not contain NUL"),
+        ({"timeout": 40_000 * 86_400}, "timeout: .*must be at most 36500 days"),
+        ({"result_ttl": float("nan")}, "result_ttl takes a timedelta or seconds"),
+        ({"schedule_to_close": 1e30}, "schedule_to_close takes a timedelta or seconds"),
+    ],
+)
+def test_options_no_enqueue_could_take_are_refused_at_the_decoration(
+    options: dict[str, Any], error: str
+) -> None:
+    # Accepted, they made every enqueue fail, blaming options its caller never gave.
+    with pytest.raises(ConfigurationError, match=error):
+
+        @actor(**options)
+        async def job(payload: dict[str, Any]) -> None:
+            return None

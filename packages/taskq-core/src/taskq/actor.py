@@ -17,7 +17,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, get_type_hints, overload
 from pydantic import TypeAdapter, ValidationError
 
 from taskq.errors import ConfigurationError, PayloadValidationError
-from taskq.models import INT32_MAX, INT32_MIN
+from taskq.models import INT32_MAX, INT32_MIN, EnqueueArgs
 from taskq.retry import Backoff, ExponentialBackoff, RetryClassifier
 
 __all__ = ["Actor", "ActorOptions", "actor", "actors_by_name"]
@@ -31,7 +31,12 @@ CONTEXT_PARAMETER = "ctx"
 def _as_timedelta(value: timedelta | float | None, option: str) -> timedelta | None:
     if value is None:
         return None
-    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    try:
+        delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    except (OverflowError, ValueError, TypeError):
+        raise ConfigurationError(
+            f"@actor option {option} takes a timedelta or seconds, got {value!r}"
+        ) from None
     if delta <= timedelta(0):
         raise ConfigurationError(f"@actor option {option} must be positive, got {value!r}")
     return delta
@@ -190,9 +195,27 @@ def actor(
             result_ttl=_as_timedelta(result_ttl, "result_ttl"),
             identity_key=identity_key,
         )
+        _check_enqueueable(options)
         return Actor(func, options)
 
     return decorate(fn) if fn is not None else decorate
+
+
+def _check_enqueueable(options: ActorOptions) -> None:
+    """Refuse, at the decoration, what every enqueue of the actor would refuse (a queue
+    name or a duration no job can hold)."""
+    try:
+        EnqueueArgs(
+            actor=options.name,
+            queue=options.queue,
+            timeout=options.timeout,
+            schedule_to_close=options.schedule_to_close,
+            result_ttl=options.result_ttl,
+        )
+    except ValidationError as exc:
+        raise ConfigurationError(
+            f"@actor {options.name!r}: {validation_problems(exc, 'options')}"
+        ) from None
 
 
 def validation_problems(exc: ValidationError, whole: str) -> str:

@@ -156,6 +156,20 @@ INT32_MAX: Final = 2**31 - 1
 MAX_DURATION: Final = timedelta(days=36_500)
 """The longest delay, deadline, timeout or result TTL: a century."""
 
+MAX_NAME_BYTES: Final = 256
+"""The longest actor or queue name, in UTF-8 bytes."""
+MAX_KEY_BYTES: Final = 1000
+"""The longest idempotency, identity or fairness key, in UTF-8 bytes. With two names
+they fit one Postgres index entry (at most 2,704 bytes): a longer one could not be
+indexed, and a job delayed past the check would stop every scheduled job's promotion."""
+
+
+def _at_most_bytes(value: str, limit: int) -> str:
+    size = len(value.encode())
+    if size > limit:
+        raise ValueError(f"must be at most {limit} bytes of UTF-8, got {size}")
+    return value
+
 
 class EnqueueArgs(_Model):
     """Everything a backend needs to insert one job.
@@ -199,6 +213,30 @@ class EnqueueArgs(_Model):
         # keys (or queues) one.
         if value is not None and "\x00" in value:
             raise ValueError("must not contain NUL characters (\\x00)")
+        return value
+
+    @field_validator("actor", "queue")
+    @classmethod
+    def _short_name(cls, value: str) -> str:
+        return _at_most_bytes(value, MAX_NAME_BYTES)
+
+    @field_validator("idempotency_key", "identity_key", "fairness_key")
+    @classmethod
+    def _short_key(cls, value: str | None) -> str | None:
+        return None if value is None else _at_most_bytes(value, MAX_KEY_BYTES)
+
+    @field_validator("metadata")
+    @classmethod
+    def _batch_id_is_a_uuid(cls, value: dict[str, Any]) -> dict[str, Any]:
+        batch_id = value.get("batch_id")
+        if batch_id is not None:
+            try:
+                UUID(str(batch_id))
+            except ValueError:
+                raise ValueError(
+                    f"metadata['batch_id'] names the job's batch and must be a UUID, "
+                    f"not {batch_id!r}"
+                ) from None
         return value
 
     @field_validator("delay", "schedule_to_close", "timeout", "result_ttl")

@@ -22,6 +22,10 @@ REPLACEMENT_CHARACTER: Final = "\ufffd"
 # A \u0000 escape that is not itself escaped: preceded by an even number of backslashes.
 _JSON_NUL: Final = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 
+_MAX_INT_DIGITS: Final = 4300
+"""The longest integer the JSON reader takes back (as Python's ``int`` from text)."""
+_LONG_DIGIT_RUN: Final = re.compile(f"[0-9]{{{_MAX_INT_DIGITS + 1}}}")
+
 _V = TypeVar("_V")
 
 
@@ -40,7 +44,8 @@ def clean_text(value: str | None) -> str | None:
 
 def dump_json(value: Any) -> str:
     """``value`` as the JSON text a backend stores (``\\u0000`` escapes replaced);
-    ``ValueError`` for a NaN or infinite number, which JSON cannot hold.
+    ``ValueError`` for a NaN or infinite number, which JSON cannot hold, and for an
+    integer of more than 4,300 digits, which could be stored but never read back.
 
     pydantic-core's serializer: compact, UTF-8 as is, and about ten times faster than
     ``json.dumps`` on a small object (it runs for every payload a COPY enqueues).
@@ -49,6 +54,9 @@ def dump_json(value: Any) -> str:
     if "NaN" in text or "Infinity" in text:
         # Maybe only inside strings: the parser tells a bare constant apart.
         json.loads(text, parse_constant=_refuse_constant)
+    if len(text) > _MAX_INT_DIGITS and _LONG_DIGIT_RUN.search(text):
+        # Maybe only inside a string: the reader tells a number apart.
+        _refuse_unreadable(text)
     if "\\u0000" not in text:
         return text
     return _JSON_NUL.sub(r"\1\\ufffd", text)
@@ -59,6 +67,16 @@ def _refuse_constant(constant: str) -> NoReturn:
         f"{constant} is not a JSON number, and jobs store JSON: "
         f"send None or a string for it instead"
     )
+
+
+def _refuse_unreadable(text: str) -> None:
+    try:
+        from_json(text)
+    except ValueError:
+        raise ValueError(
+            f"an integer of more than {_MAX_INT_DIGITS} digits cannot be read back from "
+            f"JSON: send it as a string instead"
+        ) from None
 
 
 def load_json(text: str | None) -> Any:

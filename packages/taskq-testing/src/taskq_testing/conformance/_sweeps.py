@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import string
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from uuid import uuid4
@@ -9,6 +11,7 @@ from uuid import uuid4
 import pytest
 
 from taskq.backend import Backend, JobStatus
+from taskq.models import MAX_KEY_BYTES, MAX_NAME_BYTES
 from taskq_testing.conformance._support import (
     FAR,
     LONG_LEASE,
@@ -71,6 +74,39 @@ class SweepTests(TimeLimits):
         assert (event.detail["from_state"], event.detail["to_state"]) == ("scheduled", "pending")
         assert await backend.get(later.id) == later
         assert len(await backend.dispatch_batch(uuid4(), ["default"], 10, LONG_LEASE)) == 1
+
+    @covers("enqueue", "scheduled_to_pending", "dispatch_batch")
+    async def test_the_longest_names_and_keys_are_promoted_and_dispatched(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # At the limits together (in UTF-8 bytes): on Postgres they share index entries,
+        # and a delayed job whose entry could not be written stopped every promotion.
+        # Random text, as a repeated character would be compressed to nothing there.
+        rng = random.Random(7)
+
+        def text(size: int, two_byte: bool = False) -> str:
+            if two_byte:  # U+0100..U+07FF: two bytes each in UTF-8
+                return "".join(chr(rng.randrange(0x100, 0x800)) for _ in range(size // 2))
+            return "".join(rng.choices(string.ascii_letters + string.digits, k=size))
+
+        queue = text(MAX_NAME_BYTES, two_byte=True)
+        args = make_args(
+            actor=text(MAX_NAME_BYTES),
+            queue=queue,
+            delay=SHORT_LEASE,
+            idempotency_key=text(MAX_KEY_BYTES),
+            identity_key=text(MAX_KEY_BYTES, two_byte=True),
+            fairness_key=text(MAX_KEY_BYTES),
+        )
+        job = await backend.enqueue(args)
+        await expire_short_leases(advance_time)
+        assert await backend.scheduled_to_pending() == 1
+        [running] = await backend.dispatch_batch(uuid4(), [queue], 1, LONG_LEASE)
+        assert running.id == job.id
+        assert (running.identity_key, running.fairness_key) == (
+            args.identity_key,
+            args.fairness_key,
+        )
 
     @covers("deadline_sweep")
     async def test_deadline_sweep_fails_waiting_jobs_past_their_deadline(

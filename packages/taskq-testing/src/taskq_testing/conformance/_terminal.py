@@ -402,17 +402,24 @@ class TerminalWriteTests:
         assert done.progress_state == {"at": "\ufffd"}
 
     @pytest.mark.parametrize(
-        "bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"]
+        ("bad", "error"),
+        [
+            (float("nan"), "is not a JSON number"),
+            (float("inf"), "is not a JSON number"),
+            (float("-inf"), "is not a JSON number"),
+            (-(10**4300), "more than 4300 digits"),
+        ],
+        ids=["nan", "inf", "-inf", "long-int"],
     )
     @covers("mark_succeeded", "record_progress")
     async def test_numbers_json_cannot_hold_are_refused_and_change_nothing(
-        self, backend: Backend, bad: float
+        self, backend: Backend, bad: float, error: str
     ) -> None:
         worker = uuid4()
         job = await running_job(backend, worker_id=worker)
-        with pytest.raises(ValueError, match="is not a JSON number"):
+        with pytest.raises(ValueError, match=error):
             await backend.mark_succeeded(job.id, worker, {"ratio": [1.0, bad]})
-        with pytest.raises(ValueError, match="is not a JSON number"):
+        with pytest.raises(ValueError, match=error):
             await backend.record_progress(job.id, worker, 1, {"ratio": bad})
         assert await fetch(backend, job.id) == job
 

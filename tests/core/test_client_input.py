@@ -9,10 +9,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_serializer
 
-from taskq import TaskQ, actor
+from taskq import JobStatus, TaskQ, actor
 from taskq.backend import Backend
-from taskq.errors import EnqueueOptionsError
+from taskq.errors import EnqueueOptionsError, PayloadValidationError
 from taskq.models import INT32_MAX
 
 
@@ -94,4 +95,89 @@ async def test_enqueue_with_conn_needs_a_connection_on_postgres(pg_backend: Back
     tq = TaskQ("memory://", actors=[job], backend=pg_backend)
     with pytest.raises(TypeError, match="needs the caller's connection"):
         await tq.client.enqueue_with_conn(None, job, {})
+    assert await tq.client.list_jobs() == []
+
+
+class _Aliased(BaseModel):
+    user_id: int = Field(alias="userId")
+
+
+class _Computed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    x: int
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def doubled(self) -> int:
+        return 2 * self.x
+
+
+@actor(name="payloads.aliased")
+async def aliased(payload: _Aliased) -> int:
+    return payload.user_id
+
+
+@actor(name="payloads.computed")
+async def computed(payload: _Computed) -> int:
+    return payload.doubled
+
+
+async def test_payloads_are_stored_in_the_form_they_validate_back_from(
+    taskq_backend: Backend,
+) -> None:
+    # Stored as {"user_id": 7} and {"x": 1, "doubled": 2}, they failed validation at
+    # the worker every time: the actor never ran.
+    from taskq_testing import run_until_idle
+
+    tq = TaskQ("memory://", actors=[aliased, computed], backend=taskq_backend)
+    jobs = [
+        await tq.client.enqueue(aliased, {"userId": 7}),
+        await tq.client.enqueue(aliased, _Aliased(userId=8)),
+        await tq.client.enqueue(computed, {"x": 1}),
+    ]
+    assert [j.payload for j in jobs] == [{"userId": 7}, {"userId": 8}, {"x": 1}]
+    await run_until_idle(tq)
+    done = [await tq.client.get(j.id) for j in jobs]
+    assert [(r.status, r.result) for r in done if r] == [
+        (JobStatus.SUCCEEDED, 7),
+        (JobStatus.SUCCEEDED, 8),
+        (JobStatus.SUCCEEDED, 2),
+    ]
+
+
+class _Lossy(BaseModel):
+    when: int
+
+    @field_serializer("when")
+    def _as_words(self, value: int) -> str:
+        return f"at {value}"
+
+
+@actor(name="payloads.lossy")
+async def lossy(payload: _Lossy) -> None:
+    return None
+
+
+@actor(name="payloads.plain")
+async def plain(payload: dict[str, Any]) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("target", "payload", "error"),
+    [
+        (lossy, {"when": 3}, PayloadValidationError),  # "at 3" is no int
+        (plain, {"x": b"\xff"}, PayloadValidationError),  # no text, no JSON
+        (plain, {"x": object()}, PayloadValidationError),
+        (plain, {"x": float("nan")}, ValueError),  # was stored as null
+        (plain, {"x": [float("inf")]}, ValueError),
+    ],
+    ids=["serializer", "bytes", "object", "nan", "inf"],
+)
+async def test_a_payload_that_cannot_be_stored_as_given_is_refused(
+    taskq_backend: Backend, target: Any, payload: dict[str, Any], error: type[Exception]
+) -> None:
+    tq = TaskQ("memory://", actors=[lossy, plain], backend=taskq_backend)
+    with pytest.raises(error):
+        await tq.client.enqueue(target, payload)
     assert await tq.client.list_jobs() == []

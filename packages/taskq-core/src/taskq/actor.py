@@ -12,9 +12,10 @@ import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Generic, ParamSpec, TypeVar, get_type_hints, overload
+from typing import Any, Final, Generic, ParamSpec, TypeVar, get_type_hints, overload
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ConfigDict, PydanticUserError, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from taskq.errors import ConfigurationError, PayloadValidationError
 from taskq.models import INT32_MAX, INT32_MIN, EnqueueArgs
@@ -40,6 +41,19 @@ def _as_timedelta(value: timedelta | float | None, option: str) -> timedelta | N
     if delta <= timedelta(0):
         raise ConfigurationError(f"@actor option {option} must be positive, got {value!r}")
     return delta
+
+
+_KEEP_NAN: Final = ConfigDict(ser_json_inf_nan="constants")
+
+
+def _payload_adapter(payload_type: Any) -> TypeAdapter[Any]:
+    """The payload type's adapter. A dict or list payload keeps a NaN as a number when
+    serialised, so that storing refuses it (pydantic's default writes it as null); a
+    model, dataclass or TypedDict serialises as its own config says."""
+    try:
+        return TypeAdapter(payload_type, config=_KEEP_NAN)
+    except PydanticUserError:  # a type with a config of its own
+        return TypeAdapter(payload_type)
 
 
 @dataclass(frozen=True)
@@ -79,7 +93,7 @@ class Actor(Generic[P, R]):
         self.payload_parameter = params[0].name
         hints = get_type_hints(fn, include_extras=True)
         self.payload_type: Any = hints.get(self.payload_parameter, dict[str, Any])
-        self._adapter: TypeAdapter[Any] = TypeAdapter(self.payload_type)
+        self._adapter: TypeAdapter[Any] = _payload_adapter(self.payload_type)
         self.wants_context = CONTEXT_PARAMETER in {p.name for p in params[1:]}
         self.passthrough = frozenset({self.payload_parameter, CONTEXT_PARAMETER})
 
@@ -105,14 +119,36 @@ class Actor(Generic[P, R]):
             ) from exc
 
     def dump_payload(self, payload: Any) -> dict[str, Any]:
-        """Validate and serialise a payload to the JSON object stored on the job."""
+        """Validate and serialise a payload to the JSON object stored on the job.
+
+        Stored by alias and without computed fields, and refused unless that form
+        validates back (a serializer the type's own validation rejects): the worker
+        validates the stored payload before the actor runs, so what is accepted
+        here runs. A NaN or infinity is refused, unless a payload model's (or
+        dataclass's, TypedDict's) own config writes it as null, pydantic's default.
+        """
         value = self.validate_payload(payload)
-        dumped = self._adapter.serializer.to_python(value, mode="json")
+        try:
+            dumped = self._adapter.serializer.to_python(
+                value, mode="json", by_alias=True, round_trip=True
+            )
+        except (PydanticSerializationError, ValueError) as exc:  # UnicodeError included
+            raise PayloadValidationError(
+                f"payload for actor {self.name!r} cannot be stored as JSON: {exc}"
+            ) from exc
         if not isinstance(dumped, dict):
             raise PayloadValidationError(
                 f"payload for actor {self.name!r} must serialise to a JSON object, "
                 f"got {type(dumped).__name__}; use a pydantic model, dataclass, TypedDict or dict"
             )
+        try:
+            self._adapter.validator.validate_python(dumped)
+        except ValidationError as exc:
+            raise PayloadValidationError(
+                f"payload for actor {self.name!r} does not validate back from its stored "
+                f"form {dumped!r} (a serializer, alias or computed field its validation "
+                f"refuses): {validation_problems(exc, '<payload>')}"
+            ) from exc
         return dumped
 
     def identity_for(self, payload: Any) -> str | None:

@@ -190,3 +190,23 @@ async def test_dispatchers_racing_for_one_identity_start_one_job(
     running = await conn.fetch(f"SELECT id FROM {pg_schema.name}.jobs WHERE status = 'running'")
     assert [r["id"] for r in running] == [older.id]
     assert (await backend.get(newer.id)) is not None
+
+
+async def test_batches_sharing_idempotency_keys_in_other_orders_never_deadlock(
+    backend: PostgresBackend,
+) -> None:
+    # Inserted in each caller's order, two such batches waited on each other's
+    # speculative inserts crosswise: a third of the rounds raised DeadlockDetectedError.
+    for round_ in range(15):
+        keys = [f"r{round_}-{i}" for i in range(300)]
+
+        def batch(order: list[str]) -> list[EnqueueArgs]:
+            return [EnqueueArgs(actor="idem", queue="q1", idempotency_key=k) for k in order]
+
+        first, second = await asyncio.gather(
+            backend.enqueue_batch(batch(keys)), backend.enqueue_batch(batch(keys[::-1]))
+        )
+        assert [r.idempotency_key for r in first] == keys  # in the caller's order
+        by_key = {r.idempotency_key: r.id for r in first}
+        assert [by_key[r.idempotency_key] for r in second] == [r.id for r in second]
+    assert len(await backend.list_jobs(JobFilter(limit=10_000))) == 15 * 300

@@ -82,7 +82,9 @@ ins AS (
         n.ts + make_interval(secs => extract(epoch FROM i.schedule_to_close)), i.timeout, i.result_ttl, COALESCE(i.metadata::jsonb, '{}'),
         ARRAY(SELECT jsonb_array_elements_text(i.tags::jsonb)), i.trace_id, i.span_id, n.ts
     FROM input i CROSS JOIN now n
-    ORDER BY i.ord
+    -- In key order: batches sharing keys in different orders would otherwise wait on
+    -- each other's speculative inserts crosswise (a deadlock). Rows go back by id.
+    ORDER BY i.actor, i.idempotency_key, i.ord
     ON CONFLICT (actor, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING """
     + ", ".join(FRESH_COLUMNS)

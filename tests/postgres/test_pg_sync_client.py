@@ -199,6 +199,26 @@ def test_a_delay_of_days_is_exact(client: SyncJobsClient) -> None:
     assert row.scheduled_at - row.created_at == timedelta(days=200)
 
 
+def test_a_copy_on_a_connection_in_a_dst_zone_adds_exact_days(pg_pooled_schema: PgSchema) -> None:
+    # The clock came back in the session's zone, and days added to a zoned time are
+    # calendar days: across a DST change, 200 of them were 199 days and 23 hours.
+    with psycopg.connect(pg_pooled_schema.dsn, options="-c TimeZone=America/New_York") as conn:
+        client = SyncJobsClient(conn, actors=ACTORS, schema=pg_pooled_schema.name)
+        days = timedelta(days=200)
+        item_options = {"delay": days, "schedule_to_close": days}
+        assert (
+            client.enqueue_batch_fast(
+                [EnqueueItem(actor=item.name, payload={"n": 1}, options=item_options)]
+            )
+            == 1
+        )
+        conn.commit()
+    [row] = _stored(pg_pooled_schema)
+    assert row.scheduled_at - row.created_at == days
+    assert row.schedule_to_close_deadline is not None
+    assert row.schedule_to_close_deadline - row.created_at == days
+
+
 def test_threads_share_one_client(client: SyncJobsClient, pg_pooled_schema: PgSchema) -> None:
     def enqueue_some() -> None:
         for i in range(20):

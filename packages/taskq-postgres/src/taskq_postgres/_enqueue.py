@@ -17,7 +17,7 @@ and the psycopg sync client run the same logic.
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NamedTuple, TypeVar
 
 import asyncpg
@@ -268,7 +268,9 @@ class CopyFeed:
 
     def __init__(self, args: Iterable[EnqueueArgs], now: datetime) -> None:
         self._args = args
-        self._now = now
+        # In UTC: a caller's connection may read the clock in a zone of its own, where
+        # adding days adds calendar days (23 or 25 hours across a DST change).
+        self._now = now.astimezone(UTC)
         self.count = 0
         self.error: Exception | None = None
         self.identified: list[EnqueueArgs] = []

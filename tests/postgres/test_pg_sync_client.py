@@ -215,8 +215,8 @@ def test_a_copy_on_a_connection_in_a_dst_zone_adds_exact_days(pg_pooled_schema: 
         conn.commit()
     [row] = _stored(pg_pooled_schema)
     assert row.scheduled_at - row.created_at == days
-    assert row.schedule_to_close_deadline is not None
-    assert row.schedule_to_close_deadline - row.created_at == days
+    assert row.deadline_at is not None
+    assert row.deadline_at - row.created_at == days
 
 
 def test_threads_share_one_client(client: SyncJobsClient, pg_pooled_schema: PgSchema) -> None:

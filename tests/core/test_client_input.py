@@ -181,3 +181,27 @@ async def test_a_payload_that_cannot_be_stored_as_given_is_refused(
     with pytest.raises(error):
         await tq.client.enqueue(target, payload)
     assert await tq.client.list_jobs() == []
+
+
+async def test_inputs_one_backend_would_misread_are_refused_on_every_backend(
+    taskq_backend: Backend,
+) -> None:
+    from datetime import datetime
+    from uuid import uuid4
+
+    from pydantic import ValidationError
+
+    from taskq.models import JobFilter
+
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    kept = await tq.client.enqueue(job, {})
+    # Postgres took a naive cursor as UTC; memory could not compare it.
+    with pytest.raises(ValidationError, match="timezone"):
+        JobFilter(cursor=(datetime(2026, 1, 1), uuid4()))
+    # Memory enqueued (and committed) with no caller's transaction to join.
+    with pytest.raises(TypeError, match="needs the caller's connection"):
+        await tq.client.enqueue_with_conn(None, job, {})
+    # Postgres waited forever; memory gave up at once.
+    with pytest.raises(ValueError, match="not NaN"):
+        await tq.client.wait_for_result(kept.id, timeout=float("nan"))
+    assert [r.id for r in await tq.client.list_jobs()] == [kept.id]

@@ -299,7 +299,7 @@ async def test_client_batch_forms_retry_and_enqueue_with_conn() -> None:
             [EnqueueItem(actor="plain", payload={"i": 9}, options={"priority": 3})]
         )
         assert rows[0].priority == 3
-        via_conn = await c.enqueue_with_conn(None, plain, {"i": 10})
+        via_conn = await c.enqueue_with_conn(object(), plain, {"i": 10})  # memory ignores it
         assert (await c.get(via_conn.id)) is not None
         await Worker(tq, WorkerSettings.load({**SETTINGS, "until_idle": True}, env={})).run()
         failed = await c.list_jobs(status="failed")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any, Final
@@ -123,6 +124,8 @@ class JobsClient:
     ) -> JobRow:
         """Enqueue inside the caller's own transaction (asyncpg connection on Postgres):
         the job exists if and only if that transaction commits."""
+        if conn is None:  # on every backend: the in-memory one has no use for it
+            raise TypeError("enqueue_with_conn needs the caller's connection; use enqueue")
         args = self._build.args(actor, payload, options)
         await self._check_capacity({args.actor: 1})
         return await self._backend.enqueue_with_conn(conn, args)
@@ -248,6 +251,8 @@ class JobsClient:
         ``KeyError`` for an unknown job.
         """
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        if math.isnan(limit):
+            raise ValueError("wait_for_result timeout must be a number of seconds, not NaN")
         pause = 0.01
         # Read once before the clock runs: timeout=0 asks "is it done?", on every backend.
         row = await self._backend.get(job_id)

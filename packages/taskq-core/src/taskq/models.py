@@ -13,7 +13,14 @@ from datetime import datetime, timedelta
 from typing import Any, Final, Literal, Self, TypeAlias, TypeVar
 from uuid import UUID, uuid4
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from taskq.backend.statemachine import (
     ACTIVE_STATUSES,
@@ -412,8 +419,9 @@ class JobFilter(_Model):
     tags: tuple[str, ...] = ()
     """Jobs carrying every one of these tags."""
     order: Literal["asc", "desc"] = "asc"
-    cursor: tuple[datetime, UUID] | None = None
-    """Keyset cursor: only rows strictly after this (created_at, id) in ``order``."""
+    cursor: tuple[AwareDatetime, UUID] | None = None
+    """Keyset cursor: only rows strictly after this (created_at, id) in ``order``
+    (a time with its zone: a naive one would mean UTC to one backend, nothing to another)."""
     limit: int = Field(default=100, ge=1, le=10_000)
 
     @field_validator("status", mode="before")

@@ -959,9 +959,10 @@ class PostgresBackend:
         progress_state: dict[str, Any] | None = None,
         outcome: AttemptOutcome = "snoozed",
         attempt: int | None = None,
-    ) -> Literal["scheduled", "failed", "noop"]:
+    ) -> Literal["scheduled", "failed", "cancelled", "noop"]:
         """Run again after ``delay`` without using an attempt (``max_attempts + 1``);
-        ``failed`` when that would pass the deadline."""
+        ``failed`` when that would pass the deadline, ``cancelled`` when a cancel was
+        requested."""
         to_status = await self._db().fetchval(
             self._sql.mark_snoozed,
             job_id,
@@ -976,7 +977,9 @@ class PostgresBackend:
         if to_status is None:
             return "noop"
         self._wake_if_pending(to_status == "pending")
-        return "failed" if to_status == "failed" else "scheduled"
+        if to_status in ("failed", "cancelled"):
+            return cast(Literal["failed", "cancelled"], to_status)
+        return "scheduled"
 
     async def hand_back_unstarted(
         self, worker_id: UUID, jobs: Sequence[tuple[JobId, int | None]]
@@ -1009,9 +1012,12 @@ class PostgresBackend:
         progress_seq: int = 0,
         progress_state: dict[str, Any] | None = None,
         attempt: int | None = None,
-    ) -> Literal["scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded", "noop"]:
+    ) -> Literal[
+        "scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded", "cancelled", "noop"
+    ]:
         """Run again after ``delay``. With ``consume_budget=False`` (a rate-limit denial)
-        the attempt does not count: ``max_attempts`` grows by one."""
+        the attempt does not count: ``max_attempts`` grows by one. ``cancelled`` when a
+        cancel was requested."""
         result = await self._db().fetchval(
             self._sql.mark_retry_after,
             job_id,
@@ -1027,7 +1033,10 @@ class PostgresBackend:
         # "scheduled" covers both: no delay puts the job back in pending.
         self._wake_if_pending(result == "scheduled" and delay <= _NO_DELAY)
         return cast(
-            Literal["scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded"], result
+            Literal[
+                "scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded", "cancelled"
+            ],
+            result,
         )
 
     # -- history -------------------------------------------------------------------------

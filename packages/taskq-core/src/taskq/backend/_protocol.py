@@ -250,8 +250,8 @@ class Backend(Protocol):
     ) -> JobRow:
         """Record a failed attempt. With ``retry_delay`` and attempts left, and the
         retry not past the deadline, the job goes back to ``scheduled`` (``pending``
-        for a zero delay); otherwise to ``failed``. Returns the row after the write
-        (unchanged on a no-op)."""
+        for a zero delay), or to ``cancelled`` when a cancel was requested; otherwise
+        to ``failed``. Returns the row after the write (unchanged on a no-op)."""
         ...
 
     async def mark_cancelled(
@@ -297,9 +297,11 @@ class Backend(Protocol):
         progress_state: dict[str, Any] | None = None,
         outcome: AttemptOutcome = "snoozed",
         attempt: int | None = None,
-    ) -> Literal["scheduled", "failed", "noop"]:
+    ) -> Literal["scheduled", "failed", "cancelled", "noop"]:
         """Reschedule after ``delay`` without using an attempt (``max_attempts`` grows by
-        one). ``failed`` when the new time would pass the deadline."""
+        one). ``failed`` when the new time would pass the deadline; ``cancelled`` (the
+        job ends so) when a cancel was requested: a job with a cancel request is never
+        put back in the queue."""
         ...
 
     async def mark_retry_after(
@@ -312,9 +314,11 @@ class Backend(Protocol):
         progress_seq: int = 0,
         progress_state: dict[str, Any] | None = None,
         attempt: int | None = None,
-    ) -> Literal["scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded", "noop"]:
+    ) -> Literal[
+        "scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded", "cancelled", "noop"
+    ]:
         """Retry after ``delay``. ``consume_budget=False`` (rate-limit denial) does not
-        use an attempt."""
+        use an attempt. ``cancelled`` (the job ends so) when a cancel was requested."""
         ...
 
     # -- history -----------------------------------------------------------
@@ -523,8 +527,8 @@ class SupportsUnstartedHandBack(Protocol):
     Each job is judged on its own exactly as :meth:`Backend.mark_snoozed` with no
     delay and outcome ``interrupted`` judges it (running, held by ``worker_id``, on
     the given attempt when not None), and, when it acts, ends the same way: pending
-    again at once with its retry budget untouched (failed if its deadline passed),
-    one attempt row and one event.
+    again at once with its retry budget untouched (failed if its deadline passed,
+    cancelled if a cancel was requested), one attempt row and one event.
     """
 
     async def hand_back_unstarted(

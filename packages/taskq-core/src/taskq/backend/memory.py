@@ -86,6 +86,16 @@ _WAITING: frozenset[JobStatus] = frozenset({_S.PENDING, _S.SCHEDULED})
 _RETRYABLE: frozenset[JobStatus] = frozenset({_S.FAILED, _S.CRASHED, _S.CANCELLED, _S.ABANDONED})
 
 
+def _requeue(row: JobRow, now: datetime, delay: timedelta, changes: dict[str, Any]) -> JobStatus:
+    """Where a job put back in the queue goes: ``scheduled`` or ``pending`` (its new
+    time added to ``changes``), or ``cancelled`` when a cancel was requested, whoever
+    missed the request: such a job is never run again."""
+    if row.cancel_requested_at is not None:
+        return _S.CANCELLED
+    to, changes["scheduled_at"] = due_after(now, delay)
+    return to
+
+
 class InMemoryBackend:
     """A complete Backend kept in process memory (URL ``memory://``).
 
@@ -379,7 +389,7 @@ class InMemoryBackend:
             and row.attempt < row.max_attempts
             and (row.deadline_at is None or now + retry_delay <= row.deadline_at)
         ):
-            to, changes["scheduled_at"] = due_after(now, retry_delay)
+            to = _requeue(row, now, retry_delay, changes)
         else:
             to = _S.FAILED
         error = stored_error(error_info)
@@ -472,9 +482,10 @@ class InMemoryBackend:
         progress_state: dict[str, Any] | None = None,
         outcome: AttemptOutcome = "snoozed",
         attempt: int | None = None,
-    ) -> Literal["scheduled", "failed", "noop"]:
+    ) -> Literal["scheduled", "failed", "cancelled", "noop"]:
         """Run again after ``delay`` without using an attempt: ``max_attempts`` grows by
-        one so the attempt numbers stay unique. ``failed`` past the deadline."""
+        one so the attempt numbers stay unique. ``failed`` past the deadline,
+        ``cancelled`` when a cancel was requested."""
         row = self._store.owned(job_id, worker_id, attempt)
         if row is None:
             return "noop"
@@ -487,7 +498,7 @@ class InMemoryBackend:
             to = _S.FAILED
             attempt_error = changes["error"] = DEADLINE_EXCEEDED
         else:
-            to, changes["scheduled_at"] = due_after(now, delay)
+            to = _requeue(row, now, delay, changes)
         self._store.end_attempt(
             row,
             to,
@@ -499,7 +510,9 @@ class InMemoryBackend:
             progress_state=progress_state,
             **changes,
         )
-        return "failed" if to is _S.FAILED else "scheduled"
+        if to in (_S.FAILED, _S.CANCELLED):
+            return "failed" if to is _S.FAILED else "cancelled"
+        return "scheduled"
 
     async def hand_back_unstarted(
         self, worker_id: UUID, jobs: Sequence[tuple[JobId, int | None]]
@@ -524,9 +537,12 @@ class InMemoryBackend:
         progress_seq: int = 0,
         progress_state: dict[str, Any] | None = None,
         attempt: int | None = None,
-    ) -> Literal["scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded", "noop"]:
+    ) -> Literal[
+        "scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded", "cancelled", "noop"
+    ]:
         """Run again after ``delay``. With ``consume_budget=False`` (a rate-limit
-        denial) the attempt does not count: ``max_attempts`` grows by one."""
+        denial) the attempt does not count: ``max_attempts`` grows by one.
+        ``cancelled`` when a cancel was requested."""
         row = self._store.owned(job_id, worker_id, attempt)
         if row is None:
             return "noop"
@@ -534,7 +550,9 @@ class InMemoryBackend:
         changes: dict[str, Any] = {}
         if not consume_budget:
             changes["max_attempts"] = row.max_attempts + 1
-        result: Literal["scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded"]
+        result: Literal[
+            "scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded", "cancelled"
+        ]
         attempt_error = None
         if row.deadline_at is not None and now + delay > row.deadline_at:
             to, result = _S.FAILED, "failed:DeadlineExceeded"
@@ -546,8 +564,8 @@ class InMemoryBackend:
                 message=f"attempt {row.attempt} of {row.max_attempts} asked to retry",
             )
         else:
-            result = "scheduled"
-            to, changes["scheduled_at"] = due_after(now, delay)
+            to = _requeue(row, now, delay, changes)
+            result = "cancelled" if to is _S.CANCELLED else "scheduled"
         self._store.end_attempt(
             row,
             to,

@@ -45,7 +45,7 @@ _S = JobStatus
 _OWNED: Final = """
 owned AS (
     SELECT j.id, j.attempt, j.max_attempts, j.started_at, j.locked_by_worker,
-           j.schedule_to_close_deadline
+           j.schedule_to_close_deadline, j.cancel_requested_at
     FROM {schema}.jobs j
     WHERE j.id = $1 AND j.status = 'running' AND j.locked_by_worker = $2
       AND ($3::int IS NULL OR j.attempt = $3::int)
@@ -139,12 +139,21 @@ SELECT u.id FROM updated u
 """,
 )
 
+# The rest of a decision CASE that would put a job back in the queue, over owned
+# ``o``: a job whose cancel was requested is not run again, whoever missed the request
+# (it can land between the worker's cancel polls, or meet a shutdown's hand-back), but
+# ends cancelled; its attempt keeps the outcome it had.
+_REQUEUE: Final = """WHEN o.cancel_requested_at IS NOT NULL THEN 'cancelled'
+               WHEN {delay} > interval '0' THEN 'scheduled'
+               ELSE 'pending'"""
+
 MARK_FAILED_OR_RETRY: Final = TransitionSQL.of(
     _S.RUNNING,
-    (_S.FAILED, _S.SCHEDULED, _S.PENDING),
+    (_S.FAILED, _S.SCHEDULED, _S.PENDING, _S.CANCELLED),
     """
 -- arbiter: clock_timestamp() (retry at now + delay; the retry must not pass the deadline)
 -- $4..$6 the error, $7 retry delay (NULL: no retry), $8 progress_seq, $9 progress_state.
+-- A retry of a job whose cancel was requested ends it cancelled instead.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
     + _OWNED
     + """,
@@ -153,8 +162,9 @@ decision AS (
            CASE
                WHEN $7::interval IS NULL OR o.attempt >= o.max_attempts
                     OR n.ts + $7::interval > o.schedule_to_close_deadline THEN 'failed'
-               WHEN $7::interval > interval '0' THEN 'scheduled'
-               ELSE 'pending'
+               """
+    + _REQUEUE.format(delay="$7::interval")
+    + """
            END::{schema}.job_status AS to_status
     FROM owned o CROSS JOIN now n
 ),
@@ -162,9 +172,9 @@ updated AS (
     UPDATE {schema}.jobs j
     SET status = d.to_status, updated_at = d.ts,
         locked_by_worker = NULL, lock_expires_at = NULL,
-        scheduled_at = CASE WHEN d.to_status = 'failed' THEN j.scheduled_at
+        scheduled_at = CASE WHEN d.to_status IN ('failed', 'cancelled') THEN j.scheduled_at
                             ELSE d.ts + $7::interval END,
-        finished_at = CASE WHEN d.to_status = 'failed' THEN d.ts END,
+        finished_at = CASE WHEN d.to_status IN ('failed', 'cancelled') THEN d.ts END,
         error_class = $4, error_message = $5, error_traceback = $6,
         progress_seq = greatest(j.progress_seq, $8::bigint),
         progress_state = CASE WHEN $8::bigint > j.progress_seq THEN $9::text::jsonb
@@ -283,8 +293,9 @@ decision AS (
     SELECT o.*, n.ts, e.error_class, e.error_message,
            CASE
                WHEN e.error_class IS NOT NULL THEN 'failed'
-               WHEN $4::interval > interval '0' THEN 'scheduled'
-               ELSE 'pending'
+               """
+    + _REQUEUE.format(delay="$4::interval")
+    + """
            END::{schema}.job_status AS to_status
     FROM owned o CROSS JOIN now n
     LEFT JOIN (VALUES ("""
@@ -299,9 +310,9 @@ updated AS (
         max_attempts = j.max_attempts + 1,
         metadata = CASE WHEN $5::text IS NULL THEN j.metadata
                         ELSE j.metadata || $5::text::jsonb END,
-        scheduled_at = CASE WHEN d.to_status = 'failed' THEN j.scheduled_at
+        scheduled_at = CASE WHEN d.to_status IN ('failed', 'cancelled') THEN j.scheduled_at
                             ELSE d.ts + $4::interval END,
-        finished_at = CASE WHEN d.to_status = 'failed' THEN d.ts END,
+        finished_at = CASE WHEN d.to_status IN ('failed', 'cancelled') THEN d.ts END,
         error_class = coalesce(d.error_class, j.error_class),
         error_message = coalesce(d.error_message, j.error_message),
         error_traceback = CASE WHEN d.error_class IS NULL THEN j.error_traceback END,
@@ -332,7 +343,7 @@ SELECT u.status::text AS to_status FROM updated u
 
 MARK_SNOOZED: Final = TransitionSQL.of(
     _S.RUNNING,
-    (_S.SCHEDULED, _S.PENDING, _S.FAILED),
+    (_S.SCHEDULED, _S.PENDING, _S.FAILED, _S.CANCELLED),
     """
 -- arbiter: clock_timestamp() (run again at now + delay; the new time must not pass the deadline)
 -- The snooze gives back the attempt it does not use (max_attempts + 1), so attempt
@@ -349,7 +360,7 @@ WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
 _OWNED_MANY: Final = """
 owned AS (
     SELECT j.id, j.attempt, j.max_attempts, j.started_at, j.locked_by_worker,
-           j.schedule_to_close_deadline
+           j.schedule_to_close_deadline, j.cancel_requested_at
     FROM {schema}.jobs j
     JOIN (
         SELECT DISTINCT ON (i.id) i.id, i.attempt
@@ -364,7 +375,7 @@ owned AS (
 
 MARK_SNOOZED_MANY: Final = TransitionSQL.of(
     _S.RUNNING,
-    (_S.SCHEDULED, _S.PENDING, _S.FAILED),
+    (_S.SCHEDULED, _S.PENDING, _S.FAILED, _S.CANCELLED),
     """
 -- arbiter: clock_timestamp() (run again at now + delay; the new time must not pass the deadline)
 -- MARK_SNOOZED for a list, each job on its own guard: the shutdown's hand-back of the
@@ -378,7 +389,7 @@ WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
 
 MARK_RETRY_AFTER: Final = TransitionSQL.of(
     _S.RUNNING,
-    (_S.SCHEDULED, _S.PENDING, _S.FAILED),
+    (_S.SCHEDULED, _S.PENDING, _S.FAILED, _S.CANCELLED),
     """
 -- arbiter: clock_timestamp() (run again at now + delay; the new time must not pass the deadline)
 -- $4 delay, $5 consume_budget (false: a rate-limit denial that gives the attempt
@@ -390,8 +401,9 @@ decision AS (
     SELECT o.*, n.ts, r.result,
            CASE
                WHEN r.result <> 'scheduled' THEN 'failed'
-               WHEN $4::interval > interval '0' THEN 'scheduled'
-               ELSE 'pending'
+               """
+    + _REQUEUE.format(delay="$4::interval")
+    + """
            END::{schema}.job_status AS to_status,
            CASE r.result
                WHEN 'failed:DeadlineExceeded' THEN 'DeadlineExceeded'
@@ -417,9 +429,9 @@ updated AS (
     SET status = d.to_status, updated_at = d.ts,
         locked_by_worker = NULL, lock_expires_at = NULL,
         max_attempts = CASE WHEN $5::bool THEN j.max_attempts ELSE j.max_attempts + 1 END,
-        scheduled_at = CASE WHEN d.to_status = 'failed' THEN j.scheduled_at
+        scheduled_at = CASE WHEN d.to_status IN ('failed', 'cancelled') THEN j.scheduled_at
                             ELSE d.ts + $4::interval END,
-        finished_at = CASE WHEN d.to_status = 'failed' THEN d.ts END,
+        finished_at = CASE WHEN d.to_status IN ('failed', 'cancelled') THEN d.ts END,
         error_class = coalesce(d.error_class, j.error_class),
         error_message = coalesce(d.error_message, j.error_message),
         error_traceback = CASE WHEN d.error_class IS NULL THEN j.error_traceback END,
@@ -445,7 +457,8 @@ event AS (
     SELECT u.id, 'state_change', jsonb_build_object('from_state', 'running', 'to_state', u.status)
     FROM updated u
 )
-SELECT d.result FROM decision d JOIN updated u ON u.id = d.id
+SELECT CASE WHEN u.status = 'cancelled' THEN 'cancelled' ELSE d.result END AS result
+FROM decision d JOIN updated u ON u.id = d.id
 """,
 )
 

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from uuid import uuid4
+from datetime import timedelta
+from uuid import UUID, uuid4
 
 import pytest
 
-from taskq.backend import Backend, CancelPhase, JobStatus, SupportsWorkerCancelWake
-from taskq.models import CancelFlag, JobFilter
+from taskq.backend import (
+    Backend,
+    CancelPhase,
+    JobStatus,
+    SupportsUnstartedHandBack,
+    SupportsWorkerCancelWake,
+)
+from taskq.models import CancelFlag, ErrorInfo, JobFilter, JobRow
 from taskq_testing.conformance._support import (
     TICK,
     AdvanceTime,
@@ -21,6 +28,22 @@ from taskq_testing.conformance._support import (
     running_job,
     wait_for_wake,
 )
+
+
+async def _requeue(backend: Backend, how: str, job: JobRow, worker: UUID) -> object:
+    """Put a running job back in the queue the way ``how`` names; what the write says."""
+    if how == "retry":
+        row = await backend.mark_failed_or_retry(
+            job.id, worker, ErrorInfo(error_class="Boom", message="again"), timedelta(0)
+        )
+        return row.status
+    if how == "snooze":
+        return await backend.mark_snoozed(job.id, worker, timedelta(hours=1))
+    if how == "retry_after":
+        return await backend.mark_retry_after(job.id, worker, timedelta(0))
+    if not isinstance(backend, SupportsUnstartedHandBack):
+        pytest.skip(f"{type(backend).__name__} does not implement SupportsUnstartedHandBack")
+    return await backend.hand_back_unstarted(worker, [(job.id, job.attempt)])
 
 
 class CancelTests:
@@ -89,6 +112,53 @@ class CancelTests:
             assert not theirs.is_set()
             assert await backend.write_cancel_request(others.id, "stop")
             await wait_for_wake(theirs)
+
+    @pytest.mark.parametrize(
+        ("how", "said", "outcome"),
+        [
+            ("retry", JobStatus.CANCELLED, "failed"),
+            ("snooze", "cancelled", "snoozed"),
+            ("retry_after", "cancelled", "retry_after"),
+            ("hand_back", 1, "interrupted"),
+        ],
+    )
+    @covers(
+        "write_cancel_request",
+        "mark_failed_or_retry",
+        "mark_snoozed",
+        "mark_retry_after",
+        "hand_back_unstarted",
+    )
+    async def test_a_job_whose_cancel_was_requested_is_never_put_back_in_the_queue(
+        self, backend: Backend, how: str, said: object, outcome: str
+    ) -> None:
+        # The request can land between the worker's cancel polls (the attempt then fails
+        # or snoozes as if none came), or meet a shutdown's hand-back: requeued, the job
+        # ran again, and could even succeed, with "cancel requested" on its row.
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker)
+        assert await backend.write_cancel_request(job.id, "stop")
+        assert await _requeue(backend, how, job, worker) == said
+        after = await fetch(backend, job.id)
+        assert (after.status, after.locked_by_worker) == (JobStatus.CANCELLED, None)
+        assert_utc(after.finished_at)
+        [attempt] = await backend.get_attempts(job.id)
+        assert attempt.outcome == outcome
+        event = await last_event(backend, job.id)
+        assert (event.kind, event.detail["to_state"]) == ("state_change", "cancelled")
+        assert await backend.dispatch_batch(uuid4(), [job.queue], 10, timedelta(minutes=1)) == []
+
+    @covers("mark_failed_or_retry")
+    async def test_a_cancelled_jobs_last_attempt_failing_still_ends_failed(
+        self, backend: Backend
+    ) -> None:
+        # Nothing is put back: the failure is what happened.
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker, max_attempts=1)
+        assert await backend.write_cancel_request(job.id, "stop")
+        error = ErrorInfo(error_class="Boom", message="last")
+        row = await backend.mark_failed_or_retry(job.id, worker, error, timedelta(0))
+        assert row.status is JobStatus.FAILED
 
     @covers("write_cancel_request")
     async def test_a_request_without_a_reason_records_none(self, backend: Backend) -> None:

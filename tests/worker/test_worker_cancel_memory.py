@@ -121,3 +121,44 @@ async def test_a_job_cancelled_before_it_starts_never_runs() -> None:
     assert ran == ["first"]
     assert [r.status for r in rows if r] == [JobStatus.SUCCEEDED, JobStatus.CANCELLED]
     assert [a.outcome for a in attempts] == ["cancelled"]
+
+
+async def test_a_sync_actor_told_to_stop_ends_once_its_thread_has_returned() -> None:
+    # Its thread cannot be stopped. Written off at once, the job read "cancelled" while
+    # its code ran on, and the next sync job took the slot and waited for the thread
+    # its own timeout running.
+    import threading
+    import time
+
+    started, thread_done = threading.Event(), threading.Event()
+
+    @actor(name="sync_slow")
+    def slow(payload: dict[str, Any]) -> None:
+        started.set()
+        time.sleep(0.8)
+        thread_done.set()
+
+    @actor(name="sync_quick", timeout=1.0, max_attempts=1)
+    def quick(payload: dict[str, Any]) -> None:
+        time.sleep(0.1)
+
+    tq = TaskQ("memory://", actors=[slow, quick])
+    async with tq:
+        first = await tq.client.enqueue(slow, {})
+        second = await tq.client.enqueue(quick, {})
+        graces = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "5s"}
+        runner = asyncio.create_task(run_until_idle(tq, concurrency=1, **graces))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
+        assert await tq.client.cancel(first.id)
+        seen_while_running = set()
+        for _ in range(300):
+            row = await tq.client.get(first.id)
+            assert row is not None
+            if thread_done.is_set():
+                break
+            seen_while_running.add(row.status)
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(runner, 10)
+        rows = [await tq.client.get(j.id) for j in (first, second)]
+    assert seen_while_running == {JobStatus.RUNNING}
+    assert [r.status for r in rows if r] == [JobStatus.CANCELLED, JobStatus.SUCCEEDED]

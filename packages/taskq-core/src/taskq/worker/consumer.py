@@ -377,10 +377,10 @@ async def _invoke(
 
 
 async def _call(scope: ResolvedActorScope, executor: Executor, limit: _Limit | None) -> Any:
-    if limit is None:
-        return await scope.invoke(executor)
     if not scope.is_async:
         return await _call_in_thread(scope, executor, limit)
+    if limit is None:
+        return await scope.invoke(executor)
     deadline = asyncio.timeout(limit.seconds)
     try:
         async with deadline:
@@ -391,22 +391,40 @@ async def _call(scope: ResolvedActorScope, executor: Executor, limit: _Limit | N
         raise
 
 
-async def _call_in_thread(scope: ResolvedActorScope, executor: Executor, limit: _Limit) -> Any:
-    """A sync actor under a limit. Nothing can stop its thread: past the limit the
-    attempt has failed, but the outcome waits for the thread to return, so that no
-    retry (and no other job in its slot) runs alongside it."""
+async def _call_in_thread(
+    scope: ResolvedActorScope, executor: Executor, limit: _Limit | None
+) -> Any:
+    """A sync actor. Nothing can stop its thread: past its limit the attempt has failed,
+    and told to stop (a cancel, a shutdown) it is cancelled, but either outcome waits
+    for the thread to return, so that no retry (and no other job in its slot) runs
+    alongside it, and no job reads "cancelled" while its code runs on. A thread that
+    outlasts the cleanup grace is the cancel controller's to abandon, as a task that
+    ignores its cancellation is."""
     call = asyncio.ensure_future(scope.invoke(executor))
     try:
-        done, _ = await asyncio.wait({call}, timeout=limit.seconds)
+        done, _ = await asyncio.wait({call}, timeout=None if limit is None else limit.seconds)
         if call in done:
             return call.result()
+        assert limit is not None  # no limit: only the thread's return ends the wait
         _log.warning("taskq.sync-actor-past-limit", limit_seconds=limit.seconds)
         await asyncio.wait({call})
     except asyncio.CancelledError:
-        call.cancel()  # stops the wait, not the thread
+        await _thread_returned(call)
         raise
     call.exception()  # retrieved: the limit is the outcome, whatever the thread did
     raise limit.expired()
+
+
+async def _thread_returned(call: asyncio.Future[Any]) -> None:
+    """Wait for a sync actor's thread to return, through further cancellations (each
+    cancels the wait, not the thread); what it returned or raised is dropped."""
+    while not call.done():
+        try:
+            await asyncio.wait({call})
+        except asyncio.CancelledError:
+            continue
+    if not call.cancelled():
+        call.exception()
 
 
 async def _fail(

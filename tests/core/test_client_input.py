@@ -44,6 +44,11 @@ async def job(payload: dict[str, Any]) -> None:
         ({"delay": timedelta(days=100_000_000)}, "delay"),
         ({"delay": 1e20}, "out of range"),
         ({"tags": "urgent"}, "tags must be a list"),
+        ({"tags": None}, "tags must be a list"),
+        ({"delay": float("nan")}, "delay takes a timedelta or a number of seconds"),
+        ({"delay": "5"}, "delay takes .*there is no run-at option"),
+        ({"timeout": "1s"}, "timeout takes a timedelta or a number of seconds"),
+        ({"singleton": True}, "singleton=True needs an identity key"),
         ({"priorty": 1}, "unknown enqueue option.*priorty.*the options are"),
     ],
 )

@@ -67,13 +67,18 @@ def _or(value: timedelta | None, default: timedelta | None) -> timedelta | None:
     return default if value is None else value
 
 
-def _seconds(value: timedelta | float | None) -> timedelta | None:
+def _seconds(value: timedelta | float | None, option: str) -> timedelta | None:
     if value is None or isinstance(value, timedelta):
         return value
     try:
         return timedelta(seconds=value)
     except OverflowError:
-        raise EnqueueOptionsError(f"{value} seconds is out of range") from None
+        raise EnqueueOptionsError(f"{option}: {value} seconds is out of range") from None
+    except (ValueError, TypeError):  # NaN, a string, a datetime
+        raise EnqueueOptionsError(
+            f"{option} takes a timedelta or a number of seconds, not {value!r}"
+            + (" (there is no run-at option: give the delay)" if option == "delay" else "")
+        ) from None
 
 
 def _item_parts(
@@ -135,17 +140,17 @@ class ArgsBuilder:
         target = self.actor(actor)
         opts = target.options
         value = target.validate_payload(payload)
-        if isinstance(tags, str):
-            raise EnqueueOptionsError(f"tags must be a list of strings, not the string {tags!r}")
+        if isinstance(tags, str) or tags is None:
+            raise EnqueueOptionsError(f"tags must be a list of strings, not {tags!r}")
         # An option given (even 0 or "") is the job's, checked as such; None: the actor's.
         try:
-            return EnqueueArgs(
+            args = EnqueueArgs(
                 id=job_id or uuid4(),
                 actor=target.name,
                 queue=opts.queue if queue is None else queue,
                 payload=target.dump_payload(value),
                 priority=opts.priority if priority is None else priority,
-                delay=_seconds(delay),
+                delay=_seconds(delay, "delay"),
                 max_attempts=opts.max_attempts if max_attempts is None else max_attempts,
                 idempotency_key=idempotency_key,
                 identity_key=identity_key
@@ -153,9 +158,11 @@ class ArgsBuilder:
                 else target.identity_for(value),
                 singleton=singleton,
                 fairness_key=fairness_key,
-                schedule_to_close=_or(_seconds(schedule_to_close), opts.schedule_to_close),
-                timeout=_or(_seconds(timeout), opts.timeout),
-                result_ttl=_or(_seconds(result_ttl), opts.result_ttl),
+                schedule_to_close=_or(
+                    _seconds(schedule_to_close, "schedule_to_close"), opts.schedule_to_close
+                ),
+                timeout=_or(_seconds(timeout, "timeout"), opts.timeout),
+                result_ttl=_or(_seconds(result_ttl, "result_ttl"), opts.result_ttl),
                 metadata=dict(metadata or {}),
                 tags=list(tags),
             )
@@ -164,6 +171,12 @@ class ArgsBuilder:
                 f"invalid enqueue options for actor {target.name!r}: "
                 f"{validation_problems(exc, '<options>')}"
             ) from None
+        if args.singleton and args.identity_key is None:
+            raise EnqueueOptionsError(
+                f"singleton=True needs an identity key: pass identity_key=..., or declare "
+                f"@actor(identity_key=...) on {target.name!r} returning one for this payload"
+            )
+        return args
 
     def args(
         self, ref: ActorRef, payload: Any, options: Mapping[str, Any], job_id: UUID | None = None

@@ -162,3 +162,87 @@ async def test_a_sync_actor_told_to_stop_ends_once_its_thread_has_returned() -> 
         rows = [await tq.client.get(j.id) for j in (first, second)]
     assert seen_while_running == {JobStatus.RUNNING}
     assert [r.status for r in rows if r] == [JobStatus.CANCELLED, JobStatus.SUCCEEDED]
+
+
+async def test_an_abandoned_actor_that_returns_at_last_writes_and_blames_nothing() -> None:
+    # It used to try a success write, find the job no longer its own and warn that the
+    # lock "expired and was reclaimed", which is not what happened.
+    import structlog.testing
+
+    from taskq import WorkerSettings
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    started = asyncio.Event()
+
+    @actor(name="outlives_its_abandonment")
+    async def stubborn(payload: dict[str, Any]) -> str:
+        started.set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 0.8
+        while loop.time() < end:
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                continue
+        return "late"
+
+    tq = TaskQ("memory://", actors=[stubborn])
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        settings = {**TEST_SETTINGS, **_GRACES, "queues": ["default"], "until_idle": True}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        with structlog.testing.capture_logs() as logs:
+            running = asyncio.create_task(worker.run())
+            await asyncio.wait_for(started.wait(), 5)
+            assert await tq.client.cancel(job.id)
+            await asyncio.wait_for(running, 10)
+            await asyncio.gather(*worker.lingering_tasks())
+        row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.ABANDONED and row.result is None
+    events = [entry["event"] for entry in logs]
+    assert "taskq.job-abandoned" in events
+    assert "taskq.ownership-lost" not in events
+    assert "taskq.abandoned-job-returned" in events
+
+
+async def test_a_job_a_stop_left_behind_writes_nothing_when_its_actor_returns() -> None:
+    import structlog.testing
+
+    from taskq import WorkerSettings
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    started = asyncio.Event()
+
+    @actor(name="outlives_the_stop")
+    async def stubborn(payload: dict[str, Any]) -> str:
+        started.set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 1.5
+        while loop.time() < end:
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                continue
+        return "late"
+
+    tq = TaskQ("memory://", actors=[stubborn])
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        stop = {"drain_grace_period": "100ms", "termination_grace_period": "5s"}
+        settings = {**TEST_SETTINGS, **_GRACES, **stop, "queues": ["default"]}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        with structlog.testing.capture_logs() as logs:
+            running = asyncio.create_task(worker.run())
+            await asyncio.wait_for(started.wait(), 5)
+            worker.stop()
+            await asyncio.wait_for(running, 10)
+            await asyncio.gather(*worker.lingering_tasks())
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+    assert row is not None and row.status is JobStatus.PENDING  # handed back
+    assert [a.outcome for a in attempts] == ["interrupted"]
+    events = [entry["event"] for entry in logs]
+    assert "taskq.task-ignored-cancellation" in events
+    assert "taskq.ownership-lost" not in events

@@ -191,18 +191,18 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
             if active is not None:
                 state.settle(active)
     except asyncio.CancelledError:
-        if not await _stopped(state, row, ctx):
+        if not await _stopped(state, row, ctx, active):
             raise
         return
     except (Snooze, RetryAfter) as signal:
         # Told to stop first: a cancelled job is not rescheduled (it would come back
         # with its cancel flag set), an interrupted one is handed back as such.
-        if ctx.cancel_event.is_set() and await _stopped(state, row, ctx):
+        if ctx.cancel_event.is_set() and await _stopped(state, row, ctx, active):
             return
         await _reschedule(state, row, ctx, signal)
         return
     except Exception as exc:  # noqa: BLE001 - every actor error becomes an outcome
-        if ctx.cancel_event.is_set() and await _stopped(state, row, ctx):
+        if ctx.cancel_event.is_set() and await _stopped(state, row, ctx, active):
             return
         if isinstance(exc, _DeadlinePassed):
             _log.info("taskq.job-past-deadline")
@@ -215,7 +215,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         await _fail(state, row, exc, retry_delay=decision.delay, ctx=ctx)
         return
 
-    if ctx.cancel_event.is_set() and await _stopped(state, row, ctx):
+    if ctx.cancel_event.is_set() and await _stopped(state, row, ctx, active):
         return
     try:
         stored = _jsonable(result)
@@ -463,18 +463,24 @@ async def _fail_with(
         _ownership_lost(row, "failed_or_retry")
 
 
-async def _stopped(state: WorkerState, row: JobRow, ctx: Context) -> bool:
+async def _stopped(
+    state: WorkerState, row: JobRow, ctx: Context, started: ActiveJob | None
+) -> bool:
     """Write the outcome of a job that was told to stop; False when it is not ours to write.
 
     A user's cancel ends it ``cancelled``; a shutdown hands it back for another
     attempt (``interrupted``, no attempt used). A lost lock, or an abandonment
-    the cancel controller owns (the consumer skip guard), writes nothing.
+    the cancel controller owns (the consumer skip guard; ``started`` is the job's
+    entry when its attempt began, forgotten since if the abandonment was written),
+    writes nothing.
     """
+    if started is not None and started.cancel_phase >= CancelPhase.ABANDON_PENDING:
+        if state.active.get(row.id) is not started:
+            _log.info("taskq.abandoned-job-returned")  # at last: its outcome stands
+        return True
     active = state.active.get(row.id)
     if active is None or active.lost or active.row.attempt != row.attempt:
         return False
-    if active.cancel_phase >= CancelPhase.ABANDON_PENDING:
-        return True
     if active.cancel_requested:
         await _cancelled(state, row, ctx)
         return True

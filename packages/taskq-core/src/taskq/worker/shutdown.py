@@ -187,6 +187,8 @@ async def _abandon(state: WorkerState, active: ActiveJob) -> None:
             active.task.cancel()
     else:
         _log.error("taskq.task-ignored-cancellation", job_id=job_id)
+        # Its outcome is this write: should the task return at last, it writes nothing.
+        active.cancel_phase = CancelPhase.ABANDON_PENDING
         if active.interrupted:
             await hand_back(state, active.row, active.ctx, give_up=True)
         elif active.cancel_phase >= CancelPhase.FORCED:

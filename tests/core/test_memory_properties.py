@@ -381,6 +381,8 @@ class MemoryBackendMachine(RuleBasedStateMachine):
         )
         if not retries:
             assert after.status is JobStatus.FAILED
+        elif row.cancel_requested_at is not None:  # never put back in the queue
+            assert (after.status, after.finished_at) == (JobStatus.CANCELLED, now)
         elif retry_delay == timedelta(0):
             assert (after.status, after.scheduled_at) == (JobStatus.PENDING, now)
         else:
@@ -426,7 +428,10 @@ class MemoryBackendMachine(RuleBasedStateMachine):
             assert outcome == "noop"
             return
         late = row.deadline_at is not None and self.clock.now() + delay > row.deadline_at
-        assert outcome == ("failed" if late else "scheduled")
+        if late:
+            assert outcome == "failed"
+        else:
+            assert outcome == ("cancelled" if row.cancel_requested_at else "scheduled")
         assert self.current(job_id).max_attempts == row.max_attempts + 1
 
     @rule(
@@ -464,7 +469,7 @@ class MemoryBackendMachine(RuleBasedStateMachine):
         elif consume_budget and row.attempt >= row.max_attempts:
             assert outcome == "failed:MaxAttemptsExceeded"
         else:
-            assert outcome == "scheduled"
+            assert outcome == ("cancelled" if row.cancel_requested_at else "scheduled")
 
     # -- cancellation -------------------------------------------------------------------
     @rule(job_id=jobs, pick=running_pick, reason=st.none() | st.just("stop"))

@@ -28,21 +28,19 @@ from contextlib import (
     asynccontextmanager,
     nullcontext,
 )
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from itertools import chain
 from typing import Any, ClassVar, Final, Literal, cast
 from urllib.parse import urlsplit
 from uuid import UUID, uuid4
-from zoneinfo import ZoneInfo
 
 import asyncpg
-from croniter import croniter
 
 from taskq.backend import check_batch_size, check_protocol_version
 from taskq.backend._protocol import ScheduleFire
-from taskq.backend.cron import cron_slots
+from taskq.backend.cron import cron_slots, next_fire_at, skipped_slots
 from taskq.backend.storable import clean_text, dump_json
-from taskq.errors import ConfigurationError
+from taskq.errors import ConfigurationError, TaskQError
 from taskq.identifiers import validate_schema_name
 from taskq.models import (
     ActorConfig,
@@ -142,11 +140,9 @@ def _changed(status: str) -> int:
 
 def _next_fire_at(cron: str, timezone: str, enabled: bool, after: datetime) -> datetime | None:
     """The first cron time strictly after ``after`` read in ``timezone``, in UTC; None when
-    disabled. ``after`` is a server-clock reading, never the process clock."""
-    if not enabled:
-        return None
-    fire: datetime = croniter(cron, after.astimezone(ZoneInfo(timezone))).get_next(datetime)
-    return fire.astimezone(UTC)
+    disabled or past its last time. ``after`` is a server-clock reading, never the
+    process clock."""
+    return next_fire_at(cron, timezone, after) if enabled else None
 
 
 class _Params:
@@ -1333,7 +1329,12 @@ class PostgresBackend:
                 slots, following = cron_slots(schedule, record["now"], catch_up)
                 jobs = [args for slot in slots if (args := build(schedule, slot)) is not None]
                 if jobs:
-                    await self._enqueue(tx, jobs)
+                    try:
+                        async with tx.transaction():  # a savepoint: this schedule's alone
+                            await self._enqueue(tx, jobs)
+                    except (TaskQError, ValueError) as exc:
+                        skipped_slots(schedule, slots, exc)
+                        jobs = []
                 await tx.execute(
                     self._leader_sql.cron_advance,
                     schedule.id,

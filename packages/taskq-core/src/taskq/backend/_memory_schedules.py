@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from uuid import UUID, uuid4
-from zoneinfo import ZoneInfo
-
-from croniter import croniter
 
 from taskq.backend.clock import Clock
+from taskq.backend.cron import next_fire_at
 from taskq.backend.storable import stored_json
 from taskq.models import ScheduleCreateArgs, ScheduleRecord, ScheduleUpdateArgs
 
-__all__ = ["ScheduleTable", "next_fire_at"]
-
-
-def next_fire_at(cron: str, timezone: str, after: datetime) -> datetime:
-    """The first time ``cron`` matches strictly after ``after``, read in ``timezone``
-    (so "0 9 * * *" means 09:00 local, across DST changes), returned in UTC.
-
-    A sixth cron field gives seconds (croniter's default layout)."""
-    local_start = after.astimezone(ZoneInfo(timezone))
-    fire: datetime = croniter(cron, local_start).get_next(datetime)
-    return fire.astimezone(UTC)
+__all__ = ["ScheduleTable"]
 
 
 def _next_fire(cron: str, timezone: str, enabled: bool, now: datetime) -> datetime | None:
@@ -87,7 +75,9 @@ class ScheduleTable:
         self._rows[schedule_id] = updated
         return updated
 
-    def advance(self, schedule_id: UUID, following: datetime, fired: datetime | None) -> None:
+    def advance(
+        self, schedule_id: UUID, following: datetime | None, fired: datetime | None
+    ) -> None:
         """Move a schedule past the slots just fired (``fired``: the last of them)."""
         current = self._get(schedule_id)
         changes: dict[str, object] = {"next_fire_at": following}

@@ -7,22 +7,43 @@ use one arbiter.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Final
+from zoneinfo import ZoneInfo
 
-from taskq.backend._memory_schedules import next_fire_at
+import structlog
+from croniter import CroniterBadDateError, croniter
+
+from taskq.errors import SingletonCollisionError
 from taskq.models import ScheduleRecord
 
-__all__ = ["MAX_SLOTS_PER_TICK", "cron_slots"]
+__all__ = ["MAX_SLOTS_PER_TICK", "cron_slots", "next_fire_at", "skipped_slots"]
+
+_log = structlog.get_logger("taskq.leader")
 
 MAX_SLOTS_PER_TICK: Final = 1000
 """Slots one schedule may fire in one tick; the rest fire on the next ticks."""
 
 
+def next_fire_at(cron: str, timezone: str, after: datetime) -> datetime | None:
+    """The first time ``cron`` matches strictly after ``after``, read in ``timezone``
+    (so "0 9 * * *" means 09:00 local, across DST changes), returned in UTC; None
+    when it matches no later time (a one-shot whose year has passed).
+
+    A sixth cron field gives seconds, a seventh the year (croniter's layout)."""
+    local_start = after.astimezone(ZoneInfo(timezone))
+    try:
+        fire: datetime = croniter(cron, local_start).get_next(datetime)
+    except CroniterBadDateError:
+        return None
+    return fire.astimezone(UTC)
+
+
 def cron_slots(
     schedule: ScheduleRecord, now: datetime, catch_up: timedelta
-) -> tuple[list[datetime], datetime]:
-    """The slots of ``schedule`` to fire at ``now`` and its next ``next_fire_at``.
+) -> tuple[list[datetime], datetime | None]:
+    """The slots of ``schedule`` to fire at ``now`` and its next ``next_fire_at`` (None:
+    the cron has no later time, and the schedule is done).
 
     Slots from ``next_fire_at`` up to ``now`` fire, except those older than
     ``catch_up`` (a leader gap longer than that skips them: the schedule
@@ -33,7 +54,25 @@ def cron_slots(
     if slot is None or slot < cutoff:
         slot = next_fire_at(schedule.cron, schedule.timezone, cutoff)
     slots: list[datetime] = []
-    while slot <= now and len(slots) < MAX_SLOTS_PER_TICK:
+    while slot is not None and slot <= now and len(slots) < MAX_SLOTS_PER_TICK:
         slots.append(slot)
         slot = next_fire_at(schedule.cron, schedule.timezone, slot)
     return slots, slot
+
+
+def skipped_slots(schedule: ScheduleRecord, slots: list[datetime], exc: Exception) -> None:
+    """Say why a schedule's slots were not enqueued; the tick goes on with the others
+    and advances this one past them (a slot that cannot be enqueued now never can)."""
+    first, last = slots[0].isoformat(), slots[-1].isoformat()
+    if isinstance(exc, SingletonCollisionError):
+        # The schedule's singleton job of an earlier slot is still active.
+        _log.warning(
+            "taskq.schedule-slot-skipped",
+            schedule=schedule.name,
+            slots=(first, last),
+            reason="singleton-active",
+        )
+        return
+    _log.error(
+        "taskq.schedule-slot-skipped", schedule=schedule.name, slots=(first, last), error=repr(exc)
+    )

@@ -53,9 +53,10 @@ from taskq.backend._memory_store import (
 from taskq.backend._memory_sweeps import fail_past_deadline, promote_due, reclaim_expired
 from taskq.backend._protocol import Connection, ScheduleFire, check_protocol_version
 from taskq.backend.clock import Clock, SystemClock
-from taskq.backend.cron import cron_slots
+from taskq.backend.cron import cron_slots, skipped_slots
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
 from taskq.backend.storable import clean_text, stored_json
+from taskq.errors import TaskQError
 from taskq.models import (
     DEADLINE_EXCEEDED,
     ActorConfig,
@@ -906,8 +907,13 @@ class InMemoryBackend:
                 continue
             slots, following = cron_slots(schedule, now, catch_up)
             jobs = [args for slot in slots if (args := build(schedule, slot)) is not None]
-            plan = self._store.plan_inserts(jobs, now, idempotent=True)
-            self._store.insert(plan)
+            try:
+                plan = self._store.plan_inserts(jobs, now, idempotent=True)
+            except (TaskQError, ValueError) as exc:
+                skipped_slots(schedule, slots, exc)
+                jobs = []
+            else:
+                self._store.insert(plan)
             self._schedules.advance(schedule.id, following, slots[-1] if slots else None)
             fired += len(jobs)
         return fired

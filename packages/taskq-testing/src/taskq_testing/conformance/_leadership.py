@@ -152,6 +152,59 @@ class LeadershipTests(TimeLimits):
         assert after.next_fire_at > created.next_fire_at
 
     @covers("fire_due_schedules")
+    async def test_a_slot_that_cannot_be_enqueued_is_passed_and_the_others_fire(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # A "never overlap" schedule (a singleton identity) whose last job still runs: its
+        # enqueue used to raise out of the tick, so no schedule fired and the leader
+        # crashed, then its successor.
+        cron = _cron(backend)
+        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "a due cron slot")
+        await backend.enqueue(make_args(identity_key="report"))  # the last one, still due
+        lone = await _every_second(backend, name="a-lone")
+        other = await _every_second(backend, name="b-other")
+        await advance_time(_PAST_ONE_SLOT)
+
+        def slot_job(schedule: ScheduleRecord, slot: datetime) -> EnqueueArgs:
+            job = _slot_job(schedule, slot)
+            if schedule.id == lone.id:
+                return job.model_copy(update={"identity_key": "report", "singleton": True})
+            return job
+
+        fired = await cron.fire_due_schedules(slot_job, catch_up=_WIDE_CATCH_UP)
+        jobs = await backend.list_jobs(JobFilter(actor=ACTOR, limit=1000))
+        slots = [j for j in jobs if "schedule_slot" in j.metadata]
+        assert fired == len(slots) >= 1
+        assert all(j.identity_key is None for j in slots)  # the other schedule's
+        after = {s.id: s for s in await backend.list_schedules()}
+        for created in (lone, other):
+            assert after[created.id].next_fire_at is not None and created.next_fire_at
+            assert after[created.id].next_fire_at > created.next_fire_at  # passed
+
+    @covers("fire_due_schedules", "create_schedule")
+    async def test_a_one_shot_schedule_fires_once_and_is_done(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # Past its last time, the next one could not be computed: the tick raised, the
+        # one-shot never fired and no other schedule did.
+        cron = _cron(backend)
+        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "a one-shot's slot")
+        probe = await _every_second(backend)  # the backend's clock, read as a schedule does
+        await backend.delete_schedule(probe.id)
+        assert probe.next_fire_at is not None
+        at = probe.next_fire_at
+        once = await _every_second(
+            backend, cron=f"{at.minute} {at.hour} {at.day} {at.month} * {at.second} {at.year}"
+        )
+        assert once.next_fire_at == at
+        await advance_time(_PAST_ONE_SLOT)
+        assert await cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP) == 1
+        assert await _fired_slots(backend) == [at.isoformat()]
+        [after] = await backend.list_schedules()
+        assert (after.next_fire_at, after.last_fired_at) == (None, at)
+        assert await cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP) == 0
+
+    @covers("fire_due_schedules")
     async def test_slots_older_than_the_catch_up_window_are_skipped(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:

@@ -8,6 +8,7 @@ in the same statement that writes the outcome (one arbiter per predicate).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Literal, Protocol
 from pydantic import ValidationError
 
 from taskq.errors import PayloadValidationError
+from taskq.models import MAX_DURATION
 
 __all__ = [
     "Backoff",
@@ -47,14 +49,28 @@ class ExponentialBackoff:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.base < timedelta(0) or self.factor < 1 or not 0 <= self.jitter < 1:
-            raise ValueError("ExponentialBackoff needs base >= 0, factor >= 1, 0 <= jitter < 1")
+        # Written so that a NaN fails each test.
+        if not (
+            self.base >= timedelta(0)
+            and math.isfinite(self.factor)
+            and self.factor >= 1
+            and self.maximum >= self.base
+            and 0 <= self.jitter < 1
+        ):
+            raise ValueError(
+                "ExponentialBackoff needs base >= 0, a finite factor >= 1, maximum >= base "
+                "and 0 <= jitter < 1"
+            )
 
     def __call__(self, attempt: int) -> timedelta:
-        raw = self.base.total_seconds() * self.factor ** max(attempt - 1, 0)
-        capped = min(raw, self.maximum.total_seconds())
+        maximum = self.maximum.total_seconds()
+        try:
+            raw = self.base.total_seconds() * self.factor ** max(attempt - 1, 0)
+        except OverflowError:  # a high attempt number (snoozes count too)
+            raw = maximum
+        capped = min(raw, maximum)
         spread = capped * self.jitter
-        return timedelta(seconds=max(capped + random.uniform(-spread, spread), 0.0))
+        return timedelta(seconds=min(max(capped + random.uniform(-spread, spread), 0.0), maximum))
 
 
 @dataclass(frozen=True)
@@ -87,7 +103,10 @@ class RetryClassifier:
         self._backoff = backoff if backoff is not None else ExponentialBackoff()
 
     def classify(self, exc: BaseException, attempt: int) -> RetryDecision:
-        """Decide for the failure of attempt ``attempt`` (1-based)."""
+        """Decide for the failure of attempt ``attempt`` (1-based). A backoff's delay is
+        kept between 0 and :data:`~taskq.models.MAX_DURATION` (a custom one may say
+        anything; a job cannot be put off by more than a century)."""
         if isinstance(exc, _NEVER_RETRY):
             return RetryDecision("fail", None)
-        return RetryDecision("retry", self._backoff(attempt))
+        delay = self._backoff(attempt)
+        return RetryDecision("retry", min(max(delay, timedelta(0)), MAX_DURATION))

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from taskq.models import MAX_DURATION
+
 __all__ = ["RetryAfter", "Snooze", "TaskQSignal"]
 
 
 def _as_delay(delay: timedelta | float) -> timedelta:
-    value = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
-    if value < timedelta(0):
-        raise ValueError(f"delay must not be negative, got {value}")
+    try:
+        value = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
+    except (OverflowError, ValueError) as exc:  # a NaN, or seconds past timedelta's range
+        raise ValueError(f"delay must be a duration of at most a century, got {delay!r}") from exc
+    if not timedelta(0) <= value <= MAX_DURATION:
+        raise ValueError(f"delay must be between 0 and {MAX_DURATION.days} days, got {value}")
     return value
 
 

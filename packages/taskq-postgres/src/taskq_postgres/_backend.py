@@ -39,7 +39,7 @@ import asyncpg
 from taskq.backend import check_batch_size, check_protocol_version
 from taskq.backend._protocol import ScheduleFire
 from taskq.backend.cron import cron_slots, next_fire_at, skipped_slots
-from taskq.backend.storable import clean_text, dump_json
+from taskq.backend.storable import check_delay, clean_text, dump_json
 from taskq.errors import ConfigurationError, TaskQError
 from taskq.identifiers import validate_schema_name
 from taskq.models import (
@@ -872,6 +872,8 @@ class PostgresBackend:
         """Record a failed attempt, then retry (``scheduled``/``pending``) or fail; the
         server clock decides the deadline. Returns the row after the write, the
         unchanged row on a no-op; ``KeyError`` for an unknown job."""
+        if retry_delay is not None:
+            check_delay(retry_delay)
         db = self._db()
         record = await db.fetchrow(
             self._sql.mark_failed_or_retry,
@@ -959,6 +961,7 @@ class PostgresBackend:
         """Run again after ``delay`` without using an attempt (``max_attempts + 1``);
         ``failed`` when that would pass the deadline, ``cancelled`` when a cancel was
         requested."""
+        check_delay(delay)
         to_status = await self._db().fetchval(
             self._sql.mark_snoozed,
             job_id,
@@ -1014,6 +1017,7 @@ class PostgresBackend:
         """Run again after ``delay``. With ``consume_budget=False`` (a rate-limit denial)
         the attempt does not count: ``max_attempts`` grows by one. ``cancelled`` when a
         cancel was requested."""
+        check_delay(delay)
         result = await self._db().fetchval(
             self._sql.mark_retry_after,
             job_id,

@@ -55,10 +55,11 @@ from taskq.backend._protocol import Connection, ScheduleFire, check_protocol_ver
 from taskq.backend.clock import Clock, SystemClock
 from taskq.backend.cron import cron_slots, skipped_slots
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
-from taskq.backend.storable import clean_text, stored_json
+from taskq.backend.storable import check_delay, clean_text, stored_json
 from taskq.errors import TaskQError
 from taskq.models import (
     DEADLINE_EXCEEDED,
+    INT32_MAX,
     ActorConfig,
     AttemptOutcome,
     AttemptRow,
@@ -378,6 +379,8 @@ class InMemoryBackend:
         Returns the row after the write, the unchanged row on a no-op, and raises
         ``KeyError`` for an unknown job.
         """
+        if retry_delay is not None:
+            check_delay(retry_delay)
         row = self._store.owned(job_id, worker_id, attempt)
         if row is None:
             if job_id not in self._jobs:
@@ -487,11 +490,12 @@ class InMemoryBackend:
         """Run again after ``delay`` without using an attempt: ``max_attempts`` grows by
         one so the attempt numbers stay unique. ``failed`` past the deadline,
         ``cancelled`` when a cancel was requested."""
+        check_delay(delay)
         row = self._store.owned(job_id, worker_id, attempt)
         if row is None:
             return "noop"
         now = self.clock.now()
-        changes: dict[str, Any] = {"max_attempts": row.max_attempts + 1}
+        changes: dict[str, Any] = {"max_attempts": min(row.max_attempts + 1, INT32_MAX)}
         if metadata_update:
             changes["metadata"] = {**row.metadata, **stored_json(metadata_update)}
         attempt_error = None
@@ -544,13 +548,14 @@ class InMemoryBackend:
         """Run again after ``delay``. With ``consume_budget=False`` (a rate-limit
         denial) the attempt does not count: ``max_attempts`` grows by one.
         ``cancelled`` when a cancel was requested."""
+        check_delay(delay)
         row = self._store.owned(job_id, worker_id, attempt)
         if row is None:
             return "noop"
         now = self.clock.now()
         changes: dict[str, Any] = {}
         if not consume_budget:
-            changes["max_attempts"] = row.max_attempts + 1
+            changes["max_attempts"] = min(row.max_attempts + 1, INT32_MAX)
         result: Literal[
             "scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded", "cancelled"
         ]

@@ -1,4 +1,5 @@
-"""What a backend can store: JSON as text, and strings without NUL characters.
+"""What a backend can store: JSON as text, strings without NUL characters, and times a
+delay of at most a century away.
 
 Postgres, the reference store, rejects NUL (``\\x00``) in ``text`` and ``\\u0000``
 in ``jsonb``, and JSON has no NaN or Infinity. A terminal write must not fail over a
@@ -11,11 +12,21 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 from typing import Any, Final, NoReturn, TypeVar, overload
 
 from pydantic_core import from_json, to_json
 
-__all__ = ["REPLACEMENT_CHARACTER", "clean_text", "dump_json", "load_json", "stored_json"]
+from taskq.models import MAX_DURATION
+
+__all__ = [
+    "REPLACEMENT_CHARACTER",
+    "check_delay",
+    "clean_text",
+    "dump_json",
+    "load_json",
+    "stored_json",
+]
 
 REPLACEMENT_CHARACTER: Final = "\ufffd"
 
@@ -90,3 +101,12 @@ def stored_json(value: _V) -> _V:
     the caller's later mutations cannot reach. For stores that keep objects."""
     result: _V = load_json(dump_json(value))
     return result
+
+
+def check_delay(delay: timedelta) -> timedelta:
+    """``delay`` if a job may be put off by it: ``ValueError`` below zero or above
+    :data:`~taskq.models.MAX_DURATION` (a century), whose times a job could not hold
+    (Postgres would store a year past 9999 that no reader can decode)."""
+    if not timedelta(0) <= delay <= MAX_DURATION:
+        raise ValueError(f"a delay must be between 0 and {MAX_DURATION.days} days, got {delay}")
+    return delay

@@ -307,7 +307,7 @@ updated AS (
     UPDATE {schema}.jobs j
     SET status = d.to_status, updated_at = d.ts,
         locked_by_worker = NULL, lock_expires_at = NULL,
-        max_attempts = j.max_attempts + 1,
+        max_attempts = j.max_attempts + (j.max_attempts < 2147483647)::int,  -- int4 max
         metadata = CASE WHEN $5::text IS NULL THEN j.metadata
                         ELSE j.metadata || $5::text::jsonb END,
         scheduled_at = CASE WHEN d.to_status IN ('failed', 'cancelled') THEN j.scheduled_at
@@ -428,7 +428,8 @@ updated AS (
     UPDATE {schema}.jobs j
     SET status = d.to_status, updated_at = d.ts,
         locked_by_worker = NULL, lock_expires_at = NULL,
-        max_attempts = CASE WHEN $5::bool THEN j.max_attempts ELSE j.max_attempts + 1 END,
+        max_attempts = CASE WHEN $5::bool THEN j.max_attempts
+                            ELSE j.max_attempts + (j.max_attempts < 2147483647)::int END,
         scheduled_at = CASE WHEN d.to_status IN ('failed', 'cancelled') THEN j.scheduled_at
                             ELSE d.ts + $4::interval END,
         finished_at = CASE WHEN d.to_status IN ('failed', 'cancelled') THEN d.ts END,

@@ -178,8 +178,8 @@ class LeadershipTests(TimeLimits):
         assert all(j.identity_key is None for j in slots)  # the other schedule's
         after = {s.id: s for s in await backend.list_schedules()}
         for created in (lone, other):
-            assert after[created.id].next_fire_at is not None and created.next_fire_at
-            assert after[created.id].next_fire_at > created.next_fire_at  # passed
+            moved, was = after[created.id].next_fire_at, created.next_fire_at
+            assert moved is not None and was is not None and moved > was  # passed
 
     @covers("fire_due_schedules", "create_schedule")
     async def test_a_one_shot_schedule_fires_once_and_is_done(

@@ -18,7 +18,7 @@ from taskq.backend import (
     SupportsBatchedSuccess,
     SupportsUnstartedHandBack,
 )
-from taskq.models import AttemptOutcome, ErrorInfo, JobRow, SuccessWrite
+from taskq.models import INT32_MAX, MAX_DURATION, AttemptOutcome, ErrorInfo, JobRow, SuccessWrite
 from taskq_testing.conformance._support import (
     ERROR,
     FAR,
@@ -767,6 +767,45 @@ class TerminalWriteTests:
         else:
             assert after.max_attempts == 3
             assert_close(after.scheduled_at, now + delay)
+
+    @pytest.mark.parametrize(
+        "delay", [timedelta(seconds=-1), MAX_DURATION + timedelta(days=1)], ids=["past", "far"]
+    )
+    @covers("mark_failed_or_retry", "mark_snoozed", "mark_retry_after")
+    async def test_a_delay_below_zero_or_past_a_century_is_refused_and_changes_nothing(
+        self, backend: Backend, delay: timedelta
+    ) -> None:
+        # Past year 9999 Postgres stored a time no reader could decode: every listing of
+        # the jobs table failed from then on.
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker)
+        error = ErrorInfo(error_class="Boom", message="x")
+        with pytest.raises(ValueError, match="delay must be between 0 and 36500 days"):
+            await backend.mark_failed_or_retry(job.id, worker, error, delay)
+        with pytest.raises(ValueError, match="delay must be between 0 and 36500 days"):
+            await backend.mark_snoozed(job.id, worker, delay)
+        with pytest.raises(ValueError, match="delay must be between 0 and 36500 days"):
+            await backend.mark_retry_after(job.id, worker, delay)
+        assert await fetch(backend, job.id) == job
+        assert await backend.get_attempts(job.id) == []
+
+    @pytest.mark.parametrize("write", ["snooze", "rate_limit_denied"])
+    @covers("mark_snoozed", "mark_retry_after")
+    async def test_giving_back_an_attempt_stops_at_the_largest_max_attempts(
+        self, backend: Backend, write: str
+    ) -> None:
+        # "Retry forever" (max_attempts at its largest) and a snooze: Postgres refused
+        # the write (integer out of range) while memory stored 2**31.
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker, max_attempts=INT32_MAX)
+        if write == "snooze":
+            assert await backend.mark_snoozed(job.id, worker, timedelta(0)) == "scheduled"
+        else:
+            verdict = await backend.mark_retry_after(
+                job.id, worker, timedelta(0), consume_budget=False
+            )
+            assert verdict == "scheduled"
+        assert (await fetch(backend, job.id)).max_attempts == INT32_MAX
 
     @covers("mark_snoozed")
     async def test_mark_snoozed_merges_the_metadata_update_shallowly(

@@ -1,0 +1,66 @@
+"""The retry policy's delays: a backoff stays within its bounds at any attempt number, and
+no delay can put a job off by more than a century (its times must stay readable)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from taskq import ExponentialBackoff, RetryAfter, Snooze
+from taskq.models import MAX_DURATION
+from taskq.retry import RetryClassifier
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 12, 1025, 10**6])
+def test_an_exponential_backoff_stays_within_its_cap_at_any_attempt(attempt: int) -> None:
+    # From attempt 1025 the power overflowed a float (snoozes and rate-limit denials
+    # advance the attempt too), and the job failed as an unrecordable outcome.
+    backoff = ExponentialBackoff(base=timedelta(seconds=1), maximum=timedelta(minutes=5))
+    for _ in range(50):  # jitter: never past the cap
+        assert timedelta(0) <= backoff(attempt) <= timedelta(minutes=5)
+    if attempt >= 12:
+        assert backoff(attempt) >= timedelta(minutes=5) * 0.9
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"factor": float("nan")},
+        {"factor": float("inf")},
+        {"factor": 0.5},
+        {"maximum": timedelta(seconds=-1)},
+        {"base": timedelta(seconds=10), "maximum": timedelta(seconds=5)},
+        {"jitter": float("nan")},
+    ],
+)
+def test_an_exponential_backoff_refuses_settings_without_a_sane_delay(
+    options: dict[str, object],
+) -> None:
+    with pytest.raises(ValueError, match="ExponentialBackoff needs"):
+        ExponentialBackoff(**options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("returned", "kept"),
+    [
+        (timedelta(seconds=-30), timedelta(0)),  # Postgres put the retry in the past
+        (timedelta(days=3_000_000), MAX_DURATION),  # a year past 9999: an unreadable row
+        (timedelta(seconds=7), timedelta(seconds=7)),
+    ],
+)
+def test_a_custom_backoffs_delay_is_kept_within_zero_and_a_century(
+    returned: timedelta, kept: timedelta
+) -> None:
+    decision = RetryClassifier(lambda attempt: returned).classify(RuntimeError("x"), 1)
+    assert (decision.kind, decision.delay) == ("retry", kept)
+
+
+@pytest.mark.parametrize("signal", [Snooze, RetryAfter])
+@pytest.mark.parametrize("delay", [timedelta(days=36_501), 1e12, float("nan"), -1])
+def test_a_signal_with_a_delay_no_job_can_hold_is_refused(
+    signal: type[Snooze | RetryAfter], delay: timedelta | float
+) -> None:
+    with pytest.raises(ValueError, match="delay must be"):
+        signal(delay)
+    assert signal(MAX_DURATION).delay == MAX_DURATION

@@ -412,6 +412,33 @@ async def test_a_stop_during_a_leadership_check_steps_down_without_a_lost_warnin
     assert "taskq.leader-lost" not in events
 
 
+async def test_a_prefetched_jobs_wait_for_a_slot_comes_out_of_its_deadline() -> None:
+    # Its limit was counted from its dispatch as if it started then: a job that waited
+    # behind another ran past its schedule_to_close by as long as it waited.
+    release = asyncio.Event()
+
+    @actor(name="holds_the_only_slot")
+    async def holds(payload: dict[str, Any]) -> None:
+        await release.wait()
+
+    @actor(name="due_soon", max_attempts=1)
+    async def due_soon(payload: dict[str, Any]) -> str:
+        await asyncio.sleep(1.0)
+        return "too late"
+
+    tq = TaskQ("memory://", actors=[holds, due_soon])
+    async with tq:
+        await tq.client.enqueue(holds, {})
+        late = await tq.client.enqueue(due_soon, {}, schedule_to_close=1.5)
+        runner = asyncio.create_task(run_until_idle(tq, concurrency=1, prefetch=1))
+        await asyncio.sleep(1.0)  # dispatched at once, waiting here for the slot
+        release.set()
+        await asyncio.wait_for(runner, 10)
+        row = await tq.client.get(late.id)
+    assert row is not None and row.status is JobStatus.FAILED
+    assert row.error is not None and row.error.error_class == "DeadlineExceeded"
+
+
 async def test_a_job_running_into_its_deadline_fails_without_another_attempt() -> None:
     @actor(name="slow_past_deadline", max_attempts=3)
     async def slow(payload: dict[str, Any]) -> None:

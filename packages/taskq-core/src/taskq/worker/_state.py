@@ -32,6 +32,9 @@ class ActiveJob:
     """A job this worker locked: queued locally, then executing."""
 
     row: JobRow
+    held_at: float = 0.0
+    """Loop time (monotonic) when the dispatch handed the job to this worker: the wait
+    for a slot here (prefetch) comes out of its deadline."""
     ctx: Context | None = None
     task: asyncio.Task[None] | None = None
     release: Callable[[], None] | None = None
@@ -188,7 +191,7 @@ class WorkerState:
             previous.lost = True
             if previous.task is not None:
                 previous.task.cancel()
-        self.active[row.id] = ActiveJob(row)
+        self.active[row.id] = ActiveJob(row, asyncio.get_running_loop().time())
         self.queue.put_nowait(row)
 
     def release(self, job_id: UUID, active: ActiveJob) -> None:

@@ -178,7 +178,8 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         # Cancelled while it waited for a slot here (prefetched): never started.
         await _cancelled(state, row, ctx)
         return
-    limit = _attempt_limit(row)
+    waited = 0.0 if active is None else asyncio.get_running_loop().time() - active.held_at
+    limit = _attempt_limit(row, waited)
     if limit is not None and limit.seconds <= 0:
         # Dispatched past its deadline (before the sweep failed it): never started.
         await _fail_with(state, row, DEADLINE_EXCEEDED, retry_delay=None, ctx=ctx)
@@ -351,12 +352,13 @@ class _Limit:
         return TimeoutError(f"attempt exceeded its timeout of {self.seconds}s")
 
 
-def _attempt_limit(row: JobRow) -> _Limit | None:
+def _attempt_limit(row: JobRow, waited: float) -> _Limit | None:
+    """``row``'s limit, ``waited`` seconds after its dispatch (queued here for a slot)."""
     timeout = row.timeout.total_seconds() if row.timeout is not None else None
     if row.deadline_at is None or row.started_at is None:
         return None if timeout is None else _Limit(timeout, deadline=False)
     # Both times are the database's: the budget is a duration, run on this host's clock.
-    left = (row.deadline_at - row.started_at).total_seconds()
+    left = (row.deadline_at - row.started_at).total_seconds() - waited
     if timeout is not None and timeout < left:
         return _Limit(timeout, deadline=False)
     return _Limit(left, deadline=True)

@@ -253,3 +253,35 @@ async def test_subscribing_while_postgres_is_out_of_reach_polls_then_listens(
                 await own.wait()
     finally:
         await listener.close()
+
+
+async def test_leaving_a_channel_does_not_wait_for_a_reconnect_to_a_stalled_server(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # The reconnect held the listener's lock through its connect (connect_timeout, 30 s
+    # here), and the unsubscribe in a stopping heartbeat's finally waited for that lock:
+    # the worker's stop overran its hard wall.
+    from urllib.parse import urlsplit, urlunsplit
+
+    from taskq_testing.faults import TcpProxy
+
+    parts = urlsplit(pg_pooled_schema.dsn)
+    with TcpProxy(parts.port or 5432) as proxy:
+        netloc = parts.netloc.rsplit(":", 1)[0] + f":{proxy.port}"
+        backend = PostgresBackend(
+            urlunsplit(parts._replace(netloc=netloc)),
+            schema=pg_pooled_schema.name,
+            notify_health_check_interval=timedelta(milliseconds=200),
+            connect_timeout=timedelta(seconds=30),
+        )
+        await backend.open()
+        try:
+            subscription = backend.subscribe_worker_cancel_wake(uuid4())
+            await subscription.__aenter__()
+            proxy.stall()
+            await asyncio.sleep(2.5)  # the health check failed; the reconnect is connecting
+            async with asyncio.timeout(5):
+                await subscription.__aexit__(None, None, None)
+        finally:
+            proxy.restore()
+            await backend.close()

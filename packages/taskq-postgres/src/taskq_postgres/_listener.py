@@ -121,10 +121,13 @@ class NotifyListener:
         if conn is None or conn.is_closed():
             return
         try:
-            if listen:
-                await conn.add_listener(channel, self._on_worker_event)
-            else:
-                await conn.remove_listener(channel, self._on_worker_event)
+            # Bounded: it runs under the lock, and in an unsubscribing task's finally,
+            # where a stalled network would hold the worker's stop.
+            async with asyncio.timeout(self._health_check_interval):
+                if listen:
+                    await conn.add_listener(channel, self._on_worker_event)
+                else:
+                    await conn.remove_listener(channel, self._on_worker_event)
         except self._transient as exc:
             _log.warning("taskq.notify-listen-failed", channel=channel, error=repr(exc))
             self._lost.set()  # the health check decides whether to reconnect
@@ -145,7 +148,7 @@ class NotifyListener:
             if self._keeper is not None:
                 return
             try:
-                await self._listen()
+                await self._install(await self._connect())
             except self._transient as exc:
                 # Postgres is out of reach right now: the keeper connects as soon as it
                 # can and wakes everyone then; until that, subscribers poll.
@@ -153,15 +156,17 @@ class NotifyListener:
                 self._lost.set()
             self._keeper = asyncio.create_task(self._keep_alive(), name="taskq-notify-health")
 
-    async def _listen(self) -> None:
-        conn = await self._connect()
+    async def _install(self, conn: asyncpg.Connection[Any]) -> None:
+        """LISTEN on a fresh connection to every channel subscribed now and make it the
+        live one (under the lock; closed on failure). Bounded, as it holds the lock."""
         try:
-            await conn.add_listener(self._wake_channel, self._on_wake)
-            await conn.add_listener(self._events_channel, self._on_event)
-            for channel in self._worker_cancel:
-                await conn.add_listener(channel, self._on_worker_event)
+            async with asyncio.timeout(self._health_check_interval):
+                await conn.add_listener(self._wake_channel, self._on_wake)
+                await conn.add_listener(self._events_channel, self._on_event)
+                for channel in list(self._worker_cancel):
+                    await conn.add_listener(channel, self._on_worker_event)
         except BaseException:
-            await conn.close()
+            conn.terminate()
             raise
         conn.add_termination_listener(self._on_terminated)
         self._conn = conn
@@ -201,9 +206,15 @@ class NotifyListener:
             delay = self._initial_backoff
             while True:
                 try:
+                    # Connected outside the lock: a connect to a stalled server runs to
+                    # connect_timeout, and (un)subscribers, a stopping worker's among
+                    # them, would wait that long for the lock.
+                    conn = await self._connect()
                     async with self._lock:
-                        if not self.connected:
-                            await self._listen()
+                        if self.connected:
+                            conn.terminate()
+                        else:
+                            await self._install(conn)
                     break
                 except self._transient as exc:
                     _log.warning("taskq.notify-reconnect-failed", error=repr(exc), retry_in=delay)

@@ -115,3 +115,21 @@ async def test_over_a_stalled_network_a_leader_confirmation_ends_within_the_comm
         finally:
             await elector.release()
             await backend.close()
+
+
+@pytest.mark.parametrize("command_timeout", [timedelta(seconds=1), None], ids=["timeout", "none"])
+async def test_closing_over_a_stalled_network_ends_and_raises_nothing(
+    pg_pooled_schema: PgSchema, command_timeout: timedelta | None
+) -> None:
+    # It raised TimeoutError (a worker that had stopped cleanly then exited 1), or with
+    # no command_timeout waited forever.
+    with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
+        backend = PostgresBackend(
+            _through(proxy, pg_pooled_schema.dsn),
+            schema=pg_pooled_schema.name,
+            command_timeout=command_timeout,
+        )
+        await backend.open()
+        await backend.count_active_jobs(["default"])
+        proxy.stall()
+        assert await _ends_within(backend.close(), 15) is None

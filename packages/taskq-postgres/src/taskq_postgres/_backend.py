@@ -27,6 +27,7 @@ from contextlib import (
     AbstractContextManager,
     asynccontextmanager,
     nullcontext,
+    suppress,
 )
 from datetime import datetime, timedelta
 from itertools import chain
@@ -35,6 +36,7 @@ from urllib.parse import urlsplit
 from uuid import UUID, uuid4
 
 import asyncpg
+import structlog
 
 from taskq.backend import check_batch_size, check_protocol_version
 from taskq.backend._protocol import ScheduleFire
@@ -116,6 +118,8 @@ from taskq_postgres.channels import (
 
 __all__ = ["PostgresBackend"]
 
+_log = structlog.get_logger("taskq.backend")
+
 Connection = Any
 """A caller's asyncpg connection (plain or pooled): the protocol keeps it opaque."""
 
@@ -127,6 +131,8 @@ _IDENTITY_RACE_TRIES: Final = 3
 # Prune and archive batches move thousands of rows: exempt from the worker's
 # short per-statement command_timeout, yet still bounded.
 _BULK_STATEMENT_TIMEOUT: Final = 600.0
+_CLOSE_TIMEOUT: Final = 5.0
+"""Seconds a close waits for the pool's connections to end cleanly before it cuts them."""
 _FINALIZER_TAG: Final = "batch_finalizer_for"
 _NO_DELAY: Final = timedelta(0)
 _MIN_POOL_FOR_WORKER_PINS: Final = 5
@@ -416,10 +422,21 @@ class PostgresBackend:
             self._pinned = self._pinned_dispatch = self._pinned_success = None
         if listener is not None:
             await listener.close()
+        # Bounded and quiet: a close over a stalled network waited out every statement
+        # timeout (forever without one) and then raised, failing a stop that had ended.
         for conn in pinned:
-            await conn.release()
+            with suppress(*TRANSIENT_PG_ERRORS):
+                await conn.release()
         if pool is not None:
-            await pool.close()
+            bound = _CLOSE_TIMEOUT
+            if self.command_timeout is not None:
+                bound = min(bound, self.command_timeout.total_seconds())
+            try:
+                async with asyncio.timeout(bound):
+                    await pool.close()
+            except TRANSIENT_PG_ERRORS as exc:  # TimeoutError among them
+                _log.warning("taskq.pool-close-forced", error=repr(exc))
+                pool.terminate()
 
     def _settings(self, role: str) -> dict[str, str]:
         return connection_settings(role, self.instance_id, self.idle_in_transaction_session_timeout)

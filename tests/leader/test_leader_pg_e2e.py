@@ -280,6 +280,44 @@ async def test_a_stalled_network_is_ridden_out_without_a_watchdog_exit(
     assert all(o in (["succeeded"], ["interrupted", "succeeded"]) for o in outcomes), outcomes
 
 
+async def test_a_stop_during_a_stall_ends_within_its_wall_and_exits_cleanly(
+    tq: TaskQ, spawn: Spawn, pg_schema: PgSchema
+) -> None:
+    # The job's actor returns during the stall, so its success write retries. The
+    # stop's last phase used to count its budget from after the drain began, not from
+    # the signal, and kept no room for the teardown: the shutdown watchdog ended the
+    # process (exit 2).
+    from urllib.parse import urlsplit, urlunsplit
+
+    job = await tq.client.enqueue(basic.nap, {"seconds": 1})
+    parts = urlsplit(pg_schema.dsn)
+    with TcpProxy(parts.port or 5432) as proxy:
+        netloc = parts.netloc.rsplit(":", 1)[0] + f":{proxy.port}"
+        worker = spawn(
+            env={
+                "TASKQ_DSN": urlunsplit(parts._replace(netloc=netloc)),
+                "TASKQ_DISPATCHER_COMMAND_TIMEOUT": "1s",
+                "TASKQ_WATCHDOG_STALE_FLOOR": "5s",
+                "TASKQ_TERMINATION_GRACE_PERIOD": "12s",
+                "TASKQ_DRAIN_GRACE_PERIOD": "1s",
+                "TASKQ_CANCELLATION_GRACE_PERIOD": "1s",
+                "TASKQ_CLEANUP_GRACE_PERIOD": "1s",
+            },
+        )
+
+        async def running() -> bool:
+            row = await tq.client.get(job.id)
+            return row is not None and row.status is JobStatus.RUNNING
+
+        await wait_until(running)
+        proxy.stall()
+        await asyncio.sleep(1.5)  # the actor returned; its success write is retrying
+        worker.signal(signal.SIGTERM)
+        rc = await asyncio.get_running_loop().run_in_executor(None, worker.proc.wait, 30)
+        proxy.restore()
+    assert rc == 0, worker.events("taskq.watchdog-trip")
+
+
 async def test_a_per_second_cron_fires_every_slot_once_across_a_failover(
     tq: TaskQ, spawn: Spawn
 ) -> None:

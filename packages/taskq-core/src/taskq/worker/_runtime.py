@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
@@ -56,6 +57,7 @@ class Worker:
         self._state: WorkerState | None = None
         self._executor: SyncActorPool | None = None
         self._stop_requested = False
+        self._stop_requested_at: float | None = None
         self._escalate = asyncio.Event()
         self._reload = asyncio.Event()
         self.reloads = 0
@@ -75,8 +77,10 @@ class Worker:
 
     def stop(self) -> None:
         """Shut down gracefully (the first SIGTERM): see :mod:`taskq.worker.shutdown`."""
-        if not self._stop_requested and self.settings.watchdog_enabled:
-            self._shutdown_watchdog.arm()  # anchored on the first signal
+        if not self._stop_requested:
+            self._stop_requested_at = time.monotonic()
+            if self.settings.watchdog_enabled:
+                self._shutdown_watchdog.arm()  # anchored on the first signal
         self._stop_requested = True
         if self._state is not None:
             self._state.stopping.set()
@@ -288,7 +292,7 @@ class Worker:
         producer, consumers = workers[0], workers[1:]
         await producer
         if self._stop_requested:
-            await orchestrate_shutdown(state, self._escalate)
+            await orchestrate_shutdown(state, self._escalate, requested_at=self._stop_requested_at)
         # Consumers finish what is queued, then meet one end marker each.
         for _ in consumers:
             state.queue.put_nowait(None)

@@ -129,10 +129,15 @@ async def _escalate_user_cancel(state: WorkerState, active: ActiveJob) -> None:
         _log.warning("taskq.cancel-forced", job_id=str(active.row.id))
 
 
-async def orchestrate_shutdown(state: WorkerState, escalate: asyncio.Event) -> None:
-    """Run the four phases over the jobs this worker holds; returns when all is settled."""
+async def orchestrate_shutdown(
+    state: WorkerState, escalate: asyncio.Event, *, requested_at: float | None = None
+) -> None:
+    """Run the four phases over the jobs this worker holds; returns when all is settled.
+
+    ``requested_at`` (``time.monotonic()``) is when the stop was asked for, the instant
+    the shutdown watchdog counts ``termination_grace_period`` from; default: now."""
     settings = state.settings
-    started = time.monotonic()
+    started = time.monotonic() if requested_at is None else requested_at
     _enter(state, ShutdownPhase.DRAINING)
     released = await _hand_back_unstarted(state)
     if released:
@@ -166,10 +171,12 @@ async def orchestrate_shutdown(state: WorkerState, escalate: asyncio.Event) -> N
     await _wait_running(state, settings.cleanup_grace_period.total_seconds(), None)
 
     _enter(state, ShutdownPhase.ABANDONING)
-    # Outcome writes still retrying get what is left of the stop's hard wall, less a
-    # margin for closing the backend.
+    # Outcome writes still retrying get what is left of the stop's hard wall, less what
+    # the teardown after this may take with the database away (deregistering, closing
+    # the pool: a command timeout each; the LISTEN connection: a second), with room.
     wall = settings.termination_grace_period.total_seconds()
-    left = wall - (time.monotonic() - started) - min(2.0, wall / 10)
+    teardown = min(3 * settings.dispatcher_command_timeout.total_seconds() + 2.0, wall / 2)
+    left = wall - (time.monotonic() - started) - teardown
     if any(a.holds_slot and a.settling for a in state.active.values()):
         await _wait_running(state, max(left, 0.0), None)
     # Concurrently: one by one, a database that is away would cost a lease per job.

@@ -11,15 +11,19 @@ checked against (``WorkerSettings``), so a worker tripped its watchdog and
 exited during exactly the outage its loops are meant to ride out.
 
 Here a call (getting its connection, its statement or transaction, handing
-the connection back) has one deadline, and a connection still in use at the
-deadline is closed: whatever waits on it fails at once, as a ``TimeoutError``.
+the connection back) has one deadline. A one-statement call gives its statement
+what is left of it and its hand-back the rest (a moment at least), after which
+the pool closes the connection instead of waiting for the cancel; a transaction's
+connection, still in use at the deadline, is closed by a timer: whatever waits
+on it fails at once, as a ``TimeoutError``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager, nullcontext
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -33,6 +37,10 @@ if TYPE_CHECKING:
 
 # What a statement, a rollback or a release raises once its connection was closed.
 _CLOSED_ERRORS = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError)
+_MIN_TIMEOUT = 0.001
+_RELEASE_FLOOR = 0.1
+"""Seconds a hand-back may take past the deadline: a live server's cancel takes a
+millisecond or two."""
 
 
 @contextmanager
@@ -76,7 +84,8 @@ class BoundedPool:
         self,
         timeout: float | None = None,  # noqa: ASYNC109 - asyncpg's signature, as below
     ) -> AsyncIterator[Proxy]:
-        """A pooled connection for one call, closed if the call outlives its budget."""
+        """A pooled connection for a call of several statements (a transaction), closed
+        if the call outlives its budget."""
         budget = timeout if timeout is not None else self.budget
         if budget is None:
             async with self.pool.acquire() as conn:
@@ -99,9 +108,8 @@ class BoundedPool:
         *args: Any,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> str:
-        async with self.acquire(timeout) as conn:
-            status: str = await conn.execute(query, *args, timeout=timeout)
-            return status
+        status: str = await self._one("execute", query, args, timeout)
+        return status
 
     async def fetch(
         self,
@@ -109,8 +117,8 @@ class BoundedPool:
         *args: Any,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> list[asyncpg.Record]:
-        async with self.acquire(timeout) as conn:
-            return await conn.fetch(query, *args, timeout=timeout)
+        records: list[asyncpg.Record] = await self._one("fetch", query, args, timeout)
+        return records
 
     async def fetchrow(
         self,
@@ -118,8 +126,8 @@ class BoundedPool:
         *args: Any,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> asyncpg.Record | None:
-        async with self.acquire(timeout) as conn:
-            return await conn.fetchrow(query, *args, timeout=timeout)
+        record: asyncpg.Record | None = await self._one("fetchrow", query, args, timeout)
+        return record
 
     async def fetchval(
         self,
@@ -127,8 +135,45 @@ class BoundedPool:
         *args: Any,
         timeout: float | None = None,  # noqa: ASYNC109
     ) -> Any:
-        async with self.acquire(timeout) as conn:
-            return await conn.fetchval(query, *args, timeout=timeout)
+        return await self._one("fetchval", query, args, timeout)
+
+    async def _one(
+        self,
+        method: str,
+        query: str,
+        args: tuple[Any, ...],
+        timeout: float | None,  # noqa: ASYNC109
+    ) -> Any:
+        """One statement: no timer of its own (it runs on the hot paths), but the
+        statement gets what is left of the budget, and the hand-back the rest (or a
+        moment, to let a healthy server's cancel come through)."""
+        budget = timeout if timeout is not None else self.budget
+        if budget is None:
+            return await getattr(self.pool, method)(query, *args)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        conn = await self.pool.acquire(timeout=budget)  # a connect included
+        try:
+            return await getattr(conn, method)(query, *args, timeout=_left(deadline))
+        finally:
+            await _release(self.pool, conn, deadline)
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - asyncio.get_running_loop().time(), _MIN_TIMEOUT)
+
+
+async def _release(pool: asyncpg.Pool[asyncpg.Record], conn: Proxy, deadline: float | None) -> None:
+    """Hand ``conn`` back within what is left until ``deadline`` (at least a moment).
+
+    After a statement timeout the pool waits for the cancel request, which a stalled
+    network never delivers: past the deadline the pool closes the connection instead.
+    """
+    if deadline is None:
+        await pool.release(conn)
+        return
+    with contextlib.suppress(TimeoutError, *_CLOSED_ERRORS):
+        await pool.release(conn, timeout=max(_left(deadline), _RELEASE_FLOOR))
 
 
 class PinnedConnection:
@@ -168,24 +213,19 @@ class PinnedConnection:
         try:
             if conn is None:
                 conn = self._conn = await pool.acquire(timeout=budget)
-            bounded = (
-                nullcontext()
-                if budget is None or deadline is None
-                else _closed_at(conn, deadline, budget)
-            )
-            with bounded:
-                try:
-                    result = await getattr(conn, method)(query, *args)
-                    kept = True
-                    return result
-                finally:
-                    # Handed back on an error, or when release() came meanwhile.
-                    if not kept or self._conn is not conn:
-                        if self._conn is conn:
-                            self._conn = None
-                        await pool.release(conn)
+            if deadline is None:
+                result = await getattr(conn, method)(query, *args)
+            else:
+                result = await getattr(conn, method)(query, *args, timeout=_left(deadline))
+            kept = True
+            return result
         finally:
             self._busy = False
+            # Handed back on an error, or when release() came meanwhile.
+            if conn is not None and (not kept or self._conn is not conn):
+                if self._conn is conn:
+                    self._conn = None
+                await _release(pool, conn, deadline)
 
     async def release(self) -> None:
         """Hand the connection back now (before the pool closes, or so that a

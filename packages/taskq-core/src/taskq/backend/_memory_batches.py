@@ -205,7 +205,13 @@ class BatchTable:
             else None
         )
         if finalizer is not None and finalizer.status is JobStatus.SCHEDULED:
-            self._store.move(finalizer, JobStatus.PENDING, now, scheduled_at=now)
+            # Its schedule_to_close counts from here: parked, it had nothing to run.
+            deadline = finalizer.deadline_at
+            if deadline is not None:
+                deadline = now + (deadline - finalizer.created_at)
+            self._store.move(
+                finalizer, JobStatus.PENDING, now, scheduled_at=now, deadline_at=deadline
+            )
 
     def list(self, filter: BatchFilter) -> list[tuple[BatchRow, BatchCounts]]:
         """Matching batches, newest first, each with its children's counts."""

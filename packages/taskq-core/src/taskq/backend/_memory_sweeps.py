@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from taskq.backend._memory_batches import FINALIZER_PARKED_AT
 from taskq.backend._memory_store import JobStore, wake
 from taskq.backend.statemachine import CancelPhase, JobStatus
 from taskq.models import DEADLINE_EXCEEDED, ErrorInfo
@@ -46,6 +47,7 @@ def fail_past_deadline(store: JobStore, now: datetime) -> int:
         if row.status in (_S.PENDING, _S.SCHEDULED)
         and row.deadline_at is not None
         and row.deadline_at < now
+        and row.scheduled_at < FINALIZER_PARKED_AT  # a parked finalizer's starts at release
     ]
     for row in late:
         store.move(row, _S.FAILED, now, finished_at=now, error=DEADLINE_EXCEEDED)

@@ -19,6 +19,7 @@ from taskq.backend.statemachine import JobStatus
 from taskq.identifiers import check_identifier
 
 __all__ = [
+    "FINALIZER_PARKED_AT",
     "JOB_COLUMNS",
     "JSON_JOB_COLUMNS",
     "SCHEMA_TOKEN",
@@ -28,6 +29,10 @@ __all__ = [
 ]
 
 SCHEMA_TOKEN: Final = "{schema}"
+
+FINALIZER_PARKED_AT: Final = "timestamptz '9999-01-01 00:00:00+00'"
+"""Where a batch finalizer waits (``scheduled``) until its batch ends: no sweep finds it
+due (the in-memory backend's ``FINALIZER_PARKED_AT``)."""
 
 
 def render(template: str, schema: str) -> str:

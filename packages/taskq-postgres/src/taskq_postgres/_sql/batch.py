@@ -75,7 +75,9 @@ UPDATE {schema}.batches SET consecutive_failures = 0 WHERE id = $1
 _RELEASE_FINALIZER: Final = """
 released AS (
     UPDATE {schema}.jobs j
-    SET status = 'pending', scheduled_at = n.ts, updated_at = n.ts
+    SET status = 'pending', scheduled_at = n.ts, updated_at = n.ts,
+        -- Its schedule_to_close counts from here: parked, it had nothing to run.
+        schedule_to_close_deadline = n.ts + (j.schedule_to_close_deadline - j.created_at)
     FROM finished f CROSS JOIN now n
     WHERE j.id = f.finalizer_job_id AND j.status = 'scheduled'
     RETURNING j.id

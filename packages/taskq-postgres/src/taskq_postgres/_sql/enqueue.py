@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from taskq_postgres._sql import JOB_COLUMNS, job_columns
+from taskq_postgres._sql import FINALIZER_PARKED_AT, JOB_COLUMNS, job_columns
 
 __all__ = [
     "CLOCK_NOW",
@@ -73,7 +73,9 @@ ins AS (
         i.priority, i.payload::jsonb,
         -- A parked batch finalizer waits for its batch, not for time.
         CASE
-            WHEN i.parked THEN timestamptz '9999-01-01 00:00:00+00'
+            WHEN i.parked THEN """
+    + FINALIZER_PARKED_AT
+    + """
             WHEN i.delay > interval '0'
                 THEN n.ts + make_interval(secs => extract(epoch FROM i.delay))
             ELSE n.ts

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Final
 
 from taskq.backend.statemachine import JobStatus
-from taskq_postgres._sql import TransitionSQL
+from taskq_postgres._sql import FINALIZER_PARKED_AT, TransitionSQL
 
 __all__ = [
     "DEADLINE_SWEEP",
@@ -58,7 +58,8 @@ SELECT (SELECT count(*) FROM promoted) AS changed, (SELECT count(*) FROM notifie
 """,
 )
 
-DEADLINE_SWEEP: Final = """
+DEADLINE_SWEEP: Final = (
+    """
 -- arbiter: clock_timestamp() (deadline check schedule_to_close_deadline < now)
 -- Waiting jobs only: a running job's worker enforces its deadline itself. Moves
 -- pending -> failed and scheduled -> failed (both guarded by status below).
@@ -68,6 +69,10 @@ late AS (
     FROM {schema}.jobs j CROSS JOIN now n
     WHERE j.schedule_to_close_deadline IS NOT NULL AND j.schedule_to_close_deadline < n.ts
       AND j.status IN ('pending', 'scheduled')
+      -- Not a batch finalizer parked until its batch ends: its deadline starts then.
+      AND j.scheduled_at < """
+    + FINALIZER_PARKED_AT
+    + """
     FOR UPDATE OF j SKIP LOCKED
 ),
 failed AS (
@@ -88,6 +93,7 @@ events AS (
 )
 SELECT count(*) AS changed FROM failed
 """
+)
 
 RECLAIM_EXPIRED_LOCKS: Final = TransitionSQL.of(
     _S.RUNNING,

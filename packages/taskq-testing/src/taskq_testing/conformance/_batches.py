@@ -12,12 +12,14 @@ from taskq.models import BatchFilter, BatchRow, EnqueueArgs, JobFilter, JobRow
 from taskq_testing.conformance._support import (
     FAR,
     LONG_LEASE,
+    SHORT_LEASE,
     TICK,
     AdvanceTime,
     assert_close,
     assert_history_consistent,
     assert_utc,
     covers,
+    expire_short_leases,
     fetch,
     make_args,
 )
@@ -27,11 +29,14 @@ _ABORT_MESSAGE = "Batch aborted due to consecutive failures"
 
 
 async def _tracked_batch(
-    backend: Backend, *children: dict[str, Any], threshold: int | None = 2
+    backend: Backend,
+    *children: dict[str, Any],
+    threshold: int | None = 2,
+    **finalizer_options: Any,
 ) -> tuple[UUID, list[JobRow], EnqueueArgs]:
     """A batch with a row and a finalizer; its id, children and the finalizer's args."""
     batch_id = uuid4()
-    finalizer = make_args(actor="conformance.finalizer", queue=_QUEUE)
+    finalizer = make_args(actor="conformance.finalizer", queue=_QUEUE, **finalizer_options)
     rows = await backend.enqueue_batch_atomic(
         [make_args(queue=_QUEUE, **spec) for spec in children],
         batch_id=batch_id,
@@ -242,6 +247,23 @@ class BatchTests:
         await backend.complete_batch(batch_id)
         assert await backend.get_batch(batch_id) == batch
         assert await backend.get(finalizer.id) == released
+
+    @covers("complete_batch", "deadline_sweep")
+    async def test_a_parked_finalizers_deadline_counts_from_its_release(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # The deadline sweep failed it while it waited for its batch: it never ran.
+        batch_id, _, finalizer = await _tracked_batch(backend, {}, schedule_to_close=SHORT_LEASE)
+        await expire_short_leases(advance_time)  # the batch outlasts the finalizer's budget
+        assert await backend.deadline_sweep() == 0
+        await _succeed_one(backend)
+        await backend.complete_batch(batch_id)
+        released = await fetch(backend, finalizer.id)
+        assert released.status is JobStatus.PENDING and released.deadline_at is not None
+        assert_close(released.deadline_at, released.scheduled_at + SHORT_LEASE)
+        assert await backend.deadline_sweep() == 0
+        await expire_short_leases(advance_time)
+        assert await backend.deadline_sweep() == 1  # from its release, it does count
 
     @covers("complete_batch", "abort_batch")
     async def test_complete_batch_leaves_an_aborted_batch_aborted(self, backend: Backend) -> None:

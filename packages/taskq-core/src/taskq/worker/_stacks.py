@@ -19,11 +19,34 @@ __all__ = ["describe_tasks", "dump_task_stacks"]
 _log = structlog.get_logger("taskq.worker")
 
 
+_MAX_DEPTH = 16
+
+
+def _await_sites(task: asyncio.Task[object]) -> list[str]:
+    """Where ``task`` waits, innermost first: the chain of coroutines each awaits.
+
+    ``Task.get_stack`` gives a suspended task's outermost frame only, which names the
+    loop's wrapper, never the statement it is stuck in.
+    """
+    sites: list[str] = []
+    link: object = task.get_coro()
+    for _ in range(_MAX_DEPTH):
+        frame = getattr(link, "cr_frame", None) or getattr(link, "gi_frame", None)
+        if frame is None:
+            break
+        sites.append(f"{frame.f_code.co_filename}:{frame.f_lineno}")
+        link = getattr(link, "cr_await", None) or getattr(link, "gi_yieldfrom", None)
+    if not sites:  # running, or not a coroutine: what the task itself reports
+        sites = [f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack(limit=8)]
+    return sites[::-1]
+
+
 def describe_tasks(tasks: set[asyncio.Task[object]] | None = None) -> list[dict[str, object]]:
-    """Every live task (default: of the running loop): name, coroutine, await sites."""
+    """Every live task (default: of the running loop): name, coroutine, await sites
+    (innermost first)."""
     described = []
     for task in tasks if tasks is not None else asyncio.all_tasks():
-        frames = [f"{f.f_code.co_filename}:{f.f_lineno}" for f in task.get_stack(limit=8)]
+        frames = _await_sites(task)
         coro = task.get_coro()
         described.append(
             {

@@ -1,13 +1,16 @@
-"""``MaintenanceLeader.confirm``: callers that queued behind a confirmation share the
-next one's answer instead of each asking in turn."""
+"""``MaintenanceLeader``'s bounds: callers that queued behind a confirmation share the
+next one's answer instead of each asking in turn, and a leader loop's iteration ends
+within the command timeout however many statements it makes."""
 
 from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from uuid import uuid4
 
 from taskq import TaskQ, WorkerSettings
+from taskq.backend.memory import InMemoryBackend
 from taskq.worker._state import WorkerState
 from taskq.worker.leader import MaintenanceLeader
 
@@ -57,3 +60,45 @@ async def test_callers_queued_behind_a_confirmation_share_the_next_ones_answer()
     assert [type(a) for a in answers[:2]] == [TimeoutError, TimeoutError]
     assert answers[2:] == [False] * 4
     assert not leader.is_leader.is_set()
+
+
+class _SlowSweeps(InMemoryBackend):
+    """A slow but healthy database: each sweep statement takes 0.6 s."""
+
+    async def scheduled_to_pending(self) -> int:
+        await asyncio.sleep(0.6)
+        return await super().scheduled_to_pending()
+
+    async def deadline_sweep(self) -> int:
+        await asyncio.sleep(0.6)
+        return await super().deadline_sweep()
+
+    async def reclaim_expired_locks(self, *args: Any, **kwargs: Any) -> int:
+        await asyncio.sleep(0.6)
+        return await super().reclaim_expired_locks(*args, **kwargs)
+
+
+async def test_a_leader_loop_iteration_is_bounded_as_a_whole() -> None:
+    # Each statement well inside the timeout, three of them were not: the sweep's
+    # iterations outlasted its stale-tick budget and the watchdog took the worker down.
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    tq = TaskQ("memory://", backend=_SlowSweeps())
+    async with tq:
+        settings = {
+            **TEST_SETTINGS,
+            "queues": ["default"],
+            "dispatcher_command_timeout": "500ms",
+            "maintenance_interval": "100ms",
+        }
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        ages = []
+        for _ in range(60):
+            await asyncio.sleep(0.05)
+            if worker._state is not None:
+                ages.append(worker._state.liveness.ages().get("leader-sweep", 0.0))
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+    assert max(ages) < 1.2, max(ages)  # 0.5 s bound + the period; unbounded: 1.8 s+

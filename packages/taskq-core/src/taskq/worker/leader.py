@@ -243,8 +243,15 @@ class MaintenanceLeader:
     async def _gated(self, loop: _Loop) -> None:
         name, period, work = loop.name, loop.period, loop.work
         guard = UnexpectedLoopErrorGuard(name)
-        transient = transient_errors()
+        # The bound's TimeoutError is transient whatever the backend declares.
+        transient: tuple[type[BaseException], ...] = (TimeoutError, *transient_errors())
         last_slot: datetime | None = None
+        # An iteration of a frequent loop is bounded as a whole, not only statement by
+        # statement: on a slow but healthy database its several statements, each well
+        # inside the timeout, added up past the stale-tick budget, and the watchdog took
+        # the worker down. The daily ones (prune, archive expiry) run long on purpose.
+        bound = None if loop.at is not None else self.state.settings.dispatcher_command_timeout
+        clock = asyncio.get_running_loop()
         while True:
             await self.is_leader.wait()
             if loop.at is not None:
@@ -254,7 +261,16 @@ class MaintenanceLeader:
                 last_slot = _next_slot(now, loop.at, timedelta(seconds=period), last_slot)
                 await asyncio.sleep((last_slot - now).total_seconds())
             try:
-                moved = await work() if await self.confirm() else {}
+                began = clock.time()
+                moved = {}
+                if await self.confirm():
+                    if bound is None:
+                        moved = await work()
+                    else:
+                        # What the confirmation left of the bound (a quarter at least).
+                        left = bound.total_seconds() - (clock.time() - began)
+                        async with asyncio.timeout(max(left, bound.total_seconds() / 4)):
+                            moved = await work()
             except transient as exc:
                 _log.warning("taskq.leader-loop-transient-error", loop=name, error=repr(exc))
             except Exception as exc:  # noqa: BLE001 - the guard decides

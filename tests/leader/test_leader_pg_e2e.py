@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 from uuid import UUID
 
 import pytest
@@ -188,16 +189,10 @@ async def test_a_sigkilled_worker_s_jobs_are_reclaimed_and_reported_once_each(
 async def test_an_outage_longer_than_the_lease_runs_no_job_twice(
     tq: TaskQ, spawn: Spawn, pg_schema: PgSchema
 ) -> None:
-    from urllib.parse import urlsplit, urlunsplit
-
     c = tq.client
     jobs = [await c.enqueue(basic.nap, {"seconds": 7}) for _ in range(5)]
-    parts = urlsplit(pg_schema.dsn)
-    with TcpProxy(parts.port or 5432) as proxy:
-        netloc = parts.netloc.rsplit(":", 1)[0] + f":{proxy.port}"
-        worker = spawn(
-            "--concurrency", "5", env={"TASKQ_DSN": urlunsplit(parts._replace(netloc=netloc))}
-        )
+    with TcpProxy(urlsplit(pg_schema.dsn).port or 5432) as proxy:
+        worker = spawn("--concurrency", "5", env={"TASKQ_DSN": proxy.through(pg_schema.dsn)})
 
         async def all_running() -> bool:
             rows = await c.list_jobs(JobFilter(status=[JobStatus.RUNNING], limit=100))
@@ -237,18 +232,14 @@ async def test_a_stalled_network_is_ridden_out_without_a_watchdog_exit(
     # the loop misses its stale-tick budget (the 5 s floor) and the watchdog ends the
     # worker, running jobs and all: a timed-out statement used to wait as long again
     # for its cancel request, and a reconnect for connect_timeout (10 s).
-    from urllib.parse import urlsplit, urlunsplit
-
     c = tq.client
     jobs = [await c.enqueue(basic.nap, {"seconds": 6}) for _ in range(3)]
-    parts = urlsplit(pg_schema.dsn)
-    with TcpProxy(parts.port or 5432) as proxy:
-        netloc = parts.netloc.rsplit(":", 1)[0] + f":{proxy.port}"
+    with TcpProxy(urlsplit(pg_schema.dsn).port or 5432) as proxy:
         worker = spawn(
             "--concurrency",
             "3",
             env={
-                "TASKQ_DSN": urlunsplit(parts._replace(netloc=netloc)),
+                "TASKQ_DSN": proxy.through(pg_schema.dsn),
                 "TASKQ_POLL_INTERVAL": "200ms",
                 "TASKQ_HEARTBEAT_INTERVAL": "500ms",
                 "TASKQ_LOCK_LEASE": "4s",
@@ -287,15 +278,11 @@ async def test_a_stop_during_a_stall_ends_within_its_wall_and_exits_cleanly(
     # stop's last phase used to count its budget from after the drain began, not from
     # the signal, and kept no room for the teardown: the shutdown watchdog ended the
     # process (exit 2).
-    from urllib.parse import urlsplit, urlunsplit
-
     job = await tq.client.enqueue(basic.nap, {"seconds": 1})
-    parts = urlsplit(pg_schema.dsn)
-    with TcpProxy(parts.port or 5432) as proxy:
-        netloc = parts.netloc.rsplit(":", 1)[0] + f":{proxy.port}"
+    with TcpProxy(urlsplit(pg_schema.dsn).port or 5432) as proxy:
         worker = spawn(
             env={
-                "TASKQ_DSN": urlunsplit(parts._replace(netloc=netloc)),
+                "TASKQ_DSN": proxy.through(pg_schema.dsn),
                 "TASKQ_DISPATCHER_COMMAND_TIMEOUT": "1s",
                 "TASKQ_WATCHDOG_STALE_FLOOR": "5s",
                 "TASKQ_TERMINATION_GRACE_PERIOD": "12s",

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 from uuid import uuid4
 
 import pytest
@@ -36,12 +36,6 @@ async def test_a_stalled_statement_times_out_and_the_pool_stays_usable(
         await backend.close()
 
 
-def _through(proxy: TcpProxy, dsn: str) -> str:
-    parts = urlsplit(dsn)
-    netloc = parts.netloc.rsplit(":", 1)[0] + f":{proxy.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 async def _ends_within(call: Awaitable[Any], seconds: float) -> BaseException | None:
     """What ``call`` raised, asserting it ended within ``seconds``."""
     task = asyncio.ensure_future(call)
@@ -64,7 +58,7 @@ async def test_over_a_stalled_network_each_call_ends_within_the_command_timeout(
     # connection back, and the reconnect that follows waited for connect_timeout.
     with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
         backend = PostgresBackend(
-            _through(proxy, pg_pooled_schema.dsn),
+            proxy.through(pg_pooled_schema.dsn),
             schema=pg_pooled_schema.name,
             max_pool_size=max_pool_size,
             command_timeout=timedelta(seconds=_BUDGET),
@@ -96,7 +90,7 @@ async def test_over_a_stalled_network_a_leader_confirmation_ends_within_the_comm
 ) -> None:
     with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
         backend = PostgresBackend(
-            _through(proxy, pg_pooled_schema.dsn),
+            proxy.through(pg_pooled_schema.dsn),
             schema=pg_pooled_schema.name,
             command_timeout=timedelta(seconds=_BUDGET),
             connect_timeout=timedelta(seconds=30),
@@ -125,7 +119,7 @@ async def test_closing_over_a_stalled_network_ends_and_raises_nothing(
     # no command_timeout waited forever.
     with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
         backend = PostgresBackend(
-            _through(proxy, pg_pooled_schema.dsn),
+            proxy.through(pg_pooled_schema.dsn),
             schema=pg_pooled_schema.name,
             command_timeout=command_timeout,
         )

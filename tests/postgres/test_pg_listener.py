@@ -261,15 +261,13 @@ async def test_leaving_a_channel_does_not_wait_for_a_reconnect_to_a_stalled_serv
     # The reconnect held the listener's lock through its connect (connect_timeout, 30 s
     # here), and the unsubscribe in a stopping heartbeat's finally waited for that lock:
     # the worker's stop overran its hard wall.
-    from urllib.parse import urlsplit, urlunsplit
+    from urllib.parse import urlsplit
 
     from taskq_testing.faults import TcpProxy
 
-    parts = urlsplit(pg_pooled_schema.dsn)
-    with TcpProxy(parts.port or 5432) as proxy:
-        netloc = parts.netloc.rsplit(":", 1)[0] + f":{proxy.port}"
+    with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
         backend = PostgresBackend(
-            urlunsplit(parts._replace(netloc=netloc)),
+            proxy.through(pg_pooled_schema.dsn),
             schema=pg_pooled_schema.name,
             notify_health_check_interval=timedelta(milliseconds=200),
             connect_timeout=timedelta(seconds=30),

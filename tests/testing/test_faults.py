@@ -140,3 +140,13 @@ def test_a_stall_holds_traffic_both_ways_and_new_connections_until_restored(
             with sock:
                 sock.settimeout(5)
                 assert sock.recv(4096) == data
+
+
+def test_a_dsn_is_pointed_at_the_proxy() -> None:
+    with TcpProxy(5432) as proxy:
+        assert proxy.through("postgresql://u:p@127.0.0.1:5432/db?x=1") == (
+            f"postgresql://u:p@127.0.0.1:{proxy.port}/db?x=1"
+        )
+        assert proxy.through("postgresql://localhost/db") == (
+            f"postgresql://localhost:{proxy.port}/db"
+        )

@@ -164,6 +164,24 @@ async def test_a_sync_actor_told_to_stop_ends_once_its_thread_has_returned() -> 
     assert [r.status for r in rows if r] == [JobStatus.CANCELLED, JobStatus.SUCCEEDED]
 
 
+def _outlives_cancellation(name: str, seconds: float, started: asyncio.Event) -> Any:
+    """An actor that ignores every cancellation for ``seconds``, then returns "late"."""
+
+    @actor(name=name)
+    async def stubborn(payload: dict[str, Any]) -> str:
+        started.set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while loop.time() < end:
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                continue
+        return "late"
+
+    return stubborn
+
+
 async def test_an_abandoned_actor_that_returns_at_last_writes_and_blames_nothing() -> None:
     # It used to try a success write, find the job no longer its own and warn that the
     # lock "expired and was reclaimed", which is not what happened.
@@ -175,17 +193,7 @@ async def test_an_abandoned_actor_that_returns_at_last_writes_and_blames_nothing
 
     started = asyncio.Event()
 
-    @actor(name="outlives_its_abandonment")
-    async def stubborn(payload: dict[str, Any]) -> str:
-        started.set()
-        loop = asyncio.get_running_loop()
-        end = loop.time() + 0.8
-        while loop.time() < end:
-            try:
-                await asyncio.sleep(0.02)
-            except asyncio.CancelledError:
-                continue
-        return "late"
+    stubborn = _outlives_cancellation("outlives_its_abandonment", 0.8, started)
 
     tq = TaskQ("memory://", actors=[stubborn])
     async with tq:
@@ -215,17 +223,7 @@ async def test_a_job_a_stop_left_behind_writes_nothing_when_its_actor_returns() 
 
     started = asyncio.Event()
 
-    @actor(name="outlives_the_stop")
-    async def stubborn(payload: dict[str, Any]) -> str:
-        started.set()
-        loop = asyncio.get_running_loop()
-        end = loop.time() + 1.5
-        while loop.time() < end:
-            try:
-                await asyncio.sleep(0.02)
-            except asyncio.CancelledError:
-                continue
-        return "late"
+    stubborn = _outlives_cancellation("outlives_the_stop", 1.5, started)
 
     tq = TaskQ("memory://", actors=[stubborn])
     async with tq:

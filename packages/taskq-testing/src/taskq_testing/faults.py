@@ -19,6 +19,7 @@ import threading
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import urlsplit, urlunsplit
 
 __all__ = ["TcpProxy"]
 
@@ -70,6 +71,12 @@ class TcpProxy:
             self._thread.join(timeout=5)
             if not self._thread.is_alive():
                 self._loop.close()
+
+    def through(self, dsn: str) -> str:
+        """``dsn`` (a URL naming this proxy's target) with its port pointed at the proxy."""
+        parts = urlsplit(dsn)
+        host = parts.netloc.rsplit(":", 1)[0] if parts.port is not None else parts.netloc
+        return urlunsplit(parts._replace(netloc=f"{host}:{self.port}"))
 
     def cut(self) -> None:
         """Drop every connection and refuse new ones until :meth:`restore`."""

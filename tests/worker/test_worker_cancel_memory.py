@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from taskq import Context, JobStatus, RetryAfter, Snooze, TaskQ, actor
-from taskq.backend.memory import InMemoryBackend
 from taskq_testing import run_until_idle
+from tests.worker.flaky_backend import WritesFailWhileAway
 
 _GRACES = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "100ms"}
 
@@ -42,28 +42,6 @@ async def test_a_snooze_raised_after_a_cancel_ends_the_job_cancelled(
     assert [a.outcome for a in attempts] == ["cancelled"]
 
 
-class _SuccessWritesFail(InMemoryBackend):
-    """Success writes fail (a database blip) while ``away`` is set."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.away = False
-        self.failed = asyncio.Event()
-
-    def _check(self) -> None:
-        if self.away:
-            self.failed.set()
-            raise ConnectionRefusedError("database away")
-
-    async def mark_succeeded(self, *args: Any, **kwargs: Any) -> Any:
-        self._check()
-        return await super().mark_succeeded(*args, **kwargs)
-
-    async def mark_succeeded_many(self, *args: Any, **kwargs: Any) -> Any:
-        self._check()
-        return await super().mark_succeeded_many(*args, **kwargs)
-
-
 async def test_a_cancel_does_not_escalate_over_a_finished_jobs_outcome_write() -> None:
     # The escalation cancelled the task writing the success: the job was handed back
     # and its actor ran a second time.
@@ -76,7 +54,7 @@ async def test_a_cancel_does_not_escalate_over_a_finished_jobs_outcome_write() -
         backend.away = True
         return "done"
 
-    backend = _SuccessWritesFail()
+    backend = WritesFailWhileAway()
     tq = TaskQ("memory://", actors=[finishes], backend=backend)
     async with tq:
         job = await tq.client.enqueue(finishes, {})

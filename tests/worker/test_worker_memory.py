@@ -31,6 +31,7 @@ from taskq import (
 from taskq.backend.memory import InMemoryBackend
 from taskq.worker import Worker
 from taskq_testing import TEST_SETTINGS, run_until_idle
+from tests.worker.flaky_backend import WritesFailWhileAway
 
 
 class Add(BaseModel):
@@ -513,30 +514,6 @@ _SHORT_STOP = {
 }
 
 
-class _WritesFailWhileAway(InMemoryBackend):
-    """Outcome writes fail (the database is away) while ``away`` is set."""
-
-    away = False
-    failed_writes = 0
-
-    def _check(self) -> None:
-        if self.away:
-            self.failed_writes += 1
-            raise ConnectionRefusedError("database away")
-
-    async def mark_succeeded(self, *args: Any, **kwargs: Any) -> Any:
-        self._check()
-        return await super().mark_succeeded(*args, **kwargs)
-
-    async def mark_succeeded_many(self, *args: Any, **kwargs: Any) -> Any:
-        self._check()
-        return await super().mark_succeeded_many(*args, **kwargs)
-
-    async def mark_abandoned(self, *args: Any, **kwargs: Any) -> Any:
-        self._check()
-        return await super().mark_abandoned(*args, **kwargs)
-
-
 async def test_a_stop_keeps_writing_the_outcome_of_a_job_that_finished() -> None:
     from taskq.worker import Worker
 
@@ -549,7 +526,7 @@ async def test_a_stop_keeps_writing_the_outcome_of_a_job_that_finished() -> None
         finished.set()
         return "done"
 
-    backend = _WritesFailWhileAway()
+    backend = WritesFailWhileAway()
     tq = TaskQ("memory://", actors=[finishes], backend=backend)
     async with tq:
         job = await tq.client.enqueue(finishes, {})
@@ -584,7 +561,7 @@ async def test_marking_a_job_abandoned_at_the_stop_retries_a_lost_connection() -
             except asyncio.CancelledError:
                 continue  # ignores every cancellation for a while
 
-    backend = _WritesFailWhileAway()
+    backend = WritesFailWhileAway()
     tq = TaskQ("memory://", actors=[stubborn], backend=backend)
     async with tq:
         job = await tq.client.enqueue(stubborn, {})

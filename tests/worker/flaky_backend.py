@@ -1,0 +1,37 @@
+"""An in-memory backend whose outcome writes fail while the "database" is away."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from taskq.backend.memory import InMemoryBackend
+
+
+class WritesFailWhileAway(InMemoryBackend):
+    """Success and abandon writes raise a transient error while ``away`` is set;
+    ``failed_writes`` counts them and ``failed`` is set at the first."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.away = False
+        self.failed_writes = 0
+        self.failed = asyncio.Event()
+
+    def _check(self) -> None:
+        if self.away:
+            self.failed_writes += 1
+            self.failed.set()
+            raise ConnectionRefusedError("database away")
+
+    async def mark_succeeded(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return await super().mark_succeeded(*args, **kwargs)
+
+    async def mark_succeeded_many(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return await super().mark_succeeded_many(*args, **kwargs)
+
+    async def mark_abandoned(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return await super().mark_abandoned(*args, **kwargs)

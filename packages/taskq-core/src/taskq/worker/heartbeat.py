@@ -76,13 +76,18 @@ async def heartbeat_once(state: WorkerState) -> None:
 async def heartbeat_loop(state: WorkerState) -> None:
     """Tick every ``heartbeat_interval`` (sooner on a cancel wake) until cancelled."""
     guard = UnexpectedLoopErrorGuard("heartbeat")
-    transient = transient_errors()
+    # The bound's TimeoutError is transient whatever the backend declares.
+    transient: tuple[type[BaseException], ...] = (TimeoutError, *transient_errors())
     interval = state.settings.heartbeat_interval.total_seconds()
+    # A tick of several statements (renewals first) is bounded as a whole: on a slow but
+    # healthy database they added up past the stale-tick budget.
+    bound = state.settings.dispatcher_command_timeout.total_seconds()
     async with _cancel_wake(state) as cancel_wake:
         while True:
             cancel_wake.clear()
             try:
-                await heartbeat_once(state)
+                async with asyncio.timeout(bound):
+                    await heartbeat_once(state)
             except transient as exc:
                 _log.warning("taskq.heartbeat-transient-error", error=repr(exc))
             except Exception as exc:  # noqa: BLE001 - the guard decides

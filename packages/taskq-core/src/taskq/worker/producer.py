@@ -59,16 +59,23 @@ async def producer_loop(state: WorkerState) -> None:
     """Dispatch until ``state.stopping`` is set."""
     settings = state.settings
     poll = settings.poll_interval.total_seconds()
+    # An iteration's calls share one bound: on a slow but healthy database a hand-back
+    # and a dispatch of several statements, each inside the timeout, added up past the
+    # stale-tick budget. The bound's TimeoutError is transient whatever the backend says.
+    bound = settings.dispatcher_command_timeout.total_seconds()
     guard = UnexpectedLoopErrorGuard("producer")
-    transient = transient_errors()
+    transient: tuple[type[BaseException], ...] = (TimeoutError, *transient_errors())
+    clock = asyncio.get_running_loop()
     async with state.backend.subscribe_wake() as wake:
         while not state.stopping.is_set():
             state.liveness.tick("producer", poll)
+            deadline = clock.time() + bound
             if state.unheard_suspected:
                 # Cleared first: a heartbeat suspecting again meanwhile is not lost.
                 state.unheard_suspected = False
                 try:
-                    await hand_back_unheard(state)
+                    async with asyncio.timeout_at(deadline):
+                        await hand_back_unheard(state)
                 except Exception as exc:  # noqa: BLE001 - transient, or the guard decides
                     if isinstance(exc, transient):
                         _log.warning("taskq.unheard-jobs-transient-error", error=repr(exc))
@@ -87,9 +94,10 @@ async def producer_loop(state: WorkerState) -> None:
             # Cleared before dispatching: a NOTIFY arriving meanwhile sets it again.
             wake.clear()
             try:
-                jobs = await state.backend.dispatch_batch(
-                    state.worker_id, settings.queues, wanted, settings.lock_lease
-                )
+                async with asyncio.timeout_at(max(deadline, clock.time() + bound / 4)):
+                    jobs = await state.backend.dispatch_batch(
+                        state.worker_id, settings.queues, wanted, settings.lock_lease
+                    )
             except transient as exc:
                 _log.warning("taskq.dispatch-transient-error", error=repr(exc))
                 state.unheard_suspected = True  # it may have locked jobs all the same

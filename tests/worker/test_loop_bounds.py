@@ -1,5 +1,6 @@
-"""``MaintenanceLeader``'s bounds: callers that queued behind a confirmation share the
-next one's answer instead of each asking in turn, and a leader loop's iteration ends
+"""How long a worker loop's iteration may take with the database slow or away: callers
+queued behind a leader confirmation share the next one's answer instead of each asking
+in turn, and an iteration of the producer, the heartbeat or a frequent leader loop ends
 within the command timeout however many statements it makes."""
 
 from __future__ import annotations
@@ -102,3 +103,49 @@ async def test_a_leader_loop_iteration_is_bounded_as_a_whole() -> None:
         worker.stop()
         await asyncio.wait_for(running, 10)
     assert max(ages) < 1.2, max(ages)  # 0.5 s bound + the period; unbounded: 1.8 s+
+
+
+class _SlowWorkerCalls(InMemoryBackend):
+    """A slow but healthy database under a worker's own loops: a dispatch and a
+    heartbeat's statements take 0.6 s each."""
+
+    async def dispatch_batch(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(1.2)  # a dispatch of two statements
+        return await super().dispatch_batch(*args, **kwargs)
+
+    async def heartbeat_jobs(self, *args: Any, **kwargs: Any) -> int:
+        await asyncio.sleep(0.6)
+        return await super().heartbeat_jobs(*args, **kwargs)
+
+    async def poll_cancel_flags(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.6)
+        return await super().poll_cancel_flags(*args, **kwargs)
+
+
+async def test_the_producers_and_heartbeats_iterations_are_bounded_as_a_whole() -> None:
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    tq = TaskQ("memory://", backend=_SlowWorkerCalls())
+    async with tq:
+        settings = {
+            **TEST_SETTINGS,
+            "queues": ["default"],
+            "dispatcher_command_timeout": "500ms",
+            "poll_interval": "100ms",
+            "heartbeat_interval": "100ms",
+        }
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        ages: dict[str, list[float]] = {"producer": [], "heartbeat": []}
+        for _ in range(60):
+            await asyncio.sleep(0.05)
+            if worker._state is not None:
+                now = worker._state.liveness.ages()
+                for name, seen in ages.items():
+                    seen.append(now.get(name, 0.0))
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+    # 0.5 s bound + the period; unbounded, 1.2 s and more.
+    assert max(ages["producer"]) < 1.0, max(ages["producer"])
+    assert max(ages["heartbeat"]) < 1.0, max(ages["heartbeat"])

@@ -210,3 +210,26 @@ async def test_inputs_one_backend_would_misread_are_refused_on_every_backend(
     with pytest.raises(ValueError, match="not NaN"):
         await tq.client.wait_for_result(kept.id, timeout=float("nan"))
     assert [r.id for r in await tq.client.list_jobs()] == [kept.id]
+
+
+@actor(name="options.capped", max_pending=1)
+async def capped(payload: dict[str, Any]) -> None:
+    return None
+
+
+async def test_an_idempotent_retry_at_max_pending_gets_its_job_back(
+    taskq_backend: Backend,
+) -> None:
+    # A producer retrying after a timeout, under backpressure, was refused
+    # (MaxPendingExceededError) though its job existed and nothing would be inserted.
+    from taskq.errors import MaxPendingExceededError
+
+    tq = TaskQ("memory://", actors=[capped], backend=taskq_backend)
+    first = await tq.client.enqueue(capped, {}, idempotency_key="order-7")
+    again = await tq.client.enqueue(capped, {}, idempotency_key="order-7")
+    assert again.id == first.id
+    with pytest.raises(MaxPendingExceededError):
+        await tq.client.enqueue(capped, {}, idempotency_key="order-8")
+    with pytest.raises(MaxPendingExceededError):
+        await tq.client.enqueue(capped, {})
+    assert [r.id for r in await tq.client.list_jobs()] == [first.id]

@@ -177,6 +177,14 @@ def test_max_pending_is_enforced(client: SyncJobsClient) -> None:
         client.enqueue(capped, {})
 
 
+def test_an_idempotent_retry_at_max_pending_gets_its_job_back(client: SyncJobsClient) -> None:
+    first = client.enqueue(capped, {}, idempotency_key="order-7")
+    client.enqueue(capped, {})
+    assert client.enqueue(capped, {}, idempotency_key="order-7").id == first.id
+    with pytest.raises(MaxPendingExceededError):
+        client.enqueue(capped, {}, idempotency_key="order-8")
+
+
 def test_enqueue_batch_fast_copies_and_fails_whole(
     client: SyncJobsClient, pg_pooled_schema: PgSchema
 ) -> None:

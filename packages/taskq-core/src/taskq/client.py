@@ -19,10 +19,11 @@ from taskq.args_builder import (
 )
 from taskq.backend import Backend, Connection
 from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
-from taskq.errors import JobFailedError
+from taskq.errors import JobFailedError, MaxPendingExceededError
 from taskq.models import (
     AttemptRow,
     BulkCancelResult,
+    EnqueueArgs,
     EventRow,
     JobFilter,
     JobRow,
@@ -116,8 +117,27 @@ class JobsClient:
         """Enqueue one job; options as :meth:`build_args`. Returns the stored row
         (the existing one for a repeated ``idempotency_key``)."""
         args = self._build.args(actor, payload, options)
-        await self._check_capacity({args.actor: 1})
+        try:
+            await self._check_capacity({args.actor: 1})
+        except MaxPendingExceededError:
+            # A producer retrying under backpressure gets its job back: nothing is inserted.
+            existing = await self._existing(args)
+            if existing is None:
+                raise
+            return existing
         return await self._backend.enqueue(args)
+
+    async def _existing(self, args: EnqueueArgs) -> JobRow | None:
+        """The stored job of ``args``'s idempotency key, if it has one and it exists."""
+        if args.idempotency_key is None:
+            return None
+        found = await self._backend.list_jobs(
+            JobFilter(actor=args.actor, idempotency_key=args.idempotency_key, limit=1)
+        )
+        # Checked again: a backend that does not know the filter would list any job.
+        if found and found[0].idempotency_key == args.idempotency_key:
+            return found[0]
+        return None
 
     async def enqueue_with_conn(
         self, conn: Connection, actor: ActorRef, payload: Any, **options: Any

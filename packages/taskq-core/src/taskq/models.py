@@ -415,6 +415,7 @@ class JobFilter(_Model):
     actor: str | None = None
     queue: str | None = None
     identity_key: str | None = None
+    idempotency_key: str | None = None
     batch_id: UUID | None = None
     tags: tuple[str, ...] = ()
     """Jobs carrying every one of these tags."""

@@ -176,6 +176,8 @@ def _job_conditions(filters: JobFilter, params: _Params) -> list[str]:
         conditions.append(f"j.queue = {params.bind(filters.queue)}")
     if filters.identity_key is not None:
         conditions.append(f"j.identity_key = {params.bind(filters.identity_key)}")
+    if filters.idempotency_key is not None:
+        conditions.append(f"j.idempotency_key = {params.bind(filters.idempotency_key)}")
     if filters.batch_id is not None:
         # Both predicates, so the partial index jobs_batch_id_idx applies.
         conditions.append(

@@ -24,6 +24,7 @@ from psycopg.types.datetime import TimestamptzLoader
 
 from taskq.actor import Actor, actors_by_name
 from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, MaxPendingLimits, check_capacity
+from taskq.errors import MaxPendingExceededError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
 from taskq_postgres._enqueue import (
@@ -34,6 +35,7 @@ from taskq_postgres._enqueue import (
     plan_insert_jobs,
     refuse_keyless_singletons,
 )
+from taskq_postgres._rows import job_row
 from taskq_postgres._sql.enqueue import COPY_COLUMNS
 from taskq_postgres._statements import statements_for
 from taskq_postgres.channels import wake_channel
@@ -84,9 +86,25 @@ class SyncJobsClient:
         existing one for a repeated ``idempotency_key``)."""
         args = self._build.args(actor, payload, options)
         with self._turn() as cur:
-            self._check_capacity(cur, {args.actor: 1})
+            try:
+                self._check_capacity(cur, {args.actor: 1})
+            except MaxPendingExceededError:
+                # A producer retrying under backpressure gets its job back: nothing is
+                # inserted.
+                existing = self._existing(cur, args)
+                if existing is None:
+                    raise
+                return existing
             [row] = self._insert(cur, [args])
         return row
+
+    def _existing(self, cur: _Cursor, args: EnqueueArgs) -> JobRow | None:
+        """The stored job of ``args``'s idempotency key, if it has one and it exists."""
+        if args.idempotency_key is None:
+            return None
+        cur.execute(self._sql.existing_by_key, ([args.actor], [args.idempotency_key]))
+        record = cur.fetchone()
+        return None if record is None else job_row(record)
 
     def enqueue_batch(self, items: Iterable[BatchItem]) -> list[JobRow]:
         """Enqueue many jobs atomically (all or none); one row per item, in order.

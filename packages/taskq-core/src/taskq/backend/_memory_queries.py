@@ -25,6 +25,8 @@ def _matches(filters: JobFilter, statuses: frozenset[JobStatus] | None, row: Job
         return False
     if filters.identity_key is not None and row.identity_key != filters.identity_key:
         return False
+    if filters.idempotency_key is not None and row.idempotency_key != filters.idempotency_key:
+        return False
     if filters.batch_id is not None and str(row.metadata.get("batch_id")) != str(filters.batch_id):
         return False
     return all(tag in row.tags for tag in filters.tags)

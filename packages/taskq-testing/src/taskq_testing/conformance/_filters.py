@@ -31,13 +31,14 @@ async def _ids(backend: Backend, **fields: Any) -> set[UUID]:
 
 
 async def _varied(backend: Backend) -> dict[str, UUID]:
-    """Four jobs that differ in actor, queue, tags, identity and batch; ``b`` runs."""
+    """Four jobs that differ in actor, queue, tags, keys and batch; ``b`` runs."""
     specs: dict[str, dict[str, Any]] = {
         "a": {"actor": "A", "queue": "q1", "tags": ["x", "y"], "identity_key": "i1",
               "metadata": {"batch_id": str(_BATCH_1)}},
         "b": {"actor": "A", "queue": "q2", "tags": ["x"], "priority": 1,
               "metadata": {"batch_id": str(_BATCH_2)}},
-        "c": {"actor": "B", "queue": "q1", "tags": ["y"], "identity_key": "i1"},
+        "c": {"actor": "B", "queue": "q1", "tags": ["y"], "identity_key": "i1",
+              "idempotency_key": "k1"},
         "d": {"actor": "B", "queue": "q2", "identity_key": "i2",
               "metadata": {"batch_id": str(_BATCH_1), "other": 1}},
     }  # fmt: skip
@@ -121,6 +122,7 @@ class FilterTests:
             ({"actor": "A"}, {"a", "b"}),
             ({"queue": "q1"}, {"a", "c"}),
             ({"identity_key": "i1"}, {"a", "c"}),
+            ({"idempotency_key": "k1"}, {"c"}),
             ({"batch_id": _BATCH_1}, {"a", "d"}),
             ({"tags": ("x",)}, {"a", "b"}),
             ({"tags": ("x", "y")}, {"a"}),
@@ -135,6 +137,7 @@ class FilterTests:
             "actor",
             "queue",
             "identity",
+            "idempotency",
             "batch",
             "one-tag",
             "all-tags",

@@ -21,6 +21,9 @@ __all__ = ["MAX_SLOTS_PER_TICK", "cron_slots", "next_fire_at", "skipped_slots"]
 
 _log = structlog.get_logger("taskq.leader")
 
+_MAX_REPEATED_SLOTS: Final = 3601
+"""Slots one repeated hour can hold (a per-second cron): skipped one by one."""
+
 MAX_SLOTS_PER_TICK: Final = 1000
 """Slots one schedule may fire in one tick; the rest fire on the next ticks."""
 
@@ -32,8 +35,16 @@ def next_fire_at(cron: str, timezone: str, after: datetime) -> datetime | None:
 
     A sixth cron field gives seconds, a seventh the year (croniter's layout)."""
     local_start = after.astimezone(ZoneInfo(timezone))
+    times = croniter(cron, local_start)
     try:
-        fire: datetime = croniter(cron, local_start).get_next(datetime)
+        fire: datetime = times.get_next(datetime)
+        # When clocks go back, a local time happens twice (the second has fold=1). A
+        # schedule with set hours runs once at it, as cron does; an every-hour one runs
+        # in both hours, as elapsed time says.
+        for _ in range(_MAX_REPEATED_SLOTS):
+            if fire.fold == 0 or times.expanded[1] == ["*"]:
+                break
+            fire = times.get_next(datetime)
     except CroniterBadDateError:
         return None
     return fire.astimezone(UTC)

@@ -1,0 +1,47 @@
+"""When a cron schedule fires across daylight-saving changes: at set hours once a day,
+as cron does, even when clocks go back and a local time happens twice."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from taskq.backend.cron import next_fire_at
+
+_NY = "America/New_York"  # clocks go back at 02:00 EDT on 1 November 2026
+
+
+def _fires(cron: str, start: datetime, count: int) -> list[datetime]:
+    fires, after = [], start
+    for _ in range(count):
+        fire = next_fire_at(cron, _NY, after)
+        assert fire is not None
+        fires.append(fire)
+        after = fire
+    return fires
+
+
+def test_a_daily_time_that_happens_twice_fires_once() -> None:
+    # 01:30 came twice (EDT, then EST) and so did the job.
+    start = datetime(2026, 11, 1, 4, 0, tzinfo=UTC)  # 00:00 EDT
+    assert _fires("30 1 * * *", start, 2) == [
+        datetime(2026, 11, 1, 5, 30, tzinfo=UTC),  # 01:30 EDT
+        datetime(2026, 11, 2, 6, 30, tzinfo=UTC),  # 01:30 EST, the next day
+    ]
+
+
+@pytest.mark.parametrize("cron", ["30 * * * *", "*/30 * * * *"])
+def test_an_every_hour_schedule_runs_in_both_hours(cron: str) -> None:
+    start = datetime(2026, 11, 1, 5, 0, tzinfo=UTC)  # 01:00 EDT
+    fires = _fires(cron, start, 3)
+    assert datetime(2026, 11, 1, 5, 30, tzinfo=UTC) in fires  # 01:30 EDT
+    assert datetime(2026, 11, 1, 6, 30, tzinfo=UTC) in fires  # 01:30 EST
+
+
+def test_set_hours_skip_every_slot_of_the_repeated_hour() -> None:
+    start = datetime(2026, 11, 1, 5, 50, tzinfo=UTC)  # 01:50 EDT
+    assert _fires("*/20 1 * * *", start, 2) == [
+        datetime(2026, 11, 2, 6, 0, tzinfo=UTC),  # 01:00 EST on the 2nd: none at 01:xx EST
+        datetime(2026, 11, 2, 6, 20, tzinfo=UTC),
+    ]

@@ -76,8 +76,7 @@ async def heartbeat_once(state: WorkerState) -> None:
 async def heartbeat_loop(state: WorkerState) -> None:
     """Tick every ``heartbeat_interval`` (sooner on a cancel wake) until cancelled."""
     guard = UnexpectedLoopErrorGuard("heartbeat")
-    # The bound's TimeoutError is transient whatever the backend declares.
-    transient: tuple[type[BaseException], ...] = (TimeoutError, *transient_errors())
+    transient = transient_errors()  # the bound's TimeoutError among them (core's)
     interval = state.settings.heartbeat_interval.total_seconds()
     # A tick of several statements (renewals first) is bounded as a whole: on a slow but
     # healthy database they added up past the stale-tick budget.

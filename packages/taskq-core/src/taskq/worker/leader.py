@@ -243,8 +243,7 @@ class MaintenanceLeader:
     async def _gated(self, loop: _Loop) -> None:
         name, period, work = loop.name, loop.period, loop.work
         guard = UnexpectedLoopErrorGuard(name)
-        # The bound's TimeoutError is transient whatever the backend declares.
-        transient: tuple[type[BaseException], ...] = (TimeoutError, *transient_errors())
+        transient = transient_errors()  # the bound's TimeoutError among them (core's)
         last_slot: datetime | None = None
         # An iteration of a frequent loop is bounded as a whole, not only statement by
         # statement: on a slow but healthy database its several statements, each well

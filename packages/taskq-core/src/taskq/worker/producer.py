@@ -61,10 +61,10 @@ async def producer_loop(state: WorkerState) -> None:
     poll = settings.poll_interval.total_seconds()
     # An iteration's calls share one bound: on a slow but healthy database a hand-back
     # and a dispatch of several statements, each inside the timeout, added up past the
-    # stale-tick budget. The bound's TimeoutError is transient whatever the backend says.
+    # stale-tick budget.
     bound = settings.dispatcher_command_timeout.total_seconds()
     guard = UnexpectedLoopErrorGuard("producer")
-    transient: tuple[type[BaseException], ...] = (TimeoutError, *transient_errors())
+    transient = transient_errors()  # the bound's TimeoutError among them (core's)
     clock = asyncio.get_running_loop()
     async with state.backend.subscribe_wake() as wake:
         while not state.stopping.is_set():

@@ -334,6 +334,26 @@ async def test_the_last_attempts_failure_is_logged_as_final() -> None:
     assert decisions == ["retry", "fail"]
 
 
+async def test_a_validation_error_the_actor_raises_is_retried_like_any_other() -> None:
+    # API.md: any exception but Snooze and RetryAfter is retried until attempts run out.
+    # A pydantic error of a reply the actor parsed may pass on the next attempt; only
+    # the job's own payload, checked before the actor runs, fails without a retry.
+    replies = iter(["not a number", "42"])
+
+    @actor(name="parses_a_reply", max_attempts=2, retry_backoff=FixedBackoff(timedelta(0)))
+    async def parses_a_reply(payload: dict[str, Any]) -> int:
+        return Add.model_validate({"a": next(replies), "b": 0}).a
+
+    tq = TaskQ("memory://", actors=[parses_a_reply])
+    async with tq:
+        job = await tq.client.enqueue(parses_a_reply, {})
+        await run_until_idle(tq)
+        row = await tq.client.get(job.id)
+        assert row is not None and (row.status, row.result) == ("succeeded", 42)
+        outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
+        assert outcomes == ["failed", "succeeded"]
+
+
 async def test_until_idle_ends_when_only_jobs_of_unknown_actors_are_left() -> None:
     import structlog.testing
 

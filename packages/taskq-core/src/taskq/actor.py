@@ -19,7 +19,7 @@ from pydantic_core import PydanticSerializationError
 
 from taskq.errors import ConfigurationError, PayloadValidationError
 from taskq.models import INT32_MAX, INT32_MIN, EnqueueArgs
-from taskq.retry import Backoff, ExponentialBackoff, RetryClassifier
+from taskq.retry import Backoff, ExponentialBackoff, RetryPolicy
 
 __all__ = ["Actor", "ActorOptions", "actor", "actors_by_name"]
 
@@ -80,7 +80,7 @@ class Actor(Generic[P, R]):
         self.fn = fn
         self.options = options
         self.is_async = inspect.iscoroutinefunction(fn)
-        self.retry = RetryClassifier(options.retry_backoff)
+        self.retry = RetryPolicy(options.retry_backoff)
         params = list(inspect.signature(fn).parameters.values())
         if not params or params[0].kind not in (
             inspect.Parameter.POSITIONAL_ONLY,

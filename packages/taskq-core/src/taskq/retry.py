@@ -1,9 +1,13 @@
-"""Retry policy: what kind of retry an error gets, and the backoff.
+"""Retry policy: the backoff before the next attempt of a job whose actor raised.
 
-:class:`RetryClassifier` decides *kind and backoff only*. It takes no clock
-and no deadline: the backend decides whether the retry still fits the
-``schedule_to_close`` deadline and the attempt budget, from its own clock,
-in the same statement that writes the outcome (one arbiter per predicate).
+Every exception an actor raises (other than ``Snooze`` and ``RetryAfter``) is
+retried, as API.md says: an error that looks permanent (a ``ValueError``, a
+pydantic ``ValidationError`` of a reply the actor parsed) may come from
+something outside the job that changes. :class:`RetryPolicy` gives the delay
+only. It takes no clock and no deadline: the backend decides whether the retry
+still fits the ``schedule_to_close`` deadline and the attempt budget, from its
+own clock, in the same statement that writes the outcome (one arbiter per
+predicate).
 """
 
 from __future__ import annotations
@@ -13,19 +17,15 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal, Protocol
+from typing import Protocol
 
-from pydantic import ValidationError
-
-from taskq.errors import PayloadValidationError
 from taskq.models import MAX_DURATION
 
 __all__ = [
     "Backoff",
     "ExponentialBackoff",
     "FixedBackoff",
-    "RetryClassifier",
-    "RetryDecision",
+    "RetryPolicy",
 ]
 
 
@@ -83,30 +83,14 @@ class FixedBackoff:
         return self.delay
 
 
-@dataclass(frozen=True)
-class RetryDecision:
-    """What to do after an attempt raised."""
-
-    kind: Literal["retry", "fail"]
-    delay: timedelta | None
-    """Backoff before the retry; None when ``kind == "fail"``."""
-
-
-# Errors that fail identically on every attempt: retrying only burns budget.
-_NEVER_RETRY: tuple[type[BaseException], ...] = (PayloadValidationError, ValidationError)
-
-
-class RetryClassifier:
-    """Turns an actor's exception into a retry decision."""
+class RetryPolicy:
+    """The delay before retrying a job whose actor raised."""
 
     def __init__(self, backoff: Backoff | Callable[[int], timedelta] | None = None) -> None:
         self._backoff = backoff if backoff is not None else ExponentialBackoff()
 
-    def classify(self, exc: BaseException, attempt: int) -> RetryDecision:
-        """Decide for the failure of attempt ``attempt`` (1-based). A backoff's delay is
-        kept between 0 and :data:`~taskq.models.MAX_DURATION` (a custom one may say
-        anything; a job cannot be put off by more than a century)."""
-        if isinstance(exc, _NEVER_RETRY):
-            return RetryDecision("fail", None)
-        delay = self._backoff(attempt)
-        return RetryDecision("retry", min(max(delay, timedelta(0)), MAX_DURATION))
+    def delay(self, attempt: int) -> timedelta:
+        """The backoff after the failure of attempt ``attempt`` (1-based), kept between 0
+        and :data:`~taskq.models.MAX_DURATION` (a custom one may say anything; a job
+        cannot be put off by more than a century)."""
+        return min(max(self._backoff(attempt), timedelta(0)), MAX_DURATION)

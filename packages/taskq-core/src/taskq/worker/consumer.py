@@ -209,11 +209,10 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
             _log.info("taskq.job-past-deadline")
             await _fail_with(state, row, DEADLINE_EXCEEDED, retry_delay=None, ctx=ctx)
             return
-        decision = actor.retry.classify(exc, row.attempt)
-        # The backend fails a job whose attempts are spent, whatever the policy says.
-        final = "fail" if row.attempt >= row.max_attempts else decision.kind
+        # The backend fails a job whose attempts are spent; this only names it in the log.
+        final = "fail" if row.attempt >= row.max_attempts else "retry"
         _log.info("taskq.job-raised", error=repr(exc), decision=final)
-        await _fail(state, row, exc, retry_delay=decision.delay, ctx=ctx)
+        await _fail(state, row, exc, retry_delay=actor.retry.delay(row.attempt), ctx=ctx)
         return
 
     if ctx.cancel_event.is_set() and await _stopped(state, row, ctx, active):

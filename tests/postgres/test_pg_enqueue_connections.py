@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
+import asyncpg
 import pytest
 
-from taskq import EnqueueArgs
+from taskq import EnqueueArgs, TaskQ, actor
+from taskq.errors import MaxPendingExceededError
 from taskq_postgres import PostgresBackend
 from taskq_testing.postgres import PgSchema
 
@@ -117,3 +120,28 @@ async def test_a_pool_of_one_connection_is_not_pinned(pg_pooled_schema: PgSchema
                 assert count == 3
     finally:
         await asyncio.wait_for(backend.close(), 10)
+
+
+@actor(name="conn.capped", max_pending=1)
+async def capped(payload: dict[str, Any]) -> None:
+    return None
+
+
+async def test_an_idempotent_retry_at_max_pending_in_a_transaction_gets_its_job_back(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # As enqueue and the sync client do: enqueue_with_conn raised MaxPendingExceededError.
+    async with TaskQ(pg_pooled_schema.dsn, schema=pg_pooled_schema.name, actors=[capped]) as tq:
+        first = await tq.client.enqueue(capped, {}, idempotency_key="order-7")
+        conn = await asyncpg.connect(pg_pooled_schema.dsn)
+        try:
+            async with conn.transaction():
+                again = await tq.client.enqueue_with_conn(
+                    conn, capped, {}, idempotency_key="order-7"
+                )
+                with pytest.raises(MaxPendingExceededError):
+                    await tq.client.enqueue_with_conn(conn, capped, {}, idempotency_key="order-8")
+        finally:
+            await conn.close()
+        assert again == first
+        assert [r.id for r in await tq.client.list_jobs()] == [first.id]

@@ -12,14 +12,20 @@ from uuid import UUID
 import psycopg
 import pytest
 import structlog.testing
+from psycopg.conninfo import make_conninfo
 from psycopg.types.datetime import TimestamptzLoader
 from pydantic import BaseModel
 
 from taskq import EnqueueItem, actor
 from taskq.actor import Actor
-from taskq.errors import MaxPendingExceededError, PayloadValidationError, SingletonCollisionError
+from taskq.errors import (
+    ConfigurationError,
+    MaxPendingExceededError,
+    PayloadValidationError,
+    SingletonCollisionError,
+)
 from taskq.models import EnqueueArgs, JobFilter, JobRow, JobStatus
-from taskq_postgres import PostgresBackend, SyncJobsClient, wake_channel
+from taskq_postgres import BackendUnavailableError, PostgresBackend, SyncJobsClient, wake_channel
 from taskq_testing.postgres import PgSchema
 
 pytestmark = pytest.mark.postgres
@@ -379,3 +385,90 @@ def test_a_copy_with_a_used_key_or_id_is_a_clear_error(
     with pytest.raises(ValueError, match="already exists"):
         client.enqueue_batch_fast([used_id])
     assert _stored(pg_pooled_schema) == [kept]
+
+
+@pytest.mark.parametrize(
+    "style", ["-c DateStyle=German", "-c DateStyle=SQL,DMY", "-c IntervalStyle=iso_8601"]
+)
+def test_rows_are_read_in_any_date_and_interval_style(
+    pg_pooled_schema: PgSchema, style: str
+) -> None:
+    # psycopg reads text times and durations only in the default styles: the insert
+    # had committed when reading its row raised, and a retry enqueued twice.
+    with psycopg.connect(pg_pooled_schema.dsn, options=style, autocommit=True) as conn:
+        client = SyncJobsClient(conn, actors=ACTORS, schema=pg_pooled_schema.name)
+        row = client.enqueue(item, {"n": 1}, idempotency_key="k", timeout=5, delay=60)
+        assert client.enqueue(item, {"n": 1}, idempotency_key="k", timeout=5) == row
+        assert client.enqueue_batch([(item, {"n": 2})])[0].status is JobStatus.PENDING
+        assert client.enqueue_batch_fast([(item, {"n": 3})]) == 1
+    stored = {r.id: r for r in _stored(pg_pooled_schema)}
+    assert len(stored) == 3 and stored[row.id] == row
+    dsn = make_conninfo(pg_pooled_schema.dsn, options=style)
+    with SyncJobsClient(dsn, actors=ACTORS, schema=pg_pooled_schema.name) as own:
+        assert own.enqueue(item, {"n": 4}).created_at.tzinfo is UTC
+
+
+def test_the_dsns_own_session_options_are_kept(
+    pg_pooled_schema: PgSchema, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # TaskQ's options replaced the DSN's (and PGOPTIONS'), which libpq takes as one string.
+    read_only = "-c default_transaction_read_only=on"
+    dsn = make_conninfo(pg_pooled_schema.dsn, options=read_only)
+    for target in (dsn, "PGOPTIONS"):
+        if target == "PGOPTIONS":
+            monkeypatch.setenv("PGOPTIONS", read_only)
+            target = pg_pooled_schema.dsn
+        with (
+            SyncJobsClient(target, actors=ACTORS, schema=pg_pooled_schema.name) as client,
+            pytest.raises(psycopg.errors.ReadOnlySqlTransaction),
+        ):
+            client.enqueue(item, {"n": 1})
+    assert _stored(pg_pooled_schema) == []
+
+
+def test_a_call_that_waited_on_a_close_does_not_reopen(pg_pooled_schema: PgSchema) -> None:
+    # The closed check came before the lock: a call waiting while close() ran then
+    # found the connection closed and opened a new one, on a closed client.
+    client = SyncJobsClient(pg_pooled_schema.dsn, actors=ACTORS, schema=pg_pooled_schema.name)
+    outcome: list[BaseException | JobRow] = []
+
+    def call() -> None:
+        try:
+            outcome.append(client.enqueue(item, {"n": 1}))
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            outcome.append(exc)
+
+    with client._lock:  # a call in progress; the next one waits for it
+        waiting = threading.Thread(target=call)
+        waiting.start()
+        waiting.join(timeout=0.2)
+        client._closed = True  # what close() does once the running call ends
+        client._conn.close()
+    waiting.join(timeout=10)
+    [error] = outcome
+    assert isinstance(error, RuntimeError) and "closed" in str(error)
+    assert client._conn.closed
+    assert _stored(pg_pooled_schema) == []
+
+
+def test_an_idempotent_hit_at_max_pending_is_in_utc(pg_pooled_schema: PgSchema) -> None:
+    with psycopg.connect(pg_pooled_schema.dsn, options="-c TimeZone=Asia/Tokyo") as conn:
+        client = SyncJobsClient(conn, actors=ACTORS, schema=pg_pooled_schema.name)
+        first = client.enqueue(capped, {}, idempotency_key="order-7")
+        client.enqueue(capped, {})
+        again = client.enqueue(capped, {}, idempotency_key="order-7")
+        assert again == first and again.created_at.tzinfo is UTC
+
+
+@pytest.mark.parametrize("target", [None, b"postgresql://x", 5432])
+def test_a_target_neither_dsn_nor_connection_is_a_clear_error(target: Any) -> None:
+    with pytest.raises(TypeError, match="a DSN string or a psycopg.Connection"):
+        SyncJobsClient(target, actors=ACTORS)
+
+
+def test_an_unreachable_server_is_backend_unavailable() -> None:
+    # A port nothing listens on (this machine only): the error TaskQ's backend raises.
+    with pytest.raises(BackendUnavailableError, match="cannot connect to PostgreSQL at"):
+        SyncJobsClient("postgresql://postgres@127.0.0.1:1/none?connect_timeout=2", actors=ACTORS)
+    with pytest.raises(ConfigurationError, match="invalid DSN"):
+        SyncJobsClient("postgresql://postgres@127.0.0.1:5432/x?nonsense=1", actors=ACTORS)

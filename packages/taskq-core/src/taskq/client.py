@@ -119,35 +119,36 @@ class JobsClient:
         args = self._build.args(actor, payload, options)
         try:
             await self._check_capacity({args.actor: 1})
-        except MaxPendingExceededError:
-            # A producer retrying under backpressure gets its job back: nothing is inserted.
-            existing = await self._existing(args)
-            if existing is None:
-                raise
-            return existing
+        except MaxPendingExceededError as refused:
+            return await self._existing_or(args, refused)
         return await self._backend.enqueue(args)
 
-    async def _existing(self, args: EnqueueArgs) -> JobRow | None:
-        """The stored job of ``args``'s idempotency key, if it has one and it exists."""
-        if args.idempotency_key is None:
-            return None
-        found = await self._backend.list_jobs(
-            JobFilter(actor=args.actor, idempotency_key=args.idempotency_key, limit=1)
-        )
-        # Checked again: a backend that does not know the filter would list any job.
-        if found and found[0].idempotency_key == args.idempotency_key:
-            return found[0]
-        return None
+    async def _existing_or(self, args: EnqueueArgs, refused: MaxPendingExceededError) -> JobRow:
+        """Past ``max_pending``, an idempotent retry gets the committed job of its key
+        back (a producer retrying under backpressure: nothing is inserted); else
+        ``refused`` is raised."""
+        if args.idempotency_key is not None:
+            found = await self._backend.list_jobs(
+                JobFilter(actor=args.actor, idempotency_key=args.idempotency_key, limit=1)
+            )
+            # Checked again: a backend that does not know the filter would list any job.
+            if found and found[0].idempotency_key == args.idempotency_key:
+                return found[0]
+        raise refused
 
     async def enqueue_with_conn(
         self, conn: Connection, actor: ActorRef, payload: Any, **options: Any
     ) -> JobRow:
         """Enqueue inside the caller's own transaction (asyncpg connection on Postgres):
-        the job exists if and only if that transaction commits."""
+        the job exists if and only if that transaction commits. ``max_pending`` counts
+        committed jobs: the ones this transaction has not committed yet are not seen."""
         if conn is None:  # on every backend: the in-memory one has no use for it
             raise TypeError("enqueue_with_conn needs the caller's connection; use enqueue")
         args = self._build.args(actor, payload, options)
-        await self._check_capacity({args.actor: 1})
+        try:
+            await self._check_capacity({args.actor: 1})
+        except MaxPendingExceededError as refused:
+            return await self._existing_or(args, refused)
         return await self._backend.enqueue_with_conn(conn, args)
 
     async def enqueue_batch(

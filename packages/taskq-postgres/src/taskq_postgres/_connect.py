@@ -140,14 +140,28 @@ def connection_settings(
 
 
 @contextmanager
-def translated_errors(dsn: str) -> Iterator[None]:
+def translated_errors(
+    dsn: str,
+    *,
+    invalid: tuple[type[Exception], ...] = (),
+    unavailable: tuple[type[Exception], ...] = (),
+) -> Iterator[None]:
     """A failure to connect as :class:`BackendUnavailableError` (a bad DSN as
-    ``ConfigurationError``), with the redacted address and the reason."""
+    ``ConfigurationError``), with the redacted address and the reason. ``invalid``
+    and ``unavailable`` add another driver's errors (psycopg's) to asyncpg's."""
+    bad_dsn: tuple[type[Exception], ...] = (asyncpg.ClientConfigurationError, ValueError, *invalid)
+    unreachable: tuple[type[Exception], ...] = (
+        OSError,
+        TimeoutError,
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        *unavailable,
+    )
     try:
         yield
-    except (asyncpg.ClientConfigurationError, ValueError) as exc:
+    except bad_dsn as exc:
         raise ConfigurationError(f"invalid DSN {redact(dsn)}: {_one_line(exc)}") from exc
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except unreachable as exc:
         raise BackendUnavailableError(
             f"cannot connect to PostgreSQL at {redact(dsn)}: {_one_line(exc)}"
         ) from exc

@@ -9,24 +9,28 @@ validation and ``max_pending`` check of ``JobsClient`` (``taskq.args_builder``).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Final, Self, TypeVar
 from uuid import uuid4
 
 import psycopg
-from psycopg.pq import TransactionStatus
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import Format, TransactionStatus
 from psycopg.rows import DictRow, dict_row
-from psycopg.types.datetime import TimestamptzLoader
+from psycopg.types.datetime import TimestamptzBinaryLoader
+from psycopg.types.string import TextBinaryLoader
 
 from taskq.actor import Actor, actors_by_name
 from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, MaxPendingLimits, check_capacity
 from taskq.errors import MaxPendingExceededError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
+from taskq_postgres._connect import translated_errors
 from taskq_postgres._enqueue import (
     CopyFeed,
     Plan,
@@ -45,6 +49,9 @@ __all__ = ["SyncJobsClient"]
 _T = TypeVar("_T")
 
 _Cursor = psycopg.RawCursor[DictRow]
+
+_UNKNOWN_TYPE: Final = 0
+"""The type oid psycopg looks a loader up under for a type it has none for."""
 
 
 class SyncJobsClient:
@@ -70,6 +77,12 @@ class SyncJobsClient:
         max_pending_cache_ttl: float = 5.0,
         poll_only: bool = False,
     ) -> None:
+        if not isinstance(target, str | psycopg.Connection):
+            raise TypeError(
+                f"SyncJobsClient takes a DSN string or a psycopg.Connection, not "
+                f"{type(target).__qualname__} (for asyncpg or async code, use TaskQ's "
+                f"JobsClient)"
+            )
         self.schema = validate_schema_name(schema)
         self._build = ArgsBuilder(actors_by_name(actors))
         self._sql = statements_for(self.schema)
@@ -104,7 +117,7 @@ class SyncJobsClient:
             return None
         cur.execute(self._sql.existing_by_key, ([args.actor], [args.idempotency_key]))
         record = cur.fetchone()
-        return None if record is None else job_row(record)
+        return None if record is None else job_row(_in_utc(record))
 
     def enqueue_batch(self, items: Iterable[BatchItem]) -> list[JobRow]:
         """Enqueue many jobs atomically (all or none); one row per item, in order.
@@ -199,12 +212,18 @@ class SyncJobsClient:
     def _connect(self) -> psycopg.Connection[Any]:
         assert self._dsn is not None
         # Durations added on TaskQ's own connections are exact (see PostgresBackend).
-        return psycopg.connect(
-            self._dsn,
-            autocommit=True,
-            application_name=f"taskq-sync/{uuid4().hex[:12]}",
-            options="-c TimeZone=UTC -c jit=off",
-        )
+        # Added to the DSN's own options (or PGOPTIONS'): libpq takes one string, and a
+        # keyword argument would replace them (a statement_timeout, a role's search_path).
+        with translated_errors(
+            self._dsn, invalid=(psycopg.ProgrammingError,), unavailable=(psycopg.OperationalError,)
+        ):
+            given = conninfo_to_dict(self._dsn).get("options") or os.environ.get("PGOPTIONS", "")
+            return psycopg.connect(
+                self._dsn,
+                autocommit=True,
+                application_name=f"taskq-sync/{uuid4().hex[:12]}",
+                options=f"{given} -c TimeZone=UTC -c jit=off".strip(),
+            )
 
     @contextmanager
     def _turn(self) -> Iterator[_Cursor]:
@@ -214,15 +233,23 @@ class SyncJobsClient:
         it) is replaced; the call that saw it fail raised, since whether its statement
         committed cannot be known.
         """
-        if self._closed:
-            raise RuntimeError("this SyncJobsClient is closed; make a new one")
         with self._lock:
+            # Checked holding the lock: a call that waited on a close must not reopen.
+            if self._closed:
+                raise RuntimeError("this SyncJobsClient is closed; make a new one")
             if self._dsn is not None and self._conn.closed:
                 self._conn = self._connect()
             with psycopg.RawCursor(self._conn, row_factory=dict_row) as cur:
-                # psycopg's own loader on this cursor alone: a caller's connection may
-                # load times its own way (Django without USE_TZ: naive, in its zone).
-                cur.adapters.register_loader("timestamptz", TimestamptzLoader)
+                # Results in binary: psycopg reads text times and durations only in the
+                # default DateStyle and IntervalStyle, and the session's may be any (the
+                # statement had run by then: a retry would enqueue twice). psycopg's own
+                # loader on this cursor alone: a caller's connection may load times its
+                # own way (Django without USE_TZ: naive, in its zone).
+                cur.format = Format.BINARY
+                cur.adapters.register_loader("timestamptz", TimestamptzBinaryLoader)
+                # Types psycopg does not know (TaskQ's enums: a job's status) as their
+                # label, as text results give them, not as bytes.
+                cur.adapters.register_loader(_UNKNOWN_TYPE, TextBinaryLoader)
                 yield cur
 
     # -- lifetime -------------------------------------------------------------------

@@ -354,6 +354,66 @@ async def test_a_validation_error_the_actor_raises_is_retried_like_any_other() -
         assert outcomes == ["failed", "succeeded"]
 
 
+class _Aborted(BaseException):
+    """Not an ``Exception``, as some libraries' own are (a test runner's failure)."""
+
+
+@pytest.mark.parametrize("raised", ["cancelled", "base exception"])
+async def test_an_actor_raising_a_base_exception_spends_its_attempt(raised: str) -> None:
+    # A CancelledError of the actor's own (no cancel of the attempt), or another
+    # BaseException, ended the job's task with no outcome: the job was handed back
+    # unstarted and ran again, forever, with no attempt spent.
+    runs: list[int] = []
+
+    @actor(name="raises_base", max_attempts=2, retry_backoff=FixedBackoff(timedelta(0)))
+    async def raises_base(payload: dict[str, Any]) -> None:
+        runs.append(1)
+        if raised == "base exception":
+            raise _Aborted("stop")
+        helper = asyncio.ensure_future(asyncio.sleep(10))
+        helper.cancel()
+        await helper  # a future someone else cancelled
+
+    tq = TaskQ("memory://", actors=[raises_base])
+    async with tq:
+        job = await tq.client.enqueue(raises_base, {})
+        await run_until_idle(tq, timeout=10)
+        row = await tq.client.get(job.id)
+        assert row is not None and row.status == "failed" and row.error is not None
+        assert row.error.error_class.endswith(
+            "CancelledError" if raised == "cancelled" else "_Aborted"
+        )
+        assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["failed", "failed"]
+    assert len(runs) == 2
+
+
+class SlowResource:
+    """A dependency whose creation waits (a pool with no free connection)."""
+
+
+async def _slow_resource() -> SlowResource:
+    await asyncio.sleep(30)
+    return SlowResource()
+
+
+async def test_the_attempt_timeout_covers_resolving_the_actors_dependencies() -> None:
+    # Only the call was under the timeout: a provider that hung held the slot for good.
+    @actor(name="needs_slow_resource", timeout=0.2, max_attempts=1)
+    async def needs_slow_resource(payload: dict[str, Any], resource: SlowResource) -> str:
+        return "ran"
+
+    providers = ProviderRegistry()
+    providers.register(SlowResource, _slow_resource, scope=Scope.TRANSIENT)
+    tq = TaskQ("memory://", actors=[needs_slow_resource], providers=providers)
+    async with tq:
+        job = await tq.client.enqueue(needs_slow_resource, {})
+        await run_until_idle(tq, timeout=10)
+        row = await tq.client.get(job.id)
+        assert row is not None and row.status == "failed" and row.error is not None
+        assert row.error.error_class.endswith("TimeoutError")
+        assert "timeout of 0.2s" in row.error.message
+
+
 async def test_until_idle_ends_when_only_jobs_of_unknown_actors_are_left() -> None:
     import structlog.testing
 

@@ -13,6 +13,7 @@ import functools
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -191,9 +192,16 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         finally:
             if active is not None:
                 state.settle(active)
-    except asyncio.CancelledError:
-        if not await _stopped(state, row, ctx, active):
+    except asyncio.CancelledError as exc:
+        if await _stopped(state, row, ctx, active):
+            return
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
             raise
+        # Not a cancel of this attempt: the actor's own (a future it awaited was
+        # cancelled). Left to end the task, it left no outcome, and the job ran again
+        # and again without spending an attempt.
+        await _raised(state, row, ctx, actor, exc)
         return
     except (Snooze, RetryAfter) as signal:
         # Told to stop first: a cancelled job is not rescheduled (it would come back
@@ -202,17 +210,14 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
             return
         await _reschedule(state, row, ctx, signal)
         return
-    except Exception as exc:  # noqa: BLE001 - every actor error becomes an outcome
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - every actor error becomes an outcome
+        # A BaseException too (``sys.exit`` in a sync actor, a library's own): it ended
+        # the worker, or the task with no outcome.
         if ctx.cancel_event.is_set() and await _stopped(state, row, ctx, active):
             return
-        if isinstance(exc, _DeadlinePassed):
-            _log.info("taskq.job-past-deadline")
-            await _fail_with(state, row, DEADLINE_EXCEEDED, retry_delay=None, ctx=ctx)
-            return
-        # The backend fails a job whose attempts are spent; this only names it in the log.
-        final = "fail" if row.attempt >= row.max_attempts else "retry"
-        _log.info("taskq.job-raised", error=repr(exc), decision=final)
-        await _fail(state, row, exc, retry_delay=actor.retry.delay(row.attempt), ctx=ctx)
+        await _raised(state, row, ctx, actor, exc)
         return
 
     if ctx.cancel_event.is_set() and await _stopped(state, row, ctx, active):
@@ -226,6 +231,21 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     if ok is False and not await _our_success_landed(state, row):
         _ownership_lost(row, "succeeded")
     _log.debug("taskq.job-succeeded")
+
+
+async def _raised(
+    state: WorkerState, row: JobRow, ctx: Context, actor: Actor[..., Any], exc: BaseException
+) -> None:
+    """Write the outcome of an attempt whose actor raised: a retry after its backoff, or
+    failed (attempts spent, or past the job's deadline)."""
+    if isinstance(exc, _DeadlinePassed):
+        _log.info("taskq.job-past-deadline")
+        await _fail_with(state, row, DEADLINE_EXCEEDED, retry_delay=None, ctx=ctx)
+        return
+    # The backend fails a job whose attempts are spent; this only names it in the log.
+    final = "fail" if row.attempt >= row.max_attempts else "retry"
+    _log.info("taskq.job-raised", error=repr(exc), decision=final)
+    await _fail(state, row, exc, retry_delay=actor.retry.delay(row.attempt), ctx=ctx)
 
 
 async def _reschedule(
@@ -373,19 +393,39 @@ async def _invoke(
     plain = passthrough_scope(actor.fn, state.providers, containers, passthrough)
     if plain is not None:
         return await _call(plain, state.executor, limit)
-    async with build_actor_scope(actor.fn, state.providers, containers, passthrough) as scope:
-        return await _call(scope, state.executor, limit)
+    opening = build_actor_scope(actor.fn, state.providers, containers, passthrough)
+    if not actor.is_async:  # its dependencies are resolved in its thread, within the limit
+        async with opening as scope:
+            return await _call_in_thread(scope, state.executor, limit)
+    async with AsyncExitStack() as teardown:
+        # The limit covers resolving the dependencies too (a provider waiting on a pool
+        # held the slot past it); their teardown, shielded from cancellation, comes after.
+        return await _within(limit, _resolved_call(teardown, opening, state.executor))
+
+
+async def _resolved_call(
+    teardown: AsyncExitStack,
+    opening: AbstractAsyncContextManager[ResolvedActorScope],
+    executor: Executor,
+) -> Any:
+    scope = await teardown.enter_async_context(opening)
+    return await scope.invoke(executor)
 
 
 async def _call(scope: ResolvedActorScope, executor: Executor, limit: _Limit | None) -> Any:
     if not scope.is_async:
         return await _call_in_thread(scope, executor, limit)
+    return await _within(limit, scope.invoke(executor))
+
+
+async def _within(limit: _Limit | None, call: Awaitable[T]) -> T:
+    """``call``, failed with ``limit.expired()`` past the attempt's limit."""
     if limit is None:
-        return await scope.invoke(executor)
+        return await call
     deadline = asyncio.timeout(limit.seconds)
     try:
         async with deadline:
-            return await scope.invoke(executor)
+            return await call
     except TimeoutError:
         if deadline.expired():
             raise limit.expired() from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -412,6 +412,53 @@ async def test_the_attempt_timeout_covers_resolving_the_actors_dependencies() ->
         assert row is not None and row.status == "failed" and row.error is not None
         assert row.error.error_class.endswith("TimeoutError")
         assert "timeout of 0.2s" in row.error.message
+
+
+class _LoopValue:
+    pass
+
+
+class _ThreadValue:
+    pass
+
+
+class _ProcessValue:
+    pass
+
+
+async def test_a_stop_cut_in_a_loop_teardown_still_closes_the_thread_and_process_scopes() -> None:
+    # A LOOP teardown that a cancellation cut (here: one that raises it) skipped the
+    # THREAD and PROCESS teardowns: a process-wide pool or file was never closed.
+    closed: list[str] = []
+
+    async def loop_value() -> AsyncIterator[_LoopValue]:
+        yield _LoopValue()
+        raise asyncio.CancelledError  # as a stop's cancellation landing here does
+
+    def thread_value() -> Iterator[_ThreadValue]:
+        yield _ThreadValue()
+        closed.append("thread")
+
+    def process_value() -> Iterator[_ProcessValue]:
+        yield _ProcessValue()
+        closed.append("process")
+
+    @actor(name="uses_every_scope")
+    async def uses_every_scope(
+        payload: dict[str, Any], a: _LoopValue, b: _ThreadValue, c: _ProcessValue
+    ) -> None:
+        return None
+
+    providers = ProviderRegistry()
+    providers.register(_LoopValue, loop_value, scope=Scope.LOOP)
+    providers.register(_ThreadValue, thread_value, scope=Scope.THREAD)
+    providers.register(_ProcessValue, process_value, scope=Scope.PROCESS)
+    tq = TaskQ("memory://", actors=[uses_every_scope], providers=providers)
+    async with tq:
+        await tq.client.enqueue(uses_every_scope, {})
+        with pytest.raises(asyncio.CancelledError):
+            await run_until_idle(tq, timeout=10)
+    assert closed == ["thread", "process"]
 
 
 async def test_until_idle_ends_when_only_jobs_of_unknown_actors_are_left() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
+from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
 
@@ -249,9 +250,12 @@ class Worker:
             if state.completer is not None:
                 await state.completer.aclose()
             executor.shutdown(wait=False, cancel_futures=True)
-            await state.loop_scope.aclose()
-            await state.thread_scope.aclose()
-            await state.process_scope.aclose()
+            # Each scope closes whatever the one before raised (a LOOP teardown cut by
+            # a cancellation skipped the THREAD and PROCESS ones): LOOP, THREAD, PROCESS.
+            async with AsyncExitStack() as scopes:
+                scopes.push_async_callback(state.process_scope.aclose)
+                scopes.push_async_callback(state.thread_scope.aclose)
+                scopes.push_async_callback(state.loop_scope.aclose)
             _log.info(
                 "taskq.worker-stopped", worker_id=str(self.worker_id), processed=state.processed
             )

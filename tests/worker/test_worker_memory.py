@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from taskq import (
     Context,
@@ -352,6 +353,39 @@ async def test_a_validation_error_the_actor_raises_is_retried_like_any_other() -
         assert row is not None and (row.status, row.result) == ("succeeded", 42)
         outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
         assert outcomes == ["failed", "succeeded"]
+
+
+class _Colour(enum.Enum):
+    RED = "red"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True)
+    at: datetime
+    ref: UUID
+    colour: _Colour
+
+
+async def test_a_strict_payload_model_with_times_ids_and_enums_runs() -> None:
+    # Stored as JSON strings, validated back in pydantic's strict Python mode, which
+    # wants the objects: every such payload was refused at enqueue.
+    seen: list[_Strict] = []
+
+    @actor(name="strict_payload")
+    async def strict_payload(payload: _Strict) -> None:
+        seen.append(payload)
+
+    sent = _Strict(at=datetime(2026, 12, 4, 12, 0, tzinfo=UTC), ref=uuid4(), colour=_Colour.RED)
+    tq = TaskQ("memory://", actors=[strict_payload])
+    async with tq:
+        job = await tq.client.enqueue(strict_payload, sent)
+        assert job.payload == {"at": "2026-12-04T12:00:00Z", "ref": str(sent.ref), "colour": "red"}
+        # As JSON gives it (`taskq enqueue`, another language's producer): taken too.
+        await tq.client.enqueue("strict_payload", job.payload)
+        with pytest.raises(PayloadValidationError, match="colour"):
+            await tq.client.enqueue(strict_payload, {**job.payload, "colour": "blue"})
+        await run_until_idle(tq)
+    assert seen == [sent, sent]
 
 
 class _Aborted(BaseException):

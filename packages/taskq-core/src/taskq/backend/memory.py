@@ -98,6 +98,13 @@ def _requeue(row: JobRow, now: datetime, delay: timedelta, changes: dict[str, An
     return to
 
 
+def _copy(row: JobRow) -> JobRow:
+    """A row to hand out: its containers (payload, result, tags…) are not the stored
+    ones, as a database's rows are not (an actor changing its payload in place
+    changed the job, and each retry saw the attempts before it)."""
+    return row.model_copy(deep=True)
+
+
 class InMemoryBackend:
     """A complete Backend kept in process memory (URL ``memory://``).
 
@@ -176,7 +183,7 @@ class InMemoryBackend:
         """Insert one job (``pending``, or ``scheduled`` after a positive ``delay``)."""
         plan = self._store.plan_inserts([args], self.clock.now(), idempotent=True)
         self._store.insert(plan)
-        return plan.rows[0]
+        return _copy(plan.rows[0])
 
     async def enqueue_batch(
         self, args_list: list[EnqueueArgs], *, connection: Connection = None
@@ -184,7 +191,7 @@ class InMemoryBackend:
         """Insert all items or none; one row per item, in order. ``connection`` is ignored."""
         plan = self._store.plan_inserts(args_list, self.clock.now(), idempotent=True)
         self._store.insert(plan)
-        return plan.rows
+        return [_copy(row) for row in plan.rows]
 
     async def enqueue_batch_fast(
         self, args_list: Iterable[EnqueueArgs], *, connection: Connection = None
@@ -232,16 +239,18 @@ class InMemoryBackend:
             queue_caps={name: cfg.max_concurrent for name, cfg in self._queues.items()},
         )
         return [
-            self._store.move(
-                row,
-                _S.RUNNING,
-                now,
-                detail={"worker_id": str(worker_id)},
-                attempt=row.attempt + 1,
-                locked_by_worker=worker_id,
-                started_at=now,
-                lock_expires_at=now + lock_lease,
-                execution_started_at=None,
+            _copy(
+                self._store.move(
+                    row,
+                    _S.RUNNING,
+                    now,
+                    detail={"worker_id": str(worker_id)},
+                    attempt=row.attempt + 1,
+                    locked_by_worker=worker_id,
+                    started_at=now,
+                    lock_expires_at=now + lock_lease,
+                    execution_started_at=None,
+                )
             )
             for row in chosen
         ]
@@ -826,11 +835,12 @@ class InMemoryBackend:
     # -- reads -------------------------------------------------------------------------
     async def get(self, job_id: JobId) -> JobRow | None:
         """One job, or None."""
-        return self._jobs.get(job_id)
+        row = self._jobs.get(job_id)
+        return None if row is None else _copy(row)
 
     async def list_jobs(self, filters: JobFilter) -> list[JobRow]:
         """One page of the jobs ``filters`` selects, in ``(created_at, id)`` order."""
-        return select_jobs(self._jobs.values(), filters)
+        return [_copy(row) for row in select_jobs(self._jobs.values(), filters)]
 
     async def count_pending_jobs(self, actors: list[str]) -> dict[str, int]:
         """Waiting (pending + scheduled) jobs of each actor asked for."""
@@ -941,7 +951,10 @@ class InMemoryBackend:
         the batch's, carried by ``batch_row``). ``chunk_size`` has no effect here:
         the whole call is one step.
         """
-        return self._batches.enqueue_atomic(items, batch_id, batch_row, finalizer_args)
+        return [
+            _copy(row)
+            for row in self._batches.enqueue_atomic(items, batch_id, batch_row, finalizer_args)
+        ]
 
     async def create_batch(
         self,

@@ -9,7 +9,7 @@ from uuid import UUID, uuid4
 import pytest
 
 from taskq.backend import Backend, JobStatus, SupportsHeldJobs
-from taskq.models import ActorConfig, JobRow, QueueConfig, QueueMode
+from taskq.models import ActorConfig, JobFilter, JobRow, QueueConfig, QueueMode
 from taskq_testing.conformance._support import (
     ACTOR,
     ERROR,
@@ -72,6 +72,25 @@ class DispatchTests:
         assert row.started_at is not None and row.started_at >= job.created_at
         assert_close(row.lock_expires_at, row.started_at + LONG_LEASE)
         assert await backend.get(job.id) == row
+
+    @covers("enqueue", "dispatch_batch", "get", "list_jobs")
+    async def test_a_returned_row_is_a_copy_of_what_is_stored(self, backend: Backend) -> None:
+        # An actor that changed its dict payload in place changed the stored job on the
+        # in-memory backend: each retry saw the changes of the attempts before it.
+        payload = {"items": [1], "nested": {"k": "v"}}
+        enqueued = await backend.enqueue(make_args(payload=payload, tags=["t"]))
+        enqueued.payload["items"].append(2)
+        [row] = await backend.dispatch_batch(uuid4(), ["default"], 1, LONG_LEASE)
+        row.payload["items"].append(3)
+        row.payload["nested"]["k"] = "changed"
+        row.tags.append("u")
+        got = await fetch(backend, row.id)
+        got.payload["items"].append(4)
+        [listed] = await backend.list_jobs(JobFilter(actor=ACTOR))
+        listed.metadata["x"] = 1
+        stored = await fetch(backend, row.id)
+        assert stored.payload == {"items": [1], "nested": {"k": "v"}}
+        assert (stored.tags, stored.metadata) == (["t"], {})
 
     @covers("dispatch_batch", "get_events")
     async def test_dispatch_records_a_state_change_event(self, backend: Backend) -> None:

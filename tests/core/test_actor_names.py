@@ -51,6 +51,20 @@ def test_an_empty_name_is_refused() -> None:
         ({"timeout": 40_000 * 86_400}, "timeout: .*must be at most 36500 days"),
         ({"result_ttl": float("nan")}, "result_ttl takes a timedelta or seconds"),
         ({"schedule_to_close": 1e30}, "schedule_to_close takes a timedelta or seconds"),
+        # Wrong types passed the decoration, then failed every enqueue or the worker's
+        # start (a raw TypeError, or a pydantic error about ActorConfig).
+        ({"name": 123}, "name must not be empty.*got 123"),
+        ({"max_attempts": "3"}, "max_attempts must be a whole number between 1 and"),
+        ({"max_attempts": 2.5}, "max_attempts must be a whole number"),
+        ({"max_attempts": 0}, "max_attempts must be a whole number between 1 and"),
+        ({"priority": "high"}, "priority must be a whole number"),
+        ({"priority": 2**31}, "priority must be a whole number between -2147483648"),
+        ({"max_concurrent": 1.5}, "max_concurrent must be a whole number between 1"),
+        ({"max_concurrent": 0}, "max_concurrent must be a whole number between 1"),
+        ({"max_pending": 2.5}, "max_pending must be a whole number between 0"),
+        ({"max_pending": True}, "max_pending must be a whole number"),
+        ({"identity_key": "id"}, r"identity_key must be callable \(payload -> key"),
+        ({"retry_backoff": "exp"}, r"retry_backoff must be callable \(a taskq.retry policy"),
     ],
 )
 def test_options_no_enqueue_could_take_are_refused_at_the_decoration(
@@ -62,3 +76,27 @@ def test_options_no_enqueue_could_take_are_refused_at_the_decoration(
         @actor(**options)
         async def job(payload: dict[str, Any]) -> None:
             return None
+
+
+_LATER_TYPES = '''
+from __future__ import annotations
+from taskq import actor
+
+@actor(name="uses_store")
+async def uses_store(payload: Order, store: Store) -> None:
+    return None
+
+class Store:
+    """Defined after the actor, as the worker reads it at its start."""
+'''
+
+
+def test_only_the_payload_type_is_read_at_the_decoration() -> None:
+    # Every hint was read at the decoration: an injected type defined later in the
+    # module (or imported under TYPE_CHECKING) raised a bare NameError there.
+    namespace: dict[str, Any] = {"Order": dict[str, int]}
+    exec(_LATER_TYPES, namespace)  # noqa: S102 - a module of its own, written here
+    assert namespace["uses_store"].payload_type == dict[str, int]
+    del namespace["Order"]
+    with pytest.raises(ConfigurationError, match="cannot read the payload type 'Order'"):
+        exec(_LATER_TYPES, namespace)  # noqa: S102

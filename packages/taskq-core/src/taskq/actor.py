@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any, Final, Generic, ParamSpec, TypeVar, get_type_hints, overload
 
 from pydantic import ConfigDict, PydanticUserError, TypeAdapter, ValidationError
@@ -91,8 +92,7 @@ class Actor(Generic[P, R]):
                 f"e.g. `def {fn.__name__}(payload: MyModel, ctx: Context) -> ...`"
             )
         self.payload_parameter = params[0].name
-        hints = get_type_hints(fn, include_extras=True)
-        self.payload_type: Any = hints.get(self.payload_parameter, dict[str, Any])
+        self.payload_type: Any = _payload_hint(fn, options.name, self.payload_parameter)
         self._adapter: TypeAdapter[Any] = _payload_adapter(self.payload_type)
         self.wants_context = CONTEXT_PARAMETER in {p.name for p in params[1:]}
         self.passthrough = frozenset({self.payload_parameter, CONTEXT_PARAMETER})
@@ -220,19 +220,31 @@ def actor(
     enqueues they have in flight); ``identity_key(payload)`` serializes jobs
     with the same key; ``result_ttl`` expires stored results.
     """
-    if name is not None and not name.strip():
-        raise ConfigurationError("@actor name must not be empty (leave it out for the function's)")
-    if not 1 <= max_attempts <= INT32_MAX:
+    if name is not None and (not isinstance(name, str) or not name.strip()):
         raise ConfigurationError(
-            f"@actor max_attempts must be between 1 and {INT32_MAX}, got {max_attempts}"
+            f"@actor name must not be empty (leave it out for the function's), got {name!r}"
         )
-    if not INT32_MIN <= priority <= INT32_MAX:
-        raise ConfigurationError(
-            f"@actor priority must be between {INT32_MIN} and {INT32_MAX}, got {priority}"
-        )
-    for option, value in (("max_concurrent", max_concurrent), ("max_pending", max_pending)):
-        if value is not None and value < (1 if option == "max_concurrent" else 0):
-            raise ConfigurationError(f"@actor option {option} is out of range: {value}")
+    for option, value, low in (
+        ("max_attempts", max_attempts, 1),
+        ("priority", priority, INT32_MIN),
+        ("max_concurrent", max_concurrent, 1),
+        ("max_pending", max_pending, 0),
+    ):
+        # Checked here, not at each enqueue or at the worker's start: a "3" or a 2.5
+        # passed the decoration and failed every enqueue after it.
+        if value is None and option in ("max_concurrent", "max_pending"):
+            continue  # no cap
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= INT32_MAX:
+            raise ConfigurationError(
+                f"@actor {option} must be a whole number between {low} and {INT32_MAX}, "
+                f"got {value!r}"
+            )
+    for option, given, shape in (
+        ("retry_backoff", retry_backoff, "a taskq.retry policy, or attempt -> timedelta"),
+        ("identity_key", identity_key, "payload -> key or None"),
+    ):
+        if given is not None and not callable(given):
+            raise ConfigurationError(f"@actor {option} must be callable ({shape}), got {given!r}")
 
     def decorate(func: Callable[P, R]) -> Actor[P, R]:
         options = ActorOptions(
@@ -269,6 +281,30 @@ def _check_enqueueable(options: ActorOptions) -> None:
         raise ConfigurationError(
             f"@actor {options.name!r}: {validation_problems(exc, 'options')}"
         ) from None
+
+
+def _payload_hint(fn: Callable[..., Any], actor: str, parameter: str) -> Any:
+    """The payload parameter's type (``dict[str, Any]`` when it has none).
+
+    Only its own hint is read now: the types of injected parameters may be defined
+    later in the module, or imported under ``TYPE_CHECKING`` with a provider
+    registered for them; the worker reads those at its start.
+    """
+    annotation = inspect.get_annotations(fn).get(parameter)
+    if annotation is None:
+        return dict[str, Any]
+    only = SimpleNamespace(__annotations__={parameter: annotation})
+    source = inspect.unwrap(fn)
+    try:
+        hints = get_type_hints(
+            only, globalns=getattr(source, "__globals__", {}), include_extras=True
+        )
+    except (NameError, TypeError, SyntaxError) as exc:
+        raise ConfigurationError(
+            f"actor {actor!r}: cannot read the payload type {annotation!r}: {exc}. Define or "
+            f"import it before the actor, outside `if TYPE_CHECKING`"
+        ) from exc
+    return hints[parameter]
 
 
 def validation_problems(exc: ValidationError, whole: str) -> str:

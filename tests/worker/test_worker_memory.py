@@ -6,7 +6,7 @@ import asyncio
 import enum
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -446,6 +446,63 @@ async def test_the_attempt_timeout_covers_resolving_the_actors_dependencies() ->
         assert row is not None and row.status == "failed" and row.error is not None
         assert row.error.error_class.endswith("TimeoutError")
         assert "timeout of 0.2s" in row.error.message
+
+
+class _Tx:
+    """A transaction: committed when its scope ends well, rolled back otherwise."""
+
+
+class _SyncTx(_Tx):
+    pass
+
+
+async def test_a_context_manager_provider_is_told_the_actors_error() -> None:
+    # Exited with (None, None, None) whatever happened: a transaction provider
+    # committed the work of a job that failed.
+    endings: list[str] = []
+
+    class Transaction:
+        async def __aenter__(self) -> _Tx:
+            return _Tx()
+
+        async def __aexit__(self, kind: object, error: BaseException | None, tb: object) -> None:
+            if error is None:
+                endings.append("commit")
+                return
+            endings.append(f"rollback: {error}")
+            raise error  # as some libraries' own exits do
+
+    @contextmanager
+    def sync_transaction() -> Iterator[_SyncTx]:
+        try:
+            yield _SyncTx()
+        except Exception as exc:
+            endings.append(f"sync rollback: {exc}")
+            raise
+        endings.append("sync commit")
+
+    @actor(name="writes", max_attempts=2, retry_backoff=FixedBackoff(timedelta(0)))
+    async def writes(payload: dict[str, Any], tx: _Tx, ctx: Context) -> None:
+        if ctx.attempt == 1:
+            raise ValueError("attempt 1 failed")
+
+    @actor(name="writes_sync", max_attempts=1)
+    def writes_sync(payload: dict[str, Any], tx: _SyncTx) -> None:
+        raise ValueError("sync failed")
+
+    providers = ProviderRegistry()
+    providers.register_context(_Tx, Transaction, scope=Scope.TRANSIENT)
+    providers.register(_SyncTx, sync_transaction, scope=Scope.TRANSIENT)
+    tq = TaskQ("memory://", actors=[writes, writes_sync], providers=providers)
+    async with tq:
+        job = await tq.client.enqueue(writes, {})
+        await tq.client.enqueue(writes_sync, {})
+        await run_until_idle(tq)
+        [failed, _] = await tq.client.get_attempts(job.id)
+    assert sorted(endings) == ["commit", "rollback: attempt 1 failed", "sync rollback: sync failed"]
+    # The error recorded is the actor's, its traceback without the provider's frames.
+    assert failed.error is not None and failed.error.traceback is not None
+    assert "__aexit__" not in failed.error.traceback
 
 
 class _LoopValue:

@@ -23,8 +23,9 @@ from typing import Any, cast
 
 __all__ = ["Lifecycle", "Teardown", "detect_lifecycle", "enter", "enter_sync"]
 
-#: Undoes one provided value; returns an awaitable when the teardown is async.
-Teardown = Callable[[], object]
+#: Undoes one provided value, told the error that ended its scope (None: none did);
+#: returns an awaitable when the teardown is async.
+Teardown = Callable[[BaseException | None], object]
 
 
 class Lifecycle(Enum):
@@ -101,7 +102,7 @@ def enter_sync(
         raise RuntimeError(f"{lifecycle.value} provider {provider!r} needs an event loop")
     manager: AbstractContextManager[object] = factory(**kwargs)
     value = manager.__enter__()
-    return value, functools.partial(manager.__exit__, None, None, None)
+    return value, functools.partial(_exit, manager)
 
 
 async def enter(
@@ -122,10 +123,39 @@ async def enter(
         return value, functools.partial(_afinish, generator, provider)
     manager: AbstractAsyncContextManager[object] = factory(**kwargs)
     value = await manager.__aenter__()
-    return value, functools.partial(manager.__aexit__, None, None, None)
+    return value, functools.partial(_aexit, manager)
 
 
-def _finish(generator: Generator[object], provider: object) -> None:
+# A context manager's exit is told the error that ended the scope, as ``with`` tells
+# it: an ``@asynccontextmanager`` provider wrapping a transaction rolls a failed job's
+# work back instead of committing it. It cannot swallow the error for the actor, and
+# raising it again is not a teardown failure. A generator provider is resumed as a
+# pytest fixture is, whatever happened: the code after its ``yield`` always runs.
+
+
+def _exit(manager: AbstractContextManager[object], error: BaseException | None) -> None:
+    if error is None:
+        manager.__exit__(None, None, None)
+        return
+    try:
+        manager.__exit__(type(error), error, error.__traceback__)
+    except BaseException as again:
+        if again is not error:
+            raise
+
+
+async def _aexit(manager: AbstractAsyncContextManager[object], error: BaseException | None) -> None:
+    if error is None:
+        await manager.__aexit__(None, None, None)
+        return
+    try:
+        await manager.__aexit__(type(error), error, error.__traceback__)
+    except BaseException as again:
+        if again is not error:
+            raise
+
+
+def _finish(generator: Generator[object], provider: object, error: BaseException | None) -> None:
     try:
         next(generator)
     except StopIteration:
@@ -134,7 +164,9 @@ def _finish(generator: Generator[object], provider: object) -> None:
     raise RuntimeError(f"generator provider {provider!r} yielded more than once")
 
 
-async def _afinish(generator: AsyncGenerator[object], provider: object) -> None:
+async def _afinish(
+    generator: AsyncGenerator[object], provider: object, error: BaseException | None
+) -> None:
     try:
         await anext(generator)
     except StopAsyncIteration:

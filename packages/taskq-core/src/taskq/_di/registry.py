@@ -121,9 +121,12 @@ class ProviderRegistry:
         - a class or sync function: its return value;
         - an ``async def`` function: its awaited result;
         - a generator / async generator function: the value it yields once;
-          the code after ``yield`` is the teardown;
+          the code after ``yield`` is the teardown, run whatever happened (as a
+          pytest fixture's);
         - a ``@contextmanager`` / ``@asynccontextmanager`` function: entered,
-          and exited as the teardown.
+          and exited as the teardown, told the error that ended the scope (the
+          actor's, for a TRANSIENT value) as ``with`` tells it: provide a
+          transaction this way to have a failed job's work rolled back.
 
         *provider*'s own parameters are injected by type too. Teardown runs
         when *scope* ends, in reverse order of creation.

@@ -191,13 +191,15 @@ class ScopeContainer:
         """Whether every pending teardown is synchronous, so closing never awaits."""
         return not self._async_teardowns
 
-    async def aclose(self) -> None:
+    async def aclose(self, error: BaseException | None = None) -> None:
         """Tear down every value in reverse order of creation, then forget them.
 
-        A teardown that raises is logged (``taskq.di-teardown-failed``) and
-        the rest still run. A ``CancelledError`` (or other ``BaseException``)
-        met on the way is re-raised once every teardown has run. Closing
-        twice is harmless; a closed container refuses to create values.
+        ``error`` is what ended the scope (an actor's exception), passed to each
+        context manager provider's exit (generator providers resume as always). A
+        teardown that raises something else is logged (``taskq.di-teardown-failed``)
+        and the rest still run. A ``CancelledError`` (or other ``BaseException``) met
+        on the way is re-raised once every teardown has run. Closing twice is
+        harmless; a closed container refuses to create values.
         """
         self._closed = True
         deferred: BaseException | None = None
@@ -205,7 +207,7 @@ class ScopeContainer:
             # Popping before running makes each teardown run exactly once.
             entry, teardown = self._teardowns.pop()
             try:
-                result = teardown()
+                result = teardown(error)
                 if inspect.isawaitable(result):
                     await result
             except Exception as exc:  # noqa: BLE001 - log and carry on with the other teardowns
@@ -482,6 +484,7 @@ async def build_actor_scope(
     scoped: dict[Scope, Container] = {**containers, Scope.TRANSIENT: transient}
     is_async = inspect.iscoroutinefunction(func)
     resolved: ResolvedActorScope | None = None
+    error: BaseException | None = None
     try:
         if is_async:
             kwargs = await solve_dependencies(func, registry, scoped, passthrough_kwargs)
@@ -496,29 +499,34 @@ async def build_actor_scope(
             loop=asyncio.get_running_loop(),
         )
         yield resolved
+    except BaseException as exc:
+        error = exc  # the providers' teardown is told (a transaction rolls back)
+        raise
     finally:
         # A sync actor whose thread runs on still uses (or is creating) its values:
         # closing now would pull them from under it, or miss what it creates next.
-        if resolved is None or not resolved.defer_while_in_thread(lambda: _close_later(transient)):
-            await _aclose_shielded(transient)
+        if resolved is None or not resolved.defer_while_in_thread(
+            lambda: _close_later(transient, error)
+        ):
+            await _aclose_shielded(transient, error)
 
 
 _CLOSING_LATER: set[asyncio.Task[None]] = set()
 """TRANSIENT scopes closing after their actor's thread ended (held until done)."""
 
 
-def _close_later(container: ScopeContainer) -> None:
-    task = asyncio.get_running_loop().create_task(container.aclose())
+def _close_later(container: ScopeContainer, error: BaseException | None) -> None:
+    task = asyncio.get_running_loop().create_task(container.aclose(error))
     _CLOSING_LATER.add(task)
     task.add_done_callback(_CLOSING_LATER.discard)
 
 
-async def _aclose_shielded(container: ScopeContainer) -> None:
+async def _aclose_shielded(container: ScopeContainer, error: BaseException | None) -> None:
     if container.closes_synchronously:
         # Nothing in it awaits, so no cancellation can land: skip the task and shield.
-        await container.aclose()
+        await container.aclose(error)
         return
-    closing = asyncio.ensure_future(container.aclose())
+    closing = asyncio.ensure_future(container.aclose(error))
     cancelled: asyncio.CancelledError | None = None
     while not closing.done():
         try:

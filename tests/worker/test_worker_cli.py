@@ -181,6 +181,31 @@ def test_a_duration_out_of_range_is_a_clear_setting_error() -> None:
         WorkerSettings.load({}, env={"TASKQ_POLL_INTERVAL": "99999999999999d"})
 
 
+@pytest.mark.parametrize(
+    ("env", "error"),
+    [
+        # Each passed the start-up check, then failed the running worker: no leader
+        # ever (Postgres refused the lease), a busy loop of stack dumps, an error
+        # blaming the DSN, detector 2 switched off, a loop crashing on a datetime.
+        ({"TASKQ_LEADER_LEASE": "25d"}, "TASKQ_LEADER_LEASE.*at most 24 days"),
+        ({"TASKQ_WATCHDOG_DUMP_INTERVAL": "0"}, "TASKQ_WATCHDOG_DUMP_INTERVAL.*greater than 0"),
+        (
+            {"TASKQ_DISPATCHER_COMMAND_TIMEOUT": "0"},
+            "TASKQ_DISPATCHER_COMMAND_TIMEOUT.*greater than 0",
+        ),
+        ({"TASKQ_WATCHDOG_TICK_GRACE_FACTOR": "inf"}, "TASKQ_WATCHDOG_TICK_GRACE_FACTOR"),
+        ({"TASKQ_WATCHDOG_CHECK_INTERVAL": "120000d"}, "CHECK_INTERVAL.*at most 36500 days"),
+        ({"TASKQ_PRUNE_INTERVAL": "999999999d"}, "TASKQ_PRUNE_INTERVAL.*at most 36500 days"),
+    ],
+)
+def test_a_setting_no_worker_can_run_with_is_refused_at_start_up(
+    env: dict[str, str], error: str
+) -> None:
+    with pytest.raises(SettingsError, match=error):
+        WorkerSettings.load({}, env=env)
+    WorkerSettings.load({}, env={"TASKQ_ARCHIVE_RETENTION": "3650d"})  # years are fine
+
+
 async def test_a_health_port_already_taken_is_a_clear_error() -> None:
     import socket
 

@@ -14,6 +14,7 @@ from datetime import time, timedelta
 from typing import Annotated, Any, Final, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -25,6 +26,7 @@ from pydantic import (
 
 from taskq.errors import ConfigurationError
 from taskq.identifiers import validate_schema_name
+from taskq.models import MAX_DURATION
 
 __all__ = [
     "BACKEND_TUNABLES",
@@ -55,7 +57,19 @@ def parse_duration(value: object) -> object:
     return value
 
 
-Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+def _within_a_century(value: timedelta) -> timedelta:
+    # Past it a time computed from a setting overflows (a datetime, Postgres's
+    # timestamps, a thread's wait): the worker started, then crashed in a loop.
+    if value > MAX_DURATION:
+        raise ValueError(f"must be at most {MAX_DURATION.days} days")
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration), AfterValidator(_within_a_century)]
+
+_MAX_LEADER_LEASE: Final = timedelta(milliseconds=2**31 - 1)
+"""Postgres takes the leader's lease as its session's ``idle_session_timeout``, an
+integer of milliseconds: about 24.8 days."""
 
 
 def _split_list(value: object) -> object:
@@ -169,7 +183,7 @@ class WorkerSettings(BaseModel):
     """How long the event loop may go unscheduled before detector 4 trips; below lock_lease
     (default: half the lease, at most 30 s)."""
     watchdog_loop_lag_startup_grace: Duration = timedelta(seconds=30)
-    watchdog_tick_grace_factor: float = Field(default=5.0, gt=1.0)
+    watchdog_tick_grace_factor: float = Field(default=5.0, gt=1.0, le=1000.0)
     watchdog_stale_floor: Duration = timedelta(seconds=10)
     watchdog_check_interval: Duration = timedelta(seconds=1)
     watchdog_dump_interval: Duration = timedelta(seconds=5)
@@ -218,6 +232,8 @@ class WorkerSettings(BaseModel):
         "termination_grace_period",
         "watchdog_loop_lag_budget",
         "watchdog_check_interval",
+        "watchdog_dump_interval",
+        "dispatcher_command_timeout",
         "leader_lease",
         "cron_interval",
         "cron_catch_up",
@@ -234,6 +250,16 @@ class WorkerSettings(BaseModel):
     def _positive(cls, value: timedelta | None) -> timedelta | None:
         if value is not None and value <= timedelta(0):
             raise ValueError("must be greater than 0")
+        return value
+
+    @field_validator("leader_lease")
+    @classmethod
+    def _leader_lease_postgres_can_hold(cls, value: timedelta) -> timedelta:
+        if value > _MAX_LEADER_LEASE:
+            raise ValueError(
+                "must be at most 24 days (a frozen leader keeps its role this long; "
+                "Postgres holds it as an idle_session_timeout in milliseconds)"
+            )
         return value
 
     @field_validator("prune_at", "archive_expiry_at")

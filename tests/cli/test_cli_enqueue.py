@@ -63,10 +63,18 @@ def test_bad_input_is_one_line_and_enqueues_nothing(cli: Cli) -> None:
         ("nap", '{"tag": ', "not valid JSON"),
         ("no_such_actor", "{}", "unknown actor 'no_such_actor'"),
         ("nap", '{"seconds": "soon"}', "invalid payload for actor 'nap': seconds"),
+        # Each of these printed a traceback: Python's parser takes them, a job cannot.
+        ("nap", '{"seconds": NaN}', "NaN is not a JSON number"),
+        ("nap", '{"tag": -Infinity}', "-Infinity is not a JSON number"),
+        ("nap", '{"seconds": ' + "9" * 5000 + "}", "not valid JSON (Exceeds the limit"),
+        ("nap", "[" * 20_000 + "]" * 20_000, "not valid JSON (it is nested too deeply)"),
     ]
     for actor, payload, expected in cases:
         assert expected in error_line(cli.taskq("enqueue", APP, actor, payload))
     assert "cannot import 'tests.apps.nope'" in error_line(
         cli.taskq("enqueue", "tests.apps.nope:tq", "nap", "{}")
     )
+    # A bad schema is blamed on where it came from, here the environment, not --schema.
+    bad_schema = run("taskq", "jobs", "list", env={**cli.env(), "TASKQ_SCHEMA": "bad-x"})
+    assert "error: TASKQ_SCHEMA: invalid SQL identifier 'bad-x'" in error_line(bad_schema)
     assert cli.ok("jobs", "list") == "no jobs\n"

@@ -68,6 +68,23 @@ def test_no_dsn_anywhere_says_how_to_give_one(args: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        # A bare ValueError or OverflowError from URL parsing and asyncpg, as tracebacks.
+        (["jobs", "list", "--dsn", "postgresql://[::1/x"], "invalid DSN"),
+        (["enqueue", APP, "nap", "{}", "--dsn", "postgresql://[::1/x"], "invalid DSN"),
+        (["migrate", "--dsn", "postgresql://u@127.0.0.1:99999/x"], "Port out of range"),
+    ],
+    ids=" ".join,
+)
+def test_a_dsn_that_cannot_be_parsed_is_one_line(args: list[str], expected: str) -> None:
+    result = run("taskq", *args, env=clean_env())
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert expected in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
     "args",
     [["enqueue", APP, "nap", "{}"], ["jobs", "list"], ["schedules", "list"]],
 )
@@ -88,7 +105,17 @@ def test_the_exit_codes_are_public_where_api_md_names_them() -> None:
 
 
 @pytest.mark.parametrize("command", ["migrate", "embedded"])
-def test_a_command_of_a_missing_distribution_says_what_to_install(command: str) -> None:
+def test_a_command_of_a_turned_off_plugin_says_so(command: str) -> None:
+    # It said "not installed: pip install taskq-postgres" of an installed distribution.
     result = run("taskq", command, "--help", env=clean_env(TASKQ_DISABLE_PLUGINS="postgres"))
     assert result.returncode == 1
-    assert "pip install taskq-postgres" in error_line(result)
+    assert (
+        f"`taskq {command}` comes with taskq-postgres, which is installed but turned off by "
+        f"TASKQ_DISABLE_PLUGINS (postgres)"
+    ) in error_line(result)
+
+
+def test_a_distribution_that_is_not_installed_is_named_with_its_install_command() -> None:
+    from taskq.plugins._registry import why_absent
+
+    assert why_absent("taskq-nowhere") == "which is not installed: pip install taskq-nowhere"

@@ -57,15 +57,15 @@ def test_unknown_scheme_lists_installed_schemes() -> None:
     assert isinstance(info.value, ValueError)
 
 
-def test_unknown_first_party_scheme_names_the_distribution_to_install(
+def test_unknown_first_party_scheme_names_the_distribution_that_adds_it(
     extra_plugins: list[object],
 ) -> None:
     pm = get_plugin_manager()
     blocked = pm.get_plugin("postgres")
-    if blocked is not None:  # pretend taskq-postgres is not installed
+    if blocked is not None:  # its plugin is not registered: as if it had failed to load
         pm.unregister(name="postgres")
     try:
-        with pytest.raises(UnknownBackendError, match="pip install taskq-postgres"):
+        with pytest.raises(UnknownBackendError, match="It comes with taskq-postgres, which is"):
             taskq.open_backend("postgresql://localhost/app")
     finally:
         if blocked is not None:

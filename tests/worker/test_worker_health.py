@@ -169,3 +169,41 @@ async def test_every_record_inside_a_job_carries_the_job_context() -> None:
     # The job's bindings end with its task: what the worker logs after it has none.
     after = [e for e in seen if e["event"] in ("taskq.idle", "taskq.worker-stopped")]
     assert len(after) == 2 and not any("job_id" in e for e in after)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"GET /" + b"x" * 70_000 + b" HTTP/1.1\r\n\r\n", 431),  # past the 64 KiB line limit
+        (b"GET /healthz HTTP/1.1\r\nX-Big: " + b"y" * 70_000 + b"\r\n\r\n", 431),
+        (b"", 400),  # connected and hung up: no request line at all
+    ],
+)
+async def test_a_malformed_request_gets_an_error_status_not_a_traceback(
+    request_bytes: bytes, status: int
+) -> None:
+    # An oversized line raised ValueError in the handler: no response, and asyncio
+    # logged "Unhandled exception in client_connected_cb".
+    from taskq_testing import TEST_SETTINGS
+
+    async with TaskQ("memory://", actors=[basic.nap]) as tq:
+        settings = WorkerSettings.load(
+            {**TEST_SETTINGS, "health_port": 0, "health_host": "127.0.0.1"}, env={}
+        )
+        worker = Worker(tq, settings)
+        running = asyncio.create_task(worker.run())
+        try:
+            while worker.health is None or worker.health._server is None:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)  # the worker has no event for its server's start
+            reader, writer = await asyncio.open_connection("127.0.0.1", worker.health.port)
+            writer.write(request_bytes)
+            writer.write_eof()
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+            assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:80]
+            _, healthy = await asyncio.to_thread(_get, worker.health.port, "/healthz")
+            assert healthy == {"status": "alive"}  # still serving
+        finally:
+            worker.stop()
+            await asyncio.wait_for(running, 30)

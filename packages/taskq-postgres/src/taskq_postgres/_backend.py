@@ -32,7 +32,6 @@ from contextlib import (
 from datetime import datetime, timedelta
 from itertools import chain
 from typing import Any, ClassVar, Final, Literal, cast
-from urllib.parse import urlsplit
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -346,8 +345,9 @@ class PostgresBackend:
     def from_url(cls, url: str, **options: Any) -> PostgresBackend:
         """Build from a ``postgresql://`` or ``postgres://`` URL; ``options`` are the
         constructor's keyword arguments. Does no I/O."""
-        scheme = urlsplit(url).scheme.lower()
-        if scheme not in POSTGRES_SCHEMES:
+        # The scheme alone here; the constructor checks the rest (check_dsn), where
+        # urlsplit raised a bare ValueError (an unclosed IPv6 bracket).
+        if url.partition(":")[0].lower() not in POSTGRES_SCHEMES:
             raise ValueError(
                 f"PostgresBackend serves postgresql:// and postgres:// URLs, not {redact(url)!r}"
             )

@@ -48,9 +48,14 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
     """Connect, and turn every expected failure into a one-line :class:`_CommandError`."""
     import asyncpg
 
-    from taskq_postgres._connect import redact
+    from taskq.errors import ConfigurationError
+    from taskq_postgres._connect import check_dsn, redact
     from taskq_postgres.migrate import MigrationError
 
+    try:  # the check the other commands make: asyncpg leaks bare errors (a port's range)
+        check_dsn(dsn)
+    except ConfigurationError as exc:
+        raise _CommandError(str(exc)) from exc
     try:
         conn = await asyncpg.connect(dsn, timeout=_CONNECT_TIMEOUT_SECONDS)
     except asyncpg.ClientConfigurationError as exc:

@@ -90,7 +90,9 @@ def _missing_command(registry: CommandRegistry, argv: Sequence[str]) -> str | No
     provider = _COMMAND_PROVIDERS.get(name or "")
     if provider is None or any(command.name == name for command in registry.commands()):
         return None
-    return f"`taskq {name}` comes with {provider}, which is not installed: pip install {provider}"
+    from taskq.plugins._registry import why_absent
+
+    return f"`taskq {name}` comes with {provider}, {why_absent(provider)}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

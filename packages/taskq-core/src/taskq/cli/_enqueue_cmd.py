@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from taskq.errors import ConfigurationError, PayloadValidationError
+from taskq.cli._inputs import json_argument, schema_argument
+from taskq.errors import PayloadValidationError
 
 if TYPE_CHECKING:
     from taskq.app import TaskQ
@@ -64,8 +64,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 def _payload(text: str) -> Any:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        return json_argument(text)
+    except ValueError as exc:
         raise PayloadValidationError(
             f"the payload is not valid JSON ({exc}); quote it for the shell, "
             f"e.g. '{{\"seconds\": 1}}'"
@@ -78,13 +78,8 @@ def _target(app: TaskQ, schema_flag: str | None, dsn_flag: str | None) -> TaskQ:
 
     from taskq._dsn import resolve_shared_dsn
     from taskq.app import TaskQ
-    from taskq.identifiers import validate_schema_name
 
-    schema = schema_flag or os.environ.get("TASKQ_SCHEMA") or app.schema
-    try:
-        validate_schema_name(schema)
-    except ValueError as exc:
-        raise ConfigurationError(f"--schema: {exc}") from None
+    schema = schema_argument(schema_flag, app.schema)
     # Like taskq-worker: flag, env, then the URL the application names -- unless
     # that is memory://, which would vanish with this process.
     app_url = None if urlsplit(app.url).scheme == "memory" else app.url

@@ -11,14 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from taskq.backend.statemachine import JobStatus
-from taskq.errors import ConfigurationError, TaskQError
+from taskq.cli._inputs import schema_argument
+from taskq.errors import TaskQError
 
 if TYPE_CHECKING:
     from taskq.backend import Backend
@@ -157,14 +157,9 @@ async def connect_backend(args: argparse.Namespace) -> AsyncIterator[Backend]:
     """The open backend that ``--dsn`` / ``--schema`` (or their environment variables)
     name; closed on exit."""
     from taskq._dsn import resolve_shared_dsn
-    from taskq.identifiers import validate_schema_name
     from taskq.plugins import open_backend
 
-    schema = args.schema or os.environ.get("TASKQ_SCHEMA") or DEFAULT_SCHEMA
-    try:
-        validate_schema_name(schema)
-    except ValueError as exc:
-        raise ConfigurationError(f"--schema: {exc}") from None
+    schema = schema_argument(args.schema, DEFAULT_SCHEMA)
     backend = open_backend(resolve_shared_dsn(args.dsn), schema=schema)
     await backend.open()
     try:

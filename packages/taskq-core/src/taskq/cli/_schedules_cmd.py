@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
+from taskq.cli._inputs import json_argument
 from taskq.cli._jobs_cmd import add_connection_options, connect_backend
 from taskq.errors import TaskQError
 
@@ -128,8 +128,8 @@ def _schedule_id(text: str) -> UUID:
 
 def _payload(text: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
+        value = json_argument(text)
+    except ValueError as exc:
         raise ScheduleCommandError(
             f"--payload is not valid JSON ({exc}); quote it for the shell, "
             f"e.g. --payload '{{\"n\": 1}}'"

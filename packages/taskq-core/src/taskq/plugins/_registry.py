@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import pluggy
 import structlog
@@ -36,6 +36,9 @@ __all__ = [
 ]
 
 _log = structlog.get_logger("taskq.plugins")
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+"""A URL's scheme (RFC 3986)."""
 
 ENTRY_POINT_GROUP = "taskq"
 CORE_DISTRIBUTION = "taskq-core"
@@ -201,12 +204,32 @@ def _entry_point_names(*distributions: str) -> list[str]:
     return [name for name, dist in _load().dist_of.items() if dist in distributions]
 
 
+def why_absent(distribution: str) -> str:
+    """Why the plugin of ``distribution`` is not there, as the end of a sentence naming
+    it: not installed, or installed and turned off (``TASKQ_DISABLE_PLUGINS``)."""
+    if _dist_version(distribution) is None:
+        return f"which is not installed: pip install {distribution}"
+    wanted = _normalized(distribution)
+    off = sorted(
+        ep.name
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        if ep.dist is not None and _normalized(ep.dist.name) == wanted and ep.name in _disabled()
+    )
+    if off:
+        return f"which is installed but turned off by TASKQ_DISABLE_PLUGINS ({', '.join(off)})"
+    return "which is installed but its plugin did not load (see `taskq plugins`)"
+
+
+def _normalized(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
 def _unknown_scheme_message(url: str, scheme: str, installed: list[str]) -> str:
     parts = [f"no installed TaskQ backend handles URL scheme {scheme!r} (in {url!r})."]
     parts.append(f"Installed schemes: {', '.join(sorted(installed)) or 'none'}.")
     provider = _SCHEME_PROVIDERS.get(scheme)
     if provider:
-        parts.append(f"Install {provider} to add it: pip install {provider}")
+        parts.append(f"It comes with {provider}, {why_absent(provider)}.")
     failures = plugin_failures()
     if failures:
         parts.append("Plugins that failed to load: " + "; ".join(str(f) for f in failures))
@@ -225,7 +248,10 @@ def open_backend(url: str, **options: Any) -> Backend:
     """
     from taskq.backend import check_protocol_version, missing_members
 
-    scheme = urlsplit(url).scheme.lower()
+    # The scheme alone: a full parse (urlsplit) raised a bare ValueError on a host the
+    # backend's own check explains (an unclosed IPv6 bracket).
+    found = _SCHEME.match(url)
+    scheme = found.group(1).lower() if found else ""
     if not scheme:
         raise UnknownBackendError(
             f"{url!r} is not a backend URL: expected scheme://..., "

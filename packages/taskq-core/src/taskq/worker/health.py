@@ -27,7 +27,14 @@ __all__ = ["HealthServer"]
 
 _log = structlog.get_logger("taskq.worker")
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
 # Readiness probes can be frequent; one backend round trip per second is plenty.
 _READINESS_CACHE_SECONDS = 1.0
 
@@ -76,6 +83,8 @@ class HealthServer:
         return self._ready
 
     async def _route(self, method: str, path: str) -> tuple[int, str, str]:
+        if not method:
+            return 400, "text/plain", "no request line\n"
         if method not in ("GET", "HEAD"):  # HEAD: what some load balancers probe with
             return 405, "text/plain", "only GET and HEAD\n"
         if path == "/healthz":
@@ -90,12 +99,16 @@ class HealthServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            async with asyncio.timeout(5):
-                request_line = (await reader.readline()).decode("latin-1").split()
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass  # headers are not needed
-            method, path = (request_line + ["", ""])[:2]
-            status, content_type, body = await self._route(method, path.split("?", 1)[0])
+            try:
+                async with asyncio.timeout(5):
+                    request_line = (await reader.readline()).decode("latin-1").split()
+                    while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                        pass  # headers are not needed
+            except ValueError:  # a line past the reader's limit (64 KiB): no traceback
+                method, status, content_type, body = "GET", 431, "text/plain", "line too long\n"
+            else:
+                method, path = (request_line + ["", ""])[:2]
+                status, content_type, body = await self._route(method, path.split("?", 1)[0])
             payload = body.encode()
             allow = "Allow: GET, HEAD\r\n" if status == 405 else ""
             writer.write(

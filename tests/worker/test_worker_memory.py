@@ -567,6 +567,10 @@ async def test_until_idle_ends_when_only_jobs_of_unknown_actors_are_left() -> No
         assert await tq.client.wait_for_result(known.id, timeout=0) == 3
         row = await tq.client.get(ghost.id)
         assert row is not None and row.status is not JobStatus.RUNNING
+        # Its history says why it did not run (it read as a rate-limit denial).
+        bounces = {a.outcome for a in await tq.client.get_attempts(ghost.id)}
+        assert bounces == {"unknown_actor"}
+        assert row.max_attempts == 3 + row.attempt  # none of its attempts was used
     errors = [e for e in logs if e["event"] == "taskq.idle-but-jobs-of-unknown-actors"]
     assert errors and all(e["actors"] == ["ghost.actor"] for e in errors)
 

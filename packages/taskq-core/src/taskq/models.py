@@ -74,8 +74,11 @@ AttemptOutcome: TypeAlias = Literal[
     "abandoned",
     "crashed",
     "interrupted",
+    "unknown_actor",
 ]
-"""What happened to one execution attempt (``job_attempts.outcome``)."""
+"""What happened to one execution attempt (``job_attempts.outcome``). ``interrupted``:
+handed back by a stopping worker; ``unknown_actor``: handed back unrun by a worker
+that does not have the job's actor (a rolling deploy); neither uses an attempt."""
 
 EventKind: TypeAlias = Literal[
     "state_change",

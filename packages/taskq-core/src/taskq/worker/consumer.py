@@ -140,11 +140,13 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     if actor is None:
         _log.warning("taskq.unknown-actor", known=sorted(state.actors))
         state.met_unknown_actor = True
+        # Handed back unrun, its attempt given back, recorded as what it was (it read
+        # as a rate-limit denial).
         await write_retrying(
             state,
-            "retry_after",
-            lambda: backend.mark_retry_after(
-                row.id, wid, UNKNOWN_ACTOR_DELAY, consume_budget=False, attempt=row.attempt
+            "unknown_actor",
+            lambda: backend.mark_snoozed(
+                row.id, wid, UNKNOWN_ACTOR_DELAY, outcome="unknown_actor", attempt=row.attempt
             ),
         )
         return

@@ -319,6 +319,7 @@ class PostgresBackend:
         self._leader_sql = LeaderStatements(self.schema)
         self._prune_sql = render(prune_sql.PRUNE_TERMINAL_JOBS, self.schema)
         self._expire_archive_sql = render(prune_sql.EXPIRE_ARCHIVE, self.schema)
+        self._forget_turns_sql = render(prune_sql.FORGET_OLD_TURNS, self.schema)
         self._wake_channel = wake_channel(self.schema)
         self._events_channel = events_channel(self.schema)
         # What the statements that move jobs notify: None (no NOTIFY) when poll-only.
@@ -1396,7 +1397,8 @@ class PostgresBackend:
         return moved
 
     async def expire_archive(self, *, batch_size: int = 10_000) -> int:
-        """Delete archived jobs past ``expire_at`` (attempts by cascade), in batches."""
+        """Delete archived jobs past ``expire_at`` (attempts by cascade), in batches, and
+        round robin's turns of cohorts not served for a day."""
         check_batch_size(batch_size)
         deleted = 0
         while True:
@@ -1407,7 +1409,9 @@ class PostgresBackend:
             )
             deleted += count
             if count < batch_size:
-                return deleted
+                break
+        await self._db().execute(self._forget_turns_sql, timeout=_BULK_STATEMENT_TIMEOUT)
+        return deleted
 
     async def sweep_expired_results(self) -> int:
         """Clear the result of every job whose ``result_expires_at`` has passed on the

@@ -135,6 +135,10 @@ class InMemoryBackend:
         self._jobs = self._store.jobs
         self._actors: dict[str, ActorConfig] = {}
         self._queues: dict[str, QueueConfig] = {}
+        self._turns: dict[tuple[str, str | None], int] = {}
+        """Round robin: the dispatch that last served each ``(queue, fairness_key)``
+        (a count, not a time: the fake clock may stand still between dispatches)."""
+        self._dispatches = 0
         self._schedules = ScheduleTable(self.clock)
         self._batches = BatchTable(self._store, self.clock)
         self._archive = JobArchive(self._store, self.clock)
@@ -230,6 +234,7 @@ class InMemoryBackend:
             (row for row in due if not load.actor_full(row.actor, actor_caps)),
             round_robin,
             load,
+            self._turns,
         )
         chosen = take_jobs(
             ranked,
@@ -238,6 +243,10 @@ class InMemoryBackend:
             actor_caps=actor_caps,
             queue_caps={name: cfg.max_concurrent for name, cfg in self._queues.items()},
         )
+        self._dispatches += 1
+        for row in chosen:
+            if row.queue in round_robin:
+                self._turns[row.queue, row.fairness_key] = self._dispatches
         return [
             _copy(
                 self._store.move(

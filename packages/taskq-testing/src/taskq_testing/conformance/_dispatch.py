@@ -276,6 +276,28 @@ class DispatchTests:
         assert taken[0].fairness_key == "big"
         assert taken[1].id == small.id
 
+    @covers("dispatch_batch", "configure_queue", "mark_succeeded")
+    async def test_round_robin_one_slot_at_a_time_serves_every_cohort_in_turn(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # Each job done before the next dispatch (short jobs): every cohort had nothing
+        # running, so each dispatch went to the cohort of the oldest jobs and the next:
+        # tenant "c" waited until "a" had drained.
+        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+        await _enqueue_spread(
+            backend,
+            advance_time,
+            *({"queue": "rr", "fairness_key": "a"} for _ in range(4)),
+            *({"queue": "rr", "fairness_key": key} for key in ("b", "b", None, None)),
+        )
+        worker, served = uuid4(), []
+        for _ in range(8):
+            [job] = await backend.dispatch_batch(worker, ["rr"], 1, LONG_LEASE)
+            assert await backend.mark_succeeded(job.id, worker, None, attempt=job.attempt)
+            served.append(job.fairness_key)
+            await advance_time(TICK)
+        assert served == ["a", "b", None, "a", "b", None, "a", "a"]
+
     @covers("dispatch_batch", "configure_queue")
     async def test_queues_are_strict_fifo_unless_configured(
         self, backend: Backend, advance_time: AdvanceTime

@@ -100,3 +100,20 @@ def test_only_the_payload_type_is_read_at_the_decoration() -> None:
     del namespace["Order"]
     with pytest.raises(ConfigurationError, match="cannot read the payload type 'Order'"):
         exec(_LATER_TYPES, namespace)  # noqa: S102
+
+
+@pytest.mark.parametrize("payload_type", [int, str, list[int]])
+def test_a_payload_type_that_is_no_json_object_is_refused_at_the_decoration(
+    payload_type: Any,
+) -> None:
+    # It passed, and every enqueue then failed ("must serialise to a JSON object").
+    with pytest.raises(ConfigurationError, match="the payload is stored as a JSON object"):
+        actor(name="scalar")(_taking(payload_type))
+
+
+def _taking(payload_type: Any) -> Any:
+    async def job(payload: Any) -> None:
+        return None
+
+    job.__annotations__["payload"] = payload_type
+    return job

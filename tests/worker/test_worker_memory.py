@@ -505,6 +505,32 @@ async def test_a_context_manager_provider_is_told_the_actors_error() -> None:
     assert "__aexit__" not in failed.error.traceback
 
 
+async def test_an_async_actor_behind_a_sync_decorator_fails_saying_so() -> None:
+    # functools.wraps keeps no async-ness: the worker called it in a thread, got a
+    # coroutine back, and failed the job as "result is not JSON-serialisable".
+    import functools
+
+    def logged(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    @actor(name="wrapped_async", max_attempts=3)
+    @logged
+    async def wrapped_async(payload: dict[str, Any]) -> None:
+        return None
+
+    tq = TaskQ("memory://", actors=[wrapped_async])
+    async with tq:
+        job = await tq.client.enqueue(wrapped_async, {})
+        await run_until_idle(tq)
+        row = await tq.client.get(job.id)
+    assert row is not None and row.status == "failed" and row.error is not None
+    assert "returned a coroutine" in row.error.message and row.attempt == 1
+
+
 class _LoopValue:
     pass
 

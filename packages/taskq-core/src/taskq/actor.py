@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any, Final, Generic, ParamSpec, TypeVar, get_type_hints, overload
 
 from pydantic import ConfigDict, PydanticUserError, TypeAdapter, ValidationError
+from pydantic.errors import PydanticInvalidForJsonSchema
 from pydantic_core import PydanticSerializationError, to_json
 
 from taskq.errors import ConfigurationError, PayloadValidationError
@@ -94,6 +95,7 @@ class Actor(Generic[P, R]):
         self.payload_parameter = params[0].name
         self.payload_type: Any = _payload_hint(fn, options.name, self.payload_parameter)
         self._adapter: TypeAdapter[Any] = _payload_adapter(self.payload_type)
+        _check_object_payload(options.name, self.payload_type, self._adapter)
         self.wants_context = CONTEXT_PARAMETER in {p.name for p in params[1:]}
         self.passthrough = frozenset({self.payload_parameter, CONTEXT_PARAMETER})
 
@@ -281,6 +283,20 @@ def _check_enqueueable(options: ActorOptions) -> None:
         raise ConfigurationError(
             f"@actor {options.name!r}: {validation_problems(exc, 'options')}"
         ) from None
+
+
+def _check_object_payload(actor: str, payload_type: Any, adapter: TypeAdapter[Any]) -> None:
+    """Refuse, at the decoration, a payload type that is no JSON object (``int``,
+    ``list[str]``): it passed, and then every enqueue failed."""
+    try:
+        kind = adapter.json_schema().get("type")
+    except PydanticInvalidForJsonSchema:  # a type without a schema: enqueue checks it
+        return
+    if kind is not None and kind != "object":
+        raise ConfigurationError(
+            f"actor {actor!r}: the payload is stored as a JSON object, and {payload_type!r} "
+            f"is a JSON {kind}; use a pydantic model, dataclass, TypedDict or dict"
+        )
 
 
 def _payload_hint(fn: Callable[..., Any], actor: str, parameter: str) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -223,6 +224,16 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         return
 
     if ctx.cancel_event.is_set() and await _stopped(state, row, ctx, active):
+        return
+    if inspect.iscoroutine(result):
+        # An async function behind a sync decorator (functools.wraps keeps no
+        # async-ness): the body never ran. Said plainly, not as an unstorable result.
+        result.close()
+        error = TypeError(
+            f"actor {actor.name!r} returned a coroutine: its function is sync but wraps an "
+            f"async one; make the wrapper `async def` and await the wrapped call"
+        )
+        await _fail(state, row, error, None, ctx)
         return
     try:
         stored = _jsonable(result)

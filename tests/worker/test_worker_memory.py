@@ -12,7 +12,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from taskq import (
     Context,
@@ -30,6 +30,7 @@ from taskq import (
     actor,
 )
 from taskq.backend.memory import InMemoryBackend
+from taskq.models import EnqueueArgs
 from taskq.worker import Worker
 from taskq_testing import TEST_SETTINGS, run_until_idle
 from tests.worker.flaky_backend import WritesFailWhileAway
@@ -529,6 +530,34 @@ async def test_an_async_actor_behind_a_sync_decorator_fails_saying_so() -> None:
         row = await tq.client.get(job.id)
     assert row is not None and row.status == "failed" and row.error is not None
     assert "returned a coroutine" in row.error.message and row.attempt == 1
+
+
+class _Changed(BaseModel):
+    n: int
+    strict: bool = False
+
+    @model_validator(mode="after")
+    def _checked(self) -> _Changed:
+        if self.strict:  # a rule added after jobs were enqueued, with a bug in it
+            raise TypeError("unsupported operand type(s) for +: 'int' and 'NoneType'")
+        return self
+
+
+async def test_a_payload_validator_raising_a_type_error_fails_the_job_with_that_error() -> None:
+    # It was recorded as OutcomeNotRecorded ("the outcome could not be recorded").
+    @actor(name="validated_late", max_attempts=3)
+    async def validated_late(payload: _Changed) -> None:
+        return None
+
+    tq = TaskQ("memory://", actors=[validated_late])
+    async with tq:
+        job = await tq.backend.enqueue(
+            EnqueueArgs(actor="validated_late", payload={"n": 1, "strict": True})
+        )
+        await run_until_idle(tq)
+        row = await tq.client.get(job.id)
+    assert row is not None and row.status == "failed" and row.error is not None
+    assert (row.error.error_class, row.attempt) == ("TypeError", 1)
 
 
 class _LoopValue:

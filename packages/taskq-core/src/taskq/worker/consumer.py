@@ -26,7 +26,7 @@ from taskq._di import ResolvedActorScope, build_actor_scope, passthrough_scope
 from taskq.actor import CONTEXT_PARAMETER, Actor
 from taskq.backend import CancelPhase, JobStatus, SupportsTransactions
 from taskq.context import Context
-from taskq.errors import OutcomeNotRecorded, PayloadValidationError, WorkerOwnershipMismatch
+from taskq.errors import OutcomeNotRecorded, WorkerOwnershipMismatch
 from taskq.logs import bind_job_fields
 from taskq.models import DEADLINE_EXCEEDED, ErrorInfo, JobRow, SuccessWrite, from_valid_values
 from taskq.signals import RetryAfter, Snooze
@@ -153,8 +153,10 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         return
     try:
         payload = actor.validate_payload(row.payload)
-    except PayloadValidationError as exc:
-        # The same payload fails every time: no retry.
+    except Exception as exc:  # noqa: BLE001 - a validator's own error (a TypeError) too
+        # The same payload fails every time: no retry. A validator that raised other
+        # than a validation error (a model changed since the enqueue) is said as such,
+        # where it read as an outcome that could not be recorded.
         await _fail(state, row, exc, retry_delay=None)
         return
 

@@ -54,16 +54,35 @@ def _schedule(actor_name: str, queue: str | None) -> ScheduleRecord:
     [
         ("cron.report", None, "reports"),  # the actor's, as a worker of "reports" runs it
         ("cron.report", "urgent", "urgent"),
-        ("cron.gone", None, "default"),  # an actor this worker does not know
+        # Actors this worker does not have: the queue their workers registered, else
+        # "default" (it went to "default" either way, where no worker of it looked).
+        ("cron.elsewhere", None, "thumbs"),
+        ("cron.elsewhere", "urgent", "urgent"),
+        ("cron.gone", None, "default"),
     ],
 )
 def test_a_slot_job_goes_to_the_actors_queue_unless_the_schedule_names_one(
     actor_name: str, queue: str | None, expected: str
 ) -> None:
     tq = TaskQ("memory://", actors=[report])
-    build = SlotJobBuilder(tq.client, tq.actors)
+    build = SlotJobBuilder(tq.client, tq.actors, {"cron.elsewhere": "thumbs"})
     args = build(_schedule(actor_name, queue), SLOT)
     assert args is not None and args.queue == expected
+
+
+def test_a_slot_of_an_actor_this_worker_lacks_keeps_the_schedules_options() -> None:
+    # They were dropped: the job ran with no priority, the default attempts and timeout.
+    tq = TaskQ("memory://", actors=[report])
+    build = SlotJobBuilder(tq.client, tq.actors, {"cron.elsewhere": "thumbs"})
+    schedule = _schedule("cron.elsewhere", None).model_copy(
+        update={"options": {"priority": 7, "max_attempts": 9, "timeout": 30, "tags": ["n"]}}
+    )
+    args = build(schedule, SLOT)
+    assert args is not None
+    assert (args.queue, args.priority, args.max_attempts, args.tags) == ("thumbs", 7, 9, ["n"])
+    assert args.timeout is not None and args.timeout.total_seconds() == 30
+    bad = schedule.model_copy(update={"options": {"priority": "high"}})
+    assert build(bad, SLOT) is None  # skipped and logged, as a bad option of a known actor
 
 
 async def test_a_schedule_without_a_queue_is_stored_so(taskq_backend: Backend) -> None:
@@ -110,3 +129,14 @@ async def test_an_update_is_checked_against_the_stored_schedule(taskq_backend: B
         await tq.client.update_schedule(stored.id, ScheduleUpdateArgs(payload={"n": "many"}))
     [kept] = await tq.client.list_schedules()
     assert kept.payload == {"n": 1}
+
+
+async def test_a_worker_registers_its_actors_queues() -> None:
+    from taskq.backend.memory import InMemoryBackend
+    from taskq_testing import run_until_idle
+
+    async with TaskQ("memory://", actors=[report, counted]) as tq:
+        await run_until_idle(tq)
+        assert isinstance(tq.backend, InMemoryBackend)
+        queues = await tq.backend.get_actor_queues()
+    assert queues == {"cron.report": "reports", "cron.counted": "default"}

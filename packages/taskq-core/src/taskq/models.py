@@ -460,6 +460,8 @@ class ActorConfig(_Model):
     actor: str
     max_concurrent: int | None = Field(default=None, ge=1)
     max_pending: int | None = Field(default=None, ge=0)
+    queue: str | None = Field(default=None, min_length=1)
+    """The actor's queue: where a leader that lacks the actor puts its cron slots' jobs."""
 
 
 class QueueConfig(_Model):

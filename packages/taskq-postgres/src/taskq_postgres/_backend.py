@@ -539,7 +539,7 @@ class PostgresBackend:
 
     # -- configuration -------------------------------------------------------------
     async def register_actors(self, configs: list[ActorConfig]) -> None:
-        """Upsert each actor's ``max_concurrent`` / ``max_pending``."""
+        """Upsert each actor's ``max_concurrent`` / ``max_pending`` / ``queue``."""
         # One row per actor, the last config given winning (one upsert cannot touch a
         # row twice).
         latest = list({config.actor: config for config in configs}.values())
@@ -550,6 +550,7 @@ class PostgresBackend:
             [c.actor for c in latest],
             [c.max_concurrent for c in latest],
             [c.max_pending for c in latest],
+            [c.queue for c in latest],
         )
 
     async def configure_queue(self, config: QueueConfig) -> None:
@@ -1213,6 +1214,11 @@ class PostgresBackend:
         """``max_pending`` of every registered actor."""
         records = await self._db().fetch(self._sql.get_actor_max_pending)
         return {r["actor"]: r["max_pending"] for r in records}
+
+    async def get_actor_queues(self) -> dict[str, str]:
+        """The queue of every actor registered with one (``SupportsCron``)."""
+        records = await self._db().fetch(self._sql.get_actor_queues)
+        return {r["actor"]: r["queue"] for r in records}
 
     async def count_active_jobs(self, queues: list[str]) -> int:
         """Non-terminal jobs in ``queues``."""

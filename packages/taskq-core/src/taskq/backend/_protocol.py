@@ -659,6 +659,11 @@ class SupportsCron(Protocol):
         """
         ...
 
+    async def get_actor_queues(self) -> dict[str, str]:
+        """The queue of each actor registered with one (``register_actors``): where a
+        slot of an actor the leader does not have goes, unless its schedule names one."""
+        ...
+
 
 @runtime_checkable
 class SupportsPrune(Protocol):

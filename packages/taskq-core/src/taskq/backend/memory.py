@@ -174,8 +174,12 @@ class InMemoryBackend:
 
     # -- configuration -----------------------------------------------------------
     async def register_actors(self, configs: list[ActorConfig]) -> None:
-        """Upsert each actor's ``max_concurrent`` / ``max_pending``."""
+        """Upsert each actor's ``max_concurrent`` / ``max_pending`` / ``queue`` (a queue
+        not given keeps the one registered before, as an older worker's upsert does)."""
         for config in configs:
+            known = self._actors.get(config.actor)
+            if config.queue is None and known is not None and known.queue is not None:
+                config = config.model_copy(update={"queue": known.queue})
             self._actors[config.actor] = config
 
     async def configure_queue(self, config: QueueConfig) -> None:
@@ -859,6 +863,10 @@ class InMemoryBackend:
     async def get_actor_max_pending(self) -> dict[str, int | None]:
         """``max_pending`` of every registered actor."""
         return {name: config.max_pending for name, config in self._actors.items()}
+
+    async def get_actor_queues(self) -> dict[str, str]:
+        """The queue of every actor registered with one (``SupportsCron``)."""
+        return {name: c.queue for name, c in self._actors.items() if c.queue is not None}
 
     async def count_active_jobs(self, queues: list[str]) -> int:
         """Non-terminal jobs in ``queues``."""

@@ -118,6 +118,7 @@ class Worker:
                     actor=a.name,
                     max_concurrent=a.options.max_concurrent,
                     max_pending=a.options.max_pending,
+                    queue=a.options.queue,
                 )
                 for a in actors.values()
             ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import datetime
 
 import structlog
@@ -20,26 +20,38 @@ class SlotJobBuilder:
     """The backend's ``ScheduleFire`` callback: builds the job of one slot through
     ``client`` (payload validation, the actor's defaults) for the ``actors`` this
     worker knows. The slot's idempotency key makes a second enqueue of the same
-    slot return the first job instead of running it twice."""
+    slot return the first job instead of running it twice.
 
-    def __init__(self, client: JobsClient, actors: Collection[str]) -> None:
+    A slot of an actor this worker does not have (another worker's) is enqueued as
+    stored, with the schedule's options, on the schedule's queue, else the one the
+    actor's workers registered (``queues``), else ``default``; its payload is
+    checked by the worker that runs it."""
+
+    def __init__(
+        self, client: JobsClient, actors: Collection[str], queues: Mapping[str, str]
+    ) -> None:
         self._client = client
         self._actors = actors
+        self._queues = queues
 
     def __call__(self, schedule: ScheduleRecord, slot: datetime) -> EnqueueArgs | None:
         key = f"taskq:schedule:{schedule.id}:{slot.isoformat()}"
         metadata = {"schedule_id": str(schedule.id), "schedule_slot": slot.isoformat()}
-        if schedule.actor not in self._actors:
-            # Another worker may know the actor: enqueue as stored rather than drop
-            # the slot (the stranded-jobs warning covers an actor nobody runs).
-            return EnqueueArgs(
-                actor=schedule.actor,
-                queue=schedule.queue or "default",
-                payload=schedule.payload,
-                idempotency_key=key,
-                metadata=metadata,
-            )
         try:
+            if schedule.actor not in self._actors:
+                # Another worker may know the actor: enqueue rather than drop the slot
+                # (the stranded-jobs warning covers an actor nobody runs). On "default"
+                # it sat where no worker of the actor's queue ever looked.
+                return EnqueueArgs.model_validate(
+                    {
+                        **schedule.options,
+                        "actor": schedule.actor,
+                        "queue": schedule.queue or self._queues.get(schedule.actor, "default"),
+                        "payload": schedule.payload,
+                        "idempotency_key": key,
+                        "metadata": metadata,
+                    }
+                )
             return self._client.build_args(
                 schedule.actor,
                 schedule.payload,

@@ -544,10 +544,12 @@ WHERE worker_id = $1
 
 REGISTER_ACTORS: Final = """
 -- arbiter: clock_timestamp() (updated_at, via the table's trigger)
-INSERT INTO {schema}.actor_config AS ac (actor, max_concurrent, max_pending)
-SELECT * FROM unnest($1::text[], $2::int[], $3::int[])
+-- A queue not given (NULL) keeps the registered one, as an older worker's upsert does.
+INSERT INTO {schema}.actor_config AS ac (actor, max_concurrent, max_pending, queue)
+SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::text[])
 ON CONFLICT (actor) DO UPDATE
-SET max_concurrent = excluded.max_concurrent, max_pending = excluded.max_pending
+SET max_concurrent = excluded.max_concurrent, max_pending = excluded.max_pending,
+    queue = coalesce(excluded.queue, ac.queue)
 """
 
 CONFIGURE_QUEUE: Final = """

@@ -10,6 +10,7 @@ __all__ = [
     "COUNT_ACTIVE_JOBS",
     "COUNT_PENDING_JOBS",
     "GET_ACTOR_MAX_PENDING",
+    "GET_ACTOR_QUEUES",
     "GET_ATTEMPTS",
     "GET_EVENTS",
     "GET_JOB",
@@ -61,6 +62,11 @@ WHERE j.queue = ANY($1::text[]) AND j.status IN ('pending', 'scheduled', 'runnin
 GET_ACTOR_MAX_PENDING: Final = """
 -- arbiter: none
 SELECT actor, max_pending FROM {schema}.actor_config ORDER BY actor
+"""
+
+GET_ACTOR_QUEUES: Final = """
+-- arbiter: none
+SELECT actor, queue FROM {schema}.actor_config WHERE queue IS NOT NULL ORDER BY actor
 """
 
 GET_ATTEMPTS: Final = """

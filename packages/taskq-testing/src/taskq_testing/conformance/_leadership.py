@@ -14,7 +14,7 @@ from uuid import uuid4
 import pytest
 
 from taskq.backend import Backend, SupportsCron, SupportsLeaderElection
-from taskq.models import EnqueueArgs, JobFilter, ScheduleCreateArgs, ScheduleRecord
+from taskq.models import ActorConfig, EnqueueArgs, JobFilter, ScheduleCreateArgs, ScheduleRecord
 from taskq_testing.conformance._support import (
     ACTOR,
     AdvanceTime,
@@ -102,6 +102,20 @@ class LeadershipTests(TimeLimits):
         finally:  # an elector holds what it needs to try (a session) until released
             await first.release()
             await second.release()
+
+    @covers("register_actors", "get_actor_queues")
+    async def test_register_actors_keeps_each_actors_queue(self, backend: Backend) -> None:
+        # A leader without an actor puts its cron slots on this queue (not "default").
+        cron = _cron(backend)
+        await backend.register_actors(
+            [ActorConfig(actor="a", queue="images"), ActorConfig(actor="b")]
+        )
+        assert await cron.get_actor_queues() == {"a": "images"}
+        # An older worker registers no queue: the one known is kept; a new one wins.
+        await backend.register_actors([ActorConfig(actor="a", max_pending=2)])
+        assert await cron.get_actor_queues() == {"a": "images"}
+        await backend.register_actors([ActorConfig(actor="a", queue="thumbs")])
+        assert await cron.get_actor_queues() == {"a": "thumbs"}
 
     @covers("fire_due_schedules", "create_schedule", "list_schedules")
     async def test_each_due_slot_fires_once_and_the_schedule_moves_past_it(

@@ -140,3 +140,30 @@ async def test_list_completion_rechecks_a_row_changed_while_it_waited(
     assert kept_row.status is JobStatus.SUCCEEDED
     assert await backend.get_attempts(taken.id) == []
     assert [a.outcome for a in await backend.get_attempts(kept.id)] == ["succeeded"]
+
+
+async def test_progress_waiting_on_a_reclaim_does_not_land_on_the_reclaimed_job(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    # The ownership check read the row unlocked: a progress write that waited for the
+    # row while a reclaim committed wrote a dead worker's progress on a crashed job,
+    # and told it that it still owned the job.
+    worker, [job] = await _expired_leases(backend, rounds=1)
+    sweeper = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        reclaim = sweeper.transaction()
+        await reclaim.start()
+        moved = await sweeper.fetchrow(backend._sql.reclaim_expired_locks, timedelta(0), None)
+        assert moved is not None and moved["changed"] == 1
+        writing = asyncio.create_task(
+            backend.record_progress(job.id, worker, 9, {"step": 9}, attempt=job.attempt)
+        )
+        await asyncio.sleep(0.3)  # it has its snapshot and waits for the row
+        assert not writing.done()
+        await reclaim.commit()
+        assert await asyncio.wait_for(writing, 10) is False
+    finally:
+        await sweeper.close()
+    after = await backend.get(job.id)
+    assert after is not None and after.status is JobStatus.CRASHED
+    assert after.progress_seq == 0 and after.progress_state is None

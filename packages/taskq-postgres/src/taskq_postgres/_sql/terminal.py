@@ -546,11 +546,14 @@ WHERE NOT EXISTS (SELECT 1 FROM replaced)
 RECORD_PROGRESS: Final = """
 -- arbiter: none (ownership and progress_seq only)
 -- $1 job, $2 worker, $3 attempt or NULL, $4 progress_seq, $5 progress_state (JSON text).
--- True while the caller owns the job; the row changes only for newer progress.
+-- True while the caller owns the job; the row changes only for newer progress. The
+-- row is locked, as by the terminal writes: read unlocked, a reclaim committing while
+-- the write waited for the row let a dead worker's progress land on a finished job.
 WITH owned AS (
     SELECT j.id FROM {schema}.jobs j
     WHERE j.id = $1 AND j.status = 'running' AND j.locked_by_worker = $2
       AND ($3::int IS NULL OR j.attempt = $3::int)
+    FOR UPDATE
 ),
 updated AS (
     UPDATE {schema}.jobs j

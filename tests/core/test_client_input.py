@@ -233,3 +233,43 @@ async def test_an_idempotent_retry_at_max_pending_gets_its_job_back(
     with pytest.raises(MaxPendingExceededError):
         await tq.client.enqueue(capped, {})
     assert [r.id for r in await tq.client.list_jobs()] == [first.id]
+
+
+async def test_a_job_id_as_text_finds_the_job_on_every_backend(taskq_backend: Backend) -> None:
+    # From a URL or a command line: Postgres found the job, the in-memory backend not.
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    row = await tq.client.enqueue(job, {})
+    text = str(row.id)
+    found = await tq.client.get(text)
+    assert found is not None and found.id == row.id
+    assert [e.kind for e in await tq.client.get_events(text)] == [
+        e.kind for e in await tq.client.get_events(row.id)
+    ]
+    assert await tq.client.cancel(text) is True
+    with pytest.raises(ValueError, match="'nope' is not a job id"):
+        await tq.client.get("nope")
+    with pytest.raises(TypeError, match="a job id is a UUID"):
+        await tq.client.get(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field", ["actor", "queue", "identity_key", "idempotency_key", "tags"])
+async def test_a_filter_with_a_nul_is_a_clear_error_on_every_backend(
+    taskq_backend: Backend, field: str
+) -> None:
+    # Postgres raised a driver error, the in-memory backend matched nothing.
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    value: Any = ["x\x00y"] if field == "tags" else "x\x00y"
+    with pytest.raises(ValueError, match="must not contain NUL"):
+        await tq.client.list_jobs(**{field: value})
+
+
+async def test_a_batch_id_in_any_uuid_spelling_is_found_by_its_batch(
+    taskq_backend: Backend,
+) -> None:
+    from uuid import uuid4
+
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    batch = uuid4()
+    for spelling in (str(batch), str(batch).upper(), batch.hex):
+        await tq.client.enqueue(job, {}, metadata={"batch_id": spelling})
+    assert len(await tq.client.list_jobs(batch_id=batch)) == 3

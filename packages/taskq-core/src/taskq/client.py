@@ -80,6 +80,19 @@ def _job_filter(filters: JobFilter | None, fields: Mapping[str, Any]) -> JobFilt
     return filters
 
 
+def _as_job_id(value: UUID | str) -> UUID:
+    """A job id given as a UUID or as its text (from a URL, a command line): the
+    in-memory backend found no job by the text, Postgres found it."""
+    if isinstance(value, UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return UUID(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a job id; job ids are UUIDs") from None
+    raise TypeError(f"a job id is a UUID (or its text), not {type(value).__name__}")
+
+
 class JobsClient:
     """Enqueue jobs and inspect, retry or wait for them.
 
@@ -176,31 +189,31 @@ class JobsClient:
         )
 
     # -- reads and admin -----------------------------------------------------------
-    async def get(self, job_id: UUID) -> JobRow | None:
+    async def get(self, job_id: UUID | str) -> JobRow | None:
         """One job, or None."""
-        return await self._backend.get(job_id)
+        return await self._backend.get(_as_job_id(job_id))
 
     async def list_jobs(self, filters: JobFilter | None = None, **fields: Any) -> list[JobRow]:
         """Jobs matching a :class:`JobFilter` (or its fields as keywords), one page."""
         return await self._backend.list_jobs(_job_filter(filters, fields))
 
-    async def get_attempts(self, job_id: UUID) -> list[AttemptRow]:
+    async def get_attempts(self, job_id: UUID | str) -> list[AttemptRow]:
         """Every attempt of a job, oldest first."""
-        return await self._backend.get_attempts(job_id)
+        return await self._backend.get_attempts(_as_job_id(job_id))
 
-    async def get_events(self, job_id: UUID) -> list[EventRow]:
+    async def get_events(self, job_id: UUID | str) -> list[EventRow]:
         """The job's audit trail, oldest first."""
-        return await self._backend.get_events(job_id)
+        return await self._backend.get_events(_as_job_id(job_id))
 
-    async def retry(self, job_id: UUID) -> bool:
+    async def retry(self, job_id: UUID | str) -> bool:
         """Run a failed, crashed, cancelled or abandoned job again. False otherwise."""
-        return await self._backend.retry_job(job_id)
+        return await self._backend.retry_job(_as_job_id(job_id))
 
-    async def cancel(self, job_id: UUID, *, reason: str | None = None) -> bool:
+    async def cancel(self, job_id: UUID | str, *, reason: str | None = None) -> bool:
         """Cancel a job: a pending or scheduled one ends ``cancelled`` at once; a running
         one gets a cancel request its actor sees as ``ctx.cancel_event``. False when the
         job is already finished or unknown."""
-        return await self._backend.write_cancel_request(job_id, reason)
+        return await self._backend.write_cancel_request(_as_job_id(job_id), reason)
 
     async def cancel_where(
         self, filters: JobFilter | None = None, *, reason: str | None = None, **fields: Any
@@ -262,7 +275,7 @@ class JobsClient:
 
     async def wait_for_result(
         self,
-        job_id: UUID,
+        job_id: UUID | str,
         timeout: timedelta | float = 30.0,  # noqa: ASYNC109 - the public API takes a timeout
     ) -> Any:
         """Wait until the job is terminal and return its result.
@@ -274,6 +287,7 @@ class JobsClient:
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         if math.isnan(limit):
             raise ValueError("wait_for_result timeout must be a number of seconds, not NaN")
+        job_id = _as_job_id(job_id)
         pause = 0.01
         # Read once before the clock runs: timeout=0 asks "is it done?", on every backend.
         row = await self._backend.get(job_id)

@@ -221,9 +221,7 @@ class EnqueueArgs(_Model):
     def _no_nul(cls, value: str | None) -> str | None:
         # Stored text cannot hold NUL; unlike in a payload, replacing it could make two
         # keys (or queues) one.
-        if value is not None and "\x00" in value:
-            raise ValueError("must not contain NUL characters (\\x00)")
-        return value
+        return _refuse_nul(value)
 
     @field_validator("actor", "queue")
     @classmethod
@@ -241,12 +239,16 @@ class EnqueueArgs(_Model):
         batch_id = value.get("batch_id")
         if batch_id is not None:
             try:
-                UUID(str(batch_id))
+                canonical = str(UUID(str(batch_id)))
             except ValueError:
                 raise ValueError(
                     f"metadata['batch_id'] names the job's batch and must be a UUID, "
                     f"not {batch_id!r}"
                 ) from None
+            if canonical != batch_id:
+                # Stored in one spelling: batch reads compare the text (an upper-case
+                # or hyphen-less id was left out of its batch).
+                return {**value, "batch_id": canonical}
         return value
 
     @field_validator("delay", "schedule_to_close", "timeout", "result_ttl")
@@ -403,6 +405,12 @@ def _as_status_tuple(value: object) -> tuple[JobStatus, ...]:
         raise ValueError(f"unknown job status in {value!r}; known statuses: {known}") from None
 
 
+def _refuse_nul(value: str | None) -> str | None:
+    if value is not None and "\x00" in value:
+        raise ValueError("must not contain NUL characters (\\x00)")
+    return value
+
+
 class JobFilter(_Model):
     """Selects jobs for ``list_jobs`` and ``cancel_where``.
 
@@ -432,6 +440,23 @@ class JobFilter(_Model):
     @classmethod
     def _parse_status(cls, value: object) -> tuple[JobStatus, ...] | None:
         return None if value is None else _as_status_tuple(value)
+
+    @field_validator("actor", "queue", "identity_key", "idempotency_key")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        # No stored name or key holds one (refused at enqueue): Postgres raised a driver
+        # error, the in-memory backend matched nothing.
+        return _refuse_nul(value)
+
+    @field_validator("tags")
+    @classmethod
+    def _no_nul_in_tags(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any("\x00" in tag for tag in value):
+            raise ValueError(
+                "must not contain NUL characters (\\x00): a tag is stored with each NUL "
+                "replaced by U+FFFD; search for that"
+            )
+        return value
 
     @model_validator(mode="after")
     def _status_xor_active(self) -> Self:

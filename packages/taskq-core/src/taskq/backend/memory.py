@@ -34,9 +34,11 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 from urllib.parse import urlsplit
 from uuid import UUID
+
+from pydantic import BaseModel
 
 from taskq.backend._memory_archive import JobArchive
 from taskq.backend._memory_batches import BatchTable
@@ -98,11 +100,15 @@ def _requeue(row: JobRow, now: datetime, delay: timedelta, changes: dict[str, An
     return to
 
 
-def _copy(row: JobRow) -> JobRow:
-    """A row to hand out: its containers (payload, result, tags…) are not the stored
-    ones, as a database's rows are not (an actor changing its payload in place
-    changed the job, and each retry saw the attempts before it)."""
-    return row.model_copy(deep=True)
+_Stored = TypeVar("_Stored", bound=BaseModel)
+
+
+def _copy(stored: _Stored) -> _Stored:
+    """A row (job, attempt, event, schedule, batch) to hand out: its containers
+    (payload, result, tags, detail…) are not the stored ones, as a database's rows
+    are not (an actor changing its payload in place changed the job, and each retry
+    saw the attempts before it; a feed consumer's edit changed the stored event)."""
+    return stored.model_copy(deep=True)
 
 
 class InMemoryBackend:
@@ -407,7 +413,7 @@ class InMemoryBackend:
         if row is None:
             if job_id not in self._jobs:
                 raise KeyError(f"no job with id {job_id}")
-            return self._jobs[job_id]
+            return _copy(self._jobs[job_id])
         now = self.clock.now()
         changes: dict[str, Any] = {}
         if (
@@ -419,17 +425,19 @@ class InMemoryBackend:
         else:
             to = _S.FAILED
         error = stored_error(error_info)
-        return self._store.end_attempt(
-            row,
-            to,
-            now,
-            worker_id=worker_id,
-            outcome="failed",
-            attempt_error=error,
-            progress_seq=progress_seq,
-            progress_state=progress_state,
-            error=error,
-            **changes,
+        return _copy(
+            self._store.end_attempt(
+                row,
+                to,
+                now,
+                worker_id=worker_id,
+                outcome="failed",
+                attempt_error=error,
+                progress_seq=progress_seq,
+                progress_state=progress_state,
+                error=error,
+                **changes,
+            )
         )
 
     async def mark_cancelled(
@@ -615,11 +623,11 @@ class InMemoryBackend:
     async def get_attempts(self, job_id: JobId) -> list[AttemptRow]:
         """Attempts of a job by attempt number."""
         attempts = self._store.attempts.get(job_id, {})
-        return [attempts[n] for n in sorted(attempts)]
+        return [_copy(attempts[n]) for n in sorted(attempts)]
 
     async def get_events(self, job_id: JobId) -> list[EventRow]:
         """Events of a job by event id (they are appended in id order)."""
-        return list(self._store.events.get(job_id, []))
+        return [_copy(event) for event in self._store.events.get(job_id, [])]
 
     async def poll_reclaim_events(
         self,
@@ -642,7 +650,7 @@ class InMemoryBackend:
             for event in self._store.reclaim_events
             if event.event_id > after_id and event.occurred_at <= visible_until
         ]
-        return visible[: max(limit, 0)]
+        return [_copy(event) for event in visible[: max(limit, 0)]]
 
     # -- cancellation -----------------------------------------------------------------
     def _request_cancel(self, row: JobRow, reason: str | None, now: datetime) -> bool:
@@ -906,17 +914,17 @@ class InMemoryBackend:
     # -- schedules -----------------------------------------------------------------------
     async def create_schedule(self, args: ScheduleCreateArgs) -> ScheduleRecord:
         """Store a schedule; ``ValueError`` when its name is taken."""
-        return self._schedules.create(args)
+        return _copy(self._schedules.create(args))
 
     async def list_schedules(
         self, *, actor: str | None = None, enabled: bool | None = None
     ) -> list[ScheduleRecord]:
         """Schedules by name."""
-        return self._schedules.list(actor=actor, enabled=enabled)
+        return [_copy(record) for record in self._schedules.list(actor=actor, enabled=enabled)]
 
     async def update_schedule(self, schedule_id: UUID, args: ScheduleUpdateArgs) -> ScheduleRecord:
         """Apply the fields of ``args`` that are set; ``KeyError`` if unknown."""
-        return self._schedules.update(schedule_id, args)
+        return _copy(self._schedules.update(schedule_id, args))
 
     async def delete_schedule(self, schedule_id: UUID) -> None:
         """Remove a schedule; ``KeyError`` if unknown."""
@@ -1010,11 +1018,12 @@ class InMemoryBackend:
 
     async def get_batch(self, batch_id: UUID) -> BatchRow | None:
         """One batch row, or None."""
-        return self._batches.get(batch_id)
+        found = self._batches.get(batch_id)
+        return None if found is None else _copy(found)
 
     async def list_batches(self, filter: BatchFilter) -> list[tuple[BatchRow, BatchCounts]]:
         """Batches with their children's counts, newest first."""
-        return self._batches.list(filter)
+        return [(_copy(row), counts) for row, counts in self._batches.list(filter)]
 
     async def count_batch_non_terminal(
         self, batch_id: UUID, *, connection: Connection = None

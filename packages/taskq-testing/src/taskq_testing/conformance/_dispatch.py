@@ -73,14 +73,22 @@ class DispatchTests:
         assert_close(row.lock_expires_at, row.started_at + LONG_LEASE)
         assert await backend.get(job.id) == row
 
-    @covers("enqueue", "dispatch_batch", "get", "list_jobs")
+    @covers(
+        "enqueue",
+        "dispatch_batch",
+        "get",
+        "list_jobs",
+        "get_events",
+        "mark_failed_or_retry",
+    )
     async def test_a_returned_row_is_a_copy_of_what_is_stored(self, backend: Backend) -> None:
         # An actor that changed its dict payload in place changed the stored job on the
         # in-memory backend: each retry saw the changes of the attempts before it.
         payload = {"items": [1], "nested": {"k": "v"}}
         enqueued = await backend.enqueue(make_args(payload=payload, tags=["t"]))
         enqueued.payload["items"].append(2)
-        [row] = await backend.dispatch_batch(uuid4(), ["default"], 1, LONG_LEASE)
+        worker = uuid4()
+        [row] = await backend.dispatch_batch(worker, ["default"], 1, LONG_LEASE)
         row.payload["items"].append(3)
         row.payload["nested"]["k"] = "changed"
         row.tags.append("u")
@@ -91,6 +99,13 @@ class DispatchTests:
         stored = await fetch(backend, row.id)
         assert stored.payload == {"items": [1], "nested": {"k": "v"}}
         assert (stored.tags, stored.metadata) == (["t"], {})
+        # History too: an edit of a returned event or row changes nothing stored.
+        for event in await backend.get_events(row.id):
+            event.detail["to_state"] = "edited"
+        assert "edited" not in {e.detail.get("to_state") for e in await backend.get_events(row.id)}
+        failed = await backend.mark_failed_or_retry(row.id, worker, ERROR, None)
+        failed.payload["items"].append(5)
+        assert (await fetch(backend, row.id)).payload["items"] == [1]
 
     @covers("dispatch_batch", "get_events")
     async def test_dispatch_records_a_state_change_event(self, backend: Backend) -> None:

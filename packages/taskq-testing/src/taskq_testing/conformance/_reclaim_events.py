@@ -63,6 +63,9 @@ class ReclaimEventTests(TimeLimits):
             # The outbox row is the job's own history row, not a copy.
             assert (await backend.get_events(event.job_id))[-1] == event
             assert event.detail["to_state"] == (await fetch(backend, event.job_id)).status
+        # A consumer's edit of what it was handed changes nothing stored.
+        events[0].detail["to_state"] = "edited"
+        assert (await _poll_all(backend))[0].detail["to_state"] != "edited"
 
     @covers("poll_reclaim_events")
     async def test_poll_pages_through_the_feed_with_cursor_and_limit(

@@ -218,8 +218,8 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - every actor error becomes an outcome
-        # A BaseException too (``sys.exit`` in a sync actor, a library's own): it ended
-        # the worker, or the task with no outcome.
+        # A BaseException too (a library's own, as a test runner's failure is): it ended
+        # the job's task with no outcome, and the job ran again forever.
         if ctx.cancel_event.is_set() and await _stopped(state, row, ctx, active):
             return
         await _raised(state, row, ctx, actor, exc)

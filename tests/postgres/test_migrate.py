@@ -31,7 +31,6 @@ BUNDLED = [m.name for m in load_migrations()]
 TABLES = {
     "actor_config",
     "batches",
-    "fairness_turns",
     "job_attempts",
     "job_attempts_archive",
     "job_events",

@@ -55,7 +55,7 @@ async def test_dispatch_uses_indexes_not_a_seq_scan_of_jobs(
     common: list[Any] = [["default", "other"], 100, uuid4(), timedelta(minutes=5), 2]
     variants = {
         "strict_fifo": (sql.dispatch_strict_fifo, common),
-        "round_robin": (sql.dispatch_round_robin, [*common, [], [], ["default"]]),
+        "round_robin": (sql.dispatch_round_robin, [*common, [], [], ["default"], ["k"], [1], 0, 0]),
     }
     for name, (statement, args) in variants.items():
         plan = "\n".join(

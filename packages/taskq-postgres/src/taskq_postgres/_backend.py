@@ -40,6 +40,7 @@ import structlog
 from taskq.backend import check_batch_size, check_protocol_version
 from taskq.backend._protocol import ScheduleFire
 from taskq.backend.cron import cron_slots, next_fire_at, skipped_slots
+from taskq.backend.fairness import STRICT, CohortTurns, cohort_of
 from taskq.backend.storable import check_delay, clean_text, dump_json
 from taskq.errors import ConfigurationError, TaskQError
 from taskq.identifiers import validate_schema_name
@@ -319,7 +320,6 @@ class PostgresBackend:
         self._leader_sql = LeaderStatements(self.schema)
         self._prune_sql = render(prune_sql.PRUNE_TERMINAL_JOBS, self.schema)
         self._expire_archive_sql = render(prune_sql.EXPIRE_ARCHIVE, self.schema)
-        self._forget_turns_sql = render(prune_sql.FORGET_OLD_TURNS, self.schema)
         self._wake_channel = wake_channel(self.schema)
         self._events_channel = events_channel(self.schema)
         # What the statements that move jobs notify: None (no NOTIFY) when poll-only.
@@ -328,6 +328,8 @@ class PostgresBackend:
         # Queue lists that held a round-robin queue at their last dispatch: they
         # look the settings up first instead of trying strict FIFO first.
         self._round_robin_calls: set[tuple[str, ...]] = set()
+        self._turns = CohortTurns()
+        """Round robin's turns of this dispatcher (``taskq.backend.fairness``)."""
         # Queue lists whose head last needed the cap or identity checks: they run the
         # full strict-FIFO statement without trying the plain-head one first.
         self._gated_heads: set[tuple[str, ...]] = set()
@@ -714,14 +716,22 @@ class PostgresBackend:
         capped = [
             (r["name"], r["max_concurrent"]) for r in settings if r["max_concurrent"] is not None
         ]
+        turns = self._turns.turns()
+        keyed = [(cohort, turn) for cohort, turn in turns.items() if isinstance(cohort, str)]
         records = await db.fetch(
             self._sql.dispatch_round_robin,
             *params,
             [name for name, _ in capped],
             [cap for _, cap in capped],
             round_robin,
+            [cohort for cohort, _ in keyed],
+            [turn for _, turn in keyed],
+            turns.get(None, 0),
+            turns.get(STRICT, 0),
         )
-        return [job_row(record) for record in records]
+        jobs = [job_row(record) for record in records]
+        self._turns.served(cohort_of(job, round_robin) for job in jobs)
+        return jobs
 
     async def _dispatch_past_locked(self, db: Any, params: list[Any], missing: int) -> list[JobRow]:
         """Once more, for ``missing`` jobs, over a head four times as deep.
@@ -1403,8 +1413,7 @@ class PostgresBackend:
         return moved
 
     async def expire_archive(self, *, batch_size: int = 10_000) -> int:
-        """Delete archived jobs past ``expire_at`` (attempts by cascade), in batches, and
-        round robin's turns of cohorts not served for a day."""
+        """Delete archived jobs past ``expire_at`` (attempts by cascade), in batches."""
         check_batch_size(batch_size)
         deleted = 0
         while True:
@@ -1415,9 +1424,7 @@ class PostgresBackend:
             )
             deleted += count
             if count < batch_size:
-                break
-        await self._db().execute(self._forget_turns_sql, timeout=_BULK_STATEMENT_TIMEOUT)
-        return deleted
+                return deleted
 
     async def sweep_expired_results(self) -> int:
         """Clear the result of every job whose ``result_expires_at`` has passed on the

@@ -13,9 +13,9 @@ from collections import Counter
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Final
 from uuid import UUID
 
+from taskq.backend.fairness import Cohort, cohort_of
 from taskq.backend.statemachine import JobStatus
 from taskq.models import JobRow
 
@@ -61,7 +61,7 @@ def dispatch_order(
     candidates: Iterable[JobRow],
     round_robin_queues: Container[str],
     load: RunningLoad | None = None,
-    turns: Mapping[tuple[str, str | None], int] | None = None,
+    turns: Mapping[Cohort, int] | None = None,
 ) -> list[JobRow]:
     """Order due jobs for dispatch.
 
@@ -72,36 +72,28 @@ def dispatch_order(
     priority DESC, scheduled_at, id)`` then gives plain priority/FIFO order
     when only strict queues are asked for, and interleaves the cohorts (first
     of each, then second of each, …) when round-robin queues are. A round-robin
-    cohort's ranks start after its jobs already running there (``load``), and among
-    the cohorts of one rank the one served longest ago (``turns``: the number of the
-    dispatch that last served each ``(queue, fairness_key)``) goes first: every dispatch starts
-    afresh, so a cohort of older jobs would otherwise win each one-slot dispatch for
-    as long as its backlog lasts.
+    cohort's ranks start after its jobs already running there (``load``), and
+    among the cohorts of one rank the one served longest ago goes first
+    (``turns``, :mod:`taskq.backend.fairness`).
     """
     ranked: list[tuple[int, JobRow]] = []
-    seen: Counter[tuple[str, str | None]] = Counter()
+    seen: Counter[Cohort] = Counter()
     for (queue, key), running in (load.per_cohort if load else {}).items():
         if queue in round_robin_queues:
-            seen["fairness", key] += running
+            seen[key] += running
     for job in sorted(candidates, key=_priority_order):
-        cohort = (
-            ("fairness", job.fairness_key) if job.queue in round_robin_queues else ("fifo", None)
-        )
+        cohort = cohort_of(job, round_robin_queues)
         seen[cohort] += 1
         ranked.append((seen[cohort], job))
     served = turns or {}
-
-    def turn(job: JobRow) -> int:
-        if job.queue not in round_robin_queues:
-            return _NEVER
-        return served.get((job.queue, job.fairness_key), _NEVER)
-
-    ranked.sort(key=lambda item: (item[0], turn(item[1]), *_priority_order(item[1])))
+    ranked.sort(
+        key=lambda item: (
+            item[0],
+            served.get(cohort_of(item[1], round_robin_queues), 0),
+            *_priority_order(item[1]),
+        )
+    )
     return [job for _, job in ranked]
-
-
-_NEVER: Final = -1
-"""The turn of a cohort never served: before any other."""
 
 
 def take_jobs(

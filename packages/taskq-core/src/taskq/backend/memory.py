@@ -56,6 +56,7 @@ from taskq.backend._memory_sweeps import fail_past_deadline, promote_due, reclai
 from taskq.backend._protocol import Connection, ScheduleFire, check_protocol_version
 from taskq.backend.clock import Clock, SystemClock
 from taskq.backend.cron import cron_slots, skipped_slots
+from taskq.backend.fairness import CohortTurns, cohort_of
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
 from taskq.backend.storable import check_delay, clean_text, stored_json
 from taskq.errors import TaskQError
@@ -141,10 +142,8 @@ class InMemoryBackend:
         self._jobs = self._store.jobs
         self._actors: dict[str, ActorConfig] = {}
         self._queues: dict[str, QueueConfig] = {}
-        self._turns: dict[tuple[str, str | None], int] = {}
-        """Round robin: the dispatch that last served each ``(queue, fairness_key)``
-        (a count, not a time: the fake clock may stand still between dispatches)."""
-        self._dispatches = 0
+        self._turns = CohortTurns()
+        """Round robin's turns (one process: every worker's dispatches share them)."""
         self._schedules = ScheduleTable(self.clock)
         self._batches = BatchTable(self._store, self.clock)
         self._archive = JobArchive(self._store, self.clock)
@@ -244,7 +243,7 @@ class InMemoryBackend:
             (row for row in due if not load.actor_full(row.actor, actor_caps)),
             round_robin,
             load,
-            self._turns,
+            self._turns.turns(),
         )
         chosen = take_jobs(
             ranked,
@@ -253,10 +252,8 @@ class InMemoryBackend:
             actor_caps=actor_caps,
             queue_caps={name: cfg.max_concurrent for name, cfg in self._queues.items()},
         )
-        self._dispatches += 1
-        for row in chosen:
-            if row.queue in round_robin:
-                self._turns[row.queue, row.fairness_key] = self._dispatches
+        if round_robin:
+            self._turns.served(cohort_of(row, round_robin) for row in chosen)
         return [
             _copy(
                 self._store.move(

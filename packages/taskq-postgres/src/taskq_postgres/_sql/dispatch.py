@@ -176,12 +176,12 @@ admitted AS (
 # Round robin ranks each job within its fairness cohort: first among its
 # cohort-mates by priority DESC, scheduled_at, id, after the cohort's jobs already
 # running (in the round-robin queues asked for), and among the cohorts of one rank,
-# the one served longest ago (fairness_turns) first: each dispatch starts afresh, so
-# without them a cohort whose jobs are older would win every one-slot dispatch,
-# starving the others for as long as its backlog lasts. The turn is the fraction of
-# the rank (seconds since the epoch / 1e12, exact in numeric: below 1 for 30,000
-# years), so one sortable rank carries both. PARTITION BY puts all NULL keys in one
-# cohort (no '__null__' sentinel a real key could collide with).
+# the one this dispatcher served longest ago first (its turn: $9-$12, from
+# taskq.backend.fairness; 0 never served). Each dispatch starts afresh, so without
+# them a cohort whose jobs are older would win every one-slot dispatch, starving the
+# others for as long as its backlog lasts. Rank and turn make one bigint, the rank
+# in the high bits. PARTITION BY puts all NULL keys in one cohort (no '__null__'
+# sentinel a real key could collide with).
 # The lateral samples each (queue, actor) by cohort rank, so a deep cohort
 # cannot crowd a shallow one out of the sample. In strict queues asked for in
 # the same call ($8 lists the round-robin ones) every job shares one cohort.
@@ -196,13 +196,24 @@ running_cohorts AS (
 running_unkeyed (running) AS (
     SELECT coalesce((SELECT rc.running FROM running_cohorts rc WHERE rc.fairness_key IS NULL), 0)
 ),
+-- Each keyed cohort's running jobs and turn, for one join per pending row.
+cohort_state (fairness_key, running, turn) AS (
+    SELECT coalesce(rc.fairness_key, t.fairness_key), coalesce(rc.running, 0),
+           coalesce(t.turn, 0)
+    FROM running_cohorts rc
+    FULL JOIN (
+        SELECT t.fairness_key, t.turn
+        FROM params p CROSS JOIN unnest(p.turn_keys, p.turns) AS t (fairness_key, turn)
+    ) t ON t.fairness_key = rc.fairness_key
+    WHERE coalesce(rc.fairness_key, t.fairness_key) IS NOT NULL
+),
 candidates AS (
     SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key,
-           ROW_NUMBER() OVER (
+           (ROW_NUMBER() OVER (
                PARTITION BY c.queue = ANY (p.rr_queues),
                             CASE WHEN c.queue = ANY (p.rr_queues) THEN c.fairness_key END
                ORDER BY c.priority DESC, c.scheduled_at, c.id
-           ) + c.running + c.turn AS fairness_rank
+           ) + c.running) * 4294967296 + c.turn AS fairness_rank
     FROM pending_actors pa
     JOIN per_actor_capacity pac ON pac.actor = pa.actor
     CROSS JOIN params p
@@ -219,20 +230,19 @@ candidates AS (
                    ) AS cohort_rank,
                    CASE WHEN pa.queue <> ALL (p.rr_queues) THEN 0
                         WHEN j.fairness_key IS NULL THEN ru.running
-                        ELSE coalesce(rc.running, 0) END AS running,
-                   CASE WHEN pa.queue <> ALL (p.rr_queues) THEN 0
-                        ELSE coalesce(extract(epoch FROM ft.served_at), 0) / 1e12 END AS turn
+                        ELSE coalesce(cs.running, 0) END AS running,
+                   CASE WHEN pa.queue <> ALL (p.rr_queues) THEN p.strict_turn
+                        WHEN j.fairness_key IS NULL THEN p.unkeyed_turn
+                        ELSE coalesce(cs.turn, 0) END AS turn
             FROM {schema}.jobs j
             -- An equality join (hashable), not IS NOT DISTINCT FROM per row: the NULL
-            -- cohort's count is read once (running_unkeyed).
-            LEFT JOIN running_cohorts rc ON rc.fairness_key = j.fairness_key
-            LEFT JOIN {schema}.fairness_turns ft
-                ON ft.queue = j.queue AND ft.keyed = (j.fairness_key IS NOT NULL)
-               AND ft.fairness_key = coalesce(j.fairness_key, '')
+            -- cohort's count and turn are read once (running_unkeyed, params).
+            LEFT JOIN cohort_state cs ON cs.fairness_key = j.fairness_key
             WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
               AND j.scheduled_at <= p.now
         ) f
-        ORDER BY f.cohort_rank + f.running + f.turn, f.priority DESC, f.scheduled_at, f.id
+        ORDER BY (f.cohort_rank + f.running) * 4294967296 + f.turn, f.priority DESC,
+                 f.scheduled_at, f.id
         LIMIT pac.residual * p.oversample
     ) c
     WHERE pa.actor IS NOT NULL AND pac.residual > 0
@@ -378,7 +388,7 @@ eligible AS (
         LIMIT (SELECT p.limit_n FROM params p)
     )
 ),
-<WRITE><TURNS>
+<WRITE>
 SELECT d.*, (SELECT hp.ok FROM head_plain hp) AS plain_head FROM dispatched d ORDER BY <ORDER:d>
 """
 
@@ -400,20 +410,6 @@ events AS (
                               'worker_id', p.worker_id::text)
     FROM dispatched d CROSS JOIN params p
     ORDER BY <ORDER:d>
-)"""
-
-# Round robin: each cohort dispatched is served now (a later time kept when another
-# dispatcher's commit came first). In key order: concurrent dispatchers wait for each
-# other's rows in one order, never in a cycle.
-_TURNS: Final = """,
-turns AS (
-    INSERT INTO {schema}.fairness_turns AS t (queue, keyed, fairness_key, served_at)
-    SELECT DISTINCT d.queue, d.fairness_key IS NOT NULL, coalesce(d.fairness_key, ''), p.now
-    FROM dispatched d CROSS JOIN params p
-    WHERE d.queue = ANY (p.rr_queues)
-    ORDER BY 1, 2, 3
-    ON CONFLICT (queue, keyed, fairness_key)
-        DO UPDATE SET served_at = greatest(t.served_at, excluded.served_at)
 )"""
 
 _STRICT_ORDER: Final = "{a}.priority DESC, {a}.scheduled_at, {a}.id"
@@ -452,7 +448,8 @@ _ROUND_ROBIN_PARAMS: Final = """
     SELECT $1::text[] AS queues, $2::int AS limit_n, $3::uuid AS worker_id,
            $4::interval AS lock_lease, $5::int AS oversample,
            $6::text[] AS capped_queues, $7::int[] AS queue_caps,
-           $8::text[] AS rr_queues, clock_timestamp() AS now"""
+           $8::text[] AS rr_queues, $9::text[] AS turn_keys, $10::bigint[] AS turns,
+           $11::bigint AS unkeyed_turn, $12::bigint AS strict_turn, clock_timestamp() AS now"""
 
 
 def _ordered(sql: str, order: str) -> str:
@@ -463,9 +460,9 @@ def _ordered(sql: str, order: str) -> str:
     return sql
 
 
-def _variant(candidates: str, order: str, params: str, turns: str = "") -> str:
+def _variant(candidates: str, order: str, params: str) -> str:
     sql = _DISPATCH_TEMPLATE.replace("<CANDIDATES>", _admit(candidates))
-    return _ordered(sql.replace("<PARAMS>", params).replace("<TURNS>", turns), order)
+    return _ordered(sql.replace("<PARAMS>", params), order)
 
 
 DISPATCH_STRICT_FIFO: Final = TransitionSQL.of(
@@ -479,11 +476,11 @@ nothing when a queue asked for is ``round_robin``."""
 DISPATCH_ROUND_ROBIN: Final = TransitionSQL.of(
     JobStatus.PENDING,
     JobStatus.RUNNING,
-    _variant(_ROUND_ROBIN_CANDIDATES, _ROUND_ROBIN_ORDER, _ROUND_ROBIN_PARAMS, _TURNS),
+    _variant(_ROUND_ROBIN_CANDIDATES, _ROUND_ROBIN_ORDER, _ROUND_ROBIN_PARAMS),
 )
-"""Interleaves fairness cohorts: ``fairness_rank, priority DESC, scheduled_at, id``, the
-rank's fraction putting the cohort served longest ago first among those of one rank.
-For calls asking for at least one ``round_robin`` queue ($8 lists them)."""
+"""Interleaves fairness cohorts: ``fairness_rank, priority DESC, scheduled_at, id``.
+For calls asking for at least one ``round_robin`` queue ($8 lists them); $9/$10 the
+keyed cohorts' turns, $11 the unkeyed one's, $12 the strict queues' (0: never served)."""
 
 DISPATCH_PLAIN_HEAD: Final = TransitionSQL.of(
     JobStatus.PENDING,

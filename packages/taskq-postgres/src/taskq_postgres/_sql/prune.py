@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["EXPIRE_ARCHIVE", "FORGET_OLD_TURNS", "PRUNE_TERMINAL_JOBS"]
+__all__ = ["EXPIRE_ARCHIVE", "PRUNE_TERMINAL_JOBS"]
 
 _JOB_COLUMNS: Final = (
     "id, actor, queue, status, priority, payload, scheduled_at, created_at, enqueued_at, "
@@ -99,12 +99,4 @@ removed AS (
     DELETE FROM {schema}.jobs_archive a USING doomed d WHERE a.id = d.id RETURNING 1
 )
 SELECT count(*) FROM removed
-"""
-
-FORGET_OLD_TURNS: Final = """
--- arbiter: clock_timestamp() (served_at older than a day)
--- Round robin's turns of cohorts not served for a day: one row per fairness key ever
--- dispatched would otherwise pile up. Such a cohort sorts first either way (served
--- longest ago, or never).
-DELETE FROM {schema}.fairness_turns t WHERE t.served_at < clock_timestamp() - interval '1 day'
 """

@@ -291,13 +291,24 @@ class DispatchTests:
         assert taken[0].fairness_key == "big"
         assert taken[1].id == small.id
 
+    async def _one_slot_at_a_time(
+        self, backend: Backend, advance_time: AdvanceTime, queues: list[str], n: int
+    ) -> list[JobRow]:
+        """``n`` one-job dispatches, each job done before the next (short jobs)."""
+        worker, taken = uuid4(), []
+        for _ in range(n):
+            [job] = await backend.dispatch_batch(worker, queues, 1, LONG_LEASE)
+            assert await backend.mark_succeeded(job.id, worker, None, attempt=job.attempt)
+            taken.append(job)
+            await advance_time(TICK)
+        return taken
+
     @covers("dispatch_batch", "configure_queue", "mark_succeeded")
     async def test_round_robin_one_slot_at_a_time_serves_every_cohort_in_turn(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
-        # Each job done before the next dispatch (short jobs): every cohort had nothing
-        # running, so each dispatch went to the cohort of the oldest jobs and the next:
-        # tenant "c" waited until "a" had drained.
+        # With nothing running between dispatches, each went to the cohort of the
+        # oldest jobs and the next: tenant "c" waited until "a" had drained.
         await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
         await _enqueue_spread(
             backend,
@@ -305,13 +316,41 @@ class DispatchTests:
             *({"queue": "rr", "fairness_key": "a"} for _ in range(4)),
             *({"queue": "rr", "fairness_key": key} for key in ("b", "b", None, None)),
         )
-        worker, served = uuid4(), []
-        for _ in range(8):
-            [job] = await backend.dispatch_batch(worker, ["rr"], 1, LONG_LEASE)
-            assert await backend.mark_succeeded(job.id, worker, None, attempt=job.attempt)
-            served.append(job.fairness_key)
-            await advance_time(TICK)
-        assert served == ["a", "b", None, "a", "b", None, "a", "a"]
+        taken = await self._one_slot_at_a_time(backend, advance_time, ["rr"], 8)
+        assert [j.fairness_key for j in taken] == ["a", "b", None, "a", "b", None, "a", "a"]
+
+    @covers("dispatch_batch", "configure_queue", "mark_succeeded")
+    async def test_round_robin_takes_turns_with_the_strict_queues_of_the_call(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # A call for a strict and a round-robin queue: the strict queue's jobs are one
+        # cohort, which takes its turn like the others (and starves none of them).
+        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+        await _enqueue_spread(
+            backend,
+            advance_time,
+            *({"queue": "plain"} for _ in range(4)),
+            *({"queue": "rr", "fairness_key": key} for key in ("a", "b", "a", "b")),
+        )
+        taken = await self._one_slot_at_a_time(backend, advance_time, ["plain", "rr"], 6)
+        cohorts = [j.fairness_key if j.queue == "rr" else "plain" for j in taken]
+        assert cohorts == ["plain", "a", "b", "plain", "a", "b"]
+
+    @covers("dispatch_batch", "configure_queue", "mark_succeeded")
+    async def test_round_robin_turns_are_per_fairness_key_across_queues(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # A key in two round-robin queues is one cohort, in its ranks and its turns.
+        for queue in ("rr1", "rr2"):
+            await backend.configure_queue(QueueConfig(queue=queue, mode="round_robin"))
+        await _enqueue_spread(
+            backend,
+            advance_time,
+            *({"queue": q, "fairness_key": "t"} for q in ("rr1", "rr2", "rr1", "rr2")),
+            *({"queue": "rr1", "fairness_key": "u"} for _ in range(4)),
+        )
+        taken = await self._one_slot_at_a_time(backend, advance_time, ["rr1", "rr2"], 6)
+        assert [j.fairness_key for j in taken] == ["t", "u", "t", "u", "t", "u"]
 
     @covers("dispatch_batch", "configure_queue")
     async def test_queues_are_strict_fifo_unless_configured(

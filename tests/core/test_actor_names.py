@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from taskq import TaskQ, actor
+from taskq import Context, TaskQ, actor
 from taskq.errors import ConfigurationError
 
 
@@ -117,3 +118,23 @@ def _taking(payload_type: Any) -> Any:
 
     job.__annotations__["payload"] = payload_type
     return job
+
+
+def test_signatures_no_worker_could_run_are_refused_at_the_decoration() -> None:
+    # Each passed @actor and stopped the worker's start (or failed every job).
+    async def positional_only(payload: dict[str, Any], /) -> None:
+        return None
+
+    async def generator(payload: dict[str, Any]) -> AsyncIterator[int]:
+        yield 1
+
+    async def context_first(ctx: Context) -> None:
+        return None
+
+    for fn, error in [
+        (positional_only, "the first parameter must be the payload, an ordinary parameter"),
+        (generator, "is a generator function; an actor returns its result"),
+        (context_first, "pydantic cannot validate <class 'taskq.context.Context'>"),
+    ]:
+        with pytest.raises(ConfigurationError, match=error):
+            actor(name="unrunnable")(fn)

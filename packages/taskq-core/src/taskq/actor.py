@@ -83,18 +83,30 @@ class Actor(Generic[P, R]):
         self.options = options
         self.is_async = inspect.iscoroutinefunction(fn)
         self.retry = RetryPolicy(options.retry_backoff)
-        params = list(inspect.signature(fn).parameters.values())
-        if not params or params[0].kind not in (
-            inspect.Parameter.POSITIONAL_ONLY,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        ):
+        if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+            # Refused here, not only at the worker's start: an actor returns its result.
             raise ConfigurationError(
-                f"actor {options.name!r}: the first parameter must be the payload, "
-                f"e.g. `def {fn.__name__}(payload: MyModel, ctx: Context) -> ...`"
+                f"actor {options.name!r} is a generator function; an actor returns its "
+                f"result (use `return`, not `yield`)"
+            )
+        params = list(inspect.signature(fn).parameters.values())
+        # The payload is passed by name, as every injected value is: a positional-only
+        # one passed the decoration and stopped the worker's start.
+        if not params or params[0].kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            raise ConfigurationError(
+                f"actor {options.name!r}: the first parameter must be the payload, an "
+                f"ordinary parameter (not positional-only, *args or keyword-only), e.g. "
+                f"`def {fn.__name__}(payload: MyModel, ctx: Context) -> ...`"
             )
         self.payload_parameter = params[0].name
         self.payload_type: Any = _payload_hint(fn, options.name, self.payload_parameter)
-        self._adapter: TypeAdapter[Any] = _payload_adapter(self.payload_type)
+        try:
+            self._adapter: TypeAdapter[Any] = _payload_adapter(self.payload_type)
+        except PydanticUserError as exc:  # a type pydantic cannot validate (a Context)
+            raise ConfigurationError(
+                f"actor {options.name!r}: the first parameter is the payload, and pydantic "
+                f"cannot validate {self.payload_type!r}: {str(exc).splitlines()[0]}"
+            ) from exc
         _check_object_payload(options.name, self.payload_type, self._adapter)
         self.wants_context = CONTEXT_PARAMETER in {p.name for p in params[1:]}
         self.passthrough = frozenset({self.payload_parameter, CONTEXT_PARAMETER})

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Literal, TypeVar
 from urllib.parse import urlsplit
 from uuid import UUID
@@ -99,6 +99,13 @@ def _requeue(row: JobRow, now: datetime, delay: timedelta, changes: dict[str, An
         return _S.CANCELLED
     to, changes["scheduled_at"] = due_after(now, delay)
     return to
+
+
+def _in_utc(value: datetime | None) -> datetime | None:
+    """``value`` in UTC; a naive time taken as UTC, as asyncpg takes it."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 _Stored = TypeVar("_Stored", bound=BaseModel)
@@ -614,8 +621,19 @@ class InMemoryBackend:
 
     # -- history -------------------------------------------------------------------
     async def write_attempt(self, attempt: AttemptRow) -> None:
-        """Insert or replace the attempt row keyed by ``(job_id, attempt)``."""
-        self._store.attempts.setdefault(attempt.job_id, {})[attempt.attempt] = attempt
+        """Insert or replace the attempt row keyed by ``(job_id, attempt)``; ``KeyError``
+        when the job does not exist. Stored as every write stores: times in UTC, NULs
+        in its error replaced."""
+        if attempt.job_id not in self._jobs:
+            raise KeyError(f"no job with id {attempt.job_id}")
+        stored = attempt.model_copy(
+            update={
+                "started_at": _in_utc(attempt.started_at),
+                "finished_at": _in_utc(attempt.finished_at),
+                "error": None if attempt.error is None else stored_error(attempt.error),
+            }
+        )
+        self._store.attempts.setdefault(attempt.job_id, {})[attempt.attempt] = stored
 
     async def get_attempts(self, job_id: JobId) -> list[AttemptRow]:
         """Attempts of a job by attempt number."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import timedelta, timezone
 from uuid import uuid4
 
+import pytest
+
 from taskq.backend import Backend
-from taskq.models import AttemptRow
+from taskq.models import AttemptRow, ErrorInfo
 from taskq_testing.conformance._support import (
     ERROR,
     LONG_LEASE,
@@ -64,6 +66,28 @@ class HistoryTests:
         replaced = second.model_copy(update={"outcome": "failed", "error": ERROR})
         await backend.write_attempt(replaced)
         assert await backend.get_attempts(job.id) == [first, replaced]
+
+    @covers("write_attempt", "get_attempts")
+    async def test_write_attempt_stores_as_every_write_does(self, backend: Backend) -> None:
+        # The in-memory backend kept any job id, NULs and the caller's zone as given.
+        job = await backend.enqueue(make_args())
+        elsewhere = timezone(timedelta(hours=5))
+        given = AttemptRow(
+            job_id=job.id,
+            attempt=1,
+            worker_id=None,
+            started_at=job.created_at.astimezone(elsewhere),
+            finished_at=job.created_at.astimezone(elsewhere),
+            outcome="failed",
+            error=ErrorInfo(error_class="a\x00b", message="m\x00"),
+        )
+        await backend.write_attempt(given)
+        [stored] = await backend.get_attempts(job.id)
+        assert_utc(stored.started_at, stored.finished_at)
+        assert stored.started_at == job.created_at
+        assert stored.error == ErrorInfo(error_class="a\ufffdb", message="m\ufffd")
+        with pytest.raises(KeyError):
+            await backend.write_attempt(given.model_copy(update={"job_id": uuid4()}))
 
     @covers("get_events")
     async def test_event_ids_increase_across_the_whole_backend(self, backend: Backend) -> None:

@@ -160,3 +160,14 @@ async def test_a_scope_override_caches_the_value_in_that_scope(
     assert one["shared"] is one["again"] is two["shared"]
     assert one["fresh"] is not one["shared"]
     assert one["fresh"] is not two["fresh"]
+
+
+def test_a_builtin_provider_without_a_signature_gets_told_to_wrap_it() -> None:
+    # The message asked to annotate the parameters of `dict`.
+    from collections import OrderedDict
+
+    from taskq._di.solver import read_dependencies
+    from taskq.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"register a function that calls it .*lambda"):
+        read_dependencies(OrderedDict)

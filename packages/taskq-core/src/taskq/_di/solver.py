@@ -126,6 +126,12 @@ def read_dependencies(func: Callable[..., object]) -> tuple[Dependency, ...]:
     label = getattr(func, "__qualname__", repr(func))
     try:
         parameters = inspect.signature(func).parameters.values()
+    except ValueError as exc:  # a builtin without one (dict, threading.Lock)
+        raise ConfigurationError(
+            f"cannot read the signature of {label} ({exc}); register a function that "
+            f"calls it instead, e.g. `lambda: {label}()`"
+        ) from exc
+    try:
         hints = get_type_hints(_hint_source(func), include_extras=True)
     except (NameError, TypeError, ValueError) as exc:
         raise ConfigurationError(

@@ -143,10 +143,16 @@ def test_a_stall_holds_traffic_both_ways_and_new_connections_until_restored(
 
 
 def test_a_dsn_is_pointed_at_the_proxy() -> None:
-    with TcpProxy(5432) as proxy:
-        assert proxy.through("postgresql://u:p@127.0.0.1:5432/db?x=1") == (
-            f"postgresql://u:p@127.0.0.1:{proxy.port}/db?x=1"
-        )
-        assert proxy.through("postgresql://localhost/db") == (
-            f"postgresql://localhost:{proxy.port}/db"
-        )
+    # At 127.0.0.1, where the proxy listens: a target of [::1] (or "localhost", which
+    # may resolve to it) kept its host, where nothing listened.
+    for target in ("127.0.0.1", "::1"):
+        with TcpProxy(5432, target) as proxy:
+            assert proxy.through("postgresql://u:p@127.0.0.1:5432/db?x=1") == (
+                f"postgresql://u:p@127.0.0.1:{proxy.port}/db?x=1"
+            )
+            assert proxy.through("postgresql://u:p@[::1]:5432/db") == (
+                f"postgresql://u:p@127.0.0.1:{proxy.port}/db"
+            )
+            assert proxy.through("postgresql://localhost/db") == (
+                f"postgresql://127.0.0.1:{proxy.port}/db"
+            )

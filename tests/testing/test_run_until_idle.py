@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -84,10 +85,31 @@ _SIDE_EFFECTS: list[int] = []
 async def test_a_timeout_cancels_the_actors_still_running(memory_backend: Backend) -> None:
     app = TaskQ("memory://", actors=[slow_side_effect], backend=memory_backend)
     await app.client.enqueue(slow_side_effect, {"n": 1})
-    with pytest.raises(TimeoutError, match="left: 1 running"):
+    # No attempt ended (the count was read after the cancellation ended this one).
+    with pytest.raises(TimeoutError, match=r"\(0 attempts ended; left: 1 running\)"):
         await run_until_idle(app, timeout=0.3)
     await asyncio.sleep(1.2)  # past the actor's own end, had it been left running
     assert _SIDE_EFFECTS == []
+
+
+_RELEASE = threading.Event()
+
+
+@actor(queue="threads")
+def blocked_in_a_thread(payload: dict[str, Any]) -> None:
+    _RELEASE.wait(10)
+
+
+async def test_a_timeout_names_the_sync_calls_it_cannot_stop(memory_backend: Backend) -> None:
+    # A thread cannot be cancelled: it ran on after the test, unmentioned.
+    app = TaskQ("memory://", actors=[blocked_in_a_thread], backend=memory_backend)
+    await app.client.enqueue(blocked_in_a_thread, {})
+    _RELEASE.clear()
+    try:
+        with pytest.raises(TimeoutError, match="1 sync actor call.s. still running in their"):
+            await run_until_idle(app, timeout=0.3)
+    finally:
+        _RELEASE.set()
 
 
 async def test_a_timeout_names_jobs_due_later(taskq_backend: Backend) -> None:

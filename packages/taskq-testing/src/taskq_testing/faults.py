@@ -73,10 +73,11 @@ class TcpProxy:
                 self._loop.close()
 
     def through(self, dsn: str) -> str:
-        """``dsn`` (a URL naming this proxy's target) with its port pointed at the proxy."""
+        """``dsn`` (a URL naming this proxy's target) pointed at the proxy, which listens
+        on 127.0.0.1 (a target of ``[::1]`` kept its host, where nothing listened)."""
         parts = urlsplit(dsn)
-        host = parts.netloc.rsplit(":", 1)[0] if parts.port is not None else parts.netloc
-        return urlunsplit(parts._replace(netloc=f"{host}:{self.port}"))
+        user, at, _ = parts.netloc.rpartition("@")
+        return urlunsplit(parts._replace(netloc=f"{user}{at}127.0.0.1:{self.port}"))
 
     def cut(self) -> None:
         """Drop every connection and refuse new ones until :meth:`restore`."""

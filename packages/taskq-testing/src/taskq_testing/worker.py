@@ -55,7 +55,7 @@ async def run_until_idle(
     **settings: Any,
 ) -> Worker:
     """Run a worker over ``app`` until no job is left to run in its queues; returns the
-    worker (``worker.processed``: the jobs it finished).
+    worker (``worker.processed``: the attempts it ended).
 
     ``app``'s backend must be open (``async with app:``, or a backend fixture of this
     plugin passed as ``TaskQ(..., backend=...)``). The worker takes every queue of
@@ -64,8 +64,10 @@ async def run_until_idle(
     starting from :data:`TEST_SETTINGS`. The process's ``TASKQ_*`` variables are
     ignored, so a test runs the same everywhere. Raises ``TimeoutError`` when jobs
     are still running, pending or scheduled (a delay, a retry's backoff) after
-    ``timeout`` seconds, naming them; the actors still running are cancelled first,
-    so none goes on after the test.
+    ``timeout`` seconds, naming them; the async actors still running are cancelled
+    first, so none goes on after the test. A sync actor's thread cannot be stopped:
+    the error names those still running (they hold the test process until they
+    return).
     """
     if timeout <= 0:
         raise ValueError(f"timeout must be positive (seconds), not {timeout}")
@@ -77,13 +79,21 @@ async def run_until_idle(
     except TimeoutError:
         if not budget.expired():
             raise
+        ended = worker.processed  # before the cancellations below end more
         await _cancel(worker.lingering_tasks())
         left = await _jobs_left(app, worker.settings.queues)
+        threads = worker.lingering_threads()
+        running_on = (
+            f"; {threads} sync actor call(s) still running in their threads, which "
+            f"cannot be stopped"
+            if threads
+            else ""
+        )
         raise TimeoutError(
-            f"the worker still had jobs to run after {timeout} s ({worker.processed} "
-            f"finished; left: {left}): a job that never ends, one due later, or one "
-            f"retried or re-enqueued without end? Pass a larger timeout= if the work is "
-            f"just long"
+            f"the worker still had jobs to run after {timeout} s ({ended} attempts "
+            f"ended; left: {left}{running_on}): a job that never ends, one due later, or "
+            f"one retried or re-enqueued without end? Pass a larger timeout= if the work "
+            f"is just long"
         ) from None
     return worker
 

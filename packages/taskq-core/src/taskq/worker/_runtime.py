@@ -46,7 +46,10 @@ _log = structlog.get_logger("taskq.worker")
 class Worker:
     """Runs an application's actors until stopped (or idle with ``until_idle``).
 
-    The application's backend must already be open (``async with tq:``).
+    The application's backend must already be open (``async with tq:``). A given
+    ``worker_id`` must be this worker's alone while it runs: the jobs are locked to
+    it, and two workers sharing one take each other's jobs for lost replies and hand
+    them back, running them again and again.
     """
 
     def __init__(
@@ -73,7 +76,8 @@ class Worker:
 
     @property
     def processed(self) -> int:
-        """Jobs this worker finished (any outcome) so far."""
+        """Attempts this worker ended so far, whatever their outcome (a job retried
+        counts once per attempt; a hand-back or a cancelled attempt counts too)."""
         return self._state.processed if self._state else 0
 
     def stop(self) -> None:

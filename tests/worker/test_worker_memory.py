@@ -422,6 +422,26 @@ async def test_an_actor_raising_a_base_exception_spends_its_attempt(raised: str)
     assert len(runs) == 2
 
 
+async def test_sys_exit_in_a_sync_actor_fails_its_job_not_the_worker() -> None:
+    # The thread's SystemExit came back through a task, which re-raised it out of the
+    # event loop: the worker ended, running jobs and all.
+    import sys
+
+    @actor(name="exits", max_attempts=1)
+    def exits(payload: dict[str, Any]) -> None:
+        sys.exit(3)
+
+    tq = TaskQ("memory://", actors=[exits, add])
+    async with tq:
+        job = await tq.client.enqueue(exits, {})
+        other = await tq.client.enqueue(add, {"a": 1, "b": 1})
+        await run_until_idle(tq, timeout=10)
+        row = await tq.client.get(job.id)
+        assert row is not None and row.status == "failed" and row.error is not None
+        assert row.error.error_class == "SystemExit"
+        assert await tq.client.wait_for_result(other.id, timeout=0) == 2
+
+
 class SlowResource:
     """A dependency whose creation waits (a pool with no free connection)."""
 

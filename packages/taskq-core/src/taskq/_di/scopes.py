@@ -399,8 +399,17 @@ class ResolvedActorScope:
         """
         if self.is_async:
             return await cast("Awaitable[object]", self.func(**self.kwargs))
+        return await self.start_in_thread(executor)
+
+    def start_in_thread(self, executor: Executor | None = None) -> asyncio.Future[object]:
+        """Start a sync actor in *executor* (default: the loop's); the future of its result.
+
+        A plain future, not a task: what the thread raises is the future's to give
+        to whoever awaits it, ``SystemExit`` included (a task re-raises that out of
+        the event loop, ending the worker).
+        """
         context = contextvars.copy_context()
-        return await self._loop.run_in_executor(executor, context.run, self.call_sync)
+        return self._loop.run_in_executor(executor, context.run, self.call_sync)
 
     def call_sync(self) -> object:
         """Resolve a sync actor's dependencies in the calling thread, then call it.

@@ -218,8 +218,9 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - every actor error becomes an outcome
-        # A BaseException too (a library's own, as a test runner's failure is): it ended
-        # the job's task with no outcome, and the job ran again forever.
+        # A BaseException too (``sys.exit``, a library's own as a test runner's failure
+        # is): it ended the job's task with no outcome, and the job ran again forever,
+        # or (a sync actor's) the worker.
         if ctx.cancel_event.is_set() and await _stopped(state, row, ctx, active):
             return
         await _raised(state, row, ctx, actor, exc)
@@ -456,7 +457,7 @@ async def _call_in_thread(
     alongside it, and no job reads "cancelled" while its code runs on. A thread that
     outlasts the cleanup grace is the cancel controller's to abandon, as a task that
     ignores its cancellation is."""
-    call = asyncio.ensure_future(scope.invoke(executor))
+    call = scope.start_in_thread(executor)
     try:
         done, _ = await asyncio.wait({call}, timeout=None if limit is None else limit.seconds)
         if call in done:

@@ -1,4 +1,4 @@
-"""Where a command's database URL comes from: flag, then env, then a plugin default."""
+"""Where a command's database URL and schema come from: flag, then env, then a default."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import os
 from collections.abc import Mapping
 
 from taskq.errors import ConfigurationError
+from taskq.identifiers import validate_schema_name
 
-__all__ = ["NO_DSN_MESSAGE", "resolve_dsn"]
+__all__ = ["NO_DSN_MESSAGE", "resolve_dsn", "resolve_schema"]
 
 NO_DSN_MESSAGE = (
     "no database given: pass --dsn postgresql://USER@HOST/DB or set TASKQ_DSN "
@@ -42,3 +43,19 @@ def resolve_shared_dsn(flag: str | None) -> str:
             "that vanishes when it exits; give a Postgres DSN (--dsn or TASKQ_DSN)"
         )
     return dsn
+
+
+def resolve_schema(flag: str | None, default: str) -> str:
+    """The schema ``--schema`` names, else ``TASKQ_SCHEMA``, else ``default``;
+    ``ConfigurationError`` naming whichever gave a bad one."""
+    env = os.environ.get("TASKQ_SCHEMA")
+    if flag:
+        schema, source = flag, "--schema"
+    elif env:
+        schema, source = env, "TASKQ_SCHEMA"
+    else:
+        schema, source = default, "the schema"
+    try:
+        return validate_schema_name(schema)
+    except ValueError as exc:
+        raise ConfigurationError(f"{source}: {exc}") from None

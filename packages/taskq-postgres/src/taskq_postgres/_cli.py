@@ -9,15 +9,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from taskq._dsn import resolve_dsn
-from taskq.errors import TaskQError
-from taskq.identifiers import validate_schema_name
+from taskq._dsn import resolve_dsn, resolve_schema
+from taskq.errors import ConfigurationError, TaskQError
 
 if TYPE_CHECKING:
     from taskq.cli import CommandRegistry
@@ -48,7 +46,6 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
     """Connect, and turn every expected failure into a one-line :class:`_CommandError`."""
     import asyncpg
 
-    from taskq.errors import ConfigurationError
     from taskq_postgres._connect import check_dsn, redact
     from taskq_postgres.migrate import MigrationError
 
@@ -123,13 +120,11 @@ def _log_to_stderr() -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    schema = args.schema or os.environ.get("TASKQ_SCHEMA") or "taskq"
     try:
         try:
-            schema = validate_schema_name(schema)  # folded, as the schema it names is
-        except ValueError as exc:
-            source = "--schema" if args.schema else "TASKQ_SCHEMA"
-            raise _CommandError(f"{source}: {exc}") from exc
+            schema = resolve_schema(args.schema, "taskq")  # folded, as the schema it names is
+        except ConfigurationError as exc:
+            raise _CommandError(str(exc)) from exc
         # After the schema check, so a typo does not start an embedded server for nothing.
         try:
             dsn = resolve_dsn(args.dsn)

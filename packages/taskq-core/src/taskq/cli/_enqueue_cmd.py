@@ -14,7 +14,8 @@ import os
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from taskq.cli._inputs import json_argument, schema_argument
+from taskq._dsn import resolve_schema
+from taskq.cli._inputs import json_argument
 from taskq.errors import PayloadValidationError
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def _target(app: TaskQ, schema_flag: str | None, dsn_flag: str | None) -> TaskQ:
     from taskq._dsn import resolve_shared_dsn
     from taskq.app import TaskQ
 
-    schema = schema_argument(schema_flag, app.schema)
+    schema = resolve_schema(schema_flag, app.schema)
     # Like taskq-worker: flag, env, then the URL the application names -- unless
     # that is memory://, which would vanish with this process.
     app_url = None if urlsplit(app.url).scheme == "memory" else app.url

@@ -16,8 +16,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from taskq._dsn import resolve_schema
 from taskq.backend.statemachine import JobStatus
-from taskq.cli._inputs import schema_argument
 from taskq.errors import TaskQError
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ async def connect_backend(args: argparse.Namespace) -> AsyncIterator[Backend]:
     from taskq._dsn import resolve_shared_dsn
     from taskq.plugins import open_backend
 
-    schema = schema_argument(args.schema, DEFAULT_SCHEMA)
+    schema = resolve_schema(args.schema, DEFAULT_SCHEMA)
     backend = open_backend(resolve_shared_dsn(args.dsn), schema=schema)
     await backend.open()
     try:

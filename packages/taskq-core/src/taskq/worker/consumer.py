@@ -431,6 +431,8 @@ async def _resolved_call(
 async def _call(scope: ResolvedActorScope, executor: Executor, limit: _Limit | None) -> Any:
     if not scope.is_async:
         return await _call_in_thread(scope, executor, limit)
+    if limit is None:  # the usual job: no frame more than the call
+        return await scope.invoke(executor)
     return await _within(limit, scope.invoke(executor))
 
 

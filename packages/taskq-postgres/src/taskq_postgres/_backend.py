@@ -37,7 +37,7 @@ from uuid import UUID, uuid4
 import asyncpg
 import structlog
 
-from taskq.backend import check_batch_size, check_protocol_version
+from taskq.backend import check_batch_size, check_protocol_version, check_retention
 from taskq.backend._protocol import ScheduleFire
 from taskq.backend.cron import cron_slots, next_fire_at, skipped_slots
 from taskq.backend.fairness import STRICT, CohortTurns, cohort_of
@@ -1395,6 +1395,7 @@ class PostgresBackend:
         """Move terminal jobs past their status's retention (with their attempts) into
         the archive, one atomic statement per batch (``SupportsPrune``)."""
         check_batch_size(batch_size)
+        check_retention(retention)
         moved = 0
         for status, keep in retention.items():
             while True:

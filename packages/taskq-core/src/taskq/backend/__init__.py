@@ -25,6 +25,7 @@ from taskq.backend._protocol import SupportsWorkerCancelWake as SupportsWorkerCa
 from taskq.backend._protocol import SupportsWorkerRegistry as SupportsWorkerRegistry
 from taskq.backend._protocol import check_batch_size as check_batch_size
 from taskq.backend._protocol import check_protocol_version as check_protocol_version
+from taskq.backend._protocol import check_retention as check_retention
 from taskq.backend._protocol import missing_members as missing_members
 from taskq.backend.clock import Clock as Clock
 from taskq.backend.clock import FakeClock as FakeClock
@@ -67,5 +68,6 @@ __all__ = [
     "SystemClock",
     "check_batch_size",
     "check_protocol_version",
+    "check_retention",
     "missing_members",
 ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from taskq.backend._memory_store import JobStore
-from taskq.backend._protocol import check_batch_size
+from taskq.backend._protocol import check_batch_size, check_retention
 from taskq.backend.clock import Clock
 from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
 from taskq.models import AttemptRow, JobId, JobRow
@@ -52,6 +52,7 @@ class JobArchive:
         NULL), and a non-terminal status in ``retention`` moves nothing.
         """
         check_batch_size(batch_size)
+        check_retention(retention)
         moved = 0
         for name, keep in retention.items():
             status = JobStatus(name)

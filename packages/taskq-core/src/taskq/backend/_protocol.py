@@ -34,6 +34,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Protocol, runtime_checkable
 from uuid import UUID
 
+from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
 from taskq.errors import ProtocolVersionMismatch
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ __all__ = [
     "SupportsWorkerRegistry",
     "check_batch_size",
     "check_protocol_version",
+    "check_retention",
     "missing_members",
 ]
 
@@ -699,6 +701,18 @@ def check_batch_size(batch_size: int) -> None:
     ``batch_size``", so the loop would never see its last batch)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+
+
+def check_retention(retention: Mapping[str, timedelta]) -> None:
+    """The ``retention`` rule of :meth:`SupportsPrune.prune_terminal_jobs`: its keys are
+    job status names, else ``ValueError`` naming them (a misspelt status would keep
+    its jobs for ever)."""
+    unknown = sorted(set(retention) - {status.value for status in JobStatus})
+    if unknown:
+        raise ValueError(
+            f"unknown job status(es) {', '.join(map(repr, unknown))} in the prune retention; "
+            f"the terminal statuses are {', '.join(sorted(s.value for s in TERMINAL_STATUSES))}"
+        )
 
 
 @runtime_checkable

@@ -328,6 +328,19 @@ class MaintenanceTests(TimeLimits):
         with pytest.raises(ValueError, match="batch_size"):
             await pruner.expire_archive(batch_size=0)
 
+    @covers("prune_terminal_jobs")
+    async def test_prune_refuses_an_unknown_status_and_moves_nothing(
+        self, backend: Backend
+    ) -> None:
+        # A misspelt status would keep its jobs for ever; checked before any batch.
+        pruner = _prune(backend)
+        job = await reach(backend, JobStatus.CANCELLED)
+        with pytest.raises(ValueError, match=r"'cancelld'.*the terminal statuses are"):
+            await pruner.prune_terminal_jobs(
+                {"cancelled": _ZERO, "cancelld": _ZERO}, archive_retention=FAR
+            )
+        assert await backend.get(job.id) is not None
+
     @covers("now", "enqueue")
     async def test_now_reads_the_clock_the_backend_writes_its_times_with(
         self, backend: Backend, advance_time: AdvanceTime

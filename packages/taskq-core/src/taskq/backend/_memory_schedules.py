@@ -78,9 +78,10 @@ class ScheduleTable:
     def advance(
         self, schedule_id: UUID, following: datetime | None, fired: datetime | None
     ) -> None:
-        """Move a schedule past the slots just fired (``fired``: the last of them)."""
+        """Move a schedule past the slots just fired (``fired``: the last of them); a
+        change to the row, so ``updated_at`` moves too (as Postgres's trigger does)."""
         current = self._get(schedule_id)
-        changes: dict[str, object] = {"next_fire_at": following}
+        changes: dict[str, object] = {"next_fire_at": following, "updated_at": self._clock.now()}
         if fired is not None:
             changes["last_fired_at"] = fired
         self._rows[schedule_id] = current.model_copy(update=changes)

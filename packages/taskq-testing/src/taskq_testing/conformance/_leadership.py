@@ -133,6 +133,8 @@ class LeadershipTests(TimeLimits):
         assert after.next_fire_at.isoformat() > slots[-1]
         assert slots[0] == created.next_fire_at.isoformat()
         assert after.last_fired_at is not None and after.last_fired_at.isoformat() == slots[-1]
+        # Firing changed the row: on the backend's clock, after the slots it fired.
+        assert after.updated_at.isoformat() >= slots[-1] > created.updated_at.isoformat()
 
     @covers("fire_due_schedules")
     async def test_two_concurrent_ticks_fire_each_slot_once(

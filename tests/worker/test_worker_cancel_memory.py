@@ -222,3 +222,51 @@ async def test_a_job_a_stop_left_behind_writes_nothing_when_its_actor_returns() 
     events = [entry["event"] for entry in logs]
     assert "taskq.task-ignored-cancellation" in events
     assert "taskq.ownership-lost" not in events
+
+
+async def test_a_stop_abandons_a_cancelled_job_whose_escalation_write_failed() -> None:
+    # FORCING could not store phase 2 (a blip), and mark_abandoned acts only on phase 2:
+    # the stop left the job running, locked by a worker that had gone.
+    import structlog.testing
+
+    from taskq import WorkerSettings
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    class EscalationBlip(InMemoryBackend):
+        blips = 0
+
+        async def write_cancel_escalation(self, *args: Any, **kwargs: Any) -> bool:
+            if self.blips:
+                self.blips -= 1
+                raise ConnectionRefusedError("database away")
+            return await super().write_cancel_escalation(*args, **kwargs)
+
+    started = asyncio.Event()
+    stubborn = _outlives_cancellation("outlives_a_failed_escalation", 1.5, started)
+    backend = EscalationBlip()
+    tq = TaskQ("memory://", backend=backend, actors=[stubborn])
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        # The heartbeat sees the cancel (phase 1) but leaves the forcing to the stop.
+        graces = {"cancellation_grace_period": "60s", "cleanup_grace_period": "100ms"}
+        stop = {"drain_grace_period": "100ms", "termination_grace_period": "10s"}
+        settings = {**TEST_SETTINGS, **graces, **stop, "queues": ["default"]}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        with structlog.testing.capture_logs() as logs:
+            assert await tq.client.cancel(job.id)
+            for _ in range(500):
+                if any(e["event"] == "taskq.cancel-observed" for e in logs):
+                    break
+                await asyncio.sleep(0.01)
+        backend.blips = 1
+        worker.stop()
+        worker.escalate()
+        await asyncio.wait_for(running, 10)
+        await asyncio.gather(*worker.lingering_tasks())
+        row = await tq.client.get(job.id)
+    assert backend.blips == 0  # the blip was met
+    assert row is not None and row.status is JobStatus.ABANDONED

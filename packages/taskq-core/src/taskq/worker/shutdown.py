@@ -194,15 +194,32 @@ async def _abandon(state: WorkerState, active: ActiveJob) -> None:
             active.task.cancel()
     else:
         _log.error("taskq.task-ignored-cancellation", job_id=job_id)
+        escalated = active.cancel_phase >= CancelPhase.FORCED
         # Its outcome is this write: should the task return at last, it writes nothing.
         active.cancel_phase = CancelPhase.ABANDON_PENDING
         if active.interrupted:
             await hand_back(state, active.row, active.ctx, give_up=True)
-        elif active.cancel_phase >= CancelPhase.FORCED:
-            await write_retrying(
-                state,
-                "abandoned",
-                lambda: state.backend.mark_abandoned(active.row.id),
-                give_up=True,
-            )
+        else:
+            await _mark_abandoned(state, active, escalated)
     active.finish()
+
+
+async def _mark_abandoned(state: WorkerState, active: ActiveJob, escalated: bool) -> None:
+    """End a user-cancelled job whose task outlived the stop ``abandoned``. Phase 2 is
+    stored first if FORCING could not store it (its write failed): ``mark_abandoned``
+    acts only on phase 2, and the job would stay locked by a worker that has gone."""
+    backend, row = state.backend, active.row
+    if not escalated:
+        await write_retrying(
+            state,
+            "cancel escalation",
+            lambda: backend.write_cancel_escalation(
+                row.id, state.worker_id, 2, attempt=row.attempt
+            ),
+            give_up=True,
+        )
+    written = await write_retrying(
+        state, "abandoned", lambda: backend.mark_abandoned(row.id), give_up=True
+    )
+    if written is False:  # None: given up, logged as such
+        _log.warning("taskq.abandon-not-written", job_id=str(row.id), attempt=row.attempt)

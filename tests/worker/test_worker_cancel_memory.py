@@ -270,3 +270,55 @@ async def test_a_stop_abandons_a_cancelled_job_whose_escalation_write_failed() -
         row = await tq.client.get(job.id)
     assert backend.blips == 0  # the blip was met
     assert row is not None and row.status is JobStatus.ABANDONED
+
+
+async def test_a_sync_job_after_an_abandoned_sync_call_runs_on_a_thread_of_its_own() -> None:
+    # Abandoning frees the slot but not the thread. With the pool capped at the slots,
+    # the next sync job sat "running", leased but queued behind the abandoned call,
+    # for as long as that call ran.
+    import threading
+
+    from taskq import WorkerSettings
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    started, release = threading.Event(), threading.Event()
+
+    @actor(name="sync_stuck")
+    def stuck(payload: dict[str, Any]) -> None:
+        started.set()
+        release.wait(30)
+
+    @actor(name="sync_next")
+    def after(payload: dict[str, Any]) -> str:
+        return threading.current_thread().name
+
+    tq = TaskQ("memory://", actors=[stuck, after])
+    async with tq:
+        first = await tq.client.enqueue(stuck, {})
+        settings = {**TEST_SETTINGS, **_GRACES, "queues": ["default"], "concurrency": 1}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
+            assert await tq.client.cancel(first.id)
+            row = await _status_within(tq, first.id, JobStatus.ABANDONED, 10)
+            second = await tq.client.enqueue(after, {})
+            done = await _status_within(tq, second.id, JobStatus.SUCCEEDED, 10)
+            assert not release.is_set()  # the abandoned call still holds its thread
+        finally:
+            release.set()
+            worker.stop()
+            await asyncio.wait_for(running, 10)
+    assert row.status is JobStatus.ABANDONED
+    assert done.result is not None and done.result.startswith("taskq-sync-actor")
+
+
+async def _status_within(tq: TaskQ, job_id: Any, status: JobStatus, seconds: float) -> Any:
+    """The job's row once it reaches ``status``; fails after ``seconds``."""
+    for _ in range(int(seconds / 0.01)):
+        row = await tq.client.get(job_id)
+        if row is not None and row.status is status:
+            return row
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"job {job_id} is {row.status if row else None}, not {status}")

@@ -139,7 +139,7 @@ class Worker:
         while the application closes the backend, so no step of a stop can hang."""
         await self._prepare()
         settings = self.settings
-        executor = self._executor = SyncActorPool(settings.concurrency)
+        executor = self._executor = SyncActorPool()
         state = WorkerState(
             worker_id=self.worker_id,
             settings=settings,

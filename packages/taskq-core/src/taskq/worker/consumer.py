@@ -458,7 +458,8 @@ async def _call_in_thread(
     for the thread to return, so that no retry (and no other job in its slot) runs
     alongside it, and no job reads "cancelled" while its code runs on. A thread that
     outlasts the cleanup grace is the cancel controller's to abandon, as a task that
-    ignores its cancellation is."""
+    ignores its cancellation is; the next job in its slot gets a thread of its own
+    (``SyncActorPool``)."""
     call = scope.start_in_thread(executor)
     try:
         done, _ = await asyncio.wait({call}, timeout=None if limit is None else limit.seconds)

@@ -862,8 +862,8 @@ class PostgresBackend:
                 for item in items
             ],
         )
-        moved = {record["id"] for record in records}
-        return [item.job_id in moved for item in items]
+        moved = {record["position"] for record in records}
+        return [position in moved for position in range(1, len(items) + 1)]
 
     async def mark_succeeded_with_conn(
         self,

@@ -517,7 +517,8 @@ class SupportsBatchedSuccess(Protocol):
         fallback_result_ttl: timedelta | None = None,
     ) -> list[bool]:
         """``running -> succeeded`` for every item the caller owns; one flag per item,
-        in order (False: a no-op). An item's job id appears at most once."""
+        in order (False: a no-op). Items of one job are judged as if written one after
+        another: a stale attempt's item is a no-op beside the current attempt's."""
         ...
 
 

@@ -108,15 +108,18 @@ MARK_SUCCEEDED_MANY: Final = TransitionSQL.of(
 -- arbiter: clock_timestamp() (finished_at; result_expires_at = now + ttl)
 -- MARK_SUCCEEDED for a list: $1 worker, $2 fallback result ttl, then one element per
 -- job in the parallel arrays $3 ids, $4 attempts (NULL: any), $5 results (JSON text),
--- $6 progress_seq, $7 progress_state. Each row keeps its own ownership guard; the ids
--- that moved come back. No owned pass: the guarded UPDATE is the lock, taken in id
--- order as the sorted input drives the join (module docstring).
+-- $6 progress_seq, $7 progress_state. Each row keeps its own ownership guard; the
+-- positions (1-based) of the items that moved a row come back. No owned pass: the
+-- guarded UPDATE is the lock, taken in id order as the sorted input drives the join
+-- (module docstring). Items of one job (a stale attempt beside the current one) are
+-- told apart by the guard's attempt: of those naming the same attempt the first
+-- stands; a job matched by two (one naming no attempt) is moved by either.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 input AS (
-    SELECT DISTINCT ON (i.id) i.*
+    SELECT DISTINCT ON (i.id, i.attempt) i.*
     FROM unnest($3::uuid[], $4::int[], $5::text[], $6::bigint[], $7::text[])
-        AS i (id, attempt, result, progress_seq, progress_state)
-    ORDER BY i.id
+        WITH ORDINALITY AS i (id, attempt, result, progress_seq, progress_state, position)
+    ORDER BY i.id, i.attempt, i.position
 ),
 updated AS (
     UPDATE {schema}.jobs j
@@ -131,11 +134,12 @@ updated AS (
     FROM input i CROSS JOIN now n
     WHERE j.id = i.id AND j.status = 'running' AND j.locked_by_worker = $1
       AND (i.attempt IS NULL OR j.attempt = i.attempt)
-    RETURNING j.id, j.attempt, j.started_at, $1::uuid AS worker_id, n.ts AS finished_at
+    RETURNING j.id, j.attempt, j.started_at, $1::uuid AS worker_id, n.ts AS finished_at,
+        i.position
 ),"""
     + _SUCCEEDED_HISTORY
     + """
-SELECT u.id FROM updated u
+SELECT u.position FROM updated u
 """,
 )
 

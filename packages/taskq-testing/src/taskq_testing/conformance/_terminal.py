@@ -620,6 +620,34 @@ class TerminalWriteTests:
         done = await fetch(backend, job.id)
         assert (done.progress_seq, done.progress_state) == (5, {"at": 5})
 
+    @pytest.mark.parametrize(
+        ("attempts", "flags"),
+        [((1, 2), [False, True]), ((2, 1), [True, False]), ((2, 2), [True, False])],
+        ids=["stale-first", "current-first", "same-twice"],
+    )
+    @covers("mark_succeeded_many")
+    async def test_mark_succeeded_many_judges_items_of_one_job_in_order(
+        self, backend: Backend, attempts: tuple[int, int], flags: list[bool]
+    ) -> None:
+        # A worker's old attempt of a job, its lease lapsed and the job dispatched to
+        # it again, can share a batch with the new attempt: the current attempt's
+        # success must land, told apart from the stale one by attempt, and an item of
+        # a job already moved by an earlier one moves nothing.
+        many = batched(backend)
+        worker = uuid4()
+        job = await _attempt_two(backend, worker, 0)
+        results = [f"attempt {n}, item {i}" for i, n in enumerate(attempts)]
+        items = [
+            SuccessWrite(job_id=job.id, attempt=n, result=result)
+            for n, result in zip(attempts, results, strict=True)
+        ]
+        assert await many.mark_succeeded_many(worker, items) == flags
+        done = await fetch(backend, job.id)
+        assert (done.status, done.result) == (JobStatus.SUCCEEDED, results[flags.index(True)])
+        outcomes = [(a.attempt, a.outcome) for a in await backend.get_attempts(job.id)]
+        assert outcomes == [(1, "failed"), (2, "succeeded")]
+        await assert_history_consistent(backend, job.id)
+
     @covers("mark_succeeded_many")
     async def test_mark_succeeded_many_of_nothing_is_nothing(self, backend: Backend) -> None:
         assert await batched(backend).mark_succeeded_many(uuid4(), []) == []

@@ -17,13 +17,16 @@ from taskq_testing.conformance._support import fetch, running_job
 
 
 class _Recording(InMemoryBackend):
-    """Records each batch; can hold a write open, or fail the next one."""
+    """Records each batch; can hold a write open, fail the next one, fail every write
+    while ``away``, or time out every write that carries a ``slow`` job."""
 
     def __init__(self) -> None:
         super().__init__()
         self.batches: list[list[UUID]] = []
         self.hold: asyncio.Event | None = None
         self.fail_next: Exception | None = None
+        self.away = False
+        self.slow: set[UUID] = set()
         self.entered = asyncio.Event()
 
     async def mark_succeeded_many(
@@ -39,6 +42,10 @@ class _Recording(InMemoryBackend):
         if self.fail_next is not None:
             error, self.fail_next = self.fail_next, None
             raise error
+        if self.away:
+            raise ConnectionRefusedError("database away")
+        if self.slow.intersection(item.job_id for item in items):
+            raise TimeoutError("statement timeout")
         return await super().mark_succeeded_many(worker_id, items, fallback_result_ttl)
 
 
@@ -102,17 +109,36 @@ async def test_a_failed_write_reaches_every_job_it_carried_and_a_retry_succeeds(
     backend, worker = _Recording(), uuid4()
     jobs = await _jobs(backend, worker, 3)
     completer = _completer(backend, worker)
-    backend.fail_next = ConnectionResetError("connection lost")
+    backend.away = True
     outcomes = await asyncio.gather(
         *(completer.succeed(SuccessWrite(job_id=j.id)) for j in jobs), return_exceptions=True
     )
-    assert all(isinstance(o, ConnectionResetError) for o in outcomes)
+    assert all(isinstance(o, ConnectionRefusedError) for o in outcomes)
     assert [(await fetch(backend, j.id)).status for j in jobs] == [JobStatus.RUNNING] * 3
     # The consumer's transient-error loop submits again; the completer is usable.
+    backend.away = False
     assert (
         await asyncio.gather(*(completer.succeed(SuccessWrite(job_id=j.id)) for j in jobs))
         == [True] * 3
     )
+
+
+async def test_a_row_that_times_out_its_batch_fails_only_its_own_job() -> None:
+    # A row slow to write (locked elsewhere, a huge result) timed the whole statement
+    # out, and the jobs' retries gathered into the same batch again: none landed.
+    backend, worker = _Recording(), uuid4()
+    slow, *others = await _jobs(backend, worker, 3)
+    backend.slow.add(slow.id)
+    completer = _completer(backend, worker)
+    outcomes = await asyncio.gather(
+        *(completer.succeed(SuccessWrite(job_id=j.id)) for j in [slow, *others]),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[0], TimeoutError) and outcomes[1:] == [True, True]
+    assert backend.batches[0] == [j.id for j in [slow, *others]]
+    assert sorted(map(len, backend.batches[1:])) == [1, 1, 1]  # then one by one
+    statuses = [(await fetch(backend, j.id)).status for j in [slow, *others]]
+    assert statuses == [JobStatus.RUNNING, JobStatus.SUCCEEDED, JobStatus.SUCCEEDED]
 
 
 async def test_a_window_gathers_successes_that_finish_apart() -> None:

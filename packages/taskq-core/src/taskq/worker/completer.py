@@ -21,7 +21,6 @@ from uuid import UUID
 
 from taskq.backend import SupportsBatchedSuccess
 from taskq.models import SuccessWrite
-from taskq.worker._transient import transient_errors
 
 __all__ = ["Completer"]
 
@@ -51,10 +50,10 @@ class Completer:
     async def succeed(self, write: SuccessWrite) -> bool:
         """Record ``write``; True when it moved the job, False on a no-op.
 
-        A flush that failed on a transient error raises it in every job it carried:
-        each job's own retry (the consumer's transient-error loop) submits it again.
-        One that failed otherwise is retried write by write, so that only the job
-        whose write the backend refuses gets the error.
+        A flush of several jobs that failed is retried write by write, concurrently,
+        so that only the job whose own write fails gets the error: a value the
+        database refuses, or a transient error (each job's own retry, the consumer's
+        transient-error loop, submits it again).
         """
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append((write, future))
@@ -84,11 +83,13 @@ class Completer:
                 self._worker_id, [write for write, _ in batch], self._ttl
             )
         except Exception as exc:  # noqa: BLE001 - every waiter gets the error
-            if len(batch) > 1 and not isinstance(exc, transient_errors()):
-                # A value the database refuses (one job's result) must not fail the
-                # other jobs sharing its statement: each is written on its own.
-                for waiting in batch:
-                    await self._flush([waiting])
+            if len(batch) > 1:
+                # One row must not fail the jobs sharing its statement: a value the
+                # database refuses (one job's result), or a row slow to write (locked
+                # elsewhere, a huge result) that times the statement out, again and
+                # again as the jobs' retries gather into the same batch. Each is
+                # written on its own, all at once: an outage costs one timeout.
+                await asyncio.gather(*(self._flush([waiting]) for waiting in batch))
                 return
             for _, future in batch:
                 if not future.done():

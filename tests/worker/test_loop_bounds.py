@@ -110,6 +110,21 @@ async def test_a_leader_loop_iteration_is_bounded_as_a_whole() -> None:
     assert oldest["leader-sweep"] < 1.2, oldest["leader-sweep"]
 
 
+class _SlowPrune(InMemoryBackend):
+    """A prune with a backlog: it takes 2 s."""
+
+    async def prune_terminal_jobs(self, *args: Any, **kwargs: Any) -> int:
+        await asyncio.sleep(2)
+        return await super().prune_terminal_jobs(*args, **kwargs)
+
+
+async def test_a_long_prune_is_not_a_stalled_loop() -> None:
+    # Unbounded on purpose, it was tracked against five intervals: a prune every
+    # 100 ms taking 2 s went 2 s without a tick, and the watchdog ended the leader.
+    oldest = await _oldest_ticks(_SlowPrune(), prune_interval="100ms")
+    assert oldest.get("leader-prune", 0.0) < 0.5, oldest
+
+
 class _SlowWorkerCalls(InMemoryBackend):
     """A slow but healthy database under a worker's own loops: a dispatch and a
     heartbeat's statements take 0.6 s each."""

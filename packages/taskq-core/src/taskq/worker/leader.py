@@ -264,6 +264,10 @@ class MaintenanceLeader:
                 moved = {}
                 if await self.confirm():
                     if bound is None:
+                        # Not a stalled loop while it runs: a prune takes as long as its
+                        # backlog (each statement bounded), past any multiple of an
+                        # hourly interval, and the stale-tick watchdog ended the leader.
+                        self.state.liveness.forget(name)
                         moved = await work()
                     else:
                         # What the confirmation left of the bound (a quarter at least).

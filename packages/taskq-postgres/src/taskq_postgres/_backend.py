@@ -136,6 +136,8 @@ _CLOSE_TIMEOUT: Final = 5.0
 _FINALIZER_TAG: Final = "batch_finalizer_for"
 _NO_DELAY: Final = timedelta(0)
 _MIN_POOL_FOR_WORKER_PINS: Final = 5
+_CRON_SCHEDULES_PER_TICK: Final = 100
+"""Schedules one cron tick fires at most (one transaction each); the rest wait a tick."""
 """Three pinned connections (enqueue, dispatch, success) leave two to the rest."""
 
 
@@ -1359,31 +1361,49 @@ class PostgresBackend:
         )
 
     async def fire_due_schedules(self, build: ScheduleFire, *, catch_up: timedelta) -> int:
-        """Enqueue each due slot of each due schedule and advance ``next_fire_at``, all in
-        one transaction holding the schedules' row locks (``SupportsCron``). Slots and
-        the catch-up cutoff come from the server clock read under those locks."""
+        """Enqueue each due slot of each due schedule and advance its ``next_fire_at``,
+        one schedule per transaction holding its row lock (``SupportsCron``). Slots and
+        the catch-up cutoff come from the server clock read under the lock.
+
+        A schedule's commit is its own: a tick cut short (the leader bounds it) keeps
+        the schedules it fired, so a backlog larger than one tick drains over several
+        instead of rolling back every time. The lock outlives a frozen leader by
+        ``command_timeout`` at most (the session's idle-in-transaction limit), not
+        by the pool's minute, in which a new leader skipped the schedule and its slot
+        fell out of the catch-up window."""
         fired = 0
-        async with self._transaction() as tx:
-            for record in await tx.fetch(self._leader_sql.cron_due, 100):
-                schedule = schedule_record(record)
-                slots, following = cron_slots(schedule, record["now"], catch_up)
-                jobs = [args for slot in slots if (args := build(schedule, slot)) is not None]
-                if jobs:
-                    try:
-                        async with tx.transaction():  # a savepoint: this schedule's alone
-                            await self._enqueue(tx, jobs)
-                    except (TaskQError, ValueError) as exc:
-                        skipped_slots(schedule, slots, exc)
-                        jobs = []
-                await tx.execute(
-                    self._leader_sql.cron_advance,
-                    schedule.id,
-                    following,
-                    slots[-1] if slots else None,
-                    record["next_fire_at"],
-                )
-                fired += len(jobs)
+        for _ in range(_CRON_SCHEDULES_PER_TICK):
+            async with self._transaction() as tx:
+                record = await tx.fetchrow(self._leader_sql.cron_due, 1)
+                if record is None:
+                    break
+                if self.command_timeout is not None:
+                    bound = max(int(self.command_timeout.total_seconds() * 1000), 1)
+                    await tx.execute(self._leader_sql.cron_lock_bound, f"{bound}ms")
+                fired += await self._fire(tx, record, build, catch_up)
         return fired
+
+    async def _fire(self, tx: Any, record: Any, build: ScheduleFire, catch_up: timedelta) -> int:
+        """Enqueue the due slots of the schedule ``record`` (locked by ``tx``) and advance
+        it; returns the jobs enqueued."""
+        schedule = schedule_record(record)
+        slots, following = cron_slots(schedule, record["now"], catch_up)
+        jobs = [args for slot in slots if (args := build(schedule, slot)) is not None]
+        if jobs:
+            try:
+                async with tx.transaction():  # a savepoint: the slots' enqueue alone
+                    await self._enqueue(tx, jobs)
+            except (TaskQError, ValueError) as exc:
+                skipped_slots(schedule, slots, exc)
+                jobs = []
+        await tx.execute(
+            self._leader_sql.cron_advance,
+            schedule.id,
+            following,
+            slots[-1] if slots else None,
+            record["next_fire_at"],
+        )
+        return len(jobs)
 
     async def prune_terminal_jobs(
         self,

@@ -17,6 +17,7 @@ from taskq_postgres._sql.schedules import SCHEDULE_COLUMNS
 __all__ = [
     "CRON_ADVANCE",
     "CRON_DUE",
+    "CRON_LOCK_BOUND",
     "LEADER_CLAIM_ROW",
     "LEADER_RENEW",
     "LEADER_RESIGN_ROW",
@@ -61,8 +62,8 @@ LEADER_RESIGN_ROW: Final = """
 DELETE FROM {schema}.maintenance_leader WHERE worker_id = $1
 """
 
-# Locks the due schedules for the rest of the tick's transaction: a second
-# (overlapping) leader skips them, or sees them already advanced.
+# Locks the first due schedule for the rest of its transaction (one per schedule): a
+# second (overlapping) leader skips it, or sees it already advanced.
 CRON_DUE: Final = (
     """
 -- arbiter: clock_timestamp() (due check next_fire_at <= now; the slots and the
@@ -77,6 +78,14 @@ LIMIT $1
 FOR UPDATE OF s SKIP LOCKED
 """
 )
+
+# While a schedule is locked: should the leader freeze (a stopped process, a cut
+# network), the server ends its session after $1 idle in the transaction, so the
+# lock is not held for the pool's minute-long limit, past the catch-up window.
+CRON_LOCK_BOUND: Final = """
+-- arbiter: none
+SELECT set_config('idle_in_transaction_session_timeout', $1::text, true)
+"""
 
 # Conditional on the next_fire_at read under the lock: a fence on top of it.
 CRON_ADVANCE: Final = """

@@ -1,0 +1,118 @@
+"""Cron ticks on Postgres: a schedule per transaction, so a tick cut short keeps what it
+fired, and a frozen leader's lock on a schedule ends with its session."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from uuid import UUID
+
+import asyncpg
+import psycopg
+import pytest
+import pytest_asyncio
+
+from taskq.models import EnqueueArgs, JobFilter, ScheduleCreateArgs, ScheduleRecord
+from taskq_postgres import PostgresBackend
+from taskq_testing.conformance._support import make_args
+from taskq_testing.postgres import PgSchema
+
+pytestmark = pytest.mark.postgres
+
+_CATCH_UP = timedelta(minutes=1)
+
+
+def _slot_job(schedule: ScheduleRecord, slot: datetime) -> EnqueueArgs:
+    return make_args(
+        actor=schedule.actor, idempotency_key=f"schedule:{schedule.id}:{slot.isoformat()}"
+    )
+
+
+async def _behind(backend: PostgresBackend, n: int) -> list[UUID]:
+    """``n`` per-second schedules, each five seconds behind (a leader gap)."""
+    ids = []
+    for i in range(n):
+        record = await backend.create_schedule(
+            ScheduleCreateArgs(name=f"s{i}", actor=f"a{i}", cron="* * * * * *")
+        )
+        ids.append(record.id)
+    async with backend.connection() as conn:
+        await conn.execute(
+            f"UPDATE {backend.schema}.schedules "
+            "SET next_fire_at = date_trunc('second', clock_timestamp()) - interval '5 s'"
+        )
+    return ids
+
+
+async def _due(backend: PostgresBackend) -> set[str]:
+    async with backend.connection() as conn:
+        rows = await conn.fetch(
+            f"SELECT actor FROM {backend.schema}.schedules WHERE next_fire_at <= clock_timestamp()"
+        )
+    return {row["actor"] for row in rows}
+
+
+@pytest_asyncio.fixture
+async def backend(pg_pooled_schema: PgSchema) -> AsyncIterator[PostgresBackend]:
+    backend = PostgresBackend(
+        pg_pooled_schema.dsn,
+        schema=pg_pooled_schema.name,
+        command_timeout=timedelta(milliseconds=500),
+    )
+    await backend.open()
+    yield backend
+    await backend.close()
+
+
+async def test_a_tick_cut_short_keeps_the_schedules_it_fired(backend: PostgresBackend) -> None:
+    # One transaction for the whole tick rolled back everything when the leader's bound
+    # cut it short, and the next tick met the same backlog: no schedule fired again.
+    await _behind(backend, 3)
+    seen: list[str] = []
+
+    def build(schedule: ScheduleRecord, slot: datetime) -> EnqueueArgs:
+        if schedule.actor not in seen:
+            seen.append(schedule.actor)
+            if len(seen) == 2:  # the bound runs out while the second schedule fires
+                task = asyncio.current_task()
+                assert task is not None
+                task.cancel()
+        return _slot_job(schedule, slot)
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.create_task(backend.fire_due_schedules(build, catch_up=_CATCH_UP))
+    assert await _due(backend) == {"a0", "a1", "a2"} - {seen[0]}
+    fired = await backend.list_jobs(JobFilter(limit=100))
+    assert {job.actor for job in fired} == {seen[0]}
+    # The next tick fires the rest.
+    assert await backend.fire_due_schedules(_slot_job, catch_up=_CATCH_UP) >= 2 * 5
+    assert await _due(backend) == set()
+
+
+async def test_a_frozen_leaders_schedule_lock_ends_with_its_session(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    # Held for the pool's minute-long idle-in-transaction limit, the lock of a leader
+    # frozen mid-tick hid the schedule from the next leader until its slot had fallen
+    # out of the catch-up window. The server now ends such a session after the command
+    # timeout (500 ms here), while the leader is still frozen.
+    await _behind(backend, 1)
+    free_while_frozen: list[int] = []
+
+    def frozen(schedule: ScheduleRecord, slot: datetime) -> EnqueueArgs:
+        if not free_while_frozen:
+            time.sleep(1.5)  # the whole process stops (SIGSTOP, a swap storm)
+            # What another leader sees meanwhile (its own session; no loop runs here).
+            with psycopg.connect(pg_pooled_schema.dsn, autocommit=True) as other:
+                rows = other.execute(
+                    f"SELECT id FROM {pg_pooled_schema.name}.schedules FOR UPDATE SKIP LOCKED"
+                ).fetchall()
+            free_while_frozen.append(len(rows))
+        return _slot_job(schedule, slot)
+
+    with pytest.raises((TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError)):
+        await backend.fire_due_schedules(frozen, catch_up=_CATCH_UP)
+    assert free_while_frozen == [1]
+    assert await backend.list_jobs(JobFilter(limit=10)) == []  # nothing of that tick landed

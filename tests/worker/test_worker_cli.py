@@ -196,6 +196,13 @@ def test_a_duration_out_of_range_is_a_clear_setting_error() -> None:
         ({"TASKQ_WATCHDOG_TICK_GRACE_FACTOR": "inf"}, "TASKQ_WATCHDOG_TICK_GRACE_FACTOR"),
         ({"TASKQ_WATCHDOG_CHECK_INTERVAL": "120000d"}, "CHECK_INTERVAL.*at most 36500 days"),
         ({"TASKQ_PRUNE_INTERVAL": "999999999d"}, "TASKQ_PRUNE_INTERVAL.*at most 36500 days"),
+        # A leader skipped slots every tick (none fired at all, for 1 ms).
+        (
+            {"TASKQ_CRON_CATCH_UP": "1ms"},
+            r"settings \(TASKQ_CRON_CATCH_UP='1ms'\).*at least 2 x cron_interval",
+        ),
+        # A rule across settings names the ones given, not "setting settings".
+        ({"TASKQ_LOCK_LEASE": "1s"}, r"invalid settings \(TASKQ_LOCK_LEASE='1s'\): lock_lease"),
     ],
 )
 def test_a_setting_no_worker_can_run_with_is_refused_at_start_up(

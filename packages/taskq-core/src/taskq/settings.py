@@ -135,7 +135,8 @@ class WorkerSettings(BaseModel):
     cron_interval: Duration = timedelta(seconds=1)
     """Leader only: how often due cron schedules are fired."""
     cron_catch_up: Duration = timedelta(minutes=1)
-    """Cron slots missed by longer than this (no leader) are skipped, not fired late."""
+    """Cron slots missed by longer than this (no leader) are skipped, not fired late; at
+    least 2 x ``cron_interval`` (a tick sees a slot up to one interval late)."""
     result_expiry_interval: Duration = timedelta(seconds=30)
     """Leader only: how often stored results past ``result_expires_at`` are cleared."""
     stale_batch_interval: Duration = timedelta(seconds=30)
@@ -334,6 +335,18 @@ class WorkerSettings(BaseModel):
         return min(timedelta(seconds=30), self.lock_lease / 2)
 
     @model_validator(mode="after")
+    def _catch_up_outlasts_a_cron_tick(self) -> Self:
+        # A tick sees a slot up to one interval after it came due; a shorter catch-up
+        # skipped slots with a healthy leader (none at all, for a very short one).
+        if self.cron_catch_up < 2 * self.cron_interval:
+            raise ValueError(
+                f"cron_catch_up ({self.cron_catch_up.total_seconds()}s) must be at least 2 x "
+                f"cron_interval ({self.cron_interval.total_seconds()}s): a tick sees a slot "
+                f"up to one interval late, and a slot older than cron_catch_up is skipped"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _leader_renews_within_its_lease(self) -> Self:
         if self.leader_lease < 2 * self.heartbeat_interval:
             raise ValueError(
@@ -385,8 +398,16 @@ class WorkerSettings(BaseModel):
             return cls.model_validate(values)
         except ValidationError as exc:
             err = exc.errors()[0]
-            loc = str(err["loc"][0]) if err["loc"] else ""
-            source = sources.get(loc, loc or "settings")
-            shown = f"={values[loc]!r}" if loc in values else ""
             message = str(err["msg"]).removeprefix("Value error, ")
+            if not err["loc"]:  # a rule across settings: name those the user set
+                given = [
+                    f"{source}={values[key]!r}"
+                    for key, source in sources.items()
+                    if re.search(rf"\b{key}\b", message)
+                ]
+                shown = f" ({', '.join(given)})" if given else ""
+                raise SettingsError(f"invalid settings{shown}: {message}") from None
+            loc = str(err["loc"][0])
+            source = sources.get(loc, loc)
+            shown = f"={values[loc]!r}" if loc in values else ""
             raise SettingsError(f"invalid setting {source}{shown}: {message}") from None

@@ -21,6 +21,7 @@ from taskq import (
     JobStatus,
     PayloadValidationError,
     ProviderRegistry,
+    QueueConfig,
     RetryAfter,
     Scope,
     Snooze,
@@ -874,3 +875,23 @@ async def test_marking_a_job_abandoned_at_the_stop_retries_a_lost_connection() -
         await asyncio.gather(*worker.lingering_tasks(), return_exceptions=True)
     assert backend.failed_writes > 0
     assert row is not None and row.status is JobStatus.ABANDONED
+
+
+async def test_a_worker_told_no_queues_works_those_of_its_apps_actors() -> None:
+    # With "default" alone, `taskq-worker app:tq` left the jobs of an actor on another
+    # queue pending, and exited idle at once with --until-idle.
+    @actor(name="resize", queue="images")
+    async def resize(payload: dict[str, Any]) -> str:
+        return "resized"
+
+    tq = TaskQ("memory://", actors=[resize], queues=[QueueConfig(queue="fair")])
+    async with tq:
+        job = await tq.client.enqueue(resize, {})
+        worker = Worker(tq, WorkerSettings.load({**TEST_SETTINGS, "until_idle": True}, env={}))
+        await asyncio.wait_for(worker.run(), 10)
+        row = await tq.client.get(job.id)
+    assert worker.settings.queues == ["default", "fair", "images"]
+    assert row is not None and (row.status, row.result) == (JobStatus.SUCCEEDED, "resized")
+    # Named queues stay as named.
+    told = WorkerSettings.load({"queues": "images"}, env={})
+    assert Worker(tq, told).settings.queues == ["images"]

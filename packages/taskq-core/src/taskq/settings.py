@@ -105,6 +105,8 @@ class WorkerSettings(BaseModel):
     queues: Annotated[list[str], BeforeValidator(_split_list)] = Field(
         default_factory=lambda: ["default"], min_length=1
     )
+    """Queues this worker works (``TASKQ_QUEUES``). Not given: a ``Worker`` works
+    ``default`` and every queue its application's actors are on or configures."""
     concurrency: int = Field(default=10, ge=1, le=10_000)
     """Jobs executed at once by this process."""
     prefetch: int = Field(default=0, ge=0, le=10_000)

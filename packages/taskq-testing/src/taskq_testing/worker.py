@@ -40,14 +40,6 @@ that retries). The watchdogs are off: a blocked event loop or a hung shutdown mu
 fail the test, not end the pytest process."""
 
 
-def _all_queues(app: TaskQ) -> list[str]:
-    return sorted(
-        {"default"}
-        | {a.options.queue for a in app.actors.values()}
-        | {config.queue for config in app.queues}
-    )
-
-
 async def run_until_idle(
     app: TaskQ,
     *,
@@ -58,8 +50,8 @@ async def run_until_idle(
     worker (``worker.processed``: the attempts it ended).
 
     ``app``'s backend must be open (``async with app:``, or a backend fixture of this
-    plugin passed as ``TaskQ(..., backend=...)``). The worker takes every queue of
-    ``app``'s actors and configured queues unless ``queues=`` names others;
+    plugin passed as ``TaskQ(..., backend=...)``). The worker works the queues a
+    :class:`~taskq.worker.Worker` does by default unless ``queues=`` names others;
     ``settings`` override any other :class:`~taskq.settings.WorkerSettings` field,
     starting from :data:`TEST_SETTINGS`. The process's ``TASKQ_*`` variables are
     ignored, so a test runs the same everywhere. Raises ``TimeoutError`` when jobs
@@ -71,7 +63,7 @@ async def run_until_idle(
     """
     if timeout <= 0:
         raise ValueError(f"timeout must be positive (seconds), not {timeout}")
-    flags = {**TEST_SETTINGS, "queues": _all_queues(app), **settings, "until_idle": True}
+    flags = {**TEST_SETTINGS, **settings, "until_idle": True}
     worker = Worker(app, WorkerSettings.load(flags, env={}))
     try:
         async with asyncio.timeout(timeout) as budget:

@@ -56,6 +56,14 @@ class Worker:
         self, app: TaskQ, settings: WorkerSettings, *, worker_id: UUID | None = None
     ) -> None:
         self.app = app
+        if "queues" not in settings.model_fields_set:
+            # Unless told, work every queue the app's actors are on, and those it
+            # configures (as Dramatiq's workers do): with "default" alone,
+            # `taskq-worker app:tq` left the jobs of an actor on another queue pending,
+            # and said nothing. "default" stays, for jobs enqueued there by name.
+            queues = {"default"} | {a.options.queue for a in app.actors.values()}
+            queues |= {config.queue for config in app.queues}
+            settings = settings.model_copy(update={"queues": sorted(queues)})
         self.settings = settings
         self.worker_id = worker_id or uuid4()
         self._state: WorkerState | None = None

@@ -52,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("app", metavar="APP", help="module:attribute naming a TaskQ object")
     parser.add_argument("--dsn", help="backend URL (TASKQ_DSN); default: the app's URL")
     parser.add_argument("--schema", help="database schema (TASKQ_SCHEMA)")
-    parser.add_argument("--queues", help="comma-separated queues to work (TASKQ_QUEUES)")
+    parser.add_argument(
+        "--queues",
+        help="comma-separated queues to work (TASKQ_QUEUES; default: every queue of the "
+        "app's actors)",
+    )
     parser.add_argument("--concurrency", type=int, help="jobs run at once (TASKQ_CONCURRENCY)")
     parser.add_argument(
         "--until-idle",

@@ -119,3 +119,15 @@ def test_a_distribution_that_is_not_installed_is_named_with_its_install_command(
     from taskq.plugins._registry import why_absent
 
     assert why_absent("taskq-nowhere") == "which is not installed: pip install taskq-nowhere"
+
+
+def test_a_command_of_a_missing_extra_names_the_extra() -> None:
+    # taskq-postgres registers `taskq embedded` only with its [embedded] extra; without
+    # it the message said the plugin "did not load", while `taskq plugins` showed it had.
+    from taskq.cli import CommandRegistry, _missing_command
+
+    without_extra = CommandRegistry()  # the postgres plugin loaded, no embedded command
+    assert _missing_command(without_extra, ["embedded", "status"]) == (
+        "`taskq embedded` comes with the [embedded] extra of taskq-postgres, which is not "
+        "installed: pip install 'taskq-postgres[embedded]'"
+    )

@@ -76,22 +76,31 @@ def build_parser(registry: CommandRegistry) -> argparse.ArgumentParser:
     return parser
 
 
-# The first-party commands that come with another distribution, for the hint when one
-# is asked for without it installed.
-_COMMAND_PROVIDERS: dict[str, str] = {
-    "migrate": "taskq-postgres",
-    "embedded": "taskq-postgres",
+# The first-party commands that come with another distribution (and an extra of it, for
+# a command its plugin registers only with the extra), for the hint when one is asked for
+# without it installed.
+_COMMAND_PROVIDERS: dict[str, tuple[str, str | None]] = {
+    "migrate": ("taskq-postgres", None),
+    "embedded": ("taskq-postgres", "embedded"),
 }
 
 
 def _missing_command(registry: CommandRegistry, argv: Sequence[str]) -> str | None:
-    """The message for a first-party command whose distribution is not installed."""
+    """The message for a first-party command whose distribution (or extra) is not
+    installed."""
     name = next((arg for arg in argv if not arg.startswith("-")), None)
-    provider = _COMMAND_PROVIDERS.get(name or "")
-    if provider is None or any(command.name == name for command in registry.commands()):
+    found = _COMMAND_PROVIDERS.get(name or "")
+    if found is None or any(command.name == name for command in registry.commands()):
         return None
+    from taskq.plugins import loaded_plugins
     from taskq.plugins._registry import why_absent
 
+    provider, extra = found
+    if extra is not None and any(p.distribution == provider for p in loaded_plugins()):
+        return (
+            f"`taskq {name}` comes with the [{extra}] extra of {provider}, "
+            f"which is not installed: pip install '{provider}[{extra}]'"
+        )
     return f"`taskq {name}` comes with {provider}, {why_absent(provider)}"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -103,7 +104,9 @@ async def test_a_missing_database_is_a_backend_unavailable_error(pg_database_dsn
 async def test_an_unmigrated_schema_is_a_configuration_error(pg_database_dsn: str) -> None:
     schema = unique_schema_name()
     backend = PostgresBackend(pg_database_dsn, schema=schema)
-    with pytest.raises(ConfigurationError, match=f"taskq migrate --schema {schema}"):
+    # The DSN in the hint: without it the command migrated its own default database.
+    hint = re.escape(f"taskq migrate --dsn '{pg_database_dsn}' --schema {schema}")
+    with pytest.raises(ConfigurationError, match=hint):
         await backend.open()
 
 

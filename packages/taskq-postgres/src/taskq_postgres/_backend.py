@@ -392,7 +392,10 @@ class PostgresBackend:
                 await pool.close()
                 raise ConfigurationError(
                     f"schema {self.schema!r} in {redact(self.dsn)} has no TaskQ tables: "
-                    f"run `taskq migrate --schema {self.schema}` first"
+                    # The DSN too: without it the command migrates its own default
+                    # database (the embedded server), and this one stays as it is.
+                    f"run `taskq migrate --dsn '{redact(self.dsn)}' --schema {self.schema}` "
+                    f"first"
                 )
             self._pool = pool
             bounded = self._bounded = BoundedPool(

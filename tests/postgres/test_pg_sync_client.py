@@ -472,3 +472,19 @@ def test_an_unreachable_server_is_backend_unavailable() -> None:
         SyncJobsClient("postgresql://postgres@127.0.0.1:1/none?connect_timeout=2", actors=ACTORS)
     with pytest.raises(ConfigurationError, match="invalid DSN"):
         SyncJobsClient("postgresql://postgres@127.0.0.1:5432/x?nonsense=1", actors=ACTORS)
+
+
+@pytest.mark.parametrize("own_connection", [True, False], ids=["dsn", "callers-connection"])
+def test_an_unmigrated_schema_is_the_backends_configuration_error(
+    pg_pooled_schema: PgSchema, own_connection: bool
+) -> None:
+    # It was the driver's "relation does not exist"; the async client names the fix.
+    schema = f"{pg_pooled_schema.name}_none"
+    dsn = pg_pooled_schema.dsn
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        target: Any = dsn if own_connection else conn
+        with SyncJobsClient(target, actors=ACTORS, schema=schema) as client:
+            given = f"--dsn '{dsn}'" if own_connection else "--dsn DSN"
+            with pytest.raises(ConfigurationError, match="has no TaskQ tables") as refused:
+                client.enqueue(item, Item(n=1))
+    assert f"taskq migrate {given} --schema {schema}" in str(refused.value)

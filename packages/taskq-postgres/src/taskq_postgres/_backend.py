@@ -81,6 +81,7 @@ from taskq_postgres._connect import (
     password_from_file,
     redact,
     translated_errors,
+    unmigrated,
 )
 from taskq_postgres._enqueue import (
     check_singletons,
@@ -390,13 +391,7 @@ class PostgresBackend:
                 raise
             if not migrated:
                 await pool.close()
-                raise ConfigurationError(
-                    f"schema {self.schema!r} in {redact(self.dsn)} has no TaskQ tables: "
-                    # The DSN too: without it the command migrates its own default
-                    # database (the embedded server), and this one stays as it is.
-                    f"run `taskq migrate --dsn '{redact(self.dsn)}' --schema {self.schema}` "
-                    f"first"
-                )
+                raise unmigrated(self.schema, self.dsn)
             self._pool = pool
             bounded = self._bounded = BoundedPool(
                 pool,

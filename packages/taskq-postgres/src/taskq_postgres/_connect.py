@@ -33,6 +33,7 @@ __all__ = [
     "connection_settings",
     "create_pool",
     "redact",
+    "unmigrated",
 ]
 
 POSTGRES_SCHEMES: Final = ("postgresql", "postgres")
@@ -165,6 +166,19 @@ def translated_errors(
         raise BackendUnavailableError(
             f"cannot connect to PostgreSQL at {redact(dsn)}: {_one_line(exc)}"
         ) from exc
+
+
+def unmigrated(schema: str, dsn: str | None) -> ConfigurationError:
+    """The error for a schema without TaskQ's tables (of the database ``dsn`` names, or of
+    a caller's connection: None), with the command that makes them."""
+    where = "" if dsn is None else f" in {redact(dsn)}"
+    # The DSN too: without it the command migrates its own default database (the
+    # embedded server), and this one stays as it is.
+    target = "--dsn DSN" if dsn is None else f"--dsn '{redact(dsn)}'"
+    return ConfigurationError(
+        f"schema {schema!r}{where} has no TaskQ tables: "
+        f"run `taskq migrate {target} --schema {schema}` first"
+    )
 
 
 Password = str | Callable[[], str] | Callable[[], Awaitable[str]] | None

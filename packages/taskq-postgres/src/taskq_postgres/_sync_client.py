@@ -30,7 +30,7 @@ from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, MaxPendingLimit
 from taskq.errors import MaxPendingExceededError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
-from taskq_postgres._connect import translated_errors
+from taskq_postgres._connect import translated_errors, unmigrated
 from taskq_postgres._enqueue import (
     CopyFeed,
     Plan,
@@ -250,7 +250,10 @@ class SyncJobsClient:
                 # Types psycopg does not know (TaskQ's enums: a job's status) as their
                 # label, as text results give them, not as bytes.
                 cur.adapters.register_loader(_UNKNOWN_TYPE, TextBinaryLoader)
-                yield cur
+                try:
+                    yield cur
+                except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
+                    raise unmigrated(self.schema, self._dsn) from exc
 
     # -- lifetime -------------------------------------------------------------------
     def close(self) -> None:

@@ -61,6 +61,25 @@ async def test_bad_options_are_refused_and_write_nothing(
     assert await tq.client.list_jobs() == []
 
 
+@pytest.mark.parametrize(
+    "item",
+    [{"actor": "options.job", "payload": {}}, ("options.job", {}, {}), "options.job"],
+    ids=["dict", "triple", "str"],
+)
+async def test_a_batch_item_of_another_shape_is_refused_and_writes_nothing(
+    taskq_backend: Backend, item: Any
+) -> None:
+    # A dict unpacked as a pair read its keys: "unknown actor 'actor'"; a triple or a
+    # string, "too many values to unpack".
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    for enqueue in (tq.client.enqueue_batch, tq.client.enqueue_batch_fast):
+        with pytest.raises(EnqueueOptionsError, match="EnqueueItem or an .actor, payload. pair"):
+            await enqueue([("options.job", {}), item])
+    assert await tq.client.list_jobs() == []
+    # A pair as a list is still a pair.
+    assert len(await tq.client.enqueue_batch([["options.job", {}]])) == 1
+
+
 async def test_given_options_are_kept_and_others_come_from_the_actor(
     taskq_backend: Backend,
 ) -> None:

@@ -86,10 +86,16 @@ def _item_parts(
 ) -> tuple[ActorRef, Any, Mapping[str, Any]]:
     """A batch item's actor, payload and options (none for an ``(actor, payload)`` pair)."""
     # The tuple test first: a model class's isinstance goes through ABCMeta.
-    if isinstance(item, tuple) or not isinstance(item, EnqueueItem):
+    if isinstance(item, tuple | list) and len(item) == 2:
         ref, payload = item
         return ref, payload, _NO_OPTIONS
-    return item.actor, item.payload, item.options
+    if isinstance(item, EnqueueItem):
+        return item.actor, item.payload, item.options
+    # A dict {"actor": ..., "payload": ...} unpacked as a pair read its keys as the actor.
+    raise EnqueueOptionsError(
+        f"a batch item is an EnqueueItem or an (actor, payload) pair, not "
+        f"{type(item).__name__} {item!r:.80}"
+    )
 
 
 _NO_OPTIONS: Final[Mapping[str, Any]] = MappingProxyType({})

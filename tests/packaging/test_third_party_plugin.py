@@ -102,6 +102,10 @@ print(json.dumps({
     assert listing.returncode == 1  # a failed plugin makes `taskq plugins` exit non-zero
     assert "thirdparty" in listing.stdout and "schemes: thirdparty" in listing.stdout
     assert "FAILED broken (taskq-broken)" in listing.stdout
+    # Logged in one line on each command, not with a traceback of 25 frames.
+    [logged] = [line for line in listing.stderr.splitlines() if "plugin-load-failed" in line]
+    assert "RuntimeError: this plugin is broken on purpose" in logged
+    assert "Traceback" not in listing.stderr
 
     disabled = run_in(venv, "taskq", "plugins", "--json", env={"TASKQ_DISABLE_PLUGINS": "broken"})
     assert disabled.returncode == 0, disabled.stdout + disabled.stderr

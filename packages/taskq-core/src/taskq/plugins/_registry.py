@@ -110,7 +110,15 @@ def _load() -> _Loaded:
                 pm.unregister(name=ep.name)
             failure = PluginLoadError(ep.name, dist, exc)
             loaded.failures.append(failure)
-            _log.error("taskq.plugin-load-failed", plugin=ep.name, distribution=dist, exc_info=exc)
+            # One line, on every command of this process: the traceback is for debugging.
+            _log.error(
+                "taskq.plugin-load-failed",
+                plugin=ep.name,
+                distribution=dist,
+                error=f"{type(exc).__name__}: {exc}",
+                hint=f"fix or uninstall it, or set TASKQ_DISABLE_PLUGINS={ep.name}",
+            )
+            _log.debug("taskq.plugin-load-traceback", plugin=ep.name, exc_info=exc)
             continue
         dist_name = dist or ep.name
         loaded.dist_of[ep.name] = dist_name

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Final, TextIO
 from uuid import UUID, uuid4
 
+from taskq.cli._exit_codes import EXIT_ERROR
 from taskq.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -136,8 +137,11 @@ class Summary:
     schema: str
     jobs: int
     statuses: dict[str, int]
+    unfinished: int
+    """Jobs not in a terminal status: the run was interrupted (Ctrl-C, SIGTERM)."""
     wall_seconds: float
     jobs_per_second: float
+    """Finished jobs per second of wall time."""
     attempts: int
     run_seconds_median: float | None
     run_seconds_p95: float | None
@@ -148,6 +152,9 @@ class Summary:
         lines = [f"taskq demo: {self.jobs} jobs in schema {self.schema}", "", "  status      jobs"]
         lines += [f"  {status:<10} {count:>5}" for status, count in self.statuses.items()]
         lines += [f"  {'total':<10} {self.jobs:>5}", ""]
+        if self.unfinished:
+            left = f"{self.unfinished} jobs left unfinished (the next run cancels them)"
+            lines += [f"  interrupted: {left}", ""]
         lines.append(f"  {'wall time':<17} {_duration(self.wall_seconds)}")
         lines.append(f"  {'throughput':<17} {self.jobs_per_second:.1f} jobs/s")
         lines.append(
@@ -184,6 +191,8 @@ def summarize(
     counts = {s.value: 0 for s in JobStatus if s in TERMINAL_STATUSES}
     for row in rows:
         counts[row.status.value] = counts.get(row.status.value, 0) + 1
+    unfinished = sum(1 for row in rows if row.status not in TERMINAL_STATUSES)
+    finished = len(rows) - unfinished
     run_times = [d.total_seconds() for a in attempts if (d := a.duration) is not None]
     first_start: dict[UUID, datetime] = {}
     for a in attempts:
@@ -196,8 +205,9 @@ def summarize(
         schema=schema,
         jobs=len(rows),
         statuses=counts,
+        unfinished=unfinished,
         wall_seconds=wall_seconds,
-        jobs_per_second=len(rows) / wall_seconds if wall_seconds > 0 else 0.0,
+        jobs_per_second=finished / wall_seconds if wall_seconds > 0 else 0.0,
         attempts=len(attempts),
         run_seconds_median=statistics.median(run_times) if run_times else None,
         run_seconds_p95=_p95(run_times),
@@ -284,7 +294,7 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(asdict(summary), indent=2))
     else:
         print(summary.as_table())
-    return 0
+    return EXIT_ERROR if summary.unfinished else 0
 
 
 def register(cli: CommandRegistry) -> None:

@@ -16,7 +16,16 @@ def _created_id(output: str) -> str:
     return output.split(" id ")[1].split(",")[0]
 
 
+def _registered(cli: Cli, *actors: str) -> None:
+    """``actors`` registered as a worker registers them at its start."""
+    from taskq.models import ActorConfig
+
+    configs = [ActorConfig(actor=name, queue="default") for name in actors]
+    cli.on_backend(lambda backend: backend.register_actors(configs))
+
+
 def test_create_list_update_delete(cli: Cli) -> None:
+    _registered(cli, "nap", "nap_sync")
     out = cli.ok(
         "schedules", "create", "nightly", "nap", "0 3 * * *",
         "--payload", '{"seconds": 0.5}', "--queue", "batch", "--timezone", "Europe/Paris",
@@ -72,7 +81,21 @@ def test_create_list_update_delete(cli: Cli) -> None:
     assert cli.ok("schedules", "list") == "no schedules\n"
 
 
+def test_an_actor_no_worker_registered_is_created_with_a_warning(cli: Cli) -> None:
+    # It was created silently, and its slots were enqueued every second for nobody.
+    made = cli.taskq("schedules", "create", "typo", "npa", "* * * * *")
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("schedule typo created: id ")
+    assert made.stderr == (
+        "taskq schedules: warning: no worker has registered actor 'npa'; its slots wait "
+        "until one runs it (a typo? `taskq schedules delete` it)\n"
+    )
+    _registered(cli, "nap")
+    assert cli.ok("schedules", "create", "fine", "nap", "* * * * *").startswith("schedule fine")
+
+
 def test_refusals_are_one_line_errors(cli: Cli) -> None:
+    _registered(cli, "nap")
     created = cli.ok("schedules", "create", "once", "nap", "* * * * *")
     schedule_id = _created_id(created)
     unknown = str(uuid4())

@@ -4,16 +4,20 @@ maintenance leader fires.
 Like ``taskq jobs``, these commands need no application: schedules are rows
 in the backend, so an operator manages them with only a DSN. The payload is
 stored as given, and the actor need not be known here: both are checked
-by the worker that fires a slot.
+by the worker that fires a slot. An actor no worker has registered yet is
+created with a warning (its slots wait until a worker runs it): a schedule
+may come before the deploy of its actor, or be a typo.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
+from taskq.backend import SupportsCron
 from taskq.cli._inputs import json_argument
 from taskq.cli._jobs_cmd import add_connection_options, connect_backend
 from taskq.errors import TaskQError
@@ -206,6 +210,14 @@ async def _create(args: argparse.Namespace) -> int:
             schedule = await backend.create_schedule(create)
         except ValueError as exc:  # the name is taken
             raise ScheduleCommandError(str(exc)) from None
+        if isinstance(backend, SupportsCron) and create.actor not in (
+            await backend.get_actor_queues()
+        ):
+            print(
+                f"taskq schedules: warning: no worker has registered actor {create.actor!r}; "
+                f"its slots wait until one runs it (a typo? `taskq schedules delete` it)",
+                file=sys.stderr,
+            )
     when = f"next fire {format_time(schedule.next_fire_at)}" if schedule.enabled else "disabled"
     print(f"schedule {schedule.name} created: id {schedule.id}, {when}")
     return 0

@@ -194,6 +194,9 @@ def test_a_duration_out_of_range_is_a_clear_setting_error() -> None:
             "TASKQ_DISPATCHER_COMMAND_TIMEOUT.*greater than 0",
         ),
         ({"TASKQ_WATCHDOG_TICK_GRACE_FACTOR": "inf"}, "TASKQ_WATCHDOG_TICK_GRACE_FACTOR"),
+        # NaN was "less than or equal to 1000", of a value that is no number at all.
+        ({"TASKQ_WATCHDOG_TICK_GRACE_FACTOR": "nan"}, "GRACE_FACTOR='nan': .*finite number"),
+        ({"TASKQ_WATCHDOG_DUMP_AFTER_FRACTION": "nan"}, "FRACTION='nan': .*finite number"),
         ({"TASKQ_WATCHDOG_CHECK_INTERVAL": "120000d"}, "CHECK_INTERVAL.*at most 36500 days"),
         ({"TASKQ_PRUNE_INTERVAL": "999999999d"}, "TASKQ_PRUNE_INTERVAL.*at most 36500 days"),
         # A leader skipped slots every tick (none fired at all, for 1 ms).

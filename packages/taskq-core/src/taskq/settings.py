@@ -186,12 +186,12 @@ class WorkerSettings(BaseModel):
     """How long the event loop may go unscheduled before detector 4 trips; below lock_lease
     (default: half the lease, at most 30 s)."""
     watchdog_loop_lag_startup_grace: Duration = timedelta(seconds=30)
-    watchdog_tick_grace_factor: float = Field(default=5.0, gt=1.0, le=1000.0)
+    watchdog_tick_grace_factor: float = Field(default=5.0, gt=1.0, le=1000.0, allow_inf_nan=False)
     watchdog_stale_floor: Duration = timedelta(seconds=10)
     watchdog_check_interval: Duration = timedelta(seconds=1)
     watchdog_dump_interval: Duration = timedelta(seconds=5)
     """Between straggler dumps in the back half of a slow shutdown (detector 1)."""
-    watchdog_dump_after_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    watchdog_dump_after_fraction: float = Field(default=0.5, ge=0.0, le=1.0, allow_inf_nan=False)
     """Fraction of termination_grace_period after which straggler dumps begin."""
     fallback_result_ttl: Duration | None = None
     """Result lifetime for actors without ``result_ttl`` (None: keep until pruned)."""

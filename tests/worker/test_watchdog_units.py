@@ -50,6 +50,26 @@ async def test_a_ticking_or_forgotten_loop_does_not_trip() -> None:
     assert set(liveness.ages()) == {"busy"}
 
 
+async def test_a_pause_of_the_event_loop_itself_is_not_held_against_the_loops() -> None:
+    # No loop could tick while the event loop stood still (a GC pause, a blocking call):
+    # counted, any pause past the stale floor tripped detector 2 as the loop resumed,
+    # within detector 4's own (larger) budget.
+    import time
+
+    liveness = LoopLiveness(grace_factor=2, stale_floor=0.2)
+    liveness.tick("sweeper", period=0.1)
+    checker = asyncio.create_task(_watchdog.stale_tick_loop(liveness, 0.05))
+    await asyncio.sleep(0.07)  # a check or so
+    liveness.tick("sweeper", period=0.1)
+    time.sleep(0.5)  # noqa: ASYNC251 - the whole event loop stops, past twice the budget
+    await asyncio.sleep(0.01)  # the check due meanwhile runs before the sweeper ticks
+    liveness.tick("sweeper", period=0.1)
+    assert not checker.done()
+    # A loop that truly stops ticking is still caught after the pause.
+    with pytest.raises(Tripped, match="2"):
+        await asyncio.wait_for(checker, 5)
+
+
 async def test_a_sibling_returning_early_trips_detector_3() -> None:
     async def returns() -> None:
         return None

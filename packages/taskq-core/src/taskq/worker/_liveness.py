@@ -38,6 +38,15 @@ class LoopLiveness:
         with self._lock:
             self._ticks.pop(name, None)
 
+    def excuse(self, seconds: float) -> None:
+        """Do not count ``seconds`` the event loop itself stood still against any loop:
+        none could tick meanwhile, and a paused loop is detector 4's to judge."""
+        now = time.monotonic()
+        with self._lock:
+            self._ticks = {
+                name: (min(at + seconds, now), period) for name, (at, period) in self._ticks.items()
+            }
+
     def budget(self, period: float) -> float:
         """Seconds a loop of ``period`` may go without ticking before it is stale."""
         return max(period * self.grace_factor, self.stale_floor)

@@ -74,6 +74,36 @@ async def test_reload_requests_during_a_reload_coalesce_into_one_follow_up() -> 
         await asyncio.wait_for(run, 10)
 
 
+class RefusedReload(InMemoryBackend):
+    async def reload_credentials(self) -> None:
+        from taskq.errors import ConfigurationError
+
+        raise ConfigurationError("password authentication failed")
+
+
+async def test_a_failed_reload_is_logged_and_the_worker_goes_on() -> None:
+    # Only transient errors were caught: a refused login ended the reload loop, and
+    # with it the worker.
+    import structlog.testing
+
+    tq = TaskQ("memory://", backend=RefusedReload(), actors=basic.tq.actors.values())
+    async with tq:
+        worker = Worker(tq, WorkerSettings.load(FAST, env={}))
+        run = asyncio.create_task(worker.run())
+        with structlog.testing.capture_logs() as logs:
+            await asyncio.sleep(0.1)
+            worker.reload()
+            await asyncio.sleep(0.2)
+            job = await tq.client.enqueue(basic.nap, {})
+            await tq.client.wait_for_result(job.id, timeout=5)
+        assert not run.done()
+        worker.stop()
+        await asyncio.wait_for(run, 10)
+    failed = [e for e in logs if e["event"] == "taskq.credentials-reload-failed"]
+    assert len(failed) == 1 and "password authentication failed" in failed[0]["error"]
+    assert worker.reloads == 0
+
+
 @pytest.mark.postgres
 async def test_sighup_replaces_the_workers_postgres_connections(pg_schema: PgSchema) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
@@ -130,3 +160,30 @@ async def test_sighup_replaces_the_workers_postgres_connections(pg_schema: PgSch
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+async def test_a_reload_whose_credentials_cannot_connect_keeps_the_connections_in_use(
+    pg_schema: PgSchema, tmp_path: Path
+) -> None:
+    # The pool was expired before anything tried the new secret: with a wrong one (or
+    # one written before the role's password changed) every loop failed to connect and
+    # the worker ended within seconds, its running jobs left to their leases.
+    from taskq.models import EnqueueArgs
+    from taskq_postgres import BackendUnavailableError, PostgresBackend
+    from taskq_postgres._connect import password_from_file
+
+    secret = tmp_path / "password"
+    secret.write_text("unused: the test server trusts")
+    backend = PostgresBackend(
+        pg_schema.dsn, schema=pg_schema.name, password=password_from_file(str(secret))
+    )
+    await backend.open()
+    try:
+        await backend.enqueue(EnqueueArgs(actor="a"))
+        secret.unlink()  # the mounted secret is gone: no new connection can be made
+        with pytest.raises(BackendUnavailableError, match="No such file"):
+            await backend.reload_credentials()
+        for _ in range(3):  # on the connections already open
+            await backend.enqueue(EnqueueArgs(actor="a"))
+    finally:
+        await backend.close()

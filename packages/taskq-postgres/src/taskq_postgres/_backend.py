@@ -469,8 +469,15 @@ class PostgresBackend:
     async def reload_credentials(self) -> None:
         """Make every pooled connection reconnect (with fresh credentials from the
         password provider) once it is released, and the LISTEN connection at once
-        (``taskq.backend.SupportsCredentialReload``; the worker's SIGHUP)."""
+        (``taskq.backend.SupportsCredentialReload``; the worker's SIGHUP).
+
+        One connection is made with the fresh credentials first: if it fails (the
+        secret was written before the role's password changed, or is wrong), this
+        raises and the connections in use are kept. Expiring them first left every
+        loop unable to connect, and the worker ended within seconds."""
         pool = self._require_pool()
+        probe = await self._connect_listener()
+        await probe.close()
         await pool.expire_connections()
         for pinned in self._pinned_connections():
             await pinned.release()  # released, it is closed and replaced

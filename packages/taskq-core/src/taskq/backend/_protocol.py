@@ -586,7 +586,8 @@ class SupportsCredentialReload(Protocol):
     """A backend that can pick up rotated credentials without a restart (SIGHUP)."""
 
     async def reload_credentials(self) -> None:
-        """Replace connections so new ones authenticate with fresh credentials."""
+        """Replace connections so new ones authenticate with fresh credentials; raises,
+        replacing nothing, when the fresh credentials cannot connect."""
         ...
 
 

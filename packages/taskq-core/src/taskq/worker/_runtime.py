@@ -282,7 +282,6 @@ class Worker:
     async def _reload_loop(self) -> None:
         """Event-driven: one reload per burst of requests (a request arriving during a
         reload sets the event again, so exactly one follow-up reload runs)."""
-        transient = transient_errors()
         while True:
             await self._reload.wait()
             self._reload.clear()
@@ -292,8 +291,12 @@ class Worker:
                 continue
             try:
                 await backend.reload_credentials()
-            except transient as exc:
-                _log.warning("taskq.credentials-reload-failed", error=repr(exc))
+            except Exception as exc:  # noqa: BLE001 - a failed reload keeps the old connections
+                _log.error(
+                    "taskq.credentials-reload-failed",
+                    error=repr(exc),
+                    hint="the connections in use are kept; send SIGHUP again once fixed",
+                )
                 continue
             self.reloads += 1
             _log.info("taskq.credentials-reloaded", reloads=self.reloads)

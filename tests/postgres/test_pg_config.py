@@ -110,6 +110,48 @@ async def test_an_unmigrated_schema_is_a_configuration_error(pg_database_dsn: st
         await backend.open()
 
 
+async def _ledger(pg_schema: PgSchema, sql: str, name: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(pg_schema.dsn)
+    try:
+        await conn.execute(sql.format(schema=pg_schema.name), name)
+    finally:
+        await conn.close()
+
+
+async def test_a_schema_lacking_a_migration_this_code_needs_is_refused_at_open(
+    pg_schema: PgSchema,
+) -> None:
+    # Only the jobs table was looked for: a worker started, then failed with the
+    # driver's 'column "queue" of relation "actor_config" does not exist'.
+    needed = "01.00.05_02_pre_actor_config_queue.sql"
+    await _ledger(pg_schema, "DELETE FROM {schema}.schema_migrations WHERE version = $1", needed)
+    backend = PostgresBackend(pg_schema.dsn, schema=pg_schema.name)
+    hint = f"lacks migrations this version of TaskQ needs ({needed}): run `taskq migrate --dsn"
+    with pytest.raises(ConfigurationError, match=re.escape(hint)):
+        await backend.open()
+
+
+async def test_a_schema_a_newer_taskq_changed_is_refused_or_warned_of(pg_schema: PgSchema) -> None:
+    # Nothing looked at the ledger: an older worker ran on whatever a newer one had done.
+    import structlog.testing
+
+    record = (
+        "INSERT INTO {schema}.schema_migrations (version, checksum) VALUES ($1, repeat('0', 64))"
+    )
+    await _ledger(pg_schema, record, "99.00.00_01_pre_add_things.sql")
+    backend = PostgresBackend(pg_schema.dsn, schema=pg_schema.name)
+    with structlog.testing.capture_logs() as logs:
+        await backend.open()  # a newer version that only added: this one still fits
+        await backend.close()
+    [warned] = [e for e in logs if e["event"] == "taskq.schema-newer-than-code"]
+    assert warned["migrations"] == ["99.00.00_01_pre_add_things.sql"]
+    await _ledger(pg_schema, record, "99.00.00_50_post_drop_things.sql")
+    with pytest.raises(ConfigurationError, match="migrated by a newer TaskQ .*99.00.00_50_post"):
+        await PostgresBackend(pg_schema.dsn, schema=pg_schema.name).open()
+
+
 async def test_use_before_open_or_after_close_is_a_clear_error(pg_schema: PgSchema) -> None:
     backend = PostgresBackend(pg_schema.dsn, schema=pg_schema.name)
     with pytest.raises(ConfigurationError, match="not open"):

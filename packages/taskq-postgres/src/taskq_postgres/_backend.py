@@ -385,13 +385,10 @@ class PostgresBackend:
                 lent=self._lent,
             )
             try:
-                migrated = await pool.fetchval(self._sql.schema_is_migrated)
+                await self._check_schema(pool)
             except BaseException:
                 await pool.close()
                 raise
-            if not migrated:
-                await pool.close()
-                raise unmigrated(self.schema, self.dsn)
             self._pool = pool
             bounded = self._bounded = BoundedPool(
                 pool,
@@ -445,6 +442,29 @@ class PostgresBackend:
 
     def _settings(self, role: str) -> dict[str, str]:
         return connection_settings(role, self.instance_id, self.idle_in_transaction_session_timeout)
+
+    async def _check_schema(self, pool: asyncpg.Pool[asyncpg.Record]) -> None:
+        """Refuse a schema this code cannot run on: one without TaskQ's tables, one
+        lacking a ``pre`` migration (the statements failed later, with a driver's
+        "column does not exist"), or one a newer TaskQ's ``post`` migration changed."""
+        from taskq_postgres.migrate import schema_fit
+
+        async with pool.acquire() as conn:
+            if not await conn.fetchval(self._sql.schema_is_migrated):
+                raise unmigrated(self.schema, self.dsn)
+            fit = await schema_fit(conn, self.schema)
+        if fit.missing:
+            raise unmigrated(self.schema, self.dsn, fit.missing)
+        if fit.newer_post:
+            raise ConfigurationError(
+                f"schema {self.schema!r} in {redact(self.dsn)} was migrated by a newer TaskQ "
+                f"({', '.join(fit.newer_post)}), which may have removed what this version "
+                f"uses: upgrade taskq-postgres to run on it"
+            )
+        if fit.newer_pre:
+            _log.warning(
+                "taskq.schema-newer-than-code", schema=self.schema, migrations=fit.newer_pre
+            )
 
     async def migrate(self) -> list[str]:
         """Apply pending migrations to this backend's schema (needs no ``open()``);

@@ -168,16 +168,23 @@ def translated_errors(
         ) from exc
 
 
-def unmigrated(schema: str, dsn: str | None) -> ConfigurationError:
-    """The error for a schema without TaskQ's tables (of the database ``dsn`` names, or of
-    a caller's connection: None), with the command that makes them."""
+def unmigrated(
+    schema: str, dsn: str | None, missing: list[str] | None = None
+) -> ConfigurationError:
+    """The error for a schema without TaskQ's tables, or without the ``missing``
+    migrations this code needs (of the database ``dsn`` names, or of a caller's
+    connection: None), with the command that makes them."""
     where = "" if dsn is None else f" in {redact(dsn)}"
     # The DSN too: without it the command migrates its own default database (the
     # embedded server), and this one stays as it is.
     target = "--dsn DSN" if dsn is None else f"--dsn '{redact(dsn)}'"
+    lacks = (
+        "has no TaskQ tables"
+        if missing is None
+        else f"lacks migrations this version of TaskQ needs ({', '.join(missing)})"
+    )
     return ConfigurationError(
-        f"schema {schema!r}{where} has no TaskQ tables: "
-        f"run `taskq migrate {target} --schema {schema}` first"
+        f"schema {schema!r}{where} {lacks}: run `taskq migrate {target} --schema {schema}` first"
     )
 
 

@@ -36,10 +36,12 @@ __all__ = [
     "MigrationError",
     "MigrationState",
     "MigrationStatus",
+    "SchemaFit",
     "bundled_migrations",
     "load_migrations",
     "migrate",
     "migration_status",
+    "schema_fit",
 ]
 
 _log = structlog.get_logger("taskq.migrate")
@@ -320,3 +322,36 @@ async def migration_status(
         for name in sorted(applied.keys() - known)
     )
     return statuses
+
+
+@dataclass(frozen=True)
+class SchemaFit:
+    """How a schema's migrations fit the code of this installation."""
+
+    missing: list[str]
+    """``pre`` migrations not applied yet: this code's statements need them."""
+    newer_pre: list[str]
+    """Applied migrations of a newer TaskQ that only add (``pre``): this code still fits."""
+    newer_post: list[str]
+    """Applied ``post`` migrations of a newer TaskQ: they may have removed what this
+    code uses (a ``post`` file runs once every worker is on its version)."""
+
+
+async def schema_fit(
+    conn: Connection, schema: str, *, source: Traversable | None = None
+) -> SchemaFit:
+    """Compare the migrations applied to ``schema`` with this installation's; read-only.
+    Pending ``post`` files are not missing: the code before them still runs."""
+    schema = validate_schema_name(schema)
+    migrations = load_migrations(source)
+    applied = await _applied(conn, schema)
+    known = {m.name for m in migrations}
+    newer = sorted(applied.keys() - known)
+    newer_post = [
+        name for name in newer if (m := _NAME_RE.fullmatch(name)) and m["phase"] == "post"
+    ]
+    return SchemaFit(
+        missing=[m.name for m in migrations if m.phase == "pre" and m.name not in applied],
+        newer_pre=[name for name in newer if name not in newer_post],
+        newer_post=newer_post,
+    )

@@ -29,6 +29,13 @@ async def nap(payload: Sleep, ctx: Context) -> dict[str, Any]:
     return {"tag": payload.tag, "attempt": ctx.attempt}
 
 
+@actor(queue="default")
+async def nap_to_thread(payload: Sleep) -> None:
+    import time
+
+    await asyncio.to_thread(time.sleep, payload.seconds)
+
+
 @actor(queue="other")
 def nap_sync(payload: Sleep) -> dict[str, Any]:
     import time
@@ -153,6 +160,7 @@ tq = TaskQ(
     actors=[
         nap,
         nap_sync,
+        nap_to_thread,
         fair,
         ordered,
         always_fails,

@@ -277,7 +277,24 @@ async def test_a_sync_actor_still_in_its_thread_does_not_hold_the_exit(
         _, stderr = proc.communicate(timeout=40)
     assert proc.returncode == 0, stderr[-3000:]
     assert time.monotonic() - started < 10
-    assert "1 sync actor call(s) still running" in stderr
+    assert "1 sync actor or thread call(s) still running" in stderr
+
+
+async def test_an_async_actors_call_in_a_thread_does_not_hold_the_exit(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    # asyncio.to_thread runs in the loop's default executor, which the interpreter's
+    # exit waited for (43 s past a 6 s wall), the job already handed back.
+    job = await tq.client.enqueue(basic.nap_to_thread, {"seconds": 30})
+    with worker(pg_schema) as proc:
+        await _until_status(tq, job.id, JobStatus.RUNNING)
+        await asyncio.sleep(0.3)  # in its thread
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=40)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert time.monotonic() - started < 10
+    assert "1 sync actor or thread call(s) still running" in stderr
 
 
 async def test_sigusr2_dumps_task_stacks_and_the_worker_keeps_running(

@@ -113,6 +113,7 @@ def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
 async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
     from taskq.backend import SupportsMigrate
     from taskq.worker._runtime import Worker
+    from taskq.worker._sync_pool import SyncActorPool
     from taskq.worker.signal_handlers import install_signal_handlers
 
     if settings.migrate:
@@ -122,20 +123,25 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
             )
         await app.backend.migrate()
     worker = Worker(app, settings)
+    # The loop's own threads (asyncio.to_thread, run_in_executor(None)) counted too: an
+    # async actor's call in one held the exit as a sync actor's did, past the stop's
+    # wall, while its job, handed back, could run elsewhere.
+    loop_threads = SyncActorPool()
+    asyncio.get_running_loop().set_default_executor(loop_threads)
     async with app:
         install_signal_handlers(worker, "taskq-worker")
         await worker.run(disarm_when_done=False)
         lingering = worker.lingering_tasks()
     # Closing the backend is part of the stop that termination_grace_period bounds.
     worker.shutdown_done()
-    threads = worker.lingering_threads()
+    threads = worker.lingering_threads() + loop_threads.running
     if lingering or threads:
-        # Tasks that swallowed cancellation, and sync actors' threads (which nothing
-        # can cancel), would hold the interpreter's exit for as long as they run, while
-        # their jobs, handed back, may already run elsewhere: leave now.
+        # Tasks that swallowed cancellation, and threads (which nothing can cancel),
+        # would hold the interpreter's exit for as long as they run, while their jobs,
+        # handed back, may already run elsewhere: leave now.
         print(
             f"taskq-worker: exiting with {len(lingering)} job task(s) that ignored "
-            f"cancellation and {threads} sync actor call(s) still running",
+            f"cancellation and {threads} sync actor or thread call(s) still running",
             file=sys.stderr,
         )
         sys.stdout.flush()

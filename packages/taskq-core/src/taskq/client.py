@@ -212,7 +212,13 @@ class JobsClient:
     async def cancel(self, job_id: UUID | str, *, reason: str | None = None) -> bool:
         """Cancel a job: a pending or scheduled one ends ``cancelled`` at once; a running
         one gets a cancel request its actor sees as ``ctx.cancel_event``. False when the
-        job is already finished or unknown."""
+        job is already finished or unknown.
+
+        True for a running job means the request is recorded, not that the job will end
+        ``cancelled``: an actor that returns before its worker sees the request (the
+        worker reads requests each heartbeat), or whose outcome is already being
+        written, ends as it returned; a retry or snooze requested after it ends
+        ``cancelled``. Read the job (or wait for it) for how it ended."""
         return await self._backend.write_cancel_request(_as_job_id(job_id), reason)
 
     async def cancel_where(

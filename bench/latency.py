@@ -46,7 +46,9 @@ def latency_figures(latencies: list[float]) -> dict[str, float]:
 
 def _start_worker(dsn: str, schema: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
-    env.update(TASKQ_DSN=dsn, TASKQ_SCHEMA=schema, TASKQ_POLL_INTERVAL="30s")
+    env.update(
+        TASKQ_DSN=dsn, TASKQ_SCHEMA=schema, TASKQ_POLL_INTERVAL="30s", TASKQ_QUEUES="default"
+    )
     return subprocess.Popen(
         [str(Path(sys.executable).parent / "taskq-worker"), "tests.apps.basic:tq"],
         cwd=REPO,

@@ -137,6 +137,23 @@ _CLOSE_TIMEOUT: Final = 5.0
 _FINALIZER_TAG: Final = "batch_finalizer_for"
 _NO_DELAY: Final = timedelta(0)
 _MIN_POOL_FOR_WORKER_PINS: Final = 5
+
+
+def _turns(ids: Sequence[object]) -> list[list[int]]:
+    """The positions of ``ids`` in turns of distinct ids, each id's in order: the first
+    item of every id, then the second of those that repeat, and so on (one turn when
+    none repeats)."""
+    turns: list[list[int]] = []
+    seen: dict[object, int] = {}
+    for position, key in enumerate(ids):
+        turn = seen.get(key, 0)
+        seen[key] = turn + 1
+        if turn == len(turns):
+            turns.append([])
+        turns[turn].append(position)
+    return turns
+
+
 _CRON_SCHEDULES_PER_TICK: Final = 100
 """Schedules one cron tick fires at most (one transaction each); the rest wait a tick."""
 """Three pinned connections (enqueue, dispatch, success) leave two to the rest."""
@@ -873,24 +890,28 @@ class PostgresBackend:
         fallback_result_ttl: timedelta | None = None,
     ) -> list[bool]:
         """``mark_succeeded`` for a list in one statement: each row keeps its own
-        ownership guard, attempt row and event; one flag per item, in order."""
-        if not items:
-            return []
-        records = await (self._pinned_success or self._require_bounded()).fetch(
-            self._sql.mark_succeeded_many,
-            worker_id,
-            fallback_result_ttl,
-            [item.job_id for item in items],
-            [item.attempt for item in items],
-            [None if item.result is None else dump_json(item.result) for item in items],
-            [item.progress_seq for item in items],
-            [
-                None if item.progress_state is None else dump_json(item.progress_state)
-                for item in items
-            ],
-        )
-        moved = {record["position"] for record in records}
-        return [position in moved for position in range(1, len(items) + 1)]
+        ownership guard, attempt row and event; one flag per item, in order. Items of
+        one job (a stale attempt's beside the current one's) are written in turn, a
+        statement each, so each is judged as if written after the one before."""
+        flags = [False] * len(items)
+        for turn in _turns([item.job_id for item in items]):
+            written = [items[i] for i in turn]
+            records = await (self._pinned_success or self._require_bounded()).fetch(
+                self._sql.mark_succeeded_many,
+                worker_id,
+                fallback_result_ttl,
+                [item.job_id for item in written],
+                [item.attempt for item in written],
+                [None if item.result is None else dump_json(item.result) for item in written],
+                [item.progress_seq for item in written],
+                [
+                    None if item.progress_state is None else dump_json(item.progress_state)
+                    for item in written
+                ],
+            )
+            for record in records:
+                flags[turn[record["position"] - 1]] = True
+        return flags
 
     async def mark_succeeded_with_conn(
         self,

@@ -111,15 +111,14 @@ MARK_SUCCEEDED_MANY: Final = TransitionSQL.of(
 -- $6 progress_seq, $7 progress_state. Each row keeps its own ownership guard; the
 -- positions (1-based) of the items that moved a row come back. No owned pass: the
 -- guarded UPDATE is the lock, taken in id order as the sorted input drives the join
--- (module docstring). Items of one job (a stale attempt beside the current one) are
--- told apart by the guard's attempt: of those naming the same attempt the first
--- stands; a job matched by two (one naming no attempt) is moved by either.
+-- (module docstring). The ids are distinct (the caller writes items of one job in
+-- turn); should one repeat, its first item stands.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 input AS (
-    SELECT DISTINCT ON (i.id, i.attempt) i.*
+    SELECT DISTINCT ON (i.id) i.*
     FROM unnest($3::uuid[], $4::int[], $5::text[], $6::bigint[], $7::text[])
         WITH ORDINALITY AS i (id, attempt, result, progress_seq, progress_state, position)
-    ORDER BY i.id, i.attempt, i.position
+    ORDER BY i.id, i.position
 ),
 updated AS (
     UPDATE {schema}.jobs j
@@ -359,20 +358,19 @@ WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
 )
 
 # Every job of the parallel arrays $1 ids / $3 attempts (NULL: any) that is running
-# and held by $2; an id given twice counts once. Locked in id order (no deadlock
-# with another list).
+# and held by $2, matched by any of its entries (an id given twice counts once: a
+# stale attempt's entry beside the current one's does not hide it). Locked in id
+# order (no deadlock with another list).
 _OWNED_MANY: Final = """
 owned AS (
     SELECT j.id, j.attempt, j.max_attempts, j.started_at, j.locked_by_worker,
            j.schedule_to_close_deadline, j.cancel_requested_at
     FROM {schema}.jobs j
-    JOIN (
-        SELECT DISTINCT ON (i.id) i.id, i.attempt
-        FROM unnest($1::uuid[], $3::int[]) AS i (id, attempt)
-        ORDER BY i.id
-    ) AS i ON i.id = j.id
-    WHERE j.status = 'running' AND j.locked_by_worker = $2
-      AND (i.attempt IS NULL OR j.attempt = i.attempt)
+    WHERE j.id = ANY($1::uuid[]) AND j.status = 'running' AND j.locked_by_worker = $2
+      AND EXISTS (
+          SELECT 1 FROM unnest($1::uuid[], $3::int[]) AS i (id, attempt)
+          WHERE i.id = j.id AND (i.attempt IS NULL OR i.attempt = j.attempt)
+      )
     ORDER BY j.id
     FOR UPDATE OF j
 )"""

@@ -622,12 +622,17 @@ class TerminalWriteTests:
 
     @pytest.mark.parametrize(
         ("attempts", "flags"),
-        [((1, 2), [False, True]), ((2, 1), [True, False]), ((2, 2), [True, False])],
-        ids=["stale-first", "current-first", "same-twice"],
+        [
+            ((1, 2), [False, True]),
+            ((2, 1), [True, False]),
+            ((2, 2), [True, False]),
+            ((None, 2), [True, False]),
+        ],
+        ids=["stale-first", "current-first", "same-twice", "any-then-current"],
     )
     @covers("mark_succeeded_many")
     async def test_mark_succeeded_many_judges_items_of_one_job_in_order(
-        self, backend: Backend, attempts: tuple[int, int], flags: list[bool]
+        self, backend: Backend, attempts: tuple[int | None, int], flags: list[bool]
     ) -> None:
         # A worker's old attempt of a job, its lease lapsed and the job dispatched to
         # it again, can share a batch with the new attempt: the current attempt's
@@ -680,6 +685,22 @@ class TerminalWriteTests:
         for job in (stale, elsewhere):
             assert (await fetch(backend, job.id)).status is JobStatus.RUNNING
         assert await many.hand_back_unstarted(worker, []) == 0
+
+    @pytest.mark.parametrize("stale_first", [True, False], ids=["stale-first", "current-first"])
+    @covers("hand_back_unstarted")
+    async def test_hand_back_unstarted_is_not_hidden_by_a_stale_entry(
+        self, backend: Backend, stale_first: bool
+    ) -> None:
+        # Each entry on its own guard: a stale attempt's entry listed beside the
+        # current one's must not keep the job running (Postgres kept either entry).
+        many = handing_back(backend)
+        worker = uuid4()
+        job = await _attempt_two(backend, worker, 0)
+        entries = [(job.id, 1), (job.id, 2)]
+        assert (
+            await many.hand_back_unstarted(worker, entries if stale_first else entries[::-1]) == 1
+        )
+        assert (await fetch(backend, job.id)).status is JobStatus.PENDING
 
     # -- mark_failed_or_retry ---------------------------------------------------------
 

@@ -201,28 +201,29 @@ def _expected(case: Case) -> tuple[list[UUID], bool]:
     queue_residual = {q: max(cap - queue_running[q], 0) for q, cap in case.queue_caps.items()}
 
     def admit(candidates: list[Job]) -> list[Job]:
+        # Queue caps first: a capped queue's jobs past its cap take no identity's or
+        # actor's place from another queue's jobs.
+        queue_ranks: Counter[str] = Counter()
+        queued = []
+        for job in candidates:
+            if (job.actor, job.identity_key) in running_identities:
+                continue
+            if job.queue in queue_residual:
+                queue_ranks[job.queue] += 1
+                if queue_ranks[job.queue] > queue_residual[job.queue]:
+                    continue
+            queued.append(job)
         seen: set[tuple[str, str]] = set()
         ranks: Counter[str] = Counter()
-        per_actor = []
-        for job in candidates:
+        admitted = []
+        for job in queued:
             if job.identity_key is not None:
                 identity = (job.actor, job.identity_key)
-                if identity in running_identities or identity in seen:
+                if identity in seen:
                     continue
                 seen.add(identity)
-            if queue_residual.get(job.queue) == 0:
-                continue  # a full queue's jobs take no actor's places
             ranks[job.actor] += 1
             if ranks[job.actor] <= residual[job.actor]:
-                per_actor.append(job)
-        queue_ranks: Counter[str] = Counter()
-        admitted = []
-        for job in per_actor:
-            queue_ranks[job.queue] += 1
-            if (
-                job.queue not in queue_residual
-                or queue_ranks[job.queue] <= queue_residual[job.queue]
-            ):
                 admitted.append(job)
         return admitted
 

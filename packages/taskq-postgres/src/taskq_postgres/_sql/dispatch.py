@@ -27,9 +27,10 @@ per-actor branches do not run::
     candidates          CROSS JOIN LATERAL per (queue, actor), LIMIT residual * oversample
                         (strict FIFO: only when the head does not suffice)
     queue_capacity      residual of each capped queue (queues.max_concurrent)
-    admitted            identity dedup: DISTINCT ON (actor, identity_key) UNION ALL jobs
-                        without identity; then pending_rank per actor <= residual; then
-                        the rank within a capped queue <= its residual
+    admitted            jobs of queues with room whose identity is not running; then the
+                        rank within a capped queue <= its residual; then identity dedup:
+                        DISTINCT ON (actor, identity_key) UNION ALL jobs without identity;
+                        then pending_rank per actor <= residual
     locked              FOR UPDATE SKIP LOCKED, LIMIT limit_n
     eligible_candidates in_flight < max_concurrent gate; actor_rank
     eligible            actor_rank <= max_concurrent - in_flight; queue caps; LIMIT limit_n
@@ -62,6 +63,7 @@ oversample`` rows per (queue, actor).
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from taskq.backend.statemachine import JobStatus
@@ -248,55 +250,59 @@ candidates AS (
     WHERE pa.actor IS NOT NULL AND pac.residual > 0
 ),<ADMIT:admitted:candidates>"""
 
-# What the candidates of <SOURCE> admit: identity dedup (one job per (actor,
-# identity_key), none whose identity is running), then at most residual jobs
-# per actor, by pending_rank, among the jobs of queues with room, then at most
-# the residual of each capped queue. Queue caps apply before the lock's LIMIT
-# and before the actors' ranks: a full queue's jobs taking the batch's (or an
-# actor's) places would leave the call's other queues with none, dispatch after
-# dispatch. A job dropped by its queue's cap may still have taken its actor's
-# place from a job of another queue: that batch is short, never over a cap, and
-# the next dispatch sees the new running counts.
+# What the candidates of <SOURCE> admit, each step depending only on earlier jobs
+# (so the head's admissions are a prefix of the sample's): first the jobs of queues
+# with room whose identity is not running; then at most the residual of each capped
+# queue; then one job per (actor, identity_key); then at most residual jobs per
+# actor, by pending_rank. Queue caps come before the identity and actor places: a
+# capped queue's jobs past its cap took those places from another queue's jobs, a
+# full queue's dispatch after dispatch (its job won the identity, and the other
+# queue's job of that identity waited for as long as the queue stayed full). A job
+# of a capped queue may still lose its actor's place and leave the queue's place
+# unused: that batch is short, never over a cap, and the next dispatch sees the
+# new running counts.
 _ADMIT: Final = """
-<NAME>_dedup AS (
-    (
-        SELECT DISTINCT ON (c.actor, c.identity_key) c.*
-        FROM <SOURCE> c
-        WHERE c.identity_key IS NOT NULL
-          AND NOT EXISTS (
+<NAME>_open AS (
+    SELECT c.* FROM <SOURCE> c
+    WHERE NOT EXISTS (
+              SELECT 1 FROM queue_capacity qc WHERE qc.queue = c.queue AND qc.residual = 0
+          )
+      AND (c.identity_key IS NULL OR NOT EXISTS (
               SELECT 1 FROM running_identities ri
               WHERE ri.actor = c.actor AND ri.identity_key = c.identity_key
-          )
-        ORDER BY c.actor, c.identity_key, <ORDER:c>
-    )
-    UNION ALL
-    SELECT c.* FROM <SOURCE> c WHERE c.identity_key IS NULL
+          ))
 ),
-<NAME>_per_actor AS (
-    SELECT r.*
-    FROM (
-        SELECT d.*, ROW_NUMBER() OVER (PARTITION BY d.actor ORDER BY <ORDER:d>) AS pending_rank
-        FROM <NAME>_dedup d
-        WHERE NOT EXISTS (
-            SELECT 1 FROM queue_capacity qc WHERE qc.queue = d.queue AND qc.residual = 0
-        )
-    ) r
-    JOIN per_actor_capacity pac ON pac.actor = r.actor
-    WHERE r.pending_rank <= pac.residual
-),
-<NAME> AS (
-    SELECT r.* FROM <NAME>_per_actor r
+<NAME>_queued AS (
+    SELECT o.* FROM <NAME>_open o
     WHERE (SELECT cardinality(p.capped_queues) = 0 FROM params p)
     UNION ALL
-    SELECT r.id, r.actor, r.queue, r.priority, r.scheduled_at, r.identity_key,
-           r.fairness_rank, r.pending_rank
+    SELECT r.id, r.actor, r.queue, r.priority, r.scheduled_at, r.identity_key, r.fairness_rank
     FROM (
-        SELECT a.*, ROW_NUMBER() OVER (PARTITION BY a.queue ORDER BY <ORDER:a>) AS queue_rank
-        FROM <NAME>_per_actor a
+        SELECT o.*, ROW_NUMBER() OVER (PARTITION BY o.queue ORDER BY <ORDER:o>) AS queue_rank
+        FROM <NAME>_open o
         WHERE (SELECT cardinality(p.capped_queues) > 0 FROM params p)
     ) r
     LEFT JOIN queue_capacity qc ON qc.queue = r.queue
     WHERE qc.queue IS NULL OR r.queue_rank <= qc.residual
+),
+<NAME>_dedup AS (
+    (
+        SELECT DISTINCT ON (c.actor, c.identity_key) c.*
+        FROM <NAME>_queued c
+        WHERE c.identity_key IS NOT NULL
+        ORDER BY c.actor, c.identity_key, <ORDER:c>
+    )
+    UNION ALL
+    SELECT c.* FROM <NAME>_queued c WHERE c.identity_key IS NULL
+),
+<NAME> AS (
+    SELECT r.*
+    FROM (
+        SELECT d.*, ROW_NUMBER() OVER (PARTITION BY d.actor ORDER BY <ORDER:d>) AS pending_rank
+        FROM <NAME>_dedup d
+    ) r
+    JOIN per_actor_capacity pac ON pac.actor = r.actor
+    WHERE r.pending_rank <= pac.residual
 ),"""
 
 _DISPATCH_TEMPLATE: Final = """
@@ -455,9 +461,7 @@ _ROUND_ROBIN_PARAMS: Final = """
 def _ordered(sql: str, order: str) -> str:
     """``sql`` with ``<WRITE>``, ``<JOB_COLUMNS>`` and every ``<ORDER:alias>`` filled in."""
     sql = sql.replace("<WRITE>", _WRITE).replace("<JOB_COLUMNS>", job_columns("j"))
-    for alias in "acdhrle":
-        sql = sql.replace(f"<ORDER:{alias}>", order.replace("{a}", alias))
-    return sql
+    return re.sub(r"<ORDER:(\w+)>", lambda alias: order.replace("{a}", alias[1]), sql)
 
 
 def _variant(candidates: str, order: str, params: str) -> str:

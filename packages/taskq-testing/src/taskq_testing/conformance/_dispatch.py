@@ -413,6 +413,39 @@ class DispatchTests:
         assert (len(second), len(third)) == (2, 1)
         assert {row.id for row in [*second, *third]} == other
 
+    @pytest.mark.parametrize("mode", ["strict_fifo", "round_robin"])
+    @covers("dispatch_batch", "configure_queue")
+    async def test_a_capped_queues_job_takes_no_identity_or_actor_place_past_its_cap(
+        self, backend: Backend, mode: QueueMode
+    ) -> None:
+        # Postgres took the identity (and actor) places before the queue cap: a full
+        # queue's job won its identity and then was dropped, and the other queue's job
+        # of that identity waited for as long as the queue stayed full.
+        await backend.configure_queue(QueueConfig(queue="capped", mode=mode, max_concurrent=1))
+        worker, queues = uuid4(), ["capped", "other"]
+        await backend.enqueue(make_args(queue="capped", priority=10))
+        assert len(await backend.dispatch_batch(worker, ["capped"], 1, LONG_LEASE)) == 1
+        await backend.enqueue(make_args(queue="capped", priority=10, identity_key="i1"))
+        other = await backend.enqueue(make_args(queue="other", identity_key="i1"))
+        for _ in range(2):  # not a one-tick shortfall: every dispatch
+            rows = await backend.dispatch_batch(worker, queues, 5, LONG_LEASE)
+            if rows:
+                break
+        assert [row.id for row in rows] == [other.id]
+
+    @pytest.mark.parametrize("mode", ["strict_fifo", "round_robin"])
+    @covers("dispatch_batch", "configure_queue")
+    async def test_a_capped_queues_job_past_its_cap_leaves_its_actors_place(
+        self, backend: Backend, mode: QueueMode
+    ) -> None:
+        await backend.configure_queue(QueueConfig(queue="capped", mode=mode, max_concurrent=1))
+        await backend.register_actors([ActorConfig(actor=ACTOR, max_concurrent=2)])
+        capped = {(await backend.enqueue(make_args(queue="capped", priority=10))).id for _ in "ab"}
+        other = await backend.enqueue(make_args(queue="other"))
+        rows = await backend.dispatch_batch(uuid4(), ["capped", "other"], 2, LONG_LEASE)
+        taken = {row.id for row in rows}
+        assert len(taken) == 2 and other.id in taken and len(taken & capped) == 1
+
     @covers("dispatch_batch", "register_actors")
     async def test_raising_max_concurrent_releases_more_jobs(self, backend: Backend) -> None:
         await backend.register_actors([ActorConfig(actor=ACTOR, max_concurrent=1)])

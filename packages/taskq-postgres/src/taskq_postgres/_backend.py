@@ -137,6 +137,9 @@ _CLOSE_TIMEOUT: Final = 5.0
 _FINALIZER_TAG: Final = "batch_finalizer_for"
 _NO_DELAY: Final = timedelta(0)
 _MIN_POOL_FOR_WORKER_PINS: Final = 5
+"""Three pinned connections (enqueue, dispatch, success) leave two to the rest."""
+_CRON_SCHEDULES_PER_TICK: Final = 100
+"""Schedules one cron tick fires at most (one transaction each); the rest wait a tick."""
 
 
 def _turns(ids: Sequence[object]) -> list[list[int]]:
@@ -152,11 +155,6 @@ def _turns(ids: Sequence[object]) -> list[list[int]]:
             turns.append([])
         turns[turn].append(position)
     return turns
-
-
-_CRON_SCHEDULES_PER_TICK: Final = 100
-"""Schedules one cron tick fires at most (one transaction each); the rest wait a tick."""
-"""Three pinned connections (enqueue, dispatch, success) leave two to the rest."""
 
 
 def _changed(status: str) -> int:

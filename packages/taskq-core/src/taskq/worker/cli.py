@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--schema", help="database schema (TASKQ_SCHEMA)")
     parser.add_argument(
         "--queues",
-        help="comma-separated queues to work (TASKQ_QUEUES; default: every queue of the "
-        "app's actors)",
+        help="comma-separated queues to work (TASKQ_QUEUES; default: 'default' and every "
+        "queue of the app's actors)",
     )
     parser.add_argument("--concurrency", type=int, help="jobs run at once (TASKQ_CONCURRENCY)")
     parser.add_argument(

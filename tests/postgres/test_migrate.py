@@ -520,7 +520,8 @@ async def test_a_schema_the_role_cannot_create_is_a_migration_error_that_keeps_n
     conn: asyncpg.Connection[Any] = await asyncpg.connect(unprivileged_dsn)
     try:
         async with conn.transaction():  # the caller's own transaction stays usable
-            with pytest.raises(MigrationError, match="cannot prepare schema .*permission denied"):
+            refused = "cannot prepare schema .*permission denied.*the role needs CREATE"
+            with pytest.raises(MigrationError, match=refused):
                 await migrate(conn, schema)
             assert await conn.fetchval("SELECT 1") == 1
         held = await conn.fetchval(
@@ -539,3 +540,20 @@ async def test_a_worker_migrating_without_the_right_says_so_not_that_it_cannot_c
     backend = PostgresBackend(unprivileged_dsn, schema=unique_schema_name())
     with pytest.raises(MigrationError, match="cannot prepare schema"):
         await backend.migrate()
+
+
+async def test_a_failure_other_than_a_refused_right_is_not_blamed_on_the_role(
+    pg_database_dsn: str,
+) -> None:
+    # Every failure to prepare the schema said "the role needs CREATE on the database"
+    # (a statement timeout too). Here the ledger's name is taken by a sequence.
+    schema = unique_schema_name()
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_database_dsn)
+    try:
+        await conn.execute(f"CREATE SCHEMA {schema}; CREATE SEQUENCE {schema}.schema_migrations")
+        with pytest.raises(MigrationError, match="cannot prepare schema") as failed:
+            await migrate(conn, schema)
+        await conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    finally:
+        await conn.close()
+    assert "the role needs CREATE" not in str(failed.value)

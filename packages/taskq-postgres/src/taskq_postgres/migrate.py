@@ -199,9 +199,15 @@ async def _prepared(conn: Connection, schema: str) -> dict[str, tuple[str, datet
             await conn.execute(_render(_BOOTSTRAP_SQL, schema))
         return await _applied(conn, schema)
     except asyncpg.PostgresError as exc:
+        # The permission hint only for a refused permission: a statement timeout, say,
+        # was blamed on the role's rights.
+        hint = (
+            " (the role needs CREATE on the database, or on an existing schema it does not own)"
+            if isinstance(exc, asyncpg.InsufficientPrivilegeError)
+            else ""
+        )
         raise MigrationError(
-            f"cannot prepare schema {schema!r} for migrations: {exc} (the role needs "
-            f"CREATE on the database, or on an existing schema it does not own)"
+            f"cannot prepare schema {schema!r} for migrations: {exc}{hint}"
         ) from exc
 
 

@@ -264,29 +264,20 @@ async def test_a_teardown_that_hangs_trips_the_shutdown_watchdog(
     assert time.monotonic() - started < 10
 
 
-async def test_a_sync_actor_still_in_its_thread_does_not_hold_the_exit(
-    tq: TaskQ, pg_schema: PgSchema
+@pytest.mark.parametrize(
+    ("actor", "queues"),
+    [(basic.nap_sync, "other"), (basic.nap_to_thread, "default")],
+    ids=["sync-actor", "async-actor-to-thread"],
+)
+async def test_a_call_still_in_its_thread_does_not_hold_the_exit(
+    tq: TaskQ, pg_schema: PgSchema, actor: Any, queues: str
 ) -> None:
     # Nothing can cancel a thread: the job is handed back (or abandoned) at the stop,
-    # and a process lingering until the call returns could run it alongside its next run.
-    job = await tq.client.enqueue(basic.nap_sync, {"seconds": 30})
-    with worker(pg_schema, "--queues", "other") as proc:
-        await _until_status(tq, job.id, JobStatus.RUNNING)
-        started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=40)
-    assert proc.returncode == 0, stderr[-3000:]
-    assert time.monotonic() - started < 10
-    assert "1 sync actor or thread call(s) still running" in stderr
-
-
-async def test_an_async_actors_call_in_a_thread_does_not_hold_the_exit(
-    tq: TaskQ, pg_schema: PgSchema
-) -> None:
-    # asyncio.to_thread runs in the loop's default executor, which the interpreter's
-    # exit waited for (43 s past a 6 s wall), the job already handed back.
-    job = await tq.client.enqueue(basic.nap_to_thread, {"seconds": 30})
-    with worker(pg_schema) as proc:
+    # and a process lingering until the call returns could run it alongside its next
+    # run. A sync actor's thread, or the loop's default executor an async actor's
+    # asyncio.to_thread runs in (its exit waited 43 s past a 6 s wall).
+    job = await tq.client.enqueue(actor, {"seconds": 30})
+    with worker(pg_schema, "--queues", queues) as proc:
         await _until_status(tq, job.id, JobStatus.RUNNING)
         await asyncio.sleep(0.3)  # in its thread
         started = time.monotonic()

@@ -1,8 +1,9 @@
-"""An in-memory backend whose outcome writes fail while the "database" is away."""
+"""In-memory backends that fail while the "database" is away."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any
 
 from taskq.backend.memory import InMemoryBackend
@@ -35,3 +36,22 @@ class WritesFailWhileAway(InMemoryBackend):
     async def mark_abandoned(self, *args: Any, **kwargs: Any) -> Any:
         self._check()
         return await super().mark_abandoned(*args, **kwargs)
+
+
+class CutOff(InMemoryBackend):
+    """Every call the worker makes fails while ``away`` is set, as across a partition
+    (the subscriptions stay: they only wake)."""
+
+    away = False
+
+    def __getattribute__(self, name: str) -> Any:
+        attr = super().__getattribute__(name)
+        if name.startswith("_") or not inspect.iscoroutinefunction(attr):
+            return attr
+        if not super().__getattribute__("away"):
+            return attr
+
+        async def refused(*args: Any, **kwargs: Any) -> Any:
+            raise ConnectionRefusedError("database unreachable")
+
+        return refused

@@ -22,6 +22,7 @@ from taskq.errors import EmptyBatchError as EmptyBatchError
 from taskq.errors import EnqueueOptionsError as EnqueueOptionsError
 from taskq.errors import InvalidTransition as InvalidTransition
 from taskq.errors import JobFailedError as JobFailedError
+from taskq.errors import LeaseLost as LeaseLost
 from taskq.errors import MaxPendingExceededError as MaxPendingExceededError
 from taskq.errors import MissingProvider as MissingProvider
 from taskq.errors import OutcomeNotRecorded as OutcomeNotRecorded
@@ -87,6 +88,7 @@ __all__ = [
     "JobRow",
     "JobStatus",
     "JobsClient",
+    "LeaseLost",
     "MaxPendingExceededError",
     "MissingProvider",
     "OutcomeNotRecorded",

@@ -41,6 +41,7 @@ __all__ = [
     "IncompatiblePluginError",
     "InvalidTransition",
     "JobFailedError",
+    "LeaseLost",
     "MaxPendingExceededError",
     "MissingProvider",
     "OutcomeNotRecorded",
@@ -227,6 +228,13 @@ class OutcomeNotRecorded(TaskQError):
     refuses, a retry backoff that raised): the job ends ``failed`` with this error
     instead of running again and again. Make the value storable (finite JSON numbers,
     in-range integers), or fix the backoff."""
+
+
+class LeaseLost(TaskQError):
+    """With ``lease_fence`` on, the worker could not renew the job's lease (cut off from
+    the database) and stopped the attempt before the lease could lapse, so that no
+    other worker would run the job at the same time. Retried as any failure is; raise
+    ``lock_lease`` for jobs that should ride out longer outages."""
 
 
 # ------------------------------------------------------------ batches

@@ -124,6 +124,11 @@ class WorkerSettings(BaseModel):
     heartbeat_interval: Duration = timedelta(seconds=5)
     lock_lease: Duration = timedelta(seconds=30)
     """How long a dispatched job stays locked without a heartbeat; at least 4 heartbeats."""
+    lease_fence: bool = False
+    """Stop a job this worker could not renew for ``lock_lease - heartbeat_interval``
+    (cut off from the database), before the leader can reclaim it and another worker
+    run it alongside: its attempt fails with ``LeaseLost`` and is retried. Off by
+    default: a database outage longer than that then stops every running job."""
     maintenance_interval: Duration = timedelta(seconds=1)
     """Leader only: cadence of scheduled -> pending promotion and the deadline/reclaim
     sweeps (Sweeps 1-2; tighter than a 30 s sweep so crash recovery is lease + 1 s)."""

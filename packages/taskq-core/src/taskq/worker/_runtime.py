@@ -29,6 +29,7 @@ from taskq.worker._watchdog import (
 )
 from taskq.worker.consumer import consumer_loop
 from taskq.worker.drain import drain_monitor_loop
+from taskq.worker.fence import lease_fence_loop
 from taskq.worker.health import HealthServer
 from taskq.worker.heartbeat import heartbeat_loop
 from taskq.worker.leader import MaintenanceLeader
@@ -220,6 +221,13 @@ class Worker:
                         sibling("credential-reload", self._reload_loop), name="taskq-reload"
                     )
                 )
+                if settings.lease_fence:
+                    background.append(
+                        group.create_task(
+                            sibling("lease-fence", lambda: lease_fence_loop(state)),
+                            name="taskq-lease-fence",
+                        )
+                    )
                 if settings.watchdog_enabled:
                     background.append(
                         group.create_task(

@@ -35,6 +35,10 @@ class ActiveJob:
     held_at: float = 0.0
     """Loop time (monotonic) when the dispatch handed the job to this worker: the wait
     for a slot here (prefetch) comes out of its deadline."""
+    lease_from: float = 0.0
+    """Loop time at or before which the database last set this job's lease: when the
+    dispatch that locked it, or the last heartbeat renewal that covered it, was sent
+    (the lease fence counts from here)."""
     ctx: Context | None = None
     task: asyncio.Task[None] | None = None
     release: Callable[[], None] | None = None
@@ -55,6 +59,9 @@ class ActiveJob:
     """Shutdown stopped it: hand it back for another attempt, not cancelled."""
     lost: bool = False
     """The lock was lost (reclaimed elsewhere): never write this job's outcome."""
+    fenced: bool = False
+    """The lease fence stopped it (its lease could not be renewed): the attempt is
+    written failed with ``LeaseLost``."""
     settling: bool = False
     """The actor finished and its outcome is being written: a lease not renewed
     meanwhile is that write, not a loss."""
@@ -179,8 +186,9 @@ class WorkerState:
             Scope.LOOP: self.loop_scope.current(),
         }
 
-    def hold(self, row: JobRow) -> None:
-        """Track a freshly dispatched job and queue it for a consumer.
+    def hold(self, row: JobRow, lease_from: float) -> None:
+        """Track a freshly dispatched job and queue it for a consumer (``lease_from``:
+        the loop time its dispatch was sent).
 
         A job reclaimed and dispatched again to this same worker may still
         have its old attempt running here: that attempt is lost, so it is
@@ -191,7 +199,7 @@ class WorkerState:
             previous.lost = True
             if previous.task is not None:
                 previous.task.cancel()
-        self.active[row.id] = ActiveJob(row, asyncio.get_running_loop().time())
+        self.active[row.id] = ActiveJob(row, asyncio.get_running_loop().time(), lease_from)
         self.queue.put_nowait(row)
 
     def release(self, job_id: UUID, active: ActiveJob) -> None:

@@ -26,7 +26,7 @@ from taskq._di import ResolvedActorScope, build_actor_scope, passthrough_scope
 from taskq.actor import CONTEXT_PARAMETER, Actor
 from taskq.backend import CancelPhase, JobStatus, SupportsTransactions
 from taskq.context import Context
-from taskq.errors import OutcomeNotRecorded, WorkerOwnershipMismatch
+from taskq.errors import LeaseLost, OutcomeNotRecorded, WorkerOwnershipMismatch
 from taskq.logs import bind_job_fields
 from taskq.models import DEADLINE_EXCEEDED, ErrorInfo, JobRow, SuccessWrite, from_valid_values
 from taskq.signals import RetryAfter, Snooze
@@ -110,6 +110,16 @@ def _ownership_lost(row: JobRow, write: str) -> None:
         attempt=row.attempt,
         write=write,
         error=str(WorkerOwnershipMismatch()),
+    )
+
+
+def _lease_lost(state: WorkerState) -> LeaseLost:
+    settings = state.settings
+    margin = settings.lock_lease - settings.heartbeat_interval
+    return LeaseLost(
+        f"the worker could not renew this job's lease for {margin.total_seconds():g}s "
+        f"(cut off from the database) and stopped it before the lease could lapse, so "
+        f"that no other worker would run it at the same time"
     )
 
 
@@ -199,6 +209,9 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
                 state.settle(active)
     except asyncio.CancelledError as exc:
         if await _stopped(state, row, ctx, active):
+            return
+        if active is not None and active.fenced and state.active.get(row.id) is active:
+            await _fail(state, row, _lease_lost(state), actor.retry.delay(row.attempt), ctx)
             return
         task = asyncio.current_task()
         if task is None or task.cancelling():

@@ -42,7 +42,10 @@ async def heartbeat_once(state: WorkerState) -> None:
     cancellations."""
     backend, wid = state.backend, state.worker_id
     held = dict(state.active)
+    sent = asyncio.get_running_loop().time()
     renewed = await backend.heartbeat_jobs(wid, state.settings.lock_lease)
+    for active in held.values():  # known before it was sent: locked by then, so renewed
+        active.lease_from = max(active.lease_from, sent)
     if renewed > len(held):
         # Locked for this worker and unknown to it, unless a dispatch is on its way:
         # the producer looks, between two dispatches.

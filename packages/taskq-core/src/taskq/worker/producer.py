@@ -93,6 +93,7 @@ async def producer_loop(state: WorkerState) -> None:
             wanted = min(free, settings.dispatch_batch_size)
             # Cleared before dispatching: a NOTIFY arriving meanwhile sets it again.
             wake.clear()
+            sent = clock.time()
             try:
                 async with asyncio.timeout_at(max(deadline, clock.time() + bound / 4)):
                     jobs = await state.backend.dispatch_batch(
@@ -110,7 +111,7 @@ async def producer_loop(state: WorkerState) -> None:
                 continue
             guard.succeeded()
             for row in jobs:
-                state.hold(row)
+                state.hold(row, sent)
             # Only an empty dispatch means nothing is due. A short one may have skipped
             # rows other workers had locked (``SKIP LOCKED``) with more due behind them:
             # waiting for a wake there left a worker idle for a whole poll interval in

@@ -204,6 +204,11 @@ def test_a_duration_out_of_range_is_a_clear_setting_error() -> None:
             {"TASKQ_CRON_CATCH_UP": "1ms"},
             r"settings \(TASKQ_CRON_CATCH_UP='1ms'\).*at least 2 x cron_interval",
         ),
+        # A fence stopping live jobs whenever a heartbeat is slow: 20 s <= 2 x (5 s + 5 s).
+        (
+            {"TASKQ_LEASE_FENCE": "true", "TASKQ_LOCK_LEASE": "20s"},
+            r"lease_fence on, lock_lease \(20.0s\) must exceed .* \(20.0s\)",
+        ),
         # A rule across settings names the ones given, not "setting settings".
         ({"TASKQ_LOCK_LEASE": "1s"}, r"invalid settings \(TASKQ_LOCK_LEASE='1s'\): lock_lease"),
     ],
@@ -214,6 +219,7 @@ def test_a_setting_no_worker_can_run_with_is_refused_at_start_up(
     with pytest.raises(SettingsError, match=error):
         WorkerSettings.load({}, env=env)
     WorkerSettings.load({}, env={"TASKQ_ARCHIVE_RETENTION": "3650d"})  # years are fine
+    WorkerSettings.load({}, env={"TASKQ_LEASE_FENCE": "true"})  # the defaults leave room
 
 
 async def test_a_health_port_already_taken_is_a_clear_error() -> None:

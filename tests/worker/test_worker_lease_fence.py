@@ -27,6 +27,7 @@ SETTINGS = {
     "poll_interval": "50ms",
     "heartbeat_interval": "500ms",
     "lock_lease": f"{LEASE}s",
+    "dispatcher_command_timeout": "400ms",
     # No sweep: nothing reclaims, so only this worker decides what happens to its jobs.
     "maintenance_interval": "1h",
     "lease_fence": "true",

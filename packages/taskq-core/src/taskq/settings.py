@@ -300,6 +300,17 @@ class WorkerSettings(BaseModel):
                 f"be below lock_lease ({self.lock_lease.total_seconds()}s): a loop blocked longer "
                 f"than the lease lets its jobs be reclaimed and run twice before the watchdog fires"
             )
+        if self.lease_fence:
+            # A healthy heartbeat renews at most interval + bound after the last send,
+            # and that renewal may take the bound to come back.
+            slowest = 2 * (self.heartbeat_interval + self.dispatcher_command_timeout)
+            if self.lock_lease <= slowest:
+                raise ValueError(
+                    f"with lease_fence on, lock_lease ({self.lock_lease.total_seconds()}s) "
+                    f"must exceed 2 x (heartbeat_interval + dispatcher_command_timeout) "
+                    f"({slowest.total_seconds()}s), or a slow but healthy heartbeat would stop "
+                    f"live jobs; raise lock_lease"
+                )
         if self.watchdog_enabled:
             self._check_staleness_budgets()
         return self

@@ -21,11 +21,14 @@ per-actor branches do not run::
                         identity-gated; then the batch is the head's first unlocked
                         limit_n jobs and every per-actor phase is skipped (round robin:
                         always false)
-    head                strict FIFO: head_rows with each job's position within its actor
+    running_keys        each actor's running identities, as an array
+    head                strict FIFO: head_rows but those whose identity is running, with
+                        each job's position within its actor
     head_admitted       strict FIFO: what the per-actor sample would admit from the head
     head_suffices       strict FIFO: the head gives limit_n jobs, or holds every due job
-    candidates          CROSS JOIN LATERAL per (queue, actor), LIMIT residual * oversample
-                        (strict FIFO: only when the head does not suffice)
+    candidates          CROSS JOIN LATERAL per (queue, actor), LIMIT residual * oversample,
+                        past the jobs whose identity is running (strict FIFO: only when
+                        the head does not suffice)
     queue_capacity      residual of each capped queue (queues.max_concurrent)
     admitted            jobs of queues with room whose identity is not running; then the
                         rank within a capped queue <= its residual; then identity dedup:
@@ -135,6 +138,8 @@ head AS (
     SELECT h.*,
            ROW_NUMBER() OVER (PARTITION BY h.queue, h.actor ORDER BY <ORDER:h>) AS actor_pos
     FROM head_rows h
+    LEFT JOIN running_keys rk ON rk.actor = h.actor
+    WHERE h.identity_key IS NULL OR h.identity_key <> ALL (coalesce(rk.keys, '{}'))
 ),
 head_candidates AS (
     SELECT h.id, h.actor, h.queue, h.priority, h.scheduled_at, h.identity_key, h.fairness_rank
@@ -145,7 +150,7 @@ head_candidates AS (
 ),<ADMIT:head_admitted:head_candidates>
 head_suffices (ok) AS (
     SELECT (SELECT count(*) FROM head_admitted) >= p.limit_n
-           OR (SELECT count(*) FROM head) < p.limit_n * p.oversample
+           OR (SELECT count(*) FROM head_rows) < p.limit_n * p.oversample
     FROM params p
 ),
 candidates AS (
@@ -153,12 +158,14 @@ candidates AS (
            NULL::bigint AS fairness_rank
     FROM pending_actors pa
     JOIN per_actor_capacity pac ON pac.actor = pa.actor
+    LEFT JOIN running_keys rk ON rk.actor = pa.actor
     CROSS JOIN params p
     CROSS JOIN LATERAL (
         SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key
         FROM {schema}.jobs j
         WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
           AND j.scheduled_at <= p.now
+          AND (j.identity_key IS NULL OR j.identity_key <> ALL (coalesce(rk.keys, '{}')))
         ORDER BY j.priority DESC, j.scheduled_at, j.id
         LIMIT pac.residual * p.oversample
     ) c
@@ -218,6 +225,7 @@ candidates AS (
            ) + c.running) * 4294967296 + c.turn AS fairness_rank
     FROM pending_actors pa
     JOIN per_actor_capacity pac ON pac.actor = pa.actor
+    LEFT JOIN running_keys rk ON rk.actor = pa.actor
     CROSS JOIN params p
     CROSS JOIN running_unkeyed ru
     CROSS JOIN LATERAL (
@@ -242,6 +250,7 @@ candidates AS (
             LEFT JOIN cohort_state cs ON cs.fairness_key = j.fairness_key
             WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
               AND j.scheduled_at <= p.now
+              AND (j.identity_key IS NULL OR j.identity_key <> ALL (coalesce(rk.keys, '{}')))
         ) f
         ORDER BY (f.cohort_rank + f.running) * 4294967296 + f.turn, f.priority DESC,
                  f.scheduled_at, f.id
@@ -335,6 +344,14 @@ running_identities AS (
     FROM {schema}.jobs j
     WHERE j.status = 'running' AND j.identity_key IS NOT NULL
       AND j.actor IN (SELECT pa.actor FROM pending_actors pa WHERE pa.actor IS NOT NULL)
+),
+-- Per actor, its running identities: the samples skip their waiting jobs, which
+-- would otherwise fill a sample for as long as the identity runs, hiding every
+-- job behind them (a per-customer backlog stalled the actor's queue).
+running_keys AS (
+    SELECT ri.actor, array_agg(ri.identity_key) AS keys
+    FROM running_identities ri
+    GROUP BY ri.actor
 ),
 per_actor_capacity AS (
     SELECT a.actor,

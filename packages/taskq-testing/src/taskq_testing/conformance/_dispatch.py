@@ -485,6 +485,23 @@ class DispatchTests:
         rows = await backend.dispatch_batch(worker, ["q2"], 10, LONG_LEASE)
         assert [row.id for row in rows] == [waiting.id]
 
+    @covers("dispatch_batch", "configure_queue")
+    @pytest.mark.parametrize("mode", ["strict_fifo", "round_robin"])
+    async def test_jobs_waiting_on_a_running_identity_do_not_hide_the_jobs_behind_them(
+        self, backend: Backend, mode: str
+    ) -> None:
+        await backend.configure_queue(QueueConfig(queue="q", mode=mode))
+        worker = uuid4()
+        await enqueue_and_dispatch(backend, worker_id=worker, identity_key="user-1")
+        # More of them than any sample of the head a small dispatch reads.
+        for _ in range(12):
+            await backend.enqueue(make_args(queue="q", identity_key="user-1"))
+        other = await backend.enqueue(make_args(queue="q", identity_key="user-2"))
+        plain = await backend.enqueue(make_args(queue="q"))
+        first = await backend.dispatch_batch(worker, ["q"], 1, LONG_LEASE)
+        second = await backend.dispatch_batch(worker, ["q"], 1, LONG_LEASE)
+        assert {row.id for row in first + second} == {other.id, plain.id}
+
     # -- heartbeats ---------------------------------------------------------------------
 
     @covers("heartbeat_jobs")

@@ -23,7 +23,7 @@ SETTINGS = {
     "poll_interval": "50ms",
     "heartbeat_interval": "500ms",
     "lock_lease": "2s",
-    "dispatcher_command_timeout": "400ms",
+    "dispatcher_command_timeout": "300ms",
     "maintenance_interval": "100ms",
 }
 

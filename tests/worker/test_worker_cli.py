@@ -204,10 +204,10 @@ def test_a_duration_out_of_range_is_a_clear_setting_error() -> None:
             {"TASKQ_CRON_CATCH_UP": "1ms"},
             r"settings \(TASKQ_CRON_CATCH_UP='1ms'\).*at least 2 x cron_interval",
         ),
-        # A fence stopping live jobs whenever a heartbeat is slow: 20 s <= 2 x (5 s + 5 s).
+        # A fence stopping live jobs on a slow database: 25 s <= 3 x 5 s + 2 x 5 s.
         (
-            {"TASKQ_LEASE_FENCE": "true", "TASKQ_LOCK_LEASE": "20s"},
-            r"lease_fence on, lock_lease \(20.0s\) must exceed .* \(20.0s\)",
+            {"TASKQ_LEASE_FENCE": "true", "TASKQ_LOCK_LEASE": "25s"},
+            r"lease_fence on, lock_lease \(25.0s\) must exceed .* \(25.0s\)",
         ),
         # A rule across settings names the ones given, not "setting settings".
         ({"TASKQ_LOCK_LEASE": "1s"}, r"invalid settings \(TASKQ_LOCK_LEASE='1s'\): lock_lease"),

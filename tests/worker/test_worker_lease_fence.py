@@ -27,7 +27,7 @@ SETTINGS = {
     "poll_interval": "50ms",
     "heartbeat_interval": "500ms",
     "lock_lease": f"{LEASE}s",
-    "dispatcher_command_timeout": "400ms",
+    "dispatcher_command_timeout": "300ms",
     # No sweep: nothing reclaims, so only this worker decides what happens to its jobs.
     "maintenance_interval": "1h",
     "lease_fence": "true",
@@ -92,7 +92,7 @@ async def test_a_running_job_is_stopped_before_its_lease_can_lapse_then_retried(
         first = (await tq.client.get_attempts(job.id))[0]
         assert first.outcome == "failed" and first.error is not None
         assert first.error.error_class.endswith("LeaseLost")
-        assert "could not renew this job's lease" in first.error.message
+        assert "no confirmed renewal of this job's lease" in first.error.message
 
 
 async def test_a_sync_actor_is_told_through_its_cancel_event() -> None:
@@ -119,6 +119,75 @@ async def test_a_sync_actor_is_told_through_its_cancel_event() -> None:
             backend.away = False
             row = await _until(tq, job, JobStatus.SUCCEEDED)
         assert row.attempt == 2
+
+
+async def test_a_job_a_stop_asked_to_stop_is_fenced_all_the_same() -> None:
+    # A stop's CANCELLING phase only sets the cancel event: the job's code runs on
+    # until FORCING, past the lease when the grace is long.
+    stopped_at: list[float] = []
+
+    @actor(name="deaf", max_attempts=3, retry_backoff=_no_wait)
+    async def deaf(payload: dict[str, Any]) -> None:
+        try:
+            await asyncio.sleep(30)  # does not look at its cancel event
+        except asyncio.CancelledError:
+            stopped_at.append(asyncio.get_running_loop().time())
+            raise
+
+    backend = CutOff()
+    tq = TaskQ("memory://", actors=[deaf], backend=backend)
+    settings = {**SETTINGS, "drain_grace_period": "100ms", "cancellation_grace_period": "20s"}
+    async with tq:
+        job = await tq.client.enqueue(deaf, {})
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        run = asyncio.create_task(worker.run())
+        await _until(tq, job, JobStatus.RUNNING)
+        backend.away = True
+        cut = asyncio.get_running_loop().time()
+        worker.stop()
+        async with asyncio.timeout(10):
+            while not stopped_at:  # noqa: ASYNC110 - waiting on the actor's own record
+                await asyncio.sleep(0.02)
+        assert stopped_at[0] < cut + LEASE
+        backend.away = False
+        await asyncio.wait_for(run, 10)
+        row = await _until(tq, job, JobStatus.PENDING)
+        # Handed back, as the stop would have: its budget untouched.
+        assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["interrupted"]
+        assert row.attempt == 1
+
+
+async def test_an_outcome_written_before_the_actor_starts_is_not_cut_short() -> None:
+    # Cancelled by its user while it waited for a slot: the consumer only writes
+    # ``cancelled``, which retries while the database is away; no code of the job runs,
+    # so there is nothing to fence.
+    release = asyncio.Event()
+
+    @actor(name="step", max_attempts=3)
+    async def step(payload: dict[str, Any]) -> None:
+        await release.wait()
+
+    backend = CutOff()
+    tq = TaskQ("memory://", actors=[step], backend=backend)
+    async with tq:
+        first = await tq.client.enqueue(step, {})
+        second = await tq.client.enqueue(step, {})
+        async with _running(tq, concurrency="1", prefetch="1") as worker:
+            await _until(tq, second, JobStatus.RUNNING)  # locked here, waiting for the slot
+            await tq.client.cancel(second.id)
+            assert worker._state is not None
+            async with asyncio.timeout(5):  # seen by the worker's heartbeat
+                while not (held := worker._state.active.get(second.id)) or not (  # noqa: ASYNC110
+                    held.cancel_requested
+                ):
+                    await asyncio.sleep(0.02)
+            backend.away = True
+            release.set()  # the first returns; the second starts, only to write `cancelled`
+            await asyncio.sleep(LEASE + 0.5)
+            backend.away = False
+            await _until(tq, first, JobStatus.SUCCEEDED)
+            await _until(tq, second, JobStatus.CANCELLED)
+        assert [a.outcome for a in await tq.client.get_attempts(second.id)] == ["cancelled"]
 
 
 async def test_a_job_waiting_for_a_slot_is_let_go_unstarted_and_handed_back() -> None:

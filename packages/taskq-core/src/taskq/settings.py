@@ -125,10 +125,12 @@ class WorkerSettings(BaseModel):
     lock_lease: Duration = timedelta(seconds=30)
     """How long a dispatched job stays locked without a heartbeat; at least 4 heartbeats."""
     lease_fence: bool = False
-    """Stop a job this worker could not renew for ``lock_lease - heartbeat_interval``
-    (cut off from the database), before the leader can reclaim it and another worker
-    run it alongside: its attempt fails with ``LeaseLost`` and is retried. Off by
-    default: a database outage longer than that then stops every running job."""
+    """Stop a job whose lease this worker has had no confirmed renewal of for
+    ``lock_lease - heartbeat_interval`` (cut off from the database), before the leader
+    can reclaim it and another worker run it alongside: its attempt fails with
+    ``LeaseLost`` and is retried. Needs ``lock_lease`` above 3 x
+    ``dispatcher_command_timeout`` + 2 x ``heartbeat_interval``. Off by default: a
+    database outage longer than that then stops every running job."""
     maintenance_interval: Duration = timedelta(seconds=1)
     """Leader only: cadence of scheduled -> pending promotion and the deadline/reclaim
     sweeps (Sweeps 1-2; tighter than a 30 s sweep so crash recovery is lease + 1 s)."""
@@ -301,15 +303,19 @@ class WorkerSettings(BaseModel):
                 f"than the lease lets its jobs be reclaimed and run twice before the watchdog fires"
             )
         if self.lease_fence:
-            # A healthy heartbeat renews at most interval + bound after the last send,
-            # and that renewal may take the bound to come back.
-            slowest = 2 * (self.heartbeat_interval + self.dispatcher_command_timeout)
+            # A job's lease counts from when its dispatch was sent. On a slow but healthy
+            # database the dispatch takes up to the bound, the heartbeat tick under way
+            # (which does not know the job yet) the bound again, then a sleep, then the
+            # renewal that covers the job the bound once more; the fence falls one
+            # heartbeat before the lease ends.
+            bound, interval = self.dispatcher_command_timeout, self.heartbeat_interval
+            slowest = 3 * bound + 2 * interval
             if self.lock_lease <= slowest:
                 raise ValueError(
                     f"with lease_fence on, lock_lease ({self.lock_lease.total_seconds()}s) "
-                    f"must exceed 2 x (heartbeat_interval + dispatcher_command_timeout) "
-                    f"({slowest.total_seconds()}s), or a slow but healthy heartbeat would stop "
-                    f"live jobs; raise lock_lease"
+                    f"must exceed 3 x dispatcher_command_timeout + 2 x heartbeat_interval "
+                    f"({slowest.total_seconds()}s), or a slow but healthy database would "
+                    f"have live jobs stopped; raise lock_lease"
                 )
         if self.watchdog_enabled:
             self._check_staleness_budgets()

@@ -113,13 +113,21 @@ def _ownership_lost(row: JobRow, write: str) -> None:
     )
 
 
+def _settle_unstarted(state: WorkerState, active: ActiveJob | None) -> None:
+    """The job will not start: only its outcome write is left, which nothing that stops
+    running code (the lease fence, a forced cancel, a stop) may cut short."""
+    if active is not None:
+        state.settle(active)
+
+
 def _lease_lost(state: WorkerState) -> LeaseLost:
     settings = state.settings
     margin = settings.lock_lease - settings.heartbeat_interval
     return LeaseLost(
-        f"the worker could not renew this job's lease for {margin.total_seconds():g}s "
-        f"(cut off from the database) and stopped it before the lease could lapse, so "
-        f"that no other worker would run it at the same time"
+        f"the worker had no confirmed renewal of this job's lease for "
+        f"{margin.total_seconds():g}s (the database unreachable or too slow) and stopped "
+        f"it before the lease could lapse, so that no other worker would run it at the "
+        f"same time"
     )
 
 
@@ -147,8 +155,10 @@ async def execute(state: WorkerState, row: JobRow) -> None:
 
 async def _execute(state: WorkerState, row: JobRow) -> None:
     backend, wid = state.backend, state.worker_id
+    active = state.active.get(row.id)
     actor = state.actors.get(row.actor)
     if actor is None:
+        _settle_unstarted(state, active)
         _log.warning("taskq.unknown-actor", known=sorted(state.actors))
         state.met_unknown_actor = True
         # Handed back unrun, its attempt given back, recorded as what it was (it read
@@ -167,6 +177,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         # The same payload fails every time: no retry. A validator that raised other
         # than a validation error (a model changed since the enqueue) is said as such,
         # where it read as an outcome that could not be recorded.
+        _settle_unstarted(state, active)
         await _fail(state, row, exc, retry_delay=None)
         return
 
@@ -181,7 +192,6 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
             _ownership_lost(row, "progress")
 
     ctx = Context(row, _log, state.client, record_progress)
-    active = state.active.get(row.id)
     if active is not None:
         active.ctx = ctx
         if active.cancel_requested or active.interrupted:
@@ -192,12 +202,14 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         passthrough[CONTEXT_PARAMETER] = ctx
     if active is not None and active.cancel_requested:
         # Cancelled while it waited for a slot here (prefetched): never started.
+        _settle_unstarted(state, active)
         await _cancelled(state, row, ctx)
         return
     waited = 0.0 if active is None else asyncio.get_running_loop().time() - active.held_at
     limit = _attempt_limit(row, waited)
     if limit is not None and limit.seconds <= 0:
         # Dispatched past its deadline (before the sweep failed it): never started.
+        _settle_unstarted(state, active)
         await _fail_with(state, row, DEADLINE_EXCEEDED, retry_delay=None, ctx=ctx)
         return
     _log.debug("taskq.job-started")
@@ -211,7 +223,9 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         if await _stopped(state, row, ctx, active):
             return
         if active is not None and active.fenced and state.active.get(row.id) is active:
-            await _fail(state, row, _lease_lost(state), actor.retry.delay(row.attempt), ctx)
+            await _fail(
+                state, row, _lease_lost(state), actor.retry.delay(row.attempt), ctx, fenced=True
+            )
             return
         task = asyncio.current_task()
         if task is None or task.cancelling():
@@ -506,9 +520,11 @@ async def _fail(
     exc: BaseException,
     retry_delay: timedelta | None,
     ctx: Context | None = None,
+    *,
+    fenced: bool = False,
 ) -> None:
     info = ErrorInfo.from_exception(exc, traceback="".join(traceback.format_exception(exc)) or None)
-    await _fail_with(state, row, info, retry_delay, ctx)
+    await _fail_with(state, row, info, retry_delay, ctx, fenced=fenced)
 
 
 async def _fail_with(
@@ -517,6 +533,8 @@ async def _fail_with(
     info: ErrorInfo,
     retry_delay: timedelta | None,
     ctx: Context | None = None,
+    *,
+    fenced: bool = False,
 ) -> None:
     after = await write_retrying(
         state,
@@ -533,7 +551,10 @@ async def _fail_with(
     )
     # A no-op returns the row as someone else left it: not our attempt's error.
     if after is not None and not (after.attempt == row.attempt and after.error == info):
-        _ownership_lost(row, "failed_or_retry")
+        if fenced:  # stopped before the reclaim, as the fence is for: not a lost lock
+            _log.info("taskq.fenced-job-reclaimed", status=after.status.value)
+        else:
+            _ownership_lost(row, "failed_or_retry")
 
 
 async def _stopped(

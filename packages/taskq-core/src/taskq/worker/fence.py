@@ -11,9 +11,12 @@ database set the lease at or after that moment, so it cannot lapse sooner). A
 job still waiting for a slot is let go unstarted; a running one is cancelled
 (``ctx.cancel_event`` set for sync actors, which cannot be stopped otherwise) and,
 once the database answers, its attempt is written failed with :class:`LeaseLost`
-and retried as any failure is. Where the leader reclaimed it first, that write
-is a no-op. The price: a database outage longer than the lease stops running
-jobs on every worker, hence off by default.
+and retried as any failure is (handed back, if a shutdown had asked it to stop).
+Where the leader reclaimed it first, that write is a no-op. The price: a
+database outage longer than the lease stops running jobs on every worker, hence
+off by default. What no cancellation stops runs on: a sync actor that does not
+look at its cancel event, and threads an async actor started
+(``asyncio.to_thread``).
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ _log = structlog.get_logger("taskq.worker")
 
 
 def _fenceable(active: ActiveJob) -> bool:
-    """Not already let go, nor past its actor (an outcome write holds no running code),
-    nor stopping for another reason (a second cancel would cut that write short)."""
+    """Not already let go, nor down to its outcome write (no code of the job runs), nor
+    with its task cancelled already (a second cancel would cut that write short). A job
+    a shutdown asked to stop (``interrupted``) runs on until its task is cancelled: it
+    is fenced as any other, and handed back."""
     if active.lost or active.fenced or active.settling:
         return False
     task = active.task
@@ -41,7 +46,6 @@ def _fenceable(active: ActiveJob) -> bool:
     return (
         not task.done()
         and task.cancelling() == 0
-        and not active.interrupted
         and active.cancel_phase < CancelPhase.ABANDON_PENDING
     )
 
@@ -61,8 +65,11 @@ def fence_lapsing(state: WorkerState, now: float, window: float) -> float | None
         since = round(now - active.lease_from, 3)
         if active.task is None:
             _log.warning("taskq.lease-fenced", job_id=str(job_id), started=False, since=since)
-            active.lost = True  # the consumer skips it; the lock is the leader's to reclaim
+            active.lost = True  # the consumer skips it
             state.release(job_id, active)
+            # Still locked for this worker if no reclaim came first: the producer asks
+            # the backend, once it answers, and hands it back unstarted.
+            state.unheard_suspected = True
             continue
         _log.warning("taskq.lease-fenced", job_id=str(job_id), started=True, since=since)
         active.fenced = True

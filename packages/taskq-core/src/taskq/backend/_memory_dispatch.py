@@ -45,6 +45,10 @@ class RunningLoad:
         cap = caps.get(actor)
         return cap is not None and self.per_actor[actor] >= cap
 
+    def identity_running(self, job: JobRow) -> bool:
+        """Whether a job of ``job``'s actor and identity is running (so it must wait)."""
+        return job.identity_key is not None and (job.actor, job.identity_key) in self.identities
+
     def add(self, job: JobRow) -> None:
         self.per_actor[job.actor] += 1
         self.per_queue[job.queue] += 1

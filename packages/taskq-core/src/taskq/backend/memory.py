@@ -244,10 +244,14 @@ class InMemoryBackend:
         }
         load = RunningLoad.of(self._jobs.values())
         actor_caps = {name: cfg.max_concurrent for name, cfg in self._actors.items()}
-        # As the Postgres CTE samples only actors with room: the jobs of an actor at its
-        # cap take no place in the fairness ranks.
+        # As the Postgres CTE samples only actors with room, past the jobs waiting on a
+        # running identity: neither takes a place in the fairness ranks.
         ranked = dispatch_order(
-            (row for row in due if not load.actor_full(row.actor, actor_caps)),
+            (
+                row
+                for row in due
+                if not load.actor_full(row.actor, actor_caps) and not load.identity_running(row)
+            ),
             round_robin,
             load,
             self._turns.turns(),

@@ -21,7 +21,6 @@ per-actor branches do not run::
                         identity-gated; then the batch is the head's first unlocked
                         limit_n jobs and every per-actor phase is skipped (round robin:
                         always false)
-    running_keys        each actor's running identities, as an array
     head                strict FIFO: head_rows but those whose identity is running, with
                         each job's position within its actor
     head_admitted       strict FIFO: what the per-actor sample would admit from the head
@@ -138,8 +137,7 @@ head AS (
     SELECT h.*,
            ROW_NUMBER() OVER (PARTITION BY h.queue, h.actor ORDER BY <ORDER:h>) AS actor_pos
     FROM head_rows h
-    LEFT JOIN running_keys rk ON rk.actor = h.actor
-    WHERE h.identity_key IS NULL OR h.identity_key <> ALL (coalesce(rk.keys, '{}'))
+    WHERE <WAITS_NOT:h>
 ),
 head_candidates AS (
     SELECT h.id, h.actor, h.queue, h.priority, h.scheduled_at, h.identity_key, h.fairness_rank
@@ -158,14 +156,13 @@ candidates AS (
            NULL::bigint AS fairness_rank
     FROM pending_actors pa
     JOIN per_actor_capacity pac ON pac.actor = pa.actor
-    LEFT JOIN running_keys rk ON rk.actor = pa.actor
     CROSS JOIN params p
     CROSS JOIN LATERAL (
         SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key
         FROM {schema}.jobs j
         WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
           AND j.scheduled_at <= p.now
-          AND (j.identity_key IS NULL OR j.identity_key <> ALL (coalesce(rk.keys, '{}')))
+          AND <WAITS_NOT:j>
         ORDER BY j.priority DESC, j.scheduled_at, j.id
         LIMIT pac.residual * p.oversample
     ) c
@@ -225,7 +222,6 @@ candidates AS (
            ) + c.running) * 4294967296 + c.turn AS fairness_rank
     FROM pending_actors pa
     JOIN per_actor_capacity pac ON pac.actor = pa.actor
-    LEFT JOIN running_keys rk ON rk.actor = pa.actor
     CROSS JOIN params p
     CROSS JOIN running_unkeyed ru
     CROSS JOIN LATERAL (
@@ -250,7 +246,7 @@ candidates AS (
             LEFT JOIN cohort_state cs ON cs.fairness_key = j.fairness_key
             WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
               AND j.scheduled_at <= p.now
-              AND (j.identity_key IS NULL OR j.identity_key <> ALL (coalesce(rk.keys, '{}')))
+              AND <WAITS_NOT:j>
         ) f
         ORDER BY (f.cohort_rank + f.running) * 4294967296 + f.turn, f.priority DESC,
                  f.scheduled_at, f.id
@@ -344,14 +340,6 @@ running_identities AS (
     FROM {schema}.jobs j
     WHERE j.status = 'running' AND j.identity_key IS NOT NULL
       AND j.actor IN (SELECT pa.actor FROM pending_actors pa WHERE pa.actor IS NOT NULL)
-),
--- Per actor, its running identities: the samples skip their waiting jobs, which
--- would otherwise fill a sample for as long as the identity runs, hiding every
--- job behind them (a per-customer backlog stalled the actor's queue).
-running_keys AS (
-    SELECT ri.actor, array_agg(ri.identity_key) AS keys
-    FROM running_identities ri
-    GROUP BY ri.actor
 ),
 per_actor_capacity AS (
     SELECT a.actor,
@@ -475,9 +463,20 @@ _ROUND_ROBIN_PARAMS: Final = """
            $11::bigint AS unkeyed_turn, $12::bigint AS strict_turn, clock_timestamp() AS now"""
 
 
+# A pending job that waits on a running job of its actor and identity. The samples
+# skip them: a per-identity backlog otherwise filled each sample for as long as the
+# identity ran, hiding every job behind it. Uncorrelated, the NOT IN is one hashed
+# set probed per row, whatever the number of running identities.
+_WAITS_NOT: Final = """({a}.identity_key IS NULL
+           OR ({a}.actor, {a}.identity_key) NOT IN (
+               SELECT ri.actor, ri.identity_key FROM running_identities ri))"""
+
+
 def _ordered(sql: str, order: str) -> str:
-    """``sql`` with ``<WRITE>``, ``<JOB_COLUMNS>`` and every ``<ORDER:alias>`` filled in."""
+    """``sql`` with ``<WRITE>``, ``<JOB_COLUMNS>`` and every ``<ORDER:alias>`` and
+    ``<WAITS_NOT:alias>`` filled in."""
     sql = sql.replace("<WRITE>", _WRITE).replace("<JOB_COLUMNS>", job_columns("j"))
+    sql = re.sub(r"<WAITS_NOT:(\w+)>", lambda alias: _WAITS_NOT.replace("{a}", alias[1]), sql)
     return re.sub(r"<ORDER:(\w+)>", lambda alias: order.replace("{a}", alias[1]), sql)
 
 

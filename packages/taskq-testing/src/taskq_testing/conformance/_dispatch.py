@@ -502,6 +502,25 @@ class DispatchTests:
         second = await backend.dispatch_batch(worker, ["q"], 1, LONG_LEASE)
         assert {row.id for row in first + second} == {other.id, plain.id}
 
+    @covers("dispatch_batch", "configure_queue")
+    async def test_round_robin_ranks_a_cohort_past_its_jobs_waiting_on_a_running_identity(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+        worker = uuid4()
+        await enqueue_and_dispatch(backend, worker_id=worker, identity_key="k1")
+        # Cohort a's first job that can run is first in its ranks, level with b's first,
+        # and older: it goes first.
+        _, behind, _ = await _enqueue_spread(
+            backend,
+            advance_time,
+            {"queue": "rr", "identity_key": "k1", "fairness_key": "a"},
+            {"queue": "rr", "fairness_key": "a"},
+            {"queue": "rr", "fairness_key": "b"},
+        )
+        rows = await backend.dispatch_batch(worker, ["rr"], 1, LONG_LEASE)
+        assert [row.id for row in rows] == [behind.id]
+
     # -- heartbeats ---------------------------------------------------------------------
 
     @covers("heartbeat_jobs")

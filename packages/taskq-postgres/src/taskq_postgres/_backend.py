@@ -640,11 +640,15 @@ class PostgresBackend:
         with self._wake_for(conn) as channel:
             if not any(args.singleton for args in args_list):
                 db = conn if conn is not None else self._autocommit_db()
-                rows, _ = await insert_jobs(db, self._sql, args_list, wake_channel=channel)
-                return rows
-            async with self._transaction(conn) as tx:
-                await check_singletons(tx, self._sql, self.schema, args_list)
-                rows, _ = await insert_jobs(tx, self._sql, args_list, wake_channel=channel)
+                rows, new = await insert_jobs(db, self._sql, args_list, wake_channel=channel)
+            else:
+                async with self._transaction(conn) as tx:
+                    await check_singletons(tx, self._sql, self.schema, args_list)
+                    rows, new = await insert_jobs(tx, self._sql, args_list, wake_channel=channel)
+            if not new and channel is not None and conn is None:
+                # Known keys only: the statement notified nothing, yet leading a window
+                # it took over what earlier skipped enqueues were owed.
+                self._wakes.owe()
             return rows
 
     async def enqueue(self, args: EnqueueArgs) -> JobRow:

@@ -283,3 +283,115 @@ async def test_leaving_a_channel_does_not_wait_for_a_reconnect_to_a_stalled_serv
         finally:
             proxy.restore()
             await backend.close()
+
+
+def _listener(connect: Any) -> NotifyListener:
+    wake_channel, events_channel = (f"t_{uuid4().hex}" for _ in range(2))
+    return NotifyListener(
+        connect,
+        wake_channel,
+        events_channel,
+        health_check_interval=0.1,
+        initial_backoff=0.01,
+        transient=TRANSIENT_PG_ERRORS,
+    )
+
+
+async def _notify(dsn: str, channel: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("SELECT pg_notify($1, '')", channel)
+    finally:
+        await conn.close()
+
+
+async def test_a_listen_that_failed_on_a_healthy_connection_is_listened_to_again(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # The connection answered its health checks, so the keeper never reconnected: the
+    # channel stayed deaf, and with the loss still flagged the checks ran back to back.
+    listener = _listener(lambda: asyncpg.connect(pg_pooled_schema.dsn))
+    own_channel = f"t_{uuid4().hex}"
+    try:
+        async with listener.subscribe_worker_cancel(own_channel) as own:
+            conn = listener._conn
+            assert conn is not None
+            # What a LISTEN that failed leaves behind (_change_listener).
+            await conn.remove_listener(own_channel, listener._on_worker_event)
+            listener._lost.set()
+            await _until(lambda: listener.reconnects == 1)
+            own.clear()
+            await _notify(pg_pooled_schema.dsn, own_channel)
+            async with asyncio.timeout(5):
+                await own.wait()
+    finally:
+        await listener.close()
+
+
+async def test_a_connection_factory_failing_its_own_way_does_not_end_the_reconnects(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    made = 0
+
+    async def connect() -> asyncpg.Connection[Any]:
+        nonlocal made
+        made += 1
+        if made == 2:  # the first reconnect: a credentials provider's own error
+            raise RuntimeError("secret store unavailable")
+        return await asyncpg.connect(pg_pooled_schema.dsn)
+
+    listener = _listener(connect)
+    try:
+        async with listener.subscribe_wake() as wake:
+            assert listener._conn is not None
+            listener._conn.terminate()
+            await _until(lambda: listener.reconnects == 1)
+            assert made == 3
+            wake.clear()
+            await _notify(pg_pooled_schema.dsn, listener._wake_channel)
+            async with asyncio.timeout(5):
+                await wake.wait()
+    finally:
+        await listener.close()
+
+
+async def test_a_listen_waits_for_a_health_check_in_flight(pg_pooled_schema: PgSchema) -> None:
+    # Sent on the same connection while the check's SELECT 1 ran, the LISTEN failed
+    # ("another operation is in progress"), which cost a reconnect.
+    from urllib.parse import urlsplit
+
+    from taskq_testing.faults import TcpProxy
+
+    with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
+        listener = NotifyListener(
+            lambda: asyncpg.connect(proxy.through(pg_pooled_schema.dsn)),
+            f"t_{uuid4().hex}",
+            f"t_{uuid4().hex}",
+            health_check_interval=1.0,
+            transient=TRANSIENT_PG_ERRORS,
+        )
+        checks = 0
+        check = listener._healthy
+
+        async def counted() -> bool:
+            nonlocal checks
+            checks += 1
+            return await check()
+
+        listener._healthy = counted  # type: ignore[method-assign]
+        own_channel = f"t_{uuid4().hex}"
+        try:
+            async with listener.subscribe_wake():
+                proxy.stall()
+                await _until(lambda: checks >= 1, 5)
+                await asyncio.sleep(0.05)  # its SELECT 1 is on the wire, stalled
+                asyncio.get_running_loop().call_later(0.3, proxy.restore)
+                async with listener.subscribe_worker_cancel(own_channel) as own:
+                    own.clear()
+                    await _notify(pg_pooled_schema.dsn, own_channel)
+                    async with asyncio.timeout(5):
+                        await own.wait()
+                assert listener.reconnects == 0
+        finally:
+            proxy.restore()
+            await listener.close()

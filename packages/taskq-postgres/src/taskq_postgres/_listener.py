@@ -183,7 +183,9 @@ class NotifyListener:
         if conn is None or conn.is_closed():
             return False
         try:
-            async with asyncio.timeout(self._health_check_interval):
+            # Under the lock: a worker channel's LISTEN sent meanwhile on the same
+            # connection failed ("another operation is in progress").
+            async with self._lock, asyncio.timeout(self._health_check_interval):
                 await conn.fetchval("SELECT 1")
         # Any failure means "replace the connection", not only the transient
         # tuple: between a server-side termination and the socket's EOF asyncpg
@@ -200,7 +202,10 @@ class NotifyListener:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._health_check_interval):
                     await self._lost.wait()
-            if await self._healthy():
+            # Set, and the connection healthy: a LISTEN failed on it. Only a reconnect
+            # listens to every channel again (and clears it: set, it had the checks
+            # run back to back).
+            if not self._lost.is_set() and await self._healthy():
                 continue
             await self._drop()
             delay = self._initial_backoff
@@ -216,7 +221,9 @@ class NotifyListener:
                         else:
                             await self._install(conn)
                     break
-                except self._transient as exc:
+                except Exception as exc:  # noqa: BLE001 - never give up: see below
+                    # Not only the transient tuple: a connection factory's own error (a
+                    # credentials provider's) ended the keeper, and NOTIFY never came back.
                     _log.warning("taskq.notify-reconnect-failed", error=repr(exc), retry_in=delay)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, MAX_BACKOFF)

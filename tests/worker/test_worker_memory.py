@@ -581,6 +581,32 @@ async def test_a_payload_validator_raising_a_type_error_fails_the_job_with_that_
     assert (row.error.error_class, row.attempt) == ("TypeError", 1)
 
 
+async def test_progress_no_backend_can_store_is_refused_and_forgotten() -> None:
+    # Kept on the context though refused, it went with every outcome write: the job
+    # failed for good (OutcomeNotRecorded), whether or not the actor carried on.
+    @actor(name="carries_on", max_attempts=3)
+    async def carries_on(payload: dict[str, Any], ctx: Context) -> str:
+        await ctx.progress({"done": 1})
+        with pytest.raises(ValueError, match="not a JSON number"):
+            await ctx.progress({"ratio": float("nan")})
+        return "done"
+
+    @actor(name="lets_it_raise", max_attempts=3, retry_backoff=lambda _: timedelta(0))
+    async def lets_it_raise(payload: dict[str, Any], ctx: Context) -> None:
+        await ctx.progress({"ratio": float("inf")})
+
+    tq = TaskQ("memory://", actors=[carries_on, lets_it_raise])
+    async with tq:
+        carried = await tq.client.enqueue(carries_on, {})
+        raised = await tq.client.enqueue(lets_it_raise, {})
+        await run_until_idle(tq)
+        done, failed = await tq.client.get(carried.id), await tq.client.get(raised.id)
+    assert done is not None and done.status == "succeeded" and done.progress_state == {"done": 1}
+    # The actor's own error, on every attempt.
+    assert failed is not None and failed.status == "failed" and failed.attempt == 3
+    assert failed.error is not None and failed.error.error_class == "ValueError"
+
+
 class _LoopValue:
     pass
 

@@ -8,6 +8,7 @@ from uuid import UUID
 
 import structlog
 
+from taskq.backend.storable import dump_json
 from taskq.models import EnqueueArgs, JobRow
 
 if TYPE_CHECKING:
@@ -51,7 +52,11 @@ class Context:
 
     async def progress(self, state: dict[str, Any]) -> None:
         """Persist progress now; each call gets a higher ``progress_seq`` (readers keep the
-        newest, so a late write can never roll progress back)."""
+        newest, so a late write can never roll progress back). ``ValueError`` for a
+        value no backend can store (a NaN): the progress stays as it was."""
+        # Checked before it becomes this attempt's progress, which every outcome write
+        # stores too: kept, it failed the job for good, even when the actor carried on.
+        dump_json(state)
         self.progress_seq += 1
         self.progress_state = dict(state)
         await self._record_progress(self.progress_seq, self.progress_state)

@@ -105,6 +105,24 @@ async def test_a_credential_reload_replaces_the_pinned_connection(
     assert await pinned_pid() != before
 
 
+async def test_the_first_enqueue_after_the_pinned_connection_closed_succeeds(
+    backend: PostgresBackend,
+) -> None:
+    # A server restart or an idle-session timeout ends the pinned session between two
+    # enqueues; the pool takes the closed connection back, and the next enqueue failed.
+    await backend.enqueue(EnqueueArgs(actor="a"))
+    async with backend.connection() as conn:
+        ended = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = $1 AND pid <> pg_backend_pid() "
+            "AND query LIKE '%INSERT INTO%'",
+            f"taskq-pool/{backend.instance_id}",
+        )
+    assert ended == 1
+    await asyncio.sleep(0.2)  # its end reaches the client
+    await backend.enqueue(EnqueueArgs(actor="a"))
+
+
 async def test_a_pool_of_one_connection_is_not_pinned(pg_pooled_schema: PgSchema) -> None:
     # Pinned, its only connection would leave nothing for the trailing wake or a caller.
     backend = PostgresBackend(

@@ -176,6 +176,16 @@ async def _release(pool: asyncpg.Pool[asyncpg.Record], conn: Proxy, deadline: fl
         await pool.release(conn, timeout=max(_left(deadline), _RELEASE_FLOOR))
 
 
+def _taken_back(conn: Proxy) -> bool:
+    """Whether the pool took ``conn`` back (asyncpg detaches a checked-out connection
+    that closes): then its every method refuses, with no I/O."""
+    try:
+        conn.is_closed()
+    except asyncpg.InterfaceError:
+        return True
+    return False
+
+
 class PinnedConnection:
     """One pool connection kept checked out for the backend's one-statement writes
     (a one-job enqueue), used while idle; a concurrent caller goes to the pool.
@@ -211,6 +221,10 @@ class PinnedConnection:
         conn = self._conn
         kept = False
         try:
+            if conn is not None and _taken_back(conn):
+                # It closed while pinned, and the pool took it back: every call on it
+                # would fail (the first enqueue after a restart did) without a statement.
+                conn = self._conn = None
             if conn is None:
                 conn = self._conn = await pool.acquire(timeout=budget)
             if deadline is None:

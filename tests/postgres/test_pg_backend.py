@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from taskq.backend import JobStatus
-from taskq.errors import SingletonCollisionError
+from taskq.errors import EnqueueError, SingletonCollisionError
 from taskq.models import AttemptRow, EnqueueArgs, JobFilter, JobRow, QueueConfig
 from taskq_postgres import PostgresBackend
 from taskq_testing.postgres import PgSchema
@@ -80,6 +80,40 @@ async def test_concurrent_singletons_admit_exactly_one(backend: PostgresBackend)
     refused = [r for r in results if isinstance(r, SingletonCollisionError)]
     assert (len(admitted), len(refused)) == (1, 7), results
     assert len(await backend.list_jobs(JobFilter(identity_key="user-1"))) == 1
+
+
+async def test_a_singleton_in_a_callers_repeatable_read_transaction_is_refused(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    # Its snapshot predates the singleton lock: a competing enqueue that committed while
+    # it waited went unseen, and the identity had two active jobs.
+    conn = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        async with conn.transaction(isolation="repeatable_read"):
+            with pytest.raises(EnqueueError, match="needs a READ COMMITTED transaction"):
+                await backend.enqueue_with_conn(
+                    conn, EnqueueArgs(actor="a", identity_key="k", singleton=True)
+                )
+    finally:
+        await conn.close()
+
+
+async def test_singletons_on_a_server_defaulting_to_repeatable_read_still_collide(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # The backend's own transactions state their isolation.
+    backend = PostgresBackend(
+        f"{pg_pooled_schema.dsn}?default_transaction_isolation=repeatable%20read",
+        schema=pg_pooled_schema.name,
+    )
+    await backend.open()
+    try:
+        args = EnqueueArgs(actor="a", identity_key="k", singleton=True)
+        await backend.enqueue(args)
+        with pytest.raises(SingletonCollisionError):
+            await backend.enqueue(args.model_copy(update={"id": uuid4()}))
+    finally:
+        await backend.close()
 
 
 async def test_a_singleton_collision_hints_when_to_retry(backend: PostgresBackend) -> None:

@@ -20,6 +20,7 @@ from taskq import EnqueueItem, actor
 from taskq.actor import Actor
 from taskq.errors import (
     ConfigurationError,
+    EnqueueError,
     MaxPendingExceededError,
     PayloadValidationError,
     SingletonCollisionError,
@@ -166,6 +167,32 @@ def test_singletons_collide(client: SyncJobsClient) -> None:
     client.enqueue(item, {"n": 1}, identity_key="only", singleton=True)
     with pytest.raises(SingletonCollisionError, match="identity_key 'only'"):
         client.enqueue(item, {"n": 2}, identity_key="only", singleton=True)
+
+
+def test_singletons_on_a_server_defaulting_to_repeatable_read_still_collide(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # The client's own transactions state their isolation: under the server's default
+    # of REPEATABLE READ the check's snapshot would predate the lock.
+    dsn = (
+        f"{pg_pooled_schema.dsn}?options=-c%20default_transaction_isolation%3Drepeatable%5C%20read"
+    )
+    with SyncJobsClient(dsn, actors=ACTORS, schema=pg_pooled_schema.name) as client:
+        client.enqueue(item, {"n": 1}, identity_key="only", singleton=True)
+        with pytest.raises(SingletonCollisionError):
+            client.enqueue(item, {"n": 2}, identity_key="only", singleton=True)
+
+
+def test_a_singleton_in_a_callers_repeatable_read_transaction_is_refused(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    with psycopg.connect(pg_pooled_schema.dsn) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        caller = SyncJobsClient(conn, actors=ACTORS, schema=pg_pooled_schema.name)
+        with pytest.raises(EnqueueError, match="needs a READ COMMITTED transaction"):
+            caller.enqueue(item, {"n": 1}, identity_key="only", singleton=True)
+        conn.rollback()
+    assert _stored(pg_pooled_schema) == []
 
 
 def test_bad_input_writes_nothing(client: SyncJobsClient, pg_pooled_schema: PgSchema) -> None:

@@ -109,7 +109,7 @@ from taskq_postgres._sql.cancel import FILTER_TOKEN
 from taskq_postgres._sql.reads import WHERE_TOKEN
 from taskq_postgres._statements import statements_for
 from taskq_postgres._transient import TRANSIENT_PG_ERRORS
-from taskq_postgres._wake import WakeCoalescer
+from taskq_postgres._wake import EnqueueWake, WakeCoalescer
 from taskq_postgres.channels import (
     events_channel,
     wake_channel,
@@ -578,7 +578,12 @@ class PostgresBackend:
             async with conn.transaction():
                 yield conn
             return
-        async with self._require_bounded().acquire() as pooled, pooled.transaction():
+        # Stated, not the server's default: the singleton check needs a fresh snapshot
+        # per statement.
+        async with (
+            self._require_bounded().acquire() as pooled,
+            pooled.transaction(isolation="read_committed"),
+        ):
             yield pooled
 
     # -- configuration -------------------------------------------------------------
@@ -637,7 +642,8 @@ class PostgresBackend:
 
     async def _enqueue(self, conn: Connection, args_list: Sequence[EnqueueArgs]) -> list[JobRow]:
         refuse_keyless_singletons(args_list)
-        with self._wake_for(conn) as channel:
+        wake = self._wake_for(conn)
+        with wake as channel:
             if not any(args.singleton for args in args_list):
                 db = conn if conn is not None else self._autocommit_db()
                 rows, new = await insert_jobs(db, self._sql, args_list, wake_channel=channel)
@@ -645,10 +651,8 @@ class PostgresBackend:
                 async with self._transaction(conn) as tx:
                     await check_singletons(tx, self._sql, self.schema, args_list)
                     rows, new = await insert_jobs(tx, self._sql, args_list, wake_channel=channel)
-            if not new and channel is not None and conn is None:
-                # Known keys only: the statement notified nothing, yet leading a window
-                # it took over what earlier skipped enqueues were owed.
-                self._wakes.owe()
+            if not new and isinstance(wake, EnqueueWake):
+                wake.notified_nothing()
             return rows
 
     async def enqueue(self, args: EnqueueArgs) -> JobRow:
@@ -688,7 +692,8 @@ class PostgresBackend:
 
     async def enqueue_with_conn(self, conn: Connection, args: EnqueueArgs) -> JobRow:
         """``enqueue`` on the caller's connection: the job exists (and the workers are
-        woken) only if the caller's transaction commits."""
+        woken) only if the caller's transaction commits. A singleton needs that
+        transaction to be READ COMMITTED (``EnqueueError`` otherwise)."""
         if conn is None:
             # None means "no caller's transaction" to _enqueue: the job would commit at once.
             raise TypeError("enqueue_with_conn needs the caller's connection; use enqueue")

@@ -24,7 +24,7 @@ import asyncpg
 
 from taskq.backend.statemachine import JobStatus
 from taskq.backend.storable import clean_text, dump_json, load_json
-from taskq.errors import SingletonCollisionError
+from taskq.errors import EnqueueError, SingletonCollisionError
 from taskq.identifiers import check_identifier
 from taskq.models import EnqueueArgs, JobRow, from_valid_values
 from taskq_postgres._rows import job_row
@@ -446,7 +446,15 @@ def plan_check_singletons(
     if not singles:
         return
     lock_keys = sorted({f"taskq:singleton:{schema}:{a.actor}:{a.identity_key}" for a in singles})
-    yield Query("fetchval", sql.singleton_locks, (lock_keys,))
+    isolation = yield Query("fetchval", sql.singleton_locks, (lock_keys,))
+    if isolation != "read committed":
+        # Its snapshot predates the lock: a competing enqueue that committed while this
+        # one waited would go unseen, and the identity would have two active jobs.
+        raise EnqueueError(
+            f"a singleton enqueue needs a READ COMMITTED transaction, not {isolation.upper()}: "
+            f"it could not see a competing enqueue; enqueue it in a READ COMMITTED "
+            f"transaction (or on its own)"
+        )
     # Copied jobs had no idempotent hits: a used key failed the COPY.
     keyed = (
         []

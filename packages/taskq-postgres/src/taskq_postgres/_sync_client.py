@@ -61,7 +61,8 @@ class SyncJobsClient:
     ``target`` is a DSN (``postgresql://…``; the client opens one connection of its
     own, closed by :meth:`close` or ``with``) or a caller's ``psycopg.Connection``,
     whose transaction the jobs join (a savepoint where one is open; left open for
-    the caller to commit). ``actors`` are the application's, which payloads are
+    the caller to commit; a singleton needs it READ COMMITTED). ``actors`` are the
+    application's, which payloads are
     validated against (``TaskQ.actors.values()``); ``schema`` the TaskQ schema.
     ``poll_only`` sends no NOTIFY (as ``PostgresBackend(poll_only=True)``: for workers
     that poll, or to keep NOTIFY's commit lock off a heavy insert load).
@@ -218,12 +219,16 @@ class SyncJobsClient:
             self._dsn, invalid=(psycopg.ProgrammingError,), unavailable=(psycopg.OperationalError,)
         ):
             given = conninfo_to_dict(self._dsn).get("options") or os.environ.get("PGOPTIONS", "")
-            return psycopg.connect(
+            conn = psycopg.connect(
                 self._dsn,
                 autocommit=True,
                 application_name=f"taskq-sync/{uuid4().hex[:12]}",
                 options=f"{given} -c TimeZone=UTC -c jit=off".strip(),
             )
+        # Its own transactions: stated, not the server's default (the singleton check
+        # needs a fresh snapshot per statement).
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        return conn
 
     @contextmanager
     def _turn(self) -> Iterator[_Cursor]:

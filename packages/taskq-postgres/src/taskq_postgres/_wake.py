@@ -25,11 +25,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager
 
 import structlog
 
-__all__ = ["WakeCoalescer"]
+__all__ = ["EnqueueWake", "WakeCoalescer"]
 
 _log = structlog.get_logger("taskq.notify")
 
@@ -54,13 +53,14 @@ class WakeCoalescer:
         self._extended = False
         self._sending: set[asyncio.Task[None]] = set()
 
-    def around(self, channel: str) -> AbstractContextManager[str | None]:
+    def around(self, channel: str) -> EnqueueWake:
         """Around one enqueue whose commit the backend awaits: yields the channel its
         statement notifies, or None when a trailing NOTIFY is to cover it."""
+        owed = self._owed
         if self._claim():
-            return _Enqueue(self, channel)
+            return EnqueueWake(self, channel, took_over=owed)
         self._skipped_running += 1
-        return _Enqueue(self, None)
+        return EnqueueWake(self, None, took_over=False)
 
     def _skipped_finished(self) -> None:
         # Failed or not: a failed skipped enqueue may have committed all the same,
@@ -132,18 +132,25 @@ class WakeCoalescer:
             await self._notify()
 
 
-class _Enqueue:
+class EnqueueWake:
     """Around one enqueue: a class of its own rather than a generator, as one-at-a-time
     enqueues pay for every object and frame around their statement."""
 
-    __slots__ = ("_channel", "_wakes")
+    __slots__ = ("_channel", "_took_over", "_wakes")
 
-    def __init__(self, wakes: WakeCoalescer, channel: str | None) -> None:
+    def __init__(self, wakes: WakeCoalescer, channel: str | None, *, took_over: bool) -> None:
         self._wakes = wakes
         self._channel = channel  # None: skipped, a trailing NOTIFY covers it
+        self._took_over = took_over
 
     def __enter__(self) -> str | None:
         return self._channel
+
+    def notified_nothing(self) -> None:
+        """The statement inserted nothing (known keys only), so it notified nothing: the
+        trailing NOTIFY its claim took over from earlier skipped enqueues is owed again."""
+        if self._channel is not None and self._took_over:
+            self._wakes.owe()
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         if self._channel is None:

@@ -185,8 +185,10 @@ SINGLETON_LOCKS: Final = """
 -- Serializes singleton enqueues of the same identities until commit. Its own
 -- statement, so that ENQUEUE_CONFLICTS takes its snapshot after the locks are
 -- held and sees whatever a competing enqueue committed. $1 is sorted, so two
--- enqueues locking several identities cannot deadlock.
-SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) FROM unnest($1::text[]) AS k
+-- enqueues locking several identities cannot deadlock. Returns the transaction's
+-- isolation: only READ COMMITTED gives the next statement a fresh snapshot.
+SELECT current_setting('transaction_isolation') AS isolation
+FROM (SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) FROM unnest($1::text[]) AS k) l
 """
 
 ENQUEUE_CONFLICTS: Final = """

@@ -227,3 +227,34 @@ async def test_write_attempt_keeps_an_attempt_without_times(backend: PostgresBac
     )
     await backend.write_attempt(attempt)
     assert await backend.get_attempts(job.id) == [attempt]
+
+
+# -- sweeps in turns ----------------------------------------------------------------------
+
+
+async def test_the_sweeps_move_a_backlog_in_turns_each_committed(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    # In one statement, 100,000 due jobs outlasted the leader's bound, rolled back, and
+    # nothing ever moved. A turn here is 3 jobs; each commits on its own.
+    backend._sweep_turn = 3
+    soon = timedelta(milliseconds=50)
+    late = [EnqueueArgs(actor="a", delay=soon) for _ in range(7)]
+    doomed = [
+        EnqueueArgs(actor="a", delay=timedelta(hours=1), schedule_to_close=soon) for _ in range(7)
+    ]
+    await backend.enqueue_batch(late + doomed)
+    running = [await _running(backend, SHORT) for _ in range(7)]
+    await asyncio.sleep(0.2)
+    conn = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        one_turn = await conn.fetchrow(backend._sql.scheduled_to_pending, None, 3)
+    finally:
+        await conn.close()
+    assert one_turn is not None and one_turn["changed"] == 3
+    assert await backend.scheduled_to_pending() == 4
+    assert await backend.deadline_sweep() == 7
+    assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 7
+    for job, _ in running:
+        row = await backend.get(job.id)
+        assert row is not None and row.status is JobStatus.PENDING

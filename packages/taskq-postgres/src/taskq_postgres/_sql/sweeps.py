@@ -29,12 +29,15 @@ SCHEDULED_TO_PENDING: Final = TransitionSQL.of(
     _S.PENDING,
     """
 -- arbiter: clock_timestamp() (due check scheduled_at <= now)
--- $1 wake channel: one notify for the whole sweep, only when a job moved.
+-- $1 wake channel: one notify per statement, only when a job moved; $2 the most jobs
+-- moved per statement (a backlog is moved in turns, each committed: in one statement
+-- it outlasted the leader's bound and rolled back, every time).
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 due AS (
     SELECT j.id
     FROM {schema}.jobs j CROSS JOIN now n
     WHERE j.status = 'scheduled' AND j.scheduled_at <= n.ts
+    LIMIT $2
     FOR UPDATE OF j SKIP LOCKED
 ),
 promoted AS (
@@ -62,7 +65,8 @@ DEADLINE_SWEEP: Final = (
     """
 -- arbiter: clock_timestamp() (deadline check schedule_to_close_deadline < now)
 -- Waiting jobs only: a running job's worker enforces its deadline itself. Moves
--- pending -> failed and scheduled -> failed (both guarded by status below).
+-- pending -> failed and scheduled -> failed (both guarded by status below), at most
+-- $1 per statement.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 late AS (
     SELECT j.id, j.status
@@ -73,6 +77,7 @@ late AS (
       AND j.scheduled_at < """
     + FINALIZER_PARKED_AT
     + """
+    LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
 ),
 failed AS (
@@ -103,14 +108,15 @@ RECLAIM_EXPIRED_LOCKS: Final = TransitionSQL.of(
 -- $1 the wait a job with a cancel in progress gets past its lease (cancel grace +
 -- cleanup grace + headroom), $2 wake channel. A cancel requested -> cancelled;
 -- attempts left -> pending; else crashed. Each reclaim writes a crashed attempt
--- and one reclaimed event (the outbox poll_reclaim_events reads), and the sweep
--- sends one notify when anything was reclaimed.
+-- and one reclaimed event (the outbox poll_reclaim_events reads), and the statement
+-- sends one notify when anything was reclaimed. $3: the most jobs per statement.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 expired AS (
     SELECT j.id, j.attempt, j.max_attempts, j.locked_by_worker, j.started_at, j.cancel_phase
     FROM {schema}.jobs j CROSS JOIN now n
     WHERE j.status = 'running' AND j.lock_expires_at < n.ts
       AND (j.cancel_phase = 0 OR j.lock_expires_at + $1::interval < n.ts)
+    LIMIT $3
     FOR UPDATE OF j SKIP LOCKED
 ),
 decision AS (

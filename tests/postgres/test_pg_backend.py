@@ -255,6 +255,11 @@ async def test_the_sweeps_move_a_backlog_in_turns_each_committed(
     assert await backend.scheduled_to_pending() == 4
     assert await backend.deadline_sweep() == 7
     assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 7
+    kept = [await _running(backend) for _ in range(7)]
+    for job, worker in kept:
+        assert await backend.mark_succeeded(job.id, worker, 1, fallback_result_ttl=SHORT)
+    await asyncio.sleep(0.2)
+    assert await backend.sweep_expired_results() == 7
     for job, _ in running:
         row = await backend.get(job.id)
         assert row is not None and row.status is JobStatus.PENDING

@@ -1515,7 +1515,7 @@ class PostgresBackend:
     async def sweep_expired_results(self) -> int:
         """Clear the result of every job whose ``result_expires_at`` has passed on the
         server clock (``SupportsResultExpiry``); the expiry time itself is kept."""
-        return _changed(await self._db().execute(self._sql.expire_results))
+        return await self._in_turns(self._sql.expire_results)
 
     async def complete_stale_batches(self) -> int:
         """Complete every active batch with no active child and release its finalizer,

@@ -207,16 +207,22 @@ ORDER BY a.xact_start
 # NULL`` keeps the partial index scan from rewriting rows already cleared.
 EXPIRE_RESULTS: Final = """
 -- arbiter: clock_timestamp() (expiry check result_expires_at <= now)
+-- At most $1 results per statement (a turn, as the sweeps above).
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 due AS (
     SELECT j.id
     FROM {schema}.jobs j CROSS JOIN now n
     WHERE j.result_expires_at IS NOT NULL AND j.result_expires_at <= n.ts
       AND j.result IS NOT NULL
+    LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
+),
+cleared AS (
+    UPDATE {schema}.jobs j
+    SET result = NULL, updated_at = n.ts
+    FROM due d CROSS JOIN now n
+    WHERE j.id = d.id
+    RETURNING j.id
 )
-UPDATE {schema}.jobs j
-SET result = NULL, updated_at = n.ts
-FROM due d CROSS JOIN now n
-WHERE j.id = d.id
+SELECT count(*) AS changed FROM cleared
 """

@@ -82,18 +82,24 @@ async def test_concurrent_singletons_admit_exactly_one(backend: PostgresBackend)
     assert len(await backend.list_jobs(JobFilter(identity_key="user-1"))) == 1
 
 
-async def test_a_singleton_in_a_callers_repeatable_read_transaction_is_refused(
-    backend: PostgresBackend, pg_pooled_schema: PgSchema
+@pytest.mark.parametrize(
+    "isolation", ["repeatable_read", "serializable", "read_committed", "read_uncommitted"]
+)
+async def test_a_singleton_in_a_callers_transaction_needs_read_committed(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema, isolation: str
 ) -> None:
     # Its snapshot predates the singleton lock: a competing enqueue that committed while
-    # it waited went unseen, and the identity had two active jobs.
+    # it waited went unseen, and the identity had two active jobs. (Postgres runs READ
+    # UNCOMMITTED as READ COMMITTED.)
+    args = EnqueueArgs(actor="a", identity_key="k", singleton=True)
     conn = await asyncpg.connect(pg_pooled_schema.dsn)
     try:
-        async with conn.transaction(isolation="repeatable_read"):
-            with pytest.raises(EnqueueError, match="needs a READ COMMITTED transaction"):
-                await backend.enqueue_with_conn(
-                    conn, EnqueueArgs(actor="a", identity_key="k", singleton=True)
-                )
+        async with conn.transaction(isolation=isolation):  # type: ignore[arg-type]
+            if isolation in ("repeatable_read", "serializable"):
+                with pytest.raises(EnqueueError, match="needs a READ COMMITTED transaction"):
+                    await backend.enqueue_with_conn(conn, args)
+            else:
+                await backend.enqueue_with_conn(conn, args)
     finally:
         await conn.close()
 
@@ -112,6 +118,13 @@ async def test_singletons_on_a_server_defaulting_to_repeatable_read_still_collid
         await backend.enqueue(args)
         with pytest.raises(SingletonCollisionError):
             await backend.enqueue(args.model_copy(update={"id": uuid4()}))
+        # Its transaction() too, where a worker writes a success with its sub-jobs.
+        other = EnqueueArgs(actor="a", identity_key="other", singleton=True)
+        async with backend.transaction() as tx:
+            await backend.enqueue_with_conn(tx, other)
+        with pytest.raises(SingletonCollisionError):
+            async with backend.transaction() as tx:
+                await backend.enqueue_with_conn(tx, other.model_copy(update={"id": uuid4()}))
     finally:
         await backend.close()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from taskq import TaskQ, actor
+from taskq import Context, TaskQ, actor
 from taskq.backend import Backend
 from taskq.models import JobStatus
 from taskq_testing import run_until_idle
@@ -60,3 +60,24 @@ async def test_values_json_cannot_hold_fail_their_job_alone(taskq_backend: Backe
     await _ended_failed_once(tq, bad.id, "NaN is not a JSON number")
     rows = [await tq.client.get(job.id) for job in good]
     assert all(r is not None and r.status is JobStatus.SUCCEEDED for r in rows)
+
+
+@actor(name="unrecordable.changes_its_progress")
+async def changes_its_progress(payload: dict[str, Any], ctx: Context) -> int:
+    state: dict[str, Any] = {"done": [1]}
+    await ctx.progress(state)
+    state["done"].append(float("nan"))  # changed after it was reported: not its progress
+    return 1
+
+
+async def test_progress_is_what_was_reported_not_what_the_actor_changed_since(
+    taskq_backend: Backend,
+) -> None:
+    # The success stored the actor's dict as it was by then: a NaN put in later failed
+    # the job for good on Postgres.
+    tq = TaskQ("memory://", actors=[changes_its_progress], backend=taskq_backend)
+    job = await tq.client.enqueue(changes_its_progress, {})
+    await run_until_idle(tq, timeout=20)
+    row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+    assert row.progress_state == {"done": [1]}

@@ -8,7 +8,7 @@ from uuid import UUID
 
 import structlog
 
-from taskq.backend.storable import dump_json
+from taskq.backend.storable import stored_json
 from taskq.models import EnqueueArgs, JobRow
 
 if TYPE_CHECKING:
@@ -56,9 +56,10 @@ class Context:
         value no backend can store (a NaN): the progress stays as it was."""
         # Checked before it becomes this attempt's progress, which every outcome write
         # stores too: kept, it failed the job for good, even when the actor carried on.
-        dump_json(state)
+        # A copy as stored: what the actor changes later is not its progress.
+        stored = stored_json(state)
         self.progress_seq += 1
-        self.progress_state = dict(state)
+        self.progress_state = stored
         await self._record_progress(self.progress_seq, self.progress_state)
 
     def enqueue(self, actor: ActorRef, payload: Any, **options: Any) -> EnqueueArgs:

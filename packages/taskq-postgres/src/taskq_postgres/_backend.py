@@ -835,8 +835,10 @@ class PostgresBackend:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[asyncpg.pool.PoolConnectionProxy[asyncpg.Record]]:
         """A pooled connection inside a transaction: commits on a clean exit, rolls back
-        on an exception (``taskq.backend.SupportsTransactions``)."""
-        async with self.connection() as conn, conn.transaction():
+        on an exception (``taskq.backend.SupportsTransactions``). READ COMMITTED, whatever
+        the server's default: a singleton enqueue in it needs a fresh snapshot per
+        statement (a worker writes a success and its sub-jobs in one)."""
+        async with self.connection() as conn, conn.transaction(isolation="read_committed"):
             yield conn
 
     async def extend_reservation_leases(self, worker_id: UUID, lock_lease: timedelta) -> int:

@@ -447,7 +447,7 @@ def plan_check_singletons(
         return
     lock_keys = sorted({f"taskq:singleton:{schema}:{a.actor}:{a.identity_key}" for a in singles})
     isolation = yield Query("fetchval", sql.singleton_locks, (lock_keys,))
-    if isolation != "read committed":
+    if isolation not in ("read committed", "read uncommitted"):  # the latter runs as the former
         # Its snapshot predates the lock: a competing enqueue that committed while this
         # one waited would go unseen, and the identity would have two active jobs.
         raise EnqueueError(

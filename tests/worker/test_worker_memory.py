@@ -610,6 +610,45 @@ async def test_progress_no_backend_can_store_is_refused_and_forgotten() -> None:
     assert failed.error is not None and failed.error.error_class == "ValueError"
 
 
+@pytest.mark.parametrize("gate", ["actor cap", "identity", "queue cap"])
+async def test_jobs_held_back_by_a_gate_start_when_it_opens_not_at_the_next_poll(
+    gate: str,
+) -> None:
+    # Nothing else wakes a worker when such a job ends (no enqueue, no NOTIFY): they
+    # drained one per poll interval. Here the poll never comes.
+    @actor(name="capped_one", max_concurrent=1)
+    async def capped_one(payload: dict[str, Any]) -> None:
+        await asyncio.sleep(0.01)
+
+    @actor(name="plain_one", queue="narrow")
+    async def plain_one(payload: dict[str, Any]) -> None:
+        await asyncio.sleep(0.01)
+
+    chosen, options = {
+        "actor cap": (capped_one, {}),
+        "identity": (plain_one, {"identity_key": "one"}),
+        "queue cap": (plain_one, {}),
+    }[gate]
+    tq = TaskQ(
+        "memory://",
+        actors=[capped_one, plain_one],
+        queues=[QueueConfig(queue="narrow", max_concurrent=1)] if gate == "queue cap" else [],
+    )
+    settings = {**TEST_SETTINGS, "poll_interval": "1h", "concurrency": 4}
+    async with tq:
+        jobs = [await tq.client.enqueue(chosen, {}, **options) for _ in range(5)]
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        run = asyncio.create_task(worker.run())
+        try:
+            async with asyncio.timeout(10):
+                for job in jobs:
+                    while (row := await tq.client.get(job.id)) is None or not row.is_terminal:  # noqa: ASYNC110
+                        await asyncio.sleep(0.01)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(run, 10)
+
+
 class _LoopValue:
     pass
 

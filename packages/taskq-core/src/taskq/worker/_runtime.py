@@ -160,6 +160,7 @@ class Worker:
             liveness=LoopLiveness(
                 settings.watchdog_tick_grace_factor, settings.watchdog_stale_floor.total_seconds()
             ),
+            gated_queues=frozenset(q.queue for q in self.app.queues if q.max_concurrent),
         )
         self._state = state
         if self._stop_requested:

@@ -125,6 +125,11 @@ class WorkerState:
     """Every job task not yet finished, including abandoned ones still running."""
     shutdown_phase: int = 0
     """A ``ShutdownPhase`` value; 0 while running normally."""
+    gated_queues: frozenset[str] = frozenset()
+    """Queues with a ``max_concurrent`` of their own (the application's configuration)."""
+    gate_opened: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a job that may have held others back ended (its actor or queue capped,
+    or an identity of its own): a dispatch that found nothing may find them now."""
     unheard_suspected: bool = False
     """The backend may hold jobs for this worker that it never heard of (a dispatch
     failed, or a heartbeat renewed more jobs than it knows): the producer checks,
@@ -207,3 +212,14 @@ class WorkerState:
         if self.active.get(job_id) is active:
             del self.active[job_id]
         self.slot_freed.set()
+        if self._held_back_others(active.row):
+            self.gate_opened.set()
+
+    def _held_back_others(self, row: JobRow) -> bool:
+        """Whether ``row``, running, may have kept other jobs from being dispatched: nothing
+        wakes the dispatchers when it ends (no enqueue), so this worker looks at once
+        rather than at its next poll (such jobs drained one per poll interval)."""
+        if row.identity_key is not None or row.queue in self.gated_queues:
+            return True
+        actor = self.actors.get(row.actor)
+        return actor is not None and actor.options.max_concurrent is not None

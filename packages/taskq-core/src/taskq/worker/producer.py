@@ -26,9 +26,9 @@ from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
 _log = structlog.get_logger("taskq.worker")
 
 
-async def _wait(event: asyncio.Event, stopping: asyncio.Event, seconds: float) -> None:
-    """Until ``event`` or ``stopping`` is set, or ``seconds`` pass."""
-    waiters = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(stopping.wait())]
+async def _wait(seconds: float, *events: asyncio.Event) -> None:
+    """Until one of ``events`` is set, or ``seconds`` pass."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
     try:
         await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -82,17 +82,19 @@ async def producer_loop(state: WorkerState) -> None:
                     else:
                         guard.failed(exc)
                     state.unheard_suspected = True
-                    await _wait(state.stopping, state.stopping, poll)
+                    await _wait(poll, state.stopping)
                     continue
             free = state.free_slots()
             if free <= 0:
                 state.slot_freed.clear()
                 if state.free_slots() <= 0:
-                    await _wait(state.slot_freed, state.stopping, poll)
+                    await _wait(poll, state.slot_freed, state.stopping)
                 continue
             wanted = min(free, settings.dispatch_batch_size)
-            # Cleared before dispatching: a NOTIFY arriving meanwhile sets it again.
+            # Cleared before dispatching: a NOTIFY arriving meanwhile sets it again, as a
+            # gated job ending does the gate.
             wake.clear()
+            state.gate_opened.clear()
             sent = clock.time()
             try:
                 async with asyncio.timeout_at(max(deadline, clock.time() + bound / 4)):
@@ -102,12 +104,12 @@ async def producer_loop(state: WorkerState) -> None:
             except transient as exc:
                 _log.warning("taskq.dispatch-transient-error", error=repr(exc))
                 state.unheard_suspected = True  # it may have locked jobs all the same
-                await _wait(state.stopping, state.stopping, poll)
+                await _wait(poll, state.stopping)
                 continue
             except Exception as exc:  # noqa: BLE001 - the guard decides
                 guard.failed(exc)
                 state.unheard_suspected = True  # it may have locked jobs all the same
-                await _wait(state.stopping, state.stopping, poll)
+                await _wait(poll, state.stopping)
                 continue
             guard.succeeded()
             for row in jobs:
@@ -117,7 +119,7 @@ async def producer_loop(state: WorkerState) -> None:
             # waiting for a wake there left a worker idle for a whole poll interval in
             # a drain, where no enqueue sends one. The next turn finds out.
             if not jobs:
-                await _wait(wake, state.stopping, poll)
+                await _wait(poll, wake, state.gate_opened, state.stopping)
     # Stopped on purpose: the shutdown that follows may outlast this loop's stale-tick
     # budget, and detector 2 must not take a loop that ended for a stuck one.
     state.liveness.forget("producer")

@@ -229,3 +229,18 @@ async def test_migrate_connects_with_the_backends_password_and_settings(
 
         with psycopg.connect(pg_database_dsn, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.mark.parametrize("where", ["user", "query"])
+async def test_a_password_never_shows_in_an_error(pg_pooled_schema: PgSchema, where: str) -> None:
+    # The query-string form (libpq's ?password=) went into messages as given.
+    parts = urlsplit(pg_pooled_schema.dsn)
+    if where == "user":
+        dsn = urlunsplit(parts._replace(netloc=f"postgres:s3cret@{parts.hostname}:{parts.port}"))
+    else:
+        dsn = urlunsplit(parts._replace(query="password=s3cret&application_name=x"))
+    backend = PostgresBackend(dsn, schema=unique_schema_name())  # no TaskQ tables there
+    with pytest.raises(ConfigurationError) as info:
+        await backend.open()
+    assert "s3cret" not in str(info.value)
+    assert "***" in str(info.value)

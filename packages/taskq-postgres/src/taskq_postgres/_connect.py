@@ -50,14 +50,18 @@ class BackendUnavailableError(TaskQError):
     """
 
 
+_QUERY_PASSWORD: Final = re.compile(r"(?i)((?:^|&)password=)[^&]*")
+
+
 def redact(dsn: str) -> str:
-    """``dsn`` with its password masked, fit for an error message."""
+    """``dsn`` with its password masked (``user:***@`` and ``?password=***``), fit for
+    an error message."""
     try:
         parts = urlsplit(dsn)
-        if parts.password is None:
-            return dsn
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
+        if parts.password is not None:
+            netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+            parts = parts._replace(netloc=netloc)
+        return urlunsplit(parts._replace(query=_QUERY_PASSWORD.sub(r"\1***", parts.query)))
     except ValueError:
         return "<unparsable DSN>"
 

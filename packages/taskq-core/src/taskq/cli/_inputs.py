@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, NoReturn
 
+from taskq.backend.storable import dump_json
+
 __all__ = ["json_argument"]
 
 
@@ -14,9 +16,12 @@ def _no_constant(name: str) -> NoReturn:
 
 def json_argument(text: str) -> Any:
     """``text`` as JSON; ``ValueError`` with the reason for anything a job could not
-    store (``NaN``, which Python's parser takes; an integer past 4,300 digits; nesting
-    deeper than the parser's stack), where each raised a traceback."""
+    store (``NaN``, which Python's parser takes; a number past a float's range, read as
+    infinity; a lone surrogate escape; an integer past 4,300 digits; nesting deeper
+    than the parser's stack), where each raised a traceback."""
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError("it is nested too deeply") from None
+    dump_json(value)  # what no backend can store, said now (1e400, "\ud800")
+    return value

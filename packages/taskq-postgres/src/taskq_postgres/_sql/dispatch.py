@@ -53,9 +53,10 @@ list: the first names the actors to sample, the head phases spare strict FIFO
 that sample on deep queues (below), the last applies the queue caps the
 in-memory reference enforces too.
 
-Round robin ranks every pending job of each (queue, actor) asked for (an
-index-only scan of ``jobs_dispatch_idx``), so its cost grows with the backlog
-of the round-robin queues. Strict FIFO reads ``limit_n * oversample`` rows of
+Round robin ranks every pending job of each (queue, actor) of its round-robin
+queues (an index-only scan of ``jobs_dispatch_idx``), so its cost grows with
+their backlog; a strict queue asked for in the same call is one cohort, read to
+its ``residual * oversample`` first jobs. Strict FIFO reads ``limit_n * oversample`` rows of
 ``jobs_dispatch_head_idx`` per queue plus, unless the head is plain, one
 ``jobs_dispatch_idx`` entry per pending actor, whatever the backlog and the
 number of actors; only when caps
@@ -231,22 +232,38 @@ candidates AS (
             SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
                    j.fairness_key,
                    ROW_NUMBER() OVER (
-                       PARTITION BY CASE WHEN pa.queue = ANY (p.rr_queues) THEN j.fairness_key END
-                       ORDER BY j.priority DESC, j.scheduled_at, j.id
+                       PARTITION BY j.fairness_key ORDER BY j.priority DESC, j.scheduled_at, j.id
                    ) AS cohort_rank,
-                   CASE WHEN pa.queue <> ALL (p.rr_queues) THEN 0
-                        WHEN j.fairness_key IS NULL THEN ru.running
+                   CASE WHEN j.fairness_key IS NULL THEN ru.running
                         ELSE coalesce(cs.running, 0) END AS running,
-                   CASE WHEN pa.queue <> ALL (p.rr_queues) THEN p.strict_turn
-                        WHEN j.fairness_key IS NULL THEN p.unkeyed_turn
+                   CASE WHEN j.fairness_key IS NULL THEN p.unkeyed_turn
                         ELSE coalesce(cs.turn, 0) END AS turn
             FROM {schema}.jobs j
             -- An equality join (hashable), not IS NOT DISTINCT FROM per row: the NULL
             -- cohort's count and turn are read once (running_unkeyed, params).
             LEFT JOIN cohort_state cs ON cs.fairness_key = j.fairness_key
-            WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
+            WHERE pa.queue = ANY (p.rr_queues)
+              AND j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
               AND j.scheduled_at <= p.now
               AND <WAITS_NOT:j>
+            UNION ALL
+            -- A strict queue asked for in the same call is one cohort: its ranks are its
+            -- index order, so its first jobs are read, not its whole backlog ranked.
+            SELECT s.id, s.actor, s.queue, s.priority, s.scheduled_at, s.identity_key,
+                   s.fairness_key,
+                   ROW_NUMBER() OVER (ORDER BY s.priority DESC, s.scheduled_at, s.id),
+                   0, p.strict_turn
+            FROM (
+                SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
+                       j.fairness_key
+                FROM {schema}.jobs j
+                WHERE pa.queue <> ALL (p.rr_queues)
+                  AND j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
+                  AND j.scheduled_at <= p.now
+                  AND <WAITS_NOT:j>
+                ORDER BY j.priority DESC, j.scheduled_at, j.id
+                LIMIT pac.residual * p.oversample
+            ) s
         ) f
         ORDER BY (f.cohort_rank + f.running) * 4294967296 + f.turn, f.priority DESC,
                  f.scheduled_at, f.id

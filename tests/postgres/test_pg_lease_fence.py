@@ -4,18 +4,16 @@ the leader reclaims it for another worker, so the job never runs twice at once."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID
 
 import pytest
 
-from taskq import Context, JobRow, JobStatus, TaskQ, WorkerSettings, actor
-from taskq.worker import Worker
+from taskq import Context, JobRow, JobStatus, TaskQ, actor
 from taskq_testing.faults import TcpProxy
 from taskq_testing.postgres import PgSchema
+from tests.worker.running import running
 
 pytestmark = pytest.mark.postgres
 
@@ -26,17 +24,6 @@ SETTINGS = {
     "dispatcher_command_timeout": "300ms",
     "maintenance_interval": "100ms",
 }
-
-
-@asynccontextmanager
-async def _running(tq: TaskQ, **settings: str) -> AsyncIterator[Worker]:
-    worker = Worker(tq, WorkerSettings.load({**SETTINGS, **settings}, env={}))
-    run = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        await asyncio.wait_for(run, 20)
 
 
 async def _until_succeeded(tq: TaskQ, job_id: UUID) -> JobRow:
@@ -70,14 +57,14 @@ async def test_a_cut_off_worker_stops_its_job_before_another_worker_runs_it(
         healthy = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=[exclusive])
         async with healthy, cut_off:
             job = await healthy.client.enqueue(exclusive, {})
-            async with _running(cut_off, lease_fence=str(fence).lower()):
+            async with running(cut_off, {**SETTINGS, "lease_fence": fence}, stop_within=20):
                 async with asyncio.timeout(10):
                     while 1 not in spans:  # noqa: ASYNC110 - the actor's own record
                         await asyncio.sleep(0.02)
                 proxy.cut()
                 # The healthy worker leads once the cut one's session (and lock) is gone,
                 # and reclaims the job when its lease has lapsed.
-                async with _running(healthy):
+                async with running(healthy, SETTINGS, stop_within=20):
                     await asyncio.wait_for(second_started.wait(), 15)
                     row = await _until_succeeded(healthy, job.id)
                     if fence:

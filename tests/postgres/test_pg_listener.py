@@ -209,6 +209,19 @@ def _undecodable(text: str) -> int:
     raise ValueError(f"cannot decode {text!r}")
 
 
+def _listener(connect: Any) -> NotifyListener:
+    """A listener on fresh channels, checking its health and reconnecting quickly."""
+    wake_channel, events_channel = (f"t_{uuid4().hex}" for _ in range(2))
+    return NotifyListener(
+        connect,
+        wake_channel,
+        events_channel,
+        health_check_interval=0.1,
+        initial_backoff=0.01,
+        transient=TRANSIENT_PG_ERRORS,
+    )
+
+
 async def test_subscribing_while_postgres_is_out_of_reach_polls_then_listens(
     pg_pooled_schema: PgSchema,
 ) -> None:
@@ -223,15 +236,8 @@ async def test_subscribing_while_postgres_is_out_of_reach_polls_then_listens(
             raise OSError("connection refused")
         return await asyncpg.connect(pg_pooled_schema.dsn)
 
-    wake_channel, events_channel, own_channel = (f"t_{uuid4().hex}" for _ in range(3))
-    listener = NotifyListener(
-        connect,
-        wake_channel,
-        events_channel,
-        health_check_interval=0.1,
-        initial_backoff=0.01,
-        transient=TRANSIENT_PG_ERRORS,
-    )
+    own_channel = f"t_{uuid4().hex}"
+    listener = _listener(connect)
     try:
         async with (
             listener.subscribe_wake() as wake,
@@ -244,7 +250,9 @@ async def test_subscribing_while_postgres_is_out_of_reach_polls_then_listens(
             conn = await asyncpg.connect(pg_pooled_schema.dsn)
             try:
                 await conn.execute(
-                    "SELECT pg_notify($1, ''), pg_notify($2, '')", wake_channel, own_channel
+                    "SELECT pg_notify($1, ''), pg_notify($2, '')",
+                    listener._wake_channel,
+                    own_channel,
                 )
             finally:
                 await conn.close()
@@ -283,18 +291,6 @@ async def test_leaving_a_channel_does_not_wait_for_a_reconnect_to_a_stalled_serv
         finally:
             proxy.restore()
             await backend.close()
-
-
-def _listener(connect: Any) -> NotifyListener:
-    wake_channel, events_channel = (f"t_{uuid4().hex}" for _ in range(2))
-    return NotifyListener(
-        connect,
-        wake_channel,
-        events_channel,
-        health_check_interval=0.1,
-        initial_backoff=0.01,
-        transient=TRANSIENT_PG_ERRORS,
-    )
 
 
 async def _notify(dsn: str, channel: str) -> None:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 from uuid import uuid4
@@ -21,6 +19,7 @@ from taskq.worker import Worker
 from taskq.worker._state import WorkerState
 from taskq.worker.fence import fence_lapsing
 from tests.worker.flaky_backend import CutOff
+from tests.worker.running import running
 
 LEASE = 2.0
 SETTINGS = {
@@ -37,17 +36,6 @@ SETTINGS = {
 def _no_wait(attempt: int) -> timedelta:
     """Retries due at once: the promotion of scheduled jobs is a leader sweep, off here."""
     return timedelta(0)
-
-
-@asynccontextmanager
-async def _running(tq: TaskQ, **settings: str) -> AsyncIterator[Worker]:
-    worker = Worker(tq, WorkerSettings.load({**SETTINGS, **settings}, env={}))
-    run = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        await asyncio.wait_for(run, 10)
 
 
 async def _until(tq: TaskQ, job: JobRow, status: JobStatus) -> JobRow:
@@ -76,7 +64,7 @@ async def test_a_running_job_is_stopped_before_its_lease_can_lapse_then_retried(
     tq = TaskQ("memory://", actors=[long], backend=backend)
     async with tq:
         job = await tq.client.enqueue(long, {})
-        async with _running(tq):
+        async with running(tq, SETTINGS):
             await _until(tq, job, JobStatus.RUNNING)
             backend.away = True
             cut = asyncio.get_running_loop().time()
@@ -112,7 +100,7 @@ async def test_a_sync_actor_is_told_through_its_cancel_event() -> None:
     tq = TaskQ("memory://", actors=[polling], backend=backend)
     async with tq:
         job = await tq.client.enqueue(polling, {})
-        async with _running(tq):
+        async with running(tq, SETTINGS):
             await _until(tq, job, JobStatus.RUNNING)
             backend.away = True
             assert await asyncio.to_thread(told.wait, 10)
@@ -172,7 +160,7 @@ async def test_an_outcome_written_before_the_actor_starts_is_not_cut_short() -> 
     async with tq:
         first = await tq.client.enqueue(step, {})
         second = await tq.client.enqueue(step, {})
-        async with _running(tq, concurrency="1", prefetch="1") as worker:
+        async with running(tq, {**SETTINGS, "concurrency": "1", "prefetch": "1"}) as worker:
             await _until(tq, second, JobStatus.RUNNING)  # locked here, waiting for the slot
             await tq.client.cancel(second.id)
             assert worker._state is not None
@@ -206,7 +194,7 @@ async def test_a_job_waiting_for_a_slot_is_let_go_unstarted_and_handed_back() ->
     async with tq:
         first = await tq.client.enqueue(step, {"name": "first"})
         second = await tq.client.enqueue(step, {"name": "second"})
-        async with _running(tq, concurrency="1", prefetch="1"):
+        async with running(tq, {**SETTINGS, "concurrency": "1", "prefetch": "1"}):
             await _until(tq, second, JobStatus.RUNNING)  # locked here, waiting for the slot
             backend.away = True
             await asyncio.sleep(LEASE + 0.5)
@@ -231,7 +219,7 @@ async def test_jobs_whose_leases_are_renewed_run_on_for_many_leases() -> None:
     async with tq:
         jobs = [await tq.client.enqueue(slow, {}) for _ in range(2)]
         # The second waits a whole run for the slot, locked here all along.
-        async with _running(tq, concurrency="1", prefetch="1"):
+        async with running(tq, {**SETTINGS, "concurrency": "1", "prefetch": "1"}):
             rows = [await _until(tq, job, JobStatus.SUCCEEDED) for job in jobs]
     assert [row.attempt for row in rows] == [1, 1]
 
@@ -252,7 +240,7 @@ async def test_off_by_default_a_cut_off_job_runs_on() -> None:
     tq = TaskQ("memory://", actors=[long], backend=backend)
     async with tq:
         job = await tq.client.enqueue(long, {})
-        async with _running(tq, lease_fence="false"):
+        async with running(tq, {**SETTINGS, "lease_fence": "false"}):
             await _until(tq, job, JobStatus.RUNNING)
             backend.away = True
             await asyncio.sleep(LEASE + 0.5)

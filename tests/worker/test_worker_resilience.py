@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -27,6 +25,7 @@ from taskq.backend import FakeClock
 from taskq.backend.memory import InMemoryBackend
 from taskq.worker import Worker
 from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
+from tests.worker.running import running
 
 SETTINGS = {
     "poll_interval": "50ms",
@@ -96,18 +95,6 @@ async def quick(payload: dict[str, Any]) -> str:
     return "done"
 
 
-@asynccontextmanager
-async def _running(tq: TaskQ, settings: dict[str, str]) -> AsyncIterator[Worker]:
-    """A worker on ``tq`` running while inside; stopped and awaited on the way out."""
-    worker = Worker(tq, WorkerSettings.load(settings, env={}))
-    run = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        await asyncio.wait_for(run, 10)
-
-
 async def _until_finished(tq: TaskQ, jobs: list[JobRow]) -> None:
     async with asyncio.timeout(10):
         while True:
@@ -148,7 +135,7 @@ async def test_a_success_write_failing_longer_than_the_lease_lands_once_it_can()
     settings = {**SETTINGS, "lock_lease": "500ms", "maintenance_interval": "1h"}
     async with tq:
         job = await tq.client.enqueue(quick, {})
-        async with _running(tq, settings):
+        async with running(tq, settings):
             await _until_finished(tq, [job])
         row = await tq.client.get(job.id)
         assert row is not None and row.status is JobStatus.SUCCEEDED and row.result == "done"
@@ -173,7 +160,7 @@ async def test_a_success_whose_first_try_committed_is_not_reported_as_lost() -> 
     async with tq:
         job = await tq.client.enqueue(quick, {})
         with structlog.testing.capture_logs() as logs:
-            async with _running(tq, SETTINGS) as worker, asyncio.timeout(10):
+            async with running(tq, SETTINGS) as worker, asyncio.timeout(10):
                 # Succeeded at the first try; the retry and its verdict come after.
                 while not worker.processed:  # noqa: ASYNC110 - polling a counter
                     await asyncio.sleep(0.02)
@@ -202,7 +189,7 @@ async def test_jobs_locked_by_a_dispatch_whose_reply_was_lost_are_handed_back() 
     settings = {**SETTINGS, "maintenance_interval": "1h"}
     async with tq:
         jobs = [await tq.client.enqueue(quick, {}) for _ in range(3)]
-        async with _running(tq, settings):
+        async with running(tq, settings):
             await _until_finished(tq, jobs)
         assert backend.lost == 3
         for job in jobs:
@@ -219,7 +206,7 @@ async def test_a_job_locked_for_the_worker_behind_its_back_is_found_by_the_heart
     tq = TaskQ("memory://", actors=[quick])
     settings = {**SETTINGS, "maintenance_interval": "1h"}  # no sweep reclaims it
     async with tq:
-        async with _running(tq, settings) as worker:
+        async with running(tq, settings) as worker:
             await asyncio.sleep(0.2)  # up and idle
             job = await tq.backend.enqueue(EnqueueArgs(actor="quick"))
             [locked] = await tq.backend.dispatch_batch(
@@ -323,5 +310,5 @@ async def test_a_short_dispatch_is_followed_by_another_not_by_a_wait_for_a_wake(
     tq = TaskQ("memory://", actors=[quick], backend=OneAtATime())
     async with tq:
         jobs = [await tq.client.enqueue(quick, {}) for _ in range(4)]
-        async with _running(tq, {**SETTINGS, "poll_interval": "30s", "concurrency": "4"}):
+        async with running(tq, {**SETTINGS, "poll_interval": "30s", "concurrency": "4"}):
             await _until_finished(tq, jobs)

@@ -1,0 +1,25 @@
+"""A worker running in the test's own event loop, for as long as a ``with`` lasts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from taskq import TaskQ, WorkerSettings
+from taskq.worker import Worker
+
+
+@asynccontextmanager
+async def running(
+    tq: TaskQ, settings: Mapping[str, Any], *, stop_within: float = 10
+) -> AsyncIterator[Worker]:
+    """A worker on ``tq`` running while inside; stopped and awaited on the way out."""
+    worker = Worker(tq, WorkerSettings.load(dict(settings), env={}))
+    run = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(run, stop_within)

@@ -38,6 +38,10 @@ async def job(payload: dict[str, Any]) -> None:
         ({"idempotency_key": "k" * 1001}, "idempotency_key.*at most 1000 bytes"),
         ({"identity_key": "\u00e9" * 501}, "identity_key.*at most 1000 bytes.*got 1002"),
         ({"fairness_key": "f" * 1001}, "fairness_key.*at most 1000 bytes"),
+        # Most often an unset variable: every job given it shared one key.
+        ({"idempotency_key": ""}, "idempotency_key.*must not be empty"),
+        ({"identity_key": ""}, "identity_key.*must not be empty"),
+        ({"fairness_key": ""}, "fairness_key.*must not be empty"),
         ({"metadata": {"batch_id": "mine"}}, "batch_id.*must be a UUID"),
         ({"timeout": 0}, "timeout"),
         ({"schedule_to_close": 0}, "schedule_to_close"),

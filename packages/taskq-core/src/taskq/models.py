@@ -231,6 +231,9 @@ class EnqueueArgs(_Model):
     @field_validator("idempotency_key", "identity_key", "fairness_key")
     @classmethod
     def _short_key(cls, value: str | None) -> str | None:
+        if value == "":
+            # Most often an unset variable: every job given it would share one key.
+            raise ValueError("must not be empty (None for no key)")
         return None if value is None else _at_most_bytes(value, MAX_KEY_BYTES)
 
     @field_validator("metadata")

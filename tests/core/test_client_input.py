@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_serializer
 
-from taskq import JobStatus, TaskQ, actor
+from taskq import EnqueueItem, JobStatus, TaskQ, actor
 from taskq.backend import Backend
 from taskq.errors import EnqueueOptionsError, PayloadValidationError
 from taskq.models import INT32_MAX
@@ -255,6 +255,18 @@ async def test_an_idempotent_retry_at_max_pending_gets_its_job_back(
         await tq.client.enqueue(capped, {}, idempotency_key="order-8")
     with pytest.raises(MaxPendingExceededError):
         await tq.client.enqueue(capped, {})
+    # A batch too, when every item's key is stored: nothing is inserted.
+    [batched] = await tq.client.enqueue_batch(
+        [EnqueueItem(actor="options.capped", payload={}, options={"idempotency_key": "order-7"})]
+    )
+    assert batched.id == first.id
+    with pytest.raises(MaxPendingExceededError):
+        await tq.client.enqueue_batch(
+            [
+                EnqueueItem(actor="options.capped", payload={}, options={"idempotency_key": k})
+                for k in ("order-7", "order-9")
+            ]
+        )
     assert [r.id for r in await tq.client.list_jobs()] == [first.id]
 
 

@@ -216,6 +216,16 @@ def test_an_idempotent_retry_at_max_pending_gets_its_job_back(client: SyncJobsCl
     assert client.enqueue(capped, {}, idempotency_key="order-7").id == first.id
     with pytest.raises(MaxPendingExceededError):
         client.enqueue(capped, {}, idempotency_key="order-8")
+    # A batch too, when every item's key is stored: nothing is inserted.
+    keyed = [EnqueueItem(actor="sync.capped", payload={}, options={"idempotency_key": "order-7"})]
+    assert [r.id for r in client.enqueue_batch(keyed)] == [first.id]
+    with pytest.raises(MaxPendingExceededError):
+        client.enqueue_batch(
+            [
+                *keyed,
+                EnqueueItem(actor="sync.capped", payload={}, options={"idempotency_key": "o9"}),
+            ]
+        )
 
 
 def test_enqueue_batch_fast_copies_and_fails_whole(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any, Final
@@ -140,14 +141,22 @@ class JobsClient:
         """Past ``max_pending``, an idempotent retry gets the committed job of its key
         back (a producer retrying under backpressure: nothing is inserted); else
         ``refused`` is raised."""
-        if args.idempotency_key is not None:
-            found = await self._backend.list_jobs(
-                JobFilter(actor=args.actor, idempotency_key=args.idempotency_key, limit=1)
-            )
-            # Checked again: a backend that does not know the filter would list any job.
-            if found and found[0].idempotency_key == args.idempotency_key:
-                return found[0]
-        raise refused
+        existing = await self._existing(args)
+        if existing is None:
+            raise refused
+        return existing
+
+    async def _existing(self, args: EnqueueArgs) -> JobRow | None:
+        """The stored job of ``args``'s idempotency key, if it has one and it exists."""
+        if args.idempotency_key is None:
+            return None
+        found = await self._backend.list_jobs(
+            JobFilter(actor=args.actor, idempotency_key=args.idempotency_key, limit=1)
+        )
+        # Checked again: a backend that does not know the filter would list any job.
+        if found and found[0].idempotency_key == args.idempotency_key:
+            return found[0]
+        return None
 
     async def enqueue_with_conn(
         self, conn: Connection, actor: ActorRef, payload: Any, **options: Any
@@ -170,7 +179,18 @@ class JobsClient:
         """Enqueue many jobs atomically (all or none); one row per item, in order.
         Every payload is validated before anything is written."""
         listed = list(items)
-        await self._check_capacity(self._build.counts(listed))
+        try:
+            await self._check_capacity(self._build.counts(listed))
+        except MaxPendingExceededError as refused:
+            # Past max_pending, the items whose keys are stored insert nothing (a producer
+            # retrying its batch under backpressure): only the others count.
+            args_list = list(self._build.each(listed))
+            new = Counter([a.actor for a in args_list if await self._existing(a) is None])
+            try:
+                await self._check_capacity(new)
+            except MaxPendingExceededError:
+                raise refused from None
+            return await self._backend.enqueue_batch(args_list, connection=connection)
         return await self._backend.enqueue_batch(
             list(self._build.each(listed)), connection=connection
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -126,8 +127,19 @@ class SyncJobsClient:
         listed = list(items)
         counts = self._build.counts(listed)
         with self._turn() as cur:
-            self._check_capacity(cur, counts)
-            args_list = list(self._build.each(listed))
+            try:
+                self._check_capacity(cur, counts)
+            except MaxPendingExceededError as refused:
+                # Past max_pending, the items whose keys are stored insert nothing (a
+                # producer retrying its batch under backpressure): only the others count.
+                args_list = list(self._build.each(listed))
+                new = Counter(a.actor for a in args_list if self._existing(cur, a) is None)
+                try:
+                    self._check_capacity(cur, new)
+                except MaxPendingExceededError:
+                    raise refused from None
+            else:
+                args_list = list(self._build.each(listed))
             return self._insert(cur, args_list) if args_list else []
 
     def enqueue_batch_fast(self, items: Iterable[BatchItem]) -> int:

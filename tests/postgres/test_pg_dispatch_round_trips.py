@@ -101,6 +101,30 @@ async def test_a_head_that_needs_checks_goes_to_the_full_statement_until_plain_a
     assert statements == ["plain_head"]
 
 
+async def test_a_head_of_distinct_idle_identities_is_plain(
+    backend: PostgresBackend, statements: list[str]
+) -> None:
+    # Per-customer keys everywhere: such a head sent every dispatch to the full
+    # statement (p99 21-30 ms at 1,000,000 pending, against ~10 for the plain head).
+    await backend.enqueue_batch([EnqueueArgs(actor="a", identity_key=f"c{i}") for i in range(4)])
+    worker = uuid4()
+    running = await backend.dispatch_batch(worker, ["default"], 2, LEASE)
+    assert len(running) == 2
+    assert statements == ["plain_head"]
+    statements.clear()
+    # One of the head's identities runs now: checked by the full statement.
+    await backend.enqueue(EnqueueArgs(actor="a", identity_key=running[0].identity_key))
+    rows = await backend.dispatch_batch(worker, ["default"], 3, LEASE)
+    idle = {f"c{i}" for i in range(4)} - {row.identity_key for row in running}
+    assert {row.identity_key for row in rows} == idle and len(rows) == 2
+    assert statements == ["plain_head", "strict_fifo"]
+    statements.clear()
+    # Two jobs of one identity in the head: the full statement too.
+    await backend.enqueue_batch([EnqueueArgs(actor="b", identity_key="d") for _ in range(2)])
+    assert len(await backend.dispatch_batch(worker, ["default"], 5, LEASE)) == 1
+    assert statements == ["strict_fifo"]
+
+
 async def test_a_round_robin_queue_is_dispatched_by_the_round_robin_statement(
     backend: PostgresBackend, statements: list[str]
 ) -> None:

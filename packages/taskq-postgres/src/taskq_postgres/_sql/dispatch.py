@@ -18,7 +18,8 @@ per-actor branches do not run::
     per_actor_capacity  residual = max_concurrent - in_flight (limit_n when uncapped)
     head_rows           strict FIFO: the first limit_n * oversample due jobs of the queues
     head_plain          strict FIFO: no queue cap, and no job of the head is capped or
-                        identity-gated; then the batch is the head's first unlocked
+                        waits on an identity (two of the head share one, or a job
+                        of it runs); then the batch is the head's first unlocked
                         limit_n jobs and every per-actor phase is skipped (round robin:
                         always false)
     head                strict FIFO: head_rows but those whose identity is running, with
@@ -102,8 +103,8 @@ SELECT name, mode, max_concurrent FROM {schema}.queues WHERE name = ANY($1::text
 # up to residual * oversample jobs of each.
 # The head of the queues: their first limit_n * oversample due jobs in dispatch
 # order, and whether it is plain (no queue is round robin or capped, no job of the
-# head is identity-gated or of a capped actor): then the batch is simply its first
-# unlocked limit_n jobs.
+# head waits on an identity, the head's or a running one, and none is of a capped
+# actor): then the batch is simply its first unlocked limit_n jobs.
 _HEAD: Final = """
 head_rows AS (
     SELECT c.*
@@ -122,7 +123,18 @@ head_rows AS (
 ),
 head_plain (ok) AS (
     SELECT NOT p.round_robin AND cardinality(p.capped_queues) = 0
-           AND NOT EXISTS (SELECT 1 FROM head_rows h WHERE h.identity_key IS NOT NULL)
+           -- Identities are plain while no two jobs of the head share one and none runs
+           -- (a probe of jobs_running_identity_key per keyed job of the head): then no
+           -- job of the head waits on another.
+           AND NOT EXISTS (
+               SELECT 1 FROM head_rows h WHERE h.identity_key IS NOT NULL
+               GROUP BY h.actor, h.identity_key HAVING count(*) > 1
+           )
+           AND NOT EXISTS (
+               SELECT 1 FROM head_rows h
+               JOIN {schema}.jobs r ON r.actor = h.actor AND r.identity_key = h.identity_key
+               WHERE h.identity_key IS NOT NULL AND r.status = 'running'
+           )
            AND NOT EXISTS (
                SELECT 1 FROM head_rows h JOIN {schema}.actor_config ac ON ac.actor = h.actor
                WHERE ac.max_concurrent IS NOT NULL

@@ -39,7 +39,7 @@ import structlog
 
 from taskq.backend import check_batch_size, check_protocol_version, check_retention
 from taskq.backend._protocol import ScheduleFire
-from taskq.backend.cron import cron_slots, next_fire_at, skipped_slots
+from taskq.backend.cron import cron_slots, first_fire_at, skipped_slots
 from taskq.backend.fairness import STRICT, CohortTurns, cohort_of
 from taskq.backend.storable import check_delay, clean_text, dump_json
 from taskq.errors import ConfigurationError, TaskQError
@@ -163,13 +163,6 @@ def _turns(ids: Sequence[object]) -> list[list[int]]:
 def _changed(status: str) -> int:
     """The row count of an ``UPDATE n`` / ``DELETE n`` command status."""
     return int(status.rsplit(" ", 1)[-1])
-
-
-def _next_fire_at(cron: str, timezone: str, enabled: bool, after: datetime) -> datetime | None:
-    """The first cron time strictly after ``after`` read in ``timezone``, in UTC; None when
-    disabled or past its last time. ``after`` is a server-clock reading, never the
-    process clock."""
-    return next_fire_at(cron, timezone, after) if enabled else None
 
 
 class _Params:
@@ -1352,7 +1345,7 @@ class PostgresBackend:
                 args.enabled,
                 now,
                 dump_json(args.options),
-                _next_fire_at(args.cron, args.timezone, args.enabled, now),
+                first_fire_at(args.cron, args.timezone, args.enabled, now),
             )
         except asyncpg.UniqueViolationError:
             raise ValueError(
@@ -1384,7 +1377,7 @@ class PostgresBackend:
                 merged.timezone,
                 merged.enabled,
                 dump_json(merged.options),
-                _next_fire_at(merged.cron, merged.timezone, merged.enabled, current["now"]),
+                first_fire_at(merged.cron, merged.timezone, merged.enabled, current["now"]),
             )
         return schedule_record(record)
 

@@ -6,16 +6,11 @@ from datetime import datetime
 from uuid import UUID, uuid4
 
 from taskq.backend.clock import Clock
-from taskq.backend.cron import next_fire_at
+from taskq.backend.cron import first_fire_at
 from taskq.backend.storable import stored_json
 from taskq.models import ScheduleCreateArgs, ScheduleRecord, ScheduleUpdateArgs
 
 __all__ = ["ScheduleTable"]
-
-
-def _next_fire(cron: str, timezone: str, enabled: bool, now: datetime) -> datetime | None:
-    # A disabled schedule has no next fire; enabling it recomputes from "now".
-    return next_fire_at(cron, timezone, now) if enabled else None
 
 
 class ScheduleTable:
@@ -41,7 +36,7 @@ class ScheduleTable:
             timezone=args.timezone,
             enabled=args.enabled,
             options=stored_json(args.options),
-            next_fire_at=_next_fire(args.cron, args.timezone, args.enabled, now),
+            next_fire_at=first_fire_at(args.cron, args.timezone, args.enabled, now),
             created_at=now,
             updated_at=now,
         )
@@ -68,7 +63,7 @@ class ScheduleTable:
             update={
                 "payload": stored_json(merged.payload),
                 "options": stored_json(merged.options),
-                "next_fire_at": _next_fire(merged.cron, merged.timezone, merged.enabled, now),
+                "next_fire_at": first_fire_at(merged.cron, merged.timezone, merged.enabled, now),
                 "updated_at": now,
             }
         )

@@ -17,7 +17,13 @@ from croniter import CroniterBadDateError, croniter
 from taskq.errors import SingletonCollisionError
 from taskq.models import ScheduleRecord
 
-__all__ = ["MAX_SLOTS_PER_TICK", "cron_slots", "next_fire_at", "skipped_slots"]
+__all__ = [
+    "MAX_SLOTS_PER_TICK",
+    "cron_slots",
+    "first_fire_at",
+    "next_fire_at",
+    "skipped_slots",
+]
 
 _log = structlog.get_logger("taskq.leader")
 
@@ -26,6 +32,22 @@ _MAX_REPEATED_SLOTS: Final = 3601
 
 MAX_SLOTS_PER_TICK: Final = 1000
 """Slots one schedule may fire in one tick; the rest fire on the next ticks."""
+
+
+def first_fire_at(cron: str, timezone: str, enabled: bool, now: datetime) -> datetime | None:
+    """A schedule's ``next_fire_at`` as it is stored or changed at ``now`` (the backend's
+    clock): None when disabled (enabling it computes it again); ``ValueError`` when
+    enabled and ``cron`` matches no later time (a year field in the past): it would be
+    stored enabled and never fire."""
+    if not enabled:
+        return None
+    fire = next_fire_at(cron, timezone, now)
+    if fire is None:
+        raise ValueError(
+            f"cron expression {cron!r} never fires after now; give a time still to come, "
+            f"or disable the schedule"
+        )
+    return fire
 
 
 def next_fire_at(cron: str, timezone: str, after: datetime) -> datetime | None:

@@ -57,6 +57,20 @@ class ScheduleTests:
             )
         assert await backend.list_schedules() == [record]
 
+    @covers("create_schedule", "update_schedule", "list_schedules")
+    async def test_a_schedule_that_can_never_fire_again_is_refused_enabled(
+        self, backend: Backend
+    ) -> None:
+        # Stored enabled, it had no next fire time and fired nothing, ever.
+        past = "0 0 1 1 * 0 2001"  # midnight, 1 January 2001 (a seventh field: the year)
+        with pytest.raises(ValueError, match="never fires after now"):
+            await backend.create_schedule(_args(cron=past))
+        record = await backend.create_schedule(_args(cron=past, enabled=False))
+        assert record.next_fire_at is None
+        with pytest.raises(ValueError, match="never fires after now"):
+            await backend.update_schedule(record.id, ScheduleUpdateArgs(enabled=True))
+        assert await backend.list_schedules() == [record]
+
     @pytest.mark.parametrize("timezone", ["UTC", "Asia/Tokyo", "America/New_York"])
     @covers("create_schedule")
     async def test_create_schedule_stores_it_with_the_next_fire_time(

@@ -216,7 +216,9 @@ def scenarios(sizes: Sizes) -> list[Scenario]:
         )
     )
     found += [
-        _dispatch_scenario(depth, sizes.dispatch_samples, cap) for depth in sizes.dispatch_depths
+        _dispatch_scenario(depth, sizes.dispatch_samples, cap, round_robin)
+        for round_robin in (False, True)
+        for depth in sizes.dispatch_depths
     ]
     n, concurrency = sizes.memory_jobs, sizes.memory_concurrency
     found.append(
@@ -229,11 +231,13 @@ def scenarios(sizes: Sizes) -> list[Scenario]:
     return found
 
 
-def _dispatch_scenario(depth: int, samples: int, cap: float) -> Scenario:
+def _dispatch_scenario(depth: int, samples: int, cap: float, round_robin: bool) -> Scenario:
     return Scenario(
-        _deep.scenario_name(depth),
+        _deep.scenario_name(depth, round_robin=round_robin),
         depth,
-        _in_schema(lambda d, s: _deep.dispatch_latency(d, s, depth, samples, cap)),
+        _in_schema(
+            lambda d, s: _deep.dispatch_latency(d, s, depth, samples, cap, round_robin=round_robin)
+        ),
     )
 
 

@@ -6,6 +6,8 @@ columns a plain enqueue writes; the rest take their defaults), then
 minutes and measure nothing of interest here. The jobs are spread over
 ``ACTORS`` actors of the ``default`` queue, registered uncapped as a worker
 registers its actors, in FIFO order (actor ``g % ACTORS`` for the ``g``-th job).
+The round-robin variant makes ``default`` a round-robin queue and gives the
+``g``-th job the fairness key ``tenant_<g % TENANTS>``: a multi-tenant backlog.
 
 Each sample times ``PostgresBackend.dispatch_batch`` (the queue-settings
 lookup and the dispatch statement) on the client's clock, then puts the
@@ -26,39 +28,46 @@ from bench._common import NAP_PAYLOAD, Result
 from bench.latency import latency_figures
 
 from taskq.identifiers import check_identifier
-from taskq.models import ActorConfig
+from taskq.models import ActorConfig, QueueConfig
 from taskq_postgres import PostgresBackend
 
 ACTORS: Final = 50
 BATCH: Final = 100
+TENANTS: Final = 1_000
 _WARMUP: Final = 3
 _LEASE: Final = timedelta(minutes=5)
 
 
-def scenario_name(depth: int) -> str:
-    """``taskq_dispatch100_at_10k`` and the like."""
+def scenario_name(depth: int, *, round_robin: bool = False) -> str:
+    """``taskq_dispatch100_at_10k``, ``taskq_dispatch100_rr1000_at_10k`` and the like."""
     label = f"{depth // 1_000_000}m" if depth % 1_000_000 == 0 else f"{depth // 1_000}k"
-    return f"taskq_dispatch{BATCH}_at_{label}"
+    mode = f"_rr{TENANTS}" if round_robin else ""
+    return f"taskq_dispatch{BATCH}{mode}_at_{label}"
 
 
 def _actor(i: int) -> str:
     return f"nap_{i:02d}"
 
 
-async def _load(conn: asyncpg.Connection[Any], schema: str, depth: int, seconds: float) -> None:
+async def _load(
+    conn: asyncpg.Connection[Any], schema: str, depth: int, tenants: int, seconds: float
+) -> None:
     s = check_identifier(schema)
     # Bounded like the rest of the scenario: a load that would outlast the limit fails.
     await conn.execute(f"SET statement_timeout = {max(1, int(seconds * 1000))}")
     await conn.execute(
         f"""
-        INSERT INTO {s}.jobs (actor, queue, payload, scheduled_at, created_at, enqueued_at)
+        INSERT INTO {s}.jobs (actor, queue, payload, scheduled_at, created_at, enqueued_at,
+                              fairness_key)
         SELECT 'nap_' || lpad((g % {ACTORS})::text, 2, '0'), 'default', $1::jsonb,
-               t.start + g * interval '1 microsecond', t.start, t.start
+               t.start + g * interval '1 microsecond', t.start, t.start,
+               CASE WHEN $3::int > 0 THEN 'tenant_' || (g % $3::int) END
         FROM (SELECT clock_timestamp() - interval '1 hour' AS start) t,
              generate_series(1, $2::int) AS g
         """,
         json.dumps(NAP_PAYLOAD),
         depth,
+        tenants,
     )
     await conn.execute("RESET statement_timeout")
     await conn.execute(f"VACUUM ANALYZE {s}.jobs")
@@ -67,20 +76,26 @@ async def _load(conn: asyncpg.Connection[Any], schema: str, depth: int, seconds:
 
 
 async def dispatch_latency(
-    dsn: str, schema: str, depth: int, samples: int, time_limit: float
+    dsn: str, schema: str, depth: int, samples: int, time_limit: float, *, round_robin: bool
 ) -> Result:
-    """``samples`` timed dispatches of ``BATCH`` on a backlog of ``depth`` pending jobs."""
+    """``samples`` timed dispatches of ``BATCH`` on a backlog of ``depth`` pending jobs
+    (``round_robin``: of ``TENANTS`` fairness keys, in a round-robin queue)."""
     deadline = time.monotonic() + time_limit
-    name = scenario_name(depth)
+    name = scenario_name(depth, round_robin=round_robin)
     s = check_identifier(schema)
     conn = await asyncpg.connect(dsn)
     backend = PostgresBackend(dsn, schema=schema, min_pool_size=1, max_pool_size=1)
     extra: dict[str, Any] = {"pending": depth, "actors": ACTORS, "batch": BATCH}
+    tenants = TENANTS if round_robin else 0
+    if round_robin:
+        extra["fairness_keys"] = tenants
     latencies: list[float] = []
     try:
-        await _load(conn, schema, depth, deadline - time.monotonic())
+        await _load(conn, schema, depth, tenants, deadline - time.monotonic())
         await backend.open()
         await backend.register_actors([ActorConfig(actor=_actor(i)) for i in range(ACTORS)])
+        if round_robin:
+            await backend.configure_queue(QueueConfig(queue="default", mode="round_robin"))
         restore = await conn.prepare(
             f"""
             WITH back AS (

@@ -26,9 +26,13 @@ per-actor branches do not run::
                         each job's position within its actor
     head_admitted       strict FIFO: what the per-actor sample would admit from the head
     head_suffices       strict FIFO: the head gives limit_n jobs, or holds every due job
+    rr_keys, rr_state   round robin: the fairness cohorts of each (queue, actor) with
+                        room, a loose index scan, with their running jobs and turns
+    rr_pairs            round robin: each pair's cohorts, and how deep to read each
     candidates          CROSS JOIN LATERAL per (queue, actor), LIMIT residual * oversample,
                         past the jobs whose identity is running (strict FIFO: only when
-                        the head does not suffice)
+                        the head does not suffice; round robin: its cohorts read to
+                        depth, or to the sample's size when that falls short)
     queue_capacity      residual of each capped queue (queues.max_concurrent)
     admitted            jobs of queues with room whose identity is not running; then the
                         rank within a capped queue <= its residual; then identity dedup:
@@ -54,10 +58,11 @@ list: the first names the actors to sample, the head phases spare strict FIFO
 that sample on deep queues (below), the last applies the queue caps the
 in-memory reference enforces too.
 
-Round robin ranks every pending job of each (queue, actor) of its round-robin
-queues (an index-only scan of ``jobs_dispatch_idx``), so its cost grows with
-their backlog; a strict queue asked for in the same call is one cohort, read to
-its ``residual * oversample`` first jobs. Strict FIFO reads ``limit_n * oversample`` rows of
+Round robin reads, per (queue, actor) of its round-robin queues, one
+``jobs_fairness_idx`` entry per fairness cohort and the cohorts' first jobs, about
+``residual * oversample`` in all (at most that many per cohort when shallow cohorts
+leave the first read short), whatever the backlog; a strict queue asked for in
+the same call is one cohort, read to its ``residual * oversample`` first jobs. Strict FIFO reads ``limit_n * oversample`` rows of
 ``jobs_dispatch_head_idx`` per queue plus, unless the head is plain, one
 ``jobs_dispatch_idx`` entry per pending actor, whatever the backlog and the
 number of actors; only when caps
@@ -199,12 +204,56 @@ admitted AS (
 # taskq.backend.fairness; 0 never served). Each dispatch starts afresh, so without
 # them a cohort whose jobs are older would win every one-slot dispatch, starving the
 # others for as long as its backlog lasts. Rank and turn make one bigint, the rank
-# in the high bits. PARTITION BY puts all NULL keys in one cohort (no '__null__'
+# in the high bits (a job's level: its rank within the cohort plus the cohort's
+# running jobs). PARTITION BY puts all NULL keys in one cohort (no '__null__'
 # sentinel a real key could collide with).
-# The lateral samples each (queue, actor) by cohort rank, so a deep cohort
-# cannot crowd a shallow one out of the sample. In strict queues asked for in
-# the same call ($8 lists the round-robin ones) every job shares one cohort.
-_ROUND_ROBIN_CANDIDATES: Final = """
+#
+# Each (queue, actor) of a round-robin queue is sampled to its first
+# residual * oversample jobs by level without ranking its backlog: its cohorts
+# are named by a loose scan of jobs_fairness_idx (one probe each), then each
+# cohort is read to the depth at which the cohorts together hold that many jobs
+# (rr_pairs: were every cohort deep enough), which holds every job of those
+# levels. When shallow cohorts leave that short, every cohort is read to the
+# sample's size instead (no cohort gives more); either way the sample is exactly
+# the first jobs by level, at the cost of the cohorts plus the sample, not the
+# backlog. In strict queues asked for in the same call every job shares one
+# cohort, read to its sample.
+_COHORT_READ: Final = """
+    SELECT x.id, x.actor, x.queue, x.priority, x.scheduled_at, x.identity_key, x.fairness_key,
+           co.running, co.turn,
+           ROW_NUMBER() OVER (
+               PARTITION BY co.fairness_key ORDER BY x.priority DESC, x.scheduled_at, x.id
+           ) AS cohort_rank
+    FROM unnest(pr.keys, pr.running, pr.turns, pr.to_depth)
+        AS co (fairness_key, running, turn, to_depth)
+    CROSS JOIN LATERAL (
+        (
+            SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
+                   j.fairness_key
+            FROM {schema}.jobs j
+            WHERE co.fairness_key IS NOT NULL
+              AND j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
+              AND j.fairness_key = co.fairness_key AND j.scheduled_at <= p.now
+              AND <WAITS_NOT:j>
+            ORDER BY j.priority DESC, j.scheduled_at, j.id
+            LIMIT <TAKE>
+        )
+        UNION ALL
+        (
+            SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
+                   j.fairness_key
+            FROM {schema}.jobs j
+            WHERE co.fairness_key IS NULL
+              AND j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
+              AND j.fairness_key IS NULL AND j.scheduled_at <= p.now
+              AND <WAITS_NOT:j>
+            ORDER BY j.priority DESC, j.scheduled_at, j.id
+            LIMIT <TAKE>
+        )
+    ) x"""
+
+_ROUND_ROBIN_CANDIDATES: Final = (
+    """
 head_plain (ok) AS (SELECT false),
 running_cohorts AS (
     SELECT j.fairness_key, count(*) AS running
@@ -215,7 +264,7 @@ running_cohorts AS (
 running_unkeyed (running) AS (
     SELECT coalesce((SELECT rc.running FROM running_cohorts rc WHERE rc.fairness_key IS NULL), 0)
 ),
--- Each keyed cohort's running jobs and turn, for one join per pending row.
+-- Each keyed cohort's running jobs and turn, for one join per cohort.
 cohort_state (fairness_key, running, turn) AS (
     SELECT coalesce(rc.fairness_key, t.fairness_key), coalesce(rc.running, 0),
            coalesce(t.turn, 0)
@@ -225,6 +274,72 @@ cohort_state (fairness_key, running, turn) AS (
         FROM params p CROSS JOIN unnest(p.turn_keys, p.turns) AS t (fairness_key, turn)
     ) t ON t.fairness_key = rc.fairness_key
     WHERE coalesce(rc.fairness_key, t.fairness_key) IS NOT NULL
+),
+-- The pending cohorts of each (queue, actor) with room in the round-robin queues, one
+-- index probe per key; the NULL that ends each pair's scan stands for its unkeyed
+-- cohort, kept when it has pending jobs (an empty cohort counted in rr_pairs' depth
+-- left the reads to that depth short, and every cohort was read to the sample's size).
+rr_keys (queue, actor, fairness_key) AS (
+    SELECT pa.queue,
+           pa.actor,
+           (SELECT min(j.fairness_key) FROM {schema}.jobs j
+            WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor)
+    FROM pending_actors pa
+    JOIN per_actor_capacity pac ON pac.actor = pa.actor
+    CROSS JOIN params p
+    WHERE pa.actor IS NOT NULL AND pa.queue = ANY (p.rr_queues) AND pac.residual > 0
+    UNION ALL
+    SELECT k.queue,
+           k.actor,
+           (SELECT min(j.fairness_key) FROM {schema}.jobs j
+            WHERE j.status = 'pending' AND j.queue = k.queue AND j.actor = k.actor
+              AND j.fairness_key > k.fairness_key)
+    FROM rr_keys k
+    WHERE k.fairness_key IS NOT NULL
+),
+rr_state (queue, actor, fairness_key, running, turn, wanted) AS (
+    SELECT k.queue, k.actor, k.fairness_key,
+           CASE WHEN k.fairness_key IS NULL THEN ru.running ELSE coalesce(cs.running, 0) END,
+           CASE WHEN k.fairness_key IS NULL THEN p.unkeyed_turn ELSE coalesce(cs.turn, 0) END,
+           pac.residual * p.oversample
+    FROM rr_keys k
+    JOIN per_actor_capacity pac ON pac.actor = k.actor
+    CROSS JOIN params p
+    CROSS JOIN running_unkeyed ru
+    LEFT JOIN cohort_state cs ON cs.fairness_key = k.fairness_key
+    -- A probe per pair (a scalar LIMIT 1): an EXISTS here was planned as a hashed scan
+    -- of every pending unkeyed job.
+    WHERE k.fairness_key IS NOT NULL OR (
+        SELECT true FROM {schema}.jobs j
+        WHERE j.status = 'pending' AND j.queue = k.queue AND j.actor = k.actor
+          AND j.fairness_key IS NULL
+        LIMIT 1
+    )
+),
+-- One row per pair, its cohorts in arrays (each pair's lateral unnests its own rather
+-- than scanning every pair's), each with how deep to read it: to the least level d
+-- at which the pair's cohorts, were each deep enough, hold its sample (the sum of
+-- d - running over the cohorts running fewer than d). Over the cohorts in order of
+-- running jobs, the first k alone need max(ceil((wanted + their running) / k), the
+-- k-th's running); d is the least of these.
+rr_pairs (queue, actor, keys, running, turns, to_depth) AS (
+    SELECT c.queue, c.actor, array_agg(c.fairness_key), array_agg(c.running),
+           array_agg(c.turn), array_agg(greatest(d.depth - c.running, 0))
+    FROM rr_state c
+    JOIN (
+        SELECT w.queue, w.actor,
+               min(greatest(ceil((w.wanted + w.below)::numeric / w.k)::bigint, w.running))
+                   AS depth
+        FROM (
+            SELECT c.queue, c.actor, c.running, c.wanted,
+                   ROW_NUMBER() OVER w AS k, sum(c.running) OVER w AS below
+            FROM rr_state c
+            WINDOW w AS (PARTITION BY c.queue, c.actor ORDER BY c.running
+                         ROWS UNBOUNDED PRECEDING)
+        ) w
+        GROUP BY w.queue, w.actor
+    ) d ON d.queue = c.queue AND d.actor = c.actor
+    GROUP BY c.queue, c.actor
 ),
 candidates AS (
     SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key,
@@ -236,35 +351,30 @@ candidates AS (
     FROM pending_actors pa
     JOIN per_actor_capacity pac ON pac.actor = pa.actor
     CROSS JOIN params p
-    CROSS JOIN running_unkeyed ru
+    LEFT JOIN rr_pairs pr ON pr.queue = pa.queue AND pr.actor = pa.actor
     CROSS JOIN LATERAL (
+        WITH rr_to_depth AS MATERIALIZED ("""
+    + _COHORT_READ.replace("<TAKE>", "co.to_depth")
+    + """
+        )
         SELECT f.id, f.actor, f.queue, f.priority, f.scheduled_at, f.identity_key, f.fairness_key,
                f.running, f.turn
         FROM (
-            SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
-                   j.fairness_key,
-                   ROW_NUMBER() OVER (
-                       PARTITION BY j.fairness_key ORDER BY j.priority DESC, j.scheduled_at, j.id
-                   ) AS cohort_rank,
-                   CASE WHEN j.fairness_key IS NULL THEN ru.running
-                        ELSE coalesce(cs.running, 0) END AS running,
-                   CASE WHEN j.fairness_key IS NULL THEN p.unkeyed_turn
-                        ELSE coalesce(cs.turn, 0) END AS turn
-            FROM {schema}.jobs j
-            -- An equality join (hashable), not IS NOT DISTINCT FROM per row: the NULL
-            -- cohort's count and turn are read once (running_unkeyed, params).
-            LEFT JOIN cohort_state cs ON cs.fairness_key = j.fairness_key
-            WHERE pa.queue = ANY (p.rr_queues)
-              AND j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
-              AND j.scheduled_at <= p.now
-              AND <WAITS_NOT:j>
+            SELECT * FROM rr_to_depth
+            WHERE (SELECT count(*) FROM rr_to_depth) >= pac.residual * p.oversample
+            UNION ALL
+            -- Short (shallow cohorts): every cohort to the sample's size, as none gives more.
+            SELECT * FROM ("""
+    + _COHORT_READ.replace("<TAKE>", "pac.residual * p.oversample")
+    + """
+            ) whole
+            WHERE (SELECT count(*) FROM rr_to_depth) < pac.residual * p.oversample
             UNION ALL
             -- A strict queue asked for in the same call is one cohort: its ranks are its
             -- index order, so its first jobs are read, not its whole backlog ranked.
             SELECT s.id, s.actor, s.queue, s.priority, s.scheduled_at, s.identity_key,
-                   s.fairness_key,
-                   ROW_NUMBER() OVER (ORDER BY s.priority DESC, s.scheduled_at, s.id),
-                   0, p.strict_turn
+                   s.fairness_key, 0, p.strict_turn,
+                   ROW_NUMBER() OVER (ORDER BY s.priority DESC, s.scheduled_at, s.id)
             FROM (
                 SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
                        j.fairness_key
@@ -283,6 +393,7 @@ candidates AS (
     ) c
     WHERE pa.actor IS NOT NULL AND pac.residual > 0
 ),<ADMIT:admitted:candidates>"""
+)
 
 # What the candidates of <SOURCE> admit, each step depending only on earlier jobs
 # (so the head's admissions are a prefix of the sample's): first the jobs of queues

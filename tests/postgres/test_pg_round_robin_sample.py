@@ -1,0 +1,114 @@
+"""Round robin samples each (queue, actor) by reading its cohorts to a depth, not by
+ranking its backlog: the batch must still be exactly the first jobs of the
+round-robin order.
+
+The randomized test checks the statement against that order computed here, on
+cohorts of every shape (empty, shallow, deep, unkeyed, with running jobs and
+turns), with an oversample of 1, so that the sample is the batch and both the read
+to depth and its fallback (shallow cohorts leave it short) decide what is dispatched.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from taskq_postgres._statements import statements_for
+from taskq_testing.postgres import PgSchema
+
+pytestmark = pytest.mark.postgres
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+KEYS: list[str | None] = [None, "k0", "k1", "k2", "k3", "k4", "k5"]
+
+
+@pytest_asyncio.fixture
+async def conn(pg_schema: PgSchema) -> AsyncIterator[asyncpg.Connection[Any]]:
+    # As the backend's own connections: the statement's estimates would have it compiled.
+    connection: asyncpg.Connection[Any] = await asyncpg.connect(
+        pg_schema.dsn, server_settings={"jit": "off"}
+    )
+    yield connection
+    await connection.close()
+
+
+@dataclass(frozen=True)
+class Job:
+    id: UUID
+    fairness_key: str | None
+    priority: int
+    scheduled_at: datetime
+
+
+def _order(
+    jobs: list[Job], running: dict[str | None, int], turns: dict[str | None, int]
+) -> list[UUID]:
+    """The round-robin order: level (rank in the cohort plus its running jobs), the
+    cohort's turn, then priority DESC, scheduled_at, id."""
+
+    def fifo(job: Job) -> tuple[int, datetime, UUID]:
+        return (-job.priority, job.scheduled_at, job.id)
+
+    level: dict[UUID, int] = {}
+    for key in {job.fairness_key for job in jobs}:
+        cohort = sorted((job for job in jobs if job.fairness_key == key), key=fifo)
+        for rank, job in enumerate(cohort, start=1):
+            level[job.id] = rank + running.get(key, 0)
+    ordered = sorted(
+        jobs, key=lambda job: (level[job.id], turns.get(job.fairness_key, 0), *fifo(job))
+    )
+    return [job.id for job in ordered]
+
+
+async def _insert(conn: asyncpg.Connection[Any], schema: str, status: str, jobs: list[Job]) -> None:
+    await conn.executemany(
+        f"INSERT INTO {schema}.jobs (id, actor, queue, status, priority, scheduled_at,"
+        f" fairness_key, locked_by_worker, lock_expires_at)"
+        f" VALUES ($1, 'a', 'rr', $2::text::{schema}.job_status, $3, $4, $5,"
+        f" CASE WHEN $2::text = 'running' THEN gen_random_uuid() END,"
+        f" CASE WHEN $2::text = 'running' THEN clock_timestamp() + interval '1 hour' END)",
+        [(j.id, status, j.priority, j.scheduled_at, j.fairness_key) for j in jobs],
+    )
+
+
+async def test_the_batch_is_the_head_of_the_round_robin_order(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    s = pg_schema.name
+    statement = statements_for(s).dispatch_round_robin
+    rng = random.Random(20261205)
+    for case in range(60):
+        await conn.execute(f"DELETE FROM {s}.jobs")
+        pending: list[Job] = []
+        running: dict[str | None, int] = {}
+        turns: dict[str | None, int] = {}
+        tick = 0
+        for key in rng.sample(KEYS, rng.randint(1, len(KEYS))):
+            # Mostly shallow cohorts next to a deep one: the read to depth falls short.
+            size = rng.choice([0, 1, 1, 2, 3, 5, 8, 30])
+            for _ in range(size):
+                tick += 1
+                pending.append(
+                    Job(uuid4(), key, rng.choice([0, 0, 1]), START + timedelta(seconds=tick))
+                )
+            running[key] = rng.choice([0, 0, 0, 1, 2, 6])
+            turns[key] = rng.choice([0, 0, 1, 2, 3])
+        await _insert(conn, s, "pending", pending)
+        for key, count in running.items():
+            busy = [Job(uuid4(), key, 0, START) for _ in range(count)]
+            await _insert(conn, s, "running", busy)
+        limit = rng.randint(1, 12)
+        keyed = [key for key in turns if key is not None]
+        args: list[Any] = [["rr"], limit, uuid4(), timedelta(minutes=5), 1, [], [], ["rr"]]
+        args += [keyed, [turns[key] for key in keyed], turns.get(None, 0), 0]
+        rows = await conn.fetch(statement, *args)
+        expected = _order(pending, running, turns)[:limit]
+        assert [row["id"] for row in rows] == expected, (case, limit, running, turns)

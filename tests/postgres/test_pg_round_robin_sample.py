@@ -5,7 +5,8 @@ round-robin order.
 The randomized test checks the statement against that order computed here, on
 cohorts of every shape (empty, shallow, deep, unkeyed, with running jobs and
 turns), with an oversample of 1, so that the sample is the batch and both the read
-to depth and its fallback (shallow cohorts leave it short) decide what is dispatched.
+to depth and its fallback (shallow cohorts leave it short) decide what is dispatched;
+and on a pair of more cohorts than are read one by one, which ranks its backlog.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
+from taskq_postgres._sql.dispatch import _CROWD
 from taskq_postgres._statements import statements_for
 from taskq_testing.postgres import PgSchema
 
@@ -79,22 +81,40 @@ async def _insert(conn: asyncpg.Connection[Any], schema: str, status: str, jobs:
     )
 
 
+@pytest.mark.parametrize(
+    ("keys", "sizes", "cases"),
+    [
+        # Mostly shallow cohorts next to a deep one: the read to depth falls short.
+        (KEYS, [0, 1, 1, 2, 3, 5, 8, 30], 60),
+        # More cohorts than a pair reads one by one: its backlog is ranked whole.
+        ([None, *(f"c{i:04d}" for i in range(_CROWD + 20))], [1, 1, 2], 4),
+    ],
+    ids=["cohorts", "crowded"],
+)
 async def test_the_batch_is_the_head_of_the_round_robin_order(
-    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+    conn: asyncpg.Connection[Any],
+    pg_schema: PgSchema,
+    keys: list[str | None],
+    sizes: list[int],
+    cases: int,
 ) -> None:
     s = pg_schema.name
     statement = statements_for(s).dispatch_round_robin
     rng = random.Random(20261205)
-    for case in range(60):
+    for case in range(cases):
         await conn.execute(f"DELETE FROM {s}.jobs")
         pending: list[Job] = []
         running: dict[str | None, int] = {}
         turns: dict[str | None, int] = {}
         tick = 0
-        for key in rng.sample(KEYS, rng.randint(1, len(KEYS))):
-            # Mostly shallow cohorts next to a deep one: the read to depth falls short.
-            size = rng.choice([0, 1, 1, 2, 3, 5, 8, 30])
-            for _ in range(size):
+        if len(keys) <= _CROWD:
+            chosen = rng.sample(keys, rng.randint(1, len(keys)))
+        else:
+            # Every key, so that the pair is crowded; the last in key order first in
+            # time, so that a scan of the first keys alone misses the head.
+            chosen = sorted(keys, key=lambda k: k or "", reverse=True)
+        for key in chosen:
+            for _ in range(rng.choice(sizes)):
                 tick += 1
                 pending.append(
                     Job(uuid4(), key, rng.choice([0, 0, 1]), START + timedelta(seconds=tick))
@@ -111,4 +131,4 @@ async def test_the_batch_is_the_head_of_the_round_robin_order(
         args += [keyed, [turns[key] for key in keyed], turns.get(None, 0), 0]
         rows = await conn.fetch(statement, *args)
         expected = _order(pending, running, turns)[:limit]
-        assert [row["id"] for row in rows] == expected, (case, limit, running, turns)
+        assert [row["id"] for row in rows] == expected, (case, limit)

@@ -61,8 +61,11 @@ in-memory reference enforces too.
 Round robin reads, per (queue, actor) of its round-robin queues, one
 ``jobs_fairness_idx`` entry per fairness cohort and the cohorts' first jobs, about
 ``residual * oversample`` in all (at most that many per cohort when shallow cohorts
-leave the first read short), whatever the backlog; a strict queue asked for in
-the same call is one cohort, read to its ``residual * oversample`` first jobs. Strict FIFO reads ``limit_n * oversample`` rows of
+leave the first read short), whatever the backlog; a pair of more than ``_CROWD``
+cohorts ranks its whole backlog instead, as near-unique keys read dearer than they
+rank. A cohort whose jobs all wait on a running identity (or are not yet due) is
+read to its end, as those are filtered, not index conditions. A strict queue asked
+for in the same call is one cohort, read to its ``residual * oversample`` first jobs. Strict FIFO reads ``limit_n * oversample`` rows of
 ``jobs_dispatch_head_idx`` per queue plus, unless the head is plain, one
 ``jobs_dispatch_idx`` entry per pending actor, whatever the backlog and the
 number of actors; only when caps
@@ -252,6 +255,11 @@ _COHORT_READ: Final = """
         )
     ) x"""
 
+_CROWD: Final = 1_000
+"""Cohorts past which a round-robin (queue, actor) ranks its whole backlog instead of
+reading its cohorts (measured here: reading costs ~15 us a cohort, ranking ~1 us a
+job, so near-unique keys read dearer than they ranked)."""
+
 _ROUND_ROBIN_CANDIDATES: Final = (
     """
 head_plain (ok) AS (SELECT false),
@@ -279,11 +287,13 @@ cohort_state (fairness_key, running, turn) AS (
 -- index probe per key; the NULL that ends each pair's scan stands for its unkeyed
 -- cohort, kept when it has pending jobs (an empty cohort counted in rr_pairs' depth
 -- left the reads to that depth short, and every cohort was read to the sample's size).
-rr_keys (queue, actor, fairness_key) AS (
+-- The scan stops past <CROWD> keys: a pair with more is crowded (below).
+rr_keys (queue, actor, fairness_key, n) AS (
     SELECT pa.queue,
            pa.actor,
            (SELECT min(j.fairness_key) FROM {schema}.jobs j
-            WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor)
+            WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor),
+           1
     FROM pending_actors pa
     JOIN per_actor_capacity pac ON pac.actor = pa.actor
     CROSS JOIN params p
@@ -293,9 +303,16 @@ rr_keys (queue, actor, fairness_key) AS (
            k.actor,
            (SELECT min(j.fairness_key) FROM {schema}.jobs j
             WHERE j.status = 'pending' AND j.queue = k.queue AND j.actor = k.actor
-              AND j.fairness_key > k.fairness_key)
+              AND j.fairness_key > k.fairness_key),
+           k.n + 1
     FROM rr_keys k
-    WHERE k.fairness_key IS NOT NULL
+    WHERE k.fairness_key IS NOT NULL AND k.n <= <CROWD>
+),
+-- Pairs of more than <CROWD> cohorts: each cohort read costs about as much as
+-- ranking twenty jobs, so near-unique keys (one job per customer) made the reads
+-- dearer than ranking the whole backlog, which these pairs do instead.
+rr_crowded AS (
+    SELECT k.queue, k.actor FROM rr_keys k WHERE k.n > <CROWD> AND k.fairness_key IS NOT NULL
 ),
 rr_state (queue, actor, fairness_key, running, turn, wanted) AS (
     SELECT k.queue, k.actor, k.fairness_key,
@@ -307,14 +324,15 @@ rr_state (queue, actor, fairness_key, running, turn, wanted) AS (
     CROSS JOIN params p
     CROSS JOIN running_unkeyed ru
     LEFT JOIN cohort_state cs ON cs.fairness_key = k.fairness_key
+    WHERE NOT EXISTS (SELECT 1 FROM rr_crowded c WHERE c.queue = k.queue AND c.actor = k.actor)
     -- A probe per pair (a scalar LIMIT 1): an EXISTS here was planned as a hashed scan
     -- of every pending unkeyed job.
-    WHERE k.fairness_key IS NOT NULL OR (
+      AND (k.fairness_key IS NOT NULL OR (
         SELECT true FROM {schema}.jobs j
         WHERE j.status = 'pending' AND j.queue = k.queue AND j.actor = k.actor
           AND j.fairness_key IS NULL
         LIMIT 1
-    )
+    ))
 ),
 -- One row per pair, its cohorts in arrays (each pair's lateral unnests its own rather
 -- than scanning every pair's), each with how deep to read it: to the least level d
@@ -352,6 +370,7 @@ candidates AS (
     JOIN per_actor_capacity pac ON pac.actor = pa.actor
     CROSS JOIN params p
     LEFT JOIN rr_pairs pr ON pr.queue = pa.queue AND pr.actor = pa.actor
+    LEFT JOIN rr_crowded rc ON rc.queue = pa.queue AND rc.actor = pa.actor
     CROSS JOIN LATERAL (
         WITH rr_to_depth AS MATERIALIZED ("""
     + _COHORT_READ.replace("<TAKE>", "co.to_depth")
@@ -369,6 +388,27 @@ candidates AS (
     + """
             ) whole
             WHERE (SELECT count(*) FROM rr_to_depth) < pac.residual * p.oversample
+            UNION ALL
+            -- A crowded pair: its whole backlog ranked.
+            SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
+                   j.fairness_key,
+                   -- The NULL cohort's count and turn read once (an InitPlan; joined,
+                   -- running_unkeyed was a nested loop per row), and an equality join
+                   -- (hashable) for the others, not IS NOT DISTINCT FROM per row.
+                   CASE WHEN j.fairness_key IS NULL
+                        THEN (SELECT ru.running FROM running_unkeyed ru)
+                        ELSE coalesce(cs.running, 0) END,
+                   CASE WHEN j.fairness_key IS NULL THEN p.unkeyed_turn
+                        ELSE coalesce(cs.turn, 0) END,
+                   ROW_NUMBER() OVER (
+                       PARTITION BY j.fairness_key ORDER BY j.priority DESC, j.scheduled_at, j.id
+                   )
+            FROM {schema}.jobs j
+            LEFT JOIN cohort_state cs ON cs.fairness_key = j.fairness_key
+            WHERE rc.queue IS NOT NULL
+              AND j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
+              AND j.scheduled_at <= p.now
+              AND <WAITS_NOT:j>
             UNION ALL
             -- A strict queue asked for in the same call is one cohort: its ranks are its
             -- index order, so its first jobs are read, not its whole backlog ranked.
@@ -393,7 +433,7 @@ candidates AS (
     ) c
     WHERE pa.actor IS NOT NULL AND pac.residual > 0
 ),<ADMIT:admitted:candidates>"""
-)
+).replace("<CROWD>", str(_CROWD))
 
 # What the candidates of <SOURCE> admit, each step depending only on earlier jobs
 # (so the head's admissions are a prefix of the sample's): first the jobs of queues

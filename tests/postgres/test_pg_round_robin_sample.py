@@ -11,6 +11,7 @@ and on a pair of more cohorts than are read one by one, which ranks its backlog.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -132,3 +133,39 @@ async def test_the_batch_is_the_head_of_the_round_robin_order(
         rows = await conn.fetch(statement, *args)
         expected = _order(pending, running, turns)[:limit]
         assert [row["id"] for row in rows] == expected, (case, limit)
+
+
+def _index_entries(node: dict[str, Any], index: str) -> int:
+    """Entries the plan's scans of ``index`` went through (returned or filtered out)."""
+    own = 0
+    if node.get("Index Name") == index:
+        own = (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node["Actual Loops"]
+    return own + sum(_index_entries(child, index) for child in node.get("Plans", []))
+
+
+async def test_cohorts_waiting_on_running_identities_are_read_through_once(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    # Per-tenant serialization: every tenant's jobs share its identity, and every
+    # tenant runs one. The read to depth goes through each cohort's backlog (its jobs
+    # all wait) and comes up short; the read to the sample's size must not go through
+    # them again.
+    s = pg_schema.name
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, queue, fairness_key, identity_key)"
+        f" SELECT 'a', 'rr', 't' || (g % 20), 't' || (g % 20) FROM generate_series(1, 1000) g"
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, queue, status, fairness_key, identity_key,"
+        f" locked_by_worker, lock_expires_at)"
+        f" SELECT 'a', 'rr', 'running', 't' || g, 't' || g, gen_random_uuid(),"
+        f" clock_timestamp() + interval '1 hour' FROM generate_series(0, 19) g"
+    )
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    statement = statements_for(s).dispatch_round_robin
+    args: list[Any] = [["rr"], 10, uuid4(), timedelta(minutes=5), 2, [], [], ["rr"]]
+    args += [[], [], 0, 0]
+    [[plan]] = await conn.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args)
+    read = _index_entries(json.loads(plan)[0]["Plan"], "jobs_fairness_idx")
+    # The 1,000 waiting jobs once, and a few probes per cohort naming the cohorts.
+    assert 1000 <= read <= 1000 + 20 * 3, read

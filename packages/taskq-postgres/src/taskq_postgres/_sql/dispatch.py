@@ -253,7 +253,7 @@ _COHORT_READ: Final = """
             ORDER BY j.priority DESC, j.scheduled_at, j.id
             LIMIT <TAKE>
         )
-    ) x"""
+    ) x<ONLY>"""
 
 _CROWD: Final = 1_000
 """Cohorts past which a round-robin (queue, actor) ranks its whole backlog instead of
@@ -373,8 +373,19 @@ candidates AS (
     LEFT JOIN rr_crowded rc ON rc.queue = pa.queue AND rc.actor = pa.actor
     CROSS JOIN LATERAL (
         WITH rr_to_depth AS MATERIALIZED ("""
-    + _COHORT_READ.replace("<TAKE>", "co.to_depth")
+    + _COHORT_READ.replace("<TAKE>", "co.to_depth").replace("<ONLY>", "")
     + """
+        ),
+        -- The cohorts that read reached the end of (fewer jobs than asked for): read
+        -- again, they would give the same jobs. Only a short read looks (below), so
+        -- this counts at most a sample's rows per cohort.
+        rr_exhausted AS MATERIALIZED (
+            SELECT coalesce(array_agg(co.fairness_key) FILTER (WHERE co.fairness_key IS NOT NULL),
+                            '{}') AS keys,
+                   coalesce(bool_or(co.fairness_key IS NULL), false) AS unkeyed
+            FROM unnest(pr.keys, pr.to_depth) AS co (fairness_key, to_depth)
+            WHERE co.to_depth > (SELECT count(*) FROM rr_to_depth r
+                                 WHERE r.fairness_key IS NOT DISTINCT FROM co.fairness_key)
         )
         SELECT f.id, f.actor, f.queue, f.priority, f.scheduled_at, f.identity_key, f.fairness_key,
                f.running, f.turn
@@ -382,9 +393,22 @@ candidates AS (
             SELECT * FROM rr_to_depth
             WHERE (SELECT count(*) FROM rr_to_depth) >= pac.residual * p.oversample
             UNION ALL
-            -- Short (shallow cohorts): every cohort to the sample's size, as none gives more.
+            -- Short (shallow cohorts): every cohort to the sample's size, as none gives
+            -- more; a cohort read to its end already (one whose jobs all wait on a running
+            -- identity was read through its backlog) keeps what that read found.
+            SELECT r.* FROM rr_to_depth r CROSS JOIN rr_exhausted e
+            WHERE (SELECT count(*) FROM rr_to_depth) < pac.residual * p.oversample
+              AND CASE WHEN r.fairness_key IS NULL THEN e.unkeyed
+                       ELSE r.fairness_key = ANY (e.keys) END
+            UNION ALL
             SELECT * FROM ("""
-    + _COHORT_READ.replace("<TAKE>", "pac.residual * p.oversample")
+    + _COHORT_READ.replace("<TAKE>", "pac.residual * p.oversample").replace(
+        "<ONLY>",
+        """
+    CROSS JOIN rr_exhausted e
+    WHERE CASE WHEN co.fairness_key IS NULL THEN NOT e.unkeyed
+               ELSE co.fairness_key <> ALL (e.keys) END""",
+    )
     + """
             ) whole
             WHERE (SELECT count(*) FROM rr_to_depth) < pac.residual * p.oversample

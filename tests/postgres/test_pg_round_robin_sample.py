@@ -23,7 +23,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from taskq_postgres._sql.dispatch import _CROWD
+from taskq_postgres._sql.dispatch import _COHORT_BUDGET
 from taskq_postgres._statements import statements_for
 from taskq_testing.postgres import PgSchema
 
@@ -87,8 +87,9 @@ async def _insert(conn: asyncpg.Connection[Any], schema: str, status: str, jobs:
     [
         # Mostly shallow cohorts next to a deep one: the read to depth falls short.
         (KEYS, [0, 1, 1, 2, 3, 5, 8, 30], 60),
-        # More cohorts than a pair reads one by one: its backlog is ranked whole.
-        ([None, *(f"c{i:04d}" for i in range(_CROWD + 20))], [1, 1, 2], 4),
+        # More cohorts than the one pair's share of those read one by one: its backlog
+        # is ranked whole.
+        ([None, *(f"c{i:04d}" for i in range(_COHORT_BUDGET + 20))], [1, 1, 2], 4),
     ],
     ids=["cohorts", "crowded"],
 )
@@ -108,7 +109,7 @@ async def test_the_batch_is_the_head_of_the_round_robin_order(
         running: dict[str | None, int] = {}
         turns: dict[str | None, int] = {}
         tick = 0
-        if len(keys) <= _CROWD:
+        if len(keys) <= _COHORT_BUDGET:
             chosen = rng.sample(keys, rng.randint(1, len(keys)))
         else:
             # Every key, so that the pair is crowded; the last in key order first in

@@ -61,14 +61,14 @@ in-memory reference enforces too.
 Round robin reads, per (queue, actor) of its round-robin queues, one
 ``jobs_fairness_idx`` entry per fairness cohort and the cohorts' first jobs, about
 ``residual * oversample`` in all (at most that many per cohort when shallow cohorts
-leave the first read short), whatever the backlog; a pair of more than ``_CROWD``
-cohorts ranks its whole backlog instead, as near-unique keys read dearer than they
-rank. A cohort whose jobs all wait on a running identity (or are not yet due) is
+leave the first read short), whatever the backlog; a pair of more cohorts than its
+share of ``_COHORT_BUDGET`` ranks its whole backlog instead, as near-unique keys,
+or thousands of cohorts over many actors, read dearer than they rank. A cohort whose jobs all wait on a running identity (or are not yet due) is
 read to its end, as those are filtered, not index conditions. Each cohort costs
 ~15 us (its probe and its read): where cohorts are many and shallow, or all wait
-on running identities, that can cost up to ~3x what ranking did (an audit's worst:
-200 actors x 50 cohorts, every identity running, 63 -> 228 ms at 200,000 pending),
-against seconds saved on deep backlogs. A strict queue asked
+on running identities, that costs more than ranking did (up to ~2x within the
+budget: 200 actors x 10 cohorts, every identity running, 56 -> 103 ms at 200,000
+pending), against seconds saved on deep backlogs. A strict queue asked
 for in the same call is one cohort, read to its ``residual * oversample`` first jobs. Strict FIFO reads ``limit_n * oversample`` rows of
 ``jobs_dispatch_head_idx`` per queue plus, unless the head is plain, one
 ``jobs_dispatch_idx`` entry per pending actor, whatever the backlog and the
@@ -259,10 +259,12 @@ _COHORT_READ: Final = """
         )
     ) x<ONLY>"""
 
-_CROWD: Final = 1_000
-"""Cohorts past which a round-robin (queue, actor) ranks its whole backlog instead of
-reading its cohorts (measured here: reading costs ~15 us a cohort, ranking ~1 us a
-job, so near-unique keys read dearer than they ranked)."""
+_COHORT_BUDGET: Final = 2_000
+"""Cohorts a round-robin dispatch reads one by one, shared evenly among the (queue,
+actor) pairs it samples: a pair with more than its share ranks its whole backlog
+instead. Reading costs ~15 us a cohort, ranking ~1 us a job, so near-unique keys
+(200,000 cohorts: 188 ms ranked, 3 s read) or many actors' cohorts (200 x 50, every
+identity running: 63 ms ranked, 228 ms read) read dearer than they rank."""
 
 _ROUND_ROBIN_CANDIDATES: Final = (
     """
@@ -291,13 +293,15 @@ cohort_state (fairness_key, running, turn) AS (
 -- index probe per key; the NULL that ends each pair's scan stands for its unkeyed
 -- cohort, kept when it has pending jobs (an empty cohort counted in rr_pairs' depth
 -- left the reads to that depth short, and every cohort was read to the sample's size).
--- The scan stops past <CROWD> keys: a pair with more is crowded (below).
-rr_keys (queue, actor, fairness_key, n) AS (
+-- The scan stops past the pair's share of <BUDGET> keys: a pair with more is
+-- crowded (below).
+rr_keys (queue, actor, fairness_key, n, share) AS (
     SELECT pa.queue,
            pa.actor,
            (SELECT min(j.fairness_key) FROM {schema}.jobs j
             WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor),
-           1
+           1,
+           greatest(<BUDGET> / count(*) OVER (), 1)
     FROM pending_actors pa
     JOIN per_actor_capacity pac ON pac.actor = pa.actor
     CROSS JOIN params p
@@ -308,15 +312,17 @@ rr_keys (queue, actor, fairness_key, n) AS (
            (SELECT min(j.fairness_key) FROM {schema}.jobs j
             WHERE j.status = 'pending' AND j.queue = k.queue AND j.actor = k.actor
               AND j.fairness_key > k.fairness_key),
-           k.n + 1
+           k.n + 1,
+           k.share
     FROM rr_keys k
-    WHERE k.fairness_key IS NOT NULL AND k.n <= <CROWD>
+    WHERE k.fairness_key IS NOT NULL AND k.n <= k.share
 ),
--- Pairs of more than <CROWD> cohorts: each cohort read costs about as much as
--- ranking twenty jobs, so near-unique keys (one job per customer) made the reads
--- dearer than ranking the whole backlog, which these pairs do instead.
+-- Pairs of more cohorts than their share: each cohort read costs about as much as
+-- ranking twenty jobs, so near-unique keys (one job per customer), or thousands of
+-- cohorts over many actors, made the reads dearer than ranking the whole backlog,
+-- which these pairs do instead.
 rr_crowded AS (
-    SELECT k.queue, k.actor FROM rr_keys k WHERE k.n > <CROWD> AND k.fairness_key IS NOT NULL
+    SELECT k.queue, k.actor FROM rr_keys k WHERE k.n > k.share AND k.fairness_key IS NOT NULL
 ),
 rr_state (queue, actor, fairness_key, running, turn, wanted) AS (
     SELECT k.queue, k.actor, k.fairness_key,
@@ -461,7 +467,7 @@ candidates AS (
     ) c
     WHERE pa.actor IS NOT NULL AND pac.residual > 0
 ),<ADMIT:admitted:candidates>"""
-).replace("<CROWD>", str(_CROWD))
+).replace("<BUDGET>", str(_COHORT_BUDGET))
 
 # What the candidates of <SOURCE> admit, each step depending only on earlier jobs
 # (so the head's admissions are a prefix of the sample's): first the jobs of queues

@@ -220,11 +220,16 @@ admitted AS (
 # are named by a loose scan of jobs_fairness_idx (one probe each), then each
 # cohort is read to the depth at which the cohorts together hold that many jobs
 # (rr_pairs: were every cohort deep enough), which holds every job of those
-# levels. When shallow cohorts leave that short, every cohort is read to the
-# sample's size instead (no cohort gives more); either way the sample is exactly
-# the first jobs by level, at the cost of the cohorts plus the sample, not the
-# backlog. In strict queues asked for in the same call every job shares one
-# cohort, read to its sample.
+# levels. When shallow cohorts leave that short, every cohort not read to its end
+# is read again to the sample's size (no cohort gives more); either way the sample
+# is exactly the first jobs by level, at the cost of the cohorts plus the sample,
+# not the backlog. In strict queues asked for in the same call every job shares
+# one cohort, read to its sample.
+#
+# The cohorts of the pair ``pa`` (its rr_pairs row ``pr``), each read to <TAKE>
+# jobs with their rank in the cohort; <ONLY> may filter the cohorts. Keyed and
+# unkeyed cohorts are read by separate branches: an equality, and an IS NULL, are
+# both index conditions, where IS NOT DISTINCT FROM is not.
 _COHORT_READ: Final = """
     SELECT x.id, x.actor, x.queue, x.priority, x.scheduled_at, x.identity_key, x.fairness_key,
            co.running, co.turn,

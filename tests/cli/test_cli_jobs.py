@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from uuid import uuid4
 
@@ -32,7 +33,12 @@ def test_list_filters_and_formats(cli: Cli) -> None:
     assert ids("--status", "scheduled", "cancelled") == {str(later.id), str(cancelled.id)}
     assert ids("--active", "--queue", "default") == {str(first.id), str(later.id)}
     assert ids("--finished") == {str(cancelled.id)}
-    assert ids("--actor", "nap", "--limit", "1") == {str(later.id)}
+    # Cut short: the newest, and a hint on stderr (stdout stays the JSON array).
+    cut = cli.taskq("jobs", "list", "--actor", "nap", "--limit", "1", "--json")
+    assert cut.returncode == 0, cut.stderr
+    assert [j["id"] for j in json.loads(cut.stdout)] == [str(later.id)]
+    assert cut.stderr.startswith("showing the newest 1; more jobs match"), cut.stderr
+    assert ids("--actor", "nap", "--limit", "2") == {str(first.id), str(later.id)}
 
     # --dsn and --schema instead of the environment
     listed = run(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -210,10 +211,19 @@ async def _list(args: argparse.Namespace) -> int:
         actor=args.actor,
         queue=args.queue,
         order="desc",
-        limit=args.limit,
+        # One more than shown, to say when the list is cut short.
+        limit=min(args.limit + 1, _MAX_LIMIT),
     )
     async with open_client(args) as client:
         rows = await client.list_jobs(filters)
+    more, rows = len(rows) > args.limit, rows[: args.limit]
+    if more:
+        # On stderr: stdout stays the list (a --json array for scripts).
+        print(
+            f"showing the newest {args.limit}; more jobs match: narrow the list with "
+            f"--status, --actor or --queue, or raise --limit (up to {_MAX_LIMIT})",
+            file=sys.stderr,
+        )
     if args.json:
         print_json(rows)
         return 0

@@ -25,6 +25,7 @@ from taskq.models import ActorConfig, EnqueueArgs, QueueConfig
 from taskq_postgres import PostgresBackend
 from taskq_postgres._statements import statements_for
 from taskq_testing.postgres import PgSchema
+from tests.postgres.plans import index_rows
 
 pytestmark = pytest.mark.postgres
 
@@ -95,10 +96,10 @@ async def test_a_deep_queue_dispatch_reads_the_head_not_every_actors_sample(
     plan = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args))
     dispatched = await conn.fetch(f"SELECT id FROM {s}.jobs WHERE status = 'running' {order}")
     assert [r["id"] for r in dispatched] == [r["id"] for r in first]
-    read = dict(_rows_read(plan[0]["Plan"]))
-    assert read.get("jobs_dispatch_head_idx", 0) == 200, read
+    root = plan[0]["Plan"]
+    assert index_rows(root, "jobs_dispatch_head_idx") == 200
     # The loose index scan naming the pending actors reads one entry per actor.
-    assert read.get("jobs_dispatch_idx", 0) <= 60, read
+    assert index_rows(root, "jobs_dispatch_idx") <= 60
 
 
 @pytest.mark.parametrize("gate", ["none", "actor_cap", "identity", "queue_cap"])
@@ -119,7 +120,7 @@ async def test_a_head_without_caps_or_identities_skips_the_per_actor_machinery(
     statement = statements_for(s).dispatch_strict_fifo
     args: list[Any] = [["default"], 10, uuid4(), LEASE, 2]
     plan = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args))
-    assert dict(_rows_read(plan[0]["Plan"])).get("jobs_dispatch_head_idx") == 20
+    assert index_rows(plan[0]["Plan"], "jobs_dispatch_head_idx") == 20
     ran = dict(_ctes_run(plan[0]["Plan"]))
     per_actor = ("pending_actors", "running_per_actor", "per_actor_capacity", "head_admitted")
     if gate == "none":
@@ -134,14 +135,6 @@ def _ctes_run(node: dict[str, Any]) -> Iterable[tuple[str, bool]]:
         yield node["Subplan Name"].removeprefix("CTE "), node["Actual Loops"] > 0
     for child in node.get("Plans", ()):
         yield from _ctes_run(child)
-
-
-def _rows_read(node: dict[str, Any]) -> Iterable[tuple[str, int]]:
-    """(index name, rows it returned over all loops) for every index scan of ``node``."""
-    if "Index Name" in node:
-        yield node["Index Name"], node["Actual Rows"] * node["Actual Loops"]
-    for child in node.get("Plans", ()):
-        yield from _rows_read(child)
 
 
 # ---------------------------------------------------------------- the model

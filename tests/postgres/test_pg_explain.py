@@ -14,6 +14,7 @@ import pytest_asyncio
 
 from taskq_postgres._statements import statements_for
 from taskq_testing.postgres import PgSchema
+from tests.postgres.plans import index_rows
 
 pytestmark = pytest.mark.postgres
 
@@ -84,15 +85,9 @@ async def test_a_round_robin_call_reads_samples_not_backlogs(
     )
     root = json.loads(plan)[0]["Plan"]
     # 45 strict samples of at most 200, and one entry per pair for the loose scans.
-    assert 45 * 100 <= _rows_read(root, "jobs_dispatch_idx") <= 45 * 200 + 100
+    assert 45 * 100 <= index_rows(root, "jobs_dispatch_idx") <= 45 * 200 + 100
     # 5 round-robin samples of at most 200 (capped actors less), their keys' probes.
-    assert _rows_read(root, "jobs_fairness_idx") <= 5 * (200 + 3)
-
-
-def _rows_read(node: dict[str, Any], index: str) -> int:
-    """Rows the plan's scans of ``index`` returned, over all their loops."""
-    own = node["Actual Rows"] * node["Actual Loops"] if node.get("Index Name") == index else 0
-    return own + sum(_rows_read(child, index) for child in node.get("Plans", []))
+    assert index_rows(root, "jobs_fairness_idx") <= 5 * (200 + 3)
 
 
 @pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])

@@ -26,6 +26,7 @@ import pytest_asyncio
 from taskq_postgres._sql.dispatch import _COHORT_BUDGET
 from taskq_postgres._statements import statements_for
 from taskq_testing.postgres import PgSchema
+from tests.postgres.plans import index_rows
 
 pytestmark = pytest.mark.postgres
 
@@ -136,14 +137,6 @@ async def test_the_batch_is_the_head_of_the_round_robin_order(
         assert [row["id"] for row in rows] == expected, (case, limit)
 
 
-def _index_entries(node: dict[str, Any], index: str) -> int:
-    """Entries the plan's scans of ``index`` went through (returned or filtered out)."""
-    own = 0
-    if node.get("Index Name") == index:
-        own = (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node["Actual Loops"]
-    return own + sum(_index_entries(child, index) for child in node.get("Plans", []))
-
-
 async def test_cohorts_waiting_on_running_identities_are_read_through_once(
     conn: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:
@@ -167,6 +160,6 @@ async def test_cohorts_waiting_on_running_identities_are_read_through_once(
     args: list[Any] = [["rr"], 10, uuid4(), timedelta(minutes=5), 2, [], [], ["rr"]]
     args += [[], [], 0, 0]
     [[plan]] = await conn.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args)
-    read = _index_entries(json.loads(plan)[0]["Plan"], "jobs_fairness_idx")
+    read = index_rows(json.loads(plan)[0]["Plan"], "jobs_fairness_idx", filtered=True)
     # The 1,000 waiting jobs once, and a few probes per cohort naming the cohorts.
     assert 1000 <= read <= 1000 + 20 * 3, read

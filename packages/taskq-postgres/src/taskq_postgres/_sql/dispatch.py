@@ -62,18 +62,20 @@ Round robin reads, per (queue, actor) of its round-robin queues, one
 ``jobs_fairness_idx`` entry per fairness cohort and the cohorts' first jobs, about
 ``residual * oversample`` in all (at most that many per cohort when shallow cohorts
 leave the first read short), whatever the backlog; a pair of more cohorts than its
-share of ``_COHORT_BUDGET`` ranks its whole backlog instead, as near-unique keys,
-or thousands of cohorts over many actors, read dearer than they rank. A cohort whose jobs all wait on a running identity (or are not yet due) is
-read to its end, as those are filtered, not index conditions. Each cohort costs
-~15 us (its probe and its read): where cohorts are many and shallow, or all wait
-on running identities, that costs more than ranking did (up to ~2x within the
-budget: 200 actors x 10 cohorts, every identity running, 56 -> 103 ms at 200,000
-pending), against seconds saved on deep backlogs. A strict queue asked
-for in the same call is one cohort, read to its ``residual * oversample`` first jobs. Strict FIFO reads ``limit_n * oversample`` rows of
-``jobs_dispatch_head_idx`` per queue plus, unless the head is plain, one
-``jobs_dispatch_idx`` entry per pending actor, whatever the backlog and the
-number of actors; only when caps
-or identities filter out most of the head does it also read ``residual *
+share of ``_COHORT_BUDGET`` ranks its whole backlog instead, as near-unique keys, or
+thousands of cohorts over many actors, read dearer than they rank. A cohort whose
+jobs all wait on a running identity (or are not yet due) is read to its end, as
+those are filtered, not index conditions. Each cohort costs ~15 us (its probe and
+its read): where cohorts are many and shallow, or all wait on running identities,
+that costs more than ranking did (up to ~2x within the budget: 200 actors x 10
+cohorts, every identity running, 56 -> 103 ms at 200,000 pending), against seconds
+saved on deep backlogs. A strict queue asked for in the same call is one cohort,
+read to its ``residual * oversample`` first jobs.
+
+Strict FIFO reads ``limit_n * oversample`` rows of ``jobs_dispatch_head_idx`` per
+queue plus, unless the head is plain, one ``jobs_dispatch_idx`` entry per pending
+actor, whatever the backlog and the number of actors; only when caps or
+identities filter out most of the head does it also read ``residual *
 oversample`` rows per (queue, actor).
 """
 

@@ -89,7 +89,7 @@ async def test_a_deep_queue_dispatch_reads_the_head_not_every_actors_sample(
         f"FROM generate_series(1, 15000) AS g"
     )
     await conn.execute(f"VACUUM ANALYZE {s}.jobs")
-    args: list[Any] = [["default"], 100, uuid4(), LEASE, 2]
+    args: list[Any] = [["default"], 100, uuid4(), LEASE, 2, None]
     statement = statements_for(s).dispatch_strict_fifo
     order = "ORDER BY priority DESC, scheduled_at, id"
     first = await conn.fetch(f"SELECT id FROM {s}.jobs {order} LIMIT 100")
@@ -118,7 +118,7 @@ async def test_a_head_without_caps_or_identities_skips_the_per_actor_machinery(
     await backend.enqueue_batch(_jobs("b", 20))
     await conn.execute(f"VACUUM ANALYZE {s}.jobs")
     statement = statements_for(s).dispatch_strict_fifo
-    args: list[Any] = [["default"], 10, uuid4(), LEASE, 2]
+    args: list[Any] = [["default"], 10, uuid4(), LEASE, 2, None]
     plan = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args))
     assert index_rows(plan[0]["Plan"], "jobs_dispatch_head_idx") == 20
     ran = dict(_ctes_run(plan[0]["Plan"]))
@@ -162,14 +162,21 @@ class Case:
     queues: list[str]
     limit: int
     oversample: int
+    actors: list[str] | None
+    """The actors asked for (``dispatch_actors_batch``), None for all."""
 
 
 def _expected(case: Case) -> tuple[list[UUID], bool]:
     """The per-actor sample's batch, in dispatch order, and whether the head of the
     queues (their first limit * oversample jobs) alone gives the same batch."""
-    pending = sorted(
+    every_pending = sorted(
         (j for j in case.jobs if not j.running and j.queue in case.queues), key=Job.key
     )
+
+    def asked(jobs: list[Job]) -> list[Job]:
+        return [j for j in jobs if case.actors is None or j.actor in case.actors]
+
+    pending = asked(every_pending)
     running = [j for j in case.jobs if j.running]
     actors = {j.actor for j in pending}
     in_flight = Counter(j.actor for j in running)
@@ -224,9 +231,11 @@ def _expected(case: Case) -> tuple[list[UUID], bool]:
                 admitted.append(job)
         return admitted
 
+    # The head is the first jobs of every actor; the others' jobs take no place in it.
     head_size = case.limit * case.oversample
     head_suffices = (
-        len(admit(sample(pending[:head_size]))) >= case.limit or len(pending) < head_size
+        len(admit(sample(asked(every_pending[:head_size])))) >= case.limit
+        or len(every_pending) < head_size
     )
     locked = admit(sample(pending))[: case.limit]
     gated = [
@@ -280,6 +289,7 @@ def _case(rng: random.Random) -> Case:
         queues=rng.choice([["q0"], ["q0", "q1"]]),
         limit=rng.randrange(1, 9),
         oversample=rng.randrange(1, 4),
+        actors=None if rng.random() < 0.5 else sorted(rng.sample(actors, rng.randrange(1, 4))),
     )
 
 
@@ -332,7 +342,7 @@ async def test_dispatch_matches_the_per_actor_sample_model(
         paths[head_suffices] += 1
         async with conn.transaction():
             rows = await conn.fetch(
-                statement, case.queues, case.limit, uuid4(), LEASE, case.oversample
+                statement, case.queues, case.limit, uuid4(), LEASE, case.oversample, case.actors
             )
         assert [r["id"] for r in rows] == expected, (attempt, case)
     # Both paths ran, or the comparison proves less than it claims.

@@ -54,10 +54,13 @@ async def test_dispatch_uses_indexes_not_a_seq_scan_of_jobs(
     backlog: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:
     sql = statements_for(pg_schema.name)
-    common: list[Any] = [["default", "other"], 100, uuid4(), timedelta(minutes=5), 2]
+    common: list[Any] = [["default", "other"], 100, uuid4(), timedelta(minutes=5), 2, None]
     variants = {
         "strict_fifo": (sql.dispatch_strict_fifo, common),
-        "round_robin": (sql.dispatch_round_robin, [*common, [], [], ["default"], ["k"], [1], 0, 0]),
+        "round_robin": (
+            sql.dispatch_round_robin,
+            [*common[:5], [], [], ["default"], ["k"], [1], 0, 0, None],
+        ),
     }
     for name, (statement, args) in variants.items():
         plan = "\n".join(
@@ -79,7 +82,7 @@ async def test_a_round_robin_call_reads_samples_not_backlogs(
     # pending in the strict queue; 2.2 s in a round-robin one).
     sql = statements_for(pg_schema.name)
     args: list[Any] = [["default", "other"], 100, uuid4(), timedelta(minutes=5), 2]
-    args += [[], [], ["other"], [], [], 0, 0]
+    args += [[], [], ["other"], [], [], 0, 0, None]
     [[plan]] = await backlog.fetch(
         f"EXPLAIN (ANALYZE, FORMAT JSON) {sql.dispatch_round_robin}", *args
     )
@@ -107,7 +110,7 @@ async def test_the_plain_head_dispatch_locks_through_the_primary_key(
         )
         await conn.execute(f"ANALYZE {s}.jobs")
         statement = statements_for(s).dispatch_plain_head
-        args: list[Any] = [["default"], 16, uuid4(), timedelta(minutes=5), 4]
+        args: list[Any] = [["default"], 16, uuid4(), timedelta(minutes=5), 4, None]
         await conn.execute(f"PREPARE plain_head AS {statement}")
         values = ", ".join(_literal(arg) for arg in args)
         plan = "\n".join(
@@ -123,6 +126,8 @@ async def test_the_plain_head_dispatch_locks_through_the_primary_key(
 
 def _literal(value: Any) -> str:
     """``value`` as an SQL literal for ``EXECUTE`` (the few types these tests pass)."""
+    if value is None:
+        return "NULL"
     if isinstance(value, list):
         return "ARRAY[" + ", ".join(f"'{v}'" for v in value) + "]::text[]"
     if isinstance(value, timedelta):

@@ -131,7 +131,7 @@ async def test_the_batch_is_the_head_of_the_round_robin_order(
         limit = rng.randint(1, 12)
         keyed = [key for key in turns if key is not None]
         args: list[Any] = [["rr"], limit, uuid4(), timedelta(minutes=5), 1, [], [], ["rr"]]
-        args += [keyed, [turns[key] for key in keyed], turns.get(None, 0), 0]
+        args += [keyed, [turns[key] for key in keyed], turns.get(None, 0), 0, None]
         rows = await conn.fetch(statement, *args)
         expected = _order(pending, running, turns)[:limit]
         assert [row["id"] for row in rows] == expected, (case, limit)
@@ -158,7 +158,7 @@ async def test_cohorts_waiting_on_running_identities_are_read_through_once(
     await conn.execute(f"VACUUM ANALYZE {s}.jobs")
     statement = statements_for(s).dispatch_round_robin
     args: list[Any] = [["rr"], 10, uuid4(), timedelta(minutes=5), 2, [], [], ["rr"]]
-    args += [[], [], 0, 0]
+    args += [[], [], 0, 0, None]
     [[plan]] = await conn.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args)
     read = index_rows(json.loads(plan)[0]["Plan"], "jobs_fairness_idx", filtered=True)
     # The 1,000 waiting jobs once, and a few probes per cohort naming the cohorts.

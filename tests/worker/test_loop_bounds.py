@@ -129,9 +129,9 @@ class _SlowWorkerCalls(InMemoryBackend):
     """A slow but healthy database under a worker's own loops: a dispatch and a
     heartbeat's statements take 0.6 s each."""
 
-    async def dispatch_batch(self, *args: Any, **kwargs: Any) -> Any:
+    async def dispatch_actors_batch(self, *args: Any, **kwargs: Any) -> Any:
         await asyncio.sleep(1.2)  # a dispatch of two statements
-        return await super().dispatch_batch(*args, **kwargs)
+        return await super().dispatch_actors_batch(*args, **kwargs)
 
     async def heartbeat_jobs(self, *args: Any, **kwargs: Any) -> int:
         await asyncio.sleep(0.6)

@@ -296,8 +296,8 @@ class _ReplyLostAtStop(InMemoryBackend):
         super().__init__()
         self.stop_worker: Any = None
 
-    async def dispatch_batch(self, *args: Any, **kwargs: Any) -> list[Any]:
-        rows = await super().dispatch_batch(*args, **kwargs)
+    async def dispatch_actors_batch(self, *args: Any, **kwargs: Any) -> list[Any]:
+        rows = await super().dispatch_actors_batch(*args, **kwargs)
         if rows and self.stop_worker is not None:
             self.stop_worker()
             self.stop_worker = None
@@ -704,6 +704,35 @@ async def test_until_idle_ends_when_only_jobs_of_unknown_actors_are_left() -> No
     tq = TaskQ("memory://", actors=[add])
     async with tq:
         # Enqueued by another application (the backend takes any actor name).
+        ghost = await tq.backend.enqueue(EnqueueArgs(actor="ghost.actor"))
+        known = await tq.client.enqueue(add, {"a": 1, "b": 2})
+        with structlog.testing.capture_logs() as logs:
+            await run_until_idle(tq, timeout=10)  # would wait for the ghost job forever
+        assert await tq.client.wait_for_result(known.id, timeout=0) == 3
+        # Left for a worker that knows its actor: never locked, nor handed back.
+        assert await tq.client.get(ghost.id) == ghost
+        assert await tq.client.get_attempts(ghost.id) == []
+    errors = [e for e in logs if e["event"] == "taskq.idle-but-jobs-of-unknown-actors"]
+    assert errors and all(e["actors"] == ["ghost.actor"] for e in errors)
+
+
+class _NoActorDispatch(InMemoryBackend):
+    """A backend without ``SupportsActorDispatch`` (a third-party one, say): the worker
+    dispatches every actor's jobs, and hands back those of actors it does not know."""
+
+    dispatch_actors_batch = None  # type: ignore[assignment]
+
+
+async def test_without_actor_dispatch_a_job_of_an_unknown_actor_is_handed_back() -> None:
+    import structlog.testing
+
+    from taskq.backend import SupportsActorDispatch
+    from taskq.models import EnqueueArgs
+
+    backend = _NoActorDispatch()
+    assert not isinstance(backend, SupportsActorDispatch)
+    tq = TaskQ("memory://", actors=[add], backend=backend)
+    async with tq:
         ghost = await tq.backend.enqueue(EnqueueArgs(actor="ghost.actor"))
         known = await tq.client.enqueue(add, {"a": 1, "b": 2})
         with structlog.testing.capture_logs() as logs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -176,8 +177,8 @@ async def test_jobs_locked_by_a_dispatch_whose_reply_was_lost_are_handed_back() 
     class LostReply(InMemoryBackend):
         lost = 0
 
-        async def dispatch_batch(self, *args: Any, **kwargs: Any) -> Any:
-            rows = await super().dispatch_batch(*args, **kwargs)
+        async def dispatch_actors_batch(self, *args: Any, **kwargs: Any) -> Any:
+            rows = await super().dispatch_actors_batch(*args, **kwargs)
             if rows and not self.lost:
                 self.lost = len(rows)
                 raise OSError("connection reset")
@@ -220,7 +221,7 @@ async def test_a_job_locked_for_the_worker_behind_its_back_is_found_by_the_heart
 
 async def test_a_producer_that_keeps_failing_stops_the_worker() -> None:
     class Broken(InMemoryBackend):
-        async def dispatch_batch(self, *args: Any, **kwargs: Any) -> Any:
+        async def dispatch_actors_batch(self, *args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("a bug, not a blip")
 
     tq = TaskQ("memory://", backend=Broken())
@@ -302,10 +303,17 @@ async def test_a_short_dispatch_is_followed_by_another_not_by_a_wait_for_a_wake(
     # other workers had locked. A worker that then waited for a wake sat idle for a
     # poll interval in a drain (no enqueue, so no wake). Only an empty one waits.
     class OneAtATime(InMemoryBackend):
-        async def dispatch_batch(
-            self, worker_id: UUID, queues: list[str], limit: int, lock_lease: timedelta
+        async def dispatch_actors_batch(
+            self,
+            worker_id: UUID,
+            queues: list[str],
+            limit: int,
+            lock_lease: timedelta,
+            actors: Sequence[str],
         ) -> list[JobRow]:
-            return await super().dispatch_batch(worker_id, queues, min(limit, 1), lock_lease)
+            return await super().dispatch_actors_batch(
+                worker_id, queues, min(limit, 1), lock_lease, actors
+            )
 
     tq = TaskQ("memory://", actors=[quick], backend=OneAtATime())
     async with tq:

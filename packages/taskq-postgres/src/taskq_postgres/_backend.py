@@ -31,7 +31,7 @@ from contextlib import (
 )
 from datetime import datetime, timedelta
 from itertools import chain
-from typing import Any, ClassVar, Final, Literal, cast
+from typing import Any, ClassVar, Final, Literal, TypeAlias, cast
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -132,6 +132,8 @@ _RUNNING_IDENTITY_INDEX: Final = "jobs_running_identity_key"
 # far inside the leader's bound, where 100,000 due jobs in one statement took 6 s.
 _SWEEP_TURN: Final = 5_000
 _IDENTITY_RACE_TRIES: Final = 3
+_DispatchCall: TypeAlias = tuple[tuple[str, ...], tuple[str, ...] | None]
+"""A dispatch's queues and actors (None: every actor)."""
 # Prune and archive batches move thousands of rows: exempt from the worker's
 # short per-statement command_timeout, yet still bounded.
 _BULK_STATEMENT_TIMEOUT: Final = 600.0
@@ -340,14 +342,14 @@ class PostgresBackend:
         # What the statements that move jobs notify: None (no NOTIFY) when poll-only.
         self._wake_to = None if poll_only else self._wake_channel
         self._events_to = None if poll_only else self._events_channel
-        # Queue lists that held a round-robin queue at their last dispatch: they
-        # look the settings up first instead of trying strict FIFO first.
-        self._round_robin_calls: set[tuple[str, ...]] = set()
+        # Calls (queue list, actors or None) that held a round-robin queue at their last
+        # dispatch: they look the settings up first instead of trying strict FIFO first.
+        self._round_robin_calls: set[_DispatchCall] = set()
         self._turns = CohortTurns()
         """Round robin's turns of this dispatcher (``taskq.backend.fairness``)."""
-        # Queue lists whose head last needed the cap or identity checks: they run the
+        # Calls whose head last needed the cap, identity or actor checks: they run the
         # full strict-FIFO statement without trying the plain-head one first.
-        self._gated_heads: set[tuple[str, ...]] = set()
+        self._gated_heads: set[_DispatchCall] = set()
         self._worker_prefix = worker_channel_prefix(self.schema)
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
         self._lent = LentConnections()
@@ -706,18 +708,50 @@ class PostgresBackend:
         A dispatch that would start a second running job of one identity (another
         dispatcher started one after this statement's snapshot) fails on the unique
         index ``jobs_running_identity_key`` and runs again; it then sees that job."""
+        return await self._dispatch_retrying(worker_id, queues, limit, lock_lease, None)
+
+    async def dispatch_actors_batch(
+        self,
+        worker_id: UUID,
+        queues: list[str],
+        limit: int,
+        lock_lease: timedelta,
+        actors: Sequence[str],
+    ) -> list[JobRow]:
+        """:meth:`dispatch_batch` over the jobs of ``actors`` only (``SupportsActorDispatch``):
+        the others' jobs take no place in the samples, the ranks or the turns."""
+        if not actors:
+            return []
+        return await self._dispatch_retrying(
+            worker_id, queues, limit, lock_lease, sorted(set(actors))
+        )
+
+    async def _dispatch_retrying(
+        self,
+        worker_id: UUID,
+        queues: list[str],
+        limit: int,
+        lock_lease: timedelta,
+        actors: list[str] | None,
+    ) -> list[JobRow]:
         for _ in range(_IDENTITY_RACE_TRIES):
             try:
-                return await self._dispatch(worker_id, queues, limit, lock_lease)
+                return await self._dispatch(worker_id, queues, limit, lock_lease, actors)
             except asyncpg.UniqueViolationError as exc:
                 if exc.constraint_name != _RUNNING_IDENTITY_INDEX:
                     raise
         return []  # lost every time: the producer dispatches again on its next turn
 
     async def _dispatch(
-        self, worker_id: UUID, queues: list[str], limit: int, lock_lease: timedelta
+        self,
+        worker_id: UUID,
+        queues: list[str],
+        limit: int,
+        lock_lease: timedelta,
+        actors: list[str] | None,
     ) -> list[JobRow]:
-        """One dispatch, as :meth:`dispatch_batch` describes.
+        """One dispatch, as :meth:`dispatch_batch` describes (of ``actors``' jobs only,
+        unless None).
 
         The strict-FIFO statements read the queues' modes and caps themselves, so
         a busy strict-FIFO dispatch is one round trip: the small plain-head
@@ -731,9 +765,10 @@ class PostgresBackend:
         if limit <= 0 or not queues:
             return []
         wanted = list(dict.fromkeys(queues))
-        key = tuple(wanted)
+        # Whether a head was plain depends on the actors asked for too.
+        key: _DispatchCall = (tuple(wanted), None if actors is None else tuple(actors))
         db: Any = self._pinned_dispatch or self._require_bounded()  # as _db(): untyped records
-        params = [wanted, limit, worker_id, lock_lease, self.dispatch_oversample]
+        params = [wanted, limit, worker_id, lock_lease, self.dispatch_oversample, actors]
         fifo_first = key not in self._round_robin_calls
         if fifo_first and key not in self._gated_heads:
             records = await db.fetch(self._sql.dispatch_plain_head, *params)
@@ -768,7 +803,7 @@ class PostgresBackend:
         keyed = [(cohort, turn) for cohort, turn in turns.items() if isinstance(cohort, str)]
         records = await db.fetch(
             self._sql.dispatch_round_robin,
-            *params,
+            *params[:5],
             [name for name, _ in capped],
             [cap for _, cap in capped],
             round_robin,
@@ -776,6 +811,7 @@ class PostgresBackend:
             [turn for _, turn in keyed],
             turns.get(None, 0),
             turns.get(STRICT, 0),
+            actors,
         )
         jobs = [job_row(record) for record in records]
         self._turns.served(cohort_of(job, round_robin) for job in jobs)
@@ -789,10 +825,10 @@ class PostgresBackend:
         dispatches still in flight. Short, the worker would wait for a wake with
         slots free and jobs due (a drain by two workers lost seconds so).
         """
-        wanted, limit, worker_id, lock_lease, oversample = params
+        wanted, limit, worker_id, lock_lease, oversample, actors = params
         deeper = -(-4 * limit * oversample // missing)  # ceiling: 4x the head's rows
         records = await db.fetch(
-            self._sql.dispatch_plain_head, wanted, missing, worker_id, lock_lease, deeper
+            self._sql.dispatch_plain_head, wanted, missing, worker_id, lock_lease, deeper, actors
         )
         return [job_row(record) for record in records if record["id"] is not None]
 

@@ -9,6 +9,7 @@ from taskq.backend._protocol import Backend as Backend
 from taskq.backend._protocol import Connection as Connection
 from taskq.backend._protocol import LeaderElector as LeaderElector
 from taskq.backend._protocol import ScheduleFire as ScheduleFire
+from taskq.backend._protocol import SupportsActorDispatch as SupportsActorDispatch
 from taskq.backend._protocol import SupportsBatchedSuccess as SupportsBatchedSuccess
 from taskq.backend._protocol import SupportsCredentialReload as SupportsCredentialReload
 from taskq.backend._protocol import SupportsCron as SupportsCron
@@ -51,6 +52,7 @@ __all__ = [
     "JobStatus",
     "LeaderElector",
     "ScheduleFire",
+    "SupportsActorDispatch",
     "SupportsBatchedSuccess",
     "SupportsCredentialReload",
     "SupportsCron",

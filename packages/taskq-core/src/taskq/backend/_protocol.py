@@ -66,6 +66,7 @@ __all__ = [
     "PROTOCOL_MEMBERS",
     "Backend",
     "LeaderElector",
+    "SupportsActorDispatch",
     "SupportsBatchedSuccess",
     "SupportsCredentialReload",
     "SupportsCron",
@@ -501,6 +502,33 @@ class Backend(Protocol):
 
 
 @runtime_checkable
+class SupportsActorDispatch(Protocol):
+    """A backend that dispatches only the jobs of the actors a worker can run.
+
+    Without it a worker locks the jobs of actors it does not know (those of a
+    newer release during a rolling deploy, or of an actor since removed) and
+    hands each back a few seconds later: a new actor's jobs wait while the
+    workers that know it idle, and an orphan backlog cycles through the fleet
+    for ever. With it those jobs stay ``pending``, untouched, for a worker that
+    knows their actor.
+    """
+
+    async def dispatch_actors_batch(
+        self,
+        worker_id: UUID,
+        queues: list[str],
+        limit: int,
+        lock_lease: timedelta,
+        actors: Sequence[str],
+    ) -> list[JobRow]:
+        """:meth:`Backend.dispatch_batch` over the jobs whose actor is one of ``actors``
+        only: the others take no place in the batch, its order or its fairness ranks,
+        and stay as they are. Their running jobs still count against their queue's
+        ``max_concurrent``."""
+        ...
+
+
+@runtime_checkable
 class SupportsBatchedSuccess(Protocol):
     """A backend that records many successes in one step (the worker's completer).
 
@@ -786,6 +814,7 @@ PROTOCOL_MEMBERS: Final[frozenset[str]] = frozenset(
 
 
 OPTIONAL_PROTOCOLS: Final[tuple[type, ...]] = (
+    SupportsActorDispatch,
     SupportsBatchedSuccess,
     SupportsUnstartedHandBack,
     SupportsHeldJobs,

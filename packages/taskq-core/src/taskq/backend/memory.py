@@ -230,6 +230,27 @@ class InMemoryBackend:
         self, worker_id: UUID, queues: list[str], limit: int, lock_lease: timedelta
     ) -> list[JobRow]:
         """Lock up to ``limit`` due pending jobs of ``queues`` for ``worker_id``."""
+        return self._dispatch(worker_id, queues, limit, lock_lease, None)
+
+    async def dispatch_actors_batch(
+        self,
+        worker_id: UUID,
+        queues: list[str],
+        limit: int,
+        lock_lease: timedelta,
+        actors: Sequence[str],
+    ) -> list[JobRow]:
+        """``dispatch_batch`` over the jobs of ``actors`` only (``SupportsActorDispatch``)."""
+        return self._dispatch(worker_id, queues, limit, lock_lease, frozenset(actors))
+
+    def _dispatch(
+        self,
+        worker_id: UUID,
+        queues: list[str],
+        limit: int,
+        lock_lease: timedelta,
+        actors: frozenset[str] | None,
+    ) -> list[JobRow]:
         if limit <= 0 or not queues:
             return []
         now = self.clock.now()
@@ -237,7 +258,10 @@ class InMemoryBackend:
         due = [
             row
             for row in self._jobs.values()
-            if row.status is _S.PENDING and row.queue in wanted and row.scheduled_at <= now
+            if row.status is _S.PENDING
+            and row.queue in wanted
+            and row.scheduled_at <= now
+            and (actors is None or row.actor in actors)
         ]
         round_robin = {
             q for q in wanted if q in self._queues and self._queues[q].mode == "round_robin"

@@ -7,6 +7,7 @@ from typing import Final
 
 import structlog
 
+from taskq.backend import SupportsActorDispatch
 from taskq.models import JobFilter
 from taskq.worker._state import WorkerState
 from taskq.worker._transient import transient_errors
@@ -20,7 +21,7 @@ async def drain_monitor_loop(state: WorkerState) -> None:
     Two consecutive idle readings are required, so a job enqueued by a job
     that just finished (its sub-job) is not missed between the two reads. Jobs of
     actors the application does not know count as none (with an error log): the
-    worker could only hand them back, every few seconds, forever.
+    worker would leave them pending, or hand them back every few seconds, forever.
     """
     interval = state.settings.poll_interval.total_seconds()
     idle_readings = 0
@@ -34,14 +35,18 @@ async def drain_monitor_loop(state: WorkerState) -> None:
         except transient_errors() as exc:
             _log.warning("taskq.drain-check-transient-error", error=repr(exc))
             continue
-        if remaining and state.met_unknown_actor:
+        # Jobs of actors it does not know: this worker hands them back when it meets
+        # them, or (SupportsActorDispatch) never dispatches them.
+        if remaining and (
+            state.met_unknown_actor or isinstance(state.backend, SupportsActorDispatch)
+        ):
             try:
                 strangers = await _only_unknown_actors_left(state)
             except transient_errors() as exc:
                 _log.warning("taskq.drain-check-transient-error", error=repr(exc))
                 continue
             if strangers:
-                # Handed back every few seconds, forever: nothing this worker can run is left.
+                # Nothing this worker can run is left.
                 _log.error("taskq.idle-but-jobs-of-unknown-actors", actors=strangers)
                 remaining = 0
         idle_readings = idle_readings + 1 if remaining == 0 else 0

@@ -16,10 +16,12 @@ which jobs it holds and hands back the ones it never heard of, unstarted.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import structlog
 
-from taskq.backend import SupportsHeldJobs, SupportsUnstartedHandBack
+from taskq.backend import SupportsActorDispatch, SupportsHeldJobs, SupportsUnstartedHandBack
+from taskq.models import JobRow
 from taskq.worker._state import WorkerState
 from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
 
@@ -55,6 +57,19 @@ async def hand_back_unheard(state: WorkerState) -> None:
         _log.warning("taskq.unheard-jobs-handed-back", jobs=len(unheard), moved=moved)
 
 
+def _dispatcher(state: WorkerState) -> Callable[[int], Awaitable[list[JobRow]]]:
+    """Dispatch of up to ``n`` jobs: of this application's actors only where the backend
+    can (``SupportsActorDispatch``). Elsewhere a job of an actor it does not know (a
+    newer release's, mid-deploy, or one since removed) is locked, then handed back
+    a few seconds later, while the workers that know its actor may idle."""
+    backend, settings, worker_id = state.backend, state.settings, state.worker_id
+    queues, lease = settings.queues, settings.lock_lease
+    if isinstance(backend, SupportsActorDispatch):
+        actors = sorted(state.actors)
+        return lambda n: backend.dispatch_actors_batch(worker_id, queues, n, lease, actors)
+    return lambda n: backend.dispatch_batch(worker_id, queues, n, lease)
+
+
 async def producer_loop(state: WorkerState) -> None:
     """Dispatch until ``state.stopping`` is set."""
     settings = state.settings
@@ -66,6 +81,7 @@ async def producer_loop(state: WorkerState) -> None:
     guard = UnexpectedLoopErrorGuard("producer")
     transient = transient_errors()  # the bound's TimeoutError among them (core's)
     clock = asyncio.get_running_loop()
+    dispatch = _dispatcher(state)
     async with state.backend.subscribe_wake() as wake:
         while not state.stopping.is_set():
             state.liveness.tick("producer", poll)
@@ -98,9 +114,7 @@ async def producer_loop(state: WorkerState) -> None:
             sent = clock.time()
             try:
                 async with asyncio.timeout_at(max(deadline, clock.time() + bound / 4)):
-                    jobs = await state.backend.dispatch_batch(
-                        state.worker_id, settings.queues, wanted, settings.lock_lease
-                    )
+                    jobs = await dispatch(wanted)
             except transient as exc:
                 _log.warning("taskq.dispatch-transient-error", error=repr(exc))
                 state.unheard_suspected = True  # it may have locked jobs all the same

@@ -11,15 +11,18 @@ per-actor branches do not run::
     params              $1 queues, $2 limit_n, $3 worker_id, $4 lock_lease, $5 oversample;
                         round robin: $6/$7 capped queues and their caps, $8 round-robin
                         queues (from QUEUE_SETTINGS); strict FIFO reads the caps from
-                        ``queues`` itself and sets limit_n to 0 for a round-robin queue
+                        ``queues`` itself and sets limit_n to 0 for a round-robin queue;
+                        the actors whose jobs to dispatch (NULL: all), $6 in strict
+                        FIFO, $13 in round robin
     pending_actors      the (queue, actor) pairs with pending jobs: a loose index scan
     running_per_actor   running jobs per actor (max_concurrent)
     running_identities  (actor, identity_key) pairs already running
-    per_actor_capacity  residual = max_concurrent - in_flight (limit_n when uncapped)
+    per_actor_capacity  residual = max_concurrent - in_flight (limit_n when uncapped), of
+                        the actors asked for
     head_rows           strict FIFO: the first limit_n * oversample due jobs of the queues
-    head_plain          strict FIFO: no queue cap, and no job of the head is capped or
+    head_plain          strict FIFO: no queue cap, and no job of the head is capped,
                         waits on an identity (two of the head share one, or a job
-                        of it runs); then the batch is the head's first unlocked
+                        of it runs) or is of an actor not asked for; then the batch is the head's first unlocked
                         limit_n jobs and every per-actor phase is skipped (round robin:
                         always false)
     head                strict FIFO: head_rows but those whose identity is running, with
@@ -153,6 +156,10 @@ head_plain (ok) AS (
                SELECT 1 FROM head_rows h JOIN {schema}.actor_config ac ON ac.actor = h.actor
                WHERE ac.max_concurrent IS NOT NULL
            )
+           -- and every job of the head is of an actor asked for
+           AND (p.actors IS NULL OR NOT EXISTS (
+               SELECT 1 FROM head_rows h WHERE h.actor <> ALL (p.actors)
+           ))
     FROM params p
 ),
 """
@@ -572,6 +579,9 @@ per_actor_capacity AS (
     CROSS JOIN params p
     LEFT JOIN {schema}.actor_config ac ON ac.actor = a.actor
     LEFT JOIN running_per_actor r ON r.actor = a.actor
+    -- Only the actors asked for (all when NULL): every sample joins this, so the others'
+    -- jobs take no place, rank or turn.
+    WHERE p.actors IS NULL OR a.actor = ANY (p.actors)
 ),
 queue_capacity AS (
     SELECT qc.queue,
@@ -665,6 +675,7 @@ _STRICT_PARAMS: Final = """
     SELECT $1::text[] AS queues,
            CASE WHEN qs.round_robin THEN 0 ELSE $2::int END AS limit_n,
            $3::uuid AS worker_id, $4::interval AS lock_lease, $5::int AS oversample,
+           $6::text[] AS actors,
            qs.round_robin, qs.capped_queues, qs.queue_caps, clock_timestamp() AS now
     FROM (
         SELECT coalesce(bool_or(q.mode = 'round_robin'), false) AS round_robin,
@@ -681,7 +692,8 @@ _ROUND_ROBIN_PARAMS: Final = """
            $4::interval AS lock_lease, $5::int AS oversample,
            $6::text[] AS capped_queues, $7::int[] AS queue_caps,
            $8::text[] AS rr_queues, $9::text[] AS turn_keys, $10::bigint[] AS turns,
-           $11::bigint AS unkeyed_turn, $12::bigint AS strict_turn, clock_timestamp() AS now"""
+           $11::bigint AS unkeyed_turn, $12::bigint AS strict_turn, $13::text[] AS actors,
+           clock_timestamp() AS now"""
 
 
 # A pending job that waits on a running job of its actor and identity. The samples
@@ -711,7 +723,7 @@ DISPATCH_STRICT_FIFO: Final = TransitionSQL.of(
     JobStatus.RUNNING,
     _variant(_STRICT_CANDIDATES, _STRICT_ORDER, _STRICT_PARAMS),
 )
-"""Priority, then time, then id; $1..$5 only (caps from the ``queues`` table). Locks
+"""Priority, then time, then id; $1..$6 only (caps from the ``queues`` table). Locks
 nothing when a queue asked for is ``round_robin``."""
 
 DISPATCH_ROUND_ROBIN: Final = TransitionSQL.of(
@@ -721,7 +733,8 @@ DISPATCH_ROUND_ROBIN: Final = TransitionSQL.of(
 )
 """Interleaves fairness cohorts: ``fairness_rank, priority DESC, scheduled_at, id``.
 For calls asking for at least one ``round_robin`` queue ($8 lists them); $9/$10 the
-keyed cohorts' turns, $11 the unkeyed one's, $12 the strict queues' (0: never served)."""
+keyed cohorts' turns, $11 the unkeyed one's, $12 the strict queues' (0: never served);
+$13 the actors."""
 
 DISPATCH_PLAIN_HEAD: Final = TransitionSQL.of(
     JobStatus.PENDING,
@@ -729,7 +742,7 @@ DISPATCH_PLAIN_HEAD: Final = TransitionSQL.of(
     _ordered(
         """
 -- arbiter: clock_timestamp() (due check scheduled_at <= now; started_at and lease expiry)
--- Strict FIFO for a plain head only ($1..$5 as DISPATCH_STRICT_FIFO): no per-actor,
+-- Strict FIFO for a plain head only ($1..$6 as DISPATCH_STRICT_FIFO): no per-actor,
 -- cap or identity phase to plan or start, which is most of that statement's cost.
 -- Always one row more than it locks: plain_head and head_size (rows the head read),
 -- with the job columns NULL; when plain_head is false it locks nothing and

@@ -8,7 +8,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from taskq.backend import Backend, JobStatus, SupportsHeldJobs
+from taskq.backend import Backend, JobStatus, SupportsActorDispatch, SupportsHeldJobs
 from taskq.models import ActorConfig, JobFilter, JobRow, QueueConfig, QueueMode
 from taskq_testing.conformance._support import (
     ACTOR,
@@ -52,6 +52,16 @@ async def _enqueue_spread(
         rows.append(await backend.enqueue(make_args(**spec)))
         await advance_time(TICK)
     return rows
+
+
+OTHER = "conformance.other"
+"""An actor the dispatching worker does not know."""
+
+
+def _actor_dispatcher(backend: Backend) -> SupportsActorDispatch:
+    if not isinstance(backend, SupportsActorDispatch):
+        pytest.skip(f"{type(backend).__name__} does not implement SupportsActorDispatch")
+    return backend
 
 
 class DispatchTests:
@@ -545,6 +555,90 @@ class DispatchTests:
     async def test_heartbeat_of_a_worker_without_jobs_counts_zero(self, backend: Backend) -> None:
         await enqueue_and_dispatch(backend, worker_id=uuid4())
         assert await backend.heartbeat_jobs(uuid4(), LONG_LEASE) == 0
+
+    # -- dispatch_actors_batch (SupportsActorDispatch) ----------------------------------
+
+    @pytest.mark.parametrize("mode", ["strict_fifo", "round_robin"])
+    @covers("dispatch_actors_batch", "dispatch_batch", "configure_queue", "get_events")
+    async def test_actor_dispatch_takes_only_the_actors_asked_for(
+        self, backend: Backend, advance_time: AdvanceTime, mode: QueueMode
+    ) -> None:
+        dispatcher = _actor_dispatcher(backend)
+        await backend.configure_queue(QueueConfig(queue="q", mode=mode))
+        # A newer release's actor, ahead in the order: an older worker leaves its jobs be.
+        other = await _enqueue_spread(
+            backend,
+            advance_time,
+            *({"queue": "q", "actor": OTHER, "priority": 5} for _ in range(3)),
+        )
+        mine = await _enqueue_spread(backend, advance_time, *({"queue": "q"} for _ in range(2)))
+        worker = uuid4()
+        taken = await dispatcher.dispatch_actors_batch(worker, ["q"], 10, LONG_LEASE, [ACTOR])
+        assert [row.id for row in taken] == [row.id for row in mine]
+        for row in other:
+            assert await fetch(backend, row.id) == row  # untouched: no attempt, no lock
+            assert await backend.get_events(row.id) == []  # an enqueue writes none
+        assert await dispatcher.dispatch_actors_batch(worker, ["q"], 10, LONG_LEASE, []) == []
+        # A worker that knows the actor takes them.
+        rest = await dispatcher.dispatch_actors_batch(
+            uuid4(), ["q"], 10, LONG_LEASE, [OTHER, "conformance.absent"]
+        )
+        assert {row.id for row in rest} == {row.id for row in other}
+
+    @covers("dispatch_actors_batch")
+    async def test_a_backlog_of_other_actors_ahead_does_not_hide_the_actors_asked_for(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # More jobs of another actor ahead than any head a dispatch of 2 reads.
+        for _ in range(40):
+            await backend.enqueue(make_args(actor=OTHER, priority=5))
+        mine = await _enqueue_spread(backend, advance_time, {}, {}, {})
+        taken = await _actor_dispatcher(backend).dispatch_actors_batch(
+            uuid4(), ["default"], 2, LONG_LEASE, [ACTOR]
+        )
+        assert [row.id for row in taken] == [row.id for row in mine[:2]]
+
+    @covers("dispatch_actors_batch", "configure_queue")
+    async def test_round_robin_ranks_only_the_jobs_of_the_actors_asked_for(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+        # Another actor's older jobs of cohort t1 would rank this actor's t1 job fourth,
+        # behind its t2 job; they are not this dispatch's, so both rank first.
+        await _enqueue_spread(
+            backend, advance_time, *({"queue": "rr", "actor": OTHER, "fairness_key": "t1"},) * 3
+        )
+        first, _ = await _enqueue_spread(
+            backend,
+            advance_time,
+            {"queue": "rr", "fairness_key": "t1"},
+            {"queue": "rr", "fairness_key": "t2"},
+        )
+        [taken] = await _actor_dispatcher(backend).dispatch_actors_batch(
+            uuid4(), ["rr"], 1, LONG_LEASE, [ACTOR]
+        )
+        assert taken.id == first.id
+
+    @pytest.mark.parametrize("mode", ["strict_fifo", "round_robin"])
+    @covers("dispatch_actors_batch", "configure_queue", "mark_succeeded")
+    async def test_other_actors_running_jobs_count_against_the_queue_cap(
+        self, backend: Backend, mode: QueueMode
+    ) -> None:
+        dispatcher = _actor_dispatcher(backend)
+        await backend.configure_queue(QueueConfig(queue="capped", mode=mode, max_concurrent=1))
+        await backend.enqueue(make_args(queue="capped", actor=OTHER))
+        theirs = uuid4()
+        [running] = await dispatcher.dispatch_actors_batch(
+            theirs, ["capped"], 1, LONG_LEASE, [OTHER]
+        )
+        mine = await backend.enqueue(make_args(queue="capped"))
+        worker = uuid4()
+        assert (
+            await dispatcher.dispatch_actors_batch(worker, ["capped"], 1, LONG_LEASE, [ACTOR]) == []
+        )
+        assert await backend.mark_succeeded(running.id, theirs, None)
+        [taken] = await dispatcher.dispatch_actors_batch(worker, ["capped"], 1, LONG_LEASE, [ACTOR])
+        assert taken.id == mine.id
 
     # -- held_jobs (SupportsHeldJobs) ---------------------------------------------------
 

@@ -102,6 +102,30 @@ async def test_a_deep_queue_dispatch_reads_the_head_not_every_actors_sample(
     assert index_rows(root, "jobs_dispatch_idx") <= 60
 
 
+async def test_a_deep_backlog_of_other_actors_at_the_head_is_not_read_through(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    # 15,000 jobs of actors the worker does not run ahead of 300 of its own: its
+    # dispatch reads the head, finds none of its actors there, and samples its
+    # actor (one probe per pending actor), never the others' backlog.
+    s = pg_schema.name
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, queue, priority) "
+        f"SELECT CASE WHEN g <= 15000 THEN 'other_' || (g % 10) ELSE 'mine' END, 'default', "
+        f"CASE WHEN g <= 15000 THEN 5 ELSE 0 END FROM generate_series(1, 15300) AS g"
+    )
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    statement = statements_for(s).dispatch_strict_fifo
+    args: list[Any] = [["default"], 100, uuid4(), LEASE, 2, ["mine"]]
+    plan = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args))
+    dispatched = await conn.fetch(f"SELECT actor FROM {s}.jobs WHERE status = 'running'")
+    assert [r["actor"] for r in dispatched] == ["mine"] * 100
+    root = plan[0]["Plan"]
+    assert index_rows(root, "jobs_dispatch_head_idx", filtered=True) == 200
+    # A probe per pending actor (11), then the sample of 'mine': 100 * 2.
+    assert index_rows(root, "jobs_dispatch_idx", filtered=True) <= 11 + 200 + 11
+
+
 @pytest.mark.parametrize("gate", ["none", "actor_cap", "identity", "queue_cap"])
 async def test_a_head_without_caps_or_identities_skips_the_per_actor_machinery(
     backend: PostgresBackend, conn: asyncpg.Connection[Any], pg_schema: PgSchema, gate: str

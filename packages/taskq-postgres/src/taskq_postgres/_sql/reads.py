@@ -71,11 +71,15 @@ SELECT actor, queue FROM {schema}.actor_config WHERE queue IS NOT NULL ORDER BY 
 
 GET_ATTEMPTS: Final = """
 -- arbiter: none
-SELECT a.job_id, a.attempt, a.worker_id, a.started_at, a.finished_at, a.outcome,
+-- One row per attempt number, the last written: a terminal write inserts its row
+-- even where write_attempt stored one for that attempt (job_attempts has a
+-- surrogate key), and the later write replaces the earlier, as on every backend.
+SELECT DISTINCT ON (a.attempt)
+       a.job_id, a.attempt, a.worker_id, a.started_at, a.finished_at, a.outcome,
        a.error_class, a.error_message, a.error_traceback
 FROM {schema}.job_attempts a
 WHERE a.job_id = $1
-ORDER BY a.attempt, a.id
+ORDER BY a.attempt, a.id DESC
 """
 
 GET_EVENTS: Final = """

@@ -67,6 +67,29 @@ class HistoryTests:
         await backend.write_attempt(replaced)
         assert await backend.get_attempts(job.id) == [first, replaced]
 
+    @covers("write_attempt", "get_attempts", "mark_succeeded")
+    async def test_a_terminal_write_replaces_the_row_write_attempt_stored_for_its_attempt(
+        self, backend: Backend
+    ) -> None:
+        worker = uuid4()
+        job = await enqueue_and_dispatch(backend, worker_id=worker)
+        assert job.started_at is not None
+        written = AttemptRow(
+            job_id=job.id,
+            attempt=1,
+            worker_id=worker,
+            started_at=job.started_at,
+            finished_at=job.started_at,
+            outcome="interrupted",
+        )
+        await backend.write_attempt(written)
+        assert await backend.mark_succeeded(job.id, worker, None, attempt=1)
+        [attempt] = await backend.get_attempts(job.id)
+        assert (attempt.attempt, attempt.outcome) == (1, "succeeded")
+        # And the other way round: the later write wins.
+        await backend.write_attempt(written)
+        assert await backend.get_attempts(job.id) == [written]
+
     @covers("write_attempt", "get_attempts")
     async def test_write_attempt_stores_as_every_write_does(self, backend: Backend) -> None:
         # The in-memory backend kept any job id, NULs and the caller's zone as given.

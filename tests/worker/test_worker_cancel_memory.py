@@ -322,3 +322,74 @@ async def _status_within(tq: TaskQ, job_id: Any, status: JobStatus, seconds: flo
             return row
         await asyncio.sleep(0.01)
     raise AssertionError(f"job {job_id} is {row.status if row else None}, not {status}")
+
+
+def _finishes(name: str, started: asyncio.Event, *, watching: bool) -> Any:
+    """An actor that returns "stopped" once it sees a stop request (``watching``), or
+    "done" once a stop was requested, without ever looking at ``ctx.cancel_event``."""
+
+    @actor(name=name)
+    async def finishes(payload: dict[str, Any], ctx: Context) -> str:
+        started.set()
+        if watching:
+            await ctx.cancel_event.wait()
+            return "stopped"
+        async with asyncio.timeout(5):
+            while not ctx.cancel_event.requested():  # noqa: ASYNC110 - polled without looking
+                await asyncio.sleep(0.01)
+        return "done"
+
+    return finishes
+
+
+@pytest.mark.parametrize("watching", [False, True])
+async def test_a_shutdown_hands_back_only_an_actor_that_saw_its_stop_request(
+    watching: bool,
+) -> None:
+    # The stop request reaches every running job: one that finished its work without
+    # looking was handed back all the same, its result dropped, and ran again in full.
+    from taskq import WorkerSettings
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    started = asyncio.Event()
+    finishes = _finishes(f"finishes_in_a_stop_{watching}", started, watching=watching)
+    tq = TaskQ("memory://", actors=[finishes])
+    async with tq:
+        job = await tq.client.enqueue(finishes, {})
+        stop = {"drain_grace_period": "100ms", "cancellation_grace_period": "5s"}
+        settings = {**TEST_SETTINGS, **stop, "queues": ["default"]}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+        row = await tq.client.get(job.id)
+        outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
+    assert row is not None
+    if watching:
+        assert (row.status, outcomes) == (JobStatus.PENDING, ["interrupted"])
+    else:
+        assert (row.status, row.result, outcomes) == (JobStatus.SUCCEEDED, "done", ["succeeded"])
+
+
+@pytest.mark.parametrize("watching", [False, True])
+async def test_a_cancel_ends_cancelled_only_an_actor_that_saw_it(watching: bool) -> None:
+    started = asyncio.Event()
+    finishes = _finishes(f"finishes_when_cancelled_{watching}", started, watching=watching)
+    tq = TaskQ("memory://", actors=[finishes])
+    async with tq:
+        job = await tq.client.enqueue(finishes, {})
+        graces = {"cancellation_grace_period": "5s", "cleanup_grace_period": "5s"}
+        runner = asyncio.create_task(run_until_idle(tq, **graces))
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.wait_for(runner, 10)
+        row = await tq.client.get(job.id)
+        outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
+    assert row is not None
+    if watching:
+        assert (row.status, outcomes) == (JobStatus.CANCELLED, ["cancelled"])
+    else:
+        # The request came too late: the work is done, and the job says so.
+        assert (row.status, row.result, outcomes) == (JobStatus.SUCCEEDED, "done", ["succeeded"])

@@ -236,8 +236,9 @@ class JobsClient:
 
         True for a running job means the request is recorded, not that the job will end
         ``cancelled``: an actor that returns before its worker sees the request (the
-        worker reads requests each heartbeat), or whose outcome is already being
-        written, ends as it returned; a retry or snooze requested after it ends
+        worker reads requests each heartbeat), or without looking at
+        ``ctx.cancel_event``, or whose outcome is already being written, ends as it
+        returned (its work is done); a retry or snooze requested after it ends
         ``cancelled``. Read the job (or wait for it) for how it ended."""
         return await self._backend.write_cancel_request(_as_job_id(job_id), reason)
 

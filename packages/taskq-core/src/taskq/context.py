@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID
 
 import structlog
@@ -14,14 +14,53 @@ from taskq.models import EnqueueArgs, JobRow
 if TYPE_CHECKING:
     from taskq.client import ActorRef, JobsClient
 
-__all__ = ["Context"]
+__all__ = ["CancelEvent", "Context"]
+
+
+class CancelEvent(asyncio.Event):
+    """``ctx.cancel_event``: an :class:`asyncio.Event` that also remembers whether the
+    actor saw it set (``is_set()`` returned True, or ``wait()`` returned).
+
+    An actor that returns after seeing it stopped on request: its job ends
+    ``cancelled`` (a user's cancel) or goes back for another attempt (a shutdown).
+    One that returns without having looked finished its work, and its result
+    stands: handed back, it would run again in full.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen = False
+
+    def is_set(self) -> bool:
+        """Whether a stop was requested (and, if so, the actor has now seen it)."""
+        requested = super().is_set()
+        if requested:
+            self._seen = True
+        return requested
+
+    async def wait(self) -> Literal[True]:
+        """Wait until a stop is requested (the actor has then seen it)."""
+        await super().wait()
+        self._seen = True
+        return True
+
+    def requested(self) -> bool:
+        """Whether a stop was requested, without counting as the actor seeing it."""
+        return super().is_set()
+
+    @property
+    def seen(self) -> bool:
+        """Whether the actor saw the request."""
+        return self._seen
 
 
 class Context:
     """The job being executed, its cancellation signal, progress, logger and sub-jobs.
 
-    ``cancel_event`` is set when someone asks to cancel the job: check it
-    between units of work and return early to end the job ``cancelled``.
+    ``cancel_event`` is set when someone asks to cancel the job (or a shutdown asks
+    it to stop): check it between units of work and return early to end the job
+    ``cancelled`` (handed back for another attempt, in a shutdown). An actor that
+    never looks at it and returns has finished: its result stands.
     """
 
     def __init__(
@@ -32,7 +71,7 @@ class Context:
         record_progress: Any,
     ) -> None:
         self.job = job
-        self.cancel_event = asyncio.Event()
+        self.cancel_event = CancelEvent()
         self.log = log
         self.progress_seq = job.progress_seq
         self.progress_state: dict[str, Any] | None = job.progress_state

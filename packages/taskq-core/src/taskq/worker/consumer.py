@@ -238,7 +238,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     except (Snooze, RetryAfter) as signal:
         # Told to stop first: a cancelled job is not rescheduled (it would come back
         # with its cancel flag set), an interrupted one is handed back as such.
-        if ctx.cancel_event.is_set() and await _stopped(state, row, ctx, active):
+        if ctx.cancel_event.requested() and await _stopped(state, row, ctx, active):
             return
         await _reschedule(state, row, ctx, signal)
         return
@@ -248,12 +248,12 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         # A BaseException too (``sys.exit``, a library's own as a test runner's failure
         # is): it ended the job's task with no outcome, and the job ran again forever,
         # or (a sync actor's) the worker.
-        if ctx.cancel_event.is_set() and await _stopped(state, row, ctx, active):
+        if ctx.cancel_event.requested() and await _stopped(state, row, ctx, active):
             return
         await _raised(state, row, ctx, actor, exc)
         return
 
-    if ctx.cancel_event.is_set() and await _stopped(state, row, ctx, active):
+    if ctx.cancel_event.requested() and await _stopped(state, row, ctx, active, returned=True):
         return
     if inspect.iscoroutine(result):
         # An async function behind a sync decorator (functools.wraps keeps no
@@ -558,7 +558,12 @@ async def _fail_with(
 
 
 async def _stopped(
-    state: WorkerState, row: JobRow, ctx: Context, started: ActiveJob | None
+    state: WorkerState,
+    row: JobRow,
+    ctx: Context,
+    started: ActiveJob | None,
+    *,
+    returned: bool = False,
 ) -> bool:
     """Write the outcome of a job that was told to stop; False when it is not ours to write.
 
@@ -566,7 +571,8 @@ async def _stopped(
     attempt (``interrupted``, no attempt used). A lost lock, or an abandonment
     the cancel controller owns (the consumer skip guard; ``started`` is the job's
     entry when its attempt began, forgotten since if the abandonment was written),
-    writes nothing.
+    writes nothing. An actor that ``returned`` without seeing the request finished
+    its work: False, its outcome is written as it returned.
     """
     if started is not None and started.cancel_phase >= CancelPhase.ABANDON_PENDING:
         if state.active.get(row.id) is not started:
@@ -574,6 +580,10 @@ async def _stopped(
         return True
     active = state.active.get(row.id)
     if active is None or active.lost or active.row.attempt != row.attempt:
+        return False
+    if returned and not ctx.cancel_event.seen:
+        # Handed back, a finished job ran again in full (a shutdown's stop request
+        # reached every running job, watching or not); a user's cancel came too late.
         return False
     if active.cancel_requested:
         await _cancelled(state, row, ctx)

@@ -140,3 +140,27 @@ async def test_a_worker_registers_its_actors_queues() -> None:
         assert isinstance(tq.backend, InMemoryBackend)
         queues = await tq.backend.get_actor_queues()
     assert queues == {"cron.report": "reports", "cron.counted": "default"}
+
+
+async def test_a_slot_whose_stored_payload_the_actor_refuses_fails_in_plain_sight() -> None:
+    # `taskq schedules create` loads no application, so stores any payload; each slot
+    # was skipped with a line in the leader's log, and the schedule never ran.
+    import structlog.testing
+
+    from taskq import JobStatus
+    from taskq_testing import run_until_idle
+
+    tq = TaskQ("memory://", actors=[counted])
+    build = SlotJobBuilder(tq.client, tq.actors, {})
+    schedule = _schedule("cron.counted", None).model_copy(update={"payload": {"n": "many"}})
+    with structlog.testing.capture_logs() as logs:
+        args = build(schedule, SLOT)
+    assert args is not None and args.payload == {"n": "many"}
+    assert [entry["event"] for entry in logs] == ["taskq.schedule-payload-invalid"]
+    async with tq:
+        job = await tq.backend.enqueue(args)
+        await run_until_idle(tq)
+        row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.FAILED and row.error is not None
+    assert row.error.error_class == "taskq.errors.PayloadValidationError"
+    assert "invalid payload for actor 'cron.counted'" in row.error.message

@@ -4,7 +4,8 @@ maintenance leader fires.
 Like ``taskq jobs``, these commands need no application: schedules are rows
 in the backend, so an operator manages them with only a DSN. The payload is
 stored as given, and the actor need not be known here: both are checked
-by the worker that fires a slot. An actor no worker has registered yet is
+by the worker that runs a slot's job (one the actor refuses fails, with the
+validation error, in ``taskq jobs list --status failed``). An actor no worker has registered yet is
 created with a warning (its slots wait until a worker runs it): a schedule
 may come before the deploy of its actor, or be a typo.
 """

@@ -8,7 +8,7 @@ from datetime import datetime
 import structlog
 
 from taskq.client import JobsClient
-from taskq.errors import TaskQError
+from taskq.errors import PayloadValidationError, TaskQError
 from taskq.models import EnqueueArgs, ScheduleRecord
 
 __all__ = ["SlotJobBuilder"]
@@ -25,7 +25,8 @@ class SlotJobBuilder:
     A slot of an actor this worker does not have (another worker's) is enqueued as
     stored, with the schedule's options, on the schedule's queue, else the one the
     actor's workers registered (``queues``), else ``default``; its payload is
-    checked by the worker that runs it."""
+    checked by the worker that runs it. So is a slot whose stored payload the
+    actor refuses: its job fails with the validation error."""
 
     def __init__(
         self, client: JobsClient, actors: Collection[str], queues: Mapping[str, str]
@@ -42,26 +43,30 @@ class SlotJobBuilder:
                 # Another worker may know the actor: enqueue rather than drop the slot
                 # (the stranded-jobs warning covers an actor nobody runs). On "default"
                 # it sat where no worker of the actor's queue ever looked.
-                return EnqueueArgs.model_validate(
-                    {
-                        **schedule.options,
-                        "actor": schedule.actor,
-                        "queue": schedule.queue or self._queues.get(schedule.actor, "default"),
-                        "payload": schedule.payload,
-                        "idempotency_key": key,
-                        "metadata": metadata,
-                    }
+                return self._as_stored(schedule, key, metadata)
+            try:
+                return self._client.build_args(
+                    schedule.actor,
+                    schedule.payload,
+                    queue=schedule.queue,
+                    idempotency_key=key,
+                    metadata=metadata,
+                    **schedule.options,
                 )
-            return self._client.build_args(
-                schedule.actor,
-                schedule.payload,
-                queue=schedule.queue,
-                idempotency_key=key,
-                metadata=metadata,
-                **schedule.options,
-            )
+            except PayloadValidationError as exc:
+                # Stored where nothing could check it (`taskq schedules`, which loads no
+                # application). Skipped, every slot was lost with a line in the leader's
+                # log only; enqueued as stored, each fails with the validation error,
+                # in the job list for all to see.
+                _log.error(
+                    "taskq.schedule-payload-invalid",
+                    schedule=schedule.name,
+                    slot=slot.isoformat(),
+                    error=str(exc),
+                )
+                return self._as_stored(schedule, key, metadata)
         except (TaskQError, TypeError, ValueError) as exc:
-            # A bad stored payload or option fails every slot alike: say so and skip.
+            # A bad stored option fails every slot alike: say so and skip.
             _log.error(
                 "taskq.schedule-slot-skipped",
                 schedule=schedule.name,
@@ -69,3 +74,18 @@ class SlotJobBuilder:
                 error=repr(exc),
             )
             return None
+
+    def _as_stored(
+        self, schedule: ScheduleRecord, key: str, metadata: dict[str, str]
+    ) -> EnqueueArgs:
+        """The slot's job with the schedule's payload and options as stored, unchecked."""
+        return EnqueueArgs.model_validate(
+            {
+                **schedule.options,
+                "actor": schedule.actor,
+                "queue": schedule.queue or self._queues.get(schedule.actor, "default"),
+                "payload": schedule.payload,
+                "idempotency_key": key,
+                "metadata": metadata,
+            }
+        )

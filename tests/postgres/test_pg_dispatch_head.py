@@ -368,6 +368,6 @@ async def test_dispatch_matches_the_per_actor_sample_model(
             rows = await conn.fetch(
                 statement, case.queues, case.limit, uuid4(), LEASE, case.oversample, case.actors
             )
-        assert [r["id"] for r in rows] == expected, (attempt, case)
+        assert [r["id"] for r in rows if r["id"] is not None] == expected, (attempt, case)
     # Both paths ran, or the comparison proves less than it claims.
     assert paths[True] >= 20 and paths[False] >= 20, paths

@@ -195,3 +195,47 @@ async def test_a_full_head_held_by_other_dispatchers_is_read_past_once(
             assert statements == ["plain_head"]
     finally:
         await rival.close()
+
+
+async def test_only_other_actors_jobs_pending_costs_one_statement_a_poll(
+    backend: PostgresBackend, statements: list[str]
+) -> None:
+    # A removed actor's backlog that no worker runs: every idle poll of a worker ran
+    # the plain-head statement, the full one, then the settings lookup.
+    await backend.enqueue_batch([EnqueueArgs(actor="gone") for _ in range(5)])
+    worker = uuid4()
+    assert await backend.dispatch_actors_batch(worker, ["default"], 2, LEASE, ["a"]) == []
+    assert statements == ["plain_head", "strict_fifo"]
+    statements.clear()
+    assert await backend.dispatch_actors_batch(worker, ["default"], 2, LEASE, ["a"]) == []
+    assert statements == ["strict_fifo"]
+    statements.clear()
+    await backend.enqueue(EnqueueArgs(actor="a"))
+    [job] = await backend.dispatch_actors_batch(worker, ["default"], 2, LEASE, ["a"])
+    assert job.actor == "a" and statements == ["strict_fifo"]
+
+
+async def test_a_held_head_is_read_past_when_the_rows_past_it_need_checks(
+    backend: PostgresBackend, statements: list[str], pg_pooled_schema: PgSchema
+) -> None:
+    # As above, but the deeper rows hold another actor's job: the second plain-head
+    # statement locked nothing for them, and the worker waited for a wake.
+    await backend.enqueue_batch([EnqueueArgs(actor="a") for _ in range(4)])
+    await backend.enqueue(EnqueueArgs(actor="other"))
+    await backend.enqueue_batch([EnqueueArgs(actor="a") for _ in range(8)])
+    s = pg_pooled_schema.name
+    rival = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        order = [
+            r["id"]
+            for r in await rival.fetch(
+                f"SELECT id FROM {s}.jobs WHERE actor = 'a' ORDER BY priority DESC, scheduled_at, id"
+            )
+        ]
+        async with rival.transaction():
+            await rival.execute(f"SELECT 1 FROM {s}.jobs WHERE id = ANY($1) FOR UPDATE", order[:4])
+            jobs = await backend.dispatch_actors_batch(uuid4(), ["default"], 2, LEASE, ["a"])
+            assert [job.id for job in jobs] == order[4:6]
+            assert statements == ["plain_head", "plain_head", "strict_fifo"]
+    finally:
+        await rival.close()

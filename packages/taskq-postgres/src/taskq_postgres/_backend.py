@@ -162,6 +162,11 @@ def _turns(ids: Sequence[object]) -> list[list[int]]:
     return turns
 
 
+def _dispatched(records: list[Any]) -> list[JobRow]:
+    """The jobs a strict-FIFO statement locked (a row with NULL job columns: none)."""
+    return [job_row(record) for record in records if record["id"] is not None]
+
+
 def _changed(status: str) -> int:
     """The row count of an ``UPDATE n`` / ``DELETE n`` command status."""
     return int(status.rsplit(" ", 1)[-1])
@@ -773,7 +778,7 @@ class PostgresBackend:
         if fifo_first and key not in self._gated_heads:
             records = await db.fetch(self._sql.dispatch_plain_head, *params)
             if records[0]["plain_head"]:
-                jobs = [job_row(record) for record in records if record["id"] is not None]
+                jobs = _dispatched(records)
                 if (
                     len(jobs) < limit
                     and records[0]["head_size"] == limit * self.dispatch_oversample
@@ -783,18 +788,24 @@ class PostgresBackend:
             self._gated_heads.add(key)
         if fifo_first:
             records = await db.fetch(self._sql.dispatch_strict_fifo, *params)
-            if not records or records[0]["plain_head"]:
+            if records[0]["plain_head"] or records[0]["round_robin"]:
+                # Plain again; or round robin, whose head says nothing of the checks.
                 self._gated_heads.discard(key)
-            if records:
-                return [job_row(record) for record in records]
+            if not records[0]["round_robin"]:
+                # What it locked is the answer, nothing included: a head that stays
+                # gated (another actor's backlog at it, say) costs one statement a poll.
+                return _dispatched(records)
         settings = await db.fetch(self._sql.queue_settings, wanted)
         round_robin = [r["name"] for r in settings if r["mode"] == "round_robin"]
         if not round_robin:
+            # Round robin no longer (or, just now, not yet): strict FIFO after all.
             self._round_robin_calls.discard(key)
-            if fifo_first:
-                return []  # all strict FIFO, so that statement found nothing due
             records = await db.fetch(self._sql.dispatch_strict_fifo, *params)
-            return [job_row(record) for record in records]
+            if records[0]["plain_head"]:
+                self._gated_heads.discard(key)
+            else:
+                self._gated_heads.add(key)
+            return _dispatched(records)
         self._round_robin_calls.add(key)
         capped = [
             (r["name"], r["max_concurrent"]) for r in settings if r["max_concurrent"] is not None
@@ -827,10 +838,13 @@ class PostgresBackend:
         """
         wanted, limit, worker_id, lock_lease, oversample, actors = params
         deeper = -(-4 * limit * oversample // missing)  # ceiling: 4x the head's rows
-        records = await db.fetch(
-            self._sql.dispatch_plain_head, wanted, missing, worker_id, lock_lease, deeper, actors
-        )
-        return [job_row(record) for record in records if record["id"] is not None]
+        deeper_params = [wanted, missing, worker_id, lock_lease, deeper, actors]
+        records = await db.fetch(self._sql.dispatch_plain_head, *deeper_params)
+        if not records[0]["plain_head"]:
+            # The deeper rows need the checks (a capped actor, an identity, another
+            # actor's job): the plain-head statement locks nothing for them.
+            records = await db.fetch(self._sql.dispatch_strict_fifo, *deeper_params)
+        return _dispatched(records)
 
     async def heartbeat_jobs(self, worker_id: UUID, lock_lease: timedelta) -> int:
         """Extend the lease of every running job ``worker_id`` holds; returns how many."""

@@ -40,7 +40,7 @@ per-actor branches do not run::
     admitted            jobs of queues with room whose identity is not running; then the
                         rank within a capped queue <= its residual; then identity dedup:
                         DISTINCT ON (actor, identity_key) UNION ALL jobs without identity;
-                        then pending_rank per actor <= residual
+                        then pending_rank per capped actor <= residual
     locked              FOR UPDATE SKIP LOCKED, LIMIT limit_n
     eligible_candidates in_flight < max_concurrent gate; actor_rank
     eligible            actor_rank <= max_concurrent - in_flight; queue caps; LIMIT limit_n
@@ -487,7 +487,9 @@ candidates AS (
 # (so the head's admissions are a prefix of the sample's): first the jobs of queues
 # with room whose identity is not running; then at most the residual of each capped
 # queue; then one job per (actor, identity_key); then at most residual jobs per
-# actor, by pending_rank. Queue caps come before the identity and actor places: a
+# capped actor, by pending_rank (an uncapped actor's limit_n-th job is the last it
+# could give a batch of limit_n anyway, and locked reads past the jobs other
+# dispatchers hold: cut at limit_n, a head they held gave nothing). Queue caps come before the identity and actor places: a
 # capped queue's jobs past its cap took those places from another queue's jobs, a
 # full queue's dispatch after dispatch (its job won the identity, and the other
 # queue's job of that identity waited for as long as the queue stayed full). A job
@@ -535,7 +537,7 @@ _ADMIT: Final = """
         FROM <NAME>_dedup d
     ) r
     JOIN per_actor_capacity pac ON pac.actor = r.actor
-    WHERE r.pending_rank <= pac.residual
+    WHERE NOT pac.capped OR r.pending_rank <= pac.residual
 ),"""
 
 _DISPATCH_TEMPLATE: Final = """
@@ -574,7 +576,8 @@ per_actor_capacity AS (
            CASE
                WHEN ac.max_concurrent IS NULL THEN p.limit_n
                ELSE least(p.limit_n, greatest(ac.max_concurrent - coalesce(r.in_flight, 0), 0))
-           END AS residual
+           END AS residual,
+           ac.max_concurrent IS NOT NULL AS capped
     FROM (SELECT DISTINCT pa.actor FROM pending_actors pa WHERE pa.actor IS NOT NULL) a
     CROSS JOIN params p
     LEFT JOIN {schema}.actor_config ac ON ac.actor = a.actor
@@ -631,8 +634,19 @@ eligible AS (
     )
 ),
 <WRITE>
-SELECT d.*, (SELECT hp.ok FROM head_plain hp) AS plain_head FROM dispatched d ORDER BY <ORDER:d>
+<RESULT>
 """
+
+# Strict FIFO: always a row, so that a dispatch that locked nothing still says whether
+# its head was plain and whether a queue asked for is round robin (then it locked
+# nothing on purpose); with no job dispatched, the job columns are NULL.
+_STRICT_RESULT: Final = """
+SELECT hp.ok AS plain_head, p.round_robin, d.*
+FROM head_plain hp CROSS JOIN params p LEFT JOIN dispatched d ON true
+ORDER BY <ORDER:d>"""
+
+_ROUND_ROBIN_RESULT: Final = """
+SELECT d.* FROM dispatched d ORDER BY <ORDER:d>"""
 
 # Lock and mark what ``eligible`` holds, with one event per job.
 _WRITE: Final = """
@@ -713,23 +727,24 @@ def _ordered(sql: str, order: str) -> str:
     return re.sub(r"<ORDER:(\w+)>", lambda alias: order.replace("{a}", alias[1]), sql)
 
 
-def _variant(candidates: str, order: str, params: str) -> str:
+def _variant(candidates: str, order: str, params: str, result: str) -> str:
     sql = _DISPATCH_TEMPLATE.replace("<CANDIDATES>", _admit(candidates))
-    return _ordered(sql.replace("<PARAMS>", params), order)
+    return _ordered(sql.replace("<PARAMS>", params).replace("<RESULT>", result), order)
 
 
 DISPATCH_STRICT_FIFO: Final = TransitionSQL.of(
     JobStatus.PENDING,
     JobStatus.RUNNING,
-    _variant(_STRICT_CANDIDATES, _STRICT_ORDER, _STRICT_PARAMS),
+    _variant(_STRICT_CANDIDATES, _STRICT_ORDER, _STRICT_PARAMS, _STRICT_RESULT),
 )
 """Priority, then time, then id; $1..$6 only (caps from the ``queues`` table). Locks
-nothing when a queue asked for is ``round_robin``."""
+nothing when a queue asked for is ``round_robin``. At least one row: ``plain_head``
+and ``round_robin`` on each, the job columns NULL when it locked nothing."""
 
 DISPATCH_ROUND_ROBIN: Final = TransitionSQL.of(
     JobStatus.PENDING,
     JobStatus.RUNNING,
-    _variant(_ROUND_ROBIN_CANDIDATES, _ROUND_ROBIN_ORDER, _ROUND_ROBIN_PARAMS),
+    _variant(_ROUND_ROBIN_CANDIDATES, _ROUND_ROBIN_ORDER, _ROUND_ROBIN_PARAMS, _ROUND_ROBIN_RESULT),
 )
 """Interleaves fairness cohorts: ``fairness_rank, priority DESC, scheduled_at, id``.
 For calls asking for at least one ``round_robin`` queue ($8 lists them); $9/$10 the
@@ -744,8 +759,8 @@ DISPATCH_PLAIN_HEAD: Final = TransitionSQL.of(
 -- arbiter: clock_timestamp() (due check scheduled_at <= now; started_at and lease expiry)
 -- Strict FIFO for a plain head only ($1..$6 as DISPATCH_STRICT_FIFO): no per-actor,
 -- cap or identity phase to plan or start, which is most of that statement's cost.
--- Always one row more than it locks: plain_head and head_size (rows the head read),
--- with the job columns NULL; when plain_head is false it locks nothing and
+-- At least one row: plain_head and head_size (rows the head read) on each, the job
+-- columns NULL when it locked nothing; when plain_head is false it locks nothing and
 -- DISPATCH_STRICT_FIFO is the one to run.
 WITH
 params AS ("""

@@ -522,9 +522,10 @@ class SupportsActorDispatch(Protocol):
         actors: Sequence[str],
     ) -> list[JobRow]:
         """:meth:`Backend.dispatch_batch` over the jobs whose actor is one of ``actors``
-        only: the others take no place in the batch, its order or its fairness ranks,
-        and stay as they are. Their running jobs still count against their queue's
-        ``max_concurrent``."""
+        only: the others' pending jobs take no place in the batch, its order or its
+        fairness ranks, and stay as they are. Their running jobs count as any running
+        job does: against their queue's ``max_concurrent``, and in their fairness
+        cohort (whose ranks start after its running jobs, whatever their actor)."""
         ...
 
 

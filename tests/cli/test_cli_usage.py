@@ -131,3 +131,16 @@ def test_a_command_of_a_missing_extra_names_the_extra() -> None:
         "`taskq embedded` comes with the [embedded] extra of taskq-postgres, which is not "
         "installed: pip install 'taskq-postgres[embedded]'"
     )
+
+
+@pytest.mark.parametrize(
+    "args", [["migrate"], ["jobs", "list"], ["schedules", "list"]], ids=" ".join
+)
+def test_an_empty_schema_is_refused_not_replaced_by_the_default(args: list[str]) -> None:
+    # It silently meant "taskq" here, where taskq-worker refuses it.
+    result = run(
+        "taskq", *args, "--schema", "", "--dsn", "postgresql://u@127.0.0.1:1/x", env=clean_env()
+    )
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert ": error: --schema: invalid SQL identifier ''" in line

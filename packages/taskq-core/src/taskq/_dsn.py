@@ -49,7 +49,7 @@ def resolve_schema(flag: str | None, default: str) -> str:
     """The schema ``--schema`` names, else ``TASKQ_SCHEMA``, else ``default``;
     ``ConfigurationError`` naming whichever gave a bad one."""
     env = os.environ.get("TASKQ_SCHEMA")
-    if flag:
+    if flag is not None:  # given empty, refused as the worker refuses it, not ignored
         schema, source = flag, "--schema"
     elif env:
         schema, source = env, "TASKQ_SCHEMA"

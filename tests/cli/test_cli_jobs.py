@@ -70,7 +70,10 @@ def test_show_retry_and_refusals_after_a_worker_ran(cli: Cli) -> None:
     assert [a.split()[:2] for a in attempts] == [["1", "failed"], ["2", "failed"], ["3", "failed"]]
     assert all(a.endswith("RuntimeError: boom") for a in attempts)
     events = text.split("events:\n")[1].splitlines()[1:]
-    assert "to_state=failed from_state=running" in events[-1]
+    assert "from_state=running to_state=failed" in events[-1]
+    # A dispatch's, with its worker id: the whole transition shows, uncut.
+    assert "from_state=pending to_state=running worker_id=" in events[0]
+    assert not events[0].endswith("...")
 
     shown = cli.json("jobs", "show", str(failed.id))
     assert set(shown) == {"job", "attempts", "events"}

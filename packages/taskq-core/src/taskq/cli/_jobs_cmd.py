@@ -14,7 +14,7 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 from uuid import UUID
 
 from taskq._dsn import resolve_schema
@@ -328,7 +328,7 @@ def _render_job(row: JobRow, attempts: list[AttemptRow], events: list[EventRow])
                     ]
                     for e in events
                 ],
-                max_width=80,
+                max_width=120,
             )
         )
     else:
@@ -336,16 +336,23 @@ def _render_job(row: JobRow, attempts: list[AttemptRow], events: list[EventRow])
     return "\n".join(parts)
 
 
+_FIRST_KEYS: Final = ("from_state", "to_state", "from_phase", "to_phase")
+"""Event detail keys shown first, in this order (Postgres keeps jsonb keys shortest
+first, which put ``from_state`` last, where a long line cut it off)."""
+
+
 def _pairs(detail: dict[str, Any]) -> str:
-    """An event's detail as ``key=value`` pairs; a value with blanks is quoted so the
-    pairs stay apart."""
+    """An event's detail as ``key=value`` pairs, the transition first; a value with
+    blanks is quoted so the pairs stay apart."""
     from taskq.cli._output import compact
 
     def value(v: Any) -> str:
         text = compact(v)
         return json.dumps(text) if isinstance(v, str) and " " in text else text
 
-    return " ".join(f"{k}={value(v)}" for k, v in detail.items())
+    first = [k for k in _FIRST_KEYS if k in detail]
+    keys = [*first, *(k for k in detail if k not in first)]
+    return " ".join(f"{k}={value(detail[k])}" for k in keys)
 
 
 async def _retry(args: argparse.Namespace) -> int:

@@ -230,8 +230,11 @@ async def test_inputs_one_backend_would_misread_are_refused_on_every_backend(
     with pytest.raises(TypeError, match="needs the caller's connection"):
         await tq.client.enqueue_with_conn(None, job, {})
     # Postgres waited forever; memory gave up at once.
-    with pytest.raises(ValueError, match="not NaN"):
+    with pytest.raises(ValueError, match="not nan"):
         await tq.client.wait_for_result(kept.id, timeout=float("nan"))
+    # It said "did not finish within -1 s".
+    with pytest.raises(ValueError, match="0 or more, not -1"):
+        await tq.client.wait_for_result(kept.id, timeout=-1)
     assert [r.id for r in await tq.client.list_jobs()] == [kept.id]
 
 

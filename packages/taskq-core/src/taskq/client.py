@@ -308,12 +308,15 @@ class JobsClient:
         """Wait until the job is terminal and return its result.
 
         Raises :class:`JobFailedError` (with the row) when it ended in any
-        status but ``succeeded``, ``TimeoutError`` after ``timeout``, and
-        ``KeyError`` for an unknown job.
+        status but ``succeeded``, ``TimeoutError`` after ``timeout``,
+        ``KeyError`` for an unknown job, and ``ValueError`` for a negative or NaN
+        ``timeout``.
         """
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        if math.isnan(limit):
-            raise ValueError("wait_for_result timeout must be a number of seconds, not NaN")
+        if math.isnan(limit) or limit < 0:
+            raise ValueError(
+                f"wait_for_result timeout must be a number of seconds, 0 or more, not {limit}"
+            )
         job_id = _as_job_id(job_id)
         pause = 0.01
         # Read once before the clock runs: timeout=0 asks "is it done?", on every backend.

@@ -176,6 +176,14 @@ def test_the_worker_command_keeps_its_start_up_objects_out_of_the_collector(
         gc.unfreeze()
 
 
+def test_a_negative_duration_is_said_to_be_negative() -> None:
+    # It read "expected a duration such as 30, 0.5, 500ms ...", as for a typo.
+    with pytest.raises(SettingsError, match="TASKQ_LOCK_LEASE.*must not be negative, got '-5s'"):
+        WorkerSettings.load({}, env={"TASKQ_LOCK_LEASE": "-5s"})
+    with pytest.raises(SettingsError, match="expected a duration such as"):
+        WorkerSettings.load({}, env={"TASKQ_LOCK_LEASE": "-five"})
+
+
 def test_a_duration_out_of_range_is_a_clear_setting_error() -> None:
     with pytest.raises(SettingsError, match="TASKQ_POLL_INTERVAL.*out of range"):
         WorkerSettings.load({}, env={"TASKQ_POLL_INTERVAL": "99999999999999d"})

@@ -49,6 +49,8 @@ def parse_duration(value: object) -> object:
     if isinstance(value, str):
         match = _DURATION_RE.fullmatch(value)
         if match is None:
+            if _DURATION_RE.fullmatch(value.strip().removeprefix("-")):
+                raise ValueError(f"must not be negative, got {value.strip()!r}")
             raise ValueError("expected a duration such as 30, 0.5, 500ms, 30s, 5m or 1h")
         try:
             return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])

@@ -29,6 +29,11 @@ def test_demo_runs_on_the_given_schema_and_reruns_alike(
         assert summary["statuses"] == expected_statuses(JOBS)
         assert summary["unfinished"] == 0
     assert not (tmp_path / ".taskq").exists()
+    # The table ends saying where the jobs are: not in `taskq jobs list`'s default schema.
+    result = taskq(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.strip() == f"the jobs stay: taskq jobs list --schema {pg_schema.name} --dsn ..."
 
 
 @pytest.mark.postgres

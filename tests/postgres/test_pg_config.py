@@ -244,3 +244,19 @@ async def test_a_password_never_shows_in_an_error(pg_pooled_schema: PgSchema, wh
         await backend.open()
     assert "s3cret" not in str(info.value)
     assert "***" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "shown"),
+    [
+        ("postgresql://u:secret@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://u:@h/db?password=secret", "postgresql://u:@h/db?password=***"),
+        # Masked, an empty password read as "***", in a command a user copies.
+        ("postgresql://u:@h/db", "postgresql://u:@h/db"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+    ],
+)
+def test_a_dsn_is_shown_with_its_password_masked(dsn: str, shown: str) -> None:
+    from taskq_postgres._connect import redact
+
+    assert redact(dsn) == shown

@@ -58,7 +58,7 @@ def redact(dsn: str) -> str:
     an error message."""
     try:
         parts = urlsplit(dsn)
-        if parts.password is not None:
+        if parts.password:  # an empty one stays empty: `user:***@` read as a password
             netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
             parts = parts._replace(netloc=netloc)
         return urlunsplit(parts._replace(query=_QUERY_PASSWORD.sub(r"\1***", parts.query)))

@@ -294,6 +294,10 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(asdict(summary), indent=2))
     else:
         print(summary.as_table())
+        if not dsn.startswith("memory:"):
+            # Not in the commands' default schema: `taskq jobs list` alone found none.
+            again = " --dsn ..." if args.dsn else ""
+            print(f"\n  the jobs stay: taskq jobs list --schema {schema}{again}")
     return EXIT_ERROR if summary.unfinished else 0
 
 

@@ -254,6 +254,7 @@ async def test_a_password_never_shows_in_an_error(pg_pooled_schema: PgSchema, wh
         # Masked, an empty password read as "***", in a command a user copies.
         ("postgresql://u:@h/db", "postgresql://u:@h/db"),
         ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("memory://", "memory://"),  # it read "invalid DSN memory:: ..."
     ],
 )
 def test_a_dsn_is_shown_with_its_password_masked(dsn: str, shown: str) -> None:

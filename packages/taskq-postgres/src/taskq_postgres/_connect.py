@@ -61,9 +61,11 @@ def redact(dsn: str) -> str:
         if parts.password:  # an empty one stays empty: `user:***@` read as a password
             netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
             parts = parts._replace(netloc=netloc)
-        return urlunsplit(parts._replace(query=_QUERY_PASSWORD.sub(r"\1***", parts.query)))
+        masked = parts._replace(query=_QUERY_PASSWORD.sub(r"\1***", parts.query))
     except ValueError:
         return "<unparsable DSN>"
+    # Rebuilt only to mask: urlunsplit drops an empty authority's "//" (memory://).
+    return dsn if masked == urlsplit(dsn) else urlunsplit(masked)
 
 
 def _one_line(exc: BaseException) -> str:

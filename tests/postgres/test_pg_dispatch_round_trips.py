@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from uuid import uuid4
+from typing import Any
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
@@ -172,12 +173,7 @@ async def test_a_full_head_held_by_other_dispatchers_is_read_past_once(
     s = pg_pooled_schema.name
     rival = await asyncpg.connect(pg_pooled_schema.dsn)
     try:
-        order = [
-            r["id"]
-            for r in await rival.fetch(
-                f"SELECT id FROM {s}.jobs ORDER BY priority DESC, scheduled_at, id"
-            )
-        ]
+        order = await _in_dispatch_order(rival, s, "a")
         async with rival.transaction():
             await rival.execute(f"SELECT 1 FROM {s}.jobs WHERE id = ANY($1) FOR UPDATE", order[:4])
             jobs = await backend.dispatch_batch(uuid4(), ["default"], 2, LEASE)
@@ -226,12 +222,7 @@ async def test_a_held_head_is_read_past_when_the_rows_past_it_need_checks(
     s = pg_pooled_schema.name
     rival = await asyncpg.connect(pg_pooled_schema.dsn)
     try:
-        order = [
-            r["id"]
-            for r in await rival.fetch(
-                f"SELECT id FROM {s}.jobs WHERE actor = 'a' ORDER BY priority DESC, scheduled_at, id"
-            )
-        ]
+        order = await _in_dispatch_order(rival, s, "a")
         async with rival.transaction():
             await rival.execute(f"SELECT 1 FROM {s}.jobs WHERE id = ANY($1) FOR UPDATE", order[:4])
             jobs = await backend.dispatch_actors_batch(uuid4(), ["default"], 2, LEASE, ["a"])
@@ -239,3 +230,10 @@ async def test_a_held_head_is_read_past_when_the_rows_past_it_need_checks(
             assert statements == ["plain_head", "plain_head", "strict_fifo"]
     finally:
         await rival.close()
+
+
+async def _in_dispatch_order(conn: asyncpg.Connection[Any], schema: str, actor: str) -> list[UUID]:
+    """The ids of ``actor``'s jobs in strict-FIFO dispatch order."""
+    order = "ORDER BY priority DESC, scheduled_at, id"
+    rows = await conn.fetch(f"SELECT id FROM {schema}.jobs WHERE actor = $1 {order}", actor)
+    return [r["id"] for r in rows]

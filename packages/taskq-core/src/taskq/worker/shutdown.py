@@ -7,7 +7,9 @@ the consumers can see where the shutdown is.
   statement (and those of a dispatch whose reply was lost, when one was); running
   jobs get ``drain_grace_period`` to finish on their own.
 * CANCELLING — each running job's ``cancel_event`` is set (cooperative stop)
-  for ``cancellation_grace_period``.
+  for ``cancellation_grace_period``. An actor that returns after seeing it is
+  handed back; one that returns without having looked finished its work, and its
+  outcome is written as it returned (ADR 0004).
 * FORCING — the remaining tasks are cancelled (a job a user asked to cancel has
   phase 2 stored first, as the cancellation protocol does); ``cleanup_grace_period``
   to unwind. A job whose actor returned is not: it is only writing its outcome.

@@ -848,7 +848,13 @@ class PostgresBackend:
 
     async def heartbeat_jobs(self, worker_id: UUID, lock_lease: timedelta) -> int:
         """Extend the lease of every running job ``worker_id`` holds; returns how many."""
-        return _changed(await self._db().execute(self._sql.heartbeat_jobs, worker_id, lock_lease))
+        return len(await self.renew_leases(worker_id, lock_lease))
+
+    async def renew_leases(self, worker_id: UUID, lock_lease: timedelta) -> list[JobId]:
+        """``heartbeat_jobs``, returning the ids renewed; a row another transaction holds
+        is skipped, not waited for (``SupportsLeaseRenewal``)."""
+        records = await self._db().fetch(self._sql.heartbeat_jobs, worker_id, lock_lease)
+        return [record["id"] for record in records]
 
     async def held_jobs(self, worker_id: UUID) -> list[tuple[JobId, int]]:
         """``(id, attempt)`` of every running job ``worker_id`` holds (``SupportsHeldJobs``)."""

@@ -16,6 +16,7 @@ from taskq.backend._protocol import SupportsCron as SupportsCron
 from taskq.backend._protocol import SupportsFleetStats as SupportsFleetStats
 from taskq.backend._protocol import SupportsHeldJobs as SupportsHeldJobs
 from taskq.backend._protocol import SupportsLeaderElection as SupportsLeaderElection
+from taskq.backend._protocol import SupportsLeaseRenewal as SupportsLeaseRenewal
 from taskq.backend._protocol import SupportsMigrate as SupportsMigrate
 from taskq.backend._protocol import SupportsPrune as SupportsPrune
 from taskq.backend._protocol import SupportsResultExpiry as SupportsResultExpiry
@@ -59,6 +60,7 @@ __all__ = [
     "SupportsFleetStats",
     "SupportsHeldJobs",
     "SupportsLeaderElection",
+    "SupportsLeaseRenewal",
     "SupportsMigrate",
     "SupportsPrune",
     "SupportsResultExpiry",

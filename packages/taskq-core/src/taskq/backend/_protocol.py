@@ -73,6 +73,7 @@ __all__ = [
     "SupportsFleetStats",
     "SupportsHeldJobs",
     "SupportsLeaderElection",
+    "SupportsLeaseRenewal",
     "SupportsMigrate",
     "SupportsPrune",
     "SupportsResultExpiry",
@@ -530,6 +531,24 @@ class SupportsActorDispatch(Protocol):
 
 
 @runtime_checkable
+class SupportsLeaseRenewal(Protocol):
+    """A backend that says which leases a heartbeat renewed, and renews the others'
+    without waiting for a job whose row another transaction holds.
+
+    :meth:`Backend.heartbeat_jobs` renews every lock of a worker at once and says
+    only how many: one row held by a long transaction (an operator's, a bulk
+    cancel) stopped every renewal of that worker until it ended, and the reclaim
+    sweep then took its other jobs, finished ones included, to run again.
+    """
+
+    async def renew_leases(self, worker_id: UUID, lock_lease: timedelta) -> list[JobId]:
+        """Extend the lease of every running job ``worker_id`` holds that no other
+        transaction holds at the moment, as ``heartbeat_jobs`` does; the ids renewed.
+        A held one is left for the next call."""
+        ...
+
+
+@runtime_checkable
 class SupportsBatchedSuccess(Protocol):
     """A backend that records many successes in one step (the worker's completer).
 
@@ -819,6 +838,7 @@ OPTIONAL_PROTOCOLS: Final[tuple[type, ...]] = (
     SupportsBatchedSuccess,
     SupportsUnstartedHandBack,
     SupportsHeldJobs,
+    SupportsLeaseRenewal,
     SupportsWorkerCancelWake,
     SupportsLeaderElection,
     SupportsCron,

@@ -308,11 +308,16 @@ class InMemoryBackend:
 
     async def heartbeat_jobs(self, worker_id: UUID, lock_lease: timedelta) -> int:
         """Extend the lease of every running job ``worker_id`` holds."""
+        return len(await self.renew_leases(worker_id, lock_lease))
+
+    async def renew_leases(self, worker_id: UUID, lock_lease: timedelta) -> list[JobId]:
+        """``heartbeat_jobs``, returning the ids renewed (``SupportsLeaseRenewal``; no
+        row is ever held here)."""
         now = self.clock.now()
         held = self._held(worker_id)
         for row in held:
             self._store.update(row, lock_expires_at=now + lock_lease)
-        return len(held)
+        return [row.id for row in held]
 
     async def held_jobs(self, worker_id: UUID) -> list[tuple[JobId, int]]:
         """``(id, attempt)`` of every running job ``worker_id`` holds (``SupportsHeldJobs``)."""

@@ -8,13 +8,20 @@ local tasks are cancelled at once, and their outcome is never written.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
+from typing import NamedTuple
 
 import structlog
 
-from taskq.backend._protocol import SupportsWorkerCancelWake, SupportsWorkerRegistry
+from taskq.backend._protocol import (
+    SupportsLeaseRenewal,
+    SupportsWorkerCancelWake,
+    SupportsWorkerRegistry,
+)
 from taskq.backend.statemachine import JobStatus
-from taskq.worker._state import WorkerState
+from taskq.models import JobId
+from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
 
 _log = structlog.get_logger("taskq.worker")
@@ -43,10 +50,10 @@ async def heartbeat_once(state: WorkerState) -> None:
     backend, wid = state.backend, state.worker_id
     held = dict(state.active)
     sent = asyncio.get_running_loop().time()
-    renewed = await backend.heartbeat_jobs(wid, state.settings.lock_lease)
-    for active in held.values():  # known before it was sent: locked by then, so renewed
-        active.lease_from = max(active.lease_from, sent)
-    if renewed > len(held):
+    renewal = await _renew(state, held)
+    for job_id in renewal.renewed:  # held before the renewal was sent: renewed from then
+        held[job_id].lease_from = max(held[job_id].lease_from, sent)
+    if renewal.unheard:
         # Locked for this worker and unknown to it, unless a dispatch is on its way:
         # the producer looks, between two dispatches.
         state.unheard_suspected = True
@@ -55,25 +62,48 @@ async def heartbeat_once(state: WorkerState) -> None:
         # Swept as stale (this worker stalled past stale_worker_after): show it again.
         _log.warning("taskq.worker-row-restored", worker_id=str(wid))
         await state.register()
-    if renewed < len(held):
-        for job_id, active in held.items():
-            row = await backend.get(job_id)
-            still_ours = (
-                row is not None
-                and row.status is JobStatus.RUNNING
-                and row.locked_by_worker == wid
-                and row.attempt == active.row.attempt
-            )
-            if still_ours or active.settling or state.active.get(job_id) is not active:
-                continue
-            _log.warning("taskq.lock-lost", job_id=str(job_id), attempt=active.row.attempt)
-            active.lost = True
-            if active.task is not None:
-                active.task.cancel()
-            else:
-                state.release(job_id, active)
+    for job_id in renewal.look_at:
+        active = held[job_id]
+        row = await backend.get(job_id)
+        still_ours = (
+            row is not None
+            and row.status is JobStatus.RUNNING
+            and row.locked_by_worker == wid
+            and row.attempt == active.row.attempt
+        )
+        if still_ours or active.settling or state.active.get(job_id) is not active:
+            continue
+        _log.warning("taskq.lock-lost", job_id=str(job_id), attempt=active.row.attempt)
+        active.lost = True
+        if active.task is not None:
+            active.task.cancel()
+        else:
+            state.release(job_id, active)
     await state.cancel.run_tick(await backend.poll_cancel_flags(wid))
     await state.cancel.run_post_tick()
+
+
+class _Renewal(NamedTuple):
+    renewed: frozenset[JobId]
+    """Held jobs whose leases the tick renewed."""
+    look_at: frozenset[JobId]
+    """Held jobs that may not be this worker's any more."""
+    unheard: bool
+    """Whether it renewed a job this worker does not know."""
+
+
+async def _renew(state: WorkerState, held: Mapping[JobId, ActiveJob]) -> _Renewal:
+    backend, wid, lease = state.backend, state.worker_id, state.settings.lock_lease
+    if isinstance(backend, SupportsLeaseRenewal):
+        ids = frozenset(await backend.renew_leases(wid, lease))
+        # One not renewed was reclaimed, finished meanwhile, or held by another
+        # transaction this time (the backend skips those).
+        return _Renewal(ids & held.keys(), frozenset(held.keys() - ids), not ids <= held.keys())
+    # Only a count: every job it still holds was renewed; fewer than known means some
+    # are no longer its own, and each is looked at.
+    count = await backend.heartbeat_jobs(wid, lease)
+    every = frozenset(held)
+    return _Renewal(every, every if count < len(held) else frozenset(), count > len(held))
 
 
 async def heartbeat_loop(state: WorkerState) -> None:

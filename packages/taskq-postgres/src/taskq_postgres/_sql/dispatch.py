@@ -791,9 +791,19 @@ strict-FIFO queue list tries it first unless its last head was not plain."""
 
 HEARTBEAT_JOBS: Final = """
 -- arbiter: clock_timestamp() (the new lease expiry)
-UPDATE {schema}.jobs
+-- The ids renewed. A row another transaction holds is skipped, left for the next
+-- heartbeat: waited for, one row held by a long transaction stopped every renewal
+-- of the worker, and the reclaim sweep took its other jobs.
+WITH renewable AS (
+    SELECT j.id FROM {schema}.jobs j
+    WHERE j.status = 'running' AND j.locked_by_worker = $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs j
 SET lock_expires_at = clock_timestamp() + $2::interval, updated_at = clock_timestamp()
-WHERE status = 'running' AND locked_by_worker = $1
+FROM renewable r
+WHERE j.id = r.id
+RETURNING j.id
 """
 
 HELD_JOBS: Final = """

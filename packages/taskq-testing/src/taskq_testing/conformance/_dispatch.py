@@ -8,7 +8,13 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from taskq.backend import Backend, JobStatus, SupportsActorDispatch, SupportsHeldJobs
+from taskq.backend import (
+    Backend,
+    JobStatus,
+    SupportsActorDispatch,
+    SupportsHeldJobs,
+    SupportsLeaseRenewal,
+)
 from taskq.models import ActorConfig, JobFilter, JobRow, QueueConfig, QueueMode
 from taskq_testing.conformance._support import (
     ACTOR,
@@ -550,6 +556,27 @@ class DispatchTests:
             assert row.lock_expires_at >= job.lock_expires_at + LONG_LEASE - SHORT_LEASE
         assert await backend.get(other.id) == other
         assert (await fetch(backend, finished.id)).lock_expires_at is None
+
+    @covers("renew_leases")
+    async def test_renew_leases_renews_the_workers_running_jobs_and_names_them(
+        self, backend: Backend
+    ) -> None:
+        if not isinstance(backend, SupportsLeaseRenewal):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsLeaseRenewal")
+        mine, theirs = uuid4(), uuid4()
+        held = [
+            await enqueue_and_dispatch(backend, worker_id=mine, lease=SHORT_LEASE) for _ in range(2)
+        ]
+        finished = await enqueue_and_dispatch(backend, worker_id=mine, lease=SHORT_LEASE)
+        assert await backend.mark_succeeded(finished.id, mine, None)
+        other = await enqueue_and_dispatch(backend, worker_id=theirs, lease=SHORT_LEASE)
+        assert sorted(await backend.renew_leases(mine, LONG_LEASE)) == sorted(j.id for j in held)
+        for job in held:
+            row = await fetch(backend, job.id)
+            assert row.lock_expires_at is not None and job.lock_expires_at is not None
+            assert row.lock_expires_at >= job.lock_expires_at + LONG_LEASE - SHORT_LEASE
+        assert await backend.get(other.id) == other
+        assert await backend.renew_leases(uuid4(), LONG_LEASE) == []
 
     @covers("heartbeat_jobs")
     async def test_heartbeat_of_a_worker_without_jobs_counts_zero(self, backend: Backend) -> None:

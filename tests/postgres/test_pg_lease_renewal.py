@@ -1,0 +1,144 @@
+"""A job row another transaction holds does not stop the renewal of the worker's other
+leases: the heartbeat skips it instead of waiting, so the reclaim sweep does not take
+(and run again) the jobs whose rows nobody held."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+
+from taskq import JobStatus, TaskQ, actor
+from taskq.models import EnqueueArgs
+from taskq_postgres import PostgresBackend
+from taskq_testing.postgres import PgSchema
+from tests.worker.running import running
+
+pytestmark = pytest.mark.postgres
+
+LEASE = timedelta(minutes=5)
+
+
+@pytest.fixture
+async def backend(pg_schema: PgSchema) -> AsyncIterator[PostgresBackend]:
+    backend = PostgresBackend(pg_schema.dsn, schema=pg_schema.name)
+    await backend.open()
+    yield backend
+    await backend.close()
+
+
+async def _hold_row(dsn: str, schema: str, job_id: UUID) -> asyncpg.Connection[Any]:
+    """A connection in a transaction holding ``job_id``'s row (an operator's, say)."""
+    rival: asyncpg.Connection[Any] = await asyncpg.connect(dsn)
+    await rival.execute("BEGIN")
+    await rival.execute(f"SELECT 1 FROM {schema}.jobs WHERE id = $1 FOR UPDATE", job_id)
+    return rival
+
+
+async def test_a_held_row_is_skipped_not_waited_for(
+    backend: PostgresBackend, pg_schema: PgSchema
+) -> None:
+    await backend.enqueue_batch([EnqueueArgs(actor="a") for _ in range(3)])
+    worker = uuid4()
+    jobs = await backend.dispatch_batch(worker, ["default"], 3, LEASE)
+    rival = await _hold_row(pg_schema.dsn, pg_schema.name, jobs[0].id)
+    try:
+        async with asyncio.timeout(5):  # it waited for the rival's commit
+            renewed = await backend.renew_leases(worker, LEASE)
+            assert await backend.heartbeat_jobs(worker, LEASE) == 2
+        assert sorted(renewed) == sorted(job.id for job in jobs[1:])
+    finally:
+        await rival.close()  # its transaction ends with it
+    assert sorted(await backend.renew_leases(worker, LEASE)) == sorted(job.id for job in jobs)
+
+
+RUNS: Counter[UUID] = Counter()
+
+
+@actor(name="renewal.slow")
+async def slow(payload: dict[str, Any], ctx: Any) -> None:
+    RUNS[ctx.job_id] += 1
+    await asyncio.sleep(payload["seconds"])
+
+
+async def test_the_other_jobs_of_a_worker_are_not_reclaimed(pg_schema: PgSchema) -> None:
+    # A 2 s lease, and one job's row held for 3 s: the heartbeat waited on that row,
+    # renewed nothing, and the reclaim sweep took the worker's other job, which the
+    # same live worker then ran again in full.
+    settings = {
+        "poll_interval": "100ms",
+        "heartbeat_interval": "100ms",
+        "lock_lease": "2s",
+        "maintenance_interval": "50ms",
+    }
+    tq = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=[slow])
+    async with tq:
+        held = await tq.client.enqueue(slow, {"seconds": 4})
+        other = await tq.client.enqueue(slow, {"seconds": 4})
+        async with running(tq, settings):
+            async with asyncio.timeout(5):
+                while RUNS[held.id] + RUNS[other.id] < 2:  # noqa: ASYNC110 - the actors' own count
+                    await asyncio.sleep(0.02)
+            rival = await _hold_row(pg_schema.dsn, pg_schema.name, held.id)
+            try:
+                await asyncio.sleep(3)
+            finally:
+                await rival.close()
+            await tq.client.wait_for_result(other.id, timeout=10)
+        attempts = await tq.client.get_attempts(other.id)
+        row = await tq.client.get(other.id)
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+    assert [a.outcome for a in attempts] == ["succeeded"]
+    assert RUNS[other.id] == 1
+
+
+ACTIVE: Counter[UUID] = Counter()
+OVERLAP: Counter[UUID] = Counter()
+
+
+@actor(name="renewal.watched")
+async def watched(payload: dict[str, Any], ctx: Any) -> None:
+    ACTIVE[ctx.job_id] += 1
+    OVERLAP[ctx.job_id] = max(OVERLAP[ctx.job_id], ACTIVE[ctx.job_id])
+    try:
+        await asyncio.sleep(payload["seconds"])
+    finally:
+        ACTIVE[ctx.job_id] -= 1
+
+
+async def test_with_the_fence_a_job_whose_row_is_held_is_stopped_before_its_lease_ends(
+    pg_schema: PgSchema,
+) -> None:
+    # Its lease was not renewed while its row was held, yet the worker counted it
+    # renewed: the fence, which stops a job before its lease ends (and the sweep may
+    # give it to another worker, to run alongside), let it run on past its lease.
+    settings = {
+        "poll_interval": "50ms",
+        "heartbeat_interval": "500ms",
+        "lock_lease": "2s",
+        "dispatcher_command_timeout": "300ms",
+        "maintenance_interval": "100ms",
+        "lease_fence": True,
+    }
+    tq = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=[watched])
+    async with tq:
+        job = await tq.client.enqueue(watched, {"seconds": 6})
+        async with running(tq, settings, stop_within=20):
+            async with asyncio.timeout(5):
+                while not ACTIVE[job.id]:  # noqa: ASYNC110 - the actor's own count
+                    await asyncio.sleep(0.02)
+            rival = await _hold_row(pg_schema.dsn, pg_schema.name, job.id)
+            try:
+                await asyncio.sleep(3)
+            finally:
+                await rival.close()
+            await asyncio.sleep(1.5)  # the sweep's turn, and a dispatch after it
+        outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
+    assert OVERLAP[job.id] == 1
+    assert outcomes and outcomes[0] in {"failed", "crashed"}, outcomes

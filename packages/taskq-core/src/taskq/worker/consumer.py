@@ -26,7 +26,7 @@ from taskq._di import ResolvedActorScope, build_actor_scope, passthrough_scope
 from taskq.actor import CONTEXT_PARAMETER, Actor
 from taskq.backend import CancelPhase, JobStatus, SupportsTransactions
 from taskq.context import Context
-from taskq.errors import LeaseLost, OutcomeNotRecorded, WorkerOwnershipMismatch
+from taskq.errors import EnqueueError, LeaseLost, OutcomeNotRecorded, WorkerOwnershipMismatch
 from taskq.logs import bind_job_fields
 from taskq.models import DEADLINE_EXCEEDED, ErrorInfo, JobRow, SuccessWrite, from_valid_values
 from taskq.signals import RetryAfter, Snooze
@@ -270,7 +270,14 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     except Exception as exc:  # noqa: BLE001 - an unstorable result is the actor's bug
         await _fail(state, row, TypeError(f"result is not JSON-serialisable: {exc}"), None, ctx)
         return
-    ok = await _succeed(state, row, ctx, stored)
+    try:
+        ok = await _succeed(state, row, ctx, stored)
+    except _SubjobsRefused as refused:
+        # Nothing was written (one transaction): the attempt fails on it and is retried
+        # as any failure is, where it failed the job for good as an outcome that could
+        # not be recorded. A singleton's identity may well be free by the next attempt.
+        await _raised(state, row, ctx, actor, refused.error)
+        return
     if ok is False and not await _our_success_landed(state, row):
         _ownership_lost(row, "succeeded")
     _log.debug("taskq.job-succeeded")
@@ -334,6 +341,15 @@ class _NotOwner(Exception):
     """Rolls back a success transaction whose guarded write matched no row."""
 
 
+class _SubjobsRefused(Exception):
+    """The backend refused a sub-job inside the success's transaction, so neither was
+    written."""
+
+    def __init__(self, error: EnqueueError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -> bool | None:
     """Write the success and, atomically with it, the sub-jobs the actor enqueued.
 
@@ -369,7 +385,10 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
                 return False
             return True
 
-        return await write_retrying(state, "succeeded", in_transaction)
+        try:
+            return await write_retrying(state, "succeeded", in_transaction)
+        except EnqueueError as exc:  # a sub-job refused: a singleton's active identity
+            raise _SubjobsRefused(exc) from exc
     completer = state.completer
     if completer is not None and not ctx.subjobs:
         # Built unvalidated, as every value is the worker's own (the result is jsonable).

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import inspect
 import traceback
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -26,7 +27,13 @@ from taskq._di import ResolvedActorScope, build_actor_scope, passthrough_scope
 from taskq.actor import CONTEXT_PARAMETER, Actor
 from taskq.backend import CancelPhase, JobStatus, SupportsTransactions
 from taskq.context import Context
-from taskq.errors import EnqueueError, LeaseLost, OutcomeNotRecorded, WorkerOwnershipMismatch
+from taskq.errors import (
+    EnqueueError,
+    LeaseLost,
+    MaxPendingExceededError,
+    OutcomeNotRecorded,
+    WorkerOwnershipMismatch,
+)
 from taskq.logs import bind_job_fields
 from taskq.models import DEADLINE_EXCEEDED, ErrorInfo, JobRow, SuccessWrite, from_valid_values
 from taskq.signals import RetryAfter, Snooze
@@ -359,6 +366,14 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
     enqueues nothing.
     """
     backend, wid, ttl = state.backend, state.worker_id, state.settings.fallback_result_ttl
+    if ctx.subjobs:
+        # A worker enqueueing is a producer too: past an actor's max_pending its sub-jobs
+        # are refused as a client's enqueue would be (they went in unchecked, unbounded),
+        # before anything is written.
+        try:
+            await state.client.check_capacity(Counter(args.actor for args in ctx.subjobs))
+        except MaxPendingExceededError as exc:
+            raise _SubjobsRefused(exc) from exc
     if (
         ctx.subjobs
         and not backend.supports_transactional_simulation

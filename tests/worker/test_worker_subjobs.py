@@ -1,5 +1,6 @@
-"""Sub-jobs on Postgres, written in the parent's success transaction: one the backend
-refuses fails that attempt, retried as any failure is."""
+"""Sub-jobs, written with the parent's success (one transaction on Postgres): one refused
+(a singleton's taken identity, an actor past max_pending) fails that attempt, retried as
+any failure is, and nothing is written."""
 
 from __future__ import annotations
 
@@ -46,3 +47,36 @@ async def test_a_refused_singleton_sub_job_fails_the_attempt_not_the_job(
     assert row.error.error_class == "taskq.errors.SingletonCollisionError"
     assert [a.outcome for a in attempts] == ["failed", "failed"]  # retried, as failures are
     assert [c.id for c in children] == [taken.id]  # nothing written with the failures
+
+
+@actor(name="subjobs.bounded", max_pending=2)
+async def bounded(payload: dict[str, Any]) -> None:
+    return None
+
+
+@actor(name="subjobs.producer", max_attempts=1)
+async def producer(payload: dict[str, Any], ctx: Context) -> None:
+    for _ in range(payload["n"]):
+        ctx.enqueue(bounded, {}, queue="elsewhere")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+async def test_sub_jobs_past_max_pending_are_refused_as_an_enqueue_would_be(
+    taskq_backend: Any, n: int
+) -> None:
+    # They went in unchecked: a parent enqueueing 12 left 17 waiting against 5.
+    from taskq.errors import MaxPendingExceededError
+
+    tq = TaskQ("memory://", actors=[producer, bounded], backend=taskq_backend)
+    async with tq:
+        job = await tq.client.enqueue(producer, {"n": n})
+        await run_until_idle(tq)
+        row = await tq.client.get(job.id)
+        waiting = await tq.client.list_jobs(actor="subjobs.bounded")
+    assert row is not None
+    if n == 2:
+        assert row.status is JobStatus.SUCCEEDED and len(waiting) == 2
+    else:
+        assert row.status is JobStatus.FAILED and row.error is not None
+        assert row.error.error_class == f"taskq.errors.{MaxPendingExceededError.__name__}"
+        assert waiting == []

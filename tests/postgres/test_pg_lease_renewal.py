@@ -58,6 +58,25 @@ async def test_a_held_row_is_skipped_not_waited_for(
     assert sorted(await backend.renew_leases(worker, LEASE)) == sorted(job.id for job in jobs)
 
 
+async def test_a_row_an_open_transaction_only_wrote_history_for_is_renewed(
+    backend: PostgresBackend, pg_schema: PgSchema
+) -> None:
+    # An event row's foreign key takes KEY SHARE on its job's row, which FOR UPDATE
+    # skipped: any open transaction that wrote a job's history held its renewal back.
+    [job] = await backend.enqueue_batch([EnqueueArgs(actor="a")])
+    worker = uuid4()
+    await backend.dispatch_batch(worker, ["default"], 1, LEASE)
+    rival: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        await rival.execute("BEGIN")
+        await rival.execute(
+            f"INSERT INTO {pg_schema.name}.job_events (job_id, kind) VALUES ($1, 'note')", job.id
+        )
+        assert await backend.renew_leases(worker, LEASE) == [job.id]
+    finally:
+        await rival.close()
+
+
 RUNS: Counter[UUID] = Counter()
 
 

@@ -393,3 +393,59 @@ async def test_a_cancel_ends_cancelled_only_an_actor_that_saw_it(watching: bool)
     else:
         # The request came too late: the work is done, and the job says so.
         assert (row.status, row.result, outcomes) == (JobStatus.SUCCEEDED, "done", ["succeeded"])
+
+
+def _swallows(name: str, started: asyncio.Event) -> Any:
+    """An actor that never looks at ``ctx.cancel_event`` but catches its task's
+    cancellation and returns what it has done so far."""
+
+    @actor(name=name)
+    async def swallows(payload: dict[str, Any]) -> str:
+        started.set()
+        done = 0
+        try:
+            for _ in range(1000):
+                await asyncio.sleep(0.01)
+                done += 1
+        except asyncio.CancelledError:
+            return f"partial {done}/1000"
+        return "all 1000"
+
+    return swallows
+
+
+@pytest.mark.parametrize("stop", ["shutdown", "cancel"])
+async def test_an_actor_that_swallows_its_tasks_cancel_and_returns_stopped_early(
+    stop: str,
+) -> None:
+    # It never looked at ctx.cancel_event, yet it was stopped (FORCING, or a user's
+    # cancel forced at phase 2): its partial result was written as a success.
+    from taskq import WorkerSettings
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    started = asyncio.Event()
+    swallows = _swallows(f"swallows_a_{stop}", started)
+    tq = TaskQ("memory://", actors=[swallows])
+    async with tq:
+        job = await tq.client.enqueue(swallows, {})
+        graces = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "2s"}
+        if stop == "shutdown":
+            settings = {**TEST_SETTINGS, **graces, "drain_grace_period": "100ms"}
+            worker = Worker(tq, WorkerSettings.load({**settings, "queues": ["default"]}, env={}))
+            running = asyncio.create_task(worker.run())
+            await asyncio.wait_for(started.wait(), 5)
+            worker.stop()
+            await asyncio.wait_for(running, 10)
+        else:
+            runner = asyncio.create_task(run_until_idle(tq, **graces))
+            await asyncio.wait_for(started.wait(), 5)
+            assert await tq.client.cancel(job.id)
+            await asyncio.wait_for(runner, 15)
+        row = await tq.client.get(job.id)
+        outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
+    assert row is not None and row.result is None
+    if stop == "shutdown":
+        assert (row.status, outcomes) == (JobStatus.PENDING, ["interrupted"])
+    else:
+        assert (row.status, outcomes) == (JobStatus.CANCELLED, ["cancelled"])

@@ -615,9 +615,11 @@ async def _stopped(
     active = state.active.get(row.id)
     if active is None or active.lost or active.row.attempt != row.attempt:
         return False
-    if returned and not ctx.cancel_event.seen:
+    if returned and not ctx.cancel_event.seen and not _task_cancelled():
         # Handed back, a finished job ran again in full (a shutdown's stop request
         # reached every running job, watching or not); a user's cancel came too late.
+        # A task cancel (FORCING, a forced user cancel, the fence) is a stop request
+        # too: an actor that swallowed it and returned stopped early.
         return False
     if active.cancel_requested:
         await _cancelled(state, row, ctx)
@@ -626,6 +628,13 @@ async def _stopped(
         await hand_back(state, row, ctx)
         return True
     return False
+
+
+def _task_cancelled() -> bool:
+    """Whether this job's task was cancelled, the cancel swallowed (an actor that caught
+    ``CancelledError``): ``asyncio.timeout`` takes its own back, this one stays."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 async def hand_back(

@@ -793,11 +793,14 @@ HEARTBEAT_JOBS: Final = """
 -- arbiter: clock_timestamp() (the new lease expiry)
 -- The ids renewed. A row another transaction holds is skipped, left for the next
 -- heartbeat: waited for, one row held by a long transaction stopped every renewal
--- of the worker, and the reclaim sweep took its other jobs.
+-- of the worker, and the reclaim sweep took its other jobs. NO KEY UPDATE, the lock
+-- the UPDATE takes anyway: FOR UPDATE also skipped a row whose job an open
+-- transaction had only written an event or attempt row for (their foreign keys'
+-- KEY SHARE locks).
 WITH renewable AS (
     SELECT j.id FROM {schema}.jobs j
     WHERE j.status = 'running' AND j.locked_by_worker = $1
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE {schema}.jobs j
 SET lock_expires_at = clock_timestamp() + $2::interval, updated_at = clock_timestamp()

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from taskq import Context, JobStatus, TaskQ, actor
+from taskq.backend.memory import InMemoryBackend
 from taskq.retry import FixedBackoff
 from taskq_testing import run_until_idle
 from taskq_testing.postgres import PgSchema
@@ -80,3 +81,52 @@ async def test_sub_jobs_past_max_pending_are_refused_as_an_enqueue_would_be(
         assert row.status is JobStatus.FAILED and row.error is not None
         assert row.error.error_class == f"taskq.errors.{MaxPendingExceededError.__name__}"
         assert waiting == []
+
+
+@actor(name="subjobs.refresh", max_pending=1, queue="elsewhere")
+async def refresh(payload: dict[str, Any]) -> None:
+    return None
+
+
+@actor(name="subjobs.fan_in", max_attempts=3)
+async def fan_in(payload: dict[str, Any], ctx: Context) -> str:
+    ctx.enqueue(refresh, {}, idempotency_key="refresh-cache")
+    return "done"
+
+
+async def test_a_sub_job_whose_key_is_stored_does_not_count_against_max_pending() -> None:
+    # As a client's enqueue past max_pending gets the stored job back: the parent was
+    # refused on every attempt, and failed.
+    tq = TaskQ("memory://", actors=[fan_in, refresh])
+    async with tq:
+        stored = await tq.client.enqueue(refresh, {}, idempotency_key="refresh-cache")
+        job = await tq.client.enqueue(fan_in, {})
+        await run_until_idle(tq, queues=["default"])
+        row = await tq.client.get(job.id)
+        waiting = await tq.client.list_jobs(actor="subjobs.refresh")
+    assert row is not None and (row.status, row.result) == (JobStatus.SUCCEEDED, "done")
+    assert [w.id for w in waiting] == [stored.id]
+
+
+class _CountBlips(InMemoryBackend):
+    """``count_pending_jobs`` fails once, as a database away for a moment."""
+
+    blips = 1
+
+    async def count_pending_jobs(self, *args: Any, **kwargs: Any) -> Any:
+        if self.blips:
+            self.blips -= 1
+            raise ConnectionRefusedError("database away for a moment")
+        return await super().count_pending_jobs(*args, **kwargs)
+
+
+async def test_a_blip_in_the_sub_jobs_capacity_check_is_retried() -> None:
+    # It failed the parent for good, as an outcome that could not be recorded.
+    backend = _CountBlips()
+    tq = TaskQ("memory://", actors=[producer, bounded], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(producer, {"n": 1})
+        await run_until_idle(tq)
+        row = await tq.client.get(job.id)
+    assert backend.blips == 0
+    assert row is not None and row.status is JobStatus.SUCCEEDED

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Final
 from uuid import UUID
@@ -117,10 +117,8 @@ class JobsClient:
         (:meth:`~taskq.args_builder.ArgsBuilder.build`)."""
 
     # -- enqueue ---------------------------------------------------------------
-    async def check_capacity(self, counts: Mapping[str, int]) -> None:
-        """``MaxPendingExceededError`` when an actor's waiting jobs plus ``counts[actor]``
-        would pass its ``max_pending``: what every enqueue checks first, for jobs written
-        another way (a worker's sub-jobs, in its success transaction)."""
+    async def _check_capacity(self, counts: Mapping[str, int]) -> None:
+        """Refuse when an actor's waiting jobs plus ``counts[actor]`` would pass ``max_pending``."""
         # Fresh limits without a coroutine of their own: this runs on every enqueue.
         limits = self._capacity.cached()
         if limits is None:
@@ -134,10 +132,24 @@ class JobsClient:
         (the existing one for a repeated ``idempotency_key``)."""
         args = self._build.args(actor, payload, options)
         try:
-            await self.check_capacity({args.actor: 1})
+            await self._check_capacity({args.actor: 1})
         except MaxPendingExceededError as refused:
             return await self._existing_or(args, refused)
         return await self._backend.enqueue(args)
+
+    async def check_capacity(self, args_list: Sequence[EnqueueArgs]) -> None:
+        """``MaxPendingExceededError`` when enqueueing these jobs would take an actor past
+        its ``max_pending``, as :meth:`enqueue_batch` judges it (past the limit, a job
+        whose idempotency key is stored inserts nothing and does not count): for jobs
+        written another way (a worker's sub-jobs, in its success transaction)."""
+        try:
+            await self._check_capacity(Counter(args.actor for args in args_list))
+        except MaxPendingExceededError as refused:
+            new = Counter([a.actor for a in args_list if await self._existing(a) is None])
+            try:
+                await self._check_capacity(new)
+            except MaxPendingExceededError:
+                raise refused from None
 
     async def _existing_or(self, args: EnqueueArgs, refused: MaxPendingExceededError) -> JobRow:
         """Past ``max_pending``, an idempotent retry gets the committed job of its key
@@ -170,7 +182,7 @@ class JobsClient:
             raise TypeError("enqueue_with_conn needs the caller's connection; use enqueue")
         args = self._build.args(actor, payload, options)
         try:
-            await self.check_capacity({args.actor: 1})
+            await self._check_capacity({args.actor: 1})
         except MaxPendingExceededError as refused:
             return await self._existing_or(args, refused)
         return await self._backend.enqueue_with_conn(conn, args)
@@ -182,14 +194,14 @@ class JobsClient:
         Every payload is validated before anything is written."""
         listed = list(items)
         try:
-            await self.check_capacity(self._build.counts(listed))
+            await self._check_capacity(self._build.counts(listed))
         except MaxPendingExceededError as refused:
             # Past max_pending, the items whose keys are stored insert nothing (a producer
             # retrying its batch under backpressure): only the others count.
             args_list = list(self._build.each(listed))
             new = Counter([a.actor for a in args_list if await self._existing(a) is None])
             try:
-                await self.check_capacity(new)
+                await self._check_capacity(new)
             except MaxPendingExceededError:
                 raise refused from None
             return await self._backend.enqueue_batch(args_list, connection=connection)
@@ -205,7 +217,7 @@ class JobsClient:
         as the rows are written (on Postgres, while the server takes the rows sent
         before); an invalid one fails the call and nothing is written."""
         listed = list(items)
-        await self.check_capacity(self._build.counts(listed))
+        await self._check_capacity(self._build.counts(listed))
         return await self._backend.enqueue_batch_fast(
             self._build.each(listed), connection=connection
         )

@@ -12,7 +12,6 @@ import asyncio
 import functools
 import inspect
 import traceback
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -370,8 +369,9 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
         # A worker enqueueing is a producer too: past an actor's max_pending its sub-jobs
         # are refused as a client's enqueue would be (they went in unchecked, unbounded),
         # before anything is written.
+        subjobs = ctx.subjobs
         try:
-            await state.client.check_capacity(Counter(args.actor for args in ctx.subjobs))
+            await write_retrying(state, "capacity", lambda: state.client.check_capacity(subjobs))
         except MaxPendingExceededError as exc:
             raise _SubjobsRefused(exc) from exc
     if (

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from taskq import Context, JobStatus, RetryAfter, Snooze, TaskQ, actor
+from taskq import Context, JobRow, JobStatus, RetryAfter, Snooze, TaskQ, actor
 from taskq_testing import run_until_idle
 from tests.worker.flaky_backend import WritesFailWhileAway
 
@@ -342,57 +342,55 @@ def _finishes(name: str, started: asyncio.Event, *, watching: bool) -> Any:
     return finishes
 
 
-@pytest.mark.parametrize("watching", [False, True])
-async def test_a_shutdown_hands_back_only_an_actor_that_saw_its_stop_request(
-    watching: bool,
-) -> None:
-    # The stop request reaches every running job: one that finished its work without
-    # looking was handed back all the same, its result dropped, and ran again in full.
+async def _stopped_outcome(
+    job_actor: Any, started: asyncio.Event, stop: str, graces: dict[str, str]
+) -> tuple[JobRow, list[str]]:
+    """Run one job of ``job_actor`` and, once it started, stop it by a ``shutdown`` of
+    its worker or a user's ``cancel``; the job as it ended, and its attempts' outcomes."""
     from taskq import WorkerSettings
     from taskq.worker import Worker
     from taskq_testing import TEST_SETTINGS
 
-    started = asyncio.Event()
-    finishes = _finishes(f"finishes_in_a_stop_{watching}", started, watching=watching)
-    tq = TaskQ("memory://", actors=[finishes])
+    tq = TaskQ("memory://", actors=[job_actor])
     async with tq:
-        job = await tq.client.enqueue(finishes, {})
-        stop = {"drain_grace_period": "100ms", "cancellation_grace_period": "5s"}
-        settings = {**TEST_SETTINGS, **stop, "queues": ["default"]}
-        worker = Worker(tq, WorkerSettings.load(settings, env={}))
-        running = asyncio.create_task(worker.run())
-        await asyncio.wait_for(started.wait(), 5)
-        worker.stop()
-        await asyncio.wait_for(running, 10)
+        job = await tq.client.enqueue(job_actor, {})
+        if stop == "shutdown":
+            settings = {**TEST_SETTINGS, **graces, "drain_grace_period": "100ms"}
+            worker = Worker(tq, WorkerSettings.load({**settings, "queues": ["default"]}, env={}))
+            running = asyncio.create_task(worker.run())
+            await asyncio.wait_for(started.wait(), 5)
+            worker.stop()
+            await asyncio.wait_for(running, 10)
+        else:
+            runner = asyncio.create_task(run_until_idle(tq, **graces))
+            await asyncio.wait_for(started.wait(), 5)
+            assert await tq.client.cancel(job.id)
+            await asyncio.wait_for(runner, 15)
         row = await tq.client.get(job.id)
         outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
     assert row is not None
-    if watching:
-        assert (row.status, outcomes) == (JobStatus.PENDING, ["interrupted"])
-    else:
-        assert (row.status, row.result, outcomes) == (JobStatus.SUCCEEDED, "done", ["succeeded"])
+    return row, outcomes
 
 
 @pytest.mark.parametrize("watching", [False, True])
-async def test_a_cancel_ends_cancelled_only_an_actor_that_saw_it(watching: bool) -> None:
+@pytest.mark.parametrize("stop", ["shutdown", "cancel"])
+async def test_a_stop_ends_early_only_an_actor_that_saw_the_request(
+    stop: str, watching: bool
+) -> None:
+    # A shutdown's stop request reaches every running job: one that finished its work
+    # without looking was handed back all the same, its result dropped, and ran again
+    # in full; after a user's cancel it ended cancelled, its result dropped.
     started = asyncio.Event()
-    finishes = _finishes(f"finishes_when_cancelled_{watching}", started, watching=watching)
-    tq = TaskQ("memory://", actors=[finishes])
-    async with tq:
-        job = await tq.client.enqueue(finishes, {})
-        graces = {"cancellation_grace_period": "5s", "cleanup_grace_period": "5s"}
-        runner = asyncio.create_task(run_until_idle(tq, **graces))
-        await asyncio.wait_for(started.wait(), 5)
-        assert await tq.client.cancel(job.id)
-        await asyncio.wait_for(runner, 10)
-        row = await tq.client.get(job.id)
-        outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
-    assert row is not None
-    if watching:
-        assert (row.status, outcomes) == (JobStatus.CANCELLED, ["cancelled"])
-    else:
+    finishes = _finishes(f"finishes_{stop}_{watching}", started, watching=watching)
+    graces = {"cancellation_grace_period": "5s", "cleanup_grace_period": "5s"}
+    row, outcomes = await _stopped_outcome(finishes, started, stop, graces)
+    if not watching:
         # The request came too late: the work is done, and the job says so.
         assert (row.status, row.result, outcomes) == (JobStatus.SUCCEEDED, "done", ["succeeded"])
+    elif stop == "shutdown":
+        assert (row.status, outcomes) == (JobStatus.PENDING, ["interrupted"])
+    else:
+        assert (row.status, outcomes) == (JobStatus.CANCELLED, ["cancelled"])
 
 
 def _swallows(name: str, started: asyncio.Event) -> Any:
@@ -420,31 +418,11 @@ async def test_an_actor_that_swallows_its_tasks_cancel_and_returns_stopped_early
 ) -> None:
     # It never looked at ctx.cancel_event, yet it was stopped (FORCING, or a user's
     # cancel forced at phase 2): its partial result was written as a success.
-    from taskq import WorkerSettings
-    from taskq.worker import Worker
-    from taskq_testing import TEST_SETTINGS
-
     started = asyncio.Event()
     swallows = _swallows(f"swallows_a_{stop}", started)
-    tq = TaskQ("memory://", actors=[swallows])
-    async with tq:
-        job = await tq.client.enqueue(swallows, {})
-        graces = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "2s"}
-        if stop == "shutdown":
-            settings = {**TEST_SETTINGS, **graces, "drain_grace_period": "100ms"}
-            worker = Worker(tq, WorkerSettings.load({**settings, "queues": ["default"]}, env={}))
-            running = asyncio.create_task(worker.run())
-            await asyncio.wait_for(started.wait(), 5)
-            worker.stop()
-            await asyncio.wait_for(running, 10)
-        else:
-            runner = asyncio.create_task(run_until_idle(tq, **graces))
-            await asyncio.wait_for(started.wait(), 5)
-            assert await tq.client.cancel(job.id)
-            await asyncio.wait_for(runner, 15)
-        row = await tq.client.get(job.id)
-        outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
-    assert row is not None and row.result is None
+    graces = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "2s"}
+    row, outcomes = await _stopped_outcome(swallows, started, stop, graces)
+    assert row.result is None
     if stop == "shutdown":
         assert (row.status, outcomes) == (JobStatus.PENDING, ["interrupted"])
     else:

@@ -279,9 +279,9 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     try:
         ok = await _succeed(state, row, ctx, stored)
     except _SubjobsRefused as refused:
-        # Nothing was written (one transaction): the attempt fails on it and is retried
-        # as any failure is, where it failed the job for good as an outcome that could
-        # not be recorded. A singleton's identity may well be free by the next attempt.
+        # Nothing was written: the attempt fails on it and is retried as any failure
+        # is, where it failed the job for good as an outcome that could not be
+        # recorded. The limit, or a singleton's identity, may well be free by then.
         await _raised(state, row, ctx, actor, refused.error)
         return
     if ok is False and not await _our_success_landed(state, row):
@@ -348,8 +348,8 @@ class _NotOwner(Exception):
 
 
 class _SubjobsRefused(Exception):
-    """The backend refused a sub-job inside the success's transaction, so neither was
-    written."""
+    """A sub-job was refused (an actor past ``max_pending``, a singleton's identity held)
+    before or inside the success's transaction, so neither was written."""
 
     def __init__(self, error: EnqueueError) -> None:
         super().__init__(str(error))

@@ -240,7 +240,9 @@ class JobsClient:
         return await self._backend.get_events(_as_job_id(job_id))
 
     async def retry(self, job_id: UUID | str) -> bool:
-        """Run a failed, crashed, cancelled or abandoned job again. False otherwise."""
+        """Run a failed, crashed, cancelled or abandoned job again. False otherwise;
+        ``SingletonCollisionError`` for a singleton whose identity another active job
+        holds (retry it once that one has ended)."""
         return await self._backend.retry_job(_as_job_id(job_id))
 
     async def cancel(self, job_id: UUID | str, *, reason: str | None = None) -> bool:

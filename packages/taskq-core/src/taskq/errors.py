@@ -206,6 +206,18 @@ class SingletonCollisionError(EnqueueError):
         super().__init__(message)
         self.retry_after = retry_after
 
+    @classmethod
+    def on_retry(
+        cls, job_id: object, actor: str, identity_key: str | None, holder: object
+    ) -> SingletonCollisionError:
+        """The refusal of an operator's retry of singleton ``job_id`` whose identity the
+        active job ``holder`` holds."""
+        return cls(
+            f"job {job_id} is a singleton of actor {actor!r} and identity {identity_key!r}, "
+            f"which active job {holder} holds: retried now it would be a second one; "
+            f"retry it once that job has ended"
+        )
+
 
 # ------------------------------------------------------------ results
 

@@ -42,7 +42,7 @@ from taskq.backend._protocol import ScheduleFire
 from taskq.backend.cron import cron_slots, first_fire_at, skipped_slots
 from taskq.backend.fairness import STRICT, CohortTurns, cohort_of
 from taskq.backend.storable import check_delay, clean_text, dump_json
-from taskq.errors import ConfigurationError, TaskQError
+from taskq.errors import ConfigurationError, SingletonCollisionError, TaskQError
 from taskq.identifiers import validate_schema_name
 from taskq.models import (
     ActorConfig,
@@ -89,6 +89,7 @@ from taskq_postgres._enqueue import (
     insert_jobs,
     insert_one,
     refuse_keyless_singletons,
+    singleton_lock_key,
 )
 from taskq_postgres._leader import LeaderStatements, PostgresLeaderElector
 from taskq_postgres._listener import NotifyListener
@@ -1281,8 +1282,19 @@ class PostgresBackend:
 
     # -- admin -----------------------------------------------------------------------------
     async def retry_job(self, job_id: JobId) -> bool:
-        """Give a failed/crashed/cancelled/abandoned job a new life as ``pending``."""
-        record = await self._db().fetchrow(self._sql.retry_job, job_id, self._wake_to)
+        """Give a failed/crashed/cancelled/abandoned job a new life as ``pending``;
+        ``SingletonCollisionError`` for a singleton whose identity another active job
+        holds (it would be a second one)."""
+        async with self._transaction(None) as tx:
+            target = await tx.fetchrow(self._sql.retry_target, job_id)
+            if target is not None and target["singleton"]:
+                key = singleton_lock_key(self.schema, target["actor"], target["identity_key"])
+                await tx.fetchval(self._sql.singleton_locks, [key])
+            record = await tx.fetchrow(self._sql.retry_job, job_id, self._wake_to)
+        if record is not None and record["holder"] is not None:
+            raise SingletonCollisionError.on_retry(
+                job_id, target["actor"], target["identity_key"], record["holder"]
+            )
         return bool(record is not None and record["changed"])
 
     # -- sweeps ----------------------------------------------------------------------------

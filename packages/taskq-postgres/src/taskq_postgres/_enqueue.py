@@ -128,6 +128,7 @@ def _insert_params(args_list: Sequence[EnqueueArgs], parked: Sequence[bool]) -> 
         _sparse([a.trace_id for a in args_list]),
         _sparse([a.span_id for a in args_list]),
         list(parked) if any(parked) else None,
+        [a.singleton for a in args_list] if any(a.singleton for a in args_list) else None,
     ]
 
 
@@ -365,7 +366,9 @@ def plan_insert_jobs(
     future instead of following their delay.
     """
     flags = parked if parked is not None else [False] * len(args_list)
-    if len(args_list) == 1 and args_list[0].idempotency_key is None and not flags[0]:
+    only = args_list[0] if len(args_list) == 1 else None
+    # A singleton's row says so (ENQUEUE's column): an operator's retry checks it.
+    if only is not None and only.idempotency_key is None and not only.singleton and not flags[0]:
         text, one_args, payload, metadata = one_job(sql, args_list[0], wake_channel)
         record = yield Query("fetchrow", text, one_args)
         return [fresh_row(args_list[0], payload, metadata, record)], 1
@@ -435,17 +438,22 @@ async def check_singletons(
     await run(db, plan_check_singletons(sql, schema, args_list, copied=copied))
 
 
+def singleton_lock_key(schema: str, actor: str, identity_key: str | None) -> str:
+    """The advisory lock (``SINGLETON_LOCKS``) serializing the singletons of one identity."""
+    return f"taskq:singleton:{schema}:{actor}:{identity_key}"
+
+
 def plan_check_singletons(
     sql: Statements, schema: str, args_list: Sequence[EnqueueArgs], *, copied: bool = False
 ) -> Plan[None]:
     """Raise ``SingletonCollisionError`` for a singleton whose identity an active job
     (stored, or earlier in ``args_list``) holds. Must run in the inserting transaction:
     before the insert, or after it when ``copied`` (``args_list`` then being stored, its
-    own rows are not holders)."""
+    own rows are not holders, and marked singletons here: COPY writes no such column)."""
     singles = [a for a in args_list if a.singleton]
     if not singles:
         return
-    lock_keys = sorted({f"taskq:singleton:{schema}:{a.actor}:{a.identity_key}" for a in singles})
+    lock_keys = sorted({singleton_lock_key(schema, a.actor, a.identity_key) for a in singles})
     isolation = yield Query("fetchval", sql.singleton_locks, (lock_keys,))
     if isolation not in ("read committed", "read uncommitted"):  # the latter runs as the former
         # Its snapshot predates the lock: a competing enqueue that committed while this
@@ -498,3 +506,5 @@ def plan_check_singletons(
                 raise _collision(args, earlier.id, hint)
         if args.identity_key is not None:
             staged.setdefault((args.actor, args.identity_key), args)
+    if copied:
+        yield Query("fetch", sql.mark_singletons, ([a.id for a in singles],))

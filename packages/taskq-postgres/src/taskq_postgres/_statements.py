@@ -33,6 +33,7 @@ class Statements:
     existing_by_key: str
     singleton_locks: str
     enqueue_conflicts: str
+    mark_singletons: str
     copy_clock_now: str
     notify: str
     # dispatch, leases, dispatch settings
@@ -57,6 +58,7 @@ class Statements:
     write_cancel_escalation: str
     record_progress: str
     retry_job: str
+    retry_target: str
     write_attempt: str
     # sweeps and the reclaim outbox
     scheduled_to_pending: str
@@ -117,6 +119,7 @@ def statements_for(schema: str) -> Statements:
         existing_by_key=render(enqueue.EXISTING_BY_KEY, s),
         singleton_locks=render(enqueue.SINGLETON_LOCKS, s),
         enqueue_conflicts=render(enqueue.ENQUEUE_CONFLICTS, s),
+        mark_singletons=render(enqueue.MARK_SINGLETONS, s),
         copy_clock_now=render(enqueue.CLOCK_NOW, s),
         notify=render(enqueue.NOTIFY, s),
         queue_settings=render(dispatch.QUEUE_SETTINGS, s),
@@ -139,6 +142,7 @@ def statements_for(schema: str) -> Statements:
         write_cancel_escalation=render(term.WRITE_CANCEL_ESCALATION, s),
         record_progress=render(term.RECORD_PROGRESS, s),
         retry_job=render(term.RETRY_JOB, s),
+        retry_target=render(term.RETRY_TARGET, s),
         write_attempt=render(term.WRITE_ATTEMPT, s),
         scheduled_to_pending=sweeps.SCHEDULED_TO_PENDING.render(s),
         deadline_sweep=render(sweeps.DEADLINE_SWEEP, s),

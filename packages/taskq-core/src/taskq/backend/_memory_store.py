@@ -118,6 +118,8 @@ class InsertPlan:
     """One row per input item: the new row, or the existing idempotent match."""
     new: dict[JobId, JobRow] = field(default_factory=dict)
     """The rows to insert, by id."""
+    singletons: set[JobId] = field(default_factory=set)
+    """Those of them enqueued as singletons."""
 
 
 class JobStore:
@@ -136,6 +138,8 @@ class JobStore:
         )
         """By worker: woken only by cancel requests for that worker's jobs."""
         self._idempotency: dict[tuple[str, str], JobId] = {}
+        self.singletons: set[JobId] = set()
+        """The jobs enqueued as singletons (Postgres: the ``singleton`` column)."""
         self._event_ids = itertools.count(1)
 
     # -- inserting -------------------------------------------------------------
@@ -172,6 +176,7 @@ class JobStore:
                 raise ValueError(f"a job with id {args.id} already exists")
             if args.singleton:
                 self._check_singleton(args, now, plan.new.values())
+                plan.singletons.add(args.id)
             row = new_job(args, now)
             plan.rows.append(row)
             plan.new[row.id] = row
@@ -185,12 +190,29 @@ class JobStore:
             self.jobs[row.id] = row
             if row.idempotency_key is not None:
                 self._idempotency[(row.actor, row.idempotency_key)] = row.id
+        self.singletons |= plan.singletons
         if plan.new:
             wake(self.wake_subscribers)
 
     def _by_idempotency_key(self, key: tuple[str, str]) -> JobRow | None:
         job_id = self._idempotency.get(key)
         return self.jobs[job_id] if job_id is not None else None
+
+    def singleton_holder(self, row: JobRow) -> JobRow | None:
+        """Another active job holding the identity of ``row``, a singleton (else None)."""
+        if row.id not in self.singletons:
+            return None
+        return next(
+            (
+                other
+                for other in self.jobs.values()
+                if other.id != row.id
+                and other.status in ACTIVE_STATUSES
+                and other.actor == row.actor
+                and other.identity_key == row.identity_key
+            ),
+            None,
+        )
 
     def _check_singleton(self, args: EnqueueArgs, now: datetime, staged: Iterable[JobRow]) -> None:
         for row in itertools.chain(self.jobs.values(), staged):
@@ -268,6 +290,7 @@ class JobStore:
         attempts: dict[JobId, list[AttemptRow]] = {}
         for job_id in job_ids:
             row = self.jobs.pop(job_id)
+            self.singletons.discard(job_id)
             key = (row.actor, row.idempotency_key) if row.idempotency_key is not None else None
             if key is not None and self._idempotency.get(key) == job_id:
                 del self._idempotency[key]

@@ -366,7 +366,8 @@ class Backend(Protocol):
     # -- admin -------------------------------------------------------------
     async def retry_job(self, job_id: JobId) -> bool:
         """Put a failed/crashed/cancelled/abandoned job back to ``pending`` (with at
-        least one attempt left). False for any other status."""
+        least one attempt left). False for any other status; ``SingletonCollisionError``
+        for a singleton whose identity another active job holds."""
         ...
 
     # -- sweeps (the backend's clock is the arbiter) ------------------------

@@ -59,7 +59,7 @@ from taskq.backend.cron import cron_slots, skipped_slots
 from taskq.backend.fairness import CohortTurns, cohort_of
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
 from taskq.backend.storable import check_delay, clean_text, stored_json
-from taskq.errors import TaskQError
+from taskq.errors import SingletonCollisionError, TaskQError
 from taskq.models import (
     DEADLINE_EXCEEDED,
     INT32_MAX,
@@ -769,10 +769,15 @@ class InMemoryBackend:
 
     # -- admin ---------------------------------------------------------------------------
     async def retry_job(self, job_id: JobId) -> bool:
-        """Give a failed/crashed/cancelled/abandoned job a new life as ``pending``."""
+        """Give a failed/crashed/cancelled/abandoned job a new life as ``pending``;
+        ``SingletonCollisionError`` for a singleton whose identity another active job
+        holds (it would be a second one)."""
         row = self._jobs.get(job_id)
         if row is None or row.status not in _RETRYABLE:
             return False
+        holder = self._store.singleton_holder(row)
+        if holder is not None:
+            raise SingletonCollisionError.on_retry(job_id, row.actor, row.identity_key, holder.id)
         now = self.clock.now()
         # An operator reset, not a state-machine transition (terminal statuses have
         # none), so it is written without the transition check.

@@ -14,6 +14,7 @@ __all__ = [
     "ENQUEUE_ONE",
     "ENQUEUE_ONE_PLAIN",
     "EXISTING_BY_KEY",
+    "MARK_SINGLETONS",
     "NOTIFY",
     "SINGLETON_LOCKS",
 ]
@@ -38,12 +39,12 @@ _FRESH: Final = ", ".join(
 ENQUEUE: Final = (
     """
 -- arbiter: clock_timestamp() (created_at; scheduled_at = now + delay; deadline = now + schedule_to_close)
--- One row per element of the parallel arrays $1..$18. An item whose (actor,
+-- One row per element of the parallel arrays $1..$19. An item whose (actor,
 -- idempotency_key) exists is skipped by ON CONFLICT and its existing row is
 -- returned instead (inserted = false); an inserted one comes back with only
--- FRESH_COLUMNS, the rest NULL. $19 is the wake channel, or NULL when the
+-- FRESH_COLUMNS, the rest NULL. $20 is the wake channel, or NULL when the
 -- caller sends the one wake of its transaction itself. An array of the optional
--- columns ($6, $8..$18) may be NULL when no item sets it: unnest pads it with NULLs.
+-- columns ($6, $8..$19) may be NULL when no item sets it: unnest pads it with NULLs.
 -- Durations are added as seconds (make_interval(secs => extract(epoch FROM d))): on a
 -- caller's connection the session's zone may have DST, where + interval '1 day' is
 -- a calendar day (23 or 25 hours), not the timedelta sent.
@@ -53,18 +54,18 @@ input AS (
     FROM unnest(
         $1::uuid[], $2::text[], $3::text[], $4::int[], $5::text[], $6::interval[], $7::int[],
         $8::text[], $9::text[], $10::text[], $11::interval[], $12::interval[], $13::interval[],
-        $14::text[], $15::text[], $16::text[], $17::text[], $18::bool[]
+        $14::text[], $15::text[], $16::text[], $17::text[], $18::bool[], $19::bool[]
     ) WITH ORDINALITY AS i (
         id, actor, queue, priority, payload, delay, max_attempts,
         idempotency_key, identity_key, fairness_key, schedule_to_close, timeout, result_ttl,
-        metadata, tags, trace_id, span_id, parked, ord
+        metadata, tags, trace_id, span_id, parked, singleton, ord
     )
 ),
 ins AS (
     INSERT INTO {schema}.jobs (
         id, actor, queue, status, priority, payload, scheduled_at, created_at, enqueued_at,
         max_attempts, idempotency_key, identity_key, fairness_key, schedule_to_close_deadline,
-        timeout, result_ttl, metadata, tags, trace_id, span_id, updated_at
+        timeout, result_ttl, metadata, tags, trace_id, span_id, updated_at, singleton
     )
     SELECT
         i.id, i.actor, i.queue,
@@ -82,7 +83,8 @@ ins AS (
         END,
         n.ts, n.ts, i.max_attempts, i.idempotency_key, i.identity_key, i.fairness_key,
         n.ts + make_interval(secs => extract(epoch FROM i.schedule_to_close)), i.timeout, i.result_ttl, COALESCE(i.metadata::jsonb, '{}'),
-        ARRAY(SELECT jsonb_array_elements_text(i.tags::jsonb)), i.trace_id, i.span_id, n.ts
+        ARRAY(SELECT jsonb_array_elements_text(i.tags::jsonb)), i.trace_id, i.span_id, n.ts,
+        coalesce(i.singleton, false)
     FROM input i CROSS JOIN now n
     -- In key order: batches sharing keys in different orders would otherwise wait on
     -- each other's speculative inserts crosswise (a deadlock). Rows go back by id.
@@ -93,9 +95,9 @@ ins AS (
     + """
 ),
 notified AS (
-    SELECT pg_notify($19::text, '')
+    SELECT pg_notify($20::text, '')
     FROM (SELECT 1 FROM ins LIMIT 1) AS any_inserted
-    WHERE $19::text IS NOT NULL
+    WHERE $20::text IS NOT NULL
 )
 SELECT true AS inserted, """
     + _FRESH
@@ -206,6 +208,14 @@ FROM {schema}.jobs j
 JOIN unnest($3::text[], $4::text[]) AS k (actor, identity_key)
     ON j.actor = k.actor AND j.identity_key = k.identity_key
 WHERE j.status IN ('pending', 'scheduled', 'running')
+"""
+
+MARK_SINGLETONS: Final = """
+-- arbiter: clock_timestamp() (updated_at)
+-- Copied singletons (COPY writes no singleton column): their rows say they are.
+UPDATE {schema}.jobs SET singleton = true, updated_at = clock_timestamp()
+WHERE id = ANY($1::uuid[])
+RETURNING id
 """
 
 CLOCK_NOW: Final = """

@@ -24,7 +24,7 @@ _JOB_COLUMNS: Final = (
     "execution_started_at, finished_at, cancel_requested_at, cancel_reason, cancel_phase, "
     "idempotency_key, identity_key, fairness_key, schedule_to_close_deadline, result, "
     "result_ttl, result_expires_at, progress_seq, progress_state, error_class, error_message, "
-    "error_traceback, trace_id, span_id, metadata, tags, timeout, updated_at"
+    "error_traceback, trace_id, span_id, metadata, tags, timeout, updated_at, singleton"
 )
 _ATTEMPT_COLUMNS: Final = (
     "id, job_id, attempt, worker_id, started_at, finished_at, duration_ms, outcome, "

@@ -35,6 +35,7 @@ __all__ = [
     "MARK_SUCCEEDED_MANY",
     "RECORD_PROGRESS",
     "RETRY_JOB",
+    "RETRY_TARGET",
     "WRITE_ATTEMPT",
     "WRITE_CANCEL_ESCALATION",
 ]
@@ -486,14 +487,24 @@ SELECT count(*) AS changed FROM escalated
 RETRY_JOB: Final = """
 -- arbiter: clock_timestamp() (scheduled_at = now)
 -- An operator reset of a finished job, not a state-machine transition (terminal
--- statuses have none). A job that spent its budget gets one more attempt.
+-- statuses have none). A job that spent its budget gets one more attempt. A singleton
+-- comes back only while no other active job holds its identity (holder: the one that
+-- does); the caller holds the singleton's lock (SINGLETON_LOCKS), taken in an earlier
+-- statement of the transaction so that this one's snapshot sees a competing enqueue.
 -- $1 job, $2 wake channel.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 target AS (
-    SELECT j.id, j.status
+    SELECT j.id, j.status, j.actor, j.identity_key, j.singleton
     FROM {schema}.jobs j
     WHERE j.id = $1 AND j.status IN ('failed', 'crashed', 'cancelled', 'abandoned')
     FOR UPDATE
+),
+holder AS (
+    SELECT o.id
+    FROM target t
+    JOIN {schema}.jobs o ON o.actor = t.actor AND o.identity_key = t.identity_key
+    WHERE t.singleton AND o.id <> t.id AND o.status IN ('pending', 'scheduled', 'running')
+    LIMIT 1
 ),
 retried AS (
     UPDATE {schema}.jobs j
@@ -504,7 +515,7 @@ retried AS (
         finished_at = NULL, result = NULL, result_expires_at = NULL,
         error_class = NULL, error_message = NULL, error_traceback = NULL
     FROM target t CROSS JOIN now n
-    WHERE j.id = t.id
+    WHERE j.id = t.id AND NOT EXISTS (SELECT 1 FROM holder)
     RETURNING j.id, t.status AS from_status
 ),
 event AS (
@@ -518,7 +529,14 @@ notified AS (
     SELECT pg_notify($2::text, '')
     WHERE $2::text IS NOT NULL AND EXISTS (SELECT 1 FROM retried)
 )
-SELECT (SELECT count(*) FROM retried) AS changed, (SELECT count(*) FROM notified) AS notified
+SELECT (SELECT count(*) FROM retried) AS changed, (SELECT count(*) FROM notified) AS notified,
+       (SELECT h.id FROM holder h) AS holder
+"""
+
+RETRY_TARGET: Final = """
+-- arbiter: none
+-- What RETRY_JOB needs to know first: whether the job is a singleton, and its identity.
+SELECT actor, identity_key, singleton FROM {schema}.jobs WHERE id = $1
 """
 
 WRITE_ATTEMPT: Final = """

@@ -18,6 +18,7 @@ from taskq.backend import (
     SupportsBatchedSuccess,
     SupportsUnstartedHandBack,
 )
+from taskq.errors import SingletonCollisionError
 from taskq.models import INT32_MAX, MAX_DURATION, AttemptOutcome, ErrorInfo, JobRow, SuccessWrite
 from taskq_testing.conformance._support import (
     ERROR,
@@ -34,6 +35,7 @@ from taskq_testing.conformance._support import (
     expire_short_leases,
     fetch,
     last_event,
+    make_args,
     only_attempt,
     reach,
     require_conn,
@@ -1033,3 +1035,34 @@ class TerminalWriteTests:
     @covers("retry_job")
     async def test_retry_job_of_an_unknown_job_is_false(self, backend: Backend) -> None:
         assert not await backend.retry_job(uuid4())
+
+    @pytest.mark.parametrize("how", ["enqueue", "enqueue_batch", "enqueue_batch_fast"])
+    @covers("retry_job", "enqueue", "enqueue_batch", "enqueue_batch_fast", "write_cancel_request")
+    async def test_retry_job_refuses_a_singleton_whose_identity_is_held(
+        self, backend: Backend, how: str
+    ) -> None:
+        # It made a second active job of the identity: a singleton is unique per
+        # (actor, identity_key) among active jobs, and only its row can say it is one.
+        single = make_args(singleton=True, identity_key="only", delay=timedelta(hours=1))
+        if how == "enqueue":
+            first = await backend.enqueue(single)
+        elif how == "enqueue_batch":
+            [first] = await backend.enqueue_batch([single])
+        else:
+            assert await backend.enqueue_batch_fast([single]) == 1
+            first = await fetch(backend, single.id)
+        assert await backend.write_cancel_request(first.id, None)
+        holder = await backend.enqueue(
+            make_args(singleton=True, identity_key="only", delay=timedelta(hours=1))
+        )
+        before = await _snapshot(backend, first.id)
+        with pytest.raises(SingletonCollisionError, match=f"active job {holder.id} holds"):
+            await backend.retry_job(first.id)
+        assert await _snapshot(backend, first.id) == before
+        # Once the holder has ended, it comes back; a plain job of an identity (not a
+        # singleton) comes back whatever holds it.
+        assert await backend.write_cancel_request(holder.id, None)
+        assert await backend.retry_job(first.id)
+        plain = await backend.enqueue(make_args(identity_key="only", delay=timedelta(hours=1)))
+        assert await backend.write_cancel_request(plain.id, None)
+        assert await backend.retry_job(plain.id)

@@ -137,6 +137,8 @@ class MemoryBackendMachine(RuleBasedStateMachine):
         """Per job: how many status events were replayed, and the status they lead to."""
         self.retried: set[JobId] = set()
         """Jobs that retry_job reset in the current step."""
+        self.singletons: set[JobId] = set()
+        """Jobs inserted as singletons."""
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
@@ -267,6 +269,8 @@ class MemoryBackendMachine(RuleBasedStateMachine):
         delayed = args.delay is not None and args.delay > timedelta(0)
         assert row.status is (JobStatus.SCHEDULED if delayed else JobStatus.PENDING)
         assert (row.id, row.attempt, row.created_at) == (args.id, 0, self.clock.now())
+        if args.singleton:
+            self.singletons.add(row.id)
         return row.id
 
     @rule(target=jobs, batch=st.lists(enqueue_args(), min_size=1, max_size=3))
@@ -289,6 +293,9 @@ class MemoryBackendMachine(RuleBasedStateMachine):
         assert [row.id for row in rows] == [
             args.id if e is None else e for args, e in zip(batch, expected, strict=True)
         ]
+        self.singletons |= {
+            a.id for a, e in zip(batch, expected, strict=True) if e is None and a.singleton
+        }
         return multiple(*{row.id for row in rows})
 
     # -- dispatch and leases ---------------------------------------------------------
@@ -531,6 +538,19 @@ class MemoryBackendMachine(RuleBasedStateMachine):
     @rule(job_id=jobs)
     def retry_job(self, job_id: JobId) -> None:
         row = self.current(job_id)
+        held = job_id in self.singletons and any(
+            other.id != job_id
+            and not other.is_terminal
+            and (other.actor, other.identity_key) == (row.actor, row.identity_key)
+            for other in self.all_jobs()
+        )
+        if held and row.status in RETRYABLE:
+            # A second active job of a singleton's identity: refused, nothing changed.
+            with pytest.raises(SingletonCollisionError):
+                self.run(self.backend.retry_job(job_id))
+            event("retry_job: singleton held")
+            assert self.current(job_id) == row
+            return
         retried = self.run(self.backend.retry_job(job_id))
         event(f"retry_job: {retried}")
         assert retried == (row.status in RETRYABLE)

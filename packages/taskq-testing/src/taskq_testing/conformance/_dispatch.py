@@ -70,6 +70,31 @@ def _actor_dispatcher(backend: Backend) -> SupportsActorDispatch:
     return backend
 
 
+async def _leases_to_renew(backend: Backend) -> tuple[UUID, list[JobRow], JobRow, JobRow]:
+    """A worker holding two jobs on a short lease, a job it finished, and another
+    worker's job: the worker, its held jobs, the finished one and the other one."""
+    mine, theirs = uuid4(), uuid4()
+    held = [
+        await enqueue_and_dispatch(backend, worker_id=mine, lease=SHORT_LEASE) for _ in range(2)
+    ]
+    finished = await enqueue_and_dispatch(backend, worker_id=mine, lease=SHORT_LEASE)
+    assert await backend.mark_succeeded(finished.id, mine, None)
+    other = await enqueue_and_dispatch(backend, worker_id=theirs, lease=SHORT_LEASE)
+    return mine, held, finished, other
+
+
+async def _assert_renewed(
+    backend: Backend, worker: UUID, held: list[JobRow], other: JobRow
+) -> None:
+    """``held`` still ``worker``'s, on the long lease; ``other`` untouched."""
+    for job in held:
+        row = await fetch(backend, job.id)
+        assert row.status is JobStatus.RUNNING and row.locked_by_worker == worker
+        assert row.lock_expires_at is not None and job.lock_expires_at is not None
+        assert row.lock_expires_at >= job.lock_expires_at + LONG_LEASE - SHORT_LEASE
+    assert await backend.get(other.id) == other
+
+
 class DispatchTests:
     """``dispatch_batch``, queue modes, ``max_concurrent``, identity serialization, heartbeats."""
 
@@ -541,20 +566,9 @@ class DispatchTests:
 
     @covers("heartbeat_jobs")
     async def test_heartbeat_extends_only_the_workers_running_jobs(self, backend: Backend) -> None:
-        mine, theirs = uuid4(), uuid4()
-        held = [
-            await enqueue_and_dispatch(backend, worker_id=mine, lease=SHORT_LEASE) for _ in range(2)
-        ]
-        finished = await enqueue_and_dispatch(backend, worker_id=mine, lease=SHORT_LEASE)
-        assert await backend.mark_succeeded(finished.id, mine, None)
-        other = await enqueue_and_dispatch(backend, worker_id=theirs, lease=SHORT_LEASE)
+        mine, held, finished, other = await _leases_to_renew(backend)
         assert await backend.heartbeat_jobs(mine, LONG_LEASE) == 2
-        for job in held:
-            row = await fetch(backend, job.id)
-            assert row.status is JobStatus.RUNNING and row.locked_by_worker == mine
-            assert row.lock_expires_at is not None and job.lock_expires_at is not None
-            assert row.lock_expires_at >= job.lock_expires_at + LONG_LEASE - SHORT_LEASE
-        assert await backend.get(other.id) == other
+        await _assert_renewed(backend, mine, held, other)
         assert (await fetch(backend, finished.id)).lock_expires_at is None
 
     @covers("renew_leases")
@@ -563,19 +577,9 @@ class DispatchTests:
     ) -> None:
         if not isinstance(backend, SupportsLeaseRenewal):
             pytest.skip(f"{type(backend).__name__} does not implement SupportsLeaseRenewal")
-        mine, theirs = uuid4(), uuid4()
-        held = [
-            await enqueue_and_dispatch(backend, worker_id=mine, lease=SHORT_LEASE) for _ in range(2)
-        ]
-        finished = await enqueue_and_dispatch(backend, worker_id=mine, lease=SHORT_LEASE)
-        assert await backend.mark_succeeded(finished.id, mine, None)
-        other = await enqueue_and_dispatch(backend, worker_id=theirs, lease=SHORT_LEASE)
+        mine, held, _, other = await _leases_to_renew(backend)
         assert sorted(await backend.renew_leases(mine, LONG_LEASE)) == sorted(j.id for j in held)
-        for job in held:
-            row = await fetch(backend, job.id)
-            assert row.lock_expires_at is not None and job.lock_expires_at is not None
-            assert row.lock_expires_at >= job.lock_expires_at + LONG_LEASE - SHORT_LEASE
-        assert await backend.get(other.id) == other
+        await _assert_renewed(backend, mine, held, other)
         assert await backend.renew_leases(uuid4(), LONG_LEASE) == []
 
     @covers("heartbeat_jobs")

@@ -59,7 +59,11 @@ def parse_duration(value: object) -> object:
     return value
 
 
-def _within_a_century(value: timedelta) -> timedelta:
+def _zero_to_a_century(value: timedelta) -> timedelta:
+    # A negative timedelta passed from Python (a string is refused when parsed) would
+    # turn a grace period into none and a retention into pruning at once.
+    if value < timedelta(0):
+        raise ValueError(f"must not be negative, got {value.total_seconds():g} s")
     # Past it a time computed from a setting overflows (a datetime, Postgres's
     # timestamps, a thread's wait): the worker started, then crashed in a loop.
     if value > MAX_DURATION:
@@ -67,7 +71,7 @@ def _within_a_century(value: timedelta) -> timedelta:
     return value
 
 
-Duration = Annotated[timedelta, BeforeValidator(parse_duration), AfterValidator(_within_a_century)]
+Duration = Annotated[timedelta, BeforeValidator(parse_duration), AfterValidator(_zero_to_a_century)]
 
 _MAX_LEADER_LEASE: Final = timedelta(milliseconds=2**31 - 1)
 """Postgres takes the leader's lease as its session's ``idle_session_timeout``, an
@@ -230,6 +234,12 @@ class WorkerSettings(BaseModel):
     """Exit once no job is active in this worker's queues (scripts and tests)."""
     migrate: bool = False
     """Apply pending migrations before starting."""
+    startup_wait: Duration = timedelta(seconds=30)
+    """How long a starting worker waits for its backend to accept connections (a server
+    still starting or restarting, a network not up yet: containers started together
+    start in any order), retrying with a warning each time; 0: fail at once. An error
+    that does not heal by itself (a login refused, a missing database, a bad DSN)
+    fails at once."""
 
     @field_validator("schema_name")
     @classmethod

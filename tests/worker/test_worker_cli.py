@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from taskq import WorkerSettings
+from taskq.errors import TaskQError
 from taskq.settings import SettingsError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -285,6 +287,7 @@ def test_a_connection_lost_while_starting_is_one_line_not_a_traceback(
     for name in [k for k in os.environ if k.startswith("TASKQ_")]:
         monkeypatch.delenv(name)
     monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
+    monkeypatch.setenv("TASKQ_STARTUP_WAIT", "0")
     try:
         assert main(["tests.apps.lost_at_start:tq"]) == 1
     finally:
@@ -293,3 +296,94 @@ def test_a_connection_lost_while_starting_is_one_line_not_a_traceback(
     assert len(err) == 1, err
     assert err[0].startswith("taskq-worker: error: the connection to the backend failed")
     assert "ConnectionResetError" in err[0]
+
+
+def _start_late(
+    monkeypatch: pytest.MonkeyPatch, refusals: int, error: Exception, wait: str
+) -> tuple[int, int, list[dict[str, Any]]]:
+    """``taskq-worker tests.apps.late_backend:tq --until-idle`` in-process, its backend
+    refusing ``refusals`` opens with ``error``: (exit code, opens, warnings logged)."""
+    import gc
+
+    from structlog.testing import capture_logs
+
+    from taskq.worker.cli import main
+    from tests.apps import late_backend
+
+    for name in [k for k in os.environ if k.startswith("TASKQ_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
+    monkeypatch.setenv("TASKQ_STARTUP_WAIT", wait)
+    monkeypatch.setenv("TASKQ_POLL_INTERVAL", "50ms")
+    backend = late_backend.LateBackend()
+    backend.refusals, backend.error = refusals, error
+    monkeypatch.setattr(late_backend.tq, "backend", backend)
+    try:
+        with capture_logs() as logs:
+            code = main(["tests.apps.late_backend:tq", "--until-idle"])
+    finally:
+        gc.unfreeze()  # main() froze what it had loaded
+    warnings = [e for e in logs if e["event"] == "taskq.backend-unreachable-at-start"]
+    return code, backend.opens, warnings
+
+
+def _translated(cause: BaseException) -> TaskQError:
+    # What PostgresBackend.open raises: a TaskQ error whose cause is the driver's.
+    error = TaskQError("cannot connect to PostgreSQL at postgresql://127.0.0.1:5432/x")
+    error.__cause__ = cause
+    return error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ConnectionRefusedError("connection refused"), _translated(ConnectionRefusedError())],
+    ids=["driver-error", "translated"],
+)
+def test_a_worker_waits_for_a_backend_that_is_not_up_yet(
+    monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    code, opens, warnings = _start_late(monkeypatch, 2, error, "30s")
+    assert code == 0
+    assert opens == 3
+    assert len(warnings) == 2
+    assert warnings[0]["error"] == (" ".join(str(error).split()) or "ConnectionRefusedError")
+    assert warnings[0]["retry_in"] == 0.25 and warnings[1]["retry_in"] == 0.5
+
+
+def test_an_error_that_cannot_heal_fails_at_once_without_waiting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refused = _translated(ValueError("password authentication failed for user x"))
+    code, opens, warnings = _start_late(monkeypatch, 100, refused, "30s")
+    assert (code, opens, warnings) == (1, 1, [])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "taskq-worker: error: cannot connect to PostgreSQL at postgresql://127.0.0.1:5432/x"
+    ]
+
+
+def test_a_worker_gives_up_after_startup_wait(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, opens, warnings = _start_late(monkeypatch, 100, _translated(OSError("down")), "600ms")
+    assert code == 1
+    assert opens == len(warnings) + 1 >= 3  # 0.25 s, then what is left of the wait
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("taskq-worker: error: cannot connect")
+
+
+def test_startup_wait_0_fails_at_the_first_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, opens, warnings = _start_late(monkeypatch, 1, ConnectionRefusedError(), "0")
+    assert (code, opens, warnings) == (1, 1, [])
+
+
+def test_no_duration_setting_may_be_negative() -> None:
+    durations = [
+        name
+        for name, field in WorkerSettings.model_fields.items()
+        if "timedelta" in str(field.annotation)
+    ]
+    assert "startup_wait" in durations and "drain_grace_period" in durations
+    for name in durations:
+        with pytest.raises(ValidationError, match="must not be negative"):
+            WorkerSettings(**{name: -1})

@@ -102,6 +102,28 @@ async def _all_jobs(tq: TaskQ) -> list[Any]:
     return rows
 
 
+async def test_a_worker_started_before_its_database_accepts_connections_waits_for_it(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    from urllib.parse import urlsplit
+
+    from taskq_testing.faults import TcpProxy
+
+    job = await tq.client.enqueue(basic.nap, {"seconds": 0, "tag": "late"})
+    with TcpProxy(urlsplit(pg_schema.dsn).port or 5432) as proxy:
+        proxy.cut()  # what a server not started yet looks like: connections refused
+        env = {"TASKQ_DSN": proxy.through(pg_schema.dsn), "TASKQ_STARTUP_WAIT": "60s"}
+        with worker_process(pg_schema, "--until-idle", env=env) as proc:
+            await asyncio.sleep(1.5)
+            assert proc.poll() is None, proc.communicate()
+            proxy.restore()
+            _, stderr = await asyncio.to_thread(proc.communicate, timeout=60)
+        assert proc.returncode == 0, stderr
+    assert "taskq.backend-unreachable-at-start" in stderr
+    row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+
+
 async def test_a_thousand_jobs_across_actors_and_queues(tq: TaskQ, pg_schema: PgSchema) -> None:
     items: list[Any] = []
     for i in range(1000):

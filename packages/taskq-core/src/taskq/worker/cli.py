@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from taskq.cli._exit_codes import EXIT_ERROR, EXIT_OK
 from taskq.cli._parser import ArgumentParser
 from taskq.errors import ConfigurationError, TaskQError
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
     from taskq.settings import WorkerSettings
 
 __all__ = ["build_parser", "load_app", "main"]
+
+_log = structlog.get_logger("taskq.worker")
 
 
 def load_app(spec: str) -> TaskQ:
@@ -116,19 +120,18 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
     from taskq.worker._sync_pool import SyncActorPool
     from taskq.worker.signal_handlers import install_signal_handlers
 
-    if settings.migrate:
-        if not isinstance(app.backend, SupportsMigrate):
-            raise ConfigurationError(
-                f"--migrate: {type(app.backend).__qualname__} has no migrations to apply"
-            )
-        await app.backend.migrate()
+    if settings.migrate and not isinstance(app.backend, SupportsMigrate):
+        raise ConfigurationError(
+            f"--migrate: {type(app.backend).__qualname__} has no migrations to apply"
+        )
     worker = Worker(app, settings)
     # The loop's own threads (asyncio.to_thread, run_in_executor(None)) counted too: an
     # async actor's call in one held the exit as a sync actor's did, past the stop's
     # wall, while its job, handed back, could run elsewhere.
     loop_threads = SyncActorPool()
     asyncio.get_running_loop().set_default_executor(loop_threads)
-    async with app:
+    await _open_when_reachable(app, settings)
+    async with app:  # opened: entering is a no-op, leaving closes it
         install_signal_handlers(worker, "taskq-worker")
         await worker.run(disarm_when_done=False)
         lingering = worker.lingering_tasks()
@@ -147,6 +150,45 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_OK)
+
+
+async def _open_when_reachable(app: TaskQ, settings: WorkerSettings) -> None:
+    """Migrate (``--migrate``) and open the backend, retrying for up to ``startup_wait``
+    while it cannot be reached; an error that does not heal by itself is raised at once.
+    """
+    from taskq.backend import SupportsMigrate
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.startup_wait.total_seconds()
+    pause = 0.25
+    while True:
+        try:
+            if settings.migrate and isinstance(app.backend, SupportsMigrate):
+                await app.backend.migrate()
+            await app.backend.open()
+            return
+        except Exception as exc:
+            left = deadline - loop.time()
+            if left <= 0 or _unreachable(exc) is None:
+                raise
+            wait = min(pause, left)
+            _log.warning(
+                "taskq.backend-unreachable-at-start",
+                error=" ".join(str(exc).split()) or type(exc).__name__,
+                retry_in=round(wait, 2),
+                gives_up_in=round(left, 1),
+            )
+            await asyncio.sleep(wait)
+            pause = min(pause * 2, 5.0)
+
+
+def _unreachable(exc: BaseException) -> BaseException | None:
+    """The transient error behind ``exc`` (``exc`` itself, or the driver's error a
+    TaskQ error translates), else None."""
+    lost = _lost_connection(exc)
+    if lost is None and isinstance(exc, TaskQError) and exc.__cause__ is not None:
+        lost = _lost_connection(exc.__cause__)
+    return lost
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,6 +28,7 @@ from taskq.errors import MissingProvider as MissingProvider
 from taskq.errors import OutcomeNotRecorded as OutcomeNotRecorded
 from taskq.errors import PayloadValidationError as PayloadValidationError
 from taskq.errors import ProtocolVersionMismatch as ProtocolVersionMismatch
+from taskq.errors import ResultExpiredError as ResultExpiredError
 from taskq.errors import ScopeViolation as ScopeViolation
 from taskq.errors import SingletonCollisionError as SingletonCollisionError
 from taskq.errors import TaskQError as TaskQError
@@ -96,6 +97,7 @@ __all__ = [
     "ProtocolVersionMismatch",
     "ProviderRegistry",
     "QueueConfig",
+    "ResultExpiredError",
     "RetryAfter",
     "ScheduleCreateArgs",
     "ScheduleRecord",

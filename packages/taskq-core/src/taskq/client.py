@@ -18,9 +18,9 @@ from taskq.args_builder import (
     MaxPendingLimits,
     check_capacity,
 )
-from taskq.backend import Backend, Connection
+from taskq.backend import Backend, Connection, SupportsPrune
 from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
-from taskq.errors import JobFailedError, MaxPendingExceededError
+from taskq.errors import JobFailedError, MaxPendingExceededError, ResultExpiredError
 from taskq.models import (
     AttemptRow,
     BulkCancelResult,
@@ -324,9 +324,10 @@ class JobsClient:
         """Wait until the job is terminal and return its result.
 
         Raises :class:`JobFailedError` (with the row) when it ended in any
-        status but ``succeeded``, ``TimeoutError`` after ``timeout``,
-        ``KeyError`` for an unknown job, and ``ValueError`` for a negative or NaN
-        ``timeout``.
+        status but ``succeeded``, :class:`ResultExpiredError` when it succeeded but its
+        result outlived ``result_ttl`` (the backend's clock decides), ``TimeoutError``
+        after ``timeout``, ``KeyError`` for an unknown job, and ``ValueError`` for a
+        negative or NaN ``timeout``.
         """
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         if math.isnan(limit) or limit < 0:
@@ -339,13 +340,7 @@ class JobsClient:
         row = await self._backend.get(job_id)
         try:
             async with asyncio.timeout(limit) as budget:
-                while True:
-                    if row is None:
-                        raise KeyError(f"no job {job_id}")
-                    if row.status in TERMINAL_STATUSES:
-                        if row.status is JobStatus.SUCCEEDED:
-                            return row.result
-                        raise JobFailedError(row)
+                while row is not None and row.status not in TERMINAL_STATUSES:
                     await asyncio.sleep(pause)
                     pause = min(pause * 1.5, 0.5)
                     row = await self._backend.get(job_id)
@@ -356,3 +351,18 @@ class JobsClient:
             raise TimeoutError(
                 f"job {job_id} did not finish within {limit:g} s (it is {status})"
             ) from None
+        if row is None:
+            raise KeyError(f"no job {job_id}")
+        if row.status is not JobStatus.SUCCEEDED:
+            raise JobFailedError(row)
+        expires, backend = row.result_expires_at, self._backend
+        # Past it the sweep clears the result whenever it runs: the answer must not
+        # depend on whether it ran yet. The backend's clock is the arbiter (without
+        # SupportsPrune.now, what the row holds is the answer).
+        if (
+            expires is not None
+            and isinstance(backend, SupportsPrune)
+            and expires <= await backend.now()
+        ):
+            raise ResultExpiredError(row)
+        return row.result

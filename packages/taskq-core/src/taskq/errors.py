@@ -49,6 +49,7 @@ __all__ = [
     "PluginError",
     "PluginLoadError",
     "ProtocolVersionMismatch",
+    "ResultExpiredError",
     "ScopeViolation",
     "SingletonCollisionError",
     "TaskQError",
@@ -233,6 +234,22 @@ class JobFailedError(TaskQError):
         self.row = row
         detail = f": {row.error.error_class}: {row.error.message}" if row.error else ""
         super().__init__(f"job {row.id} ({row.actor}) ended {row.status.value}{detail}")
+
+
+class ResultExpiredError(TaskQError):
+    """The job succeeded, but its result outlived ``result_ttl`` (its
+    ``result_expires_at`` has passed on the backend's clock) and is gone, or about to
+    be: raised by ``JobsClient.wait_for_result`` instead of a ``None`` the actor never
+    returned. ``row`` is the job. Read results within their ``result_ttl``, or give
+    the actor a longer one."""
+
+    def __init__(self, row: JobRow) -> None:
+        self.row = row
+        expired = row.result_expires_at.isoformat() if row.result_expires_at else "?"
+        super().__init__(
+            f"job {row.id} ({row.actor}) succeeded, but its result expired at {expired} "
+            f"(result_ttl); read it sooner, or give {row.actor!r} a longer result_ttl"
+        )
 
 
 class OutcomeNotRecorded(TaskQError):

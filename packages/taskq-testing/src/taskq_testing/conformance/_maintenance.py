@@ -13,6 +13,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
+from taskq import JobsClient, ResultExpiredError
 from taskq.backend import Backend, JobStatus
 from taskq.backend._protocol import (
     SupportsFleetStats,
@@ -109,6 +110,29 @@ class MaintenanceTests(TimeLimits):
         assert await backend.get_events(short.id) == events  # not a transition
         # Idempotent: a cleared result is not counted again.
         assert await sweeper.sweep_expired_results() == 0
+
+    @covers("mark_succeeded", "now", "get")
+    async def test_wait_for_result_tells_an_expired_result_from_a_none_returned(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        client = JobsClient(backend, {})
+        worker = uuid4()
+        short = await enqueue_and_dispatch(backend, worker_id=worker, result_ttl=_SHORT_TTL)
+        kept = await enqueue_and_dispatch(backend, worker_id=worker)
+        assert await backend.mark_succeeded(short.id, worker, {"answer": 42})
+        assert await backend.mark_succeeded(kept.id, worker, None)
+        assert await client.wait_for_result(short.id, timeout=0) == {"answer": 42}
+
+        await advance_time(_SHORT_TTL * 2)
+        # Past result_expires_at on the backend's clock, swept yet or not.
+        with pytest.raises(ResultExpiredError, match="result expired at") as expired:
+            await client.wait_for_result(short.id, timeout=0)
+        assert expired.value.row.id == short.id
+        sweeper = _result_expiry(backend)
+        assert await sweeper.sweep_expired_results() >= 1
+        with pytest.raises(ResultExpiredError):
+            await client.wait_for_result(short.id, timeout=0)
+        assert await client.wait_for_result(kept.id, timeout=0) is None
 
     @covers("complete_batch", "enqueue_batch_atomic", "create_batch", "complete_stale_batches")
     async def test_complete_stale_batches_completes_only_batches_with_no_active_child(

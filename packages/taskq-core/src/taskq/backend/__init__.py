@@ -13,6 +13,7 @@ from taskq.backend._protocol import SupportsActorDispatch as SupportsActorDispat
 from taskq.backend._protocol import SupportsBatchedSuccess as SupportsBatchedSuccess
 from taskq.backend._protocol import SupportsCredentialReload as SupportsCredentialReload
 from taskq.backend._protocol import SupportsCron as SupportsCron
+from taskq.backend._protocol import SupportsEnqueuePrecheck as SupportsEnqueuePrecheck
 from taskq.backend._protocol import SupportsFleetStats as SupportsFleetStats
 from taskq.backend._protocol import SupportsHeldJobs as SupportsHeldJobs
 from taskq.backend._protocol import SupportsLeaderElection as SupportsLeaderElection
@@ -57,6 +58,7 @@ __all__ = [
     "SupportsBatchedSuccess",
     "SupportsCredentialReload",
     "SupportsCron",
+    "SupportsEnqueuePrecheck",
     "SupportsFleetStats",
     "SupportsHeldJobs",
     "SupportsLeaderElection",

@@ -70,6 +70,7 @@ __all__ = [
     "SupportsBatchedSuccess",
     "SupportsCredentialReload",
     "SupportsCron",
+    "SupportsEnqueuePrecheck",
     "SupportsFleetStats",
     "SupportsHeldJobs",
     "SupportsLeaderElection",
@@ -101,7 +102,8 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     `attempt` fence; open/close, register_actors and configure_queue made
 #     explicit so every state is reachable through the protocol.
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
-#     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs.
+#     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
+#     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck.
 #
 # When to bump: "increment it whenever a change alters an existing protocol
 # member's observable contract such that an implementation written against
@@ -550,6 +552,22 @@ class SupportsLeaseRenewal(Protocol):
 
 
 @runtime_checkable
+class SupportsEnqueuePrecheck(Protocol):
+    """A backend that simulates transactions (``supports_transactional_simulation``)
+    and can tell, before a job's success is written, whether the sub-jobs to be
+    enqueued after it would be refused.
+
+    Without it a refused sub-job (a singleton's identity held) was found only after
+    the parent's success had been stored; with real transactions both roll back and
+    the attempt fails. The worker calls this first, so the two agree.
+    """
+
+    async def precheck_enqueue(self, args_list: list[EnqueueArgs]) -> None:
+        """Raise what ``enqueue_batch(args_list)`` would raise now; write nothing."""
+        ...
+
+
+@runtime_checkable
 class SupportsBatchedSuccess(Protocol):
     """A backend that records many successes in one step (the worker's completer).
 
@@ -837,6 +855,7 @@ PROTOCOL_MEMBERS: Final[frozenset[str]] = frozenset(
 OPTIONAL_PROTOCOLS: Final[tuple[type, ...]] = (
     SupportsActorDispatch,
     SupportsBatchedSuccess,
+    SupportsEnqueuePrecheck,
     SupportsUnstartedHandBack,
     SupportsHeldJobs,
     SupportsLeaseRenewal,

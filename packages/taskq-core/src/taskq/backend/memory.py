@@ -225,6 +225,11 @@ class InMemoryBackend:
         """``enqueue``; there is no transaction to join, so ``conn`` is ignored."""
         return await self.enqueue(args)
 
+    async def precheck_enqueue(self, args_list: list[EnqueueArgs]) -> None:
+        """Raise what ``enqueue_batch(args_list)`` would raise now; write nothing
+        (``SupportsEnqueuePrecheck``)."""
+        self._store.plan_inserts(args_list, self.clock.now(), idempotent=True)
+
     # -- dispatch and heartbeat ------------------------------------------------------
     async def dispatch_batch(
         self, worker_id: UUID, queues: list[str], limit: int, lock_lease: timedelta

@@ -24,12 +24,11 @@ from pydantic_core import to_jsonable_python
 
 from taskq._di import ResolvedActorScope, build_actor_scope, passthrough_scope
 from taskq.actor import CONTEXT_PARAMETER, Actor
-from taskq.backend import CancelPhase, JobStatus, SupportsTransactions
+from taskq.backend import CancelPhase, JobStatus, SupportsEnqueuePrecheck, SupportsTransactions
 from taskq.context import Context
 from taskq.errors import (
     EnqueueError,
     LeaseLost,
-    MaxPendingExceededError,
     OutcomeNotRecorded,
     WorkerOwnershipMismatch,
 )
@@ -372,7 +371,13 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
         subjobs = ctx.subjobs
         try:
             await write_retrying(state, "capacity", lambda: state.client.check_capacity(subjobs))
-        except MaxPendingExceededError as exc:
+            if backend.supports_transactional_simulation and isinstance(
+                backend, SupportsEnqueuePrecheck
+            ):
+                # What a real transaction's rollback gives: a refusal (a singleton's
+                # identity held) before the success is written, not after.
+                await write_retrying(state, "subjobs", lambda: backend.precheck_enqueue(subjobs))
+        except EnqueueError as exc:
             raise _SubjobsRefused(exc) from exc
     if (
         ctx.subjobs

@@ -8,7 +8,7 @@ from uuid import uuid4
 
 import pytest
 
-from taskq.backend import Backend, CancelPhase, Connection, JobStatus
+from taskq.backend import Backend, CancelPhase, Connection, JobStatus, SupportsEnqueuePrecheck
 from taskq.errors import SingletonCollisionError
 from taskq.models import ActorConfig, EnqueueArgs, JobFilter, JobRow
 from taskq_testing.conformance._support import (
@@ -402,6 +402,24 @@ class EnqueueTests:
         with pytest.raises(ValueError):
             await backend.enqueue(args)
         assert await backend.get(args.id) is None
+
+    @covers("precheck_enqueue")
+    async def test_precheck_enqueue_raises_what_enqueue_batch_would_and_writes_nothing(
+        self, backend: Backend
+    ) -> None:
+        if not isinstance(backend, SupportsEnqueuePrecheck):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsEnqueuePrecheck")
+        held = await backend.enqueue(make_args(identity_key="user-1", idempotency_key="k"))
+        free = make_args(identity_key="user-2", singleton=True)
+        hit = make_args(idempotency_key="k", identity_key="user-1", singleton=True)
+        await backend.precheck_enqueue([free, hit])  # a hit inserts nothing: no collision
+        refused = make_args(identity_key="user-1", singleton=True)
+        with pytest.raises(SingletonCollisionError):
+            await backend.precheck_enqueue([free, refused])
+        twice = make_args(identity_key="user-2", singleton=True)
+        with pytest.raises(SingletonCollisionError):  # against the items before it too
+            await backend.precheck_enqueue([free, twice])
+        assert [row.id for row in await backend.list_jobs(JobFilter())] == [held.id]
 
     # -- batch and connection paths ----------------------------------------------------
 

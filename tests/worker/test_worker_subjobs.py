@@ -80,6 +80,9 @@ async def test_sub_jobs_past_max_pending_are_refused_as_an_enqueue_would_be(
     else:
         assert row.status is JobStatus.FAILED and row.error is not None
         assert row.error.error_class == f"taskq.errors.{MaxPendingExceededError.__name__}"
+        assert "already has 0 waiting jobs and this call adds 3 (max_pending=2)" in (
+            row.error.message
+        )
         assert waiting == []
 
 

@@ -259,9 +259,12 @@ def check_capacity(
     """``MaxPendingExceededError`` when an actor's ``waiting`` jobs plus ``counts[actor]``
     would pass its ``bounded`` limit."""
     for name, limit in bounded.items():
-        if waiting.get(name, 0) + counts[name] > limit:
+        have, more = waiting.get(name, 0), counts[name]
+        if have + more > limit:
+            # A batch alone can pass the limit: "already has 0 waiting" read as a bug.
+            adding = "" if more == 1 else f" and this call adds {more}"
             raise MaxPendingExceededError(
-                f"actor {name!r} already has {waiting.get(name, 0)} waiting jobs "
+                f"actor {name!r} already has {have} waiting jobs{adding} "
                 f"(max_pending={limit}); retry later or raise its max_pending"
             )
 

@@ -276,3 +276,26 @@ async def test_the_sweeps_move_a_backlog_in_turns_each_committed(
     for job, _ in running:
         row = await backend.get(job.id)
         assert row is not None and row.status is JobStatus.PENDING
+
+
+async def test_schedules_list_by_code_point_under_a_linguistic_collation(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    # A database made with an ICU locale orders text linguistically; the conformance
+    # suite's databases here use C.UTF-8, so the column is given one to show it.
+    from taskq.models import ScheduleCreateArgs
+
+    conn = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        await conn.execute(
+            f"ALTER TABLE {pg_pooled_schema.name}.schedules "
+            f'ALTER COLUMN name TYPE text COLLATE "en-US-x-icu"'
+        )
+    finally:
+        await conn.close()
+    for name in ["b-nightly", "Z-last", "a_report", "B-weekly"]:
+        await backend.create_schedule(
+            ScheduleCreateArgs(name=name, actor="conformance.actor", cron="* * * * *")
+        )
+    names = [record.name for record in await backend.list_schedules()]
+    assert names == ["B-weekly", "Z-last", "a_report", "b-nightly"]

@@ -66,7 +66,8 @@ SELECT """
     + """
 FROM {schema}.schedules s
 WHERE ($1::text IS NULL OR s.actor = $1) AND ($2::bool IS NULL OR s.enabled = $2)
-ORDER BY s.name
+-- By code point, as every backend orders them: not by the database's collation.
+ORDER BY s.name COLLATE "C"
 """
 )
 

@@ -138,6 +138,14 @@ class ScheduleTests:
         assert await names(actor="nobody") == []
         assert await backend.list_schedules(actor="y") == [made["a"]]
 
+    @covers("list_schedules")
+    async def test_list_schedules_orders_names_by_code_point(self, backend: Backend) -> None:
+        # Not by the database's collation (which puts "a_report" before "B-weekly").
+        for name in ["b-nightly", "Z-last", "a_report", "B-weekly", "é-late"]:
+            await backend.create_schedule(_args(name=name))
+        names = [record.name for record in await backend.list_schedules()]
+        assert names == ["B-weekly", "Z-last", "a_report", "b-nightly", "é-late"]
+
     @covers("update_schedule")
     async def test_update_schedule_changes_only_the_given_fields(
         self, backend: Backend, advance_time: AdvanceTime

@@ -69,7 +69,7 @@ def test_bad_input_is_one_line_and_enqueues_nothing(cli: Cli) -> None:
         ("nap", '{"seconds": ' + "9" * 5000 + "}", "not valid JSON (Exceeds the limit"),
         ("nap", "[" * 20_000 + "]" * 20_000, "not valid JSON (it is nested too deeply)"),
         ("nap", '{"seconds": 1e400}', "Infinity is not a JSON number"),
-        ("nap", '{"tag": "\\ud800"}', "surrogates not allowed"),
+        ("nap", '{"tag": "\\ud800"}', "lone surrogate"),
     ]
     for actor, payload, expected in cases:
         assert expected in error_line(cli.taskq("enqueue", APP, actor, payload))

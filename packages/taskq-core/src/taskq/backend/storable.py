@@ -1,11 +1,14 @@
-"""What a backend can store: JSON as text, strings without NUL characters, and times a
-delay of at most a century away.
+"""What a backend can store: JSON as text, strings without NUL characters or lone
+surrogates, and times a delay of at most a century away.
 
 Postgres, the reference store, rejects NUL (``\\x00``) in ``text`` and ``\\u0000``
-in ``jsonb``, and JSON has no NaN or Infinity. A terminal write must not fail over a
-stray NUL in an error message or a result, so NULs are stored as U+FFFD; a NaN or
-infinite number is refused (nothing could stand in for it). Every backend stores
-through these functions, so a job holds the same values on each.
+in ``jsonb``, and text that is not UTF-8 (a lone surrogate such as ``\\udcff``, which
+``os.fsdecode`` makes of a file name's undecodable bytes); JSON has no NaN or
+Infinity. A terminal write must not fail over a stray NUL in a result, or a NUL or
+surrogate in an error message, so those are stored as U+FFFD; a NaN, an infinite
+number or a surrogate in JSON is refused (a replacement would lose what a payload
+meant: the file name). Every backend stores through these functions, so a job holds
+the same values on each.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import re
 from datetime import timedelta
 from typing import Any, Final, NoReturn, TypeVar, overload
 
-from pydantic_core import from_json, to_json
+from pydantic_core import PydanticSerializationError, from_json, to_json
 
 from taskq.models import MAX_DURATION
 
@@ -37,6 +40,8 @@ _MAX_INT_DIGITS: Final = 4300
 """The longest integer the JSON reader takes back (as Python's ``int`` from text)."""
 _LONG_DIGIT_RUN: Final = re.compile(f"[0-9]{{{_MAX_INT_DIGITS + 1}}}")
 
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
 _V = TypeVar("_V")
 
 
@@ -47,21 +52,35 @@ def clean_text(value: None) -> None: ...
 @overload
 def clean_text(value: str | None) -> str | None: ...
 def clean_text(value: str | None) -> str | None:
-    """``value`` with NUL characters replaced by U+FFFD."""
-    if value is None or "\x00" not in value:
+    """``value`` with NUL characters and lone surrogates replaced by U+FFFD."""
+    if value is None:
         return value
-    return value.replace("\x00", REPLACEMENT_CHARACTER)
+    if "\x00" in value:
+        value = value.replace("\x00", REPLACEMENT_CHARACTER)
+    if value.isascii():
+        return value
+    return _SURROGATE.sub(REPLACEMENT_CHARACTER, value)
 
 
 def dump_json(value: Any) -> str:
     """``value`` as the JSON text a backend stores (``\\u0000`` escapes replaced);
-    ``ValueError`` for a NaN or infinite number, which JSON cannot hold, and for an
-    integer of more than 4,300 digits, which could be stored but never read back.
+    ``ValueError`` for a NaN or infinite number, which JSON cannot hold, for text with a
+    lone surrogate, which no store can hold, and for an integer of more than 4,300
+    digits, which could be stored but never read back.
 
     pydantic-core's serializer: compact, UTF-8 as is, and about ten times faster than
     ``json.dumps`` on a small object (it runs for every payload a COPY enqueues).
     """
-    text = to_json(value).decode()
+    try:
+        text = to_json(value).decode()
+    except PydanticSerializationError as exc:
+        if "surrogates not allowed" not in str(exc):
+            raise
+        raise ValueError(
+            "text with a lone surrogate (such as '\\udcff', what os.fsdecode makes of "
+            "undecodable bytes) cannot be stored as JSON: decode it with errors='replace', "
+            "or send the bytes base64-encoded"
+        ) from None
     if "NaN" in text or "Infinity" in text:
         # Maybe only inside strings: the parser tells a bare constant apart.
         json.loads(text, parse_constant=_refuse_constant)

@@ -326,8 +326,11 @@ class EnqueueTests:
             (float("nan"), "is not a JSON number"),
             # Storable, but never readable back: it used to wedge its queue on Postgres.
             (10**4300, "more than 4300 digits"),
+            # What os.fsdecode makes of a file name's undecodable bytes: not UTF-8, and a
+            # replacement would lose the name. It was a serializer's error.
+            ("/data/\udcff.csv", "lone surrogate .* cannot be stored as JSON"),
         ],
-        ids=["nan", "long-int"],
+        ids=["nan", "long-int", "surrogate"],
     )
     @covers("enqueue", "enqueue_batch", "enqueue_batch_fast")
     async def test_a_number_json_cannot_hold_is_refused_and_writes_nothing(

@@ -403,6 +403,20 @@ class TerminalWriteTests:
         }
         assert done.progress_state == {"at": "\ufffd"}
 
+    @covers("mark_failed_or_retry", "get_attempts")
+    async def test_lone_surrogates_in_errors_are_stored_as_replacement_characters(
+        self, backend: Backend
+    ) -> None:
+        # What os.fsdecode makes of undecodable bytes (an exception naming a file):
+        # Postgres refuses text that is not UTF-8, and the failure write must not fail.
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker)
+        error = ErrorInfo(error_class="Boom", message="no /data/\udcff.csv", traceback="tb\udcff")
+        retried = await backend.mark_failed_or_retry(job.id, worker, error, timedelta(0))
+        clean = ErrorInfo(error_class="Boom", message="no /data/\ufffd.csv", traceback="tb\ufffd")
+        assert retried.error == clean
+        assert (await backend.get_attempts(job.id))[0].error == clean
+
     @pytest.mark.parametrize(
         ("bad", "error"),
         [
@@ -410,8 +424,9 @@ class TerminalWriteTests:
             (float("inf"), "is not a JSON number"),
             (float("-inf"), "is not a JSON number"),
             (-(10**4300), "more than 4300 digits"),
+            ("\udcff", "lone surrogate .* cannot be stored as JSON"),
         ],
-        ids=["nan", "inf", "-inf", "long-int"],
+        ids=["nan", "inf", "-inf", "long-int", "surrogate"],
     )
     @covers("mark_succeeded", "record_progress")
     async def test_numbers_json_cannot_hold_are_refused_and_change_nothing(

@@ -290,15 +290,80 @@ async def test_a_job_id_as_text_finds_the_job_on_every_backend(taskq_backend: Ba
         await tq.client.get(42)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [("x\x00y", "must not contain NUL"), ("x\udcffy", "is a lone surrogate")],
+    ids=["nul", "surrogate"],
+)
 @pytest.mark.parametrize("field", ["actor", "queue", "identity_key", "idempotency_key", "tags"])
 async def test_a_filter_with_a_nul_is_a_clear_error_on_every_backend(
-    taskq_backend: Backend, field: str
+    taskq_backend: Backend, field: str, bad: str, error: str
 ) -> None:
     # Postgres raised a driver error, the in-memory backend matched nothing.
     tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
-    value: Any = ["x\x00y"] if field == "tags" else "x\x00y"
-    with pytest.raises(ValueError, match="must not contain NUL"):
+    value: Any = [bad] if field == "tags" else bad
+    with pytest.raises(ValueError, match=error):
         await tq.client.list_jobs(**{field: value})
+    with pytest.raises(ValueError, match=error):
+        await tq.client.cancel_where(**{field: value})
+
+
+async def test_cancel_reasons_are_text_stored_as_every_backend_can_hold_it(
+    taskq_backend: Backend,
+) -> None:
+    # A list was stored by memory (breaking JobRow's type), a driver error on Postgres.
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    row = await tq.client.enqueue(job, {})
+    for reason in (["no"], {"why": 1}, 5, b"bytes"):
+        with pytest.raises(TypeError, match="a cancel reason is a string or None"):
+            await tq.client.cancel(row.id, reason=reason)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="a cancel reason is a string or None"):
+            await tq.client.cancel_where(actor=job.name, reason=reason)  # type: ignore[arg-type]
+    assert (await tq.client.get(row.id)).status is JobStatus.PENDING  # type: ignore[union-attr]
+    assert await tq.client.cancel(row.id, reason="from /data/\udcff.csv\x00")
+    cancelled = await tq.client.get(row.id)
+    assert cancelled is not None and cancelled.cancel_reason == "from /data/\ufffd.csv\ufffd"
+
+
+async def test_an_actor_of_another_type_is_a_clear_error(taskq_backend: Backend) -> None:
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    with pytest.raises(TypeError, match="an actor is given as an @actor function or its name"):
+        await tq.client.enqueue(5, {})  # type: ignore[arg-type]
+    assert await tq.client.list_jobs() == []
+
+
+async def test_schedules_take_their_ids_as_text_and_their_args_as_dicts(
+    taskq_backend: Backend,
+) -> None:
+    # By text: memory found no schedule (KeyError), Postgres found it, and an update
+    # with a payload was a KeyError on both; a dict was an AttributeError.
+    from taskq.models import ScheduleUpdateArgs
+
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    made = await tq.client.create_schedule(
+        {"name": "nightly", "actor": job.name, "cron": "0 3 * * *"}
+    )
+    text = str(made.id)
+    updated = await tq.client.update_schedule(text, {"payload": {"n": 1}})
+    assert updated.id == made.id and updated.payload == {"n": 1}
+    updated = await tq.client.update_schedule(text, ScheduleUpdateArgs(enabled=False))
+    assert updated.enabled is False
+    with pytest.raises(ValueError, match="'xyz' is not a schedule id"):
+        await tq.client.update_schedule("xyz", {"enabled": True})
+    with pytest.raises(TypeError, match="a schedule id is a UUID"):
+        await tq.client.delete_schedule(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="expected a ScheduleCreateArgs"):
+        await tq.client.create_schedule(["nightly"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="must not contain NUL"):
+        await tq.client.create_schedule({"name": "n\x00", "actor": job.name, "cron": "* * * * *"})
+    with pytest.raises(ValueError, match="must not contain NUL"):
+        await tq.client.list_schedules(actor="o\x00")
+    with pytest.raises(TypeError, match="enabled is True, False or None"):
+        await tq.client.list_schedules(enabled="no")  # type: ignore[arg-type]
+    await tq.client.delete_schedule(text)
+    assert await tq.client.list_schedules() == []
+    with pytest.raises(KeyError, match="no schedule with id"):
+        await tq.client.update_schedule(made.id, {"payload": {}})
 
 
 async def test_a_batch_id_in_any_uuid_spelling_is_found_by_its_batch(

@@ -112,7 +112,15 @@ class ArgsBuilder:
 
     def actor(self, ref: ActorRef) -> Actor[..., Any]:
         """The application's actor ``ref`` names; ``UnknownActorError`` otherwise."""
-        name = ref if isinstance(ref, str) else ref.name
+        if isinstance(ref, str):
+            name = ref
+        elif isinstance(ref, Actor):
+            name = ref.name
+        else:
+            raise TypeError(
+                f"an actor is given as an @actor function or its name, not "
+                f"{type(ref).__name__} {ref!r}"
+            )
         found = self._actors.get(name)
         if found is None:
             known = ", ".join(sorted(self._actors)) or "none"

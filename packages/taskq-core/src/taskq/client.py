@@ -7,8 +7,10 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from uuid import UUID
+
+from pydantic import BaseModel
 
 from taskq.actor import Actor
 from taskq.args_builder import (
@@ -31,9 +33,12 @@ from taskq.models import (
     ScheduleCreateArgs,
     ScheduleRecord,
     ScheduleUpdateArgs,
+    check_key_text,
 )
 
 __all__ = ["ActorRef", "JobsClient"]
+
+_ArgsModel = TypeVar("_ArgsModel", bound=BaseModel)
 
 
 class _CapacityCache:
@@ -81,17 +86,35 @@ def _job_filter(filters: JobFilter | None, fields: Mapping[str, Any]) -> JobFilt
     return filters
 
 
-def _as_job_id(value: UUID | str) -> UUID:
-    """A job id given as a UUID or as its text (from a URL, a command line): the
-    in-memory backend found no job by the text, Postgres found it."""
+def _as_job_id(value: UUID | str, kind: str = "job") -> UUID:
+    """A job (or schedule) id given as a UUID or as its text (from a URL, a command
+    line): the in-memory backend found nothing by the text, Postgres found it."""
     if isinstance(value, UUID):
         return value
     if isinstance(value, str):
         try:
             return UUID(value)
         except ValueError:
-            raise ValueError(f"{value!r} is not a job id; job ids are UUIDs") from None
-    raise TypeError(f"a job id is a UUID (or its text), not {type(value).__name__}")
+            raise ValueError(f"{value!r} is not a {kind} id; {kind} ids are UUIDs") from None
+    raise TypeError(f"a {kind} id is a UUID (or its text), not {type(value).__name__}")
+
+
+def _reason(reason: str | None) -> str | None:
+    """A cancel reason: text or None (stored with NULs and lone surrogates replaced)."""
+    if reason is not None and not isinstance(reason, str):
+        raise TypeError(f"a cancel reason is a string or None, not {type(reason).__name__}")
+    return reason
+
+
+def _as_model(model: type[_ArgsModel], value: _ArgsModel | Mapping[str, Any]) -> _ArgsModel:
+    """``value`` as ``model``: an instance as it is, a mapping validated into one."""
+    if isinstance(value, model):
+        return value
+    if isinstance(value, Mapping):
+        return model.model_validate(value)
+    raise TypeError(
+        f"expected a {model.__name__} (or a dict of its fields), not {type(value).__name__}"
+    )
 
 
 class JobsClient:
@@ -256,21 +279,22 @@ class JobsClient:
         ``ctx.cancel_event``, or whose outcome is already being written, ends as it
         returned (its work is done); a retry or snooze requested after it ends
         ``cancelled``. Read the job (or wait for it) for how it ended."""
-        return await self._backend.write_cancel_request(_as_job_id(job_id), reason)
+        return await self._backend.write_cancel_request(_as_job_id(job_id), _reason(reason))
 
     async def cancel_where(
         self, filters: JobFilter | None = None, *, reason: str | None = None, **fields: Any
     ) -> BulkCancelResult:
         """:meth:`cancel` every job a filter selects (its ``limit`` is ignored)."""
-        return await self._backend.cancel_where(_job_filter(filters, fields), reason)
+        return await self._backend.cancel_where(_job_filter(filters, fields), _reason(reason))
 
     # -- schedules ---------------------------------------------------------------
-    async def create_schedule(self, args: ScheduleCreateArgs) -> ScheduleRecord:
+    async def create_schedule(self, args: ScheduleCreateArgs | Mapping[str, Any]) -> ScheduleRecord:
         """Store a cron schedule the maintenance leader fires; its first ``next_fire_at``
         follows the backend's clock. ``UnknownActorError`` for an actor this
         application does not know, ``ValueError`` when the name is taken. The payload and
         options are checked as each slot's job will be (``PayloadValidationError``,
         ``EnqueueOptionsError``)."""
+        args = _as_model(ScheduleCreateArgs, args)
         self._check_slot_job(args.actor, args.payload, args.queue, args.options)
         return await self._backend.create_schedule(args)
 
@@ -278,18 +302,30 @@ class JobsClient:
         self, *, actor: str | None = None, enabled: bool | None = None
     ) -> list[ScheduleRecord]:
         """Schedules by name, optionally only one actor's or only (dis)abled ones."""
+        if enabled is not None and not isinstance(enabled, bool):
+            raise TypeError(f"enabled is True, False or None, not {enabled!r}")
+        if actor is not None:
+            # Checked as a schedule's actor is: text no store can hold matches nothing.
+            try:
+                check_key_text(actor)
+            except ValueError as exc:
+                raise ValueError(f"actor {actor!r} {exc}") from None
         return await self._backend.list_schedules(actor=actor, enabled=enabled)
 
-    async def update_schedule(self, schedule_id: UUID, args: ScheduleUpdateArgs) -> ScheduleRecord:
+    async def update_schedule(
+        self, schedule_id: UUID | str, args: ScheduleUpdateArgs | Mapping[str, Any]
+    ) -> ScheduleRecord:
         """Change the fields of ``args`` that are set; ``next_fire_at`` is recomputed.
         ``KeyError`` for an unknown schedule; a new payload, queue or options are
         checked as in :meth:`create_schedule`."""
+        schedule_id = _as_job_id(schedule_id, "schedule")
+        args = _as_model(ScheduleUpdateArgs, args)
         if args.payload is not None or args.queue is not None or args.options is not None:
             current = next(
                 (s for s in await self._backend.list_schedules() if s.id == schedule_id), None
             )
             if current is None:
-                raise KeyError(schedule_id)
+                raise KeyError(f"no schedule with id {schedule_id}")
             if current.actor in self._actors:  # another application's actor: its own check
                 self._check_slot_job(
                     current.actor,
@@ -312,9 +348,9 @@ class JobsClient:
             )
         self._build.args(actor, payload, {**options, "queue": queue})
 
-    async def delete_schedule(self, schedule_id: UUID) -> None:
+    async def delete_schedule(self, schedule_id: UUID | str) -> None:
         """Remove a schedule; ``KeyError`` for an unknown one."""
-        await self._backend.delete_schedule(schedule_id)
+        await self._backend.delete_schedule(_as_job_id(schedule_id, "schedule"))
 
     async def wait_for_result(
         self,

@@ -57,6 +57,7 @@ __all__ = [
     "ScheduleRecord",
     "ScheduleUpdateArgs",
     "SuccessWrite",
+    "check_key_text",
     "from_valid_values",
 ]
 
@@ -221,12 +222,20 @@ class EnqueueArgs(_Model):
     def _no_nul(cls, value: str | None) -> str | None:
         # Stored text cannot hold NUL; unlike in a payload, replacing it could make two
         # keys (or queues) one.
-        return _refuse_nul(value)
+        return check_key_text(value)
 
     @field_validator("actor", "queue")
     @classmethod
     def _short_name(cls, value: str) -> str:
         return _at_most_bytes(value, MAX_NAME_BYTES)
+
+    @field_validator("tags")
+    @classmethod
+    def _storable_tags(cls, value: list[str]) -> list[str]:
+        # A NUL is stored as U+FFFD (as in a payload); a surrogate is refused, as JSON.
+        for tag in value:
+            _refuse_surrogates(tag)
+        return value
 
     @field_validator("idempotency_key", "identity_key", "fairness_key")
     @classmethod
@@ -408,9 +417,26 @@ def _as_status_tuple(value: object) -> tuple[JobStatus, ...]:
         raise ValueError(f"unknown job status in {value!r}; known statuses: {known}") from None
 
 
-def _refuse_nul(value: str | None) -> str | None:
-    if value is not None and "\x00" in value:
+def check_key_text(value: str | None) -> str | None:
+    """``value``, a name or key, if a store can hold it: names and keys are stored as
+    given and matched exactly, so a NUL or a lone surrogate is a ``ValueError`` (a
+    replacement could make two keys one)."""
+    if value is None:
+        return value
+    if "\x00" in value:
         raise ValueError("must not contain NUL characters (\\x00)")
+    return _refuse_surrogates(value)
+
+
+def _refuse_surrogates(value: str) -> str:
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"must be valid Unicode text: {value[exc.start]!r} at position {exc.start} "
+                f"is a lone surrogate (undecodable bytes?), which cannot be stored"
+            ) from None
     return value
 
 
@@ -449,16 +475,19 @@ class JobFilter(_Model):
     def _no_nul(cls, value: str | None) -> str | None:
         # No stored name or key holds one (refused at enqueue): Postgres raised a driver
         # error, the in-memory backend matched nothing.
-        return _refuse_nul(value)
+        return check_key_text(value)
 
     @field_validator("tags")
     @classmethod
     def _no_nul_in_tags(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if any("\x00" in tag for tag in value):
-            raise ValueError(
-                "must not contain NUL characters (\\x00): a tag is stored with each NUL "
-                "replaced by U+FFFD; search for that"
-            )
+        for tag in value:
+            try:
+                check_key_text(tag)
+            except ValueError as exc:
+                raise ValueError(
+                    f"{exc}: a tag is stored with each NUL or lone surrogate replaced by "
+                    f"U+FFFD; search for that"
+                ) from None
         return value
 
     @model_validator(mode="after")
@@ -577,6 +606,11 @@ class ScheduleCreateArgs(_Model):
     options: JsonDict = Field(default_factory=dict)
     """Enqueue options for each fired job (priority, max_attempts, …)."""
 
+    @field_validator("name", "actor", "queue")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        return check_key_text(value)
+
     @field_validator("cron")
     @classmethod
     def _valid_cron(cls, value: str) -> str:
@@ -597,6 +631,11 @@ class ScheduleUpdateArgs(_Model):
     timezone: str | None = None
     enabled: bool | None = None
     options: JsonDict | None = None
+
+    @field_validator("queue")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        return check_key_text(value)
 
     @field_validator("cron")
     @classmethod

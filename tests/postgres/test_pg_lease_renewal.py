@@ -1,6 +1,7 @@
 """A job row another transaction holds does not stop the renewal of the worker's other
 leases: the heartbeat skips it instead of waiting, so the reclaim sweep does not take
-(and run again) the jobs whose rows nobody held."""
+(and run again) the jobs whose rows nobody held; nor does it take the held one, or any
+job of a live worker after a table lock, once the lock ends."""
 
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ async def slow(payload: dict[str, Any], ctx: Any) -> None:
 async def test_the_other_jobs_of_a_worker_are_not_reclaimed(pg_schema: PgSchema) -> None:
     # A 2 s lease, and one job's row held for 3 s: the heartbeat waited on that row,
     # renewed nothing, and the reclaim sweep took the worker's other job, which the
-    # same live worker then ran again in full.
+    # same live worker then ran again in full. Then the held one: its lease lapsed while
+    # the row was held, and the sweep took it as crashed the moment the row was free.
     settings = {
         "poll_interval": "100ms",
         "heartbeat_interval": "100ms",
@@ -110,11 +112,46 @@ async def test_the_other_jobs_of_a_worker_are_not_reclaimed(pg_schema: PgSchema)
             finally:
                 await rival.close()
             await tq.client.wait_for_result(other.id, timeout=10)
-        attempts = await tq.client.get_attempts(other.id)
-        row = await tq.client.get(other.id)
-    assert row is not None and row.status is JobStatus.SUCCEEDED
-    assert [a.outcome for a in attempts] == ["succeeded"]
-    assert RUNS[other.id] == 1
+            await tq.client.wait_for_result(held.id, timeout=10)
+        for job in (other, held):
+            attempts = await tq.client.get_attempts(job.id)
+            row = await tq.client.get(job.id)
+            assert row is not None and row.status is JobStatus.SUCCEEDED
+            assert [a.outcome for a in attempts] == ["succeeded"]
+            assert RUNS[job.id] == 1
+
+
+async def test_a_table_locked_past_the_lease_reclaims_nothing(pg_schema: PgSchema) -> None:
+    # A migration or an operator's LOCK TABLE stalls every renewal and every sweep;
+    # once it ends, the sweep took every running job of the live workers as crashed.
+    settings = {
+        "poll_interval": "100ms",
+        "heartbeat_interval": "100ms",
+        "lock_lease": "1s",
+        "maintenance_interval": "50ms",
+        "dispatcher_command_timeout": "200ms",
+        "watchdog_enabled": False,  # the stalled ticks are the point here
+    }
+    tq = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=[slow])
+    async with tq:
+        jobs = [await tq.client.enqueue(slow, {"seconds": 3}) for _ in range(2)]
+        async with running(tq, settings):
+            async with asyncio.timeout(5):
+                while sum(RUNS[job.id] for job in jobs) < 2:  # noqa: ASYNC110 - the actors' own count
+                    await asyncio.sleep(0.02)
+            rival: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+            try:
+                await rival.execute("BEGIN")
+                await rival.execute(f"LOCK TABLE {pg_schema.name}.jobs IN EXCLUSIVE MODE")
+                await asyncio.sleep(1.5)
+            finally:
+                await rival.close()
+            for job in jobs:
+                await tq.client.wait_for_result(job.id, timeout=10)
+        for job in jobs:
+            attempts = await tq.client.get_attempts(job.id)
+            assert [a.outcome for a in attempts] == ["succeeded"]
+            assert RUNS[job.id] == 1
 
 
 ACTIVE: Counter[UUID] = Counter()

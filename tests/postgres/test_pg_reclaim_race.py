@@ -153,7 +153,9 @@ async def test_progress_waiting_on_a_reclaim_does_not_land_on_the_reclaimed_job(
     try:
         reclaim = sweeper.transaction()
         await reclaim.start()
-        moved = await sweeper.fetchrow(backend._sql.reclaim_expired_locks, timedelta(0), None, 10)
+        moved = await sweeper.fetchrow(
+            backend._sql.reclaim_expired_locks, timedelta(0), None, None, 10
+        )
         assert moved is not None and moved["changed"] == 1
         writing = asyncio.create_task(
             backend.record_progress(job.id, worker, 9, {"step": 9}, attempt=job.attempt)

@@ -1318,12 +1318,21 @@ class PostgresBackend:
         """Fail pending/scheduled jobs whose ``schedule_to_close`` deadline passed."""
         return await self._in_turns(self._sql.deadline_sweep)
 
-    async def reclaim_expired_locks(self, cancel_grace: timedelta, cleanup_grace: timedelta) -> int:
+    async def reclaim_expired_locks(
+        self,
+        cancel_grace: timedelta,
+        cleanup_grace: timedelta,
+        *,
+        worker_silence: timedelta | None = None,
+    ) -> int:
         """Reclaim running jobs whose lease expired (cancelled / pending / crashed); a job
         with a cancel in progress waits ``cancel_grace + cleanup_grace +
-        cancel_reclaim_headroom`` past its lease. One wake per turn that reclaimed any."""
+        cancel_reclaim_headroom`` past its lease; with ``worker_silence``, a job whose
+        worker was seen within it is left. One wake per turn that reclaimed any."""
         cancel_wait = cancel_grace + cleanup_grace + self.cancel_reclaim_headroom
-        return await self._in_turns(self._sql.reclaim_expired_locks, cancel_wait, self._wake_to)
+        return await self._in_turns(
+            self._sql.reclaim_expired_locks, cancel_wait, self._wake_to, worker_silence
+        )
 
     # -- reads -----------------------------------------------------------------------------
     async def get(self, job_id: JobId) -> JobRow | None:

@@ -7,6 +7,7 @@ is inside the Postgres sweep statements.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -54,8 +55,11 @@ def fail_past_deadline(store: JobStore, now: datetime) -> int:
     return len(late)
 
 
-def reclaim_expired(store: JobStore, now: datetime, cancel_wait: timedelta) -> int:
-    """Reclaim running jobs whose lock lease expired: their worker is presumed dead.
+def reclaim_expired(
+    store: JobStore, now: datetime, cancel_wait: timedelta, alive: Collection[UUID] = ()
+) -> int:
+    """Reclaim running jobs whose lock lease expired: their worker is presumed dead,
+    unless it is one of the ``alive`` (seen lately: another transaction held the row).
 
     A job with a cancel in progress may outlive its lease while the actor
     cleans up, so it is reclaimed only ``cancel_wait`` after the lease ended.
@@ -69,6 +73,7 @@ def reclaim_expired(store: JobStore, now: datetime, cancel_wait: timedelta) -> i
         and row.lock_expires_at is not None
         and row.lock_expires_at < now
         and (row.cancel_phase == CancelPhase.NONE or row.lock_expires_at + cancel_wait < now)
+        and row.locked_by_worker not in alive
     ]
     for row in expired:
         changes: dict[str, Any] = {}

@@ -100,7 +100,8 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     meta-filter; get_actor_max_pending required; mark_succeeded(_with_conn)
 #     gained fallback_result_ttl; terminal writes gained the keyword-only
 #     `attempt` fence; open/close, register_actors and configure_queue made
-#     explicit so every state is reachable through the protocol.
+#     explicit so every state is reachable through the protocol;
+#     reclaim_expired_locks gained the keyword-only `worker_silence`.
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck.
@@ -381,11 +382,21 @@ class Backend(Protocol):
         """Fail pending/scheduled jobs whose ``schedule_to_close`` deadline passed."""
         ...
 
-    async def reclaim_expired_locks(self, cancel_grace: timedelta, cleanup_grace: timedelta) -> int:
+    async def reclaim_expired_locks(
+        self,
+        cancel_grace: timedelta,
+        cleanup_grace: timedelta,
+        *,
+        worker_silence: timedelta | None = None,
+    ) -> int:
         """Reclaim running jobs whose lease expired: cancel requested -> ``cancelled``;
         attempts left -> ``pending``; none left -> ``crashed``. Jobs with a cancel in
         progress get ``cancel_grace + cleanup_grace`` plus the backend's headroom first.
-        Each reclaim writes a ``reclaimed`` outbox event and a ``crashed`` attempt."""
+        Each reclaim writes a ``reclaimed`` outbox event and a ``crashed`` attempt.
+
+        With ``worker_silence`` (a backend with a worker registry), a job whose worker's
+        row was touched within it is left: that worker is alive, and its lease lapsed
+        only because another transaction held the job's row (or the table) past it."""
         ...
 
     # -- reads -------------------------------------------------------------

@@ -814,12 +814,29 @@ class InMemoryBackend:
         """Fail pending/scheduled jobs whose ``schedule_to_close`` deadline passed."""
         return fail_past_deadline(self._store, self.clock.now())
 
-    async def reclaim_expired_locks(self, cancel_grace: timedelta, cleanup_grace: timedelta) -> int:
+    async def reclaim_expired_locks(
+        self,
+        cancel_grace: timedelta,
+        cleanup_grace: timedelta,
+        *,
+        worker_silence: timedelta | None = None,
+    ) -> int:
         """Reclaim running jobs whose lease expired: cancel requested -> ``cancelled``,
         attempts left -> ``pending``, else ``crashed``. A job with a cancel in progress
-        waits ``cancel_grace + cleanup_grace + cancel_reclaim_headroom`` past its lease."""
+        waits ``cancel_grace + cleanup_grace + cancel_reclaim_headroom`` past its lease;
+        with ``worker_silence``, a job whose worker was seen within it is left."""
         cancel_wait = cancel_grace + cleanup_grace + self.cancel_reclaim_headroom
-        return reclaim_expired(self._store, self.clock.now(), cancel_wait)
+        now = self.clock.now()
+        alive = (
+            frozenset()
+            if worker_silence is None
+            else frozenset(
+                wid
+                for wid, seen in self.workers.items()
+                if seen.last_seen_at > now - worker_silence
+            )
+        )
+        return reclaim_expired(self._store, now, cancel_wait, alive)
 
     async def sweep_expired_results(self) -> int:
         """Clear the result of every job whose ``result_expires_at`` has passed

@@ -48,6 +48,13 @@ async def heartbeat_once(state: WorkerState) -> None:
     """One tick: renew leases and this worker's registry row, drop lost jobs, advance
     cancellations."""
     backend, wid = state.backend, state.worker_id
+    # First, on the workers table: a lock held on the jobs table (a migration, an
+    # operator's LOCK TABLE) stalls the renewal below past this tick's bound, and the
+    # reclaim sweep leaves the jobs of a worker seen within a lease.
+    if isinstance(backend, SupportsWorkerRegistry) and not await backend.touch_worker(wid):
+        # Swept as stale (this worker stalled past stale_worker_after): show it again.
+        _log.warning("taskq.worker-row-restored", worker_id=str(wid))
+        await state.register()
     held = dict(state.active)
     sent = asyncio.get_running_loop().time()
     renewal = await _renew(state, held)
@@ -58,10 +65,6 @@ async def heartbeat_once(state: WorkerState) -> None:
         # the producer looks, between two dispatches.
         state.unheard_suspected = True
     await backend.extend_reservation_leases(wid, state.settings.lock_lease)
-    if isinstance(backend, SupportsWorkerRegistry) and not await backend.touch_worker(wid):
-        # Swept as stale (this worker stalled past stale_worker_after): show it again.
-        _log.warning("taskq.worker-row-restored", worker_id=str(wid))
-        await state.register()
     for job_id in renewal.look_at:
         active = held[job_id]
         row = await backend.get(job_id)

@@ -50,7 +50,14 @@ async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
     }
     if reclaim:
         moved["reclaimed"] = await backend.reclaim_expired_locks(
-            settings.cancellation_grace_period, settings.cleanup_grace_period
+            settings.cancellation_grace_period,
+            settings.cleanup_grace_period,
+            # A worker that touched its row within a lease is alive (it touches each
+            # heartbeat, before renewing): a lock held past the lease kept it from
+            # renewing, and its jobs run on.
+            worker_silence=settings.lock_lease
+            if isinstance(backend, SupportsWorkerRegistry)
+            else None,
         )
     if isinstance(backend, SupportsWorkerRegistry):
         moved["stale_workers"] = await backend.cleanup_stale_workers(settings.stale_worker_after)

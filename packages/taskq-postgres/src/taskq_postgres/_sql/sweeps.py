@@ -104,19 +104,25 @@ RECLAIM_EXPIRED_LOCKS: Final = TransitionSQL.of(
     _S.RUNNING,
     (_S.CANCELLED, _S.PENDING, _S.CRASHED),
     """
--- arbiter: clock_timestamp() (lease expiry lock_expires_at < now; the cancel wait past it)
+-- arbiter: clock_timestamp() (lease expiry lock_expires_at < now; the cancel wait past it;
+-- the worker's silence last_seen_at <= now - $3)
 -- $1 the wait a job with a cancel in progress gets past its lease (cancel grace +
--- cleanup grace + headroom), $2 wake channel. A cancel requested -> cancelled;
+-- cleanup grace + headroom), $2 wake channel, $3 the worker silence (or NULL): a job
+-- whose worker touched its row within it is alive, its lease lapsed only while another
+-- transaction held the row or the table. A cancel requested -> cancelled;
 -- attempts left -> pending; else crashed. Each reclaim writes a crashed attempt
 -- and one reclaimed event (the outbox poll_reclaim_events reads), and the statement
--- sends one notify when anything was reclaimed. $3: the most jobs per statement.
+-- sends one notify when anything was reclaimed. $4: the most jobs per statement.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 expired AS (
     SELECT j.id, j.attempt, j.max_attempts, j.locked_by_worker, j.started_at, j.cancel_phase
     FROM {schema}.jobs j CROSS JOIN now n
     WHERE j.status = 'running' AND j.lock_expires_at < n.ts
       AND (j.cancel_phase = 0 OR j.lock_expires_at + $1::interval < n.ts)
-    LIMIT $3
+      AND ($3::interval IS NULL OR NOT EXISTS (
+          SELECT 1 FROM {schema}.workers w
+          WHERE w.id = j.locked_by_worker AND w.last_seen_at > n.ts - $3::interval))
+    LIMIT $4
     FOR UPDATE OF j SKIP LOCKED
 ),
 decision AS (

@@ -10,7 +10,7 @@ from uuid import uuid4
 
 import pytest
 
-from taskq.backend import Backend, JobStatus
+from taskq.backend import Backend, JobStatus, SupportsWorkerRegistry
 from taskq.models import MAX_KEY_BYTES, MAX_NAME_BYTES
 from taskq_testing.conformance._support import (
     FAR,
@@ -30,6 +30,7 @@ from taskq_testing.conformance._support import (
     only_attempt,
     reach,
     running_job,
+    skip_unless_can_wait,
     wait_for_wake,
 )
 
@@ -185,6 +186,38 @@ class SweepTests(TimeLimits):
         after = await fetch(backend, kept.id)
         assert (after.status, after.locked_by_worker) == (JobStatus.RUNNING, alive)
         assert (await fetch(backend, lost.id)).status is JobStatus.PENDING
+
+    @covers("reclaim_expired_locks", "register_worker", "touch_worker")
+    async def test_the_jobs_of_a_worker_seen_within_worker_silence_are_not_reclaimed(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # Its lease lapsed while another transaction held the row (or the table): the
+        # worker, alive all along, renews it once it can.
+        if not isinstance(backend, SupportsWorkerRegistry):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsWorkerRegistry")
+        seen, silent, unregistered = uuid4(), uuid4(), uuid4()
+        for wid in (seen, silent):
+            await backend.register_worker(wid, "host", 1, ["default"])
+        jobs = {
+            wid: await running_job(backend, worker_id=wid, lease=SHORT_LEASE)
+            for wid in (seen, silent, unregistered)
+        }
+        await expire_short_leases(advance_time)
+        assert await backend.touch_worker(seen)
+        silence = timedelta(seconds=1)  # room for a slow machine between the steps
+        assert await backend.reclaim_expired_locks(_ZERO, _ZERO, worker_silence=silence) == 1
+        assert (await fetch(backend, jobs[unregistered].id)).status is JobStatus.PENDING
+        assert await backend.get(jobs[seen].id) == jobs[seen]
+        assert await backend.get(jobs[silent].id) == jobs[silent]  # seen at registration
+        skip_unless_can_wait(silence, self.max_advance, "a worker's silence")
+        await advance_time(silence)
+        assert await backend.reclaim_expired_locks(_ZERO, _ZERO, worker_silence=silence) == 2
+        # Without worker_silence a lapsed lease is enough, the worker seen or not.
+        alive = await running_job(backend, worker_id=seen, lease=SHORT_LEASE)
+        await expire_short_leases(advance_time)
+        assert await backend.touch_worker(seen)
+        assert await backend.reclaim_expired_locks(_ZERO, _ZERO) == 1
+        assert (await fetch(backend, alive.id)).status is JobStatus.PENDING
 
     @covers("reclaim_expired_locks")
     async def test_a_cancel_in_progress_gets_both_graces_before_reclaim(

@@ -850,6 +850,38 @@ async def test_a_job_running_into_its_deadline_fails_without_another_attempt() -
         assert len(await tq.client.get_attempts(job.id)) == 1
 
 
+@actor(name="swallows_its_limit", max_attempts=1)
+async def swallows(payload: dict[str, Any]) -> str:
+    try:
+        await asyncio.sleep(5)
+    except asyncio.CancelledError:
+        await asyncio.sleep(0.3)  # ignores the limit's cancellation, then returns
+    return "done anyway"
+
+
+@pytest.mark.parametrize(
+    ("options", "error_class"),
+    [
+        ({"timeout": 0.2}, "TimeoutError"),
+        ({"schedule_to_close": timedelta(milliseconds=200)}, "DeadlineExceeded"),
+    ],
+    ids=["timeout", "deadline"],
+)
+async def test_an_actor_that_swallows_its_limits_cancellation_still_fails_by_it(
+    options: dict[str, Any], error_class: str
+) -> None:
+    # It ended succeeded, its limit never enforced (a sync actor past it failed).
+    tq = TaskQ("memory://", actors=[swallows])
+    async with tq:
+        job = await tq.client.enqueue(swallows, {}, **options)
+        await run_until_idle(tq, timeout=4)
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+    assert row is not None and row.status is JobStatus.FAILED and row.result is None
+    assert row.error is not None and row.error.error_class == error_class
+    assert [a.outcome for a in attempts] == ["failed"]
+
+
 class _NoDeadlineSweep(InMemoryBackend):
     """The leader's deadline sweep never runs: only the worker can notice a deadline."""
 

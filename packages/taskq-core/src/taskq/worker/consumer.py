@@ -509,11 +509,16 @@ async def _within(limit: _Limit | None, call: Awaitable[T]) -> T:
     deadline = asyncio.timeout(limit.seconds)
     try:
         async with deadline:
-            return await call
+            result = await call
     except TimeoutError:
         if deadline.expired():
             raise limit.expired() from None
         raise
+    if deadline.expired():
+        # The actor caught the cancellation its limit sent and returned anyway: past its
+        # limit the attempt has failed, as a sync actor's does.
+        raise limit.expired()
+    return result
 
 
 async def _call_in_thread(

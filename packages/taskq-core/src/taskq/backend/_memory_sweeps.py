@@ -80,7 +80,10 @@ def reclaim_expired(
         if row.cancel_phase >= CancelPhase.COOPERATIVE:
             # The caller asked for a cancel: honour it even with attempts left.
             to = _S.CANCELLED
-        elif row.attempt < row.max_attempts:
+        elif row.attempt < row.max_attempts and (
+            # Past its deadline a retry could only fail: none is left.
+            row.deadline_at is None or row.deadline_at > now
+        ):
             to = _S.PENDING
             changes.update(
                 scheduled_at=now, cancel_phase=CancelPhase.NONE, cancel_requested_at=None

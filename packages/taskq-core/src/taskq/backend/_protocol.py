@@ -390,9 +390,10 @@ class Backend(Protocol):
         worker_silence: timedelta | None = None,
     ) -> int:
         """Reclaim running jobs whose lease expired: cancel requested -> ``cancelled``;
-        attempts left -> ``pending``; none left -> ``crashed``. Jobs with a cancel in
-        progress get ``cancel_grace + cleanup_grace`` plus the backend's headroom first.
-        Each reclaim writes a ``reclaimed`` outbox event and a ``crashed`` attempt.
+        attempts left and the deadline not passed -> ``pending``; else ``crashed``. Jobs
+        with a cancel in progress get ``cancel_grace + cleanup_grace`` plus the backend's
+        headroom first. Each reclaim writes a ``reclaimed`` outbox event and a ``crashed``
+        attempt.
 
         With ``worker_silence`` (a backend with a worker registry), a job whose worker's
         row was touched within it is left: that worker is alive, and its lease lapsed

@@ -105,17 +105,18 @@ RECLAIM_EXPIRED_LOCKS: Final = TransitionSQL.of(
     (_S.CANCELLED, _S.PENDING, _S.CRASHED),
     """
 -- arbiter: clock_timestamp() (lease expiry lock_expires_at < now; the cancel wait past it;
--- the worker's silence last_seen_at <= now - $3)
+-- the worker's silence last_seen_at <= now - $3; a retry's room deadline > now)
 -- $1 the wait a job with a cancel in progress gets past its lease (cancel grace +
 -- cleanup grace + headroom), $2 wake channel, $3 the worker silence (or NULL): a job
 -- whose worker touched its row within it is alive, its lease lapsed only while another
--- transaction held the row or the table. A cancel requested -> cancelled;
--- attempts left -> pending; else crashed. Each reclaim writes a crashed attempt
--- and one reclaimed event (the outbox poll_reclaim_events reads), and the statement
+-- transaction held the row or the table. A cancel requested -> cancelled; attempts
+-- left before the deadline -> pending; else crashed. Each reclaim writes a crashed
+-- attempt and one reclaimed event (the outbox poll_reclaim_events reads), and the statement
 -- sends one notify when anything was reclaimed. $4: the most jobs per statement.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 expired AS (
-    SELECT j.id, j.attempt, j.max_attempts, j.locked_by_worker, j.started_at, j.cancel_phase
+    SELECT j.id, j.attempt, j.max_attempts, j.locked_by_worker, j.started_at, j.cancel_phase,
+           j.schedule_to_close_deadline AS deadline
     FROM {schema}.jobs j CROSS JOIN now n
     WHERE j.status = 'running' AND j.lock_expires_at < n.ts
       AND (j.cancel_phase = 0 OR j.lock_expires_at + $1::interval < n.ts)
@@ -129,7 +130,9 @@ decision AS (
     SELECT e.*, n.ts,
            CASE
                WHEN e.cancel_phase >= 1 THEN 'cancelled'
-               WHEN e.attempt < e.max_attempts THEN 'pending'
+               -- Past its deadline a retry could only fail: none is left.
+               WHEN e.attempt < e.max_attempts
+                    AND (e.deadline IS NULL OR e.deadline > n.ts) THEN 'pending'
                ELSE 'crashed'
            END::{schema}.job_status AS to_status,
            'worker ' || coalesce(e.locked_by_worker::text, 'None')

@@ -173,6 +173,31 @@ class SweepTests(TimeLimits):
         [again] = await backend.dispatch_batch(uuid4(), [retry.queue], 1, LONG_LEASE)
         assert (again.id, again.attempt) == (retry.id, 2)
 
+    @covers("reclaim_expired_locks", "get_attempts")
+    async def test_a_job_reclaimed_past_its_deadline_crashes_instead_of_retrying(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # It went back to pending, was dispatched again, and failed DeadlineExceeded in
+        # an attempt that ran nothing.
+        worker = uuid4()
+        late = await running_job(
+            backend,
+            worker_id=worker,
+            max_attempts=3,
+            lease=SHORT_LEASE,
+            schedule_to_close=SHORT_LEASE,
+        )
+        timely = await running_job(
+            backend, worker_id=worker, max_attempts=3, lease=SHORT_LEASE, schedule_to_close=FAR
+        )
+        await expire_short_leases(advance_time)
+        assert await backend.reclaim_expired_locks(_ZERO, _ZERO) == 2
+        after = await fetch(backend, late.id)
+        assert after.status is JobStatus.CRASHED
+        assert error_class_name(after.error) == "WorkerCrashed"
+        assert only_attempt(await backend.get_attempts(late.id)).outcome == "crashed"
+        assert (await fetch(backend, timely.id)).status is JobStatus.PENDING
+
     @covers("reclaim_expired_locks", "heartbeat_jobs")
     async def test_a_heartbeat_keeps_a_job_from_being_reclaimed(
         self, backend: Backend, advance_time: AdvanceTime

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -317,20 +318,66 @@ def test_concurrent_singletons_admit_exactly_one(pg_pooled_schema: PgSchema) -> 
             c.close()
 
 
-def test_a_lost_connection_of_its_own_is_replaced(
-    client: SyncJobsClient, pg_pooled_schema: PgSchema
-) -> None:
-    first = client.enqueue(item, {"n": 1})
-    with psycopg.connect(pg_pooled_schema.dsn, autocommit=True) as admin:
-        # This session's database only: other xdist workers have databases of their own.
+def _terminate_sync_sessions(pg: PgSchema, application_name: str = "taskq-sync/%") -> None:
+    """End this database's sessions of ``application_name`` and wait until they are gone
+    (other xdist workers have databases of their own)."""
+    with psycopg.connect(pg.dsn, autocommit=True) as admin:
         admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name LIKE 'taskq-sync/%'"
+            " WHERE datname = current_database() AND application_name LIKE %s",
+            (application_name,),
         )
-    with pytest.raises(psycopg.OperationalError):
-        client.enqueue(item, {"n": 2})  # the call that meets the loss fails: no blind retry
-    after = client.enqueue(item, {"n": 3})
-    assert {r.id for r in _stored(pg_pooled_schema)} == {first.id, after.id}
+        for _ in range(200):
+            left = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name LIKE %s",
+                (application_name,),
+            ).fetchone()
+            if left is not None and left[0] == 0:
+                return
+            time.sleep(0.01)
+        raise AssertionError("the sessions did not end")
+
+
+@pytest.mark.parametrize("cache_ttl", [5.0, 0.0], ids=["limits-cached", "limits-read"])
+def test_a_connection_of_its_own_ended_while_idle_is_replaced_before_the_call(
+    pg_pooled_schema: PgSchema, cache_ttl: float
+) -> None:
+    # A restart, an idle_session_timeout or a proxy's idle cut: the first call after it
+    # failed (the async client's did not), with a misleading warning that the limits
+    # could not be read when they were read first.
+    with SyncJobsClient(
+        pg_pooled_schema.dsn,
+        actors=ACTORS,
+        schema=pg_pooled_schema.name,
+        max_pending_cache_ttl=cache_ttl,
+    ) as client:
+        first = client.enqueue(capped, {})
+        _terminate_sync_sessions(pg_pooled_schema)
+        with structlog.testing.capture_logs() as logs:
+            second = client.enqueue(capped, {})
+    assert not [e for e in logs if e["event"] == "taskq.max-pending-read-failed"]
+    assert {r.id for r in _stored(pg_pooled_schema)} == {first.id, second.id}
+
+
+def test_a_lost_callers_connection_fails_with_the_loss_not_a_limits_warning(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    conn = psycopg.connect(pg_pooled_schema.dsn, autocommit=True, application_name="caller-x")
+    client = SyncJobsClient(
+        conn, actors=ACTORS, schema=pg_pooled_schema.name, max_pending_cache_ttl=0
+    )
+    try:
+        _terminate_sync_sessions(pg_pooled_schema, "caller-x")
+        with structlog.testing.capture_logs() as logs, pytest.raises(psycopg.OperationalError):
+            client.enqueue(capped, {})  # the caller's: its loss is the caller's to handle
+        assert not [e for e in logs if e["event"] == "taskq.max-pending-read-failed"]
+        conn.close()
+        with pytest.raises(BackendUnavailableError, match="was given is closed"):
+            client.enqueue(capped, {})
+    finally:
+        conn.close()
+    assert _stored(pg_pooled_schema) == []
 
 
 def test_a_closed_client_says_so(pg_pooled_schema: PgSchema) -> None:

@@ -10,6 +10,7 @@ validation and ``max_pending`` check of ``JobsClient`` (``taskq.args_builder``).
 from __future__ import annotations
 
 import os
+import select
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -31,7 +32,7 @@ from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, MaxPendingLimit
 from taskq.errors import MaxPendingExceededError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
-from taskq_postgres._connect import translated_errors, unmigrated
+from taskq_postgres._connect import BackendUnavailableError, translated_errors, unmigrated
 from taskq_postgres._enqueue import (
     CopyFeed,
     Plan,
@@ -53,6 +54,20 @@ _Cursor = psycopg.RawCursor[DictRow]
 
 _UNKNOWN_TYPE: Final = 0
 """The type oid psycopg looks a loader up under for a type it has none for."""
+
+
+def _dropped(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server ended an idle connection (a restart, ``idle_session_timeout``,
+    a proxy's idle cut): with nothing asked of it, its socket has something to read
+    (the server's goodbye, then the end of the stream). Told before a statement is
+    sent, the connection can be replaced with nothing lost."""
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        return False
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 class SyncJobsClient:
@@ -207,6 +222,8 @@ class SyncJobsClient:
                     r["actor"]: r["max_pending"] for r in cur.fetchall()
                 }
         except psycopg.Error as exc:
+            if self._conn.closed or self._conn.broken:
+                raise  # no enqueue can follow on it: the loss, not a limits read, is news
             read = exc
         return self._limits.update(read)
 
@@ -247,14 +264,22 @@ class SyncJobsClient:
         """This thread's turn on the connection, with a cursor taking ``$n`` parameters.
 
         A connection of its own that was lost (the server restarted, a proxy dropped
-        it) is replaced; the call that saw it fail raised, since whether its statement
-        committed cannot be known.
+        it) is replaced: before the call when the loss shows while it idles, else after
+        the call that saw it fail raised, since whether its statement committed cannot
+        be known.
         """
         with self._lock:
             # Checked holding the lock: a call that waited on a close must not reopen.
             if self._closed:
                 raise RuntimeError("this SyncJobsClient is closed; make a new one")
-            if self._dsn is not None and self._conn.closed:
+            if self._dsn is None:
+                if self._conn.closed:
+                    raise BackendUnavailableError(
+                        "the psycopg connection this SyncJobsClient was given is closed; "
+                        "give it an open one"
+                    )
+            elif self._conn.closed or _dropped(self._conn):
+                self._conn.close()
                 self._conn = self._connect()
             with psycopg.RawCursor(self._conn, row_factory=dict_row) as cur:
                 # Results in binary: psycopg reads text times and durations only in the

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any, Final, NoReturn, TypeVar, overload
 
 from pydantic_core import PydanticSerializationError, from_json, to_json
@@ -110,8 +111,29 @@ def _refuse_unreadable(text: str) -> None:
 
 
 def load_json(text: str | None) -> Any:
-    """Stored JSON text read back; None (SQL NULL) stays None."""
-    return None if text is None else from_json(text)
+    """Stored JSON text read back; None (SQL NULL) stays None. Numbers come back as
+    Postgres's ``jsonb`` keeps them (it stores decimals, written without an exponent):
+    a float of 1e16 or more is an ``int``, ``-0.0`` is ``0.0``, so a job's values
+    read the same from every backend and from the row its enqueue returned."""
+    if text is None:
+        return None
+    value = from_json(text)
+    if "e+" in text or "-0.0" in text:  # maybe only inside strings: the walk tells
+        return _as_jsonb_numbers(value)
+    return value
+
+
+def _as_jsonb_numbers(value: Any) -> Any:
+    if isinstance(value, float):
+        if value == 0.0:
+            return 0.0
+        # As jsonb: the decimal the text wrote (1e+300 is 10**300 exactly).
+        return int(Decimal(repr(value))) if abs(value) >= 1e16 else value
+    if isinstance(value, dict):
+        return {k: _as_jsonb_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_jsonb_numbers(item) for item in value]
+    return value
 
 
 def stored_json(value: _V) -> _V:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from uuid import uuid4
@@ -317,6 +318,30 @@ class EnqueueTests:
         assert await backend.enqueue_batch_fast([copied]) == 1
         for job in (one, batched, await fetch(backend, copied.id)):
             assert (job.payload, job.metadata, job.tags) == stored
+            assert await fetch(backend, job.id) == job
+
+    @covers("enqueue", "enqueue_batch", "enqueue_batch_fast", "get")
+    async def test_numbers_read_back_as_postgres_jsonb_keeps_them(self, backend: Backend) -> None:
+        # jsonb stores decimals written without an exponent: 1e16 reads back an int,
+        # -0.0 as 0.0. The in-memory backend kept the floats, and Postgres's own
+        # enqueue returned them while a later read did not.
+        sent = {"big": 1e16, "bigger": -1.5e300, "zero": -0.0, "small": 1e-7, "plain": 2.5}
+        stored = {"big": 10**16, "bigger": -15 * 10**299, "zero": 0.0, "small": 1e-7, "plain": 2.5}
+
+        def args() -> EnqueueArgs:
+            return make_args(payload=sent, metadata=sent)
+
+        one = await backend.enqueue(args())
+        [batched] = await backend.enqueue_batch([args()])
+        copied = args()
+        assert await backend.enqueue_batch_fast([copied]) == 1
+        for job in (one, batched, await fetch(backend, copied.id)):
+            for value in (job.payload, job.metadata):
+                assert value == stored
+                assert {k: type(v) for k, v in value.items()} == {
+                    k: type(v) for k, v in stored.items()
+                }
+                assert math.copysign(1.0, value["zero"]) == 1.0
             assert await fetch(backend, job.id) == job
 
     @pytest.mark.parametrize("field", ["payload", "metadata"])

@@ -192,6 +192,89 @@ async def test_an_abandoned_actor_that_returns_at_last_writes_and_blames_nothing
     assert "taskq.abandoned-job-returned" in events
 
 
+@pytest.mark.parametrize("limit", ["timeout", "deadline"])
+async def test_an_actor_that_ignores_its_limit_is_stopped_then_abandoned(limit: str) -> None:
+    # It kept its slot and its lease (renewed every heartbeat) for as long as it ran,
+    # past its timeout or deadline: for ever, for one that never returns.
+    import structlog.testing
+
+    from taskq import WorkerSettings
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    started = asyncio.Event()
+    stubborn = _outlives_cancellation(f"ignores_its_{limit}", 3.0, started)
+
+    @actor(name=f"after_the_{limit}_overrun")
+    async def quick(payload: dict[str, Any]) -> str:
+        return "ran"
+
+    tq = TaskQ("memory://", actors=[stubborn, quick])
+    async with tq:
+        options: dict[str, Any] = (
+            {"timeout": 0.1} if limit == "timeout" else {"schedule_to_close": 0.1}
+        )
+        job = await tq.client.enqueue(stubborn, {}, **options)
+        settings = {
+            **TEST_SETTINGS,
+            **_GRACES,
+            "queues": ["default"],
+            "until_idle": True,
+            "concurrency": 1,
+        }
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        with structlog.testing.capture_logs() as logs:
+            running = asyncio.create_task(worker.run())
+            await asyncio.wait_for(started.wait(), 5)
+            later = await tq.client.enqueue(quick, {})
+            # Its one slot freed by the abandonment, well before the actor's 3 s.
+            assert await tq.client.wait_for_result(later.id, timeout=2) == "ran"
+            row = await tq.client.get(job.id)
+            await asyncio.wait_for(running, 10)
+            await asyncio.gather(*worker.lingering_tasks())
+    assert row is not None and row.status is JobStatus.ABANDONED
+    assert row.cancel_reason is not None and "ran past its limit" in row.cancel_reason
+    events = [entry["event"] for entry in logs]
+    assert "taskq.job-past-its-limit" in events and "taskq.job-abandoned" in events
+
+
+async def test_a_sync_actor_past_its_timeout_is_abandoned_and_frees_its_slot() -> None:
+    # Its thread cannot be stopped; the job waited for it, holding its slot, for as
+    # long as the thread ran past the timeout.
+    import threading
+
+    from taskq import WorkerSettings
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    release = threading.Event()
+
+    @actor(name="sync_past_its_timeout", timeout=0.1)
+    def hung(payload: dict[str, Any]) -> str:
+        release.wait(10)
+        return "late"
+
+    @actor(name="after_the_sync_overrun")
+    async def quick(payload: dict[str, Any]) -> str:
+        return "ran"
+
+    tq = TaskQ("memory://", actors=[hung, quick])
+    async with tq:
+        job = await tq.client.enqueue(hung, {})
+        settings = {**TEST_SETTINGS, **_GRACES, "queues": ["default"], "concurrency": 1}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        try:
+            later = await tq.client.enqueue(quick, {})
+            assert await tq.client.wait_for_result(later.id, timeout=3) == "ran"
+            row = await tq.client.get(job.id)
+        finally:
+            release.set()
+            worker.stop()
+            await asyncio.wait_for(running, 10)
+    assert row is not None and row.status is JobStatus.ABANDONED
+
+
 async def test_a_job_a_stop_left_behind_writes_nothing_when_its_actor_returns() -> None:
     import structlog.testing
 

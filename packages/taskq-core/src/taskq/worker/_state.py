@@ -50,6 +50,11 @@ class ActiveJob:
     outcome is being written), or the slot was freed."""
     # Made only for those who wait (shutdown): a future per job is a loop turn per job.
     _freed: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
+    limit_at: float | None = None
+    """Loop time when the attempt's limit (its timeout, or its deadline) runs out. Still
+    running a cleanup grace past it, the actor ignored the limit's cancellation (or a
+    sync actor's thread runs on): the worker cancels it as a user's cancel would, and
+    abandons it if it still does not stop."""
     cancel_requested: bool = False
     """A user asked to cancel this job."""
     cancel_phase: CancelPhase = CancelPhase.NONE

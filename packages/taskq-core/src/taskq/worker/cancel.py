@@ -79,6 +79,7 @@ class _CancelController:
                     active.task.cancel()
         grace = state.settings.cancellation_grace_period.total_seconds()
         cleanup = grace + state.settings.cleanup_grace_period.total_seconds()
+        await self._stop_overruns(loop.time(), grace)
         for job_id, active in list(state.active.items()):
             # Not a job whose actor returned (its outcome write may be retrying through a
             # blip: cancelling it lost the result and ran the job again), nor one whose
@@ -104,6 +105,41 @@ class _CancelController:
             elif active.cancel_phase is CancelPhase.FORCED and waited >= cleanup:
                 active.cancel_phase = CancelPhase.ABANDON_PENDING
                 self._pending_abandons.append(job_id)
+
+    async def _stop_overruns(self, now: float, grace: float) -> None:
+        """Cancel, as a user would, each job still running a cleanup grace past its
+        limit: an async actor that swallowed the limit's cancellation, or a sync actor's
+        thread. Its limit's cancellation was its cooperative phase: it is forced at
+        once, and abandoned if it outlasts the cleanup grace (a job that runs on past
+        its limit held its slot and its lease for ever)."""
+        state = self._state
+        cleanup = state.settings.cleanup_grace_period.total_seconds()
+        for job_id, active in list(state.active.items()):
+            if (
+                active.limit_at is None
+                or now < active.limit_at + cleanup
+                or active.cancel_phase is not CancelPhase.NONE
+                or active.task is None
+                or active.task.done()
+                or active.settling
+                or active.lost
+                or active.interrupted  # a stop's own phases handle it
+                or active.fenced
+            ):
+                continue
+            reason = "the actor ran past its limit (timeout or deadline) and did not stop"
+            if not await state.backend.write_cancel_request(job_id, reason):
+                continue
+            active.cancel_requested = True
+            active.cancel_phase = CancelPhase.COOPERATIVE
+            active.cancel_observed_at = now - grace
+            if active.ctx is not None:
+                active.ctx.cancel_event.set()
+            _log.warning(
+                "taskq.job-past-its-limit",
+                job_id=str(job_id),
+                seconds_past=round(now - active.limit_at, 3),
+            )
 
     async def run_post_tick(self) -> None:
         state = self._state

@@ -217,6 +217,8 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         _settle_unstarted(state, active)
         await _fail_with(state, row, DEADLINE_EXCEEDED, retry_delay=None, ctx=ctx)
         return
+    if active is not None and limit is not None:
+        active.limit_at = asyncio.get_running_loop().time() + limit.seconds
     _log.debug("taskq.job-started")
     try:
         try:

@@ -30,6 +30,7 @@ from taskq.backend.statemachine import (
 )
 
 __all__ = [
+    "FREE_OUTCOMES",
     "INT32_MAX",
     "INT32_MIN",
     "MAX_DURATION",
@@ -80,6 +81,12 @@ AttemptOutcome: TypeAlias = Literal[
 """What happened to one execution attempt (``job_attempts.outcome``). ``interrupted``:
 handed back by a stopping worker; ``unknown_actor``: handed back unrun by a worker
 that does not have the job's actor (a rolling deploy); neither uses an attempt."""
+
+FREE_OUTCOMES: Final[frozenset[str]] = frozenset(
+    {"snoozed", "rate_limit_denied", "reservation_denied", "interrupted", "unknown_actor"}
+)
+"""The outcomes that do not use an attempt: the job runs again with ``max_attempts``
+raised by one, so its ``attempt`` number grows without bringing it nearer its end."""
 
 EventKind: TypeAlias = Literal[
     "state_change",

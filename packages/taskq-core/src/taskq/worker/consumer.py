@@ -33,7 +33,14 @@ from taskq.errors import (
     WorkerOwnershipMismatch,
 )
 from taskq.logs import bind_job_fields
-from taskq.models import DEADLINE_EXCEEDED, ErrorInfo, JobRow, SuccessWrite, from_valid_values
+from taskq.models import (
+    DEADLINE_EXCEEDED,
+    FREE_OUTCOMES,
+    ErrorInfo,
+    JobRow,
+    SuccessWrite,
+    from_valid_values,
+)
 from taskq.signals import RetryAfter, Snooze
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
@@ -231,7 +238,12 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
             return
         if active is not None and active.fenced and state.active.get(row.id) is active:
             await _fail(
-                state, row, _lease_lost(state), actor.retry.delay(row.attempt), ctx, fenced=True
+                state,
+                row,
+                _lease_lost(state),
+                actor.retry.delay(await _used_attempts(state, row)),
+                ctx,
+                fenced=True,
             )
             return
         task = asyncio.current_task()
@@ -302,7 +314,23 @@ async def _raised(
     # The backend fails a job whose attempts are spent; this only names it in the log.
     final = "fail" if row.attempt >= row.max_attempts else "retry"
     _log.info("taskq.job-raised", error=repr(exc), decision=final)
-    await _fail(state, row, exc, retry_delay=actor.retry.delay(row.attempt), ctx=ctx)
+    delay = actor.retry.delay(await _used_attempts(state, row))
+    await _fail(state, row, exc, retry_delay=delay, ctx=ctx)
+
+
+async def _used_attempts(state: WorkerState, row: JobRow) -> int:
+    """Which attempt of the job this is, counting only those that used one: the number
+    its backoff takes. A snooze or a hand-back runs the job again without using one,
+    yet its ``attempt`` number grows (ten snoozes put a first failure off by 17
+    minutes, not a second). Read from its history, so only from a second attempt on."""
+    if row.attempt <= 1:
+        return row.attempt
+    try:
+        attempts = await state.backend.get_attempts(row.id)
+    except transient_errors():
+        return row.attempt  # a longer wait than due, rather than none
+    free = sum(1 for a in attempts if a.attempt < row.attempt and a.outcome in FREE_OUTCOMES)
+    return max(row.attempt - free, 1)
 
 
 async def _reschedule(

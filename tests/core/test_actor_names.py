@@ -65,7 +65,7 @@ def test_an_empty_name_is_refused() -> None:
         ({"max_pending": 2.5}, "max_pending must be a whole number between 0"),
         ({"max_pending": True}, "max_pending must be a whole number"),
         ({"identity_key": "id"}, r"identity_key must be callable \(payload -> key"),
-        ({"retry_backoff": "exp"}, r"retry_backoff must be callable \(a taskq.retry policy"),
+        ({"retry_backoff": "exp"}, r"retry_backoff must be callable \(a taskq.retry backoff"),
     ],
 )
 def test_options_no_enqueue_could_take_are_refused_at_the_decoration(

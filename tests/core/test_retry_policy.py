@@ -4,12 +4,14 @@ no delay can put a job off by more than a century (its times must stay readable)
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
-from taskq import ExponentialBackoff, RetryAfter, Snooze
+from taskq import ExponentialBackoff, RetryAfter, Snooze, actor
+from taskq.errors import ConfigurationError
 from taskq.models import MAX_DURATION
-from taskq.retry import RetryPolicy
+from taskq.retry import FixedBackoff, RetryPolicy
 
 
 @pytest.mark.parametrize("attempt", [1, 2, 12, 1025, 10**6])
@@ -53,6 +55,42 @@ def test_a_custom_backoffs_delay_is_kept_within_zero_and_a_century(
     returned: timedelta, kept: timedelta
 ) -> None:
     assert RetryPolicy(lambda attempt: returned).delay(1) == kept
+
+
+@pytest.mark.parametrize(
+    ("backoff", "first", "third"),
+    [
+        (lambda attempt: 0, timedelta(0), timedelta(0)),
+        (lambda attempt: 2**attempt, timedelta(seconds=2), timedelta(seconds=8)),
+        (lambda attempt: 0.5, timedelta(seconds=0.5), timedelta(seconds=0.5)),
+        (FixedBackoff(5), timedelta(seconds=5), timedelta(seconds=5)),  # type: ignore[arg-type]
+        (
+            RetryPolicy(FixedBackoff(timedelta(seconds=3))),
+            timedelta(seconds=3),
+            timedelta(seconds=3),
+        ),
+    ],
+    ids=["zero", "seconds", "fraction", "fixed-seconds", "a-policy"],
+)
+def test_a_backoff_may_give_seconds_and_a_policy_is_a_backoff(
+    backoff: Any, first: timedelta, third: timedelta
+) -> None:
+    # Each was accepted by @actor, then failed the job at its first error with a
+    # TypeError (OutcomeNotRecorded), the actor's own error lost; a RetryPolicy was
+    # refused though the message asked for "a taskq.retry policy".
+    @actor(name="backoff.in_seconds", retry_backoff=backoff)
+    async def job(payload: dict[str, Any]) -> None: ...
+
+    assert (job.retry.delay(1), job.retry.delay(3)) == (first, third)
+    assert ExponentialBackoff(base=2, maximum=60).base == timedelta(seconds=2)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("returned", ["soon", None, float("nan"), True])
+def test_a_backoff_giving_no_delay_is_refused_where_the_actor_is_defined(returned: Any) -> None:
+    with pytest.raises(ConfigurationError, match="must be a timedelta or a number of seconds"):
+
+        @actor(name="backoff.garbage", retry_backoff=lambda attempt: returned)
+        async def job(payload: dict[str, Any]) -> None: ...
 
 
 @pytest.mark.parametrize("signal", [Snooze, RetryAfter])

@@ -66,7 +66,9 @@ class ActorOptions:
     queue: str = "default"
     priority: int = 0
     max_attempts: int = 3
-    retry_backoff: Backoff | Callable[[int], timedelta] = field(default_factory=ExponentialBackoff)
+    retry_backoff: Backoff | Callable[[int], timedelta | float] = field(
+        default_factory=ExponentialBackoff
+    )
     timeout: timedelta | None = None
     schedule_to_close: timedelta | None = None
     max_concurrent: int | None = None
@@ -197,7 +199,7 @@ def actor(
     queue: str = "default",
     priority: int = 0,
     max_attempts: int = 3,
-    retry_backoff: Backoff | Callable[[int], timedelta] | None = None,
+    retry_backoff: Backoff | Callable[[int], timedelta | float] | None = None,
     timeout: timedelta | float | None = None,
     schedule_to_close: timedelta | float | None = None,
     max_concurrent: int | None = None,
@@ -213,7 +215,7 @@ def actor(
     queue: str = "default",
     priority: int = 0,
     max_attempts: int = 3,
-    retry_backoff: Backoff | Callable[[int], timedelta] | None = None,
+    retry_backoff: Backoff | Callable[[int], timedelta | float] | None = None,
     timeout: timedelta | float | None = None,
     schedule_to_close: timedelta | float | None = None,
     max_concurrent: int | None = None,
@@ -254,11 +256,18 @@ def actor(
                 f"got {value!r}"
             )
     for option, given, shape in (
-        ("retry_backoff", retry_backoff, "a taskq.retry policy, or attempt -> timedelta"),
+        ("retry_backoff", retry_backoff, "a taskq.retry backoff, or attempt -> delay"),
         ("identity_key", identity_key, "payload -> key or None"),
     ):
         if given is not None and not callable(given):
             raise ConfigurationError(f"@actor {option} must be callable ({shape}), got {given!r}")
+    if retry_backoff is not None:
+        # Tried once now: a backoff giving something else than a delay was accepted, then
+        # failed the job at its first error, the actor's own error lost.
+        try:
+            RetryPolicy(retry_backoff).delay(1)
+        except TypeError as exc:
+            raise ConfigurationError(f"@actor retry_backoff: {exc}") from None
 
     def decorate(func: Callable[P, R]) -> Actor[P, R]:
         options = ActorOptions(

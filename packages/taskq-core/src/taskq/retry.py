@@ -30,9 +30,19 @@ __all__ = [
 
 
 class Backoff(Protocol):
-    """Delay before the retry that follows failed attempt number ``attempt`` (1-based)."""
+    """Delay before the retry that follows failed attempt number ``attempt`` (1-based):
+    a ``timedelta``, or a number of seconds."""
 
-    def __call__(self, attempt: int) -> timedelta: ...
+    def __call__(self, attempt: int) -> timedelta | float: ...
+
+
+def _duration(value: object, what: str) -> timedelta:
+    """``value`` as a timedelta: one as it is, a number as seconds; else ``TypeError``."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return timedelta(seconds=min(value, MAX_DURATION.total_seconds()))
+    raise TypeError(f"{what} must be a timedelta or a number of seconds, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,8 @@ class ExponentialBackoff:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
+        for name in ("base", "maximum"):
+            object.__setattr__(self, name, _duration(getattr(self, name), f"{name}"))
         # Written so that a NaN fails each test.
         if not (
             self.base >= timedelta(0)
@@ -79,18 +91,25 @@ class FixedBackoff:
 
     delay: timedelta = timedelta(seconds=5)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "delay", _duration(self.delay, "FixedBackoff delay"))
+
     def __call__(self, attempt: int) -> timedelta:
         return self.delay
 
 
 class RetryPolicy:
-    """The delay before retrying a job whose actor raised."""
+    """The delay before retrying a job whose actor raised. Itself a backoff (an actor's
+    ``retry_backoff`` may be one)."""
 
-    def __init__(self, backoff: Backoff | Callable[[int], timedelta] | None = None) -> None:
+    def __init__(self, backoff: Backoff | Callable[[int], timedelta | float] | None = None) -> None:
         self._backoff = backoff if backoff is not None else ExponentialBackoff()
 
     def delay(self, attempt: int) -> timedelta:
         """The backoff after the failure of attempt ``attempt`` (1-based), kept between 0
         and :data:`~taskq.models.MAX_DURATION` (a custom one may say anything; a job
-        cannot be put off by more than a century)."""
-        return min(max(self._backoff(attempt), timedelta(0)), MAX_DURATION)
+        cannot be put off by more than a century); a number is seconds."""
+        given = _duration(self._backoff(attempt), "a retry_backoff's delay")
+        return min(max(given, timedelta(0)), MAX_DURATION)
+
+    __call__ = delay

@@ -93,6 +93,12 @@ class AsyncCallable:
         (service_async_generator, Lifecycle.ASYNC_GENERATOR),
         (service_context, Lifecycle.CONTEXT_MANAGER),
         (service_async_context, Lifecycle.ASYNC_CONTEXT_MANAGER),
+        # A partial binding options of one was a plain factory: never entered.
+        (functools.partial(service_context), Lifecycle.CONTEXT_MANAGER),
+        (
+            functools.partial(functools.partial(service_async_context)),
+            Lifecycle.ASYNC_CONTEXT_MANAGER,
+        ),
         # A class is constructed, never entered, even if it is a context manager.
         (Client, Lifecycle.FACTORY),
         (asyncio.Lock, Lifecycle.FACTORY),
@@ -157,6 +163,20 @@ async def test_every_factory_shape_gets_its_dependencies_injected(
     assert isinstance(value, Service)
     assert value.config is config
     await container.aclose()
+
+
+async def test_a_plain_function_returning_an_awaitable_is_a_clear_error(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    # A lambda around an async function: the actor was handed the coroutine itself.
+    registry.register_value(Config, Config())
+
+    def wrapper(config: Config) -> object:
+        return make_service_async(config)
+
+    registry.register(Service, wrapper)
+    with pytest.raises(TypeError, match="returned an awaitable, not a value"):
+        await _resolve(registry, Service, containers)
 
 
 async def test_generator_code_after_yield_is_the_teardown(

@@ -73,7 +73,10 @@ def detect_lifecycle(provider: Callable[..., object]) -> Lifecycle:
         return Lifecycle.GENERATOR
     if inspect.iscoroutinefunction(shape):
         return Lifecycle.ASYNC_FACTORY
-    # @asynccontextmanager / @contextmanager keep the generator in __wrapped__.
+    # @asynccontextmanager / @contextmanager keep the generator in __wrapped__ (of the
+    # function a partial binds: unwrap does not look inside a partial).
+    while isinstance(shape, functools.partial):
+        shape = shape.func
     wrapped = inspect.unwrap(shape)
     if inspect.isasyncgenfunction(wrapped):
         return Lifecycle.ASYNC_CONTEXT_MANAGER
@@ -90,7 +93,16 @@ def enter_sync(
         return provider, None
     factory = cast("Callable[..., Any]", provider)
     if lifecycle is Lifecycle.FACTORY:
-        return factory(**kwargs), None
+        value = factory(**kwargs)
+        if inspect.isawaitable(value):
+            if inspect.iscoroutine(value):
+                value.close()  # never awaited: no "never awaited" warning either
+            raise TypeError(
+                f"provider {provider!r} returned an awaitable, not a value: a plain function "
+                f"(a lambda) around an async one cannot be awaited here; register the "
+                f"async function itself, or a functools.partial of it"
+            )
+        return value, None
     if lifecycle is Lifecycle.GENERATOR:
         generator: Generator[object] = factory(**kwargs)
         try:

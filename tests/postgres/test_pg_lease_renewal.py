@@ -121,9 +121,18 @@ async def test_the_other_jobs_of_a_worker_are_not_reclaimed(pg_schema: PgSchema)
             assert RUNS[job.id] == 1
 
 
-async def test_a_table_locked_past_the_lease_reclaims_nothing(pg_schema: PgSchema) -> None:
+@pytest.mark.parametrize(
+    ("table", "mode"),
+    [("jobs", "EXCLUSIVE"), ("workers", "SHARE"), ("workers", "ACCESS EXCLUSIVE")],
+    ids=["jobs", "workers-share", "workers-access-exclusive"],
+)
+async def test_a_table_locked_past_the_lease_reclaims_nothing(
+    pg_schema: PgSchema, table: str, mode: str
+) -> None:
     # A migration or an operator's LOCK TABLE stalls every renewal and every sweep;
     # once it ends, the sweep took every running job of the live workers as crashed.
+    # On the workers table (a CREATE INDEX takes SHARE), a touch sent before the
+    # renewal held it up: the job ran three times.
     settings = {
         "poll_interval": "100ms",
         "heartbeat_interval": "100ms",
@@ -142,7 +151,7 @@ async def test_a_table_locked_past_the_lease_reclaims_nothing(pg_schema: PgSchem
             rival: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
             try:
                 await rival.execute("BEGIN")
-                await rival.execute(f"LOCK TABLE {pg_schema.name}.jobs IN EXCLUSIVE MODE")
+                await rival.execute(f"LOCK TABLE {pg_schema.name}.{table} IN {mode} MODE")
                 await asyncio.sleep(1.5)
             finally:
                 await rival.close()

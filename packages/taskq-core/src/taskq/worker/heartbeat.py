@@ -48,16 +48,24 @@ async def heartbeat_once(state: WorkerState) -> None:
     """One tick: renew leases and this worker's registry row, drop lost jobs, advance
     cancellations."""
     backend, wid = state.backend, state.worker_id
-    # First, on the workers table: a lock held on the jobs table (a migration, an
-    # operator's LOCK TABLE) stalls the renewal below past this tick's bound, and the
-    # reclaim sweep leaves the jobs of a worker seen within a lease.
-    if isinstance(backend, SupportsWorkerRegistry) and not await backend.touch_worker(wid):
-        # Swept as stale (this worker stalled past stale_worker_after): show it again.
-        _log.warning("taskq.worker-row-restored", worker_id=str(wid))
-        await state.register()
     held = dict(state.active)
     sent = asyncio.get_running_loop().time()
-    renewal = await _renew(state, held)
+    if isinstance(backend, SupportsWorkerRegistry):
+        # Side by side, each on a connection of its own: a lock held on either table (a
+        # migration, an operator's LOCK TABLE, a CREATE INDEX) past this tick's bound
+        # stalls one, not both. The reclaim sweep leaves the jobs of a worker seen
+        # within a lease, so a renewal held up on the jobs table loses nothing, and one
+        # held up by a touch would lose them all.
+        renewed, touched = await asyncio.gather(
+            _renew(state, held), _touch(state, backend), return_exceptions=True
+        )
+        for outcome in (renewed, touched):
+            if isinstance(outcome, BaseException):
+                raise outcome
+        assert isinstance(renewed, _Renewal)
+        renewal = renewed
+    else:
+        renewal = await _renew(state, held)
     for job_id in renewal.renewed:  # held before the renewal was sent: renewed from then
         held[job_id].lease_from = max(held[job_id].lease_from, sent)
     if renewal.unheard:
@@ -84,6 +92,13 @@ async def heartbeat_once(state: WorkerState) -> None:
             state.release(job_id, active)
     await state.cancel.run_tick(await backend.poll_cancel_flags(wid))
     await state.cancel.run_post_tick()
+
+
+async def _touch(state: WorkerState, backend: SupportsWorkerRegistry) -> None:
+    if not await backend.touch_worker(state.worker_id):
+        # Swept as stale (this worker stalled past stale_worker_after): show it again.
+        _log.warning("taskq.worker-row-restored", worker_id=str(state.worker_id))
+        await state.register()
 
 
 class _Renewal(NamedTuple):

@@ -133,3 +133,28 @@ async def test_a_blip_in_the_sub_jobs_capacity_check_is_retried() -> None:
         row = await tq.client.get(job.id)
     assert backend.blips == 0
     assert row is not None and row.status is JobStatus.SUCCEEDED
+
+
+CHAIN: list[int] = []
+
+
+@actor(name="subjobs.tick", max_attempts=1)
+async def tick(payload: dict[str, Any], ctx: Context) -> None:
+    CHAIN.append(payload["n"])
+    if payload["n"] < 3:
+        ctx.enqueue(tick, {"n": payload["n"] + 1}, singleton=True, identity_key="tick")
+
+
+async def test_a_singleton_enqueueing_its_own_next_run_is_no_collision(
+    taskq_backend: Any,
+) -> None:
+    # Its success frees the identity before the sub-job is written (one transaction on
+    # Postgres): the in-memory check first refused it, the parent still holding it.
+    CHAIN.clear()
+    tq = TaskQ("memory://", actors=[tick], backend=taskq_backend)
+    async with tq:
+        await tq.client.enqueue(tick, {"n": 1}, singleton=True, identity_key="tick")
+        await run_until_idle(tq)
+        rows = await tq.client.list_jobs(actor="subjobs.tick")
+    assert CHAIN == [1, 2, 3]
+    assert [r.status for r in rows] == [JobStatus.SUCCEEDED] * 3

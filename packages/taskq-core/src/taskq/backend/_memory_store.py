@@ -144,13 +144,19 @@ class JobStore:
 
     # -- inserting -------------------------------------------------------------
     def plan_inserts(
-        self, args_list: Sequence[EnqueueArgs], now: datetime, *, idempotent: bool
+        self,
+        args_list: Sequence[EnqueueArgs],
+        now: datetime,
+        *,
+        idempotent: bool,
+        finishing: JobId | None = None,
     ) -> InsertPlan:
         """Validate every item against the store and the items before it.
 
         Raises before anything is stored, so a failing batch inserts nothing.
         With ``idempotent`` an item whose ``(actor, idempotency_key)`` exists
-        yields the existing row; without it, that is an error.
+        yields the existing row; without it, that is an error. ``finishing`` is a job
+        taken as ended already (it holds no singleton's identity).
         """
         plan = InsertPlan()
         staged_keys: dict[tuple[str, str], JobRow] = {}
@@ -175,7 +181,7 @@ class JobStore:
             if args.id in self.jobs or args.id in plan.new:
                 raise ValueError(f"a job with id {args.id} already exists")
             if args.singleton:
-                self._check_singleton(args, now, plan.new.values())
+                self._check_singleton(args, now, plan.new.values(), finishing)
                 plan.singletons.add(args.id)
             row = new_job(args, now)
             plan.rows.append(row)
@@ -214,10 +220,17 @@ class JobStore:
             None,
         )
 
-    def _check_singleton(self, args: EnqueueArgs, now: datetime, staged: Iterable[JobRow]) -> None:
+    def _check_singleton(
+        self,
+        args: EnqueueArgs,
+        now: datetime,
+        staged: Iterable[JobRow],
+        finishing: JobId | None = None,
+    ) -> None:
         for row in itertools.chain(self.jobs.values(), staged):
             if (
-                row.status in ACTIVE_STATUSES
+                row.id != finishing
+                and row.status in ACTIVE_STATUSES
                 and row.actor == args.actor
                 and row.identity_key == args.identity_key
             ):

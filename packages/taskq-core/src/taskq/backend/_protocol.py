@@ -574,8 +574,13 @@ class SupportsEnqueuePrecheck(Protocol):
     the attempt fails. The worker calls this first, so the two agree.
     """
 
-    async def precheck_enqueue(self, args_list: list[EnqueueArgs]) -> None:
-        """Raise what ``enqueue_batch(args_list)`` would raise now; write nothing."""
+    async def precheck_enqueue(
+        self, args_list: list[EnqueueArgs], *, finishing: JobId | None = None
+    ) -> None:
+        """Raise what ``enqueue_batch(args_list)`` would raise once the job ``finishing``
+        (the parent whose success comes first) has ended; write nothing. A singleton
+        re-enqueueing itself is no collision: on Postgres its success frees the
+        identity before, in the same transaction, the sub-job is inserted."""
         ...
 
 

@@ -225,10 +225,12 @@ class InMemoryBackend:
         """``enqueue``; there is no transaction to join, so ``conn`` is ignored."""
         return await self.enqueue(args)
 
-    async def precheck_enqueue(self, args_list: list[EnqueueArgs]) -> None:
-        """Raise what ``enqueue_batch(args_list)`` would raise now; write nothing
-        (``SupportsEnqueuePrecheck``)."""
-        self._store.plan_inserts(args_list, self.clock.now(), idempotent=True)
+    async def precheck_enqueue(
+        self, args_list: list[EnqueueArgs], *, finishing: JobId | None = None
+    ) -> None:
+        """Raise what ``enqueue_batch(args_list)`` would raise once ``finishing`` (the
+        parent) has ended; write nothing (``SupportsEnqueuePrecheck``)."""
+        self._store.plan_inserts(args_list, self.clock.now(), idempotent=True, finishing=finishing)
 
     # -- dispatch and heartbeat ------------------------------------------------------
     async def dispatch_batch(

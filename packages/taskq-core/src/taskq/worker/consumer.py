@@ -406,7 +406,9 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
             ):
                 # What a real transaction's rollback gives: a refusal (a singleton's
                 # identity held) before the success is written, not after.
-                await write_retrying(state, "subjobs", lambda: backend.precheck_enqueue(subjobs))
+                await write_retrying(
+                    state, "subjobs", lambda: backend.precheck_enqueue(subjobs, finishing=row.id)
+                )
         except EnqueueError as exc:
             raise _SubjobsRefused(exc) from exc
     if (

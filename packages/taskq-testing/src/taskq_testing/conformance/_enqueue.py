@@ -447,6 +447,8 @@ class EnqueueTests:
         twice = make_args(identity_key="user-2", singleton=True)
         with pytest.raises(SingletonCollisionError):  # against the items before it too
             await backend.precheck_enqueue([free, twice])
+        # The holder finishing first (a singleton enqueueing its own next run): free.
+        await backend.precheck_enqueue([refused], finishing=held.id)
         assert [row.id for row in await backend.list_jobs(JobFilter())] == [held.id]
 
     # -- batch and connection paths ----------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from taskq.errors import (
 )
 from taskq.models import EnqueueArgs, JobFilter, JobRow, JobStatus
 from taskq_postgres import BackendUnavailableError, PostgresBackend, SyncJobsClient, wake_channel
+from taskq_postgres._enqueue import singleton_lock_key
 from taskq_testing.postgres import PgSchema
 
 pytestmark = pytest.mark.postgres
@@ -358,6 +360,62 @@ def test_a_connection_of_its_own_ended_while_idle_is_replaced_before_the_call(
             second = client.enqueue(capped, {})
     assert not [e for e in logs if e["event"] == "taskq.max-pending-read-failed"]
     assert {r.id for r in _stored(pg_pooled_schema)} == {first.id, second.id}
+
+
+def test_a_connection_past_descriptor_1024_is_kept_between_calls(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # select() refuses descriptors from FD_SETSIZE on (a web server with many files
+    # open): every call took that for a dropped connection and opened a new one.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the process may open {hard} files; the test needs 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with SyncJobsClient(
+            pg_pooled_schema.dsn, actors=ACTORS, schema=pg_pooled_schema.name
+        ) as client:
+            assert client._conn.fileno() >= 1024
+            pid = client._conn.info.backend_pid
+            for n in range(3):
+                client.enqueue(item, {"n": n})
+                assert client._conn.info.backend_pid == pid
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_connection_lost_mid_call_fails_that_call_and_is_replaced_after(
+    client: SyncJobsClient, pg_pooled_schema: PgSchema
+) -> None:
+    # Whether its statement committed cannot be known: no blind retry.
+    first = client.enqueue(item, {"n": 1})
+    holder = psycopg.connect(pg_pooled_schema.dsn, autocommit=True)
+    try:
+        key = singleton_lock_key(pg_pooled_schema.name, "sync.item", "only")
+        holder.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+        failed: list[BaseException] = []
+
+        def blocked_enqueue() -> None:
+            try:
+                client.enqueue(item, {"n": 2}, singleton=True, identity_key="only")
+            except BaseException as exc:  # noqa: BLE001 - recorded for the test
+                failed.append(exc)
+
+        thread = threading.Thread(target=blocked_enqueue)
+        thread.start()
+        time.sleep(0.3)  # it waits on the singleton's lock
+        _terminate_sync_sessions(pg_pooled_schema)
+        thread.join(10)
+    finally:
+        holder.close()
+    assert len(failed) == 1 and isinstance(failed[0], psycopg.OperationalError)
+    after = client.enqueue(item, {"n": 3})
+    assert {r.id for r in _stored(pg_pooled_schema)} == {first.id, after.id}
 
 
 def test_a_lost_callers_connection_fails_with_the_loss_not_a_limits_warning(

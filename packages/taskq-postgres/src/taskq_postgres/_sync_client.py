@@ -63,10 +63,12 @@ def _dropped(conn: psycopg.Connection[Any]) -> bool:
     sent, the connection can be replaced with nothing lost."""
     if conn.info.transaction_status != TransactionStatus.IDLE:
         return False
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError):
-        return True
+    fd = conn.fileno()
+    if hasattr(select, "poll"):  # select() refuses descriptors past FD_SETSIZE (1024)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
     return bool(readable)
 
 

@@ -488,13 +488,12 @@ class JobFilter(_Model):
     @classmethod
     def _no_nul_in_tags(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for tag in value:
-            try:
-                check_key_text(tag)
-            except ValueError as exc:
+            if "\x00" in tag:
                 raise ValueError(
-                    f"{exc}: a tag is stored with each NUL or lone surrogate replaced by "
-                    f"U+FFFD; search for that"
-                ) from None
+                    "must not contain NUL characters (\\x00): a tag is stored with each NUL "
+                    "replaced by U+FFFD; search for that"
+                )
+            _refuse_surrogates(tag)  # no tag holds one: refused at enqueue
         return value
 
     @model_validator(mode="after")

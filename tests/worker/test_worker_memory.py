@@ -470,6 +470,41 @@ async def test_the_attempt_timeout_covers_resolving_the_actors_dependencies() ->
         assert "timeout of 0.2s" in row.error.message
 
 
+class _Model:
+    """Slow to load, shared by every job on the loop."""
+
+
+async def test_a_shared_value_slower_to_create_than_a_jobs_timeout_is_created_once() -> None:
+    # Each job's timeout cancelled the shared creation it had started: every attempt
+    # of every job failed, and the value was never created.
+    loads: list[str] = []
+
+    async def load_model() -> _Model:
+        loads.append("started")
+        await asyncio.sleep(0.5)
+        loads.append("finished")
+        return _Model()
+
+    @actor(
+        name="needs_the_model",
+        timeout=0.2,
+        max_attempts=5,
+        retry_backoff=FixedBackoff(timedelta(milliseconds=100)),
+    )
+    async def infer(payload: dict[str, Any], model: _Model) -> str:
+        return "ok"
+
+    providers = ProviderRegistry()
+    providers.register(_Model, load_model, scope=Scope.LOOP)
+    tq = TaskQ("memory://", actors=[infer], providers=providers)
+    async with tq:
+        jobs = [await tq.client.enqueue(infer, {}) for _ in range(3)]
+        await run_until_idle(tq, timeout=10)
+        rows = [await tq.client.get(job.id) for job in jobs]
+    assert [r.status for r in rows if r] == [JobStatus.SUCCEEDED] * 3
+    assert loads == ["started", "finished"]
+
+
 class _Tx:
     """A transaction: committed when its scope ends well, rolled back otherwise."""
 

@@ -127,11 +127,25 @@ class ScopeContainer:
         while (claim := self._claim(entry)) is not MISSING:
             if not isinstance(claim, _Wait):
                 return claim
+            waiting = asyncio.wrap_future(claim.future)
+            waiting.add_done_callback(_retrieved)  # read even if this waiter is gone
             try:
                 # Shielded: a cancelled waiter must not cancel the shared creation.
-                return await asyncio.shield(asyncio.wrap_future(claim.future))
+                return await asyncio.shield(waiting)
             except _Abandoned:
                 continue
+        if self.scope is Scope.TRANSIENT:
+            return await self._create(entry, registry, containers)
+        # A shared value outlives the invocation that first asks for it: created on its
+        # own, so that job's timeout or cancel does not cancel it for every other job
+        # (a model taking longer to load than one job's timeout was never loaded).
+        creation = asyncio.get_running_loop().create_task(self._create(entry, registry, containers))
+        creation.add_done_callback(_retrieved)
+        return await asyncio.shield(creation)
+
+    async def _create(
+        self, entry: ProviderEntry, registry: ProviderRegistry, containers: Containers
+    ) -> object:
         try:
             kwargs = (
                 {}
@@ -230,6 +244,13 @@ class ScopeContainer:
             self._values.clear()
         if deferred is not None:
             raise deferred
+
+
+def _retrieved(future: asyncio.Future[object]) -> None:
+    """Mark an outcome read: one nobody awaits any more (its waiter or creator was
+    cancelled) is not reported as "never retrieved"."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _run_on_loop(coro: Coroutine[Any, Any, object], loop: asyncio.AbstractEventLoop) -> object:

@@ -268,6 +268,8 @@ def actor(
             RetryPolicy(retry_backoff).delay(1)
         except TypeError as exc:
             raise ConfigurationError(f"@actor retry_backoff: {exc}") from None
+        except Exception:  # noqa: BLE001, S110 - a backoff that fails is its job's outcome to record
+            pass
 
     def decorate(func: Callable[P, R]) -> Actor[P, R]:
         options = ActorOptions(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -560,6 +562,48 @@ async def test_a_context_manager_provider_is_told_the_actors_error() -> None:
     # The error recorded is the actor's, its traceback without the provider's frames.
     assert failed.error is not None and failed.error.traceback is not None
     assert "__aexit__" not in failed.error.traceback
+
+
+async def test_a_sync_actors_values_are_closed_in_its_own_thread() -> None:
+    # They were closed on the event loop's thread: a thread-bound resource (a sqlite
+    # connection) refused, and a blocking close stalled every job and heartbeat.
+    closed: list[tuple[str, str]] = []
+
+    @contextmanager
+    def connection() -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(":memory:")  # usable only in the thread that made it
+        try:
+            yield conn
+        except Exception:
+            closed.append(("rollback", threading.current_thread().name))
+            conn.close()
+            raise
+        closed.append(("commit", threading.current_thread().name))
+        conn.close()
+
+    threads: dict[bool, str] = {}
+
+    @actor(name="reads_sqlite", max_attempts=1)
+    def reads(payload: dict[str, Any], conn: sqlite3.Connection) -> int:
+        threads[payload["slow"]] = threading.current_thread().name
+        if payload["slow"]:
+            time.sleep(0.4)  # past its timeout
+        return int(conn.execute("SELECT 1").fetchone()[0])
+
+    providers = ProviderRegistry()
+    providers.register(sqlite3.Connection, connection, scope=Scope.TRANSIENT)
+    tq = TaskQ("memory://", actors=[reads], providers=providers)
+    async with tq:
+        ok = await tq.client.enqueue(reads, {"slow": False})
+        late = await tq.client.enqueue(reads, {"slow": True}, timeout=0.1)
+        await run_until_idle(tq)
+        ok_row, late_row = await tq.client.get(ok.id), await tq.client.get(late.id)
+    assert ok_row is not None and ok_row.status is JobStatus.SUCCEEDED and ok_row.result == 1
+    assert late_row is not None and late_row.status is JobStatus.FAILED
+    assert late_row.error is not None and late_row.error.error_class == "TimeoutError"
+    # Each closed in the thread that ran its actor; the one past its limit rolled back.
+    assert sorted(closed) == sorted([("commit", threads[False]), ("rollback", threads[True])])
+    assert "MainThread" not in threads.values()
 
 
 async def test_an_async_actor_behind_a_sync_decorator_fails_saying_so() -> None:

@@ -205,6 +205,24 @@ class ScopeContainer:
         """Whether every pending teardown is synchronous, so closing never awaits."""
         return not self._async_teardowns
 
+    def close_sync_suffix(self, error: BaseException | None = None) -> None:
+        """Tear down, in the calling thread, the values created last whose teardowns are
+        synchronous (every one, unless an async provider's came in between): the rest
+        are :meth:`aclose`'s. Run from a sync actor's thread, so that what its providers
+        made there is closed there (a thread-bound connection), not on the event loop
+        (which a blocking teardown stalled). Failures are logged as in :meth:`aclose`."""
+        while self._teardowns and not self._teardowns[-1][0].lifecycle.is_async:
+            entry, teardown = self._teardowns.pop()
+            try:
+                teardown(error)
+            except Exception as exc:  # noqa: BLE001 - log and carry on with the other teardowns
+                _log.error(
+                    "taskq.di-teardown-failed",
+                    scope=self.scope.name,
+                    provider=entry.name,
+                    exc_info=exc,
+                )
+
     async def aclose(self, error: BaseException | None = None) -> None:
         """Tear down every value in reverse order of creation, then forget them.
 
@@ -380,12 +398,14 @@ class ResolvedActorScope:
     """
 
     __slots__ = (
+        "_abort",
         "_containers",
         "_in_thread",
         "_loop",
         "_registry",
         "_thread_lock",
         "_when_thread_ends",
+        "closed_clean",
         "func",
         "is_async",
         "kwargs",
@@ -410,13 +430,17 @@ class ResolvedActorScope:
         self._in_thread = False
         self._when_thread_ends: Callable[[], object] | None = None
         self._thread_lock = None if is_async else threading.Lock()
+        self._abort: BaseException | None = None
+        self.closed_clean = False
+        """A sync actor's: its thread returned and closed its values told of no error
+        (a transaction committed), the invocation's outcome since."""
 
     async def invoke(self, executor: Executor | None = None) -> object:
         """Call the actor: awaited if async, else in *executor* (default: the loop's).
 
         Cancelling a sync actor stops the wait, not its thread: the thread runs
-        on, and :func:`build_actor_scope` tears its TRANSIENT values down once it
-        ends (:meth:`defer_while_in_thread`).
+        on, closes its synchronous TRANSIENT values as it ends, and
+        :func:`build_actor_scope` the others once it has (:meth:`defer_while_in_thread`).
         """
         if self.is_async:
             return await cast("Awaitable[object]", self.func(**self.kwargs))
@@ -442,12 +466,22 @@ class ResolvedActorScope:
         assert lock is not None, "call_sync is for sync actors"
         with lock:
             self._in_thread = True
+        error: BaseException | None = None
         try:
             kwargs = solve_dependencies_sync(
                 self.func, self._registry, self._containers, self.kwargs, self._loop
             )
             return self.func(**kwargs)
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
+            transient = self._containers.get(Scope.TRANSIENT)
+            if isinstance(transient, ScopeContainer):
+                with lock:  # told of the abort, or the clean close is the outcome
+                    error = error or self._abort
+                    self.closed_clean = error is None
+                transient.close_sync_suffix(error)
             with lock:
                 self._in_thread = False
                 then = self._when_thread_ends
@@ -456,6 +490,18 @@ class ResolvedActorScope:
                     self._loop.call_soon_threadsafe(then)
                 except RuntimeError:  # the loop is closed: the process is ending
                     _log.warning("taskq.di-transient-scope-left-open", actor=self.func.__name__)
+
+    def abort_thread(self, error: BaseException) -> bool:
+        """A sync actor's wait ended (past its limit, cancelled) while its thread may run
+        on: its values are to be closed told of ``error`` (a transaction rolls back).
+        False when the thread had already closed them clean: it finished in time."""
+        if self._thread_lock is None:
+            return True
+        with self._thread_lock:
+            if self.closed_clean:
+                return False
+            self._abort = error
+            return True
 
     def defer_while_in_thread(self, then: Callable[[], object]) -> bool:
         """If a sync actor's thread still runs (its wait was cancelled: a timeout, a
@@ -508,7 +554,10 @@ async def build_actor_scope(
     (``process``, ``threads``, ``loops.current()``); the TRANSIENT one is
     created here. On exit the TRANSIENT values are torn down in reverse
     order, shielded from cancellation: a ``CancelledError`` (from the body
-    or during teardown) is re-raised only after every teardown ran.
+    or during teardown) is re-raised only after every teardown ran. A sync
+    actor's thread closes its synchronous values itself as it ends
+    (:meth:`ScopeContainer.close_sync_suffix`), told of its error or of the
+    limit or cancel that ended its wait (:meth:`ResolvedActorScope.abort_thread`).
     """
     transient = ScopeContainer(Scope.TRANSIENT)
     scoped: dict[Scope, Container] = {**containers, Scope.TRANSIENT: transient}

@@ -569,13 +569,21 @@ async def _call_in_thread(
         if call in done:
             return call.result()
         assert limit is not None  # no limit: only the thread's return ends the wait
-        _log.warning("taskq.sync-actor-past-limit", limit_seconds=limit.seconds)
+        expired = limit.expired()
+        # The thread closes its values itself, told of the limit (a transaction rolls
+        # back), unless it closed them clean as the limit ran out: then it finished.
+        finished = not scope.abort_thread(expired)
+        if not finished:
+            _log.warning("taskq.sync-actor-past-limit", limit_seconds=limit.seconds)
         await asyncio.wait({call})
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as exc:
+        scope.abort_thread(exc)
         await _thread_returned(call)
         raise
+    if finished:
+        return call.result()
     call.exception()  # retrieved: the limit is the outcome, whatever the thread did
-    raise limit.expired()
+    raise expired
 
 
 async def _thread_returned(call: asyncio.Future[Any]) -> None:

@@ -101,3 +101,19 @@ def test_a_signal_with_a_delay_no_job_can_hold_is_refused(
     with pytest.raises(ValueError, match="delay must be"):
         signal(delay)
     assert signal(MAX_DURATION).delay == MAX_DURATION
+
+
+@pytest.mark.parametrize("signal", [Snooze, RetryAfter])
+@pytest.mark.parametrize("delay", [None, "5", True])
+def test_a_signal_with_no_duration_says_what_a_delay_is(
+    signal: type[Snooze | RetryAfter], delay: Any
+) -> None:
+    # None and "5" raised timedelta's own TypeError; True was taken as one second.
+    with pytest.raises(TypeError, match="delay must be a timedelta or a number of seconds"):
+        signal(delay)
+
+
+def test_a_negative_signal_delay_is_told_in_seconds() -> None:
+    # It read "got -1 day, 23:59:59".
+    with pytest.raises(ValueError, match="got -1 s"):
+        RetryAfter(-1)

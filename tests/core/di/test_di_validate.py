@@ -241,6 +241,25 @@ def test_a_context_under_another_name_is_told_to_be_called_ctx(
         registry.validate({"job": _spec(job)})
 
 
+class JobLog:
+    """A provided value whose provider asks for the job context."""
+
+
+def test_a_provider_asking_for_the_context_is_told_it_cannot_have_it(
+    registry: ProviderRegistry,
+) -> None:
+    # It was told to "call the parameter ctx", which it already did.
+    def job_log(ctx: Context) -> JobLog:
+        return JobLog()
+
+    async def job(payload: Payload, log: JobLog) -> None:
+        pass
+
+    registry.register(JobLog, job_log)
+    with pytest.raises(MissingProvider, match=r"ctx: Context \(a provider cannot be given the job"):
+        registry.validate({"job": _spec(job)})
+
+
 def test_bad_actor_signatures_are_all_reported(registry: ProviderRegistry) -> None:
     def no_parameters() -> None:
         pass

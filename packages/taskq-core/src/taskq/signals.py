@@ -16,12 +16,18 @@ __all__ = ["RetryAfter", "Snooze", "TaskQSignal"]
 
 
 def _as_delay(delay: timedelta | float) -> timedelta:
+    if isinstance(delay, bool) or not isinstance(delay, timedelta | int | float):
+        raise TypeError(
+            f"delay must be a timedelta or a number of seconds, not {type(delay).__name__}"
+        )
     try:
         value = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
     except (OverflowError, ValueError) as exc:  # a NaN, or seconds past timedelta's range
         raise ValueError(f"delay must be a duration of at most a century, got {delay!r}") from exc
     if not timedelta(0) <= value <= MAX_DURATION:
-        raise ValueError(f"delay must be between 0 and {MAX_DURATION.days} days, got {value}")
+        raise ValueError(
+            f"delay must be between 0 and {MAX_DURATION.days} days, got {value.total_seconds():g} s"
+        )
     return value
 
 

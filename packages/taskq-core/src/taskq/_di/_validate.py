@@ -186,10 +186,15 @@ def _visit_for_cycles(
         finished.add(entry)
 
 
-def _fix(key: object) -> str:
+def _fix(key: object, *, in_provider: bool) -> str:
     """What to do about a missing provider of ``key`` when it is not to register one."""
     if key is None:
         return " (no type hint: annotate the parameter with the type to inject)"
+    if key is Context and in_provider:
+        return (
+            " (a provider cannot be given the job context: it is the actor's alone; have "
+            "the actor pass what the provider needs from it)"
+        )
     if key is Context:
         return " (the job context is passed by name: call the parameter ctx)"
     return ""
@@ -202,12 +207,14 @@ def _walk(registry: ProviderRegistry, roots: Iterable[Root]) -> tuple[list[str],
     seen: set[tuple[ProviderEntry, Scope]] = set()
 
     def visit(func: Callable[..., object], scope: Scope, skip: Collection[str], path: str) -> None:
+        in_provider = func is not root_func
         for step in registry.raw_plan(func):
             entry = step.entry
             if step.name in skip:
                 continue
             if entry is None:
-                missing.append(f"{path} -> {step.name}: {type_name(step.key)}{_fix(step.key)}")
+                fix = _fix(step.key, in_provider=in_provider)
+                missing.append(f"{path} -> {step.name}: {type_name(step.key)}{fix}")
                 continue
             child = f"{path} -> {_label(entry, step.scope)}"
             if step.scope > scope:
@@ -220,7 +227,9 @@ def _walk(registry: ProviderRegistry, roots: Iterable[Root]) -> tuple[list[str],
                 seen.add((entry, step.scope))
                 visit(entry.factory, step.scope, (), child)
 
+    root_func: Callable[..., object] | None = None
     for root in roots:
+        root_func = root.func if root.entry is None else None
         if root.entry is not None:
             if (root.entry, root.scope) in seen:
                 continue

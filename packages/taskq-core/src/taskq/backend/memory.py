@@ -460,14 +460,18 @@ class InMemoryBackend:
             return _copy(self._jobs[job_id])
         now = self.clock.now()
         changes: dict[str, Any] = {}
-        if (
-            retry_delay is not None
-            and row.attempt < row.max_attempts
-            and (row.deadline_at is None or now + retry_delay <= row.deadline_at)
-        ):
-            to = _requeue(row, now, retry_delay, changes)
-        else:
+        detail: dict[str, Any] | None = None
+        if retry_delay is None:
+            detail = {"reason": "no_retry"}
+        elif row.attempt >= row.max_attempts:
+            detail = {"reason": "attempts_exhausted"}
+        elif row.deadline_at is not None and now + retry_delay > row.deadline_at:
+            detail = {"reason": "retry_past_deadline"}
+        # A failed job's event says why it was not retried (its error is the actor's).
+        if retry_delay is None or detail is not None:
             to = _S.FAILED
+        else:
+            to = _requeue(row, now, retry_delay, changes)
         error = stored_error(error_info)
         return _copy(
             self._store.end_attempt(
@@ -480,6 +484,7 @@ class InMemoryBackend:
                 progress_seq=progress_seq,
                 progress_state=progress_state,
                 error=error,
+                detail=detail,
                 **changes,
             )
         )

@@ -157,7 +157,8 @@ MARK_FAILED_OR_RETRY: Final = TransitionSQL.of(
     """
 -- arbiter: clock_timestamp() (retry at now + delay; the retry must not pass the deadline)
 -- $4..$6 the error, $7 retry delay (NULL: no retry), $8 progress_seq, $9 progress_state.
--- A retry of a job whose cancel was requested ends it cancelled instead.
+-- A retry of a job whose cancel was requested ends it cancelled instead. A failed
+-- job's event says why it was not retried (its error is the actor's own).
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
     + _OWNED
     + """,
@@ -169,7 +170,13 @@ decision AS (
                """
     + _REQUEUE.format(delay="$7::interval")
     + """
-           END::{schema}.job_status AS to_status
+           END::{schema}.job_status AS to_status,
+           CASE
+               WHEN $7::interval IS NULL THEN 'no_retry'
+               WHEN o.attempt >= o.max_attempts THEN 'attempts_exhausted'
+               WHEN n.ts + $7::interval > o.schedule_to_close_deadline
+                   THEN 'retry_past_deadline'
+           END AS fail_reason
     FROM owned o CROSS JOIN now n
 ),
 updated AS (
@@ -200,8 +207,11 @@ attempt AS (
 ),
 event AS (
     INSERT INTO {schema}.job_events (job_id, kind, detail)
-    SELECT u.id, 'state_change', jsonb_build_object('from_state', 'running', 'to_state', u.status)
-    FROM updated u
+    SELECT u.id, 'state_change',
+           jsonb_build_object('from_state', 'running', 'to_state', u.status)
+           || CASE WHEN u.status = 'failed' THEN jsonb_build_object('reason', d.fail_reason)
+                   ELSE jsonb_build_object() END
+    FROM updated u JOIN decision d ON d.id = u.id
 )
 SELECT * FROM updated
 """,

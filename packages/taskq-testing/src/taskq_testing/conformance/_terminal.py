@@ -722,14 +722,14 @@ class TerminalWriteTests:
     # -- mark_failed_or_retry ---------------------------------------------------------
 
     @pytest.mark.parametrize(
-        ("max_attempts", "deadline", "retry_delay", "status"),
+        ("max_attempts", "deadline", "retry_delay", "status", "reason"),
         [
-            (3, None, None, JobStatus.FAILED),
-            (3, None, FAR, JobStatus.SCHEDULED),
-            (3, None, timedelta(0), JobStatus.PENDING),
-            (1, None, FAR, JobStatus.FAILED),
-            (3, timedelta(minutes=30), FAR, JobStatus.FAILED),
-            (3, timedelta(hours=2), FAR, JobStatus.SCHEDULED),
+            (3, None, None, JobStatus.FAILED, "no_retry"),
+            (3, None, FAR, JobStatus.SCHEDULED, None),
+            (3, None, timedelta(0), JobStatus.PENDING, None),
+            (1, None, FAR, JobStatus.FAILED, "attempts_exhausted"),
+            (3, timedelta(minutes=30), FAR, JobStatus.FAILED, "retry_past_deadline"),
+            (3, timedelta(hours=2), FAR, JobStatus.SCHEDULED, None),
         ],
         ids=[
             "no-retry",
@@ -748,6 +748,7 @@ class TerminalWriteTests:
         deadline: timedelta | None,
         retry_delay: timedelta | None,
         status: JobStatus,
+        reason: str | None,
     ) -> None:
         worker = uuid4()
         job = await running_job(
@@ -760,7 +761,11 @@ class TerminalWriteTests:
         assert after.error == ERROR
         attempt = only_attempt(await backend.get_attempts(job.id))
         assert (attempt.outcome, attempt.error) == ("failed", ERROR)
-        now = (await last_event(backend, job.id)).occurred_at
+        event = await last_event(backend, job.id)
+        # The error is the actor's own: a job failed at attempt 1 of 3 says why.
+        expected = {"from_state": "running", "to_state": status.value}
+        assert event.detail == expected | ({} if reason is None else {"reason": reason})
+        now = event.occurred_at
         if status is JobStatus.FAILED:
             assert_close(after.finished_at, now)
         else:

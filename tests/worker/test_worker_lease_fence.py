@@ -272,3 +272,44 @@ async def test_the_fence_falls_one_heartbeat_before_the_lease_ends(before: bool)
             assert due == fence_at and row.id in state.active
         else:
             assert due is None and row.id not in state.active
+
+
+class _TouchHeldUp(InMemoryBackend):
+    """Its registry row cannot be touched (a lock on the workers table, a failure);
+    leases renew as ever."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.held = False
+
+    async def touch_worker(self, worker_id: Any) -> bool:
+        if self.held:
+            if self.how == "hangs":
+                await asyncio.sleep(3600)
+            raise RuntimeError("the touch failed")
+        return await super().touch_worker(worker_id)
+
+
+@pytest.mark.parametrize("how", ["hangs", "fails"])
+async def test_a_held_up_touch_of_the_worker_row_does_not_lose_the_renewals(how: str) -> None:
+    # Awaited beside the renewal, a touch that hung or failed took the tick with it:
+    # the renewals landed, yet the worker counted none, and the fence stopped the job.
+    runs: list[str] = []
+
+    @actor(name=f"outlives_a_held_up_touch_{how}", max_attempts=2)
+    async def long(payload: dict[str, Any]) -> str:
+        runs.append("started")
+        await asyncio.sleep(LEASE * 2)
+        return "done"
+
+    backend = _TouchHeldUp(how)
+    tq = TaskQ("memory://", actors=[long], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(long, {})
+        async with running(tq, SETTINGS):
+            await _until(tq, job, JobStatus.RUNNING)
+            backend.held = True
+            row = await _until(tq, job, JobStatus.SUCCEEDED)
+            backend.held = False
+    assert runs == ["started"] and row.attempt == 1

@@ -44,28 +44,15 @@ def _cancel_wake(state: WorkerState) -> AbstractAsyncContextManager[asyncio.Even
     return backend.subscribe_cancel_wake()
 
 
-async def heartbeat_once(state: WorkerState) -> None:
+async def heartbeat_once(state: WorkerState, toucher: _Toucher | None = None) -> None:
     """One tick: renew leases and this worker's registry row, drop lost jobs, advance
     cancellations."""
     backend, wid = state.backend, state.worker_id
     held = dict(state.active)
     sent = asyncio.get_running_loop().time()
-    if isinstance(backend, SupportsWorkerRegistry):
-        # Side by side, each on a connection of its own: a lock held on either table (a
-        # migration, an operator's LOCK TABLE, a CREATE INDEX) past this tick's bound
-        # stalls one, not both. The reclaim sweep leaves the jobs of a worker seen
-        # within a lease, so a renewal held up on the jobs table loses nothing, and one
-        # held up by a touch would lose them all.
-        renewed, touched = await asyncio.gather(
-            _renew(state, held), _touch(state, backend), return_exceptions=True
-        )
-        for outcome in (renewed, touched):
-            if isinstance(outcome, BaseException):
-                raise outcome
-        assert isinstance(renewed, _Renewal)
-        renewal = renewed
-    else:
-        renewal = await _renew(state, held)
+    if toucher is not None:
+        toucher.touch()
+    renewal = await _renew(state, held)
     for job_id in renewal.renewed:  # held before the renewal was sent: renewed from then
         held[job_id].lease_from = max(held[job_id].lease_from, sent)
     if renewal.unheard:
@@ -94,11 +81,54 @@ async def heartbeat_once(state: WorkerState) -> None:
     await state.cancel.run_post_tick()
 
 
-async def _touch(state: WorkerState, backend: SupportsWorkerRegistry) -> None:
-    if not await backend.touch_worker(state.worker_id):
-        # Swept as stale (this worker stalled past stale_worker_after): show it again.
-        _log.warning("taskq.worker-row-restored", worker_id=str(state.worker_id))
-        await state.register()
+class _Toucher:
+    """The worker's registry row, touched at each tick on a task of its own, beside the
+    lease renewal and never awaited by it: a lock held on either table (a migration, an
+    operator's LOCK TABLE, a CREATE INDEX) past a tick's bound stalls one, not both.
+    The reclaim sweep leaves the jobs of a worker seen within a lease, so a renewal
+    held up on the jobs table loses nothing; a renewal held up (or failed) by a touch
+    would lose every job. A touch still held up when the next tick comes is left to
+    finish; a failed one is logged then."""
+
+    def __init__(self, state: WorkerState, backend: SupportsWorkerRegistry) -> None:
+        self._state = state
+        self._backend = backend
+        self._task: asyncio.Task[None] | None = None
+
+    def touch(self) -> None:
+        task = self._task
+        if task is not None:
+            if not task.done():
+                return
+            self._report(task)
+        self._task = asyncio.get_running_loop().create_task(self._touch())
+
+    async def _touch(self) -> None:
+        state = self._state
+        if not await self._backend.touch_worker(state.worker_id):
+            # Swept as stale (this worker stalled past stale_worker_after): show it again.
+            _log.warning("taskq.worker-row-restored", worker_id=str(state.worker_id))
+            await state.register()
+
+    @staticmethod
+    def _report(task: asyncio.Task[None]) -> None:
+        error = None if task.cancelled() else task.exception()
+        if error is None:
+            return
+        if isinstance(error, transient_errors()):
+            _log.warning("taskq.worker-touch-transient-error", error=repr(error))
+        else:
+            _log.error("taskq.worker-touch-failed", error=repr(error))
+
+    async def aclose(self) -> None:
+        """Cancel a touch under way (the worker stops) and wait for it to end."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait({task})
+        if not task.cancelled():
+            self._report(task)
 
 
 class _Renewal(NamedTuple):
@@ -132,17 +162,23 @@ async def heartbeat_loop(state: WorkerState) -> None:
     # A tick of several statements (renewals first) is bounded as a whole: on a slow but
     # healthy database they added up past the stale-tick budget.
     bound = state.settings.dispatcher_command_timeout.total_seconds()
-    async with _cancel_wake(state) as cancel_wake:
-        while True:
-            cancel_wake.clear()
-            try:
-                async with asyncio.timeout(bound):
-                    await heartbeat_once(state)
-            except transient as exc:
-                _log.warning("taskq.heartbeat-transient-error", error=repr(exc))
-            except Exception as exc:  # noqa: BLE001 - the guard decides
-                guard.failed(exc)
-            else:
-                guard.succeeded()
-            state.liveness.tick("heartbeat", interval)
-            await _sleep_or_wake(interval, cancel_wake)
+    backend = state.backend
+    toucher = _Toucher(state, backend) if isinstance(backend, SupportsWorkerRegistry) else None
+    try:
+        async with _cancel_wake(state) as cancel_wake:
+            while True:
+                cancel_wake.clear()
+                try:
+                    async with asyncio.timeout(bound):
+                        await heartbeat_once(state, toucher)
+                except transient as exc:
+                    _log.warning("taskq.heartbeat-transient-error", error=repr(exc))
+                except Exception as exc:  # noqa: BLE001 - the guard decides
+                    guard.failed(exc)
+                else:
+                    guard.succeeded()
+                state.liveness.tick("heartbeat", interval)
+                await _sleep_or_wake(interval, cancel_wake)
+    finally:
+        if toucher is not None:
+            await toucher.aclose()

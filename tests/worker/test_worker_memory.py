@@ -606,6 +606,40 @@ async def test_a_sync_actors_values_are_closed_in_its_own_thread() -> None:
     assert "MainThread" not in threads.values()
 
 
+async def test_a_cancel_landing_while_a_sync_actors_transaction_commits_keeps_its_outcome() -> None:
+    # Its thread had returned and was committing when the forced cancel came: the job
+    # ended cancelled (a stop's: handed back, to run again) with its work committed.
+    committed = threading.Event()
+    returned = threading.Event()
+
+    @contextmanager
+    def transaction() -> Iterator[_SyncTx]:
+        yield _SyncTx()
+        time.sleep(0.6)  # the commit
+        committed.set()
+
+    @actor(name="commits_slowly", max_attempts=3)
+    def writes(payload: dict[str, Any], tx: _SyncTx) -> str:
+        returned.set()
+        return "written"
+
+    providers = ProviderRegistry()
+    providers.register(_SyncTx, transaction, scope=Scope.TRANSIENT)
+    tq = TaskQ("memory://", actors=[writes], providers=providers)
+    async with tq:
+        job = await tq.client.enqueue(writes, {})
+        graces = {"cancellation_grace_period": "50ms", "cleanup_grace_period": "5s"}
+        runner = asyncio.create_task(run_until_idle(tq, **graces))
+        assert await asyncio.to_thread(returned.wait, 5)
+        assert await tq.client.cancel(job.id)  # forced 50 ms after its worker sees it
+        await asyncio.wait_for(runner, 10)
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+    assert committed.is_set()
+    assert row is not None and row.status is JobStatus.SUCCEEDED and row.result == "written"
+    assert [a.outcome for a in attempts] == ["succeeded"]
+
+
 async def test_an_async_actor_behind_a_sync_decorator_fails_saying_so() -> None:
     # functools.wraps keeps no async-ness: the worker called it in a thread, got a
     # coroutine back, and failed the job as "result is not JSON-serialisable".

@@ -387,3 +387,39 @@ async def test_a_sync_actor_cancelled_mid_thread_keeps_its_values_until_the_thre
             while "close" not in order:  # noqa: ASYNC110 - the teardown runs on the loop
                 await asyncio.sleep(0.01)
     assert order == ["open", "body", "close"]
+
+
+class _Exit(BaseException):
+    """What a teardown calling sys.exit raises: no Exception."""
+
+
+async def test_a_teardown_raising_a_base_exception_in_the_actors_thread_closes_the_rest(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    # It escaped the thread's own close: the values made before it stayed open, and the
+    # scope's async ones (closed on the loop once the thread ends) were never closed.
+    order: list[str] = []
+
+    async def pool() -> AsyncIterator[Pool]:
+        yield Pool()
+        order.append("close pool")
+
+    def session() -> Iterator[Session]:
+        yield Session(Pool())
+        order.append("close session")
+
+    def conn() -> Iterator[Conn]:
+        yield Conn()
+        order.append("close conn")
+        raise _Exit
+
+    def job(payload: int, pool: Pool, session: Session, conn: Conn) -> None:
+        order.append("body")
+
+    registry.register(Pool, pool, scope=Scope.TRANSIENT)
+    registry.register(Session, session, scope=Scope.TRANSIENT)
+    registry.register(Conn, conn, scope=Scope.TRANSIENT)
+    with ThreadPoolExecutor(max_workers=1) as executor, pytest.raises(_Exit):
+        async with build_actor_scope(job, registry, containers, {"payload": 1}) as scope:
+            await scope.invoke(executor)
+    assert order == ["body", "close conn", "close session", "close pool"]

@@ -211,6 +211,7 @@ class ScopeContainer:
         are :meth:`aclose`'s. Run from a sync actor's thread, so that what its providers
         made there is closed there (a thread-bound connection), not on the event loop
         (which a blocking teardown stalled). Failures are logged as in :meth:`aclose`."""
+        deferred: BaseException | None = None
         while self._teardowns and not self._teardowns[-1][0].lifecycle.is_async:
             entry, teardown = self._teardowns.pop()
             try:
@@ -222,6 +223,10 @@ class ScopeContainer:
                     provider=entry.name,
                     exc_info=exc,
                 )
+            except BaseException as exc:  # noqa: BLE001 - re-raised once all teardowns ran
+                deferred = deferred or exc
+        if deferred is not None:
+            raise deferred
 
     async def aclose(self, error: BaseException | None = None) -> None:
         """Tear down every value in reverse order of creation, then forget them.
@@ -476,20 +481,23 @@ class ResolvedActorScope:
             error = exc
             raise
         finally:
-            transient = self._containers.get(Scope.TRANSIENT)
-            if isinstance(transient, ScopeContainer):
-                with lock:  # told of the abort, or the clean close is the outcome
-                    error = error or self._abort
-                    self.closed_clean = error is None
-                transient.close_sync_suffix(error)
-            with lock:
-                self._in_thread = False
-                then = self._when_thread_ends
-            if then is not None:
-                try:
-                    self._loop.call_soon_threadsafe(then)
-                except RuntimeError:  # the loop is closed: the process is ending
-                    _log.warning("taskq.di-transient-scope-left-open", actor=self.func.__name__)
+            try:
+                transient = self._containers.get(Scope.TRANSIENT)
+                if isinstance(transient, ScopeContainer):
+                    with lock:  # told of the abort, or the clean close is the outcome
+                        if error is None:
+                            error = self._abort
+                        self.closed_clean = error is None
+                    transient.close_sync_suffix(error)
+            finally:
+                with lock:
+                    self._in_thread = False
+                    then = self._when_thread_ends
+                if then is not None:
+                    try:
+                        self._loop.call_soon_threadsafe(then)
+                    except RuntimeError:  # the loop is closed: the process is ending
+                        _log.warning("taskq.di-transient-scope-left-open", actor=self.func.__name__)
 
     def abort_thread(self, error: BaseException) -> bool:
         """A sync actor's wait ended (past its limit, cancelled) while its thread may run

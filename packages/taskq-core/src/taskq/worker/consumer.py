@@ -577,9 +577,16 @@ async def _call_in_thread(
             _log.warning("taskq.sync-actor-past-limit", limit_seconds=limit.seconds)
         await asyncio.wait({call})
     except asyncio.CancelledError as exc:
-        scope.abort_thread(exc)
+        if scope.abort_thread(exc):
+            await _thread_returned(call)
+            raise
+        # It had returned, and its values were closing clean (a transaction committing),
+        # when the cancel came: its work is done, and the outcome is what it returned.
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
         await _thread_returned(call)
-        raise
+        return call.result()
     if finished:
         return call.result()
     call.exception()  # retrieved: the limit is the outcome, whatever the thread did

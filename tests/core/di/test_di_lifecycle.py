@@ -175,8 +175,24 @@ async def test_a_plain_function_returning_an_awaitable_is_a_clear_error(
         return make_service_async(config)
 
     registry.register(Service, wrapper)
-    with pytest.raises(TypeError, match="returned an awaitable, not a value"):
+    with pytest.raises(TypeError, match="returned a coroutine, not a value"):
         await _resolve(registry, Service, containers)
+
+
+async def test_a_future_made_by_a_plain_provider_is_the_value(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    # A signal shared by jobs: awaitable, yet the value itself.
+    made: list[asyncio.Future[None]] = []
+
+    def ready() -> asyncio.Future[None]:
+        made.append(asyncio.get_running_loop().create_future())
+        return made[-1]
+
+    registry.register(asyncio.Future, ready)
+    value, container = await _resolve(registry, asyncio.Future, containers)
+    assert value is made[0]
+    await container.aclose()
 
 
 async def test_generator_code_after_yield_is_the_teardown(

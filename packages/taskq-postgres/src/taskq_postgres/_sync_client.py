@@ -68,7 +68,10 @@ def _dropped(conn: psycopg.Connection[Any]) -> bool:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         return bool(poller.poll(0))
-    readable, _, _ = select.select([fd], [], [], 0)
+    try:
+        readable, _, _ = select.select([fd], [], [], 0)
+    except OSError:  # the socket is gone
+        return True
     return bool(readable)
 
 

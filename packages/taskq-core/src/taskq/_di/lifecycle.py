@@ -94,11 +94,10 @@ def enter_sync(
     factory = cast("Callable[..., Any]", provider)
     if lifecycle is Lifecycle.FACTORY:
         value = factory(**kwargs)
-        if inspect.isawaitable(value):
-            if inspect.iscoroutine(value):
-                value.close()  # never awaited: no "never awaited" warning either
+        if inspect.iscoroutine(value):  # a future or a task may be the value itself
+            value.close()  # never awaited: no "never awaited" warning either
             raise TypeError(
-                f"provider {provider!r} returned an awaitable, not a value: a plain function "
+                f"provider {provider!r} returned a coroutine, not a value: a plain function "
                 f"(a lambda) around an async one cannot be awaited here; register the "
                 f"async function itself, or a functools.partial of it"
             )

@@ -333,3 +333,32 @@ async def test_a_cancelled_waiter_does_not_disturb_the_shared_creation(
     value = await creator
     assert waiter.cancelled()
     assert container.peek(entry) is value
+
+
+async def test_a_shared_value_created_after_its_scope_closed_is_closed_at_once(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    # Its creation outlives the job that asked (cancelled); the worker then stopped and
+    # closed the scope: the value landed in a closed container, never to be closed.
+    events: list[str] = []
+    release = asyncio.Event()
+
+    async def slow() -> AsyncIterator[First]:
+        await release.wait()
+        events.append("open")
+        yield First()
+        events.append("close")
+
+    registry.register(First, slow, scope=Scope.LOOP)
+    container = containers[Scope.LOOP]
+    entry = _entry(registry, First)
+    job = asyncio.create_task(container.get_or_create(entry, registry, containers))
+    await asyncio.sleep(0)
+    job.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    await container.aclose()
+    release.set()
+    async with asyncio.timeout(5):
+        while events != ["open", "close"]:  # noqa: ASYNC110 - the creation's own task
+            await asyncio.sleep(0.01)

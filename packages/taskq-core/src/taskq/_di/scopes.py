@@ -153,6 +153,16 @@ class ScopeContainer:
                 else await solve_dependencies(entry.factory, registry, containers, {})
             )
             value, teardown = await enter(entry.lifecycle, entry.provider, kwargs)
+            if self._closed:
+                # The scope closed while this was created (its creation outlives the job
+                # that asked): no close would ever come for it, so it is closed now.
+                if teardown is not None:
+                    result = teardown(None)
+                    if inspect.isawaitable(result):
+                        await result
+                raise RuntimeError(
+                    f"the {self.scope.name} scope closed while {entry.name} was created"
+                )
         except BaseException as exc:
             self._fail(entry, exc)
             raise

@@ -127,6 +127,15 @@ class _CancelController:
                 or active.fenced
             ):
                 continue
+            # Still this attempt's (a cancel request carries no attempt fence): a job
+            # reclaimed and running elsewhere by now is not this worker's to cancel.
+            row = await state.backend.get(job_id)
+            if (
+                row is None
+                or row.locked_by_worker != state.worker_id
+                or row.attempt != active.row.attempt
+            ):
+                continue
             reason = "the actor ran past its limit (timeout or deadline) and did not stop"
             if not await state.backend.write_cancel_request(job_id, reason):
                 continue

@@ -215,6 +215,22 @@ class ScopeContainer:
         """Whether every pending teardown is synchronous, so closing never awaits."""
         return not self._async_teardowns
 
+    def _teardown_failed(self, entry: ProviderEntry, exc: BaseException) -> BaseException | None:
+        """Log a teardown's failure. A ``BaseException`` (a ``CancelledError``) comes
+        back, for the caller to re-raise once every other teardown has run."""
+        if isinstance(exc, Exception):
+            _log.error(
+                "taskq.di-teardown-failed", scope=self.scope.name, provider=entry.name, exc_info=exc
+            )
+            return None
+        _log.warning(
+            "taskq.di-teardown-interrupted",
+            scope=self.scope.name,
+            provider=entry.name,
+            error=type(exc).__name__,
+        )
+        return exc
+
     def close_sync_suffix(self, error: BaseException | None = None) -> None:
         """Tear down, in the calling thread, the values created last whose teardowns are
         synchronous (every one, unless an async provider's came in between): the rest
@@ -226,15 +242,8 @@ class ScopeContainer:
             entry, teardown = self._teardowns.pop()
             try:
                 teardown(error)
-            except Exception as exc:  # noqa: BLE001 - log and carry on with the other teardowns
-                _log.error(
-                    "taskq.di-teardown-failed",
-                    scope=self.scope.name,
-                    provider=entry.name,
-                    exc_info=exc,
-                )
-            except BaseException as exc:  # noqa: BLE001 - re-raised once all teardowns ran
-                deferred = deferred or exc
+            except BaseException as exc:  # noqa: BLE001 - logged; carry on with the others
+                deferred = deferred or self._teardown_failed(entry, exc)
         if deferred is not None:
             raise deferred
 
@@ -257,21 +266,8 @@ class ScopeContainer:
                 result = teardown(error)
                 if inspect.isawaitable(result):
                     await result
-            except Exception as exc:  # noqa: BLE001 - log and carry on with the other teardowns
-                _log.error(
-                    "taskq.di-teardown-failed",
-                    scope=self.scope.name,
-                    provider=entry.name,
-                    exc_info=exc,
-                )
-            except BaseException as exc:  # noqa: BLE001 - re-raised once all teardowns ran
-                _log.warning(
-                    "taskq.di-teardown-interrupted",
-                    scope=self.scope.name,
-                    provider=entry.name,
-                    error=type(exc).__name__,
-                )
-                deferred = deferred or exc
+            except BaseException as exc:  # noqa: BLE001 - logged; carry on with the others
+                deferred = deferred or self._teardown_failed(entry, exc)
         self._async_teardowns = 0
         with self._lock:
             self._values.clear()

@@ -392,6 +392,28 @@ async def test_a_strict_payload_model_with_times_ids_and_enums_runs() -> None:
     assert seen == [sent, sent]
 
 
+async def test_a_payload_the_worker_finds_invalid_is_logged_with_the_job() -> None:
+    # Enqueued by another application's model (or one changed since): the job failed
+    # with no line in the worker's log.
+    import structlog.testing
+
+    @actor(name="counts_things", max_attempts=3)
+    async def counts(payload: _Strict) -> None: ...
+
+    tq = TaskQ("memory://", actors=[counts])
+    async with tq:
+        good = {"at": "2026-12-04T12:00:00Z", "ref": str(uuid4()), "colour": "red"}
+        args = tq.client.build_args(counts, good)
+        stored = await tq.backend.enqueue(args.model_copy(update={"payload": {"at": "soon"}}))
+        merge = structlog.contextvars.merge_contextvars
+        with structlog.testing.capture_logs(processors=[merge]) as logs:
+            await run_until_idle(tq)
+        row = await tq.client.get(stored.id)
+    assert row is not None and row.status is JobStatus.FAILED and row.attempt == 1
+    [entry] = [e for e in logs if e["event"] == "taskq.job-payload-invalid"]
+    assert entry["job_id"] == str(stored.id) and "at" in entry["error"]
+
+
 class _Aborted(BaseException):
     """Not an ``Exception``, as some libraries' own are (a test runner's failure)."""
 

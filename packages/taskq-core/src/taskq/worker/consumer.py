@@ -189,6 +189,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         # The same payload fails every time: no retry. A validator that raised other
         # than a validation error (a model changed since the enqueue) is said as such,
         # where it read as an outcome that could not be recorded.
+        _log.info("taskq.job-payload-invalid", error=repr(exc), decision="fail")
         _settle_unstarted(state, active)
         await _fail(state, row, exc, retry_delay=None)
         return

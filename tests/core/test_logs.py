@@ -83,3 +83,31 @@ async def test_job_fields_bound_in_a_task_end_with_it() -> None:
         structlog.contextvars.clear_contextvars()
     assert inside["job_id"] == str(job.id) and inside["request"] == "r1"
     assert after == {"request": "r1"}
+
+
+def test_a_librarys_stdlib_records_are_json_lines_too() -> None:
+    # asyncpg logs its pool's failures through `logging`: in an outage, multi-line
+    # plain-text tracebacks came out among the JSON lines a log shipper reads.
+    import json
+    import subprocess
+    import sys
+
+    script = """
+import logging
+import structlog
+from taskq.logs import configure_logging
+configure_logging(json=True)
+try:
+    raise ConnectionResetError("connection reset")
+except ConnectionResetError:
+    logging.getLogger("asyncpg.pool").warning("Failed to restore the pool", exc_info=True)
+logging.getLogger("asyncpg").info("chatter below warning stays out")
+structlog.get_logger("taskq").warning("taskq.own-record", n=1)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    records = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [r["event"] for r in records] == ["Failed to restore the pool", "taskq.own-record"]
+    assert records[0]["logger"] == "asyncpg.pool" and records[0]["level"] == "warning"
+    assert "ConnectionResetError: connection reset" in records[0]["exception"]

@@ -2,7 +2,9 @@
 
 Records go to stderr so that command output on stdout (tables, ``--json``)
 stays machine-readable. On a terminal they are rendered for people; anywhere
-else as JSON lines for log shippers.
+else as JSON lines for log shippers, the standard library's records too (a
+driver's warnings: asyncpg's pool logs through ``logging``), unless the process
+configured ``logging`` itself.
 """
 
 from __future__ import annotations
@@ -34,22 +36,34 @@ def configure_logging(*, level: int = logging.INFO, json: bool | None = None) ->
         return
     _configured = True
     use_json = not sys.stderr.isatty() if json is None else json
-    processors: list[structlog.typing.Processor] = [
-        structlog.contextvars.merge_contextvars,
+    stamped: list[structlog.typing.Processor] = [
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
-    if use_json:
-        processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
-    else:
-        # the console renderer formats exceptions itself
-        processors.append(structlog.dev.ConsoleRenderer())
+    rendered: list[structlog.typing.Processor] = (
+        [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+        if use_json
+        else [structlog.dev.ConsoleRenderer()]  # it formats exceptions itself
+    )
     structlog.configure(
-        processors=processors,
+        processors=[structlog.contextvars.merge_contextvars, *stamped, *rendered],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+    root = logging.getLogger()
+    if not root.handlers:
+        # A library's records (asyncpg's multi-line tracebacks in an outage) came out
+        # as plain text among the JSON lines.
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            structlog.stdlib.ProcessorFormatter(
+                foreign_pre_chain=[structlog.stdlib.add_logger_name, *stamped],
+                processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *rendered],
+            )
+        )
+        root.addHandler(handler)
+        root.setLevel(max(level, logging.WARNING))  # libraries' info chatter stays out
 
 
 def bind_job_fields(job: JobRow) -> Mapping[str, Token[Any]]:

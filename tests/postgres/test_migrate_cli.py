@@ -143,3 +143,17 @@ def test_the_taskq_command_does_not_import_the_driver() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_a_server_that_never_answers_is_a_timeout_said_as_such() -> None:
+    # A listener that accepts and says nothing: the line ended "cannot connect to ...:".
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        dsn = f"postgresql://postgres:pw@127.0.0.1:{port}/x"
+        line = _assert_one_clear_line(_taskq("migrate", "--dsn", dsn))
+    assert line.startswith("taskq migrate: error: cannot connect to PostgreSQL at")
+    assert line.endswith(": TimeoutError") and "pw" not in line

@@ -46,25 +46,16 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
     """Connect, and turn every expected failure into a one-line :class:`_CommandError`."""
     import asyncpg
 
-    from taskq_postgres._connect import check_dsn, redact
+    from taskq_postgres._connect import check_dsn, redact, translated_errors
     from taskq_postgres.migrate import MigrationError
 
     try:  # the check the other commands make: asyncpg leaks bare errors (a port's range)
         check_dsn(dsn)
-    except ConfigurationError as exc:
+        # The backend's translation: a timeout said nothing after "cannot connect ...:".
+        with translated_errors(dsn):
+            conn = await asyncpg.connect(dsn, timeout=_CONNECT_TIMEOUT_SECONDS)
+    except TaskQError as exc:
         raise _CommandError(str(exc)) from exc
-    try:
-        conn = await asyncpg.connect(dsn, timeout=_CONNECT_TIMEOUT_SECONDS)
-    except asyncpg.ClientConfigurationError as exc:
-        reason = str(exc).removeprefix("invalid DSN: ")
-        raise _CommandError(f"invalid DSN {redact(dsn)}: {reason}") from exc
-    except ValueError as exc:  # asyncpg's URL parsing leaks bare int() errors
-        raise _CommandError(
-            f"invalid DSN {redact(dsn)}: expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
-            f"({exc})"
-        ) from exc
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise _CommandError(f"cannot connect to {redact(dsn)}: {exc}") from exc
     try:
         yield conn
     except MigrationError as exc:

@@ -51,7 +51,14 @@ def fail_past_deadline(store: JobStore, now: datetime) -> int:
         and row.scheduled_at < FINALIZER_PARKED_AT  # a parked finalizer's starts at release
     ]
     for row in late:
-        store.move(row, _S.FAILED, now, finished_at=now, error=DEADLINE_EXCEEDED)
+        store.move(
+            row,
+            _S.FAILED,
+            now,
+            detail={"reason": "deadline_exceeded"},
+            finished_at=now,
+            error=DEADLINE_EXCEEDED,
+        )
     return len(late)
 
 

@@ -92,7 +92,9 @@ failed AS (
 ),
 events AS (
     INSERT INTO {schema}.job_events (job_id, kind, detail)
-    SELECT f.id, 'state_change', jsonb_build_object('from_state', f.from_status, 'to_state', 'failed')
+    SELECT f.id, 'state_change',
+           jsonb_build_object('from_state', f.from_status, 'to_state', 'failed',
+                              'reason', 'deadline_exceeded')
     FROM failed f
     ORDER BY f.id
 )

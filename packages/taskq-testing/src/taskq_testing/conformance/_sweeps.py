@@ -130,7 +130,11 @@ class SweepTests(TimeLimits):
             assert error_class_name(failed.error) == "DeadlineExceeded"
             [event] = await backend.get_events(job.id)
             assert event.kind == "state_change"
-            assert (event.detail["from_state"], event.detail["to_state"]) == (job.status, "failed")
+            assert event.detail == {
+                "from_state": job.status,
+                "to_state": "failed",
+                "reason": "deadline_exceeded",  # a job failed by no attempt says why
+            }
             assert_close(failed.finished_at, event.occurred_at)
         for job in untouched:
             assert await backend.get(job.id) == job

@@ -25,7 +25,7 @@ from taskq import (
 from taskq.backend import FakeClock
 from taskq.backend.memory import InMemoryBackend
 from taskq.worker import Worker
-from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
+from taskq.worker._transient import RepeatedWarning, UnexpectedLoopErrorGuard, transient_errors
 from tests.worker.running import running
 
 SETTINGS = {
@@ -80,6 +80,47 @@ def test_the_loop_guard_tolerates_isolated_errors_and_reraises_a_streak() -> Non
     guard.failed(ValueError("two again"))
     with pytest.raises(ValueError, match="three"):
         guard.failed(ValueError("three"))
+
+
+def test_a_transient_error_met_every_turn_is_logged_once_per_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A dispatch loop polling each second logged each failure: 3,600 lines an hour of
+    # one outage.
+    now = [1000.0]
+    monkeypatch.setattr("taskq.worker._transient.time.monotonic", lambda: now[0])
+    warning = RepeatedWarning("taskq.test-transient-error", every=30.0)
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(60):  # a minute of turns, one a second
+            warning.failed(ConnectionRefusedError("down"))
+            now[0] += 1.0
+        warning.ok()  # back: the next failure is news again
+        warning.failed(ConnectionRefusedError("down again"))
+    assert [(e["event"], e["repeated"]) for e in logs] == [
+        ("taskq.test-transient-error", 0),
+        ("taskq.test-transient-error", 29),
+        ("taskq.test-transient-error", 0),
+    ]
+    assert "down again" in logs[-1]["error"]
+
+
+async def test_a_worker_cut_off_logs_its_dispatch_failures_once_not_every_poll() -> None:
+    from tests.worker.flaky_backend import CutOff
+
+    backend = CutOff()
+    tq = TaskQ("memory://", actors=[], backend=backend)
+    async with tq:
+        with structlog.testing.capture_logs() as logs:
+            async with running(tq, SETTINGS):  # a poll every 50 ms
+                await asyncio.sleep(0.3)  # started
+                backend.away = True
+                await asyncio.sleep(1.0)
+                backend.away = False
+    # A failed dispatch may have locked jobs: the turns after it look for them, and
+    # fail in turn, each logged at every poll (about 20 lines here, 3,600 an hour).
+    kinds = ("taskq.dispatch-transient-error", "taskq.unheard-jobs-transient-error")
+    failures = [e["event"] for e in logs if e["event"] in kinds]
+    assert 1 <= len(failures) <= 2 and len(set(failures)) == len(failures)
 
 
 def test_transient_errors_come_from_every_plugin() -> None:

@@ -8,12 +8,13 @@ hook: core's generic shapes plus each backend's (taskq-postgres contributes
 from __future__ import annotations
 
 import functools
+import time
 
 import structlog
 
 from taskq.plugins._registry import call_each
 
-__all__ = ["UnexpectedLoopErrorGuard", "transient_errors"]
+__all__ = ["RepeatedWarning", "UnexpectedLoopErrorGuard", "transient_errors"]
 
 _log = structlog.get_logger("taskq.worker")
 
@@ -70,3 +71,29 @@ class UnexpectedLoopErrorGuard:
     def succeeded(self) -> None:
         """A whole iteration did its work: forget the streak."""
         self.streak = 0
+
+
+class RepeatedWarning:
+    """A transient error a loop meets each turn, logged once, then at most once per
+    ``every`` seconds while it keeps coming (an outage), saying how many turns it left
+    out (``repeated``): a dispatch loop polling each second wrote 3,600 lines an hour.
+    :meth:`ok` ends the run, so the next error is logged at once."""
+
+    def __init__(self, event: str, every: float = 30.0) -> None:
+        self.event = event
+        self.every = every
+        self._last: float | None = None
+        self._left_out = 0
+
+    def failed(self, exc: BaseException) -> None:
+        """Log ``exc`` unless one was logged within ``every`` seconds."""
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self.every:
+            self._left_out += 1
+            return
+        _log.warning(self.event, error=repr(exc), repeated=self._left_out)
+        self._last, self._left_out = now, 0
+
+    def ok(self) -> None:
+        """The loop's turn went through: the run of errors, if any, is over."""
+        self._last, self._left_out = None, 0

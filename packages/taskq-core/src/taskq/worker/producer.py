@@ -23,7 +23,7 @@ import structlog
 from taskq.backend import SupportsActorDispatch, SupportsHeldJobs, SupportsUnstartedHandBack
 from taskq.models import JobRow
 from taskq.worker._state import WorkerState
-from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
+from taskq.worker._transient import RepeatedWarning, UnexpectedLoopErrorGuard, transient_errors
 
 _log = structlog.get_logger("taskq.worker")
 
@@ -82,6 +82,8 @@ async def producer_loop(state: WorkerState) -> None:
     transient = transient_errors()  # the bound's TimeoutError among them (core's)
     clock = asyncio.get_running_loop()
     dispatch = _dispatcher(state)
+    dispatch_failing = RepeatedWarning("taskq.dispatch-transient-error")
+    unheard_failing = RepeatedWarning("taskq.unheard-jobs-transient-error")
     async with state.backend.subscribe_wake() as wake:
         while not state.stopping.is_set():
             state.liveness.tick("producer", poll)
@@ -94,12 +96,13 @@ async def producer_loop(state: WorkerState) -> None:
                         await hand_back_unheard(state)
                 except Exception as exc:  # noqa: BLE001 - transient, or the guard decides
                     if isinstance(exc, transient):
-                        _log.warning("taskq.unheard-jobs-transient-error", error=repr(exc))
+                        unheard_failing.failed(exc)
                     else:
                         guard.failed(exc)
                     state.unheard_suspected = True
                     await _wait(poll, state.stopping)
                     continue
+                unheard_failing.ok()
             free = state.free_slots()
             if free <= 0:
                 state.slot_freed.clear()
@@ -116,7 +119,7 @@ async def producer_loop(state: WorkerState) -> None:
                 async with asyncio.timeout_at(max(deadline, clock.time() + bound / 4)):
                     jobs = await dispatch(wanted)
             except transient as exc:
-                _log.warning("taskq.dispatch-transient-error", error=repr(exc))
+                dispatch_failing.failed(exc)
                 state.unheard_suspected = True  # it may have locked jobs all the same
                 await _wait(poll, state.stopping)
                 continue
@@ -126,6 +129,7 @@ async def producer_loop(state: WorkerState) -> None:
                 await _wait(poll, state.stopping)
                 continue
             guard.succeeded()
+            dispatch_failing.ok()
             for row in jobs:
                 state.hold(row, sent)
             # Only an empty dispatch means nothing is due. A short one may have skipped

@@ -29,6 +29,7 @@ from taskq.errors import OutcomeNotRecorded as OutcomeNotRecorded
 from taskq.errors import PayloadValidationError as PayloadValidationError
 from taskq.errors import ProtocolVersionMismatch as ProtocolVersionMismatch
 from taskq.errors import ResultExpiredError as ResultExpiredError
+from taskq.errors import RetryRefusedError as RetryRefusedError
 from taskq.errors import ScopeViolation as ScopeViolation
 from taskq.errors import SingletonCollisionError as SingletonCollisionError
 from taskq.errors import TaskQError as TaskQError
@@ -99,6 +100,7 @@ __all__ = [
     "QueueConfig",
     "ResultExpiredError",
     "RetryAfter",
+    "RetryRefusedError",
     "ScheduleCreateArgs",
     "ScheduleRecord",
     "ScheduleUpdateArgs",

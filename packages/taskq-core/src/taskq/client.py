@@ -265,7 +265,8 @@ class JobsClient:
     async def retry(self, job_id: UUID | str) -> bool:
         """Run a failed, crashed, cancelled or abandoned job again. False otherwise;
         ``SingletonCollisionError`` for a singleton whose identity another active job
-        holds (retry it once that one has ended)."""
+        holds (retry it once that one has ended); ``RetryRefusedError`` for a job past
+        its ``schedule_to_close`` deadline (it would fail at once: enqueue it anew)."""
         return await self._backend.retry_job(_as_job_id(job_id))
 
     async def cancel(self, job_id: UUID | str, *, reason: str | None = None) -> bool:

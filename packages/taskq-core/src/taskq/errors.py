@@ -50,6 +50,7 @@ __all__ = [
     "PluginLoadError",
     "ProtocolVersionMismatch",
     "ResultExpiredError",
+    "RetryRefusedError",
     "ScopeViolation",
     "SingletonCollisionError",
     "TaskQError",
@@ -217,6 +218,20 @@ class SingletonCollisionError(EnqueueError):
             f"job {job_id} is a singleton of actor {actor!r} and identity {identity_key!r}, "
             f"which active job {holder} holds: retried now it would be a second one; "
             f"retry it once that job has ended"
+        )
+
+
+class RetryRefusedError(TaskQError):
+    """An operator's retry of a finished job was refused: run again, it could only fail
+    at once (its ``schedule_to_close`` deadline has passed). Enqueue a new job instead."""
+
+    @classmethod
+    def past_deadline(cls, job_id: object, deadline: object) -> RetryRefusedError:
+        """The refusal of a retry of ``job_id``, whose deadline passed at ``deadline``."""
+        return cls(
+            f"job {job_id} cannot run again: its schedule_to_close deadline passed at "
+            f"{deadline}, so a retry would fail at once (DeadlineExceeded); enqueue a new "
+            f"job instead"
         )
 
 

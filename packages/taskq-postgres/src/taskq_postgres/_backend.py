@@ -42,7 +42,7 @@ from taskq.backend._protocol import ScheduleFire
 from taskq.backend.cron import cron_slots, first_fire_at, skipped_slots
 from taskq.backend.fairness import STRICT, CohortTurns, cohort_of
 from taskq.backend.storable import check_delay, clean_text, dump_json
-from taskq.errors import ConfigurationError, SingletonCollisionError, TaskQError
+from taskq.errors import ConfigurationError, RetryRefusedError, SingletonCollisionError, TaskQError
 from taskq.identifiers import validate_schema_name
 from taskq.models import (
     ActorConfig,
@@ -1295,6 +1295,8 @@ class PostgresBackend:
             raise SingletonCollisionError.on_retry(
                 job_id, target["actor"], target["identity_key"], record["holder"]
             )
+        if record is not None and record["late"] is not None:
+            raise RetryRefusedError.past_deadline(job_id, record["late"].isoformat())
         return bool(record is not None and record["changed"])
 
     # -- sweeps ----------------------------------------------------------------------------

@@ -370,7 +370,9 @@ class Backend(Protocol):
     async def retry_job(self, job_id: JobId) -> bool:
         """Put a failed/crashed/cancelled/abandoned job back to ``pending`` (with at
         least one attempt left). False for any other status; ``SingletonCollisionError``
-        for a singleton whose identity another active job holds."""
+        for a singleton whose identity another active job holds; ``RetryRefusedError``
+        for a job whose ``schedule_to_close`` deadline has passed (on the backend's
+        clock): it could only fail again at once."""
         ...
 
     # -- sweeps (the backend's clock is the arbiter) ------------------------

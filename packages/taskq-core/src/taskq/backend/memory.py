@@ -59,7 +59,7 @@ from taskq.backend.cron import cron_slots, skipped_slots
 from taskq.backend.fairness import CohortTurns, cohort_of
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
 from taskq.backend.storable import check_delay, clean_text, stored_json
-from taskq.errors import SingletonCollisionError, TaskQError
+from taskq.errors import RetryRefusedError, SingletonCollisionError, TaskQError
 from taskq.models import (
     DEADLINE_EXCEEDED,
     INT32_MAX,
@@ -791,6 +791,8 @@ class InMemoryBackend:
         if holder is not None:
             raise SingletonCollisionError.on_retry(job_id, row.actor, row.identity_key, holder.id)
         now = self.clock.now()
+        if row.deadline_at is not None and row.deadline_at <= now:
+            raise RetryRefusedError.past_deadline(job_id, row.deadline_at.isoformat())
         # An operator reset, not a state-machine transition (terminal statuses have
         # none), so it is written without the transition check.
         self._store.write_status(

@@ -495,19 +495,25 @@ SELECT count(*) AS changed FROM escalated
 """
 
 RETRY_JOB: Final = """
--- arbiter: clock_timestamp() (scheduled_at = now)
+-- arbiter: clock_timestamp() (scheduled_at = now; the deadline check deadline <= now)
 -- An operator reset of a finished job, not a state-machine transition (terminal
 -- statuses have none). A job that spent its budget gets one more attempt. A singleton
 -- comes back only while no other active job holds its identity (holder: the one that
 -- does); the caller holds the singleton's lock (SINGLETON_LOCKS), taken in an earlier
 -- statement of the transaction so that this one's snapshot sees a competing enqueue.
--- $1 job, $2 wake channel.
+-- A job past its schedule_to_close deadline is not retried (late: its deadline): it
+-- could only fail again at once. $1 job, $2 wake channel.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 target AS (
-    SELECT j.id, j.status, j.actor, j.identity_key, j.singleton
+    SELECT j.id, j.status, j.actor, j.identity_key, j.singleton, j.schedule_to_close_deadline
     FROM {schema}.jobs j
     WHERE j.id = $1 AND j.status IN ('failed', 'crashed', 'cancelled', 'abandoned')
     FOR UPDATE
+),
+late AS (
+    SELECT t.schedule_to_close_deadline AS deadline
+    FROM target t CROSS JOIN now n
+    WHERE t.schedule_to_close_deadline <= n.ts
 ),
 holder AS (
     SELECT o.id
@@ -525,7 +531,7 @@ retried AS (
         finished_at = NULL, result = NULL, result_expires_at = NULL,
         error_class = NULL, error_message = NULL, error_traceback = NULL
     FROM target t CROSS JOIN now n
-    WHERE j.id = t.id AND NOT EXISTS (SELECT 1 FROM holder)
+    WHERE j.id = t.id AND NOT EXISTS (SELECT 1 FROM holder) AND NOT EXISTS (SELECT 1 FROM late)
     RETURNING j.id, t.status AS from_status
 ),
 event AS (
@@ -540,7 +546,7 @@ notified AS (
     WHERE $2::text IS NOT NULL AND EXISTS (SELECT 1 FROM retried)
 )
 SELECT (SELECT count(*) FROM retried) AS changed, (SELECT count(*) FROM notified) AS notified,
-       (SELECT h.id FROM holder h) AS holder
+       (SELECT h.id FROM holder h) AS holder, (SELECT l.deadline FROM late l) AS late
 """
 
 RETRY_TARGET: Final = """

@@ -18,7 +18,7 @@ from taskq.backend import (
     SupportsBatchedSuccess,
     SupportsUnstartedHandBack,
 )
-from taskq.errors import SingletonCollisionError
+from taskq.errors import RetryRefusedError, SingletonCollisionError
 from taskq.models import INT32_MAX, MAX_DURATION, AttemptOutcome, ErrorInfo, JobRow, SuccessWrite
 from taskq_testing.conformance._support import (
     ERROR,
@@ -1051,6 +1051,29 @@ class TerminalWriteTests:
         before = await _snapshot(backend, job.id)
         assert not await backend.retry_job(job.id)
         assert await _snapshot(backend, job.id) == before
+
+    @covers("retry_job", "deadline_sweep")
+    async def test_retry_job_refuses_a_job_past_its_deadline(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # It was put back to pending, said so, and failed DeadlineExceeded again at the
+        # next sweep, without running.
+        late = await enqueue_and_dispatch(
+            backend, worker_id=uuid4(), schedule_to_close=SHORT_LEASE, lease=LONG_LEASE
+        )
+        timely = await enqueue_and_dispatch(
+            backend, worker_id=uuid4(), schedule_to_close=FAR, lease=LONG_LEASE
+        )
+        for job in (late, timely):
+            assert await backend.write_cancel_request(job.id, "stop")
+            assert await backend.mark_cancelled(job.id, job.locked_by_worker)  # type: ignore[arg-type]
+        await advance_time(SHORT_LEASE * 2)
+        before = await _snapshot(backend, late.id)
+        with pytest.raises(RetryRefusedError, match="deadline passed at"):
+            await backend.retry_job(late.id)
+        assert await _snapshot(backend, late.id) == before
+        assert await backend.retry_job(timely.id)
+        assert (await fetch(backend, timely.id)).status is JobStatus.PENDING
 
     @covers("retry_job")
     async def test_retry_job_of_an_unknown_job_is_false(self, backend: Backend) -> None:

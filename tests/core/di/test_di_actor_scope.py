@@ -423,3 +423,27 @@ async def test_a_teardown_raising_a_base_exception_in_the_actors_thread_closes_t
         async with build_actor_scope(job, registry, containers, {"payload": 1}) as scope:
             await scope.invoke(executor)
     assert order == ["body", "close conn", "close session", "close pool"]
+
+
+async def test_every_teardown_failure_is_logged_after_an_interrupted_one(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    # Once one teardown raised a BaseException, the later failures went unlogged.
+    def failing() -> Iterator[Pool]:
+        yield Pool()
+        raise ValueError("close failed")
+
+    def interrupted() -> Iterator[Session]:
+        yield Session(Pool())
+        raise _Exit
+
+    async def job(payload: int, pool: Pool, session: Session) -> None:
+        return None
+
+    registry.register(Pool, failing, scope=Scope.TRANSIENT)
+    registry.register(Session, interrupted, scope=Scope.TRANSIENT)
+    with structlog.testing.capture_logs() as logs, pytest.raises(_Exit):
+        async with build_actor_scope(job, registry, containers, {"payload": 1}):
+            pass
+    events = [e["event"] for e in logs]
+    assert events == ["taskq.di-teardown-interrupted", "taskq.di-teardown-failed"]

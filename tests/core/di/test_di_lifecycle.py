@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from types import TracebackType
 from typing import Self
@@ -175,8 +175,24 @@ async def test_a_plain_function_returning_an_awaitable_is_a_clear_error(
         return make_service_async(config)
 
     registry.register(Service, wrapper)
-    with pytest.raises(TypeError, match="returned a coroutine, not a value"):
+    with pytest.raises(TypeError, match="returned an awaitable, not a value"):
         await _resolve(registry, Service, containers)
+
+
+class _PoolToOpen:
+    """What asyncpg.create_pool returns: awaitable, and unusable until awaited."""
+
+    def __await__(self) -> Generator[None, None, _PoolToOpen]:
+        yield
+        return self
+
+
+async def test_an_awaitable_still_to_open_from_a_plain_provider_is_refused(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    registry.register(_PoolToOpen, lambda: _PoolToOpen())
+    with pytest.raises(TypeError, match="returned an awaitable, not a value"):
+        await _resolve(registry, _PoolToOpen, containers)
 
 
 async def test_a_future_made_by_a_plain_provider_is_the_value(

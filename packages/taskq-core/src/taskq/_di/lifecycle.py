@@ -14,6 +14,7 @@ it with :meth:`~taskq._di.registry.ProviderRegistry.register_context`.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping
@@ -94,12 +95,15 @@ def enter_sync(
     factory = cast("Callable[..., Any]", provider)
     if lifecycle is Lifecycle.FACTORY:
         value = factory(**kwargs)
-        if inspect.iscoroutine(value):  # a future or a task may be the value itself
-            value.close()  # never awaited: no "never awaited" warning either
+        # A future (or task) may be the value itself: a signal jobs share. Any other
+        # awaitable is a value still to come (a coroutine, asyncpg.create_pool's pool).
+        if inspect.isawaitable(value) and not isinstance(value, asyncio.Future):
+            if inspect.iscoroutine(value):
+                value.close()  # never awaited: no "never awaited" warning either
             raise TypeError(
-                f"provider {provider!r} returned a coroutine, not a value: a plain function "
-                f"(a lambda) around an async one cannot be awaited here; register the "
-                f"async function itself, or a functools.partial of it"
+                f"provider {provider!r} returned an awaitable, not a value: a plain "
+                f"function (a lambda) around an async one cannot be awaited here; register "
+                f"the async function itself, or a functools.partial of it"
             )
         return value, None
     if lifecycle is Lifecycle.GENERATOR:

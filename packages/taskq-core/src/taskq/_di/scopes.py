@@ -204,6 +204,12 @@ class ScopeContainer:
                 else solve_dependencies_sync(entry.factory, registry, containers, {}, loop)
             )
             value, teardown = enter_sync(entry.lifecycle, entry.provider, kwargs)
+            if self._closed:  # closed while this was created: no close would come for it
+                if teardown is not None:
+                    teardown(None)
+                raise RuntimeError(
+                    f"the {self.scope.name} scope closed while {entry.name} was created"
+                )
         except BaseException as exc:
             self._fail(entry, exc)
             raise
@@ -243,7 +249,8 @@ class ScopeContainer:
             try:
                 teardown(error)
             except BaseException as exc:  # noqa: BLE001 - logged; carry on with the others
-                deferred = deferred or self._teardown_failed(entry, exc)
+                interrupted = self._teardown_failed(entry, exc)  # every failure logged
+                deferred = deferred or interrupted
         if deferred is not None:
             raise deferred
 
@@ -267,7 +274,8 @@ class ScopeContainer:
                 if inspect.isawaitable(result):
                     await result
             except BaseException as exc:  # noqa: BLE001 - logged; carry on with the others
-                deferred = deferred or self._teardown_failed(entry, exc)
+                interrupted = self._teardown_failed(entry, exc)  # every failure logged
+                deferred = deferred or interrupted
         self._async_teardowns = 0
         with self._lock:
             self._values.clear()

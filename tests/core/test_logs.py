@@ -95,8 +95,9 @@ def test_a_librarys_stdlib_records_are_json_lines_too() -> None:
     script = """
 import logging
 import structlog
-from taskq.logs import configure_logging
+from taskq.logs import configure_logging, route_stdlib_logging
 configure_logging(json=True)
+route_stdlib_logging()
 try:
     raise ConnectionResetError("connection reset")
 except ConnectionResetError:
@@ -111,3 +112,23 @@ structlog.get_logger("taskq").warning("taskq.own-record", n=1)
     assert [r["event"] for r in records] == ["Failed to restore the pool", "taskq.own-record"]
     assert records[0]["logger"] == "asyncpg.pool" and records[0]["level"] == "warning"
     assert "ConnectionResetError: connection reset" in records[0]["exception"]
+
+
+def test_an_applications_own_logging_set_up_is_kept() -> None:
+    # The worker routed the library's records before importing the application, whose
+    # logging.basicConfig then did nothing: its lines vanished, its format replaced.
+    import subprocess
+    import sys
+
+    script = """
+import logging
+from taskq.logs import configure_logging, route_stdlib_logging
+configure_logging(json=True)
+logging.basicConfig(level=logging.INFO, format="APP %(levelname)s %(message)s")  # the app's
+route_stdlib_logging()
+logging.getLogger("app").info("hello")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stderr.splitlines() == ["APP INFO hello"]

@@ -387,3 +387,11 @@ def test_no_duration_setting_may_be_negative() -> None:
     for name in durations:
         with pytest.raises(ValidationError, match="must not be negative"):
             WorkerSettings(**{name: -1})
+
+
+def test_the_applications_own_logging_set_up_is_kept() -> None:
+    # The worker took the root logger before importing the application: its
+    # basicConfig did nothing, its lines vanished.
+    proc = worker("tests.apps.own_logging:tq", "--until-idle", env={"TASKQ_POLL_INTERVAL": "50ms"})
+    assert proc.returncode == 0, proc.stderr
+    assert "APP INFO configured its own logging" in proc.stderr.splitlines()

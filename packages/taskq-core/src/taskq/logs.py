@@ -21,9 +21,14 @@ import structlog
 if TYPE_CHECKING:
     from taskq.models import JobRow
 
-__all__ = ["bind_job_context", "bind_job_fields", "configure_logging"]
+__all__ = ["bind_job_context", "bind_job_fields", "configure_logging", "route_stdlib_logging"]
 
 _configured = False
+_STAMPED: list[structlog.typing.Processor] = [
+    structlog.processors.add_log_level,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+]
+_rendered: list[structlog.typing.Processor] = [structlog.processors.JSONRenderer()]
 
 
 def configure_logging(*, level: int = logging.INFO, json: bool | None = None) -> None:
@@ -31,39 +36,46 @@ def configure_logging(*, level: int = logging.INFO, json: bool | None = None) ->
 
     ``json=None`` picks JSON lines unless stderr is a terminal.
     """
-    global _configured
+    global _configured, _rendered
     if _configured:
         return
     _configured = True
     use_json = not sys.stderr.isatty() if json is None else json
-    stamped: list[structlog.typing.Processor] = [
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    rendered: list[structlog.typing.Processor] = (
+    _rendered = (
         [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
         if use_json
         else [structlog.dev.ConsoleRenderer()]  # it formats exceptions itself
     )
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, *stamped, *rendered],
+        processors=[structlog.contextvars.merge_contextvars, *_STAMPED, *_rendered],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def route_stdlib_logging() -> None:
+    """Render the standard library's records (a driver's: asyncpg's pool warnings, whose
+    multi-line tracebacks came out as plain text among the JSON lines) as TaskQ's own,
+    with the job's fields, unless the process configured ``logging`` itself. Call it
+    after :func:`configure_logging` and after the application is imported (its
+    ``logging.basicConfig`` then wins)."""
     root = logging.getLogger()
-    if not root.handlers:
-        # A library's records (asyncpg's multi-line tracebacks in an outage) came out
-        # as plain text among the JSON lines.
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(
-            structlog.stdlib.ProcessorFormatter(
-                foreign_pre_chain=[structlog.stdlib.add_logger_name, *stamped],
-                processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *rendered],
-            )
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.contextvars.merge_contextvars,
+                structlog.stdlib.add_logger_name,
+                *_STAMPED,
+            ],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *_rendered],
         )
-        root.addHandler(handler)
-        root.setLevel(max(level, logging.WARNING))  # libraries' info chatter stays out
+    )
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)  # libraries' info chatter stays out
 
 
 def bind_job_fields(job: JobRow) -> Mapping[str, Token[Any]]:

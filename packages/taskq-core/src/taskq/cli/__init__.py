@@ -106,9 +106,10 @@ def _missing_command(registry: CommandRegistry, argv: Sequence[str]) -> str | No
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``taskq`` console script; returns the exit code."""
-    from taskq.logs import configure_logging
+    from taskq.logs import configure_logging, route_stdlib_logging
 
     configure_logging()
+    route_stdlib_logging()
     registry = _collect_commands()
     missing = _missing_command(registry, sys.argv[1:] if argv is None else argv)
     if missing is not None:

@@ -193,7 +193,7 @@ def _unreachable(exc: BaseException) -> BaseException | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``taskq-worker`` console script; returns the exit code."""
-    from taskq.logs import configure_logging
+    from taskq.logs import configure_logging, route_stdlib_logging
     from taskq.settings import WorkerSettings
 
     configure_logging()
@@ -210,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = WorkerSettings.load(flags)
         app = _rebuild_app(load_app(args.app), settings)
+        route_stdlib_logging()  # after the app's own logging set-up, if it has one
         # What is loaded by now (modules, schemas, the app) lives as long as the
         # process: out of the cyclic collector, whose full passes over it would
         # otherwise stall the event loop for ~20 ms at a time.

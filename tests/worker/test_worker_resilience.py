@@ -99,6 +99,7 @@ def test_a_transient_error_met_every_turn_is_logged_once_per_interval(
     assert [(e["event"], e["repeated"]) for e in logs] == [
         ("taskq.test-transient-error", 0),
         ("taskq.test-transient-error", 29),
+        ("taskq.transient-errors-over", 29),  # the end of the outage, said
         ("taskq.test-transient-error", 0),
     ]
     assert "down again" in logs[-1]["error"]

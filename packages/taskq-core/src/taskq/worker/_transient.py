@@ -95,5 +95,8 @@ class RepeatedWarning:
         self._last, self._left_out = now, 0
 
     def ok(self) -> None:
-        """The loop's turn went through: the run of errors, if any, is over."""
+        """The loop's turn went through: the run of errors, if any, is over (said, with
+        the errors left out since the last line)."""
+        if self._last is not None:
+            _log.info("taskq.transient-errors-over", of=self.event, repeated=self._left_out)
         self._last, self._left_out = None, 0

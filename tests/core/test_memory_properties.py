@@ -51,7 +51,7 @@ from taskq.backend import (
     JobStatus,
 )
 from taskq.backend.memory import InMemoryBackend
-from taskq.errors import SingletonCollisionError
+from taskq.errors import RetryRefusedError, SingletonCollisionError
 from taskq.models import (
     ActorConfig,
     EnqueueArgs,
@@ -549,6 +549,14 @@ class MemoryBackendMachine(RuleBasedStateMachine):
             with pytest.raises(SingletonCollisionError):
                 self.run(self.backend.retry_job(job_id))
             event("retry_job: singleton held")
+            assert self.current(job_id) == row
+            return
+        late = row.deadline_at is not None and row.deadline_at <= self.clock.now()
+        if late and row.status in RETRYABLE:
+            # Past its deadline it could only fail again at once: refused, nothing changed.
+            with pytest.raises(RetryRefusedError):
+                self.run(self.backend.retry_job(job_id))
+            event("retry_job: past its deadline")
             assert self.current(job_id) == row
             return
         retried = self.run(self.backend.retry_job(job_id))

@@ -86,7 +86,9 @@ async def test_a_timeout_cancels_the_actors_still_running(memory_backend: Backen
     app = TaskQ("memory://", actors=[slow_side_effect], backend=memory_backend)
     await app.client.enqueue(slow_side_effect, {"n": 1})
     # No attempt ended (the count was read after the cancellation ended this one).
-    with pytest.raises(TimeoutError, match=r"\(0 attempts ended; left: 1 running\)"):
+    with pytest.raises(
+        TimeoutError, match=r"\(0 attempts ended; left: 1 running, of actors slow_side_effect\)"
+    ):
         await run_until_idle(app, timeout=0.3)
     await asyncio.sleep(1.2)  # past the actor's own end, had it been left running
     assert _SIDE_EFFECTS == []
@@ -188,3 +190,47 @@ def test_the_postgres_fixtures_say_what_to_install_when_the_driver_is_missing(
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
     result.assert_outcomes(errors=1)
     assert "pip install 'taskq-testing[postgres]'" in result.stdout.str()
+
+
+@actor(name="stuck_behind_a_backlog", queue="stuck")
+async def stuck(payload: dict[str, Any]) -> None:
+    await asyncio.sleep(30)
+
+
+async def test_jobs_left_are_counted_whatever_the_backlog_of_other_queues() -> None:
+    # Read across every queue (the first 1,000 active jobs), a backlog elsewhere hid
+    # them: "left: none".
+    from taskq.models import EnqueueArgs
+
+    tq = TaskQ("memory://", actors=[stuck])
+    async with tq:
+        await tq.backend.enqueue_batch(
+            [EnqueueArgs(actor="other", queue="q2") for _ in range(1100)]
+        )
+        await tq.client.enqueue(stuck, {})
+        with pytest.raises(
+            TimeoutError, match=r"left: 1 running, of actors stuck_behind_a_backlog"
+        ):
+            await run_until_idle(tq, queues=["stuck"], timeout=0.5)
+
+
+@actor(name="swallows_its_cancellation", queue="default")
+async def swallows(payload: dict[str, Any]) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 5.5
+    while loop.time() < end:
+        try:
+            await asyncio.sleep(end - loop.time())
+        except asyncio.CancelledError:
+            continue
+
+
+async def test_an_actor_that_swallows_its_cancellation_is_named_in_the_timeout() -> None:
+    # The error said only "left: 1 running"; the test then hung at its loop's end.
+    tq = TaskQ("memory://", actors=[swallows])
+    async with tq:
+        await tq.client.enqueue(swallows, {})
+        with pytest.raises(
+            TimeoutError, match=r"1 async actor\(s\) still running, having swallowed"
+        ):
+            await run_until_idle(tq, timeout=0.3)

@@ -841,7 +841,12 @@ async def test_until_idle_ends_when_only_jobs_of_unknown_actors_are_left() -> No
         # Enqueued by another application (the backend takes any actor name).
         ghost = await tq.backend.enqueue(EnqueueArgs(actor="ghost.actor"))
         known = await tq.client.enqueue(add, {"a": 1, "b": 2})
-        with structlog.testing.capture_logs() as logs:
+        with (
+            structlog.testing.capture_logs() as logs,
+            pytest.raises(
+                UnknownActorError, match="does not define wait in its queues: 'ghost.actor'"
+            ),
+        ):
             await run_until_idle(tq, timeout=10)  # would wait for the ghost job forever
         assert await tq.client.wait_for_result(known.id, timeout=0) == 3
         # Left for a worker that knows its actor: never locked, nor handed back.
@@ -870,7 +875,7 @@ async def test_without_actor_dispatch_a_job_of_an_unknown_actor_is_handed_back()
     async with tq:
         ghost = await tq.backend.enqueue(EnqueueArgs(actor="ghost.actor"))
         known = await tq.client.enqueue(add, {"a": 1, "b": 2})
-        with structlog.testing.capture_logs() as logs:
+        with structlog.testing.capture_logs() as logs, pytest.raises(UnknownActorError):
             await run_until_idle(tq, timeout=10)  # would bounce the ghost job forever
         assert await tq.client.wait_for_result(known.id, timeout=0) == 3
         row = await tq.client.get(ghost.id)

@@ -16,7 +16,8 @@ from typing import Any, Final
 
 from taskq import TaskQ
 from taskq.backend import JobStatus
-from taskq.models import JobFilter
+from taskq.errors import UnknownActorError
+from taskq.models import JobFilter, JobRow
 from taskq.settings import WorkerSettings
 from taskq.worker import Worker
 
@@ -56,10 +57,12 @@ async def run_until_idle(
     starting from :data:`TEST_SETTINGS`. The process's ``TASKQ_*`` variables are
     ignored, so a test runs the same everywhere. Raises ``TimeoutError`` when jobs
     are still running, pending or scheduled (a delay, a retry's backoff) after
-    ``timeout`` seconds, naming them; the async actors still running are cancelled
-    first, so none goes on after the test. A sync actor's thread cannot be stopped:
-    the error names those still running (they hold the test process until they
-    return).
+    ``timeout`` seconds, counting them by status and naming their actors; the async
+    actors still running are cancelled first, so none goes on after the test. Neither
+    a sync actor's thread nor an async actor that swallows its cancellation can be
+    stopped: the error counts those (they hold the test until they return).
+    ``UnknownActorError`` when the worker found nothing left to run but jobs of actors
+    ``app`` does not define wait in its queues (a misspelt actor name).
     """
     if timeout <= 0:
         raise ValueError(f"timeout must be positive (seconds), not {timeout}")
@@ -72,14 +75,20 @@ async def run_until_idle(
         if not budget.expired():
             raise
         ended = worker.processed  # before the cancellations below end more
-        await _cancel(worker.lingering_tasks())
-        left = await _jobs_left(app, worker.settings.queues)
+        stubborn = await _cancel(worker.lingering_tasks())
+        left = _jobs_left(await _active_rows(app, worker.settings.queues))
         threads = worker.lingering_threads()
-        running_on = (
-            f"; {threads} sync actor call(s) still running in their threads, which "
-            f"cannot be stopped"
-            if threads
-            else ""
+        running_on = "".join(
+            [
+                f"; {threads} sync actor call(s) still running in their threads, which "
+                f"cannot be stopped"
+                if threads
+                else "",
+                f"; {stubborn} async actor(s) still running, having swallowed their "
+                f"cancellation (the test's event loop waits for them at its end)"
+                if stubborn
+                else "",
+            ]
         )
         raise TimeoutError(
             f"the worker still had jobs to run after {timeout} s ({ended} attempts "
@@ -87,27 +96,59 @@ async def run_until_idle(
             f"one retried or re-enqueued without end? Pass a larger timeout= if the work "
             f"is just long"
         ) from None
+    orphans = sorted(
+        {
+            row.actor
+            for row in await _active_rows(app, worker.settings.queues)
+            if row.actor not in app.actors
+        }
+    )
+    if orphans:
+        raise UnknownActorError(
+            f"jobs of actors this application does not define wait in its queues: "
+            f"{', '.join(map(repr, orphans))}; a misspelt actor name, or an actor missing "
+            f"from TaskQ(actors=[...])? No worker of this application will run them"
+        )
     return worker
 
 
-async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+async def _cancel(tasks: list[asyncio.Task[None]]) -> int:
+    """Cancel ``tasks``; how many still run after a bounded wait."""
     for task in tasks:
         task.cancel()
-    if tasks:
-        # Bounded: an actor that swallows cancellation must not hang the test instead.
-        await asyncio.wait(tasks, timeout=5)
+    if not tasks:
+        return 0
+    # Bounded: an actor that swallows cancellation must not hang the test instead.
+    _, pending = await asyncio.wait(tasks, timeout=5)
+    return len(pending)
 
 
-async def _jobs_left(app: TaskQ, queues: list[str]) -> str:
-    """What is left to run, by status, with when the first scheduled job is due."""
-    rows = [
-        row
-        for row in await app.backend.list_jobs(JobFilter(active=True, limit=1000))
-        if row.queue in queues
-    ]
+_MOST_ROWS = 10_000
+"""The most active rows read to say what is left (a test's backlog, not a fleet's)."""
+
+
+async def _active_rows(app: TaskQ, queues: list[str]) -> list[JobRow]:
+    """The active jobs of ``queues`` (at most :data:`_MOST_ROWS`), queue by queue: read
+    across every queue, a larger backlog elsewhere hid them."""
+    rows: list[JobRow] = []
+    for queue in queues:
+        page = JobFilter(active=True, queue=queue, limit=1000)
+        while len(rows) < _MOST_ROWS and (batch := await app.backend.list_jobs(page)):
+            rows += batch
+            page = page.after(batch[-1])
+    return rows
+
+
+def _jobs_left(rows: list[JobRow]) -> str:
+    """What is left to run, by status, with when the first scheduled job is due and the
+    actors concerned."""
     counts = Counter(row.status.value for row in rows)
     parts = [f"{count} {status}" for status, count in sorted(counts.items())]
     due = [row.scheduled_at for row in rows if row.status is JobStatus.SCHEDULED]
     if due:
         parts.append(f"the first scheduled due at {min(due).isoformat()}")
+    actors = sorted({row.actor for row in rows})
+    if actors:
+        shown = ", ".join(actors[:5]) + (f" and {len(actors) - 5} more" if len(actors) > 5 else "")
+        parts.append(f"of actors {shown}")
     return ", ".join(parts) or "none"

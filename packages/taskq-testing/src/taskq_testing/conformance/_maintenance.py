@@ -115,6 +115,9 @@ class MaintenanceTests(TimeLimits):
     async def test_wait_for_result_tells_an_expired_result_from_a_none_returned(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
+        sweeper = _result_expiry(backend)
+        if not isinstance(backend, SupportsPrune):  # no clock to read: the row answers
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsPrune (now)")
         client = JobsClient(backend, {})
         worker = uuid4()
         short = await enqueue_and_dispatch(backend, worker_id=worker, result_ttl=_SHORT_TTL)
@@ -128,7 +131,6 @@ class MaintenanceTests(TimeLimits):
         with pytest.raises(ResultExpiredError, match="result expired at") as expired:
             await client.wait_for_result(short.id, timeout=0)
         assert expired.value.row.id == short.id
-        sweeper = _result_expiry(backend)
         assert await sweeper.sweep_expired_results() >= 1
         with pytest.raises(ResultExpiredError):
             await client.wait_for_result(short.id, timeout=0)

@@ -238,6 +238,51 @@ async def test_an_actor_that_ignores_its_limit_is_stopped_then_abandoned(limit: 
     assert "taskq.job-past-its-limit" in events and "taskq.job-abandoned" in events
 
 
+async def test_the_overrun_escalation_leaves_a_job_no_longer_this_attempts() -> None:
+    # A cancel request carries no attempt fence: one written for a job reclaimed and
+    # running elsewhere meanwhile would cancel that other attempt.
+    from uuid import uuid4
+
+    import structlog.testing
+
+    from taskq import WorkerSettings
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    class ReclaimedElsewhere(InMemoryBackend):
+        """Reads its running jobs as another worker's (reclaimed behind this one's back)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.cancel_requests: list[object] = []
+
+        async def get(self, job_id: Any) -> JobRow | None:
+            row = await super().get(job_id)
+            if row is None or row.status is not JobStatus.RUNNING:
+                return row
+            return row.model_copy(update={"locked_by_worker": uuid4()})
+
+        async def write_cancel_request(self, job_id: Any, reason: str | None) -> bool:
+            self.cancel_requests.append(job_id)
+            return await super().write_cancel_request(job_id, reason)
+
+    started = asyncio.Event()
+    stubborn = _outlives_cancellation("overruns_a_reclaimed_job", 1.0, started)
+    backend = ReclaimedElsewhere()
+    tq = TaskQ("memory://", actors=[stubborn], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {}, timeout=0.1)
+        settings = {**TEST_SETTINGS, **_GRACES, "queues": ["default"], "until_idle": True}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        with structlog.testing.capture_logs() as logs:
+            await asyncio.wait_for(worker.run(), 10)
+        row = await tq.client.get(job.id)
+    assert backend.cancel_requests == []
+    assert "taskq.job-past-its-limit" not in [e["event"] for e in logs]
+    assert row is not None and row.cancel_requested_at is None
+
+
 async def test_a_sync_actor_past_its_timeout_is_abandoned_and_frees_its_slot() -> None:
     # Its thread cannot be stopped; the job waited for it, holding its slot, for as
     # long as the thread ran past the timeout.

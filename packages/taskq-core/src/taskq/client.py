@@ -86,7 +86,7 @@ def _job_filter(filters: JobFilter | None, fields: Mapping[str, Any]) -> JobFilt
     return filters
 
 
-def _as_job_id(value: UUID | str, kind: str = "job") -> UUID:
+def _as_id(value: UUID | str, kind: str = "job") -> UUID:
     """A job (or schedule) id given as a UUID or as its text (from a URL, a command
     line): the in-memory backend found nothing by the text, Postgres found it."""
     if isinstance(value, UUID):
@@ -248,7 +248,7 @@ class JobsClient:
     # -- reads and admin -----------------------------------------------------------
     async def get(self, job_id: UUID | str) -> JobRow | None:
         """One job, or None."""
-        return await self._backend.get(_as_job_id(job_id))
+        return await self._backend.get(_as_id(job_id))
 
     async def list_jobs(self, filters: JobFilter | None = None, **fields: Any) -> list[JobRow]:
         """Jobs matching a :class:`JobFilter` (or its fields as keywords), one page."""
@@ -256,18 +256,18 @@ class JobsClient:
 
     async def get_attempts(self, job_id: UUID | str) -> list[AttemptRow]:
         """Every attempt of a job, oldest first."""
-        return await self._backend.get_attempts(_as_job_id(job_id))
+        return await self._backend.get_attempts(_as_id(job_id))
 
     async def get_events(self, job_id: UUID | str) -> list[EventRow]:
         """The job's audit trail, oldest first."""
-        return await self._backend.get_events(_as_job_id(job_id))
+        return await self._backend.get_events(_as_id(job_id))
 
     async def retry(self, job_id: UUID | str) -> bool:
         """Run a failed, crashed, cancelled or abandoned job again. False otherwise;
         ``SingletonCollisionError`` for a singleton whose identity another active job
         holds (retry it once that one has ended); ``RetryRefusedError`` for a job past
         its ``schedule_to_close`` deadline (it would fail at once: enqueue it anew)."""
-        return await self._backend.retry_job(_as_job_id(job_id))
+        return await self._backend.retry_job(_as_id(job_id))
 
     async def cancel(self, job_id: UUID | str, *, reason: str | None = None) -> bool:
         """Cancel a job: a pending or scheduled one ends ``cancelled`` at once; a running
@@ -280,7 +280,7 @@ class JobsClient:
         ``ctx.cancel_event``, or whose outcome is already being written, ends as it
         returned (its work is done); a retry or snooze requested after it ends
         ``cancelled``. Read the job (or wait for it) for how it ended."""
-        return await self._backend.write_cancel_request(_as_job_id(job_id), _reason(reason))
+        return await self._backend.write_cancel_request(_as_id(job_id), _reason(reason))
 
     async def cancel_where(
         self, filters: JobFilter | None = None, *, reason: str | None = None, **fields: Any
@@ -319,7 +319,7 @@ class JobsClient:
         """Change the fields of ``args`` that are set; ``next_fire_at`` is recomputed.
         ``KeyError`` for an unknown schedule; a new payload, queue or options are
         checked as in :meth:`create_schedule`."""
-        schedule_id = _as_job_id(schedule_id, "schedule")
+        schedule_id = _as_id(schedule_id, "schedule")
         args = _as_model(ScheduleUpdateArgs, args)
         if args.payload is not None or args.queue is not None or args.options is not None:
             current = next(
@@ -351,7 +351,7 @@ class JobsClient:
 
     async def delete_schedule(self, schedule_id: UUID | str) -> None:
         """Remove a schedule; ``KeyError`` for an unknown one."""
-        await self._backend.delete_schedule(_as_job_id(schedule_id, "schedule"))
+        await self._backend.delete_schedule(_as_id(schedule_id, "schedule"))
 
     async def wait_for_result(
         self,
@@ -371,7 +371,7 @@ class JobsClient:
             raise ValueError(
                 f"wait_for_result timeout must be a number of seconds, 0 or more, not {limit}"
             )
-        job_id = _as_job_id(job_id)
+        job_id = _as_id(job_id)
         pause = 0.01
         # Read once before the clock runs: timeout=0 asks "is it done?", on every backend.
         row = await self._backend.get(job_id)

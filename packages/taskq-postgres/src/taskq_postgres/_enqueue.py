@@ -22,13 +22,13 @@ from typing import Any, Final, NamedTuple, TypeVar
 
 import asyncpg
 
-from taskq.backend.statemachine import JobStatus
+from taskq.backend.statemachine import STATUS_BY_VALUE
 from taskq.backend.storable import clean_text, dump_json, load_json
 from taskq.errors import EnqueueError, SingletonCollisionError
 from taskq.identifiers import check_identifier
 from taskq.models import EnqueueArgs, JobRow, from_valid_values
 from taskq_postgres._rows import job_row
-from taskq_postgres._sql.enqueue import COPY_COLUMNS
+from taskq_postgres._sql.enqueue import COPY_COLUMNS, DECIDED_COLUMNS
 from taskq_postgres._statements import Statements
 
 __all__ = [
@@ -219,12 +219,16 @@ async def insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str 
     return fresh_row(a, payload, metadata, record)
 
 
-def fresh_row(a: EnqueueArgs, payload: str, metadata: str | None, record: Any) -> JobRow:
+def fresh_row(a: EnqueueArgs, payload: str, metadata: str | None, decided: Any) -> JobRow:
     """The row of a job just inserted: what was sent (``a``, validated as EnqueueArgs)
-    plus what the server decided (``record``: status, attempt, the times; see
-    ``FRESH_COLUMNS``). Returning the whole row and decoding it cost about a tenth of
-    a one-job enqueue. The JSON is parsed back from the text sent (``metadata`` None:
-    ``{}``), so NUL replacements show."""
+    plus what the server decided, ``decided``: its status, attempt, ``created_at``,
+    ``scheduled_at`` and ``schedule_to_close_deadline``, in this order (as the one-job
+    statements' RETURNING starts: their asyncpg record as it is; :func:`_decided`
+    for a record read by name). Returning the whole row and decoding it cost about a
+    tenth of a one-job enqueue; read by position, a few percent of its client CPU
+    less. The JSON is parsed back from the text sent (``metadata`` None: ``{}``), so
+    NUL replacements show."""
+    status, attempt, created_at, scheduled_at, deadline_at = decided[:5]
     return from_valid_values(
         JobRow,
         {
@@ -232,25 +236,31 @@ def fresh_row(a: EnqueueArgs, payload: str, metadata: str | None, record: Any) -
             "id": a.id,
             "actor": a.actor,
             "queue": a.queue,
-            "status": JobStatus(record["status"]),
+            "status": STATUS_BY_VALUE[status],
             "payload": load_json(payload),
             "priority": a.priority,
-            "attempt": record["attempt"],
+            "attempt": attempt,
             "max_attempts": a.max_attempts,
-            "created_at": record["created_at"],
-            "scheduled_at": record["scheduled_at"],
+            "created_at": created_at,
+            "scheduled_at": scheduled_at,
             "idempotency_key": a.idempotency_key,
             "identity_key": a.identity_key,
             "fairness_key": a.fairness_key,
-            "deadline_at": record["schedule_to_close_deadline"],
+            "deadline_at": deadline_at,
             "timeout": a.timeout,
             "result_ttl": a.result_ttl,
             "metadata": {} if metadata is None else load_json(metadata),
-            "tags": [clean_text(tag) for tag in a.tags],
+            "tags": [clean_text(tag) for tag in a.tags] if a.tags else [],
             "trace_id": a.trace_id,
             "span_id": a.span_id,
         },
     )
+
+
+def _decided(record: Any) -> tuple[Any, ...]:
+    """What the server decided for an inserted job, as :func:`fresh_row` reads it, from a
+    record read by name (``ENQUEUE``'s; a psycopg row, a dict)."""
+    return tuple(record[name] for name in DECIDED_COLUMNS)
 
 
 class CopyFeed:
@@ -371,7 +381,7 @@ def plan_insert_jobs(
     if only is not None and only.idempotency_key is None and not only.singleton and not flags[0]:
         text, one_args, payload, metadata = one_job(sql, args_list[0], wake_channel)
         record = yield Query("fetchrow", text, one_args)
-        return [fresh_row(args_list[0], payload, metadata, record)], 1
+        return [fresh_row(args_list[0], payload, metadata, _decided(record))], 1
     params = _insert_params(args_list, flags)
     records = yield Query("fetch", sql.enqueue, (*params, wake_channel))
     payloads, metadatas = params[_PAYLOADS], params[_METADATAS]
@@ -383,7 +393,7 @@ def plan_insert_jobs(
         if record is None:
             continue
         row = inserted[args.id] = fresh_row(
-            args, payloads[k], metadatas[k] if metadatas is not None else None, record
+            args, payloads[k], metadatas[k] if metadatas is not None else None, _decided(record)
         )
         if args.idempotency_key is not None:
             by_key.setdefault((args.actor, args.idempotency_key), row)

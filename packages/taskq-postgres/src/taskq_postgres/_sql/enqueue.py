@@ -9,6 +9,7 @@ from taskq_postgres._sql import FINALIZER_PARKED_AT, JOB_COLUMNS, job_columns
 __all__ = [
     "CLOCK_NOW",
     "COPY_COLUMNS",
+    "DECIDED_COLUMNS",
     "ENQUEUE",
     "ENQUEUE_CONFLICTS",
     "ENQUEUE_ONE",
@@ -21,8 +22,7 @@ __all__ = [
 
 _J: Final = job_columns("j")
 
-FRESH_COLUMNS: Final = (
-    "id",
+DECIDED_COLUMNS: Final = (
     "status",
     "attempt",
     "created_at",
@@ -30,7 +30,13 @@ FRESH_COLUMNS: Final = (
     "schedule_to_close_deadline",
 )
 """What the server decides for a job it inserts; the caller knows the rest (it sent it,
-or the column holds its default)."""
+or the column holds its default). The one-job statements return these first, in this
+order: their rows are read by position."""
+
+FRESH_COLUMNS: Final = ("id", *DECIDED_COLUMNS)
+"""What ``ENQUEUE`` returns of a job it inserted (its records also carry the rest as NULL)."""
+
+_RETURN_DECIDED: Final = ", ".join(f"j.{name}" for name in DECIDED_COLUMNS)
 
 _FRESH: Final = ", ".join(
     f"ins.{name}" if name in FRESH_COLUMNS else f"NULL AS {name}" for name in JOB_COLUMNS
@@ -115,7 +121,8 @@ WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.id = i.id)
 """
 )
 
-ENQUEUE_ONE: Final = """
+ENQUEUE_ONE: Final = (
+    """
 -- arbiter: clock_timestamp() (created_at; scheduled_at = now + delay; deadline = now + schedule_to_close)
 -- ENQUEUE for its common case, one job without an idempotency key: no arrays to
 -- unnest, no conflict to resolve, no existing row to look up. $1..$16 as the
@@ -139,11 +146,15 @@ SELECT
 FROM (
     SELECT clock_timestamp() AS ts, make_interval(secs => extract(epoch FROM $6::interval)) AS delay
 ) AS n
-RETURNING j.status, j.attempt, j.created_at, j.scheduled_at, j.schedule_to_close_deadline,
+RETURNING """
+    + _RETURN_DECIDED
+    + """,
     CASE WHEN $17::text IS NOT NULL THEN pg_notify($17::text, '') END AS notified
 """
+)
 
-ENQUEUE_ONE_PLAIN: Final = """
+ENQUEUE_ONE_PLAIN: Final = (
+    """
 -- arbiter: clock_timestamp() (created_at; scheduled_at = now + delay)
 -- ENQUEUE_ONE for a job none of whose optional columns is set (no identity or
 -- fairness key, deadline, timeout, result TTL, metadata, tags or trace): those
@@ -164,9 +175,12 @@ SELECT
 FROM (
     SELECT clock_timestamp() AS ts, make_interval(secs => extract(epoch FROM $6::interval)) AS delay
 ) AS n
-RETURNING j.status, j.attempt, j.created_at, j.scheduled_at, j.schedule_to_close_deadline,
+RETURNING """
+    + _RETURN_DECIDED
+    + """,
     CASE WHEN $8::text IS NOT NULL THEN pg_notify($8::text, '') END AS notified
 """
+)
 
 EXISTING_BY_KEY: Final = (
     """

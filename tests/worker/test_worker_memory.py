@@ -14,6 +14,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
+import structlog.testing
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from taskq import (
@@ -829,6 +830,45 @@ async def test_a_stop_cut_in_a_loop_teardown_still_closes_the_thread_and_process
         with pytest.raises(asyncio.CancelledError):
             await run_until_idle(tq, timeout=10)
     assert closed == ["thread", "process"]
+
+
+class _ThreadDb:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+
+async def test_thread_values_of_sync_actors_are_closed_in_their_own_threads() -> None:
+    # A THREAD-scoped sqlite connection (the scope's textbook use) was closed on the
+    # loop's thread at stop: sqlite refused it (ProgrammingError, logged) and the
+    # connection was never closed.
+    made: dict[int, str] = {}
+    closed_in: list[tuple[int, int]] = []
+
+    def thread_db() -> Iterator[_ThreadDb]:
+        made[threading.get_ident()] = threading.current_thread().name
+        conn = sqlite3.connect(":memory:")
+        yield _ThreadDb(conn)
+        closed_in.append((threading.get_ident(), id(conn)))
+        conn.close()  # ProgrammingError in any other thread
+
+    @actor(name="uses_thread_db")
+    def uses_thread_db(payload: dict[str, Any], db: _ThreadDb) -> int:
+        time.sleep(0.05)  # several at once: each in a thread of its own
+        return int(db.conn.execute("select 1").fetchone()[0])
+
+    providers = ProviderRegistry()
+    providers.register(_ThreadDb, thread_db, scope=Scope.THREAD)
+    tq = TaskQ("memory://", actors=[uses_thread_db], providers=providers)
+    async with tq:
+        jobs = [await tq.client.enqueue(uses_thread_db, {}) for _ in range(6)]
+        with structlog.testing.capture_logs() as logs:
+            await run_until_idle(tq, timeout=10, concurrency=3)
+        assert [await tq.client.wait_for_result(j.id, timeout=0) for j in jobs] == [1] * 6
+    assert len(made) > 1, "the jobs ran in one thread: the test shows nothing"
+    assert all(name.startswith("taskq-sync-actor") for name in made.values())
+    assert sorted(thread for thread, _ in closed_in) == sorted(made)
+    failures = [e for e in logs if e["event"].startswith("taskq.di-teardown")]
+    assert failures == []
 
 
 async def test_until_idle_ends_when_only_jobs_of_unknown_actors_are_left() -> None:

@@ -254,6 +254,18 @@ class ScopeContainer:
         if deferred is not None:
             raise deferred
 
+    def close_sync(self) -> None:
+        """:meth:`aclose` in the calling thread, for a container whose teardowns are all
+        synchronous (a THREAD one's: its providers cannot be async)."""
+        if not self.closes_synchronously:
+            raise RuntimeError(f"the {self.scope.name} scope has async teardowns: aclose it")
+        self._closed = True
+        try:
+            self.close_sync_suffix()
+        finally:
+            with self._lock:
+                self._values.clear()
+
     async def aclose(self, error: BaseException | None = None) -> None:
         """Tear down every value in reverse order of creation, then forget them.
 
@@ -350,6 +362,19 @@ class ThreadScope:
     ) -> object:
         """:meth:`get_or_create` from a worker thread."""
         return self.current().get_or_create_sync(entry, registry, containers, loop)
+
+    def close_current(self) -> None:
+        """Close the calling thread's container, in this thread: what a THREAD provider
+        made is often bound to its thread (sqlite refuses a close from another one).
+        :meth:`aclose` closes the containers left."""
+        container: ScopeContainer | None = getattr(self._local, "container", None)
+        if container is None:
+            return
+        with self._lock:
+            if container not in self._containers:
+                return  # aclose took it
+            self._containers.remove(container)
+        container.close_sync()
 
     async def aclose(self) -> None:
         """Close every thread's container, newest first, from the calling thread.

@@ -271,7 +271,12 @@ class Worker:
                 await self.health.close()
             if state.completer is not None:
                 await state.completer.aclose()
-            executor.shutdown(wait=False, cancel_futures=True)
+            try:
+                # THREAD values closed in the threads that made them (the rest, the
+                # loop thread's and those of threads still in a call, below).
+                await executor.in_each_idle_thread(state.thread_scope.close_current)
+            finally:
+                executor.shutdown(wait=False, cancel_futures=True)
             # Each scope closes whatever the one before raised (a LOOP teardown cut by
             # a cancellation skipped the THREAD and PROCESS ones): LOOP, THREAD, PROCESS.
             async with AsyncExitStack() as scopes:

@@ -192,6 +192,33 @@ def test_the_postgres_fixtures_say_what_to_install_when_the_driver_is_missing(
     assert "pip install 'taskq-testing[postgres]'" in result.stdout.str()
 
 
+def test_tests_using_the_postgres_fixtures_can_be_deselected(pytester: pytest.Pytester) -> None:
+    # Without a server at hand, a user's unit tests ran into the Postgres ones' errors.
+    pytester.makepyfile(
+        """
+        def test_on_both(taskq_backend):
+            pass
+
+        def test_on_postgres(pg_schema):
+            pass
+
+        def test_in_memory(memory_backend):
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-q", "--strict-markers", "-m", "not taskq_postgres"
+    )
+    result.assert_outcomes(passed=2, deselected=2)
+    result.stdout.fnmatch_lines(["*2 passed, 2 deselected*"])
+    listed = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-q", "--co", "-m", "taskq_postgres"
+    )
+    listed.stdout.fnmatch_lines(
+        ["*test_on_both?postgres?", "*test_on_postgres", "*2/4 tests collected (2 deselected)*"]
+    )
+
+
 @actor(name="stuck_behind_a_backlog", queue="stuck")
 async def stuck(payload: dict[str, Any]) -> None:
     await asyncio.sleep(30)

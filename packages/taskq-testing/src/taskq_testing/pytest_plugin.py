@@ -24,7 +24,9 @@ Postgres fixtures:
   the schema itself or needs statistics of its own.
 
 If the server (``TASKQ_TEST_DSN``) is unreachable these fixtures fail the
-test with the reason; they never skip silently.
+test with the reason; they never skip silently. Every test that uses one (and the
+``postgres`` run of a ``taskq_backend`` test) is marked ``taskq_postgres``: ``pytest
+-m "not taskq_postgres"`` runs the rest where no server is at hand.
 """
 
 from __future__ import annotations
@@ -47,6 +49,23 @@ from taskq_testing.postgres import (
     migrated_schema,
     throwaway_database,
 )
+
+_POSTGRES_MARK = "taskq_postgres"
+_POSTGRES_FIXTURES = frozenset({"pg_database_dsn", "pg_schema", "pg_pooled_schema", "pg_backend"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{_POSTGRES_MARK}: uses taskq-testing's Postgres fixtures "
+        f"(deselect with -m 'not {_POSTGRES_MARK}')",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _POSTGRES_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(_POSTGRES_MARK)
 
 
 @pytest.fixture(scope="session")
@@ -112,7 +131,7 @@ async def pg_backend(pg_pooled_schema: PgSchema) -> AsyncIterator[Backend]:
     await backend.close()
 
 
-@pytest.fixture(params=["memory", "postgres"])
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.taskq_postgres)])
 def taskq_backend(request: pytest.FixtureRequest) -> Backend:
     """``memory_backend``, then ``pg_backend``: the test runs once on each."""
     name = "memory_backend" if request.param == "memory" else "pg_backend"

@@ -135,3 +135,38 @@ def test_the_suite_passes_a_correct_backend(
     outcomes = run_suite("InMemoryBackend")
     assert set(outcomes) == {"passed"}, outcomes
     assert outcomes["passed"] >= 150
+
+
+def test_a_backend_fixture_outside_the_class_is_said_to_be_shadowed(
+    pytester: pytest.Pytester,
+) -> None:
+    # The natural place for it, a conftest.py, loses to the suite's own: the author
+    # read "must override the `backend` fixture" about the fixture they had written.
+    pytester.makeini(_INI)
+    pytester.makeconftest(
+        """
+        import pytest_asyncio
+
+        from taskq.backend.memory import InMemoryBackend
+
+
+        @pytest_asyncio.fixture
+        async def backend():
+            backend = InMemoryBackend()
+            await backend.open()
+            yield backend
+            await backend.close()
+        """
+    )
+    pytester.makepyfile(
+        """
+        from taskq_testing.conformance import BackendConformance
+
+
+        class TestBackend(BackendConformance):
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-k", "protocol_version")
+    result.assert_outcomes(errors=1)  # the fixture's failure, at setup
+    result.stdout.fnmatch_lines(["*defined in the class itself*shadowed*"])

@@ -35,7 +35,9 @@ def _backend_not_overridden(self: object) -> Backend:
     """An opened backend with no data, fresh for each test. Override this fixture."""
     pytest.fail(
         f"{type(self).__name__} must override the `backend` fixture: an async fixture "
-        f"yielding an opened, empty backend (fresh per test) and closing it afterwards",
+        f"yielding an opened, empty backend (fresh per test) and closing it afterwards, "
+        f"defined in the class itself (a `backend` fixture of a conftest.py or of the "
+        f"module is shadowed by BackendConformance's own)",
         pytrace=False,
     )
 
@@ -77,7 +79,8 @@ class BackendConformance(
 ):
     """The executable ``Backend`` contract (``docs/backend-contract.md``).
 
-    Subclass it in a test module and override the ``backend`` fixture::
+    Subclass it in a test module and override the ``backend`` fixture in the
+    subclass (one in a conftest.py or the module is shadowed by this class's own)::
 
         class TestMyBackend(BackendConformance):
             @pytest_asyncio.fixture

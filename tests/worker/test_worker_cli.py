@@ -299,10 +299,16 @@ def test_a_connection_lost_while_starting_is_one_line_not_a_traceback(
 
 
 def _start_late(
-    monkeypatch: pytest.MonkeyPatch, refusals: int, error: Exception, wait: str
+    monkeypatch: pytest.MonkeyPatch,
+    refusals: int,
+    error: Exception,
+    wait: str,
+    *args: str,
+    **env: str,
 ) -> tuple[int, int, list[dict[str, Any]]]:
-    """``taskq-worker tests.apps.late_backend:tq --until-idle`` in-process, its backend
-    refusing ``refusals`` opens with ``error``: (exit code, opens, warnings logged)."""
+    """``taskq-worker tests.apps.late_backend:tq --until-idle ARGS`` in-process, with the
+    ``TASKQ_*`` ``env``, its backend refusing ``refusals`` opens with ``error``: (exit
+    code, opens, warnings logged)."""
     import gc
 
     from structlog.testing import capture_logs
@@ -315,12 +321,14 @@ def _start_late(
     monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
     monkeypatch.setenv("TASKQ_STARTUP_WAIT", wait)
     monkeypatch.setenv("TASKQ_POLL_INTERVAL", "50ms")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     backend = late_backend.LateBackend()
     backend.refusals, backend.error = refusals, error
     monkeypatch.setattr(late_backend.tq, "backend", backend)
     try:
         with capture_logs() as logs:
-            code = main(["tests.apps.late_backend:tq", "--until-idle"])
+            code = main(["tests.apps.late_backend:tq", "--until-idle", *args])
     finally:
         gc.unfreeze()  # main() froze what it had loaded
     warnings = [e for e in logs if e["event"] == "taskq.backend-unreachable-at-start"]
@@ -375,6 +383,33 @@ def test_a_worker_gives_up_after_startup_wait(
 def test_startup_wait_0_fails_at_the_first_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
     code, opens, warnings = _start_late(monkeypatch, 1, ConnectionRefusedError(), "0")
     assert (code, opens, warnings) == (1, 1, [])
+
+
+def test_a_health_port_already_taken_fails_before_waiting_for_the_backend(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The port was bound once the backend opened: after the whole wait (30 s by default).
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, opens, warnings = _start_late(
+            monkeypatch,
+            100,
+            ConnectionRefusedError(),
+            "30s",
+            "--health-port",
+            str(port),
+            TASKQ_HEALTH_HOST="127.0.0.1",
+        )
+    assert (code, opens, warnings) == (1, 0, [])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(
+        f"taskq-worker: error: health server: cannot listen on 127.0.0.1:{port}"
+    )
 
 
 def test_no_duration_setting_may_be_negative() -> None:

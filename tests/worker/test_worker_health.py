@@ -135,6 +135,91 @@ def _readyz_scenario(pg_schema: PgSchema, proxy: TcpProxy, port: int) -> None:
             proc.wait()
 
 
+def _start_worker(port: int, **env: str) -> subprocess.Popen[str]:
+    """``taskq-worker tests.apps.basic:tq --health-port PORT`` with ``TASKQ_*`` ``env``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
+    return subprocess.Popen(
+        [str(BIN / "taskq-worker"), "tests.apps.basic:tq", "--health-port", str(port)],
+        cwd=REPO,
+        env={**base, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_reason(proc: subprocess.Popen[str], port: int, reason: str) -> Any:
+    """The first /readyz body giving ``reason`` (bounded), the worker still up."""
+    deadline = time.monotonic() + 15
+    last: Any = None
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the worker exited ({proc.returncode}); last: {last}"
+        try:
+            last = _get(port, "/readyz")
+            if last[1].get("reason") == reason:
+                return last
+        except (urllib.error.URLError, ConnectionError) as exc:
+            last = exc
+        time.sleep(0.05)
+    raise AssertionError(f"/readyz never said {reason!r}; last: {last}")
+
+
+def test_probes_answer_while_the_worker_waits_for_its_database_until_it_gives_up() -> None:
+    # Nothing listens on the database's port: each connection is refused. The probes
+    # were refused too until the backend opened, which an orchestrator cannot tell from
+    # a dead worker (a liveness probe restarted it while its database was starting).
+    health_port, db_port = _free_port(), _free_port()
+    proc = _start_worker(
+        health_port,
+        TASKQ_DSN=f"postgresql://postgres@127.0.0.1:{db_port}/test",
+        TASKQ_STARTUP_WAIT="4s",
+    )
+    try:
+        status, body = _wait_for_reason(proc, health_port, "waiting for the backend")
+        assert status == 503
+        assert body["ready"] is False and body["attempt"] >= 1
+        assert body["last_error"] == "ConnectionRefusedError"
+        assert _get(health_port, "/healthz") == (200, {"status": "alive"})
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err[-3000:]
+    assert "taskq-worker: error: cannot connect to PostgreSQL" in err
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        _get(health_port, "/healthz")
+
+
+@pytest.mark.postgres
+def test_readiness_turns_200_once_the_database_the_worker_waited_for_is_up(
+    pg_schema: PgSchema,
+) -> None:
+    port = _free_port()
+    with TcpProxy(5432) as proxy:
+        proxy.cut()  # the database refuses connections, as one still starting does
+        proc = _start_worker(
+            port,
+            TASKQ_DSN=proxy.through(pg_schema.dsn),
+            TASKQ_SCHEMA=pg_schema.name,
+            TASKQ_STARTUP_WAIT="60s",
+            TASKQ_POLL_INTERVAL="100ms",
+        )
+        try:
+            status, body = _wait_for_reason(proc, port, "waiting for the backend")
+            assert status == 503 and body["last_error"] == "ConnectionRefusedError"
+            assert _get(port, "/healthz")[0] == 200
+            proxy.restore()
+            assert _wait_for(port, "/readyz", 200) == {"ready": True, "reason": "ok"}
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, err[-6000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 async def test_every_record_inside_a_job_carries_the_job_context() -> None:
     seen: list[dict[str, Any]] = []
 

@@ -238,7 +238,8 @@ class WorkerSettings(BaseModel):
     """How long a starting worker waits for its backend to accept connections (a server
     still starting or restarting, a network not up yet: containers started together
     start in any order; a host name not resolvable yet), retrying with a warning each
-    time; 0: fail at once. An error that does not heal by itself (a login refused, a
+    time (the health port serves meanwhile, ``/readyz`` saying why the worker is not
+    ready); 0: fail at once. An error that does not heal by itself (a login refused, a
     missing database, a malformed DSN) fails at once."""
 
     @field_validator("schema_name")

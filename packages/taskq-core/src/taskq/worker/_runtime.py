@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
 
@@ -14,7 +14,6 @@ import structlog
 from taskq._di import ActorSpec
 from taskq.backend import SupportsCredentialReload
 from taskq.backend._protocol import SupportsWorkerRegistry
-from taskq.errors import ConfigurationError
 from taskq.models import ActorConfig
 from taskq.settings import WorkerSettings
 from taskq.worker._liveness import LoopLiveness
@@ -30,7 +29,7 @@ from taskq.worker._watchdog import (
 from taskq.worker.consumer import consumer_loop
 from taskq.worker.drain import drain_monitor_loop
 from taskq.worker.fence import lease_fence_loop
-from taskq.worker.health import HealthServer
+from taskq.worker.health import HealthServer, StartupProgress
 from taskq.worker.heartbeat import heartbeat_loop
 from taskq.worker.leader import MaintenanceLeader
 from taskq.worker.producer import producer_loop
@@ -81,7 +80,11 @@ class Worker:
             dump_after_fraction=settings.watchdog_dump_after_fraction,
         )
         self.health: HealthServer | None = None
-        """The health server while running, when ``health_port`` is set."""
+        """The health server while running (or starting: :meth:`health_served`), when
+        ``health_port`` is set."""
+        self.startup = StartupProgress()
+        """What ``/readyz`` reports until :meth:`run` runs: the caller's attempts to reach
+        the backend (``taskq-worker`` waiting for its database)."""
 
     @property
     def processed(self) -> int:
@@ -118,6 +121,36 @@ class Worker:
         """Sync actor calls still running in their threads after :meth:`run` returned
         (a thread cannot be cancelled; its job was handed back or abandoned)."""
         return 0 if self._executor is None else self._executor.running
+
+    @asynccontextmanager
+    async def health_served(self) -> AsyncIterator[None]:
+        """Serve the health routes (when ``health_port`` is set) from now, before
+        :meth:`run`: a caller that first waits for its backend answers probes meanwhile,
+        ``/healthz`` alive and ``/readyz`` not ready, saying why (:attr:`startup`). A port
+        already taken is a :class:`ConfigurationError` at once. :meth:`run` inside the
+        block serves on and closes the server when it ends, as without the block; the
+        block's end closes it if :meth:`run` did not (it never ran, or failed first)."""
+        await self._start_health()
+        try:
+            yield
+        finally:
+            await self._close_health()
+
+    async def _start_health(self) -> None:
+        if self.settings.health_port is None or (self.health and self.health.serving):
+            return
+        health = HealthServer(
+            self.settings.health_host,
+            self.settings.health_port,
+            tasks_enabled=self.settings.health_tasks_enabled,
+            startup=self.startup,
+        )
+        await health.start()
+        self.health = health
+
+    async def _close_health(self) -> None:
+        if self.health is not None:
+            await self.health.close()
 
     async def _prepare(self) -> None:
         backend = self.app.backend
@@ -166,20 +199,9 @@ class Worker:
         if self._stop_requested:
             state.stopping.set()
         # Before registering: a port already taken stops the start with nothing to undo.
-        if settings.health_port is not None:
-            self.health = HealthServer(
-                state,
-                settings.health_host,
-                settings.health_port,
-                tasks_enabled=settings.health_tasks_enabled,
-            )
-            try:
-                await self.health.start()
-            except OSError as exc:
-                raise ConfigurationError(
-                    f"health server: cannot listen on {settings.health_host}:"
-                    f"{settings.health_port}: {exc.strerror or exc}"
-                ) from exc
+        await self._start_health()  # serving already, in health_served()
+        if self.health is not None:
+            self.health.attach(state)
         await state.register()
         _log.info(
             "taskq.worker-started",
@@ -267,8 +289,7 @@ class Worker:
         finally:
             if lag_watchdog is not None:
                 lag_watchdog.stop()
-            if self.health is not None:
-                await self.health.close()
+            await self._close_health()
             if state.completer is not None:
                 await state.completer.aclose()
             try:

@@ -20,6 +20,7 @@ from taskq.errors import ConfigurationError, TaskQError
 if TYPE_CHECKING:
     from taskq.app import TaskQ
     from taskq.settings import WorkerSettings
+    from taskq.worker.health import StartupProgress
 
 __all__ = ["build_parser", "load_app", "main"]
 
@@ -130,11 +131,15 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
     # wall, while its job, handed back, could run elsewhere.
     loop_threads = SyncActorPool()
     asyncio.get_running_loop().set_default_executor(loop_threads)
-    await _open_when_reachable(app, settings)
-    async with app:  # opened: entering is a no-op, leaving closes it
-        install_signal_handlers(worker, "taskq-worker")
-        await worker.run(disarm_when_done=False)
-        lingering = worker.lingering_tasks()
+    # The health routes answer from here, not once the backend opened: a worker waiting
+    # for its database is alive, not ready, and says why; refused probes looked dead
+    # to an orchestrator, which restarted it while the database itself started.
+    async with worker.health_served():
+        await _open_when_reachable(app, settings, worker.startup)
+        async with app:  # opened: entering is a no-op, leaving closes it
+            install_signal_handlers(worker, "taskq-worker")
+            await worker.run(disarm_when_done=False)
+            lingering = worker.lingering_tasks()
     # Closing the backend is part of the stop that termination_grace_period bounds.
     worker.shutdown_done()
     threads = worker.lingering_threads() + loop_threads.running
@@ -152,9 +157,12 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
         os._exit(EXIT_OK)
 
 
-async def _open_when_reachable(app: TaskQ, settings: WorkerSettings) -> None:
+async def _open_when_reachable(
+    app: TaskQ, settings: WorkerSettings, progress: StartupProgress
+) -> None:
     """Migrate (``--migrate``) and open the backend, retrying for up to ``startup_wait``
-    while it cannot be reached; an error that does not heal by itself is raised at once.
+    while it cannot be reached (each failed attempt told to ``progress``, which /readyz
+    reports); an error that does not heal by itself is raised at once.
     """
     from taskq.backend import SupportsMigrate
 
@@ -166,11 +174,14 @@ async def _open_when_reachable(app: TaskQ, settings: WorkerSettings) -> None:
             if settings.migrate and isinstance(app.backend, SupportsMigrate):
                 await app.backend.migrate()
             await app.backend.open()
+            progress.reached()
             return
         except Exception as exc:
             left = deadline - loop.time()
-            if left <= 0 or _unreachable(exc) is None:
+            lost = _unreachable(exc)
+            if left <= 0 or lost is None:
                 raise
+            progress.failed(lost)
             wait = min(pause, left)
             _log.warning(
                 "taskq.backend-unreachable-at-start",

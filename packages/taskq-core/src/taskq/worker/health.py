@@ -4,9 +4,12 @@ A deliberately tiny HTTP/1.1 responder on asyncio streams: core takes no
 web framework for three GET (and HEAD) routes, and the server runs on the worker's own
 event loop, so ``/healthz`` answering at all proves the loop is not wedged.
 
-* ``/healthz`` (liveness): 200 while the process serves requests.
-* ``/readyz`` (readiness): 200 when the worker is not shutting down and the
-  backend answered a query within a second; 503 with the reason otherwise.
+* ``/healthz`` (liveness): 200 while the process serves requests, from its start
+  (waiting for its backend too: starting is not dead).
+* ``/readyz`` (readiness): 200 when the worker runs, is not shutting down, and the
+  backend answered a query within a second; 503 with the reason otherwise (while it
+  starts: ``starting``, or ``waiting for the backend`` with the attempts so far and
+  the last one's error).
 * ``/tasks``: one line per live asyncio task with its await site, only when
   ``health_tasks_enabled`` (it reveals code structure, never values).
 """
@@ -17,13 +20,16 @@ import asyncio
 import contextlib
 import json
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
+from taskq.errors import ConfigurationError
 from taskq.worker._stacks import describe_tasks
 from taskq.worker._state import WorkerState
 
-__all__ = ["HealthServer"]
+__all__ = ["HealthServer", "StartupProgress"]
 
 _log = structlog.get_logger("taskq.worker")
 
@@ -39,11 +45,47 @@ _REASONS = {
 _READINESS_CACHE_SECONDS = 1.0
 
 
-class HealthServer:
-    """Serves the health routes for one worker until closed."""
+@dataclass
+class StartupProgress:
+    """How a worker's start goes, for ``/readyz`` until it runs: the attempts to reach
+    its backend that failed, and the last one's error while it waits for the next."""
 
-    def __init__(self, state: WorkerState, host: str, port: int, *, tasks_enabled: bool) -> None:
-        self._state = state
+    attempts: int = 0
+    last_error: str | None = None
+    """The error's type only: the endpoint is unauthenticated, the message (a host, a
+    user) is in the log."""
+
+    def failed(self, error: BaseException) -> None:
+        self.attempts += 1
+        self.last_error = type(error).__name__
+
+    def reached(self) -> None:
+        self.last_error = None
+
+    def describe(self) -> dict[str, Any]:
+        if self.last_error is None:
+            return {"reason": "starting"}
+        return {
+            "reason": "waiting for the backend",
+            "attempt": self.attempts,
+            "last_error": self.last_error,
+        }
+
+
+class HealthServer:
+    """Serves the health routes for one worker until closed: for its start (``startup``),
+    then for its run once :meth:`attach` gave it the worker's state."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        tasks_enabled: bool,
+        startup: StartupProgress | None = None,
+    ) -> None:
+        self._state: WorkerState | None = None
+        self._startup = startup or StartupProgress()
         self._host = host
         self._port = port
         self._tasks_enabled = tasks_enabled
@@ -57,25 +99,43 @@ class HealthServer:
         assert self._server is not None
         return int(self._server.sockets[0].getsockname()[1])
 
+    @property
+    def serving(self) -> bool:
+        return self._server is not None and self._server.is_serving()
+
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        """Listen; a port that cannot be bound is a :class:`ConfigurationError`."""
+        try:
+            self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"health server: cannot listen on {self._host}:{self._port}: {exc.strerror or exc}"
+            ) from exc
         _log.info("taskq.health-server-started", host=self._host, port=self.port)
 
+    def attach(self, state: WorkerState) -> None:
+        """The worker runs: readiness is its own from now on."""
+        self._state = state
+
     async def close(self) -> None:
+        """Stop serving (again: nothing)."""
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
 
     async def readiness(self) -> tuple[bool, str]:
-        """(ready, reason): not shutting down, and the backend reachable."""
-        if self._state.stopping.is_set():
+        """(ready, reason): running, not shutting down, and the backend reachable."""
+        state = self._state
+        if state is None:
+            return False, self._startup.describe()["reason"]
+        if state.stopping.is_set():
             return False, "shutting down"
         now = time.monotonic()
         if now - self._ready_at < _READINESS_CACHE_SECONDS:
             return self._ready
         try:
             async with asyncio.timeout(1.0):
-                await self._state.backend.count_active_jobs(self._state.settings.queues)
+                await state.backend.count_active_jobs(state.settings.queues)
             self._ready = (True, "ok")
         except Exception as exc:  # noqa: BLE001 - any failure at all means "not ready"
             self._ready = (False, f"backend unreachable: {type(exc).__name__}")
@@ -91,8 +151,10 @@ class HealthServer:
             return 200, "application/json", json.dumps({"status": "alive"})
         if path == "/readyz":
             ready, reason = await self.readiness()
-            body = json.dumps({"ready": ready, "reason": reason})
-            return (200 if ready else 503), "application/json", body
+            answer = {"ready": ready, "reason": reason}
+            if self._state is None:  # starting: the attempts and the last error too
+                answer |= self._startup.describe()
+            return (200 if ready else 503), "application/json", json.dumps(answer)
         if path == "/tasks" and self._tasks_enabled:
             return 200, "application/json", json.dumps(describe_tasks(), indent=1)
         return 404, "text/plain", "not found\n"

@@ -118,7 +118,7 @@ class HealthServer:
         self._state = state
 
     async def close(self) -> None:
-        """Stop serving (again: nothing)."""
+        """Stop serving (closing again does nothing)."""
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

@@ -275,7 +275,7 @@ async def test_checksum_drift_is_warned_and_not_rerun(pg_database_dsn: str, tmp_
     with capture_logs() as logs:
         assert await migrate(pg_database_dsn, schema, source=tmp_path) == []
 
-    drift = [e for e in logs if e["event"] == "migration-checksum-drift"]
+    drift = [e for e in logs if e["event"] == "taskq.migration-checksum-drift"]
     assert len(drift) == 1
     assert drift[0]["log_level"] == "warning"
     assert drift[0]["migration"] == edited.name
@@ -484,7 +484,7 @@ async def test_a_worker_start_up_holds_destructive_files_back(
     with capture_logs() as logs:
         applied = await migrate(pg_database_dsn, schema, source=release(2, release_2), post=False)
     assert applied == ["01.01.00_01_pre_add.sql"]
-    assert [e["migrations"] for e in logs if e["event"] == "migration-post-held-back"] == [
+    assert [e["migrations"] for e in logs if e["event"] == "taskq.migration-post-held-back"] == [
         ["01.01.00_50_post_drop.sql"]
     ]
     # The operator's `taskq migrate`, once every worker is on release 2.

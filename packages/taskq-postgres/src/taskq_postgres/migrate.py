@@ -237,7 +237,7 @@ async def _apply(conn: Connection, schema: str, migration: Migration) -> None:
         raise MigrationError(
             f"migration {migration.name} failed in schema {schema!r}: {exc}"
         ) from exc
-    _log.info("migration-applied", migration=migration.name, schema=schema)
+    _log.info("taskq.migration-applied", migration=migration.name, schema=schema)
 
 
 async def migrate(
@@ -250,7 +250,7 @@ async def migrate(
     """Apply every pending migration to ``schema``; return the names applied, in order.
 
     ``post=False`` (a worker migrating at start-up, in a rolling deploy) holds the
-    pending ``post`` files back, logging ``migration-post-held-back``: they may remove
+    pending ``post`` files back, logging ``taskq.migration-post-held-back``: they may remove
     what workers still on the old version use, so they wait for ``taskq migrate``,
     run once every worker is on the new version. A schema with nothing applied yet
     has no such workers and gets them all.
@@ -262,7 +262,7 @@ async def migrate(
     Postgres folds the unquoted name in SQL.
 
     Running it again is a no-op. Applied files whose content has changed are
-    reported with a ``migration-checksum-drift`` warning on the
+    reported with a ``taskq.migration-checksum-drift`` warning on the
     ``taskq.migrate`` logger and are not re-run. Raises ``ValueError`` for an
     invalid schema name before any SQL runs, and :class:`MigrationError`
     when a file fails (earlier files stay applied).
@@ -277,7 +277,7 @@ async def migrate(
             recorded, current = applied[migration.name][0], migration.checksum(schema)
             if recorded != current:
                 _log.warning(
-                    "migration-checksum-drift",
+                    "taskq.migration-checksum-drift",
                     migration=migration.name,
                     schema=schema,
                     recorded_checksum=recorded,
@@ -287,7 +287,7 @@ async def migrate(
         if not post and applied:
             held = [m.name for m in pending if m.phase == "post"]
             if held:
-                _log.warning("migration-post-held-back", schema=schema, migrations=held)
+                _log.warning("taskq.migration-post-held-back", schema=schema, migrations=held)
                 pending = [m for m in pending if m.phase == "pre"]
         if conn.is_in_transaction() and not all(m.transactional for m in pending):
             raise MigrationError(

@@ -10,6 +10,7 @@ from pydantic import PrivateAttr, ValidationError
 
 from taskq.backend.statemachine import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
 from taskq.models import (
+    BatchRow,
     EnqueueArgs,
     ErrorInfo,
     JobFilter,
@@ -156,3 +157,13 @@ def test_filter_after_builds_a_keyset_cursor() -> None:
         scheduled_at=when,
     )
     assert JobFilter(limit=2).after(row).cursor == (when, row.id)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"failure_threshold": 0}, {"failure_threshold": -3}, {"expected_size": -5}],
+)
+def test_a_batch_row_refuses_counts_out_of_range(fields: dict[str, int]) -> None:
+    # The in-memory backend stored them; Postgres failed on a CHECK constraint.
+    with pytest.raises(ValidationError):
+        BatchRow(**{"id": uuid4(), "queue": "q", "expected_size": 1, **fields})

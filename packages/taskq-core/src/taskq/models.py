@@ -541,9 +541,10 @@ class BatchRow(_Model):
     id: UUID
     queue: str
     status: BatchStatus = "active"
-    expected_size: int
-    consecutive_failures: int = 0
-    failure_threshold: int | None = None
+    expected_size: int = Field(ge=0)
+    consecutive_failures: int = Field(default=0, ge=0)
+    failure_threshold: int | None = Field(default=None, ge=1)
+    """Aborted at this many consecutive child failures (None: never)."""
     finalizer_job_id: JobId | None = None
     originating_actor: str | None = None
     created_at: datetime | None = None

@@ -39,6 +39,7 @@ import structlog
 
 from taskq.backend import check_batch_size, check_protocol_version, check_retention
 from taskq.backend._protocol import ScheduleFire
+from taskq.backend.batch_members import BATCH_TAG, FINALIZER_TAG, check_children, check_finalizer
 from taskq.backend.cron import cron_slots, first_fire_at, skipped_slots
 from taskq.backend.fairness import STRICT, CohortTurns, cohort_of
 from taskq.backend.storable import check_delay, clean_text, dump_json
@@ -140,7 +141,6 @@ _DispatchCall: TypeAlias = tuple[tuple[str, ...], tuple[str, ...] | None]
 _BULK_STATEMENT_TIMEOUT: Final = 600.0
 _CLOSE_TIMEOUT: Final = 5.0
 """Seconds a close waits for the pool's connections to end cleanly before it cuts them."""
-_FINALIZER_TAG: Final = "batch_finalizer_for"
 _NO_DELAY: Final = timedelta(0)
 _MIN_POOL_FOR_WORKER_PINS: Final = 5
 """Three pinned connections (enqueue, dispatch, success) leave two to the rest."""
@@ -1650,16 +1650,17 @@ class PostgresBackend:
             raise ValueError(f"batch_row.id {batch_row.id} differs from batch_id {batch_id}")
         tag = str(batch_id)
         children = [
-            args.model_copy(update={"metadata": {**args.metadata, "batch_id": tag}})
+            args.model_copy(update={"metadata": {**args.metadata, BATCH_TAG: tag}})
             for args in items
         ]
         finalizer = (
             finalizer_args.model_copy(
-                update={"metadata": {**finalizer_args.metadata, _FINALIZER_TAG: tag}}
+                update={"metadata": {**finalizer_args.metadata, FINALIZER_TAG: tag}}
             )
             if finalizer_args is not None
             else None
         )
+        check_finalizer(finalizer_args)
         everything = [*children, *([finalizer] if finalizer is not None else [])]
         refuse_keyless_singletons(everything)
         step = max(chunk_size, 1)
@@ -1671,6 +1672,8 @@ class PostgresBackend:
                 chunk_rows, new = await insert_jobs(
                     tx, self._sql, children[start : start + step], wake_channel=None
                 )
+                if batch_row is not None or finalizer is not None:
+                    check_children(chunk_rows, tag)  # raised: the transaction rolls back
                 rows += chunk_rows
                 inserted += new
             finalizer_id = batch_row.finalizer_job_id if batch_row is not None else None
@@ -1716,6 +1719,14 @@ class PostgresBackend:
         connection: Connection = None,
     ) -> None:
         """Insert an ``active`` batch row; ``ValueError`` if the id exists."""
+        # The model's bounds, as the other backends apply them (a ValidationError is a
+        # ValueError), not the table's CHECK constraint failing.
+        BatchRow(
+            id=batch_id,
+            queue=queue,
+            expected_size=expected_size,
+            failure_threshold=failure_threshold,
+        )
         try:
             await self._db(connection).execute(
                 self._sql.create_batch,

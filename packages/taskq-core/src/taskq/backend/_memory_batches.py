@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from uuid import UUID
 
 from taskq.backend._memory_store import JobStore
+from taskq.backend.batch_members import BATCH_TAG, FINALIZER_TAG, check_children, check_finalizer
 from taskq.backend.clock import Clock
 from taskq.backend.statemachine import ACTIVE_STATUSES, JobStatus
 from taskq.models import (
@@ -110,19 +111,22 @@ class BatchTable:
             if batch_row.id != batch_id:
                 raise ValueError(f"batch_row.id {batch_row.id} differs from batch_id {batch_id}")
             self._refuse_existing(batch_id)
+        check_finalizer(finalizer_args)
         tag = str(batch_id)
         children = [
-            args.model_copy(update={"metadata": {**args.metadata, "batch_id": tag}})
+            args.model_copy(update={"metadata": {**args.metadata, BATCH_TAG: tag}})
             for args in items
         ]
         to_insert = list(children)
         if finalizer_args is not None:
             to_insert.append(
                 finalizer_args.model_copy(
-                    update={"metadata": {**finalizer_args.metadata, "batch_finalizer_for": tag}}
+                    update={"metadata": {**finalizer_args.metadata, FINALIZER_TAG: tag}}
                 )
             )
         plan = self._store.plan_inserts(to_insert, now, idempotent=True)
+        if batch_row is not None or finalizer_args is not None:
+            check_children(plan.rows[: len(children)], tag)
         finalizer_id = None
         if finalizer_args is not None:
             finalizer = plan.rows[-1]

@@ -77,6 +77,16 @@ class BatchTests:
         assert_utc(row.created_at)
         assert row.completed_at is None
 
+    @covers("create_batch")
+    @pytest.mark.parametrize(("size", "threshold"), [(1, 0), (1, -3), (-5, None)])
+    async def test_create_batch_refuses_counts_out_of_range(
+        self, backend: Backend, size: int, threshold: int | None
+    ) -> None:
+        batch_id = uuid4()
+        with pytest.raises(ValueError, match="greater than or equal"):
+            await backend.create_batch(batch_id, "q", size, threshold, None, None)
+        assert await backend.get_batch(batch_id) is None
+
     @covers("get_batch")
     async def test_get_batch_of_an_unknown_batch_is_none(self, backend: Backend) -> None:
         await backend.create_batch(uuid4(), "q", 1, None, None, None)
@@ -159,6 +169,56 @@ class BatchTests:
         assert [row.id for row in rows] == [fresh.id, existing.id]
         assert rows[1] == existing
         assert len(await backend.list_jobs(JobFilter())) == 2
+
+    @covers("enqueue_batch_atomic")
+    async def test_a_tracked_batch_refuses_a_child_key_naming_a_stored_job(
+        self, backend: Backend
+    ) -> None:
+        # The stored job is not the batch's: it was not counted, so the batch could
+        # complete, and release its finalizer, before that job ran.
+        existing = await backend.enqueue(make_args(idempotency_key="dup"))
+        batch_id, fresh, finalizer = uuid4(), make_args(queue=_QUEUE), make_args(queue=_QUEUE)
+        with pytest.raises(ValueError, match="not a child of batch"):
+            await backend.enqueue_batch_atomic(
+                [fresh, make_args(queue=_QUEUE, idempotency_key="dup")],
+                batch_id=batch_id,
+                queue=_QUEUE,
+                batch_row=BatchRow(id=batch_id, queue=_QUEUE, expected_size=2),
+                finalizer_args=finalizer,
+            )
+        assert await backend.list_jobs(JobFilter()) == [existing]
+        assert await backend.get_batch(batch_id) is None
+
+    @covers("enqueue_batch_atomic")
+    async def test_children_of_a_tracked_batch_may_share_a_key(self, backend: Backend) -> None:
+        batch_id = uuid4()
+        first = make_args(queue=_QUEUE, idempotency_key="same")
+        rows = await backend.enqueue_batch_atomic(
+            [first, make_args(queue=_QUEUE, idempotency_key="same")],
+            batch_id=batch_id,
+            queue=_QUEUE,
+            batch_row=BatchRow(id=batch_id, queue=_QUEUE, expected_size=2),
+            finalizer_args=None,
+        )
+        assert [row.id for row in rows] == [first.id, first.id]
+        assert await backend.count_batch_non_terminal(batch_id) == 1
+
+    @covers("enqueue_batch_atomic")
+    async def test_a_finalizer_takes_no_idempotency_key(self, backend: Backend) -> None:
+        # A stored job of that key (due in an hour, say) was released and run in its
+        # place when the batch completed; the batch's own finalizer never ran.
+        stored = await backend.enqueue(make_args(idempotency_key="fin"))
+        batch_id, child = uuid4(), make_args(queue=_QUEUE)
+        with pytest.raises(ValueError, match="finalizer takes no idempotency_key"):
+            await backend.enqueue_batch_atomic(
+                [child],
+                batch_id=batch_id,
+                queue=_QUEUE,
+                batch_row=BatchRow(id=batch_id, queue=_QUEUE, expected_size=1),
+                finalizer_args=make_args(queue=_QUEUE, idempotency_key="fin"),
+            )
+        assert await backend.list_jobs(JobFilter()) == [stored]
+        assert await backend.get_batch(batch_id) is None
 
     @covers("enqueue_batch_atomic")
     async def test_enqueue_batch_atomic_is_all_or_nothing(self, backend: Backend) -> None:

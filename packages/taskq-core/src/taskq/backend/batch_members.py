@@ -1,0 +1,48 @@
+"""Who may join a batch: the rules every backend's ``enqueue_batch_atomic`` applies.
+
+A tracked batch (one with a batch row or a finalizer) counts its children by their
+``metadata.batch_id`` tag and releases its finalizer when none is left to run. An
+idempotency key can make an insert return a job already stored instead: one of
+another batch's, or of none, would not be counted, and the batch could end before it
+ran; a finalizer's would be released, and run, in place of the batch's own. Both are
+refused, the whole call with them. An untracked batch (tags only) returns the stored
+job, as any enqueue does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+from taskq.models import EnqueueArgs, JobRow
+
+__all__ = ["BATCH_TAG", "FINALIZER_TAG", "check_children", "check_finalizer"]
+
+BATCH_TAG: Final = "batch_id"
+"""The ``metadata`` key naming a child's batch."""
+
+FINALIZER_TAG: Final = "batch_finalizer_for"
+"""The ``metadata`` key naming the batch a finalizer ends."""
+
+
+def check_finalizer(finalizer: EnqueueArgs | None) -> None:
+    """A finalizer is the batch's own new job: it takes no idempotency key."""
+    if finalizer is not None and finalizer.idempotency_key is not None:
+        raise ValueError(
+            f"a batch's finalizer takes no idempotency_key (got "
+            f"{finalizer.idempotency_key!r}): a job stored under it would be released "
+            f"in its place when the batch ends; drop the key (the batch id already "
+            f"makes the call safe to repeat)"
+        )
+
+
+def check_children(rows: Iterable[JobRow], batch_tag: str) -> None:
+    """Every row an insert of a tracked batch's children returned is a child of this
+    batch (two of its children may share a key), not a job stored before."""
+    for row in rows:
+        if row.metadata.get(BATCH_TAG) != batch_tag:
+            raise ValueError(
+                f"idempotency key {row.idempotency_key!r} of actor {row.actor!r} already "
+                f"names job {row.id}, which is not a child of batch {batch_tag}: the batch "
+                f"would not wait for it; use a key of this batch's own"
+            )

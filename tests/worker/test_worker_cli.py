@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,29 @@ def test_backend_tunables_reach_the_backend_and_keep_the_apps_own_options() -> N
     # the in-memory backend takes what applies to it and ignores dispatch sampling
     memory: Any = _rebuild_app(TaskQ("memory://"), settings).backend
     assert memory.cancel_reclaim_headroom.total_seconds() == 3
+
+
+def test_an_application_takes_the_fleets_backend_tunables_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A reclaim feed read in an application process (watch_reclaims) kept the 2 s
+    # default whatever TASKQ_RECLAIM_EVENT_VISIBILITY_DELAY said: only workers read it.
+    from taskq import TaskQ
+
+    monkeypatch.setenv("TASKQ_RECLAIM_EVENT_VISIBILITY_DELAY", "10s")
+    monkeypatch.setenv("TASKQ_POLL_ONLY", "true")
+    monkeypatch.setenv("TASKQ_CONCURRENCY", "many")  # a worker's alone: not read here
+    url = "postgresql://postgres@127.0.0.1:5432/none"
+    backend: Any = TaskQ(url).backend
+    assert backend.reclaim_event_visibility_delay == timedelta(seconds=10)
+    assert backend.poll_only is True
+    given: Any = TaskQ(url, reclaim_event_visibility_delay=timedelta(seconds=1)).backend
+    assert given.reclaim_event_visibility_delay == timedelta(seconds=1)
+    memory: Any = TaskQ("memory://").backend  # poll-only means nothing in memory
+    assert memory.reclaim_event_visibility_delay == timedelta(seconds=10)
+    monkeypatch.setenv("TASKQ_RECLAIM_EVENT_VISIBILITY_DELAY", "soon")
+    with pytest.raises(SettingsError, match="TASKQ_RECLAIM_EVENT_VISIBILITY_DELAY='soon'"):
+        TaskQ("memory://")
 
 
 def test_a_command_timeout_that_cannot_fit_a_loops_stale_budget_is_refused() -> None:

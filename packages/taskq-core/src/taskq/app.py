@@ -14,6 +14,7 @@ from taskq.client import JobsClient
 from taskq.models import EventRow, QueueConfig
 from taskq.plugins import open_backend
 from taskq.reclaims import watch_reclaims
+from taskq.settings import WorkerSettings
 
 __all__ = ["TaskQ"]
 
@@ -44,9 +45,17 @@ class TaskQ:
         self.providers = providers if providers is not None else ProviderRegistry()
         self.queues = list(queues)
         self.backend_options = dict(backend_options)
-        """Options the backend was built with (kept so a worker can rebuild it)."""
+        """Options given for the backend (kept so a worker can rebuild it)."""
         self.backend: Backend = (
-            backend if backend is not None else open_backend(url, schema=schema, **backend_options)
+            backend
+            if backend is not None
+            else open_backend(
+                url,
+                schema=schema,
+                # The fleet's TASKQ_* backend tunables apply here as in its workers
+                # (a reclaim feed's visibility delay, poll-only); given options win.
+                **{**WorkerSettings.backend_options_from_env(), **backend_options},
+            )
         )
         self.backend_from_url = backend is None
         """Whether the backend was built from ``url`` (a worker may build it anew with its

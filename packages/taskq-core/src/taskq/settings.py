@@ -359,6 +359,21 @@ class WorkerSettings(BaseModel):
                     f"or raise watchdog_stale_floor"
                 )
 
+    @classmethod
+    def backend_options_from_env(cls, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The backend tunables set by ``TASKQ_*`` env vars (``os.environ`` by default), as
+        backend constructor options: an application's backend (a producer's, a
+        ``watch_reclaims`` reader's) takes them as a worker's does. Only those variables
+        are read, so a worker-only setting cannot fail a producer."""
+        import os
+
+        environ = os.environ if env is None else env
+        names = {
+            ENV_PREFIX + (cls.model_fields[field].alias or field).upper()
+            for field in BACKEND_TUNABLES
+        }
+        return cls.load(env={k: v for k, v in environ.items() if k in names}).backend_options()
+
     def backend_options(self) -> dict[str, Any]:
         """The backend tunables that were set, as backend constructor options."""
         tunables = {option: getattr(self, field) for field, option in BACKEND_TUNABLES.items()}

@@ -211,6 +211,33 @@ async def test_a_long_transaction_holding_job_events_is_reported(
         await writer.close()
 
 
+async def test_watch_reclaims_warns_of_a_writer_older_than_its_visibility_delay(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    # Such a writer may commit an event below the feed's cursor: lost to the reader.
+    import structlog.testing
+
+    from taskq.reclaims import watch_reclaims
+
+    job = await backend.enqueue(EnqueueArgs(actor="a"))
+    writer: asyncpg.Connection[Any] = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        async with writer.transaction():
+            await writer.execute(
+                f"INSERT INTO {backend.schema}.job_events (job_id, kind) VALUES ($1, 'reclaimed')",
+                job.id,
+            )
+            await asyncio.sleep(0.3)
+            feed = watch_reclaims(backend, visibility_delay=timedelta(milliseconds=200))
+            with structlog.testing.capture_logs() as logs, pytest.raises(TimeoutError):
+                await asyncio.wait_for(anext(feed), 1.0)  # nothing to read: it waits
+            await feed.aclose()
+    finally:
+        await writer.close()
+    [warning] = [e for e in logs if e["event"] == "taskq.watch-reclaims-visibility-delay-at-risk"]
+    assert str(writer.get_server_pid()) in warning["writer"]
+
+
 # -- history ---------------------------------------------------------------------------------
 
 

@@ -172,6 +172,26 @@ async def test_a_shutdown_forces_a_users_cancel_as_the_protocol_does(
         assert "cancel_escalated" in kinds, kinds
 
 
+async def test_a_third_sigint_exits_at_once(tq: TaskQ, pg_schema: PgSchema) -> None:
+    # Ctrl-C three times: a stop stuck in a teardown is not waited for (its watchdog
+    # would take the whole termination grace, a minute here).
+    producer = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=hung_teardown.tq.actors.values())
+    async with producer:
+        job = await producer.client.enqueue(hung_teardown.uses_client, {})
+    with worker(
+        pg_schema, app="tests.apps.hung_teardown:tq", TASKQ_TERMINATION_GRACE_PERIOD="60s"
+    ) as proc:
+        await _until_status(tq, job.id, JobStatus.SUCCEEDED)  # the provider is open
+        for _ in range(2):
+            proc.send_signal(signal.SIGINT)
+            await asyncio.sleep(0.5)
+        assert proc.poll() is None  # stopping, held by the teardown
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 1
+    assert "taskq-worker: third signal, exiting at once" in stderr
+
+
 async def test_a_second_sigterm_skips_the_drain_wait(tq: TaskQ, pg_schema: PgSchema) -> None:
     job = await tq.client.enqueue(basic.stubborn, {"seconds": 60})
     with worker(

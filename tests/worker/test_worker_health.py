@@ -292,3 +292,17 @@ async def test_a_malformed_request_gets_an_error_status_not_a_traceback(
         finally:
             worker.stop()
             await asyncio.wait_for(running, 30)
+
+
+async def test_tasks_is_not_served_unless_enabled() -> None:
+    # /tasks shows the code's await sites: off unless health_tasks_enabled says so.
+    from taskq.worker.health import HealthServer
+
+    for enabled, status in ((False, 404), (True, 200)):
+        server = HealthServer("127.0.0.1", 0, tasks_enabled=enabled)
+        await server.start()
+        try:
+            answer = await asyncio.to_thread(_request, server.port, "GET", "/tasks")
+            assert answer[0] == status
+        finally:
+            await server.close()

@@ -4,18 +4,25 @@ resets only for connections lent to caller code."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import asyncpg
+import psycopg
 import pytest
 
 from taskq import EnqueueArgs, TaskQ, actor
 from taskq.errors import MaxPendingExceededError
+from taskq.models import JobFilter, SuccessWrite
 from taskq_postgres import PostgresBackend
 from taskq_testing.postgres import PgSchema
 
 pytestmark = pytest.mark.postgres
+
+LEASE = timedelta(minutes=1)
 
 
 @pytest.fixture
@@ -121,6 +128,104 @@ async def test_the_first_enqueue_after_the_pinned_connection_closed_succeeds(
     assert ended == 1
     await asyncio.sleep(0.2)  # its end reaches the client
     await backend.enqueue(EnqueueArgs(actor="a"))
+
+
+def _end_sessions_unread(backend: PostgresBackend) -> int:
+    """End every session of ``backend`` as a restart does, blocking the event loop until
+    the server has: the server's goodbye and the end of each stream wait unread in the
+    client's sockets, as they do for a call made in the loop turns before asyncpg reads
+    them."""
+    with psycopg.connect(backend.dsn, autocommit=True) as admin:
+        pids = [
+            pid
+            for (pid,) in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s",
+                (f"%/{backend.instance_id}",),
+            )
+        ]
+        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", (pids,))
+        while admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)
+        ).fetchone() != (0,):
+            time.sleep(0.01)  # blocking: the event loop must not run meanwhile
+    return len(pids)
+
+
+async def _enqueue(backend: PostgresBackend) -> None:
+    row = await backend.enqueue(EnqueueArgs(actor="a"))  # on the pinned connection
+    assert await backend.get(row.id) == row
+
+
+async def _read(backend: PostgresBackend) -> None:
+    assert await backend.list_jobs(JobFilter()) != []  # on a pooled one
+
+
+async def _transaction(backend: PostgresBackend) -> None:
+    # A singleton's checks and insert: a transaction on a pooled connection.
+    await backend.enqueue(EnqueueArgs(actor="a", singleton=True, identity_key=str(uuid4())))
+
+
+async def _dispatch(backend: PostgresBackend) -> None:
+    assert await backend.dispatch_batch(uuid4(), ["default"], 1, LEASE) != []
+
+
+async def _success(backend: PostgresBackend) -> None:
+    worker = uuid4()
+    (job,) = await backend.dispatch_batch(worker, ["default"], 1, LEASE)
+    write = SuccessWrite(job_id=job.id, attempt=job.attempt)
+    assert await backend.mark_succeeded_many(worker, [write]) == [True]
+
+
+@pytest.mark.parametrize("command_timeout", [None, timedelta(seconds=30)])
+@pytest.mark.parametrize("call", [_enqueue, _read, _transaction, _dispatch, _success])
+async def test_the_first_call_after_a_restart_asyncpg_has_not_seen_yet_succeeds(
+    pg_pooled_schema: PgSchema,
+    command_timeout: timedelta | None,
+    call: Callable[[PostgresBackend], Awaitable[None]],
+) -> None:
+    # Told before its statement is sent, a call goes on a new connection; once sent, it
+    # fails (nothing tells whether it ran: see the next test).
+    backend = PostgresBackend(
+        pg_pooled_schema.dsn,
+        schema=pg_pooled_schema.name,
+        max_pool_size=5,  # pins a worker's dispatch and success connections too
+        command_timeout=command_timeout,
+    )
+    await backend.open()
+    try:
+        await backend.enqueue_batch([EnqueueArgs(actor="a") for _ in range(3)])
+        for warm_up in (_success, _enqueue, _read, _transaction):
+            await warm_up(backend)
+        assert _end_sessions_unread(backend) >= 4  # the pinned ones and a pooled one
+        await call(backend)
+    finally:
+        await backend.close()
+
+
+async def test_a_statement_sent_as_its_session_ends_fails_and_is_not_sent_again(
+    backend: PostgresBackend,
+) -> None:
+    # Its session ended while it waited for a lock (it did not run); had it waited for
+    # its commit, it would have run: the error says nothing of which, so no retry.
+    await backend.enqueue(EnqueueArgs(actor="a"))  # pins
+    async with backend.connection() as admin, admin.transaction():
+        await admin.execute(f"LOCK TABLE {backend.schema}.jobs")
+        enqueue = asyncio.create_task(backend.enqueue(EnqueueArgs(actor="a")))
+        for _ in range(500):  # until its INSERT waits for the lock
+            pid = await admin.fetchval(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = $1 "
+                "AND wait_event_type = 'Lock'",
+                f"taskq-pool/{backend.instance_id}",
+            )
+            if pid is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert pid is not None
+        await admin.execute("SELECT pg_terminate_backend($1)", pid)
+        with pytest.raises(asyncpg.ConnectionDoesNotExistError):
+            await enqueue
+    async with backend.connection() as conn:
+        assert await conn.fetchval(f"SELECT count(*) FROM {backend.schema}.jobs") == 1
 
 
 async def test_a_pool_of_one_connection_is_not_pinned(pg_pooled_schema: PgSchema) -> None:

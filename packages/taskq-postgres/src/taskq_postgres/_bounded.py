@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from taskq_postgres._connect import readable
+
 __all__ = ["BoundedPool", "PinnedConnection"]
 
 if TYPE_CHECKING:
@@ -88,11 +90,14 @@ class BoundedPool:
         if the call outlives its budget."""
         budget = timeout if timeout is not None else self.budget
         if budget is None:
-            async with self.pool.acquire() as conn:
+            conn = await _acquire(self.pool, None)
+            try:
                 yield conn
+            finally:
+                await self.pool.release(conn)
             return
         deadline = asyncio.get_running_loop().time() + budget
-        conn = await self.pool.acquire(timeout=budget)  # a connect included
+        conn = await _acquire(self.pool, deadline)
         with _closed_at(conn, deadline, budget):
             try:
                 yield conn
@@ -148,12 +153,11 @@ class BoundedPool:
         statement gets what is left of the budget, and the hand-back the rest (or a
         moment, to let a healthy server's cancel come through)."""
         budget = timeout if timeout is not None else self.budget
-        if budget is None:
-            return await getattr(self.pool, method)(query, *args)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + budget
-        conn = await self.pool.acquire(timeout=budget)  # a connect included
+        deadline = None if budget is None else asyncio.get_running_loop().time() + budget
+        conn = await _acquire(self.pool, deadline)
         try:
+            if deadline is None:
+                return await getattr(conn, method)(query, *args)
             return await getattr(conn, method)(query, *args, timeout=_left(deadline))
         finally:
             await _release(self.pool, conn, deadline)
@@ -176,14 +180,39 @@ async def _release(pool: asyncpg.Pool[asyncpg.Record], conn: Proxy, deadline: fl
         await pool.release(conn, timeout=max(_left(deadline), _RELEASE_FLOOR))
 
 
-def _taken_back(conn: Proxy) -> bool:
-    """Whether the pool took ``conn`` back (asyncpg detaches a checked-out connection
-    that closes): then its every method refuses, with no I/O."""
-    try:
-        conn.is_closed()
-    except asyncpg.InterfaceError:
+async def _acquire(pool: asyncpg.Pool[asyncpg.Record], deadline: float | None) -> Proxy:
+    """A connection from ``pool`` (a connect included) that has not :func:`_ended`."""
+    conn = await pool.acquire(timeout=None if deadline is None else _left(deadline))
+    # A restart ends every pooled connection: at worst each is replaced in turn.
+    for _ in range(pool.get_max_size()):
+        if not _ended(conn):
+            break
+        conn = await pool.acquire(timeout=None if deadline is None else _left(deadline))
+    return conn
+
+
+def _ended(conn: Proxy) -> bool:
+    """Whether the server ended ``conn`` while it idled (a restart, ``idle_session_timeout``,
+    ``pg_terminate_backend``): every statement on it would fail, and one sent may not be
+    sent again (nothing tells whether it ran). One asyncpg has yet to see end is
+    terminated here, which hands it back to the pool.
+
+    asyncpg sees the end (and the pool stops handing the connection out) a few
+    event-loop turns after the server's goodbye and the end of the stream arrive; the
+    first call after a restart failed meanwhile. Its socket then has something to read
+    while no statement runs, which tells it before one is sent, as the sync client's
+    ``_dropped`` does: a poll, about a microsecond, no round trip.
+    """
+    # asyncpg's own attributes (not in its stubs): a public call on a detached proxy
+    # costs a raised error, and a connection shows no socket.
+    proxy: Any = conn
+    con = proxy._con
+    if con is None:  # the pool took it back (asyncpg detaches a connection that closes)
         return True
-    return False
+    if not readable(con._transport.get_extra_info("socket").fileno()):
+        return False
+    conn.terminate()
+    return True
 
 
 class PinnedConnection:
@@ -221,12 +250,10 @@ class PinnedConnection:
         conn = self._conn
         kept = False
         try:
-            if conn is not None and _taken_back(conn):
-                # It closed while pinned, and the pool took it back: every call on it
-                # would fail (the first enqueue after a restart did) without a statement.
+            if conn is not None and _ended(conn):
                 conn = self._conn = None
             if conn is None:
-                conn = self._conn = await pool.acquire(timeout=budget)
+                conn = self._conn = await _acquire(pool, deadline)
             if deadline is None:
                 result = await getattr(conn, method)(query, *args)
             else:

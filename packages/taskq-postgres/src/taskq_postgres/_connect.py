@@ -1,5 +1,5 @@
-"""Connecting: DSN checks, the settings every TaskQ connection carries, and error
-translation.
+"""Connecting: DSN checks, the settings every TaskQ connection carries, error
+translation, and the socket check that tells an idle connection the server ended.
 
 asyncpg reports a bad DSN or an unreachable server with exceptions from deep
 inside its connect machinery (``ValueError`` from ``int()``, ``OSError``,
@@ -13,6 +13,7 @@ refuses the login.
 from __future__ import annotations
 
 import re
+import select
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -32,6 +33,7 @@ __all__ = [
     "connect",
     "connection_settings",
     "create_pool",
+    "readable",
     "redact",
     "unmigrated",
 ]
@@ -172,6 +174,19 @@ def translated_errors(
         raise BackendUnavailableError(
             f"cannot connect to PostgreSQL at {redact(dsn)}: {_one_line(exc)}"
         ) from exc
+
+
+def readable(fd: int) -> bool:
+    """Whether the socket ``fd`` has something to read now (or is gone)."""
+    if hasattr(select, "poll"):  # select() refuses descriptors past FD_SETSIZE (1024)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    try:
+        ready, _, _ = select.select([fd], [], [], 0)
+    except OSError:  # the socket is gone
+        return True
+    return bool(ready)
 
 
 def unmigrated(

@@ -10,7 +10,6 @@ validation and ``max_pending`` check of ``JobsClient`` (``taskq.args_builder``).
 from __future__ import annotations
 
 import os
-import select
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -32,7 +31,12 @@ from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, MaxPendingLimit
 from taskq.errors import MaxPendingExceededError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
-from taskq_postgres._connect import BackendUnavailableError, translated_errors, unmigrated
+from taskq_postgres._connect import (
+    BackendUnavailableError,
+    readable,
+    translated_errors,
+    unmigrated,
+)
 from taskq_postgres._enqueue import (
     CopyFeed,
     Plan,
@@ -61,18 +65,7 @@ def _dropped(conn: psycopg.Connection[Any]) -> bool:
     a proxy's idle cut): with nothing asked of it, its socket has something to read
     (the server's goodbye, then the end of the stream). Told before a statement is
     sent, the connection can be replaced with nothing lost."""
-    if conn.info.transaction_status != TransactionStatus.IDLE:
-        return False
-    fd = conn.fileno()
-    if hasattr(select, "poll"):  # select() refuses descriptors past FD_SETSIZE (1024)
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(0))
-    try:
-        readable, _, _ = select.select([fd], [], [], 0)
-    except OSError:  # the socket is gone
-        return True
-    return bool(readable)
+    return conn.info.transaction_status == TransactionStatus.IDLE and readable(conn.fileno())
 
 
 class SyncJobsClient:

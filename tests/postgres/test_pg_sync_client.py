@@ -445,12 +445,19 @@ def test_a_closed_client_says_so(pg_pooled_schema: PgSchema) -> None:
         client.enqueue(item, {"n": 1})
 
 
-def test_poll_only_sends_no_wake(pg_pooled_schema: PgSchema) -> None:
+@pytest.mark.parametrize("told_by", ["argument", "environment"])
+def test_poll_only_sends_no_wake(
+    pg_pooled_schema: PgSchema, monkeypatch: pytest.MonkeyPatch, told_by: str
+) -> None:
     dsn, schema = pg_pooled_schema.dsn, pg_pooled_schema.name
+    if told_by == "environment":  # the fleet's setting, as an application's backend takes it
+        monkeypatch.setenv("TASKQ_POLL_ONLY", "true")
     with (
         psycopg.connect(dsn, autocommit=True) as listener,
-        SyncJobsClient(dsn, actors=ACTORS, schema=schema, poll_only=True) as quiet,
-        SyncJobsClient(dsn, actors=ACTORS, schema=schema) as waking,
+        SyncJobsClient(
+            dsn, actors=ACTORS, schema=schema, poll_only=True if told_by == "argument" else None
+        ) as quiet,
+        SyncJobsClient(dsn, actors=ACTORS, schema=schema, poll_only=False) as waking,
     ):
         listener.execute(f"LISTEN {wake_channel(schema)}")
         quiet.enqueue(item, {"n": 1})

@@ -31,6 +31,7 @@ from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, MaxPendingLimit
 from taskq.errors import MaxPendingExceededError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
+from taskq.settings import WorkerSettings
 from taskq_postgres._connect import (
     BackendUnavailableError,
     readable,
@@ -79,7 +80,8 @@ class SyncJobsClient:
     application's, which payloads are
     validated against (``TaskQ.actors.values()``); ``schema`` the TaskQ schema.
     ``poll_only`` sends no NOTIFY (as ``PostgresBackend(poll_only=True)``: for workers
-    that poll, or to keep NOTIFY's commit lock off a heavy insert load).
+    that poll, or to keep NOTIFY's commit lock off a heavy insert load); unset, it is
+    the fleet's ``TASKQ_POLL_ONLY``, as for an application's backend.
     One client may be shared by threads: its calls take turns.
     """
 
@@ -90,7 +92,7 @@ class SyncJobsClient:
         actors: Iterable[Actor[..., Any]],
         schema: str = "taskq",
         max_pending_cache_ttl: float = 5.0,
-        poll_only: bool = False,
+        poll_only: bool | None = None,
     ) -> None:
         if not isinstance(target, str | psycopg.Connection):
             raise TypeError(
@@ -101,6 +103,8 @@ class SyncJobsClient:
         self.schema = validate_schema_name(schema)
         self._build = ArgsBuilder(actors_by_name(actors))
         self._sql = statements_for(self.schema)
+        if poll_only is None:
+            poll_only = bool(WorkerSettings.backend_options_from_env().get("poll_only", False))
         self._channel = None if poll_only else wake_channel(self.schema)
         self._limits = MaxPendingLimits(max_pending_cache_ttl)
         self._lock = threading.Lock()

@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from taskq import TaskQ
-from taskq.models import EnqueueArgs
+from taskq.models import ActorConfig, EnqueueArgs
 from taskq_testing.postgres import PgSchema
 from tests.apps import basic
 from tests.leader.conftest import Spawn, WorkerProc, wait_until
@@ -67,6 +67,24 @@ async def test_the_leader_logs_queue_depths_and_warns_about_stranded_jobs(
     assert stranded["level"] == "warning"
     assert stranded["actors"] == {_GONE: 1}
     assert stranded["jobs"] == 1
+
+
+async def test_the_leader_warns_about_jobs_of_an_actor_removed_since_a_worker_ran_it(
+    tq: TaskQ, spawn: Spawn
+) -> None:
+    # A worker of an earlier release ran it: its actor_config row stays for good, and
+    # this release's workers skip its jobs (ADR 0006), so they would wait in silence.
+    await tq.backend.register_actors([ActorConfig(actor=_GONE)])
+    await tq.backend.enqueue(EnqueueArgs(actor=_GONE, queue=_PARKED, payload={}))
+    worker = spawn(env={"TASKQ_STRANDED_CHECK_INTERVAL": "100ms"})
+
+    async def warned() -> list[dict[str, Any]]:
+        return worker.events("taskq.stranded-jobs")
+
+    [stranded, *_] = await wait_until(warned)
+    assert stranded["actors"] == {_GONE: 1}
+    assert stranded["jobs"] == 1
+    assert "cancel" in stranded["hint"]
 
 
 async def test_a_killed_workers_row_is_swept_and_a_stopped_worker_deregisters(

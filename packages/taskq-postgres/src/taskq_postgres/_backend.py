@@ -1610,15 +1610,28 @@ class PostgresBackend:
         }
 
     async def stranded_jobs(self) -> dict[str, int]:
-        """Pending and scheduled jobs per actor with no ``actor_config`` row
-        (``SupportsFleetStats``)."""
+        """Pending and scheduled jobs per actor with no ``actor_config`` row or, while
+        workers are registered, that no worker row runs (``SupportsFleetStats``)."""
         return {r["actor"]: int(r["jobs"]) for r in await self._db().fetch(self._sql.stranded_jobs)}
 
     async def register_worker(
-        self, worker_id: UUID, hostname: str, pid: int, queues: list[str]
+        self,
+        worker_id: UUID,
+        hostname: str,
+        pid: int,
+        queues: list[str],
+        *,
+        actors: Sequence[str] | None = None,
     ) -> None:
         """Upsert the worker's row on the server clock (``SupportsWorkerRegistry``)."""
-        await self._db().execute(self._sql.register_worker, worker_id, hostname, pid, queues)
+        await self._db().execute(
+            self._sql.register_worker,
+            worker_id,
+            hostname,
+            pid,
+            queues,
+            None if actors is None else list(actors),
+        )
 
     async def touch_worker(self, worker_id: UUID) -> bool:
         """Set the worker's ``last_seen_at`` to the server clock; False when the row is gone."""

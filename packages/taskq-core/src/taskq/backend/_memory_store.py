@@ -106,6 +106,9 @@ class WorkerRecord:
     hostname: str
     pid: int
     queues: list[str]
+    actors: frozenset[str] | None
+    """The actors the worker runs; None when it did not say (it runs any, as far as
+    the stranded-jobs detector knows)."""
     started_at: datetime
     last_seen_at: datetime
 

@@ -101,7 +101,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     gained fallback_result_ttl; terminal writes gained the keyword-only
 #     `attempt` fence; open/close, register_actors and configure_queue made
 #     explicit so every state is reachable through the protocol;
-#     reclaim_expired_locks gained the keyword-only `worker_silence`.
+#     reclaim_expired_locks gained the keyword-only `worker_silence`;
+#     SupportsWorkerRegistry.register_worker gained the keyword-only `actors` (the
+#     worker passes it, as it does `worker_silence`) and stranded_jobs reads it.
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck.
@@ -834,8 +836,15 @@ class SupportsFleetStats(Protocol):
         ...
 
     async def stranded_jobs(self) -> dict[str, int]:
-        """Per actor with no registered config (no ``actor_config`` row), how many of
-        its jobs are ``pending`` or ``scheduled``; actors with none are omitted."""
+        """Per actor whose waiting jobs nothing will dispatch, how many of its jobs are
+        ``pending`` or ``scheduled``; actors with none are omitted.
+
+        An actor is stranded when it has no registered config (no ``actor_config``
+        row), or when workers are registered (:class:`SupportsWorkerRegistry`) and
+        none of them runs it (its ``actors``). Configs outlive every release, so only
+        the second rule sees an actor since removed or renamed. A worker registered
+        without ``actors`` (an older release's) counts as running every actor; with
+        no worker registered, only the first rule applies."""
         ...
 
 
@@ -844,10 +853,18 @@ class SupportsWorkerRegistry(Protocol):
     """A backend that keeps a row per live worker (the ``workers`` table)."""
 
     async def register_worker(
-        self, worker_id: UUID, hostname: str, pid: int, queues: list[str]
+        self,
+        worker_id: UUID,
+        hostname: str,
+        pid: int,
+        queues: list[str],
+        *,
+        actors: Sequence[str] | None = None,
     ) -> None:
         """Upsert the worker's row; ``started_at`` and ``last_seen_at`` are set to the
-        backend's clock (on a re-registration too)."""
+        backend's clock (on a re-registration too). ``actors``: the actors the worker
+        runs, stored for :meth:`SupportsFleetStats.stranded_jobs` (None: not said, the
+        worker counts as running every actor)."""
         ...
 
     async def touch_worker(self, worker_id: UUID) -> bool:

@@ -898,16 +898,31 @@ class InMemoryBackend:
         return depths
 
     async def stranded_jobs(self) -> dict[str, int]:
-        """Pending and scheduled jobs per actor with no registered config
-        (``SupportsFleetStats``)."""
-        stranded: dict[str, int] = {}
+        """Pending and scheduled jobs per actor with no registered config or, while
+        workers are registered, that no worker runs (``SupportsFleetStats``)."""
+        waiting: dict[str, int] = {}
         for row in self._jobs.values():
-            if row.status in _WAITING and row.actor not in self._actors:
-                stranded[row.actor] = stranded.get(row.actor, 0) + 1
-        return stranded
+            if row.status in _WAITING:
+                waiting[row.actor] = waiting.get(row.actor, 0) + 1
+        return {actor: jobs for actor, jobs in waiting.items() if self._stranded(actor)}
+
+    def _stranded(self, actor: str) -> bool:
+        # Configs outlive every release (register_actors only adds): only the live
+        # workers' actors show one since removed. A worker that did not say runs any.
+        if actor not in self._actors:
+            return True
+        return bool(self.workers) and not any(
+            w.actors is None or actor in w.actors for w in self.workers.values()
+        )
 
     async def register_worker(
-        self, worker_id: UUID, hostname: str, pid: int, queues: list[str]
+        self,
+        worker_id: UUID,
+        hostname: str,
+        pid: int,
+        queues: list[str],
+        *,
+        actors: Sequence[str] | None = None,
     ) -> None:
         """Upsert the worker's row on this backend's clock (``SupportsWorkerRegistry``)."""
         now = self.clock.now()
@@ -916,6 +931,7 @@ class InMemoryBackend:
             hostname=hostname,
             pid=pid,
             queues=list(queues),
+            actors=None if actors is None else frozenset(actors),
             started_at=now,
             last_seen_at=now,
         )

@@ -182,11 +182,16 @@ class WorkerState:
         self.slot_freed.set()
 
     async def register(self) -> None:
-        """Write this worker's registry row (hostname, pid, queues), when the backend
-        keeps a registry: at start-up, and again if the row was swept meanwhile."""
+        """Write this worker's registry row (hostname, pid, queues, the actors it runs),
+        when the backend keeps a registry: at start-up, and again if the row was swept
+        meanwhile. The leader's stranded-jobs detector reads the actors."""
         if isinstance(self.backend, SupportsWorkerRegistry):
             await self.backend.register_worker(
-                self.worker_id, socket.gethostname(), os.getpid(), list(self.settings.queues)
+                self.worker_id,
+                socket.gethostname(),
+                os.getpid(),
+                list(self.settings.queues),
+                actors=sorted(self.actors),
             )
 
     def containers(self) -> Containers:

@@ -92,11 +92,20 @@ async def queue_depth_once(backend: SupportsFleetStats) -> dict[str, int]:
 
 
 async def stranded_jobs_once(backend: SupportsFleetStats) -> dict[str, int]:
-    """Warn (``taskq.stranded-jobs``) about waiting jobs of actors no worker registered:
-    no worker will ever run them until such an actor is deployed again."""
+    """Warn (``taskq.stranded-jobs``) about waiting jobs of actors no live worker runs
+    (removed or renamed since they were enqueued, or never deployed): they wait until
+    a worker defining the actor starts, or until someone cancels them."""
     stranded = await backend.stranded_jobs()
     if stranded:
-        _log.warning("taskq.stranded-jobs", actors=stranded, jobs=sum(stranded.values()))
+        _log.warning(
+            "taskq.stranded-jobs",
+            actors=stranded,
+            jobs=sum(stranded.values()),
+            hint="no live worker runs these actors: deploy a worker whose application "
+            "defines them, or cancel their waiting jobs (JobsClient.cancel_where(actor=..., "
+            "status=['pending', 'scheduled']); `taskq jobs list --actor NAME --active` "
+            "lists them)",
+        )
     return {}
 
 

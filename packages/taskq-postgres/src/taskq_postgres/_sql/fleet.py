@@ -27,25 +27,37 @@ ORDER BY j.queue
 
 STRANDED_JOBS: Final = """
 -- arbiter: none
--- Waiting jobs of actors no worker registered: nothing will ever dispatch them.
-SELECT j.actor, count(*) AS jobs
-FROM {schema}.jobs j
-WHERE j.status IN ('pending', 'scheduled')
-  AND NOT EXISTS (SELECT 1 FROM {schema}.actor_config a WHERE a.actor = j.actor)
-GROUP BY j.actor
-ORDER BY j.actor
+-- Waiting jobs nothing will dispatch, per actor: of an actor no worker ever registered
+-- (no actor_config row), or, while any worker is registered, of an actor no worker row
+-- runs (actor_config rows outlive every release, so only the live workers' actors show
+-- one since removed or renamed). A row with NULL actors (a release before 01.00.08)
+-- runs every actor. Counted first, so the registry is read per actor, not per job.
+WITH waiting AS (
+    SELECT j.actor, count(*) AS jobs
+    FROM {schema}.jobs j
+    WHERE j.status IN ('pending', 'scheduled')
+    GROUP BY j.actor
+)
+SELECT s.actor, s.jobs
+FROM waiting s
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.actor_config a WHERE a.actor = s.actor)
+   OR (EXISTS (SELECT 1 FROM {schema}.workers)
+       AND NOT EXISTS (SELECT 1 FROM {schema}.workers w
+                       WHERE w.actors IS NULL OR s.actor = ANY (w.actors)))
+ORDER BY s.actor
 """
 
 REGISTER_WORKER: Final = """
 -- arbiter: clock_timestamp() (started_at = last_seen_at = now)
--- $1 id, $2 hostname, $3 pid, $4 queues. One reading of the clock, so a fresh
--- row's started_at and last_seen_at are equal.
-INSERT INTO {schema}.workers AS w (id, hostname, pid, queues, started_at, last_seen_at)
-SELECT $1, $2, $3, $4::text[], n.ts, n.ts
+-- $1 id, $2 hostname, $3 pid, $4 queues, $5 actors (NULL: not said). One reading of
+-- the clock, so a fresh row's started_at and last_seen_at are equal.
+INSERT INTO {schema}.workers AS w (id, hostname, pid, queues, actors, started_at, last_seen_at)
+SELECT $1, $2, $3, $4::text[], $5::text[], n.ts, n.ts
 FROM (SELECT clock_timestamp() AS ts) n
 ON CONFLICT (id) DO UPDATE
 SET hostname = EXCLUDED.hostname, pid = EXCLUDED.pid, queues = EXCLUDED.queues,
-    started_at = EXCLUDED.started_at, last_seen_at = EXCLUDED.last_seen_at
+    actors = EXCLUDED.actors, started_at = EXCLUDED.started_at,
+    last_seen_at = EXCLUDED.last_seen_at
 """
 
 TOUCH_WORKER: Final = """

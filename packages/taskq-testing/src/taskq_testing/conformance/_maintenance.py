@@ -220,6 +220,40 @@ class MaintenanceTests(TimeLimits):
         assert known not in stranded
         assert busy not in stranded
 
+    @covers("deregister_worker", "register_actors", "register_worker", "stranded_jobs")
+    async def test_stranded_jobs_counts_waiting_jobs_of_actors_no_registered_worker_runs(
+        self, backend: Backend
+    ) -> None:
+        stats, registry = _fleet_stats(backend), _worker_registry(backend)
+        tag = uuid4().hex[:8]
+        kept, removed, unknown = f"kept-{tag}", f"removed-{tag}", f"unknown-{tag}"
+        # Workers of an earlier release ran both: their configs stay for good.
+        await backend.register_actors([ActorConfig(actor=kept), ActorConfig(actor=removed)])
+        await backend.enqueue(make_args(actor=kept))
+        await backend.enqueue(make_args(actor=removed))
+        await backend.enqueue(make_args(actor=removed, delay=FAR))
+        await backend.enqueue(make_args(actor=unknown))
+        # No worker registered: the configs are all there is to go by.
+        assert await stats.stranded_jobs() == {unknown: 1}
+
+        current = uuid4()
+        await registry.register_worker(current, "host-a", 1, ["default"], actors=[kept])
+        assert await stats.stranded_jobs() == {removed: 2, unknown: 1}
+
+        # A worker that does not say its actors (an older release's, mid-deploy) may run
+        # any actor with a config: no false alarm while it lives.
+        older = uuid4()
+        await registry.register_worker(older, "host-b", 2, ["default"])
+        assert await stats.stranded_jobs() == {unknown: 1}
+        await registry.deregister_worker(older)
+        assert await stats.stranded_jobs() == {removed: 2, unknown: 1}
+
+        # Registering again replaces the actors.
+        await registry.register_worker(current, "host-a", 1, ["default"], actors=[removed, kept])
+        assert await stats.stranded_jobs() == {unknown: 1}
+        await registry.register_worker(current, "host-a", 1, ["default"], actors=[kept])
+        assert await stats.stranded_jobs() == {removed: 2, unknown: 1}
+
     @covers("cleanup_stale_workers", "deregister_worker", "register_worker", "touch_worker")
     async def test_worker_registry_registers_touches_deregisters_and_sweeps(
         self, backend: Backend, advance_time: AdvanceTime

@@ -57,7 +57,19 @@ def test_ctrl_c_stops_the_demo_gracefully_and_leaves_no_job_locked(
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(4)  # enqueued, and the worker busy
+
+    async def succeeded() -> int:
+        from taskq import TaskQ
+
+        async with TaskQ(pg_schema.dsn, schema=pg_schema.name) as app:
+            return len(await app.client.list_jobs(JobFilter(status=[JobStatus.SUCCEEDED])))
+
+    # Enqueued, and the worker busy: a fixed sleep came before the worker on a loaded
+    # machine.
+    deadline = time.monotonic() + 60
+    while asyncio.run(succeeded()) == 0:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     # Said, and not a success: the summary counted pending jobs as throughput, exit 0.

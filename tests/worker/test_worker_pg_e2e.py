@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -102,6 +104,26 @@ async def _all_jobs(tq: TaskQ) -> list[Any]:
     return rows
 
 
+def _until_a_failed_start_attempt(port: int, proc: subprocess.Popen[str]) -> None:
+    """Until the worker's /readyz says it waits for its backend after a failed try."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5)
+        except urllib.error.HTTPError as answer:  # 503 while it starts
+            if json.loads(answer.read()).get("attempt", 0) >= 1:
+                return
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.05)
+    raise AssertionError("the worker never reported a failed attempt to reach its database")
+
+
 async def test_a_worker_started_before_its_database_accepts_connections_waits_for_it(
     tq: TaskQ, pg_schema: PgSchema
 ) -> None:
@@ -110,12 +132,20 @@ async def test_a_worker_started_before_its_database_accepts_connections_waits_fo
     from taskq_testing.faults import TcpProxy
 
     job = await tq.client.enqueue(basic.nap, {"seconds": 0, "tag": "late"})
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
     with TcpProxy(urlsplit(pg_schema.dsn).port or 5432) as proxy:
         proxy.cut()  # what a server not started yet looks like: connections refused
-        env = {"TASKQ_DSN": proxy.through(pg_schema.dsn), "TASKQ_STARTUP_WAIT": "60s"}
+        env = {
+            "TASKQ_DSN": proxy.through(pg_schema.dsn),
+            "TASKQ_STARTUP_WAIT": "60s",
+            "TASKQ_HEALTH_PORT": str(port),
+        }
         with worker_process(pg_schema, "--until-idle", env=env) as proc:
-            await asyncio.sleep(1.5)
-            assert proc.poll() is None, proc.communicate()
+            # Restored once a try failed (a fixed sleep lost the race on a loaded machine:
+            # the first try came after the restore).
+            await asyncio.to_thread(_until_a_failed_start_attempt, port, proc)
             proxy.restore()
             _, stderr = await asyncio.to_thread(proc.communicate, timeout=60)
         assert proc.returncode == 0, stderr

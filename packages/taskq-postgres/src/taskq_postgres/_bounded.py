@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from taskq_postgres._connect import readable
+from taskq_postgres._connect import read_watch, readable
 
 __all__ = ["BoundedPool", "PinnedConnection"]
 
@@ -191,7 +191,14 @@ async def _acquire(pool: asyncpg.Pool[asyncpg.Record], deadline: float | None) -
     return conn
 
 
-def _ended(conn: Proxy) -> bool:
+def _fd(conn: Proxy) -> int:
+    """The socket of a checked-out connection (asyncpg's own attributes, not in its stubs:
+    a connection shows no socket)."""
+    proxy: Any = conn
+    return int(proxy._con._transport.get_extra_info("socket").fileno())
+
+
+def _ended(conn: Proxy, pending: Callable[[], bool] | None = None) -> bool:
     """Whether the server ended ``conn`` while it idled (a restart, ``idle_session_timeout``,
     ``pg_terminate_backend``): every statement on it would fail, and one sent may not be
     sent again (nothing tells whether it ran). One asyncpg has yet to see end is
@@ -201,15 +208,14 @@ def _ended(conn: Proxy) -> bool:
     event-loop turns after the server's goodbye and the end of the stream arrive; the
     first call after a restart failed meanwhile. Its socket then has something to read
     while no statement runs, which tells it before one is sent, as the sync client's
-    ``_dropped`` does: a poll, about a microsecond, no round trip.
+    ``_dropped`` does: a poll, about a microsecond, no round trip. ``pending`` asks it
+    (:func:`read_watch` of the socket; by default a poll made for this call).
     """
-    # asyncpg's own attributes (not in its stubs): a public call on a detached proxy
-    # costs a raised error, and a connection shows no socket.
+    # asyncpg's own attribute: a public call on a detached proxy costs a raised error.
     proxy: Any = conn
-    con = proxy._con
-    if con is None:  # the pool took it back (asyncpg detaches a connection that closes)
+    if proxy._con is None:  # the pool took it back (asyncpg detaches one that closes)
         return True
-    if not readable(con._transport.get_extra_info("socket").fileno()):
+    if not (pending() if pending is not None else readable(_fd(conn))):
         return False
     conn.terminate()
     return True
@@ -229,6 +235,8 @@ class PinnedConnection:
     def __init__(self, pool: BoundedPool) -> None:
         self._pool = pool
         self._conn: Proxy | None = None
+        self._pending: Callable[[], bool] | None = None
+        """Whether the pinned connection's socket has something to read (:func:`_ended`)."""
         self._busy = False
 
     async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
@@ -250,10 +258,11 @@ class PinnedConnection:
         conn = self._conn
         kept = False
         try:
-            if conn is not None and _ended(conn):
+            if conn is not None and _ended(conn, self._pending):
                 conn = self._conn = None
             if conn is None:
                 conn = self._conn = await _acquire(pool, deadline)
+                self._pending = read_watch(_fd(conn))
             if deadline is None:
                 result = await getattr(conn, method)(query, *args)
             else:

@@ -17,6 +17,7 @@ import select
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from functools import partial
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
@@ -33,6 +34,7 @@ __all__ = [
     "connect",
     "connection_settings",
     "create_pool",
+    "read_watch",
     "readable",
     "redact",
     "unmigrated",
@@ -187,6 +189,17 @@ def readable(fd: int) -> bool:
     except OSError:  # the socket is gone
         return True
     return bool(ready)
+
+
+def read_watch(fd: int) -> Callable[[], bool]:
+    """:func:`readable` for one socket asked again and again (a pinned connection's
+    check before each enqueue): its poll object made and registered once, a third of
+    the cost of a fresh one."""
+    if not hasattr(select, "poll"):
+        return partial(readable, fd)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return lambda: bool(poller.poll(0))
 
 
 def unmigrated(

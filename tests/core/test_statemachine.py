@@ -17,6 +17,7 @@ from taskq.backend.statemachine import (
     assert_valid_transition,
     is_valid_transition,
     parse_cancel_phase,
+    parse_status,
 )
 from taskq.errors import InvalidTransition, TaskQError
 
@@ -78,3 +79,9 @@ def test_stored_cancel_phases_parse_but_abandon_pending_is_refused() -> None:
         parse_cancel_phase(3)
     with pytest.raises(ValueError):
         parse_cancel_phase(7)
+
+
+def test_a_stored_status_is_read_as_its_member_and_an_unknown_one_says_to_upgrade() -> None:
+    assert all(parse_status(status.value) is status for status in JobStatus)
+    with pytest.raises(ValueError, match="unknown job status 'paused'.*upgrade taskq-core"):
+        parse_status("paused")

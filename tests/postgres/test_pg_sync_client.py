@@ -450,14 +450,13 @@ def test_poll_only_sends_no_wake(
     pg_pooled_schema: PgSchema, monkeypatch: pytest.MonkeyPatch, told_by: str
 ) -> None:
     dsn, schema = pg_pooled_schema.dsn, pg_pooled_schema.name
+    waking = SyncJobsClient(dsn, actors=ACTORS, schema=schema)
     if told_by == "environment":  # the fleet's setting, as an application's backend takes it
         monkeypatch.setenv("TASKQ_POLL_ONLY", "true")
     with (
         psycopg.connect(dsn, autocommit=True) as listener,
-        SyncJobsClient(
-            dsn, actors=ACTORS, schema=schema, poll_only=True if told_by == "argument" else None
-        ) as quiet,
-        SyncJobsClient(dsn, actors=ACTORS, schema=schema, poll_only=False) as waking,
+        SyncJobsClient(dsn, actors=ACTORS, schema=schema, poll_only=told_by == "argument") as quiet,
+        waking,
     ):
         listener.execute(f"LISTEN {wake_channel(schema)}")
         quiet.enqueue(item, {"n": 1})

@@ -141,18 +141,32 @@ def test_an_application_takes_the_fleets_backend_tunables_from_the_environment(
     # A reclaim feed read in an application process (watch_reclaims) kept the 2 s
     # default whatever TASKQ_RECLAIM_EVENT_VISIBILITY_DELAY said: only workers read it.
     from taskq import TaskQ
+    from taskq.worker.cli import _rebuild_app
 
+    url = "postgresql://postgres@127.0.0.1:5432/none"
+    unset: Any = TaskQ(url).backend
+    assert unset.command_timeout is None  # only what the environment sets is taken
     monkeypatch.setenv("TASKQ_RECLAIM_EVENT_VISIBILITY_DELAY", "10s")
     monkeypatch.setenv("TASKQ_POLL_ONLY", "true")
-    monkeypatch.setenv("TASKQ_CONCURRENCY", "many")  # a worker's alone: not read here
-    url = "postgresql://postgres@127.0.0.1:5432/none"
+    # Valid together for a worker (the watchdog off): valid for the application too.
+    monkeypatch.setenv("TASKQ_DISPATCHER_COMMAND_TIMEOUT", "40s")
+    monkeypatch.setenv("TASKQ_WATCHDOG_ENABLED", "false")
     backend: Any = TaskQ(url).backend
     assert backend.reclaim_event_visibility_delay == timedelta(seconds=10)
     assert backend.poll_only is True
-    given: Any = TaskQ(url, reclaim_event_visibility_delay=timedelta(seconds=1)).backend
-    assert given.reclaim_event_visibility_delay == timedelta(seconds=1)
+    assert backend.command_timeout == timedelta(seconds=40)
+    # The environment wins over options given in code, in the application as in its
+    # workers (which rebuild its backend with their settings).
+    app = TaskQ(url, poll_only=False, reclaim_event_visibility_delay=timedelta(seconds=1))
+    rebuilt: Any = _rebuild_app(app, WorkerSettings.load({}, env=dict(os.environ))).backend
+    for built in (app.backend, rebuilt):
+        assert (built.poll_only, built.reclaim_event_visibility_delay.total_seconds()) == (
+            True,
+            10,
+        )
     memory: Any = TaskQ("memory://").backend  # poll-only means nothing in memory
     assert memory.reclaim_event_visibility_delay == timedelta(seconds=10)
+    # What a worker refuses fails the application too, with the same message.
     monkeypatch.setenv("TASKQ_RECLAIM_EVENT_VISIBILITY_DELAY", "soon")
     with pytest.raises(SettingsError, match="TASKQ_RECLAIM_EVENT_VISIBILITY_DELAY='soon'"):
         TaskQ("memory://")

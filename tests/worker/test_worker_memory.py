@@ -871,6 +871,43 @@ async def test_thread_values_of_sync_actors_are_closed_in_their_own_threads() ->
     assert failures == []
 
 
+async def test_a_stop_cancelled_while_thread_values_close_still_closes_the_process_scope() -> None:
+    # The sync actors' THREAD values close in their threads, an await of the stop's: a
+    # cancellation landing there skipped every scope's close after it.
+    closing = threading.Event()
+    closed: list[str] = []
+
+    def thread_value() -> Iterator[_ThreadValue]:
+        yield _ThreadValue()
+        closing.set()
+        time.sleep(0.5)
+        closed.append("thread")
+
+    def process_value() -> Iterator[_ProcessValue]:
+        yield _ProcessValue()
+        closed.append("process")
+
+    @actor(name="uses_thread_and_process")
+    def uses_both(payload: dict[str, Any], a: _ThreadValue, b: _ProcessValue) -> None:
+        return None
+
+    providers = ProviderRegistry()
+    providers.register(_ThreadValue, thread_value, scope=Scope.THREAD)
+    providers.register(_ProcessValue, process_value, scope=Scope.PROCESS)
+    tq = TaskQ("memory://", actors=[uses_both], providers=providers)
+    async with tq:
+        job = await tq.client.enqueue(uses_both, {})
+        worker = Worker(tq, WorkerSettings.load(dict(TEST_SETTINGS), env={}))
+        run = asyncio.create_task(worker.run())
+        await tq.client.wait_for_result(job.id, timeout=10)
+        worker.stop()
+        assert await asyncio.to_thread(closing.wait, 10)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    assert "process" in closed
+
+
 async def test_until_idle_ends_when_only_jobs_of_unknown_actors_are_left() -> None:
     import structlog.testing
 

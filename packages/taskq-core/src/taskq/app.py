@@ -52,9 +52,9 @@ class TaskQ:
             else open_backend(
                 url,
                 schema=schema,
-                # The fleet's TASKQ_* backend tunables apply here as in its workers
-                # (a reclaim feed's visibility delay, poll-only); given options win.
-                **{**WorkerSettings.backend_options_from_env(), **backend_options},
+                # The fleet's TASKQ_* backend tunables apply here as in its workers (a
+                # reclaim feed's visibility delay, poll-only), and win there as here.
+                **{**backend_options, **WorkerSettings.backend_options_from_env()},
             )
         )
         self.backend_from_url = backend is None

@@ -361,18 +361,19 @@ class WorkerSettings(BaseModel):
 
     @classmethod
     def backend_options_from_env(cls, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """The backend tunables set by ``TASKQ_*`` env vars (``os.environ`` by default), as
-        backend constructor options: an application's backend (a producer's, a
-        ``watch_reclaims`` reader's) takes them as a worker's does. Only those variables
-        are read, so a worker-only setting cannot fail a producer."""
-        import os
-
-        environ = os.environ if env is None else env
-        names = {
-            ENV_PREFIX + (cls.model_fields[field].alias or field).upper()
-            for field in BACKEND_TUNABLES
+        """The backend tunables the ``TASKQ_*`` environment (``os.environ`` by default)
+        sets, as backend constructor options: the fleet's settings reach an
+        application's backend (a producer's, a ``watch_reclaims`` reader's) as they reach
+        its workers, and win over options given in code, as there. Read and checked
+        with the rest of the environment, as a worker reads it: what a worker would
+        refuse fails the application too, with the same message, and what a worker
+        accepts (a long command timeout with the watchdog off) passes."""
+        settings = cls.load(env=env)
+        return {
+            option: getattr(settings, field)
+            for field, option in BACKEND_TUNABLES.items()
+            if field in settings.model_fields_set
         }
-        return cls.load(env={k: v for k, v in environ.items() if k in names}).backend_options()
 
     def backend_options(self) -> dict[str, Any]:
         """The backend tunables that were set, as backend constructor options."""

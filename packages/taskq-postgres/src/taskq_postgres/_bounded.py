@@ -74,7 +74,9 @@ class BoundedPool:
     """The backend's view of its asyncpg pool: each call, from getting a connection to
     handing it back, bounded by ``budget`` seconds (or the call's own ``timeout``).
 
-    With no budget (a backend without ``command_timeout``) calls are the pool's own.
+    With no budget (a backend without ``command_timeout``) calls wait as long as the
+    pool's own do. Either way a connection the server ended while it idled is replaced
+    before a statement is sent on it (:func:`_ended`).
     """
 
     def __init__(self, pool: asyncpg.Pool[asyncpg.Record], budget: float | None) -> None:
@@ -185,7 +187,12 @@ async def _acquire(pool: asyncpg.Pool[asyncpg.Record], deadline: float | None) -
     conn = await pool.acquire(timeout=None if deadline is None else _left(deadline))
     # A restart ends every pooled connection: at worst each is replaced in turn.
     for _ in range(pool.get_max_size()):
-        if not _ended(conn):
+        try:
+            ended = _ended(conn)
+        except BaseException:
+            await pool.release(conn)  # the check itself failed: the slot is not lost
+            raise
+        if not ended:
             break
         conn = await pool.acquire(timeout=None if deadline is None else _left(deadline))
     return conn

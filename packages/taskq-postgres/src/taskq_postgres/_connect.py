@@ -179,7 +179,8 @@ def translated_errors(
 
 
 def readable(fd: int) -> bool:
-    """Whether the socket ``fd`` has something to read now (or is gone)."""
+    """Whether the socket ``fd`` has something to read now (the peer's goodbye or the
+    end of the stream count)."""
     if hasattr(select, "poll"):  # select() refuses descriptors past FD_SETSIZE (1024)
         poller = select.poll()
         poller.register(fd, select.POLLIN)

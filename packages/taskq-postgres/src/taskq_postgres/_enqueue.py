@@ -22,7 +22,7 @@ from typing import Any, Final, NamedTuple, TypeVar
 
 import asyncpg
 
-from taskq.backend.statemachine import STATUS_BY_VALUE
+from taskq.backend.statemachine import parse_status
 from taskq.backend.storable import clean_text, dump_json, load_json
 from taskq.errors import EnqueueError, SingletonCollisionError
 from taskq.identifiers import check_identifier
@@ -236,7 +236,7 @@ def fresh_row(a: EnqueueArgs, payload: str, metadata: str | None, decided: Any) 
             "id": a.id,
             "actor": a.actor,
             "queue": a.queue,
-            "status": STATUS_BY_VALUE[status],
+            "status": parse_status(status),
             "payload": load_json(payload),
             "priority": a.priority,
             "attempt": attempt,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from taskq.backend.statemachine import STATUS_BY_VALUE, JobStatus, parse_cancel_phase
+from taskq.backend.statemachine import JobStatus, parse_cancel_phase, parse_status
 from taskq.backend.storable import load_json
 from taskq.models import (
     AttemptOutcome,
@@ -69,7 +69,7 @@ def job_row(record: Record) -> JobRow:
             "id": record["id"],
             "actor": record["actor"],
             "queue": record["queue"],
-            "status": STATUS_BY_VALUE[record["status"]],
+            "status": parse_status(record["status"]),
             "payload": load_json(record["payload"]),
             "priority": record["priority"],
             "attempt": record["attempt"],

@@ -80,8 +80,8 @@ class SyncJobsClient:
     application's, which payloads are
     validated against (``TaskQ.actors.values()``); ``schema`` the TaskQ schema.
     ``poll_only`` sends no NOTIFY (as ``PostgresBackend(poll_only=True)``: for workers
-    that poll, or to keep NOTIFY's commit lock off a heavy insert load); unset, it is
-    the fleet's ``TASKQ_POLL_ONLY``, as for an application's backend.
+    that poll, or to keep NOTIFY's commit lock off a heavy insert load); the fleet's
+    ``TASKQ_POLL_ONLY``, when set, decides instead, as for an application's backend.
     One client may be shared by threads: its calls take turns.
     """
 
@@ -92,7 +92,7 @@ class SyncJobsClient:
         actors: Iterable[Actor[..., Any]],
         schema: str = "taskq",
         max_pending_cache_ttl: float = 5.0,
-        poll_only: bool | None = None,
+        poll_only: bool = False,
     ) -> None:
         if not isinstance(target, str | psycopg.Connection):
             raise TypeError(
@@ -103,9 +103,8 @@ class SyncJobsClient:
         self.schema = validate_schema_name(schema)
         self._build = ArgsBuilder(actors_by_name(actors))
         self._sql = statements_for(self.schema)
-        if poll_only is None:
-            poll_only = bool(WorkerSettings.backend_options_from_env().get("poll_only", False))
-        self._channel = None if poll_only else wake_channel(self.schema)
+        quiet = WorkerSettings.backend_options_from_env().get("poll_only", poll_only)
+        self._channel = None if quiet else wake_channel(self.schema)
         self._limits = MaxPendingLimits(max_pending_cache_ttl)
         self._lock = threading.Lock()
         self._dsn = target if isinstance(target, str) else None

@@ -54,8 +54,9 @@ async def run_until_idle(
     plugin passed as ``TaskQ(..., backend=...)``). The worker works the queues a
     :class:`~taskq.worker.Worker` does by default unless ``queues=`` names others;
     ``settings`` override any other :class:`~taskq.settings.WorkerSettings` field,
-    starting from :data:`TEST_SETTINGS`. The process's ``TASKQ_*`` variables are
-    ignored, so a test runs the same everywhere. Raises ``TimeoutError`` when jobs
+    starting from :data:`TEST_SETTINGS`. The worker's settings ignore the process's
+    ``TASKQ_*`` variables, so a test runs the same everywhere (an application built
+    from a URL takes the backend's own from them, as any application does). Raises ``TimeoutError`` when jobs
     are still running, pending or scheduled (a delay, a retry's backoff) after
     ``timeout`` seconds, counting them by status and naming their actors; the async
     actors still running are cancelled first, so none goes on after the test. Neither

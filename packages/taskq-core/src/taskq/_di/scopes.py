@@ -368,8 +368,8 @@ class ThreadScope:
         made is often bound to its thread (sqlite refuses a close from another one).
         :meth:`aclose` closes the containers left."""
         container: ScopeContainer | None = getattr(self._local, "container", None)
-        if container is None:
-            return
+        if container is None or not container.closes_synchronously:
+            return  # an async teardown (none is allowed here) is aclose's
         with self._lock:
             if container not in self._containers:
                 return  # aclose took it

@@ -31,8 +31,8 @@ def check_finalizer(finalizer: EnqueueArgs | None) -> None:
         raise ValueError(
             f"a batch's finalizer takes no idempotency_key (got "
             f"{finalizer.idempotency_key!r}): a job stored under it would be released "
-            f"in its place when the batch ends; drop the key (the batch id already "
-            f"makes the call safe to repeat)"
+            f"in its place when the batch ends; drop the key: the finalizer is the "
+            f"batch's own job"
         )
 
 

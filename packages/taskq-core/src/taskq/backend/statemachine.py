@@ -35,7 +35,6 @@ from taskq.errors import InvalidTransition
 
 __all__ = [
     "ACTIVE_STATUSES",
-    "STATUS_BY_VALUE",
     "TERMINAL_STATUSES",
     "TRANSITION_DRIVERS",
     "VALID_TRANSITIONS",
@@ -44,6 +43,7 @@ __all__ = [
     "assert_valid_transition",
     "is_valid_transition",
     "parse_cancel_phase",
+    "parse_status",
     "to_mermaid",
 ]
 
@@ -69,9 +69,7 @@ class JobStatus(StrEnum):
     """Forced cancellation did not finish within the cleanup grace. Terminal."""
 
 
-STATUS_BY_VALUE: Final[Mapping[str, JobStatus]] = MappingProxyType({s.value: s for s in JobStatus})
-"""Each status by its stored text, for decoding rows: a lookup here costs a thirtieth of
-``JobStatus(text)``, which goes through the enum's metaclass (paid per job dispatched)."""
+_STATUS_BY_VALUE: Final[Mapping[str, JobStatus]] = MappingProxyType({s.value: s for s in JobStatus})
 
 _S = JobStatus
 
@@ -174,6 +172,18 @@ class CancelPhase(IntEnum):
     """Grace elapsed; the escalation row is written, then the task is cancelled."""
     ABANDON_PENDING = 3
     """In-process only: queued for ``mark_abandoned`` after the heartbeat commits."""
+
+
+def parse_status(text: str) -> JobStatus:
+    """Read a stored status. A dict lookup: a thirtieth of ``JobStatus(text)``, which
+    goes through the enum's metaclass (paid for every job row decoded)."""
+    try:
+        return _STATUS_BY_VALUE[text]
+    except KeyError:
+        raise ValueError(
+            f"unknown job status {text!r}: the database holds a status this TaskQ does not "
+            f"know (written by a newer release?); upgrade taskq-core to read it"
+        ) from None
 
 
 def parse_cancel_phase(value: int) -> CancelPhase:

@@ -292,17 +292,18 @@ class Worker:
             await self._close_health()
             if state.completer is not None:
                 await state.completer.aclose()
-            try:
-                # THREAD values closed in the threads that made them (the rest, the
-                # loop thread's and those of threads still in a call, below).
-                await executor.in_each_idle_thread(state.thread_scope.close_current)
-            finally:
-                executor.shutdown(wait=False, cancel_futures=True)
-            # Each scope closes whatever the one before raised (a LOOP teardown cut by
-            # a cancellation skipped the THREAD and PROCESS ones): LOOP, THREAD, PROCESS.
+            # Each step runs whatever the one before raised (a LOOP teardown cut by a
+            # cancellation skipped the THREAD and PROCESS ones), in this order: LOOP;
+            # the THREAD values of the sync actors' idle threads, closed in the threads
+            # that made them; the pool's shutdown; the THREAD values left (the loop
+            # thread's, those of threads still in a call); PROCESS.
             async with AsyncExitStack() as scopes:
                 scopes.push_async_callback(state.process_scope.aclose)
                 scopes.push_async_callback(state.thread_scope.aclose)
+                scopes.callback(executor.shutdown, wait=False, cancel_futures=True)
+                scopes.push_async_callback(
+                    executor.in_each_idle_thread, state.thread_scope.close_current
+                )
                 scopes.push_async_callback(state.loop_scope.aclose)
             _log.info(
                 "taskq.worker-stopped", worker_id=str(self.worker_id), processed=state.processed

@@ -91,4 +91,5 @@ class SyncActorPool(ThreadPoolExecutor):
 
         # Not counted: no actor's call.
         calls = [asyncio.wrap_future(ThreadPoolExecutor.submit(self, once)) for _ in range(idle)]
+        # Each failure was logged where it happened (a teardown's): none stops the others.
         await asyncio.gather(*calls, return_exceptions=True)

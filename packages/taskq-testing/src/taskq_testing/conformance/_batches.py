@@ -83,7 +83,7 @@ class BatchTests:
         self, backend: Backend, size: int, threshold: int | None
     ) -> None:
         batch_id = uuid4()
-        with pytest.raises(ValueError, match="greater than or equal"):
+        with pytest.raises(ValueError):  # the message is the backend's own
             await backend.create_batch(batch_id, "q", size, threshold, None, None)
         assert await backend.get_batch(batch_id) is None
 

@@ -172,6 +172,23 @@ def test_an_application_takes_the_fleets_backend_tunables_from_the_environment(
         TaskQ("memory://")
 
 
+def test_the_pool_bounds_are_settings_of_the_fleet(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An operator sizing the fleet's connections (max_connections) had to change code.
+    from taskq import TaskQ
+
+    monkeypatch.setenv("TASKQ_MIN_POOL_SIZE", "2")
+    monkeypatch.setenv("TASKQ_MAX_POOL_SIZE", "4")
+    backend: Any = TaskQ("postgresql://postgres@127.0.0.1:5432/none").backend
+    assert (backend.min_pool_size, backend.max_pool_size) == (2, 4)
+    TaskQ("memory://")  # nothing to pool in memory: ignored
+    monkeypatch.setenv("TASKQ_MIN_POOL_SIZE", "5")
+    with pytest.raises(
+        SettingsError,
+        match=r"TASKQ_MIN_POOL_SIZE='5', TASKQ_MAX_POOL_SIZE='4'.*must not exceed",
+    ):
+        TaskQ("memory://")
+
+
 def test_a_command_timeout_that_cannot_fit_a_loops_stale_budget_is_refused() -> None:
     with pytest.raises(SettingsError, match="dispatcher_command_timeout.*poll_interval"):
         WorkerSettings.load({"dispatcher_command_timeout": "12s"}, env={})

@@ -95,6 +95,8 @@ BACKEND_TUNABLES: Final = {
     "cancel_reclaim_headroom": "cancel_reclaim_headroom",
     "wake_coalesce_window": "wake_coalesce_window",
     "poll_only": "poll_only",
+    "min_pool_size": "min_pool_size",
+    "max_pool_size": "max_pool_size",
 }
 """Worker settings that are backend constructor options: setting field -> option."""
 
@@ -224,6 +226,13 @@ class WorkerSettings(BaseModel):
     poll_only: bool | None = None
     """Backend: no LISTEN/NOTIFY at all; dispatch every ``poll_interval`` and see cancels
     at each heartbeat (for poolers without LISTEN, e.g. PgBouncer transaction mode)."""
+    min_pool_size: int | None = Field(default=None, ge=1)
+    """Backend: the connections its pool keeps open (default 1)."""
+    max_pool_size: int | None = Field(default=None, ge=1)
+    """Backend: the most connections its pool opens (default 10). A worker keeps up to
+    three checked out (one-job enqueues, dispatches, batched successes; with 5 or
+    more), and opens two more of its own: the LISTEN session and, while it competes
+    for leadership, the leader's."""
     health_port: int | None = Field(default=None, ge=0, le=65535)
     """Serve /healthz, /readyz (and /tasks) on this port (0: any free port)."""
     health_host: str = "0.0.0.0"
@@ -299,6 +308,13 @@ class WorkerSettings(BaseModel):
         if not timedelta(0) <= value <= timedelta(seconds=1):
             raise ValueError("must be between 0 and 1 second (it delays every success)")
         return value
+
+    @model_validator(mode="after")
+    def _pool_bounds_in_order(self) -> Self:
+        low, high = self.min_pool_size, self.max_pool_size
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"min_pool_size ({low}) must not exceed max_pool_size ({high})")
+        return self
 
     @model_validator(mode="after")
     def _lease_outlives_heartbeats(self) -> Self:

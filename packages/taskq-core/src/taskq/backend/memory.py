@@ -175,6 +175,8 @@ class InMemoryBackend:
         options.pop("schema", None)
         options.pop("dispatch_oversample", None)  # nothing is sampled in memory
         options.pop("command_timeout", None)  # no statements, no server to stall
+        options.pop("min_pool_size", None)  # no connections
+        options.pop("max_pool_size", None)
         # Wakes are in-process events: no NOTIFY to coalesce or leave out.
         options.pop("wake_coalesce_window", None)
         options.pop("poll_only", None)

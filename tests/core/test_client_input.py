@@ -376,3 +376,12 @@ async def test_a_batch_id_in_any_uuid_spelling_is_found_by_its_batch(
     for spelling in (str(batch), str(batch).upper(), batch.hex):
         await tq.client.enqueue(job, {}, metadata={"batch_id": spelling})
     assert len(await tq.client.list_jobs(batch_id=batch)) == 3
+
+
+async def test_a_payload_that_does_not_validate_back_is_named_by_field_not_shown() -> None:
+    # The message printed the whole stored form: every field's value, personal or not.
+    tq = TaskQ("memory://", actors=[lossy])
+    async with tq:
+        with pytest.raises(PayloadValidationError, match="does not validate back") as info:
+            await tq.client.enqueue(lossy, {"when": 3})
+    assert "when" in str(info.value) and "at 3" not in str(info.value)

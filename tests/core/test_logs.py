@@ -132,3 +132,27 @@ logging.getLogger("app").info("hello")
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stderr.splitlines() == ["APP INFO hello"]
+
+
+def test_a_terminals_tracebacks_show_no_local_variables() -> None:
+    # rich's tracebacks list each frame's variables: a provider's DSN on screen.
+    import subprocess
+    import sys
+
+    script = """
+import structlog
+from taskq.logs import configure_logging
+configure_logging(json=False)
+def open_db():
+    db_url = "postgresql://app:s3cr3t@db/app"
+    raise ConnectionError("refused")
+try:
+    open_db()
+except ConnectionError:
+    structlog.get_logger("taskq").error("taskq.provider-failed", exc_info=True)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "ConnectionError" in done.stderr and "open_db" in done.stderr
+    assert "s3cr3t" not in done.stderr

@@ -255,9 +255,46 @@ async def test_a_password_never_shows_in_an_error(pg_pooled_schema: PgSchema, wh
         ("postgresql://u:@h/db", "postgresql://u:@h/db"),
         ("postgresql://u@h/db", "postgresql://u@h/db"),
         ("memory://", "memory://"),  # it read "invalid DSN memory:: ..."
+        # libpq's other secret, and a key percent-encoded: both were shown.
+        ("postgresql://u@h/db?sslpassword=secret&a=b", "postgresql://u@h/db?sslpassword=***&a=b"),
+        ("postgresql://u@h/db?pass%77ord=secret", "postgresql://u@h/db?pass%77ord=***"),
+        ("redis://:secret@h:6379/0", "redis://:***@h:6379/0"),
+        # A raw / ? # or @ in a password moves the URL's parts: nothing of it is shown.
+        ("postgresql://u:se/cret@h:5432/db", "postgresql://<hidden: its parts cannot be"),
+        ("postgresql://u:se#cret@h/db", "postgresql://<hidden: its parts cannot be"),
+        ("postgresql://u:se?cret@h/db", "postgresql://<hidden: its parts cannot be"),
+        ("postgresql://h/db?password=se@cret", "postgresql://<hidden: its parts cannot be"),
+        # Not scheme://...: a password could be anywhere in it.
+        ("postgres:secret@h/db", "<hidden: not a scheme://"),
+        ("host=h password=secret dbname=db", "<hidden: not a scheme://"),
     ],
 )
 def test_a_dsn_is_shown_with_its_password_masked(dsn: str, shown: str) -> None:
-    from taskq_postgres._connect import redact
+    from taskq._dsn import redact
 
-    assert redact(dsn) == shown
+    assert redact(dsn).startswith(shown) and "cret" not in redact(dsn)
+    assert redact(dsn) == shown or shown.startswith(("postgresql://<hidden", "<hidden"))
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://u:s3cr3t/XYZ@127.0.0.1:5999/test",  # a raw / cut the password short
+        "postgres:s3cr3t@127.0.0.1:5999/test",  # no //: the password read as a database
+        "postgresql+asyncpg://u:s3cr3t@127.0.0.1:5999/test",  # a scheme no backend serves
+        "postgresql://u:s3cr3t%zz@127.0.0.1:5999/test",  # libpq quotes the bad token
+        "postgresql://u@127.0.0.1:1/test?sslpassword=s3cr3t",
+    ],
+)
+def test_no_error_of_a_bad_or_unreachable_dsn_shows_its_password(dsn: str) -> None:
+    import traceback
+
+    from taskq import TaskQ
+    from taskq_postgres import SyncJobsClient
+
+    for build in (lambda: TaskQ(dsn), lambda: SyncJobsClient(dsn, actors=[])):
+        try:
+            build()
+        except Exception as exc:  # noqa: BLE001 - whichever error, it must not show it
+            told = "".join(traceback.format_exception(exc))
+            assert "s3cr3t" not in told, told

@@ -1,19 +1,64 @@
-"""Where a command's database URL and schema come from: flag, then env, then a default."""
+"""Database URLs: where a command's URL and schema come from (flag, then env, then a
+default), and how a URL is shown in a message (:func:`redact`)."""
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
+from typing import Final
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from taskq.errors import ConfigurationError
 from taskq.identifiers import validate_schema_name
 
-__all__ = ["NO_DSN_MESSAGE", "resolve_dsn", "resolve_schema"]
+__all__ = ["NO_DSN_MESSAGE", "redact", "resolve_dsn", "resolve_schema"]
 
 NO_DSN_MESSAGE = (
     "no database given: pass --dsn postgresql://USER@HOST/DB or set TASKQ_DSN "
     "(or install taskq-postgres[embedded] to use an embedded server under ./.taskq/)"
 )
+
+
+_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_SECRET_KEYS: Final = frozenset({"password", "sslpassword"})
+"""Query parameters that hold a secret (libpq's names; a key may come percent-encoded)."""
+
+
+def redact(url: str) -> str:
+    """``url`` fit for a message or a log line: its password shown as ``***`` (an empty
+    one stays empty: ``user:***@`` would read as a password), and so is every query
+    parameter holding one (``password``, ``sslpassword``, percent-encoded or not).
+
+    Fails closed: a password holding a raw ``/``, ``?``, ``#`` or ``@`` (a generated
+    one often does) moves the URL's parts about, and a string that is not
+    ``scheme://...`` (a libpq ``key=value`` string, a URL missing its ``//``) may hold
+    one anywhere; those show as much as is surely no secret (the scheme).
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or _SCHEME.fullmatch(scheme) is None:
+        return "<hidden: not a scheme://... URL>"
+    hidden = f"{scheme}://<hidden: its parts cannot be told apart; a / ? # or @ in a password must be percent-encoded>"
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return hidden
+    # An @ outside the authority, or a fragment: a raw / ? or # cut a password short.
+    if "@" in rest.replace(parts.netloc, "", 1) or "#" in url:
+        return hidden
+    netloc = parts.netloc
+    if parts.password:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.partition(':')[0]}:***@{host}"
+    query = "&".join(_masked(pair) for pair in parts.query.split("&")) if parts.query else ""
+    masked = parts._replace(netloc=netloc, query=query)
+    # Rebuilt only to mask: urlunsplit drops an empty authority's "//" (memory://).
+    return url if masked == parts else urlunsplit(masked)
+
+
+def _masked(pair: str) -> str:
+    key, eq, _ = pair.partition("=")
+    return f"{key}=***" if eq and unquote(key).lower() in _SECRET_KEYS else pair
 
 
 def resolve_dsn(flag: str | None, env: Mapping[str, str] | None = None) -> str:

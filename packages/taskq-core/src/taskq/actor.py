@@ -160,8 +160,9 @@ class Actor(Generic[P, R]):
         except ValidationError as exc:
             raise PayloadValidationError(
                 f"payload for actor {self.name!r} does not validate back from its stored "
-                f"form {dumped!r} (a serializer, alias or computed field its validation "
-                f"refuses): {validation_problems(exc, '<payload>')}"
+                f"form (a serializer, alias or computed field its validation refuses; its "
+                f"values are not shown, they may be personal): "
+                f"{validation_problems(exc, '<payload>')}"
             ) from exc
         return dumped
 

@@ -9,6 +9,7 @@ configured ``logging`` itself.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sys
 from collections.abc import Iterator, Mapping
@@ -44,7 +45,7 @@ def configure_logging(*, level: int = logging.INFO, json: bool | None = None) ->
     _rendered = (
         [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
         if use_json
-        else [structlog.dev.ConsoleRenderer()]  # it formats exceptions itself
+        else [structlog.dev.ConsoleRenderer(exception_formatter=_console_tracebacks())]
     )
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, *_STAMPED, *_rendered],
@@ -52,6 +53,15 @@ def configure_logging(*, level: int = logging.INFO, json: bool | None = None) ->
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def _console_tracebacks() -> structlog.typing.ExceptionRenderer:
+    """structlog's own traceback formatter for a terminal, without the frames' local
+    variables that rich shows by default: a provider's DSN or a payload in one is a
+    secret on screen."""
+    if importlib.util.find_spec("rich") is not None:
+        return structlog.dev.RichTracebackFormatter(show_locals=False)
+    return structlog.dev.default_exception_formatter
 
 
 def route_stdlib_logging() -> None:

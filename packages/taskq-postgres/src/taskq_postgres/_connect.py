@@ -19,10 +19,11 @@ from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
 from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 import asyncpg
 
+from taskq._dsn import redact
 from taskq.errors import ConfigurationError, TaskQError
 
 __all__ = [
@@ -54,24 +55,6 @@ class BackendUnavailableError(TaskQError):
     """
 
 
-_QUERY_PASSWORD: Final = re.compile(r"(?i)((?:^|&)password=)[^&]*")
-
-
-def redact(dsn: str) -> str:
-    """``dsn`` with its password masked (``user:***@`` and ``?password=***``), fit for
-    an error message."""
-    try:
-        parts = urlsplit(dsn)
-        if parts.password:  # an empty one stays empty: `user:***@` read as a password
-            netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-            parts = parts._replace(netloc=netloc)
-        masked = parts._replace(query=_QUERY_PASSWORD.sub(r"\1***", parts.query))
-    except ValueError:
-        return "<unparsable DSN>"
-    # Rebuilt only to mask: urlunsplit drops an empty authority's "//" (memory://).
-    return dsn if masked == urlsplit(dsn) else urlunsplit(masked)
-
-
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
@@ -82,19 +65,27 @@ def check_dsn(dsn: str) -> str:
         raise ConfigurationError(
             "PostgresBackend needs a DSN such as postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
         )
+    expected = (
+        "expected postgresql://USER:PASSWORD@HOST:PORT/DATABASE (a / ? # or @ in the "
+        "password percent-encoded)"
+    )
+    shown = redact(dsn)
     try:
         parts = urlsplit(dsn)
         parts.port  # noqa: B018 - parsing the port is the check
     except ValueError as exc:
-        raise ConfigurationError(
-            f"invalid DSN {redact(dsn)}: {_one_line(exc)}; expected "
-            f"postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
-        ) from None
+        # The parser's reason may quote a piece of a password it took for a port.
+        reason = "its host or port cannot be read" if "<hidden" in shown else _one_line(exc)
+        raise ConfigurationError(f"invalid DSN {shown}: {reason}; {expected}") from None
+
     if parts.scheme.lower() not in POSTGRES_SCHEMES:
         raise ConfigurationError(
-            f"invalid DSN {redact(dsn)}: PostgresBackend serves postgresql:// and postgres:// "
+            f"invalid DSN {shown}: PostgresBackend serves postgresql:// and postgres:// "
             f"URLs, not {parts.scheme or 'scheme-less'} ones"
         )
+    if not dsn.partition(":")[2].startswith("//"):
+        # postgres:USER:PASSWORD@HOST/DB reads as a path: the password a database name.
+        raise ConfigurationError(f"invalid DSN {shown}: no //HOST part; {expected}")
     return dsn
 
 
@@ -171,11 +162,25 @@ def translated_errors(
     try:
         yield
     except bad_dsn as exc:
-        raise ConfigurationError(f"invalid DSN {redact(dsn)}: {_one_line(exc)}") from exc
+        # A driver's complaint about a DSN may quote it whole (libpq's does): not chained.
+        reason = _scrubbed(_one_line(exc), dsn)
+        raise ConfigurationError(f"invalid DSN {redact(dsn)}: {reason}") from None
     except unreachable as exc:
         raise BackendUnavailableError(
-            f"cannot connect to PostgreSQL at {redact(dsn)}: {_one_line(exc)}"
+            f"cannot connect to PostgreSQL at {redact(dsn)}: {_scrubbed(_one_line(exc), dsn)}"
         ) from exc
+
+
+def _scrubbed(text: str, dsn: str) -> str:
+    """``text`` with ``dsn``'s password, and ``dsn`` itself, masked wherever it quotes them."""
+    text = text.replace(dsn, redact(dsn))
+    try:
+        password = urlsplit(dsn).password
+    except ValueError:
+        password = None
+    for secret in {password, unquote(password or "")} - {None, ""}:
+        text = text.replace(str(secret), "***")
+    return text
 
 
 def readable(fd: int) -> bool:

@@ -10,6 +10,7 @@ validation and ``max_pending`` check of ``JobsClient`` (``taskq.args_builder``).
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -34,6 +35,7 @@ from taskq.models import EnqueueArgs, JobRow
 from taskq.settings import WorkerSettings
 from taskq_postgres._connect import (
     BackendUnavailableError,
+    check_dsn,
     readable,
     translated_errors,
     unmigrated,
@@ -59,6 +61,9 @@ _Cursor = psycopg.RawCursor[DictRow]
 
 _UNKNOWN_TYPE: Final = 0
 """The type oid psycopg looks a loader up under for a type it has none for."""
+
+
+_URL_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
@@ -107,7 +112,9 @@ class SyncJobsClient:
         self._channel = None if quiet else wake_channel(self.schema)
         self._limits = MaxPendingLimits(max_pending_cache_ttl)
         self._lock = threading.Lock()
-        self._dsn = target if isinstance(target, str) else None
+        # A URL is checked as PostgresBackend checks it; libpq's key=value form as libpq does.
+        url = isinstance(target, str) and _URL_SCHEME.match(target) is not None
+        self._dsn = (check_dsn(target) if url else target) if isinstance(target, str) else None
         self._conn = target if isinstance(target, psycopg.Connection) else self._connect()
         self._closed = False
 

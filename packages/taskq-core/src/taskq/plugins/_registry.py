@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 import structlog
 
+from taskq._dsn import redact
 from taskq.errors import IncompatiblePluginError, PluginError, PluginLoadError, UnknownBackendError
 from taskq.plugins import hookspecs
 
@@ -233,7 +234,7 @@ def _normalized(distribution: str) -> str:
 
 
 def _unknown_scheme_message(url: str, scheme: str, installed: list[str]) -> str:
-    parts = [f"no installed TaskQ backend handles URL scheme {scheme!r} (in {url!r})."]
+    parts = [f"no installed TaskQ backend handles URL scheme {scheme!r} (in {redact(url)})."]
     parts.append(f"Installed schemes: {', '.join(sorted(installed)) or 'none'}.")
     provider = _SCHEME_PROVIDERS.get(scheme)
     if provider:
@@ -262,7 +263,7 @@ def open_backend(url: str, **options: Any) -> Backend:
     scheme = found.group(1).lower() if found else ""
     if not scheme:
         raise UnknownBackendError(
-            f"{url!r} is not a backend URL: expected scheme://..., "
+            f"{redact(url)} is not a backend URL: expected scheme://..., "
             f"e.g. postgresql://localhost/app or memory://"
         )
     factories = backend_factories()

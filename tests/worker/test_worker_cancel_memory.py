@@ -193,9 +193,10 @@ async def test_an_abandoned_actor_that_returns_at_last_writes_and_blames_nothing
 
 
 @pytest.mark.parametrize("limit", ["timeout", "deadline"])
-async def test_an_actor_that_ignores_its_limit_is_stopped_then_abandoned(limit: str) -> None:
+async def test_an_actor_that_ignores_its_limit_fails_by_it_and_frees_its_slot(limit: str) -> None:
     # It kept its slot and its lease (renewed every heartbeat) for as long as it ran,
-    # past its timeout or deadline: for ever, for one that never returns.
+    # past its timeout or deadline: for ever, for one that never returns. Then it was
+    # cancelled as by a user: `cancelled` or `abandoned`, the limit's error nowhere.
     import structlog.testing
 
     from taskq import WorkerSettings
@@ -227,63 +228,56 @@ async def test_an_actor_that_ignores_its_limit_is_stopped_then_abandoned(limit: 
             running = asyncio.create_task(worker.run())
             await asyncio.wait_for(started.wait(), 5)
             later = await tq.client.enqueue(quick, {})
-            # Its one slot freed by the abandonment, well before the actor's 3 s.
+            # Its one slot freed, well before the actor's 3 s.
             assert await tq.client.wait_for_result(later.id, timeout=2) == "ran"
             row = await tq.client.get(job.id)
+            [attempt] = await tq.client.get_attempts(job.id)
             await asyncio.wait_for(running, 10)
             await asyncio.gather(*worker.lingering_tasks())
-    assert row is not None and row.status is JobStatus.ABANDONED
-    assert row.cancel_reason is not None and "ran past its limit" in row.cancel_reason
+    assert row is not None and row.status is JobStatus.FAILED
+    assert row.error is not None and attempt.error is not None
+    kind = "TimeoutError" if limit == "timeout" else "DeadlineExceeded"
+    assert row.error.error_class == kind == attempt.error.error_class
+    assert "still running" in row.error.message and "not retried" in row.error.message
+    assert row.cancel_requested_at is None and row.cancel_reason is None  # no user's cancel
     events = [entry["event"] for entry in logs]
-    assert "taskq.job-past-its-limit" in events and "taskq.job-abandoned" in events
+    assert "taskq.job-past-its-limit" in events and "taskq.job-failed-past-its-limit" in events
+    assert "taskq.ownership-lost" not in events  # its late end wrote nothing
 
 
-async def test_the_overrun_escalation_leaves_a_job_no_longer_this_attempts() -> None:
-    # A cancel request carries no attempt fence: one written for a job reclaimed and
-    # running elsewhere meanwhile would cancel that other attempt.
-    from uuid import uuid4
-
-    import structlog.testing
-
+async def test_the_failure_past_a_limit_is_fenced_by_the_attempt() -> None:
+    # Written for a job reclaimed and running elsewhere meanwhile, an unfenced write
+    # would end that other attempt.
     from taskq import WorkerSettings
     from taskq.backend.memory import InMemoryBackend
     from taskq.worker import Worker
     from taskq_testing import TEST_SETTINGS
 
-    class ReclaimedElsewhere(InMemoryBackend):
-        """Reads its running jobs as another worker's (reclaimed behind this one's back)."""
-
+    class Recording(InMemoryBackend):
         def __init__(self) -> None:
             super().__init__()
-            self.cancel_requests: list[object] = []
+            self.fences: list[object] = []
 
-        async def get(self, job_id: Any) -> JobRow | None:
-            row = await super().get(job_id)
-            if row is None or row.status is not JobStatus.RUNNING:
-                return row
-            return row.model_copy(update={"locked_by_worker": uuid4()})
-
-        async def write_cancel_request(self, job_id: Any, reason: str | None) -> bool:
-            self.cancel_requests.append(job_id)
-            return await super().write_cancel_request(job_id, reason)
+        async def mark_failed_or_retry(self, *args: Any, **kwargs: Any) -> JobRow:
+            self.fences.append(kwargs.get("attempt"))
+            return await super().mark_failed_or_retry(*args, **kwargs)
 
     started = asyncio.Event()
-    stubborn = _outlives_cancellation("overruns_a_reclaimed_job", 1.0, started)
-    backend = ReclaimedElsewhere()
+    stubborn = _outlives_cancellation("overruns_its_timeout", 1.0, started)
+    backend = Recording()
     tq = TaskQ("memory://", actors=[stubborn], backend=backend)
     async with tq:
         job = await tq.client.enqueue(stubborn, {}, timeout=0.1)
         settings = {**TEST_SETTINGS, **_GRACES, "queues": ["default"], "until_idle": True}
         worker = Worker(tq, WorkerSettings.load(settings, env={}))
-        with structlog.testing.capture_logs() as logs:
-            await asyncio.wait_for(worker.run(), 10)
+        await asyncio.wait_for(worker.run(), 10)
+        await asyncio.gather(*worker.lingering_tasks())
         row = await tq.client.get(job.id)
-    assert backend.cancel_requests == []
-    assert "taskq.job-past-its-limit" not in [e["event"] for e in logs]
-    assert row is not None and row.cancel_requested_at is None
+    assert row is not None and row.status is JobStatus.FAILED
+    assert backend.fences == [1]
 
 
-async def test_a_sync_actor_past_its_timeout_is_abandoned_and_frees_its_slot() -> None:
+async def test_a_sync_actor_past_its_timeout_fails_by_it_and_frees_its_slot() -> None:
     # Its thread cannot be stopped; the job waited for it, holding its slot, for as
     # long as the thread ran past the timeout.
     import threading
@@ -317,7 +311,10 @@ async def test_a_sync_actor_past_its_timeout_is_abandoned_and_frees_its_slot() -
             release.set()
             worker.stop()
             await asyncio.wait_for(running, 10)
-    assert row is not None and row.status is JobStatus.ABANDONED
+        after = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.FAILED
+    assert row.error is not None and row.error.error_class == "TimeoutError"
+    assert after == row  # its thread's late "late" wrote nothing
 
 
 async def test_a_job_a_stop_left_behind_writes_nothing_when_its_actor_returns() -> None:

@@ -232,9 +232,9 @@ def actor(
     sync actor's thread cannot be stopped: past either limit its attempt has
     failed, but the outcome is written (and a retry can start) once the thread
     returns. An actor still running ``cleanup_grace_period`` past its limit (a sync
-    actor's thread, an async one that swallowed the cancellation) is cancelled as a
-    user's cancel would: forced at once, then ``abandoned`` (not retried) if it
-    still runs a cleanup grace later. ``max_concurrent`` caps running jobs fleet-wide; ``max_pending``
+    actor's thread, an async one that swallowed the cancellation) is given up on: its
+    attempt is written ``failed`` with the limit's error, not retried (its code may
+    run on), and its slot freed. ``max_concurrent`` caps running jobs fleet-wide; ``max_pending``
     refuses enqueues beyond it (``MaxPendingExceededError``; counted before the
     insert, so producers enqueueing at the same moment may overshoot it by the
     enqueues they have in flight); ``identity_key(payload)`` serializes jobs

@@ -18,7 +18,7 @@ from taskq.backend import Backend, CancelPhase, SupportsBatchedSuccess
 from taskq.backend._protocol import SupportsWorkerRegistry
 from taskq.client import JobsClient
 from taskq.context import Context
-from taskq.models import JobRow
+from taskq.models import ErrorInfo, JobRow
 from taskq.settings import WorkerSettings
 from taskq.worker._liveness import LoopLiveness
 from taskq.worker.completer import Completer
@@ -53,8 +53,10 @@ class ActiveJob:
     limit_at: float | None = None
     """Loop time when the attempt's limit (its timeout, or its deadline) runs out. Still
     running a cleanup grace past it, the actor ignored the limit's cancellation (or a
-    sync actor's thread runs on): the worker cancels it as a user's cancel would, and
-    abandons it if it still does not stop."""
+    sync actor's thread runs on): the worker fails the attempt with ``limit_error``,
+    not retried, and frees its slot."""
+    limit_error: ErrorInfo | None = None
+    """What the attempt fails with when it runs past ``limit_at``."""
     cancel_requested: bool = False
     """A user asked to cancel this job."""
     cancel_phase: CancelPhase = CancelPhase.NONE

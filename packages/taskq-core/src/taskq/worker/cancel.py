@@ -17,6 +17,12 @@
 The consumer skips its own terminal write for a job in ``ABANDON_PENDING``:
 the controller owns it, so the two can never both write.
 
+A job still running a cleanup grace past its own limit (its timeout or deadline: an
+async actor that swallowed the limit's cancellation, or a sync actor's thread) is no
+user's cancel: it goes ``ABANDON_PENDING`` at once, and the post-tick writes its
+attempt ``failed`` with the limit's error (fenced by its attempt), not retried, since
+its code may run on; its slot is freed.
+
 The architecture runs phases 1-3 inside one heartbeat transaction
 (``run_in_tx(conn)``); here every write is one atomic statement of the
 backend's own (the escalation UPDATE and its event row together), so the
@@ -58,6 +64,7 @@ class _CancelController:
     def __init__(self, state: WorkerState) -> None:
         self._state = state
         self._pending_abandons: deque[UUID] = deque()
+        self._pending_overruns: deque[UUID] = deque()
 
     async def run_tick(self, flags: list[CancelFlag]) -> None:
         state = self._state
@@ -79,7 +86,7 @@ class _CancelController:
                     active.task.cancel()
         grace = state.settings.cancellation_grace_period.total_seconds()
         cleanup = grace + state.settings.cleanup_grace_period.total_seconds()
-        await self._stop_overruns(loop.time(), grace)
+        await self._stop_overruns(loop.time())
         for job_id, active in list(state.active.items()):
             # Not a job whose actor returned (its outcome write may be retrying through a
             # blip: cancelling it lost the result and ran the job again), nor one whose
@@ -106,12 +113,12 @@ class _CancelController:
                 active.cancel_phase = CancelPhase.ABANDON_PENDING
                 self._pending_abandons.append(job_id)
 
-    async def _stop_overruns(self, now: float, grace: float) -> None:
-        """Cancel, as a user would, each job still running a cleanup grace past its
-        limit: an async actor that swallowed the limit's cancellation, or a sync actor's
-        thread. Its limit's cancellation was its cooperative phase: it is forced at
-        once, and abandoned if it outlasts the cleanup grace (a job that runs on past
-        its limit held its slot and its lease for ever)."""
+    async def _stop_overruns(self, now: float) -> None:
+        """Give up on each job still running a cleanup grace past its limit: an async
+        actor that swallowed the limit's cancellation, or a sync actor's thread (a job
+        that runs on past its limit held its slot and its lease for ever). Told to stop
+        once more, it is failed by the post-tick with its limit's error; whatever it
+        does later writes nothing."""
         state = self._state
         cleanup = state.settings.cleanup_grace_period.total_seconds()
         for job_id, active in list(state.active.items()):
@@ -127,23 +134,11 @@ class _CancelController:
                 or active.fenced
             ):
                 continue
-            # Still this attempt's (a cancel request carries no attempt fence): a job
-            # reclaimed and running elsewhere by now is not this worker's to cancel.
-            row = await state.backend.get(job_id)
-            if (
-                row is None
-                or row.locked_by_worker != state.worker_id
-                or row.attempt != active.row.attempt
-            ):
-                continue
-            reason = "the actor ran past its limit (timeout or deadline) and did not stop"
-            if not await state.backend.write_cancel_request(job_id, reason):
-                continue
-            active.cancel_requested = True
-            active.cancel_phase = CancelPhase.COOPERATIVE
-            active.cancel_observed_at = now - grace
+            active.cancel_phase = CancelPhase.ABANDON_PENDING
             if active.ctx is not None:
                 active.ctx.cancel_event.set()
+            active.task.cancel()
+            self._pending_overruns.append(job_id)
             _log.warning(
                 "taskq.job-past-its-limit",
                 job_id=str(job_id),
@@ -152,6 +147,32 @@ class _CancelController:
 
     async def run_post_tick(self) -> None:
         state = self._state
+        cleanup = state.settings.cleanup_grace_period.total_seconds()
+        while self._pending_overruns:
+            job_id = self._pending_overruns[0]
+            active = state.active.get(job_id)
+            if active is not None and active.limit_error is not None:
+                error = active.limit_error.model_copy(
+                    update={
+                        "message": f"{active.limit_error.message}; still running "
+                        f"{cleanup:g}s later (a sync actor's thread, or an actor that caught "
+                        f"its cancellation), so not retried: its code may run on"
+                    }
+                )
+                after = await state.backend.mark_failed_or_retry(
+                    job_id,
+                    state.worker_id,
+                    error,
+                    None,
+                    active.ctx.progress_seq if active.ctx else 0,
+                    active.ctx.progress_state if active.ctx else None,
+                    attempt=active.row.attempt,
+                )
+                if after is not None and after.error == error:  # else not this attempt's
+                    _log.error("taskq.job-failed-past-its-limit", job_id=str(job_id))
+            self._pending_overruns.popleft()
+            if active is not None:
+                active.finish()
         while self._pending_abandons:
             job_id = self._pending_abandons[0]
             active = state.active.get(job_id)

@@ -227,6 +227,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         return
     if active is not None and limit is not None:
         active.limit_at = asyncio.get_running_loop().time() + limit.seconds
+        active.limit_error = limit.error()
     _log.debug("taskq.job-started")
     try:
         try:
@@ -485,6 +486,12 @@ class _Limit:
             return _DeadlinePassed()
         return TimeoutError(f"attempt exceeded its timeout of {self.seconds}s")
 
+    def error(self) -> ErrorInfo:
+        """The error an attempt past this limit is failed with."""
+        if self.deadline:
+            return DEADLINE_EXCEEDED
+        return ErrorInfo.from_exception(self.expired())
+
 
 def _attempt_limit(row: JobRow, waited: float) -> _Limit | None:
     """``row``'s limit, ``waited`` seconds after its dispatch (queued here for a slot)."""
@@ -561,9 +568,9 @@ async def _call_in_thread(
     and told to stop (a cancel, a shutdown) it is cancelled, but either outcome waits
     for the thread to return, so that no retry (and no other job in its slot) runs
     alongside it, and no job reads "cancelled" while its code runs on. A thread that
-    outlasts the cleanup grace is the cancel controller's to abandon, as a task that
-    ignores its cancellation is; the next job in its slot gets a thread of its own
-    (``SyncActorPool``)."""
+    runs a cleanup grace past the limit is the cancel controller's to fail, as a task
+    that ignores its cancellation is, or to abandon past a cancel's cleanup grace; the
+    next job in its slot gets a thread of its own (``SyncActorPool``)."""
     call = scope.start_in_thread(executor)
     try:
         done, _ = await asyncio.wait({call}, timeout=None if limit is None else limit.seconds)

@@ -467,7 +467,9 @@ class InMemoryBackend:
         changes: dict[str, Any] = {}
         detail: dict[str, Any] | None = None
         if retry_delay is None:
-            detail = {"reason": "no_retry"}
+            # Failed by its deadline (its worker saw it pass), not by the actor's choice.
+            deadline = error_info.error_class == DEADLINE_EXCEEDED.error_class
+            detail = {"reason": "deadline_exceeded" if deadline else "no_retry"}
         elif row.attempt >= row.max_attempts:
             detail = {"reason": "attempts_exhausted"}
         elif row.deadline_at is not None and now + retry_delay > row.deadline_at:
@@ -583,9 +585,11 @@ class InMemoryBackend:
         if metadata_update:
             changes["metadata"] = {**row.metadata, **stored_json(metadata_update)}
         attempt_error = None
+        detail = None
         if row.deadline_at is not None and now + delay > row.deadline_at:
             to = _S.FAILED
             attempt_error = changes["error"] = DEADLINE_EXCEEDED
+            detail = {"reason": "deadline_exceeded"}
         else:
             to = _requeue(row, now, delay, changes)
         self._store.end_attempt(
@@ -597,6 +601,7 @@ class InMemoryBackend:
             attempt_error=attempt_error,
             progress_seq=progress_seq,
             progress_state=progress_state,
+            detail=detail,
             **changes,
         )
         if to in (_S.FAILED, _S.CANCELLED):
@@ -644,15 +649,18 @@ class InMemoryBackend:
             "scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded", "cancelled"
         ]
         attempt_error = None
+        detail = None
         if row.deadline_at is not None and now + delay > row.deadline_at:
             to, result = _S.FAILED, "failed:DeadlineExceeded"
             attempt_error = changes["error"] = DEADLINE_EXCEEDED
+            detail = {"reason": "deadline_exceeded"}
         elif consume_budget and row.attempt >= row.max_attempts:
             to, result = _S.FAILED, "failed:MaxAttemptsExceeded"
             attempt_error = changes["error"] = ErrorInfo(
                 error_class="MaxAttemptsExceeded",
                 message=f"attempt {row.attempt} of {row.max_attempts} asked to retry",
             )
+            detail = {"reason": "attempts_exhausted"}
         else:
             to = _requeue(row, now, delay, changes)
             result = "cancelled" if to is _S.CANCELLED else "scheduled"
@@ -665,6 +673,7 @@ class InMemoryBackend:
             attempt_error=attempt_error,
             progress_seq=progress_seq,
             progress_state=progress_state,
+            detail=detail,
             **changes,
         )
         return result

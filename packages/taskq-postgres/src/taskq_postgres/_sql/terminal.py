@@ -172,6 +172,7 @@ decision AS (
     + """
            END::{schema}.job_status AS to_status,
            CASE
+               WHEN $7::interval IS NULL AND $4 = 'DeadlineExceeded' THEN 'deadline_exceeded'
                WHEN $7::interval IS NULL THEN 'no_retry'
                WHEN o.attempt >= o.max_attempts THEN 'attempts_exhausted'
                WHEN n.ts + $7::interval > o.schedule_to_close_deadline
@@ -348,7 +349,10 @@ attempt AS (
 ),
 event AS (
     INSERT INTO {schema}.job_events (job_id, kind, detail)
-    SELECT u.id, 'state_change', jsonb_build_object('from_state', 'running', 'to_state', u.status)
+    SELECT u.id, 'state_change',
+           jsonb_build_object('from_state', 'running', 'to_state', u.status)
+           || CASE WHEN u.status = 'failed' THEN '{"reason": "deadline_exceeded"}'::jsonb
+                   ELSE '{}'::jsonb END
     FROM updated u
 )
 SELECT u.status::text AS to_status FROM updated u
@@ -468,8 +472,13 @@ attempt AS (
 ),
 event AS (
     INSERT INTO {schema}.job_events (job_id, kind, detail)
-    SELECT u.id, 'state_change', jsonb_build_object('from_state', 'running', 'to_state', u.status)
-    FROM updated u
+    SELECT u.id, 'state_change',
+           jsonb_build_object('from_state', 'running', 'to_state', u.status)
+           || CASE WHEN u.status <> 'failed' THEN '{}'::jsonb
+                   WHEN d.error_class = 'DeadlineExceeded'
+                       THEN '{"reason": "deadline_exceeded"}'::jsonb
+                   ELSE '{"reason": "attempts_exhausted"}'::jsonb END
+    FROM updated u JOIN decision d ON d.id = u.id
 )
 SELECT CASE WHEN u.status = 'cancelled' THEN 'cancelled' ELSE d.result END AS result
 FROM decision d JOIN updated u ON u.id = d.id

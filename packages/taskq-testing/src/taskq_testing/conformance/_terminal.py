@@ -19,7 +19,15 @@ from taskq.backend import (
     SupportsUnstartedHandBack,
 )
 from taskq.errors import RetryRefusedError, SingletonCollisionError
-from taskq.models import INT32_MAX, MAX_DURATION, AttemptOutcome, ErrorInfo, JobRow, SuccessWrite
+from taskq.models import (
+    DEADLINE_EXCEEDED,
+    INT32_MAX,
+    MAX_DURATION,
+    AttemptOutcome,
+    ErrorInfo,
+    JobRow,
+    SuccessWrite,
+)
 from taskq_testing.conformance._support import (
     ERROR,
     FAR,
@@ -772,6 +780,16 @@ class TerminalWriteTests:
             assert retry_delay is not None
             assert_close(after.scheduled_at, now + retry_delay)
 
+    @covers("mark_failed_or_retry")
+    async def test_a_job_failed_by_its_deadline_says_so(self, backend: Backend) -> None:
+        # Its worker saw the deadline pass while it ran: labelled no_retry, as if the
+        # actor's error were not retryable, where the deadline sweep says deadline_exceeded.
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker, schedule_to_close=timedelta(hours=2))
+        await backend.mark_failed_or_retry(job.id, worker, DEADLINE_EXCEEDED, None)
+        event = await last_event(backend, job.id)
+        assert event.detail.get("reason") == "deadline_exceeded"
+
     # -- the cancel phases ---------------------------------------------------------------
 
     @pytest.mark.parametrize("phase", [0, 2], ids=["not-requested", "already-forced"])
@@ -831,11 +849,14 @@ class TerminalWriteTests:
         assert after.status is status
         attempt = only_attempt(await backend.get_attempts(job.id))
         assert (attempt.attempt, attempt.outcome) == (1, outcome)
-        now = (await last_event(backend, job.id)).occurred_at
+        event = await last_event(backend, job.id)
+        now = event.occurred_at
         if status is JobStatus.FAILED:
             assert error_class_name(after.error) == "DeadlineExceeded"
+            assert event.detail.get("reason") == "deadline_exceeded"  # said, as every failure
             assert_close(after.finished_at, now)
         else:
+            assert "reason" not in event.detail
             assert after.max_attempts == 3
             assert_close(after.scheduled_at, now + delay)
 
@@ -953,12 +974,16 @@ class TerminalWriteTests:
         assert attempt.outcome == ("retry_after" if consume else "rate_limit_denied")
         if max_after is not None:
             assert after.max_attempts == max_after
-        now = (await last_event(backend, job.id)).occurred_at
+        event = await last_event(backend, job.id)
+        now = event.occurred_at
         if returned == "scheduled":
             assert after.status is JobStatus.SCHEDULED
             assert_close(after.scheduled_at, now + FAR)
         else:
             assert after.status is JobStatus.FAILED
+            # Said, as every failure: it failed without a reason in its event.
+            reason = "deadline_exceeded" if "Deadline" in returned else "attempts_exhausted"
+            assert event.detail.get("reason") == reason
             assert_close(after.finished_at, now)
 
     # -- back to pending: a wake ------------------------------------------------------------

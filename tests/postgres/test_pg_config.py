@@ -267,6 +267,11 @@ async def test_a_password_never_shows_in_an_error(pg_pooled_schema: PgSchema, wh
         # Not scheme://...: a password could be anywhere in it.
         ("postgres:secret@h/db", "<hidden: not a scheme://"),
         ("host=h password=secret dbname=db", "<hidden: not a scheme://"),
+        # user:PASSWORD/db with its @HOST forgotten: the password read as a port.
+        ("postgresql://u:secret/db", "postgresql://<hidden: its parts cannot be"),
+        # A unix socket's empty host keeps its //; several hosts are shown as given.
+        ("postgresql:///db?host=/tmp&password=x", "postgresql:///db?host=/tmp&password=***"),
+        ("postgresql://u@h1:5432,h2/db", "postgresql://u@h1:5432,h2/db"),
     ],
 )
 def test_a_dsn_is_shown_with_its_password_masked(dsn: str, shown: str) -> None:
@@ -284,6 +289,8 @@ def test_a_dsn_is_shown_with_its_password_masked(dsn: str, shown: str) -> None:
         "postgresql+asyncpg://u:s3cr3t@127.0.0.1:5999/test",  # a scheme no backend serves
         "postgresql://u:s3cr3t%zz@127.0.0.1:5999/test",  # libpq quotes the bad token
         "postgresql://u@127.0.0.1:1/test?sslpassword=s3cr3t",
+        "postgresql://u@127.0.0.1:1/test?password=ab%00s3cr3t",  # libpq quotes the value
+        "postgresql://u:s3cr3t/test",  # @HOST forgotten: the password read as a port
     ],
 )
 def test_no_error_of_a_bad_or_unreachable_dsn_shows_its_password(dsn: str) -> None:
@@ -298,3 +305,24 @@ def test_no_error_of_a_bad_or_unreachable_dsn_shows_its_password(dsn: str) -> No
         except Exception as exc:  # noqa: BLE001 - whichever error, it must not show it
             told = "".join(traceback.format_exception(exc))
             assert "s3cr3t" not in told, told
+
+
+def test_the_sync_client_takes_several_hosts_as_libpq_does(pg_pooled_schema: PgSchema) -> None:
+    # check_dsn refused them ("Port could not be cast"), where psycopg connects.
+    from taskq_postgres import SyncJobsClient
+
+    parts = urlsplit(pg_pooled_schema.dsn)
+    hosts = f"{parts.hostname}:{parts.port or 5432},{parts.hostname}:{parts.port or 5432}"
+    dsn = urlunsplit(parts._replace(netloc=f"{parts.username}@{hosts}"))
+    with SyncJobsClient(dsn, actors=[], schema=pg_pooled_schema.name):
+        pass  # it connected (a client opens its connection at once)
+
+
+def test_a_driver_message_about_the_server_is_kept_whole() -> None:
+    # Scrubbing a one-letter password out of every message erased letters all over it
+    # (and their places spelled the password out).
+    from taskq_postgres import SyncJobsClient
+
+    with pytest.raises(BackendUnavailableError) as info:
+        SyncJobsClient("postgresql://nosuchuser:t@127.0.0.1:5432/test", actors=[])
+    assert 'role "nosuchuser" does not exist' in str(info.value)

@@ -552,3 +552,42 @@ async def test_an_actor_that_swallows_its_tasks_cancel_and_returns_stopped_early
         assert (row.status, outcomes) == (JobStatus.PENDING, ["interrupted"])
     else:
         assert (row.status, outcomes) == (JobStatus.CANCELLED, ["cancelled"])
+
+
+@pytest.mark.parametrize("replaced", [False, True])
+async def test_an_attempt_written_off_past_its_limit_is_not_a_later_one(replaced: bool) -> None:
+    # Queued by id, the write-off found whatever entry held the id at the post-tick: a
+    # job reclaimed and locked for this worker again meanwhile had its new attempt
+    # failed with the old one's limit, and its slot freed under its running task.
+    from datetime import timedelta
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.models import EnqueueArgs, ErrorInfo
+    from taskq.worker._state import ActiveJob
+    from taskq.worker.cancel import make_cancel_controller
+
+    backend = InMemoryBackend()
+    worker = uuid4()
+    job = await backend.enqueue(EnqueueArgs(actor="a"))
+    [row] = await backend.dispatch_batch(worker, ["default"], 1, timedelta(minutes=5))
+    freed: list[str] = []
+    old = ActiveJob(row, release=lambda: freed.append("old"))
+    old.limit_at, old.limit_error = -1.0, ErrorInfo(error_class="TimeoutError", message="t")
+    old.task = asyncio.create_task(asyncio.sleep(10))
+    graces = {"cleanup_grace_period": timedelta(0), "cancellation_grace_period": timedelta(0)}
+    state: Any = SimpleNamespace(
+        active={job.id: old}, backend=backend, worker_id=worker, settings=SimpleNamespace(**graces)
+    )
+    controller = make_cancel_controller(state)
+    await controller.run_tick([])  # past its limit: written off at the post-tick
+    if replaced:  # as WorkerState.hold does for the same job locked again
+        old.lost = True
+        state.active[job.id] = ActiveJob(row.model_copy(update={"attempt": 2}))
+    await controller.run_post_tick()
+    old.task.cancel()
+    after = await backend.get(job.id)
+    assert after is not None
+    assert after.status is (JobStatus.RUNNING if replaced else JobStatus.FAILED)
+    assert freed == ["old"]  # the old attempt's slot either way, and only its

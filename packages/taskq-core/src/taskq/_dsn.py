@@ -7,12 +7,12 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Final
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 from taskq.errors import ConfigurationError
 from taskq.identifiers import validate_schema_name
 
-__all__ = ["NO_DSN_MESSAGE", "redact", "resolve_dsn", "resolve_schema"]
+__all__ = ["NO_DSN_MESSAGE", "ports_read", "redact", "resolve_dsn", "resolve_schema"]
 
 NO_DSN_MESSAGE = (
     "no database given: pass --dsn postgresql://USER@HOST/DB or set TASKQ_DSN "
@@ -46,14 +46,26 @@ def redact(url: str) -> str:
     # An @ outside the authority, or a fragment: a raw / ? or # cut a password short.
     if "@" in rest.replace(parts.netloc, "", 1) or "#" in url:
         return hidden
+    if "@" not in parts.netloc and not ports_read(parts.netloc):
+        return hidden  # user:PASSWORD/db, its @HOST forgotten: the password read as a port
     netloc = parts.netloc
     if parts.password:
         user, _, host = netloc.rpartition("@")
         netloc = f"{user.partition(':')[0]}:***@{host}"
     query = "&".join(_masked(pair) for pair in parts.query.split("&")) if parts.query else ""
-    masked = parts._replace(netloc=netloc, query=query)
-    # Rebuilt only to mask: urlunsplit drops an empty authority's "//" (memory://).
-    return url if masked == parts else urlunsplit(masked)
+    # By hand: urlunsplit drops an empty authority's // (postgresql:///db?host=/tmp).
+    return f"{scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+
+
+def ports_read(hosts: str) -> bool:
+    """Whether every ``host[:port]`` of a comma-separated list has a port that parses
+    (or none): libpq and asyncpg take several hosts, which ``urlsplit`` cannot read."""
+    for host in hosts.rpartition("@")[2].split(","):
+        try:
+            urlsplit(f"//{host}").port  # noqa: B018 - parsing it is the check
+        except ValueError:
+            return False
+    return True
 
 
 def _masked(pair: str) -> str:

@@ -128,9 +128,11 @@ class Actor(Generic[P, R]):
         try:
             return self._validate(payload)
         except ValidationError as exc:
+            # Not chained: pydantic's own text quotes each bad value (input_value=...),
+            # a payload's personal data in every traceback that prints it.
             raise PayloadValidationError(
                 f"invalid payload for actor {self.name!r}: {validation_problems(exc, '<payload>')}"
-            ) from exc
+            ) from None
 
     def dump_payload(self, payload: Any) -> dict[str, Any]:
         """Validate and serialise a payload to the JSON object stored on the job.
@@ -163,7 +165,7 @@ class Actor(Generic[P, R]):
                 f"form (a serializer, alias or computed field its validation refuses; its "
                 f"values are not shown, they may be personal): "
                 f"{validation_problems(exc, '<payload>')}"
-            ) from exc
+            ) from None  # not chained, as in validate_payload
         return dumped
 
     def _validate(self, payload: Any) -> Any:

@@ -19,11 +19,11 @@ from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
 from typing import Any, Final
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 
-from taskq._dsn import redact
+from taskq._dsn import ports_read, redact
 from taskq.errors import ConfigurationError, TaskQError
 
 __all__ = [
@@ -72,7 +72,9 @@ def check_dsn(dsn: str) -> str:
     shown = redact(dsn)
     try:
         parts = urlsplit(dsn)
-        parts.port  # noqa: B018 - parsing the port is the check
+        if not ports_read(parts.netloc):  # each of several hosts too (libpq takes them)
+            parts.port  # noqa: B018 - raises the parser's reason
+            raise ValueError("a port cannot be read")
     except ValueError as exc:
         # The parser's reason may quote a piece of a password it took for a port.
         reason = "its host or port cannot be read" if "<hidden" in shown else _one_line(exc)
@@ -162,25 +164,18 @@ def translated_errors(
     try:
         yield
     except bad_dsn as exc:
-        # A driver's complaint about a DSN may quote it whole (libpq's does): not chained.
-        reason = _scrubbed(_one_line(exc), dsn)
+        # A driver's complaint about a DSN quotes the piece it could not read (libpq's
+        # does, a password's or the whole DSN): quoted pieces masked, not chained.
+        reason = _QUOTED.sub('"***"', _one_line(exc).replace(dsn, redact(dsn)))
         raise ConfigurationError(f"invalid DSN {redact(dsn)}: {reason}") from None
     except unreachable as exc:
         raise BackendUnavailableError(
-            f"cannot connect to PostgreSQL at {redact(dsn)}: {_scrubbed(_one_line(exc), dsn)}"
+            f"cannot connect to PostgreSQL at {redact(dsn)}: "
+            f"{_one_line(exc).replace(dsn, redact(dsn))}"
         ) from exc
 
 
-def _scrubbed(text: str, dsn: str) -> str:
-    """``text`` with ``dsn``'s password, and ``dsn`` itself, masked wherever it quotes them."""
-    text = text.replace(dsn, redact(dsn))
-    try:
-        password = urlsplit(dsn).password
-    except ValueError:
-        password = None
-    for secret in {password, unquote(password or "")} - {None, ""}:
-        text = text.replace(str(secret), "***")
-    return text
+_QUOTED: Final = re.compile(r'"[^"]*"')
 
 
 def readable(fd: int) -> bool:

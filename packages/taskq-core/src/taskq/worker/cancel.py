@@ -34,13 +34,12 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from typing import Protocol, runtime_checkable
-from uuid import UUID
 
 import structlog
 
 from taskq.backend import CancelPhase
 from taskq.models import CancelFlag
-from taskq.worker._state import WorkerState
+from taskq.worker._state import ActiveJob, WorkerState
 
 __all__ = ["CancelController", "make_cancel_controller"]
 
@@ -63,8 +62,10 @@ class CancelController(Protocol):
 class _CancelController:
     def __init__(self, state: WorkerState) -> None:
         self._state = state
-        self._pending_abandons: deque[UUID] = deque()
-        self._pending_overruns: deque[UUID] = deque()
+        # The entries, not their ids: a job reclaimed and locked for this worker again
+        # meanwhile has a new entry, whose attempt is not the one to write off.
+        self._pending_abandons: deque[ActiveJob] = deque()
+        self._pending_overruns: deque[ActiveJob] = deque()
 
     async def run_tick(self, flags: list[CancelFlag]) -> None:
         state = self._state
@@ -111,7 +112,7 @@ class _CancelController:
                     _log.warning("taskq.cancel-forced", job_id=str(job_id))
             elif active.cancel_phase is CancelPhase.FORCED and waited >= cleanup:
                 active.cancel_phase = CancelPhase.ABANDON_PENDING
-                self._pending_abandons.append(job_id)
+                self._pending_abandons.append(active)
 
     async def _stop_overruns(self, now: float) -> None:
         """Give up on each job still running a cleanup grace past its limit: an async
@@ -138,7 +139,7 @@ class _CancelController:
             if active.ctx is not None:
                 active.ctx.cancel_event.set()
             active.task.cancel()
-            self._pending_overruns.append(job_id)
+            self._pending_overruns.append(active)
             _log.warning(
                 "taskq.job-past-its-limit",
                 job_id=str(job_id),
@@ -149,9 +150,8 @@ class _CancelController:
         state = self._state
         cleanup = state.settings.cleanup_grace_period.total_seconds()
         while self._pending_overruns:
-            job_id = self._pending_overruns[0]
-            active = state.active.get(job_id)
-            if active is not None and active.limit_error is not None:
+            active = self._pending_overruns[0]
+            if self._still_current(active) and active.limit_error is not None:
                 error = active.limit_error.model_copy(
                     update={
                         "message": f"{active.limit_error.message}; still running "
@@ -160,7 +160,7 @@ class _CancelController:
                     }
                 )
                 after = await state.backend.mark_failed_or_retry(
-                    job_id,
+                    active.row.id,
                     state.worker_id,
                     error,
                     None,
@@ -169,22 +169,26 @@ class _CancelController:
                     attempt=active.row.attempt,
                 )
                 if after is not None and after.error == error:  # else not this attempt's
-                    _log.error("taskq.job-failed-past-its-limit", job_id=str(job_id))
+                    _log.error("taskq.job-failed-past-its-limit", job_id=str(active.row.id))
             self._pending_overruns.popleft()
-            if active is not None:
-                active.finish()
+            active.finish()
         while self._pending_abandons:
-            job_id = self._pending_abandons[0]
-            active = state.active.get(job_id)
-            if await state.backend.mark_abandoned(
-                job_id,
-                active.ctx.progress_seq if active and active.ctx else 0,
-                active.ctx.progress_state if active and active.ctx else None,
+            active = self._pending_abandons[0]
+            if self._still_current(active) and await state.backend.mark_abandoned(
+                active.row.id,
+                active.ctx.progress_seq if active.ctx else 0,
+                active.ctx.progress_state if active.ctx else None,
             ):
-                _log.error("taskq.job-abandoned", job_id=str(job_id))
+                _log.error("taskq.job-abandoned", job_id=str(active.row.id))
             self._pending_abandons.popleft()
-            if active is not None:
-                active.finish()
+            active.finish()
+
+    def _still_current(self, active: ActiveJob) -> bool:
+        """Whether ``active``'s attempt is still this worker's to write: not lost, nor
+        replaced by a later attempt locked for it (an entry gone since is its task's
+        end, which wrote nothing for an attempt written off)."""
+        current = self._state.active.get(active.row.id)
+        return not active.lost and (current is None or current is active)
 
 
 def make_cancel_controller(state: WorkerState) -> CancelController:

@@ -101,6 +101,12 @@ def _requeue(row: JobRow, now: datetime, delay: timedelta, changes: dict[str, An
     return to
 
 
+def _requeued_because(to: JobStatus, why: str) -> str:
+    """The reason a state-change event out of ``running`` gives for a job put back in the
+    queue (``why``: a retry, a snooze, a hand-back…), or ended by a cancel it missed."""
+    return "cancel_requested" if to is _S.CANCELLED else why
+
+
 def _in_utc(value: datetime | None) -> datetime | None:
     """``value`` in UTC; a naive time taken as UTC, as asyncpg takes it."""
     if value is None:
@@ -479,6 +485,7 @@ class InMemoryBackend:
             to = _S.FAILED
         else:
             to = _requeue(row, now, retry_delay, changes)
+            detail = {"reason": _requeued_because(to, "retry")}
         error = stored_error(error_info)
         return _copy(
             self._store.end_attempt(
@@ -592,6 +599,7 @@ class InMemoryBackend:
             detail = {"reason": "deadline_exceeded"}
         else:
             to = _requeue(row, now, delay, changes)
+            detail = {"reason": _requeued_because(to, outcome)}
         self._store.end_attempt(
             row,
             to,
@@ -664,6 +672,8 @@ class InMemoryBackend:
         else:
             to = _requeue(row, now, delay, changes)
             result = "cancelled" if to is _S.CANCELLED else "scheduled"
+            outcome = "retry_after" if consume_budget else "rate_limit_denied"
+            detail = {"reason": _requeued_because(to, outcome)}
         self._store.end_attempt(
             row,
             to,

@@ -209,9 +209,9 @@ attempt AS (
 event AS (
     INSERT INTO {schema}.job_events (job_id, kind, detail)
     SELECT u.id, 'state_change',
-           jsonb_build_object('from_state', 'running', 'to_state', u.status)
-           || CASE WHEN u.status = 'failed' THEN jsonb_build_object('reason', d.fail_reason)
-                   ELSE jsonb_build_object() END
+           jsonb_build_object('from_state', 'running', 'to_state', u.status, 'reason',
+               CASE u.status WHEN 'failed' THEN d.fail_reason
+                             WHEN 'cancelled' THEN 'cancel_requested' ELSE 'retry' END)
     FROM updated u JOIN decision d ON d.id = u.id
 )
 SELECT * FROM updated
@@ -350,9 +350,9 @@ attempt AS (
 event AS (
     INSERT INTO {schema}.job_events (job_id, kind, detail)
     SELECT u.id, 'state_change',
-           jsonb_build_object('from_state', 'running', 'to_state', u.status)
-           || CASE WHEN u.status = 'failed' THEN '{"reason": "deadline_exceeded"}'::jsonb
-                   ELSE '{}'::jsonb END
+           jsonb_build_object('from_state', 'running', 'to_state', u.status, 'reason',
+               CASE u.status WHEN 'failed' THEN 'deadline_exceeded'
+                             WHEN 'cancelled' THEN 'cancel_requested' ELSE $6::text END)
     FROM updated u
 )
 SELECT u.status::text AS to_status FROM updated u
@@ -473,11 +473,12 @@ attempt AS (
 event AS (
     INSERT INTO {schema}.job_events (job_id, kind, detail)
     SELECT u.id, 'state_change',
-           jsonb_build_object('from_state', 'running', 'to_state', u.status)
-           || CASE WHEN u.status <> 'failed' THEN '{}'::jsonb
-                   WHEN d.error_class = 'DeadlineExceeded'
-                       THEN '{"reason": "deadline_exceeded"}'::jsonb
-                   ELSE '{"reason": "attempts_exhausted"}'::jsonb END
+           jsonb_build_object('from_state', 'running', 'to_state', u.status, 'reason',
+               CASE WHEN u.status = 'cancelled' THEN 'cancel_requested'
+                    WHEN u.status <> 'failed' AND $5::bool THEN 'retry_after'
+                    WHEN u.status <> 'failed' THEN 'rate_limit_denied'
+                    WHEN d.error_class = 'DeadlineExceeded' THEN 'deadline_exceeded'
+                    ELSE 'attempts_exhausted' END)
     FROM updated u JOIN decision d ON d.id = u.id
 )
 SELECT CASE WHEN u.status = 'cancelled' THEN 'cancelled' ELSE d.result END AS result

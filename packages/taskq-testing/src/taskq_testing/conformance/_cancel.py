@@ -146,6 +146,7 @@ class CancelTests:
         assert attempt.outcome == outcome
         event = await last_event(backend, job.id)
         assert (event.kind, event.detail["to_state"]) == ("state_change", "cancelled")
+        assert event.detail["reason"] == "cancel_requested"  # not the retry it was asked for
         assert await backend.dispatch_batch(uuid4(), [job.queue], 10, timedelta(minutes=1)) == []
 
     @covers("mark_failed_or_retry")

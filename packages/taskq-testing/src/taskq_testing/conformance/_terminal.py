@@ -733,11 +733,11 @@ class TerminalWriteTests:
         ("max_attempts", "deadline", "retry_delay", "status", "reason"),
         [
             (3, None, None, JobStatus.FAILED, "no_retry"),
-            (3, None, FAR, JobStatus.SCHEDULED, None),
-            (3, None, timedelta(0), JobStatus.PENDING, None),
+            (3, None, FAR, JobStatus.SCHEDULED, "retry"),
+            (3, None, timedelta(0), JobStatus.PENDING, "retry"),
             (1, None, FAR, JobStatus.FAILED, "attempts_exhausted"),
             (3, timedelta(minutes=30), FAR, JobStatus.FAILED, "retry_past_deadline"),
-            (3, timedelta(hours=2), FAR, JobStatus.SCHEDULED, None),
+            (3, timedelta(hours=2), FAR, JobStatus.SCHEDULED, "retry"),
         ],
         ids=[
             "no-retry",
@@ -756,7 +756,7 @@ class TerminalWriteTests:
         deadline: timedelta | None,
         retry_delay: timedelta | None,
         status: JobStatus,
-        reason: str | None,
+        reason: str,
     ) -> None:
         worker = uuid4()
         job = await running_job(
@@ -770,9 +770,9 @@ class TerminalWriteTests:
         attempt = only_attempt(await backend.get_attempts(job.id))
         assert (attempt.outcome, attempt.error) == ("failed", ERROR)
         event = await last_event(backend, job.id)
-        # The error is the actor's own: a job failed at attempt 1 of 3 says why.
-        expected = {"from_state": "running", "to_state": status.value}
-        assert event.detail == expected | ({} if reason is None else {"reason": reason})
+        # The error is the actor's own: a job failed at attempt 1 of 3 says why, and one
+        # put back in the queue says it is a retry (the attempt's outcome says "failed").
+        assert event.detail == {"from_state": "running", "to_state": status.value, "reason": reason}
         now = event.occurred_at
         if status is JobStatus.FAILED:
             assert_close(after.finished_at, now)
@@ -856,7 +856,7 @@ class TerminalWriteTests:
             assert event.detail.get("reason") == "deadline_exceeded"  # said, as every failure
             assert_close(after.finished_at, now)
         else:
-            assert "reason" not in event.detail
+            assert event.detail.get("reason") == outcome  # snoozed, interrupted…: why it is back
             assert after.max_attempts == 3
             assert_close(after.scheduled_at, now + delay)
 
@@ -978,6 +978,7 @@ class TerminalWriteTests:
         now = event.occurred_at
         if returned == "scheduled":
             assert after.status is JobStatus.SCHEDULED
+            assert event.detail.get("reason") == attempt.outcome  # why it is back
             assert_close(after.scheduled_at, now + FAR)
         else:
             assert after.status is JobStatus.FAILED

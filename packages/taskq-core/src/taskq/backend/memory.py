@@ -524,6 +524,8 @@ class InMemoryBackend:
             outcome="cancelled",
             progress_seq=progress_seq,
             progress_state=progress_state,
+            # The cancel's reason, as a pending job's cancel event gives it.
+            detail={"reason": row.cancel_reason} if row.cancel_reason is not None else None,
         )
         return True
 

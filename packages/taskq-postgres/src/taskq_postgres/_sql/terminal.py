@@ -236,7 +236,7 @@ updated AS (
                               ELSE j.progress_state END
     FROM owned o CROSS JOIN now n
     WHERE j.id = o.id AND j.status = 'running'
-    RETURNING j.id
+    RETURNING j.id, j.cancel_reason
 ),
 attempt AS (
     INSERT INTO {schema}.job_attempts
@@ -247,8 +247,12 @@ attempt AS (
     FROM owned o JOIN updated u ON u.id = o.id CROSS JOIN now n
 ),
 event AS (
+    -- The cancel's reason, as a pending job's cancel event gives it.
     INSERT INTO {schema}.job_events (job_id, kind, detail)
-    SELECT u.id, 'state_change', '{"from_state": "running", "to_state": "cancelled"}'
+    SELECT u.id, 'state_change',
+           '{"from_state": "running", "to_state": "cancelled"}'::jsonb
+           || CASE WHEN u.cancel_reason IS NULL THEN '{}'::jsonb
+                   ELSE jsonb_build_object('reason', u.cancel_reason) END
     FROM updated u
 )
 SELECT count(*) AS changed FROM updated

@@ -818,6 +818,22 @@ class TerminalWriteTests:
         assert done.status is JobStatus.CANCELLED
         assert only_attempt(await backend.get_attempts(job.id)).outcome == "cancelled"
 
+    @covers("mark_cancelled", "write_cancel_request")
+    async def test_a_running_jobs_cancelled_event_gives_the_cancels_reason(
+        self, backend: Backend
+    ) -> None:
+        # As a pending job's does: the running one's said only "running -> cancelled".
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker)
+        assert await backend.write_cancel_request(job.id, "customer asked")
+        assert await backend.mark_cancelled(job.id, worker)
+        event = await last_event(backend, job.id)
+        assert event.detail == {
+            "from_state": "running",
+            "to_state": "cancelled",
+            "reason": "customer asked",
+        }
+
     # -- mark_snoozed -------------------------------------------------------------------
 
     @pytest.mark.parametrize(

@@ -12,7 +12,14 @@ from urllib.parse import unquote, urlsplit
 from taskq.errors import ConfigurationError
 from taskq.identifiers import validate_schema_name
 
-__all__ = ["NO_DSN_MESSAGE", "ports_read", "redact", "resolve_dsn", "resolve_schema"]
+__all__ = [
+    "NO_DSN_MESSAGE",
+    "ports_read",
+    "redact",
+    "resolve_dsn",
+    "resolve_schema",
+    "url_scheme",
+]
 
 NO_DSN_MESSAGE = (
     "no database given: pass --dsn postgresql://USER@HOST/DB or set TASKQ_DSN "
@@ -20,7 +27,17 @@ NO_DSN_MESSAGE = (
 )
 
 
-_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+"""A URL's scheme (RFC 3986), up to its colon."""
+
+
+def url_scheme(text: str) -> str | None:
+    """The scheme ``text`` starts with (``postgresql`` of ``postgresql://...``), in lower
+    case; None when it starts with none (a libpq ``key=value`` string)."""
+    found = _SCHEME.match(text)
+    return found.group(1).lower() if found else None
+
+
 _SECRET_KEYS: Final = frozenset({"password", "sslpassword"})
 """Query parameters that hold a secret (libpq's names; a key may come percent-encoded)."""
 
@@ -36,7 +53,7 @@ def redact(url: str) -> str:
     one anywhere; those show as much as is surely no secret (the scheme).
     """
     scheme, sep, rest = url.partition("://")
-    if not sep or _SCHEME.fullmatch(scheme) is None:
+    if not sep or url_scheme(url) != scheme.lower():  # a ":" before "://": no scheme
         return "<hidden: not a scheme://... URL>"
     hidden = f"{scheme}://<hidden: its parts cannot be told apart; a / ? # or @ in a password must be percent-encoded>"
     try:

@@ -143,6 +143,10 @@ def connection_settings(
     return settings
 
 
+_QUOTED: Final = re.compile(r'"[^"]*"')
+"""A piece of a driver's message in double quotes (libpq quotes what it could not read)."""
+
+
 @contextmanager
 def translated_errors(
     dsn: str,
@@ -173,9 +177,6 @@ def translated_errors(
             f"cannot connect to PostgreSQL at {redact(dsn)}: "
             f"{_one_line(exc).replace(dsn, redact(dsn))}"
         ) from exc
-
-
-_QUOTED: Final = re.compile(r'"[^"]*"')
 
 
 def readable(fd: int) -> bool:

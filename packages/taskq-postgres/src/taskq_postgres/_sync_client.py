@@ -10,7 +10,6 @@ validation and ``max_pending`` check of ``JobsClient`` (``taskq.args_builder``).
 from __future__ import annotations
 
 import os
-import re
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
@@ -27,6 +26,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg.types.datetime import TimestamptzBinaryLoader
 from psycopg.types.string import TextBinaryLoader
 
+from taskq._dsn import url_scheme
 from taskq.actor import Actor, actors_by_name
 from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, MaxPendingLimits, check_capacity
 from taskq.errors import MaxPendingExceededError
@@ -61,9 +61,6 @@ _Cursor = psycopg.RawCursor[DictRow]
 
 _UNKNOWN_TYPE: Final = 0
 """The type oid psycopg looks a loader up under for a type it has none for."""
-
-
-_URL_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
@@ -113,7 +110,7 @@ class SyncJobsClient:
         self._limits = MaxPendingLimits(max_pending_cache_ttl)
         self._lock = threading.Lock()
         # A URL is checked as PostgresBackend checks it; libpq's key=value form as libpq does.
-        url = isinstance(target, str) and _URL_SCHEME.match(target) is not None
+        url = isinstance(target, str) and url_scheme(target) is not None
         self._dsn = (check_dsn(target) if url else target) if isinstance(target, str) else None
         self._conn = target if isinstance(target, psycopg.Connection) else self._connect()
         self._closed = False

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 import structlog
 
-from taskq._dsn import redact
+from taskq._dsn import redact, url_scheme
 from taskq.errors import IncompatiblePluginError, PluginError, PluginLoadError, UnknownBackendError
 from taskq.plugins import hookspecs
 
@@ -37,9 +37,6 @@ __all__ = [
 ]
 
 _log = structlog.get_logger("taskq.plugins")
-
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-"""A URL's scheme (RFC 3986)."""
 
 ENTRY_POINT_GROUP = "taskq"
 CORE_DISTRIBUTION = "taskq-core"
@@ -259,9 +256,8 @@ def open_backend(url: str, **options: Any) -> Backend:
 
     # The scheme alone: a full parse (urlsplit) raised a bare ValueError on a host the
     # backend's own check explains (an unclosed IPv6 bracket).
-    found = _SCHEME.match(url)
-    scheme = found.group(1).lower() if found else ""
-    if not scheme:
+    scheme = url_scheme(url)
+    if scheme is None:
         raise UnknownBackendError(
             f"{redact(url)} is not a backend URL: expected scheme://..., "
             f"e.g. postgresql://localhost/app or memory://"

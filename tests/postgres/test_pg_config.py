@@ -171,6 +171,14 @@ def test_nonsense_options_are_value_errors(option: str) -> None:
         PostgresBackend(UNREACHABLE, **{option: 0})  # type: ignore[arg-type]
 
 
+def test_more_connections_kept_open_than_the_default_maximum_raise_the_maximum() -> None:
+    # TASKQ_MIN_POOL_SIZE=20 alone used to be refused against a maximum nobody set.
+    assert PostgresBackend(UNREACHABLE, min_pool_size=20).max_pool_size == 20
+    assert PostgresBackend(UNREACHABLE, min_pool_size=2).max_pool_size == 10
+    with pytest.raises(ValueError, match="min_pool_size <= max_pool_size"):
+        PostgresBackend(UNREACHABLE, min_pool_size=20, max_pool_size=10)
+
+
 def test_instance_ids_must_fit_an_application_name() -> None:
     with pytest.raises(ValueError, match="instance_id"):
         PostgresBackend(UNREACHABLE, instance_id="no spaces or ünïcode")

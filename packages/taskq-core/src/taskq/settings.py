@@ -229,10 +229,10 @@ class WorkerSettings(BaseModel):
     min_pool_size: int | None = Field(default=None, ge=1)
     """Backend: the connections its pool keeps open (default 1)."""
     max_pool_size: int | None = Field(default=None, ge=1)
-    """Backend: the most connections its pool opens (default 10). A worker keeps up to
-    three checked out (one-job enqueues, dispatches, batched successes; with 5 or
-    more), and opens two more of its own: the LISTEN session and, while it competes
-    for leadership, the leader's."""
+    """Backend: the most connections its pool opens (default 10, or ``min_pool_size``
+    when larger). A worker keeps up to three checked out (one-job enqueues,
+    dispatches, batched successes; with 5 or more), and opens two more of its own: the
+    LISTEN session and, while it competes for leadership, the leader's."""
     health_port: int | None = Field(default=None, ge=0, le=65535)
     """Serve /healthz, /readyz (and /tasks) on this port (0: any free port)."""
     health_host: str = "0.0.0.0"

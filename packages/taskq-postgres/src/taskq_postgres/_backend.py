@@ -142,6 +142,7 @@ _BULK_STATEMENT_TIMEOUT: Final = 600.0
 _CLOSE_TIMEOUT: Final = 5.0
 """Seconds a close waits for the pool's connections to end cleanly before it cuts them."""
 _NO_DELAY: Final = timedelta(0)
+_DEFAULT_MAX_POOL_SIZE: Final = 10
 _MIN_POOL_FOR_WORKER_PINS: Final = 5
 """Three pinned connections (enqueue, dispatch, success) leave two to the rest."""
 _CRON_SCHEDULES_PER_TICK: Final = 100
@@ -230,7 +231,8 @@ class PostgresBackend:
     ``dsn`` names the database; ``schema`` the TaskQ schema in it (migrated
     with ``taskq migrate``; validated here, before any SQL). Options:
 
-    * ``min_pool_size`` / ``max_pool_size``: the asyncpg pool's bounds. Once the
+    * ``min_pool_size`` / ``max_pool_size``: the asyncpg pool's bounds; the maximum
+      defaults to 10, or to ``min_pool_size`` when that is larger. Once the
       first enqueue ran, one pooled connection stays checked out for one-job
       enqueues (not with ``max_pool_size=1``); in a worker, one each for
       dispatches and batched successes too (with ``max_pool_size`` of 5 or more).
@@ -282,7 +284,7 @@ class PostgresBackend:
         *,
         schema: str = "taskq",
         min_pool_size: int = 1,
-        max_pool_size: int = 10,
+        max_pool_size: int | None = None,
         dispatch_oversample: int = 2,
         reclaim_event_visibility_delay: timedelta = timedelta(seconds=2),
         cancel_reclaim_headroom: timedelta = timedelta(seconds=60),
@@ -300,6 +302,10 @@ class PostgresBackend:
         # The schema first: a hostile name is refused before anything else is looked at.
         self.schema: Final = validate_schema_name(schema)
         self.dsn: Final = check_dsn(dsn)
+        if max_pool_size is None:
+            # Asking for more connections kept open than the default maximum means a
+            # bigger pool, not a contradiction to refuse.
+            max_pool_size = max(_DEFAULT_MAX_POOL_SIZE, min_pool_size)
         if not 1 <= min_pool_size <= max_pool_size:
             raise ValueError(
                 f"need 1 <= min_pool_size <= max_pool_size, got {min_pool_size} and {max_pool_size}"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Final, ParamSpec, TypeVar
@@ -19,8 +19,8 @@ _UNCAPPED: Final = sys.maxsize
 """ThreadPoolExecutor starts a thread for a call only when none is idle."""
 
 _GATHER_WITHIN: Final = 5.0
-"""Seconds :meth:`SyncActorPool.in_each_idle_thread` waits for every idle thread to take
-a call before running them as they came."""
+"""Seconds :meth:`SyncActorPool.in_each_idle_thread` goes on asking each idle thread to
+take a call."""
 
 
 class SyncActorPool(ThreadPoolExecutor):
@@ -74,22 +74,51 @@ class SyncActorPool(ThreadPoolExecutor):
         """Run ``fn`` once in each thread not in a call now (a sync actor's thread-bound
         values closed there, at stop), concurrently; exceptions are ``fn``'s to log.
 
-        A barrier spreads the calls: each thread that takes one waits for the others to
-        take theirs, so no thread takes two. If one never comes (a thread was not idle
-        after all), the barrier gives up and the calls run anyway.
+        The pool cannot aim a call at a thread, so calls go out in rounds, one for
+        each thread to visit and each other thread seen idle. Each call is held until
+        every call of its round is taken, so no thread takes two; one taken by
+        another thread (a fresh one the pool started because an idle thread had not
+        yet said so) runs nothing, and the next round asks again, counting it. Threads
+        still not visited after a few seconds are left to the caller.
         """
         with self._lock:
-            idle = len(self._seen - self._in_call)
-        if not idle:
-            return
-        barrier = threading.Barrier(idle)
+            targets = self._seen - self._in_call
+        visited: set[int] = set()
+        holders: set[int] = set()
+        deadline = time.monotonic() + _GATHER_WITHIN
+        while (missing := targets - visited) and time.monotonic() < deadline:
+            calls = len(missing) + len(holders - missing)
+            await self._round(fn, calls, targets, visited, holders, deadline)
+
+    async def _round(
+        self,
+        fn: Callable[[], object],
+        calls: int,
+        targets: set[int],
+        visited: set[int],
+        holders: set[int],
+        deadline: float,
+    ) -> None:
+        lock = threading.Lock()
+        taken = 0
+        all_taken = threading.Event()
 
         def once() -> None:
-            with contextlib.suppress(threading.BrokenBarrierError):
-                barrier.wait(timeout=_GATHER_WITHIN)
+            nonlocal taken
+            with lock:
+                taken += 1
+                if taken == calls:
+                    all_taken.set()
+            all_taken.wait(timeout=max(0.0, deadline - time.monotonic()))
+            thread = threading.get_ident()
+            with lock:
+                holders.add(thread)
+                if thread not in targets or thread in visited:
+                    return
+                visited.add(thread)
             fn()
 
         # Not counted: no actor's call.
-        calls = [asyncio.wrap_future(ThreadPoolExecutor.submit(self, once)) for _ in range(idle)]
+        futures = [asyncio.wrap_future(ThreadPoolExecutor.submit(self, once)) for _ in range(calls)]
         # Each failure was logged where it happened (a teardown's): none stops the others.
-        await asyncio.gather(*calls, return_exceptions=True)
+        await asyncio.gather(*futures, return_exceptions=True)

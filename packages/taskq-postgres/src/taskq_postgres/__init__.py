@@ -12,20 +12,24 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from taskq_postgres._backend import PostgresBackend as PostgresBackend
     from taskq_postgres._connect import BackendUnavailableError as BackendUnavailableError
+    from taskq_postgres._privileges import InsufficientPrivilegeError as InsufficientPrivilegeError
     from taskq_postgres._rows import LongRunningJobEventsWriter as LongRunningJobEventsWriter
     from taskq_postgres._sync_client import SyncJobsClient as SyncJobsClient
     from taskq_postgres.channels import events_channel as events_channel
     from taskq_postgres.channels import wake_channel as wake_channel
     from taskq_postgres.channels import worker_channel as worker_channel
     from taskq_postgres.migrate import MigrationError as MigrationError
+    from taskq_postgres.migrate import MigrationPrivilegeError as MigrationPrivilegeError
     from taskq_postgres.migrate import MigrationStatus as MigrationStatus
     from taskq_postgres.migrate import migrate as migrate
     from taskq_postgres.migrate import migration_status as migration_status
 
 __all__ = [
     "BackendUnavailableError",
+    "InsufficientPrivilegeError",
     "LongRunningJobEventsWriter",
     "MigrationError",
+    "MigrationPrivilegeError",
     "MigrationStatus",
     "PostgresBackend",
     "SyncJobsClient",
@@ -39,12 +43,14 @@ __all__ = [
 _HOMES = {
     "PostgresBackend": "taskq_postgres._backend",
     "BackendUnavailableError": "taskq_postgres._connect",
+    "InsufficientPrivilegeError": "taskq_postgres._privileges",
     "LongRunningJobEventsWriter": "taskq_postgres._rows",
     "SyncJobsClient": "taskq_postgres._sync_client",
     "events_channel": "taskq_postgres.channels",
     "wake_channel": "taskq_postgres.channels",
     "worker_channel": "taskq_postgres.channels",
     "MigrationError": "taskq_postgres.migrate",
+    "MigrationPrivilegeError": "taskq_postgres.migrate",
     "MigrationStatus": "taskq_postgres.migrate",
     "migrate": "taskq_postgres.migrate",
     "migration_status": "taskq_postgres.migrate",

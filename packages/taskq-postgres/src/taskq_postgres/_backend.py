@@ -21,6 +21,8 @@ is Postgres-specific:
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import (
     AbstractAsyncContextManager,
@@ -94,6 +96,12 @@ from taskq_postgres._enqueue import (
 )
 from taskq_postgres._leader import LeaderStatements, PostgresLeaderElector
 from taskq_postgres._listener import NotifyListener
+from taskq_postgres._privileges import (
+    InsufficientPrivilegeError,
+    diagnosed,
+    dsn_user,
+    privilege_error,
+)
 from taskq_postgres._rows import (
     LongRunningJobEventsWriter,
     attempt_row,
@@ -147,6 +155,8 @@ _MIN_POOL_FOR_WORKER_PINS: Final = 5
 """Three pinned connections (enqueue, dispatch, success) leave two to the rest."""
 _CRON_SCHEDULES_PER_TICK: Final = 100
 """Schedules one cron tick fires at most (one transaction each); the rest wait a tick."""
+_DIAGNOSE_TIMEOUT: Final = 5.0
+"""Seconds the question of which right a refused role lacks may take (a pooled call)."""
 
 
 def _turns(ids: Sequence[object]) -> list[list[int]]:
@@ -219,12 +229,35 @@ def _job_conditions(filters: JobFilter, params: _Params) -> list[str]:
     return conditions
 
 
+def _explained(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(method)
+    async def call(self: PostgresBackend, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(self, *args, **kwargs)
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise await self._refused(exc) from exc
+
+    return call
+
+
+def _privileges_explained(cls: type[PostgresBackend]) -> type[PostgresBackend]:
+    """Make each public coroutine method raise a refused privilege as
+    :class:`~taskq_postgres.InsufficientPrivilegeError` (the role, the right, the
+    fix), not as asyncpg's bare "permission denied for table jobs": the one place
+    every call of the protocol (an enqueue, a worker's dispatch) passes."""
+    for name, method in list(vars(cls).items()):
+        if not name.startswith("_") and inspect.iscoroutinefunction(method):
+            setattr(cls, name, _explained(method))
+    return cls
+
+
 @asynccontextmanager
 async def _unset_event() -> AsyncIterator[asyncio.Event]:
     """A subscription nothing notifies (poll-only): the subscriber's timeout polls."""
     yield asyncio.Event()
 
 
+@_privileges_explained
 class PostgresBackend:
     """The Backend protocol on PostgreSQL (URLs ``postgresql://`` and ``postgres://``).
 
@@ -476,9 +509,12 @@ class PostgresBackend:
         from taskq_postgres.migrate import schema_fit
 
         async with pool.acquire() as conn:
-            if not await conn.fetchval(self._sql.schema_is_migrated):
-                raise unmigrated(self.schema, self.dsn)
-            fit = await schema_fit(conn, self.schema)
+            try:
+                if not await conn.fetchval(self._sql.schema_is_migrated):
+                    raise unmigrated(self.schema, self.dsn)
+                fit = await schema_fit(conn, self.schema)
+            except asyncpg.InsufficientPrivilegeError as exc:  # no USAGE on the schema, say
+                raise await diagnosed(conn, exc, schema=self.schema, dsn=self.dsn) from exc
         if fit.missing:
             raise unmigrated(self.schema, self.dsn, fit.missing)
         if fit.newer_post:
@@ -491,6 +527,14 @@ class PostgresBackend:
             _log.warning(
                 "taskq.schema-newer-than-code", schema=self.schema, migrations=fit.newer_pre
             )
+
+    async def _refused(self, exc: BaseException) -> InsufficientPrivilegeError:
+        """The error for ``exc`` (a 42501), the missing rights asked on a pooled
+        connection when one comes within :data:`_DIAGNOSE_TIMEOUT`."""
+        with suppress(Exception):
+            async with self._require_bounded().acquire(timeout=_DIAGNOSE_TIMEOUT) as conn:
+                return await diagnosed(conn, exc, schema=self.schema, dsn=self.dsn)
+        return privilege_error(exc, schema=self.schema, role=dsn_user(self.dsn))
 
     async def migrate(self) -> list[str]:
         """Apply pending migrations to this backend's schema (needs no ``open()``);

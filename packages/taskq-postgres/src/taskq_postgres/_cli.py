@@ -47,7 +47,6 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
     import asyncpg
 
     from taskq_postgres._connect import check_dsn, redact, translated_errors
-    from taskq_postgres.migrate import MigrationError
 
     try:  # the check the other commands make: asyncpg leaks bare errors (a port's range)
         check_dsn(dsn)
@@ -58,7 +57,7 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
         raise _CommandError(str(exc)) from exc
     try:
         yield conn
-    except MigrationError as exc:
+    except TaskQError as exc:  # a MigrationError, a refused privilege: each says what to do
         raise _CommandError(str(exc)) from exc
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise _CommandError(f"database error on {redact(dsn)}: {exc}") from exc

@@ -13,7 +13,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
@@ -48,6 +48,7 @@ from taskq_postgres._enqueue import (
     plan_insert_jobs,
     refuse_keyless_singletons,
 )
+from taskq_postgres._privileges import DIAGNOSE_SQL, Denial, InsufficientPrivilegeError
 from taskq_postgres._rows import job_row
 from taskq_postgres._sql.enqueue import COPY_COLUMNS
 from taskq_postgres._statements import statements_for
@@ -301,6 +302,27 @@ class SyncJobsClient:
                     yield cur
                 except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
                     raise unmigrated(self.schema, self._dsn) from exc
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    raise self._refused(exc) from exc
+
+    def _refused(self, exc: psycopg.errors.InsufficientPrivilege) -> InsufficientPrivilegeError:
+        """``exc`` as :class:`~taskq_postgres.InsufficientPrivilegeError`, the missing rights
+        asked of the server (as ``_privileges.diagnosed`` does on asyncpg)."""
+        denial = Denial(exc.diag.message_primary or str(exc), self.schema, migrating=False)
+        role, missing = self._conn.info.user, None
+        question = denial.question()
+        if question is not None:
+            # In a savepoint: a failed question must not abort a caller's transaction.
+            with (
+                suppress(psycopg.Error),
+                self._conn.transaction(),
+                psycopg.RawCursor(self._conn) as cur,
+            ):
+                cur.execute(DIAGNOSE_SQL, question)
+                row = cur.fetchone()
+                if row is not None:
+                    role, missing = row[0], list(row[1])
+        return denial.error(role, missing)
 
     # -- lifetime -------------------------------------------------------------------
     def close(self) -> None:

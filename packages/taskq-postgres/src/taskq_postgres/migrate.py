@@ -27,6 +27,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from taskq.errors import TaskQError
 from taskq.identifiers import check_identifier, validate_schema_name
+from taskq_postgres._privileges import InsufficientPrivilegeError, diagnosed
 
 __all__ = [
     "NO_TRANSACTION_DIRECTIVE",
@@ -34,6 +35,7 @@ __all__ = [
     "Connection",
     "Migration",
     "MigrationError",
+    "MigrationPrivilegeError",
     "MigrationState",
     "MigrationStatus",
     "SchemaFit",
@@ -64,6 +66,13 @@ MigrationState = Literal["applied", "pending", "drifted", "unknown"]
 
 class MigrationError(TaskQError):
     """A migration could not be loaded or applied; the schema is unchanged past the last good file."""
+
+
+class MigrationPrivilegeError(MigrationError, InsufficientPrivilegeError):
+    """The role migrating lacks a right the migration needs (to create the schema, its
+    tables, or to alter tables another role owns); the message names the role, the
+    right and the fix. Both a :class:`MigrationError` and an
+    :class:`~taskq_postgres.InsufficientPrivilegeError`."""
 
 
 @dataclass(frozen=True)
@@ -147,13 +156,20 @@ def load_migrations(source: Traversable | None = None) -> list[Migration]:
     return sorted(migrations, key=_apply_order)
 
 
-_BOOTSTRAP_SQL: Final = """
-CREATE SCHEMA IF NOT EXISTS {schema};
+_CREATE_SCHEMA_SQL: Final = "CREATE SCHEMA IF NOT EXISTS {schema}"
+
+_CREATE_LEDGER_SQL: Final = """
 CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
     version text PRIMARY KEY,
     checksum text NOT NULL CHECK (checksum ~ '^[0-9a-f]{64}$'),
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+"""
+
+# $1 the schema, $2 its ledger. Not $1::regnamespace: that raises for a missing schema.
+_MISSING_SQL: Final = """
+SELECT NOT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1) AS schema,
+       to_regclass($2) IS NULL AS ledger
 """
 
 _SELECT_APPLIED_SQL: Final = "SELECT version, checksum, applied_at FROM {schema}.schema_migrations"
@@ -196,19 +212,29 @@ async def _prepared(conn: Connection, schema: str) -> dict[str, tuple[str, datet
         # A savepoint in a caller's transaction: a failure leaves it usable (and the
         # migration lock releasable) instead of aborted.
         async with conn.transaction():
-            await conn.execute(_render(_BOOTSTRAP_SQL, schema))
+            # Checked first: CREATE ... IF NOT EXISTS checks the right to create before
+            # it looks, so the owner of a schema made for TaskQ (CREATE SCHEMA taskq
+            # AUTHORIZATION app) was refused for want of CREATE on the database, and a
+            # role that may only read a migrated schema could not find nothing to do.
+            missing = await conn.fetchrow(_MISSING_SQL, schema, f"{schema}.schema_migrations")
+            assert missing is not None  # one row, always
+            if missing["schema"]:
+                await conn.execute(_render(_CREATE_SCHEMA_SQL, schema))
+            if missing["schema"] or missing["ledger"]:
+                await conn.execute(_render(_CREATE_LEDGER_SQL, schema))
         return await _applied(conn, schema)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise await _refused(conn, exc, schema, f"cannot prepare schema {schema!r}") from exc
     except asyncpg.PostgresError as exc:
-        # The permission hint only for a refused permission: a statement timeout, say,
-        # was blamed on the role's rights.
-        hint = (
-            " (the role needs CREATE on the database, or on an existing schema it does not own)"
-            if isinstance(exc, asyncpg.InsufficientPrivilegeError)
-            else ""
-        )
-        raise MigrationError(
-            f"cannot prepare schema {schema!r} for migrations: {exc}{hint}"
-        ) from exc
+        raise MigrationError(f"cannot prepare schema {schema!r} for migrations: {exc}") from exc
+
+
+async def _refused(
+    conn: Connection, exc: asyncpg.InsufficientPrivilegeError, schema: str, doing: str
+) -> MigrationPrivilegeError:
+    """The error for a right refused while ``doing``: which role lacks which right."""
+    refused = await diagnosed(conn, exc, schema=schema, migrating=True)
+    return MigrationPrivilegeError(f"{doing} for migrations: {refused}")
 
 
 async def _applied(conn: Connection, schema: str) -> dict[str, tuple[str, datetime]]:
@@ -233,6 +259,8 @@ async def _apply(conn: Connection, schema: str, migration: Migration) -> None:
             # Simple-query protocol, one statement: nothing wraps it in a transaction.
             await conn.execute(sql)
             await conn.execute(record, migration.name, migration.checksum(schema))
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise await _refused(conn, exc, schema, f"cannot apply {migration.name}") from exc
     except asyncpg.PostgresError as exc:
         raise MigrationError(
             f"migration {migration.name} failed in schema {schema!r}: {exc}"
@@ -313,7 +341,10 @@ async def migration_status(
     schema = validate_schema_name(schema)  # folded: one lock key for TaskQ and taskq
     migrations = load_migrations(source)
     async with _connected(target) as conn:
-        applied = await _applied(conn, schema)
+        try:
+            applied = await _applied(conn, schema)
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise await diagnosed(conn, exc, schema=schema) from exc
     statuses: list[MigrationStatus] = []
     for migration in migrations:
         if migration.name not in applied:

@@ -1,0 +1,194 @@
+"""A role without the rights TaskQ needs gets one line naming the role, the right, the
+object and the fix: from ``taskq-worker``, ``taskq migrate``, ``taskq enqueue``, an
+application's enqueue and ``SyncJobsClient``; never a driver's traceback.
+
+Each test makes a login role of its own (roles are cluster-wide: a random name, and
+dropped after), and connects as it: the server trusts local logins, so the DSN only
+names the user (and a password it ignores, to check that none is shown).
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from taskq import TaskQ
+from taskq_postgres import InsufficientPrivilegeError, MigrationError, SyncJobsClient
+from taskq_testing.postgres import PgSchema, unique_schema_name
+from tests.apps.basic import Sleep, nap
+from tests.cli.cli_helpers import APP, clean_env, run
+
+pytestmark = pytest.mark.postgres
+
+PASSWORD = "s3cret-pw"
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    dsn: str
+    """The session database, as this role (with a password the server ignores)."""
+    admin_dsn: str
+
+    def grant(self, statement: str, *names: str) -> None:
+        """Run ``statement`` as the admin, ``{}`` the identifiers ``names`` then the role."""
+        idents = [sql.Identifier(n) for n in (*names, self.name)]
+        with psycopg.connect(self.admin_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL(statement).format(*idents))
+
+
+@pytest.fixture
+def role(pg_database_dsn: str) -> Iterator[Role]:
+    name = f"taskq_test_role_{secrets.token_hex(6)}"
+    with psycopg.connect(pg_database_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    parts = urlsplit(pg_database_dsn)
+    host = parts.netloc.rpartition("@")[2]
+    dsn = urlunsplit(parts._replace(netloc=f"{name}:{PASSWORD}@{host}"))
+    try:
+        yield Role(name, dsn, pg_database_dsn)
+    finally:
+        with psycopg.connect(pg_database_dsn, autocommit=True) as admin:
+            # What it owns and was granted in the session database (the only one it
+            # touched), then the role itself.
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def _one_line(result: subprocess.CompletedProcess[str], prefix: str) -> str:
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(prefix), lines[0]
+    assert PASSWORD not in result.stderr
+    return lines[0]
+
+
+def test_a_worker_without_usage_on_the_schema_says_so_in_one_line(
+    role: Role, pg_schema: PgSchema
+) -> None:
+    result = run(
+        "taskq-worker",
+        APP,
+        "--dsn",
+        role.dsn,
+        "--schema",
+        pg_schema.name,
+        "--until-idle",
+        env=clean_env(TASKQ_STARTUP_WAIT="0"),
+    )
+    line = _one_line(result, "taskq-worker: error: ")
+    assert f"role '{role.name}' lacks USAGE on schema {pg_schema.name} " in line
+    assert f"GRANT USAGE ON SCHEMA {pg_schema.name} TO {role.name}" in line
+
+
+def test_a_worker_that_may_read_but_not_write_the_jobs_says_which_rights_lack(
+    role: Role, pg_schema: PgSchema
+) -> None:
+    role.grant("GRANT USAGE ON SCHEMA {} TO {}", pg_schema.name)
+    role.grant("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}", pg_schema.name)
+    result = run(
+        "taskq-worker",
+        APP,
+        "--dsn",
+        role.dsn,
+        "--schema",
+        pg_schema.name,
+        "--until-idle",
+        env=clean_env(TASKQ_STARTUP_WAIT="0"),
+    )
+    line = _one_line(result, "taskq-worker: error: ")
+    assert f"role '{role.name}' lacks INSERT, UPDATE and DELETE on table " in line
+    assert f"GRANT INSERT, UPDATE, DELETE ON TABLE {pg_schema.name}." in line
+
+
+def test_migrate_without_create_on_the_database_says_so_in_one_line(role: Role) -> None:
+    schema = unique_schema_name()
+    database = urlsplit(role.dsn).path.lstrip("/")
+    result = run("taskq", "migrate", "--dsn", role.dsn, "--schema", schema, env=clean_env())
+    line = _one_line(result, "taskq migrate: error: ")
+    assert f"role '{role.name}' lacks CREATE on database {database} " in line
+    assert "run `taskq migrate` as the database's owner" in line
+    assert f"GRANT CREATE ON DATABASE {database} TO {role.name}" in line
+
+
+def test_migrate_of_a_schema_the_role_does_not_own_says_which_rights_lack(
+    role: Role, pg_schema: PgSchema
+) -> None:
+    role.grant("GRANT USAGE ON SCHEMA {} TO {}", pg_schema.name)
+    result = run("taskq", "migrate", "--dsn", role.dsn, "--schema", pg_schema.name, env=clean_env())
+    line = _one_line(result, "taskq migrate: error: ")
+    ledger = f"{pg_schema.name}.schema_migrations"
+    assert f"role '{role.name}' lacks SELECT and INSERT on table {ledger} " in line
+    assert "run `taskq migrate` as the schema's owner, or GRANT SELECT, INSERT ON TABLE" in line
+
+
+def test_the_owner_of_a_schema_made_for_taskq_may_migrate_it_without_create_on_the_database(
+    role: Role,
+) -> None:
+    # CREATE SCHEMA IF NOT EXISTS asks for CREATE on the database before it looks:
+    # the owner a DBA made the schema for was refused.
+    schema = unique_schema_name()
+    role.grant("CREATE SCHEMA {} AUTHORIZATION {}", schema)
+    result = run("taskq", "migrate", "--dsn", role.dsn, "--schema", schema, env=clean_env())
+    assert result.returncode == 0, result.stderr
+    assert "applied" in result.stdout
+
+
+async def test_an_enqueue_without_insert_on_the_jobs_is_one_clear_error(
+    role: Role, pg_schema: PgSchema
+) -> None:
+    role.grant("GRANT USAGE ON SCHEMA {} TO {}", pg_schema.name)
+    role.grant("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}", pg_schema.name)
+    async with TaskQ(role.dsn, schema=pg_schema.name, actors=[nap]) as tq:
+        with pytest.raises(InsufficientPrivilegeError) as refused:
+            await tq.client.enqueue(nap, Sleep())
+    message = str(refused.value)
+    assert "\n" not in message and PASSWORD not in message
+    assert f"role '{role.name}' lacks INSERT, UPDATE and DELETE on table " in message
+    assert f"{pg_schema.name}.jobs" in message
+
+
+def test_taskq_enqueue_without_usage_on_the_schema_is_one_line(
+    role: Role, pg_schema: PgSchema
+) -> None:
+    result = run(
+        "taskq",
+        "enqueue",
+        APP,
+        "nap",
+        "{}",
+        env=clean_env(TASKQ_DSN=role.dsn, TASKQ_SCHEMA=pg_schema.name),
+    )
+    line = _one_line(result, "taskq: error: ")
+    assert f"role '{role.name}' lacks USAGE on schema {pg_schema.name} " in line
+
+
+def test_a_sync_client_enqueue_without_insert_is_one_clear_error(
+    role: Role, pg_schema: PgSchema
+) -> None:
+    role.grant("GRANT USAGE ON SCHEMA {} TO {}", pg_schema.name)
+    role.grant("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}", pg_schema.name)
+    with (
+        SyncJobsClient(role.dsn, schema=pg_schema.name, actors=[nap]) as client,
+        pytest.raises(InsufficientPrivilegeError) as refused,
+    ):
+        client.enqueue(nap, Sleep())
+    message = str(refused.value)
+    assert "\n" not in message and PASSWORD not in message
+    assert f"role '{role.name}' lacks INSERT, UPDATE and DELETE on table " in message
+
+
+def test_a_migration_refused_a_right_is_still_a_migration_error() -> None:
+    from taskq_postgres.migrate import MigrationPrivilegeError
+
+    assert issubclass(MigrationPrivilegeError, MigrationError)
+    assert issubclass(MigrationPrivilegeError, InsufficientPrivilegeError)

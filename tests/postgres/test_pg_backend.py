@@ -269,6 +269,33 @@ async def test_write_attempt_keeps_an_attempt_without_times(backend: PostgresBac
     assert await backend.get_attempts(job.id) == [attempt]
 
 
+async def test_an_attempt_that_never_ran_stores_no_duration(backend: PostgresBackend) -> None:
+    # job_attempts.duration_ms of a hand-back of an unstarted job read as a run from its
+    # dispatch to the hand-back; a run a shutdown stopped keeps its duration.
+    held, worker = await _running(backend)
+    stopped, other = await _running(backend)
+    assert await backend.hand_back_unstarted(worker, [(held.id, held.attempt)]) == 1
+    await backend.mark_snoozed(stopped.id, other, timedelta(0), outcome="interrupted")
+    written = AttemptRow(
+        job_id=stopped.id,
+        attempt=2,
+        worker_id=other,
+        started_at=held.started_at,
+        finished_at=stopped.started_at,
+        outcome="unknown_actor",
+    )
+    await backend.write_attempt(written)
+
+    async with backend.connection() as conn:
+        rows = await conn.fetch(
+            f"SELECT job_id, attempt, outcome, duration_ms FROM {backend.schema}.job_attempts"
+        )
+    durations = {(r["job_id"], r["attempt"], r["outcome"]): r["duration_ms"] for r in rows}
+    assert durations[held.id, 1, "unstarted"] is None
+    assert durations[stopped.id, 2, "unknown_actor"] is None
+    assert durations[stopped.id, 1, "interrupted"] is not None
+
+
 # -- sweeps in turns ----------------------------------------------------------------------
 
 

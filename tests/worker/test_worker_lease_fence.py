@@ -205,7 +205,7 @@ async def test_a_job_waiting_for_a_slot_is_let_go_unstarted_and_handed_back() ->
         # Never started while cut off: handed back unstarted, its budget untouched.
         assert bodies.count("second") == 1 and row.status is JobStatus.SUCCEEDED
         outcomes = [a.outcome for a in await tq.client.get_attempts(second.id)]
-        assert outcomes == ["interrupted", "succeeded"]
+        assert outcomes == ["unstarted", "succeeded"]
         assert bodies.count("first") == 2
 
 

@@ -291,6 +291,51 @@ async def test_unstarted_jobs_a_failed_hand_back_could_not_return_stay_for_the_s
         ]
 
 
+class _NoUnstartedHandBack(InMemoryBackend):
+    """A backend without ``SupportsUnstartedHandBack``: the worker hands its unstarted
+    jobs back one by one."""
+
+    hand_back_unstarted = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("backend_type", [InMemoryBackend, _NoUnstartedHandBack])
+async def test_a_stopping_worker_records_its_prefetched_jobs_as_never_started(
+    backend_type: type[InMemoryBackend],
+) -> None:
+    # Two jobs wait for the one slot (prefetched) when the worker stops. Their attempts
+    # read "interrupted", from dispatch to hand-back, as if they ran that long.
+    started = asyncio.Event()
+
+    @actor(name="holds")
+    async def holds(payload: dict[str, Any], ctx: Context) -> None:
+        started.set()
+        await ctx.cancel_event.wait()
+
+    tq = TaskQ("memory://", actors=[holds], backend=backend_type())
+    async with tq:
+        jobs = [await tq.client.enqueue(holds, {}) for _ in range(3)]
+        settings = {**TEST_SETTINGS, "concurrency": 1, "prefetch": 2, "drain_grace_period": "50ms"}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        runner = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        while len(await tq.client.list_jobs(status="running")) < 3:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        worker.stop()
+        await asyncio.wait_for(runner, 10)
+        outcomes = []
+        for job in jobs:
+            row = await tq.client.get(job.id)
+            assert row is not None and row.status is JobStatus.PENDING
+            assert row.max_attempts == job.max_attempts + 1  # no attempt used
+            [attempt] = await tq.client.get_attempts(job.id)
+            [*_, event] = await tq.client.get_events(job.id)
+            assert event.detail.get("reason") == attempt.outcome
+            # Held, not run: no duration. The one that ran has one.
+            assert (attempt.duration is None) is (attempt.outcome == "unstarted")
+            outcomes.append(attempt.outcome)
+        assert sorted(outcomes) == ["interrupted", "unstarted", "unstarted"]
+
+
 class _ReplyLostAtStop(InMemoryBackend):
     """The first dispatch locks its jobs, then its reply is lost, as the worker is told
     to stop: the producer never gets another turn to hand them back."""
@@ -321,7 +366,7 @@ async def test_a_stopping_worker_hands_back_jobs_whose_dispatch_reply_was_lost()
         # would spend an attempt on jobs that never ran).
         assert [r.status for r in rows if r] == [JobStatus.PENDING] * 3
         for job in jobs:
-            assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["interrupted"]
+            assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["unstarted"]
 
 
 async def test_the_last_attempts_failure_is_logged_as_final() -> None:

@@ -240,7 +240,7 @@ async def test_jobs_locked_by_a_dispatch_whose_reply_was_lost_are_handed_back() 
             assert row is not None and row.status is JobStatus.SUCCEEDED
             # Handed back unstarted: its budget untouched, the lost lock on record.
             outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
-            assert outcomes == ["interrupted", "succeeded"]
+            assert outcomes == ["unstarted", "succeeded"]
 
 
 async def test_a_job_locked_for_the_worker_behind_its_back_is_found_by_the_heartbeat() -> None:
@@ -258,7 +258,7 @@ async def test_a_job_locked_for_the_worker_behind_its_back_is_found_by_the_heart
             assert locked.id == job.id
             await _until_finished(tq, [job])
         outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
-        assert outcomes == ["interrupted", "succeeded"]
+        assert outcomes == ["unstarted", "succeeded"]
 
 
 async def test_a_producer_that_keeps_failing_stops_the_worker() -> None:

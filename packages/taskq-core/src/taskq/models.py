@@ -34,6 +34,7 @@ __all__ = [
     "INT32_MAX",
     "INT32_MIN",
     "MAX_DURATION",
+    "UNRUN_OUTCOMES",
     "ActorConfig",
     "AttemptOutcome",
     "AttemptRow",
@@ -76,17 +77,32 @@ AttemptOutcome: TypeAlias = Literal[
     "abandoned",
     "crashed",
     "interrupted",
+    "unstarted",
     "unknown_actor",
 ]
 """What happened to one execution attempt (``job_attempts.outcome``). ``interrupted``:
-handed back by a stopping worker; ``unknown_actor``: handed back unrun by a worker
-that does not have the job's actor (a rolling deploy); neither uses an attempt."""
+its code was stopped by a stopping worker and handed back; ``unstarted``: locked by a
+worker and handed back before its code began (prefetched when the worker stopped, a
+dispatch the worker never heard of, let go by the lease fence); ``unknown_actor``:
+handed back unrun by a worker that does not have the job's actor (a rolling deploy);
+none of the three uses an attempt."""
 
 FREE_OUTCOMES: Final[frozenset[str]] = frozenset(
-    {"snoozed", "rate_limit_denied", "reservation_denied", "interrupted", "unknown_actor"}
+    {
+        "snoozed",
+        "rate_limit_denied",
+        "reservation_denied",
+        "interrupted",
+        "unstarted",
+        "unknown_actor",
+    }
 )
 """The outcomes that do not use an attempt: the job runs again with ``max_attempts``
 raised by one, so its ``attempt`` number grows without bringing it nearer its end."""
+
+UNRUN_OUTCOMES: Final[frozenset[str]] = frozenset({"unstarted", "unknown_actor"})
+"""The outcomes of an attempt whose code never ran: the job was locked, then given
+back. Its times span that hold, not a run, so it has no duration."""
 
 EventKind: TypeAlias = Literal[
     "state_change",
@@ -357,14 +373,18 @@ class AttemptRow(_Model):
     attempt: int
     worker_id: UUID | None
     started_at: datetime | None
+    """When the attempt was dispatched (locked for ``worker_id``)."""
     finished_at: datetime | None
     outcome: AttemptOutcome
     error: ErrorInfo | None = None
 
     @property
     def duration(self) -> timedelta | None:
-        """Wall time the attempt took, when both ends are known."""
+        """Wall time the attempt ran, when both ends are known; None for one whose code
+        never ran (``UNRUN_OUTCOMES``): its times say how long it was held, not run."""
         if self.started_at is None or self.finished_at is None:
+            return None
+        if self.outcome in UNRUN_OUTCOMES:
             return None
         return self.finished_at - self.started_at
 

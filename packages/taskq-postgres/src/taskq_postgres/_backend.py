@@ -1175,8 +1175,8 @@ class PostgresBackend:
     async def hand_back_unstarted(
         self, worker_id: UUID, jobs: Sequence[tuple[JobId, int | None]]
     ) -> int:
-        """``mark_snoozed`` with no delay and outcome ``interrupted`` for every job, in one
-        statement (a stopping worker's unstarted jobs); how many moved."""
+        """``mark_snoozed`` with no delay and outcome ``unstarted`` for every job, in one
+        statement (jobs the worker locked and never started); how many moved."""
         if not jobs:
             return 0
         moved = await self._db().fetch(
@@ -1186,7 +1186,7 @@ class PostgresBackend:
             [attempt for _, attempt in jobs],
             timedelta(0),
             None,
-            "interrupted",
+            "unstarted",
             0,
             None,
         )

@@ -612,14 +612,16 @@ class SupportsBatchedSuccess(Protocol):
 
 @runtime_checkable
 class SupportsUnstartedHandBack(Protocol):
-    """A backend that hands back, in one step, the jobs a stopping worker locked but
-    never started (architecture.md, "Drain phase").
+    """A backend that hands back, in one step, the jobs a worker locked but never
+    started (architecture.md, "Drain phase"; the worker's dispatches it never heard of).
 
     Each job is judged on its own exactly as :meth:`Backend.mark_snoozed` with no
-    delay and outcome ``interrupted`` judges it (running, held by ``worker_id``, on
+    delay and outcome ``unstarted`` judges it (running, held by ``worker_id``, on
     the given attempt when not None), and, when it acts, ends the same way: pending
     again at once with its retry budget untouched (failed if its deadline passed,
-    cancelled if a cancel was requested), one attempt row and one event.
+    cancelled if a cancel was requested), one attempt row and one event. The attempt's
+    outcome ``unstarted`` (the event's reason when it is put back) says its code never
+    ran, so the history does not read as a run from dispatch to hand-back.
     """
 
     async def hand_back_unstarted(

@@ -621,12 +621,12 @@ class InMemoryBackend:
     async def hand_back_unstarted(
         self, worker_id: UUID, jobs: Sequence[tuple[JobId, int | None]]
     ) -> int:
-        """``mark_snoozed`` with no delay and outcome ``interrupted`` for each job (a
-        stopping worker's unstarted ones); how many moved."""
+        """``mark_snoozed`` with no delay and outcome ``unstarted`` for each job (locked
+        by the worker, never started); how many moved."""
         moved = 0
         for job_id, attempt in jobs:
             verdict = await self.mark_snoozed(
-                job_id, worker_id, timedelta(0), outcome="interrupted", attempt=attempt
+                job_id, worker_id, timedelta(0), outcome="unstarted", attempt=attempt
             )
             moved += verdict != "noop"
         return moved

@@ -17,7 +17,7 @@ from concurrent.futures import Executor
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import structlog
 from pydantic_core import to_jsonable_python
@@ -703,26 +703,32 @@ def _task_cancelled() -> bool:
 
 
 async def hand_back(
-    state: WorkerState, row: JobRow, ctx: Context | None, *, give_up: bool = False
+    state: WorkerState,
+    row: JobRow,
+    ctx: Context | None,
+    *,
+    give_up: bool = False,
+    outcome: Literal["interrupted", "unstarted"] = "interrupted",
 ) -> None:
     """Return a job interrupted by shutdown for another attempt, its budget untouched
-    (``give_up`` as for :func:`write_retrying`)."""
+    (``give_up`` as for :func:`write_retrying`); ``unstarted`` for one whose code never
+    began."""
     verdict = await write_retrying(
         state,
-        "interrupted",
+        outcome,
         lambda: state.backend.mark_snoozed(
             row.id,
             state.worker_id,
             timedelta(0),
             progress_seq=ctx.progress_seq if ctx else 0,
             progress_state=ctx.progress_state if ctx else None,
-            outcome="interrupted",
+            outcome=outcome,
             attempt=row.attempt,
         ),
         give_up=give_up,
     )
     if verdict == "noop":
-        _ownership_lost(row, "interrupted")
+        _ownership_lost(row, outcome)
 
 
 async def _cancelled(state: WorkerState, row: JobRow, ctx: Context) -> None:

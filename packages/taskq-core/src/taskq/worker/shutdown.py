@@ -108,7 +108,7 @@ async def _hand_back_unstarted(state: WorkerState) -> int:
             released = 0
     else:
         for row, _ in unstarted:
-            await hand_back(state, row, None, give_up=True)
+            await hand_back(state, row, None, give_up=True, outcome="unstarted")
         released = len(unstarted)
     for row, active in unstarted:
         state.release(row.id, active)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Final
 
 from taskq.backend.statemachine import JobStatus
+from taskq.models import UNRUN_OUTCOMES
 from taskq_postgres._sql import TransitionSQL, job_columns
 
 __all__ = [
@@ -54,6 +55,10 @@ owned AS (
 )"""
 
 _DURATION_MS: Final = "greatest((extract(epoch FROM n.ts - o.started_at) * 1000)::bigint, 0)"
+
+# An attempt whose code never ran (models.UNRUN_OUTCOMES) has no duration_ms: its
+# times span a hold, from dispatch to hand-back, not a run.
+_UNRUN: Final = ", ".join(f"'{outcome}'" for outcome in sorted(UNRUN_OUTCOMES))
 
 # The attempt row and event of every job ``updated`` moved to succeeded; ``updated``
 # returns id, attempt, started_at, worker_id and finished_at.
@@ -345,9 +350,12 @@ updated AS (
 attempt AS (
     INSERT INTO {schema}.job_attempts (job_id, attempt, worker_id, started_at, finished_at,
         duration_ms, outcome, error_class, error_message)
-    SELECT o.id, o.attempt, o.locked_by_worker, o.started_at, n.ts, """
+    SELECT o.id, o.attempt, o.locked_by_worker, o.started_at, n.ts,
+           CASE WHEN $6::text NOT IN ("""
+    + _UNRUN
+    + ") THEN "
     + _DURATION_MS
-    + """,
+    + """ END,
            $6::text, o.error_class, o.error_message
     FROM decision o JOIN updated u ON u.id = o.id CROSS JOIN now n
 ),
@@ -569,28 +577,35 @@ RETRY_TARGET: Final = """
 SELECT actor, identity_key, singleton FROM {schema}.jobs WHERE id = $1
 """
 
-WRITE_ATTEMPT: Final = """
+WRITE_ATTEMPT: Final = (
+    """
 -- arbiter: none (stores the times it is given)
 -- Insert or replace by (job_id, attempt): job_attempts has a surrogate key, so
--- update the existing row if there is one, else insert.
+-- update the existing row if there is one, else insert. An attempt that never ran
+-- has no duration_ms.
 -- $1 job, $2 attempt, $3 worker, $4 started_at, $5 finished_at, $6 outcome, $7..$9 error.
-WITH replaced AS (
+WITH duration AS (
+    SELECT CASE WHEN $6::text NOT IN ("""
+    + _UNRUN
+    + """) THEN greatest(
+               (extract(epoch FROM $5::timestamptz - $4::timestamptz) * 1000)::bigint, 0
+           ) END AS ms
+),
+replaced AS (
     UPDATE {schema}.job_attempts a
     SET worker_id = $3, started_at = $4::timestamptz, finished_at = $5::timestamptz,
-        duration_ms = greatest(
-            (extract(epoch FROM $5::timestamptz - $4::timestamptz) * 1000)::bigint, 0
-        ),
+        duration_ms = (SELECT ms FROM duration),
         outcome = $6, error_class = $7, error_message = $8, error_traceback = $9
     WHERE a.job_id = $1 AND a.attempt = $2
     RETURNING a.id
 )
 INSERT INTO {schema}.job_attempts (job_id, attempt, worker_id, started_at, finished_at,
     duration_ms, outcome, error_class, error_message, error_traceback)
-SELECT $1, $2, $3, $4::timestamptz, $5::timestamptz,
-       greatest((extract(epoch FROM $5::timestamptz - $4::timestamptz) * 1000)::bigint, 0),
+SELECT $1, $2, $3, $4::timestamptz, $5::timestamptz, (SELECT ms FROM duration),
        $6, $7, $8, $9
 WHERE NOT EXISTS (SELECT 1 FROM replaced)
 """
+)
 
 
 RECORD_PROGRESS: Final = """

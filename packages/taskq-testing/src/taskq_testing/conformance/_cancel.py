@@ -119,7 +119,7 @@ class CancelTests:
             ("retry", JobStatus.CANCELLED, "failed"),
             ("snooze", "cancelled", "snoozed"),
             ("retry_after", "cancelled", "retry_after"),
-            ("hand_back", 1, "interrupted"),
+            ("hand_back", 1, "unstarted"),
         ],
     )
     @covers(

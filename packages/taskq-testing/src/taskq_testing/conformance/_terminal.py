@@ -168,7 +168,7 @@ _WRITES = [
     _Write(
         "mark_retry_after", _retry_after, JobStatus.SCHEDULED, "retry_after", "noop", "scheduled"
     ),
-    _Write("hand_back_unstarted", _hand_back, JobStatus.PENDING, "interrupted", 0, 1),
+    _Write("hand_back_unstarted", _hand_back, JobStatus.PENDING, "unstarted", 0, 1),
 ]
 # ``covers`` names Backend members; optional-protocol writes are checked all the same.
 _WRITE_NAMES = [w.name for w in _WRITES if hasattr(Backend, w.name)]
@@ -705,11 +705,43 @@ class TerminalWriteTests:
             )
             assert row.locked_by_worker is None
             assert_close(row.scheduled_at, (await last_event(backend, job.id)).occurred_at)
-            assert only_attempt(await backend.get_attempts(job.id)).outcome == "interrupted"
+            assert only_attempt(await backend.get_attempts(job.id)).outcome == "unstarted"
             await assert_history_consistent(backend, job.id)
         for job in (stale, elsewhere):
             assert (await fetch(backend, job.id)).status is JobStatus.RUNNING
         assert await many.hand_back_unstarted(worker, []) == 0
+
+    @covers("hand_back_unstarted", "mark_snoozed", "get_attempts", "get_events")
+    async def test_hand_back_unstarted_records_an_attempt_that_never_ran(
+        self, backend: Backend
+    ) -> None:
+        # Locked at dispatch, given back before its code began: its history read as a
+        # run from dispatch to hand-back ("interrupted", that span its duration), the
+        # same as a run a shutdown stopped. It must say it never ran.
+        many = handing_back(backend)
+        worker = uuid4()
+        held = await running_job(backend, worker_id=worker)
+        stopped = await running_job(backend, worker_id=worker)
+        assert await many.hand_back_unstarted(worker, [(held.id, held.attempt)]) == 1
+        assert (
+            await backend.mark_snoozed(
+                stopped.id, worker, timedelta(0), outcome="interrupted", attempt=stopped.attempt
+            )
+            == "scheduled"
+        )
+        attempt = only_attempt(await backend.get_attempts(held.id))
+        event = await last_event(backend, held.id)
+        assert attempt.outcome == "unstarted"
+        assert event.detail.get("reason") == "unstarted"
+        # Its times are the real ones, the dispatch and the hand-back; they span a hold,
+        # not a run, so it has no duration.
+        assert attempt.started_at == held.started_at
+        assert_close(attempt.finished_at, event.occurred_at)
+        assert attempt.duration is None
+        ran = only_attempt(await backend.get_attempts(stopped.id))
+        assert ran.outcome == "interrupted"
+        assert (await last_event(backend, stopped.id)).detail.get("reason") == "interrupted"
+        assert ran.duration is not None
 
     @pytest.mark.parametrize("stale_first", [True, False], ids=["stale-first", "current-first"])
     @covers("hand_back_unstarted")

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
+import structlog.testing
 from pydantic import ValidationError
 
 from taskq import WorkerSettings
@@ -133,6 +135,25 @@ def test_backend_tunables_reach_the_backend_and_keep_the_apps_own_options() -> N
     # the in-memory backend takes what applies to it and ignores dispatch sampling
     memory: Any = _rebuild_app(TaskQ("memory://"), settings).backend
     assert memory.cancel_reclaim_headroom.total_seconds() == 3
+
+
+def test_a_worker_on_another_schema_than_its_code_warns_of_producers_left_behind() -> None:
+    # TASKQ_SCHEMA moved the workers; a producer built from the same code enqueued to
+    # the code's schema, and its jobs waited there unseen, with no word in any log.
+    from taskq import TaskQ
+    from taskq.worker.cli import _rebuild_app
+
+    app = TaskQ("memory://", schema="taskq")
+    with structlog.testing.capture_logs() as logs:
+        rebuilt = _rebuild_app(app, WorkerSettings.load({}, env={"TASKQ_SCHEMA": "other"}))
+        _rebuild_app(app, WorkerSettings.load({}, env={"TASKQ_SCHEMA": "taskq"}))
+        _rebuild_app(
+            TaskQ("memory://", schema="other"), WorkerSettings.load({"schema": "other"}, env={})
+        )
+    assert rebuilt.schema == "other"
+    [warning] = [e for e in logs if e["event"] == "taskq.schema-differs-from-code"]
+    assert (warning["schema"], warning["code_schema"]) == ("other", "taskq")
+    assert "schema='other'" in warning["hint"]
 
 
 def test_an_application_takes_the_fleets_backend_tunables_from_the_environment(

@@ -251,6 +251,8 @@ async def test_every_record_inside_a_job_carries_the_job_context() -> None:
     assert record["identity_key"] == "k9" and "trace_id" in record
     outside = [e for e in seen if e["event"] == "taskq.worker-started"]
     assert outside and "job_id" not in outside[0]
+    # Which database and schema it works, for telling a worker from its producers.
+    assert (outside[0]["backend"], outside[0]["schema"]) == ("memory://", tq.schema)
     # The job's bindings end with its task: what the worker logs after it has none.
     after = [e for e in seen if e["event"] in ("taskq.idle", "taskq.worker-stopped")]
     assert len(after) == 2 and not any("job_id" in e for e in after)

@@ -12,6 +12,7 @@ from uuid import UUID, uuid4
 import structlog
 
 from taskq._di import ActorSpec
+from taskq._dsn import redact
 from taskq.backend import SupportsCredentialReload
 from taskq.backend._protocol import SupportsWorkerRegistry
 from taskq.models import ActorConfig
@@ -206,6 +207,8 @@ class Worker:
         _log.info(
             "taskq.worker-started",
             worker_id=str(self.worker_id),
+            backend=redact(self.app.url),
+            schema=self.app.schema,
             queues=settings.queues,
             concurrency=settings.concurrency,
             actors=sorted(self.app.actors),

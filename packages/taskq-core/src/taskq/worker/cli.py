@@ -105,6 +105,17 @@ def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
         return app
     if settings.dsn is None and settings.schema_name is None and not tuning:
         return app
+    if settings.schema_name is not None and settings.schema_name != app.schema:
+        # Producers built from the same code enqueue to the code's schema: jobs no
+        # worker of this one's settings would ever see.
+        _log.warning(
+            "taskq.schema-differs-from-code",
+            schema=settings.schema_name,
+            code_schema=app.schema,
+            hint=f"this worker works schema {settings.schema_name!r} (TASKQ_SCHEMA or "
+            f"--schema); an application built from the code (a producer) uses "
+            f"{app.schema!r} unless given schema={settings.schema_name!r} too",
+        )
     return TaskQ(
         settings.dsn or app.url,
         schema=settings.schema_name or app.schema,

@@ -110,6 +110,22 @@ async def test_an_unmigrated_schema_is_a_configuration_error(pg_database_dsn: st
         await backend.open()
 
 
+async def test_the_migrate_hint_of_a_dsn_with_a_password_is_no_masked_command(
+    pg_database_dsn: str,
+) -> None:
+    # Copied as shown, `--dsn 'postgresql://postgres:***@...'` sent *** as the password.
+    parts = urlsplit(pg_database_dsn)
+    dsn = urlunsplit(
+        parts._replace(netloc=f"{parts.username}:s3cret@{parts.hostname}:{parts.port}")
+    )
+    schema = unique_schema_name()
+    with pytest.raises(ConfigurationError) as raised:
+        await PostgresBackend(dsn, schema=schema).open()
+    message = str(raised.value)
+    assert f"run `taskq migrate --dsn DSN --schema {schema}` first" in message
+    assert "s3cret" not in message and message.count("***") == 1  # in the "in <url>" part
+
+
 async def _ledger(pg_schema: PgSchema, sql: str, name: str) -> None:
     import asyncpg
 

@@ -633,6 +633,11 @@ def test_an_unmigrated_schema_is_the_backends_configuration_error(
         target: Any = dsn if own_connection else conn
         with SyncJobsClient(target, actors=ACTORS, schema=schema) as client:
             given = f"--dsn '{dsn}'" if own_connection else "--dsn DSN"
-            with pytest.raises(ConfigurationError, match="has no TaskQ tables") as refused:
+            with (
+                structlog.testing.capture_logs() as logs,
+                pytest.raises(ConfigurationError, match="has no TaskQ tables") as refused,
+            ):
                 client.enqueue(item, Item(n=1))
     assert f"taskq migrate {given} --schema {schema}" in str(refused.value)
+    # Not first a warning that the max_pending limits could not be read: no hiccup.
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == []

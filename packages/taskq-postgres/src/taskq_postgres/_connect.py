@@ -82,7 +82,7 @@ def check_dsn(dsn: str) -> str:
 
     if parts.scheme.lower() not in POSTGRES_SCHEMES:
         raise ConfigurationError(
-            f"invalid DSN {shown}: PostgresBackend serves postgresql:// and postgres:// "
+            f"invalid DSN {shown}: TaskQ on PostgreSQL takes postgresql:// and postgres:// "
             f"URLs, not {parts.scheme or 'scheme-less'} ones"
         )
     if not dsn.partition(":")[2].startswith("//"):
@@ -210,10 +210,12 @@ def unmigrated(
     """The error for a schema without TaskQ's tables, or without the ``missing``
     migrations this code needs (of the database ``dsn`` names, or of a caller's
     connection: None), with the command that makes them."""
-    where = "" if dsn is None else f" in {redact(dsn)}"
+    shown = None if dsn is None else redact(dsn)
+    where = "" if shown is None else f" in {shown}"
     # The DSN too: without it the command migrates its own default database (the
-    # embedded server), and this one stays as it is.
-    target = "--dsn DSN" if dsn is None else f"--dsn '{redact(dsn)}'"
+    # embedded server), and this one stays as it is. Not a masked one: copied, it
+    # would send *** as the password.
+    target = f"--dsn '{shown}'" if shown is not None and shown == dsn else "--dsn DSN"
     lacks = (
         "has no TaskQ tables"
         if missing is None

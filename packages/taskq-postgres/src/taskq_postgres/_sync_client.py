@@ -227,6 +227,8 @@ class SyncJobsClient:
                 read: Mapping[str, int | None] | Exception = {
                     r["actor"]: r["max_pending"] for r in cur.fetchall()
                 }
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            raise  # no hiccup: an unmigrated schema, which the cursor says how to fix
         except psycopg.Error as exc:
             if self._conn.closed or self._conn.broken:
                 raise  # no enqueue can follow on it: the loss, not a limits read, is news

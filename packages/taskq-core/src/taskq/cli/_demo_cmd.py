@@ -287,7 +287,13 @@ def _run(args: argparse.Namespace) -> int:
         schema = validate_schema_name(args.schema)
     except ValueError as exc:
         raise ConfigurationError(f"--schema: {exc}") from None
-    dsn = resolve_dsn(args.dsn)
+    try:
+        dsn = resolve_dsn(args.dsn)
+    except ConfigurationError as exc:
+        # The demo alone needs no server: say so where it is the quickest way on.
+        raise ConfigurationError(
+            f"{exc}; or --dsn memory:// to run the demo in this process"
+        ) from None
     _quiet_logs()
     summary = asyncio.run(run_demo(dsn, schema, args.jobs, sys.stderr))
     if args.json:

@@ -95,6 +95,31 @@ async def test_an_unreachable_server_is_a_one_line_backend_unavailable_error() -
     assert isinstance(info.value, taskq.TaskQError)
 
 
+async def test_a_dsn_requiring_ssl_of_a_server_without_it_fails_as_a_configuration_error(
+    pg_database_dsn: str,
+) -> None:
+    # A ConnectionError asyncpg raises: a worker's start waited it out for its whole
+    # startup wait, as if the server were still coming up.
+    import asyncpg
+
+    from taskq.worker.cli import _unreachable
+    from taskq_postgres import SyncJobsClient
+
+    conn = await asyncpg.connect(pg_database_dsn)
+    try:
+        if await conn.fetchval("SHOW ssl") == "on":
+            pytest.skip("this server offers SSL")
+    finally:
+        await conn.close()
+    dsn = f"{pg_database_dsn}?sslmode=require"
+    with pytest.raises(ConfigurationError, match="requires SSL") as info:
+        await PostgresBackend(dsn).open()
+    assert not isinstance(info.value, BackendUnavailableError)
+    assert _unreachable(info.value) is None  # not retried at a worker's start
+    with pytest.raises(ConfigurationError, match="requires SSL"):  # libpq's words
+        SyncJobsClient(dsn, actors=[]).enqueue("nothing", {})
+
+
 async def test_a_missing_database_is_a_backend_unavailable_error(pg_database_dsn: str) -> None:
     backend = PostgresBackend(_with_database(pg_database_dsn, "taskq_no_such_database"))
     with pytest.raises(BackendUnavailableError, match="does not exist"):

@@ -147,6 +147,10 @@ _QUOTED: Final = re.compile(r'"[^"]*"')
 """A piece of a driver's message in double quotes (libpq quotes what it could not read)."""
 
 
+_NO_SSL: Final = ("rejected SSL upgrade", "server does not support SSL")
+"""How asyncpg and libpq say a server without SSL refused a DSN that requires it."""
+
+
 @contextmanager
 def translated_errors(
     dsn: str,
@@ -173,6 +177,14 @@ def translated_errors(
         reason = _QUOTED.sub('"***"', _one_line(exc).replace(dsn, redact(dsn)))
         raise ConfigurationError(f"invalid DSN {redact(dsn)}: {reason}") from None
     except unreachable as exc:
+        if any(said in str(exc) for said in _NO_SSL):
+            # Not an outage to wait out (the worker's start retried it for its whole
+            # startup wait): the server and the DSN disagree until one is changed.
+            raise ConfigurationError(
+                f"cannot connect to PostgreSQL at {redact(dsn)}: the DSN requires SSL "
+                f"(sslmode) and the server does not offer it: turn ssl on in the "
+                f"server, or give sslmode=prefer (or disable) in the DSN"
+            ) from None
         raise BackendUnavailableError(
             f"cannot connect to PostgreSQL at {redact(dsn)}: "
             f"{_one_line(exc).replace(dsn, redact(dsn))}"

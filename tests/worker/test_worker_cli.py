@@ -411,6 +411,34 @@ def _start_late(
     return code, backend.opens, warnings
 
 
+def test_a_misspelt_setting_is_named_with_the_one_it_resembles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # TASKQ_CONCURENCY=50 ran at the default concurrency, with no word anywhere.
+    import gc
+
+    from structlog.testing import capture_logs
+
+    from taskq.worker.cli import main
+
+    for name in [k for k in os.environ if k.startswith("TASKQ_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
+    monkeypatch.setenv("TASKQ_CONCURENCY", "50")
+    monkeypatch.setenv("TASKQ_REDIS_URL", "redis://127.0.0.1")  # like no setting: a plugin's
+    try:
+        with capture_logs() as logs:
+            assert main(["tests.apps.basic:tq", "--dsn", "memory://", "--until-idle"]) == 0
+    finally:
+        gc.unfreeze()  # main() froze what it had loaded
+    [warning] = [e for e in logs if e["event"] == "taskq.unknown-setting"]
+    assert warning["variable"] == "TASKQ_CONCURENCY"
+    assert "did you mean TASKQ_CONCURRENCY?" in warning["hint"]
+    assert WorkerSettings.misspelt_env({"TASKQ_DISABLE_PLUGIN": "x", "TASKQ_DSN": "y"}) == {
+        "TASKQ_DISABLE_PLUGIN": "TASKQ_DISABLE_PLUGINS"
+    }
+
+
 def _translated(cause: BaseException) -> TaskQError:
     # What PostgresBackend.open raises: a TaskQ error whose cause is the driver's.
     error = TaskQError("cannot connect to PostgreSQL at postgresql://127.0.0.1:5432/x")

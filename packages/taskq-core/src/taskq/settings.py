@@ -38,6 +38,9 @@ __all__ = [
 
 ENV_PREFIX = "TASKQ_"
 
+_OTHER_ENV: Final = ("TASKQ_DISABLE_PLUGINS", "TASKQ_TRACE_PLUGINS", "TASKQ_TEST_DSN")
+"""``TASKQ_*`` variables that are not worker settings (plugins; the test fixtures)."""
+
 _DURATION_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
@@ -390,6 +393,27 @@ class WorkerSettings(BaseModel):
             for field, option in BACKEND_TUNABLES.items()
             if field in settings.model_fields_set
         }
+
+    @classmethod
+    def misspelt_env(cls, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``TASKQ_*`` variables of the environment (``os.environ`` by default) that name
+        no setting but look like one: each to the setting's variable it resembles
+        (``TASKQ_CONCURENCY``: ``TASKQ_CONCURRENCY``). A typo is otherwise ignored, the
+        default applying without a word. Variables like no setting are left alone: a
+        plugin may read its own."""
+        import difflib
+        import os
+
+        known = [ENV_PREFIX + (f.alias or name).upper() for name, f in cls.model_fields.items()]
+        known += _OTHER_ENV
+        environ = os.environ if env is None else env
+        found: dict[str, str] = {}
+        for name in sorted(environ):
+            if name.startswith(ENV_PREFIX) and name not in known:
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+                if close:
+                    found[name] = close[0]
+        return found
 
     def backend_options(self) -> dict[str, Any]:
         """The backend tunables that were set, as backend constructor options."""

@@ -231,6 +231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         settings = WorkerSettings.load(flags)
+        for variable, setting in WorkerSettings.misspelt_env().items():
+            _log.warning(
+                "taskq.unknown-setting",
+                variable=variable,
+                hint=f"{variable} is no setting, and is ignored: did you mean {setting}?",
+            )
         app = _rebuild_app(load_app(args.app), settings)
         route_stdlib_logging()  # after the app's own logging set-up, if it has one
         # What is loaded by now (modules, schemas, the app) lives as long as the

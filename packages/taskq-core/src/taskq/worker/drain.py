@@ -46,11 +46,13 @@ async def drain_monitor_loop(state: WorkerState) -> None:
                 _log.warning("taskq.drain-check-transient-error", error=repr(exc))
                 continue
             if strangers:
-                # Nothing this worker can run is left.
-                _log.error("taskq.idle-but-jobs-of-unknown-actors", actors=strangers)
-                remaining = 0
+                remaining = 0  # nothing this worker can run is left
+        else:
+            strangers = []
         idle_readings = idle_readings + 1 if remaining == 0 else 0
         if idle_readings >= 2:
+            if strangers:  # said once, at the end: each reading found them
+                _log.error("taskq.idle-but-jobs-of-unknown-actors", actors=strangers)
             _log.info("taskq.idle", processed=state.processed)
             state.stopping.set()
 

@@ -72,9 +72,8 @@ def _one_line(result: subprocess.CompletedProcess[str], prefix: str) -> str:
     return lines[0]
 
 
-def test_a_worker_without_usage_on_the_schema_says_so_in_one_line(
-    role: Role, pg_schema: PgSchema
-) -> None:
+def _worker_error(role: Role, pg_schema: PgSchema) -> str:
+    """The one line ``taskq-worker --until-idle`` as ``role`` on ``pg_schema`` fails with."""
     result = run(
         "taskq-worker",
         APP,
@@ -85,7 +84,13 @@ def test_a_worker_without_usage_on_the_schema_says_so_in_one_line(
         "--until-idle",
         env=clean_env(TASKQ_STARTUP_WAIT="0"),
     )
-    line = _one_line(result, "taskq-worker: error: ")
+    return _one_line(result, "taskq-worker: error: ")
+
+
+def test_a_worker_without_usage_on_the_schema_says_so_in_one_line(
+    role: Role, pg_schema: PgSchema
+) -> None:
+    line = _worker_error(role, pg_schema)
     assert f"role '{role.name}' lacks USAGE on schema {pg_schema.name} " in line
     assert f"GRANT USAGE ON SCHEMA {pg_schema.name} TO {role.name}" in line
 
@@ -95,17 +100,7 @@ def test_a_worker_that_may_read_but_not_write_the_jobs_says_which_rights_lack(
 ) -> None:
     role.grant("GRANT USAGE ON SCHEMA {} TO {}", pg_schema.name)
     role.grant("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}", pg_schema.name)
-    result = run(
-        "taskq-worker",
-        APP,
-        "--dsn",
-        role.dsn,
-        "--schema",
-        pg_schema.name,
-        "--until-idle",
-        env=clean_env(TASKQ_STARTUP_WAIT="0"),
-    )
-    line = _one_line(result, "taskq-worker: error: ")
+    line = _worker_error(role, pg_schema)
     assert f"role '{role.name}' lacks INSERT, UPDATE and DELETE on table " in line
     assert f"GRANT INSERT, UPDATE, DELETE ON TABLE {pg_schema.name}." in line
 

@@ -137,23 +137,26 @@ def test_backend_tunables_reach_the_backend_and_keep_the_apps_own_options() -> N
     assert memory.cancel_reclaim_headroom.total_seconds() == 3
 
 
-def test_a_worker_on_another_schema_than_its_code_warns_of_producers_left_behind() -> None:
+def test_a_worker_on_another_schema_than_its_code_warns_of_producers_left_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # TASKQ_SCHEMA moved the workers; a producer built from the same code enqueued to
     # the code's schema, and its jobs waited there unseen, with no word in any log.
     from taskq import TaskQ
     from taskq.worker.cli import _rebuild_app
 
     app = TaskQ("memory://", schema="taskq")
+    monkeypatch.delenv("TASKQ_SCHEMA", raising=False)
     with structlog.testing.capture_logs() as logs:
-        rebuilt = _rebuild_app(app, WorkerSettings.load({}, env={"TASKQ_SCHEMA": "other"}))
-        _rebuild_app(app, WorkerSettings.load({}, env={"TASKQ_SCHEMA": "taskq"}))
-        _rebuild_app(
-            TaskQ("memory://", schema="other"), WorkerSettings.load({"schema": "other"}, env={})
-        )
+        # A --schema flag is the worker's own choice: no warning.
+        _rebuild_app(app, WorkerSettings.load({"schema": "mine"}, env={}))
+        monkeypatch.setenv("TASKQ_SCHEMA", "other")
+        rebuilt = _rebuild_app(app, WorkerSettings.load({}))
+        _rebuild_app(TaskQ("memory://", schema="other"), WorkerSettings.load({}))
     assert rebuilt.schema == "other"
     [warning] = [e for e in logs if e["event"] == "taskq.schema-differs-from-code"]
     assert (warning["schema"], warning["code_schema"]) == ("other", "taskq")
-    assert "schema='other'" in warning["hint"]
+    assert "TASKQ_SCHEMA" in warning["hint"] and "schema='other'" in warning["hint"]
 
 
 def test_an_application_takes_the_fleets_backend_tunables_from_the_environment(

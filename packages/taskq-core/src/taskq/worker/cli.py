@@ -105,16 +105,18 @@ def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
         return app
     if settings.dsn is None and settings.schema_name is None and not tuning:
         return app
-    if settings.schema_name is not None and settings.schema_name != app.schema:
-        # Producers built from the same code enqueue to the code's schema: jobs no
-        # worker of this one's settings would ever see.
+    schema = settings.schema_name
+    if schema is not None and schema != app.schema and os.environ.get("TASKQ_SCHEMA") == schema:
+        # The environment's schema, not the code's: producers built from the same code
+        # in this environment enqueue where no worker of it looks. (A --schema flag is
+        # this worker's own choice.)
         _log.warning(
             "taskq.schema-differs-from-code",
-            schema=settings.schema_name,
+            schema=schema,
             code_schema=app.schema,
-            hint=f"this worker works schema {settings.schema_name!r} (TASKQ_SCHEMA or "
-            f"--schema); an application built from the code (a producer) uses "
-            f"{app.schema!r} unless given schema={settings.schema_name!r} too",
+            hint=f"TASKQ_SCHEMA makes this worker work schema {schema!r}; an application "
+            f"built from the code (a producer) uses {app.schema!r} unless given "
+            f"schema={schema!r} too",
         )
     return TaskQ(
         settings.dsn or app.url,

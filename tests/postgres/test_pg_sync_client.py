@@ -471,16 +471,17 @@ def test_poll_only_sends_no_wake(
 def test_a_failed_limits_read_fails_open_and_keeps_the_callers_transaction(
     pg_schema: PgSchema,
 ) -> None:
-    # A fresh schema of this test alone: the table the limits are read from goes away.
-    with psycopg.connect(pg_schema.dsn) as conn:
-        conn.execute(f"ALTER TABLE {pg_schema.name}.actor_config RENAME TO actor_config_gone")
-        conn.commit()
-        conn.execute("SELECT 1")  # the caller's transaction is open
+    # A hiccup: the table the limits are read from is locked by another session for
+    # longer than the caller's lock_timeout. (A missing table is no hiccup: an
+    # unmigrated schema, which fails the enqueue.)
+    with psycopg.connect(pg_schema.dsn) as holder, psycopg.connect(pg_schema.dsn) as conn:
+        holder.execute(f"LOCK TABLE {pg_schema.name}.actor_config IN ACCESS EXCLUSIVE MODE")
+        conn.execute("SET lock_timeout = '200ms'")  # the caller's transaction is open
         client = SyncJobsClient(conn, actors=ACTORS, schema=pg_schema.name)
         with structlog.testing.capture_logs() as logs:
             kept = client.enqueue_batch([(capped, {}), (capped, {})])
         assert [e["event"] for e in logs] == ["taskq.max-pending-read-failed"]
-        assert "actor_config" in logs[0]["error"]
+        assert "LockNotAvailable" in logs[0]["error"]
         # The decorator's literal still applies, counted on the jobs table.
         with pytest.raises(MaxPendingExceededError, match="max_pending=2"):
             client.enqueue(capped, {})

@@ -72,11 +72,11 @@ async def _run(
     finally:
         await transaction.rollback()
     root = json.loads(plan)[0]["Plan"]
-    [update] = [
-        n
-        for n in _nodes(root)
-        if n.get("Operation") == "Update" and n.get("Relation Name") == "jobs"
-    ]
+    # The largest UPDATE of jobs: an abort's other one releases the batch's finalizer.
+    update = max(
+        (n for n in _nodes(root) if n.get("Operation") == "Update"),
+        key=lambda n: (n.get("Relation Name") == "jobs", n["Actual Rows"]),
+    )
     return _rows_handled(update if update_only else root), update["Actual Rows"]
 
 
@@ -118,6 +118,25 @@ async def test_a_reclaim_turn_reads_each_expired_job_about_once(
     )
     statement = statements_for(s).reclaim_expired_locks
     read, moved = await _run(stale, statement, timedelta(minutes=1), None, None, _BURST)
+    assert moved == _BURST
+    assert read <= _PER_ROW * _BURST, read
+
+
+async def test_aborting_a_batch_reads_each_waiting_child_about_once(
+    stale: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    s, batch = pg_schema.name, uuid4()
+    await stale.execute(
+        f"INSERT INTO {s}.batches (id, queue, expected_size) VALUES ($1, 'default', $2)",
+        batch,
+        _BURST,
+    )
+    await stale.execute(
+        f"INSERT INTO {s}.jobs (actor, queue, metadata) SELECT 'nap', 'default', "
+        f"jsonb_build_object('batch_id', $1::text) FROM generate_series(1, {_BURST})",
+        str(batch),
+    )
+    read, moved = await _run(stale, statements_for(s).abort_batch, batch, None)
     assert moved == _BURST
     assert read <= _PER_ROW * _BURST, read
 

@@ -118,7 +118,7 @@ cancelled AS (
         error_message = 'Batch aborted due to consecutive failures',
         error_traceback = NULL
     FROM children c CROSS JOIN now n
-    WHERE j.id = c.id AND j.status IN ('pending', 'scheduled')
+    WHERE j.id = c.id  -- waiting as locked (see sweeps.py on joins by id)
     RETURNING j.id, c.status AS from_status
 ),
 cancelled_events AS (

@@ -332,6 +332,20 @@ async def test_the_sweeps_move_a_backlog_in_turns_each_committed(
         assert row is not None and row.status is JobStatus.PENDING
 
 
+async def test_a_sweep_call_takes_a_bounded_number_of_turns(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    # One call drained a whole backlog, turn after turn, past the leader's bound: the
+    # sweeps after it in the iteration (the reclaim of crashed workers' jobs) waited.
+    backend._sweep_turn = 3
+    await backend.enqueue_batch(
+        [EnqueueArgs(actor="a", delay=timedelta(milliseconds=50)) for _ in range(20)]
+    )
+    await asyncio.sleep(0.2)
+    assert await backend.scheduled_to_pending() == 12  # 4 turns of 3
+    assert await backend.scheduled_to_pending() == 8  # the rest, at the next call
+
+
 async def test_schedules_list_by_code_point_under_a_linguistic_collation(
     backend: PostgresBackend, pg_pooled_schema: PgSchema
 ) -> None:

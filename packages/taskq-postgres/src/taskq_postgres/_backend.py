@@ -141,6 +141,8 @@ _RUNNING_IDENTITY_INDEX: Final = "jobs_running_identity_key"
 # The most jobs one sweep statement moves (a turn): ~0.3 s of a slow machine's time,
 # far inside the leader's bound, where 100,000 due jobs in one statement took 6 s.
 _SWEEP_TURN: Final = 5_000
+_SWEEP_TURNS: Final = 4
+"""Turns a sweep takes per call at most (20,000 jobs); the leader calls every second."""
 _IDENTITY_RACE_TRIES: Final = 3
 _DispatchCall: TypeAlias = tuple[tuple[str, ...], tuple[str, ...] | None]
 """A dispatch's queues and actors (None: every actor)."""
@@ -1352,15 +1354,19 @@ class PostgresBackend:
     # -- sweeps ----------------------------------------------------------------------------
     async def _in_turns(self, query: str, *args: Any) -> int:
         """Run a sweep statement (its last parameter the most rows it moves) until it
-        moves fewer: each turn commits, so a backlog a bounded caller cannot move in
-        one go still drains, a turn at a time."""
+        moves fewer, or :data:`_SWEEP_TURNS` times: each turn commits, so a backlog a
+        bounded caller cannot move in one go still drains, a turn at a time, and one
+        sweep's backlog leaves the leader's next sweeps their share of its bound (a
+        promotion backlog kept the reclaim after it from running: crashed workers'
+        jobs waited for it). What is left, the next call moves."""
         moved = 0
-        while True:
+        for _ in range(_SWEEP_TURNS):
             record = await self._db().fetchrow(query, *args, self._sweep_turn)
             changed = int(record["changed"]) if record is not None else 0
             moved += changed
             if changed < self._sweep_turn:
-                return moved
+                break
+        return moved
 
     async def scheduled_to_pending(self) -> int:
         """Promote due scheduled jobs; one wake per turn that moved any."""

@@ -39,15 +39,13 @@ _log = structlog.get_logger("taskq.leader")
 
 
 async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
-    """Promote due scheduled jobs, fail those past their deadline (Sweep 2), when
-    ``reclaim`` reclaim expired locks (Sweep 1) and, with a worker registry, delete
-    the rows of workers unseen for ``stale_worker_after``; returns how many rows each
-    moved."""
+    """When ``reclaim`` reclaim expired locks (Sweep 1), then promote due scheduled
+    jobs, fail those past their deadline (Sweep 2) and, with a worker registry,
+    delete the rows of workers unseen for ``stale_worker_after``; returns how many
+    rows each moved. Reclaim first: the iteration is bounded as a whole, and crashed
+    workers' jobs must not wait behind a promotion backlog."""
     backend, settings = state.backend, state.settings
-    moved = {
-        "scheduled_to_pending": await backend.scheduled_to_pending(),
-        "deadline": await backend.deadline_sweep(),
-    }
+    moved: dict[str, int] = {}
     if reclaim:
         moved["reclaimed"] = await backend.reclaim_expired_locks(
             settings.cancellation_grace_period,
@@ -59,6 +57,8 @@ async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
             if isinstance(backend, SupportsWorkerRegistry)
             else None,
         )
+    moved["scheduled_to_pending"] = await backend.scheduled_to_pending()
+    moved["deadline"] = await backend.deadline_sweep()
     if isinstance(backend, SupportsWorkerRegistry):
         moved["stale_workers"] = await backend.cleanup_stale_workers(settings.stale_worker_after)
     return moved

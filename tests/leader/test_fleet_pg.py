@@ -20,7 +20,8 @@ from tests.leader.conftest import Spawn, WorkerProc, wait_until
 
 pytestmark = pytest.mark.postgres
 
-# No worker of these tests consumes it, so its jobs stay where the test put them.
+# No worker of these tests works it, so its jobs stay where the test put them (and are
+# stranded: the stranded-jobs detector names it).
 _PARKED = "parked"
 _GONE = "tests.apps.removed_actor"
 
@@ -65,8 +66,13 @@ async def test_the_leader_logs_queue_depths_and_warns_about_stranded_jobs(
 
     [stranded, *_] = await wait_until(warned)
     assert stranded["level"] == "warning"
-    assert stranded["actors"] == {_GONE: 1}
-    assert stranded["jobs"] == 1
+    # The actor no worker runs, and the jobs of an actor the worker runs enqueued on a
+    # queue it does not work (as `taskq enqueue ... --queue nosuchq` would): no worker
+    # will ever dispatch either.
+    assert stranded["actors"] == {basic.nap.name: {_PARKED: 2}, _GONE: {_PARKED: 1}}
+    assert stranded["queues"] == [_PARKED]
+    assert stranded["jobs"] == 3
+    assert "queue" in stranded["hint"]
 
 
 async def test_the_leader_warns_about_jobs_of_an_actor_removed_since_a_worker_ran_it(
@@ -82,7 +88,7 @@ async def test_the_leader_warns_about_jobs_of_an_actor_removed_since_a_worker_ra
         return worker.events("taskq.stranded-jobs")
 
     [stranded, *_] = await wait_until(warned)
-    assert stranded["actors"] == {_GONE: 1}
+    assert stranded["actors"] == {_GONE: {_PARKED: 1}}
     assert stranded["jobs"] == 1
     assert "cancel" in stranded["hint"]
 

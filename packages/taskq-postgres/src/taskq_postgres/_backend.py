@@ -1665,10 +1665,14 @@ class PostgresBackend:
             for r in await self._db().fetch(self._sql.queue_depths)
         }
 
-    async def stranded_jobs(self) -> dict[str, int]:
-        """Pending and scheduled jobs per actor with no ``actor_config`` row or, while
-        workers are registered, that no worker row runs (``SupportsFleetStats``)."""
-        return {r["actor"]: int(r["jobs"]) for r in await self._db().fetch(self._sql.stranded_jobs)}
+    async def stranded_jobs(self) -> dict[str, dict[str, int]]:
+        """Pending and scheduled jobs per actor and queue, of an actor with no
+        ``actor_config`` row or, while workers are registered, that no worker row both
+        runs and works the queue of (``SupportsFleetStats``)."""
+        stranded: dict[str, dict[str, int]] = {}
+        for r in await self._db().fetch(self._sql.stranded_jobs):
+            stranded.setdefault(r["actor"], {})[r["queue"]] = int(r["jobs"])
+        return stranded
 
     async def register_worker(
         self,

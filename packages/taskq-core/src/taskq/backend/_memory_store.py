@@ -107,8 +107,8 @@ class WorkerRecord:
     pid: int
     queues: list[str]
     actors: frozenset[str] | None
-    """The actors the worker runs; None when it did not say (it runs any, as far as
-    the stranded-jobs detector knows)."""
+    """The actors the worker runs; None when it did not say (it runs any on its
+    ``queues``, as far as the stranded-jobs detector knows)."""
     started_at: datetime
     last_seen_at: datetime
 

@@ -103,7 +103,10 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     explicit so every state is reachable through the protocol;
 #     reclaim_expired_locks gained the keyword-only `worker_silence`;
 #     SupportsWorkerRegistry.register_worker gained the keyword-only `actors` (the
-#     worker passes it, as it does `worker_silence`) and stranded_jobs reads it.
+#     worker passes it, as it does `worker_silence`) and stranded_jobs reads it;
+#     SupportsFleetStats.stranded_jobs returns dict[str, dict[str, int]] (actor ->
+#     queue -> waiting jobs, was actor -> jobs) and judges the registered workers'
+#     queues beside their actors.
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck.
@@ -837,16 +840,19 @@ class SupportsFleetStats(Protocol):
         and ``running`` (all three keys present, zero when none)."""
         ...
 
-    async def stranded_jobs(self) -> dict[str, int]:
-        """Per actor whose waiting jobs nothing will dispatch, how many of its jobs are
-        ``pending`` or ``scheduled``; actors with none are omitted.
+    async def stranded_jobs(self) -> dict[str, dict[str, int]]:
+        """Per actor and queue whose waiting jobs nothing will dispatch, how many of
+        those jobs are ``pending`` or ``scheduled`` (actor -> queue -> jobs); pairs
+        with none are omitted, and so are actors with no such pair.
 
-        An actor is stranded when it has no registered config (no ``actor_config``
-        row), or when workers are registered (:class:`SupportsWorkerRegistry`) and
-        none of them runs it (its ``actors``). Configs outlive every release, so only
-        the second rule sees an actor since removed or renamed. A worker registered
-        without ``actors`` (an older release's) counts as running every actor; with
-        no worker registered, only the first rule applies."""
+        Jobs are stranded when their actor has no registered config (no
+        ``actor_config`` row), or when workers are registered
+        (:class:`SupportsWorkerRegistry`) and none of them both runs their actor (its
+        ``actors``) and works their queue (its ``queues``). Configs outlive every
+        release, so only the second rule sees an actor since removed or renamed, or a
+        queue no live worker works (a misspelt ``queue=``). A worker registered
+        without ``actors`` (an older release's) counts as running every actor, on
+        its queues only; with no worker registered, only the first rule applies."""
         ...
 
 

@@ -920,22 +920,30 @@ class InMemoryBackend:
                 counts[row.status.value] += 1
         return depths
 
-    async def stranded_jobs(self) -> dict[str, int]:
-        """Pending and scheduled jobs per actor with no registered config or, while
-        workers are registered, that no worker runs (``SupportsFleetStats``)."""
-        waiting: dict[str, int] = {}
+    async def stranded_jobs(self) -> dict[str, dict[str, int]]:
+        """Pending and scheduled jobs per actor and queue, of an actor with no
+        registered config or, while workers are registered, that no worker both runs
+        and works the queue of (``SupportsFleetStats``)."""
+        waiting: dict[tuple[str, str], int] = {}
         for row in self._jobs.values():
             if row.status in _WAITING:
-                waiting[row.actor] = waiting.get(row.actor, 0) + 1
-        return {actor: jobs for actor, jobs in waiting.items() if self._stranded(actor)}
+                key = (row.actor, row.queue)
+                waiting[key] = waiting.get(key, 0) + 1
+        stranded: dict[str, dict[str, int]] = {}
+        for (actor, queue), jobs in sorted(waiting.items()):
+            if self._stranded(actor, queue):
+                stranded.setdefault(actor, {})[queue] = jobs
+        return stranded
 
-    def _stranded(self, actor: str) -> bool:
+    def _stranded(self, actor: str, queue: str) -> bool:
         # Configs outlive every release (register_actors only adds): only the live
-        # workers' actors show one since removed. A worker that did not say runs any.
+        # workers' actors and queues show one since removed, or a queue nobody works.
+        # A worker that did not say its actors runs any, on its own queues.
         if actor not in self._actors:
             return True
         return bool(self.workers) and not any(
-            w.actors is None or actor in w.actors for w in self.workers.values()
+            (w.actors is None or actor in w.actors) and queue in w.queues
+            for w in self.workers.values()
         )
 
     async def register_worker(

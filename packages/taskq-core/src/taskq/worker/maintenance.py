@@ -92,19 +92,25 @@ async def queue_depth_once(backend: SupportsFleetStats) -> dict[str, int]:
 
 
 async def stranded_jobs_once(backend: SupportsFleetStats) -> dict[str, int]:
-    """Warn (``taskq.stranded-jobs``) about waiting jobs of actors no live worker runs
-    (removed or renamed since they were enqueued, or never deployed): they wait until
-    a worker defining the actor starts, or until someone cancels them."""
+    """Warn (``taskq.stranded-jobs``) about waiting jobs no live worker will dispatch:
+    of an actor none runs (removed or renamed since they were enqueued, or never
+    deployed), or on a queue none of the workers running their actor works (a misspelt
+    or undeployed ``queue=``). They wait until such a worker starts, or until someone
+    cancels them (to enqueue them again where they run). ``actors``: actor -> queue ->
+    waiting jobs; ``queues``: the queues they wait on."""
     stranded = await backend.stranded_jobs()
     if stranded:
         _log.warning(
             "taskq.stranded-jobs",
             actors=stranded,
-            jobs=sum(stranded.values()),
-            hint="no live worker runs these actors: deploy a worker whose application "
-            "defines them, or cancel their waiting jobs (JobsClient.cancel_where(actor=..., "
-            "status=['pending', 'scheduled']); `taskq jobs list --actor NAME --active` "
-            "lists them)",
+            queues=sorted({queue for queues in stranded.values() for queue in queues}),
+            jobs=sum(jobs for queues in stranded.values() for jobs in queues.values()),
+            hint="no live worker both runs these actors and works these queues: deploy a "
+            "worker working the queue (TASKQ_QUEUES, --queues) whose application defines "
+            "the actor, or cancel their waiting jobs (JobsClient.cancel_where(actor=..., "
+            "queue=..., status=['pending', 'scheduled'])) and enqueue them again on a "
+            "queue a worker running the actor works; `taskq jobs list --actor NAME "
+            "--queue QUEUE --active` lists them",
         )
     return {}
 

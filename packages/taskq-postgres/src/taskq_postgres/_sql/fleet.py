@@ -27,24 +27,37 @@ ORDER BY j.queue
 
 STRANDED_JOBS: Final = """
 -- arbiter: none
--- Waiting jobs nothing will dispatch, per actor: of an actor no worker ever registered
--- (no actor_config row), or, while any worker is registered, of an actor no worker row
--- runs (actor_config rows outlive every release, so only the live workers' actors show
--- one since removed or renamed). A row with NULL actors (a release before 01.00.08)
--- runs every actor. Counted first, so the registry is read per actor, not per job.
+-- Waiting jobs nothing will dispatch, per actor and queue: of an actor no worker ever
+-- registered (no actor_config row), or, while any worker is registered, that no worker
+-- row both runs (its actors) and works the queue of (its queues): actor_config rows
+-- outlive every release, so only the live workers show an actor since removed or
+-- renamed, or a queue nobody works (a misspelt queue=). A row with NULL actors (a
+-- release before 01.00.08) runs every actor, on its own queues. Counted first, so the
+-- registry is read per (actor, queue), not per job. jobs_waiting_actor_idx holds no
+-- queue, so one count over both statuses reads the heap of every waiting job: pending
+-- jobs are counted from the dispatch indexes instead (queue and actor in the index, an
+-- index-only scan), scheduled ones through jobs_scheduled_idx.
 WITH waiting AS (
-    SELECT j.actor, count(*) AS jobs
-    FROM {schema}.jobs j
-    WHERE j.status IN ('pending', 'scheduled')
-    GROUP BY j.actor
+    SELECT c.actor, c.queue, sum(c.jobs) AS jobs
+    FROM (SELECT j.actor, j.queue, count(*) AS jobs
+          FROM {schema}.jobs j
+          WHERE j.status = 'pending'
+          GROUP BY j.queue, j.actor
+          UNION ALL
+          SELECT j.actor, j.queue, count(*) AS jobs
+          FROM {schema}.jobs j
+          WHERE j.status = 'scheduled'
+          GROUP BY j.queue, j.actor) c
+    GROUP BY c.actor, c.queue
 )
-SELECT s.actor, s.jobs
+SELECT s.actor, s.queue, s.jobs
 FROM waiting s
 WHERE NOT EXISTS (SELECT 1 FROM {schema}.actor_config a WHERE a.actor = s.actor)
    OR (EXISTS (SELECT 1 FROM {schema}.workers)
        AND NOT EXISTS (SELECT 1 FROM {schema}.workers w
-                       WHERE w.actors IS NULL OR s.actor = ANY (w.actors)))
-ORDER BY s.actor
+                       WHERE (w.actors IS NULL OR s.actor = ANY (w.actors))
+                         AND s.queue = ANY (w.queues)))
+ORDER BY s.actor, s.queue
 """
 
 REGISTER_WORKER: Final = """

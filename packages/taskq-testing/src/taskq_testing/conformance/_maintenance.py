@@ -216,7 +216,7 @@ class MaintenanceTests(TimeLimits):
         await enqueue_and_dispatch(backend, worker_id=uuid4(), actor=busy)
 
         stranded = await stats.stranded_jobs()
-        assert stranded[gone] == 2
+        assert stranded[gone] == {"default": 2}
         assert known not in stranded
         assert busy not in stranded
 
@@ -234,25 +234,63 @@ class MaintenanceTests(TimeLimits):
         await backend.enqueue(make_args(actor=removed, delay=FAR))
         await backend.enqueue(make_args(actor=unknown))
         # No worker registered: the configs are all there is to go by.
-        assert await stats.stranded_jobs() == {unknown: 1}
+        assert await stats.stranded_jobs() == {unknown: {"default": 1}}
 
         current = uuid4()
         await registry.register_worker(current, "host-a", 1, ["default"], actors=[kept])
-        assert await stats.stranded_jobs() == {removed: 2, unknown: 1}
+        assert await stats.stranded_jobs() == {removed: {"default": 2}, unknown: {"default": 1}}
 
         # A worker that does not say its actors (an older release's, mid-deploy) may run
         # any actor with a config: no false alarm while it lives.
         older = uuid4()
         await registry.register_worker(older, "host-b", 2, ["default"])
-        assert await stats.stranded_jobs() == {unknown: 1}
+        assert await stats.stranded_jobs() == {unknown: {"default": 1}}
         await registry.deregister_worker(older)
-        assert await stats.stranded_jobs() == {removed: 2, unknown: 1}
+        assert await stats.stranded_jobs() == {removed: {"default": 2}, unknown: {"default": 1}}
 
         # Registering again replaces the actors.
         await registry.register_worker(current, "host-a", 1, ["default"], actors=[removed, kept])
-        assert await stats.stranded_jobs() == {unknown: 1}
+        assert await stats.stranded_jobs() == {unknown: {"default": 1}}
         await registry.register_worker(current, "host-a", 1, ["default"], actors=[kept])
-        assert await stats.stranded_jobs() == {removed: 2, unknown: 1}
+        assert await stats.stranded_jobs() == {removed: {"default": 2}, unknown: {"default": 1}}
+
+    @covers("deregister_worker", "register_actors", "register_worker", "stranded_jobs")
+    async def test_stranded_jobs_counts_waiting_jobs_per_queue_no_worker_running_the_actor_works(
+        self, backend: Backend
+    ) -> None:
+        stats, registry = _fleet_stats(backend), _worker_registry(backend)
+        tag = uuid4().hex[:8]
+        runs, other = f"runs-{tag}", f"other-{tag}"
+        worked, unworked = f"worked-{tag}", f"unworked-{tag}"
+        await backend.register_actors([ActorConfig(actor=runs), ActorConfig(actor=other)])
+        await backend.enqueue(make_args(actor=runs, queue=worked))
+        await backend.enqueue(make_args(actor=runs, queue=unworked))
+        await backend.enqueue(make_args(actor=runs, queue=unworked, delay=FAR))
+        await backend.enqueue(make_args(actor=other, queue=worked))
+        # No worker registered: every actor has a config, nothing to go by for queues.
+        assert await stats.stranded_jobs() == {}
+
+        current = uuid4()
+        await registry.register_worker(current, "host-a", 1, [worked], actors=[runs])
+        # Its actor on its queue is served; the same actor on a queue nobody works is
+        # not (a misspelt queue=), nor its queue's jobs of an actor it does not run.
+        assert await stats.stranded_jobs() == {runs: {unworked: 2}, other: {worked: 1}}
+
+        # A worker that does not say its actors runs any of them, on its queues only.
+        older = uuid4()
+        await registry.register_worker(older, "host-b", 2, [worked])
+        assert await stats.stranded_jobs() == {runs: {unworked: 2}}
+        # One working the queue but running another actor serves none of its jobs.
+        elsewhere = uuid4()
+        await registry.register_worker(elsewhere, "host-c", 3, [unworked], actors=[other])
+        assert await stats.stranded_jobs() == {runs: {unworked: 2}}
+
+        # Registering again replaces the queues.
+        await registry.register_worker(current, "host-a", 1, [worked, unworked], actors=[runs])
+        assert await stats.stranded_jobs() == {}
+        await registry.deregister_worker(older)
+        await registry.register_worker(current, "host-a", 1, [unworked], actors=[runs])
+        assert await stats.stranded_jobs() == {runs: {worked: 1}, other: {worked: 1}}
 
     @covers("cleanup_stale_workers", "deregister_worker", "register_worker", "touch_worker")
     async def test_worker_registry_registers_touches_deregisters_and_sweeps(

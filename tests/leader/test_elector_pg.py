@@ -92,3 +92,26 @@ async def test_a_leader_that_stops_renewing_loses_the_lease(backend: PostgresBac
     assert not woke_leading
     await rival.release()
     await frozen.release()
+
+
+async def test_a_leader_whose_session_ended_is_told_it_lost_before_it_stands_again(
+    backend: PostgresBackend,
+) -> None:
+    # A terminated session was reconnected and the lock taken again in the same call:
+    # no leader-lost, and the new leadership kept the old one's reclaim grace.
+    elector = backend.leader_elector(uuid4(), lease=LEASE)
+    assert await elector.try_acquire()
+    async with backend.connection() as conn:
+        pids = await conn.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+            f"taskq-leader/{backend.instance_id}",
+        )
+        assert len(pids) == 1
+        await conn.execute("SELECT pg_terminate_backend($1)", pids[0]["pid"])
+    session = elector._conn  # waiting for the driver to see the end
+    async with asyncio.timeout(10):
+        while session is not None and not session.is_closed():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+    assert not await elector.try_acquire()
+    assert await elector.try_acquire()  # stands again, a new election
+    await elector.release()

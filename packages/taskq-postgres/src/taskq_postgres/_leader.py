@@ -73,7 +73,14 @@ class PostgresLeaderElector:
     async def _try_acquire(self) -> bool:
         try:
             if self._conn is None or self._conn.is_closed():
-                self._leading = False
+                if self._leading:
+                    # The session holding the lock ended, and the lock with it: this
+                    # leadership is over (another candidate may have led since), said
+                    # so, where taking the lock again at once hid the loss and kept the
+                    # old election's reclaim grace. The next tick stands again.
+                    self._leading = False
+                    self._conn = None
+                    return False
                 self._conn = await self._connect()
             conn = self._conn
             if self._leading:

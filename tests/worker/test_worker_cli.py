@@ -213,6 +213,14 @@ def test_the_pool_bounds_are_settings_of_the_fleet(monkeypatch: pytest.MonkeyPat
         TaskQ("memory://")
 
 
+def test_worker_rows_must_outlive_a_lease() -> None:
+    # The reclaim spares a job whose worker was seen within a lease: a row swept sooner
+    # let a live but slow worker's jobs be reclaimed and run twice.
+    with pytest.raises(SettingsError, match=r"stale_worker_after \(20.0s\) must be above"):
+        WorkerSettings.load({"stale_worker_after": "20s"}, env={})
+    WorkerSettings.load({"stale_worker_after": "31s"}, env={})
+
+
 def test_a_command_timeout_that_cannot_fit_a_loops_stale_budget_is_refused() -> None:
     with pytest.raises(SettingsError, match="dispatcher_command_timeout.*poll_interval"):
         WorkerSettings.load({"dispatcher_command_timeout": "12s"}, env={})

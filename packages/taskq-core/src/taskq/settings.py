@@ -168,7 +168,7 @@ class WorkerSettings(BaseModel):
     """Leader only: how often waiting jobs of unregistered actors are looked for."""
     stale_worker_after: Duration = timedelta(minutes=5)
     """Leader only: a worker row unseen for this long is deleted (the worker died
-    without deregistering); must stay well above ``heartbeat_interval``."""
+    without deregistering); above ``lock_lease``, as the reclaim reads the rows."""
     prune_at: time = time(3, 0)
     """Leader only: the UTC time of day Sweep 5 (terminal jobs -> archive) runs at, then
     every ``prune_interval`` (``03:00``: off-peak, not at each deploy or failover)."""
@@ -326,6 +326,12 @@ class WorkerSettings(BaseModel):
                 f"lock_lease ({self.lock_lease.total_seconds()}s) must be at least 4 x "
                 f"heartbeat_interval ({self.heartbeat_interval.total_seconds()}s), so one slow "
                 f"heartbeat cannot let a live job's lock expire"
+            )
+        if self.stale_worker_after <= self.lock_lease:
+            raise ValueError(
+                f"stale_worker_after ({self.stale_worker_after.total_seconds()}s) must be above "
+                f"lock_lease ({self.lock_lease.total_seconds()}s): the reclaim leaves a job whose "
+                f"worker was seen within a lease, and a row deleted sooner takes that proof away"
             )
         budget = self.watchdog_loop_lag_budget
         if self.watchdog_enabled and budget is not None and budget >= self.lock_lease:

@@ -16,7 +16,7 @@ import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
@@ -80,63 +80,65 @@ async def _run(
     return _rows_handled(update if update_only else root), update["Actual Rows"]
 
 
-async def test_a_promotion_turn_reads_each_due_job_about_once(
-    stale: asyncpg.Connection[Any], pg_schema: PgSchema
+_BATCH = UUID("00000000-0000-4000-8000-00000000ba7c")
+
+# (the burst, as SQL on schema {s}; the statement; its arguments)
+_TURNS: dict[str, tuple[list[str], str, tuple[Any, ...]]] = {
+    "promotion": (
+        [
+            (
+                "INSERT INTO {s}.jobs (actor, queue, status, scheduled_at) SELECT 'nap', "
+                "'default', 'scheduled', now() - interval '1 second' FROM generate_series(1, {n})"
+            )
+        ],
+        "scheduled_to_pending",
+        (None, _BURST),
+    ),
+    "deadline": (
+        [
+            (
+                "INSERT INTO {s}.jobs (actor, queue, schedule_to_close_deadline) SELECT 'nap', "
+                "'default', now() - interval '1 second' FROM generate_series(1, {n})"
+            )
+        ],
+        "deadline_sweep",
+        (_BURST,),
+    ),
+    "reclaim": (
+        [
+            (
+                "INSERT INTO {s}.jobs (actor, queue, status, attempt, locked_by_worker, "
+                "started_at, lock_expires_at) SELECT 'nap', 'default', 'running', 1, "
+                "gen_random_uuid(), now() - interval '1 minute', now() - interval '1 second' "
+                "FROM generate_series(1, {n})"
+            )
+        ],
+        "reclaim_expired_locks",
+        (timedelta(minutes=1), None, None, _BURST),
+    ),
+    "batch abort": (
+        [
+            f"INSERT INTO {{s}}.batches (id, queue, expected_size) VALUES ('{_BATCH}', 'default', {{n}})",
+            (
+                "INSERT INTO {s}.jobs (actor, queue, metadata) SELECT 'nap', 'default', "
+                f"jsonb_build_object('batch_id', '{_BATCH}') FROM generate_series(1, {{n}})"
+            ),
+        ],
+        "abort_batch",
+        (_BATCH, None),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_TURNS))
+async def test_a_sweep_turn_handles_each_job_a_few_times_not_once_per_job(
+    stale: asyncpg.Connection[Any], pg_schema: PgSchema, case: str
 ) -> None:
-    s = pg_schema.name
-    await stale.execute(
-        f"INSERT INTO {s}.jobs (actor, queue, status, scheduled_at) SELECT 'nap', 'default', "
-        f"'scheduled', now() - interval '1 second' FROM generate_series(1, {_BURST})"
-    )
-    read, moved = await _run(stale, statements_for(s).scheduled_to_pending, None, _BURST)
-    assert moved == _BURST
-    assert read <= _PER_ROW * _BURST, read
-
-
-async def test_a_deadline_sweep_turn_reads_each_late_job_about_once(
-    stale: asyncpg.Connection[Any], pg_schema: PgSchema
-) -> None:
-    s = pg_schema.name
-    await stale.execute(
-        f"INSERT INTO {s}.jobs (actor, queue, schedule_to_close_deadline) SELECT 'nap', "
-        f"'default', now() - interval '1 second' FROM generate_series(1, {_BURST})"
-    )
-    read, moved = await _run(stale, statements_for(s).deadline_sweep, _BURST)
-    assert moved == _BURST
-    assert read <= _PER_ROW * _BURST, read
-
-
-async def test_a_reclaim_turn_reads_each_expired_job_about_once(
-    stale: asyncpg.Connection[Any], pg_schema: PgSchema
-) -> None:
-    s = pg_schema.name
-    await stale.execute(
-        f"INSERT INTO {s}.jobs (actor, queue, status, attempt, locked_by_worker, started_at, "
-        f"lock_expires_at) SELECT 'nap', 'default', 'running', 1, gen_random_uuid(), "
-        f"now() - interval '1 minute', now() - interval '1 second' "
-        f"FROM generate_series(1, {_BURST})"
-    )
-    statement = statements_for(s).reclaim_expired_locks
-    read, moved = await _run(stale, statement, timedelta(minutes=1), None, None, _BURST)
-    assert moved == _BURST
-    assert read <= _PER_ROW * _BURST, read
-
-
-async def test_aborting_a_batch_reads_each_waiting_child_about_once(
-    stale: asyncpg.Connection[Any], pg_schema: PgSchema
-) -> None:
-    s, batch = pg_schema.name, uuid4()
-    await stale.execute(
-        f"INSERT INTO {s}.batches (id, queue, expected_size) VALUES ($1, 'default', $2)",
-        batch,
-        _BURST,
-    )
-    await stale.execute(
-        f"INSERT INTO {s}.jobs (actor, queue, metadata) SELECT 'nap', 'default', "
-        f"jsonb_build_object('batch_id', $1::text) FROM generate_series(1, {_BURST})",
-        str(batch),
-    )
-    read, moved = await _run(stale, statements_for(s).abort_batch, batch, None)
+    burst, name, args = _TURNS[case]
+    for sql in burst:
+        await stale.execute(sql.format(s=pg_schema.name, n=_BURST))
+    statement = getattr(statements_for(pg_schema.name), name)
+    read, moved = await _run(stale, statement, *args)
     assert moved == _BURST
     assert read <= _PER_ROW * _BURST, read
 

@@ -344,6 +344,13 @@ async def test_a_sweep_call_takes_a_bounded_number_of_turns(
     await asyncio.sleep(0.2)
     assert await backend.scheduled_to_pending() == 12  # 4 turns of 3
     assert await backend.scheduled_to_pending() == 8  # the rest, at the next call
+    # Result expiry is a loop of its own, every 30 s: a cap of 4 turns per call would
+    # have let results pile up faster than it cleared them.
+    for _ in range(20):
+        job, worker = await _running(backend)
+        assert await backend.mark_succeeded(job.id, worker, 1, fallback_result_ttl=SHORT)
+    await asyncio.sleep(0.2)
+    assert await backend.sweep_expired_results() == 20
 
 
 async def test_schedules_list_by_code_point_under_a_linguistic_collation(

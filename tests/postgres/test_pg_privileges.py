@@ -182,6 +182,22 @@ def test_a_sync_client_enqueue_without_insert_is_one_clear_error(
     assert f"role '{role.name}' lacks INSERT, UPDATE and DELETE on table " in message
 
 
+def test_a_sync_client_without_usage_says_so_without_a_limits_warning_first(
+    role: Role, pg_schema: PgSchema
+) -> None:
+    # The max_pending read failed open on the refusal first (a warning quoting the
+    # driver), then the enqueue raised: no hiccup, a right to grant.
+    import structlog.testing
+
+    with (
+        structlog.testing.capture_logs() as logs,
+        SyncJobsClient(role.dsn, schema=pg_schema.name, actors=[nap]) as client,
+        pytest.raises(InsufficientPrivilegeError, match="lacks USAGE on schema"),
+    ):
+        client.enqueue(nap, Sleep())
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+
+
 def test_a_migration_refused_a_right_is_still_a_migration_error() -> None:
     from taskq_postgres.migrate import MigrationPrivilegeError
 

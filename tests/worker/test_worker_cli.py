@@ -150,9 +150,9 @@ def test_a_worker_on_another_schema_than_its_code_warns_of_producers_left_behind
     with structlog.testing.capture_logs() as logs:
         # A --schema flag is the worker's own choice: no warning.
         _rebuild_app(app, WorkerSettings.load({"schema": "mine"}, env={}))
-        monkeypatch.setenv("TASKQ_SCHEMA", "other")
+        monkeypatch.setenv("TASKQ_SCHEMA", "Other")  # one name with "other", as Postgres folds
         rebuilt = _rebuild_app(app, WorkerSettings.load({}))
-        _rebuild_app(TaskQ("memory://", schema="other"), WorkerSettings.load({}))
+        _rebuild_app(TaskQ("memory://", schema="OTHER"), WorkerSettings.load({}))
     assert rebuilt.schema == "other"
     [warning] = [e for e in logs if e["event"] == "taskq.schema-differs-from-code"]
     assert (warning["schema"], warning["code_schema"]) == ("other", "taskq")
@@ -219,6 +219,10 @@ def test_worker_rows_must_outlive_a_lease() -> None:
     with pytest.raises(SettingsError, match=r"stale_worker_after \(20.0s\) must be above"):
         WorkerSettings.load({"stale_worker_after": "20s"}, env={})
     WorkerSettings.load({"stale_worker_after": "31s"}, env={})
+    # Not set: a long lease is no error, and the rows outlive it.
+    long_lease = WorkerSettings.load({"lock_lease": "10m"}, env={})
+    assert long_lease.worker_row_ttl == timedelta(minutes=20)
+    assert WorkerSettings.load({}, env={}).worker_row_ttl == timedelta(minutes=5)
 
 
 def test_a_command_timeout_that_cannot_fit_a_loops_stale_budget_is_refused() -> None:

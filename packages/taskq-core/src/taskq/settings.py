@@ -168,7 +168,8 @@ class WorkerSettings(BaseModel):
     """Leader only: how often waiting jobs of unregistered actors are looked for."""
     stale_worker_after: Duration = timedelta(minutes=5)
     """Leader only: a worker row unseen for this long is deleted (the worker died
-    without deregistering); above ``lock_lease``, as the reclaim reads the rows."""
+    without deregistering); above ``lock_lease``, as the reclaim reads the rows. Not
+    set, twice the lease when that is longer (:attr:`worker_row_ttl`)."""
     prune_at: time = time(3, 0)
     """Leader only: the UTC time of day Sweep 5 (terminal jobs -> archive) runs at, then
     every ``prune_interval`` (``03:00``: off-peak, not at each deploy or failover)."""
@@ -327,7 +328,10 @@ class WorkerSettings(BaseModel):
                 f"heartbeat_interval ({self.heartbeat_interval.total_seconds()}s), so one slow "
                 f"heartbeat cannot let a live job's lock expire"
             )
-        if self.stale_worker_after <= self.lock_lease:
+        if (
+            "stale_worker_after" in self.model_fields_set
+            and self.stale_worker_after <= self.lock_lease
+        ):
             raise ValueError(
                 f"stale_worker_after ({self.stale_worker_after.total_seconds()}s) must be above "
                 f"lock_lease ({self.lock_lease.total_seconds()}s): the reclaim leaves a job whose "
@@ -425,6 +429,16 @@ class WorkerSettings(BaseModel):
         """The backend tunables that were set, as backend constructor options."""
         tunables = {option: getattr(self, field) for field, option in BACKEND_TUNABLES.items()}
         return {name: value for name, value in tunables.items() if value is not None}
+
+    @property
+    def worker_row_ttl(self) -> timedelta:
+        """How long a silent worker's row stays: ``stale_worker_after`` when set, else
+        its default or twice ``lock_lease``, whichever is longer (a long lease kept
+        the default, and a row swept within a lease took away the reclaim's proof
+        that its worker was alive)."""
+        if "stale_worker_after" in self.model_fields_set:
+            return self.stale_worker_after
+        return max(self.stale_worker_after, 2 * self.lock_lease)
 
     @property
     def loop_lag_budget(self) -> timedelta:

@@ -32,7 +32,7 @@ from contextlib import (
     suppress,
 )
 from datetime import datetime, timedelta
-from itertools import chain
+from itertools import chain, count
 from typing import Any, ClassVar, Final, Literal, TypeAlias, cast
 from uuid import UUID, uuid4
 
@@ -142,7 +142,8 @@ _RUNNING_IDENTITY_INDEX: Final = "jobs_running_identity_key"
 # far inside the leader's bound, where 100,000 due jobs in one statement took 6 s.
 _SWEEP_TURN: Final = 5_000
 _SWEEP_TURNS: Final = 4
-"""Turns a sweep takes per call at most (20,000 jobs); the leader calls every second."""
+"""Turns each of the leader's sweep loop's sweeps (promotion, deadlines, reclaim) takes
+per call at most (20,000 jobs); that loop runs every ``maintenance_interval``."""
 _IDENTITY_RACE_TRIES: Final = 3
 _DispatchCall: TypeAlias = tuple[tuple[str, ...], tuple[str, ...] | None]
 """A dispatch's queues and actors (None: every actor)."""
@@ -157,8 +158,9 @@ _MIN_POOL_FOR_WORKER_PINS: Final = 5
 """Three pinned connections (enqueue, dispatch, success) leave two to the rest."""
 _CRON_SCHEDULES_PER_TICK: Final = 100
 """Schedules one cron tick fires at most (one transaction each); the rest wait a tick."""
-_DIAGNOSE_TIMEOUT: Final = 5.0
-"""Seconds the question of which right a refused role lacks may take (a pooled call)."""
+_DIAGNOSE_TIMEOUT: Final = 0.5
+"""Seconds the question of which right a refused role lacks may wait for a pooled
+connection: short, as it runs within the caller's own bound (a worker loop's)."""
 
 
 def _turns(ids: Sequence[object]) -> list[list[int]]:
@@ -1352,15 +1354,16 @@ class PostgresBackend:
         return bool(record is not None and record["changed"])
 
     # -- sweeps ----------------------------------------------------------------------------
-    async def _in_turns(self, query: str, *args: Any) -> int:
+    async def _in_turns(self, query: str, *args: Any, turns: int | None = _SWEEP_TURNS) -> int:
         """Run a sweep statement (its last parameter the most rows it moves) until it
-        moves fewer, or :data:`_SWEEP_TURNS` times: each turn commits, so a backlog a
-        bounded caller cannot move in one go still drains, a turn at a time, and one
-        sweep's backlog leaves the leader's next sweeps their share of its bound (a
-        promotion backlog kept the reclaim after it from running: crashed workers'
-        jobs waited for it). What is left, the next call moves."""
+        moves fewer, or ``turns`` times (None: no limit): each turn commits, so a
+        backlog a bounded caller cannot move in one go still drains, a turn at a time.
+        The sweeps the leader runs together take :data:`_SWEEP_TURNS`, so one sweep's
+        backlog leaves the next ones their share of the iteration's bound (a promotion
+        backlog kept the reclaim after it from running: crashed workers' jobs waited
+        for it); what is left, the next call moves."""
         moved = 0
-        for _ in range(_SWEEP_TURNS):
+        for _ in count() if turns is None else range(turns):
             record = await self._db().fetchrow(query, *args, self._sweep_turn)
             changed = int(record["changed"]) if record is not None else 0
             moved += changed
@@ -1644,8 +1647,10 @@ class PostgresBackend:
 
     async def sweep_expired_results(self) -> int:
         """Clear the result of every job whose ``result_expires_at`` has passed on the
-        server clock (``SupportsResultExpiry``); the expiry time itself is kept."""
-        return await self._in_turns(self._sql.expire_results)
+        server clock (``SupportsResultExpiry``); the expiry time itself is kept. A loop
+        of its own, every ``result_expiry_interval``: as many turns as the backlog
+        takes, within that loop's bound."""
+        return await self._in_turns(self._sql.expire_results, turns=None)
 
     async def complete_stale_batches(self) -> int:
         """Complete every active batch with no active child and release its finalizer,

@@ -227,8 +227,14 @@ class SyncJobsClient:
                 read: Mapping[str, int | None] | Exception = {
                     r["actor"]: r["max_pending"] for r in cur.fetchall()
                 }
-        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
-            raise  # no hiccup: an unmigrated schema, which the cursor says how to fix
+        except (
+            psycopg.errors.UndefinedTable,
+            psycopg.errors.InvalidSchemaName,
+            psycopg.errors.InsufficientPrivilege,
+        ):
+            # No hiccup: an unmigrated schema or a missing right, which the cursor says
+            # how to fix (failed open, the limits went unchecked for good).
+            raise
         except psycopg.Error as exc:
             if self._conn.closed or self._conn.broken:
                 raise  # no enqueue can follow on it: the loss, not a limits read, is news

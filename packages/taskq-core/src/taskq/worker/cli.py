@@ -83,6 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _folded(schema: str | None) -> str | None:
+    """``schema`` as Postgres names it (``TaskQ`` is ``taskq``); None if it is no name."""
+    from taskq.identifiers import validate_schema_name
+
+    try:
+        return None if schema is None else validate_schema_name(schema)
+    except ValueError:
+        return None
+
+
 def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
     """The app, on another DSN or schema, or with backend tuning, when the settings say so."""
     from taskq.app import TaskQ
@@ -105,8 +115,10 @@ def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
         return app
     if settings.dsn is None and settings.schema_name is None and not tuning:
         return app
-    schema = settings.schema_name
-    if schema is not None and schema != app.schema and os.environ.get("TASKQ_SCHEMA") == schema:
+    schema = settings.schema_name  # folded, as Postgres folds it
+    if schema is not None and _folded(os.environ.get("TASKQ_SCHEMA")) == schema != _folded(
+        app.schema
+    ):
         # The environment's schema, not the code's: producers built from the same code
         # in this environment enqueue where no worker of it looks. (A --schema flag is
         # this worker's own choice.)

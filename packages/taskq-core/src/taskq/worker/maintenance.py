@@ -41,7 +41,7 @@ _log = structlog.get_logger("taskq.leader")
 async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
     """When ``reclaim`` reclaim expired locks (Sweep 1), then promote due scheduled
     jobs, fail those past their deadline (Sweep 2) and, with a worker registry,
-    delete the rows of workers unseen for ``stale_worker_after``; returns how many
+    delete the rows of workers unseen for ``worker_row_ttl``; returns how many
     rows each moved. Reclaim first: the iteration is bounded as a whole, and crashed
     workers' jobs must not wait behind a promotion backlog."""
     backend, settings = state.backend, state.settings
@@ -60,7 +60,7 @@ async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
     moved["scheduled_to_pending"] = await backend.scheduled_to_pending()
     moved["deadline"] = await backend.deadline_sweep()
     if isinstance(backend, SupportsWorkerRegistry):
-        moved["stale_workers"] = await backend.cleanup_stale_workers(settings.stale_worker_after)
+        moved["stale_workers"] = await backend.cleanup_stale_workers(settings.worker_row_ttl)
     return moved
 
 

@@ -59,8 +59,8 @@ join from a partial index on pending jobs whenever the statistics said none were
 pending (a burst since the last ANALYZE), reading every pending job once per row:
 half a second a dispatch of 100 at 30,000 pending. ``locked``'s own join can still
 take that plan (a tenth of a second there), until the table is analyzed again: the
-jobs table is analyzed after every 10,000 changes (migration 01.00.09), not after a
-tenth of its rows. Concurrent dispatchers may over-count an actor's cap by at most
+jobs table is analyzed after 1,000 changes and a fiftieth of its rows (migration
+01.00.09), not after a tenth. Concurrent dispatchers may over-count an actor's cap by at most
 ``(producers - 1) * max_concurrent`` (each sees the others' running jobs only
 once they commit); the sweeps bound the effect. ``pending_actors``, the
 ``head`` phases and ``queue_capacity`` are additions to the architecture's

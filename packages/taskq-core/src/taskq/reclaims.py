@@ -30,7 +30,7 @@ _CATCH_UP_STEP = 0.25
 """Seconds between the polls that follow a wake which found nothing yet."""
 
 
-async def watch_reclaims(
+def watch_reclaims(
     backend: Backend,
     after_id: int = 0,
     *,
@@ -42,8 +42,47 @@ async def watch_reclaims(
     """Reclaim events with ``event_id > after_id``, in id order, forever.
 
     Delivery is at least once: persist the cursor (``event.event_id``) after
-    processing, and dedupe on it.
+    processing, and dedupe on it. Bad arguments raise here, at the call, not at
+    the first iteration (``ValueError``, ``TypeError``).
     """
+    # A zero interval polled the database in a tight loop; a float failed only once
+    # the feed went idle.
+    if isinstance(after_id, bool) or not isinstance(after_id, int) or after_id < 0:
+        raise ValueError(f"after_id must be an event id (an int >= 0), got {after_id!r}")
+    for name, value in (
+        ("poll_interval", poll_interval),
+        ("risk_check_interval", risk_check_interval),
+    ):
+        if not isinstance(value, timedelta) or value <= timedelta(0):
+            raise ValueError(f"{name} must be a positive timedelta, got {value!r}")
+    if visibility_delay is not None and (
+        not isinstance(visibility_delay, timedelta) or visibility_delay < timedelta(0)
+    ):
+        raise ValueError(
+            f"visibility_delay must be a timedelta >= 0 (or None: the backend's), "
+            f"got {visibility_delay!r}"
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    return _watch(
+        backend,
+        after_id,
+        poll_interval=poll_interval,
+        visibility_delay=visibility_delay,
+        risk_check_interval=risk_check_interval,
+        batch_size=batch_size,
+    )
+
+
+async def _watch(
+    backend: Backend,
+    after_id: int,
+    *,
+    poll_interval: timedelta,
+    visibility_delay: timedelta | None,
+    risk_check_interval: timedelta,
+    batch_size: int,
+) -> AsyncIterator[EventRow]:
     delay = visibility_delay if visibility_delay is not None else _backend_delay(backend)
     cursor = after_id
     loop = asyncio.get_running_loop()

@@ -771,6 +771,10 @@ async def test_progress_no_backend_can_store_is_refused_and_forgotten() -> None:
         await ctx.progress(state)
         with pytest.raises(ValueError, match="not a JSON number"):
             await ctx.progress({"ratio": float("nan")})
+        # No JSON object: a row whose progress_state failed its own model on reading.
+        for shapeless in ("50%", [1, 2], 5, None):
+            with pytest.raises(TypeError, match="progress must be a dict"):
+                await ctx.progress(shapeless)  # type: ignore[arg-type]
         state["done"].append(float("nan"))  # not reported: not its progress
         return "done"
 

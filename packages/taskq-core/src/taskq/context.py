@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 from uuid import UUID
 
@@ -92,11 +93,19 @@ class Context:
     async def progress(self, state: dict[str, Any]) -> None:
         """Persist progress now; each call gets a higher ``progress_seq`` (readers keep the
         newest, so a late write can never roll progress back). ``ValueError`` for a
-        value no backend can store (a NaN): the progress stays as it was."""
+        value no backend can store (a NaN), ``TypeError`` for one that is no mapping: the
+        progress stays as it was."""
+        # A job's progress is a JSON object (JobRow.progress_state): a string or a list,
+        # stored, made rows that failed their own model on the way back.
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"progress must be a dict (a JSON object), got {type(state).__name__}: "
+                f'wrap the value, e.g. ctx.progress({{"done": 5}})'
+            )
         # Checked before it becomes this attempt's progress, which every outcome write
         # stores too: kept, it failed the job for good, even when the actor carried on.
         # A copy as stored: what the actor changes later is not its progress.
-        stored = stored_json(state)
+        stored = stored_json(dict(state))
         self.progress_seq += 1
         self.progress_state = stored
         await self._record_progress(self.progress_seq, self.progress_state)

@@ -54,6 +54,9 @@ async def job(payload: dict[str, Any]) -> None:
         ({"delay": "5"}, "delay takes .*there is no run-at option"),
         ({"timeout": "1s"}, "timeout takes a timedelta or a number of seconds"),
         ({"singleton": True}, "singleton=True needs an identity key"),
+        # Its deadline would pass before it could start: failed unrun by the sweep.
+        ({"delay": 5, "schedule_to_close": 1}, r"delay \(0:00:05\) must be shorter"),
+        ({"delay": 5, "schedule_to_close": 5}, "deadline would pass before it could start"),
         ({"priorty": 1}, "unknown enqueue option.*priorty.*the options are"),
     ],
 )

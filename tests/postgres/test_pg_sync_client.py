@@ -259,7 +259,7 @@ def test_a_copy_on_a_connection_in_a_dst_zone_adds_exact_days(pg_pooled_schema: 
     with psycopg.connect(pg_pooled_schema.dsn, options="-c TimeZone=America/New_York") as conn:
         client = SyncJobsClient(conn, actors=ACTORS, schema=pg_pooled_schema.name)
         days = timedelta(days=200)
-        item_options = {"delay": days, "schedule_to_close": days}
+        item_options = {"delay": days, "schedule_to_close": 2 * days}
         assert (
             client.enqueue_batch_fast(
                 [EnqueueItem(actor=item.name, payload={"n": 1}, options=item_options)]
@@ -270,7 +270,7 @@ def test_a_copy_on_a_connection_in_a_dst_zone_adds_exact_days(pg_pooled_schema: 
     [row] = _stored(pg_pooled_schema)
     assert row.scheduled_at - row.created_at == days
     assert row.deadline_at is not None
-    assert row.deadline_at - row.created_at == days
+    assert row.deadline_at - row.created_at == 2 * days
 
 
 def test_threads_share_one_client(client: SyncJobsClient, pg_pooled_schema: PgSchema) -> None:

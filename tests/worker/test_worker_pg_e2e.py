@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from taskq import JobFilter, JobStatus, MaxPendingExceededError, TaskQ
+from taskq.models import EnqueueArgs
 from taskq_testing.postgres import PgSchema
 from tests.apps import basic
 
@@ -208,7 +209,15 @@ async def test_signals_retries_timeouts_and_deadlines(tq: TaskQ, pg_schema: PgSc
     failing = await c.enqueue(basic.always_fails, {})
     after = await c.enqueue(basic.retry_after, {})
     slow = await c.enqueue(basic.too_slow, {})
-    late = await c.enqueue(basic.nap, {}, delay=5, schedule_to_close=0.3)
+    # Its deadline passes while it waits (the client refuses such options up front;
+    # a backend stores what it is given).
+    late = await tq.backend.enqueue(
+        EnqueueArgs(
+            actor=basic.nap.name,
+            delay=timedelta(seconds=5),
+            schedule_to_close=timedelta(seconds=0.3),
+        )
+    )
     await asyncio.to_thread(run_until_idle, pg_schema, "--queues", "default")
 
     assert await c.wait_for_result(snoozed.id, timeout=1) == 3

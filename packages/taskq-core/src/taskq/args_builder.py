@@ -185,6 +185,13 @@ class ArgsBuilder:
                 f"invalid enqueue options for actor {target.name!r}: "
                 f"{validation_problems(exc, '<options>')}"
             ) from None
+        if args.delay and args.schedule_to_close and args.delay >= args.schedule_to_close:
+            # Stored, it waited out its delay to be failed by the deadline sweep, unrun.
+            raise EnqueueOptionsError(
+                f"delay ({args.delay}) must be shorter than schedule_to_close "
+                f"({args.schedule_to_close}) for actor {target.name!r}: both count from "
+                f"the enqueue, so the job's deadline would pass before it could start"
+            )
         if args.singleton and args.identity_key is None:
             raise EnqueueOptionsError(
                 f"singleton=True needs an identity key: pass identity_key=..., or declare "

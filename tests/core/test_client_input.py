@@ -5,6 +5,7 @@ actor's default), and a filter is never half used."""
 
 from __future__ import annotations
 
+import asyncio
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -120,6 +121,13 @@ async def test_wait_for_result_with_no_time_answers_from_one_read(taskq_backend:
     done = await tq.client.enqueue(job, {})
     await run_until_idle(tq, queues=["jobs"])
     assert await tq.client.wait_for_result(done.id, timeout=0) is None  # done: no wait
+    # None: no limit (a raw TypeError before); a string is no number of seconds (it
+    # was read as one).
+    assert await tq.client.wait_for_result(done.id, timeout=None) is None
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(tq.client.wait_for_result(waiting.id, timeout=None), 0.2)
+    with pytest.raises(TypeError, match="takes seconds .*not str"):
+        await tq.client.wait_for_result(done.id, timeout="5")  # type: ignore[arg-type]
 
 
 async def test_enqueue_with_conn_needs_a_connection_on_postgres(pg_backend: Backend) -> None:

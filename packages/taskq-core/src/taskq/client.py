@@ -356,18 +356,31 @@ class JobsClient:
     async def wait_for_result(
         self,
         job_id: UUID | str,
-        timeout: timedelta | float = 30.0,  # noqa: ASYNC109 - the public API takes a timeout
+        timeout: timedelta | float | None = 30.0,  # noqa: ASYNC109 - the public API takes a timeout
     ) -> Any:
-        """Wait until the job is terminal and return its result.
+        """Wait until the job is terminal and return its result (``timeout=None``: for as
+        long as it takes).
 
         Raises :class:`JobFailedError` (with the row) when it ended in any
         status but ``succeeded``, :class:`ResultExpiredError` when it succeeded but its
         result outlived ``result_ttl`` (the backend's clock decides), ``TimeoutError``
-        after ``timeout``, ``KeyError`` for an unknown job, and ``ValueError`` for a
-        negative or NaN ``timeout``.
+        after ``timeout``, ``KeyError`` for an unknown job, ``ValueError`` for a
+        negative or NaN ``timeout`` and ``TypeError`` for one that is no number of
+        seconds nor a ``timedelta`` (a string was read as seconds).
         """
-        limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        if math.isnan(limit) or limit < 0:
+        limit: float | None
+        if timeout is None:
+            limit = None
+        elif isinstance(timeout, timedelta):
+            limit = timeout.total_seconds()
+        elif isinstance(timeout, int | float) and not isinstance(timeout, bool):
+            limit = float(timeout)
+        else:
+            raise TypeError(
+                f"wait_for_result timeout takes seconds (a number), a timedelta or None, "
+                f"not {type(timeout).__name__}"
+            )
+        if limit is not None and (math.isnan(limit) or limit < 0):
             raise ValueError(
                 f"wait_for_result timeout must be a number of seconds, 0 or more, not {limit}"
             )

@@ -209,6 +209,17 @@ class SingletonCollisionError(EnqueueError):
         self.retry_after = retry_after
 
     @classmethod
+    def in_one_call(cls, actor: str, identity_key: str | None) -> SingletonCollisionError:
+        """A singleton after another item of one batch with its identity: that item's
+        job is no active job anyone could wait for (nothing of the call was written)."""
+        return cls(
+            f"a singleton of actor {actor!r} follows another item of this call with "
+            f"identity_key {identity_key!r}: the call would make two active jobs of one "
+            f"identity (nothing was written); drop one, or enqueue the singleton once the "
+            f"other job ends"
+        )
+
+    @classmethod
     def on_retry(
         cls, job_id: object, actor: str, identity_key: str | None, holder: object
     ) -> SingletonCollisionError:

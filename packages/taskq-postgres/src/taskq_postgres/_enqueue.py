@@ -510,10 +510,7 @@ def plan_check_singletons(
                 holder = active[identity]
                 raise _collision(args, holder["id"], holder["retry_after"])
             if identity in staged:
-                earlier = staged[identity]
-                ttl = earlier.schedule_to_close
-                hint = ttl.total_seconds() if ttl is not None else None
-                raise _collision(args, earlier.id, hint)
+                raise SingletonCollisionError.in_one_call(args.actor, args.identity_key)
         if args.identity_key is not None:
             staged.setdefault((args.actor, args.identity_key), args)
     if copied:

@@ -230,7 +230,10 @@ class JobStore:
         staged: Iterable[JobRow],
         finishing: JobId | None = None,
     ) -> None:
-        for row in itertools.chain(self.jobs.values(), staged):
+        for row in staged:
+            if row.actor == args.actor and row.identity_key == args.identity_key:
+                raise SingletonCollisionError.in_one_call(args.actor, args.identity_key)
+        for row in self.jobs.values():
             if (
                 row.id != finishing
                 and row.status in ACTIVE_STATUSES

@@ -396,6 +396,21 @@ class EnqueueTests:
         assert await backend.get(refused.id) is None
         assert [row.id for row in await backend.list_jobs(JobFilter())] == [active.id]
 
+    @pytest.mark.parametrize("fast", [False, True], ids=["enqueue_batch", "enqueue_batch_fast"])
+    @covers("enqueue_batch", "enqueue_batch_fast")
+    async def test_a_singleton_after_an_item_of_its_identity_in_one_call_names_the_call(
+        self, backend: Backend, fast: bool
+    ) -> None:
+        # The error named the earlier item's job as the active holder to wait for: a job
+        # that never existed (the whole call rolled back), so retrying never helped.
+        first = make_args(identity_key="user-1", singleton=True)
+        second = make_args(identity_key="user-1", singleton=True)
+        call = backend.enqueue_batch_fast if fast else backend.enqueue_batch
+        with pytest.raises(SingletonCollisionError, match="another item of this call") as refused:
+            await call([first, second])
+        assert str(first.id) not in str(refused.value)
+        assert await backend.list_jobs(JobFilter()) == []
+
     @pytest.mark.parametrize(
         "finished_status", [JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED]
     )

@@ -250,6 +250,35 @@ async def test_inputs_one_backend_would_misread_are_refused_on_every_backend(
     assert [r.id for r in await tq.client.list_jobs()] == [kept.id]
 
 
+@actor(name="options.echo")
+async def echo(payload: dict[str, Any]) -> Any:
+    return payload
+
+
+async def test_a_value_past_the_jsonb_limit_is_refused_on_every_backend(
+    taskq_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Over 256 MB: memory took it, Postgres raised its driver's error (or lost the
+    # connection past 1 GB); a result that large succeeded in memory only. The limit,
+    # made small here, is jsonb's on both.
+    from taskq.backend import storable
+    from taskq_testing import run_until_idle
+
+    monkeypatch.setattr(storable, "MAX_JSON_BYTES", 1_000)
+    tq = TaskQ("memory://", actors=[echo], backend=taskq_backend)
+    with pytest.raises(
+        ValueError, match="JSON value of 1,0.. bytes cannot be stored: at most 1,000"
+    ):
+        await tq.client.enqueue(echo, {"x": "y" * 1_000})
+    assert await tq.client.list_jobs() == []
+    small = await tq.client.enqueue(echo, {"x": "y" * 400})
+    monkeypatch.setattr(storable, "MAX_JSON_BYTES", 300)  # its result now too large
+    await run_until_idle(tq, queues=["default"])
+    row = await tq.client.get(small.id)
+    assert row is not None and row.status is JobStatus.FAILED
+    assert row.error is not None and "cannot be stored" in row.error.message
+
+
 @actor(name="options.capped", max_pending=1)
 async def capped(payload: dict[str, Any]) -> None:
     return None

@@ -24,6 +24,7 @@ from pydantic_core import PydanticSerializationError, from_json, to_json
 from taskq.models import MAX_DURATION
 
 __all__ = [
+    "MAX_JSON_BYTES",
     "REPLACEMENT_CHARACTER",
     "check_delay",
     "clean_text",
@@ -37,6 +38,9 @@ REPLACEMENT_CHARACTER: Final = "\ufffd"
 # A \u0000 escape that is not itself escaped: preceded by an even number of backslashes.
 _JSON_NUL: Final = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
 
+MAX_JSON_BYTES: Final = 268_435_455
+"""The largest JSON value (payload, result, progress, metadata) a job holds, as UTF-8
+text: PostgreSQL's jsonb limit, enforced on every backend."""
 _MAX_INT_DIGITS: Final = 4300
 """The longest integer the JSON reader takes back (as Python's ``int`` from text)."""
 _LONG_DIGIT_RUN: Final = re.compile(f"[0-9]{{{_MAX_INT_DIGITS + 1}}}")
@@ -66,14 +70,15 @@ def clean_text(value: str | None) -> str | None:
 def dump_json(value: Any) -> str:
     """``value`` as the JSON text a backend stores (``\\u0000`` escapes replaced);
     ``ValueError`` for a NaN or infinite number, which JSON cannot hold, for text with a
-    lone surrogate, which no store can hold, and for an integer of more than 4,300
-    digits, which could be stored but never read back.
+    lone surrogate, which no store can hold, for an integer of more than 4,300
+    digits, which could be stored but never read back, and for a value of more than
+    :data:`MAX_JSON_BYTES`.
 
     pydantic-core's serializer: compact, UTF-8 as is, and about ten times faster than
     ``json.dumps`` on a small object (it runs for every payload a COPY enqueues).
     """
     try:
-        text = to_json(value).decode()
+        raw = to_json(value)
     except PydanticSerializationError as exc:
         if "surrogates not allowed" not in str(exc):
             raise
@@ -82,6 +87,15 @@ def dump_json(value: Any) -> str:
             "undecodable bytes) cannot be stored as JSON: decode it with errors='replace', "
             "or send the bytes base64-encoded"
         ) from None
+    if len(raw) > MAX_JSON_BYTES:
+        # Accepted in memory, refused by Postgres with a driver's error (or a dropped
+        # connection past 1 GB): one limit on every backend, said in its own words.
+        raise ValueError(
+            f"a JSON value of {len(raw):,} bytes cannot be stored: at most {MAX_JSON_BYTES:,} "
+            f"(PostgreSQL's jsonb); store large data elsewhere (a file, an object store) "
+            f"and pass its address"
+        )
+    text = raw.decode()
     if "NaN" in text or "Infinity" in text:
         # Maybe only inside strings: the parser tells a bare constant apart.
         json.loads(text, parse_constant=_refuse_constant)

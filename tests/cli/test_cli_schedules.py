@@ -113,6 +113,8 @@ def test_refusals_are_one_line_errors(cli: Cli) -> None:
         ("update", schedule_id): "nothing to change",
         ("update", unknown, "--disable"): f"no schedule {unknown}",
         ("update", schedule_id, "--cron", "61 * * * *"): "invalid cron expression",
+        # A year long past: a traceback, where create said it in one line.
+        ("update", schedule_id, "--cron", "0 0 1 1 * 0 2020"): "never fires after now",
         ("delete", unknown): f"no schedule {unknown}",
         ("delete", "not-a-uuid"): "'not-a-uuid' is not a schedule id",
     }

@@ -164,3 +164,98 @@ async def test_a_slot_whose_stored_payload_the_actor_refuses_fails_in_plain_sigh
     assert row is not None and row.status is JobStatus.FAILED and row.error is not None
     assert row.error.error_class == "taskq.errors.PayloadValidationError"
     assert "invalid payload for actor 'cron.counted'" in row.error.message
+
+
+async def _due_since(backend: Backend, schedule_id: Any, seconds: float) -> None:
+    """Put a schedule's next fire time ``seconds`` in the past (a leader gap)."""
+    from datetime import timedelta
+
+    from taskq.backend.memory import InMemoryBackend
+
+    if isinstance(backend, InMemoryBackend):
+        backend._schedules.advance(
+            schedule_id, backend.clock.now() - timedelta(seconds=seconds), None
+        )
+        return
+    async with backend.connection() as conn:  # type: ignore[attr-defined]
+        await conn.execute(
+            f"UPDATE {backend.schema}.schedules "  # type: ignore[attr-defined]
+            f"SET next_fire_at = date_trunc('second', clock_timestamp()) - make_interval(secs => $2) "
+            f"WHERE id = $1",
+            schedule_id,
+            seconds,
+        )
+
+
+def _slot_args(schedule: ScheduleRecord, slot: datetime) -> Any:
+    from taskq.models import EnqueueArgs
+
+    return EnqueueArgs(
+        actor=schedule.actor,
+        idempotency_key=f"taskq:schedule:{schedule.id}:{slot.isoformat()}",
+        **schedule.options,
+    )
+
+
+async def test_an_unreadable_schedule_is_parked_and_the_others_fire(
+    taskq_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A time zone this host's tzdata lacks raised at every tick: the guard ended each
+    # leader in turn, and the schedule, first in line, kept the others from firing.
+    from datetime import timedelta
+    from zoneinfo import ZoneInfoNotFoundError
+
+    import structlog.testing
+
+    from taskq.backend import cron
+
+    bad = await taskq_backend.create_schedule(  # type: ignore[attr-defined]
+        ScheduleCreateArgs(name="bad", actor="cron.a", cron="* * * * * *", timezone="Europe/Berlin")
+    )
+    good = await taskq_backend.create_schedule(  # type: ignore[attr-defined]
+        ScheduleCreateArgs(name="good", actor="cron.b", cron="* * * * * *")
+    )
+    await _due_since(taskq_backend, bad.id, 3)
+    await _due_since(taskq_backend, good.id, 2)
+    readable = cron.next_fire_at
+
+    def tzdata_without_berlin(expression: str, timezone: str, after: datetime) -> Any:
+        if timezone == "Europe/Berlin":
+            raise ZoneInfoNotFoundError("No time zone found with key Europe/Berlin")
+        return readable(expression, timezone, after)
+
+    monkeypatch.setattr(cron, "next_fire_at", tzdata_without_berlin)
+    with structlog.testing.capture_logs() as logs:
+        fired = await taskq_backend.fire_due_schedules(  # type: ignore[attr-defined]
+            _slot_args, catch_up=timedelta(minutes=1)
+        )
+    assert fired >= 2  # the good one's slots
+    [parked] = [s for s in await taskq_backend.list_schedules() if s.name == "bad"]  # type: ignore[attr-defined]
+    assert parked.next_fire_at is None
+    [error] = [e for e in logs if e["event"] == "taskq.schedule-unreadable"]
+    assert error["schedule"] == "bad" and "taskq schedules update" in error["hint"]
+
+
+async def test_a_singleton_schedule_behind_by_several_slots_enqueues_one_job(
+    taskq_backend: Backend,
+) -> None:
+    # The slots of one tick went in as one all-or-nothing enqueue, collided with each
+    # other, and none was enqueued: a singleton schedule fired nothing after a gap.
+    from datetime import timedelta
+
+    from taskq.models import JobFilter
+
+    schedule = await taskq_backend.create_schedule(  # type: ignore[attr-defined]
+        ScheduleCreateArgs(
+            name="only-one",
+            actor="cron.single",
+            cron="* * * * * *",
+            options={"singleton": True, "identity_key": "only-one"},
+        )
+    )
+    await _due_since(taskq_backend, schedule.id, 3)
+    fired = await taskq_backend.fire_due_schedules(  # type: ignore[attr-defined]
+        _slot_args, catch_up=timedelta(minutes=1)
+    )
+    assert fired == 1
+    assert len(await taskq_backend.list_jobs(JobFilter(actor="cron.single"))) == 1

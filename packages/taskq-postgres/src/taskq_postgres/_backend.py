@@ -42,7 +42,7 @@ import structlog
 from taskq.backend import check_batch_size, check_protocol_version, check_retention
 from taskq.backend._protocol import ScheduleFire
 from taskq.backend.batch_members import BATCH_TAG, FINALIZER_TAG, check_children, check_finalizer
-from taskq.backend.cron import cron_slots, first_fire_at, skipped_slots
+from taskq.backend.cron import cron_slots, first_fire_at, one_per_singleton, skipped_slots
 from taskq.backend.fairness import STRICT, CohortTurns, cohort_of
 from taskq.backend.storable import check_delay, clean_text, dump_json
 from taskq.errors import ConfigurationError, RetryRefusedError, SingletonCollisionError, TaskQError
@@ -1587,6 +1587,7 @@ class PostgresBackend:
         schedule = schedule_record(record)
         slots, following = cron_slots(schedule, record["now"], catch_up)
         jobs = [args for slot in slots if (args := build(schedule, slot)) is not None]
+        jobs = one_per_singleton(schedule, slots, jobs)
         if jobs:
             try:
                 async with tx.transaction():  # a savepoint: the slots' enqueue alone

@@ -15,13 +15,14 @@ import structlog
 from croniter import CroniterBadDateError, croniter
 
 from taskq.errors import SingletonCollisionError
-from taskq.models import ScheduleRecord
+from taskq.models import EnqueueArgs, ScheduleRecord
 
 __all__ = [
     "MAX_SLOTS_PER_TICK",
     "cron_slots",
     "first_fire_at",
     "next_fire_at",
+    "one_per_singleton",
     "skipped_slots",
 ]
 
@@ -83,14 +84,54 @@ def cron_slots(
     resumes from ``now - catch_up``).
     """
     cutoff = now - catch_up
-    slot = schedule.next_fire_at
-    if slot is None or slot < cutoff:
-        slot = next_fire_at(schedule.cron, schedule.timezone, cutoff)
-    slots: list[datetime] = []
-    while slot is not None and slot <= now and len(slots) < MAX_SLOTS_PER_TICK:
-        slots.append(slot)
-        slot = next_fire_at(schedule.cron, schedule.timezone, slot)
+    try:
+        slot = schedule.next_fire_at
+        if slot is None or slot < cutoff:
+            slot = next_fire_at(schedule.cron, schedule.timezone, cutoff)
+        slots: list[datetime] = []
+        while slot is not None and slot <= now and len(slots) < MAX_SLOTS_PER_TICK:
+            slots.append(slot)
+            slot = next_fire_at(schedule.cron, schedule.timezone, slot)
+    except Exception as exc:  # noqa: BLE001 - a row this code cannot read, whatever the cause
+        # A time zone this host's tzdata lacks, an expression a newer croniter refuses:
+        # raised, it failed every tick (the guard then ended each leader in turn) and,
+        # first in line, kept every other schedule from firing. Parked instead.
+        _log.error(
+            "taskq.schedule-unreadable",
+            schedule=schedule.name,
+            cron=schedule.cron,
+            timezone=schedule.timezone,
+            error=repr(exc),
+            hint="the schedule is parked (no next fire time): fix its cron or timezone "
+            "with `taskq schedules update`, which computes it again",
+        )
+        return [], None
     return slots, slot
+
+
+def one_per_singleton(
+    schedule: ScheduleRecord, slots: list[datetime], jobs: list[EnqueueArgs]
+) -> list[EnqueueArgs]:
+    """``jobs`` (of ``slots``) keeping the first of each singleton identity: the slots of
+    a catch-up collided with each other in their all-or-nothing enqueue, and a singleton
+    schedule enqueued none of them."""
+    seen: set[tuple[str, str | None]] = set()
+    kept: list[EnqueueArgs] = []
+    for job in jobs:
+        if job.singleton:
+            if (job.actor, job.identity_key) in seen:
+                continue
+            seen.add((job.actor, job.identity_key))
+        kept.append(job)
+    if len(kept) < len(jobs):
+        _log.warning(
+            "taskq.schedule-slot-skipped",
+            schedule=schedule.name,
+            slots=(slots[0].isoformat(), slots[-1].isoformat()),
+            skipped=len(jobs) - len(kept),
+            reason="singleton: one job for the slots of one tick",
+        )
+    return kept
 
 
 def skipped_slots(schedule: ScheduleRecord, slots: list[datetime], exc: Exception) -> None:

@@ -55,7 +55,7 @@ from taskq.backend._memory_store import (
 from taskq.backend._memory_sweeps import fail_past_deadline, promote_due, reclaim_expired
 from taskq.backend._protocol import Connection, ScheduleFire, check_protocol_version
 from taskq.backend.clock import Clock, SystemClock
-from taskq.backend.cron import cron_slots, skipped_slots
+from taskq.backend.cron import cron_slots, one_per_singleton, skipped_slots
 from taskq.backend.fairness import CohortTurns, cohort_of
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
 from taskq.backend.storable import check_delay, clean_text, stored_json
@@ -1081,6 +1081,7 @@ class InMemoryBackend:
                 continue
             slots, following = cron_slots(schedule, now, catch_up)
             jobs = [args for slot in slots if (args := build(schedule, slot)) is not None]
+            jobs = one_per_singleton(schedule, slots, jobs)
             try:
                 plan = self._store.plan_inserts(jobs, now, idempotent=True)
             except (TaskQError, ValueError) as exc:

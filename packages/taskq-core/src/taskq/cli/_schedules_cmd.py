@@ -245,6 +245,8 @@ async def _update(args: argparse.Namespace) -> int:
             schedule = await backend.update_schedule(schedule_id, changes)
         except KeyError:
             raise ScheduleCommandError(f"no schedule {schedule_id}") from None
+        except ValueError as exc:  # a cron that never fires again, as create says it
+            raise ScheduleCommandError(str(exc)) from None
     print(f"schedule {schedule.name} updated")
     return 0
 

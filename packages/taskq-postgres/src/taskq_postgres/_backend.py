@@ -42,7 +42,13 @@ import structlog
 from taskq.backend import check_batch_size, check_protocol_version, check_retention
 from taskq.backend._protocol import ScheduleFire
 from taskq.backend.batch_members import BATCH_TAG, FINALIZER_TAG, check_children, check_finalizer
-from taskq.backend.cron import cron_slots, first_fire_at, one_per_singleton, skipped_slots
+from taskq.backend.cron import (
+    cron_slots,
+    first_fire_at,
+    one_per_singleton,
+    skipped_slots,
+    updated_fire_at,
+)
 from taskq.backend.fairness import STRICT, CohortTurns, cohort_of
 from taskq.backend.storable import check_delay, clean_text, dump_json
 from taskq.errors import ConfigurationError, RetryRefusedError, SingletonCollisionError, TaskQError
@@ -1499,13 +1505,15 @@ class PostgresBackend:
         return [schedule_record(r) for r in records]
 
     async def update_schedule(self, schedule_id: UUID, args: ScheduleUpdateArgs) -> ScheduleRecord:
-        """Apply the fields of ``args`` that are set and recompute ``next_fire_at`` from
-        the server clock; ``KeyError`` if unknown."""
+        """Apply the fields of ``args`` that are set; ``next_fire_at`` is computed again
+        from the server clock when the timing (cron, time zone, enabled) changed, else
+        kept; ``KeyError`` if unknown."""
         async with self._transaction() as tx:
             current = await tx.fetchrow(self._sql.lock_schedule, schedule_id)
             if current is None:
                 raise KeyError(f"no schedule with id {schedule_id}")
-            merged = schedule_record(current).model_copy(update=args.model_dump(exclude_none=True))
+            stored = schedule_record(current)
+            merged = stored.model_copy(update=args.model_dump(exclude_none=True))
             record = await tx.fetchrow(
                 self._sql.update_schedule,
                 schedule_id,
@@ -1515,7 +1523,7 @@ class PostgresBackend:
                 merged.timezone,
                 merged.enabled,
                 dump_json(merged.options),
-                first_fire_at(merged.cron, merged.timezone, merged.enabled, current["now"]),
+                updated_fire_at(stored, merged, current["now"]),
             )
         return schedule_record(record)
 

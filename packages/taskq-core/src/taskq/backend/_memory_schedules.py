@@ -6,7 +6,7 @@ from datetime import datetime
 from uuid import UUID, uuid4
 
 from taskq.backend.clock import Clock
-from taskq.backend.cron import first_fire_at
+from taskq.backend.cron import first_fire_at, updated_fire_at
 from taskq.backend.storable import stored_json
 from taskq.models import ScheduleCreateArgs, ScheduleRecord, ScheduleUpdateArgs
 
@@ -63,7 +63,7 @@ class ScheduleTable:
             update={
                 "payload": stored_json(merged.payload),
                 "options": stored_json(merged.options),
-                "next_fire_at": first_fire_at(merged.cron, merged.timezone, merged.enabled, now),
+                "next_fire_at": updated_fire_at(current, merged, now),
                 "updated_at": now,
             }
         )

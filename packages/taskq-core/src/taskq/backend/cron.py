@@ -24,6 +24,7 @@ __all__ = [
     "next_fire_at",
     "one_per_singleton",
     "skipped_slots",
+    "updated_fire_at",
 ]
 
 _log = structlog.get_logger("taskq.leader")
@@ -49,6 +50,22 @@ def first_fire_at(cron: str, timezone: str, enabled: bool, now: datetime) -> dat
             f"or disable the schedule"
         )
     return fire
+
+
+def updated_fire_at(
+    current: ScheduleRecord, updated: ScheduleRecord, now: datetime
+) -> datetime | None:
+    """``next_fire_at`` of ``current`` changed into ``updated`` at ``now``: kept while its
+    timing (cron, time zone, enabled) is unchanged, else computed from ``now``. Always
+    computed, a payload change dropped the slots due and not yet fired (a catch-up's
+    whole backlog)."""
+    if current.next_fire_at is not None and (updated.cron, updated.timezone, updated.enabled) == (
+        current.cron,
+        current.timezone,
+        current.enabled,
+    ):
+        return current.next_fire_at
+    return first_fire_at(updated.cron, updated.timezone, updated.enabled, now)
 
 
 def next_fire_at(cron: str, timezone: str, after: datetime) -> datetime | None:

@@ -167,6 +167,17 @@ class ScheduleTests:
         assert await backend.list_schedules() == [updated]
 
     @covers("update_schedule")
+    async def test_an_update_that_keeps_the_timing_keeps_the_slots_due(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # Computed again from now on every update, a payload change dropped the slots
+        # due and not yet fired (a catch-up's whole backlog).
+        record = await backend.create_schedule(_args(cron="* * * * * *"))
+        await advance_time(timedelta(seconds=1.5))  # its first slot is due, unfired
+        updated = await backend.update_schedule(record.id, ScheduleUpdateArgs(payload={"v": 2}))
+        assert updated.next_fire_at == record.next_fire_at
+
+    @covers("update_schedule")
     async def test_update_schedule_recomputes_next_fire_at(self, backend: Backend) -> None:
         record = await backend.create_schedule(_args())
         moved = await backend.update_schedule(

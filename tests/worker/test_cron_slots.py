@@ -259,3 +259,24 @@ async def test_a_singleton_schedule_behind_by_several_slots_enqueues_one_job(
     )
     assert fired == 1
     assert len(await taskq_backend.list_jobs(JobFilter(actor="cron.single"))) == 1
+
+
+async def test_slots_past_the_catch_up_window_are_skipped_with_a_warning(
+    taskq_backend: Backend,
+) -> None:
+    # They vanished without a word: no job, event or log line said they never ran.
+    from datetime import timedelta
+
+    import structlog.testing
+
+    schedule = await taskq_backend.create_schedule(  # type: ignore[attr-defined]
+        ScheduleCreateArgs(name="late", actor="cron.late", cron="* * * * * *")
+    )
+    await _due_since(taskq_backend, schedule.id, 5)
+    with structlog.testing.capture_logs() as logs:
+        fired = await taskq_backend.fire_due_schedules(  # type: ignore[attr-defined]
+            _slot_args, catch_up=timedelta(seconds=2)
+        )
+    assert 1 <= fired <= 4  # the slots of the last two seconds
+    [missed] = [e for e in logs if e["event"] == "taskq.schedule-slots-missed"]
+    assert missed["schedule"] == "late" and "TASKQ_CRON_CATCH_UP" in missed["hint"]

@@ -314,6 +314,26 @@ async def test_an_idempotent_retry_at_max_pending_gets_its_job_back(
     assert [r.id for r in await tq.client.list_jobs()] == [first.id]
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["enqueue_batch", "enqueue_batch_fast"])
+async def test_items_repeating_a_new_key_count_once_against_max_pending(
+    taskq_backend: Backend, fast: bool
+) -> None:
+    # The batch makes one job, yet was refused for adding two (max_pending=1).
+    tq = TaskQ("memory://", actors=[capped], backend=taskq_backend)
+    twice = [
+        EnqueueItem(actor="options.capped", payload={}, options={"idempotency_key": "order-1"})
+    ] * 2
+    if fast:
+        # COPY does not deduplicate (the call fails on the repeated key), but not as
+        # "past max_pending".
+        with pytest.raises(ValueError, match="already used|duplicate|idempotency"):
+            await tq.client.enqueue_batch_fast(twice)
+    else:
+        first, second = await tq.client.enqueue_batch(twice)
+        assert first.id == second.id
+        assert [r.id for r in await tq.client.list_jobs()] == [first.id]
+
+
 async def test_a_job_id_as_text_finds_the_job_on_every_backend(taskq_backend: Backend) -> None:
     # From a URL or a command line: Postgres found the job, the in-memory backend not.
     tq = TaskQ("memory://", actors=[job], backend=taskq_backend)

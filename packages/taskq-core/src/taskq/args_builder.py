@@ -241,10 +241,19 @@ class ArgsBuilder:
             yield self.args(ref, payload, options, job_id)
 
     def counts(self, listed: Iterable[BatchItem]) -> dict[str, int]:
-        """How many of the items go to each actor (``UnknownActorError`` for an unknown one)."""
+        """How many jobs the items can add to each actor (``UnknownActorError`` for an
+        unknown one): items repeating an idempotency key of the call count once, as
+        they make one job."""
         counts: dict[str, int] = {}
+        keys: set[tuple[str, str]] = set()
         for item in listed:
-            name = self.actor(_item_parts(item)[0]).name
+            ref, _, options = _item_parts(item)
+            name = self.actor(ref).name
+            key = options.get("idempotency_key")
+            if key is not None:
+                if (name, key) in keys:
+                    continue
+                keys.add((name, key))
             counts[name] = counts.get(name, 0) + 1
         return counts
 

@@ -45,3 +45,13 @@ def test_set_hours_skip_every_slot_of_the_repeated_hour() -> None:
         datetime(2026, 11, 2, 6, 0, tzinfo=UTC),  # 01:00 EST on the 2nd: none at 01:xx EST
         datetime(2026, 11, 2, 6, 20, tzinfo=UTC),
     ]
+
+
+def test_a_year_field_past_2050_is_a_cron_expression() -> None:
+    # Checked from 2000 alone, croniter's 50-year search refused it as "no such date".
+    from taskq.models import ScheduleCreateArgs
+
+    args = ScheduleCreateArgs(name="once", actor="a", cron="0 9 1 1 * 0 2051")
+    assert args.cron == "0 9 1 1 * 0 2051"
+    with pytest.raises(ValueError, match="never fires"):
+        ScheduleCreateArgs(name="never", actor="a", cron="0 0 30 2 *")

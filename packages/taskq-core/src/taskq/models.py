@@ -599,13 +599,21 @@ def _check_cron(value: str) -> str:
 
     if not croniter.is_valid(value):
         raise ValueError(f"invalid cron expression {value!r}")
-    try:
-        # From a fixed instant (no clock): an expression such as "0 0 30 2 *" parses but
-        # names no date, and would fail at every computation of its next slot.
-        croniter(value, datetime(2000, 1, 1)).get_next(datetime)
-    except (CroniterBadDateError, ValueError):
-        raise ValueError(f"cron expression {value!r} never fires (no such date)") from None
-    return value
+    # From fixed instants (no clock): an expression such as "0 0 30 2 *" parses but
+    # names no date, and would fail at every computation of its next slot. croniter
+    # looks 50 years ahead, and takes years up to 2099: a year field past 2050 was
+    # refused from 2000 alone.
+    for anchor in _CRON_CHECK_ANCHORS:
+        try:
+            croniter(value, anchor).get_next(datetime)
+        except (CroniterBadDateError, ValueError):
+            continue
+        return value
+    raise ValueError(f"cron expression {value!r} never fires (no such date)")
+
+
+_CRON_CHECK_ANCHORS: Final = (datetime(2000, 1, 1), datetime(2049, 1, 1))
+"""Where an expression is tried from: together, croniter's years up to 2099."""
 
 
 def _check_timezone(value: str) -> str:

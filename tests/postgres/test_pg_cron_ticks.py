@@ -118,3 +118,23 @@ async def test_a_frozen_leaders_schedule_lock_ends_with_its_session(
         await backend.fire_due_schedules(frozen, catch_up=_CATCH_UP)
     assert free_while_frozen == [1]
     assert await backend.list_jobs(JobFilter(limit=10)) == []  # nothing of that tick landed
+
+
+async def test_slots_the_database_refuses_are_skipped_and_the_tick_goes_on(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A constraint refusing one schedule's rows failed the whole tick each time; the
+    # loop guard then ended each leader in turn.
+    await _behind(backend, 2)
+    enqueue = backend._enqueue
+
+    async def refusing(db: object, jobs: list[EnqueueArgs]) -> object:
+        if jobs and jobs[0].actor == "a0":
+            raise asyncpg.CheckViolationError("new row violates check constraint")
+        return await enqueue(db, jobs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(backend, "_enqueue", refusing)
+    fired = await backend.fire_due_schedules(_slot_job, catch_up=_CATCH_UP)
+    assert fired >= 5  # the other schedule's slots
+    assert await _untouched(backend) == set()  # both advanced past their slots
+    assert {job.actor for job in await backend.list_jobs(JobFilter())} == {"a1"}

@@ -1600,7 +1600,14 @@ class PostgresBackend:
             try:
                 async with tx.transaction():  # a savepoint: the slots' enqueue alone
                     await self._enqueue(tx, jobs)
-            except (TaskQError, ValueError) as exc:
+            except (
+                TaskQError,
+                ValueError,
+                # The database refusing these rows (a constraint, a value): raised, the
+                # tick failed each time, and the loop guard ended each leader in turn.
+                asyncpg.DataError,
+                asyncpg.IntegrityConstraintViolationError,
+            ) as exc:
                 skipped_slots(schedule, slots, exc)
                 jobs = []
         await tx.execute(

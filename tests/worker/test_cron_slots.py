@@ -85,6 +85,31 @@ def test_a_slot_of_an_actor_this_worker_lacks_keeps_the_schedules_options() -> N
     assert build(bad, SLOT) is None  # skipped and logged, as a bad option of a known actor
 
 
+def test_a_slot_of_an_actor_this_worker_lacks_takes_the_actors_registered_options() -> None:
+    # The job took the enqueue defaults (three attempts, no timeout, priority 0) under a
+    # leader without the actor, and the actor's own under one with it.
+    tq = TaskQ("memory://", actors=[report])
+    registered = {"cron.elsewhere": {"priority": 3, "max_attempts": 5, "timeout": 7.0}}
+    build = SlotJobBuilder(tq.client, tq.actors, {"cron.elsewhere": "thumbs"}, registered)
+    args = build(_schedule("cron.elsewhere", None), SLOT)
+    assert args is not None
+    assert (args.queue, args.priority, args.max_attempts) == ("thumbs", 3, 5)
+    assert args.timeout is not None and args.timeout.total_seconds() == 7
+    # The schedule's own options win over them.
+    mine = _schedule("cron.elsewhere", None).model_copy(update={"options": {"max_attempts": 9}})
+    args = build(mine, SLOT)
+    assert args is not None and (args.priority, args.max_attempts) == (3, 9)
+
+
+def test_a_worker_registers_what_its_actors_declare_for_their_jobs() -> None:
+    @actor(name="cron.declared", priority=2, max_attempts=4, timeout=1.5)
+    async def declared(payload: dict[str, Any]) -> None:
+        return None
+
+    assert declared.options.job_defaults() == {"priority": 2, "max_attempts": 4, "timeout": 1.5}
+    assert report.options.job_defaults() == {"priority": 0, "max_attempts": 3}
+
+
 async def test_a_schedule_without_a_queue_is_stored_so(taskq_backend: Backend) -> None:
     tq = TaskQ("memory://", actors=[report], backend=taskq_backend)
     record = await tq.client.create_schedule(
@@ -139,7 +164,9 @@ async def test_a_worker_registers_its_actors_queues() -> None:
         await run_until_idle(tq)
         assert isinstance(tq.backend, InMemoryBackend)
         queues = await tq.backend.get_actor_queues()
+        defaults = await tq.backend.get_actor_job_defaults()
     assert queues == {"cron.report": "reports", "cron.counted": "default"}
+    assert defaults["cron.report"] == report.options.job_defaults()
 
 
 async def test_a_slot_whose_stored_payload_the_actor_refuses_fails_in_plain_sight() -> None:

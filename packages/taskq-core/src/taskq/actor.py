@@ -76,6 +76,20 @@ class ActorOptions:
     result_ttl: timedelta | None = None
     identity_key: Callable[[Any], str | None] | None = None
 
+    def job_defaults(self) -> dict[str, Any]:
+        """The options declared for the actor's jobs, as JSON enqueue options (durations
+        in seconds), for a worker that does not have the actor (``ActorConfig``)."""
+        durations = {
+            "timeout": self.timeout,
+            "schedule_to_close": self.schedule_to_close,
+            "result_ttl": self.result_ttl,
+        }
+        return {
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+            **{name: value.total_seconds() for name, value in durations.items() if value},
+        }
+
 
 class Actor(Generic[P, R]):
     """A registered job type. Calling it calls the function directly (handy in tests)."""

@@ -545,6 +545,11 @@ class ActorConfig(_Model):
     max_pending: int | None = Field(default=None, ge=0)
     queue: str | None = Field(default=None, min_length=1)
     """The actor's queue: where a leader that lacks the actor puts its cron slots' jobs."""
+    job_defaults: JsonDict | None = None
+    """The options the actor declares for its jobs, as enqueue options (``priority``,
+    ``max_attempts``, and ``timeout``, ``schedule_to_close``, ``result_ttl`` in
+    seconds): what a leader that lacks the actor gives its cron slots' jobs. None:
+    not given (an older worker), the registered ones stay."""
 
 
 class QueueConfig(_Model):

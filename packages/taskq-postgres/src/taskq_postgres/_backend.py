@@ -50,7 +50,7 @@ from taskq.backend.cron import (
     updated_fire_at,
 )
 from taskq.backend.fairness import STRICT, CohortTurns, cohort_of
-from taskq.backend.storable import check_delay, clean_text, dump_json
+from taskq.backend.storable import check_delay, clean_text, dump_json, load_json
 from taskq.errors import ConfigurationError, RetryRefusedError, SingletonCollisionError, TaskQError
 from taskq.identifiers import validate_schema_name
 from taskq.models import (
@@ -653,7 +653,8 @@ class PostgresBackend:
 
     # -- configuration -------------------------------------------------------------
     async def register_actors(self, configs: list[ActorConfig]) -> None:
-        """Upsert each actor's ``max_concurrent`` / ``max_pending`` / ``queue``."""
+        """Upsert each actor's ``max_concurrent`` / ``max_pending`` / ``queue`` /
+        ``job_defaults``."""
         # One row per actor, the last config given winning (one upsert cannot touch a
         # row twice).
         latest = list({config.actor: config for config in configs}.values())
@@ -665,6 +666,7 @@ class PostgresBackend:
             [c.max_concurrent for c in latest],
             [c.max_pending for c in latest],
             [c.queue for c in latest],
+            [None if c.job_defaults is None else dump_json(c.job_defaults) for c in latest],
         )
 
     async def configure_queue(self, config: QueueConfig) -> None:
@@ -1435,6 +1437,11 @@ class PostgresBackend:
         """The queue of every actor registered with one (``SupportsCron``)."""
         records = await self._db().fetch(self._sql.get_actor_queues)
         return {r["actor"]: r["queue"] for r in records}
+
+    async def get_actor_job_defaults(self) -> dict[str, dict[str, Any]]:
+        """The job defaults of every actor registered with them (``SupportsCron``)."""
+        records = await self._db().fetch(self._sql.get_actor_job_defaults)
+        return {r["actor"]: load_json(r["job_defaults"]) for r in records}
 
     async def count_active_jobs(self, queues: list[str]) -> int:
         """Non-terminal jobs in ``queues``."""

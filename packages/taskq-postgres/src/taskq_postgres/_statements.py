@@ -76,6 +76,7 @@ class Statements:
     count_pending_jobs: str
     count_active_jobs: str
     get_actor_max_pending: str
+    get_actor_job_defaults: str
     get_actor_queues: str
     get_attempts: str
     get_events: str
@@ -157,6 +158,7 @@ def statements_for(schema: str) -> Statements:
         count_pending_jobs=render(reads.COUNT_PENDING_JOBS, s),
         count_active_jobs=render(reads.COUNT_ACTIVE_JOBS, s),
         get_actor_max_pending=render(reads.GET_ACTOR_MAX_PENDING, s),
+        get_actor_job_defaults=render(reads.GET_ACTOR_JOB_DEFAULTS, s),
         get_actor_queues=render(reads.GET_ACTOR_QUEUES, s),
         get_attempts=render(reads.GET_ATTEMPTS, s),
         get_events=render(reads.GET_EVENTS, s),

@@ -106,7 +106,8 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     worker passes it, as it does `worker_silence`) and stranded_jobs reads it;
 #     SupportsFleetStats.stranded_jobs returns dict[str, dict[str, int]] (actor ->
 #     queue -> waiting jobs, was actor -> jobs) and judges the registered workers'
-#     queues beside their actors.
+#     queues beside their actors; SupportsCron gained get_actor_job_defaults (and
+#     ActorConfig its job_defaults), which the leader's cron loop reads.
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck.
@@ -759,6 +760,12 @@ class SupportsCron(Protocol):
     async def get_actor_queues(self) -> dict[str, str]:
         """The queue of each actor registered with one (``register_actors``): where a
         slot of an actor the leader does not have goes, unless its schedule names one."""
+        ...
+
+    async def get_actor_job_defaults(self) -> dict[str, dict[str, Any]]:
+        """The ``job_defaults`` of each actor registered with them (``register_actors``):
+        the options a slot of an actor the leader does not have takes, under its
+        schedule's own."""
         ...
 
 

@@ -197,12 +197,18 @@ class InMemoryBackend:
 
     # -- configuration -----------------------------------------------------------
     async def register_actors(self, configs: list[ActorConfig]) -> None:
-        """Upsert each actor's ``max_concurrent`` / ``max_pending`` / ``queue`` (a queue
-        not given keeps the one registered before, as an older worker's upsert does)."""
+        """Upsert each actor's ``max_concurrent`` / ``max_pending`` / ``queue`` /
+        ``job_defaults`` (a queue or defaults not given keep the ones registered before,
+        as an older worker's upsert does)."""
         for config in configs:
             known = self._actors.get(config.actor)
-            if config.queue is None and known is not None and known.queue is not None:
-                config = config.model_copy(update={"queue": known.queue})
+            if known is not None:
+                kept = {
+                    field: getattr(known, field)
+                    for field in ("queue", "job_defaults")
+                    if getattr(config, field) is None
+                }
+                config = config.model_copy(update=kept)
             self._actors[config.actor] = config
 
     async def configure_queue(self, config: QueueConfig) -> None:
@@ -1009,6 +1015,14 @@ class InMemoryBackend:
     async def get_actor_queues(self) -> dict[str, str]:
         """The queue of every actor registered with one (``SupportsCron``)."""
         return {name: c.queue for name, c in self._actors.items() if c.queue is not None}
+
+    async def get_actor_job_defaults(self) -> dict[str, dict[str, Any]]:
+        """The job defaults of every actor registered with them (``SupportsCron``)."""
+        return {
+            name: dict(c.job_defaults)
+            for name, c in self._actors.items()
+            if c.job_defaults is not None
+        }
 
     async def count_active_jobs(self, queues: list[str]) -> int:
         """Non-terminal jobs in ``queues``."""

@@ -166,6 +166,7 @@ class Worker:
                     max_concurrent=a.options.max_concurrent,
                     max_pending=a.options.max_pending,
                     queue=a.options.queue,
+                    job_defaults=a.options.job_defaults(),
                 )
                 for a in actors.values()
             ]

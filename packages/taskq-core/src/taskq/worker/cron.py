@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from datetime import datetime
+from typing import Any
 
 import structlog
 
@@ -23,17 +24,23 @@ class SlotJobBuilder:
     slot return the first job instead of running it twice.
 
     A slot of an actor this worker does not have (another worker's) is enqueued as
-    stored, with the schedule's options, on the schedule's queue, else the one the
-    actor's workers registered (``queues``), else ``default``; its payload is
-    checked by the worker that runs it. So is a slot whose stored payload the
-    actor refuses: its job fails with the validation error."""
+    stored: with the schedule's options over the job options the actor's workers
+    registered (``job_defaults``), on the schedule's queue, else the one they
+    registered (``queues``), else ``default``; its payload is checked by the worker
+    that runs it. So is a slot whose stored payload the actor refuses: its job fails
+    with the validation error."""
 
     def __init__(
-        self, client: JobsClient, actors: Collection[str], queues: Mapping[str, str]
+        self,
+        client: JobsClient,
+        actors: Collection[str],
+        queues: Mapping[str, str],
+        job_defaults: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self._client = client
         self._actors = actors
         self._queues = queues
+        self._job_defaults = job_defaults or {}
 
     def __call__(self, schedule: ScheduleRecord, slot: datetime) -> EnqueueArgs | None:
         key = f"taskq:schedule:{schedule.id}:{slot.isoformat()}"
@@ -81,6 +88,9 @@ class SlotJobBuilder:
         """The slot's job with the schedule's payload and options as stored, unchecked."""
         return EnqueueArgs.model_validate(
             {
+                # The actor's own options as its workers registered them: without, the
+                # job's attempts, timeout and priority depended on which worker led.
+                **self._job_defaults.get(schedule.actor, {}),
                 **schedule.options,
                 "actor": schedule.actor,
                 "queue": schedule.queue or self._queues.get(schedule.actor, "default"),

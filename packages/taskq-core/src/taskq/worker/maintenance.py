@@ -68,7 +68,12 @@ async def cron_once(state: WorkerState, backend: SupportsCron) -> dict[str, int]
     """Fire every due cron slot (within the catch-up window)."""
     # Read each time (a small table, on the leader only): a worker of a new actor
     # may have registered its queue since.
-    build = SlotJobBuilder(state.client, state.actors.keys(), await backend.get_actor_queues())
+    build = SlotJobBuilder(
+        state.client,
+        state.actors.keys(),
+        await backend.get_actor_queues(),
+        await backend.get_actor_job_defaults(),
+    )
     return {
         "cron_fired": await backend.fire_due_schedules(build, catch_up=state.settings.cron_catch_up)
     }

@@ -830,12 +830,16 @@ WHERE worker_id = $1
 
 REGISTER_ACTORS: Final = """
 -- arbiter: clock_timestamp() (updated_at, via the table's trigger)
--- A queue not given (NULL) keeps the registered one, as an older worker's upsert does.
-INSERT INTO {schema}.actor_config AS ac (actor, max_concurrent, max_pending, queue)
-SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::text[])
+-- A queue or job defaults not given (NULL) keep the registered ones, as an older
+-- worker's upsert does.
+INSERT INTO {schema}.actor_config AS ac (actor, max_concurrent, max_pending, queue, job_defaults)
+SELECT u.actor, u.max_concurrent, u.max_pending, u.queue, u.job_defaults::jsonb
+FROM unnest($1::text[], $2::int[], $3::int[], $4::text[], $5::text[])
+    AS u (actor, max_concurrent, max_pending, queue, job_defaults)
 ON CONFLICT (actor) DO UPDATE
 SET max_concurrent = excluded.max_concurrent, max_pending = excluded.max_pending,
-    queue = coalesce(excluded.queue, ac.queue)
+    queue = coalesce(excluded.queue, ac.queue),
+    job_defaults = coalesce(excluded.job_defaults, ac.job_defaults)
 """
 
 CONFIGURE_QUEUE: Final = """

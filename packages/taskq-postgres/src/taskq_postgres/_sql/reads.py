@@ -9,6 +9,7 @@ from taskq_postgres._sql import job_columns
 __all__ = [
     "COUNT_ACTIVE_JOBS",
     "COUNT_PENDING_JOBS",
+    "GET_ACTOR_JOB_DEFAULTS",
     "GET_ACTOR_MAX_PENDING",
     "GET_ACTOR_QUEUES",
     "GET_ATTEMPTS",
@@ -67,6 +68,12 @@ SELECT actor, max_pending FROM {schema}.actor_config ORDER BY actor
 GET_ACTOR_QUEUES: Final = """
 -- arbiter: none
 SELECT actor, queue FROM {schema}.actor_config WHERE queue IS NOT NULL ORDER BY actor
+"""
+
+GET_ACTOR_JOB_DEFAULTS: Final = """
+-- arbiter: none
+SELECT actor, job_defaults::text AS job_defaults
+FROM {schema}.actor_config WHERE job_defaults IS NOT NULL ORDER BY actor
 """
 
 GET_ATTEMPTS: Final = """

@@ -117,6 +117,22 @@ class LeadershipTests(TimeLimits):
         await backend.register_actors([ActorConfig(actor="a", queue="thumbs")])
         assert await cron.get_actor_queues() == {"a": "thumbs"}
 
+    @covers("register_actors", "get_actor_job_defaults")
+    async def test_register_actors_keeps_each_actors_job_defaults(self, backend: Backend) -> None:
+        # A leader without an actor gives its cron slots' jobs these (it gave the
+        # enqueue defaults: three attempts, no timeout, whichever worker led).
+        cron = _cron(backend)
+        defaults = {"priority": 3, "max_attempts": 5, "timeout": 7.5}
+        await backend.register_actors(
+            [ActorConfig(actor="a", job_defaults=defaults), ActorConfig(actor="b")]
+        )
+        assert await cron.get_actor_job_defaults() == {"a": defaults}
+        # An older worker registers none: the ones known are kept; new ones win.
+        await backend.register_actors([ActorConfig(actor="a", max_pending=2)])
+        assert await cron.get_actor_job_defaults() == {"a": defaults}
+        await backend.register_actors([ActorConfig(actor="a", job_defaults={"max_attempts": 1})])
+        assert await cron.get_actor_job_defaults() == {"a": {"max_attempts": 1}}
+
     @covers("fire_due_schedules", "create_schedule", "list_schedules")
     async def test_each_due_slot_fires_once_and_the_schedule_moves_past_it(
         self, backend: Backend, advance_time: AdvanceTime

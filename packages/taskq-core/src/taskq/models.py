@@ -599,6 +599,10 @@ class BatchFilter(_Model):
     limit: int = Field(default=100, ge=1, le=10_000)
 
 
+_CRON_CHECK_ANCHORS: Final = (datetime(2000, 1, 1), datetime(2049, 1, 1))
+"""Where an expression is tried from: together, croniter's years up to 2099."""
+
+
 def _check_cron(value: str) -> str:
     from croniter import CroniterBadDateError, croniter
 
@@ -615,10 +619,6 @@ def _check_cron(value: str) -> str:
             continue
         return value
     raise ValueError(f"cron expression {value!r} never fires (no such date)")
-
-
-_CRON_CHECK_ANCHORS: Final = (datetime(2000, 1, 1), datetime(2049, 1, 1))
-"""Where an expression is tried from: together, croniter's years up to 2099."""
 
 
 def _check_timezone(value: str) -> str:

@@ -52,6 +52,7 @@ def test_an_empty_name_is_refused() -> None:
         ({"timeout": 40_000 * 86_400}, "timeout: .*must be at most 36500 days"),
         ({"result_ttl": float("nan")}, "result_ttl takes a timedelta or seconds"),
         ({"schedule_to_close": 1e30}, "schedule_to_close takes a timedelta or seconds"),
+        ({"timeout": True}, "timeout takes a timedelta or seconds, got True"),
         # Wrong types passed the decoration, then failed every enqueue or the worker's
         # start (a raw TypeError, or a pydantic error about ActorConfig).
         ({"name": 123}, "name must not be empty.*got 123"),

@@ -55,6 +55,13 @@ async def job(payload: dict[str, Any]) -> None:
         ({"delay": "5"}, "delay takes .*there is no run-at option"),
         ({"timeout": "1s"}, "timeout takes a timedelta or a number of seconds"),
         ({"singleton": True}, "singleton=True needs an identity key"),
+        # Coerced before: True for 1 (a second, an attempt), "3" and 3.0 for 3.
+        ({"delay": True}, "delay takes a timedelta or a number of seconds, not True"),
+        ({"timeout": False}, "timeout takes a timedelta or a number of seconds, not False"),
+        ({"priority": "3"}, "priority must be a whole number, not '3'"),
+        ({"priority": True}, "priority must be a whole number, not True"),
+        ({"max_attempts": 2.0}, "max_attempts must be a whole number, not 2.0"),
+        ({"singleton": "yes"}, "singleton must be True or False, not 'yes'"),
         # Its deadline would pass before it could start: failed unrun by the sweep.
         ({"delay": 5, "schedule_to_close": 1}, r"delay \(0:00:05\) must be shorter"),
         ({"delay": 5, "schedule_to_close": 5}, "deadline would pass before it could start"),

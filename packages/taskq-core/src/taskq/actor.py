@@ -35,6 +35,8 @@ def _as_timedelta(value: timedelta | float | None, option: str) -> timedelta | N
     if value is None:
         return None
     try:
+        if isinstance(value, bool):  # timedelta(seconds=True) is a second
+            raise TypeError
         delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
     except (OverflowError, ValueError, TypeError):
         raise ConfigurationError(

@@ -70,6 +70,11 @@ def _or(value: timedelta | None, default: timedelta | None) -> timedelta | None:
 def _seconds(value: timedelta | float | None, option: str) -> timedelta | None:
     if value is None or isinstance(value, timedelta):
         return value
+    if isinstance(value, bool):
+        # timedelta(seconds=True) is a second: a flag passed for a duration.
+        raise EnqueueOptionsError(
+            f"{option} takes a timedelta or a number of seconds, not {value!r}"
+        )
     try:
         return timedelta(seconds=value)
     except OverflowError:
@@ -79,6 +84,13 @@ def _seconds(value: timedelta | float | None, option: str) -> timedelta | None:
             f"{option} takes a timedelta or a number of seconds, not {value!r}"
             + (" (there is no run-at option: give the delay)" if option == "delay" else "")
         ) from None
+
+
+def _whole(value: int | None, option: str) -> int | None:
+    # As @actor checks its own: pydantic read "3" as 3, True as 1 and 3.0 as 3.
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise EnqueueOptionsError(f"{option} must be a whole number, not {value!r}")
+    return value
 
 
 def _item_parts(
@@ -156,6 +168,9 @@ class ArgsBuilder:
         value = target.validate_payload(payload)
         if isinstance(tags, str) or tags is None:
             raise EnqueueOptionsError(f"tags must be a list of strings, not {tags!r}")
+        if not isinstance(singleton, bool):
+            raise EnqueueOptionsError(f"singleton must be True or False, not {singleton!r}")
+        priority, max_attempts = _whole(priority, "priority"), _whole(max_attempts, "max_attempts")
         # An option given (even 0 or "") is the job's, checked as such; None: the actor's.
         try:
             args = EnqueueArgs(

@@ -105,7 +105,7 @@ async def test_the_scope_yields_ready_kwargs_and_tears_down_lifo_on_exit(
     assert teardowns.order == ["audit", "tx", "session"]
 
 
-async def test_a_failing_transient_teardown_does_not_stop_the_others(
+async def test_a_failing_transient_teardown_does_not_stop_the_others_and_fails_the_call(
     registry: ProviderRegistry, containers: dict[Scope, Container]
 ) -> None:
     teardowns = Teardowns()
@@ -116,11 +116,30 @@ async def test_a_failing_transient_teardown_does_not_stop_the_others(
         raise ValueError("commit failed")
 
     registry.register(Tx, broken_tx, scope=Scope.TRANSIENT, replace=True)
-    with structlog.testing.capture_logs() as logs:
+    with structlog.testing.capture_logs() as logs, pytest.raises(ValueError, match="commit"):
+        # The body returned, its work unfinished: the invocation fails (the job is
+        # retried), where it succeeded with its commit lost.
         async with build_actor_scope(job, registry, containers, {"payload": 1, "ctx": ""}):
             pass
     assert teardowns.order == ["audit", "session"]
     assert [(log["event"], log["provider"]) for log in logs] == [("taskq.di-teardown-failed", "Tx")]
+
+
+async def test_a_failing_transient_teardown_leaves_the_bodys_own_error_as_it_was(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    teardowns = Teardowns()
+    _register_transients(registry, teardowns)
+
+    def broken_tx(session: Session) -> Iterator[Tx]:
+        yield Tx(session)
+        raise ValueError("rollback failed")
+
+    registry.register(Tx, broken_tx, scope=Scope.TRANSIENT, replace=True)
+    with pytest.raises(KeyError, match="the body's"):
+        async with build_actor_scope(job, registry, containers, {"payload": 1, "ctx": ""}):
+            raise KeyError("the body's")
+    assert teardowns.order == ["audit", "session"]
 
 
 async def test_the_body_exception_survives_teardown(

@@ -129,7 +129,10 @@ class ProviderRegistry:
           transaction this way to have a failed job's work rolled back.
 
         *provider*'s own parameters are injected by type too. Teardown runs
-        when *scope* ends, in reverse order of creation.
+        when *scope* ends, in reverse order of creation. A TRANSIENT value's
+        teardown that raises after its actor returned (a commit that failed) fails
+        the attempt, which is retried as any failure is, once the others have run;
+        an actor's cancel, stop or time limit never interrupts that teardown.
         """
         if not callable(provider):
             raise TypeError(

@@ -80,6 +80,9 @@ class ScopeContainer:
         # Guards _values/_creating together; never held across an await.
         self._lock = threading.Lock()
         self._closed = False
+        self.teardown_failure: Exception | None = None
+        """The first teardown that raised (logged, the others run on): for a TRANSIENT
+        scope, what became of work its provider finishes on exit (a commit)."""
 
     def peek(self, entry: ProviderEntry) -> object:
         """Return the cached value for *entry*, or ``MISSING``."""
@@ -228,6 +231,8 @@ class ScopeContainer:
             _log.error(
                 "taskq.di-teardown-failed", scope=self.scope.name, provider=entry.name, exc_info=exc
             )
+            if self.teardown_failure is None:
+                self.teardown_failure = exc
             return None
         _log.warning(
             "taskq.di-teardown-interrupted",
@@ -528,6 +533,10 @@ class ResolvedActorScope:
                             error = self._abort
                         self.closed_clean = error is None
                     transient.close_sync_suffix(error)
+                    if error is None and transient.teardown_failure is not None:
+                        # The actor returned, but its work did not finish (a commit
+                        # failed): the attempt fails on it, so the job is retried.
+                        raise transient.teardown_failure
             finally:
                 with lock:
                     self._in_thread = False
@@ -601,7 +610,9 @@ async def build_actor_scope(
     (``process``, ``threads``, ``loops.current()``); the TRANSIENT one is
     created here. On exit the TRANSIENT values are torn down in reverse
     order, shielded from cancellation: a ``CancelledError`` (from the body
-    or during teardown) is re-raised only after every teardown ran. A sync
+    or during teardown) is re-raised only after every teardown ran. When the body
+    ended without error, the first teardown that raised (a provider's commit) is
+    raised once every teardown ran: the invocation did not finish its work. A sync
     actor's thread closes its synchronous values itself as it ends
     (:meth:`ScopeContainer.close_sync_suffix`), told of its error or of the
     limit or cancel that ended its wait (:meth:`ResolvedActorScope.abort_thread`).
@@ -635,6 +646,10 @@ async def build_actor_scope(
             lambda: _close_later(transient, error)
         ):
             await _aclose_shielded(transient, error)
+            if error is None and transient.teardown_failure is not None:
+                # The actor returned, but its work did not finish (a commit failed):
+                # the invocation fails on it, so the job is retried, not succeeded.
+                raise transient.teardown_failure
 
 
 _CLOSING_LATER: set[asyncio.Task[None]] = set()

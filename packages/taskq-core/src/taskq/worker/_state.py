@@ -69,13 +69,18 @@ class ActiveJob:
     fenced: bool = False
     """The lease fence stopped it (its lease could not be renewed): the attempt is
     written failed with ``LeaseLost``."""
+    returned: bool = False
+    """The actor returned (or the job will not start): what is left, its dependencies'
+    teardown (a transaction's commit) and its outcome write, is the finished work's,
+    which nothing that stops running code (a cancel, a stop, the fence, a limit) may
+    cut short."""
     settling: bool = False
     """The actor finished and its outcome is being written: a lease not renewed
-    meanwhile is that write, not a loss."""
+    meanwhile is that write, not a loss; its slot counts as free."""
 
     def settle(self) -> None:
         """The actor returned: only its outcome write is left (idempotent)."""
-        self.settling = True
+        self.returned = self.settling = True
         if self.ran is not None and not self.ran.done():
             self.ran.set_result(None)
 

@@ -83,7 +83,7 @@ class _CancelController:
                 _log.info("taskq.cancel-observed", job_id=str(flag.job_id), reason=flag.reason)
             if flag.cancel_phase is CancelPhase.FORCED and active.cancel_phase < CancelPhase.FORCED:
                 active.cancel_phase = CancelPhase.FORCED  # already escalated: no second write
-                if active.task is not None and not active.settling:
+                if active.task is not None and not active.returned:
                     active.task.cancel()
         grace = state.settings.cancellation_grace_period.total_seconds()
         cleanup = grace + state.settings.cleanup_grace_period.total_seconds()
@@ -96,7 +96,7 @@ class _CancelController:
                 active.cancel_observed_at is None
                 or active.task is None
                 or active.task.done()
-                or active.settling
+                or active.returned
                 or active.lost
             ):
                 continue
@@ -108,8 +108,11 @@ class _CancelController:
                 if escalated:
                     # Stored before the task hears of it, with no await in between.
                     active.cancel_phase = CancelPhase.FORCED
-                    active.task.cancel()
-                    _log.warning("taskq.cancel-forced", job_id=str(job_id))
+                    # Looked at again after the write: an actor that returned meanwhile
+                    # is finishing its work (a commit, its outcome write), not running.
+                    if not (active.returned or active.task.done() or active.lost):
+                        active.task.cancel()
+                        _log.warning("taskq.cancel-forced", job_id=str(job_id))
             elif active.cancel_phase is CancelPhase.FORCED and waited >= cleanup:
                 active.cancel_phase = CancelPhase.ABANDON_PENDING
                 self._pending_abandons.append(active)
@@ -129,7 +132,7 @@ class _CancelController:
                 or active.cancel_phase is not CancelPhase.NONE
                 or active.task is None
                 or active.task.done()
-                or active.settling
+                or active.returned
                 or active.lost
                 or active.interrupted  # a stop's own phases handle it
                 or active.fenced

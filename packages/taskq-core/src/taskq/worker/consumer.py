@@ -231,7 +231,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     _log.debug("taskq.job-started")
     try:
         try:
-            result = await _invoke(state, actor, passthrough, limit)
+            result = await _invoke(state, actor, passthrough, limit, active)
         finally:
             if active is not None:
                 state.settle(active)
@@ -510,6 +510,7 @@ async def _invoke(
     actor: Actor[..., Any],
     passthrough: dict[str, Any],
     limit: _Limit | None,
+    active: ActiveJob | None,
 ) -> Any:
     containers = state.containers()
     plain = passthrough_scope(actor.fn, state.providers, containers, passthrough)
@@ -518,11 +519,23 @@ async def _invoke(
     opening = build_actor_scope(actor.fn, state.providers, containers, passthrough)
     if not actor.is_async:  # its dependencies are resolved in its thread, within the limit
         async with opening as scope:
-            return await _call_in_thread(scope, state.executor, limit)
+            result = await _call_in_thread(scope, state.executor, limit)
+            _returned(active)
+            return result
     async with AsyncExitStack() as teardown:
         # The limit covers resolving the dependencies too (a provider waiting on a pool
         # held the slot past it); their teardown, shielded from cancellation, comes after.
-        return await _within(limit, _resolved_call(teardown, opening, state.executor))
+        result = await _within(limit, _resolved_call(teardown, opening, state.executor))
+        _returned(active)
+        return result
+
+
+def _returned(active: ActiveJob | None) -> None:
+    """The actor returned; its dependencies' teardown (a transaction's commit) ends its
+    work. Cancelled during it (a stop, a forced cancel, its limit), a finished job was
+    handed back and ran again, or read as cancelled or past its limit, its result lost."""
+    if active is not None:
+        active.returned = True
 
 
 async def _resolved_call(

@@ -38,7 +38,7 @@ def _fenceable(active: ActiveJob) -> bool:
     with its task cancelled already (a second cancel would cut that write short). A job
     a shutdown asked to stop (``interrupted``) runs on until its task is cancelled: it
     is fenced as any other, and handed back."""
-    if active.lost or active.fenced or active.settling:
+    if active.lost or active.fenced or active.returned:
         return False
     task = active.task
     if task is None:

@@ -69,7 +69,7 @@ async def heartbeat_once(state: WorkerState, toucher: _Toucher | None = None) ->
             and row.locked_by_worker == wid
             and row.attempt == active.row.attempt
         )
-        if still_ours or active.settling or state.active.get(job_id) is not active:
+        if still_ours or active.returned or state.active.get(job_id) is not active:
             continue
         _log.warning("taskq.lock-lost", job_id=str(job_id), attempt=active.row.attempt)
         active.lost = True

@@ -166,9 +166,11 @@ async def orchestrate_shutdown(
     for active in list(state.active.values()):
         # A job whose actor returned is only writing its outcome (retrying while the
         # database is away): cancelling that would lose a finished job's result.
-        if active.task is not None and not active.task.done() and not active.settling:
+        if active.task is not None and not active.task.done() and not active.returned:
             if active.cancel_requested and active.cancel_phase is CancelPhase.COOPERATIVE:
                 await _escalate_user_cancel(state, active)
+                if active.returned or active.task.done():
+                    continue  # it returned while the escalation was written
             active.task.cancel()
     await _wait_running(state, settings.cleanup_grace_period.total_seconds(), None)
 
@@ -179,7 +181,7 @@ async def orchestrate_shutdown(
     wall = settings.termination_grace_period.total_seconds()
     teardown = min(3 * settings.dispatcher_command_timeout.total_seconds() + 2.0, wall / 2)
     left = wall - (time.monotonic() - started) - teardown
-    if any(a.holds_slot and a.settling for a in state.active.values()):
+    if any(a.holds_slot and a.returned for a in state.active.values()):
         await _wait_running(state, max(left, 0.0), None)
     # Concurrently: one by one, a database that is away would cost a lease per job.
     await asyncio.gather(*(_abandon(state, a) for a in list(state.active.values()) if a.holds_slot))
@@ -189,8 +191,8 @@ async def orchestrate_shutdown(
 async def _abandon(state: WorkerState, active: ActiveJob) -> None:
     """Let go of a job whose task still runs at the end of the stop."""
     job_id = str(active.row.id)
-    if active.settling:
-        # Its outcome write was not confirmed in time: the completer's last flush
+    if active.returned:
+        # Its teardown or outcome write was not confirmed in time: the completer's last flush
         # (awaited as the worker closes) may still land it; else the lease runs out
         # and the reclaim sweep takes it. "Unwritten" said more than was known.
         _log.warning("taskq.outcome-unconfirmed-at-stop", job_id=job_id)

@@ -253,23 +253,6 @@ async def test_a_blocked_event_loop_trips_the_loop_lag_watchdog(
     assert "in blocker" in stderr  # the faulthandler dump names the actor
 
 
-async def test_a_shutdown_that_overruns_trips_the_shutdown_watchdog(
-    tq: TaskQ, pg_schema: PgSchema
-) -> None:
-    job = await tq.client.enqueue(basic.stubborn, {"seconds": 60})
-    with worker(
-        pg_schema, TASKQ_DRAIN_GRACE_PERIOD="30s", TASKQ_TERMINATION_GRACE_PERIOD="1s"
-    ) as proc:
-        await _until_status(tq, job.id, JobStatus.RUNNING)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 2
-    assert '"detector": "shutdown-deadline"' in stderr
-    # the back half of the budget logged what the shutdown was waiting for
-    stragglers = [ln for ln in stderr.splitlines() if "task-stack [shutdown-straggler]" in ln]
-    assert any("taskq-job-stubborn" in line for line in stragglers)
-
-
 async def test_a_teardown_that_hangs_trips_the_shutdown_watchdog(
     tq: TaskQ, pg_schema: PgSchema
 ) -> None:
@@ -286,6 +269,52 @@ async def test_a_teardown_that_hangs_trips_the_shutdown_watchdog(
     assert proc.returncode == 2
     assert '"detector": "shutdown-deadline"' in stderr
     assert time.monotonic() - started < 10
+    # the back half of the budget logged what the shutdown was waiting for
+    stragglers = [ln for ln in stderr.splitlines() if "task-stack [shutdown-straggler]" in ln]
+    assert any("Task-1 _serve at" in line and "lifecycle.py" in line for line in stragglers)
+
+
+async def test_an_until_idle_worker_whose_teardown_hangs_trips_the_shutdown_watchdog(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    # Only a signal armed the watchdog: idle, the worker hung in its teardown for ever.
+    producer = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=hung_teardown.tq.actors.values())
+    async with producer:
+        await producer.client.enqueue(hung_teardown.uses_client, {})
+    started = time.monotonic()
+    with worker(
+        pg_schema,
+        "--until-idle",
+        app="tests.apps.hung_teardown:tq",
+        TASKQ_TERMINATION_GRACE_PERIOD="2s",
+    ) as proc:
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert '"detector": "shutdown-deadline"' in stderr
+    assert time.monotonic() - started < 20
+
+
+async def test_graces_longer_than_the_termination_grace_are_cut_to_hand_the_job_back(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    # 2 + 5 + 2 s of graces in a 3 s wall: the watchdog ended the stop (exit 2) with the
+    # job still locked, and the reclaim then spent one of its attempts (crashed).
+    job = await tq.client.enqueue(basic.stubborn, {"seconds": 60})
+    graces = {
+        "TASKQ_DRAIN_GRACE_PERIOD": "2s",
+        "TASKQ_CANCELLATION_GRACE_PERIOD": "5s",
+        "TASKQ_CLEANUP_GRACE_PERIOD": "2s",
+        "TASKQ_TERMINATION_GRACE_PERIOD": "3s",
+    }
+    with worker(pg_schema, **graces) as proc:
+        await _until_status(tq, job.id, JobStatus.RUNNING)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "taskq.stop-graces-shortened" in stderr
+    row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.PENDING
+    assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["interrupted"]
 
 
 @pytest.mark.parametrize(

@@ -225,6 +225,20 @@ def test_worker_rows_must_outlive_a_lease() -> None:
     assert WorkerSettings.load({}, env={}).worker_row_ttl == timedelta(minutes=5)
 
 
+def test_a_stops_waits_fit_in_its_termination_grace() -> None:
+    s = timedelta(seconds=1)
+    # The defaults leave the end of a stop its room: unchanged.
+    assert WorkerSettings.load({}, env={}).stop_waits == (10 * s, 30 * s, 10 * s)
+    # Kubernetes' 30 s with the defaults: the three scaled together, 7 s kept for the end.
+    k8s = WorkerSettings.load({"termination_grace_period": "30s"}, env={})
+    assert k8s.stop_end_reserve == 7 * s
+    assert k8s.stop_waits == (23 * s / 5, 69 * s / 5, 23 * s / 5)
+    assert sum(k8s.stop_waits, timedelta(0)) + k8s.stop_end_reserve == 30 * s
+    # Nothing enforces the wall with the watchdog off: the graces are as set.
+    off = WorkerSettings.load({"termination_grace_period": "3s", "watchdog_enabled": False}, env={})
+    assert off.stop_waits == (10 * s, 30 * s, 10 * s)
+
+
 def test_a_command_timeout_that_cannot_fit_a_loops_stale_budget_is_refused() -> None:
     with pytest.raises(SettingsError, match="dispatcher_command_timeout.*poll_interval"):
         WorkerSettings.load({"dispatcher_command_timeout": "12s"}, env={})

@@ -116,6 +116,19 @@ def _readyz_scenario(pg_schema: PgSchema, proxy: TcpProxy, port: int) -> None:
             proxy.restore()
         _wait_for(port, "/readyz", 200)
 
+        # Through a partition (nothing answers, nothing is refused), within its second:
+        # the check's cancelled query held it for a command timeout (5 s).
+        proxy.stall()
+        try:
+            time.sleep(1.2)  # past the cached answer
+            asked = time.monotonic()
+            status, body = _get(port, "/readyz")
+            assert time.monotonic() - asked < 3
+            assert (status, body["reason"]) == (503, "backend unreachable: no answer within 1s")
+        finally:
+            proxy.restore()
+        _wait_for(port, "/readyz", 200)
+
         # a job that keeps the worker busy while it shuts down
         async def enqueue_long() -> None:
             app = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=basic.tq.actors.values())

@@ -197,7 +197,9 @@ class WorkerSettings(BaseModel):
     cleanup_grace_period: Duration = timedelta(seconds=10)
     """How long a cancelled task has to unwind before it is abandoned."""
     termination_grace_period: Duration = timedelta(seconds=60)
-    """Hard wall for a whole shutdown, from the first signal (watchdog detector 1)."""
+    """Hard wall for a whole shutdown, from the first signal (watchdog detector 1). With
+    the watchdog on, the three graces above are shortened together to fit in it, with
+    room for the end of the stop (:attr:`stop_waits`)."""
     watchdog_enabled: bool = True
     """Master switch of the watchdogs (detectors 1, 2 and 4 off; detector 3, a loop that
     returned early, then fails the worker instead of ending the process at once)."""
@@ -439,6 +441,35 @@ class WorkerSettings(BaseModel):
         if "stale_worker_after" in self.model_fields_set:
             return self.stale_worker_after
         return max(self.stale_worker_after, 2 * self.lock_lease)
+
+    @property
+    def stop_end_reserve(self) -> timedelta:
+        """What a stop keeps of ``termination_grace_period`` after its phases' waits: for
+        the hand-backs and the teardown (a command timeout, with room), at most a
+        quarter of it."""
+        return min(
+            self.dispatcher_command_timeout + timedelta(seconds=2),
+            self.termination_grace_period / 4,
+        )
+
+    @property
+    def stop_waits(self) -> tuple[timedelta, timedelta, timedelta]:
+        """A stop's drain, cooperative and cleanup waits: the three graces, scaled down
+        together when, with the watchdog on, they would not leave
+        :attr:`stop_end_reserve` of ``termination_grace_period`` (the watchdog ended the
+        stop with exit 2 and jobs still locked, each losing an attempt to the reclaim,
+        where they would have been handed back)."""
+        graces = (
+            self.drain_grace_period,
+            self.cancellation_grace_period,
+            self.cleanup_grace_period,
+        )
+        room = self.termination_grace_period - self.stop_end_reserve
+        total = sum(graces, timedelta(0))
+        if not self.watchdog_enabled or total <= room:
+            return graces
+        factor = max(room, timedelta(0)) / total
+        return (graces[0] * factor, graces[1] * factor, graces[2] * factor)
 
     @property
     def loop_lag_budget(self) -> timedelta:

@@ -97,11 +97,16 @@ class Worker:
         """Shut down gracefully (the first SIGTERM): see :mod:`taskq.worker.shutdown`."""
         if not self._stop_requested:
             self._stop_requested_at = time.monotonic()
-            if self.settings.watchdog_enabled:
-                self._shutdown_watchdog.arm()  # anchored on the first signal
+            self._arm_shutdown_watchdog()  # anchored on the first signal
         self._stop_requested = True
         if self._state is not None:
             self._state.stopping.set()
+
+    def _arm_shutdown_watchdog(self) -> None:
+        """Bound the stop from here on (idempotent): a signal's, an ``--until-idle``
+        worker's end, or a crash's teardown, whichever comes first."""
+        if self.settings.watchdog_enabled:
+            self._shutdown_watchdog.arm()
 
     def reload(self) -> None:
         """Reload credentials (SIGHUP). Requests during a reload coalesce into one
@@ -177,7 +182,8 @@ class Worker:
     async def run(self, *, disarm_when_done: bool = True) -> None:
         """Work until :meth:`stop` (or idleness with ``until_idle``).
 
-        A stop arms the shutdown watchdog (``termination_grace_period``), which stays
+        A stop (a signal's, the end of ``until_idle``, or a crash's teardown) arms the
+        shutdown watchdog (``termination_grace_period``), which stays
         armed through the teardown here (DI scopes run user code) and, with
         ``disarm_when_done=False``, until :meth:`shutdown_done`: the CLI keeps it armed
         while the application closes the backend, so no step of a stop can hang."""
@@ -214,6 +220,16 @@ class Worker:
             concurrency=settings.concurrency,
             actors=sorted(self.app.actors),
         )
+        waits = settings.stop_waits
+        if waits[1] != settings.cancellation_grace_period:
+            _log.warning(
+                "taskq.stop-graces-shortened",
+                termination_grace_period=settings.termination_grace_period.total_seconds(),
+                drain_cancellation_cleanup=[round(w.total_seconds(), 3) for w in waits],
+                hint="the drain, cancellation and cleanup graces do not fit in "
+                "TASKQ_TERMINATION_GRACE_PERIOD with room for the end of a stop; a stop "
+                "shortens them to these: raise it, or shorten the graces",
+            )
         lag_watchdog: LoopLagWatchdog | None = None
         if settings.watchdog_enabled:
             lag_watchdog = LoopLagWatchdog(
@@ -291,29 +307,34 @@ class Worker:
                     # The stop itself succeeded; the sweep removes the row later.
                     _log.warning("taskq.worker-deregister-failed", error=repr(exc))
         finally:
-            if lag_watchdog is not None:
-                lag_watchdog.stop()
-            await self._close_health()
-            if state.completer is not None:
-                await state.completer.aclose()
-            # Each step runs whatever the one before raised (a LOOP teardown cut by a
-            # cancellation skipped the THREAD and PROCESS ones), in this order: LOOP;
-            # the THREAD values of the sync actors' idle threads, closed in the threads
-            # that made them; the pool's shutdown; the THREAD values left (the loop
-            # thread's, those of threads still in a call); PROCESS.
-            async with AsyncExitStack() as scopes:
-                scopes.push_async_callback(state.process_scope.aclose)
-                scopes.push_async_callback(state.thread_scope.aclose)
-                scopes.callback(executor.shutdown, wait=False, cancel_futures=True)
-                scopes.push_async_callback(
-                    executor.in_each_idle_thread, state.thread_scope.close_current
+            self._arm_shutdown_watchdog()  # a crashed TaskGroup's teardown, too
+            try:
+                if lag_watchdog is not None:
+                    lag_watchdog.stop()
+                await self._close_health()
+                if state.completer is not None:
+                    await state.completer.aclose()
+                # Each step runs whatever the one before raised (a LOOP teardown cut by a
+                # cancellation skipped the THREAD and PROCESS ones), in this order: LOOP;
+                # the THREAD values of the sync actors' idle threads, closed in the threads
+                # that made them; the pool's shutdown; the THREAD values left (the loop
+                # thread's, those of threads still in a call); PROCESS.
+                async with AsyncExitStack() as scopes:
+                    scopes.push_async_callback(state.process_scope.aclose)
+                    scopes.push_async_callback(state.thread_scope.aclose)
+                    scopes.callback(executor.shutdown, wait=False, cancel_futures=True)
+                    scopes.push_async_callback(
+                        executor.in_each_idle_thread, state.thread_scope.close_current
+                    )
+                    scopes.push_async_callback(state.loop_scope.aclose)
+                _log.info(
+                    "taskq.worker-stopped", worker_id=str(self.worker_id), processed=state.processed
                 )
-                scopes.push_async_callback(state.loop_scope.aclose)
-            _log.info(
-                "taskq.worker-stopped", worker_id=str(self.worker_id), processed=state.processed
-            )
-            if disarm_when_done:
-                self.shutdown_done()
+            finally:
+                # Also when a step raised: a watchdog left armed would end the
+                # process hosting this worker (a test run, an application) later.
+                if disarm_when_done:
+                    self.shutdown_done()
 
     def shutdown_done(self) -> None:
         """The whole stop finished: disarm the shutdown watchdog."""
@@ -349,6 +370,8 @@ class Worker:
     ) -> None:
         """After stop: let held jobs finish within the grace, then end the loops."""
         await state.stopping.wait()
+        # An --until-idle worker stops with no signal: its teardown hung for ever.
+        self._arm_shutdown_watchdog()
         producer, consumers = workers[0], workers[1:]
         await producer
         if self._stop_requested:

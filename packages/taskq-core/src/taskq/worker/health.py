@@ -43,6 +43,9 @@ _REASONS = {
 }
 # Readiness probes can be frequent; one backend round trip per second is plenty.
 _READINESS_CACHE_SECONDS = 1.0
+_READINESS_TIMEOUT_SECONDS = 1.0
+"""A probe's answer comes within this, the backend's or not (a 1 s probe timeout is
+Kubernetes' default)."""
 
 
 @dataclass
@@ -92,6 +95,8 @@ class HealthServer:
         self._server: asyncio.Server | None = None
         self._ready_at = 0.0
         self._ready: tuple[bool, str] = (False, "not checked yet")
+        self._checking: asyncio.Task[tuple[bool, str]] | None = None
+        """The backend check in flight, shared by the probes that come meanwhile."""
 
     @property
     def port(self) -> int:
@@ -119,6 +124,8 @@ class HealthServer:
 
     async def close(self) -> None:
         """Stop serving (closing again does nothing)."""
+        if self._checking is not None:
+            self._checking.cancel()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -130,16 +137,25 @@ class HealthServer:
             return False, self._startup.describe()["reason"]
         if state.stopping.is_set():
             return False, "shutting down"
-        now = time.monotonic()
-        if now - self._ready_at < _READINESS_CACHE_SECONDS:
+        if time.monotonic() - self._ready_at < _READINESS_CACHE_SECONDS:
             return self._ready
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.ensure_future(self._check_backend(state))
+        # Not cancelled at the second: a cancelled query unwinds only once the driver has
+        # cleaned up (up to a command timeout through a partition), and a probe waited
+        # for that, past its own timeout, where it should have got this 503.
+        done, _ = await asyncio.wait({self._checking}, timeout=_READINESS_TIMEOUT_SECONDS)
+        if not done:
+            return False, f"backend unreachable: no answer within {_READINESS_TIMEOUT_SECONDS:g}s"
+        return self._checking.result()
+
+    async def _check_backend(self, state: WorkerState) -> tuple[bool, str]:
         try:
-            async with asyncio.timeout(1.0):
-                await state.backend.count_active_jobs(state.settings.queues)
+            await state.backend.count_active_jobs(state.settings.queues)
             self._ready = (True, "ok")
         except Exception as exc:  # noqa: BLE001 - any failure at all means "not ready"
             self._ready = (False, f"backend unreachable: {type(exc).__name__}")
-        self._ready_at = now
+        self._ready_at = time.monotonic()
         return self._ready
 
     async def _route(self, method: str, path: str) -> tuple[int, str, str]:

@@ -18,6 +18,10 @@ the consumers can see where the shutdown is.
   interrupted job is handed back, a user-cancelled one marked ``abandoned``, all at
   once.
 
+With the watchdog on, the three waits fit in ``termination_grace_period`` with room for
+ABANDONING and the teardown (``WorkerSettings.stop_waits``), and each is cut to what is
+left of it, so that jobs are handed back before the watchdog ends the process.
+
 A job interrupted by a shutdown is not the user's cancellation: it is
 handed back for another attempt (outcome ``interrupted``, retry budget
 untouched), as River, GoodJob, Solid Queue and Procrastinate treat deploys.
@@ -140,6 +144,17 @@ async def orchestrate_shutdown(
     the shutdown watchdog counts ``termination_grace_period`` from; default: now."""
     settings = state.settings
     started = time.monotonic() if requested_at is None else requested_at
+    drain, cooperative, cleanup = (wait.total_seconds() for wait in settings.stop_waits)
+    wall = settings.termination_grace_period.total_seconds()
+    phases_end = started + wall - settings.stop_end_reserve.total_seconds()
+
+    def within_wall(seconds: float) -> float:
+        # What a step before took (a hand-back through a partition: a command timeout)
+        # comes off the waits after it: the watchdog's wall does not move.
+        if not settings.watchdog_enabled:
+            return seconds
+        return min(seconds, max(phases_end - time.monotonic(), 0.0))
+
     _enter(state, ShutdownPhase.DRAINING)
     released = await _hand_back_unstarted(state)
     if released:
@@ -152,7 +167,7 @@ async def orchestrate_shutdown(
             await hand_back_unheard(state)
         except transient_errors() as exc:
             _log.warning("taskq.unheard-jobs-transient-error", error=repr(exc))
-    await _wait_running(state, settings.drain_grace_period.total_seconds(), escalate)
+    await _wait_running(state, within_wall(drain), escalate)
 
     _enter(state, ShutdownPhase.CANCELLING)
     for active in state.active.values():
@@ -160,7 +175,7 @@ async def orchestrate_shutdown(
             active.interrupted = True
         if active.ctx is not None:
             active.ctx.cancel_event.set()
-    await _wait_running(state, settings.cancellation_grace_period.total_seconds(), escalate)
+    await _wait_running(state, within_wall(cooperative), escalate)
 
     _enter(state, ShutdownPhase.FORCING)
     for active in list(state.active.values()):
@@ -172,13 +187,12 @@ async def orchestrate_shutdown(
                 if active.returned or active.task.done():
                     continue  # it returned while the escalation was written
             active.task.cancel()
-    await _wait_running(state, settings.cleanup_grace_period.total_seconds(), None)
+    await _wait_running(state, within_wall(cleanup), None)
 
     _enter(state, ShutdownPhase.ABANDONING)
     # Outcome writes still retrying get what is left of the stop's hard wall, less what
     # the teardown after this may take with the database away (deregistering, closing
     # the pool: a command timeout each; the LISTEN connection: a second), with room.
-    wall = settings.termination_grace_period.total_seconds()
     teardown = min(3 * settings.dispatcher_command_timeout.total_seconds() + 2.0, wall / 2)
     left = wall - (time.monotonic() - started) - teardown
     if any(a.holds_slot and a.returned for a in state.active.values()):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Optional
 
 import pytest
 
@@ -143,6 +143,29 @@ async def test_defaults_fill_parameters_nobody_provides(
         pass
 
     assert await solve_dependencies(job, registry, containers, {"payload": 1}) == {"payload": 1}
+
+
+async def test_an_optional_parameter_gets_its_types_provider_else_its_default(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    # The union itself was looked up: never registered, so a registered Config was left
+    # unused (None given), and without a default "no provider" was said for it.
+    async def job(
+        needed: Config | None,
+        maybe: Optional[Config] = None,  # noqa: UP045 - the spelling under test
+        also: Config | None = None,
+        scoped: Annotated[Config | None, Scope.TRANSIENT] = None,
+        absent: Conn | None = None,
+    ) -> None:
+        pass
+
+    registry.register(Config, Config, scope=Scope.PROCESS)
+    transient = {**containers, Scope.TRANSIENT: ScopeContainer(Scope.TRANSIENT)}
+    values = await solve_dependencies(job, registry, transient, {})
+    assert set(values) == {"needed", "maybe", "also", "scoped"}  # absent: its default
+    assert isinstance(values["needed"], Config)
+    assert values["needed"] is values["maybe"] is values["also"]
+    assert isinstance(values["scoped"], Config) and values["scoped"] is not values["needed"]
 
 
 async def test_a_scope_override_caches_the_value_in_that_scope(

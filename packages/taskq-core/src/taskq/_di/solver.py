@@ -15,11 +15,13 @@ import inspect
 from asyncio import AbstractEventLoop
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import UnionType
 from typing import (
     TYPE_CHECKING,
     Annotated,
     Protocol,
     TypeAlias,
+    Union,
     get_args,
     get_origin,
     get_type_hints,
@@ -150,13 +152,25 @@ def read_dependencies(func: Callable[..., object]) -> tuple[Dependency, ...]:
                 f"parameter {param.name!r} of {label} is positional-only, so it cannot be "
                 "injected by keyword; make it a regular parameter"
             )
-        annotation = hints.get(param.name)
+        annotation = _provided_type(hints.get(param.name))
         scope = None
         if get_origin(annotation) is Annotated:
             annotation, *metadata = get_args(annotation)
+            annotation = _provided_type(annotation)
             scope = next((item for item in metadata if isinstance(item, Scope)), None)
         dependencies.append(Dependency(param.name, annotation, scope, has_default))
     return tuple(dependencies)
+
+
+def _provided_type(annotation: object) -> object:
+    """``T`` for ``T | None`` (``Optional[T]``): what is looked up is ``T``, whose provider
+    it gets (else its default); the union itself, never registered, left a registered
+    ``T`` unused (``None`` given) or "no provider" reported for it."""
+    if get_origin(annotation) in (Union, UnionType):
+        members = [arg for arg in get_args(annotation) if arg is not type(None)]
+        if len(members) == 1 and len(get_args(annotation)) == 2:
+            return members[0]
+    return annotation
 
 
 def _missing(func: Callable[..., object], name: str, key: object) -> MissingProvider:

@@ -6,6 +6,8 @@ import asyncio
 import shutil
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -557,3 +559,214 @@ async def test_a_failure_other_than_a_refused_right_is_not_blamed_on_the_role(
     finally:
         await conn.close()
     assert "lacks" not in str(failed.value)
+
+
+# ------------------------------------------------------------ lock waits
+
+# Tiny bounds: the defaults (2 s a try, a minute in all) would make these tests slow.
+QUICK_LOCK_TIMEOUT = timedelta(milliseconds=50)
+
+_ALTER = {
+    "01.00.00_01_pre_table.sql": "CREATE TABLE {schema}.t (c int);",
+    "01.00.00_02_pre_alter.sql": "ALTER TABLE {schema}.t ADD COLUMN d int;",
+}
+
+
+async def _at_first_file(dsn: str, directory: Path, files: dict[str, str]) -> tuple[str, Path]:
+    """A schema with the first of ``files`` applied; a source holding all of them."""
+    first = dict(list(files.items())[:1])
+    (directory / "first").mkdir()
+    (directory / "all").mkdir()
+    schema = unique_schema_name()
+    await migrate(dsn, schema, source=_source(directory / "first", first))
+    return schema, _source(directory / "all", files)
+
+
+@asynccontextmanager
+async def _long_reader(dsn: str, schema: str) -> AsyncIterator[asyncpg.Connection[Any]]:
+    """A report's open transaction: it has read ``t`` and holds ACCESS SHARE on it."""
+    reader: asyncpg.Connection[Any] = await asyncpg.connect(dsn)
+    try:
+        await reader.execute("BEGIN")
+        await reader.fetchval(f"SELECT count(*) FROM {schema}.t")
+        yield reader
+    finally:
+        await reader.close()
+
+
+async def _wait_for_lock_waiter(conn: asyncpg.Connection[Any], schema: str) -> None:
+    deadline = time.monotonic() + 30
+    query = (
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted"
+        " AND relation = to_regclass($1)"
+    )
+    while not await conn.fetchval(query, f"{schema}.t"):
+        assert time.monotonic() < deadline, "the migration never waited for its lock"
+        await asyncio.sleep(0.005)
+
+
+async def test_a_migration_waiting_for_a_lock_does_not_hold_up_other_queries(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    # The ALTER queued behind the report's transaction, and every later query on the
+    # table queued behind the ALTER, for as long as the report ran.
+    schema, source = await _at_first_file(pg_database_dsn, tmp_path, _ALTER)
+    live: asyncpg.Connection[Any] = await asyncpg.connect(pg_database_dsn)
+    try:
+        async with _long_reader(pg_database_dsn, schema) as reader:
+            with capture_logs() as logs:
+                migrating = asyncio.create_task(
+                    migrate(
+                        pg_database_dsn,
+                        schema,
+                        source=source,
+                        lock_timeout=QUICK_LOCK_TIMEOUT,
+                        max_lock_wait=timedelta(seconds=30),
+                    )
+                )
+                await _wait_for_lock_waiter(live, schema)
+                started = time.monotonic()
+                await asyncio.wait_for(live.execute(f"INSERT INTO {schema}.t VALUES (1)"), 10)
+                assert time.monotonic() - started < 1.0  # about the 50 ms lock timeout
+                await asyncio.wait_for(live.fetchval(f"SELECT count(*) FROM {schema}.t"), 10)
+                # Retried while the report runs, applied once it ends.
+                await _wait_for_lock_waiter(live, schema)
+                assert not migrating.done()
+                await reader.execute("ROLLBACK")
+                assert await asyncio.wait_for(migrating, 30) == ["01.00.00_02_pre_alter.sql"]
+    finally:
+        await live.close()
+    retries = [e for e in logs if e["event"] == "taskq.migration-lock-retry"]
+    assert retries and retries[0]["log_level"] == "warning"
+    assert retries[0]["migration"] == "01.00.00_02_pre_alter.sql"
+    assert retries[0]["schema"] == schema
+    assert [e["attempt"] for e in retries] == list(range(1, len(retries) + 1))
+
+
+async def test_a_lock_held_past_the_bound_fails_the_migration_clearly(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    files = {**_ALTER, "01.00.00_03_pre_after.sql": "CREATE TABLE {schema}.after (c int);"}
+    schema, source = await _at_first_file(pg_database_dsn, tmp_path, files)
+    async with _long_reader(pg_database_dsn, schema) as reader:
+        holder = await reader.fetchval("SELECT pg_backend_pid()")
+        with pytest.raises(MigrationError) as failed:
+            await migrate(
+                pg_database_dsn,
+                schema,
+                source=source,
+                lock_timeout=QUICK_LOCK_TIMEOUT,
+                max_lock_wait=timedelta(milliseconds=300),
+            )
+    message = str(failed.value)
+    assert "migration 01.00.00_02_pre_alter.sql could not lock" in message
+    assert f"pid {holder} on {schema}.t (idle in transaction" in message
+    assert "pg_terminate_backend" in message and "pg_stat_activity" in message
+    assert "run the migration again" in message
+    assert isinstance(failed.value.__cause__, asyncpg.LockNotAvailableError)
+    states = [s.state for s in await migration_status(pg_database_dsn, schema, source=source)]
+    assert states == ["applied", "pending", "pending"]
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_database_dsn)
+    try:
+        assert [c for c, _ in await _columns(conn, schema, "t")] == ["c"]
+    finally:
+        await conn.close()
+
+
+async def test_without_a_total_wait_a_file_is_tried_once(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    schema, source = await _at_first_file(pg_database_dsn, tmp_path, _ALTER)
+    async with _long_reader(pg_database_dsn, schema):
+        with capture_logs() as logs, pytest.raises(MigrationError, match=r"\(1 attempt over"):
+            await migrate(
+                pg_database_dsn,
+                schema,
+                source=source,
+                lock_timeout=QUICK_LOCK_TIMEOUT,
+                max_lock_wait=timedelta(0),
+            )
+    assert [e for e in logs if e["event"] == "taskq.migration-lock-retry"] == []
+
+
+async def test_a_no_transaction_file_is_bounded_and_the_session_setting_put_back(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    files = {
+        "01.00.00_01_pre_table.sql": "CREATE TABLE {schema}.t (c int);",
+        "01.00.00_02_pre_alter.sql": f"{NO_TRANSACTION_DIRECTIVE}\n"
+        "ALTER TABLE {schema}.t ADD COLUMN IF NOT EXISTS d int;\n",
+    }
+    schema, source = await _at_first_file(pg_database_dsn, tmp_path, files)
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_database_dsn)
+    try:
+        await conn.execute("SET lock_timeout = '7s'")
+        async with _long_reader(pg_database_dsn, schema):
+            with pytest.raises(MigrationError, match="01.00.00_02_pre_alter.sql could not lock"):
+                await migrate(
+                    conn,
+                    schema,
+                    source=source,
+                    lock_timeout=QUICK_LOCK_TIMEOUT,
+                    max_lock_wait=timedelta(milliseconds=200),
+                )
+            assert await conn.fetchval("SHOW lock_timeout") == "7s"
+        assert await migrate(conn, schema, source=source, lock_timeout=QUICK_LOCK_TIMEOUT) == [
+            "01.00.00_02_pre_alter.sql"
+        ]
+        assert await conn.fetchval("SHOW lock_timeout") == "7s"
+    finally:
+        await conn.close()
+
+
+async def test_the_lock_timeout_does_not_outlive_a_callers_transaction_file(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    # A SET LOCAL in a savepoint stays once the savepoint is released.
+    schema, source = await _at_first_file(pg_database_dsn, tmp_path, _ALTER)
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_database_dsn)
+    try:
+        before = await conn.fetchval("SHOW lock_timeout")
+        async with conn.transaction():
+            await conn.execute("SET LOCAL lock_timeout = '7s'")
+            assert await migrate(conn, schema, source=source, lock_timeout=QUICK_LOCK_TIMEOUT) == [
+                "01.00.00_02_pre_alter.sql"
+            ]
+            assert await conn.fetchval("SHOW lock_timeout") == "7s"
+        assert await conn.fetchval("SHOW lock_timeout") == before
+    finally:
+        await conn.close()
+
+
+async def test_waiting_for_another_migrator_is_not_bounded(pg_database_dsn: str) -> None:
+    # The advisory lock's wait is the point: the second migrator then finds nothing to do.
+    schema = unique_schema_name()
+    holder: asyncpg.Connection[Any] = await asyncpg.connect(pg_database_dsn)
+    try:
+        await holder.execute(LOCK_SQL, schema)
+        bound = timedelta(milliseconds=100)
+        migrating = asyncio.create_task(
+            migrate(pg_database_dsn, schema, lock_timeout=QUICK_LOCK_TIMEOUT, max_lock_wait=bound)
+        )
+        await _wait_for_advisory_waiters(holder, 1)
+        await asyncio.sleep(3 * bound.total_seconds())  # past both bounds
+        assert not migrating.done()
+        await holder.execute(UNLOCK_SQL, schema)
+        assert await asyncio.wait_for(migrating, 60) == BUNDLED
+    finally:
+        await holder.close()
+
+
+@pytest.mark.parametrize(
+    ("bounds", "error"),
+    [
+        ({"lock_timeout": timedelta(0)}, "lock_timeout must be positive"),
+        ({"lock_timeout": timedelta(seconds=-1)}, "lock_timeout must be positive"),
+        ({"max_lock_wait": timedelta(seconds=-1)}, "max_lock_wait must not be negative"),
+    ],
+)
+async def test_lock_bounds_are_checked_before_any_sql(
+    bounds: dict[str, timedelta], error: str
+) -> None:
+    with pytest.raises(ValueError, match=error):
+        await migrate("postgresql://postgres@127.0.0.1:1/x", unique_schema_name(), **bounds)

@@ -157,3 +157,52 @@ def test_a_server_that_never_answers_is_a_timeout_said_as_such() -> None:
         line = _assert_one_clear_line(_taskq("migrate", "--dsn", dsn))
     assert line.startswith("taskq migrate: error: cannot connect to PostgreSQL at")
     assert line.endswith(": TimeoutError") and "pw" not in line
+
+
+@pytest.mark.postgres
+def test_lock_bounds_are_flags(pg_database_dsn: str, tmp_path: Path) -> None:
+    # The schema lacks the last bundled file; a transaction holds every table it might
+    # change. The command gives up after one 50 ms try, not a minute of them.
+    import asyncio
+
+    import psycopg
+    from psycopg import sql
+
+    from taskq_postgres.migrate import bundled_migrations, migrate
+
+    for name in BUNDLED[:-1]:
+        (tmp_path / name).write_bytes((bundled_migrations() / name).read_bytes())
+    schema = unique_schema_name()
+    asyncio.run(migrate(pg_database_dsn, schema, source=tmp_path))
+    with psycopg.connect(pg_database_dsn) as holder:
+        tables = holder.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s"
+            " AND tablename <> 'schema_migrations'",
+            (schema,),
+        ).fetchall()
+        holder.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                sql.SQL(", ").join(sql.Identifier(schema, t) for (t,) in tables)
+            )
+        )
+        args = ("migrate", "--dsn", pg_database_dsn, "--schema", schema)
+        result = _taskq(*args, "--lock-timeout", "50ms", "--max-lock-wait", "0")
+        line = _assert_one_clear_line(result)
+        assert f"migration {BUNDLED[-1]} could not lock the tables" in line
+        assert "pg_stat_activity" in line
+        holder.rollback()
+    assert _taskq(*args, "--lock-timeout", "50ms").returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "error"),
+    [
+        ("--lock-timeout", "0", "must be more than 0"),
+        ("--lock-timeout", "soon", "expected a duration"),
+        ("--max-lock-wait", "-1", "must not be negative"),
+    ],
+)
+def test_lock_bounds_out_of_range_are_usage_errors(flag: str, value: str, error: str) -> None:
+    result = _taskq("migrate", "--dsn", "postgresql://postgres@127.0.0.1:1/x", f"{flag}={value}")
+    assert result.returncode == 1
+    assert f"argument {flag}: {error}" in result.stderr

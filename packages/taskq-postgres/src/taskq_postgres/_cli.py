@@ -12,7 +12,8 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from datetime import timedelta
+from typing import TYPE_CHECKING, cast
 
 from taskq._dsn import resolve_dsn, resolve_schema
 from taskq.errors import ConfigurationError, TaskQError
@@ -28,6 +29,25 @@ class _CommandError(Exception):
     """A failure reported to the user as one line on stderr."""
 
 
+def _duration(text: str) -> timedelta:
+    from taskq.settings import parse_duration
+
+    try:
+        # typed `object` to serve as a pydantic validator; a string always comes back
+        # as a timedelta
+        return cast(timedelta, parse_duration(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_duration(text: str) -> timedelta:
+    duration = _duration(text)
+    if duration <= timedelta(0):
+        # Postgres reads a lock_timeout of 0 as "wait for ever".
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text.strip()!r}")
+    return duration
+
+
 def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dsn",
@@ -39,6 +59,20 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "--status", action="store_true", help="list applied and pending migrations; change nothing"
     )
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.add_argument(
+        "--lock-timeout",
+        type=_positive_duration,
+        metavar="DURATION",
+        help="how long each migration waits for a table lock before it backs off and "
+        "retries; live queries on that table wait behind it meanwhile (default: 2s)",
+    )
+    parser.add_argument(
+        "--max-lock-wait",
+        type=_duration,
+        metavar="DURATION",
+        help="how long to keep retrying a migration that cannot get its locks (a long "
+        "open transaction holds them) before failing (default: 1m)",
+    )
 
 
 @asynccontextmanager
@@ -86,11 +120,22 @@ async def _show_status(dsn: str, schema: str, as_json: bool) -> None:
         print(f"{s.state:<8} {s.name}  {applied_at}".rstrip())
 
 
-async def _apply(dsn: str, schema: str, as_json: bool) -> None:
-    from taskq_postgres.migrate import migrate
+async def _apply(
+    dsn: str,
+    schema: str,
+    as_json: bool,
+    lock_timeout: timedelta | None,
+    max_lock_wait: timedelta | None,
+) -> None:
+    from taskq_postgres.migrate import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_LOCK_WAIT, migrate
 
     async with _connection(dsn) as conn:
-        applied = await migrate(conn, schema)
+        applied = await migrate(
+            conn,
+            schema,
+            lock_timeout=DEFAULT_LOCK_TIMEOUT if lock_timeout is None else lock_timeout,
+            max_lock_wait=DEFAULT_MAX_LOCK_WAIT if max_lock_wait is None else max_lock_wait,
+        )
     if as_json:
         print(json.dumps({"schema": schema, "applied": applied}, indent=2))
     elif not applied:
@@ -124,7 +169,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.status:
             asyncio.run(_show_status(dsn, schema, args.json))
         else:
-            asyncio.run(_apply(dsn, schema, args.json))
+            asyncio.run(_apply(dsn, schema, args.json, args.lock_timeout, args.max_lock_wait))
     except _CommandError as exc:
         one_line = " ".join(str(exc).split())  # server messages may span lines
         print(f"taskq migrate: error: {one_line}", file=sys.stderr)

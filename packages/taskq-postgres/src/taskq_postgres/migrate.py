@@ -6,17 +6,21 @@ directive are described in ``migrations/README.md``. In short: pending
 (version, seq); each file runs in its own transaction together with its
 ledger row in ``{schema}.schema_migrations``; concurrent migrators of one
 schema are serialized by an advisory lock, so all of them succeed and each
-file is applied once.
+file is applied once. Each file waits at most ``lock_timeout`` for a table lock and
+is retried with growing pauses up to ``max_lock_wait``: a statement waiting for a
+lock queues every later one on that table behind it (dispatch, enqueue, heartbeats).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import math
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from typing import Any, Final, Literal, TypeAlias
@@ -30,6 +34,8 @@ from taskq.identifiers import check_identifier, validate_schema_name
 from taskq_postgres._privileges import InsufficientPrivilegeError, diagnosed
 
 __all__ = [
+    "DEFAULT_LOCK_TIMEOUT",
+    "DEFAULT_MAX_LOCK_WAIT",
     "NO_TRANSACTION_DIRECTIVE",
     "SCHEMA_PLACEHOLDER",
     "Connection",
@@ -53,6 +59,16 @@ SCHEMA_PLACEHOLDER: Final = "{schema}"
 
 NO_TRANSACTION_DIRECTIVE: Final = "-- taskq:no-transaction"
 """As a file's first line, runs that file outside a transaction."""
+
+DEFAULT_LOCK_TIMEOUT: Final = timedelta(seconds=2)
+"""How long one attempt at a migration file waits for a lock: as long as live queries
+on the table may queue behind it."""
+
+DEFAULT_MAX_LOCK_WAIT: Final = timedelta(minutes=1)
+"""How long a file that cannot get its locks is retried before the migration fails."""
+
+_MAX_PAUSE_FACTOR: Final = 5
+"""Pauses between attempts double from ``lock_timeout`` up to this many times it."""
 
 _NAME_RE: Final = re.compile(
     r"(?P<version>\d+\.\d+\.\d+)_(?P<seq>\d+)_(?P<phase>pre|post)_[a-z0-9_]+\.sql"
@@ -247,25 +263,153 @@ async def _applied(conn: Connection, schema: str) -> dict[str, tuple[str, dateti
     return {row["version"]: (row["checksum"], row["applied_at"]) for row in rows}
 
 
-async def _apply(conn: Connection, schema: str, migration: Migration) -> None:
+@dataclass(frozen=True)
+class _LockBounds:
+    """How long a file waits for its locks: per attempt, and in all."""
+
+    lock_timeout: timedelta
+    max_lock_wait: timedelta
+    restore: str | None
+    """The caller's ``lock_timeout`` to put back after each file run inside the caller's
+    transaction (a ``SET LOCAL`` outlives the savepoint it is made in); else None."""
+
+    @property
+    def setting(self) -> str:
+        # Whole milliseconds, rounded up: 0 would mean no limit.
+        return f"{math.ceil(self.lock_timeout / timedelta(milliseconds=1))}ms"
+
+
+def _check_lock_bounds(lock_timeout: timedelta, max_lock_wait: timedelta) -> None:
+    """Both bounds checked before any SQL runs."""
+    for name, value in (("lock_timeout", lock_timeout), ("max_lock_wait", max_lock_wait)):
+        if not isinstance(value, timedelta):
+            raise TypeError(f"{name} must be a timedelta, got {type(value).__name__}")
+    if lock_timeout <= timedelta(0):
+        # Postgres reads lock_timeout = 0 as "wait for ever": the queueing this prevents.
+        raise ValueError(f"lock_timeout must be positive, got {lock_timeout}")
+    if max_lock_wait < timedelta(0):
+        raise ValueError(f"max_lock_wait must not be negative, got {max_lock_wait}")
+
+
+# $1 lock_timeout; $2 true: for the transaction (SET LOCAL), false: for the session (SET).
+_SET_LOCK_TIMEOUT_SQL: Final = "SELECT set_config('lock_timeout', $1, $2)"
+
+# $1 the schema. The sessions holding locks on its tables, oldest transaction first:
+# the long one a migration waited for is among them (pg_locks only names the lock
+# waited for while the wait lasts, and the wait has been given up).
+_LOCK_HOLDERS_SQL: Final = r"""
+SELECT a.pid, a.state, a.xact_start,
+       array_agg(DISTINCT quote_ident(n.nspname) || '.' || quote_ident(c.relname)) AS tables,
+       left(regexp_replace(a.query, '\s+', ' ', 'g'), 80) AS query
+FROM pg_locks l
+JOIN pg_class c ON c.oid = l.relation AND c.relkind IN ('r', 'p')
+JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.granted AND l.locktype = 'relation' AND l.pid <> pg_backend_pid()
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+GROUP BY a.pid, a.state, a.xact_start, a.query
+ORDER BY a.xact_start NULLS LAST
+LIMIT 3
+"""
+
+_FIND_LONG_TRANSACTIONS: Final = (
+    "SELECT pid, state, xact_start, query FROM pg_stat_activity "
+    "WHERE xact_start < now() - interval '1 minute' ORDER BY xact_start"
+)
+
+
+async def _apply_once(
+    conn: Connection, schema: str, migration: Migration, bounds: _LockBounds
+) -> None:
     sql = migration.render(schema)
     record = _render(_RECORD_SQL, schema)
-    try:
-        if migration.transactional:
-            async with conn.transaction():
-                await conn.execute(sql)
-                await conn.execute(record, migration.name, migration.checksum(schema))
-        else:
-            # Simple-query protocol, one statement: nothing wraps it in a transaction.
+    if migration.transactional:
+        async with conn.transaction():
+            await conn.execute(_SET_LOCK_TIMEOUT_SQL, bounds.setting, True)
             await conn.execute(sql)
             await conn.execute(record, migration.name, migration.checksum(schema))
-    except asyncpg.InsufficientPrivilegeError as exc:
-        raise await _refused(conn, exc, schema, f"cannot apply {migration.name}") from exc
-    except asyncpg.PostgresError as exc:
-        raise MigrationError(
-            f"migration {migration.name} failed in schema {schema!r}: {exc}"
-        ) from exc
+            if bounds.restore is not None:
+                await conn.execute(_SET_LOCK_TIMEOUT_SQL, bounds.restore, True)
+        return
+    # Outside a transaction (checked by the caller): for the session, put back after.
+    previous = await conn.fetchval("SELECT current_setting('lock_timeout')")
+    await conn.execute(_SET_LOCK_TIMEOUT_SQL, bounds.setting, False)
+    try:
+        # Simple-query protocol, one statement: nothing wraps it in a transaction.
+        await conn.execute(sql)
+    finally:
+        if not conn.is_closed():
+            await conn.execute(_SET_LOCK_TIMEOUT_SQL, previous, False)
+    await conn.execute(record, migration.name, migration.checksum(schema))
+
+
+async def _apply(conn: Connection, schema: str, migration: Migration, bounds: _LockBounds) -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    pause = bounds.lock_timeout.total_seconds()
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            await _apply_once(conn, schema, migration, bounds)
+            break
+        except asyncpg.LockNotAvailableError as exc:
+            # Rolled back (a no-transaction file is one statement): nothing to undo.
+            waited = loop.time() - started
+            left = bounds.max_lock_wait.total_seconds() - waited
+            if left <= 0:
+                raise await _lock_wait_exceeded(conn, schema, migration, attempts, waited) from exc
+            pause = min(pause, left)
+            _log.warning(
+                "taskq.migration-lock-retry",
+                migration=migration.name,
+                schema=schema,
+                attempt=attempts,
+                lock_timeout=bounds.setting,
+                retry_in=round(pause, 3),
+                gives_up_in=round(left, 1),
+            )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, bounds.lock_timeout.total_seconds() * _MAX_PAUSE_FACTOR)
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise await _refused(conn, exc, schema, f"cannot apply {migration.name}") from exc
+        except asyncpg.PostgresError as exc:
+            raise MigrationError(
+                f"migration {migration.name} failed in schema {schema!r}: {exc}"
+            ) from exc
     _log.info("taskq.migration-applied", migration=migration.name, schema=schema)
+
+
+async def _lock_wait_exceeded(
+    conn: Connection, schema: str, migration: Migration, attempts: int, waited: float
+) -> MigrationError:
+    """The error for a file that never got its locks: who holds locks on the schema's
+    tables now, and how to end the wait."""
+    try:
+        holders = await conn.fetch(_LOCK_HOLDERS_SQL, schema)
+    except asyncpg.PostgresError:  # only a hint: the advice stands without it
+        holders = []
+    if holders:
+        named = "; ".join(
+            f"pid {h['pid']} on {', '.join(sorted(h['tables']))} "
+            f"({h['state']}, transaction open since {_when(h['xact_start'])}: {h['query']!r})"
+            for h in holders
+        )
+        who = f"Sessions holding locks on the schema's tables, oldest transaction first: {named}"
+    else:
+        who = "No session holds a lock on the schema's tables any more"
+    return MigrationError(
+        f"migration {migration.name} could not lock the tables it changes in schema "
+        f"{schema!r} in time ({attempts} attempt{'s' if attempts > 1 else ''} over "
+        f"{waited:.1f} s); it was not applied, "
+        f"nor any file after it. {who}. A long open transaction blocks it: end it "
+        f"(SELECT pg_terminate_backend(<pid>)) or let it finish, then run the migration "
+        f"again (taskq migrate); find long transactions with: {_FIND_LONG_TRANSACTIONS}"
+    )
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.isoformat(timespec="seconds") if moment is not None else "(none)"
 
 
 async def migrate(
@@ -274,6 +418,8 @@ async def migrate(
     *,
     source: Traversable | None = None,
     post: bool = True,
+    lock_timeout: timedelta = DEFAULT_LOCK_TIMEOUT,
+    max_lock_wait: timedelta = DEFAULT_MAX_LOCK_WAIT,
 ) -> list[str]:
     """Apply every pending migration to ``schema``; return the names applied, in order.
 
@@ -289,13 +435,27 @@ async def migrate(
     migrations directory (for tests). ``schema`` is folded to lower case, as
     Postgres folds the unquoted name in SQL.
 
+    Each file waits at most ``lock_timeout`` (default 2 s) for a lock on what it
+    changes: a statement waiting for a table lock makes every later query on that
+    table (dispatch, enqueue, heartbeats) wait behind it, for as long as the
+    transaction it waits for stays open. A file that times out is rolled back and
+    tried again after a pause (doubling from ``lock_timeout`` up to five times it),
+    each retry logged as ``taskq.migration-lock-retry``, until ``max_lock_wait``
+    (default 1 minute; the last attempt may end up to one ``lock_timeout`` later) has
+    passed since its first attempt: then :class:`MigrationError` names the file and
+    the sessions holding locks on the schema's tables. ``max_lock_wait=timedelta(0)``
+    tries each file once. Waiting for another migrator (the advisory lock) is not
+    bounded. The lock timeout is set for the file's transaction only (``SET LOCAL``);
+    around a ``-- taskq:no-transaction`` file, for the session, and put back after.
+
     Running it again is a no-op. Applied files whose content has changed are
     reported with a ``taskq.migration-checksum-drift`` warning on the
     ``taskq.migrate`` logger and are not re-run. Raises ``ValueError`` for an
-    invalid schema name before any SQL runs, and :class:`MigrationError`
-    when a file fails (earlier files stay applied).
+    invalid schema name or lock bound before any SQL runs, and
+    :class:`MigrationError` when a file fails (earlier files stay applied).
     """
     schema = validate_schema_name(schema)  # folded: one lock key for TaskQ and taskq
+    _check_lock_bounds(lock_timeout, max_lock_wait)
     migrations = load_migrations(source)
     async with _connected(target) as conn, _migration_lock(conn, schema):
         applied = await _prepared(conn, schema)
@@ -322,8 +482,12 @@ async def migrate(
                 "a pending migration must run outside a transaction "
                 "(-- taskq:no-transaction), but the connection given is inside one"
             )
+        restore = None
+        if pending and conn.is_in_transaction():
+            restore = await conn.fetchval("SELECT current_setting('lock_timeout')")
+        bounds = _LockBounds(lock_timeout, max_lock_wait, restore)
         for migration in pending:
-            await _apply(conn, schema, migration)
+            await _apply(conn, schema, migration, bounds)
         return [m.name for m in pending]
 
 

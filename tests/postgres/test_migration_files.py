@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,49 @@ def test_no_transaction_directive_counts_on_the_first_line_only(
     text: str, transactional: bool
 ) -> None:
     assert Migration.from_file("01.00.00_01_pre_x.sql", text).transactional is transactional
+
+
+RELEASED = Path(__file__).resolve().with_name("released_migrations.sha256")
+"""``sha256sum`` lines (hash, two spaces, name) of every migration file committed:
+``cd migrations && sha256sum -c ../tests/postgres/released_migrations.sha256``."""
+
+
+def _released() -> dict[str, str]:
+    lines = RELEASED.read_text(encoding="utf-8").splitlines()
+    pairs = [line.split("  ", 1) for line in lines if line.strip()]
+    return {name: digest for digest, name in pairs}
+
+
+def test_released_migration_files_never_change() -> None:
+    # A schema that applied the released bytes never runs the file again: an edit
+    # reaches new schemas only (the old ones merely log a checksum drift).
+    bundled = {
+        entry.name: hashlib.sha256(entry.read_bytes()).hexdigest()
+        for entry in bundled_migrations().iterdir()
+        if entry.name.endswith(".sql")
+    }
+    released = _released()
+    problems = [
+        f"{name} changed since it was released: put it back as it was and make the "
+        f"change in a new migration file (migrations/README.md)"
+        for name, digest in released.items()
+        if name in bundled and bundled[name] != digest
+    ]
+    problems += [
+        f"{name} was released and is gone: put it back (schemas have applied it); "
+        f"a later file may undo what it did"
+        for name in released.keys() - bundled.keys()
+    ]
+    problems += [
+        f"{name} is new: add the line '{bundled[name]}  {name}' to "
+        f"{RELEASED.relative_to(RELEASED.parents[2])} (once released, the file may not change)"
+        for name in sorted(bundled.keys() - released.keys())
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_released_list_is_in_sha256sum_format() -> None:
+    for line in RELEASED.read_text(encoding="utf-8").splitlines():
+        digest, name = line.split("  ", 1)
+        assert len(digest) == 64 and set(digest) <= set("0123456789abcdef"), line
+        Migration.from_file(name, "")  # a well-formed name

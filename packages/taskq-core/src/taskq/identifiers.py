@@ -126,11 +126,67 @@ _RESERVED: Final = frozenset(
         "similar",
         "tablesample",
         "verbose",
+        # Category C, "non-reserved (cannot be function or type)": a type named through
+        # the schema (`c int.job_status`, `x::int.job_status`) is a syntax error, some
+        # tables too (`time.jobs`). PostgreSQL 15's list, from
+        # SELECT word FROM pg_get_keywords() WHERE catcode = 'C'.
+        "between",
+        "bigint",
+        "bit",
+        "boolean",
+        "char",
+        "character",
+        "coalesce",
+        "dec",
+        "decimal",
+        "exists",
+        "extract",
+        "float",
+        "greatest",
+        "grouping",
+        "inout",
+        "int",
+        "integer",
+        "interval",
+        "least",
+        "national",
+        "nchar",
+        "none",
+        "normalize",
+        "nullif",
+        "numeric",
+        "out",
+        "overlay",
+        "position",
+        "precision",
+        "real",
+        "row",
+        "setof",
+        "smallint",
+        "substring",
+        "time",
+        "timestamp",
+        "treat",
+        "trim",
+        "values",
+        "varchar",
+        "xmlattributes",
+        "xmlconcat",
+        "xmlelement",
+        "xmlexists",
+        "xmlforest",
+        "xmlnamespaces",
+        "xmlparse",
+        "xmlpi",
+        "xmlroot",
+        "xmlserialize",
+        "xmltable",
     }
 )
-"""Postgres's reserved key words (``pg_get_keywords()``, categories R and T, plus
-``system_user`` from 16): unquoted, none can name a schema, so a name among them
-would pass the pattern and fail inside the first statement."""
+"""Postgres's key words that cannot name a schema unquoted (``pg_get_keywords()``,
+categories R, T and C, as of PostgreSQL 15, plus ``system_user`` from 16): a name
+among them would pass the pattern and fail inside the first statement, leaving a
+half-made schema. A test checks the list against the server's own."""
 
 MAX_IDENTIFIER_BYTES: Final = 63
 """Postgres truncates longer identifiers silently (NAMEDATALEN - 1)."""
@@ -167,7 +223,8 @@ def validate_schema_name(schema: str) -> str:
     """Validate a TaskQ schema name; return it as Postgres folds it (lowercase) or raise
     ``ValueError``.
 
-    Beyond :func:`check_identifier`, the name must leave room for the
+    Beyond :func:`check_identifier`, the name must not be one Postgres keeps for its
+    catalogs (``pg_*``, ``information_schema``), and must leave room for the
     channel names derived from it (at most :data:`MAX_SCHEMA_NAME_BYTES`). Folded
     here, once: ``TaskQ`` and ``taskq`` name one schema, and every name derived from
     it (channels, lock keys) must be the same for both spellings.
@@ -176,6 +233,12 @@ def validate_schema_name(schema: str) -> str:
     if schema.lower().startswith("pg_"):
         raise ValueError(
             f"schema name {schema!r} starts with pg_, which Postgres reserves for its own schemas"
+        )
+    if schema.lower() == "information_schema":
+        raise ValueError(
+            f"schema name {schema!r} is the SQL standard's catalog schema: pg_dump leaves "
+            f"it out of every backup, so TaskQ's tables and jobs there would be lost "
+            f"on a restore; choose another name"
         )
     if len(schema.encode()) > MAX_SCHEMA_NAME_BYTES:
         raise ValueError(

@@ -1761,7 +1761,7 @@ class PostgresBackend:
             if finalizer_args is not None
             else None
         )
-        check_finalizer(finalizer_args)
+        check_finalizer(finalizer_args, batch_row)
         everything = [*children, *([finalizer] if finalizer is not None else [])]
         refuse_keyless_singletons(everything)
         step = max(chunk_size, 1)

@@ -111,7 +111,7 @@ class BatchTable:
             if batch_row.id != batch_id:
                 raise ValueError(f"batch_row.id {batch_row.id} differs from batch_id {batch_id}")
             self._refuse_existing(batch_id)
-        check_finalizer(finalizer_args)
+        check_finalizer(finalizer_args, batch_row)
         tag = str(batch_id)
         children = [
             args.model_copy(update={"metadata": {**args.metadata, BATCH_TAG: tag}})

@@ -470,7 +470,8 @@ class Backend(Protocol):
     ) -> list[JobRow]:
         """Children (tagged ``metadata.batch_id``), the batch row and the finalizer,
         all or nothing. The finalizer waits (``scheduled`` with no due time) until
-        the batch completes or aborts."""
+        the batch completes or aborts; a finalizer without a batch row, which nothing
+        would release, is refused with ``ValueError``."""
         ...
 
     async def create_batch(

@@ -1,7 +1,8 @@
 """Who may join a batch: the rules every backend's ``enqueue_batch_atomic`` applies.
 
-A tracked batch (one with a batch row or a finalizer) counts its children by their
-``metadata.batch_id`` tag and releases its finalizer when none is left to run. An
+A tracked batch (one with a batch row) counts its children by their
+``metadata.batch_id`` tag and releases its finalizer when none is left to run; a
+finalizer without a batch row would never be released, and is refused. An
 idempotency key can make an insert return a job already stored instead: one of
 another batch's, or of none, would not be counted, and the batch could end before it
 ran; a finalizer's would be released, and run, in place of the batch's own. Both are
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from taskq.models import EnqueueArgs, JobRow
+from taskq.models import BatchRow, EnqueueArgs, JobRow
 
 __all__ = ["BATCH_TAG", "FINALIZER_TAG", "check_children", "check_finalizer"]
 
@@ -25,8 +26,16 @@ FINALIZER_TAG: Final = "batch_finalizer_for"
 """The ``metadata`` key naming the batch a finalizer ends."""
 
 
-def check_finalizer(finalizer: EnqueueArgs | None) -> None:
-    """A finalizer is the batch's own new job: it takes no idempotency key."""
+def check_finalizer(finalizer: EnqueueArgs | None, batch_row: BatchRow | None) -> None:
+    """A finalizer is the batch's own new job: it comes with the batch row, whose end
+    releases it, and takes no idempotency key."""
+    if finalizer is not None and batch_row is None:
+        raise ValueError(
+            "a batch's finalizer needs a batch row (batch_row=None was given): only the "
+            "row's completion or abort releases the finalizer, which would stay parked "
+            "(scheduled until 9999-01-01) for ever; pass a BatchRow with the batch's id, "
+            "or no finalizer"
+        )
     if finalizer is not None and finalizer.idempotency_key is not None:
         raise ValueError(
             f"a batch's finalizer takes no idempotency_key (got "

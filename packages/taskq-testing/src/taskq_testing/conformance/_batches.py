@@ -221,6 +221,22 @@ class BatchTests:
         assert await backend.get_batch(batch_id) is None
 
     @covers("enqueue_batch_atomic")
+    async def test_a_finalizer_needs_a_batch_row(self, backend: Backend) -> None:
+        # Only the row's completion or abort releases a finalizer: without one it stayed
+        # parked (scheduled until 9999) for ever, and a worker run until idle never was.
+        batch_id, child = uuid4(), make_args(queue=_QUEUE)
+        with pytest.raises(ValueError, match="finalizer needs a batch row"):
+            await backend.enqueue_batch_atomic(
+                [child],
+                batch_id=batch_id,
+                queue=_QUEUE,
+                batch_row=None,
+                finalizer_args=make_args(queue=_QUEUE),
+            )
+        assert await backend.list_jobs(JobFilter()) == []
+        assert await backend.get_batch(batch_id) is None
+
+    @covers("enqueue_batch_atomic")
     async def test_enqueue_batch_atomic_is_all_or_nothing(self, backend: Backend) -> None:
         existing = await backend.enqueue(make_args())
         batch_id, fresh, finalizer = uuid4(), make_args(queue=_QUEUE), make_args(queue=_QUEUE)

@@ -11,6 +11,7 @@ from pydantic import PrivateAttr, ValidationError
 from taskq.backend.statemachine import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
 from taskq.models import (
     BatchRow,
+    BatchStatus,
     EnqueueArgs,
     ErrorInfo,
     JobFilter,
@@ -167,3 +168,29 @@ def test_a_batch_row_refuses_counts_out_of_range(fields: dict[str, int]) -> None
     # The in-memory backend stored them; Postgres failed on a CHECK constraint.
     with pytest.raises(ValidationError):
         BatchRow(**{"id": uuid4(), "queue": "q", "expected_size": 1, **fields})
+
+
+@pytest.mark.parametrize(
+    ("status", "completed", "error"),
+    [
+        ("complete", False, "needs completed_at"),
+        ("aborted", False, "needs completed_at"),
+        ("active", True, "takes no completed_at"),
+    ],
+)
+def test_a_batch_row_has_completed_at_exactly_when_finished(
+    status: BatchStatus, completed: bool, error: str
+) -> None:
+    # The in-memory backend stored a complete row without the time; Postgres raised a
+    # driver error (CheckViolationError: batches_completed_at_iff_done).
+    when = datetime(2026, 1, 1, tzinfo=UTC) if completed else None
+    with pytest.raises(ValidationError, match=error):
+        BatchRow(id=uuid4(), queue="q", status=status, expected_size=1, completed_at=when)
+
+
+@pytest.mark.parametrize("status", ["complete", "aborted"])
+def test_a_finished_batch_row_with_its_time_is_valid(status: BatchStatus) -> None:
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    row = BatchRow(id=uuid4(), queue="q", status=status, expected_size=1, completed_at=when)
+    assert (row.status, row.completed_at) == (status, when)
+    assert BatchRow(id=uuid4(), queue="q", expected_size=1).completed_at is None

@@ -574,7 +574,23 @@ class BatchRow(_Model):
     originating_actor: str | None = None
     created_at: datetime | None = None
     completed_at: datetime | None = None
+    """Set exactly when ``status`` is not ``active`` (the table's CHECK constraint)."""
     metadata: JsonDict = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _completed_at_iff_finished(self) -> Self:
+        # The in-memory backend stored a finished row without the time; Postgres
+        # raised CheckViolationError (batches_completed_at_iff_done).
+        if (self.status == "active") != (self.completed_at is None):
+            raise ValueError(
+                f"a batch with status {self.status!r} "
+                + (
+                    "takes no completed_at: only a complete or aborted batch has one"
+                    if self.status == "active"
+                    else "needs completed_at, the time it finished"
+                )
+            )
+        return self
 
 
 class BatchCounts(_Model):

@@ -111,6 +111,9 @@ def test_cancel_pending_running_and_finished_jobs(cli: Cli) -> None:
 @pytest.mark.parametrize("action", ["show", "retry", "cancel"])
 def test_unknown_and_malformed_ids(cli: Cli, action: str) -> None:
     unknown = str(uuid4())
-    assert error_line(cli.taskq("jobs", action, unknown)) == f"taskq: error: no job {unknown}"
+    assert error_line(cli.taskq("jobs", action, unknown)) == (
+        f"taskq: error: no job {unknown} (a finished job moves to the archive once its "
+        f"status's retention, TASKQ_PRUNE_RETENTION_<STATUS>, has passed)"
+    )
     malformed = error_line(cli.taskq("jobs", action, "12345"))
     assert "'12345' is not a job id" in malformed

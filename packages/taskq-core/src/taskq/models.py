@@ -35,6 +35,7 @@ __all__ = [
     "INT32_MIN",
     "MAX_DURATION",
     "UNRUN_OUTCOMES",
+    "UNTIMED_OUTCOMES",
     "ActorConfig",
     "AttemptOutcome",
     "AttemptRow",
@@ -103,6 +104,11 @@ raised by one, so its ``attempt`` number grows without bringing it nearer its en
 UNRUN_OUTCOMES: Final[frozenset[str]] = frozenset({"unstarted", "unknown_actor"})
 """The outcomes of an attempt whose code never ran: the job was locked, then given
 back. Its times span that hold, not a run, so it has no duration."""
+
+UNTIMED_OUTCOMES: Final[frozenset[str]] = UNRUN_OUTCOMES | {"crashed"}
+"""The outcomes with no known duration: the unrun ones, and ``crashed`` (when its worker
+stopped is not known; its ``finished_at`` is when the reclaim found the lease lapsed,
+a lease or more later)."""
 
 EventKind: TypeAlias = Literal[
     "state_change",
@@ -380,11 +386,11 @@ class AttemptRow(_Model):
 
     @property
     def duration(self) -> timedelta | None:
-        """Wall time the attempt ran, when both ends are known; None for one whose code
-        never ran (``UNRUN_OUTCOMES``): its times say how long it was held, not run."""
+        """Wall time the attempt ran, when both ends are known; None for one whose run
+        time is not (``UNTIMED_OUTCOMES``: its code never ran, or its worker crashed)."""
         if self.started_at is None or self.finished_at is None:
             return None
-        if self.outcome in UNRUN_OUTCOMES:
+        if self.outcome in UNTIMED_OUTCOMES:
             return None
         return self.finished_at - self.started_at
 

@@ -93,7 +93,10 @@ def reclaim_expired(
         ):
             to = _S.PENDING
             changes.update(
-                scheduled_at=now, cancel_phase=CancelPhase.NONE, cancel_requested_at=None
+                scheduled_at=now,
+                cancel_phase=CancelPhase.NONE,
+                cancel_requested_at=None,
+                error=_crash_error(row.locked_by_worker),  # its last attempt's, as a retry's
             )
         else:
             to = _S.CRASHED

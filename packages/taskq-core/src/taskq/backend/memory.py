@@ -596,7 +596,7 @@ class InMemoryBackend:
         if row is None:
             return "noop"
         now = self.clock.now()
-        changes: dict[str, Any] = {"max_attempts": min(row.max_attempts + 1, INT32_MAX)}
+        changes: dict[str, Any] = {}
         if metadata_update:
             changes["metadata"] = {**row.metadata, **stored_json(metadata_update)}
         attempt_error = None
@@ -608,6 +608,8 @@ class InMemoryBackend:
         else:
             to = _requeue(row, now, delay, changes)
             detail = {"reason": _requeued_because(to, outcome)}
+        if to not in (_S.FAILED, _S.CANCELLED):  # given back only to a job that runs again
+            changes["max_attempts"] = min(row.max_attempts + 1, INT32_MAX)
         self._store.end_attempt(
             row,
             to,
@@ -659,8 +661,6 @@ class InMemoryBackend:
             return "noop"
         now = self.clock.now()
         changes: dict[str, Any] = {}
-        if not consume_budget:
-            changes["max_attempts"] = min(row.max_attempts + 1, INT32_MAX)
         result: Literal[
             "scheduled", "failed:DeadlineExceeded", "failed:MaxAttemptsExceeded", "cancelled"
         ]
@@ -682,6 +682,8 @@ class InMemoryBackend:
             result = "cancelled" if to is _S.CANCELLED else "scheduled"
             outcome = "retry_after" if consume_budget else "rate_limit_denied"
             detail = {"reason": _requeued_because(to, outcome)}
+            if not consume_budget and to is not _S.CANCELLED:  # runs again: given back
+                changes["max_attempts"] = min(row.max_attempts + 1, INT32_MAX)
         self._store.end_attempt(
             row,
             to,

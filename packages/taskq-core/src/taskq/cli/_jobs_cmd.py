@@ -191,7 +191,11 @@ def _job_id(text: str) -> UUID:
 async def _existing(client: JobsClient, job_id: UUID) -> JobRow:
     row = await client.get(job_id)
     if row is None:
-        raise JobCommandError(f"no job {job_id}")
+        # The same words for an archived job as for a mistyped id: say where it may be.
+        raise JobCommandError(
+            f"no job {job_id} (a finished job moves to the archive once its status's "
+            f"retention, TASKQ_PRUNE_RETENTION_<STATUS>, has passed)"
+        )
     return row
 
 

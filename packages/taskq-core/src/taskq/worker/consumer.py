@@ -269,8 +269,16 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         # A BaseException too (``sys.exit``, a library's own as a test runner's failure
         # is): it ended the job's task with no outcome, and the job ran again forever,
         # or (a sync actor's) the worker.
-        if ctx.cancel_event.requested() and await _stopped(state, row, ctx, active):
+        if (
+            ctx.cancel_event.requested()
+            and (ctx.cancel_event.seen or _task_cancelled())
+            and await _stopped(state, row, ctx, active)
+        ):
             return
+        # Raised without having looked at a stop request: its own failure, recorded with
+        # its error (a cancelled job still ends cancelled, with this failed attempt; a
+        # shutdown's spends the attempt), where the error was dropped and, in a deploy,
+        # the attempt given back.
         await _raised(state, row, ctx, actor, exc)
         return
 

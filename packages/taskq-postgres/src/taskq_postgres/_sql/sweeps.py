@@ -157,11 +157,14 @@ reclaimed AS (
         cancel_requested_at = CASE WHEN d.to_status = 'pending' THEN NULL
                                    ELSE j.cancel_requested_at END,
         finished_at = CASE WHEN d.to_status = 'pending' THEN NULL ELSE d.ts END,
-        error_class = CASE WHEN d.to_status = 'crashed' THEN 'WorkerCrashed'
+        -- The job's error is its last attempt's, as a retry's is: back to pending too
+        -- (it showed an earlier attempt's error, or none).
+        error_class = CASE WHEN d.to_status <> 'cancelled' THEN 'WorkerCrashed'
                            ELSE j.error_class END,
-        error_message = CASE WHEN d.to_status = 'crashed' THEN d.crash_message
+        error_message = CASE WHEN d.to_status <> 'cancelled' THEN d.crash_message
                              ELSE j.error_message END,
-        error_traceback = CASE WHEN d.to_status = 'crashed' THEN NULL ELSE j.error_traceback END
+        error_traceback = CASE WHEN d.to_status <> 'cancelled' THEN NULL
+                               ELSE j.error_traceback END
     FROM decision d
     WHERE j.id = d.id
     -- What the history rows need, carried out: joined back to decision, two CTEs
@@ -172,8 +175,9 @@ reclaimed AS (
 attempts AS (
     INSERT INTO {schema}.job_attempts (job_id, attempt, worker_id, started_at, finished_at,
         duration_ms, outcome, error_class, error_message)
-    SELECT r.id, r.attempt, r.locked_by_worker, r.started_at, r.ts,
-           greatest((extract(epoch FROM r.ts - r.started_at) * 1000)::bigint, 0),
+    -- No duration: when its worker stopped is not known (finished_at is the reclaim's
+    -- time, a lease or more after the last renewal).
+    SELECT r.id, r.attempt, r.locked_by_worker, r.started_at, r.ts, NULL::bigint,
            'crashed', 'WorkerCrashed', r.crash_message
     FROM reclaimed r
 ),

@@ -331,7 +331,10 @@ updated AS (
     UPDATE {schema}.jobs j
     SET status = d.to_status, updated_at = d.ts,
         locked_by_worker = NULL, lock_expires_at = NULL,
-        max_attempts = j.max_attempts + (j.max_attempts < 2147483647)::int,  -- int4 max
+        -- Given back only to a job that runs again (int4 max): a job that ends here
+        -- showed attempts it could never use.
+        max_attempts = CASE WHEN d.to_status IN ('failed', 'cancelled') THEN j.max_attempts
+                            ELSE j.max_attempts + (j.max_attempts < 2147483647)::int END,
         metadata = CASE WHEN $5::text IS NULL THEN j.metadata
                         ELSE j.metadata || $5::text::jsonb END,
         scheduled_at = CASE WHEN d.to_status IN ('failed', 'cancelled') THEN j.scheduled_at
@@ -457,7 +460,8 @@ updated AS (
     UPDATE {schema}.jobs j
     SET status = d.to_status, updated_at = d.ts,
         locked_by_worker = NULL, lock_expires_at = NULL,
-        max_attempts = CASE WHEN $5::bool THEN j.max_attempts
+        max_attempts = CASE WHEN $5::bool OR d.to_status IN ('failed', 'cancelled')
+                                THEN j.max_attempts
                             ELSE j.max_attempts + (j.max_attempts < 2147483647)::int END,
         scheduled_at = CASE WHEN d.to_status IN ('failed', 'cancelled') THEN j.scheduled_at
                             ELSE d.ts + $4::interval END,

@@ -903,6 +903,8 @@ class TerminalWriteTests:
             assert error_class_name(after.error) == "DeadlineExceeded"
             assert event.detail.get("reason") == "deadline_exceeded"  # said, as every failure
             assert_close(after.finished_at, now)
+            # Ended: no attempt given back (it showed 1 of 3, attempts it could not use).
+            assert after.max_attempts == 2
         else:
             assert event.detail.get("reason") == outcome  # snoozed, interrupted…: why it is back
             assert after.max_attempts == 3
@@ -928,6 +930,19 @@ class TerminalWriteTests:
             await backend.mark_retry_after(job.id, worker, delay)
         assert await fetch(backend, job.id) == job
         assert await backend.get_attempts(job.id) == []
+
+    @covers("mark_retry_after")
+    async def test_a_rate_limit_denial_past_the_deadline_gives_no_attempt_back(
+        self, backend: Backend
+    ) -> None:
+        worker = uuid4()
+        job = await running_job(
+            backend, worker_id=worker, max_attempts=2, schedule_to_close=timedelta(minutes=30)
+        )
+        verdict = await backend.mark_retry_after(job.id, worker, FAR, consume_budget=False)
+        assert verdict == "failed:DeadlineExceeded"
+        after = await fetch(backend, job.id)
+        assert (after.status, after.max_attempts) == (JobStatus.FAILED, 2)
 
     @pytest.mark.parametrize("write", ["snooze", "rate_limit_denied"])
     @covers("mark_snoozed", "mark_retry_after")

@@ -230,7 +230,8 @@ class JobsClient:
         self, items: Iterable[BatchItem], *, connection: Connection = None
     ) -> list[JobRow]:
         """Enqueue many jobs atomically (all or none); one row per item, in order.
-        Every payload is validated before anything is written."""
+        Every payload is validated before anything is written. Of one priority on a
+        strict FIFO queue, the jobs are dispatched in the order given."""
         listed = list(items)
         try:
             await self._check_capacity(self._build.counts(listed))
@@ -256,7 +257,8 @@ class JobsClient:
         """Bulk enqueue (COPY on Postgres): the fastest path, without idempotency
         handling or returned rows. Returns the count inserted. Payloads are validated
         as the rows are written (on Postgres, while the server takes the rows sent
-        before); an invalid one fails the call and nothing is written."""
+        before); an invalid one fails the call and nothing is written. Dispatched in
+        the order given, as :meth:`enqueue_batch`'s."""
         listed = list(items)
         await self._check_capacity(self._build.counts(listed))
         return await self._backend.enqueue_batch_fast(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
@@ -118,6 +122,110 @@ async def test_a_dsn_requiring_ssl_of_a_server_without_it_fails_as_a_configurati
     assert _unreachable(info.value) is None  # not retried at a worker's start
     with pytest.raises(ConfigurationError, match="requires SSL"):  # libpq's words
         SyncJobsClient(dsn, actors=[]).enqueue("nothing", {})
+
+
+@pytest.fixture
+def not_postgres() -> Iterator[int]:
+    """The port of a TCP server on 127.0.0.1 that is no PostgreSQL: it answers whatever
+    it is sent with ``HTTP/1.1 400 Bad Request`` and hangs up."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.1)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                peer, _ = server.accept()
+            except TimeoutError:
+                continue
+            with peer:
+                peer.settimeout(1)
+                try:
+                    peer.recv(64)
+                    peer.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+async def test_a_port_where_no_postgresql_answers_is_unavailable_and_retried(
+    not_postgres: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reported as a DSN requiring SSL (which it did not), and as a ConfigurationError
+    # a worker's start gave up on at once.
+    from taskq.worker.cli import _unreachable
+    from taskq_postgres import SyncJobsClient
+
+    monkeypatch.delenv("PGSSLMODE", raising=False)
+    where = f"127.0.0.1:{not_postgres}"
+    for dsn in (
+        f"postgresql://postgres@{where}/x",
+        f"postgresql://postgres@{where}/x?sslmode=prefer",
+    ):
+        with pytest.raises(BackendUnavailableError) as info:
+            await PostgresBackend(dsn, connect_timeout=timedelta(seconds=5)).open()
+        message = str(info.value)
+        assert f"the server at {where} does not answer as PostgreSQL (wrong port?)" in message
+        assert "sslmode" not in message.replace(dsn, "") and "SSL (" not in message
+        assert _unreachable(info.value) is not None  # retried within the startup wait
+        with pytest.raises(BackendUnavailableError, match=r"does not answer as PostgreSQL"):
+            SyncJobsClient(dsn, actors=[])
+
+
+@pytest.mark.parametrize("given", ["dsn", "env"])
+async def test_a_dsn_requiring_ssl_of_a_port_refusing_it_still_names_sslmode(
+    not_postgres: int, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    # asyncpg cannot tell a PostgreSQL without SSL from another program there.
+    dsn = f"postgresql://postgres@127.0.0.1:{not_postgres}/x"
+    if given == "dsn":
+        monkeypatch.setenv("PGSSLMODE", "disable")  # the DSN's own sslmode wins
+        dsn += "?sslmode=require"
+    else:
+        monkeypatch.setenv("PGSSLMODE", "require")
+    with pytest.raises(ConfigurationError, match="requires SSL") as info:
+        await PostgresBackend(dsn).open()
+    assert f"if the server at 127.0.0.1:{not_postgres} is no PostgreSQL" in str(info.value)
+    monkeypatch.setenv("PGSSLMODE", "require")
+    with pytest.raises(BackendUnavailableError, match="does not answer as PostgreSQL"):
+        await PostgresBackend(
+            f"postgresql://postgres@127.0.0.1:{not_postgres}/x?sslmode=allow"
+        ).open()
+
+
+def test_a_worker_waits_out_a_port_where_no_postgresql_answers_yet(
+    not_postgres: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gc
+
+    from structlog.testing import capture_logs
+
+    from taskq.worker.cli import main
+
+    for name in [k for k in os.environ if k.startswith("TASKQ_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.delenv("PGSSLMODE", raising=False)
+    monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
+    monkeypatch.setenv("TASKQ_STARTUP_WAIT", "1s")
+    dsn = f"postgresql://postgres@127.0.0.1:{not_postgres}/x"
+    try:
+        with capture_logs() as logs:
+            code = main(["tests.apps.basic:tq", "--dsn", dsn, "--until-idle"])
+    finally:
+        gc.unfreeze()  # main() froze what it had loaded
+    assert code == 1
+    retried = [e for e in logs if e["event"] == "taskq.backend-unreachable-at-start"]
+    assert retried and "does not answer as PostgreSQL" in retried[0]["error"]
+    err = capsys.readouterr().err
+    assert "does not answer as PostgreSQL (wrong port?)" in err and "sslmode" not in err
 
 
 async def test_a_missing_database_is_a_backend_unavailable_error(pg_database_dsn: str) -> None:

@@ -12,6 +12,7 @@ refuses the login.
 
 from __future__ import annotations
 
+import os
 import re
 import select
 from collections.abc import Awaitable, Callable, Iterator
@@ -19,7 +20,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
 from typing import Any, Final
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
@@ -148,7 +149,45 @@ _QUOTED: Final = re.compile(r'"[^"]*"')
 
 
 _NO_SSL: Final = ("rejected SSL upgrade", "server does not support SSL")
-"""How asyncpg and libpq say a server without SSL refused a DSN that requires it."""
+"""How asyncpg and libpq say a server refused an SSL request. asyncpg says so of any
+answer but PostgreSQL's yes, a program that is no PostgreSQL server too (an HTTP
+server answering ``HTTP/1.1 400``), and asks for SSL unless the DSN says otherwise."""
+
+_NOT_POSTGRES: Final = (
+    "received invalid response to SSL negotiation",
+    "expected authentication request from server, but received",
+)
+"""How libpq says the server answered in a protocol that is not PostgreSQL's."""
+
+_SSL_REQUIRED: Final = frozenset({"require", "verify-ca", "verify-full"})
+"""The sslmodes that refuse a connection without SSL (libpq's names)."""
+
+_SERVER_AT: Final = re.compile(
+    r'(?:PostgreSQL server at|connection to server at) "([^"]*)"(?:, port (\d+))?'
+)
+"""Where a driver's message says the server it tried is (asyncpg's, then libpq's)."""
+
+
+def _ssl_required(dsn: str) -> bool:
+    """Whether ``dsn`` (its ``sslmode`` query parameter, else ``PGSSLMODE``, as both
+    drivers read them; the last of several wins) refuses a connection without SSL."""
+    try:
+        given = parse_qs(urlsplit(dsn).query).get("sslmode")
+    except ValueError:
+        given = None
+    mode = given[-1] if given else os.environ.get("PGSSLMODE", "")
+    return mode.strip().lower().replace("_", "-") in _SSL_REQUIRED
+
+
+def _server_at(dsn: str, said: str) -> str:
+    """The ``host:port`` the driver says it tried, else the DSN's host(s)."""
+    found = _SERVER_AT.search(said)
+    if found:
+        return found.group(1) + (f":{found.group(2)}" if found.group(2) else "")
+    try:
+        return urlsplit(dsn).netloc.rpartition("@")[2] or "localhost"
+    except ValueError:
+        return "its address"
 
 
 @contextmanager
@@ -177,14 +216,30 @@ def translated_errors(
         reason = _QUOTED.sub('"***"', _one_line(exc).replace(dsn, redact(dsn)))
         raise ConfigurationError(f"invalid DSN {redact(dsn)}: {reason}") from None
     except unreachable as exc:
-        if any(said in str(exc) for said in _NO_SSL):
+        said = str(exc)
+        refused_ssl = any(words in said for words in _NO_SSL)
+        if refused_ssl and _ssl_required(dsn):
             # Not an outage to wait out (the worker's start retried it for its whole
             # startup wait): the server and the DSN disagree until one is changed.
             raise ConfigurationError(
                 f"cannot connect to PostgreSQL at {redact(dsn)}: the DSN requires SSL "
                 f"(sslmode) and the server does not offer it: turn ssl on in the "
-                f"server, or give sslmode=prefer (or disable) in the DSN"
+                f"server, or give sslmode=prefer (or disable) in the DSN (or, if the "
+                f"server at {_server_at(dsn, said)} is no PostgreSQL, fix the port)"
             ) from None
+        if refused_ssl or any(words in said for words in _NOT_POSTGRES):
+            # A PostgreSQL server without SSL says so, and the DSN's prefer goes on
+            # without: something else listens there (another service, a proxy not yet
+            # routed). Retried at a worker's start as any unreachable server is.
+            reason = (
+                "it answered the opening SSL request as no PostgreSQL server does"
+                if refused_ssl
+                else _one_line(exc).replace(dsn, redact(dsn))
+            )
+            raise BackendUnavailableError(
+                f"cannot connect to PostgreSQL at {redact(dsn)}: the server at "
+                f"{_server_at(dsn, said)} does not answer as PostgreSQL (wrong port?): {reason}"
+            ) from exc
         raise BackendUnavailableError(
             f"cannot connect to PostgreSQL at {redact(dsn)}: "
             f"{_one_line(exc).replace(dsn, redact(dsn))}"

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import timedelta
 from uuid import uuid4
 
 import pytest
 
-from taskq import JobStatus
+from taskq import JobStatus, TaskQ
+from tests.apps import basic
 from tests.cli.cli_helpers import Cli, clean_env, error_line, run
 
 pytestmark = pytest.mark.postgres
@@ -57,6 +59,30 @@ def test_list_filters_and_formats(cli: Cli) -> None:
         assert [line[s:].split()[0] for s in starts] == [
             job.actor, job.queue, "cancelled" if job is cancelled else job.status.value, "0/3"
         ]  # fmt: skip
+
+
+def test_a_list_cut_short_at_the_maximum_limit_says_more_jobs_match(cli: Cli) -> None:
+    # --limit 9999 said so; --limit 10000 (the maximum) asked for 10,000 rows, not one
+    # more, and never did.
+    async def seed() -> int:
+        app = TaskQ(cli.pg.dsn, schema=cli.pg.name, actors=basic.tq.actors.values())
+        async with app:
+            items = [("nap", {"seconds": 0})] * 10_000 + [("nap_sync", {})]
+            return await app.client.enqueue_batch_fast(items)
+
+    assert asyncio.run(seed()) == 10_001
+    cut = cli.taskq("jobs", "list", "--limit", "10000", "--json")
+    assert cut.returncode == 0, cut.stderr
+    assert len(json.loads(cut.stdout)) == 10_000
+    assert cut.stderr.startswith("showing the newest 10000; more jobs match"), cut.stderr
+    # Exactly the maximum matching: all shown, nothing more said.
+    whole = cli.taskq("jobs", "list", "--actor", "nap", "--limit", "10000", "--json")
+    assert whole.returncode == 0 and whole.stderr == "", whole.stderr
+    assert len(json.loads(whole.stdout)) == 10_000
+    # The maximum itself stays where it was.
+    past = cli.taskq("jobs", "list", "--limit", "10001")
+    assert past.returncode == 1
+    assert "--limit: must be between 1 and 10000, got 10001" in past.stderr
 
 
 def test_show_retry_and_refusals_after_a_worker_ran(cli: Cli) -> None:

@@ -215,9 +215,11 @@ async def _list(args: argparse.Namespace) -> int:
         actor=args.actor,
         queue=args.queue,
         order="desc",
-        # One more than shown, to say when the list is cut short.
-        limit=min(args.limit + 1, _MAX_LIMIT),
+        limit=args.limit,
     )
+    # One more than shown, to say when the list is cut short: past JobFilter's bound
+    # at --limit's maximum (capped there, it never said so), so set unvalidated.
+    filters = filters.model_copy(update={"limit": args.limit + 1})
     async with open_client(args) as client:
         rows = await client.list_jobs(filters)
     more, rows = len(rows) > args.limit, rows[: args.limit]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -28,7 +29,13 @@ from taskq.errors import (
     SingletonCollisionError,
 )
 from taskq.models import EnqueueArgs, JobFilter, JobRow, JobStatus
-from taskq_postgres import BackendUnavailableError, PostgresBackend, SyncJobsClient, wake_channel
+from taskq_postgres import (
+    BackendUnavailableError,
+    PostgresBackend,
+    SyncJobsClient,
+    TransactionAbortedError,
+    wake_channel,
+)
 from taskq_postgres._enqueue import singleton_lock_key
 from taskq_testing.postgres import PgSchema
 
@@ -436,6 +443,38 @@ def test_a_lost_callers_connection_fails_with_the_loss_not_a_limits_warning(
     finally:
         conn.close()
     assert _stored(pg_pooled_schema) == []
+
+
+@pytest.mark.parametrize("call", ["enqueue", "batch", "copy"])
+def test_a_callers_transaction_aborted_by_an_earlier_error_is_named_and_nothing_written(
+    pg_pooled_schema: PgSchema, call: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It logged a max-pending-read-failed warning, psycopg's "error ignored in rollback
+    # ... savepoint does not exist", then raised a raw InFailedSqlTransaction.
+    enqueue = {
+        "enqueue": lambda c: c.enqueue(capped, {}),
+        "batch": lambda c: c.enqueue_batch([(capped, {})]),
+        "copy": lambda c: c.enqueue_batch_fast([(capped, {})]),
+    }[call]
+    with psycopg.connect(pg_pooled_schema.dsn) as conn:
+        client = SyncJobsClient(
+            conn, actors=ACTORS, schema=pg_pooled_schema.name, max_pending_cache_ttl=0
+        )
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1/0")
+        with (
+            structlog.testing.capture_logs() as logs,
+            pytest.raises(TransactionAbortedError, match=r"roll it back \(conn.rollback\(\)\)"),
+        ):
+            enqueue(client)
+        assert logs == []
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        assert _stored(pg_pooled_schema) == []
+        conn.rollback()  # as told: then it works
+        enqueue(client)
+        conn.commit()
+    assert len(_stored(pg_pooled_schema)) == 1
 
 
 def test_a_closed_client_says_so(pg_pooled_schema: PgSchema) -> None:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from taskq_postgres._privileges import InsufficientPrivilegeError as InsufficientPrivilegeError
     from taskq_postgres._rows import LongRunningJobEventsWriter as LongRunningJobEventsWriter
     from taskq_postgres._sync_client import SyncJobsClient as SyncJobsClient
+    from taskq_postgres._sync_client import TransactionAbortedError as TransactionAbortedError
     from taskq_postgres.channels import events_channel as events_channel
     from taskq_postgres.channels import wake_channel as wake_channel
     from taskq_postgres.channels import worker_channel as worker_channel
@@ -33,6 +34,7 @@ __all__ = [
     "MigrationStatus",
     "PostgresBackend",
     "SyncJobsClient",
+    "TransactionAbortedError",
     "events_channel",
     "migrate",
     "migration_status",
@@ -46,6 +48,7 @@ _HOMES = {
     "InsufficientPrivilegeError": "taskq_postgres._privileges",
     "LongRunningJobEventsWriter": "taskq_postgres._rows",
     "SyncJobsClient": "taskq_postgres._sync_client",
+    "TransactionAbortedError": "taskq_postgres._sync_client",
     "events_channel": "taskq_postgres.channels",
     "wake_channel": "taskq_postgres.channels",
     "worker_channel": "taskq_postgres.channels",

@@ -29,7 +29,7 @@ from psycopg.types.string import TextBinaryLoader
 from taskq._dsn import url_scheme
 from taskq.actor import Actor, actors_by_name
 from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, MaxPendingLimits, check_capacity
-from taskq.errors import MaxPendingExceededError
+from taskq.errors import EnqueueError, MaxPendingExceededError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
 from taskq.settings import WorkerSettings
@@ -54,7 +54,7 @@ from taskq_postgres._sql.enqueue import COPY_COLUMNS
 from taskq_postgres._statements import statements_for
 from taskq_postgres.channels import wake_channel
 
-__all__ = ["SyncJobsClient"]
+__all__ = ["SyncJobsClient", "TransactionAbortedError"]
 
 _T = TypeVar("_T")
 
@@ -62,6 +62,14 @@ _Cursor = psycopg.RawCursor[DictRow]
 
 _UNKNOWN_TYPE: Final = 0
 """The type oid psycopg looks a loader up under for a type it has none for."""
+
+
+class TransactionAbortedError(EnqueueError):
+    """The psycopg connection given to ``SyncJobsClient`` is in a transaction an earlier
+    error aborted (PostgreSQL refuses every statement in it until it ends), so nothing
+    was enqueued. Roll it back (``conn.rollback()``, or let the ``with
+    conn.transaction()`` block the error left end) first, then enqueue again.
+    """
 
 
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
@@ -291,6 +299,16 @@ class SyncJobsClient:
                     raise BackendUnavailableError(
                         "the psycopg connection this SyncJobsClient was given is closed; "
                         "give it an open one"
+                    )
+                if self._conn.info.transaction_status == TransactionStatus.INERROR:
+                    # Told before any statement: the limits read failed (a warning about
+                    # a limits read), its savepoint's rollback failed (psycopg's noise),
+                    # and a raw InFailedSqlTransaction said nothing of what to do.
+                    raise TransactionAbortedError(
+                        "the psycopg connection this SyncJobsClient was given is in a "
+                        "transaction an earlier error aborted (PostgreSQL refuses every "
+                        "statement until it ends): nothing was enqueued; roll it back "
+                        "(conn.rollback()) first, then enqueue"
                     )
             elif self._conn.closed or _dropped(self._conn):
                 self._conn.close()

@@ -125,6 +125,27 @@ def _until_a_failed_start_attempt(port: int, proc: subprocess.Popen[str]) -> Non
     raise AssertionError("the worker never reported a failed attempt to reach its database")
 
 
+async def test_a_worker_connects_with_a_dsn_whose_password_it_never_shows(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    # The trust-auth test server ignores the password: the worker still reaches it
+    # with the DSN as given, while its settings show the password masked.
+    from urllib.parse import urlsplit, urlunsplit
+
+    from taskq import WorkerSettings
+
+    parts = urlsplit(pg_schema.dsn)
+    netloc = f"{parts.username or 'postgres'}:pw-s3cret-9@{parts.hostname}:{parts.port or 5432}"
+    dsn = urlunsplit(parts._replace(netloc=netloc))
+    settings = WorkerSettings.load({"dsn": dsn}, env={})
+    assert "pw-s3cret-9" not in repr(settings) + settings.model_dump_json()
+    job = await tq.client.enqueue(basic.nap, {"seconds": 0, "tag": "secret"})
+    stderr = await asyncio.to_thread(run_until_idle, pg_schema, env={"TASKQ_DSN": dsn})
+    assert "pw-s3cret-9" not in stderr
+    row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+
+
 async def test_a_worker_started_before_its_database_accepts_connections_waits_for_it(
     tq: TaskQ, pg_schema: PgSchema
 ) -> None:

@@ -9,7 +9,7 @@ stops start-up with one line naming the setting, the value and the rule.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import time, timedelta
 from typing import Annotated, Any, Final, Self
 
@@ -19,11 +19,14 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializationInfo,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
 
+from taskq._dsn import redact
 from taskq.errors import ConfigurationError
 from taskq.identifiers import validate_schema_name
 from taskq.models import MAX_DURATION
@@ -31,6 +34,7 @@ from taskq.models import MAX_DURATION
 __all__ = [
     "BACKEND_TUNABLES",
     "ENV_PREFIX",
+    "SHOW_SECRETS",
     "SettingsError",
     "WorkerSettings",
     "parse_duration",
@@ -104,13 +108,27 @@ BACKEND_TUNABLES: Final = {
 """Worker settings that are backend constructor options: setting field -> option."""
 
 
-class WorkerSettings(BaseModel):
-    """Settings of one worker process (see each field for its env variable)."""
+SHOW_SECRETS: Final = "show_secrets"
+"""The serialization context key that has ``WorkerSettings.model_dump`` (and
+``model_dump_json``) give the DSN with its password: ``context={SHOW_SECRETS: True}``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+
+class WorkerSettings(BaseModel):
+    """Settings of one worker process (see each field for its env variable).
+
+    The DSN's password never shows: ``repr``, ``str``, ``model_dump`` and
+    ``model_dump_json`` give it as ``***`` (:func:`taskq._dsn.redact`), and a validation
+    error does not quote its input. ``.dsn`` is the DSN as given; a dump that must carry
+    it (to rebuild the settings elsewhere) asks with ``context={"show_secrets": True}``.
+    """
+
+    # hide_input_in_errors: a rule across settings quoted the whole input, the DSN with
+    # the start of its password among it.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     dsn: str | None = None
-    """Backend URL (``TASKQ_DSN``); defaults to the application's URL."""
+    """Backend URL (``TASKQ_DSN``); defaults to the application's URL. Its password is
+    masked wherever the settings are shown or dumped."""
     schema_name: str | None = Field(default=None, alias="schema")
     """Database schema (``TASKQ_SCHEMA``); defaults to the application's."""
     queues: Annotated[list[str], BeforeValidator(_split_list)] = Field(
@@ -256,6 +274,18 @@ class WorkerSettings(BaseModel):
     time (the health port serves meanwhile, ``/readyz`` saying why the worker is not
     ready); 0: fail at once. An error that does not heal by itself (a login refused, a
     missing database, a malformed DSN) fails at once."""
+
+    @field_serializer("dsn")
+    def _dsn_masked(self, value: str | None, info: SerializationInfo) -> str | None:
+        context = info.context
+        if value is None or (isinstance(context, Mapping) and context.get(SHOW_SECRETS)):
+            return value
+        return redact(value)
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # repr() and str() (and rich's and devtools' pretty-printing) list these.
+        for name, value in super().__repr_args__():
+            yield name, redact(value) if name == "dsn" and isinstance(value, str) else value
 
     @field_validator("schema_name")
     @classmethod

@@ -168,6 +168,27 @@ async def test_an_optional_parameter_gets_its_types_provider_else_its_default(
     assert isinstance(values["scoped"], Config) and values["scoped"] is not values["needed"]
 
 
+async def test_an_optional_parameter_takes_the_unions_own_provider_first(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    # A provider registered for the union itself (a feature that may be off) is kept;
+    # and T's provider asking for a T | None to build on gets its default, not itself.
+    def maybe_conn() -> Conn | None:
+        return None
+
+    def make_config(base: Config | None = None) -> Config:
+        return Config() if base is None else base
+
+    async def job(conn: Conn | None, config: Config) -> None:
+        pass
+
+    registry.register(Conn | None, maybe_conn, scope=Scope.PROCESS)
+    registry.register(Config, make_config, scope=Scope.PROCESS)
+    registry.validate()
+    values = await solve_dependencies(job, registry, containers, {})
+    assert values["conn"] is None and isinstance(values["config"], Config)
+
+
 async def test_a_scope_override_caches_the_value_in_that_scope(
     registry: ProviderRegistry, containers: dict[Scope, Container]
 ) -> None:

@@ -207,19 +207,27 @@ class ProviderRegistry:
         """:meth:`plan` without the cycle check (validation walks cycles itself).
 
         Parameters that nothing provides but that have a default are left to
-        their default.
+        their default. A ``T | None`` parameter gets the union's provider, else
+        ``T``'s.
         """
         plan = self._raw_plans.get(func)
         if plan is None:
             steps = []
             for dep in read_dependencies(func):
-                entry = self._entries.get(dep.key)
+                key, entry = dep.key, self._entries.get(dep.key)
+                if entry is None and dep.optional_of is not None:
+                    # ``T | None``: the union's own provider first, else T's (a registered
+                    # T went unused, None given), but not T's own provider asking for a
+                    # T to build on (a cycle).
+                    inner = self._entries.get(dep.optional_of)
+                    if inner is not None and inner.provider is not func:
+                        key, entry = dep.optional_of, inner
                 if entry is None and dep.has_default:
                     continue
                 scope = dep.scope
                 if scope is None:
                     scope = entry.scope if entry is not None else Scope.TRANSIENT
-                steps.append(PlanStep(dep.name, dep.key, entry, scope))
+                steps.append(PlanStep(dep.name, key, entry, scope))
             plan = self._raw_plans[func] = tuple(steps)
         return plan
 

@@ -97,6 +97,8 @@ class Dependency:
     #: The scope named in ``Annotated[T, Scope.X]``, if any.
     scope: Scope | None
     has_default: bool
+    #: ``T`` when ``key`` is ``T | None``: looked up when ``key`` itself is not provided.
+    optional_of: object | None = None
 
 
 def type_name(key: object) -> str:
@@ -152,25 +154,24 @@ def read_dependencies(func: Callable[..., object]) -> tuple[Dependency, ...]:
                 f"parameter {param.name!r} of {label} is positional-only, so it cannot be "
                 "injected by keyword; make it a regular parameter"
             )
-        annotation = _provided_type(hints.get(param.name))
+        annotation = hints.get(param.name)
         scope = None
         if get_origin(annotation) is Annotated:
             annotation, *metadata = get_args(annotation)
-            annotation = _provided_type(annotation)
             scope = next((item for item in metadata if isinstance(item, Scope)), None)
-        dependencies.append(Dependency(param.name, annotation, scope, has_default))
+        dependencies.append(
+            Dependency(param.name, annotation, scope, has_default, _optional_of(annotation))
+        )
     return tuple(dependencies)
 
 
-def _provided_type(annotation: object) -> object:
-    """``T`` for ``T | None`` (``Optional[T]``): what is looked up is ``T``, whose provider
-    it gets (else its default); the union itself, never registered, left a registered
-    ``T`` unused (``None`` given) or "no provider" reported for it."""
+def _optional_of(annotation: object) -> object | None:
+    """``T`` for ``T | None`` (``Optional[T]``), else None."""
     if get_origin(annotation) in (Union, UnionType):
-        members = [arg for arg in get_args(annotation) if arg is not type(None)]
+        members: list[object] = [arg for arg in get_args(annotation) if arg is not type(None)]
         if len(members) == 1 and len(get_args(annotation)) == 2:
             return members[0]
-    return annotation
+    return None
 
 
 def _missing(func: Callable[..., object], name: str, key: object) -> MissingProvider:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -221,7 +222,12 @@ class Worker:
             actors=sorted(self.app.actors),
         )
         waits = settings.stop_waits
-        if waits[1] != settings.cancellation_grace_period:
+        graces = (
+            settings.drain_grace_period,
+            settings.cancellation_grace_period,
+            settings.cleanup_grace_period,
+        )
+        if waits != graces:
             _log.warning(
                 "taskq.stop-graces-shortened",
                 termination_grace_period=settings.termination_grace_period.total_seconds(),
@@ -307,7 +313,11 @@ class Worker:
                     # The stop itself succeeded; the sweep removes the row later.
                     _log.warning("taskq.worker-deregister-failed", error=repr(exc))
         finally:
-            self._arm_shutdown_watchdog()  # a crashed TaskGroup's teardown, too
+            crashed = sys.exc_info()[1]
+            if crashed is not None and not isinstance(crashed, asyncio.CancelledError):
+                # A crashed TaskGroup's teardown too; not a run() its host cancelled: a
+                # watchdog armed then could end the host process later.
+                self._arm_shutdown_watchdog()
             try:
                 if lag_watchdog is not None:
                     lag_watchdog.stop()

@@ -38,7 +38,7 @@ from typing import Protocol, runtime_checkable
 import structlog
 
 from taskq.backend import CancelPhase
-from taskq.models import CancelFlag
+from taskq.models import CancelFlag, ErrorInfo
 from taskq.worker._state import ActiveJob, WorkerState
 
 __all__ = ["CancelController", "make_cancel_controller"]
@@ -65,7 +65,7 @@ class _CancelController:
         # The entries, not their ids: a job reclaimed and locked for this worker again
         # meanwhile has a new entry, whose attempt is not the one to write off.
         self._pending_abandons: deque[ActiveJob] = deque()
-        self._pending_overruns: deque[ActiveJob] = deque()
+        self._pending_overruns: deque[tuple[ActiveJob, ErrorInfo]] = deque()
 
     async def run_tick(self, flags: list[CancelFlag]) -> None:
         state = self._state
@@ -122,39 +122,50 @@ class _CancelController:
         actor that swallowed the limit's cancellation, or a sync actor's thread (a job
         that runs on past its limit held its slot and its lease for ever). Told to stop
         once more, it is failed by the post-tick with its limit's error; whatever it
-        does later writes nothing."""
+        does later writes nothing. A job whose actor returned is not stopped for its
+        limit or a cancel, but one whose teardown (a commit stuck on a dead connection)
+        outlasts them by a cleanup grace is given up the same way, said as such."""
         state = self._state
-        cleanup = state.settings.cleanup_grace_period.total_seconds()
+        settings = state.settings
+        cleanup = settings.cleanup_grace_period.total_seconds()
+        grace = settings.cancellation_grace_period.total_seconds()
         for job_id, active in list(state.active.items()):
             if (
-                active.limit_at is None
-                or now < active.limit_at + cleanup
-                or active.cancel_phase is not CancelPhase.NONE
-                or active.task is None
+                active.task is None
                 or active.task.done()
-                or active.returned
+                or active.settling
                 or active.lost
                 or active.interrupted  # a stop's own phases handle it
                 or active.fenced
+                or active.cancel_phase >= CancelPhase.ABANDON_PENDING
             ):
                 continue
-            active.cancel_phase = CancelPhase.ABANDON_PENDING
-            if active.ctx is not None:
-                active.ctx.cancel_event.set()
-            active.task.cancel()
-            self._pending_overruns.append(active)
-            _log.warning(
-                "taskq.job-past-its-limit",
-                job_id=str(job_id),
-                seconds_past=round(now - active.limit_at, 3),
-            )
-
-    async def run_post_tick(self) -> None:
-        state = self._state
-        cleanup = state.settings.cleanup_grace_period.total_seconds()
-        while self._pending_overruns:
-            active = self._pending_overruns[0]
-            if self._still_current(active) and active.limit_error is not None:
+            if active.returned:
+                bounds = [
+                    *([active.limit_at + cleanup] if active.limit_at is not None else []),
+                    *(
+                        [active.cancel_observed_at + grace + cleanup]
+                        if active.cancel_observed_at is not None
+                        else []
+                    ),
+                ]
+                if not bounds or now < min(bounds):
+                    continue
+                error = ErrorInfo(
+                    error_class="TeardownTimeout",
+                    message=f"the actor returned, but its dependencies' teardown (a "
+                    f"transaction's commit?) still ran past its "
+                    f"{'limit' if active.limit_at is not None else 'cancellation'} and "
+                    f"{cleanup:g}s more, so not retried: its work may have committed",
+                )
+            elif (
+                active.limit_at is None
+                or now < active.limit_at + cleanup
+                or active.cancel_phase is not CancelPhase.NONE
+                or active.limit_error is None
+            ):
+                continue
+            else:
                 error = active.limit_error.model_copy(
                     update={
                         "message": f"{active.limit_error.message}; still running "
@@ -162,6 +173,18 @@ class _CancelController:
                         f"its cancellation), so not retried: its code may run on"
                     }
                 )
+            active.cancel_phase = CancelPhase.ABANDON_PENDING
+            if active.ctx is not None:
+                active.ctx.cancel_event.set()
+            active.task.cancel()
+            self._pending_overruns.append((active, error))
+            _log.warning("taskq.job-past-its-limit", job_id=str(job_id), error=error.message)
+
+    async def run_post_tick(self) -> None:
+        state = self._state
+        while self._pending_overruns:
+            active, error = self._pending_overruns[0]
+            if self._still_current(active):
                 after = await state.backend.mark_failed_or_retry(
                     active.row.id,
                     state.worker_id,

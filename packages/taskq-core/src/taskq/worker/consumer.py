@@ -269,16 +269,17 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         # A BaseException too (``sys.exit``, a library's own as a test runner's failure
         # is): it ended the job's task with no outcome, and the job ran again forever,
         # or (a sync actor's) the worker.
-        if (
-            ctx.cancel_event.requested()
-            and (ctx.cancel_event.seen or _task_cancelled())
-            and await _stopped(state, row, ctx, active)
+        if ctx.cancel_event.requested() and (
+            ctx.cancel_event.seen or _task_cancelled() or not _users_cancel(active)
         ):
-            return
-        # Raised without having looked at a stop request: its own failure, recorded with
-        # its error (a cancelled job still ends cancelled, with this failed attempt; a
-        # shutdown's spends the attempt), where the error was dropped and, in a deploy,
-        # the attempt given back.
+            if not ctx.cancel_event.seen and not _task_cancelled():
+                # A stop's: handed back, its attempt not spent (ADR 0004; the error may
+                # be the stop's own, a SIGTERM that reached a child process), but said.
+                _log.warning("taskq.job-raised-during-stop", error=repr(exc))
+            if await _stopped(state, row, ctx, active):
+                return
+        # A user's cancel it never looked at: its own failure, recorded failed with its
+        # error (the job still ends cancelled), where the error was dropped.
         await _raised(state, row, ctx, actor, exc)
         return
 
@@ -714,6 +715,11 @@ async def _stopped(
         await hand_back(state, row, ctx)
         return True
     return False
+
+
+def _users_cancel(active: ActiveJob | None) -> bool:
+    """Whether the stop requested of this job is a user's cancel (not a shutdown's)."""
+    return active is not None and active.cancel_requested
 
 
 def _task_cancelled() -> bool:

@@ -147,6 +147,8 @@ class HealthServer:
         done, _ = await asyncio.wait({self._checking}, timeout=_READINESS_TIMEOUT_SECONDS)
         if not done:
             return False, f"backend unreachable: no answer within {_READINESS_TIMEOUT_SECONDS:g}s"
+        if self._checking.cancelled():  # the server is closing
+            return False, "shutting down"
         return self._checking.result()
 
     async def _check_backend(self, state: WorkerState) -> tuple[bool, str]:

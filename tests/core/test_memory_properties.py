@@ -439,7 +439,9 @@ class MemoryBackendMachine(RuleBasedStateMachine):
             assert outcome == "failed"
         else:
             assert outcome == ("cancelled" if row.cancel_requested_at else "scheduled")
-        assert self.current(job_id).max_attempts == row.max_attempts + 1
+        # The attempt is given back only to a job that runs again.
+        given_back = 1 if outcome == "scheduled" else 0
+        assert self.current(job_id).max_attempts == row.max_attempts + given_back
 
     @rule(
         job_id=jobs,
@@ -477,6 +479,9 @@ class MemoryBackendMachine(RuleBasedStateMachine):
             assert outcome == "failed:MaxAttemptsExceeded"
         else:
             assert outcome == ("cancelled" if row.cancel_requested_at else "scheduled")
+        if self.may_write(row, worker, attempt):
+            given_back = 1 if outcome == "scheduled" and not consume_budget else 0
+            assert self.current(job_id).max_attempts == row.max_attempts + given_back
 
     # -- cancellation -------------------------------------------------------------------
     @rule(job_id=jobs, pick=running_pick, reason=st.none() | st.just("stop"))

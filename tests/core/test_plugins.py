@@ -2,13 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-import textwrap
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
-
 import pytest
 
 import taskq
@@ -19,23 +12,8 @@ from taskq.errors import (
     ProtocolVersionMismatch,
     UnknownBackendError,
 )
-from taskq.plugins import backend_factories, get_plugin_manager, hookimpl
-
-
-@pytest.fixture
-def extra_plugins() -> Iterator[list[object]]:
-    """Register throwaway plugins for one test, unregistering them afterwards."""
-    registered: list[object] = []
-    yield registered
-    pm = get_plugin_manager()
-    for plugin in registered:
-        pm.unregister(plugin)
-
-
-def _register(extra: list[object], name: str, **hooks: Any) -> None:
-    plugin = SimpleNamespace(**{k: hookimpl(v) for k, v in hooks.items()})
-    get_plugin_manager().register(plugin, name=name)
-    extra.append(plugin)
+from taskq.plugins import backend_factories, get_plugin_manager
+from tests.core.plugin_stubs import AddPlugin, InstallEntryPoints
 
 
 def test_plugin_manager_is_loaded_once_per_process() -> None:
@@ -58,7 +36,7 @@ def test_unknown_scheme_lists_installed_schemes() -> None:
 
 
 def test_unknown_first_party_scheme_names_the_distribution_that_adds_it(
-    extra_plugins: list[object],
+    add_plugin: AddPlugin,
 ) -> None:
     pm = get_plugin_manager()
     blocked = pm.get_plugin("postgres")
@@ -77,68 +55,47 @@ def test_url_without_scheme_is_refused() -> None:
         taskq.open_backend("localhost/app")
 
 
-def test_duplicate_scheme_names_both_distributions(extra_plugins: list[object]) -> None:
-    _register(extra_plugins, "dupe", taskq_backends=lambda: {"memory": InMemoryBackend.from_url})
+def test_duplicate_scheme_names_both_distributions(add_plugin: AddPlugin) -> None:
+    add_plugin("dupe", taskq_backends=lambda: {"memory": InMemoryBackend.from_url})
     with pytest.raises(PluginError, match=r"'memory' is claimed by both taskq-core and dupe"):
         taskq.open_backend("memory://")
 
 
-def test_backend_with_another_protocol_version_is_refused(extra_plugins: list[object]) -> None:
+def test_backend_with_another_protocol_version_is_refused(add_plugin: AddPlugin) -> None:
     class OldBackend(InMemoryBackend):
         BACKEND_PROTOCOL_VERSION = 2
 
-    _register(extra_plugins, "old", taskq_backends=lambda: {"old": lambda url: OldBackend()})
+    add_plugin("old", taskq_backends=lambda: {"old": lambda url: OldBackend()})
     with pytest.raises(ProtocolVersionMismatch, match="protocol 2.*speaks protocol 3"):
         taskq.open_backend("old://")
 
 
-def test_object_missing_protocol_members_is_refused(extra_plugins: list[object]) -> None:
+def test_object_missing_protocol_members_is_refused(add_plugin: AddPlugin) -> None:
     class Half:
         BACKEND_PROTOCOL_VERSION = 3
 
-    _register(extra_plugins, "half", taskq_backends=lambda: {"half": lambda url: Half()})
+    add_plugin("half", taskq_backends=lambda: {"half": lambda url: Half()})
     with pytest.raises(IncompatiblePluginError, match="missing: .*dispatch_batch"):
         taskq.open_backend("half://")
 
 
 def test_a_backend_without_simulation_or_transactions_is_refused(
-    extra_plugins: list[object],
+    add_plugin: AddPlugin,
 ) -> None:
     class NoTransactions(InMemoryBackend):
         supports_transactional_simulation = False  # but no transaction(): sub-jobs unsafe
 
-    _register(extra_plugins, "notx", taskq_backends=lambda: {"notx": lambda url: NoTransactions()})
+    add_plugin("notx", taskq_backends=lambda: {"notx": lambda url: NoTransactions()})
     with pytest.raises(IncompatiblePluginError, match="missing: transaction"):
         taskq.open_backend("notx://")
 
 
-def test_a_failing_hook_does_not_hide_other_plugins(extra_plugins: list[object]) -> None:
+def test_a_failing_hook_does_not_hide_other_plugins(add_plugin: AddPlugin) -> None:
     def explode() -> dict[str, object]:
         raise RuntimeError("boom")
 
-    _register(extra_plugins, "exploding", taskq_backends=explode)
+    add_plugin("exploding", taskq_backends=explode)
     assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
-
-
-@pytest.fixture
-def entry_points(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callable[..., None]]:
-    """Stand in for the installed ``taskq`` entry points: ``name=source`` plugins,
-    each a module of its own; discovery runs again on the next use."""
-    from taskq.plugins import _registry
-
-    monkeypatch.syspath_prepend(str(tmp_path))
-    points: list[importlib.metadata.EntryPoint] = []
-
-    def install(**plugins: str) -> None:
-        for name, source in plugins.items():
-            module = f"fake_taskq_plugin_{name}"
-            (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
-            points.append(importlib.metadata.EntryPoint(name, module, "taskq"))
-        _registry._load.cache_clear()
-
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: list(points))
-    yield install
-    _registry._load.cache_clear()  # the real entry points again from the next use on
 
 
 _GOOD = """
@@ -152,7 +109,7 @@ _GOOD = """
 
 
 def test_a_plugin_with_a_misspelt_hook_is_reported_and_the_others_still_load(
-    entry_points: Callable[..., None],
+    entry_points: InstallEntryPoints,
 ) -> None:
     misspelt = """
         from taskq.plugins import hookimpl
@@ -169,7 +126,7 @@ def test_a_plugin_with_a_misspelt_hook_is_reported_and_the_others_still_load(
 
 
 def test_a_backends_hook_returning_no_mapping_is_skipped(
-    entry_points: Callable[..., None],
+    entry_points: InstallEntryPoints,
 ) -> None:
     entry_points(
         empty="""
@@ -185,10 +142,10 @@ def test_a_backends_hook_returning_no_mapping_is_skipped(
     assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
 
 
-def test_transient_errors_keep_only_exception_classes(extra_plugins: list[object]) -> None:
+def test_transient_errors_keep_only_exception_classes(add_plugin: AddPlugin) -> None:
     from taskq.worker._transient import transient_errors
 
-    _register(extra_plugins, "odd", taskq_transient_errors=lambda: (KeyError, "nope", None))
+    add_plugin("odd", taskq_transient_errors=lambda: (KeyError, "nope", None))
     transient_errors.cache_clear()
     try:
         kinds = transient_errors()
@@ -199,7 +156,7 @@ def test_transient_errors_keep_only_exception_classes(extra_plugins: list[object
 
 
 def test_a_scheme_claimed_twice_names_the_entry_points_to_disable(
-    entry_points: Callable[..., None],
+    entry_points: InstallEntryPoints,
 ) -> None:
     entry_points(first=_GOOD, second=_GOOD.replace("InMemoryBackend()", "InMemoryBackend() "))
     with pytest.raises(

@@ -6,8 +6,9 @@ organised by *who should catch them*:
 * :class:`ConfigurationError` — a mistake in the user's code or settings,
   found before any job runs (missing DI provider, scope violation, bad
   setting, unknown actor). Fix the code; retrying will not help.
-* :class:`PluginError` — a plugin distribution failed to load or declares a
-  protocol version this core does not speak.
+* :class:`PluginError` — a plugin distribution failed to load, a hook of it
+  failed, or its backend cannot be used (another protocol version, not a
+  backend at all, a factory that raised).
 * :class:`ContractViolation` — an internal invariant was broken at run time
   (a worker lost ownership of a job it was running, an invalid state
   transition was attempted). These indicate a bug or a race that TaskQ
@@ -47,6 +48,7 @@ __all__ = [
     "OutcomeNotRecorded",
     "PayloadValidationError",
     "PluginError",
+    "PluginHookError",
     "PluginLoadError",
     "ProtocolVersionMismatch",
     "ResultExpiredError",
@@ -132,8 +134,42 @@ class PluginLoadError(PluginError):
         )
 
 
+class PluginHookError(PluginError):
+    """A loaded plugin's hook raised, or answered what the hook does not take.
+
+    What that answer would have added is left out; the plugin's other hooks,
+    and every other plugin, still work. Recorded once per process beside the
+    load failures (``plugin_failures()``; ``taskq plugins`` lists it and exits
+    1) and logged in one line, not with a traceback on every command.
+    ``problem`` says what the hook did (``raised RuntimeError: ...``,
+    ``returned 5432, not a database URL (str) or None``, a URL scheme another
+    distribution owns); ``hint`` what to do; ``cause`` is the exception it
+    raised, if it raised.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        distribution: str | None,
+        hook: str,
+        problem: str,
+        *,
+        cause: BaseException | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.name = name
+        self.distribution = distribution
+        self.hook = hook
+        self.problem = problem
+        self.cause = cause
+        self.hint = hint or f"fix or upgrade it, or disable it with TASKQ_DISABLE_PLUGINS={name}"
+        where = f" (from {distribution})" if distribution else ""
+        super().__init__(f"plugin {name!r}{where}: its {hook} hook {problem}; {self.hint}.")
+
+
 class IncompatiblePluginError(PluginError):
-    """A plugin implements a different backend protocol version than this core."""
+    """A plugin's backend cannot be used by this core: it implements another backend
+    protocol version, lacks protocol members, or is no backend at all."""
 
 
 class ProtocolVersionMismatch(IncompatiblePluginError):

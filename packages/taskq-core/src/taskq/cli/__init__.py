@@ -28,6 +28,7 @@ __all__ = [
 
 
 def _version_text() -> str:
+    from taskq.errors import PluginLoadError
     from taskq.plugins import loaded_plugins, plugin_failures
 
     lines: list[str] = []
@@ -37,7 +38,11 @@ def _version_text() -> str:
             continue
         seen.add(info.distribution)
         lines.append(f"{info.distribution} {info.version or 'unknown'}")
-    lines.extend(f"{f.distribution or f.name} failed to load: {f.cause}" for f in plugin_failures())
+    lines.extend(
+        f"{f.distribution or f.name} failed to load: {f.cause}"
+        for f in plugin_failures()
+        if isinstance(f, PluginLoadError)  # a hook's failure: its plugin is listed above
+    )
     return "\n".join(lines)
 
 
@@ -56,7 +61,8 @@ def _collect_commands() -> CommandRegistry:
     from taskq.plugins._registry import call_each
 
     registry = CommandRegistry()
-    # a plugin whose commands fail to register is logged; the others still appear
+    # a plugin whose commands fail to register is recorded (`taskq plugins`) and logged
+    # once; the others still appear
     call_each("taskq_cli_commands", before=registry._set_distribution, cli=registry)
     return registry
 

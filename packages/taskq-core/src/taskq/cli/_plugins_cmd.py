@@ -1,4 +1,5 @@
-"""``taskq plugins``: what is installed, and what failed to load."""
+"""``taskq plugins``: what is installed, and what failed: a plugin that did not load,
+or a hook of a loaded one that raised or answered what the hook does not take."""
 
 from __future__ import annotations
 
@@ -13,11 +14,17 @@ def _configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from taskq.errors import PluginLoadError
     from taskq.plugins import backend_factories, loaded_plugins, plugin_failures
+    from taskq.worker._transient import transient_errors
 
     schemes: dict[str, list[str]] = {}
     for scheme, (_, dist) in backend_factories().items():
         schemes.setdefault(dist, []).append(scheme)
+    # The hooks that can be asked without side effects are, so that their failures show
+    # here (taskq_cli_commands was, to build the command line); not taskq_default_dsn,
+    # which may start a server.
+    transient_errors()
     plugins = [
         {
             "name": p.name,
@@ -28,7 +35,14 @@ def _run(args: argparse.Namespace) -> int:
         for p in loaded_plugins()
     ]
     failures = [
-        {"name": f.name, "distribution": f.distribution, "error": str(f.cause)}
+        {"name": f.name, "distribution": f.distribution, "hook": None, "error": str(f.cause)}
+        if isinstance(f, PluginLoadError)
+        else {
+            "name": f.name,
+            "distribution": f.distribution,
+            "hook": f.hook,
+            "error": f"{f.hook} hook {f.problem}",
+        }
         for f in plugin_failures()
     ]
     if args.json:
@@ -46,7 +60,7 @@ def _run(args: argparse.Namespace) -> int:
 def register(cli: CommandRegistry) -> None:
     cli.add(
         "plugins",
-        help="list installed TaskQ plugins, their backend URL schemes and load failures",
+        help="list installed TaskQ plugins, their backend URL schemes and plugin failures",
         configure=_configure,
         run=_run,
     )

@@ -4,6 +4,12 @@ We loop over ``entry_points(group="taskq")`` ourselves instead of calling
 ``pm.load_setuptools_entrypoints``: that helper stops at the first plugin
 that fails to import, and one broken third-party package must not take the
 rest of TaskQ down with it. Failures are recorded and reported by name.
+
+Hooks are called the same way: each implementation on its own
+(:func:`call_each`), so one that raises, or answers
+with something the hook does not take, is left out, recorded beside the load
+failures (:func:`plugin_failures`, ``taskq plugins``) and logged in one line
+once per process, while the other plugins' answers still count.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import functools
 import importlib.metadata
 import os
 import re
+import reprlib
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,7 +28,13 @@ import pluggy
 import structlog
 
 from taskq._dsn import redact, url_scheme
-from taskq.errors import IncompatiblePluginError, PluginError, PluginLoadError, UnknownBackendError
+from taskq.errors import (
+    IncompatiblePluginError,
+    PluginError,
+    PluginHookError,
+    PluginLoadError,
+    UnknownBackendError,
+)
 from taskq.plugins import hookspecs
 
 if TYPE_CHECKING:
@@ -28,18 +42,24 @@ if TYPE_CHECKING:
     from taskq.plugins.hookspecs import BackendFactory
 
 __all__ = [
+    "HookAnswer",
+    "PluginFailure",
     "PluginInfo",
     "backend_factories",
+    "call_each",
     "get_plugin_manager",
     "loaded_plugins",
     "open_backend",
     "plugin_failures",
+    "report_bad_answer",
 ]
 
 _log = structlog.get_logger("taskq.plugins")
 
 ENTRY_POINT_GROUP = "taskq"
 CORE_DISTRIBUTION = "taskq-core"
+
+_CORE_BUG = f"a bug in {CORE_DISTRIBUTION}: report it with the debug log's traceback"
 
 # Which first-party distribution adds a scheme, for the "unknown scheme" hint.
 _SCHEME_PROVIDERS: dict[str, str] = {
@@ -58,13 +78,32 @@ class PluginInfo:
     version: str | None
 
 
+PluginFailure = PluginLoadError | PluginHookError
+"""What :func:`plugin_failures` lists: a plugin that did not load, or a hook of a
+loaded one that failed."""
+
+
+@dataclass(frozen=True)
+class HookAnswer:
+    """One implementation's answer to a hook: the plugin (its entry point name), the
+    distribution that ships it, and what it returned."""
+
+    plugin: str
+    distribution: str
+    result: Any
+
+
 @dataclass
 class _Loaded:
     pm: pluggy.PluginManager
     plugins: list[PluginInfo] = field(default_factory=list)
-    failures: list[PluginLoadError] = field(default_factory=list)
+    failures: list[PluginFailure] = field(default_factory=list)
     # pluggy plugin name -> distribution, to attribute hook results
     dist_of: dict[str, str] = field(default_factory=dict)
+    # (plugin, hook, topic) of the hook failures recorded: each is recorded (and
+    # logged) once per process, however often the hook is called.
+    recorded: set[tuple[str, str, str]] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def _disabled() -> set[str]:
@@ -140,37 +179,110 @@ def loaded_plugins() -> list[PluginInfo]:
     return list(_load().plugins)
 
 
-def plugin_failures() -> list[PluginLoadError]:
-    """Plugins whose entry point raised on import, each with its error."""
+def plugin_failures() -> list[PluginFailure]:
+    """Plugins whose entry point raised on import, then hooks of loaded plugins that
+    raised or answered what the hook does not take (each once, as they were met in
+    this process), each with its error."""
     return list(_load().failures)
+
+
+def _record_hook_failure(
+    failure: PluginHookError, *, topic: str = "", event: str = "taskq.plugin-hook-failed"
+) -> None:
+    """Add ``failure`` to :func:`plugin_failures` and log it in one line (its
+    traceback at debug), unless this plugin's hook failed so (``topic``) before."""
+    loaded = _load()
+    with loaded.lock:
+        key = (failure.name, failure.hook, topic)
+        if key in loaded.recorded:
+            return
+        loaded.recorded.add(key)
+        loaded.failures.append(failure)
+    _log.error(
+        event,
+        hook=failure.hook,
+        plugin=failure.name,
+        distribution=failure.distribution,
+        error=failure.problem,
+        hint=failure.hint,
+    )
+    if failure.cause is not None:
+        _log.debug(
+            "taskq.plugin-hook-traceback",
+            hook=failure.hook,
+            plugin=failure.name,
+            exc_info=failure.cause,
+        )
+
+
+def report_bad_answer(hook_name: str, answer: HookAnswer, expected: str, got: object) -> None:
+    """Record that ``answer`` (or ``got``, a part of it) is not what ``hook_name``
+    takes (``expected``): what it would have added is left out."""
+    _record_hook_failure(
+        PluginHookError(
+            answer.plugin,
+            answer.distribution,
+            hook_name,
+            f"returned {reprlib.repr(got)}, not {expected}",
+        ),
+        topic="bad-answer",
+        event="taskq.plugin-hook-bad-result",
+    )
+
+
+def _impls(hook_name: str) -> list[Any]:
+    """The implementations of ``hook_name`` in registration order: core first, then
+    the entry points (pluggy's call order is the reverse). Wrappers are left out:
+    they wrap pluggy's own call, which this is not."""
+    return [
+        impl
+        for impl in getattr(_load().pm.hook, hook_name).get_hookimpls()
+        if not (impl.hookwrapper or impl.wrapper)
+    ]
+
+
+def _call_one(hook_name: str, impl: Any, kwargs: Mapping[str, Any]) -> tuple[bool, Any]:
+    """Call one implementation; ``(False, None)`` when it raised (recorded)."""
+    dist = _load().dist_of.get(impl.plugin_name, impl.plugin_name)
+    fn: Callable[..., Any] = impl.function
+    try:
+        return True, fn(**{k: kwargs[k] for k in impl.argnames})
+    except Exception as exc:  # noqa: BLE001 - plugin isolation
+        _record_hook_failure(
+            PluginHookError(
+                impl.plugin_name,
+                dist,
+                hook_name,
+                f"raised {type(exc).__name__}: {exc}",
+                cause=exc,
+                # core is no entry point: TASKQ_DISABLE_PLUGINS cannot turn it off
+                hint=_CORE_BUG if dist == CORE_DISTRIBUTION else None,
+            )
+        )
+        return False, None
 
 
 def call_each(
     hook_name: str, *, before: Callable[[str], None] | None = None, **kwargs: Any
-) -> list[tuple[str, Any]]:
+) -> list[HookAnswer]:
     """Call every implementation of a hook separately, isolating failures.
 
-    Returns ``(distribution, result)`` pairs. An implementation that raises
-    is logged as ``taskq.plugin-hook-failed`` and skipped: a broken plugin
-    must not stop the others. ``before(distribution)`` runs ahead of each
+    Returns one :class:`HookAnswer` per implementation that returned, core's
+    first. One that raises is recorded as a plugin failure (:class:`PluginHookError`,
+    logged once per process as ``taskq.plugin-hook-failed``) and skipped: a broken
+    plugin must not stop the others. ``before(distribution)`` runs ahead of each
     call (the CLI uses it to attribute the commands a plugin adds).
     """
     loaded = _load()
-    caller = getattr(loaded.pm.hook, hook_name)
-    results: list[tuple[str, Any]] = []
-    # get_hookimpls() lists in registration order: core first, then entry points.
-    for impl in caller.get_hookimpls():
+    answers: list[HookAnswer] = []
+    for impl in _impls(hook_name):
         dist = loaded.dist_of.get(impl.plugin_name, impl.plugin_name)
-        fn: Callable[..., Any] = impl.function
         if before is not None:
             before(dist)
-        try:
-            results.append((dist, fn(**{k: kwargs[k] for k in impl.argnames})))
-        except Exception as exc:  # noqa: BLE001 - plugin isolation
-            _log.error(
-                "taskq.plugin-hook-failed", hook=hook_name, plugin=impl.plugin_name, exc_info=exc
-            )
-    return results
+        returned, result = _call_one(hook_name, impl, kwargs)
+        if returned:
+            answers.append(HookAnswer(impl.plugin_name, dist, result))
+    return answers
 
 
 def backend_factories() -> dict[str, tuple[BackendFactory, str]]:
@@ -179,16 +291,15 @@ def backend_factories() -> dict[str, tuple[BackendFactory, str]]:
     Two distributions claiming one scheme is refused with both named.
     """
     schemes: dict[str, tuple[BackendFactory, str]] = {}
-    for dist, mapping in call_each("taskq_backends"):
+    for answer in call_each("taskq_backends"):
+        mapping, dist = answer.result, answer.distribution
+        if mapping is None:  # pluggy's "nothing from me"
+            continue
         if not isinstance(mapping, Mapping) or not all(
             isinstance(scheme, str) and callable(factory) for scheme, factory in mapping.items()
         ):
-            _log.error(
-                "taskq.plugin-hook-bad-result",
-                hook="taskq_backends",
-                distribution=dist,
-                expected="a dict of URL scheme -> backend factory",
-                got=type(mapping).__name__,
+            report_bad_answer(
+                "taskq_backends", answer, "a dict of URL scheme -> backend factory", mapping
             )
             continue
         for scheme, factory in mapping.items():
@@ -238,7 +349,7 @@ def _unknown_scheme_message(url: str, scheme: str, installed: list[str]) -> str:
         parts.append(f"It comes with {provider}, {why_absent(provider)}.")
     failures = plugin_failures()
     if failures:
-        parts.append("Plugins that failed to load: " + "; ".join(str(f) for f in failures))
+        parts.append("Plugin failures: " + " ".join(str(f) for f in failures))
     return " ".join(parts)
 
 

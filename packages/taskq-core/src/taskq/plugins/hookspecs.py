@@ -1,7 +1,11 @@
 """TaskQ's hook specifications: the public extension API.
 
 Every hook here is public API forever, so the list stays short. Hooks are
-synchronous (pluggy cannot await) and take keyword arguments only.
+synchronous (pluggy cannot await) and take keyword arguments only. Core
+calls each plugin's implementation on its own: one that raises is left out
+and recorded as a plugin failure (``taskq.plugins.plugin_failures()``,
+``taskq plugins``), logged in one line once per process, and the other
+plugins still count.
 
 A distribution implements hooks in a module it names in its ``taskq`` entry
 point::
@@ -61,9 +65,11 @@ def taskq_backends() -> dict[str, BackendFactory]:  # type: ignore[empty-body]
     """Return the URL schemes this plugin serves, each mapped to a factory.
 
     Core returns ``{"memory": InMemoryBackend.from_url}``; taskq-postgres
-    returns ``postgresql`` and ``postgres``. Two plugins claiming one scheme
-    is an error naming both distributions. Exceptions raised here are
-    reported as a plugin failure; the other plugins' schemes still load.
+    returns ``postgresql`` and ``postgres``. Return None (or ``{}``) to add none.
+    Two plugins claiming one scheme is an error naming both distributions. An
+    exception raised here, or an answer that is no mapping of scheme to
+    callable, is a plugin failure (``taskq plugins`` lists it); the other
+    plugins' schemes still load.
     """
 
 
@@ -86,7 +92,8 @@ def taskq_transient_errors() -> tuple[type[BaseException], ...]:  # type: ignore
     Worker loops log these and carry on instead of counting them as bugs.
     Core contributes ``TimeoutError`` and ``OSError``; taskq-postgres its
     ``TRANSIENT_PG_ERRORS``. Authentication failures must not be listed:
-    they are not transient for a static DSN.
+    they are not transient for a static DSN. Anything in the answer that is
+    no exception class is left out and reported as a plugin failure.
     """
 
 

@@ -12,7 +12,7 @@ import time
 
 import structlog
 
-from taskq.plugins._registry import call_each
+from taskq.plugins._registry import call_each, report_bad_answer
 
 __all__ = ["RepeatedWarning", "UnexpectedLoopErrorGuard", "transient_errors"]
 
@@ -23,20 +23,17 @@ _log = structlog.get_logger("taskq.worker")
 def transient_errors() -> tuple[type[BaseException], ...]:
     """Every exception type a plugin declared transient (deduplicated, stable order)."""
     seen: dict[type[BaseException], None] = {}
-    for dist, types in call_each("taskq_transient_errors"):
+    for answer in call_each("taskq_transient_errors"):
+        types = answer.result
+        if types is None:  # pluggy's "nothing from me"
+            continue
         kinds = list(types) if isinstance(types, list | tuple | set | frozenset) else [types]
         for kind in kinds:
             if isinstance(kind, type) and issubclass(kind, BaseException):
                 seen.setdefault(kind, None)
             else:
                 # In an except clause anything else would raise TypeError at every error.
-                _log.error(
-                    "taskq.plugin-hook-bad-result",
-                    hook="taskq_transient_errors",
-                    distribution=dist,
-                    expected="exception classes",
-                    got=repr(kind),
-                )
+                report_bad_answer("taskq_transient_errors", answer, "exception classes", kind)
     return tuple(seen)
 
 

@@ -6,6 +6,7 @@ says what to do."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -14,10 +15,26 @@ import structlog
 import taskq
 from taskq.backend.memory import InMemoryBackend
 from taskq.errors import (
+    PluginError,
     PluginHookError,
 )
-from taskq.plugins import plugin_failures
+from taskq.plugins import backend_factories, plugin_failures
 from tests.core.plugin_stubs import AddPlugin, InstallEntryPoints
+
+
+def _backends(**schemes: str) -> str:
+    """A plugin module serving each scheme with ``InMemoryBackend`` (or a subclass
+    named ``schemes[scheme]``, defined in the module, to tell them apart)."""
+    classes = "\n".join(
+        f"class {name}(InMemoryBackend):\n    pass\n" for name in sorted(set(schemes.values()))
+    )
+    mapping = ", ".join(f"{scheme!r}: lambda url: {cls}()" for scheme, cls in schemes.items())
+    return (
+        "from taskq.backend.memory import InMemoryBackend\n"
+        "from taskq.plugins import hookimpl\n\n"
+        f"{classes}\n"
+        f"@hookimpl\ndef taskq_backends():\n    return {{{mapping}}}\n"
+    )
 
 
 def _hook_failures() -> list[PluginHookError]:
@@ -33,6 +50,95 @@ def _run_taskq(monkeypatch: pytest.MonkeyPatch, *argv: str) -> int:
     monkeypatch.setattr("taskq.logs.route_stdlib_logging", lambda **_: None)
     with structlog.testing.capture_logs():
         return main(list(argv))
+
+
+# ---------------------------------------------------------------- URL scheme clashes
+
+
+def test_a_scheme_of_core_claimed_by_a_third_party_stays_with_core(
+    entry_points: InstallEntryPoints,
+) -> None:
+    # Every backend, the worker and `taskq plugins` failed: "claimed by both taskq-core and
+    # taskq-dupscheme", and the hint said TASKQ_DISABLE_PLUGINS=core, which does nothing.
+    entry_points(
+        dupscheme=_backends(memory="Impostor", dup2="Dup2"),
+        distributions={"dupscheme": "taskq-dupscheme"},
+    )
+    assert type(taskq.open_backend("memory://")) is InMemoryBackend
+    assert type(taskq.open_backend("dup2://")).__name__ == "Dup2"  # its other scheme works
+    assert backend_factories()["memory"][1] == "taskq-core"
+
+    [failure] = _hook_failures()
+    assert (failure.name, failure.distribution, failure.hook) == (
+        "dupscheme",
+        "taskq-dupscheme",
+        "taskq_backends",
+    )
+    assert "'memory'" in str(failure) and "stays with taskq-core" in str(failure)
+    assert "TASKQ_DISABLE_PLUGINS=dupscheme" in str(failure)
+    assert "TASKQ_DISABLE_PLUGINS=core" not in str(failure)
+
+
+@pytest.mark.parametrize("order", ["first-second", "second-first"])
+def test_a_scheme_two_third_parties_claim_is_refused_alone_whatever_their_order(
+    entry_points: InstallEntryPoints, order: str
+) -> None:
+    first = _backends(shared="FirstShared", one="One")
+    second = _backends(shared="SecondShared", two="Two")
+    distributions = {"first": "taskq-first", "second": "taskq-second"}
+    if order == "first-second":
+        entry_points(first=first, second=second, distributions=distributions)
+    else:
+        entry_points(second=second, first=first, distributions=distributions)
+    # every other scheme keeps working
+    assert type(taskq.open_backend("memory://")) is InMemoryBackend
+    assert type(taskq.open_backend("one://")).__name__ == "One"
+    assert type(taskq.open_backend("two://")).__name__ == "Two"
+    assert "shared" not in backend_factories()
+
+    with pytest.raises(PluginError) as info:
+        taskq.open_backend("shared://user:hunter2@host/db")
+    message = str(info.value)
+    assert "'shared'" in message and "taskq-first" in message and "taskq-second" in message
+    assert "TASKQ_DISABLE_PLUGINS=first" in message
+    assert "TASKQ_DISABLE_PLUGINS=second" in message
+    assert "hunter2" not in message and "core" not in message
+
+    failures = _hook_failures()
+    assert sorted(f.name for f in failures) == ["first", "second"]
+    assert all("'shared'" in str(f) for f in failures)
+
+
+def test_a_scheme_of_taskq_postgres_stays_with_it_whatever_else_claims_it(
+    entry_points: InstallEntryPoints,
+) -> None:
+    # the fork loads first, then the real owner: the rule does not hang on the order
+    entry_points(
+        pgfork=_backends(postgresql="Fork"),
+        postgres=_backends(postgresql="Owner", postgres="Owner"),
+        distributions={"pgfork": "taskq-pgfork", "postgres": "taskq-postgres"},
+    )
+    assert type(taskq.open_backend("postgresql://h/db")).__name__ == "Owner"
+    [failure] = _hook_failures()
+    assert failure.name == "pgfork" and "stays with taskq-postgres" in str(failure)
+
+
+def test_taskq_plugins_lists_a_scheme_clash_and_exits_1(
+    entry_points: InstallEntryPoints,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    entry_points(
+        dupscheme=_backends(memory="Impostor", dup2="Dup2"),
+        distributions={"dupscheme": "taskq-dupscheme"},
+    )
+    assert _run_taskq(monkeypatch, "plugins", "--json") == 1
+    listing = json.loads(capsys.readouterr().out)
+    schemes = {p["name"]: p["backend_schemes"] for p in listing["plugins"]}
+    assert schemes["core"] == ["memory"] and schemes["dupscheme"] == ["dup2"]
+    [failure] = listing["failures"]
+    assert failure["name"] == "dupscheme" and failure["hook"] == "taskq_backends"
+    assert "'memory'" in failure["error"]
 
 
 # ---------------------------------------------------------------- hooks that raise

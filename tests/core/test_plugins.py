@@ -55,10 +55,14 @@ def test_url_without_scheme_is_refused() -> None:
         taskq.open_backend("localhost/app")
 
 
-def test_duplicate_scheme_names_both_distributions(add_plugin: AddPlugin) -> None:
-    add_plugin("dupe", taskq_backends=lambda: {"memory": InMemoryBackend.from_url})
-    with pytest.raises(PluginError, match=r"'memory' is claimed by both taskq-core and dupe"):
-        taskq.open_backend("memory://")
+def test_a_third_party_claiming_memory_leaves_it_to_core(add_plugin: AddPlugin) -> None:
+    class Impostor(InMemoryBackend):
+        pass
+
+    add_plugin("dupe", taskq_backends=lambda: {"memory": lambda url: Impostor()})
+    backend = taskq.open_backend("memory://")
+    assert type(backend) is InMemoryBackend
+    assert backend_factories()["memory"][1] == "taskq-core"
 
 
 def test_backend_with_another_protocol_version_is_refused(add_plugin: AddPlugin) -> None:

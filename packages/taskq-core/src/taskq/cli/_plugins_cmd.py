@@ -1,5 +1,6 @@
 """``taskq plugins``: what is installed, and what failed: a plugin that did not load,
-or a hook of a loaded one that raised or answered what the hook does not take."""
+or a hook of a loaded one that raised, answered what the hook does not take, or
+claimed a URL scheme another distribution has."""
 
 from __future__ import annotations
 

@@ -61,7 +61,8 @@ CORE_DISTRIBUTION = "taskq-core"
 
 _CORE_BUG = f"a bug in {CORE_DISTRIBUTION}: report it with the debug log's traceback"
 
-# Which first-party distribution adds a scheme, for the "unknown scheme" hint.
+# Which first-party distribution adds a scheme, for the "unknown scheme" hint; it also
+# owns the scheme: a third party claiming it too is left out (backend_factories).
 _SCHEME_PROVIDERS: dict[str, str] = {
     "memory": "taskq-core",
     "postgresql": "taskq-postgres",
@@ -285,14 +286,42 @@ def call_each(
     return answers
 
 
-def backend_factories() -> dict[str, tuple[BackendFactory, str]]:
-    """URL scheme -> (factory, distribution) across every loaded plugin.
+@dataclass
+class _Claim:
+    """One distribution's claim to a URL scheme: the entry points that made it (a
+    later one of the same distribution replaces the earlier's factory)."""
 
-    Two distributions claiming one scheme is refused with both named.
+    distribution: str
+    plugins: list[str]
+    factory: BackendFactory
+
+
+@dataclass
+class _Schemes:
+    usable: dict[str, tuple[BackendFactory, str]]
+    # scheme -> the claims of two or more third-party distributions: none is used
+    contested: dict[str, list[_Claim]]
+
+
+def backend_factories() -> dict[str, tuple[BackendFactory, str]]:
+    """URL scheme -> (factory, distribution) of every scheme a backend can be
+    opened for, across every loaded plugin.
+
+    A scheme claimed by two distributions goes by one rule, whatever order the
+    plugins load in: a scheme core serves stays core's, and one of TaskQ's own
+    stays with the distribution it belongs to (``postgresql`` and ``postgres``
+    with taskq-postgres); the other claims are left out. Claimed by two third
+    parties, a scheme is nobody's, and :func:`open_backend` refuses it naming
+    them. Either way each clash is a plugin failure (:func:`plugin_failures`) and
+    every other scheme keeps working.
     """
-    schemes: dict[str, tuple[BackendFactory, str]] = {}
+    return _backend_schemes().usable
+
+
+def _backend_schemes() -> _Schemes:
+    claims: dict[str, dict[str, _Claim]] = {}
     for answer in call_each("taskq_backends"):
-        mapping, dist = answer.result, answer.distribution
+        mapping = answer.result
         if mapping is None:  # pluggy's "nothing from me"
             continue
         if not isinstance(mapping, Mapping) or not all(
@@ -303,22 +332,93 @@ def backend_factories() -> dict[str, tuple[BackendFactory, str]]:
             )
             continue
         for scheme, factory in mapping.items():
-            if scheme in schemes and schemes[scheme][1] != dist:
-                names = " or ".join(
-                    f"TASKQ_DISABLE_PLUGINS={name}"
-                    for name in _entry_point_names(schemes[scheme][1], dist)
-                )
-                raise PluginError(
-                    f"URL scheme {scheme!r} is claimed by both {schemes[scheme][1]} and {dist}; "
-                    f"uninstall one, or disable one by its entry point name: {names}"
-                )
-            schemes[scheme] = (factory, dist)
+            by_dist = claims.setdefault(scheme, {})
+            claim = by_dist.get(answer.distribution)
+            if claim is None:
+                by_dist[answer.distribution] = _Claim(answer.distribution, [answer.plugin], factory)
+            else:
+                claim.factory = factory
+                if answer.plugin not in claim.plugins:
+                    claim.plugins.append(answer.plugin)
+
+    schemes = _Schemes(usable={}, contested={})
+    for scheme, by_dist in claims.items():
+        if len(by_dist) == 1:
+            [claim] = by_dist.values()
+            schemes.usable[scheme] = (claim.factory, claim.distribution)
+            continue
+        kept = by_dist.get(CORE_DISTRIBUTION) or next(
+            (c for d, c in by_dist.items() if _normalized(d) == _owner(scheme)), None
+        )
+        if kept is not None:
+            schemes.usable[scheme] = (kept.factory, kept.distribution)
+            for claim in by_dist.values():
+                if claim is not kept:
+                    _record_lost_claim(scheme, claim, kept.distribution)
+        else:
+            # sorted: the message is the same whatever order the plugins loaded in
+            contested = sorted(by_dist.values(), key=lambda c: c.distribution)
+            schemes.contested[scheme] = contested
+            for claim in contested:
+                others = _listed([c.distribution for c in contested if c is not claim])
+                for plugin in claim.plugins:
+                    _record_scheme_clash(
+                        plugin,
+                        claim.distribution,
+                        scheme,
+                        f"claims URL scheme {scheme!r}, as {others} does: TaskQ uses none of "
+                        f"their backends for {scheme}:// (their other schemes still work)",
+                        _contested_hint(schemes.contested[scheme]),
+                    )
     return schemes
 
 
-def _entry_point_names(*distributions: str) -> list[str]:
-    """The entry point names the plugins of ``distributions`` are registered under."""
-    return [name for name, dist in _load().dist_of.items() if dist in distributions]
+def _owner(scheme: str) -> str | None:
+    """The TaskQ distribution ``scheme`` belongs to (normalised), if any."""
+    owner = _SCHEME_PROVIDERS.get(scheme)
+    return _normalized(owner) if owner else None
+
+
+def _record_lost_claim(scheme: str, claim: _Claim, owner: str) -> None:
+    for plugin in claim.plugins:
+        _record_scheme_clash(
+            plugin,
+            claim.distribution,
+            scheme,
+            f"claims URL scheme {scheme!r}, which is {owner}'s: {scheme}:// stays with "
+            f"{owner} (the plugin's other schemes still work)",
+            f"ask {claim.distribution} to use a scheme of its own; "
+            f"TASKQ_DISABLE_PLUGINS={plugin} turns the plugin off",
+        )
+
+
+def _record_scheme_clash(
+    plugin: str, distribution: str, scheme: str, problem: str, hint: str
+) -> None:
+    _record_hook_failure(
+        PluginHookError(plugin, distribution, "taskq_backends", problem, hint=hint),
+        topic=f"scheme:{scheme}",
+        event="taskq.plugin-scheme-clash",
+    )
+
+
+def _listed(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _contested_hint(claims: list[_Claim]) -> str:
+    """How to leave a contested scheme to one claimant: each entry point is named (not
+    a distribution: ``TASKQ_DISABLE_PLUGINS`` takes entry point names)."""
+    values = [",".join(claim.plugins) for claim in claims]
+    if len(values) == 2:
+        options = " or ".join(f"TASKQ_DISABLE_PLUGINS={value}" for value in values)
+        return f"uninstall one, or disable one by its entry point name: {options}"
+    keep_first = ",".join(values[1:])
+    return (
+        f"uninstall all but one, or disable all but one by their entry point names "
+        f"(TASKQ_DISABLE_PLUGINS={keep_first} keeps {claims[0].distribution})"
+    )
 
 
 def why_absent(distribution: str) -> str:
@@ -359,7 +459,9 @@ def open_backend(url: str, **options: Any) -> Backend:
     The scheme (the part before ``://``) selects the plugin. The backend is
     created, not connected; open it with ``await backend.open()`` or through
     ``TaskQ``. Raises :class:`~taskq.errors.UnknownBackendError` (a
-    ``ValueError``) for an unknown scheme, listing the installed ones, and
+    ``ValueError``) for an unknown scheme, listing the installed ones;
+    :class:`~taskq.errors.PluginError` for a scheme two third-party
+    distributions claim (see :func:`backend_factories`), and
     :class:`~taskq.errors.ProtocolVersionMismatch` when the backend speaks
     another protocol version than this core.
     """
@@ -373,7 +475,15 @@ def open_backend(url: str, **options: Any) -> Backend:
             f"{redact(url)} is not a backend URL: expected scheme://..., "
             f"e.g. postgresql://localhost/app or memory://"
         )
-    factories = backend_factories()
+    schemes = _backend_schemes()
+    if scheme in schemes.contested:
+        claims = schemes.contested[scheme]
+        raise PluginError(
+            f"URL scheme {scheme!r} (in {redact(url)}) is claimed by both "
+            f"{_listed([c.distribution for c in claims])}, so TaskQ uses neither backend; "
+            f"{_contested_hint(claims)}"
+        )
+    factories = schemes.usable
     if scheme not in factories:
         raise UnknownBackendError(_unknown_scheme_message(url, scheme, list(factories)))
     factory, dist = factories[scheme]

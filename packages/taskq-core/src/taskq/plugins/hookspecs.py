@@ -66,10 +66,15 @@ def taskq_backends() -> dict[str, BackendFactory]:  # type: ignore[empty-body]
 
     Core returns ``{"memory": InMemoryBackend.from_url}``; taskq-postgres
     returns ``postgresql`` and ``postgres``. Return None (or ``{}``) to add none.
-    Two plugins claiming one scheme is an error naming both distributions. An
-    exception raised here, or an answer that is no mapping of scheme to
-    callable, is a plugin failure (``taskq plugins`` lists it); the other
-    plugins' schemes still load.
+
+    A scheme belongs to one distribution. Claimed by two, it stays with the
+    TaskQ distribution it belongs to (``memory`` with taskq-core,
+    ``postgresql`` and ``postgres`` with taskq-postgres), whichever loads
+    first; claimed by two third parties, neither gets it, and opening it is an
+    error naming both and the ``TASKQ_DISABLE_PLUGINS`` values that settle it.
+    Each clash, an exception raised here, or an answer that is no mapping of
+    scheme to callable is a plugin failure (``taskq plugins`` lists it); every
+    other scheme still works.
     """
 
 

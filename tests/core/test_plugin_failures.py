@@ -15,6 +15,7 @@ import structlog
 import taskq
 from taskq.backend.memory import InMemoryBackend
 from taskq.errors import (
+    ConfigurationError,
     PluginError,
     PluginHookError,
 )
@@ -139,6 +140,48 @@ def test_taskq_plugins_lists_a_scheme_clash_and_exits_1(
     [failure] = listing["failures"]
     assert failure["name"] == "dupscheme" and failure["hook"] == "taskq_backends"
     assert "'memory'" in failure["error"]
+
+
+# ---------------------------------------------------------------- taskq_default_dsn
+
+
+_DSN_HOOK = """
+    from taskq.plugins import hookimpl
+
+    @hookimpl
+    def taskq_default_dsn():
+        {body}
+"""
+
+
+def test_a_default_dsn_hook_that_raises_is_skipped_for_the_next(
+    entry_points: InstallEntryPoints,
+) -> None:
+    from taskq._dsn import resolve_dsn
+
+    # pluggy asks the last registered first: the broken one
+    entry_points(
+        vault=_DSN_HOOK.format(body="return 'postgresql://fallback/app'"),
+        broken=_DSN_HOOK.format(body="raise RuntimeError('vault unreachable')"),
+    )
+    assert resolve_dsn(None, env={}) == "postgresql://fallback/app"
+    [failure] = _hook_failures()
+    assert (failure.name, failure.hook) == ("broken", "taskq_default_dsn")
+    assert "RuntimeError: vault unreachable" in str(failure)
+    assert isinstance(failure.cause, RuntimeError)
+
+
+def test_a_default_dsn_hook_answering_no_string_is_skipped(
+    entry_points: InstallEntryPoints,
+) -> None:
+    from taskq._dsn import NO_DSN_MESSAGE, resolve_dsn
+
+    entry_points(port=_DSN_HOOK.format(body="return 5432"))
+    with pytest.raises(ConfigurationError) as info:  # was: 5432 handed on as the DSN
+        resolve_dsn(None, env={})
+    assert str(info.value) == NO_DSN_MESSAGE
+    [failure] = _hook_failures()
+    assert failure.name == "port" and "returned 5432, not a database URL" in str(failure)
 
 
 # ---------------------------------------------------------------- hooks that raise

@@ -92,15 +92,23 @@ def _masked(pair: str) -> str:
 
 def resolve_dsn(flag: str | None, env: Mapping[str, str] | None = None) -> str:
     """``--dsn`` beats ``TASKQ_DSN``, which beats a plugin's default (the embedded
-    server); with none of them, a :class:`ConfigurationError` says how to give one."""
+    server); with none of them, a :class:`ConfigurationError` says how to give one.
+
+    Each plugin's ``taskq_default_dsn`` is asked on its own: one that raises, or
+    answers with no string, is recorded as a plugin failure (``taskq plugins``) and
+    logged once, and the next is asked."""
     if flag:
         return flag
     from_env = (os.environ if env is None else env).get("TASKQ_DSN")
     if from_env:
         return from_env
-    from taskq.plugins import get_plugin_manager
+    from taskq.plugins._registry import first_answer
 
-    default: str | None = get_plugin_manager().hook.taskq_default_dsn()
+    default: str | None = first_answer(
+        "taskq_default_dsn",
+        accepts=lambda answer: isinstance(answer, str),
+        expected="a database URL (str) or None",
+    )
     if default:
         return default
     raise ConfigurationError(NO_DSN_MESSAGE)

@@ -6,7 +6,7 @@ that fails to import, and one broken third-party package must not take the
 rest of TaskQ down with it. Failures are recorded and reported by name.
 
 Hooks are called the same way: each implementation on its own
-(:func:`call_each`), so one that raises, or answers
+(:func:`call_each`, :func:`first_answer`), so one that raises, or answers
 with something the hook does not take, is left out, recorded beside the load
 failures (:func:`plugin_failures`, ``taskq plugins``) and logged in one line
 once per process, while the other plugins' answers still count.
@@ -47,6 +47,7 @@ __all__ = [
     "PluginInfo",
     "backend_factories",
     "call_each",
+    "first_answer",
     "get_plugin_manager",
     "loaded_plugins",
     "open_backend",
@@ -284,6 +285,26 @@ def call_each(
         if returned:
             answers.append(HookAnswer(impl.plugin_name, dist, result))
     return answers
+
+
+def first_answer(
+    hook_name: str, *, accepts: Callable[[object], bool], expected: str, **kwargs: Any
+) -> Any:
+    """A ``firstresult`` hook's answer, each implementation called on its own and in
+    pluggy's order (the last registered first), stopping at the first one that
+    answers. An implementation that raises, or answers what ``accepts`` refuses
+    (``expected`` says what it takes), is recorded as a plugin failure and the next
+    one is asked; None passes. None when no implementation answers."""
+    loaded = _load()
+    for impl in reversed(_impls(hook_name)):
+        returned, result = _call_one(hook_name, impl, kwargs)
+        if not returned or result is None:
+            continue
+        if accepts(result):
+            return result
+        dist = loaded.dist_of.get(impl.plugin_name, impl.plugin_name)
+        report_bad_answer(hook_name, HookAnswer(impl.plugin_name, dist, result), expected, result)
+    return None
 
 
 @dataclass

@@ -108,5 +108,7 @@ def taskq_default_dsn() -> str | None:
 
     taskq-postgres's ``[embedded]`` extra answers with an embedded server it
     starts under ``./.taskq/`` (and says so on stderr). Return None to pass.
-    The first non-None answer wins.
+    The first string answer wins; an implementation that raises, or answers
+    with something else than a string, is reported as a plugin failure and
+    the next one is asked.
     """

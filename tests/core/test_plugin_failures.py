@@ -6,7 +6,9 @@ says what to do."""
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ import taskq
 from taskq.backend.memory import InMemoryBackend
 from taskq.errors import (
     ConfigurationError,
+    IncompatiblePluginError,
     PluginError,
     PluginHookError,
 )
@@ -182,6 +185,81 @@ def test_a_default_dsn_hook_answering_no_string_is_skipped(
     assert str(info.value) == NO_DSN_MESSAGE
     [failure] = _hook_failures()
     assert failure.name == "port" and "returned 5432, not a database URL" in str(failure)
+
+
+# ---------------------------------------------------------------- backend factories
+
+
+def test_a_factory_raising_an_ordinary_error_is_a_plugin_error_naming_it(
+    add_plugin: AddPlugin,
+) -> None:
+    def factory(url: str, **options: Any) -> Any:
+        raise ValueError(f"cannot use {url}")
+
+    add_plugin("nbraise", taskq_backends=lambda: {"nbraise": factory})
+    with pytest.raises(PluginError) as info:
+        taskq.open_backend("nbraise://user:hunter2@host/db")
+    message = str(info.value)
+    assert "nbraise" in message and "'nbraise'" in message  # distribution and scheme
+    assert "ValueError: cannot use nbraise://user:***@host/db" in message
+    assert "hunter2" not in message
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_a_taskq_error_of_a_factory_goes_through_as_it_is(add_plugin: AddPlugin) -> None:
+    def factory(url: str, **options: Any) -> Any:
+        raise ConfigurationError("invalid DSN: no host")
+
+    add_plugin("strict", taskq_backends=lambda: {"strict": factory})
+    with pytest.raises(ConfigurationError, match=r"^invalid DSN: no host$"):
+        taskq.open_backend("strict://")
+
+
+def test_taskq_and_the_worker_say_a_factory_error_in_one_line(
+    add_plugin: AddPlugin,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from taskq.worker.cli import main as worker_main
+
+    def factory(url: str, **options: Any) -> Any:
+        raise ValueError("factory says no")
+
+    add_plugin("nbraise", taskq_backends=lambda: {"nbraise": factory})
+    for name in [k for k in os.environ if k.startswith("TASKQ_")]:
+        monkeypatch.delenv(name)
+    dsn = "nbraise://user:hunter2@host/db"
+
+    assert _run_taskq(monkeypatch, "jobs", "list", "--dsn", dsn) == 1
+    try:
+        assert worker_main(["tests.apps.basic:tq", "--dsn", dsn]) == 1
+    finally:
+        gc.unfreeze()  # main() froze what it had loaded
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(": error: ")[0] for line in err] == ["taskq", "taskq-worker"]
+    for line in err:
+        assert "nbraise" in line and "ValueError: factory says no" in line
+        assert "hunter2" not in line
+
+
+@pytest.mark.parametrize(
+    ("result", "said"),
+    [
+        (None, "returned None, not a Backend"),
+        (object(), "returned a builtins.object (it declares no BACKEND_PROTOCOL_VERSION)"),
+        (InMemoryBackend, "returned the class taskq.backend.memory.InMemoryBackend itself"),
+    ],
+    ids=["None", "object", "class"],
+)
+def test_a_factory_returning_no_backend_is_told_so_not_a_version_mismatch(
+    add_plugin: AddPlugin, result: object, said: str
+) -> None:
+    # It read "implements backend protocol None, but this taskq-core speaks protocol 3".
+    add_plugin("nb", taskq_backends=lambda: {"nb": lambda url: result})
+    with pytest.raises(IncompatiblePluginError) as info:
+        taskq.open_backend("nb://")
+    assert said in str(info.value)
+    assert "protocol None" not in str(info.value)
 
 
 # ---------------------------------------------------------------- hooks that raise

@@ -33,6 +33,7 @@ from taskq.errors import (
     PluginError,
     PluginHookError,
     PluginLoadError,
+    TaskQError,
     UnknownBackendError,
 )
 from taskq.plugins import hookspecs
@@ -482,9 +483,11 @@ def open_backend(url: str, **options: Any) -> Backend:
     ``TaskQ``. Raises :class:`~taskq.errors.UnknownBackendError` (a
     ``ValueError``) for an unknown scheme, listing the installed ones;
     :class:`~taskq.errors.PluginError` for a scheme two third-party
-    distributions claim (see :func:`backend_factories`), and
-    :class:`~taskq.errors.ProtocolVersionMismatch` when the backend speaks
-    another protocol version than this core.
+    distributions claim (see :func:`backend_factories`) and for a factory that
+    raised an error of its own (a ``TaskQError`` it raises goes through as it
+    is); :class:`~taskq.errors.IncompatiblePluginError` when the factory's
+    answer is no backend, and :class:`~taskq.errors.ProtocolVersionMismatch`
+    when the backend speaks another protocol version than this core.
     """
     from taskq.backend import check_protocol_version, missing_members
 
@@ -508,7 +511,23 @@ def open_backend(url: str, **options: Any) -> Backend:
     if scheme not in factories:
         raise UnknownBackendError(_unknown_scheme_message(url, scheme, list(factories)))
     factory, dist = factories[scheme]
-    backend = factory(url, **options)
+    try:
+        backend = factory(url, **options)
+    except TaskQError:
+        raise  # says what to do already (a DSN check's ConfigurationError)
+    except Exception as exc:
+        # The factory's own words may quote the URL: never its password.
+        said = str(exc).replace(url, redact(url))
+        raise PluginError(
+            f"the {dist} backend for scheme {scheme!r} could not be built from "
+            f"{redact(url)}: {type(exc).__name__}: {said}. Check the URL and the backend "
+            f"options; if they are right, report it to {dist}"
+        ) from exc
+    if _not_a_backend(backend):
+        raise IncompatiblePluginError(
+            f"the {dist} backend factory for scheme {scheme!r} returned "
+            f"{_described(backend)}, not a Backend; report it to {dist}, or upgrade it"
+        )
     check_protocol_version(type(backend), distribution=dist)
     missing = missing_members(backend)
     if missing:
@@ -517,3 +536,18 @@ def open_backend(url: str, **options: Any) -> Backend:
             f"implement the Backend protocol; missing: {', '.join(missing)}"
         )
     return backend
+
+
+def _not_a_backend(obj: object) -> bool:
+    """None, a class (the factory's, not an instance), or anything declaring no
+    protocol version: a backend of any version declares one."""
+    return obj is None or isinstance(obj, type) or not hasattr(obj, "BACKEND_PROTOCOL_VERSION")
+
+
+def _described(obj: object) -> str:
+    if obj is None:
+        return "None"
+    if isinstance(obj, type):
+        return f"the class {obj.__module__}.{obj.__qualname__} itself"
+    kind = type(obj)
+    return f"a {kind.__module__}.{kind.__qualname__} (it declares no BACKEND_PROTOCOL_VERSION)"

@@ -75,6 +75,11 @@ def taskq_backends() -> dict[str, BackendFactory]:  # type: ignore[empty-body]
     Each clash, an exception raised here, or an answer that is no mapping of
     scheme to callable is a plugin failure (``taskq plugins`` lists it); every
     other scheme still works.
+
+    A factory that raises anything but a ``TaskQError`` is reported as a
+    :class:`~taskq.errors.PluginError` naming the distribution and the scheme
+    (the URL with its password hidden), the original chained; one that returns
+    no backend as an :class:`~taskq.errors.IncompatiblePluginError`.
     """
 
 

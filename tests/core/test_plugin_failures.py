@@ -21,6 +21,7 @@ from taskq.errors import (
     IncompatiblePluginError,
     PluginError,
     PluginHookError,
+    PluginLoadError,
 )
 from taskq.plugins import backend_factories, plugin_failures
 from tests.core.plugin_stubs import AddPlugin, InstallEntryPoints
@@ -350,3 +351,16 @@ def test_a_core_hook_that_raises_is_not_said_to_be_turned_off_by_disabling_core(
         taskq.open_backend("memory://")
     [failure] = _hook_failures()
     assert failure.name == "core" and "TASKQ_DISABLE_PLUGINS" not in str(failure)
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def test_a_malformed_entry_point_value_is_named_as_such(entry_points: InstallEntryPoints) -> None:
+    # It read "'NoneType' object has no attribute 'group'".
+    entry_points(values={"nothing3": "not a valid :: ref"})
+    [failure] = plugin_failures()
+    assert isinstance(failure, PluginLoadError) and failure.name == "nothing3"
+    assert "entry point value 'not a valid :: ref' is not module[:attr]" in str(failure)
+    assert "NoneType" not in str(failure)
+    assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)

@@ -140,6 +140,13 @@ def _load() -> _Loaded:
             pm.set_blocked(ep.name)
             continue
         try:
+            # importlib's own error for a malformed value is "'NoneType' object has no
+            # attribute 'group'"
+            if ep.pattern.match(ep.value) is None:
+                raise ValueError(
+                    f"entry point value {ep.value!r} is not module[:attr] "
+                    f"(e.g. 'taskq_mybackend._plugin')"
+                )
             module = ep.load()
             pm.register(module, name=ep.name)
             # A misspelt hook name would otherwise be silently ignored; checked plugin by

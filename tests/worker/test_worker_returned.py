@@ -166,22 +166,29 @@ async def child(payload: dict[str, Any]) -> None:
     return None
 
 
+def _late_app(backend: _SlowEscalation) -> TaskQ:
+    """An actor that returns (enqueueing a sub-job) once phase 2 of its cancel is stored,
+    never looking at its cancel_event."""
+
+    @actor(name="late", max_attempts=3)
+    async def late(payload: dict[str, Any], ctx: Context) -> str:
+        backend.started.set()
+        await backend.may_return.wait()
+        ctx.enqueue(child, {})
+        return "done"
+
+    return TaskQ("memory://", actors=[late, child], backend=backend)
+
+
 async def test_a_cancel_forced_as_the_actor_returns_leaves_its_outcome_write_alone() -> None:
     # The controller checked the job before writing phase 2 and cancelled its task
     # after: the success write was cut, the job ended cancelled, its result and its
     # sub-job lost.
     backend = _SlowEscalation()
 
-    @actor(name="late", max_attempts=3)
-    async def late(payload: dict[str, Any], ctx: Context) -> str:
-        backend.started.set()
-        await backend.may_return.wait()  # not looking at its cancel_event
-        ctx.enqueue(child, {})
-        return "done"
-
-    tq = TaskQ("memory://", actors=[late, child], backend=backend)
+    tq = _late_app(backend)
     async with tq:
-        job = await tq.client.enqueue(late, {})
+        job = await tq.client.enqueue("late", {})
         runner = asyncio.create_task(
             run_until_idle(tq, cancellation_grace_period="50ms", cleanup_grace_period="5s")
         )
@@ -199,17 +206,10 @@ async def test_a_stop_forcing_a_users_cancel_as_the_actor_returns_leaves_its_out
     # cancel before it cancels the task.
     backend = _SlowEscalation()
 
-    @actor(name="late", max_attempts=3)
-    async def late(payload: dict[str, Any], ctx: Context) -> str:
-        backend.started.set()
-        await backend.may_return.wait()  # not looking at its cancel_event
-        ctx.enqueue(child, {})
-        return "done"
-
-    tq = TaskQ("memory://", actors=[late, child], backend=backend)
+    tq = _late_app(backend)
     graces = {"cancellation_grace_period": "10s", "cleanup_grace_period": "5s"}
     async with tq:
-        job = await tq.client.enqueue(late, {})
+        job = await tq.client.enqueue("late", {})
         async with running(tq, {**TEST_SETTINGS, **graces}) as worker:
             await asyncio.wait_for(backend.started.wait(), 5)
             assert await tq.client.cancel(job.id)

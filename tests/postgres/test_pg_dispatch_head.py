@@ -229,30 +229,26 @@ def _expected(case: Case) -> tuple[list[UUID], bool]:
     queue_residual = {q: max(cap - queue_running[q], 0) for q, cap in case.queue_caps.items()}
 
     def admit(candidates: list[Job]) -> list[Job]:
-        # Queue caps first: a capped queue's jobs past its cap take no identity's or
-        # actor's place from another queue's jobs.
-        queue_ranks: Counter[str] = Counter()
-        queued = []
-        for job in candidates:
-            if (job.actor, job.identity_key) in running_identities:
-                continue
-            if job.queue in queue_residual:
-                queue_ranks[job.queue] += 1
-                if queue_ranks[job.queue] > queue_residual[job.queue]:
-                    continue
-            queued.append(job)
+        # As the in-memory walk takes them: each job whose queue and actor still have
+        # room and whose identity no job taken before it holds, counting only the jobs
+        # taken before it (a job refused for one cap takes no place under another).
+        queue_taken: Counter[str] = Counter()
+        actor_taken: Counter[str] = Counter()
         seen: set[tuple[str, str]] = set()
-        ranks: Counter[str] = Counter()
         admitted = []
-        for job in queued:
-            if job.identity_key is not None:
-                identity = (job.actor, job.identity_key)
-                if identity in seen:
-                    continue
+        for job in candidates:
+            identity = (job.actor, job.identity_key) if job.identity_key is not None else None
+            if identity in running_identities or identity in seen:
+                continue
+            if job.queue in queue_residual and queue_taken[job.queue] >= queue_residual[job.queue]:
+                continue
+            if actor_taken[job.actor] >= residual[job.actor]:
+                continue
+            if identity is not None:
                 seen.add(identity)
-            ranks[job.actor] += 1
-            if ranks[job.actor] <= residual[job.actor]:
-                admitted.append(job)
+            queue_taken[job.queue] += 1
+            actor_taken[job.actor] += 1
+            admitted.append(job)
         return admitted
 
     # The head is the first jobs of every actor; the others' jobs take no place in it.

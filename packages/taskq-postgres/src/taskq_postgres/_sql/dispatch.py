@@ -37,10 +37,12 @@ per-actor branches do not run::
                         the head does not suffice; round robin: its cohorts read to
                         depth, or to the sample's size when that falls short)
     queue_capacity      residual of each capped queue (queues.max_concurrent)
-    admitted            jobs of queues with room whose identity is not running; then the
-                        rank within a capped queue <= its residual; then identity dedup:
-                        DISTINCT ON (actor, identity_key) UNION ALL jobs without identity;
-                        then pending_rank per capped actor <= residual
+    admitted            jobs of queues with room whose identity is not running; then, as
+                        the in-memory walk takes them: without capped queues, identity
+                        dedup (DISTINCT ON (actor, identity_key) UNION ALL jobs without
+                        identity), then pending_rank per capped actor <= residual; with
+                        capped queues, the walk's fixed point (queue, actor and identity
+                        places counted over the jobs taken before each job)
     locked              FOR UPDATE SKIP LOCKED, LIMIT limit_n
     eligible_candidates in_flight < max_concurrent gate; actor_rank
     eligible            actor_rank <= max_concurrent - in_flight; queue caps; LIMIT limit_n
@@ -490,19 +492,34 @@ candidates AS (
 ),<ADMIT:admitted:candidates>"""
 ).replace("<BUDGET>", str(_COHORT_BUDGET))
 
-# What the candidates of <SOURCE> admit, each step depending only on earlier jobs
-# (so the head's admissions are a prefix of the sample's): first the jobs of queues
-# with room whose identity is not running; then at most the residual of each capped
-# queue; then one job per (actor, identity_key); then at most residual jobs per
-# capped actor, by pending_rank (an uncapped actor's limit_n-th job is the last it
-# could give a batch of limit_n anyway, and locked reads past the jobs other
-# dispatchers hold: cut at limit_n, a head they held gave nothing). Queue caps come before the identity and actor places: a
-# capped queue's jobs past its cap took those places from another queue's jobs, a
-# full queue's dispatch after dispatch (its job won the identity, and the other
-# queue's job of that identity waited for as long as the queue stayed full). A job
-# of a capped queue may still lose its actor's place and leave the queue's place
-# unused: that batch is short, never over a cap, and the next dispatch sees the
-# new running counts.
+# What the candidates of <SOURCE> admit: the jobs the in-memory reference's walk
+# (taskq.backend._memory_dispatch.take_jobs) takes, going through them in order and
+# taking each job whose queue and actor still have room and whose identity no job
+# taken before it holds, counting only the jobs taken before it. Whether a job is
+# taken depends only on the jobs before it, so the head's admissions are a prefix
+# of the sample's. Jobs of full queues, and jobs whose identity is running, are
+# never taken (<NAME>_open).
+#
+# Without capped queues the walk is two cuts: one job per (actor, identity_key),
+# the first; then at most residual jobs per capped actor, by pending_rank (an
+# uncapped actor's limit_n-th job is the last it could give a batch of limit_n
+# anyway, and locked reads past the jobs other dispatchers hold: cut at limit_n, a
+# head they held gave nothing). That is exact: an identity's first job refused for
+# its actor's cap leaves that actor full, so its later jobs are refused too.
+#
+# A queue cap crosses actors, and no order of independent cuts gives the walk: cut
+# first, a capped queue's job past its cap kept its identity or actor place from
+# another queue's job (which then waited for as long as the queue stayed full);
+# cut after the actor cap, a job refused for its actor's cap took the queue's place
+# from a later job of another actor (which ran a dispatch later, after jobs behind
+# it). With capped queues the walk is computed as a fixed point instead
+# (<NAME>_walk): each round takes every job that the previous round's takings
+# before it leave room for, from "all taken" until a round changes nothing. Round
+# k is right about the first k jobs at least (each depends only on the ones before
+# it), so it ends; the answer is the only fixed point. Chains of refusals that
+# change the next job's fate are short (each link a job that another's queue or
+# actor place turned away): two or three rounds of window functions over the
+# candidates, run only when a queue asked for is capped.
 _ADMIT: Final = """
 <NAME>_open AS (
     SELECT c.* FROM <SOURCE> c
@@ -514,28 +531,67 @@ _ADMIT: Final = """
               WHERE ri.actor = c.actor AND ri.identity_key = c.identity_key
           ))
 ),
-<NAME>_queued AS (
-    SELECT o.* FROM <NAME>_open o
-    WHERE (SELECT cardinality(p.capped_queues) = 0 FROM params p)
-    UNION ALL
-    SELECT r.id, r.actor, r.queue, r.priority, r.scheduled_at, r.identity_key, r.fairness_rank
-    FROM (
-        SELECT o.*, ROW_NUMBER() OVER (PARTITION BY o.queue ORDER BY <ORDER:o>) AS queue_rank
-        FROM <NAME>_open o
-        WHERE (SELECT cardinality(p.capped_queues) > 0 FROM params p)
-    ) r
-    LEFT JOIN queue_capacity qc ON qc.queue = r.queue
-    WHERE qc.queue IS NULL OR r.queue_rank <= qc.residual
-),
 <NAME>_dedup AS (
     (
         SELECT DISTINCT ON (c.actor, c.identity_key) c.*
-        FROM <NAME>_queued c
+        FROM <NAME>_open c
         WHERE c.identity_key IS NOT NULL
+          AND (SELECT cardinality(p.capped_queues) = 0 FROM params p)
         ORDER BY c.actor, c.identity_key, <ORDER:c>
     )
     UNION ALL
-    SELECT c.* FROM <NAME>_queued c WHERE c.identity_key IS NULL
+    SELECT c.* FROM <NAME>_open c
+    WHERE c.identity_key IS NULL AND (SELECT cardinality(p.capped_queues) = 0 FROM params p)
+),
+-- Round 1: each job taken that its queue's, its actor's and its identity's places
+-- would take were every job before it taken. That takes no more than the walk (it
+-- counts more jobs before each), so once it has taken limit_n * oversample jobs the
+-- walk has taken as many: the rows past that point are left out (the oversample
+-- keeps some for locked to read past the jobs other dispatchers hold).
+<NAME>_first AS (
+    SELECT f.*,
+           count(*) FILTER (WHERE f.taken) OVER (ORDER BY f.pos ROWS UNBOUNDED PRECEDING)
+               - f.taken::int AS taken_before
+    FROM (
+        SELECT o.*, ROW_NUMBER() OVER (ORDER BY <ORDER:o>) AS pos,
+               CASE WHEN pac.capped THEN pac.residual END AS actor_room,
+               qc.residual AS queue_room,
+               (NOT pac.capped
+                OR ROW_NUMBER() OVER (PARTITION BY o.actor ORDER BY <ORDER:o>) <= pac.residual)
+               AND (qc.queue IS NULL
+                    OR ROW_NUMBER() OVER (PARTITION BY o.queue ORDER BY <ORDER:o>) <= qc.residual)
+               AND (o.identity_key IS NULL OR ROW_NUMBER() OVER (
+                        PARTITION BY o.actor, o.identity_key ORDER BY <ORDER:o>) = 1) AS taken
+        FROM <NAME>_open o
+        JOIN per_actor_capacity pac ON pac.actor = o.actor
+        LEFT JOIN queue_capacity qc ON qc.queue = o.queue
+        WHERE (SELECT cardinality(p.capped_queues) > 0 FROM params p)
+    ) f
+),
+-- Running counts (frames from the partition's start, not excluding the current row:
+-- an excluded row makes Postgres recount the frame for every row).
+<NAME>_walk (round, id, actor, queue, priority, scheduled_at, identity_key, fairness_rank,
+             pos, actor_room, queue_room, was_taken, taken) AS (
+    SELECT 1, f.id, f.actor, f.queue, f.priority, f.scheduled_at, f.identity_key,
+           f.fairness_rank, f.pos, f.actor_room, f.queue_room, true, f.taken
+    FROM <NAME>_first f CROSS JOIN params p
+    WHERE f.taken_before < p.limit_n * p.oversample
+    UNION ALL
+    SELECT w.round + 1, w.id, w.actor, w.queue, w.priority, w.scheduled_at, w.identity_key,
+           w.fairness_rank, w.pos, w.actor_room, w.queue_room, w.taken,
+           (w.actor_room IS NULL OR count(*) FILTER (WHERE w.taken) OVER (
+                PARTITION BY w.actor ORDER BY w.pos ROWS UNBOUNDED PRECEDING
+            ) - w.taken::int < w.actor_room)
+           AND (w.queue_room IS NULL OR count(*) FILTER (WHERE w.taken) OVER (
+                PARTITION BY w.queue ORDER BY w.pos ROWS UNBOUNDED PRECEDING
+            ) - w.taken::int < w.queue_room)
+           AND (w.identity_key IS NULL OR count(*) FILTER (WHERE w.taken) OVER (
+                PARTITION BY w.actor, w.identity_key ORDER BY w.pos ROWS UNBOUNDED PRECEDING
+            ) - w.taken::int = 0)
+    FROM (
+        SELECT w.*, bool_or(w.taken <> w.was_taken) OVER () AS moving FROM <NAME>_walk w
+    ) w
+    WHERE w.moving
 ),
 <NAME> AS (
     SELECT r.*
@@ -545,6 +601,11 @@ _ADMIT: Final = """
     ) r
     JOIN per_actor_capacity pac ON pac.actor = r.actor
     WHERE NOT pac.capped OR r.pending_rank <= pac.residual
+    UNION ALL
+    SELECT w.id, w.actor, w.queue, w.priority, w.scheduled_at, w.identity_key, w.fairness_rank,
+           NULL::bigint
+    FROM <NAME>_walk w
+    WHERE w.taken AND w.round = (SELECT max(l.round) FROM <NAME>_walk l)
 ),"""
 
 _DISPATCH_TEMPLATE: Final = """

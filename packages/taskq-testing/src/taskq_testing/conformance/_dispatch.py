@@ -487,6 +487,56 @@ class DispatchTests:
         taken = {row.id for row in rows}
         assert len(taken) == 2 and other.id in taken and len(taken & capped) == 1
 
+    @pytest.mark.parametrize("mode", ["strict_fifo", "round_robin"])
+    @covers("dispatch_batch", "configure_queue", "register_actors")
+    async def test_a_job_refused_for_its_actors_cap_leaves_its_queues_place(
+        self, backend: Backend, advance_time: AdvanceTime, mode: QueueMode
+    ) -> None:
+        # The capped queue has room for two: the capped actor's second job is refused
+        # for the actor's cap, so the queue's second place is the next job's. Postgres
+        # gave it to that refused job, and the next job waited a dispatch, run after a
+        # later job of its actor.
+        await backend.configure_queue(QueueConfig(queue="capped", mode=mode, max_concurrent=2))
+        free = "conformance.free"
+        await backend.register_actors(
+            [ActorConfig(actor=ACTOR, max_concurrent=1), ActorConfig(actor=free)]
+        )
+        first, _, next_in_queue, other_queue = await _enqueue_spread(
+            backend,
+            advance_time,
+            {"queue": "capped"},
+            {"queue": "capped"},
+            {"queue": "capped", "actor": free},
+            {"queue": "other", "actor": free},
+        )
+        worker, queues = uuid4(), ["capped", "other"]
+        rows = await backend.dispatch_batch(worker, queues, 10, LONG_LEASE)
+        assert {row.id for row in rows} == {first.id, next_in_queue.id, other_queue.id}
+        if mode == "strict_fifo":
+            assert [row.id for row in rows] == [first.id, next_in_queue.id, other_queue.id]
+        assert await backend.dispatch_batch(worker, queues, 10, LONG_LEASE) == []
+
+    @pytest.mark.parametrize("mode", ["strict_fifo", "round_robin"])
+    @covers("dispatch_batch", "configure_queue")
+    async def test_a_job_refused_for_its_identity_leaves_its_queues_place(
+        self, backend: Backend, advance_time: AdvanceTime, mode: QueueMode
+    ) -> None:
+        # Identity i1's job of the other queue comes first and takes the identity; the
+        # capped queue's job of i1 is refused for it, so the queue's one place is the
+        # next job's. Postgres gave the place to the refused job: the batch was short.
+        await backend.configure_queue(QueueConfig(queue="capped", mode=mode, max_concurrent=1))
+        worker, queues = uuid4(), ["capped", "other"]
+        held, _, later, _ = await _enqueue_spread(
+            backend,
+            advance_time,
+            {"queue": "other", "identity_key": "i1", "priority": 5},
+            {"queue": "capped", "identity_key": "i1", "priority": 3},
+            {"queue": "capped", "priority": 1},
+            {"queue": "capped"},
+        )
+        rows = await backend.dispatch_batch(worker, queues, 10, LONG_LEASE)
+        assert {row.id for row in rows} == {held.id, later.id}
+
     @covers("dispatch_batch", "register_actors")
     async def test_raising_max_concurrent_releases_more_jobs(self, backend: Backend) -> None:
         await backend.register_actors([ActorConfig(actor=ACTOR, max_concurrent=1)])

@@ -315,6 +315,29 @@ class DispatchTests:
         [taken] = await backend.dispatch_batch(worker, ["rr"], 1, LONG_LEASE)
         assert taken.id == first_free.id
 
+    @covers("dispatch_batch", "configure_queue", "register_actors")
+    async def test_round_robin_ranks_a_job_among_its_whole_cohort_not_its_actors_jobs(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # A fairness cohort spans actors: the capped actor's jobs of cohorts t1 and t2
+        # come second in them (the free actor's come first), its job of t3 is t3's
+        # first. Its one place goes to that one; Postgres ranked each job among its
+        # own actor's jobs of the cohort only and took t1's second job.
+        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+        free = "conformance.free"
+        await backend.register_actors(
+            [ActorConfig(actor=ACTOR, max_concurrent=1), ActorConfig(actor=free)]
+        )
+        free_t1, free_t2, _, _, first_of_t3 = await _enqueue_spread(
+            backend,
+            advance_time,
+            {"queue": "rr", "fairness_key": "t1", "actor": free},
+            {"queue": "rr", "fairness_key": "t2", "actor": free},
+            *({"queue": "rr", "fairness_key": key} for key in ("t1", "t2", "t3")),
+        )
+        dispatched = await backend.dispatch_batch(uuid4(), ["rr"], 10, LONG_LEASE)
+        assert [row.id for row in dispatched] == [free_t1.id, free_t2.id, first_of_t3.id]
+
     @covers("dispatch_batch", "configure_queue")
     async def test_round_robin_puts_a_cohort_after_its_running_jobs(
         self, backend: Backend, advance_time: AdvanceTime

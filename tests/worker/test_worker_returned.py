@@ -14,6 +14,8 @@ from datetime import timedelta
 from typing import Any, Literal
 from uuid import UUID
 
+import structlog.testing
+
 from taskq import (
     Context,
     FixedBackoff,
@@ -210,12 +212,16 @@ async def test_a_stop_forcing_a_users_cancel_as_the_actor_returns_leaves_its_out
     graces = {"cancellation_grace_period": "10s", "cleanup_grace_period": "5s"}
     async with tq:
         job = await tq.client.enqueue("late", {})
-        async with running(tq, {**TEST_SETTINGS, **graces}) as worker:
-            await asyncio.wait_for(backend.started.wait(), 5)
-            assert await tq.client.cancel(job.id)
-            await asyncio.sleep(0.5)  # seen by the worker (a 50 ms heartbeat)
-            worker.stop()
-            worker.escalate()  # straight to FORCING
+        with structlog.testing.capture_logs() as logs:
+            async with running(tq, {**TEST_SETTINGS, **graces}) as worker:
+                await asyncio.wait_for(backend.started.wait(), 5)
+                assert await tq.client.cancel(job.id)
+                async with asyncio.timeout(10):  # until its worker has seen the cancel
+                    seen = "taskq.cancel-observed"
+                    while not any(log["event"] == seen for log in logs):  # noqa: ASYNC110 - a log
+                        await asyncio.sleep(0.02)
+                worker.stop()
+                worker.escalate()  # straight to FORCING
         assert await _outcomes(tq, job.id) == (JobStatus.SUCCEEDED, "done", ["succeeded"])
         assert len(await tq.client.list_jobs(actor="returned.child")) == 1
 

@@ -19,7 +19,7 @@ def _failing(started: asyncio.Event) -> Any:
     @actor(name="fails_late", max_attempts=3, retry_backoff=FixedBackoff(timedelta(0)))
     async def fails_late(payload: dict[str, Any]) -> None:
         started.set()
-        await asyncio.sleep(0.5)  # never looking at its cancel_event
+        await asyncio.sleep(1.5)  # never looking at its cancel_event (asked within it)
         raise RuntimeError("raised on its own")
 
     return fails_late

@@ -105,17 +105,23 @@ async def test_the_scope_yields_ready_kwargs_and_tears_down_lifo_on_exit(
     assert teardowns.order == ["audit", "tx", "session"]
 
 
-async def test_a_failing_transient_teardown_does_not_stop_the_others_and_fails_the_call(
-    registry: ProviderRegistry, containers: dict[Scope, Container]
-) -> None:
+def _with_a_failing_tx(registry: ProviderRegistry, message: str) -> Teardowns:
+    """The transients of ``job``, their Tx's teardown raising ``ValueError(message)``."""
     teardowns = Teardowns()
     _register_transients(registry, teardowns)
 
     def broken_tx(session: Session) -> Iterator[Tx]:
         yield Tx(session)
-        raise ValueError("commit failed")
+        raise ValueError(message)
 
     registry.register(Tx, broken_tx, scope=Scope.TRANSIENT, replace=True)
+    return teardowns
+
+
+async def test_a_failing_transient_teardown_does_not_stop_the_others_and_fails_the_call(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    teardowns = _with_a_failing_tx(registry, "commit failed")
     with structlog.testing.capture_logs() as logs, pytest.raises(ValueError, match="commit"):
         # The body returned, its work unfinished: the invocation fails (the job is
         # retried), where it succeeded with its commit lost.
@@ -128,14 +134,7 @@ async def test_a_failing_transient_teardown_does_not_stop_the_others_and_fails_t
 async def test_a_failing_transient_teardown_leaves_the_bodys_own_error_as_it_was(
     registry: ProviderRegistry, containers: dict[Scope, Container]
 ) -> None:
-    teardowns = Teardowns()
-    _register_transients(registry, teardowns)
-
-    def broken_tx(session: Session) -> Iterator[Tx]:
-        yield Tx(session)
-        raise ValueError("rollback failed")
-
-    registry.register(Tx, broken_tx, scope=Scope.TRANSIENT, replace=True)
+    teardowns = _with_a_failing_tx(registry, "rollback failed")
     with pytest.raises(KeyError, match="the body's"):
         async with build_actor_scope(job, registry, containers, {"payload": 1, "ctx": ""}):
             raise KeyError("the body's")

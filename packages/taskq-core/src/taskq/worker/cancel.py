@@ -141,14 +141,11 @@ class _CancelController:
             ):
                 continue
             if active.returned:
-                bounds = [
-                    *([active.limit_at + cleanup] if active.limit_at is not None else []),
-                    *(
-                        [active.cancel_observed_at + grace + cleanup]
-                        if active.cancel_observed_at is not None
-                        else []
-                    ),
-                ]
+                bounds: list[float] = []
+                if active.limit_at is not None:
+                    bounds.append(active.limit_at + cleanup)
+                if active.cancel_observed_at is not None:
+                    bounds.append(active.cancel_observed_at + grace + cleanup)
                 if not bounds or now < min(bounds):
                     continue
                 error = ErrorInfo(

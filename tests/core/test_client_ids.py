@@ -62,3 +62,16 @@ async def test_a_batchs_jobs_run_in_the_order_given_on_a_fifo_queue(
         taken = await taskq_backend.dispatch_batch(uuid4(), ["default"], 80, timedelta(minutes=5))
     assert [row.payload["n"] for row in rows] == list(range(40))
     assert [row.payload["n"] for row in taken] == list(range(80))
+
+
+def test_ascending_ids_are_distinct_version_4_ids_each_above_the_last() -> None:
+    from taskq.args_builder import AscendingIds
+
+    runs = [AscendingIds(), AscendingIds()]
+    made = [[ids() for _ in range(500)] for ids in runs]
+    for run in made:
+        assert run == sorted(run) and len(set(run)) == len(run)
+        assert all(i.version == 4 and i.variant == RFC_4122 for i in run)
+        assert UUID(str(run[0])) == run[0] and run[0].is_safe is SafeUUID.unknown
+    # Two sequences start apart: their random start is drawn afresh.
+    assert made[0][0] != made[1][0] and not set(made[0]) & set(made[1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import pytest
 
@@ -158,3 +159,26 @@ async def test_a_singleton_enqueueing_its_own_next_run_is_no_collision(
         rows = await tq.client.list_jobs(actor="subjobs.tick")
     assert CHAIN == [1, 2, 3]
     assert [r.status for r in rows] == [JobStatus.SUCCEEDED] * 3
+
+
+@actor(name="subjobs.fan_out", max_attempts=1)
+async def fan_out(payload: dict[str, Any], ctx: Context) -> None:
+    for n in range(payload["n"]):
+        ctx.enqueue(child, {"n": n}, queue="fifo-children")
+
+
+async def test_a_jobs_sub_jobs_run_in_the_order_enqueued_on_a_fifo_queue(
+    taskq_backend: Any,
+) -> None:
+    # Written together, they share their enqueue time and the dispatch breaks the tie by
+    # id: with random ids they ran shuffled (about half their pairs out of order).
+    tq = TaskQ("memory://", actors=[fan_out, child], backend=taskq_backend)
+    async with tq:
+        job = await tq.client.enqueue(fan_out, {"n": 40})
+        await run_until_idle(tq)
+        assert (row := await tq.client.get(job.id)) is not None
+        assert row.status is JobStatus.SUCCEEDED
+        taken = await taskq_backend.dispatch_batch(
+            uuid4(), ["fifo-children"], 40, timedelta(minutes=5)
+        )
+    assert [t.payload.get("n") for t in taken] == list(range(40))

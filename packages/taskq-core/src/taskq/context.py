@@ -9,6 +9,7 @@ from uuid import UUID
 
 import structlog
 
+from taskq.args_builder import AscendingIds
 from taskq.backend.storable import stored_json
 from taskq.models import EnqueueArgs, JobRow
 
@@ -77,6 +78,7 @@ class Context:
         self.progress_seq = job.progress_seq
         self.progress_state: dict[str, Any] | None = job.progress_state
         self.subjobs: list[EnqueueArgs] = []
+        self._subjob_ids = AscendingIds()
         self._client = client
         self._record_progress = record_progress
 
@@ -114,8 +116,11 @@ class Context:
         """Enqueue a sub-job that exists only if this job succeeds.
 
         The payload is validated now; the job is written together with this
-        job's success (one transaction on Postgres) and dropped on failure.
+        job's success (one transaction on Postgres) and dropped on failure. Of one
+        priority on a strict FIFO queue, the sub-jobs run in the order enqueued.
         """
+        if options.get("job_id") is None:
+            options["job_id"] = self._subjob_ids()
         args = self._client.build_args(actor, payload, **options)
         self.subjobs.append(args)
         return args

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_seriali
 from taskq import EnqueueItem, JobStatus, TaskQ, actor
 from taskq.backend import Backend
 from taskq.errors import EnqueueOptionsError, PayloadValidationError
-from taskq.models import INT32_MAX
+from taskq.models import INT32_MAX, JobFilter
 
 
 @actor(name="options.job", queue="jobs", max_attempts=2, timeout=30, result_ttl=60)
@@ -106,8 +106,6 @@ async def test_given_options_are_kept_and_others_come_from_the_actor(
 
 
 async def test_a_filter_and_filter_keywords_together_are_refused(taskq_backend: Backend) -> None:
-    from taskq.models import JobFilter
-
     tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
     kept = await tq.client.enqueue(job, {})
     with pytest.raises(TypeError, match="not both"):
@@ -464,3 +462,16 @@ async def test_an_invalid_payloads_error_prints_no_value() -> None:
             await tq.client.enqueue(lossy, {"when": value})
     told = "".join(traceback.format_exception(info.value))
     assert "when" in told and "s3cr3t" not in told
+
+
+async def test_cancel_where_without_a_filter_refuses_rather_than_cancel_every_job(
+    taskq_backend: Backend,
+) -> None:
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    row = await tq.client.enqueue(job, {})
+    with pytest.raises(TypeError, match=r"needs a filter.*pass JobFilter\(\) to cancel every job"):
+        await tq.client.cancel_where()
+    with pytest.raises(TypeError, match="needs a filter"):
+        await tq.client.cancel_where(reason="cleanup")
+    assert (await tq.client.get(row.id)).status is JobStatus.PENDING  # type: ignore[union-attr]
+    assert (await tq.client.cancel_where(JobFilter(), reason="all")).cancelled == [row.id]

@@ -305,7 +305,17 @@ class JobsClient:
     async def cancel_where(
         self, filters: JobFilter | None = None, *, reason: str | None = None, **fields: Any
     ) -> BulkCancelResult:
-        """:meth:`cancel` every job a filter selects (its ``limit`` is ignored)."""
+        """:meth:`cancel` every job a filter selects (its ``limit`` is ignored).
+
+        With neither a filter nor a keyword it refuses (``TypeError``): one call
+        would cancel every job in the schema. Pass ``JobFilter()`` to mean every job.
+        """
+        if filters is None and not fields:
+            raise TypeError(
+                "cancel_where() needs a filter: without one it would cancel every job. "
+                "Select jobs (cancel_where(actor=..., queue=..., status=...)), or pass "
+                "JobFilter() to cancel every job"
+            )
         return await self._backend.cancel_where(_job_filter(filters, fields), _reason(reason))
 
     # -- schedules ---------------------------------------------------------------

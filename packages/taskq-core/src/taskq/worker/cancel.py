@@ -40,6 +40,7 @@ import structlog
 from taskq.backend import CancelPhase
 from taskq.models import CancelFlag, ErrorInfo
 from taskq.worker._state import ActiveJob, WorkerState
+from taskq.worker.batch_outcomes import apply_batch_terminal_outcome
 
 __all__ = ["CancelController", "make_cancel_controller"]
 
@@ -193,6 +194,7 @@ class _CancelController:
                 )
                 if after is not None and after.error == error:  # else not this attempt's
                     _log.error("taskq.job-failed-past-its-limit", job_id=str(active.row.id))
+                    await apply_batch_terminal_outcome(state.backend, active.row, "failed")
             self._pending_overruns.popleft()
             active.finish()
         while self._pending_abandons:
@@ -203,6 +205,7 @@ class _CancelController:
                 active.ctx.progress_state if active.ctx else None,
             ):
                 _log.error("taskq.job-abandoned", job_id=str(active.row.id))
+                await apply_batch_terminal_outcome(state.backend, active.row, "abandoned")
             self._pending_abandons.popleft()
             active.finish()
 

@@ -44,6 +44,7 @@ from taskq.models import (
 from taskq.signals import RetryAfter, Snooze
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
+from taskq.worker.batch_outcomes import apply_batch_terminal_outcome
 
 _log = structlog.get_logger("taskq.worker")
 
@@ -310,7 +311,9 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         return
     if ok is False and not await _our_success_landed(state, row):
         _ownership_lost(row, "succeeded")
+        return
     _log.debug("taskq.job-succeeded")
+    await apply_batch_terminal_outcome(state.backend, row, "succeeded")
 
 
 async def _raised(
@@ -676,6 +679,8 @@ async def _fail_with(
             _log.info("taskq.fenced-job-reclaimed", status=after.status.value)
         else:
             _ownership_lost(row, "failed_or_retry")
+    elif after is not None and after.status is JobStatus.FAILED:
+        await apply_batch_terminal_outcome(state.backend, row, "failed")
 
 
 async def _stopped(
@@ -768,3 +773,5 @@ async def _cancelled(state: WorkerState, row: JobRow, ctx: Context) -> None:
     )
     if ok is False:
         _ownership_lost(row, "cancelled")
+    elif ok:
+        await apply_batch_terminal_outcome(state.backend, row, "cancelled")

@@ -41,6 +41,7 @@ from taskq.backend import CancelPhase, SupportsUnstartedHandBack
 from taskq.models import JobRow
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
+from taskq.worker.batch_outcomes import apply_batch_terminal_outcome
 from taskq.worker.consumer import hand_back, write_retrying
 from taskq.worker.producer import hand_back_unheard
 
@@ -243,3 +244,5 @@ async def _mark_abandoned(state: WorkerState, active: ActiveJob, escalated: bool
     )
     if written is False:  # None: given up, logged as such
         _log.warning("taskq.abandon-not-written", job_id=str(row.id), attempt=row.attempt)
+    elif written:
+        await apply_batch_terminal_outcome(backend, row, "abandoned")

@@ -1,0 +1,130 @@
+"""The batch terminal-outcome hook: a tracked batch's failure streak, abort and
+completion follow its children's ends as the worker writes them, not the leader's
+stale-batch sweep (kept out of these tests by a long interval)."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID, uuid4
+
+import pytest
+
+from taskq import JobStatus, TaskQ, actor
+from taskq.backend import Backend
+from taskq.models import BatchRow, JobFilter
+from taskq_testing import run_until_idle
+
+pytestmark = pytest.mark.postgres
+
+_NO_SWEEP = {"stale_batch_interval": "1h"}
+
+
+@actor(name="batches.child", max_attempts=1)
+async def child(payload: dict[str, Any]) -> str:
+    if payload["fail"]:
+        raise RuntimeError("child failed")
+    return "ok"
+
+
+@actor(name="batches.finalizer")
+async def finalizer(payload: dict[str, Any]) -> str:
+    return "finalized"
+
+
+async def _batch(
+    tq: TaskQ, backend: Backend, children: list[tuple[bool, str]], threshold: int | None
+) -> UUID:
+    """A tracked batch of children that fail or succeed, each on its queue (a queue no
+    worker serves keeps it waiting), and a finalizer on ``default``."""
+    batch_id, build = uuid4(), tq.client.build_args
+    await backend.enqueue_batch_atomic(
+        [build(child, {"fail": fail}, queue=queue) for fail, queue in children],
+        batch_id=batch_id,
+        queue="default",
+        batch_row=BatchRow(
+            id=batch_id, queue="default", expected_size=len(children), failure_threshold=threshold
+        ),
+        finalizer_args=build(finalizer, {}),
+    )
+    return batch_id
+
+
+async def _one_by_one(tq: TaskQ, *queues: str) -> None:
+    """Run the queues' jobs one queue after the other: a worker frees a slot before its
+    outcome's batch hook, so jobs of one queue may apply theirs in either order."""
+    for queue in queues:
+        await run_until_idle(tq, queues=[queue], **_NO_SWEEP)
+
+
+async def _statuses(tq: TaskQ, batch_id: UUID) -> dict[str, JobStatus]:
+    rows = await tq.client.list_jobs(JobFilter(batch_id=batch_id))
+    return {row.queue: row.status for row in rows if row.actor == "batches.child"}
+
+
+async def test_failures_reaching_the_threshold_abort_the_batch_and_cancel_its_waiting_children(
+    taskq_backend: Backend,
+) -> None:
+    # The threshold was stored and ignored: every child ran, the sweep marked the batch
+    # complete and released its finalizer up to a sweep interval later.
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=taskq_backend)
+    async with tq:
+        children = [(True, "q1"), (True, "q2"), (False, "waiting"), (False, "waiting-too")]
+        batch_id = await _batch(tq, taskq_backend, children, 2)
+        await _one_by_one(tq, "q1")
+        assert (await _statuses(tq, batch_id))["waiting"] is JobStatus.PENDING
+        await _one_by_one(tq, "q2", "default")
+        batch = await taskq_backend.get_batch(batch_id)
+        statuses = await _statuses(tq, batch_id)
+        [final] = await tq.client.list_jobs(actor="batches.finalizer")
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("aborted", 2)
+    assert statuses == {
+        "q1": JobStatus.FAILED,
+        "q2": JobStatus.FAILED,
+        "waiting": JobStatus.CANCELLED,
+        "waiting-too": JobStatus.CANCELLED,
+    }
+    assert final.status is JobStatus.SUCCEEDED  # released by the abort, and run
+
+
+async def test_a_success_resets_the_streak_and_the_last_child_completes_the_batch(
+    taskq_backend: Backend,
+) -> None:
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=taskq_backend)
+    async with tq:
+        children = [(True, "q1"), (False, "q2"), (True, "q3"), (False, "q4")]
+        batch_id = await _batch(tq, taskq_backend, children, 2)
+        await _one_by_one(tq, "q1", "q2", "q3")
+        streak = await taskq_backend.get_batch(batch_id)
+        await _one_by_one(tq, "q4", "default")
+        batch = await taskq_backend.get_batch(batch_id)
+        [final] = await tq.client.list_jobs(actor="batches.finalizer")
+    assert streak is not None and (streak.status, streak.consecutive_failures) == ("active", 1)
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("complete", 0)
+    assert final.status is JobStatus.SUCCEEDED
+    assert final.started_at is not None and batch.completed_at is not None
+    assert final.started_at >= batch.completed_at
+
+
+async def test_a_batch_without_a_policy_completes_when_its_last_child_ends(
+    taskq_backend: Backend,
+) -> None:
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=taskq_backend)
+    async with tq:
+        batch_id = await _batch(tq, taskq_backend, [(True, "q1"), (True, "q2")], None)
+        await _one_by_one(tq, "q1")
+        active = await taskq_backend.get_batch(batch_id)
+        await _one_by_one(tq, "q2", "default")
+        batch = await taskq_backend.get_batch(batch_id)
+        [final] = await tq.client.list_jobs(actor="batches.finalizer")
+    assert active is not None and active.status == "active"
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("complete", 2)
+    assert final.status is JobStatus.SUCCEEDED
+
+
+async def test_jobs_tagged_with_no_batch_row_run_as_any_job(taskq_backend: Backend) -> None:
+    tq = TaskQ("memory://", actors=[child], backend=taskq_backend)
+    async with tq:
+        for fail in (True, False):
+            await tq.client.enqueue(child, {"fail": fail}, metadata={"batch_id": str(uuid4())})
+        worker = await run_until_idle(tq, **_NO_SWEEP)
+    assert worker.processed == 2

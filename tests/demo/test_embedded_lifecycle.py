@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from taskq_postgres.migrate import load_migrations
+from taskq_postgres._migrate import load_migrations
 from tests.demo._support import needs_pgserver, taskq
 
 pytestmark = needs_pgserver

@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 
 from taskq.identifiers import MAX_SCHEMA_NAME_BYTES, validate_schema_name
-from taskq_postgres.migrate import load_migrations, migrate, migration_status
+from taskq_postgres._migrate import load_migrations, migrate, migration_status
 from taskq_testing.postgres import unique_schema_name
 
 # Not even identifiers: every interpolation site refuses these.

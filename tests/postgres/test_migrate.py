@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
-from taskq_postgres.migrate import (
+from taskq_postgres._migrate import (
     NO_TRANSACTION_DIRECTIVE,
     MigrationError,
     bundled_migrations,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from taskq_postgres.migrate import load_migrations
+from taskq_postgres._migrate import load_migrations
 from taskq_testing.postgres import unique_schema_name
 
 TASKQ = str(Path(sys.executable).with_name("taskq"))
@@ -168,7 +168,7 @@ def test_lock_bounds_are_flags(pg_database_dsn: str, tmp_path: Path) -> None:
     import psycopg
     from psycopg import sql
 
-    from taskq_postgres.migrate import bundled_migrations, migrate
+    from taskq_postgres._migrate import bundled_migrations, migrate
 
     for name in BUNDLED[:-1]:
         (tmp_path / name).write_bytes((bundled_migrations() / name).read_bytes())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from taskq_postgres.migrate import (
+from taskq_postgres._migrate import (
     NO_TRANSACTION_DIRECTIVE,
     Migration,
     MigrationError,

@@ -483,3 +483,22 @@ def test_a_driver_message_about_the_server_is_kept_whole() -> None:
     with pytest.raises(BackendUnavailableError) as info:
         SyncJobsClient("postgresql://nosuchuser:t@127.0.0.1:5432/test", actors=[])
     assert 'role "nosuchuser" does not exist' in str(info.value)
+
+
+def test_every_exported_name_is_what_it_names_whatever_was_imported_first() -> None:
+    # taskq_postgres.migrate was a submodule too: once something imported it (as
+    # `from taskq_postgres import MigrationError` did), the package's `migrate` was the
+    # module, and `from taskq_postgres import MigrationError, migrate` gave a module
+    # that "is not callable".
+    code = (
+        "import inspect, taskq_postgres\n"
+        "from taskq_postgres import MigrationError, MigrationStatus\n"
+        "from taskq_postgres import migrate, migration_status\n"
+        "print(inspect.isfunction(migrate), inspect.isfunction(migration_status))\n"
+        "print(sorted(n for n in taskq_postgres.__all__\n"
+        "      if inspect.ismodule(getattr(taskq_postgres, n))))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.split("\n")[:2] == ["True True", "[]"]

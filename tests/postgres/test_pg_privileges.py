@@ -199,7 +199,7 @@ def test_a_sync_client_without_usage_says_so_without_a_limits_warning_first(
 
 
 def test_a_migration_refused_a_right_is_still_a_migration_error() -> None:
-    from taskq_postgres.migrate import MigrationPrivilegeError
+    from taskq_postgres._migrate import MigrationPrivilegeError
 
     assert issubclass(MigrationPrivilegeError, MigrationError)
     assert issubclass(MigrationPrivilegeError, InsufficientPrivilegeError)

@@ -12,6 +12,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from taskq_postgres._backend import PostgresBackend as PostgresBackend
     from taskq_postgres._connect import BackendUnavailableError as BackendUnavailableError
+    from taskq_postgres._migrate import MigrationError as MigrationError
+    from taskq_postgres._migrate import MigrationPrivilegeError as MigrationPrivilegeError
+    from taskq_postgres._migrate import MigrationStatus as MigrationStatus
+    from taskq_postgres._migrate import migrate as migrate
+    from taskq_postgres._migrate import migration_status as migration_status
     from taskq_postgres._privileges import InsufficientPrivilegeError as InsufficientPrivilegeError
     from taskq_postgres._rows import LongRunningJobEventsWriter as LongRunningJobEventsWriter
     from taskq_postgres._sync_client import SyncJobsClient as SyncJobsClient
@@ -19,11 +24,6 @@ if TYPE_CHECKING:
     from taskq_postgres.channels import events_channel as events_channel
     from taskq_postgres.channels import wake_channel as wake_channel
     from taskq_postgres.channels import worker_channel as worker_channel
-    from taskq_postgres.migrate import MigrationError as MigrationError
-    from taskq_postgres.migrate import MigrationPrivilegeError as MigrationPrivilegeError
-    from taskq_postgres.migrate import MigrationStatus as MigrationStatus
-    from taskq_postgres.migrate import migrate as migrate
-    from taskq_postgres.migrate import migration_status as migration_status
 
 __all__ = [
     "BackendUnavailableError",
@@ -52,11 +52,11 @@ _HOMES = {
     "events_channel": "taskq_postgres.channels",
     "wake_channel": "taskq_postgres.channels",
     "worker_channel": "taskq_postgres.channels",
-    "MigrationError": "taskq_postgres.migrate",
-    "MigrationPrivilegeError": "taskq_postgres.migrate",
-    "MigrationStatus": "taskq_postgres.migrate",
-    "migrate": "taskq_postgres.migrate",
-    "migration_status": "taskq_postgres.migrate",
+    "MigrationError": "taskq_postgres._migrate",
+    "MigrationPrivilegeError": "taskq_postgres._migrate",
+    "MigrationStatus": "taskq_postgres._migrate",
+    "migrate": "taskq_postgres._migrate",
+    "migration_status": "taskq_postgres._migrate",
 }
 
 

@@ -516,7 +516,7 @@ class PostgresBackend:
         """Refuse a schema this code cannot run on: one without TaskQ's tables, one
         lacking a ``pre`` migration (the statements failed later, with a driver's
         "column does not exist"), or one a newer TaskQ's ``post`` migration changed."""
-        from taskq_postgres.migrate import schema_fit
+        from taskq_postgres._migrate import schema_fit
 
         async with pool.acquire() as conn:
             try:
@@ -551,7 +551,7 @@ class PostgresBackend:
         returns the names applied (``taskq.backend.SupportsMigrate``). What a worker
         runs at start-up (``--migrate``): destructive (``post``) files wait for
         ``taskq migrate``, since workers of the old version may still be running."""
-        from taskq_postgres.migrate import migrate
+        from taskq_postgres._migrate import migrate
 
         # As the pool connects: the backend's password (file or provider) and timeout.
         conn = await connect(

@@ -20,7 +20,7 @@ from taskq.errors import ConfigurationError, TaskQError
 
 if TYPE_CHECKING:
     from taskq.cli import CommandRegistry
-    from taskq_postgres.migrate import Connection
+    from taskq_postgres._migrate import Connection
 
 _CONNECT_TIMEOUT_SECONDS = 10.0
 
@@ -100,7 +100,7 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
 
 
 async def _show_status(dsn: str, schema: str, as_json: bool) -> None:
-    from taskq_postgres.migrate import migration_status
+    from taskq_postgres._migrate import migration_status
 
     async with _connection(dsn) as conn:
         statuses = await migration_status(conn, schema)
@@ -127,7 +127,7 @@ async def _apply(
     lock_timeout: timedelta | None,
     max_lock_wait: timedelta | None,
 ) -> None:
-    from taskq_postgres.migrate import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_LOCK_WAIT, migrate
+    from taskq_postgres._migrate import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_LOCK_WAIT, migrate
 
     async with _connection(dsn) as conn:
         applied = await migrate(

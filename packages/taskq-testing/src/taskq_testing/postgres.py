@@ -129,7 +129,7 @@ def migrated_schema(database_dsn: str, name: str | None = None) -> Iterator[PgSc
     private event loop in a helper thread, so it neither needs nor disturbs
     the caller's loop.
     """
-    from taskq_postgres.migrate import migrate
+    from taskq_postgres._migrate import migrate
 
     # Folded as Postgres folds unquoted names, so the quoted DROP below matches.
     schema = validate_schema_name(name or unique_schema_name()).lower()
@@ -203,7 +203,7 @@ class SchemaPool:
             _drop_schema(self._dsn, self._free.pop())
 
     def _migrate(self) -> str:
-        from taskq_postgres.migrate import migrate
+        from taskq_postgres._migrate import migrate
 
         name = unique_schema_name()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskq-migrate") as pool:

@@ -28,7 +28,9 @@ BatchOutcome = Literal["succeeded", "failed", "cancelled", "abandoned"]
 _log = structlog.get_logger("taskq.worker")
 
 
-async def apply_batch_terminal_outcome(backend: Backend, row: JobRow, outcome: BatchOutcome) -> None:
+async def apply_batch_terminal_outcome(
+    backend: Backend, row: JobRow, outcome: BatchOutcome
+) -> None:
     """Apply a child's end (``outcome``, already written) to its batch; nothing for a
     job of no tracked batch. Never raises: a failure is logged and left to the sweep."""
     raw = row.metadata.get("batch_id")

@@ -37,6 +37,12 @@ def test_a_plain_function_is_refused_with_the_fix() -> None:
         TaskQ("memory://", actors=[job])  # type: ignore[list-item]
 
 
+def test_a_name_given_as_a_positional_argument_is_refused_with_the_fix() -> None:
+    # It raised AttributeError: 'str' object has no attribute '__qualname__'.
+    with pytest.raises(ConfigurationError, match=r"options are keywords, as in @actor\(name='x'\)"):
+        actor("x")  # type: ignore[call-overload]
+
+
 def test_an_empty_name_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="name must not be empty"):
         _named("")

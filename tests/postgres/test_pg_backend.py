@@ -49,6 +49,32 @@ async def _running(backend: PostgresBackend, lease: timedelta = LEASE) -> tuple[
 # -- transactions of the caller's -------------------------------------------------------------
 
 
+async def test_a_connection_of_another_kind_is_refused_naming_what_to_pass(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    # It failed deep in the statement: AttributeError: 'Connection' has no 'fetchrow'.
+    import psycopg
+
+    args = EnqueueArgs(actor="a")
+    with psycopg.connect(pg_pooled_schema.dsn) as foreign:
+        for conn in (foreign, "postgresql://elsewhere"):
+            with pytest.raises(TypeError, match=r"asyncpg connection.*SyncJobsClient\(conn"):
+                await backend.enqueue_with_conn(conn, args)
+            with pytest.raises(TypeError, match="must be an asyncpg connection"):
+                await backend.enqueue_batch([args], connection=conn)
+            with pytest.raises(TypeError, match="must be an asyncpg connection"):
+                await backend.enqueue_batch_fast([args], connection=conn)
+            with pytest.raises(TypeError, match="must be an asyncpg connection"):
+                await backend.count_batch_non_terminal(uuid4(), connection=conn)
+    pool = await asyncpg.create_pool(pg_pooled_schema.dsn, min_size=1, max_size=1)
+    try:
+        async with pool.acquire() as pooled:  # an asyncpg pool's proxy is one
+            await backend.enqueue_with_conn(pooled, args)
+    finally:
+        await pool.close()
+    assert await backend.get(args.id) is not None
+
+
 @pytest.mark.parametrize("commit", [True, False], ids=["commit", "rollback"])
 async def test_enqueue_with_conn_lives_and_wakes_with_the_callers_transaction(
     backend: PostgresBackend, commit: bool

@@ -294,6 +294,11 @@ def actor(
             pass
 
     def decorate(func: Callable[P, R]) -> Actor[P, R]:
+        if not callable(func):
+            raise ConfigurationError(
+                f"@actor decorates a function, not {func!r}: its options are keywords, "
+                f"as in @actor(name={func!r}) or @actor(queue=...)"
+            )
         options = ActorOptions(
             name=name or func.__qualname__,
             queue=queue,

@@ -261,6 +261,18 @@ def _privileges_explained(cls: type[PostgresBackend]) -> type[PostgresBackend]:
     return cls
 
 
+def _callers(conn: Any) -> Any:
+    """A caller's connection, checked: an asyncpg one (or one from an asyncpg pool). Any
+    other failed deep in a statement with a driver's AttributeError."""
+    if not isinstance(conn, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
+        raise TypeError(
+            f"connection must be an asyncpg connection (asyncpg.Connection, or one acquired "
+            f"from an asyncpg pool), not {type(conn).__module__}.{type(conn).__qualname__}: "
+            f"for psycopg's, use taskq_postgres.SyncJobsClient(conn, actors=...)"
+        )
+    return conn
+
+
 @asynccontextmanager
 async def _unset_event() -> AsyncIterator[asyncio.Event]:
     """A subscription nothing notifies (poll-only): the subscriber's timeout polls."""
@@ -633,14 +645,14 @@ class PostgresBackend:
     def _db(self, conn: Connection = None) -> Any:
         """The caller's connection when given, else the pool (which acquires per call,
         each call bounded by ``command_timeout``)."""
-        return conn if conn is not None else self._require_bounded()
+        return _callers(conn) if conn is not None else self._require_bounded()
 
     @asynccontextmanager
     async def _transaction(self, conn: Connection = None) -> AsyncIterator[Any]:
         """A transaction on the caller's connection (a savepoint if it is in one), else
         on a pooled connection."""
         if conn is not None:
-            async with conn.transaction():
+            async with _callers(conn).transaction():
                 yield conn
             return
         # Stated, not the server's default: the singleton check needs a fresh snapshot
@@ -682,6 +694,7 @@ class PostgresBackend:
         if self.poll_only:
             return nullcontext(None)
         if conn is not None:
+            _callers(conn)
             return nullcontext(self._wake_channel)  # commits with the caller: notify in it
         return self._wakes.around(self._wake_channel)
 

@@ -167,3 +167,36 @@ def test_a_scheme_claimed_twice_names_the_entry_points_to_disable(
         PluginError, match="TASKQ_DISABLE_PLUGINS=first or TASKQ_DISABLE_PLUGINS=second"
     ):
         taskq.open_backend("good://")
+
+
+def test_a_factory_gets_the_worker_settings_it_names_or_all_with_options(
+    add_plugin: AddPlugin,
+) -> None:
+    # A worker passes command_timeout (and TASKQ_POLL_ONLY, pool sizes, the schema) to
+    # every backend: a third party's factory that did not name them failed to build.
+    from datetime import timedelta
+
+    from taskq.settings import WorkerSettings
+
+    seen: dict[str, dict[str, object]] = {}
+
+    def named(url: str, *, poll_only: bool = False, flavour: str = "plain") -> InMemoryBackend:
+        seen["named"] = {"poll_only": poll_only, "flavour": flavour}
+        return InMemoryBackend()
+
+    def catch_all(url: str, **options: object) -> InMemoryBackend:
+        seen["catch_all"] = options
+        return InMemoryBackend()
+
+    add_plugin("picky", taskq_backends=lambda: {"named": named, "catchall": catch_all})
+    tuning = {**WorkerSettings.load({}).backend_options(), "poll_only": True}
+    assert "command_timeout" in tuning
+    assert isinstance(
+        taskq.open_backend("named://", schema="s", flavour="mint", **tuning), InMemoryBackend
+    )
+    taskq.open_backend("catchall://", schema="s", **tuning)
+    assert seen["named"] == {"poll_only": True, "flavour": "mint"}
+    assert seen["catch_all"] == {"schema": "s", **tuning}
+    assert tuning["command_timeout"] == timedelta(seconds=5)
+    with pytest.raises(PluginError, match="flavor"):  # not a setting: still its error
+        taskq.open_backend("named://", flavor="mint")

@@ -53,9 +53,13 @@ THIRD_PARTY = """
             self.options = options
 
 
+    def strict(url: str) -> ThirdPartyBackend:  # names no option
+        return ThirdPartyBackend(url)
+
+
     @hookimpl
     def taskq_backends():
-        return {"thirdparty": ThirdPartyBackend}
+        return {"thirdparty": ThirdPartyBackend, "strict": strict}
 """
 
 BROKEN = """
@@ -100,7 +104,7 @@ print(json.dumps({
 
     listing = run_in(venv, "taskq", "plugins")
     assert listing.returncode == 1  # a failed plugin makes `taskq plugins` exit non-zero
-    assert "thirdparty" in listing.stdout and "schemes: thirdparty" in listing.stdout
+    assert "thirdparty" in listing.stdout and "schemes: strict, thirdparty" in listing.stdout
     assert "FAILED broken (taskq-broken)" in listing.stdout
     # Logged in one line on each command, not with a traceback of 25 frames.
     [logged] = [line for line in listing.stderr.splitlines() if "plugin-load-failed" in line]
@@ -113,3 +117,19 @@ print(json.dumps({
 
     version = run_in(venv, "taskq", "--version")
     assert "taskq-thirdparty 1.2.3" in version.stdout.splitlines()
+
+    # A worker on a factory that names no option: a worker offers every backend its
+    # settings (command_timeout, ...), and such a factory failed on them.
+    (tmp_path / "plugapp.py").write_text(
+        "from taskq import TaskQ, actor\n\n"
+        "@actor(name='noop')\nasync def noop(payload: dict) -> None: ...\n\n"
+        "tq = TaskQ('strict://x', actors=[noop])\n"
+    )
+    worker = run_in(
+        venv,
+        "taskq-worker",
+        "plugapp:tq",
+        "--until-idle",
+        env={"PYTHONPATH": str(tmp_path), "TASKQ_DISABLE_PLUGINS": "broken"},
+    )
+    assert worker.returncode == 0, worker.stderr

@@ -502,3 +502,13 @@ def test_every_exported_name_is_what_it_names_whatever_was_imported_first() -> N
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.split("\n")[:2] == ["True True", "[]"]
+
+
+def test_a_bad_schema_is_the_users_error_not_the_plugins() -> None:
+    # It was a PluginError ending "if they are right, report it to taskq-postgres".
+    import taskq
+    from taskq.errors import InvalidIdentifierError
+
+    with pytest.raises(InvalidIdentifierError, match="invalid SQL identifier") as caught:
+        taskq.open_backend("postgresql://localhost/app", schema="bad-schema!")
+    assert isinstance(caught.value, ValueError) and "report it" not in str(caught.value)

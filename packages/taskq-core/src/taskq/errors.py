@@ -40,6 +40,7 @@ __all__ = [
     "EnqueueError",
     "EnqueueOptionsError",
     "IncompatiblePluginError",
+    "InvalidIdentifierError",
     "InvalidTransition",
     "JobFailedError",
     "LeaseLost",
@@ -107,6 +108,11 @@ class UnknownBackendError(ConfigurationError, ValueError):
     The message lists the installed schemes and the distribution that adds
     the missing one. Also a ``ValueError`` for callers that validate URLs.
     """
+
+
+class InvalidIdentifierError(ConfigurationError, ValueError):
+    """A schema or other SQL identifier TaskQ cannot use; the message says why and what
+    to use instead. Also a ``ValueError``."""
 
 
 # ------------------------------------------------------------ plugins

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from taskq.errors import InvalidIdentifierError
+
 __all__ = [
     "MAX_IDENTIFIER_BYTES",
     "MAX_SCHEMA_NAME_BYTES",
@@ -201,19 +203,20 @@ MAX_SCHEMA_NAME_BYTES: Final = MAX_IDENTIFIER_BYTES - _LONGEST_DERIVED_PREFIX
 
 
 def check_identifier(name: str) -> str:
-    """Return ``name`` if it is a safe plain identifier, else raise ``ValueError``."""
+    """Return ``name`` if it is a safe plain identifier, else raise
+    :class:`~taskq.errors.InvalidIdentifierError` (a ``ValueError``)."""
     if not isinstance(name, str) or _IDENT_RE.fullmatch(name) is None:
-        raise ValueError(
+        raise InvalidIdentifierError(
             f"invalid SQL identifier {name!r}: use ASCII letters, digits and underscores, "
             f"not starting with a digit"
         )
     if len(name.encode()) > MAX_IDENTIFIER_BYTES:
-        raise ValueError(
+        raise InvalidIdentifierError(
             f"invalid SQL identifier {name!r}: longer than Postgres's "
             f"{MAX_IDENTIFIER_BYTES}-byte limit"
         )
     if name.lower() in _RESERVED:
-        raise ValueError(
+        raise InvalidIdentifierError(
             f"invalid SQL identifier {name!r}: a reserved SQL key word; choose another name"
         )
     return name
@@ -221,7 +224,7 @@ def check_identifier(name: str) -> str:
 
 def validate_schema_name(schema: str) -> str:
     """Validate a TaskQ schema name; return it as Postgres folds it (lowercase) or raise
-    ``ValueError``.
+    :class:`~taskq.errors.InvalidIdentifierError` (a ``ValueError``).
 
     Beyond :func:`check_identifier`, the name must not be one Postgres keeps for its
     catalogs (``pg_*``, ``information_schema``), and must leave room for the
@@ -231,17 +234,17 @@ def validate_schema_name(schema: str) -> str:
     """
     check_identifier(schema)
     if schema.lower().startswith("pg_"):
-        raise ValueError(
+        raise InvalidIdentifierError(
             f"schema name {schema!r} starts with pg_, which Postgres reserves for its own schemas"
         )
     if schema.lower() == "information_schema":
-        raise ValueError(
+        raise InvalidIdentifierError(
             f"schema name {schema!r} is the SQL standard's catalog schema: pg_dump leaves "
             f"it out of every backup, so TaskQ's tables and jobs there would be lost "
             f"on a restore; choose another name"
         )
     if len(schema.encode()) > MAX_SCHEMA_NAME_BYTES:
-        raise ValueError(
+        raise InvalidIdentifierError(
             f"schema name {schema!r} is too long: at most {MAX_SCHEMA_NAME_BYTES} bytes, so "
             f"that derived NOTIFY channel names fit Postgres's {MAX_IDENTIFIER_BYTES}-byte limit"
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import inspect
 import os
 import re
 import reprlib
@@ -519,7 +520,7 @@ def open_backend(url: str, **options: Any) -> Backend:
         raise UnknownBackendError(_unknown_scheme_message(url, scheme, list(factories)))
     factory, dist = factories[scheme]
     try:
-        backend = factory(url, **options)
+        backend = factory(url, **_accepted(factory, options))
     except TaskQError:
         raise  # says what to do already (a DSN check's ConfigurationError)
     except Exception as exc:
@@ -543,6 +544,25 @@ def open_backend(url: str, **options: Any) -> Backend:
             f"implement the Backend protocol; missing: {', '.join(missing)}"
         )
     return backend
+
+
+def _accepted(factory: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The options to pass ``factory``. A worker's and an application's backend settings
+    (``schema`` and :data:`~taskq.settings.BACKEND_TUNABLES`: ``command_timeout``,
+    ``poll_only``, ...) reach every backend; a factory that names its keywords, with no
+    ``**options``, gets only those of them it names. Any other option goes through: a
+    misspelt one stays the factory's error."""
+    from taskq.settings import BACKEND_TUNABLES
+
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return options
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return options
+    named = {p.name for p in parameters}
+    settings = {"schema", *BACKEND_TUNABLES.values()}
+    return {name: value for name, value in options.items() if name in named or name not in settings}
 
 
 def _not_a_backend(obj: object) -> bool:

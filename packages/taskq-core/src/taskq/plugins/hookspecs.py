@@ -54,6 +54,16 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 BackendFactory = Callable[..., "Backend"]
 """Builds a backend from ``(url, **options)``.
 
+Besides the options a caller gives ``open_backend``, a factory is offered the
+application's ``schema`` and the worker settings that tune a backend
+(:data:`~taskq.settings.BACKEND_TUNABLES`: ``command_timeout``,
+``dispatch_oversample``, ``reclaim_event_visibility_delay``,
+``cancel_reclaim_headroom``, ``wake_coalesce_window``, ``poll_only``,
+``min_pool_size``, ``max_pool_size``), as a worker passes them. A factory
+that names its keyword parameters gets only those of these it names; one that
+takes ``**options`` gets them all and should ignore those that do not apply to
+it (as ``InMemoryBackend.from_url`` does).
+
 It must not do I/O: connecting happens when the backend is opened
 (``await backend.open()`` / ``async with TaskQ(...)``), so a factory can be
 called to validate a URL without reaching the server.

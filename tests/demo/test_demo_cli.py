@@ -57,6 +57,7 @@ def test_demo_on_memory_prints_a_summary_table(tmp_path: Path) -> None:
     for label in ("wall time", "throughput", "run time", "enqueue -> start"):
         assert any(line.strip().startswith(label) for line in result.stdout.splitlines()), label
     assert "embedded" not in result.stderr
+    assert "warning" not in result.stderr  # its stop's graces fit its grace period
     assert "the jobs stay" not in result.stdout  # gone with the process
     assert not (tmp_path / ".taskq").exists()
 

@@ -74,7 +74,12 @@ def test_bad_app_spec_is_a_clear_error() -> None:
     assert "cannot import 'tests.apps.nosuch'" in proc.stderr
     proc = worker("tests.apps.basic:nope")
     assert proc.returncode == 1
-    assert "not a TaskQ" in proc.stderr
+    # It said "tests.apps.basic:nope is missing, not a TaskQ".
+    assert "'tests.apps.basic' has no attribute 'nope'; its TaskQ objects: " in proc.stderr
+    assert "tests.apps.basic:tq" in proc.stderr
+    proc = worker("tests.apps.basic:nap")
+    assert proc.returncode == 1
+    assert "tests.apps.basic:nap is of type Actor, not TaskQ" in proc.stderr
 
 
 def test_flags_beat_env_which_beats_defaults() -> None:

@@ -131,6 +131,8 @@ class Actor(Generic[P, R]):
 
     @property
     def name(self) -> str:
+        """The actor's name, as jobs store it (``@actor(name=...)``, else the function's
+        qualified name)."""
         return self.options.name
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:

@@ -53,6 +53,11 @@ _WORKER_SETTINGS: Final[dict[str, Any]] = {
     "poll_interval": "200ms",
     "maintenance_interval": "100ms",
     "termination_grace_period": "10s",
+    # Fit within it (with the end's reserve), as the defaults (10 + 30 + 10 s) do not:
+    # the demo's jobs are short, and a stop should not warn on every run.
+    "drain_grace_period": "4s",
+    "cancellation_grace_period": "2s",
+    "cleanup_grace_period": "1s",
 }
 
 

@@ -41,9 +41,18 @@ def load_app(spec: str) -> TaskQ:
         raise ConfigurationError(f"cannot import {module_name!r} for APP {spec!r}: {exc}") from exc
     app = getattr(module, attribute, None)
     if not isinstance(app, TaskQ):
-        raise ConfigurationError(
-            f"{spec} is {type(app).__name__ if app is not None else 'missing'}, not a TaskQ"
+        found = sorted(name for name, value in vars(module).items() if isinstance(value, TaskQ))
+        said = (
+            f"{module_name!r} has no attribute {attribute!r}"
+            if not hasattr(module, attribute)
+            else f"{spec} is of type {type(app).__name__}, not TaskQ"
         )
+        hint = (
+            f"; its TaskQ objects: {', '.join(f'{module_name}:{name}' for name in found)}"
+            if found
+            else f"; {module_name!r} defines no TaskQ object"
+        )
+        raise ConfigurationError(said + hint)
     return app
 
 

@@ -21,6 +21,7 @@ import structlog
 
 from taskq.backend import Backend
 from taskq.models import EventRow
+from taskq.worker._transient import transient_errors
 
 __all__ = ["watch_reclaims"]
 
@@ -28,6 +29,10 @@ _log = structlog.get_logger("taskq.reclaims")
 
 _CATCH_UP_STEP = 0.25
 """Seconds between the polls that follow a wake which found nothing yet."""
+
+_FIRST_PAUSE = 0.1
+"""Seconds before the first retry of a poll that failed transiently (doubling, up to
+the poll interval)."""
 
 
 def watch_reclaims(
@@ -43,7 +48,9 @@ def watch_reclaims(
 
     Delivery is at least once: persist the cursor (``event.event_id``) after
     processing, and dedupe on it. Bad arguments raise here, at the call, not at
-    the first iteration (``ValueError``, ``TypeError``).
+    the first iteration (``ValueError``, ``TypeError``). A poll that fails
+    transiently (the database restarting) is retried, logged
+    ``taskq.watch-reclaims-retry``; any other error ends the iteration.
     """
     # A zero interval polled the database in a tight loop; a float failed only once
     # the feed went idle.
@@ -88,15 +95,26 @@ async def _watch(
     loop = asyncio.get_running_loop()
     next_risk_check = loop.time()
     catch_up_until = 0.0
+    transient = transient_errors()
+    pause = _FIRST_PAUSE
     async with backend.subscribe_wake() as wake:
         while True:
             if loop.time() >= next_risk_check:
                 next_risk_check = loop.time() + risk_check_interval.total_seconds()
                 await _check_risk(backend, delay)
             wake.clear()
-            events = await backend.poll_reclaim_events(
-                cursor, batch_size, visibility_delay=visibility_delay
-            )
+            try:
+                events = await backend.poll_reclaim_events(
+                    cursor, batch_size, visibility_delay=visibility_delay
+                )
+            except transient as exc:
+                # A feed runs for ever: a database blip (a restart, a failover) must not
+                # end the reader's loop. The cursor is unchanged, so nothing is skipped.
+                _log.warning("taskq.watch-reclaims-retry", error=repr(exc), retry_in=pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, poll_interval.total_seconds())
+                continue
+            pause = _FIRST_PAUSE
             for event in events:
                 cursor = max(cursor, event.event_id)
                 yield event
@@ -121,8 +139,15 @@ def _backend_delay(backend: Backend) -> timedelta:
 
 
 async def _check_risk(backend: Backend, delay: timedelta) -> None:
+    """The once-a-minute diagnostic; a failing one (a role that may not read the server's
+    activity, a blip) is said, and the feed goes on."""
     check = getattr(backend, "check_reclaim_visibility_delay_risk", None)
     if check is None:
         return
-    for writer in await check(delay):
+    try:
+        writers = await check(delay)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: it must not end the feed
+        _log.warning("taskq.watch-reclaims-risk-check-failed", error=repr(exc))
+        return
+    for writer in writers:
         _log.warning("taskq.watch-reclaims-visibility-delay-at-risk", writer=repr(writer))

@@ -6,6 +6,7 @@ actor's default), and a filter is never half used."""
 from __future__ import annotations
 
 import asyncio
+import json
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -282,6 +283,63 @@ async def test_a_value_past_the_jsonb_limit_is_refused_on_every_backend(
     row = await tq.client.get(small.id)
     assert row is not None and row.status is JobStatus.FAILED
     assert row.error is not None and "cannot be stored" in row.error.message
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+@actor(name="options.deep_result")
+async def deep_result(payload: dict[str, Any]) -> Any:
+    return _nested(230)
+
+
+async def test_json_nested_deeper_than_the_reader_takes_is_refused_before_it_is_stored(
+    taskq_backend: Backend,
+) -> None:
+    # Stored, it could never be read back: its enqueue raised after the commit (a retry
+    # made a duplicate), every dispatch that took it failed with its co-dispatched jobs
+    # until the worker exited, and a schedule holding it stopped cron for the fleet.
+    from taskq.models import ScheduleCreateArgs
+    from taskq_testing import run_until_idle
+
+    tq = TaskQ("memory://", actors=[echo, deep_result], backend=taskq_backend)
+    too_deep = {"tree": _nested(230)}
+    message = "nested more than 200 levels deep"
+    with pytest.raises(ValueError, match=message):
+        await tq.client.enqueue(echo, too_deep)
+    with pytest.raises(ValueError, match=message):
+        await tq.client.enqueue_batch([(echo, too_deep)])
+    with pytest.raises(ValueError, match=message):
+        await tq.client.enqueue_batch_fast([(echo, too_deep)])
+    with pytest.raises(ValueError, match=message):
+        await tq.client.enqueue(echo, {}, metadata={"tree": _nested(230)})
+    with pytest.raises(ValueError, match=message):
+        await tq.client.create_schedule(
+            ScheduleCreateArgs(name="deep", actor=echo.name, cron="* * * * *", payload=too_deep)
+        )
+    assert await tq.client.list_jobs() == [] and await tq.client.list_schedules() == []
+    deep_enough = {"tree": _nested(198)}
+    stored = await tq.client.enqueue(echo, deep_enough)
+    failing = await tq.client.enqueue(deep_result, {})
+    await run_until_idle(tq)
+    assert (await tq.client.get(stored.id)).result == deep_enough  # type: ignore[union-attr]
+    row = await tq.client.get(failing.id)
+    assert row is not None and row.status is JobStatus.FAILED
+    assert row.error is not None and message in row.error.message
+
+
+def test_stored_json_deeper_than_the_fast_reader_takes_is_still_read() -> None:
+    # Stored before the limit: its rows must stay readable (jobs list, show, dispatch).
+    from taskq.backend.storable import load_json
+
+    deep: Any = 0
+    for _ in range(240):
+        deep = [deep]
+    assert load_json(json.dumps(deep)) == deep
 
 
 @actor(name="options.capped", max_pending=1)

@@ -391,3 +391,33 @@ async def test_a_listen_waits_for_a_health_check_in_flight(pg_pooled_schema: PgS
         finally:
             proxy.restore()
             await listener.close()
+
+
+async def test_a_hostile_notify_on_the_events_channel_is_ignored(
+    backend: PostgresBackend,
+) -> None:
+    # Any role that may connect may NOTIFY: '[' * 8000 raised RecursionError in the
+    # listener's callback (a traceback each time); a real cancel still gets through.
+    import structlog.testing
+
+    from taskq_postgres.channels import events_channel
+
+    channel = events_channel(backend.schema)
+    sender = await asyncpg.connect(backend.dsn)
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        async with backend.subscribe_cancel_wake() as cancelled:
+            await asyncio.sleep(0.1)
+            cancelled.clear()
+            with structlog.testing.capture_logs():
+                await sender.execute("SELECT pg_notify($1, $2)", channel, "[" * 7990)
+                await asyncio.sleep(0.3)
+            assert errors == [] and not cancelled.is_set()
+            await sender.execute("SELECT pg_notify($1, $2)", channel, '{"type": "cancel"}')
+            async with asyncio.timeout(5):
+                await cancelled.wait()
+    finally:
+        loop.set_exception_handler(None)
+        await sender.close()

@@ -264,8 +264,10 @@ class NotifyListener:
     def _on_event(self, conn: object, pid: int, channel: str, payload: object) -> None:
         try:
             message = json.loads(str(payload))
-        except ValueError:
-            return  # not ours to interpret; the events channel may carry other producers
+        except (ValueError, RecursionError):
+            # Not ours to interpret: any role that may connect may NOTIFY here (a
+            # '[' * 8000 payload raised RecursionError in the driver's callback).
+            return
         if isinstance(message, dict) and message.get("type") == "cancel":
             _set_all(self._cancel)
 

@@ -45,6 +45,14 @@ _MAX_INT_DIGITS: Final = 4300
 """The longest integer the JSON reader takes back (as Python's ``int`` from text)."""
 _LONG_DIGIT_RUN: Final = re.compile(f"[0-9]{{{_MAX_INT_DIGITS + 1}}}")
 
+_MAX_DEPTH: Final = 200
+"""The deepest nesting of arrays and objects the JSON reader takes back."""
+
+_TOO_DEEP: Final = (
+    f"a JSON value nested more than {_MAX_DEPTH} levels deep (arrays and objects within "
+    f"each other) cannot be read back: flatten it, or send that part as a string"
+)
+
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 _V = TypeVar("_V")
@@ -71,8 +79,8 @@ def dump_json(value: Any) -> str:
     """``value`` as the JSON text a backend stores (``\\u0000`` escapes replaced);
     ``ValueError`` for a NaN or infinite number, which JSON cannot hold, for text with a
     lone surrogate, which no store can hold, for an integer of more than 4,300
-    digits, which could be stored but never read back, and for a value of more than
-    :data:`MAX_JSON_BYTES`.
+    digits or arrays and objects nested more than 200 deep, which could be stored but
+    never read back, and for a value of more than :data:`MAX_JSON_BYTES`.
 
     pydantic-core's serializer: compact, UTF-8 as is, and about ten times faster than
     ``json.dumps`` on a small object (it runs for every payload a COPY enqueues).
@@ -80,6 +88,8 @@ def dump_json(value: Any) -> str:
     try:
         raw = to_json(value)
     except PydanticSerializationError as exc:
+        if "Maximum serialization depth" in str(exc):
+            raise ValueError(_TOO_DEEP) from None
         if "surrogates not allowed" not in str(exc):
             raise
         raise ValueError(
@@ -102,6 +112,11 @@ def dump_json(value: Any) -> str:
     if len(text) > _MAX_INT_DIGITS and _LONG_DIGIT_RUN.search(text):
         # Maybe only inside a string: the reader tells a number apart.
         _refuse_unreadable(text)
+    if text.count("[") + text.count("{") > _MAX_DEPTH:
+        # Maybe not nested that deep (or only brackets in strings): the reader tells.
+        # Stored, a deeper value could not be read back: its job poisoned every
+        # dispatch that took it, its schedule every cron tick.
+        _refuse_too_deep(text)
     if "\\u0000" not in text:
         return text
     return _JSON_NUL.sub(r"\1\\ufffd", text)
@@ -124,6 +139,15 @@ def _refuse_unreadable(text: str) -> None:
         ) from None
 
 
+def _refuse_too_deep(text: str) -> None:
+    try:
+        from_json(text)
+    except ValueError as exc:
+        if "recursion limit" not in str(exc):
+            raise
+        raise ValueError(_TOO_DEEP) from None
+
+
 def load_json(text: str | None) -> Any:
     """Stored JSON text read back; None (SQL NULL) stays None. Numbers come back as
     Postgres's ``jsonb`` keeps them (it stores decimals, written without an exponent):
@@ -131,7 +155,13 @@ def load_json(text: str | None) -> Any:
     read the same from every backend and from the row its enqueue returned."""
     if text is None:
         return None
-    value = from_json(text)
+    try:
+        value = from_json(text)
+    except ValueError as exc:
+        if "recursion limit" not in str(exc):
+            raise
+        # Stored before dump_json refused it (deeper than _MAX_DEPTH): still readable.
+        value = json.loads(text)
     if "e+" in text or "-0.0" in text:  # maybe only inside strings: the walk tells
         return _as_jsonb_numbers(value)
     return value

@@ -143,3 +143,17 @@ def test_unknown_and_malformed_ids(cli: Cli, action: str) -> None:
     )
     malformed = error_line(cli.taskq("jobs", action, "12345"))
     assert "'12345' is not a job id" in malformed
+
+
+def test_text_output_escapes_what_a_terminal_would_act_on(cli: Cli) -> None:
+    # A queue name or a cancel reason is anyone's text: printed raw, '\x1b]0;...\x07'
+    # retitled the operator's terminal and '\x1b[2J' cleared it.
+    [row] = cli.seed(("nap", {}, {"queue": "q\x1b[31mred"}))
+    cli.ok("jobs", "cancel", str(row.id), "--reason", "\x1b]0;PWNED\x07\x1b[2J\u202egnp.exe")
+    listed = cli.ok("jobs", "list", "--queue", "q\x1b[31mred")
+    shown = cli.ok("jobs", "show", str(row.id))
+    for out in (listed, shown):
+        assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert "q\\x1b[31mred" in listed
+    assert "\\x1b]0;PWNED\\x07\\x1b[2J\\u202egnp.exe" in shown
+    assert cli.json("jobs", "show", str(row.id))["job"]["cancel_reason"].startswith("\x1b]0;")

@@ -7,6 +7,7 @@ is for scripts and carries every field in full.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,6 +15,21 @@ from typing import Any
 __all__ = ["compact", "format_duration", "format_time", "print_json", "table"]
 
 _ELLIPSIS = "..."  # ASCII: a terminal with a non-UTF-8 encoding must not break the output
+
+# C0 and C1 controls, DEL, and the bidirectional overrides: stored text (a queue name, a
+# cancel reason) is anyone's, and printed raw it could retitle or clear the operator's
+# terminal, or show one text as another.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def _printable(text: str) -> str:
+    """``text`` with the characters a terminal would act on written as escapes."""
+    return _UNPRINTABLE.sub(_escaped, text) if not text.isprintable() else text
 
 
 def print_json(value: Any) -> None:
@@ -48,11 +64,12 @@ def format_duration(value: timedelta | None) -> str:
 
 def compact(value: Any, limit: int | None = None) -> str:
     """``value`` on one line: text (strings, ids, enum values) as is with its whitespace
-    collapsed, anything else as JSON; cut to ``limit`` characters when given."""
+    collapsed and its control characters escaped, anything else as JSON; cut to
+    ``limit`` characters when given."""
     from pydantic_core import to_jsonable_python
 
     plain = to_jsonable_python(value)
-    text = " ".join(plain.split()) if isinstance(plain, str) else json.dumps(plain)
+    text = _printable(" ".join(plain.split())) if isinstance(plain, str) else json.dumps(plain)
     return _cut(text, limit)
 
 
@@ -65,7 +82,7 @@ def _cut(text: str, limit: int | None) -> str:
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], max_width: int = 40) -> str:
     """``rows`` under ``headers`` in left-aligned columns two spaces apart; a cell longer
     than ``max_width`` is cut short. Trailing blanks are stripped from every line."""
-    cells = [[_cut(" ".join(c.split()), max_width) for c in row] for row in rows]
+    cells = [[_cut(_printable(" ".join(c.split())), max_width) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]

@@ -7,7 +7,9 @@ that has not yet noticed it was deposed moves nothing twice.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from itertools import islice
+from typing import TYPE_CHECKING, Final
 
 import structlog
 
@@ -89,9 +91,25 @@ async def stale_batches_once(backend: SupportsStaleBatchSweep) -> dict[str, int]
     return {"stale_batches_completed": await backend.complete_stale_batches()}
 
 
+_MOST_LOGGED: Final = 50
+"""The queues (and actors) a fleet-stats record names at most, the busiest first: one
+per queue, 20,000 queues made each record 6 MB."""
+
+
+def _busiest(counts: Mapping[str, int]) -> list[str]:
+    return sorted(counts, key=lambda name: (-counts[name], name))[:_MOST_LOGGED]
+
+
 async def queue_depth_once(backend: SupportsFleetStats) -> dict[str, int]:
-    """Log one ``taskq.queue-depth`` record: pending/scheduled/running per queue."""
-    _log.info("taskq.queue-depth", queues=await backend.queue_depths())
+    """Log one ``taskq.queue-depth`` record: pending/scheduled/running per queue, for the
+    50 busiest queues (``queues_not_shown`` counts the others)."""
+    depths = await backend.queue_depths()
+    shown = _busiest({queue: sum(states.values()) for queue, states in depths.items()})
+    _log.info(
+        "taskq.queue-depth",
+        queues={queue: depths[queue] for queue in shown},
+        queues_not_shown=len(depths) - len(shown),
+    )
     # A sample moves nothing: the record above is the loop's whole output.
     return {}
 
@@ -102,13 +120,17 @@ async def stranded_jobs_once(backend: SupportsFleetStats) -> dict[str, int]:
     deployed), or on a queue none of the workers running their actor works (a misspelt
     or undeployed ``queue=``). They wait until such a worker starts, or until someone
     cancels them (to enqueue them again where they run). ``actors``: actor -> queue ->
-    waiting jobs; ``queues``: the queues they wait on."""
+    waiting jobs, for the 50 actors with the most (and 50 queues each); ``queues``:
+    the queues named; ``jobs``: all of them."""
     stranded = await backend.stranded_jobs()
     if stranded:
+        shown = _busiest({actor: sum(queues.values()) for actor, queues in stranded.items()})
+        named = {actor: dict(islice(stranded[actor].items(), _MOST_LOGGED)) for actor in shown}
         _log.warning(
             "taskq.stranded-jobs",
-            actors=stranded,
-            queues=sorted({queue for queues in stranded.values() for queue in queues}),
+            actors=named,
+            actors_not_shown=len(stranded) - len(shown),
+            queues=sorted({queue for queues in named.values() for queue in queues}),
             jobs=sum(jobs for queues in stranded.values() for jobs in queues.values()),
             hint="no live worker both runs these actors and works these queues: deploy a "
             "worker working the queue (TASKQ_QUEUES, --queues) whose application defines "

@@ -84,3 +84,29 @@ def test_stop_ends_the_server_and_keeps_its_data(project: Path) -> None:
     assert restarted.returncode == 0, restarted.stderr
     assert "started an embedded PostgreSQL" in restarted.stderr
     assert restarted.stdout.strip() == "schema taskq is up to date"
+
+
+def test_a_postmaster_pid_naming_another_process_is_refused_not_signalled(
+    tmp_path: Path,
+) -> None:
+    # `taskq embedded stop` sent SIGINT to whatever pid the file named (a stale file whose
+    # pid was reused, or a planted one), and the commands connected where it said.
+    import signal
+
+    from taskq_postgres._embedded import EmbeddedServerError, data_dir, find_running, stop
+
+    pgdata = data_dir(tmp_path)
+    pgdata.mkdir(parents=True)
+    (pgdata / "PG_VERSION").write_text("15\n")
+    (pgdata / "postmaster.pid").write_text(
+        f"{os.getpid()}\n{pgdata}\n1700000000\n5432\n/tmp\n127.0.0.1\n  1  2\nready   \n"
+    )
+    interrupted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    try:
+        for call in (find_running, stop):
+            with pytest.raises(EmbeddedServerError, match="not a PostgreSQL server on this dir"):
+                call(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert interrupted == []

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from taskq.errors import TaskQError
 
@@ -88,7 +88,13 @@ def _quiet_runtime_dir() -> Iterator[None]:
 
 
 def find_running(base: Path | None = None) -> EmbeddedServer | None:
-    """The server running on ``data_dir(base)``, or None when none is."""
+    """The server running on ``data_dir(base)``, or None when none is.
+
+    ``EmbeddedServerError`` when its ``postmaster.pid`` names a live process that is
+    not this directory's PostgreSQL, or a socket outside it: a stale file whose pid was
+    reused, or one planted there. Trusted, it had ``taskq embedded stop`` signal that
+    process, and the commands connect wherever the file said.
+    """
     pgdata = data_dir(base)
     with _quiet_runtime_dir():
         from pgserver.utils import PostmasterInfo
@@ -96,7 +102,29 @@ def find_running(base: Path | None = None) -> EmbeddedServer | None:
         info = PostmasterInfo.read_from_pgdata(pgdata)
     if info is None or not info.is_running():
         return None
+    problem = _not_ours(info, pgdata)
+    if problem is not None:
+        raise EmbeddedServerError(
+            f"{SHOWN_DIR}pgdata/postmaster.pid names pid {info.pid}, {problem}: the file is "
+            f"stale or was not written by its server. Check that process, then delete "
+            f"the file and run the command again"
+        )
     return EmbeddedServer(pid=info.pid, dsn=info.get_uri())
+
+
+def _not_ours(info: Any, pgdata: Path) -> str | None:
+    """Why ``info``'s process is not the PostgreSQL serving ``pgdata``, or None."""
+    try:
+        argv = [str(arg) for arg in info.process.cmdline()]
+    except Exception as exc:  # noqa: BLE001 - psutil's own errors (gone, not allowed)
+        return f"whose command line cannot be read ({type(exc).__name__})"
+    here = pgdata.resolve()
+    served = [Path(argv[i + 1]).resolve() for i, arg in enumerate(argv[:-1]) if arg == "-D"]
+    if not argv or not Path(argv[0]).name.startswith("postgres") or here not in served:
+        return f"which is not a PostgreSQL server on this directory ({' '.join(argv)[:120]!r})"
+    if info.socket_dir is None or Path(info.socket_dir).resolve() != here:
+        return f"with its socket outside this directory ({info.socket_dir})"
+    return None
 
 
 def default_dsn(base: Path | None = None) -> str | None:
@@ -108,6 +136,7 @@ def default_dsn(base: Path | None = None) -> str | None:
     if not is_available():
         return None
     pgdata = data_dir(base)
+    # Checked before pgserver, which would connect wherever a running pid's file said.
     already_running = find_running(base) is not None
     try:
         # pgserver creates pgdata itself but insists that its parent exists.

@@ -321,3 +321,31 @@ async def test_tasks_is_not_served_unless_enabled() -> None:
             assert answer[0] == status
         finally:
             await server.close()
+
+
+async def test_stalled_connections_past_the_cap_are_closed_and_probes_still_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each stalled connection held a file descriptor for its read timeout, with no
+    # bound on how many: a flood ran the worker out of them (its database's too).
+    from taskq.worker import health
+    from taskq.worker.health import HealthServer
+
+    monkeypatch.setattr(health, "_MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(health, "_EXCHANGE_SECONDS", 0.5)
+    server = HealthServer("127.0.0.1", 0, tasks_enabled=False)
+    await server.start()
+    stalled = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(4)]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        assert await asyncio.wait_for(reader.read(), 2) == b""  # closed unanswered
+        writer.close()
+        # The stalled ones are dropped at the exchange's bound; probes answer again.
+        for stalled_reader, _ in stalled:
+            assert await asyncio.wait_for(stalled_reader.read(), 2) == b""
+        answer = await asyncio.to_thread(_request, server.port, "GET", "/healthz")
+        assert answer[0] == 200
+    finally:
+        for _, stalled_writer in stalled:
+            stalled_writer.close()
+        await server.close()

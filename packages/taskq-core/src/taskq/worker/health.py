@@ -42,6 +42,11 @@ _REASONS = {
     503: "Service Unavailable",
 }
 # Readiness probes can be frequent; one backend round trip per second is plenty.
+_EXCHANGE_SECONDS = 5.0
+"""The longest a connection is served, from its request's first byte to the answer's
+last: a stalled client is dropped."""
+_MAX_CONNECTIONS = 32
+"""Connections answered at once; one more is closed unanswered."""
 _READINESS_CACHE_SECONDS = 1.0
 _READINESS_TIMEOUT_SECONDS = 1.0
 """A probe's answer comes within this, the backend's or not (a 1 s probe timeout is
@@ -97,6 +102,8 @@ class HealthServer:
         self._ready: tuple[bool, str] = (False, "not checked yet")
         self._checking: asyncio.Task[tuple[bool, str]] | None = None
         """The backend check in flight, shared by the probes that come meanwhile."""
+        self._open = 0
+        """Connections being answered."""
 
     @property
     def port(self) -> int:
@@ -178,29 +185,42 @@ class HealthServer:
         return 404, "text/plain", "not found\n"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= _MAX_CONNECTIONS:
+            # Probes are few and quick: a flood of stalled connections would hold a file
+            # descriptor each, until the worker could open no other (its database's).
+            writer.close()
+            return
+        self._open += 1
         try:
-            try:
-                async with asyncio.timeout(5):
-                    request_line = (await reader.readline()).decode("latin-1").split()
-                    while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                        pass  # headers are not needed
-            except ValueError:  # a line past the reader's limit (64 KiB): no traceback
-                method, status, content_type, body = "GET", 431, "text/plain", "line too long\n"
-            else:
-                method, path = (request_line + ["", ""])[:2]
-                status, content_type, body = await self._route(method, path.split("?", 1)[0])
-            payload = body.encode()
-            allow = "Allow: GET, HEAD\r\n" if status == 405 else ""
-            writer.write(
-                f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
-                f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n"
-                f"{allow}Connection: close\r\n\r\n".encode()
-                + (b"" if method == "HEAD" else payload)
-            )
-            await writer.drain()
+            # One bound for the whole exchange: a client that stops reading a large
+            # answer (/tasks) must not hold its connection either.
+            async with asyncio.timeout(_EXCHANGE_SECONDS):
+                await self._answer(reader, writer)
         except (TimeoutError, ConnectionError):
             pass  # a probe that hung up or stalled: nothing to answer
         finally:
+            self._open -= 1
             writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                async with asyncio.timeout(1):
+                    await writer.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request_line = (await reader.readline()).decode("latin-1").split()
+            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                pass  # headers are not needed
+        except ValueError:  # a line past the reader's limit (64 KiB): no traceback
+            method, status, content_type, body = "GET", 431, "text/plain", "line too long\n"
+        else:
+            method, path = (request_line + ["", ""])[:2]
+            status, content_type, body = await self._route(method, path.split("?", 1)[0])
+        payload = body.encode()
+        allow = "Allow: GET, HEAD\r\n" if status == 405 else ""
+        writer.write(
+            f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n"
+            f"{allow}Connection: close\r\n\r\n".encode()
+            + (b"" if method == "HEAD" else payload)
+        )
+        await writer.drain()

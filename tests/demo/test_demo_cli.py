@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from taskq._dsn import NO_DSN_MESSAGE, resolve_dsn
-from taskq.demo import ACTORS, MIN_JOBS, plan, quick
+from taskq.demo import ACTORS, BATCH_CHILDREN, MIN_JOBS, batch_done, plan, quick
 from taskq.errors import ConfigurationError
 from tests.demo._support import taskq, taskq_without_pgserver
 
@@ -80,9 +80,9 @@ def test_demo_refuses_an_invalid_schema_in_one_line(tmp_path: Path) -> None:
 def test_the_mix_holds_every_kind_and_adds_up(jobs: int) -> None:
     items, cancelled = plan(jobs, random.Random(7), tags=["t"])
 
-    fan_out_children = 5
-    assert len(items) + fan_out_children == jobs
-    assert {item.actor for item in items} == {a.name for a in ACTORS}
+    fan_out_children, batch_jobs = 5, BATCH_CHILDREN + 1
+    assert len(items) + fan_out_children + batch_jobs == jobs
+    assert {item.actor for item in items} == {a.name for a in ACTORS} - {batch_done.name}
     assert all(item.options["tags"] == ["t"] for item in items)
     assert any("delay" in item.options for item in items)
     # the jobs to cancel are plain quick jobs, due at once

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
+from taskq.models import JobStatus
 from taskq_testing.postgres import PgSchema
 from tests.demo._support import expected_statuses, taskq
 
@@ -29,11 +32,26 @@ def test_demo_runs_on_the_given_schema_and_reruns_alike(
         assert summary["statuses"] == expected_statuses(JOBS)
         assert summary["unfinished"] == 0
     assert not (tmp_path / ".taskq").exists()
+    # Each run's tracked batch completed, and its finalizer ran after that.
+    assert asyncio.run(_batches(pg_schema)) == [("complete", JobStatus.SUCCEEDED, True)] * 2
     # The table ends saying where the jobs are: not in `taskq jobs list`'s default schema.
     result = taskq(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     last = result.stdout.strip().splitlines()[-1]
     assert last.strip() == f"the jobs stay: taskq jobs list --schema {pg_schema.name} --dsn ..."
+
+
+async def _batches(pg_schema: PgSchema) -> list[tuple[str, JobStatus, bool]]:
+    from taskq import TaskQ
+
+    async with TaskQ(pg_schema.dsn, schema=pg_schema.name) as tq:
+        found = []
+        for final in await tq.client.list_jobs(actor="demo.batch_done"):
+            batch = await tq.backend.get_batch(UUID(final.metadata["batch_finalizer_for"]))
+            assert batch is not None and batch.completed_at is not None
+            after = final.started_at is not None and final.started_at >= batch.completed_at
+            found.append((batch.status, final.status, after))
+    return found
 
 
 @pytest.mark.postgres

@@ -20,18 +20,21 @@ from pydantic import BaseModel, Field
 from taskq.actor import Actor, actor
 from taskq.app import TaskQ
 from taskq.context import Context
-from taskq.models import EnqueueItem
+from taskq.models import EnqueueArgs, EnqueueItem
 from taskq.retry import FixedBackoff
 from taskq.signals import RetryAfter, Snooze
 
 __all__ = [
     "ACTORS",
+    "BATCH_CHILDREN",
     "DEMO_QUEUE",
     "MIN_JOBS",
     "FanOut",
     "Flaky",
     "Steps",
     "Work",
+    "batch_done",
+    "batch_plan",
     "build_app",
     "call_rate_limited_api",
     "doomed",
@@ -129,6 +132,13 @@ async def fan_out(payload: FanOut, ctx: Context) -> int:
     return len(payload.children)
 
 
+@actor(name="demo.batch_done", queue=DEMO_QUEUE)
+async def batch_done(payload: dict[str, Any], ctx: Context) -> str:
+    """A batch's finalizer: runs once the batch ends (all its children finished, or too
+    many failed in a row); its metadata names the batch."""
+    return f"batch {ctx.job.metadata.get('batch_finalizer_for')} finished"
+
+
 @actor(name="demo.report_progress", queue=DEMO_QUEUE)
 async def report_progress(payload: Steps, ctx: Context) -> int:
     """Persists its progress after every step, for operators watching a long job."""
@@ -146,9 +156,12 @@ ACTORS: Final[Sequence[Actor[..., Any]]] = (
     call_rate_limited_api,
     fan_out,
     report_progress,
+    batch_done,
 )
 
 _FAN_OUT_CHILDREN: Final = 5
+BATCH_CHILDREN: Final = 4
+"""The children of the demo's tracked batch, which its finalizer (one more job) ends."""
 # Share of the jobs of each kind; the rest are quick jobs.
 _SHARES: Final = {"flaky": 0.08, "doomed": 0.04, "snooze": 0.05, "retry_after": 0.05}
 _DELAYED_SHARE: Final = 0.03
@@ -166,10 +179,11 @@ def build_app(url: str, *, schema: str = "taskq_demo") -> TaskQ:
 def plan(
     jobs: int, rng: random.Random, *, tags: Sequence[str] = ()
 ) -> tuple[list[EnqueueItem], list[int]]:
-    """The demo's mix of ``jobs`` jobs, counting the sub-jobs the fan-out job will add.
+    """The demo's mix of ``jobs`` jobs, counting the sub-jobs the fan-out job will add
+    and the batch of :func:`batch_plan`.
 
-    Returns the items to enqueue (``jobs`` minus the sub-jobs) and the indexes
-    of those to cancel while they are still pending. Every job carries ``tags``.
+    Returns the items to enqueue (``jobs`` minus the sub-jobs and the batch) and the
+    indexes of those to cancel while they are still pending. Every job carries ``tags``.
     """
     if jobs < MIN_JOBS:
         raise ValueError(f"the demo needs at least {MIN_JOBS} jobs for its mix, got {jobs}")
@@ -203,10 +217,26 @@ def plan(
     first_cancelled = len(items)
     items += [item(quick, work()) for _ in range(count(_CANCELLED_SHARE))]
     cancelled = list(range(first_cancelled, len(items)))
-    items += [item(quick, work()) for _ in range(jobs - _FAN_OUT_CHILDREN - len(items))]
+    batch_jobs = BATCH_CHILDREN + 1  # enqueued apart: see batch_plan
+    items += [
+        item(quick, work()) for _ in range(jobs - _FAN_OUT_CHILDREN - batch_jobs - len(items))
+    ]
     # Shuffled, so the kinds interleave in the queue like real traffic; the
     # indexes to cancel follow their items.
     order = list(range(len(items)))
     rng.shuffle(order)
     position = {old: new for new, old in enumerate(order)}
     return [items[i] for i in order], sorted(position[i] for i in cancelled)
+
+
+def batch_plan(
+    app: TaskQ, rng: random.Random, *, tags: Sequence[str] = ()
+) -> tuple[list[EnqueueArgs], EnqueueArgs]:
+    """The demo's tracked batch: :data:`BATCH_CHILDREN` quick jobs and the finalizer
+    (:func:`batch_done`) that runs once they have all finished, as
+    ``Backend.enqueue_batch_atomic`` takes them."""
+    children = [
+        app.client.build_args(quick, Work(ms=rng.randint(5, 60)), tags=list(tags))
+        for _ in range(BATCH_CHILDREN)
+    ]
+    return children, app.client.build_args(batch_done, {}, tags=list(tags))

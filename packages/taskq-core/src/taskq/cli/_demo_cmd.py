@@ -233,8 +233,8 @@ async def _watch(client: JobsClient, run: JobFilter, progress: _ProgressLine) ->
 async def run_demo(dsn: str, schema: str, jobs: int, progress_stream: TextIO) -> Summary:
     """Enqueue the demo's ``jobs`` jobs in ``schema`` on ``dsn``, work them off, summarize."""
     from taskq.backend import SupportsMigrate
-    from taskq.demo import DEMO_QUEUE, build_app, plan
-    from taskq.models import JobFilter
+    from taskq.demo import BATCH_CHILDREN, DEMO_QUEUE, batch_plan, build_app, plan
+    from taskq.models import BatchRow, JobFilter
     from taskq.settings import WorkerSettings
     from taskq.worker import Worker
     from taskq.worker.signal_handlers import install_signal_handlers
@@ -250,8 +250,22 @@ async def run_demo(dsn: str, schema: str, jobs: int, progress_stream: TextIO) ->
         await client.cancel_where(
             JobFilter(queue=DEMO_QUEUE, active=True), reason="left over by an interrupted demo"
         )
-        items, to_cancel = plan(jobs, random.Random(), tags=[tag])
+        rng = random.Random()
+        items, to_cancel = plan(jobs, rng, tags=[tag])
         enqueued = await client.enqueue_batch(items)
+        # A tracked batch: its finalizer waits until its children have all finished (or
+        # two have failed in a row), and runs then.
+        children, finalizer = batch_plan(app, rng, tags=[tag])
+        batch_id = uuid4()
+        await app.backend.enqueue_batch_atomic(
+            children,
+            batch_id=batch_id,
+            queue=DEMO_QUEUE,
+            batch_row=BatchRow(
+                id=batch_id, queue=DEMO_QUEUE, expected_size=BATCH_CHILDREN, failure_threshold=2
+            ),
+            finalizer_args=finalizer,
+        )
         for index in to_cancel:
             await client.cancel(enqueued[index].id, reason="cancelled by the demo while pending")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from taskq._dsn import NO_DSN_MESSAGE, resolve_dsn
-from taskq.demo import ACTORS, BATCH_CHILDREN, MIN_JOBS, batch_done, plan, quick
+from taskq.demo import ACTORS, BATCH_CHILDREN, MIN_JOBS, batch_done, plan, quick, tick
 from taskq.errors import ConfigurationError
 from tests.demo._support import taskq, taskq_without_pgserver
 
@@ -54,7 +54,7 @@ def test_demo_on_memory_prints_a_summary_table(tmp_path: Path) -> None:
     counts = {line[0]: int(line[1]) for line in lines if len(line) == 2 and line[1].isdigit()}
     assert set(counts) == {"succeeded", "failed", "cancelled", "crashed", "abandoned", "total"}
     assert counts.pop("total") == sum(counts.values()) == MIN_JOBS
-    for label in ("wall time", "throughput", "run time", "enqueue -> start"):
+    for label in ("wall time", "throughput", "run time", "enqueue -> start", "cron schedule"):
         assert any(line.strip().startswith(label) for line in result.stdout.splitlines()), label
     assert "embedded" not in result.stderr
     assert "warning" not in result.stderr  # its stop's graces fit its grace period
@@ -82,7 +82,7 @@ def test_the_mix_holds_every_kind_and_adds_up(jobs: int) -> None:
 
     fan_out_children, batch_jobs = 5, BATCH_CHILDREN + 1
     assert len(items) + fan_out_children + batch_jobs == jobs
-    assert {item.actor for item in items} == {a.name for a in ACTORS} - {batch_done.name}
+    assert {item.actor for item in items} == {a.name for a in ACTORS} - {batch_done.name, tick.name}
     assert all(item.options["tags"] == ["t"] for item in items)
     assert any("delay" in item.options for item in items)
     # the jobs to cancel are plain quick jobs, due at once

@@ -22,6 +22,7 @@ def test_demo_runs_on_the_given_schema_and_reruns_alike(
 ) -> None:
     args = ("demo", "--dsn", pg_schema.dsn, "--schema", pg_schema.name, "--jobs", str(JOBS))
     # The second run finds the first one's jobs in the schema and reports its own only.
+    fired = 0
     for _ in range(2):
         result = taskq(*args, "--json", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
@@ -31,6 +32,12 @@ def test_demo_runs_on_the_given_schema_and_reruns_alike(
         assert summary["jobs"] == JOBS
         assert summary["statuses"] == expected_statuses(JOBS)
         assert summary["unfinished"] == 0
+        fired += summary["cron_fired"]
+        # Its cron schedule is gone with it, and every job it fired ran (or, fired as the
+        # worker went idle, was cancelled): none is left waiting.
+        schedules, ticks = asyncio.run(_cron_left(pg_schema))
+        assert schedules == [] and JobStatus.PENDING not in ticks
+        assert ticks.count(JobStatus.SUCCEEDED) == fired
     assert not (tmp_path / ".taskq").exists()
     # Each run's tracked batch completed, and its finalizer ran after that.
     assert asyncio.run(_batches(pg_schema)) == [("complete", JobStatus.SUCCEEDED, True)] * 2
@@ -39,6 +46,15 @@ def test_demo_runs_on_the_given_schema_and_reruns_alike(
     assert result.returncode == 0, result.stderr
     last = result.stdout.strip().splitlines()[-1]
     assert last.strip() == f"the jobs stay: taskq jobs list --schema {pg_schema.name} --dsn ..."
+
+
+async def _cron_left(pg_schema: PgSchema) -> tuple[list[str], list[JobStatus]]:
+    from taskq import TaskQ
+
+    async with TaskQ(pg_schema.dsn, schema=pg_schema.name) as tq:
+        schedules = [s.name for s in await tq.client.list_schedules()]
+        ticks = [row.status for row in await tq.client.list_jobs(actor="demo.tick")]
+    return schedules, ticks
 
 
 async def _batches(pg_schema: PgSchema) -> list[tuple[str, JobStatus, bool]]:

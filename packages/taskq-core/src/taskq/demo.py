@@ -28,6 +28,7 @@ __all__ = [
     "ACTORS",
     "BATCH_CHILDREN",
     "DEMO_QUEUE",
+    "EVERY_SECOND",
     "MIN_JOBS",
     "FanOut",
     "Flaky",
@@ -43,6 +44,7 @@ __all__ = [
     "plan",
     "quick",
     "report_progress",
+    "tick",
     "wait_for_upstream",
 ]
 
@@ -139,6 +141,16 @@ async def batch_done(payload: dict[str, Any], ctx: Context) -> str:
     return f"batch {ctx.job.metadata.get('batch_finalizer_for')} finished"
 
 
+@actor(name="demo.tick", queue=DEMO_QUEUE)
+async def tick(payload: dict[str, Any], ctx: Context) -> str:
+    """Fired by the demo's cron schedule (:data:`EVERY_SECOND`) while the demo runs."""
+    return f"tick at {ctx.job.scheduled_at:%H:%M:%S}"
+
+
+EVERY_SECOND: Final = "* * * * * *"
+"""The demo schedule's cron expression: every second (croniter's sixth field)."""
+
+
 @actor(name="demo.report_progress", queue=DEMO_QUEUE)
 async def report_progress(payload: Steps, ctx: Context) -> int:
     """Persists its progress after every step, for operators watching a long job."""
@@ -157,6 +169,7 @@ ACTORS: Final[Sequence[Actor[..., Any]]] = (
     fan_out,
     report_progress,
     batch_done,
+    tick,
 )
 
 _FAN_OUT_CHILDREN: Final = 5

@@ -24,7 +24,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TextIO
 from uuid import UUID, uuid4
 
@@ -52,6 +52,7 @@ _WORKER_SETTINGS: Final[dict[str, Any]] = {
     "until_idle": True,
     "poll_interval": "200ms",
     "maintenance_interval": "100ms",
+    "cron_interval": "200ms",  # its schedule's slots fire within the demo's seconds
     "termination_grace_period": "10s",
     # Fit within it (with the end's reserve), as the defaults (10 + 30 + 10 s) do not:
     # the demo's jobs are short, and a stop should not warn on every run.
@@ -151,6 +152,9 @@ class Summary:
     run_seconds_median: float | None
     run_seconds_p95: float | None
     enqueue_to_start_seconds_median: float | None
+    cron_fired: int = 0
+    """Jobs the demo's every-second cron schedule fired and the worker ran (not counted
+    in ``jobs``)."""
 
     def as_table(self) -> str:
         """The summary as aligned text for people."""
@@ -169,6 +173,7 @@ class Summary:
         lines.append(
             f"  {'enqueue -> start':<17} median {_duration(self.enqueue_to_start_seconds_median)}"
         )
+        lines.append(f"  {'cron schedule':<17} fired {self.cron_fired} (one job a second)")
         return "\n".join(lines)
 
 
@@ -232,9 +237,10 @@ async def _watch(client: JobsClient, run: JobFilter, progress: _ProgressLine) ->
 
 async def run_demo(dsn: str, schema: str, jobs: int, progress_stream: TextIO) -> Summary:
     """Enqueue the demo's ``jobs`` jobs in ``schema`` on ``dsn``, work them off, summarize."""
-    from taskq.backend import SupportsMigrate
-    from taskq.demo import BATCH_CHILDREN, DEMO_QUEUE, batch_plan, build_app, plan
-    from taskq.models import BatchRow, JobFilter
+    from taskq.backend import JobStatus, SupportsMigrate
+    from taskq.demo import BATCH_CHILDREN, DEMO_QUEUE, EVERY_SECOND, batch_plan, build_app, plan
+    from taskq.demo import tick as tick_actor
+    from taskq.models import BatchRow, JobFilter, ScheduleCreateArgs
     from taskq.settings import WorkerSettings
     from taskq.worker import Worker
     from taskq.worker.signal_handlers import install_signal_handlers
@@ -250,6 +256,8 @@ async def run_demo(dsn: str, schema: str, jobs: int, progress_stream: TextIO) ->
         await client.cancel_where(
             JobFilter(queue=DEMO_QUEUE, active=True), reason="left over by an interrupted demo"
         )
+        for stale in await client.list_schedules(actor=tick_actor.name):
+            await client.delete_schedule(stale.id)  # an earlier run's, left by a crash
         rng = random.Random()
         items, to_cancel = plan(jobs, rng, tags=[tag])
         enqueued = await client.enqueue_batch(items)
@@ -269,22 +277,42 @@ async def run_demo(dsn: str, schema: str, jobs: int, progress_stream: TextIO) ->
         for index in to_cancel:
             await client.cancel(enqueued[index].id, reason="cancelled by the demo while pending")
 
+        # A cron schedule firing every second while the demo runs (the worker's leader
+        # fires it); its jobs are tagged apart, as they are not part of the mix.
+        fired = JobFilter(tags=(f"{tag}:cron",), limit=MAX_JOBS)
+        schedule = await client.create_schedule(
+            ScheduleCreateArgs(
+                name=f"taskq-demo-tick-{tag.rsplit(':', 1)[-1]}",
+                actor=tick_actor.name,
+                cron=EVERY_SECOND,
+                queue=DEMO_QUEUE,
+                options={"tags": list(fired.tags)},
+            )
+        )
         progress = _ProgressLine(progress_stream, jobs)
         worker = Worker(app, settings)
         # Ctrl-C stops the demo as it stops taskq-worker: jobs handed back, not left
         # locked for the next run to wait out.
         install_signal_handlers(worker, "taskq demo")
         started = time.monotonic()
-        async with asyncio.TaskGroup() as group:
-            watcher = group.create_task(_watch(client, run, progress))
-            await worker.run()
-            watcher.cancel()
+        try:
+            async with asyncio.TaskGroup() as group:
+                watcher = group.create_task(_watch(client, run, progress))
+                await worker.run()
+                watcher.cancel()
+        finally:
+            await client.delete_schedule(schedule.id)
         wall_seconds = time.monotonic() - started
         progress.finish(await _count_finished(client, run))
+        # A slot that fired as the worker went idle waits for no one: cancelled.
+        await client.cancel_where(fired.model_copy(update={"active": True}), reason="demo over")
 
         rows = await client.list_jobs(run)
         attempts = [a for row in rows for a in await client.get_attempts(row.id)]
-    return summarize(schema, rows, attempts, wall_seconds)
+        ticks = await client.list_jobs(fired)
+    summary = summarize(schema, rows, attempts, wall_seconds)
+    cron_fired = sum(row.status is JobStatus.SUCCEEDED for row in ticks)
+    return replace(summary, cron_fired=cron_fired)
 
 
 def _quiet_logs() -> None:

@@ -1,6 +1,6 @@
-"""Each distribution declares every third-party module its code imports: one it only
-got through another's dependencies breaks when that other one drops it, and a floor
-below what the code uses installs a broken pair."""
+"""What each distribution's metadata says: every third-party module its code imports is
+declared (one it only got through another's dependencies breaks when that other one
+drops it), and its license is the repository's."""
 
 from __future__ import annotations
 
@@ -48,3 +48,12 @@ def test_a_distribution_declares_what_it_imports(package: str) -> None:
     }
     needed = {_DISTRIBUTION_OF.get(name, name).replace("_", "-") for name in third_party}
     assert needed <= _declared(root / "pyproject.toml"), f"{package} imports undeclared"
+
+
+@pytest.mark.parametrize("package", sorted(p.name for p in PACKAGES.iterdir() if p.is_dir()))
+def test_a_distributions_license_is_the_repositorys(package: str) -> None:
+    # A copy each (an sdist may not hold a link out of its own directory): kept the same.
+    license_text = (PACKAGES.parent / "LICENSE").read_text()
+    assert (PACKAGES / package / "LICENSE").read_text() == license_text
+    project = tomllib.loads((PACKAGES / package / "pyproject.toml").read_text())["project"]
+    assert project["license-files"] == ["LICENSE"]

@@ -33,6 +33,9 @@ def test_every_distribution_builds_an_sdist_and_a_typed_wheel(
     package = "taskq" if distribution == "taskq-core" else distribution.replace("-", "_")
     assert f"{package}/__init__.py" in names
     assert f"{package}/py.typed" in names
+    # The license text travels with every distribution, not only its name.
+    [license_file] = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    assert "MIT License" in zipfile.ZipFile(wheel).read(license_file).decode()
 
 
 def test_migrations_ship_inside_the_postgres_wheel(built_dists: Path) -> None:

@@ -71,7 +71,9 @@ class TaskQ:
     ) -> AsyncIterator[EventRow]:
         """Crash-reclaim events after ``after_id``, in id order, as they happen (woken
         by the backend's wake channel, ``poll_interval`` as the fallback). At least
-        once: persist ``event.event_id`` as your cursor after processing each."""
+        once: persist ``event.event_id`` as your cursor after processing each. A
+        transient database error is retried; an event goes when its job is pruned (see
+        :func:`taskq.reclaims.watch_reclaims`)."""
         return watch_reclaims(
             self.backend,
             after_id,

@@ -51,6 +51,11 @@ def watch_reclaims(
     the first iteration (``ValueError``, ``TypeError``). A poll that fails
     transiently (the database restarting) is retried, logged
     ``taskq.watch-reclaims-retry``; any other error ends the iteration.
+
+    An event lives as long as its job: pruning a finished job past its retention
+    (``prune_retention_*``, 7 days for a success) takes its events along, whatever
+    the readers' cursors, which only they keep. A reader away for longer resumes
+    after a gap: reconcile from the jobs (``list_jobs``) when it does.
     """
     # A zero interval polled the database in a tight loop; a float failed only once
     # the feed went idle.

@@ -352,10 +352,15 @@ def test_importing_the_package_and_its_plugin_does_not_import_asyncpg() -> None:
         "taskq_postgres.PostgresBackend\n"
         "print('asyncpg' in sys.modules)\n"
     )
+    assert _fresh_python(code).split() == ["[]", "True"]
+
+
+def _fresh_python(code: str) -> str:
+    """What ``code`` prints, run by a fresh interpreter (nothing imported yet)."""
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
-    assert result.stdout.split() == ["[]", "True"]
+    return result.stdout
 
 
 async def test_migrate_on_an_unreachable_server_is_backend_unavailable() -> None:
@@ -498,10 +503,7 @@ def test_every_exported_name_is_what_it_names_whatever_was_imported_first() -> N
         "print(sorted(n for n in taskq_postgres.__all__\n"
         "      if inspect.ismodule(getattr(taskq_postgres, n))))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert result.stdout.split("\n")[:2] == ["True True", "[]"]
+    assert _fresh_python(code).split("\n")[:2] == ["True True", "[]"]
 
 
 def test_a_bad_schema_is_the_users_error_not_the_plugins() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_serializer
 
-from taskq import EnqueueItem, JobStatus, TaskQ, actor
+from taskq import Context, EnqueueItem, JobStatus, TaskQ, actor
 from taskq.backend import Backend
 from taskq.errors import EnqueueOptionsError, PayloadValidationError
 from taskq.models import INT32_MAX, JobFilter
@@ -293,47 +293,48 @@ def _nested(depth: int) -> Any:
 
 
 @actor(name="options.deep_result")
-async def deep_result(payload: dict[str, Any]) -> Any:
+async def deep_result(payload: dict[str, Any], ctx: Context) -> Any:
+    await ctx.progress({"tree": _nested(230)})
     return _nested(230)
 
 
-async def test_json_nested_deeper_than_the_reader_takes_is_refused_before_it_is_stored(
+async def test_json_nested_past_the_fast_readers_200_levels_is_stored_and_read_back(
     taskq_backend: Backend,
 ) -> None:
-    # Stored, it could never be read back: its enqueue raised after the commit (a retry
-    # made a duplicate), every dispatch that took it failed with its co-dispatched jobs
-    # until the worker exited, and a schedule holding it stopped cron for the fleet.
+    # pydantic-core writes 254 levels and reads 200: such a value was stored and never
+    # read back. Its enqueue raised after the commit (a retry made a duplicate), every
+    # dispatch that took it failed with its co-dispatched jobs until the worker exited,
+    # and a schedule holding it stopped cron for the fleet.
     from taskq.models import ScheduleCreateArgs
     from taskq_testing import run_until_idle
 
     tq = TaskQ("memory://", actors=[echo, deep_result], backend=taskq_backend)
-    too_deep = {"tree": _nested(230)}
-    message = "nested more than 200 levels deep"
-    with pytest.raises(ValueError, match=message):
-        await tq.client.enqueue(echo, too_deep)
-    with pytest.raises(ValueError, match=message):
-        await tq.client.enqueue_batch([(echo, too_deep)])
-    with pytest.raises(ValueError, match=message):
-        await tq.client.enqueue_batch_fast([(echo, too_deep)])
-    with pytest.raises(ValueError, match=message):
-        await tq.client.enqueue(echo, {}, metadata={"tree": _nested(230)})
-    with pytest.raises(ValueError, match=message):
-        await tq.client.create_schedule(
-            ScheduleCreateArgs(name="deep", actor=echo.name, cron="* * * * *", payload=too_deep)
-        )
-    assert await tq.client.list_jobs() == [] and await tq.client.list_schedules() == []
-    deep_enough = {"tree": _nested(198)}
-    stored = await tq.client.enqueue(echo, deep_enough)
-    failing = await tq.client.enqueue(deep_result, {})
+    deep = {"tree": _nested(230)}
+    one = await tq.client.enqueue(echo, deep, metadata={"tree": _nested(230)})
+    [batched] = await tq.client.enqueue_batch([(echo, deep)])
+    assert await tq.client.enqueue_batch_fast([(echo, deep)]) == 1
+    made = await tq.client.create_schedule(
+        ScheduleCreateArgs(name="deep", actor=echo.name, cron="0 3 * * *", payload=deep)
+    )
+    assert one.payload == deep and batched.payload == deep and made.payload == deep
+    assert [s.payload for s in await tq.client.list_schedules()] == [deep]
+    result = await tq.client.enqueue(deep_result, {})
     await run_until_idle(tq)
-    assert (await tq.client.get(stored.id)).result == deep_enough  # type: ignore[union-attr]
-    row = await tq.client.get(failing.id)
-    assert row is not None and row.status is JobStatus.FAILED
-    assert row.error is not None and message in row.error.message
+    rows = await tq.client.list_jobs()
+    assert [row.status for row in rows] == [JobStatus.SUCCEEDED] * 4
+    assert all(row.result == deep for row in rows if row.actor == echo.name)
+    done = await tq.client.get(result.id)
+    assert done is not None and done.result == _nested(230)
+    assert done.progress_state == {"tree": _nested(230)}
+    # Past the writer's limit: refused before anything is stored, and said plainly.
+    with pytest.raises(ValueError, match="nested too deep: flatten it"):
+        await tq.client.enqueue(echo, {"tree": _nested(300)})
+    with pytest.raises(ValueError, match="nested more than 254 levels deep .* flatten it"):
+        await tq.client.enqueue(echo, {}, metadata={"tree": _nested(300)})
+    assert len(await tq.client.list_jobs()) == 4
 
 
 def test_stored_json_deeper_than_the_fast_reader_takes_is_still_read() -> None:
-    # Stored before the limit: its rows must stay readable (jobs list, show, dispatch).
     from taskq.backend.storable import load_json
 
     deep: Any = 0

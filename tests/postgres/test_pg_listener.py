@@ -413,11 +413,13 @@ async def test_a_hostile_notify_on_the_events_channel_is_ignored(
             cancelled.clear()
             with structlog.testing.capture_logs():
                 await sender.execute("SELECT pg_notify($1, $2)", channel, "[" * 7990)
-                await asyncio.sleep(0.3)
-            assert errors == [] and not cancelled.is_set()
+                await asyncio.sleep(0.1)
+            assert not cancelled.is_set()
             await sender.execute("SELECT pg_notify($1, $2)", channel, '{"type": "cancel"}')
             async with asyncio.timeout(5):
                 await cancelled.wait()
+            # One sender's notifications arrive in order: the hostile one was handled.
+            assert errors == []
     finally:
         loop.set_exception_handler(None)
         await sender.close()

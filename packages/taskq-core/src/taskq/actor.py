@@ -167,8 +167,11 @@ class Actor(Generic[P, R]):
                 value, mode="json", by_alias=True, round_trip=True
             )
         except (PydanticSerializationError, ValueError) as exc:  # UnicodeError included
+            said = str(exc)
+            if "Maximum serialization depth" in said:
+                said = "it is nested too deep: flatten it, or send that part as a string"
             raise PayloadValidationError(
-                f"payload for actor {self.name!r} cannot be stored as JSON: {exc}"
+                f"payload for actor {self.name!r} cannot be stored as JSON: {said}"
             ) from exc
         if not isinstance(dumped, dict):
             raise PayloadValidationError(

@@ -110,3 +110,24 @@ def test_a_postmaster_pid_naming_another_process_is_refused_not_signalled(
     finally:
         signal.signal(signal.SIGINT, previous)
     assert interrupted == []
+
+
+def test_a_project_path_too_long_for_a_socket_still_finds_and_stops_its_server(
+    tmp_path: Path,
+) -> None:
+    # pgserver puts the socket in a short runtime directory then (-k), and the check of
+    # the postmaster.pid refused the server's own file: no command worked, and stop
+    # could not stop it.
+    project = tmp_path / ("p" * 90)
+    project.mkdir()
+    try:
+        first = taskq("migrate", cwd=project)
+        assert first.returncode == 0, first.stderr
+        running = _status(project)
+        assert running["running"] is True
+        assert ".taskq" not in str(running["dsn"])  # the socket is elsewhere
+        assert taskq("jobs", "list", cwd=project).returncode == 0
+    finally:
+        stopped = taskq("embedded", "stop", cwd=project)
+    assert stopped.returncode == 0, stopped.stderr
+    assert _status(project)["running"] is False

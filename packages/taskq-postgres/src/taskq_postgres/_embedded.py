@@ -106,8 +106,8 @@ def find_running(base: Path | None = None) -> EmbeddedServer | None:
     if problem is not None:
         raise EmbeddedServerError(
             f"{SHOWN_DIR}pgdata/postmaster.pid names pid {info.pid}, {problem}: the file is "
-            f"stale or was not written by its server. Check that process, then delete "
-            f"the file and run the command again"
+            f"stale or was not written by its server. If no PostgreSQL runs on "
+            f"{SHOWN_DIR}pgdata, delete the file and run the command again"
         )
     return EmbeddedServer(pid=info.pid, dsn=info.get_uri())
 
@@ -122,8 +122,14 @@ def _not_ours(info: Any, pgdata: Path) -> str | None:
     served = [Path(argv[i + 1]).resolve() for i, arg in enumerate(argv[:-1]) if arg == "-D"]
     if not argv or not Path(argv[0]).name.startswith("postgres") or here not in served:
         return f"which is not a PostgreSQL server on this directory ({' '.join(argv)[:120]!r})"
-    if info.socket_dir is None or Path(info.socket_dir).resolve() != here:
-        return f"with its socket outside this directory ({info.socket_dir})"
+    # Its socket is in the data directory, or where the server was told to put it (-k:
+    # pgserver moves it to a short runtime path when the directory's is too long).
+    sockets = {here, *(Path(argv[i + 1]).resolve() for i, a in enumerate(argv[:-1]) if a == "-k")}
+    if info.socket_dir is not None:
+        if Path(info.socket_dir).resolve() not in sockets:
+            return f"with its socket where the server was not told to put it ({info.socket_dir})"
+    elif info.hostname not in ("localhost", "127.0.0.1", "::1"):
+        return f"listening on {info.hostname}, not on this machine"
     return None
 
 

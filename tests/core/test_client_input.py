@@ -532,5 +532,8 @@ async def test_cancel_where_without_a_filter_refuses_rather_than_cancel_every_jo
         await tq.client.cancel_where()
     with pytest.raises(TypeError, match="needs a filter"):
         await tq.client.cancel_where(reason="cleanup")
+    # Keywords that select nothing are no filter: an unset variable's None, say.
+    with pytest.raises(TypeError, match="needs a filter"):
+        await tq.client.cancel_where(queue=None, actor=None, tags=[])
     assert (await tq.client.get(row.id)).status is JobStatus.PENDING  # type: ignore[union-attr]
     assert (await tq.client.cancel_where(JobFilter(), reason="all")).cancelled == [row.id]

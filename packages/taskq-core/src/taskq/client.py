@@ -74,6 +74,11 @@ _SLOT_OWNED: Final = frozenset({"idempotency_key", "metadata", "job_id", "queue"
 """Enqueue options a cron slot sets itself (``SlotJobBuilder``)."""
 
 
+_SELECTING: Final = set(JobFilter.model_fields) - {"order", "limit"}
+"""The JobFilter fields that narrow a selection (its order and page size do not)."""
+_SELECTS_ALL: Final = JobFilter().model_dump(include=_SELECTING)
+
+
 def _job_filter(filters: JobFilter | None, fields: Mapping[str, Any]) -> JobFilter:
     """``filters``, or one made of ``fields``; both at once would leave one unused."""
     if filters is None:
@@ -310,13 +315,15 @@ class JobsClient:
         With neither a filter nor a keyword it refuses (``TypeError``): one call
         would cancel every job in the schema. Pass ``JobFilter()`` to mean every job.
         """
-        if filters is None and not fields:
+        selected = _job_filter(filters, fields)
+        # Keywords that select nothing (queue=None: an unset variable) count as none.
+        if filters is None and selected.model_dump(include=_SELECTING) == _SELECTS_ALL:
             raise TypeError(
                 "cancel_where() needs a filter: without one it would cancel every job. "
                 "Select jobs (cancel_where(actor=..., queue=..., status=...)), or pass "
                 "JobFilter() to cancel every job"
             )
-        return await self._backend.cancel_where(_job_filter(filters, fields), _reason(reason))
+        return await self._backend.cancel_where(selected, _reason(reason))
 
     # -- schedules ---------------------------------------------------------------
     async def create_schedule(self, args: ScheduleCreateArgs | Mapping[str, Any]) -> ScheduleRecord:

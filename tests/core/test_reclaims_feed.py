@@ -73,3 +73,16 @@ async def test_a_transient_poll_failure_is_retried_and_the_feed_goes_on() -> Non
     retries = [e for e in logs if e["event"] == "taskq.watch-reclaims-retry"]
     assert [e["retry_in"] for e in retries] == [0.1, 0.2, 0.4]
     assert [e["event"] for e in logs].count("taskq.watch-reclaims-risk-check-failed") == 1
+
+
+def test_importing_taskq_leaves_the_worker_runtime_out() -> None:
+    # A producer (a web app) never runs a worker: the feed's retry imported the whole
+    # runtime into every `import taskq`.
+    import subprocess
+    import sys
+
+    code = "import sys, taskq; print('taskq.worker._runtime' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "False"

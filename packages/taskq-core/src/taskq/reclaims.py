@@ -21,7 +21,6 @@ import structlog
 
 from taskq.backend import Backend
 from taskq.models import EventRow
-from taskq.worker._transient import transient_errors
 
 __all__ = ["watch_reclaims"]
 
@@ -100,6 +99,10 @@ async def _watch(
     loop = asyncio.get_running_loop()
     next_risk_check = loop.time()
     catch_up_until = 0.0
+    # Here, not at the top: `import taskq` (which imports this module) stays without
+    # the worker runtime, which a producer never runs.
+    from taskq.worker._transient import transient_errors
+
     transient = transient_errors()
     pause = _FIRST_PAUSE
     async with backend.subscribe_wake() as wake:

@@ -1858,10 +1858,10 @@ class PostgresBackend:
         self, batch_id: UUID, *, connection: Connection = None
     ) -> tuple[int, int | None, int]:
         """``(consecutive_failures, failure_threshold, non_terminal_children)`` after the
-        increment; ``KeyError`` for an unknown batch."""
+        increment; ``KeyError`` for an unknown or finished batch."""
         record = await self._db(connection).fetchrow(self._sql.increment_batch_failures, batch_id)
         if record is None:
-            raise KeyError(f"no batch with id {batch_id}")
+            raise KeyError(f"no active batch with id {batch_id}")
         return (
             record["consecutive_failures"],
             record["failure_threshold"],
@@ -1869,7 +1869,7 @@ class PostgresBackend:
         )
 
     async def reset_batch_failures(self, batch_id: UUID, *, connection: Connection = None) -> int:
-        """Reset the failure streak; 1 when the batch exists, else 0."""
+        """Reset an active batch's failure streak; 1 when it is active, else 0."""
         status = await self._db(connection).execute(self._sql.reset_batch_failures, batch_id)
         return _changed(status)
 
@@ -1880,7 +1880,8 @@ class PostgresBackend:
         return int(record["cancelled"]) if record is not None else 0
 
     async def complete_batch(self, batch_id: UUID, *, connection: Connection = None) -> None:
-        """Complete an active batch and release its finalizer (no-op otherwise)."""
+        """Complete an active batch and release its finalizer; a no-op otherwise, and for
+        one whose failure streak reached its threshold (abort_batch ends that one)."""
         await self._db(connection).fetchrow(self._sql.complete_batch, batch_id, self._wake_to)
 
     async def get_batch(self, batch_id: UUID) -> BatchRow | None:

@@ -147,13 +147,15 @@ class BatchTable:
 
     def increment_failures(self, batch_id: UUID) -> tuple[int, int | None, int]:
         batch = self._require(batch_id)
+        if batch.status != "active":  # a finished batch's streak is over
+            raise KeyError(f"batch {batch_id} is {batch.status}, not active")
         failures = batch.consecutive_failures + 1
         self._rows[batch_id] = batch.model_copy(update={"consecutive_failures": failures})
         return failures, batch.failure_threshold, self.count_non_terminal(batch_id)
 
     def reset_failures(self, batch_id: UUID) -> int:
         batch = self._rows.get(batch_id)
-        if batch is None:
+        if batch is None or batch.status != "active":
             return 0
         self._rows[batch_id] = batch.model_copy(update={"consecutive_failures": 0})
         return 1
@@ -184,9 +186,13 @@ class BatchTable:
         return len(waiting)
 
     def complete(self, batch_id: UUID) -> None:
-        """Mark an active batch complete and release its finalizer; else a no-op."""
+        """Mark an active batch complete and release its finalizer; else a no-op (and for
+        one whose failure streak reached its threshold: :meth:`abort` ends that one)."""
         batch = self._rows.get(batch_id)
-        if batch is not None and batch.status == "active":
+        if batch is None or batch.status != "active":
+            return
+        threshold = batch.failure_threshold
+        if threshold is None or batch.consecutive_failures < threshold:
             self._finish(batch, "complete", self._clock.now())
 
     def complete_stale(self) -> int:

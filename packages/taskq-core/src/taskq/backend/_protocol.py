@@ -491,11 +491,14 @@ class Backend(Protocol):
     async def increment_batch_failures(
         self, batch_id: UUID, *, connection: Connection = None
     ) -> tuple[int, int | None, int]:
-        """``consecutive_failures += 1``; returns (failures, threshold, non-terminal children)."""
+        """``consecutive_failures += 1`` of an active batch; returns (failures, threshold,
+        non-terminal children). ``KeyError`` for an unknown or finished batch (its
+        streak is over)."""
         ...
 
     async def reset_batch_failures(self, batch_id: UUID, *, connection: Connection = None) -> int:
-        """``consecutive_failures = 0``; returns rows changed."""
+        """``consecutive_failures = 0`` of an active batch; returns rows changed (0 for an
+        unknown or finished batch)."""
         ...
 
     async def abort_batch(self, batch_id: UUID, *, connection: Connection = None) -> int:
@@ -504,7 +507,9 @@ class Backend(Protocol):
         ...
 
     async def complete_batch(self, batch_id: UUID, *, connection: Connection = None) -> None:
-        """Mark an active batch ``complete`` and release its finalizer."""
+        """Mark an active batch ``complete`` and release its finalizer; nothing for a
+        finished batch, or for one whose failure streak reached its threshold
+        (:meth:`abort_batch` ends that one)."""
         ...
 
     async def get_batch(self, batch_id: UUID) -> BatchRow | None:

@@ -1152,11 +1152,11 @@ class InMemoryBackend:
         self, batch_id: UUID, *, connection: Connection = None
     ) -> tuple[int, int | None, int]:
         """``(consecutive_failures, failure_threshold, non_terminal_children)`` after
-        the increment; ``KeyError`` for an unknown batch."""
+        the increment; ``KeyError`` for an unknown or finished batch."""
         return self._batches.increment_failures(batch_id)
 
     async def reset_batch_failures(self, batch_id: UUID, *, connection: Connection = None) -> int:
-        """Reset the failure streak; 1 when the batch exists, else 0."""
+        """Reset an active batch's failure streak; 1 when it is active, else 0."""
         return self._batches.reset_failures(batch_id)
 
     async def abort_batch(self, batch_id: UUID, *, connection: Connection = None) -> int:
@@ -1164,7 +1164,8 @@ class InMemoryBackend:
         return self._batches.abort(batch_id)
 
     async def complete_batch(self, batch_id: UUID, *, connection: Connection = None) -> None:
-        """Complete an active batch and release its finalizer (no-op otherwise)."""
+        """Complete an active batch and release its finalizer; a no-op otherwise, and for
+        one whose failure streak reached its threshold (abort_batch ends that one)."""
         self._batches.complete(batch_id)
 
     async def get_batch(self, batch_id: UUID) -> BatchRow | None:

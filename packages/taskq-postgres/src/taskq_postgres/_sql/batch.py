@@ -55,7 +55,7 @@ INCREMENT_BATCH_FAILURES: Final = (
 -- arbiter: none
 UPDATE {schema}.batches b
 SET consecutive_failures = b.consecutive_failures + 1
-WHERE b.id = $1
+WHERE b.id = $1 AND b.status = 'active'  -- a finished batch's streak is over
 RETURNING b.consecutive_failures, b.failure_threshold,
     (SELECT count(*) FROM {schema}.jobs j
      WHERE """
@@ -67,7 +67,7 @@ RETURNING b.consecutive_failures, b.failure_threshold,
 
 RESET_BATCH_FAILURES: Final = """
 -- arbiter: none
-UPDATE {schema}.batches SET consecutive_failures = 0 WHERE id = $1
+UPDATE {schema}.batches SET consecutive_failures = 0 WHERE id = $1 AND status = 'active'
 """
 
 # Shared by abort and complete: the finalizer of a batch just finished goes to
@@ -145,7 +145,9 @@ SELECT (SELECT count(*) FROM cancelled) AS cancelled, (SELECT count(*) FROM noti
 COMPLETE_BATCH: Final = (
     """
 -- arbiter: clock_timestamp() (completed_at; the finalizer's scheduled_at)
--- An active batch -> complete and its finalizer -> pending; otherwise nothing.
+-- An active batch -> complete and its finalizer -> pending; otherwise nothing. Not
+-- one whose failure streak reached its threshold: abort_batch ends that one (two
+-- children's hooks racing, the one that saw no child left must not complete it).
 -- $1 batch id, $2 wake channel.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 finished AS (
@@ -153,6 +155,7 @@ finished AS (
     SET status = 'complete', completed_at = n.ts
     FROM now n
     WHERE b.id = $1 AND b.status = 'active'
+      AND (b.failure_threshold IS NULL OR b.consecutive_failures < b.failure_threshold)
     RETURNING b.finalizer_job_id
 ),"""
     + _RELEASE_FINALIZER

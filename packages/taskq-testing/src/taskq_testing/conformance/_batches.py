@@ -276,6 +276,36 @@ class BatchTests:
     async def test_resetting_an_unknown_batch_changes_nothing(self, backend: Backend) -> None:
         assert await backend.reset_batch_failures(uuid4()) == 0
 
+    @covers("increment_batch_failures", "reset_batch_failures", "abort_batch", "complete_batch")
+    async def test_a_finished_batchs_streak_is_over(self, backend: Backend) -> None:
+        # A child still running when its batch ended: its failure counted again (and
+        # aborted again), its success reset an aborted batch's streak.
+        for end in (backend.abort_batch, backend.complete_batch):
+            batch_id, _, _ = await _tracked_batch(backend, {}, threshold=3)
+            assert await backend.increment_batch_failures(batch_id) == (1, 3, 1)
+            await end(batch_id)
+            with pytest.raises(KeyError):
+                await backend.increment_batch_failures(batch_id)
+            assert await backend.reset_batch_failures(batch_id) == 0
+            assert (await _batch(backend, batch_id)).consecutive_failures == 1
+        with pytest.raises(KeyError):
+            await backend.increment_batch_failures(uuid4())
+
+    @covers("complete_batch", "increment_batch_failures")
+    async def test_a_batch_whose_streak_reached_its_threshold_is_not_completed(
+        self, backend: Backend
+    ) -> None:
+        # Two children's hooks racing: the one that saw no child left (after its own
+        # failure, the first) completes while the other's failure reaches the threshold.
+        batch_id, _, finalizer = await _tracked_batch(backend, {}, threshold=2)
+        await backend.increment_batch_failures(batch_id)
+        await backend.increment_batch_failures(batch_id)
+        await backend.complete_batch(batch_id)
+        assert (await _batch(backend, batch_id)).status == "active"
+        assert (await fetch(backend, finalizer.id)).status is JobStatus.SCHEDULED
+        await backend.abort_batch(batch_id)
+        assert (await _batch(backend, batch_id)).status == "aborted"
+
     # -- abort and complete -----------------------------------------------------------------
 
     @covers("abort_batch", "get_batch")

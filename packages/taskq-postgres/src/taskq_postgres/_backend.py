@@ -1912,6 +1912,12 @@ class PostgresBackend:
         count = await self._db(connection).fetchval(self._sql.count_batch_non_terminal, batch_id)
         return int(count)
 
+    async def batch_has_active_children(self, batch_id: UUID) -> bool:
+        """Whether a child of the batch (finalizer excluded) is still to run, from the
+        partial index of waiting and running children (``SupportsBatchChildCheck``)."""
+        found: bool = await self._db().fetchval(self._sql.batch_has_active_children, batch_id)
+        return found
+
     async def now(self) -> datetime:
         """The database's clock (``SupportsPrune``)."""
         now: datetime = await self._db().fetchval("SELECT clock_timestamp()")

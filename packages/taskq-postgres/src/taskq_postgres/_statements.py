@@ -91,6 +91,7 @@ class Statements:
     complete_stale_batches: str
     get_batch: str
     count_batch_non_terminal: str
+    batch_has_active_children: str
     list_batches: str
     prune_old_batches: str
     # schedules
@@ -172,6 +173,7 @@ def statements_for(schema: str) -> Statements:
         complete_stale_batches=render(batch.COMPLETE_STALE_BATCHES, s),
         get_batch=render(batch.GET_BATCH, s),
         count_batch_non_terminal=render(batch.COUNT_BATCH_NON_TERMINAL, s),
+        batch_has_active_children=render(batch.BATCH_HAS_ACTIVE_CHILDREN, s),
         list_batches=render(batch.LIST_BATCHES, s),
         prune_old_batches=render(batch.PRUNE_OLD_BATCHES, s),
         schedule_clock_now=render(schedules.CLOCK_NOW, s),

@@ -10,6 +10,7 @@ from taskq.backend._protocol import Connection as Connection
 from taskq.backend._protocol import LeaderElector as LeaderElector
 from taskq.backend._protocol import ScheduleFire as ScheduleFire
 from taskq.backend._protocol import SupportsActorDispatch as SupportsActorDispatch
+from taskq.backend._protocol import SupportsBatchChildCheck as SupportsBatchChildCheck
 from taskq.backend._protocol import SupportsBatchedSuccess as SupportsBatchedSuccess
 from taskq.backend._protocol import SupportsCredentialReload as SupportsCredentialReload
 from taskq.backend._protocol import SupportsCron as SupportsCron
@@ -55,6 +56,7 @@ __all__ = [
     "LeaderElector",
     "ScheduleFire",
     "SupportsActorDispatch",
+    "SupportsBatchChildCheck",
     "SupportsBatchedSuccess",
     "SupportsCredentialReload",
     "SupportsCron",

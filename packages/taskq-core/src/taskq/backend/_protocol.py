@@ -67,6 +67,7 @@ __all__ = [
     "Backend",
     "LeaderElector",
     "SupportsActorDispatch",
+    "SupportsBatchChildCheck",
     "SupportsBatchedSuccess",
     "SupportsCredentialReload",
     "SupportsCron",
@@ -107,10 +108,14 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     SupportsFleetStats.stranded_jobs returns dict[str, dict[str, int]] (actor ->
 #     queue -> waiting jobs, was actor -> jobs) and judges the registered workers'
 #     queues beside their actors; SupportsCron gained get_actor_job_defaults (and
-#     ActorConfig its job_defaults), which the leader's cron loop reads.
+#     ActorConfig its job_defaults), which the leader's cron loop reads;
+#     increment_batch_failures and reset_batch_failures act on an active batch
+#     only, and complete_batch leaves a batch whose streak reached its threshold
+#     (the worker's batch hook relies on both).
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
-#     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck.
+#     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
+#     SupportsBatchChildCheck.
 #
 # When to bump: "increment it whenever a change alters an existing protocol
 # member's observable contract such that an implementation written against
@@ -845,6 +850,18 @@ class SupportsStaleBatchSweep(Protocol):
 
 
 @runtime_checkable
+class SupportsBatchChildCheck(Protocol):
+    """A backend that tells at once whether a batch has a child left to run: the worker
+    asks after each child's end, and counting them all cost a large batch its size
+    at every end (:meth:`Backend.count_batch_non_terminal`)."""
+
+    async def batch_has_active_children(self, batch_id: UUID) -> bool:
+        """Whether any child of the batch (its finalizer excluded) is pending, scheduled
+        or running; False for an unknown batch."""
+        ...
+
+
+@runtime_checkable
 class SupportsFleetStats(Protocol):
     """A backend that reports queue depths and stranded jobs (leader sampling loops)."""
 
@@ -922,6 +939,7 @@ OPTIONAL_PROTOCOLS: Final[tuple[type, ...]] = (
     SupportsPrune,
     SupportsResultExpiry,
     SupportsStaleBatchSweep,
+    SupportsBatchChildCheck,
     SupportsFleetStats,
     SupportsWorkerRegistry,
 )

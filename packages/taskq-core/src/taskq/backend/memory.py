@@ -1183,6 +1183,11 @@ class InMemoryBackend:
         """Children of the batch (finalizer excluded) not yet terminal."""
         return self._batches.count_non_terminal(batch_id)
 
+    async def batch_has_active_children(self, batch_id: UUID) -> bool:
+        """Whether a child of the batch (finalizer excluded) is still to run
+        (``SupportsBatchChildCheck``)."""
+        return self._batches.count_non_terminal(batch_id) > 0
+
     async def complete_stale_batches(self) -> int:
         """Complete every active batch with no active child and release its finalizer
         (``SupportsStaleBatchSweep``); returns the batches completed."""

@@ -17,7 +17,7 @@ from uuid import UUID
 
 import structlog
 
-from taskq.backend import Backend
+from taskq.backend import Backend, SupportsBatchChildCheck
 from taskq.models import JobRow
 
 __all__ = ["BatchOutcome", "apply_batch_terminal_outcome"]
@@ -54,11 +54,11 @@ async def apply_batch_terminal_outcome(
                 return
         else:
             if outcome == "succeeded" and not await backend.reset_batch_failures(batch_id):
-                return  # no batch row: tags only
-            remaining = await backend.count_batch_non_terminal(batch_id)
+                return  # no batch row (tags only), or the batch has ended
+            remaining = await _left(backend, batch_id)
         if remaining == 0:
             await backend.complete_batch(batch_id)
-    except KeyError:  # no batch row: tags only
+    except KeyError:  # no batch row (tags only), or the batch has ended
         return
     except Exception as exc:  # noqa: BLE001 - the job's own outcome stands regardless
         _log.warning(
@@ -68,3 +68,11 @@ async def apply_batch_terminal_outcome(
             error=repr(exc),
             hint="the leader's stale-batch sweep completes the batch",
         )
+
+
+async def _left(backend: Backend, batch_id: UUID) -> int:
+    """0 when no child of the batch is left to run, else a positive number: asked after
+    every child's end, so at once where the backend can tell."""
+    if isinstance(backend, SupportsBatchChildCheck):
+        return int(await backend.batch_has_active_children(batch_id))
+    return await backend.count_batch_non_terminal(batch_id)

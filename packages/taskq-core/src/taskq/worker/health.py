@@ -41,12 +41,12 @@ _REASONS = {
     431: "Request Header Fields Too Large",
     503: "Service Unavailable",
 }
-# Readiness probes can be frequent; one backend round trip per second is plenty.
 _EXCHANGE_SECONDS = 5.0
-"""The longest a connection is served, from its request's first byte to the answer's
-last: a stalled client is dropped."""
+"""The longest a connection is served, from its accept to the answer's last byte: a
+stalled client is dropped."""
 _MAX_CONNECTIONS = 32
 """Connections answered at once; one more is closed unanswered."""
+# Readiness probes can be frequent; one backend round trip per second is plenty.
 _READINESS_CACHE_SECONDS = 1.0
 _READINESS_TIMEOUT_SECONDS = 1.0
 """A probe's answer comes within this, the backend's or not (a 1 s probe timeout is

@@ -13,6 +13,7 @@ from typing import Final
 __all__ = [
     "ABORT_BATCH",
     "BATCH_COLUMNS",
+    "BATCH_HAS_ACTIVE_CHILDREN",
     "COMPLETE_BATCH",
     "COMPLETE_STALE_BATCHES",
     "COUNT_BATCH_NON_TERMINAL",
@@ -204,6 +205,19 @@ GET_BATCH: Final = (
 SELECT """
     + BATCH_COLUMNS
     + """ FROM {schema}.batches b WHERE b.id = $1
+"""
+)
+
+BATCH_HAS_ACTIVE_CHILDREN: Final = (
+    """
+-- arbiter: none
+-- jobs_batch_active_idx holds only the waiting and running children: the first one
+-- that is not the finalizer answers, however many have finished. $1 batch id.
+SELECT EXISTS (
+    SELECT 1 FROM {schema}.batches b JOIN {schema}.jobs j ON """
+    + _CHILDREN_OF_B
+    + """
+    WHERE b.id = $1 AND j.status IN ('pending', 'scheduled', 'running'))
 """
 )
 

@@ -7,7 +7,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from taskq.backend import Backend, JobStatus
+from taskq.backend import Backend, JobStatus, SupportsBatchChildCheck
 from taskq.models import BatchFilter, BatchRow, EnqueueArgs, JobFilter, JobRow
 from taskq_testing.conformance._support import (
     FAR,
@@ -391,6 +391,25 @@ class BatchTests:
         assert await backend.count_batch_non_terminal(batch_id) == 2
         assert await backend.write_cancel_request(children[2].id, None)
         assert await backend.count_batch_non_terminal(batch_id) == 1
+
+    @covers("batch_has_active_children")
+    async def test_batch_has_active_children_while_a_child_waits_or_runs(
+        self, backend: Backend
+    ) -> None:
+        if not isinstance(backend, SupportsBatchChildCheck):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsBatchChildCheck")
+        batch_id, children, _ = await _tracked_batch(backend, {"priority": 1}, {"delay": FAR})
+        assert await backend.batch_has_active_children(batch_id) is True
+        worker = uuid4()
+        [running] = await backend.dispatch_batch(worker, [_QUEUE], 1, LONG_LEASE)
+        assert running.id == children[0].id
+        assert await backend.batch_has_active_children(batch_id) is True
+        assert await backend.write_cancel_request(children[1].id, None)  # scheduled: cancelled
+        assert await backend.batch_has_active_children(batch_id) is True  # one still runs
+        assert await backend.mark_succeeded(running.id, worker, None)
+        # Only the parked finalizer waits now: it is no child.
+        assert await backend.batch_has_active_children(batch_id) is False
+        assert await backend.batch_has_active_children(uuid4()) is False
 
     @covers("list_batches", "create_batch", "complete_batch")
     async def test_list_batches_filters_newest_first(

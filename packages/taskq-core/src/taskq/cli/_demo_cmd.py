@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from taskq.cli._commands import CommandRegistry
     from taskq.client import JobsClient
-    from taskq.models import AttemptRow, JobFilter, JobRow
+    from taskq.models import AttemptRow, JobFilter, JobRow, ScheduleRecord
 
 DEFAULT_SCHEMA: Final = "taskq_demo"
 DEFAULT_JOBS: Final = 300
@@ -280,28 +280,30 @@ async def run_demo(dsn: str, schema: str, jobs: int, progress_stream: TextIO) ->
         # A cron schedule firing every second while the demo runs (the worker's leader
         # fires it); its jobs are tagged apart, as they are not part of the mix.
         fired = JobFilter(tags=(f"{tag}:cron",), limit=MAX_JOBS)
-        schedule = await client.create_schedule(
-            ScheduleCreateArgs(
-                name=f"taskq-demo-tick-{tag.rsplit(':', 1)[-1]}",
-                actor=tick_actor.name,
-                cron=EVERY_SECOND,
-                queue=DEMO_QUEUE,
-                options={"tags": list(fired.tags)},
-            )
-        )
-        progress = _ProgressLine(progress_stream, jobs)
-        worker = Worker(app, settings)
-        # Ctrl-C stops the demo as it stops taskq-worker: jobs handed back, not left
-        # locked for the next run to wait out.
-        install_signal_handlers(worker, "taskq demo")
-        started = time.monotonic()
+        schedule: ScheduleRecord | None = None
         try:
+            schedule = await client.create_schedule(
+                ScheduleCreateArgs(
+                    name=f"taskq-demo-tick-{tag.rsplit(':', 1)[-1]}",
+                    actor=tick_actor.name,
+                    cron=EVERY_SECOND,
+                    queue=DEMO_QUEUE,
+                    options={"tags": list(fired.tags)},
+                )
+            )
+            progress = _ProgressLine(progress_stream, jobs)
+            worker = Worker(app, settings)
+            # Ctrl-C stops the demo as it stops taskq-worker: jobs handed back, not left
+            # locked for the next run to wait out.
+            install_signal_handlers(worker, "taskq demo")
+            started = time.monotonic()
             async with asyncio.TaskGroup() as group:
                 watcher = group.create_task(_watch(client, run, progress))
                 await worker.run()
                 watcher.cancel()
         finally:
-            await client.delete_schedule(schedule.id)
+            if schedule is not None:
+                await _delete_schedule(client, schedule)
         wall_seconds = time.monotonic() - started
         progress.finish(await _count_finished(client, run))
         # A slot that fired as the worker went idle waits for no one: cancelled.
@@ -313,6 +315,19 @@ async def run_demo(dsn: str, schema: str, jobs: int, progress_stream: TextIO) ->
     summary = summarize(schema, rows, attempts, wall_seconds)
     cron_fired = sum(row.status is JobStatus.SUCCEEDED for row in ticks)
     return replace(summary, cron_fired=cron_fired)
+
+
+async def _delete_schedule(client: JobsClient, schedule: ScheduleRecord) -> None:
+    """The run's schedule gone; one left (the database away) is said, not raised over
+    the error that ended the run, and the next run deletes it."""
+    try:
+        await client.delete_schedule(schedule.id)
+    except Exception as exc:  # noqa: BLE001 - cleanup: the run's own outcome comes first
+        print(
+            f"taskq demo: could not delete its schedule {schedule.name!r} ({exc!r}); the next "
+            f"run deletes it, or: taskq schedules delete {schedule.id}",
+            file=sys.stderr,
+        )
 
 
 def _quiet_logs() -> None:

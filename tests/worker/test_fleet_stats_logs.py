@@ -38,3 +38,15 @@ async def test_stranded_jobs_name_the_50_actors_with_most_and_count_them_all() -
     assert len(record["actors"]) == 50 and record["actors_not_shown"] == 71
     assert record["actors"]["busy"] == {"busiest": 5}
     assert record["jobs"] == 125 and len(record["queues"]) == 50
+
+
+async def test_an_actors_stranded_queues_are_named_busiest_first() -> None:
+    backend = InMemoryBackend()
+    for n in range(60):
+        await backend.enqueue(EnqueueArgs(actor="gone", queue=f"q{n:02d}"))
+    for _ in range(3):
+        await backend.enqueue(EnqueueArgs(actor="gone", queue="z-busy"))
+    with structlog.testing.capture_logs() as logs:
+        await stranded_jobs_once(backend)
+    [record] = logs
+    assert len(record["actors"]["gone"]) == 50 and record["actors"]["gone"]["z-busy"] == 3

@@ -8,7 +8,6 @@ that has not yet noticed it was deposed moves nothing twice.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from itertools import islice
 from typing import TYPE_CHECKING, Final
 
 import structlog
@@ -125,7 +124,10 @@ async def stranded_jobs_once(backend: SupportsFleetStats) -> dict[str, int]:
     stranded = await backend.stranded_jobs()
     if stranded:
         shown = _busiest({actor: sum(queues.values()) for actor, queues in stranded.items()})
-        named = {actor: dict(islice(stranded[actor].items(), _MOST_LOGGED)) for actor in shown}
+        named = {
+            actor: {queue: stranded[actor][queue] for queue in _busiest(stranded[actor])}
+            for actor in shown
+        }
         _log.warning(
             "taskq.stranded-jobs",
             actors=named,

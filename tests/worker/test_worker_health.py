@@ -323,7 +323,7 @@ async def test_tasks_is_not_served_unless_enabled() -> None:
             await server.close()
 
 
-async def test_stalled_connections_past_the_cap_are_closed_and_probes_still_answer(
+async def test_stalled_connections_past_the_cap_make_room_and_probes_still_answer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Each stalled connection held a file descriptor for its read timeout, with no
@@ -332,19 +332,21 @@ async def test_stalled_connections_past_the_cap_are_closed_and_probes_still_answ
     from taskq.worker.health import HealthServer
 
     monkeypatch.setattr(health, "_MAX_CONNECTIONS", 4)
-    monkeypatch.setattr(health, "_EXCHANGE_SECONDS", 0.5)
+    monkeypatch.setattr(health, "_EXCHANGE_SECONDS", 1.5)
     server = HealthServer("127.0.0.1", 0, tasks_enabled=False)
     await server.start()
-    stalled = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(4)]
+    stalled = []
+    for _ in range(4):
+        stalled.append(await asyncio.open_connection("127.0.0.1", server.port))
+        await asyncio.sleep(0.02)  # accepted in this order
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        assert await asyncio.wait_for(reader.read(), 2) == b""  # closed unanswered
-        writer.close()
-        # The stalled ones are dropped at the exchange's bound; probes answer again.
-        for stalled_reader, _ in stalled:
-            assert await asyncio.wait_for(stalled_reader.read(), 2) == b""
+        # At the cap, a probe is answered: the connection stalled longest makes room.
         answer = await asyncio.to_thread(_request, server.port, "GET", "/healthz")
         assert answer[0] == 200
+        assert await asyncio.wait_for(stalled[0][0].read(), 0.5) == b""  # before its bound
+        # The others are dropped at the exchange's bound.
+        for stalled_reader, _ in stalled[1:]:
+            assert await asyncio.wait_for(stalled_reader.read(), 3) == b""
     finally:
         for _, stalled_writer in stalled:
             stalled_writer.close()

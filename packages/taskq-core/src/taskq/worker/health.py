@@ -45,7 +45,7 @@ _EXCHANGE_SECONDS = 5.0
 """The longest a connection is served, from its accept to the answer's last byte: a
 stalled client is dropped."""
 _MAX_CONNECTIONS = 32
-"""Connections answered at once; one more is closed unanswered."""
+"""Connections served at once; one more closes the one stalled longest."""
 # Readiness probes can be frequent; one backend round trip per second is plenty.
 _READINESS_CACHE_SECONDS = 1.0
 _READINESS_TIMEOUT_SECONDS = 1.0
@@ -104,6 +104,8 @@ class HealthServer:
         """The backend check in flight, shared by the probes that come meanwhile."""
         self._open = 0
         """Connections being answered."""
+        self._unread: dict[asyncio.StreamWriter, None] = {}
+        """The connections whose request has not come in yet, oldest first."""
 
     @property
     def port(self) -> int:
@@ -188,9 +190,14 @@ class HealthServer:
         if self._open >= _MAX_CONNECTIONS:
             # Probes are few and quick: a flood of stalled connections would hold a file
             # descriptor each, until the worker could open no other (its database's).
-            writer.close()
-            return
+            # The one stalled longest makes room (a probe sends its request at once and
+            # is answered); with none stalled, this one goes unanswered.
+            if not self._unread:
+                writer.close()
+                return
+            next(iter(self._unread)).close()
         self._open += 1
+        self._unread[writer] = None
         try:
             # One bound for the whole exchange: a client that stops reading a large
             # answer (/tasks) must not hold its connection either.
@@ -200,6 +207,7 @@ class HealthServer:
             pass  # a probe that hung up or stalled: nothing to answer
         finally:
             self._open -= 1
+            self._unread.pop(writer, None)
             writer.close()
             with contextlib.suppress(ConnectionError, TimeoutError):
                 async with asyncio.timeout(1):
@@ -210,6 +218,7 @@ class HealthServer:
             request_line = (await reader.readline()).decode("latin-1").split()
             while (await reader.readline()) not in (b"\r\n", b"\n", b""):
                 pass  # headers are not needed
+            self._unread.pop(writer, None)
         except ValueError:  # a line past the reader's limit (64 KiB): no traceback
             method, status, content_type, body = "GET", 431, "text/plain", "line too long\n"
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -365,3 +366,37 @@ def test_a_loop_lag_budget_at_or_above_the_lease_is_refused() -> None:
     assert settings.loop_lag_budget.total_seconds() == 29
     relaxed = WorkerSettings.load({"lock_lease": "8s", "heartbeat_interval": "2s"}, env={})
     assert relaxed.loop_lag_budget.total_seconds() == 4
+
+
+async def test_a_stop_that_cannot_hand_jobs_back_exits_1_saying_so(
+    tq: TaskQ, pg_schema: PgSchema
+) -> None:
+    # A SIGTERM with the database away: the hand-backs fail, the jobs stay locked for the
+    # reclaim (an attempt each). The worker exited 0, as after a clean stop.
+    from urllib.parse import urlsplit
+
+    from taskq_testing.faults import TcpProxy
+
+    jobs = [await tq.client.enqueue(basic.cooperative, {"seconds": 60}) for _ in range(3)]
+    with TcpProxy(urlsplit(pg_schema.dsn).port or 5432) as proxy:
+        dsn = proxy.through(pg_schema.dsn)
+        with worker(
+            pg_schema,
+            "--concurrency",
+            "4",
+            TASKQ_DSN=dsn,
+            TASKQ_DISPATCHER_COMMAND_TIMEOUT="500ms",
+            TASKQ_TERMINATION_GRACE_PERIOD="6s",
+        ) as proc:
+            async with asyncio.timeout(20):
+                while len(await tq.client.list_jobs(status="running")) < 3:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            proxy.cut()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 1
+            stderr = proc.stderr.read() if proc.stderr else ""
+    [summary] = [line for line in stderr.splitlines() if "stop-left-jobs-unconfirmed" in line]
+    assert json.loads(summary)["jobs"] == 3, stderr
+    for job in jobs:  # still locked: nothing was written
+        row = await tq.client.get(job.id)
+        assert row is not None and row.status is JobStatus.RUNNING

@@ -94,6 +94,12 @@ class Worker:
         counts once per attempt; a hand-back or a cancelled attempt counts too)."""
         return self._state.processed if self._state else 0
 
+    @property
+    def unconfirmed_at_stop(self) -> int:
+        """Jobs whose hand-back or outcome the last stop could not confirm (the database
+        away): left to the lease and the reclaim, which spends an attempt of each."""
+        return self._state.unconfirmed_at_stop if self._state else 0
+
     def stop(self) -> None:
         """Shut down gracefully (the first SIGTERM): see :mod:`taskq.worker.shutdown`."""
         if not self._stop_requested:

@@ -146,6 +146,9 @@ class WorkerState:
     """The backend may hold jobs for this worker that it never heard of (a dispatch
     failed, or a heartbeat renewed more jobs than it knows): the producer checks,
     between two dispatches, and hands them back."""
+    unconfirmed_at_stop: int = 0
+    """Jobs whose hand-back or outcome the stop could not confirm (the database away):
+    left to the lease and the reclaim, which spends an attempt of each."""
     met_unknown_actor: bool = False
     """A job of an actor this application does not know was handed back (--until-idle
     then checks whether only such jobs are left, which it would bounce forever)."""

@@ -149,7 +149,7 @@ def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
     )
 
 
-async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
+async def _serve(app: TaskQ, settings: WorkerSettings) -> int:
     from taskq.backend import SupportsMigrate
     from taskq.worker._runtime import Worker
     from taskq.worker._sync_pool import SyncActorPool
@@ -176,6 +176,18 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
             lingering = worker.lingering_tasks()
     # Closing the backend is part of the stop that termination_grace_period bounds.
     worker.shutdown_done()
+    code = EXIT_OK
+    if worker.unconfirmed_at_stop:
+        # A stop with the database away: those jobs stay locked until their lease lapses,
+        # and the reclaim spends an attempt of each (a job on its last one ends crashed).
+        # Not a clean exit, for whoever supervises the worker.
+        _log.error(
+            "taskq.stop-left-jobs-unconfirmed",
+            jobs=worker.unconfirmed_at_stop,
+            hint="their hand-back or outcome could not be written (is the database "
+            "reachable?): the reclaim takes them once their lease lapses, spending an attempt",
+        )
+        code = EXIT_ERROR
     threads = worker.lingering_threads() + loop_threads.running
     if lingering or threads:
         # Tasks that swallowed cancellation, and threads (which nothing can cancel),
@@ -188,7 +200,8 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> None:
         )
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(EXIT_OK)
+        os._exit(code)
+    return code
 
 
 async def _open_when_reachable(
@@ -266,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # process: out of the cyclic collector, whose full passes over it would
         # otherwise stall the event loop for ~20 ms at a time.
         gc.freeze()
-        asyncio.run(_serve(app, settings))
+        return asyncio.run(_serve(app, settings))
     except TaskQError as exc:
         print(f"taskq-worker: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

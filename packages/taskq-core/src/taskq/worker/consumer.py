@@ -741,10 +741,10 @@ async def hand_back(
     *,
     give_up: bool = False,
     outcome: Literal["interrupted", "unstarted"] = "interrupted",
-) -> None:
+) -> bool:
     """Return a job interrupted by shutdown for another attempt, its budget untouched
     (``give_up`` as for :func:`write_retrying`); ``unstarted`` for one whose code never
-    began."""
+    began. False when the write was given up (the job is left to the reclaim)."""
     verdict = await write_retrying(
         state,
         outcome,
@@ -761,6 +761,7 @@ async def hand_back(
     )
     if verdict == "noop":
         _ownership_lost(row, outcome)
+    return verdict is not None
 
 
 async def _cancelled(state: WorkerState, row: JobRow, ctx: Context) -> None:

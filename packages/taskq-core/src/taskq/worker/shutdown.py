@@ -111,9 +111,11 @@ async def _hand_back_unstarted(state: WorkerState) -> int:
         except transient_errors() as exc:
             _log.warning("taskq.unstarted-hand-back-failed", jobs=len(jobs), error=repr(exc))
             released = 0
+            state.unconfirmed_at_stop += len(jobs)
     else:
         for row, _ in unstarted:
-            await hand_back(state, row, None, give_up=True, outcome="unstarted")
+            confirmed = await hand_back(state, row, None, give_up=True, outcome="unstarted")
+            state.unconfirmed_at_stop += not confirmed
         released = len(unstarted)
     for row, active in unstarted:
         state.release(row.id, active)
@@ -211,6 +213,7 @@ async def _abandon(state: WorkerState, active: ActiveJob) -> None:
         # (awaited as the worker closes) may still land it; else the lease runs out
         # and the reclaim sweep takes it. "Unwritten" said more than was known.
         _log.warning("taskq.outcome-unconfirmed-at-stop", job_id=job_id)
+        state.unconfirmed_at_stop += 1
         if active.task is not None:
             active.task.cancel()
     else:
@@ -219,16 +222,18 @@ async def _abandon(state: WorkerState, active: ActiveJob) -> None:
         # Its outcome is this write: should the task return at last, it writes nothing.
         active.cancel_phase = CancelPhase.ABANDON_PENDING
         if active.interrupted:
-            await hand_back(state, active.row, active.ctx, give_up=True)
+            confirmed = await hand_back(state, active.row, active.ctx, give_up=True)
         else:
-            await _mark_abandoned(state, active, escalated)
+            confirmed = await _mark_abandoned(state, active, escalated)
+        state.unconfirmed_at_stop += not confirmed
     active.finish()
 
 
-async def _mark_abandoned(state: WorkerState, active: ActiveJob, escalated: bool) -> None:
+async def _mark_abandoned(state: WorkerState, active: ActiveJob, escalated: bool) -> bool:
     """End a user-cancelled job whose task outlived the stop ``abandoned``. Phase 2 is
     stored first if FORCING could not store it (its write failed): ``mark_abandoned``
-    acts only on phase 2, and the job would stay locked by a worker that has gone."""
+    acts only on phase 2, and the job would stay locked by a worker that has gone.
+    False when the write was given up (the database away)."""
     backend, row = state.backend, active.row
     if not escalated:
         await write_retrying(
@@ -246,3 +251,4 @@ async def _mark_abandoned(state: WorkerState, active: ActiveJob, escalated: bool
         _log.warning("taskq.abandon-not-written", job_id=str(row.id), attempt=row.attempt)
     elif written:
         await apply_batch_terminal_outcome(backend, row, "abandoned")
+    return written is not None

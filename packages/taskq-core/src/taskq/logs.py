@@ -74,6 +74,7 @@ def route_stdlib_logging() -> None:
     if root.handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_one_line_driver_errors)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[
@@ -86,6 +87,17 @@ def route_stdlib_logging() -> None:
     )
     root.addHandler(handler)
     root.setLevel(logging.WARNING)  # libraries' info chatter stays out
+
+
+def _one_line_driver_errors(record: logging.LogRecord) -> bool:
+    """A driver's warning about an error it handles itself (asyncpg's pool retrying its
+    connection floor through a database restart) on one line, the error's repr in place
+    of its traceback: an expected condition, said 4 to 9 times per worker per restart."""
+    if record.levelno < logging.ERROR and record.exc_info and record.name.startswith("asyncpg"):
+        error = record.exc_info[1]
+        record.msg, record.args = f"{record.getMessage()}: {error!r}", ()
+        record.exc_info = record.exc_text = None
+    return True
 
 
 def bind_job_fields(job: JobRow) -> Mapping[str, Token[Any]]:

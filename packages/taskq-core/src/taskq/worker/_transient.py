@@ -76,9 +76,11 @@ class RepeatedWarning:
     out (``repeated``): a dispatch loop polling each second wrote 3,600 lines an hour.
     :meth:`ok` ends the run, so the next error is logged at once."""
 
-    def __init__(self, event: str, every: float = 30.0) -> None:
+    def __init__(self, event: str, every: float = 30.0, **fields: str) -> None:
         self.event = event
         self.every = every
+        self._fields = fields
+        """Logged with every line (which loop)."""
         self._last: float | None = None
         self._left_out = 0
 
@@ -88,12 +90,17 @@ class RepeatedWarning:
         if self._last is not None and now - self._last < self.every:
             self._left_out += 1
             return
-        _log.warning(self.event, error=repr(exc), repeated=self._left_out)
+        _log.warning(self.event, error=repr(exc), repeated=self._left_out, **self._fields)
         self._last, self._left_out = now, 0
 
     def ok(self) -> None:
         """The loop's turn went through: the run of errors, if any, is over (said, with
         the errors left out since the last line)."""
         if self._last is not None:
-            _log.info("taskq.transient-errors-over", of=self.event, repeated=self._left_out)
+            _log.info(
+                "taskq.transient-errors-over",
+                of=self.event,
+                repeated=self._left_out,
+                **self._fields,
+            )
         self._last, self._left_out = None, 0

@@ -22,7 +22,7 @@ from taskq.backend._protocol import (
 from taskq.backend.statemachine import JobStatus
 from taskq.models import JobId
 from taskq.worker._state import ActiveJob, WorkerState
-from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
+from taskq.worker._transient import RepeatedWarning, UnexpectedLoopErrorGuard, transient_errors
 
 _log = structlog.get_logger("taskq.worker")
 
@@ -94,6 +94,7 @@ class _Toucher:
         self._state = state
         self._backend = backend
         self._task: asyncio.Task[None] | None = None
+        self._failing = RepeatedWarning("taskq.worker-touch-transient-error")
 
     def touch(self) -> None:
         task = self._task
@@ -110,13 +111,14 @@ class _Toucher:
             _log.warning("taskq.worker-row-restored", worker_id=str(state.worker_id))
             await state.register()
 
-    @staticmethod
-    def _report(task: asyncio.Task[None]) -> None:
+    def _report(self, task: asyncio.Task[None]) -> None:
         error = None if task.cancelled() else task.exception()
         if error is None:
+            if not task.cancelled():
+                self._failing.ok()
             return
         if isinstance(error, transient_errors()):
-            _log.warning("taskq.worker-touch-transient-error", error=repr(error))
+            self._failing.failed(error)
         else:
             _log.error("taskq.worker-touch-failed", error=repr(error))
 
@@ -157,6 +159,7 @@ async def _renew(state: WorkerState, held: Mapping[JobId, ActiveJob]) -> _Renewa
 async def heartbeat_loop(state: WorkerState) -> None:
     """Tick every ``heartbeat_interval`` (sooner on a cancel wake) until cancelled."""
     guard = UnexpectedLoopErrorGuard("heartbeat")
+    failing = RepeatedWarning("taskq.heartbeat-transient-error")
     transient = transient_errors()  # the bound's TimeoutError among them (core's)
     interval = state.settings.heartbeat_interval.total_seconds()
     # A tick of several statements (renewals first) is bounded as a whole: on a slow but
@@ -172,10 +175,11 @@ async def heartbeat_loop(state: WorkerState) -> None:
                     async with asyncio.timeout(bound):
                         await heartbeat_once(state, toucher)
                 except transient as exc:
-                    _log.warning("taskq.heartbeat-transient-error", error=repr(exc))
+                    failing.failed(exc)
                 except Exception as exc:  # noqa: BLE001 - the guard decides
                     guard.failed(exc)
                 else:
+                    failing.ok()
                     guard.succeeded()
                 state.liveness.tick("heartbeat", interval)
                 await _sleep_or_wake(interval, cancel_wake)

@@ -35,7 +35,7 @@ from taskq.backend._protocol import (
 )
 from taskq.backend.clock import SystemClock
 from taskq.worker._state import WorkerState
-from taskq.worker._transient import UnexpectedLoopErrorGuard, transient_errors
+from taskq.worker._transient import RepeatedWarning, UnexpectedLoopErrorGuard, transient_errors
 from taskq.worker.maintenance import (
     archive_expiry_once,
     cron_once,
@@ -226,16 +226,18 @@ class MaintenanceLeader:
 
     async def _election_loop(self) -> None:
         guard = UnexpectedLoopErrorGuard("leader-election")
+        failing = RepeatedWarning("taskq.leader-election-transient-error")
         transient = transient_errors()
         period = self.state.settings.heartbeat_interval.total_seconds()
         while True:
             try:
                 await self.confirm()
             except transient as exc:
-                _log.warning("taskq.leader-election-transient-error", error=repr(exc))
+                failing.failed(exc)
             except Exception as exc:  # noqa: BLE001 - the guard decides
                 guard.failed(exc)
             else:
+                failing.ok()
                 guard.succeeded()
             self.state.liveness.tick("leader-election", period)
             await asyncio.sleep(period)
@@ -243,6 +245,7 @@ class MaintenanceLeader:
     async def _gated(self, loop: _Loop) -> None:
         name, period, work = loop.name, loop.period, loop.work
         guard = UnexpectedLoopErrorGuard(name)
+        failing = RepeatedWarning("taskq.leader-loop-transient-error", loop=name)
         transient = transient_errors()  # the bound's TimeoutError among them (core's)
         last_slot: datetime | None = None
         # An iteration of a frequent loop is bounded as a whole, not only statement by
@@ -275,10 +278,11 @@ class MaintenanceLeader:
                         async with asyncio.timeout(max(left, bound.total_seconds() / 4)):
                             moved = await work()
             except transient as exc:
-                _log.warning("taskq.leader-loop-transient-error", loop=name, error=repr(exc))
+                failing.failed(exc)
             except Exception as exc:  # noqa: BLE001 - the guard decides
                 guard.failed(exc)
             else:
+                failing.ok()
                 guard.succeeded()
                 if any(moved.values()):
                     _log.info("taskq.leader-swept", loop=name, **moved)

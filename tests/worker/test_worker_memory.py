@@ -1290,3 +1290,48 @@ async def test_a_worker_told_no_queues_works_those_of_its_apps_actors() -> None:
     # Named queues stay as named.
     told = WorkerSettings.load({"queues": "images"}, env={})
     assert Worker(tq, told).settings.queues == ["images"]
+
+
+async def test_an_outcome_refused_after_a_reclaim_is_kept_as_a_late_outcome_event() -> None:
+    # A worker frozen or cut off past its lease: the reclaim recorded the attempt
+    # crashed, and the run's success was only a log line. The history said the job
+    # crashed; it had in fact finished.
+    from datetime import timedelta
+
+    from taskq.backend.clock import FakeClock
+    from taskq.backend.memory import InMemoryBackend
+
+    clock = FakeClock()
+    backend = InMemoryBackend(clock=clock)
+    taken = asyncio.Event()
+    release = asyncio.Event()
+
+    @actor(name="late.finisher", max_attempts=1)
+    async def finisher(payload: dict[str, Any]) -> str:
+        taken.set()
+        await release.wait()
+        return "done"
+
+    tq = TaskQ("memory://", actors=[finisher], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(finisher, {})
+        slow = {"heartbeat_interval": "20s", "lock_lease": "80s", "leader_lease": "40s"}
+        running = asyncio.create_task(run_until_idle(tq, **slow))
+        await asyncio.wait_for(taken.wait(), 5)
+        # Its lease lapses unseen (no heartbeat in between) and the reclaim takes it, as
+        # the actor finishes: the worker has not run since (a frozen process's view).
+        clock.advance(timedelta(minutes=5))
+        release.set()
+        assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
+        await asyncio.wait_for(running, 10)
+        attempts = await tq.client.get_attempts(job.id)
+        events = await tq.client.get_events(job.id)
+        done = await tq.client.get(job.id)
+    assert done is not None and done.status is JobStatus.CRASHED  # the reclaim's verdict
+    assert [a.outcome for a in attempts] == ["crashed"]
+    [late] = [e for e in events if e.kind == "late_outcome"]
+    assert late.detail == {
+        "attempt": 1,
+        "worker_id": str(attempts[0].worker_id),
+        "outcome": "succeeded",
+    }

@@ -115,9 +115,13 @@ EventKind: TypeAlias = Literal[
     "reclaimed",
     "cancel_requested",
     "cancel_escalated",
+    "late_outcome",
 ]
 """``job_events.kind``. ``reclaimed`` rows are the crash-reclaim outbox that
-``poll_reclaim_events`` reads."""
+``poll_reclaim_events`` reads. A ``late_outcome`` row is what an attempt came to after
+it stopped being its worker's (a reclaim took the job while the worker, frozen or cut
+off, still ran it): its ``detail`` names the attempt, the worker and the outcome, which
+changed nothing else (the job may have run again meanwhile)."""
 
 QueueMode: TypeAlias = Literal["strict_fifo", "round_robin"]
 BatchStatus: TypeAlias = Literal["active", "complete", "aborted"]

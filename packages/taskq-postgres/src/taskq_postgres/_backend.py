@@ -50,6 +50,7 @@ from taskq.backend.cron import (
     updated_fire_at,
 )
 from taskq.backend.fairness import STRICT, CohortTurns, cohort_of
+from taskq.backend.late_outcome import late_outcome_detail
 from taskq.backend.storable import check_delay, clean_text, dump_json, load_json
 from taskq.errors import ConfigurationError, RetryRefusedError, SingletonCollisionError, TaskQError
 from taskq.identifiers import validate_schema_name
@@ -936,6 +937,14 @@ class PostgresBackend:
         """``(id, attempt)`` of every running job ``worker_id`` holds (``SupportsHeldJobs``)."""
         records = await self._db().fetch(self._sql.held_jobs, worker_id)
         return [(record["id"], record["attempt"]) for record in records]
+
+    async def record_late_outcome(
+        self, job_id: JobId, attempt: int, worker_id: UUID, outcome: str, error: ErrorInfo | None
+    ) -> bool:
+        """A ``late_outcome`` event in the job's history (``SupportsLateOutcomes``)."""
+        detail = dump_json(late_outcome_detail(attempt, worker_id, outcome, error))
+        status = await self._db().execute(self._sql.late_outcome, job_id, detail)
+        return _changed(status) == 1
 
     async def record_progress(
         self,

@@ -60,6 +60,7 @@ class Statements:
     retry_job: str
     retry_target: str
     write_attempt: str
+    late_outcome: str
     # sweeps and the reclaim outbox
     scheduled_to_pending: str
     deadline_sweep: str
@@ -146,6 +147,7 @@ def statements_for(schema: str) -> Statements:
         retry_job=render(term.RETRY_JOB, s),
         retry_target=render(term.RETRY_TARGET, s),
         write_attempt=render(term.WRITE_ATTEMPT, s),
+        late_outcome=render(term.LATE_OUTCOME, s),
         scheduled_to_pending=sweeps.SCHEDULED_TO_PENDING.render(s),
         deadline_sweep=render(sweeps.DEADLINE_SWEEP, s),
         reclaim_expired_locks=sweeps.RECLAIM_EXPIRED_LOCKS.render(s),

@@ -17,6 +17,7 @@ from taskq.backend._protocol import SupportsCron as SupportsCron
 from taskq.backend._protocol import SupportsEnqueuePrecheck as SupportsEnqueuePrecheck
 from taskq.backend._protocol import SupportsFleetStats as SupportsFleetStats
 from taskq.backend._protocol import SupportsHeldJobs as SupportsHeldJobs
+from taskq.backend._protocol import SupportsLateOutcomes as SupportsLateOutcomes
 from taskq.backend._protocol import SupportsLeaderElection as SupportsLeaderElection
 from taskq.backend._protocol import SupportsLeaseRenewal as SupportsLeaseRenewal
 from taskq.backend._protocol import SupportsMigrate as SupportsMigrate
@@ -63,6 +64,7 @@ __all__ = [
     "SupportsEnqueuePrecheck",
     "SupportsFleetStats",
     "SupportsHeldJobs",
+    "SupportsLateOutcomes",
     "SupportsLeaderElection",
     "SupportsLeaseRenewal",
     "SupportsMigrate",

@@ -74,6 +74,7 @@ __all__ = [
     "SupportsEnqueuePrecheck",
     "SupportsFleetStats",
     "SupportsHeldJobs",
+    "SupportsLateOutcomes",
     "SupportsLeaderElection",
     "SupportsLeaseRenewal",
     "SupportsMigrate",
@@ -115,7 +116,7 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
-#     SupportsBatchChildCheck.
+#     SupportsBatchChildCheck, SupportsLateOutcomes.
 #
 # When to bump: "increment it whenever a change alters an existing protocol
 # member's observable contract such that an implementation written against
@@ -647,6 +648,20 @@ class SupportsUnstartedHandBack(Protocol):
 
 
 @runtime_checkable
+class SupportsLateOutcomes(Protocol):
+    """A backend that keeps, in a job's history, an outcome its worker could not write
+    any more: the attempt it came from was reclaimed while it ran (the worker frozen or
+    cut off), and the history said ``crashed`` of an attempt that in fact finished."""
+
+    async def record_late_outcome(
+        self, job_id: JobId, attempt: int, worker_id: UUID, outcome: str, error: ErrorInfo | None
+    ) -> bool:
+        """Add a ``late_outcome`` event (``detail``: attempt, worker_id, outcome and the
+        error's class and message); nothing else changes. False for an unknown job."""
+        ...
+
+
+@runtime_checkable
 class SupportsHeldJobs(Protocol):
     """A backend that lists the jobs a worker holds, so that a worker can find the
     ones it never heard of: a dispatch that committed but whose reply was lost (the
@@ -932,6 +947,7 @@ OPTIONAL_PROTOCOLS: Final[tuple[type, ...]] = (
     SupportsEnqueuePrecheck,
     SupportsUnstartedHandBack,
     SupportsHeldJobs,
+    SupportsLateOutcomes,
     SupportsLeaseRenewal,
     SupportsWorkerCancelWake,
     SupportsLeaderElection,

@@ -57,6 +57,7 @@ from taskq.backend._protocol import Connection, ScheduleFire, check_protocol_ver
 from taskq.backend.clock import Clock, SystemClock
 from taskq.backend.cron import cron_slots, one_per_singleton, skipped_slots
 from taskq.backend.fairness import CohortTurns, cohort_of
+from taskq.backend.late_outcome import late_outcome_detail
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
 from taskq.backend.storable import check_delay, clean_text, stored_json
 from taskq.errors import RetryRefusedError, SingletonCollisionError, TaskQError
@@ -346,6 +347,16 @@ class InMemoryBackend:
     async def held_jobs(self, worker_id: UUID) -> list[tuple[JobId, int]]:
         """``(id, attempt)`` of every running job ``worker_id`` holds (``SupportsHeldJobs``)."""
         return [(row.id, row.attempt) for row in self._held(worker_id)]
+
+    async def record_late_outcome(
+        self, job_id: JobId, attempt: int, worker_id: UUID, outcome: str, error: ErrorInfo | None
+    ) -> bool:
+        """A ``late_outcome`` event in the job's history (``SupportsLateOutcomes``)."""
+        if job_id not in self._jobs:
+            return False
+        detail = late_outcome_detail(attempt, worker_id, outcome, error)
+        self._store.event(job_id, "late_outcome", detail, self.clock.now())
+        return True
 
     def _held(self, worker_id: UUID) -> list[JobRow]:
         return [

@@ -24,7 +24,13 @@ from pydantic_core import to_jsonable_python
 
 from taskq._di import ResolvedActorScope, build_actor_scope, passthrough_scope
 from taskq.actor import CONTEXT_PARAMETER, Actor
-from taskq.backend import CancelPhase, JobStatus, SupportsEnqueuePrecheck, SupportsTransactions
+from taskq.backend import (
+    CancelPhase,
+    JobStatus,
+    SupportsEnqueuePrecheck,
+    SupportsLateOutcomes,
+    SupportsTransactions,
+)
 from taskq.context import Context
 from taskq.errors import (
     EnqueueError,
@@ -124,6 +130,26 @@ def _ownership_lost(row: JobRow, write: str) -> None:
         write=write,
         error=str(WorkerOwnershipMismatch()),
     )
+
+
+async def _late(
+    state: WorkerState, row: JobRow, outcome: str, error: ErrorInfo | None = None
+) -> None:
+    """The attempt's outcome, refused: it is not this worker's any more (reclaimed while
+    it ran, the worker frozen or cut off). Kept in the job's history as a
+    ``late_outcome`` event where the backend can, as the history otherwise said only
+    that the attempt crashed."""
+    _ownership_lost(row, outcome)
+    backend = state.backend
+    if isinstance(backend, SupportsLateOutcomes):
+        await write_retrying(
+            state,
+            "late_outcome",
+            lambda: backend.record_late_outcome(
+                row.id, row.attempt, state.worker_id, outcome, error
+            ),
+            give_up=True,
+        )
 
 
 def _settle_unstarted(state: WorkerState, active: ActiveJob | None) -> None:
@@ -310,7 +336,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         await _raised(state, row, ctx, actor, refused.error)
         return
     if ok is False and not await _our_success_landed(state, row):
-        _ownership_lost(row, "succeeded")
+        await _late(state, row, "succeeded")
         return
     _log.debug("taskq.job-succeeded")
     await apply_batch_terminal_outcome(state.backend, row, "succeeded")
@@ -678,7 +704,7 @@ async def _fail_with(
         if fenced:  # stopped before the reclaim, as the fence is for: not a lost lock
             _log.info("taskq.fenced-job-reclaimed", status=after.status.value)
         else:
-            _ownership_lost(row, "failed_or_retry")
+            await _late(state, row, "failed", info)
     elif after is not None and after.status is JobStatus.FAILED:
         await apply_batch_terminal_outcome(state.backend, row, "failed")
 
@@ -773,6 +799,6 @@ async def _cancelled(state: WorkerState, row: JobRow, ctx: Context) -> None:
         ),
     )
     if ok is False:
-        _ownership_lost(row, "cancelled")
+        await _late(state, row, "cancelled")
     elif ok:
         await apply_batch_terminal_outcome(state.backend, row, "cancelled")

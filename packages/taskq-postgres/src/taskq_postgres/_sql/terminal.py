@@ -26,6 +26,7 @@ from taskq.models import UNRUN_OUTCOMES
 from taskq_postgres._sql import TransitionSQL, job_columns
 
 __all__ = [
+    "LATE_OUTCOME",
     "MARK_ABANDONED",
     "MARK_CANCELLED",
     "MARK_FAILED_OR_RETRY",
@@ -632,4 +633,12 @@ updated AS (
     RETURNING j.id
 )
 SELECT EXISTS (SELECT 1 FROM owned)
+"""
+
+LATE_OUTCOME: Final = """
+-- arbiter: clock_timestamp() (occurred_at, the column default)
+-- A late_outcome event for job $1 (detail $2, JSON text), if the job exists; nothing
+-- else changes.
+INSERT INTO {schema}.job_events (job_id, kind, detail)
+SELECT j.id, 'late_outcome', $2::text::jsonb FROM {schema}.jobs j WHERE j.id = $1
 """

@@ -7,15 +7,18 @@ from uuid import uuid4
 
 import pytest
 
-from taskq.backend import Backend
+from taskq.backend import Backend, SupportsLateOutcomes
 from taskq.models import AttemptRow, ErrorInfo
 from taskq_testing.conformance._support import (
     ERROR,
     LONG_LEASE,
+    SHORT_LEASE,
+    AdvanceTime,
     assert_history_consistent,
     assert_utc,
     covers,
     enqueue_and_dispatch,
+    expire_short_leases,
     make_args,
 )
 
@@ -134,3 +137,35 @@ class HistoryTests:
         await enqueue_and_dispatch(backend, worker_id=uuid4())
         assert await backend.get_attempts(uuid4()) == []
         assert await backend.get_events(uuid4()) == []
+
+    @covers("record_late_outcome", "reclaim_expired_locks", "get_events")
+    async def test_a_late_outcome_joins_the_history_and_changes_nothing_else(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # The first worker, frozen past its lease, finished after the reclaim: its
+        # refused write left the history saying only "crashed".
+        if not isinstance(backend, SupportsLateOutcomes):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsLateOutcomes")
+        first = uuid4()
+        job = await enqueue_and_dispatch(backend, worker_id=first, lease=SHORT_LEASE)
+        await expire_short_leases(advance_time)
+        assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
+        assert not await backend.mark_succeeded(job.id, first, None, attempt=1)
+        before = await backend.get(job.id)
+        assert await backend.record_late_outcome(job.id, 1, first, "succeeded", None)
+        error = ErrorInfo(error_class="ValueError", message="bad\x00input")
+        assert await backend.record_late_outcome(job.id, 1, first, "failed", error)
+        assert await backend.get(job.id) == before  # the job is as the reclaim left it
+        late = [e for e in await backend.get_events(job.id) if e.kind == "late_outcome"]
+        assert [e.detail for e in late] == [
+            {"attempt": 1, "worker_id": str(first), "outcome": "succeeded"},
+            {
+                "attempt": 1,
+                "worker_id": str(first),
+                "outcome": "failed",
+                "error_class": "ValueError",
+                "error_message": "bad\ufffdinput",
+            },
+        ]
+        await assert_history_consistent(backend, job.id)
+        assert not await backend.record_late_outcome(uuid4(), 1, first, "succeeded", None)

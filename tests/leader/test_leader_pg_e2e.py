@@ -271,13 +271,14 @@ async def test_a_stalled_network_is_ridden_out_without_a_watchdog_exit(
     assert all(o in (["succeeded"], ["unstarted", "succeeded"]) for o in outcomes), outcomes
 
 
-async def test_a_stop_during_a_stall_ends_within_its_wall_and_exits_cleanly(
+async def test_a_stop_during_a_stall_ends_within_its_wall_and_says_what_it_left(
     tq: TaskQ, spawn: Spawn, pg_schema: PgSchema
 ) -> None:
     # The job's actor returns during the stall, so its success write retries. The
     # stop's last phase used to count its budget from after the drain began, not from
     # the signal, and kept no room for the teardown: the shutdown watchdog ended the
-    # process (exit 2).
+    # process (exit 2). The write cannot land before the process ends: exit 1, saying
+    # so (the reclaim takes the job).
     job = await tq.client.enqueue(basic.nap, {"seconds": 1})
     with TcpProxy(urlsplit(pg_schema.dsn).port or 5432) as proxy:
         worker = spawn(
@@ -302,7 +303,9 @@ async def test_a_stop_during_a_stall_ends_within_its_wall_and_exits_cleanly(
         worker.signal(signal.SIGTERM)
         rc = await asyncio.get_running_loop().run_in_executor(None, worker.proc.wait, 30)
         proxy.restore()
-    assert rc == 0, worker.events("taskq.watchdog-trip")
+    assert rc == 1, worker.events("taskq.watchdog-trip")
+    [left] = worker.events("taskq.stop-left-jobs-unconfirmed")
+    assert left["jobs"] == 1
 
 
 async def test_a_per_second_cron_fires_every_slot_once_across_a_failover(

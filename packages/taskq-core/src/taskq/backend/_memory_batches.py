@@ -196,7 +196,8 @@ class BatchTable:
             self._finish(batch, "complete", self._clock.now())
 
     def complete_stale(self) -> int:
-        """Complete every active batch none of whose children is still active."""
+        """Complete every active batch none of whose children is still active (abort
+        one whose failure streak reached its threshold: the hook's abort was lost)."""
         now = self._clock.now()
         stale = [
             row
@@ -204,7 +205,9 @@ class BatchTable:
             if row.status == "active" and self.count_non_terminal(row.id) == 0
         ]
         for batch in stale:
-            self._finish(batch, "complete", now)
+            threshold = batch.failure_threshold
+            failed = threshold is not None and batch.consecutive_failures >= threshold
+            self._finish(batch, "aborted" if failed else "complete", now)
         return len(stale)
 
     def _finish(self, batch: BatchRow, status: BatchStatus, now: datetime) -> None:

@@ -858,9 +858,10 @@ class SupportsStaleBatchSweep(Protocol):
     """A backend whose leader completes batches a lost terminal hook left active."""
 
     async def complete_stale_batches(self) -> int:
-        """Mark every ``active`` batch with no non-terminal child ``complete`` and
-        release its finalizer, as :meth:`Backend.complete_batch` does for one batch;
-        returns the batches completed."""
+        """Mark every ``active`` batch with no non-terminal child ``complete`` (or
+        ``aborted``, when its failure streak reached its threshold: the abort was lost)
+        and release its finalizer, as :meth:`Backend.complete_batch` does for one
+        batch; returns the batches ended."""
         ...
 
 

@@ -169,7 +169,8 @@ COMPLETE_STALE_BATCHES: Final = (
     """
 -- arbiter: clock_timestamp() (completed_at; the finalizers' scheduled_at)
 -- The leader's safety net for a lost terminal hook (and for empty batches):
--- every active batch with no non-terminal child -> complete, its finalizer ->
+-- every active batch with no non-terminal child -> complete (aborted, when its
+-- failure streak reached its threshold: the hook's abort was lost), its finalizer ->
 -- pending, as COMPLETE_BATCH does for one. SKIP LOCKED leaves a batch a worker's
 -- hook is finishing right now to that hook. $1 wake channel.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
@@ -187,7 +188,9 @@ stale AS (
 ),
 finished AS (
     UPDATE {schema}.batches b
-    SET status = 'complete', completed_at = n.ts
+    SET status = CASE WHEN b.consecutive_failures >= b.failure_threshold
+                      THEN 'aborted' ELSE 'complete' END,
+        completed_at = n.ts
     FROM stale s CROSS JOIN now n
     WHERE b.id = s.id AND b.status = 'active'
     RETURNING b.finalizer_job_id

@@ -182,6 +182,21 @@ class MaintenanceTests(TimeLimits):
         assert await backend.get_batch(aborted_id) == aborted
         assert await sweeper.complete_stale_batches() == 0
 
+    @covers("complete_stale_batches", "increment_batch_failures", "create_batch")
+    async def test_a_stale_batch_whose_streak_reached_its_threshold_is_aborted(
+        self, backend: Backend
+    ) -> None:
+        # Its children all ended, the last failure's abort was lost (the worker died):
+        # the sweep completed it, and complete_batch itself leaves such a batch alone.
+        sweeper = _stale_batch_sweep(backend)
+        batch_id = uuid4()
+        await backend.create_batch(batch_id, f"stale-{uuid4().hex[:8]}", 0, 2, None, None)
+        await backend.increment_batch_failures(batch_id)
+        await backend.increment_batch_failures(batch_id)
+        assert await sweeper.complete_stale_batches() == 1
+        batch = await backend.get_batch(batch_id)
+        assert batch is not None and batch.status == "aborted" and batch.completed_at is not None
+
     @covers("enqueue", "dispatch_batch", "queue_depths")
     async def test_queue_depths_counts_waiting_and_running_jobs_per_queue(
         self, backend: Backend

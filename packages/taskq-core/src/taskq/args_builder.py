@@ -47,32 +47,31 @@ _SET_SLOT: Final = object.__setattr__
 _UNKNOWN_SAFETY: Final = SafeUUID.unknown
 
 
-def _fresh_id() -> UUID:
-    """A random (version 4) UUID, as ``uuid4`` makes it but without the checks of
-    ``UUID.__init__`` (a version 4 value is in range by construction)."""
+def _version_4(value: int) -> UUID:
+    """``value``'s bits as a version 4 UUID (its version and variant bits set), made as
+    ``uuid4`` makes one but without the checks of ``UUID.__init__`` (a version 4 value
+    is in range by construction)."""
     # As CPython's own UUID._from_int (3.14) does: set the two slots directly.
     fresh = _NEW_UUID(UUID)
-    _SET_SLOT(fresh, "int", (int.from_bytes(os.urandom(16)) & _NOT_VERSION_BITS) | _VERSION_4)
+    _SET_SLOT(fresh, "int", (value & _NOT_VERSION_BITS) | _VERSION_4)
     _SET_SLOT(fresh, "is_safe", _UNKNOWN_SAFETY)
     return fresh
+
+
+def _fresh_id() -> UUID:
+    """A random (version 4) UUID."""
+    return _version_4(int.from_bytes(os.urandom(16)))
 
 
 def _fresh_ids(n: int) -> list[UUID]:
     """``n`` fresh ids, as :func:`_fresh_id` makes them, from one ``os.urandom`` call, in
     ascending order: the jobs of one batch share their enqueue time, and the dispatch
     breaks that tie by id, so in random order they ran shuffled on a FIFO queue."""
-    blob = os.urandom(16 * n)
-    take, new, set_slot, unknown = int.from_bytes, _NEW_UUID, _SET_SLOT, _UNKNOWN_SAFETY
+    blob, take = os.urandom(16 * n), int.from_bytes
     values = sorted(
         (take(blob[i : i + 16]) & _NOT_VERSION_BITS) | _VERSION_4 for i in range(0, 16 * n, 16)
     )
-    ids: list[UUID] = []
-    for value in values:
-        fresh = new(UUID)
-        set_slot(fresh, "int", value)
-        set_slot(fresh, "is_safe", unknown)
-        ids.append(fresh)
-    return ids
+    return [_version_4(value) for value in values]
 
 
 _SEQUENCE_SHIFT: Final = 80  # above the version and variant bits: its 48 bits order the ids
@@ -96,11 +95,7 @@ class AscendingIds:
             self._sequence = int.from_bytes(os.urandom(6)) % _SEQUENCE_ROOM
         else:
             self._sequence += 1
-        value = (self._sequence << _SEQUENCE_SHIFT) | int.from_bytes(os.urandom(10))
-        fresh = _NEW_UUID(UUID)
-        _SET_SLOT(fresh, "int", (value & _NOT_VERSION_BITS) | _VERSION_4)
-        _SET_SLOT(fresh, "is_safe", _UNKNOWN_SAFETY)
-        return fresh
+        return _version_4((self._sequence << _SEQUENCE_SHIFT) | int.from_bytes(os.urandom(10)))
 
 
 def _or(value: timedelta | None, default: timedelta | None) -> timedelta | None:

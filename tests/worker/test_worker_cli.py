@@ -97,12 +97,13 @@ def test_flags_beat_env_which_beats_defaults() -> None:
         "postgresql://taskq@db.internal/app?password=pw-s3cret-9&sslmode=prefer",
     ],
 )
-def test_the_dsns_password_shows_nowhere_the_settings_are_shown(dsn: str) -> None:
+@pytest.mark.parametrize("field", ["dsn", "direct_dsn"])
+def test_the_dsns_password_shows_nowhere_the_settings_are_shown(dsn: str, field: str) -> None:
     # repr, str, model_dump and model_dump_json all gave the DSN whole (a settings
     # object logged or printed while debugging put the password in the logs).
     from taskq.settings import SHOW_SECRETS
 
-    settings = WorkerSettings.load({"dsn": dsn}, env={})
+    settings = WorkerSettings.load({field: dsn}, env={})
     shown = [
         repr(settings),
         str(settings),
@@ -113,17 +114,17 @@ def test_the_dsns_password_shows_nowhere_the_settings_are_shown(dsn: str) -> Non
     ]
     for text in shown:
         assert "pw-s3cret-9" not in text and "db.internal" in text, text
-    assert settings.model_dump()["dsn"].count("***") == 1
+    assert settings.model_dump()[field].count("***") == 1
     # A rule across settings quoted the whole input in its ValidationError.
     with pytest.raises(ValidationError) as info:
-        WorkerSettings(dsn=dsn, lock_lease=timedelta(seconds=1))
+        WorkerSettings(**{field: dsn}, lock_lease=timedelta(seconds=1))
     assert "pw-s3cret-9" not in str(info.value)
     # The DSN itself, for whoever needs it: the attribute, or a dump asking for it.
-    assert settings.dsn == dsn
-    assert settings.model_dump(context={SHOW_SECRETS: True})["dsn"] == dsn
+    assert getattr(settings, field) == dsn
+    assert settings.model_dump(context={SHOW_SECRETS: True})[field] == dsn
     rebuilt = settings.model_dump(context={SHOW_SECRETS: True}, by_alias=True)
     assert WorkerSettings.model_validate(rebuilt) == settings
-    assert WorkerSettings().model_dump()["dsn"] is None
+    assert WorkerSettings().model_dump()[field] is None
 
 
 def test_durations_accept_units() -> None:

@@ -102,11 +102,15 @@ BACKEND_TUNABLES: Final = {
     "cancel_reclaim_headroom": "cancel_reclaim_headroom",
     "wake_coalesce_window": "wake_coalesce_window",
     "poll_only": "poll_only",
+    "direct_dsn": "direct_dsn",
     "min_pool_size": "min_pool_size",
     "max_pool_size": "max_pool_size",
 }
 """Worker settings that are backend constructor options: setting field -> option."""
 
+
+_URLS: Final = frozenset({"dsn", "direct_dsn"})
+"""The settings that may hold a password."""
 
 SHOW_SECRETS: Final = "show_secrets"
 """The serialization context key that has ``WorkerSettings.model_dump`` (and
@@ -250,6 +254,11 @@ class WorkerSettings(BaseModel):
     poll_only: bool | None = None
     """Backend: no LISTEN/NOTIFY at all; dispatch every ``poll_interval`` and see cancels
     at each heartbeat (for poolers without LISTEN, e.g. PgBouncer transaction mode)."""
+    direct_dsn: str | None = None
+    """Backend: the server's own URL for the sessions that must each stay one server
+    session, the leader's lock and LISTEN (``TASKQ_DIRECT_DSN``; default: the DSN). Set it
+    when the DSN goes through a transaction-mode pooler (PgBouncer). Its password is
+    masked as the DSN's."""
     min_pool_size: int | None = Field(default=None, ge=1)
     """Backend: the connections its pool keeps open (default 1)."""
     max_pool_size: int | None = Field(default=None, ge=1)
@@ -275,7 +284,7 @@ class WorkerSettings(BaseModel):
     ready); 0: fail at once. An error that does not heal by itself (a login refused, a
     missing database, a malformed DSN) fails at once."""
 
-    @field_serializer("dsn")
+    @field_serializer("dsn", "direct_dsn")
     def _dsn_masked(self, value: str | None, info: SerializationInfo) -> str | None:
         context = info.context
         if value is None or (isinstance(context, Mapping) and context.get(SHOW_SECRETS)):
@@ -285,7 +294,8 @@ class WorkerSettings(BaseModel):
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # repr() and str() (and rich's and devtools' pretty-printing) list these.
         for name, value in super().__repr_args__():
-            yield name, redact(value) if name == "dsn" and isinstance(value, str) else value
+            masked = name in _URLS and isinstance(value, str)
+            yield name, redact(value) if masked else value
 
     @field_validator("schema_name")
     @classmethod

@@ -318,7 +318,15 @@ class PostgresBackend:
       connection; ``subscribe_wake`` / ``subscribe_cancel_wake`` events are
       never set, so workers dispatch every ``poll_interval`` and see cancels at
       their heartbeat. For poolers without LISTEN/NOTIFY (PgBouncer transaction
-      mode) or to keep NOTIFY's commit lock off a heavy insert load.
+      mode) when no ``direct_dsn`` is given, or to keep NOTIFY's commit lock off a
+      heavy insert load.
+    * ``direct_dsn`` (default: ``dsn``): the server's own address, not a
+      transaction-mode pooler's, for the connections that must each stay one
+      server session: the leader's (its advisory lock is the election), the LISTEN
+      connection, and migrations' (their advisory lock). Through PgBouncer in
+      transaction mode the leader's lock stays on whichever server connection the
+      pooler lent, so give ``dsn`` the pooler and ``direct_dsn`` the server; LISTEN
+      then works as well, and ``poll_only`` is not needed. Same password options.
 
     TaskQ's connections run with ``TimeZone`` UTC (whatever the server's or the DSN's),
     so that a duration is exact: elsewhere ``+ interval '1 day'`` is a calendar day of
@@ -354,10 +362,12 @@ class PostgresBackend:
         password_file: str | None = None,
         wake_coalesce_window: timedelta = timedelta(milliseconds=2),
         poll_only: bool = False,
+        direct_dsn: str | None = None,
     ) -> None:
         # The schema first: a hostile name is refused before anything else is looked at.
         self.schema: Final = validate_schema_name(schema)
         self.dsn: Final = check_dsn(dsn)
+        self.direct_dsn: Final = self.dsn if direct_dsn is None else check_dsn(direct_dsn)
         if max_pool_size is None:
             # Asking for more connections kept open than the default maximum means a
             # bigger pool, not a contradiction to refuse.
@@ -568,13 +578,13 @@ class PostgresBackend:
 
         # As the pool connects: the backend's password (file or provider) and timeout.
         conn = await connect(
-            self.dsn,
+            self.direct_dsn,  # the migrations' advisory lock is a session's
             settings=self._settings(_MIGRATE_ROLE),
             connect_timeout=self.connect_timeout,
             password=self._password,
         )
         try:
-            with translated_errors(self.dsn):  # a server gone meanwhile: BackendUnavailable
+            with translated_errors(self.direct_dsn):  # a server gone meanwhile: BackendUnavailable
                 return await migrate(conn, self.schema, post=False)
         finally:
             await conn.close()
@@ -608,7 +618,7 @@ class PostgresBackend:
         if self._notify_conn_factory is not None:
             return await self._notify_conn_factory()
         return await connect(
-            self.dsn,
+            self.direct_dsn,
             settings=self._settings(_NOTIFY_ROLE),
             connect_timeout=self.connect_timeout,
             password=self._password,
@@ -1573,7 +1583,7 @@ class PostgresBackend:
         async def connect_leader() -> asyncpg.Connection[Any]:
             try:
                 return await connect(
-                    self.dsn,
+                    self.direct_dsn,
                     settings=settings,
                     connect_timeout=self.connect_timeout,
                     password=self._password,

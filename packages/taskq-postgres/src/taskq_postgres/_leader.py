@@ -64,6 +64,8 @@ class PostgresLeaderElector:
         self._timeout = command_timeout.total_seconds()
         self._conn: asyncpg.Connection[Any] | None = None
         self._leading = False
+        self._pid = 0
+        """The server session that took the lock."""
 
     async def try_acquire(self) -> bool:
         """Take the lock once per session, then only confirm the session still holds it."""
@@ -84,14 +86,18 @@ class PostgresLeaderElector:
                 self._conn = await self._connect()
             conn = self._conn
             if self._leading:
-                self._leading = bool(
-                    await conn.fetchval(self._sql.renew, self._worker_id, timeout=self._timeout)
-                )
+                held = await conn.fetchrow(self._sql.renew, self._worker_id, timeout=self._timeout)
+                assert held is not None  # one row, always
+                if held["pid"] != self._pid:
+                    _session_moved(self._pid, held["pid"])
+                self._leading = held["ok"] and held["pid"] == self._pid
                 if not self._leading:
                     await self._drop()
                 return self._leading
-            if await conn.fetchval(self._sql.try_lock, timeout=self._timeout):
-                self._leading = True
+            taken = await conn.fetchrow(self._sql.try_lock, timeout=self._timeout)
+            assert taken is not None
+            if taken["ok"]:
+                self._leading, self._pid = True, taken["pid"]
                 await conn.execute(self._sql.claim_row, self._worker_id, timeout=self._timeout)
             return self._leading
         except BaseException:
@@ -125,3 +131,15 @@ class PostgresLeaderElector:
                 pass
         # terminate(), not close(): a dead peer must not hold the step-down.
         conn.terminate()
+
+
+def _session_moved(pid: int, now: int) -> None:
+    _log.error(
+        "taskq.leader-session-moved",
+        locked_in=pid,
+        now_in=now,
+        hint="the leader's statements reached another server session than the one holding "
+        "its lock: its DSN goes through a transaction-mode pooler (PgBouncer?), which leaves "
+        "the lock on a server connection it lends to others. Give the backend the "
+        "server's own address as direct_dsn (TASKQ_DIRECT_DSN)",
+    )

@@ -24,9 +24,12 @@ __all__ = [
     "LEADER_TRY_LOCK",
 ]
 
+# Both return the server session's pid: the elector checks that its statements all
+# reach the session that took the lock (a transaction-mode pooler lends another).
 LEADER_TRY_LOCK: Final = """
 -- arbiter: none (the lock is held while this session lives)
-SELECT pg_try_advisory_lock(hashtextextended('taskq:maintenance_leader:{schema}', 0))
+SELECT pg_try_advisory_lock(hashtextextended('taskq:maintenance_leader:{schema}', 0)) AS ok,
+       pg_backend_pid() AS pid
 """
 
 LEADER_CLAIM_ROW: Final = """
@@ -54,7 +57,7 @@ touched AS (
     WHERE worker_id = $1 AND (SELECT ok FROM held)
     RETURNING 1
 )
-SELECT ok FROM held
+SELECT ok, pg_backend_pid() AS pid FROM held
 """
 
 LEADER_RESIGN_ROW: Final = """

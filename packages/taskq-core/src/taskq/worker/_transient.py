@@ -14,7 +14,12 @@ import structlog
 
 from taskq.plugins._registry import call_each, report_bad_answer
 
-__all__ = ["RepeatedWarning", "UnexpectedLoopErrorGuard", "transient_errors"]
+__all__ = [
+    "LeaderLoopErrors",
+    "RepeatedWarning",
+    "UnexpectedLoopErrorGuard",
+    "transient_errors",
+]
 
 _log = structlog.get_logger("taskq.worker")
 
@@ -67,6 +72,60 @@ class UnexpectedLoopErrorGuard:
 
     def succeeded(self) -> None:
         """A whole iteration did its work: forget the streak."""
+        self.streak = 0
+
+
+class LeaderLoopErrors:
+    """The maintenance leader's backstop for unexpected errors: each is logged with its
+    traceback, as the guard logs it, and never re-raised. At ``max_consecutive`` in a
+    row the loop is said to be failing (``taskq.leader-loop-failing``), then its errors
+    are logged at most once per ``every`` seconds, with the count left out between.
+
+    Not the guard's re-raise: a maintenance loop's permanent fault (a code bug, a row
+    it cannot handle) is the same on every worker, so ending the worker ended each
+    newly elected leader in turn, and every worker's jobs with it. The loop fails
+    alone and loudly; the jobs and the leader's other loops go on.
+    """
+
+    def __init__(self, loop_name: str, max_consecutive: int = 5, every: float = 30.0) -> None:
+        self.loop_name = loop_name
+        self.max_consecutive = max_consecutive
+        self.every = every
+        self.streak = 0
+        self._last = 0.0
+        self._left_out = 0
+
+    def failed(self, exc: BaseException) -> None:
+        """Record an unexpected error of one iteration."""
+        self.streak += 1
+        if self.streak < self.max_consecutive:
+            _log.error(
+                "taskq.loop-unexpected-error",
+                loop=self.loop_name,
+                streak=self.streak,
+                max_consecutive=self.max_consecutive,
+                exc_info=exc,
+            )
+            return
+        now = time.monotonic()
+        if self.streak > self.max_consecutive and now - self._last < self.every:
+            self._left_out += 1
+            return
+        _log.error(
+            "taskq.leader-loop-failing",
+            loop=self.loop_name,
+            streak=self.streak,
+            repeated=self._left_out,
+            hint="this maintenance loop fails at every try and keeps trying; the worker "
+            "still runs jobs and the leader's other loops: fix the cause in the traceback",
+            exc_info=exc,
+        )
+        self._last, self._left_out = now, 0
+
+    def succeeded(self) -> None:
+        """A whole iteration did its work: the streak is over (said, if it was failing)."""
+        if self.streak >= self.max_consecutive:
+            _log.info("taskq.leader-loop-recovered", loop=self.loop_name, after=self.streak)
         self.streak = 0
 
 

@@ -12,6 +12,10 @@ A new leader holds back reclaims for ``reclaim_grace``: after a database
 outage longer than the lock lease every lease looks expired, and the
 workers that are alive and still running those jobs need one heartbeat to
 renew them before the sweep may judge them dead.
+
+An unexpected error in the election or one of these loops is logged and the loop
+tries again at its next turn (``LeaderLoopErrors``): unlike a persistent one in the
+worker's own loops, it does not end the worker (docs/adr/0008).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from taskq.backend._protocol import (
 )
 from taskq.backend.clock import SystemClock
 from taskq.worker._state import WorkerState
-from taskq.worker._transient import RepeatedWarning, UnexpectedLoopErrorGuard, transient_errors
+from taskq.worker._transient import LeaderLoopErrors, RepeatedWarning, transient_errors
 from taskq.worker.maintenance import (
     archive_expiry_once,
     cron_once,
@@ -225,7 +229,7 @@ class MaintenanceLeader:
                     _log.info("taskq.leader-stepped-down", worker_id=str(self.state.worker_id))
 
     async def _election_loop(self) -> None:
-        guard = UnexpectedLoopErrorGuard("leader-election")
+        guard = LeaderLoopErrors("leader-election")
         failing = RepeatedWarning("taskq.leader-election-transient-error")
         transient = transient_errors()
         period = self.state.settings.heartbeat_interval.total_seconds()
@@ -234,7 +238,7 @@ class MaintenanceLeader:
                 await self.confirm()
             except transient as exc:
                 failing.failed(exc)
-            except Exception as exc:  # noqa: BLE001 - the guard decides
+            except Exception as exc:  # noqa: BLE001 - logged, never ends the worker
                 guard.failed(exc)
             else:
                 failing.ok()
@@ -244,7 +248,7 @@ class MaintenanceLeader:
 
     async def _gated(self, loop: _Loop) -> None:
         name, period, work = loop.name, loop.period, loop.work
-        guard = UnexpectedLoopErrorGuard(name)
+        guard = LeaderLoopErrors(name)
         failing = RepeatedWarning("taskq.leader-loop-transient-error", loop=name)
         transient = transient_errors()  # the bound's TimeoutError among them (core's)
         last_slot: datetime | None = None
@@ -279,7 +283,7 @@ class MaintenanceLeader:
                             moved = await work()
             except transient as exc:
                 failing.failed(exc)
-            except Exception as exc:  # noqa: BLE001 - the guard decides
+            except Exception as exc:  # noqa: BLE001 - logged, never ends the worker
                 guard.failed(exc)
             else:
                 failing.ok()

@@ -78,6 +78,28 @@ def test_from_url_ignores_schema_and_refuses_unknown_options() -> None:
         InMemoryBackend.from_url("memory://", pool_size=3)
 
 
+def test_from_url_takes_every_worker_backend_setting() -> None:
+    # A fleet's TASKQ_* backend settings reach every application built from a URL: one
+    # meant for Postgres must not break an application on memory://.
+    from taskq.settings import BACKEND_TUNABLES, WorkerSettings
+
+    env = {
+        "TASKQ_DISPATCHER_COMMAND_TIMEOUT": "3s",
+        "TASKQ_DISPATCH_OVERSAMPLE": "3",
+        "TASKQ_RECLAIM_EVENT_VISIBILITY_DELAY": "1s",
+        "TASKQ_CANCEL_RECLAIM_HEADROOM": "5s",
+        "TASKQ_WAKE_COALESCE_WINDOW": "1ms",
+        "TASKQ_POLL_ONLY": "true",
+        "TASKQ_DIRECT_DSN": "postgresql://db/app",
+        "TASKQ_MIN_POOL_SIZE": "2",
+        "TASKQ_MAX_POOL_SIZE": "4",
+    }
+    options = WorkerSettings.backend_options_from_env(env)
+    assert sorted(options) == sorted(BACKEND_TUNABLES.values())  # every one, set
+    backend = InMemoryBackend.from_url("memory://", **options)
+    assert backend.reclaim_event_visibility_delay == timedelta(seconds=1)
+
+
 # -- the protocol version, checked at import ---------------------------------------
 
 

@@ -187,6 +187,7 @@ class InMemoryBackend:
         # Wakes are in-process events: no NOTIFY to coalesce or leave out.
         options.pop("wake_coalesce_window", None)
         options.pop("poll_only", None)
+        options.pop("direct_dsn", None)  # no server, no pooler in front of one
         return cls(**options)
 
     # -- lifecycle -------------------------------------------------------------

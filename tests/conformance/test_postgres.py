@@ -39,6 +39,8 @@ class TestPostgresBackend(BackendConformance):
             reclaim_event_visibility_delay=timedelta(milliseconds=500),
             # Wider than the default, so that the wake tests see enqueues coalesced.
             wake_coalesce_window=timedelta(milliseconds=50),
+            # Far above a test's next statement, short enough to wait out.
+            stale_batch_grace=timedelta(seconds=2),
         )
         await backend.open()
         yield backend

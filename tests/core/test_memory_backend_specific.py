@@ -91,6 +91,7 @@ def test_from_url_takes_every_worker_backend_setting() -> None:
         "TASKQ_WAKE_COALESCE_WINDOW": "1ms",
         "TASKQ_POLL_ONLY": "true",
         "TASKQ_DIRECT_DSN": "postgresql://db/app",
+        "TASKQ_STALE_BATCH_GRACE": "2s",
         "TASKQ_MIN_POOL_SIZE": "2",
         "TASKQ_MAX_POOL_SIZE": "4",
     }
@@ -98,6 +99,7 @@ def test_from_url_takes_every_worker_backend_setting() -> None:
     assert sorted(options) == sorted(BACKEND_TUNABLES.values())  # every one, set
     backend = InMemoryBackend.from_url("memory://", **options)
     assert backend.reclaim_event_visibility_delay == timedelta(seconds=1)
+    assert backend.stale_batch_grace == timedelta(seconds=2)
 
 
 # -- the protocol version, checked at import ---------------------------------------

@@ -34,7 +34,11 @@ async def test_the_leader_clears_expired_results_and_completes_stale_batches(
     stale = uuid4()
     await backend.create_batch(stale, "default", 0, None, None, None)
     worker = spawn(
-        env={"TASKQ_RESULT_EXPIRY_INTERVAL": "100ms", "TASKQ_STALE_BATCH_INTERVAL": "100ms"}
+        env={
+            "TASKQ_RESULT_EXPIRY_INTERVAL": "100ms",
+            "TASKQ_STALE_BATCH_INTERVAL": "100ms",
+            "TASKQ_STALE_BATCH_GRACE": "200ms",
+        }
     )
 
     async def result_cleared() -> bool:

@@ -103,6 +103,7 @@ BACKEND_TUNABLES: Final = {
     "wake_coalesce_window": "wake_coalesce_window",
     "poll_only": "poll_only",
     "direct_dsn": "direct_dsn",
+    "stale_batch_grace": "stale_batch_grace",
     "min_pool_size": "min_pool_size",
     "max_pool_size": "max_pool_size",
 }
@@ -254,6 +255,10 @@ class WorkerSettings(BaseModel):
     poll_only: bool | None = None
     """Backend: no LISTEN/NOTIFY at all; dispatch every ``poll_interval`` and see cancels
     at each heartbeat (for poolers without LISTEN, e.g. PgBouncer transaction mode)."""
+    stale_batch_grace: Duration | None = None
+    """Backend: how long the leader's stale-batch sweep leaves a batch alone after its
+    last child ended, or its creation, so as not to race the worker's own batch hook
+    (default 10 s)."""
     direct_dsn: str | None = None
     """Backend: the server's own URL for the sessions that must each stay one server
     session, the leader's lock and LISTEN (``TASKQ_DIRECT_DSN``; default: the DSN). Set it

@@ -320,6 +320,9 @@ class PostgresBackend:
       their heartbeat. For poolers without LISTEN/NOTIFY (PgBouncer transaction
       mode) when no ``direct_dsn`` is given, or to keep NOTIFY's commit lock off a
       heavy insert load.
+    * ``stale_batch_grace`` (default 10 s): how long the leader's stale-batch sweep
+      leaves a batch alone after its last child ended (or its creation), so as not to
+      finish it before the worker applies that child's end.
     * ``direct_dsn`` (default: ``dsn``): the server's own address, not a
       transaction-mode pooler's, for the connections that must each stay one
       server session: the leader's (its advisory lock is the election), the LISTEN
@@ -363,6 +366,7 @@ class PostgresBackend:
         wake_coalesce_window: timedelta = timedelta(milliseconds=2),
         poll_only: bool = False,
         direct_dsn: str | None = None,
+        stale_batch_grace: timedelta = timedelta(seconds=10),
     ) -> None:
         # The schema first: a hostile name is refused before anything else is looked at.
         self.schema: Final = validate_schema_name(schema)
@@ -385,6 +389,7 @@ class PostgresBackend:
             ("connect_timeout", connect_timeout),
             ("notify_health_check_interval", notify_health_check_interval),
             ("wake_coalesce_window", wake_coalesce_window),
+            ("stale_batch_grace", stale_batch_grace),
         ):
             if value is not None and value < timedelta(0):
                 raise ValueError(f"{name} must not be negative, got {value}")
@@ -401,6 +406,7 @@ class PostgresBackend:
         self._notify_conn_factory = notify_conn_factory
         self.wake_coalesce_window = wake_coalesce_window
         self.poll_only = poll_only
+        self.stale_batch_grace = stale_batch_grace
         if password is not None and password_file is not None:
             raise ValueError("give password or password_file, not both")
         # A callable is asked at every new connection: rotated secrets take
@@ -1708,9 +1714,12 @@ class PostgresBackend:
         return await self._in_turns(self._sql.expire_results, turns=None)
 
     async def complete_stale_batches(self) -> int:
-        """Complete every active batch with no active child and release its finalizer,
-        in one statement (``SupportsStaleBatchSweep``); returns the batches completed."""
-        record = await self._db().fetchrow(self._sql.complete_stale_batches, self._wake_to)
+        """Complete every active batch with no active child, none ended within
+        ``stale_batch_grace``, and release its finalizer, in one statement
+        (``SupportsStaleBatchSweep``); returns the batches completed."""
+        record = await self._db().fetchrow(
+            self._sql.complete_stale_batches, self._wake_to, self.stale_batch_grace
+        )
         return int(record["completed"]) if record is not None else 0
 
     # -- fleet statistics and the worker registry -------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from taskq.backend._memory_store import JobStore
@@ -72,6 +72,14 @@ class BatchTable:
             and str(row.metadata["batch_id"]) == tag
             and row.id != finalizer
         ]
+
+    def _quiet_since(self, batch_id: UUID, since: datetime) -> bool:
+        """No child of the batch is active, nor ended after ``since``."""
+        return not any(
+            row.status in ACTIVE_STATUSES
+            or (row.finished_at is not None and row.finished_at > since)
+            for row in self.children(batch_id)
+        )
 
     def count_non_terminal(self, batch_id: UUID) -> int:
         return sum(1 for row in self.children(batch_id) if row.status in ACTIVE_STATUSES)
@@ -195,14 +203,18 @@ class BatchTable:
         if threshold is None or batch.consecutive_failures < threshold:
             self._finish(batch, "complete", self._clock.now())
 
-    def complete_stale(self) -> int:
-        """Complete every active batch none of whose children is still active (abort
-        one whose failure streak reached its threshold: the hook's abort was lost)."""
+    def complete_stale(self, grace: timedelta) -> int:
+        """Complete every active batch none of whose children is still active, nor ended
+        or was created within ``grace`` (abort one whose failure streak reached its
+        threshold: the hook's abort was lost)."""
         now = self._clock.now()
+        since = now - grace
         stale = [
             row
             for row in self._rows.values()
-            if row.status == "active" and self.count_non_terminal(row.id) == 0
+            if row.status == "active"
+            and (row.created_at or _UNKNOWN_TIME) <= since
+            and self._quiet_since(row.id, since)
         ]
         for batch in stale:
             threshold = batch.failure_threshold

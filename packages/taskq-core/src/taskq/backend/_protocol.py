@@ -112,7 +112,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     ActorConfig its job_defaults), which the leader's cron loop reads;
 #     increment_batch_failures and reset_batch_failures act on an active batch
 #     only, and complete_batch leaves a batch whose streak reached its threshold
-#     (the worker's batch hook relies on both).
+#     (the worker's batch hook relies on both); complete_stale_batches aborts a
+#     batch whose streak reached its threshold, and leaves one created or whose
+#     last child ended within the backend's grace to that hook.
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
@@ -861,7 +863,9 @@ class SupportsStaleBatchSweep(Protocol):
         """Mark every ``active`` batch with no non-terminal child ``complete`` (or
         ``aborted``, when its failure streak reached its threshold: the abort was lost)
         and release its finalizer, as :meth:`Backend.complete_batch` does for one
-        batch; returns the batches ended."""
+        batch; returns the batches ended. A batch created, or whose last child ended,
+        within the backend's grace (``stale_batch_grace`` on TaskQ's backends) is left
+        alone: the worker applies a child's end to its batch just after writing it."""
         ...
 
 

@@ -134,6 +134,8 @@ class InMemoryBackend:
     ``reclaim_event_visibility_delay`` is the default trailing watermark of
     :meth:`poll_reclaim_events`; ``cancel_reclaim_headroom`` is the extra
     time a job with a cancel in progress gets before a crash reclaim.
+    ``stale_batch_grace`` is how long :meth:`complete_stale_batches` leaves a batch
+    alone after its last child ended (or its creation).
     """
 
     BACKEND_PROTOCOL_VERSION: ClassVar[int] = 3
@@ -147,10 +149,12 @@ class InMemoryBackend:
         clock: Clock | None = None,
         reclaim_event_visibility_delay: timedelta = timedelta(seconds=2),
         cancel_reclaim_headroom: timedelta = timedelta(seconds=60),
+        stale_batch_grace: timedelta = timedelta(seconds=10),
     ) -> None:
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.reclaim_event_visibility_delay = reclaim_event_visibility_delay
         self.cancel_reclaim_headroom = cancel_reclaim_headroom
+        self.stale_batch_grace = stale_batch_grace
         self._store = JobStore()
         # Reads scan the jobs table directly; every write goes through the store.
         self._jobs = self._store.jobs
@@ -1201,9 +1205,10 @@ class InMemoryBackend:
         return self._batches.count_non_terminal(batch_id) > 0
 
     async def complete_stale_batches(self) -> int:
-        """Complete every active batch with no active child and release its finalizer
-        (``SupportsStaleBatchSweep``); returns the batches completed."""
-        return self._batches.complete_stale()
+        """Complete every active batch with no active child, none ended within
+        ``stale_batch_grace``, and release its finalizer (``SupportsStaleBatchSweep``);
+        returns the batches completed."""
+        return self._batches.complete_stale(self.stale_batch_grace)
 
     async def prune_old_batches(self, cutoff: datetime) -> int:
         """Delete batches completed before ``cutoff`` with no children left."""

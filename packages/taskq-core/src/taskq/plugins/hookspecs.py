@@ -59,7 +59,8 @@ application's ``schema`` and the worker settings that tune a backend
 (:data:`~taskq.settings.BACKEND_TUNABLES`: ``command_timeout``,
 ``dispatch_oversample``, ``reclaim_event_visibility_delay``,
 ``cancel_reclaim_headroom``, ``wake_coalesce_window``, ``poll_only``,
-``direct_dsn``, ``min_pool_size``, ``max_pool_size``), as a worker passes them. A factory
+``direct_dsn``, ``stale_batch_grace``, ``min_pool_size``, ``max_pool_size``), as a
+worker passes them. A factory
 that names its keyword parameters gets only those of these it names; one that
 takes ``**options`` gets them all and should ignore those that do not apply to
 it (as ``InMemoryBackend.from_url`` does).

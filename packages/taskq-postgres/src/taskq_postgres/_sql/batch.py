@@ -167,23 +167,34 @@ SELECT (SELECT count(*) FROM finished) AS completed, (SELECT count(*) FROM notif
 
 COMPLETE_STALE_BATCHES: Final = (
     """
--- arbiter: clock_timestamp() (completed_at; the finalizers' scheduled_at)
+-- arbiter: clock_timestamp() (the grace; completed_at; the finalizers' scheduled_at)
 -- The leader's safety net for a lost terminal hook (and for empty batches):
 -- every active batch with no non-terminal child -> complete (aborted, when its
 -- failure streak reached its threshold: the hook's abort was lost), its finalizer ->
--- pending, as COMPLETE_BATCH does for one. SKIP LOCKED leaves a batch a worker's
--- hook is finishing right now to that hook. $1 wake channel.
+-- pending, as COMPLETE_BATCH does for one. A batch created, or whose last child
+-- ended, within the grace ($2) is left to the worker's hook, which applies a child's
+-- end just after writing it (finished here in between, a last failure that should
+-- abort the batch completed it). SKIP LOCKED leaves a batch a worker's hook is
+-- finishing right now to that hook. $1 wake channel.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 stale AS (
     SELECT b.id
-    FROM {schema}.batches b
+    FROM {schema}.batches b CROSS JOIN now n
     WHERE b.status = 'active'
+      AND b.created_at <= n.ts - $2::interval
       AND NOT EXISTS (
           SELECT 1 FROM {schema}.jobs j
           WHERE """
     + _CHILDREN_OF_B
     + """
             AND j.status IN ('pending', 'scheduled', 'running'))
+      -- Apart, so that a batch with a child left stops at the partial index above.
+      AND NOT EXISTS (
+          SELECT 1 FROM {schema}.jobs j
+          WHERE """
+    + _CHILDREN_OF_B
+    + """
+            AND j.finished_at > n.ts - $2::interval)
     FOR UPDATE OF b SKIP LOCKED
 ),
 finished AS (

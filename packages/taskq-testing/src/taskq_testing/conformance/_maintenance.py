@@ -22,7 +22,7 @@ from taskq.backend._protocol import (
     SupportsStaleBatchSweep,
     SupportsWorkerRegistry,
 )
-from taskq.models import ActorConfig, BatchRow
+from taskq.models import ActorConfig, BatchRow, ErrorInfo
 from taskq_testing.conformance._support import (
     FAR,
     LONG_LEASE,
@@ -53,6 +53,12 @@ def _stale_batch_sweep(backend: Backend) -> SupportsStaleBatchSweep:
     if not isinstance(backend, SupportsStaleBatchSweep):
         pytest.skip(f"{type(backend).__name__} does not implement SupportsStaleBatchSweep")
     return backend
+
+
+async def _past_batch_grace(backend: Backend, advance_time: AdvanceTime) -> None:
+    """Let the stale-batch sweep's grace (``stale_batch_grace`` on TaskQ's backends; none
+    on a backend without one) pass."""
+    await advance_time(getattr(backend, "stale_batch_grace", _ZERO) + TICK)
 
 
 def _fleet_stats(backend: Backend) -> SupportsFleetStats:
@@ -138,7 +144,7 @@ class MaintenanceTests(TimeLimits):
 
     @covers("complete_batch", "enqueue_batch_atomic", "create_batch", "complete_stale_batches")
     async def test_complete_stale_batches_completes_only_batches_with_no_active_child(
-        self, backend: Backend
+        self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
         sweeper = _stale_batch_sweep(backend)
         queue = f"stale-{uuid4().hex[:8]}"
@@ -169,6 +175,7 @@ class MaintenanceTests(TimeLimits):
         await backend.abort_batch(aborted_id)
         aborted = await backend.get_batch(aborted_id)
 
+        await _past_batch_grace(backend, advance_time)
         assert await sweeper.complete_stale_batches() == 2
         done = await backend.get_batch(done_id)
         assert done is not None and done.status == "complete"
@@ -184,7 +191,7 @@ class MaintenanceTests(TimeLimits):
 
     @covers("complete_stale_batches", "increment_batch_failures", "create_batch")
     async def test_a_stale_batch_whose_streak_reached_its_threshold_is_aborted(
-        self, backend: Backend
+        self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
         # Its children all ended, the last failure's abort was lost (the worker died):
         # the sweep completed it, and complete_batch itself leaves such a batch alone.
@@ -193,9 +200,54 @@ class MaintenanceTests(TimeLimits):
         await backend.create_batch(batch_id, f"stale-{uuid4().hex[:8]}", 0, 2, None, None)
         await backend.increment_batch_failures(batch_id)
         await backend.increment_batch_failures(batch_id)
+        await _past_batch_grace(backend, advance_time)
         assert await sweeper.complete_stale_batches() == 1
         batch = await backend.get_batch(batch_id)
         assert batch is not None and batch.status == "aborted" and batch.completed_at is not None
+
+    @covers("complete_stale_batches", "increment_batch_failures", "mark_failed_or_retry")
+    async def test_the_stale_batch_sweep_leaves_a_child_that_just_ended_to_the_workers_hook(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # A sweep between the last child's failure and the worker's hook completed the
+        # batch, and the hook then found it ended: a failure that reached the threshold
+        # released the finalizer of a "complete" batch instead of an aborted one.
+        sweeper = _stale_batch_sweep(backend)
+        queue, batch_id = f"stale-{uuid4().hex[:8]}", uuid4()
+        await backend.enqueue_batch_atomic(
+            [make_args(queue=queue)],
+            batch_id=batch_id,
+            queue=queue,
+            batch_row=BatchRow(id=batch_id, queue=queue, expected_size=1, failure_threshold=1),
+            finalizer_args=None,
+        )
+        await _past_batch_grace(backend, advance_time)  # an old batch: its child's end counts
+        worker = uuid4()
+        [child] = await backend.dispatch_batch(worker, [queue], 1, LONG_LEASE)
+        error = ErrorInfo(error_class="RuntimeError", message="child failed")
+        ended = await backend.mark_failed_or_retry(child.id, worker, error, None)
+        assert ended is not None and ended.status is JobStatus.FAILED
+        assert await sweeper.complete_stale_batches() == 0
+        assert (await backend.increment_batch_failures(batch_id))[:2] == (1, 1)  # the hook
+        assert await backend.abort_batch(batch_id) == 0
+        batch = await backend.get_batch(batch_id)
+        assert batch is not None and batch.status == "aborted"
+
+    @covers("complete_stale_batches", "create_batch")
+    async def test_the_stale_batch_sweep_ends_a_quiet_batch_once_the_grace_passed(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # The hook that never came (the worker died): the sweep is the safety net.
+        sweeper = _stale_batch_sweep(backend)
+        batch_id = uuid4()
+        await backend.create_batch(batch_id, f"stale-{uuid4().hex[:8]}", 0, None, None, None)
+        grace = getattr(backend, "stale_batch_grace", _ZERO)
+        if grace > _ZERO:
+            assert await sweeper.complete_stale_batches() == 0  # just created
+        await _past_batch_grace(backend, advance_time)
+        assert await sweeper.complete_stale_batches() == 1
+        batch = await backend.get_batch(batch_id)
+        assert batch is not None and batch.status == "complete"
 
     @covers("enqueue", "dispatch_batch", "queue_depths")
     async def test_queue_depths_counts_waiting_and_running_jobs_per_queue(

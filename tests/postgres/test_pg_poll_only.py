@@ -138,7 +138,10 @@ async def test_no_path_that_moves_jobs_notifies_in_poll_only_mode(
         return list(heard)
 
     backend = PostgresBackend(
-        pg_pooled_schema.dsn, schema=pg_pooled_schema.name, poll_only=poll_only
+        pg_pooled_schema.dsn,
+        schema=pg_pooled_schema.name,
+        poll_only=poll_only,
+        stale_batch_grace=timedelta(0),  # the batch made just before is the sweep's
     )
     await backend.open()
     worker, lease, far = uuid4(), timedelta(minutes=5), timedelta(days=1)

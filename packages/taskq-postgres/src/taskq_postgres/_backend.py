@@ -90,6 +90,7 @@ from taskq_postgres._connect import (
     create_pool,
     password_from_file,
     redact,
+    through_pooler,
     translated_errors,
     unmigrated,
 )
@@ -123,7 +124,7 @@ from taskq_postgres._rows import (
 from taskq_postgres._sql import prune as prune_sql
 from taskq_postgres._sql import render
 from taskq_postgres._sql.cancel import FILTER_TOKEN
-from taskq_postgres._sql.reads import WHERE_TOKEN
+from taskq_postgres._sql.reads import POOLED_SESSION_SETTINGS, WHERE_TOKEN
 from taskq_postgres._statements import statements_for
 from taskq_postgres._transient import TRANSIENT_PG_ERRORS
 from taskq_postgres._wake import EnqueueWake, WakeCoalescer
@@ -280,6 +281,9 @@ async def _unset_event() -> AsyncIterator[asyncio.Event]:
     yield asyncio.Event()
 
 
+_MS: Final = timedelta(milliseconds=1)
+
+
 @_privileges_explained
 class PostgresBackend:
     """The Backend protocol on PostgreSQL (URLs ``postgresql://`` and ``postgres://``).
@@ -329,7 +333,13 @@ class PostgresBackend:
       connection, and migrations' (their advisory lock). Through PgBouncer in
       transaction mode the leader's lock stays on whichever server connection the
       pooler lent, so give ``dsn`` the pooler and ``direct_dsn`` the server; LISTEN
-      then works as well, and ``poll_only`` is not needed. Same password options.
+      then works as well, and ``poll_only`` is not needed. A ``direct_dsn`` other
+      than ``dsn`` says ``dsn`` is a pooler's (``behind_pooler``): the pooled
+      connections then send only the settings a pooler passes (``application_name``,
+      ``TimeZone``; :meth:`open` warns of the others the role's defaults leave
+      otherwise) and keep no statement prepared (PgBouncer before 1.21 runs each
+      statement on any server session). ``password`` and ``password_file`` apply
+      to both addresses.
 
     TaskQ's connections run with ``TimeZone`` UTC (whatever the server's or the DSN's),
     so that a duration is exact: elsewhere ``+ interval '1 day'`` is a calendar day of
@@ -372,6 +382,8 @@ class PostgresBackend:
         self.schema: Final = validate_schema_name(schema)
         self.dsn: Final = check_dsn(dsn)
         self.direct_dsn: Final = self.dsn if direct_dsn is None else check_dsn(direct_dsn)
+        self.behind_pooler: Final = self.direct_dsn != self.dsn
+        """Whether ``dsn`` is a pooler's (a ``direct_dsn`` was given)."""
         if max_pool_size is None:
             # Asking for more connections kept open than the default maximum means a
             # bigger pool, not a contradiction to refuse.
@@ -472,18 +484,22 @@ class PostgresBackend:
         async with self._open_lock:
             if self._pool is not None:
                 return
+            settings = self._settings(_POOL_ROLE)
             pool = await create_pool(
                 self.dsn,
                 min_size=self.min_pool_size,
                 max_size=self.max_pool_size,
-                settings=self._settings(_POOL_ROLE),
+                settings=through_pooler(settings) if self.behind_pooler else settings,
                 connect_timeout=self.connect_timeout,
                 password=self._password,
                 command_timeout=self.command_timeout,
                 lent=self._lent,
+                prepared_statements=not self.behind_pooler,
             )
             try:
                 await self._check_schema(pool)
+                if self.behind_pooler:
+                    await self._check_pooled_settings(pool)
             except BaseException:
                 await pool.close()
                 raise
@@ -537,6 +553,28 @@ class PostgresBackend:
             except TRANSIENT_PG_ERRORS as exc:  # TimeoutError among them
                 _log.warning("taskq.pool-close-forced", error=repr(exc))
                 pool.terminate()
+
+    async def _check_pooled_settings(self, pool: asyncpg.Pool[asyncpg.Record]) -> None:
+        """Warn of the session settings the pooler kept from TaskQ's connections that
+        the role's defaults leave otherwise (a pooler passes none at connect)."""
+        async with pool.acquire() as conn:
+            found = await conn.fetchrow(POOLED_SESSION_SETTINGS)
+        assert found is not None
+        wanted = {"jit": "off"}
+        idle = self.idle_in_transaction_session_timeout
+        if idle is not None and found["idle_timeout_ms"] == 0:
+            wanted["idle_in_transaction_session_timeout"] = f"'{max(idle // _MS, 1)}ms'"
+        if found["jit"] != "on":
+            del wanted["jit"]
+        if wanted:
+            alter = f"ALTER ROLE {found['role']} SET "
+            _log.warning(
+                "taskq.pooled-settings-missing",
+                settings=sorted(wanted),
+                hint="TaskQ's connections through the pooler carry no session settings; "
+                "give its role the ones TaskQ sets elsewhere: "
+                + "; ".join(f"{alter}{name} = {value}" for name, value in wanted.items()),
+            )
 
     def _settings(self, role: str) -> dict[str, str]:
         return connection_settings(role, self.instance_id, self.idle_in_transaction_session_timeout)

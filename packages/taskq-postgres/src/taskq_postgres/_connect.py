@@ -39,6 +39,7 @@ __all__ = [
     "read_watch",
     "readable",
     "redact",
+    "through_pooler",
     "unmigrated",
 ]
 
@@ -144,6 +145,16 @@ def connection_settings(
     return settings
 
 
+POOLER_PASSES: Final = frozenset({"application_name", "TimeZone"})
+"""The session settings a connection pooler passes on at connect (PgBouncer refuses any
+other it is not told to ignore, and applies none it ignores)."""
+
+
+def through_pooler(settings: dict[str, str]) -> dict[str, str]:
+    """What of ``settings`` a connection through a pooler can carry."""
+    return {name: value for name, value in settings.items() if name in POOLER_PASSES}
+
+
 _QUOTED: Final = re.compile(r'"[^"]*"')
 """A piece of a driver's message in double quotes (libpq quotes what it could not read)."""
 
@@ -152,6 +163,12 @@ _NO_SSL: Final = ("rejected SSL upgrade", "server does not support SSL")
 """How asyncpg and libpq say a server refused an SSL request. asyncpg says so of any
 answer but PostgreSQL's yes, a program that is no PostgreSQL server too (an HTTP
 server answering ``HTTP/1.1 400``), and asks for SSL unless the DSN says otherwise."""
+
+_STATEMENT_CACHE_SIZE: Final = 100
+"""asyncpg's default: the statements kept prepared per connection."""
+
+_POOLER_REFUSED: Final = "unsupported startup parameter"
+"""How PgBouncer refuses a session setting sent at connect that it does not pass on."""
 
 _NOT_POSTGRES: Final = (
     "received invalid response to SSL negotiation",
@@ -226,6 +243,15 @@ def translated_errors(
                 f"(sslmode) and the server does not offer it: turn ssl on in the "
                 f"server, or give sslmode=prefer (or disable) in the DSN (or, if the "
                 f"server at {_server_at(dsn, said)} is no PostgreSQL, fix the port)"
+            ) from None
+        if _POOLER_REFUSED in said:
+            # Not an outage either: the same settings are refused at every try.
+            raise ConfigurationError(
+                f"cannot connect to PostgreSQL at {redact(dsn)}: a connection pooler "
+                f"answers there and refuses a session setting TaskQ sends ({_one_line(exc)}): "
+                f"give the backend the server's own address as direct_dsn "
+                f"(TASKQ_DIRECT_DSN), and the pooler's as the DSN; TaskQ's pooled "
+                f"connections then send only what a pooler passes"
             ) from None
         if refused_ssl or any(words in said for words in _NOT_POSTGRES):
             # A PostgreSQL server without SSL says so, and the DSN's prefer goes on
@@ -351,6 +377,7 @@ async def create_pool(
     password: Password = None,
     command_timeout: timedelta | None = None,
     lent: LentConnections | None = None,
+    prepared_statements: bool = True,
 ) -> asyncpg.Pool[asyncpg.Record]:
     """An asyncpg pool whose connections carry ``settings``; errors translated.
 
@@ -358,6 +385,8 @@ async def create_pool(
     server turns into a ``TimeoutError`` the worker loops treat as transient.
     With ``lent``, a released connection is reset only if it was lent (see
     :class:`LentConnections`); without, always (asyncpg's default).
+    Without ``prepared_statements`` no statement is kept prepared (for a
+    transaction-mode pooler, which runs each statement on any server session).
     """
     with translated_errors(dsn):
         pool: asyncpg.Pool[asyncpg.Record] = await asyncpg.create_pool(
@@ -369,6 +398,7 @@ async def create_pool(
             command_timeout=None if command_timeout is None else command_timeout.total_seconds(),
             password=password,
             reset=None if lent is None else lent.reset,
+            statement_cache_size=_STATEMENT_CACHE_SIZE if prepared_statements else 0,
         )
     return pool
 

@@ -16,6 +16,7 @@ __all__ = [
     "GET_EVENTS",
     "GET_JOB",
     "LIST_JOBS",
+    "POOLED_SESSION_SETTINGS",
     "SCHEMA_IS_MIGRATED",
     "WHERE_TOKEN",
 ]
@@ -95,6 +96,15 @@ SELECT e.id, e.job_id, e.occurred_at, e.kind, e.detail::text AS detail
 FROM {schema}.job_events e
 WHERE e.job_id = $1
 ORDER BY e.id
+"""
+
+# The settings TaskQ sends at connect, as a pooled connection has them from the role's
+# defaults (a pooler passes none): schema-free.
+POOLED_SESSION_SETTINGS: Final = """
+-- arbiter: none
+SELECT quote_ident(current_user) AS role, current_setting('jit') AS jit,
+       (SELECT setting::bigint FROM pg_settings
+        WHERE name = 'idle_in_transaction_session_timeout') AS idle_timeout_ms
 """
 
 SCHEMA_IS_MIGRATED: Final = """

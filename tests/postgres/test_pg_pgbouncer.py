@@ -1,0 +1,157 @@
+"""Behind PgBouncer in transaction mode: the DSN is the pooler's, ``direct_dsn`` the
+server's. The pooled connections send only what the pooler passes and keep no
+statement prepared; the leader, LISTEN and migrations go to the server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+from uuid import uuid4
+
+import asyncpg
+import pytest
+from structlog.testing import capture_logs
+
+from taskq import JobStatus, TaskQ
+from taskq.errors import ConfigurationError
+from taskq_postgres import PostgresBackend
+from taskq_testing import run_until_idle
+from taskq_testing.postgres import PgSchema
+from tests.apps import basic
+
+_PGBOUNCER = shutil.which("pgbouncer") or (
+    "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
+)
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.skipif(
+        _PGBOUNCER is None, reason="needs pgbouncer (apt-get install pgbouncer; .ci/run does)"
+    ),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _as_user(dsn: str, user: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rpartition('@')[2]}"))
+
+
+@pytest.fixture
+def pooler(pg_schema: PgSchema) -> Iterator[str]:
+    """A PgBouncer in transaction mode in front of the test database (as ``postgres``,
+    the server's sessions as ``postgres``); yields its DSN."""
+    assert _PGBOUNCER is not None
+    database = urlsplit(pg_schema.dsn).path.lstrip("/")
+    port = _free_port()
+    # PgBouncer refuses to run as root: it then runs as postgres, which must read these.
+    folder = Path(tempfile.mkdtemp(prefix="taskq-pgbouncer-"))
+    folder.chmod(0o755)
+    (folder / "users.txt").write_text('"postgres" ""\n')
+    (folder / "pgbouncer.ini").write_text(
+        f"[databases]\n{database} = host=127.0.0.1 port=5432 dbname={database} user=postgres\n"
+        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = trust\n"
+        f"auth_file = {folder / 'users.txt'}\npool_mode = transaction\n"
+        "default_pool_size = 4\nmax_client_conn = 100\nunix_socket_dir =\n"
+    )
+    for path in folder.iterdir():
+        path.chmod(0o644)
+    as_root = ["-u", "postgres"] if os.geteuid() == 0 else []
+    process = subprocess.Popen(
+        [_PGBOUNCER, *as_root, str(folder / "pgbouncer.ini")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    assert process.stderr is not None
+                    said = process.stderr.read()
+                    raise RuntimeError(f"pgbouncer did not start: {said!r}") from None
+                time.sleep(0.05)
+        yield f"postgresql://postgres@127.0.0.1:{port}/{database}"
+    finally:
+        process.terminate()
+        process.wait(10)
+        assert process.stderr is not None
+        process.stderr.close()
+        shutil.rmtree(folder)
+
+
+async def test_without_a_direct_dsn_the_pooler_refuses_and_the_error_says_what_to_do(
+    pooler: str, pg_schema: PgSchema
+) -> None:
+    backend = PostgresBackend(pooler, schema=pg_schema.name)
+    with pytest.raises(ConfigurationError, match="direct_dsn"):
+        await backend.open()
+
+
+async def test_a_worker_behind_a_transaction_pooler_runs_every_job(
+    pooler: str, pg_schema: PgSchema
+) -> None:
+    # The sessions that must stay one server session log in as root, the pooler's as
+    # postgres: which is which shows in pg_stat_activity.
+    direct = _as_user(pg_schema.dsn, "root")
+    instance = f"pgb-{uuid4().hex[:8]}"
+    tq = TaskQ(
+        pooler,
+        schema=pg_schema.name,
+        actors=basic.tq.actors.values(),
+        direct_dsn=direct,
+        instance_id=instance,
+    )
+    with capture_logs() as logs:
+        await tq.backend.open()
+    # Not sent through the pooler, left as the server's defaults have them: said.
+    [missing] = [e for e in logs if e["event"] == "taskq.pooled-settings-missing"]
+    assert missing["settings"] == ["idle_in_transaction_session_timeout", "jit"]
+    assert "ALTER ROLE postgres SET jit = off" in missing["hint"]
+    async with tq:
+        assert isinstance(tq.backend, PostgresBackend) and tq.backend.behind_pooler
+        ones = [await tq.client.enqueue(basic.nap, {"seconds": 0}) for _ in range(50)]
+        batch = await tq.client.enqueue_batch([(basic.nap, {"seconds": 0})] * 200)
+        copied = await tq.client.enqueue_batch_fast([(basic.nap, {"seconds": 0})] * 200)
+        snoozed = await tq.client.enqueue(basic.snooze_twice, {})
+        await run_until_idle(tq, concurrency=16, timeout=60)
+        jobs = await tq.client.list_jobs(limit=1000)
+        retried = await tq.client.get(snoozed.id)
+        conn: asyncpg.Connection[Any] = await asyncpg.connect(direct)
+        try:
+            async with tq.backend.subscribe_wake():
+                elector = tq.backend.leader_elector(uuid4(), lease=timedelta(seconds=5))
+                assert await elector.try_acquire()
+                users = {
+                    row["role"]: row["usename"]
+                    for row in await conn.fetch(
+                        "SELECT split_part(application_name, '/', 1) AS role, usename "
+                        "FROM pg_stat_activity WHERE application_name LIKE $1",
+                        f"%/{instance}",
+                    )
+                }
+                await elector.release()
+        finally:
+            await conn.close()
+    assert copied == 200 and len(ones) + len(batch) == 250
+    assert len(jobs) == 451 and {job.status for job in jobs} == {JobStatus.SUCCEEDED}
+    assert retried is not None and retried.result == 3  # run again after each snooze
+    assert users["taskq-leader"] == users["taskq-notify"] == "root"

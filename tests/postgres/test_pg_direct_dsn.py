@@ -3,8 +3,12 @@ LISTEN, migrations) reach the server itself when ``dsn`` is a transaction-mode p
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 from uuid import uuid4
@@ -176,3 +180,22 @@ async def test_a_leader_behind_a_transaction_pooler_says_so_and_does_not_lead(
     finally:
         for server in servers:
             await server.close()
+
+
+def test_taskq_migrate_takes_the_direct_dsn_over_the_dsn(pg_schema: PgSchema) -> None:
+    # Its advisory lock is a session's: behind a pooler, the server's own address.
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")},
+        "TASKQ_DSN": "postgresql://postgres@127.0.0.1:1/nowhere",
+        "TASKQ_DIRECT_DSN": pg_schema.dsn,
+        "TASKQ_SCHEMA": pg_schema.name,
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("taskq")), "migrate"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr

@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -155,3 +156,24 @@ async def test_a_worker_behind_a_transaction_pooler_runs_every_job(
     assert len(jobs) == 451 and {job.status for job in jobs} == {JobStatus.SUCCEEDED}
     assert retried is not None and retried.result == 3  # run again after each snooze
     assert users["taskq-leader"] == users["taskq-notify"] == "root"
+
+
+def test_taskq_jobs_takes_the_direct_dsn_from_the_environment(
+    pooler: str, pg_schema: PgSchema
+) -> None:
+    # `taskq jobs` opens a backend as an application built from a URL does.
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")},
+        "TASKQ_DSN": pooler,
+        "TASKQ_DIRECT_DSN": pg_schema.dsn,
+        "TASKQ_SCHEMA": pg_schema.name,
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("taskq")), "jobs", "list", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -51,8 +52,9 @@ def _positive_duration(text: str) -> timedelta:
 def _configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dsn",
-        help="PostgreSQL URL (default: $TASKQ_DSN, else the embedded server under ./.taskq/ "
-        "when taskq-postgres[embedded] is installed)",
+        help="PostgreSQL URL (default: $TASKQ_DIRECT_DSN, the server's own address behind "
+        "a pooler, else $TASKQ_DSN, else the embedded server under ./.taskq/ when "
+        "taskq-postgres[embedded] is installed)",
     )
     parser.add_argument("--schema", help="schema to migrate (default: $TASKQ_SCHEMA, else taskq)")
     parser.add_argument(
@@ -162,7 +164,8 @@ def _run(args: argparse.Namespace) -> int:
             raise _CommandError(str(exc)) from exc
         # After the schema check, so a typo does not start an embedded server for nothing.
         try:
-            dsn = resolve_dsn(args.dsn)
+            # Migrations hold a session's advisory lock: the server itself, not a pooler.
+            dsn = resolve_dsn(args.dsn or os.environ.get("TASKQ_DIRECT_DSN"))
         except TaskQError as exc:
             raise _CommandError(str(exc)) from exc
         _log_to_stderr()

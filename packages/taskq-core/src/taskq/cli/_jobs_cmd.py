@@ -156,12 +156,15 @@ def register(cli: CommandRegistry) -> None:
 @asynccontextmanager
 async def connect_backend(args: argparse.Namespace) -> AsyncIterator[Backend]:
     """The open backend that ``--dsn`` / ``--schema`` (or their environment variables)
-    name; closed on exit."""
+    name, with the backend settings of the ``TASKQ_*`` environment as an application
+    built from a URL takes them (``TASKQ_DIRECT_DSN`` behind a pooler); closed on exit."""
     from taskq._dsn import resolve_shared_dsn
     from taskq.plugins import open_backend
+    from taskq.settings import WorkerSettings
 
     schema = resolve_schema(args.schema, DEFAULT_SCHEMA)
-    backend = open_backend(resolve_shared_dsn(args.dsn), schema=schema)
+    options = WorkerSettings.backend_options_from_env()
+    backend = open_backend(resolve_shared_dsn(args.dsn), schema=schema, **options)
     await backend.open()
     try:
         yield backend

@@ -24,7 +24,7 @@ from structlog.testing import capture_logs
 
 from taskq import JobStatus, TaskQ
 from taskq.errors import ConfigurationError
-from taskq_postgres import PostgresBackend
+from taskq_postgres import PostgresBackend, SyncJobsClient
 from taskq_testing import run_until_idle
 from taskq_testing.postgres import PgSchema
 from tests.apps import basic
@@ -177,3 +177,23 @@ def test_taskq_jobs_takes_the_direct_dsn_from_the_environment(
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_sync_client_behind_a_transaction_pooler(
+    pooler: str, pg_schema: PgSchema, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    actors = basic.tq.actors.values()
+    with pytest.raises(ConfigurationError, match="pooler"):
+        SyncJobsClient(pooler, actors=actors, schema=pg_schema.name)
+    # Told by the fleet's TASKQ_DIRECT_DSN, or in so many words.
+    monkeypatch.setenv("TASKQ_DIRECT_DSN", pg_schema.dsn)
+    for client in (
+        SyncJobsClient(pooler, actors=actors, schema=pg_schema.name),
+        SyncJobsClient(pooler, actors=actors, schema=pg_schema.name, behind_pooler=True),
+    ):
+        with client:
+            # Past psycopg's threshold for preparing a statement it runs again.
+            for _ in range(12):
+                client.enqueue(basic.nap, {"seconds": 0})
+            assert len(client.enqueue_batch([(basic.nap, {"seconds": 0})] * 20)) == 20
+            assert client.enqueue_batch_fast([(basic.nap, {"seconds": 0})] * 20) == 20

@@ -93,6 +93,10 @@ class SyncJobsClient:
     ``poll_only`` sends no NOTIFY (as ``PostgresBackend(poll_only=True)``: for workers
     that poll, or to keep NOTIFY's commit lock off a heavy insert load); the fleet's
     ``TASKQ_POLL_ONLY``, when set, decides instead, as for an application's backend.
+    ``behind_pooler``: the DSN is a transaction-mode pooler's (PgBouncer), so the client's
+    own connection sends no session settings and keeps no statement prepared; by
+    default, whether the fleet's ``TASKQ_DIRECT_DSN`` is set (as a backend given a
+    ``direct_dsn`` takes its DSN for a pooler's).
     One client may be shared by threads: its calls take turns.
     """
 
@@ -104,6 +108,7 @@ class SyncJobsClient:
         schema: str = "taskq",
         max_pending_cache_ttl: float = 5.0,
         poll_only: bool = False,
+        behind_pooler: bool | None = None,
     ) -> None:
         if not isinstance(target, str | psycopg.Connection):
             raise TypeError(
@@ -114,7 +119,9 @@ class SyncJobsClient:
         self.schema = validate_schema_name(schema)
         self._build = ArgsBuilder(actors_by_name(actors))
         self._sql = statements_for(self.schema)
-        quiet = WorkerSettings.backend_options_from_env().get("poll_only", poll_only)
+        fleet = WorkerSettings.backend_options_from_env()
+        quiet = fleet.get("poll_only", poll_only)
+        self._behind_pooler = "direct_dsn" in fleet if behind_pooler is None else behind_pooler
         self._channel = None if quiet else wake_channel(self.schema)
         self._limits = MaxPendingLimits(max_pending_cache_ttl)
         self._lock = threading.Lock()
@@ -263,19 +270,30 @@ class SyncJobsClient:
 
     def _connect(self) -> psycopg.Connection[Any]:
         assert self._dsn is not None
-        # Durations added on TaskQ's own connections are exact (see PostgresBackend).
-        # Added to the DSN's own options (or PGOPTIONS'): libpq takes one string, and a
-        # keyword argument would replace them (a statement_timeout, a role's search_path).
         with translated_errors(
             self._dsn, invalid=(psycopg.ProgrammingError,), unavailable=(psycopg.OperationalError,)
         ):
-            given = conninfo_to_dict(self._dsn).get("options") or os.environ.get("PGOPTIONS", "")
-            conn = psycopg.connect(
-                self._dsn,
-                autocommit=True,
-                application_name=f"taskq-sync/{uuid4().hex[:12]}",
-                options=f"{given} -c TimeZone=UTC -c jit=off".strip(),
-            )
+            name = f"taskq-sync/{uuid4().hex[:12]}"
+            if self._behind_pooler:
+                # A pooler passes no options and runs each statement on any server
+                # session. The enqueue statements need no TimeZone: they add seconds.
+                conn = psycopg.connect(
+                    self._dsn, autocommit=True, application_name=name, prepare_threshold=None
+                )
+            else:
+                # Durations added on TaskQ's own connections are exact (see
+                # PostgresBackend). Added to the DSN's own options (or PGOPTIONS'): libpq
+                # takes one string, and a keyword argument would replace them (a
+                # statement_timeout, a role's search_path).
+                given = conninfo_to_dict(self._dsn).get("options") or os.environ.get(
+                    "PGOPTIONS", ""
+                )
+                conn = psycopg.connect(
+                    self._dsn,
+                    autocommit=True,
+                    application_name=name,
+                    options=f"{given} -c TimeZone=UTC -c jit=off".strip(),
+                )
         # Its own transactions: stated, not the server's default (the singleton check
         # needs a fresh snapshot per statement).
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED

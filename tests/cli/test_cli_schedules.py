@@ -6,7 +6,7 @@ from uuid import uuid4
 
 import pytest
 
-from tests.cli.cli_helpers import Cli, clean_env, error_line, run
+from tests.cli.cli_helpers import APP, Cli, clean_env, error_line, run
 
 pytestmark = pytest.mark.postgres
 
@@ -127,3 +127,23 @@ def test_enable_and_disable_are_exclusive(cli: Cli) -> None:
     result = cli.taskq("schedules", "update", str(uuid4()), "--enable", "--disable")
     assert result.returncode == 1  # a usage error; 2 is a watchdog trip
     assert "not allowed with argument" in result.stderr
+
+
+def test_app_checks_the_actor_payload_and_queue_up_front(cli: Cli) -> None:
+    # Without it, a payload the actor refuses was stored, and each slot's job failed.
+    _registered(cli, "nap")
+    app = ("--app", APP)
+    refused = {
+        ("create", "bad", "nap", "* * * * *", "--payload", '{"seconds": "soon"}'): "seconds",
+        ("create", "bad", "npa", "* * * * *"): "npa",
+    }
+    for args, named in refused.items():
+        assert named in error_line(cli.taskq("schedules", *args, *app)), args
+    assert cli.json("schedules", "list") == []
+    made = cli.ok("schedules", "create", "fine", "nap", "* * * * *", "--payload", "{}", *app)
+    fine = _created_id(made)
+    bad = cli.taskq("schedules", "update", fine, "--payload", '{"seconds": "soon"}', *app)
+    assert "seconds" in error_line(bad)
+    assert cli.json("schedules", "list")[0]["payload"] == {}
+    # Without --app the payload is the worker's to check, as before.
+    cli.ok("schedules", "update", fine, "--payload", '{"seconds": "soon"}')

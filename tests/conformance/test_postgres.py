@@ -72,3 +72,19 @@ class TestPostgresBackend(BackendConformance):
         await super().test_round_robin_ranks_a_job_among_its_whole_cohort_not_its_actors_jobs(
             backend, advance_time
         )
+
+    # The same gap, deeper: a capped actor's sample holds residual * oversample jobs,
+    # so its backlog in a cohort past them never counts towards another actor's rank.
+    @pytest.mark.xfail(
+        strict=True,
+        reason="round robin counts a capped actor's cohort-mates in its sample only (not "
+        "fixed yet)",
+    )
+    async def test_round_robin_ranks_a_job_behind_a_capped_actors_whole_backlog_in_its_cohort(
+        self, backend: PostgresBackend, advance_time: AdvanceTime
+    ) -> None:
+        await (
+            super().test_round_robin_ranks_a_job_behind_a_capped_actors_whole_backlog_in_its_cohort(
+                backend, advance_time
+            )
+        )

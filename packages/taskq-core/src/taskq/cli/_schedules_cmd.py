@@ -3,9 +3,11 @@ maintenance leader fires.
 
 Like ``taskq jobs``, these commands need no application: schedules are rows
 in the backend, so an operator manages them with only a DSN. The payload is
-stored as given, and the actor need not be known here: both are checked
+then stored as given, and the actor need not be known here: both are checked
 by the worker that runs a slot's job (one the actor refuses fails, with the
-validation error, in ``taskq jobs list --status failed``). An actor no worker has registered yet is
+validation error, in ``taskq jobs list --status failed``). ``--app`` names the
+application, whose actor, payload and queue are then checked up front, as each
+slot's job will be built. An actor no worker has registered yet is
 created with a warning (its slots wait until a worker runs it): a schedule
 may come before the deploy of its actor, or be a typo.
 """
@@ -47,6 +49,16 @@ def _add_schedule_id(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("schedule_id", metavar="ID", help="the schedule's id (a UUID)")
 
 
+def _add_app(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--app",
+        metavar="APP",
+        help="module:attribute naming the TaskQ application: its actor, payload and queue "
+        "are checked now, as each slot's job will be built (default: no check here; the "
+        "worker that runs a slot's job checks it)",
+    )
+
+
 def _configure(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="schedules_action", metavar="ACTION", required=True)
 
@@ -73,6 +85,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     create.add_argument("--queue", help="the jobs' queue (default: the actor's)")
     create.add_argument("--timezone", default="UTC", help="timezone CRON is read in (default: UTC)")
     create.add_argument("--disabled", action="store_true", help="store it without firing it")
+    _add_app(create)
     add_connection_options(create)
     create.set_defaults(_schedules_run=_create)
 
@@ -93,6 +106,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     toggle.add_argument(
         "--disable", dest="enabled", action="store_const", const=False, help="stop firing it"
     )
+    _add_app(update)
     add_connection_options(update)
     update.set_defaults(_schedules_run=_update)
 
@@ -206,6 +220,11 @@ async def _create(args: argparse.Namespace) -> int:
         timezone=args.timezone,
         enabled=not args.disabled,
     )
+    if args.app is not None:
+        from taskq.worker.cli import load_app
+
+        # Before connecting, which may start an embedded server: a typo says so at once.
+        load_app(args.app).client.build_args(create.actor, create.payload, queue=create.queue)
     async with connect_backend(args) as backend:
         try:
             schedule = await backend.create_schedule(create)
@@ -240,9 +259,21 @@ async def _update(args: argparse.Namespace) -> int:
         raise ScheduleCommandError(
             "nothing to change: give --cron, --payload, --queue, --timezone, --enable or --disable"
         )
+    checked = None
+    if args.app is not None:
+        from taskq.worker.cli import load_app
+
+        checked = load_app(args.app)
     async with connect_backend(args) as backend:
         try:
-            schedule = await backend.update_schedule(schedule_id, changes)
+            if checked is None:
+                schedule = await backend.update_schedule(schedule_id, changes)
+            else:
+                from taskq.client import JobsClient
+
+                # A new payload or queue is checked against the schedule's actor.
+                client = JobsClient(backend, checked.actors)
+                schedule = await client.update_schedule(schedule_id, changes)
         except KeyError:
             raise ScheduleCommandError(f"no schedule {schedule_id}") from None
         except ValueError as exc:  # a cron that never fires again, as create says it

@@ -339,6 +339,26 @@ class DispatchTests:
         assert [row.id for row in dispatched] == [free_t1.id, free_t2.id, first_of_t3.id]
 
     @covers("dispatch_batch", "configure_queue")
+    async def test_round_robin_ranks_a_job_behind_a_capped_actors_whole_backlog_in_its_cohort(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # The capped actor's three jobs of cohort a all come before the free actor's one:
+        # that one is a's fourth, behind the free actor's third of b.
+        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+        free = "conformance.free"
+        await backend.register_actors(
+            [ActorConfig(actor=ACTOR, max_concurrent=1), ActorConfig(actor=free)]
+        )
+        capped_a, _, _, free_b1, free_b2, _, free_b3 = await _enqueue_spread(
+            backend,
+            advance_time,
+            *({"queue": "rr", "fairness_key": "a"} for _ in range(3)),
+            *({"queue": "rr", "fairness_key": key, "actor": free} for key in ("b", "b", "a", "b")),
+        )
+        dispatched = await backend.dispatch_batch(uuid4(), ["rr"], 4, LONG_LEASE)
+        assert [row.id for row in dispatched] == [capped_a.id, free_b1.id, free_b2.id, free_b3.id]
+
+    @covers("dispatch_batch", "configure_queue")
     async def test_round_robin_puts_a_cohort_after_its_running_jobs(
         self, backend: Backend, advance_time: AdvanceTime
     ) -> None:

@@ -1923,8 +1923,9 @@ class PostgresBackend:
     async def increment_batch_failures(
         self, batch_id: UUID, *, connection: Connection = None
     ) -> tuple[int, int | None, int]:
-        """``(consecutive_failures, failure_threshold, non_terminal_children)`` after the
-        increment; ``KeyError`` for an unknown or finished batch."""
+        """``(consecutive_failures, failure_threshold, children_left)`` after the
+        increment (1 when a child is left to run, else 0); ``KeyError`` for an unknown
+        or finished batch."""
         record = await self._db(connection).fetchrow(self._sql.increment_batch_failures, batch_id)
         if record is None:
             raise KeyError(f"no active batch with id {batch_id}")

@@ -159,7 +159,8 @@ class BatchTable:
             raise KeyError(f"batch {batch_id} is {batch.status}, not active")
         failures = batch.consecutive_failures + 1
         self._rows[batch_id] = batch.model_copy(update={"consecutive_failures": failures})
-        return failures, batch.failure_threshold, self.count_non_terminal(batch_id)
+        left = any(row.status in ACTIVE_STATUSES for row in self.children(batch_id))
+        return failures, batch.failure_threshold, int(left)
 
     def reset_failures(self, batch_id: UUID) -> int:
         batch = self._rows.get(batch_id)

@@ -114,7 +114,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     only, and complete_batch leaves a batch whose streak reached its threshold
 #     (the worker's batch hook relies on both); complete_stale_batches aborts a
 #     batch whose streak reached its threshold, and leaves one created or whose
-#     last child ended within the backend's grace to that hook.
+#     last child ended within the backend's grace to that hook;
+#     increment_batch_failures's third value says whether a child is left (1 or
+#     0), no longer how many (counting made a failing batch quadratic).
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
@@ -500,8 +502,8 @@ class Backend(Protocol):
         self, batch_id: UUID, *, connection: Connection = None
     ) -> tuple[int, int | None, int]:
         """``consecutive_failures += 1`` of an active batch; returns (failures, threshold,
-        non-terminal children). ``KeyError`` for an unknown or finished batch (its
-        streak is over)."""
+        children left: 1 when a child is still pending, scheduled or running, else 0).
+        ``KeyError`` for an unknown or finished batch (its streak is over)."""
         ...
 
     async def reset_batch_failures(self, batch_id: UUID, *, connection: Connection = None) -> int:

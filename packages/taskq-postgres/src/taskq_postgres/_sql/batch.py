@@ -57,12 +57,14 @@ INCREMENT_BATCH_FAILURES: Final = (
 UPDATE {schema}.batches b
 SET consecutive_failures = b.consecutive_failures + 1
 WHERE b.id = $1 AND b.status = 'active'  -- a finished batch's streak is over
+-- Whether a child is left, not how many: counted, each failure of a large batch
+-- read all its waiting children (quadratic over a batch whose children fail).
 RETURNING b.consecutive_failures, b.failure_threshold,
-    (SELECT count(*) FROM {schema}.jobs j
-     WHERE """
+    EXISTS (SELECT 1 FROM {schema}.jobs j
+            WHERE """
     + _CHILDREN_OF_B
     + """
-       AND j.status IN ('pending', 'scheduled', 'running')) AS non_terminal
+              AND j.status IN ('pending', 'scheduled', 'running'))::int AS non_terminal
 """
 )
 

@@ -138,3 +138,19 @@ async def test_slots_the_database_refuses_are_skipped_and_the_tick_goes_on(
     assert fired >= 5  # the other schedule's slots
     assert await _untouched(backend) == set()  # both advanced past their slots
     assert {job.actor for job in await backend.list_jobs(JobFilter())} == {"a1"}
+
+
+async def test_a_tick_fires_every_due_schedule_it_has_time_for(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # A tick fired 100 schedules at most, then waited out the cron interval: 2,000 due
+    # each minute fired up to 28 s late, 5,000 lost slots past the catch-up window.
+    backend = PostgresBackend(pg_pooled_schema.dsn, schema=pg_pooled_schema.name)
+    await backend.open()
+    try:
+        await _behind(backend, 120)  # about 0.4 s of work, inside the tick's 2 s
+        fired = await backend.fire_due_schedules(_slot_job, catch_up=_CATCH_UP)
+        assert fired >= 120 * 5
+        assert await _untouched(backend) == set()
+    finally:
+        await backend.close()

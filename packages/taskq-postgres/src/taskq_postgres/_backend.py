@@ -164,8 +164,11 @@ _NO_DELAY: Final = timedelta(0)
 _DEFAULT_MAX_POOL_SIZE: Final = 10
 _MIN_POOL_FOR_WORKER_PINS: Final = 5
 """Three pinned connections (enqueue, dispatch, success) leave two to the rest."""
-_CRON_SCHEDULES_PER_TICK: Final = 100
-"""Schedules one cron tick fires at most (one transaction each); the rest wait a tick."""
+_CRON_TICK_SECONDS: Final = 2.0
+"""How long one cron tick goes on firing due schedules (one transaction each; half the
+``command_timeout`` when that is shorter, as the leader bounds the tick by it); the rest
+wait a tick. A count of 100 a tick held 2,000 schedules due each minute up to 28 s
+late, and dropped slots of 5,000 past the catch-up window."""
 _DIAGNOSE_TIMEOUT: Final = 0.5
 """Seconds the question of which right a refused role lacks may wait for a pooled
 connection: short, as it runs within the caller's own bound (a worker loop's)."""
@@ -1661,7 +1664,12 @@ class PostgresBackend:
         by the pool's minute, in which a new leader skipped the schedule and its slot
         fell out of the catch-up window."""
         fired = 0
-        for _ in range(_CRON_SCHEDULES_PER_TICK):
+        clock = asyncio.get_running_loop()
+        budget = _CRON_TICK_SECONDS
+        if self.command_timeout is not None:
+            budget = min(budget, self.command_timeout.total_seconds() / 2)
+        ends = clock.time() + budget
+        while clock.time() < ends:
             async with self._transaction() as tx:
                 record = await tx.fetchrow(self._leader_sql.cron_due, 1)
                 if record is None:

@@ -168,3 +168,58 @@ async def test_a_batchs_children_left_are_found_without_reading_the_finished_one
         assert await conn.fetchval(statement, batch_id) is True
     finally:
         await conn.close()
+
+
+async def test_a_page_of_jobs_turns_only_its_own_rows_json_into_text(
+    backlog: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    # The casts ran on every matching row before the sort and the limit: `taskq jobs
+    # list --json` over 100 jobs of 5 MB results took 2 GB.
+    from taskq_postgres._sql.reads import ORDER_TOKEN, WHERE_TOKEN
+
+    sql = (
+        statements_for(pg_schema.name)
+        .list_jobs.replace(WHERE_TOKEN, "ORDER BY j.created_at, j.id LIMIT 10")
+        .replace(ORDER_TOKEN, "ORDER BY page.created_at, page.id")
+    )
+    [plan] = json.loads(await backlog.fetchval(f"EXPLAIN (VERBOSE, FORMAT JSON) {sql}"))
+
+    def casts_below_the_limit(node: dict[str, Any], below: bool) -> list[str]:
+        below = below or node["Node Type"] == "Limit"
+        found = [o for o in node.get("Output", []) if "::text" in o] if below else []
+        for child in node.get("Plans", []):
+            found += casts_below_the_limit(child, below)
+        return found
+
+    assert casts_below_the_limit(plan["Plan"], False) == []
+
+
+async def test_a_page_of_batches_counts_only_its_own_batches_children(
+    pg_schema: PgSchema,
+) -> None:
+    # The limit came after the counting: every matching batch's children were counted.
+    from taskq_postgres._sql.reads import WHERE_TOKEN
+
+    s = pg_schema.name
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        await conn.execute(
+            f"INSERT INTO {s}.batches (id, queue, expected_size) "
+            "SELECT gen_random_uuid(), 'default', 1 FROM generate_series(1, 30)"
+        )
+        await conn.execute(
+            f"INSERT INTO {s}.jobs (actor, queue, metadata) SELECT 'a', 'default', "
+            f"jsonb_build_object('batch_id', b.id::text) FROM {s}.batches b"
+        )
+        sql = statements_for(s).list_batches.replace(WHERE_TOKEN, "")
+        [plan] = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", 5))
+    finally:
+        await conn.close()
+
+    def loops_of_the_count(node: dict[str, Any]) -> list[int]:
+        found = [node["Actual Loops"]] if node["Node Type"] == "Aggregate" else []
+        for child in node.get("Plans", []):
+            found += loops_of_the_count(child)
+        return found
+
+    assert loops_of_the_count(plan["Plan"]) and max(loops_of_the_count(plan["Plan"])) == 5

@@ -124,7 +124,7 @@ from taskq_postgres._rows import (
 from taskq_postgres._sql import prune as prune_sql
 from taskq_postgres._sql import render
 from taskq_postgres._sql.cancel import FILTER_TOKEN
-from taskq_postgres._sql.reads import POOLED_SESSION_SETTINGS, WHERE_TOKEN
+from taskq_postgres._sql.reads import ORDER_TOKEN, POOLED_SESSION_SETTINGS, WHERE_TOKEN
 from taskq_postgres._statements import statements_for
 from taskq_postgres._transient import TRANSIENT_PG_ERRORS
 from taskq_postgres._wake import EnqueueWake, WakeCoalescer
@@ -1498,7 +1498,8 @@ class PostgresBackend:
             + f"ORDER BY j.created_at {direction}, j.id {direction}\n"
             + f"LIMIT {params.bind(filters.limit)}"
         )
-        sql = self._sql.list_jobs.replace(WHERE_TOKEN, clause)
+        order = f"ORDER BY page.created_at {direction}, page.id {direction}"
+        sql = self._sql.list_jobs.replace(WHERE_TOKEN, clause).replace(ORDER_TOKEN, order)
         return [job_row(r) for r in await self._db().fetch(sql, *params.values)]
 
     async def count_pending_jobs(self, actors: list[str]) -> dict[str, int]:

@@ -254,11 +254,15 @@ LIST_BATCHES: Final = (
     """
 -- arbiter: none
 -- Newest first, each with its children's counts by status. {where} holds the
--- filter (fixed fragments over alias b; values bound from $2); $1 is the limit.
+-- filter (fixed fragments over alias b; values bound from $2); $1 is the limit, taken
+-- before the counting (after it, every matching batch's children were counted).
 SELECT """
     + BATCH_COLUMNS
     + """, c.statuses, c.counts
-FROM {schema}.batches b
+FROM (SELECT * FROM {schema}.batches b
+      {where}
+      ORDER BY b.created_at DESC, b.id DESC
+      LIMIT $1) AS b
 LEFT JOIN LATERAL (
     SELECT array_agg(s.status::text) AS statuses, array_agg(s.n) AS counts
     FROM (
@@ -270,9 +274,7 @@ LEFT JOIN LATERAL (
         GROUP BY j.status
     ) s
 ) c ON true
-{where}
 ORDER BY b.created_at DESC, b.id DESC
-LIMIT $1
 """
 )
 

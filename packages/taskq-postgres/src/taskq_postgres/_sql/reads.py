@@ -16,6 +16,7 @@ __all__ = [
     "GET_EVENTS",
     "GET_JOB",
     "LIST_JOBS",
+    "ORDER_TOKEN",
     "POOLED_SESSION_SETTINGS",
     "SCHEMA_IS_MIGRATED",
     "WHERE_TOKEN",
@@ -34,16 +35,25 @@ FROM {schema}.jobs j WHERE j.id = $1
 )
 
 WHERE_TOKEN: Final = "{where}"
-"""Where ``LIST_JOBS`` takes its predicate and ordering (built from fixed fragments)."""
+"""Where ``LIST_JOBS`` takes its predicate, ordering and limit (built from fixed
+fragments over alias ``j``)."""
 
+ORDER_TOKEN: Final = "{order}"
+"""Where ``LIST_JOBS`` takes the page's ordering again (over alias ``page``)."""
+
+# The page is chosen on two narrow columns; then only its rows are read whole, their
+# JSON turned into text. Converted before the sort and the limit, every matching row's
+# was: `taskq jobs list --json` over 100 jobs of 5 MB results took 2 GB and 11 s.
 LIST_JOBS: Final = (
     """
 -- arbiter: none
 SELECT """
     + _J
     + """
-FROM {schema}.jobs j
-{where}
+FROM (SELECT j.id, j.created_at FROM {schema}.jobs j
+      {where}) AS page
+JOIN {schema}.jobs j ON j.id = page.id
+{order}
 """
 )
 

@@ -379,6 +379,31 @@ async def test_a_sweep_call_takes_a_bounded_number_of_turns(
     assert await backend.sweep_expired_results() == 20
 
 
+async def test_an_abort_cancels_a_large_batchs_children_in_turns(
+    backend: PostgresBackend,
+) -> None:
+    # In one statement, 200,000 children outlasted the worker's command timeout: the
+    # abort rolled back at every failure, and the whole batch ran. A turn here is 3.
+    from taskq.models import BatchRow
+
+    backend._sweep_turn = 3
+    batch_id = uuid4()
+    children = await backend.enqueue_batch_atomic(
+        [EnqueueArgs(actor="a") for _ in range(7)],
+        batch_id=batch_id,
+        queue="default",
+        batch_row=BatchRow(id=batch_id, queue="default", expected_size=7, failure_threshold=1),
+        finalizer_args=EnqueueArgs(actor="fin"),
+    )
+    assert await backend.abort_batch(batch_id) == 7
+    for child in children:
+        row = await backend.get(child.id)
+        assert row is not None and row.status is JobStatus.CANCELLED
+    batch = await backend.get_batch(batch_id)
+    assert batch is not None and batch.status == "aborted"
+    assert await backend.abort_batch(batch_id) == 0  # a finished batch is left alone
+
+
 async def test_schedules_list_by_code_point_under_a_linguistic_collation(
     backend: PostgresBackend, pg_pooled_schema: PgSchema
 ) -> None:

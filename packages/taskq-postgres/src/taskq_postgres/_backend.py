@@ -1763,10 +1763,12 @@ class PostgresBackend:
     async def complete_stale_batches(self) -> int:
         """Complete every active batch with no active child, none ended within
         ``stale_batch_grace``, and release its finalizer, in one statement
-        (``SupportsStaleBatchSweep``); returns the batches completed."""
+        (``SupportsStaleBatchSweep``); returns the batches completed. Then cancel, in
+        turns, the waiting children an abort cut short left."""
         record = await self._db().fetchrow(
             self._sql.complete_stale_batches, self._wake_to, self.stale_batch_grace
         )
+        await self._in_turns(self._sql.cancel_aborted_leftovers)
         return int(record["completed"]) if record is not None else 0
 
     # -- fleet statistics and the worker registry -------------------------------------------
@@ -1951,9 +1953,18 @@ class PostgresBackend:
 
     async def abort_batch(self, batch_id: UUID, *, connection: Connection = None) -> int:
         """Abort an active batch: cancel its waiting children, release its finalizer;
-        returns the children cancelled (0 for a finished batch)."""
-        record = await self._db(connection).fetchrow(self._sql.abort_batch, batch_id, self._wake_to)
-        return int(record["cancelled"]) if record is not None else 0
+        returns the children cancelled (0 for a finished batch). The children go in
+        turns, one statement each (about 35 µs a child; all in one, 200,000 outlasted the
+        worker's command timeout, and the batch was never aborted), the first of which
+        aborts the batch; what an interrupted abort leaves, the stale-batch sweep
+        cancels."""
+        db, turn = self._db(connection), self._sweep_turn
+        record = await db.fetchrow(self._sql.abort_batch, batch_id, self._wake_to, turn)
+        cancelled = moved = int(record["cancelled"]) if record is not None else 0
+        while moved == turn:
+            moved = int(await db.fetchval(self._sql.cancel_aborted_children, batch_id, turn))
+            cancelled += moved
+        return cancelled
 
     async def complete_batch(self, batch_id: UUID, *, connection: Connection = None) -> None:
         """Complete an active batch and release its finalizer; a no-op otherwise, and for

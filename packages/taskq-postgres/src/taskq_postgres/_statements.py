@@ -88,6 +88,8 @@ class Statements:
     increment_batch_failures: str
     reset_batch_failures: str
     abort_batch: str
+    cancel_aborted_children: str
+    cancel_aborted_leftovers: str
     complete_batch: str
     complete_stale_batches: str
     get_batch: str
@@ -171,6 +173,8 @@ def statements_for(schema: str) -> Statements:
         increment_batch_failures=render(batch.INCREMENT_BATCH_FAILURES, s),
         reset_batch_failures=render(batch.RESET_BATCH_FAILURES, s),
         abort_batch=render(batch.ABORT_BATCH, s),
+        cancel_aborted_children=render(batch.CANCEL_ABORTED_CHILDREN, s),
+        cancel_aborted_leftovers=render(batch.CANCEL_ABORTED_LEFTOVERS, s),
         complete_batch=render(batch.COMPLETE_BATCH, s),
         complete_stale_batches=render(batch.COMPLETE_STALE_BATCHES, s),
         get_batch=render(batch.GET_BATCH, s),

@@ -176,6 +176,13 @@ class BatchTable:
         if batch is not None and batch.status != "active":
             return 0
         now = self._clock.now()
+        cancelled = self._cancel_waiting(batch_id, now)
+        if batch is not None:
+            self._finish(batch, "aborted", now)
+        return cancelled
+
+    def _cancel_waiting(self, batch_id: UUID, now: datetime) -> int:
+        """Cancel the batch's pending and scheduled children; returns how many."""
         waiting = [
             row
             for row in self.children(batch_id)
@@ -190,8 +197,6 @@ class BatchTable:
                 finished_at=now,
                 error=ErrorInfo(error_class="BatchAborted", message=BATCH_ABORTED_MESSAGE),
             )
-        if batch is not None:
-            self._finish(batch, "aborted", now)
         return len(waiting)
 
     def complete(self, batch_id: UUID) -> None:
@@ -207,7 +212,8 @@ class BatchTable:
     def complete_stale(self, grace: timedelta) -> int:
         """Complete every active batch none of whose children is still active, nor ended
         or was created within ``grace`` (abort one whose failure streak reached its
-        threshold: the hook's abort was lost)."""
+        threshold: the hook's abort was lost), and cancel the waiting children of
+        aborted batches."""
         now = self._clock.now()
         since = now - grace
         stale = [
@@ -221,6 +227,9 @@ class BatchTable:
             threshold = batch.failure_threshold
             failed = threshold is not None and batch.consecutive_failures >= threshold
             self._finish(batch, "aborted" if failed else "complete", now)
+        # What an abort cut short left waiting (on Postgres an abort goes in turns).
+        for batch_id in [row.id for row in self._rows.values() if row.status == "aborted"]:
+            self._cancel_waiting(batch_id, now)
         return len(stale)
 
     def _finish(self, batch: BatchRow, status: BatchStatus, now: datetime) -> None:

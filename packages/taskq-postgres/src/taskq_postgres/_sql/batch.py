@@ -14,6 +14,8 @@ __all__ = [
     "ABORT_BATCH",
     "BATCH_COLUMNS",
     "BATCH_HAS_ACTIVE_CHILDREN",
+    "CANCEL_ABORTED_CHILDREN",
+    "CANCEL_ABORTED_LEFTOVERS",
     "COMPLETE_BATCH",
     "COMPLETE_STALE_BATCHES",
     "COUNT_BATCH_NON_TERMINAL",
@@ -99,7 +101,9 @@ ABORT_BATCH: Final = (
     """
 -- arbiter: clock_timestamp() (completed_at; finished_at of the cancelled children)
 -- An active batch (or none with that id: its children are still cancelled) ->
--- aborted; its waiting children -> cancelled; its finalizer -> pending.
+-- aborted; its waiting children -> cancelled, at most $3 of them (CANCEL_ABORTED_CHILDREN
+-- takes the rest in turns: all in one statement, 200,000 took longer than the
+-- worker's command timeout, so the batch was never aborted); its finalizer -> pending.
 -- A finished batch is left alone. $1 batch id, $2 wake channel.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 batch AS (
@@ -112,6 +116,7 @@ children AS (
     WHERE j.metadata ? 'batch_id' AND j.metadata ->> 'batch_id' = $1::uuid::text
       AND j.id IS DISTINCT FROM (SELECT finalizer_job_id FROM batch)
       AND j.status IN ('pending', 'scheduled')
+    LIMIT $3
     FOR UPDATE OF j
 ),
 cancelled AS (
@@ -142,6 +147,82 @@ finished AS (
     + _RELEASE_FINALIZER
     + """
 SELECT (SELECT count(*) FROM cancelled) AS cancelled, (SELECT count(*) FROM notified) AS notified
+"""
+)
+
+CANCEL_ABORTED_CHILDREN: Final = """
+-- arbiter: clock_timestamp() (finished_at of the cancelled children)
+-- A turn of an abort: at most $2 waiting children of batch $1 -> cancelled, when the
+-- batch is aborted (or has no row); its finalizer is none of them. Returns how many.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+batch AS (SELECT b.status, b.finalizer_job_id FROM {schema}.batches b WHERE b.id = $1),
+children AS (
+    SELECT j.id, j.status
+    FROM {schema}.jobs j
+    WHERE j.metadata ? 'batch_id' AND j.metadata ->> 'batch_id' = $1::uuid::text
+      AND j.id IS DISTINCT FROM (SELECT finalizer_job_id FROM batch)
+      AND j.status IN ('pending', 'scheduled')
+      AND NOT EXISTS (SELECT 1 FROM batch WHERE status <> 'aborted')
+    LIMIT $2
+    FOR UPDATE OF j
+),
+cancelled AS (
+    UPDATE {schema}.jobs j
+    SET status = 'cancelled', finished_at = n.ts, updated_at = n.ts,
+        error_class = 'BatchAborted',
+        error_message = 'Batch aborted due to consecutive failures',
+        error_traceback = NULL
+    FROM children c CROSS JOIN now n
+    WHERE j.id = c.id
+    RETURNING j.id, c.status AS from_status
+),
+cancelled_events AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT c.id, 'state_change',
+           jsonb_build_object('from_state', c.from_status, 'to_state', 'cancelled',
+                              'reason', 'batch_aborted')
+    FROM cancelled c
+    ORDER BY c.id
+)
+SELECT count(*) FROM cancelled
+"""
+
+CANCEL_ABORTED_LEFTOVERS: Final = (
+    """
+-- arbiter: clock_timestamp() (finished_at of the cancelled children)
+-- The stale-batch sweep's turn for aborts cut short (the worker died between turns):
+-- at most $1 waiting children of aborted batches -> cancelled. SKIP LOCKED: an abort
+-- still going on keeps its own.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+children AS (
+    SELECT j.id, j.status
+    FROM {schema}.batches b
+    JOIN {schema}.jobs j ON """
+    + _CHILDREN_OF_B
+    + """ AND j.status IN ('pending', 'scheduled')
+    WHERE b.status = 'aborted'
+    LIMIT $1
+    FOR UPDATE OF j SKIP LOCKED
+),
+cancelled AS (
+    UPDATE {schema}.jobs j
+    SET status = 'cancelled', finished_at = n.ts, updated_at = n.ts,
+        error_class = 'BatchAborted',
+        error_message = 'Batch aborted due to consecutive failures',
+        error_traceback = NULL
+    FROM children c CROSS JOIN now n
+    WHERE j.id = c.id
+    RETURNING j.id, c.status AS from_status
+),
+cancelled_events AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT c.id, 'state_change',
+           jsonb_build_object('from_state', c.from_status, 'to_state', 'cancelled',
+                              'reason', 'batch_aborted')
+    FROM cancelled c
+    ORDER BY c.id
+)
+SELECT count(*) AS changed FROM cancelled
 """
 )
 

@@ -8,7 +8,7 @@ These members belong to optional protocols (``SupportsResultExpiry``,
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
 
 import pytest
@@ -232,6 +232,34 @@ class MaintenanceTests(TimeLimits):
         assert await backend.abort_batch(batch_id) == 0
         batch = await backend.get_batch(batch_id)
         assert batch is not None and batch.status == "aborted"
+
+    @covers("complete_stale_batches", "enqueue_batch_atomic")
+    async def test_the_stale_batch_sweep_cancels_what_an_interrupted_abort_left_waiting(
+        self, backend: Backend
+    ) -> None:
+        # An abort goes in turns (one statement would outlast a bound on a large
+        # batch): a worker that died between them left children of an aborted batch
+        # waiting, and they ran.
+        sweeper = _stale_batch_sweep(backend)
+        queue, batch_id = f"stale-{uuid4().hex[:8]}", uuid4()
+        left = await backend.enqueue_batch_atomic(
+            [make_args(queue=queue) for _ in range(2)],
+            batch_id=batch_id,
+            queue=queue,
+            batch_row=BatchRow(
+                id=batch_id,
+                queue=queue,
+                status="aborted",
+                expected_size=2,
+                completed_at=datetime(2026, 1, 1, tzinfo=UTC),  # any time: not compared
+            ),
+            finalizer_args=None,
+        )
+        await sweeper.complete_stale_batches()
+        for child in left:
+            row = await fetch(backend, child.id)
+            assert row.status is JobStatus.CANCELLED
+            assert row.error is not None and row.error.error_class == "BatchAborted"
 
     @covers("complete_stale_batches", "create_batch")
     async def test_the_stale_batch_sweep_ends_a_quiet_batch_once_the_grace_passed(

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from structlog.testing import capture_logs
 
 from taskq import JobStatus, TaskQ
 from taskq.errors import ConfigurationError
-from taskq_postgres import PostgresBackend, SyncJobsClient
+from taskq_postgres import BackendUnavailableError, PostgresBackend, SyncJobsClient
 from taskq_testing import run_until_idle
 from taskq_testing.postgres import PgSchema
 from tests.apps import basic
@@ -53,12 +54,11 @@ def _as_user(dsn: str, user: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rpartition('@')[2]}"))
 
 
-@pytest.fixture
-def pooler(pg_schema: PgSchema) -> Iterator[str]:
-    """A PgBouncer in transaction mode in front of the test database (as ``postgres``,
-    the server's sessions as ``postgres``); yields its DSN."""
+@contextmanager
+def _pgbouncer(database: str, settings: str = "") -> Iterator[str]:
+    """A PgBouncer in transaction mode in front of ``database`` (clients and server
+    sessions as ``postgres``), with ``settings`` added; yields its DSN."""
     assert _PGBOUNCER is not None
-    database = urlsplit(pg_schema.dsn).path.lstrip("/")
     port = _free_port()
     # PgBouncer refuses to run as root: it then runs as postgres, which must read these.
     folder = Path(tempfile.mkdtemp(prefix="taskq-pgbouncer-"))
@@ -68,7 +68,7 @@ def pooler(pg_schema: PgSchema) -> Iterator[str]:
         f"[databases]\n{database} = host=127.0.0.1 port=5432 dbname={database} user=postgres\n"
         f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = trust\n"
         f"auth_file = {folder / 'users.txt'}\npool_mode = transaction\n"
-        "default_pool_size = 4\nmax_client_conn = 100\nunix_socket_dir =\n"
+        f"default_pool_size = 4\nmax_client_conn = 100\nunix_socket_dir =\n{settings}"
     )
     for path in folder.iterdir():
         path.chmod(0o644)
@@ -97,6 +97,13 @@ def pooler(pg_schema: PgSchema) -> Iterator[str]:
         assert process.stderr is not None
         process.stderr.close()
         shutil.rmtree(folder)
+
+
+@pytest.fixture
+def pooler(pg_schema: PgSchema) -> Iterator[str]:
+    """A PgBouncer in transaction mode in front of the test database; yields its DSN."""
+    with _pgbouncer(urlsplit(pg_schema.dsn).path.lstrip("/")) as dsn:
+        yield dsn
 
 
 async def test_without_a_direct_dsn_the_pooler_refuses_and_the_error_says_what_to_do(
@@ -197,3 +204,75 @@ def test_the_sync_client_behind_a_transaction_pooler(
                 client.enqueue(basic.nap, {"seconds": 0})
             assert len(client.enqueue_batch([(basic.nap, {"seconds": 0})] * 20)) == 20
             assert client.enqueue_batch_fast([(basic.nap, {"seconds": 0})] * 20) == 20
+
+
+async def test_a_pooler_ignoring_the_settings_sent_is_refused_too(pg_schema: PgSchema) -> None:
+    # Told to ignore them, PgBouncer took the connection: the leader's lock then stayed
+    # on a server connection it lent to others.
+    database = urlsplit(pg_schema.dsn).path.lstrip("/")
+    ignored = "ignore_startup_parameters = jit, idle_in_transaction_session_timeout\n"
+    with _pgbouncer(database, ignored) as ignoring:
+        backend = PostgresBackend(ignoring, schema=pg_schema.name)
+        with pytest.raises(ConfigurationError, match="direct_dsn"):
+            await backend.open()
+
+
+async def test_a_direct_dsn_to_another_database_is_refused(
+    pooler: str, pg_schema: PgSchema
+) -> None:
+    other = urlsplit(pg_schema.dsn)._replace(path="/postgres")
+    backend = PostgresBackend(pooler, direct_dsn=urlunsplit(other), schema=pg_schema.name)
+    with pytest.raises(ConfigurationError, match="another database"):
+        await backend.open()
+    unreachable = urlsplit(pg_schema.dsn)._replace(netloc="postgres@127.0.0.1:1")
+    backend = PostgresBackend(pooler, direct_dsn=urlunsplit(unreachable), schema=pg_schema.name)
+    with pytest.raises(BackendUnavailableError):  # a typo: no worker would ever lead
+        await backend.open()
+
+
+async def test_behind_a_pooler_the_unmigrated_hint_names_the_direct_address(
+    pooler: str, pg_schema: PgSchema
+) -> None:
+    # It named the pooler's: `taskq migrate` through it left its lock there.
+    database = urlsplit(pg_schema.dsn).path.lstrip("/")
+    backend = PostgresBackend(pooler, direct_dsn=pg_schema.dsn, schema="never_migrated")
+    with pytest.raises(ConfigurationError) as refused:
+        await backend.open()
+    assert f"127.0.0.1:5432/{database}" in str(refused.value)
+    assert urlsplit(pooler).netloc not in str(refused.value)
+
+
+def test_taskq_migrate_refuses_a_pooler(pooler: str) -> None:
+    # The migration lock taken through the pooler stayed on a server connection it lent
+    # to others, and the next migration, even to the server itself, waited for ever.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("taskq")), "migrate", "--dsn", pooler, "--schema",
+         "never_migrated"],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and "pooler" in done.stderr, done.stderr
+
+
+async def test_a_connection_lent_behind_a_pooler_leaves_the_session_in_utc(
+    pooler: str, pg_schema: PgSchema
+) -> None:
+    # Its reset's RESET ALL dropped the UTC TaskQ connects with: the next statements ran
+    # in the database's zone, where a day across a DST change is 23 or 25 hours.
+    database = urlsplit(pg_schema.dsn).path.lstrip("/")
+    admin: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        await admin.execute(f"ALTER DATABASE {database} SET TimeZone = 'America/New_York'")
+        backend = PostgresBackend(
+            pooler, direct_dsn=pg_schema.dsn, schema=pg_schema.name, max_pool_size=1
+        )
+        await backend.open()
+        try:
+            for _ in range(3):
+                async with backend.connection() as conn:
+                    assert await conn.fetchval("SHOW TimeZone") == "UTC"
+        finally:
+            await backend.close()
+    finally:
+        await admin.execute(f"ALTER DATABASE {database} RESET TimeZone")
+        await admin.close()

@@ -82,6 +82,18 @@ async def _run(
 
 _BATCH = UUID("00000000-0000-4000-8000-00000000ba7c")
 
+# A batch aborted with its children still waiting (an abort cut short between turns).
+_ABORTED_BATCH: list[str] = [
+    (
+        "INSERT INTO {s}.batches (id, queue, status, expected_size, completed_at) "
+        f"VALUES ('{_BATCH}', 'default', 'aborted', {{n}}, clock_timestamp())"
+    ),
+    (
+        "INSERT INTO {s}.jobs (actor, queue, metadata) SELECT 'nap', 'default', "
+        f"jsonb_build_object('batch_id', '{_BATCH}') FROM generate_series(1, {{n}})"
+    ),
+]
+
 # (the burst, as SQL on schema {s}; the statement; its arguments)
 _TURNS: dict[str, tuple[list[str], str, tuple[Any, ...]]] = {
     "promotion": (
@@ -125,7 +137,17 @@ _TURNS: dict[str, tuple[list[str], str, tuple[Any, ...]]] = {
             ),
         ],
         "abort_batch",
-        (_BATCH, None),
+        (_BATCH, None, _BURST),
+    ),
+    "batch abort's next turn": (
+        _ABORTED_BATCH,
+        "cancel_aborted_children",
+        (_BATCH, _BURST),
+    ),
+    "an interrupted abort's leftovers": (
+        _ABORTED_BATCH,
+        "cancel_aborted_leftovers",
+        (_BURST,),
     ),
 }
 

@@ -124,7 +124,12 @@ from taskq_postgres._rows import (
 from taskq_postgres._sql import prune as prune_sql
 from taskq_postgres._sql import render
 from taskq_postgres._sql.cancel import FILTER_TOKEN
-from taskq_postgres._sql.reads import ORDER_TOKEN, POOLED_SESSION_SETTINGS, WHERE_TOKEN
+from taskq_postgres._sql.reads import (
+    ORDER_TOKEN,
+    POOLED_SESSION_SETTINGS,
+    SERVER_IDENTITY,
+    WHERE_TOKEN,
+)
 from taskq_postgres._statements import statements_for
 from taskq_postgres._transient import TRANSIENT_PG_ERRORS
 from taskq_postgres._wake import EnqueueWake, WakeCoalescer
@@ -451,7 +456,7 @@ class PostgresBackend:
         self._gated_heads: set[_DispatchCall] = set()
         self._worker_prefix = worker_channel_prefix(self.schema)
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
-        self._lent = LentConnections()
+        self._lent = LentConnections(through_pooler=self.behind_pooler)
         self._bounded: BoundedPool | None = None
         self._pinned: PinnedConnection | None = None
         self._pinned_dispatch: PinnedConnection | None = None
@@ -502,7 +507,8 @@ class PostgresBackend:
             try:
                 await self._check_schema(pool)
                 if self.behind_pooler:
-                    await self._check_pooled_settings(pool)
+                    await self._check_direct(pool)
+                await self._check_pooled_settings(pool)
             except BaseException:
                 await pool.close()
                 raise
@@ -557,12 +563,42 @@ class PostgresBackend:
                 _log.warning("taskq.pool-close-forced", error=repr(exc))
                 pool.terminate()
 
+    async def _check_direct(self, pool: asyncpg.Pool[asyncpg.Record]) -> None:
+        """Refuse a ``direct_dsn`` that does not reach the database the pool does: a
+        typo left every worker without a leader (the election failing at each try), and
+        another database's address led that one's fleet instead."""
+        direct = await self._connect_listener()
+        try:
+            there = await direct.fetchrow(SERVER_IDENTITY)
+        finally:
+            await direct.close()
+        async with pool.acquire() as conn:
+            here = await conn.fetchrow(SERVER_IDENTITY)
+        if here is None or there is None or tuple(here) != tuple(there):
+            raise ConfigurationError(
+                f"direct_dsn {redact(self.direct_dsn)} reaches another database than the "
+                f"DSN {redact(self.dsn)}: give direct_dsn (TASKQ_DIRECT_DSN) the address of "
+                f"the server the DSN's pooler connects to, with the same database"
+            )
+
     async def _check_pooled_settings(self, pool: asyncpg.Pool[asyncpg.Record]) -> None:
-        """Warn of the session settings the pooler kept from TaskQ's connections that
-        the role's defaults leave otherwise (a pooler passes none at connect)."""
+        """Behind a pooler, warn of the session settings it kept from TaskQ's connections
+        that the role's defaults leave otherwise (a pooler passes none at connect).
+        Otherwise, refuse a pool whose sessions do not carry the settings sent: a pooler
+        told to ignore them (PgBouncer's ``ignore_startup_parameters``) answers there,
+        and the leader's lock taken through it stays on a server connection it lends."""
         async with pool.acquire() as conn:
             found = await conn.fetchrow(POOLED_SESSION_SETTINGS)
         assert found is not None
+        if not self.behind_pooler:
+            if found["jit"] != "off":
+                raise ConfigurationError(
+                    f"the sessions of {redact(self.dsn)} do not carry the settings TaskQ "
+                    f"sends at connect (jit = off): a connection pooler ignoring them answers "
+                    f"there; give the backend the server's own address as direct_dsn "
+                    f"(TASKQ_DIRECT_DSN), and the pooler's as the DSN"
+                )
+            return
         wanted = {"jit": "off"}
         idle = self.idle_in_transaction_session_timeout
         if idle is not None and found["idle_timeout_ms"] == 0:
@@ -591,12 +627,12 @@ class PostgresBackend:
         async with pool.acquire() as conn:
             try:
                 if not await conn.fetchval(self._sql.schema_is_migrated):
-                    raise unmigrated(self.schema, self.dsn)
+                    raise unmigrated(self.schema, self.direct_dsn)
                 fit = await schema_fit(conn, self.schema)
             except asyncpg.InsufficientPrivilegeError as exc:  # no USAGE on the schema, say
                 raise await diagnosed(conn, exc, schema=self.schema, dsn=self.dsn) from exc
         if fit.missing:
-            raise unmigrated(self.schema, self.dsn, fit.missing)
+            raise unmigrated(self.schema, self.direct_dsn, fit.missing)
         if fit.newer_post:
             raise ConfigurationError(
                 f"schema {self.schema!r} in {redact(self.dsn)} was migrated by a newer TaskQ "
@@ -648,6 +684,14 @@ class PostgresBackend:
         pool = self._require_pool()
         probe = await self._connect_listener()
         await probe.close()
+        if self.behind_pooler:  # the pool's address is another: probed as well
+            probe = await connect(
+                self.dsn,
+                settings=through_pooler(self._settings(_POOL_ROLE)),
+                connect_timeout=self.connect_timeout,
+                password=self._password,
+            )
+            await probe.close()
         await pool.expire_connections()
         for pinned in self._pinned_connections():
             await pinned.release()  # released, it is closed and replaced

@@ -88,7 +88,12 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
         check_dsn(dsn)
         # The backend's translation: a timeout said nothing after "cannot connect ...:".
         with translated_errors(dsn):
-            conn = await asyncpg.connect(dsn, timeout=_CONNECT_TIMEOUT_SECONDS)
+            # A session setting no pooler passes: a transaction-mode pooler (PgBouncer)
+            # refuses it at once, where the migration lock taken through one stayed on a
+            # server connection it lends to others, and the next migration hung on it.
+            conn = await asyncpg.connect(
+                dsn, timeout=_CONNECT_TIMEOUT_SECONDS, server_settings={"jit": "off"}
+            )
     except TaskQError as exc:
         raise _CommandError(str(exc)) from exc
     try:

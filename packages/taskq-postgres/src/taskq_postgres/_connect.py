@@ -345,12 +345,17 @@ class LentConnections:
     or held cursor), so a connection needs the reset only after a caller had it
     (``PostgresBackend.connection``). An open transaction is rolled back on
     release either way.
+
+    ``through_pooler``: no reset at all. A transaction-mode pooler keeps no session
+    for a caller to leave state in, and ``RESET ALL`` on the server connection it lent
+    dropped the session's UTC: TaskQ's next statements ran in the database's zone.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, through_pooler: bool = False) -> None:
         # Server pids: the pool hands the reset hook the raw connection, the caller
         # gets a proxy of it, and both report the same backend process.
         self._pids: set[int] = set()
+        self._resets = not through_pooler
 
     def lend(self, conn: Any) -> None:
         """Mark ``conn`` (a pooled connection or its proxy) as handed to caller code."""
@@ -362,6 +367,8 @@ class LentConnections:
         if pid not in self._pids:
             return
         self._pids.discard(pid)
+        if not self._resets:
+            return
         query = conn.get_reset_query()
         if query:
             await conn.execute(query)

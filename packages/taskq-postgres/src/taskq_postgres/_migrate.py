@@ -218,8 +218,13 @@ async def _migration_lock(conn: Connection, schema: str) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        if not conn.is_closed():
-            await conn.execute(_UNLOCK_SQL, schema)
+        if not conn.is_closed() and not await conn.fetchval(_UNLOCK_SQL, schema):
+            # Taken on one server session, released on another: a pooler between.
+            raise MigrationError(
+                "the migration lock was not held by this session when released: the "
+                "connection goes through a transaction-mode pooler, which may keep the "
+                "lock on a server connection; migrate through the server's own address"
+            )
 
 
 async def _prepared(conn: Connection, schema: str) -> dict[str, tuple[str, datetime]]:

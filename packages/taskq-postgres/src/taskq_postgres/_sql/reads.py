@@ -19,6 +19,7 @@ __all__ = [
     "ORDER_TOKEN",
     "POOLED_SESSION_SETTINGS",
     "SCHEMA_IS_MIGRATED",
+    "SERVER_IDENTITY",
     "WHERE_TOKEN",
 ]
 
@@ -115,6 +116,13 @@ POOLED_SESSION_SETTINGS: Final = """
 SELECT quote_ident(current_user) AS role, current_setting('jit') AS jit,
        (SELECT setting::bigint FROM pg_settings
         WHERE name = 'idle_in_transaction_session_timeout') AS idle_timeout_ms
+"""
+
+# Which database of which running server a session reached (the start time tells two
+# servers apart, and any role may read it): schema-free.
+SERVER_IDENTITY: Final = """
+-- arbiter: none
+SELECT current_database() AS database, pg_postmaster_start_time() AS started
 """
 
 SCHEMA_IS_MIGRATED: Final = """

@@ -207,6 +207,18 @@ def test_a_factory_raising_an_ordinary_error_is_a_plugin_error_naming_it(
     assert isinstance(info.value.__cause__, ValueError)
 
 
+def test_a_factory_quoting_its_options_shows_no_password_of_theirs(
+    add_plugin: AddPlugin,
+) -> None:
+    def factory(url: str, **options: Any) -> Any:
+        raise TypeError(f"unexpected options {options}")
+
+    add_plugin("nbopts", taskq_backends=lambda: {"nbopts": factory})
+    with pytest.raises(PluginError) as info:
+        taskq.open_backend("nbopts://host/db", direct_dsn="postgresql://u:hunter2@db/app")
+    assert "hunter2" not in str(info.value) and "postgresql://u:***@db/app" in str(info.value)
+
+
 def test_a_taskq_error_of_a_factory_goes_through_as_it_is(add_plugin: AddPlugin) -> None:
     def factory(url: str, **options: Any) -> Any:
         raise ConfigurationError("invalid DSN: no host")

@@ -160,6 +160,9 @@ async def test_a_leader_behind_a_transaction_pooler_says_so_and_does_not_lead(
     pg_schema: PgSchema,
 ) -> None:
     servers = [await asyncpg.connect(pg_schema.dsn) for _ in range(3)]
+    # The session the renewal reaches holds an advisory lock of its own (another
+    # client's): the renewal's "a lock is held here" says yes, the pid says no.
+    await servers[0].execute("SELECT pg_advisory_lock(42)")
     pooler = _TransactionPooler(servers)
 
     async def connect() -> Any:

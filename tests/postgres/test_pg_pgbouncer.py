@@ -190,7 +190,7 @@ def test_the_sync_client_behind_a_transaction_pooler(
     pooler: str, pg_schema: PgSchema, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     actors = basic.tq.actors.values()
-    with pytest.raises(ConfigurationError, match="pooler"):
+    with pytest.raises(ConfigurationError, match="behind_pooler=True"):
         SyncJobsClient(pooler, actors=actors, schema=pg_schema.name)
     # Told by the fleet's TASKQ_DIRECT_DSN, or in so many words.
     monkeypatch.setenv("TASKQ_DIRECT_DSN", pg_schema.dsn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from uuid import uuid4
 
 import pytest
 import structlog
@@ -96,3 +97,32 @@ def test_the_failing_report_comes_at_the_streak_then_once_per_interval(
         ("taskq.leader-loop-recovered", None, None),
         ("taskq.loop-unexpected-error", 1, None),
     ]
+
+
+async def test_losing_the_leadership_is_no_recovery() -> None:
+    # A turn that found another worker leading did no work: it reported the failing
+    # loop recovered, and an alert on taskq.leader-loop-failing went quiet.
+    backend = _PoisonedExpiry()
+    tq = TaskQ("memory://", backend=backend, actors=[echo])
+    async with tq:
+        # The election ticks slowly: the failing loop's own turn is the one that finds
+        # the leadership gone.
+        flags = {
+            **TEST_SETTINGS,
+            "result_expiry_interval": "20ms",
+            "heartbeat_interval": "1s",
+            "lock_lease": "4s",
+            "maintenance_interval": "1s",
+        }
+        worker = Worker(tq, WorkerSettings.load(flags, env={}))
+        with structlog.testing.capture_logs() as logs:
+            running = asyncio.create_task(worker.run())
+            async with asyncio.timeout(10):
+                while not any(e["event"] == "taskq.leader-loop-failing" for e in logs):  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+            backend.leader = uuid4()  # another worker leads; the fault is unchanged
+            await asyncio.sleep(0.3)
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+    assert any(e["event"] == "taskq.leader-lost" for e in logs)
+    assert not any(e["event"] == "taskq.leader-loop-recovered" for e in logs)

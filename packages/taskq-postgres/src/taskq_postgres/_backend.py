@@ -733,7 +733,9 @@ class PostgresBackend:
                 await backend.enqueue_with_conn(conn, args)  # exists iff the order does
 
         It carries the backend's ``idle_in_transaction_session_timeout``: a
-        transaction left idle longer is ended by the server, releasing its locks.
+        transaction left idle longer is ended by the server, releasing its locks
+        (behind a pooler, which passes no such setting, only where the role's defaults
+        or the pooler's own ``idle_transaction_timeout`` set one).
         """
         async with self._require_pool().acquire() as conn:
             self._lent.lend(conn)  # caller code may leave session state: reset on release

@@ -167,6 +167,11 @@ server answering ``HTTP/1.1 400``), and asks for SSL unless the DSN says otherwi
 _STATEMENT_CACHE_SIZE: Final = 100
 """asyncpg's default: the statements kept prepared per connection."""
 
+_DIRECT_DSN_HINT: Final = (
+    "give the backend the server's own address as direct_dsn (TASKQ_DIRECT_DSN), and the "
+    "pooler's as the DSN; TaskQ's pooled connections then send only what a pooler passes"
+)
+
 _POOLER_REFUSED: Final = "unsupported startup parameter"
 """How PgBouncer refuses a session setting sent at connect that it does not pass on."""
 
@@ -213,10 +218,12 @@ def translated_errors(
     *,
     invalid: tuple[type[Exception], ...] = (),
     unavailable: tuple[type[Exception], ...] = (),
+    behind_pooler: str = _DIRECT_DSN_HINT,
 ) -> Iterator[None]:
     """A failure to connect as :class:`BackendUnavailableError` (a bad DSN as
     ``ConfigurationError``), with the redacted address and the reason. ``invalid``
-    and ``unavailable`` add another driver's errors (psycopg's) to asyncpg's."""
+    and ``unavailable`` add another driver's errors (psycopg's) to asyncpg's;
+    ``behind_pooler`` says what to do when a pooler refuses the settings sent."""
     bad_dsn: tuple[type[Exception], ...] = (asyncpg.ClientConfigurationError, ValueError, *invalid)
     unreachable: tuple[type[Exception], ...] = (
         OSError,
@@ -249,9 +256,7 @@ def translated_errors(
             raise ConfigurationError(
                 f"cannot connect to PostgreSQL at {redact(dsn)}: a connection pooler "
                 f"answers there and refuses a session setting TaskQ sends ({_one_line(exc)}): "
-                f"give the backend the server's own address as direct_dsn "
-                f"(TASKQ_DIRECT_DSN), and the pooler's as the DSN; TaskQ's pooled "
-                f"connections then send only what a pooler passes"
+                f"{behind_pooler}"
             ) from None
         if refused_ssl or any(words in said for words in _NOT_POSTGRES):
             # A PostgreSQL server without SSL says so, and the DSN's prefer goes on

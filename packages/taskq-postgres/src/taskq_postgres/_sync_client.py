@@ -271,7 +271,11 @@ class SyncJobsClient:
     def _connect(self) -> psycopg.Connection[Any]:
         assert self._dsn is not None
         with translated_errors(
-            self._dsn, invalid=(psycopg.ProgrammingError,), unavailable=(psycopg.OperationalError,)
+            self._dsn,
+            invalid=(psycopg.ProgrammingError,),
+            unavailable=(psycopg.OperationalError,),
+            behind_pooler="pass SyncJobsClient(..., behind_pooler=True), or set "
+            "TASKQ_DIRECT_DSN for the fleet",
         ):
             name = f"taskq-sync/{uuid4().hex[:12]}"
             if self._behind_pooler:

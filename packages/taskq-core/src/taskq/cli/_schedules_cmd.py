@@ -271,6 +271,15 @@ async def _update(args: argparse.Namespace) -> int:
             else:
                 from taskq.client import JobsClient
 
+                current = next(
+                    (s for s in await backend.list_schedules() if s.id == schedule_id), None
+                )
+                if current is not None and current.actor not in checked.actors:
+                    # Another application's actor: nothing here to check it against.
+                    raise ScheduleCommandError(
+                        f"schedule {current.name}'s actor {current.actor!r} is not one of "
+                        f"{args.app}'s actors: name the application that defines it"
+                    )
                 # A new payload or queue is checked against the schedule's actor.
                 client = JobsClient(backend, checked.actors)
                 schedule = await client.update_schedule(schedule_id, changes)

@@ -524,8 +524,11 @@ def open_backend(url: str, **options: Any) -> Backend:
     except TaskQError:
         raise  # says what to do already (a DSN check's ConfigurationError)
     except Exception as exc:
-        # The factory's own words may quote the URL: never its password.
-        said = str(exc).replace(url, redact(url))
+        # The factory's own words may quote the URL, or another URL among the options
+        # (a direct_dsn): never a password.
+        said = str(exc)
+        for text in (url, *(v for v in options.values() if isinstance(v, str) and "://" in v)):
+            said = said.replace(text, redact(text))
         raise PluginError(
             f"the {dist} backend for scheme {scheme!r} could not be built from "
             f"{redact(url)}: {type(exc).__name__}: {said}. Check the URL and the backend "

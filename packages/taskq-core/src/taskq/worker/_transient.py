@@ -87,8 +87,14 @@ class LeaderLoopErrors:
     alone and loudly; the jobs and the leader's other loops go on.
     """
 
-    def __init__(self, loop_name: str, max_consecutive: int = 5, every: float = 30.0) -> None:
+    def __init__(
+        self, loop_name: str, max_consecutive: int = 5, every: float = 30.0, *, hint: str = ""
+    ) -> None:
         self.loop_name = loop_name
+        self.hint = hint or (
+            "this maintenance loop fails at every try and keeps trying; the worker still "
+            "runs jobs and the leader's other loops: fix the cause in the traceback"
+        )
         self.max_consecutive = max_consecutive
         self.every = every
         self.streak = 0
@@ -116,8 +122,7 @@ class LeaderLoopErrors:
             loop=self.loop_name,
             streak=self.streak,
             repeated=self._left_out,
-            hint="this maintenance loop fails at every try and keeps trying; the worker "
-            "still runs jobs and the leader's other loops: fix the cause in the traceback",
+            hint=self.hint,
             exc_info=exc,
         )
         self._last, self._left_out = now, 0

@@ -229,7 +229,11 @@ class MaintenanceLeader:
                     _log.info("taskq.leader-stepped-down", worker_id=str(self.state.worker_id))
 
     async def _election_loop(self) -> None:
-        guard = LeaderLoopErrors("leader-election")
+        guard = LeaderLoopErrors(
+            "leader-election",
+            hint="this worker's election fails at every try and keeps trying; it runs jobs "
+            "but leads nothing (another worker may): fix the cause in the traceback",
+        )
         failing = RepeatedWarning("taskq.leader-election-transient-error")
         transient = transient_errors()
         period = self.state.settings.heartbeat_interval.total_seconds()
@@ -266,10 +270,12 @@ class MaintenanceLeader:
                 now = SystemClock().now()
                 last_slot = _next_slot(now, loop.at, timedelta(seconds=period), last_slot)
                 await asyncio.sleep((last_slot - now).total_seconds())
+            ran = False  # a turn that lost the leadership did no work: no recovery
             try:
                 began = clock.time()
                 moved = {}
                 if await self.confirm():
+                    ran = True
                     if bound is None:
                         # Not a stalled loop while it runs: a prune takes as long as its
                         # backlog (each statement bounded), past any multiple of an
@@ -287,7 +293,8 @@ class MaintenanceLeader:
                 guard.failed(exc)
             else:
                 failing.ok()
-                guard.succeeded()
+                if ran:
+                    guard.succeeded()
                 if any(moved.values()):
                     _log.info("taskq.leader-swept", loop=name, **moved)
             if self.is_leader.is_set():

@@ -223,3 +223,50 @@ async def test_a_page_of_batches_counts_only_its_own_batches_children(
         return found
 
     assert loops_of_the_count(plan["Plan"]) and max(loops_of_the_count(plan["Plan"])) == 5
+
+
+def _rows_handled(node: dict[str, Any]) -> int:
+    """Rows every node produced or dropped, over all its loops."""
+    removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
+    own = (node["Actual Rows"] + removed) * node["Actual Loops"]
+    return own + sum(_rows_handled(child) for child in node.get("Plans", []))
+
+
+async def test_the_stranded_check_reads_the_workers_arrays_once_not_once_per_pair(
+    pg_schema: PgSchema,
+) -> None:
+    # Each (actor, queue) pair tested every worker row's arrays with = ANY: 2,000 actors
+    # and queues took 0.26 s a worker row, past the leader's bound at 30 rows, in the
+    # very case the check is for (every actor's jobs on a queue no worker works).
+    s, actors, workers = pg_schema.name, 300, 10
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        await conn.execute(
+            f"INSERT INTO {s}.actor_config (actor, queue) "
+            f"SELECT 'act_' || g, 'q_' || g FROM generate_series(1, {actors}) g"
+        )
+        await conn.execute(
+            f"INSERT INTO {s}.jobs (actor, queue) "
+            f"SELECT 'act_' || g, 'renamed' FROM generate_series(1, {actors}) g"
+        )
+        await conn.execute(
+            f"INSERT INTO {s}.workers (id, hostname, pid, queues, actors, started_at, last_seen_at) "
+            f"SELECT gen_random_uuid(), 'h', w, "
+            f"(SELECT array_agg('q_' || g) FROM generate_series(1, {actors}) g), "
+            f"(SELECT array_agg('act_' || g) FROM generate_series(1, {actors}) g), now(), now() "
+            f"FROM generate_series(1, {workers}) w"
+        )
+        [plan] = json.loads(
+            await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statements_for(s).stranded_jobs}")
+        )
+    finally:
+        await conn.close()
+
+    def worker_scans(node: dict[str, Any]) -> int:
+        own = node["Actual Loops"] if node.get("Relation Name") == "workers" else 0
+        return own + sum(worker_scans(child) for child in node.get("Plans", []))
+
+    # The worker rows are read a few times in all (was once per pair: 300), and the
+    # rest is linear in the pairs and the arrays' elements.
+    assert worker_scans(plan["Plan"]) <= 4, worker_scans(plan["Plan"])
+    assert _rows_handled(plan["Plan"]) <= 30 * (actors + workers * 2 * actors)

@@ -36,7 +36,10 @@ STRANDED_JOBS: Final = """
 -- registry is read per (actor, queue), not per job. jobs_waiting_actor_idx holds no
 -- queue, so one count over both statuses reads the heap of every waiting job: pending
 -- jobs are counted from the dispatch indexes instead (queue and actor in the index, an
--- index-only scan), scheduled ones through jobs_scheduled_idx.
+-- index-only scan), scheduled ones through jobs_scheduled_idx. The workers' arrays are
+-- unnested once, into (worker, actor) and (worker, queue) rows looked up by value:
+-- tested with = ANY per pair, 2,000 actors and queues took 0.26 s a worker row, and the
+-- leader's bound ran out at 30 rows in the very case the check is for.
 WITH waiting AS (
     SELECT c.actor, c.queue, sum(c.jobs) AS jobs
     FROM (SELECT j.actor, j.queue, count(*) AS jobs
@@ -49,14 +52,30 @@ WITH waiting AS (
           WHERE j.status = 'scheduled'
           GROUP BY j.queue, j.actor) c
     GROUP BY c.actor, c.queue
+),
+runs AS MATERIALIZED (
+    SELECT w.id, a.actor FROM {schema}.workers w CROSS JOIN LATERAL unnest(w.actors) AS a (actor)
+),
+works AS MATERIALIZED (
+    SELECT w.id, q.queue, w.actors IS NULL AS any_actor
+    FROM {schema}.workers w CROSS JOIN LATERAL unnest(w.queues) AS q (queue)
+),
+-- Joined as sets (hashed), not probed per pair.
+served AS (
+    SELECT DISTINCT s.actor, s.queue
+    FROM waiting s
+    JOIN runs r ON r.actor = s.actor
+    JOIN works k ON k.id = r.id AND k.queue = s.queue
+    UNION
+    SELECT s.actor, s.queue
+    FROM waiting s
+    JOIN works k ON k.any_actor AND k.queue = s.queue
 )
 SELECT s.actor, s.queue, s.jobs
 FROM waiting s
+LEFT JOIN served v ON v.actor = s.actor AND v.queue = s.queue
 WHERE NOT EXISTS (SELECT 1 FROM {schema}.actor_config a WHERE a.actor = s.actor)
-   OR (EXISTS (SELECT 1 FROM {schema}.workers)
-       AND NOT EXISTS (SELECT 1 FROM {schema}.workers w
-                       WHERE (w.actors IS NULL OR s.actor = ANY (w.actors))
-                         AND s.queue = ANY (w.queues)))
+   OR (v.actor IS NULL AND EXISTS (SELECT 1 FROM {schema}.workers))
 ORDER BY s.actor, s.queue
 """
 

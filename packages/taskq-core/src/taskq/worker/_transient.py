@@ -42,6 +42,16 @@ def transient_errors() -> tuple[type[BaseException], ...]:
     return tuple(seen)
 
 
+def _unexpected(loop: str, streak: int, max_consecutive: int, exc: BaseException) -> None:
+    _log.error(
+        "taskq.loop-unexpected-error",
+        loop=loop,
+        streak=streak,
+        max_consecutive=max_consecutive,
+        exc_info=exc,
+    )
+
+
 class UnexpectedLoopErrorGuard:
     """Tolerates isolated surprises in a loop, re-raises a persistent one.
 
@@ -60,13 +70,7 @@ class UnexpectedLoopErrorGuard:
     def failed(self, exc: BaseException) -> None:
         """Record an unexpected error; re-raises it once the streak is too long."""
         self.streak += 1
-        _log.error(
-            "taskq.loop-unexpected-error",
-            loop=self.loop_name,
-            streak=self.streak,
-            max_consecutive=self.max_consecutive,
-            exc_info=exc,
-        )
+        _unexpected(self.loop_name, self.streak, self.max_consecutive, exc)
         if self.streak >= self.max_consecutive:
             raise exc
 
@@ -105,13 +109,7 @@ class LeaderLoopErrors:
         """Record an unexpected error of one iteration."""
         self.streak += 1
         if self.streak < self.max_consecutive:
-            _log.error(
-                "taskq.loop-unexpected-error",
-                loop=self.loop_name,
-                streak=self.streak,
-                max_consecutive=self.max_consecutive,
-                exc_info=exc,
-            )
+            _unexpected(self.loop_name, self.streak, self.max_consecutive, exc)
             return
         now = time.monotonic()
         if self.streak > self.max_consecutive and now - self._last < self.every:

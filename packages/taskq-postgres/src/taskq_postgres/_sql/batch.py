@@ -97,6 +97,27 @@ notified AS (
     WHERE $2::text IS NOT NULL AND EXISTS (SELECT 1 FROM released)
 )"""
 
+# The children locked in CTE ``children`` (id, status) -> cancelled, with their events;
+# ``now`` the statement's clock.
+_CANCEL_CHILDREN: Final = """cancelled AS (
+    UPDATE {schema}.jobs j
+    SET status = 'cancelled', finished_at = n.ts, updated_at = n.ts,
+        error_class = 'BatchAborted',
+        error_message = 'Batch aborted due to consecutive failures',
+        error_traceback = NULL
+    FROM children c CROSS JOIN now n
+    WHERE j.id = c.id  -- waiting as locked (see sweeps.py on joins by id)
+    RETURNING j.id, c.status AS from_status
+),
+cancelled_events AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT c.id, 'state_change',
+           jsonb_build_object('from_state', c.from_status, 'to_state', 'cancelled',
+                              'reason', 'batch_aborted')
+    FROM cancelled c
+    ORDER BY c.id
+)"""
+
 ABORT_BATCH: Final = (
     """
 -- arbiter: clock_timestamp() (completed_at; finished_at of the cancelled children)
@@ -119,24 +140,9 @@ children AS (
     LIMIT $3
     FOR UPDATE OF j
 ),
-cancelled AS (
-    UPDATE {schema}.jobs j
-    SET status = 'cancelled', finished_at = n.ts, updated_at = n.ts,
-        error_class = 'BatchAborted',
-        error_message = 'Batch aborted due to consecutive failures',
-        error_traceback = NULL
-    FROM children c CROSS JOIN now n
-    WHERE j.id = c.id  -- waiting as locked (see sweeps.py on joins by id)
-    RETURNING j.id, c.status AS from_status
-),
-cancelled_events AS (
-    INSERT INTO {schema}.job_events (job_id, kind, detail)
-    SELECT c.id, 'state_change',
-           jsonb_build_object('from_state', c.from_status, 'to_state', 'cancelled',
-                              'reason', 'batch_aborted')
-    FROM cancelled c
-    ORDER BY c.id
-),
+"""
+    + _CANCEL_CHILDREN
+    + """,
 finished AS (
     UPDATE {schema}.batches b
     SET status = 'aborted', completed_at = n.ts
@@ -150,7 +156,8 @@ SELECT (SELECT count(*) FROM cancelled) AS cancelled, (SELECT count(*) FROM noti
 """
 )
 
-CANCEL_ABORTED_CHILDREN: Final = """
+CANCEL_ABORTED_CHILDREN: Final = (
+    """
 -- arbiter: clock_timestamp() (finished_at of the cancelled children)
 -- A turn of an abort: at most $2 waiting children of batch $1 -> cancelled, when the
 -- batch is aborted (or has no row); its finalizer is none of them. Returns how many.
@@ -166,26 +173,12 @@ children AS (
     LIMIT $2
     FOR UPDATE OF j
 ),
-cancelled AS (
-    UPDATE {schema}.jobs j
-    SET status = 'cancelled', finished_at = n.ts, updated_at = n.ts,
-        error_class = 'BatchAborted',
-        error_message = 'Batch aborted due to consecutive failures',
-        error_traceback = NULL
-    FROM children c CROSS JOIN now n
-    WHERE j.id = c.id
-    RETURNING j.id, c.status AS from_status
-),
-cancelled_events AS (
-    INSERT INTO {schema}.job_events (job_id, kind, detail)
-    SELECT c.id, 'state_change',
-           jsonb_build_object('from_state', c.from_status, 'to_state', 'cancelled',
-                              'reason', 'batch_aborted')
-    FROM cancelled c
-    ORDER BY c.id
-)
+"""
+    + _CANCEL_CHILDREN
+    + """
 SELECT count(*) FROM cancelled
 """
+)
 
 CANCEL_ABORTED_LEFTOVERS: Final = (
     """
@@ -204,24 +197,9 @@ children AS (
     LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
 ),
-cancelled AS (
-    UPDATE {schema}.jobs j
-    SET status = 'cancelled', finished_at = n.ts, updated_at = n.ts,
-        error_class = 'BatchAborted',
-        error_message = 'Batch aborted due to consecutive failures',
-        error_traceback = NULL
-    FROM children c CROSS JOIN now n
-    WHERE j.id = c.id
-    RETURNING j.id, c.status AS from_status
-),
-cancelled_events AS (
-    INSERT INTO {schema}.job_events (job_id, kind, detail)
-    SELECT c.id, 'state_change',
-           jsonb_build_object('from_state', c.from_status, 'to_state', 'cancelled',
-                              'reason', 'batch_aborted')
-    FROM cancelled c
-    ORDER BY c.id
-)
+"""
+    + _CANCEL_CHILDREN
+    + """
 SELECT count(*) AS changed FROM cancelled
 """
 )

@@ -202,3 +202,35 @@ def test_taskq_migrate_takes_the_direct_dsn_over_the_dsn(pg_schema: PgSchema) ->
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "spelt",
+    [
+        "postgres://taskq@db.internal/app",
+        "postgresql://taskq@DB.Internal:5432/app",
+        "postgresql://taskq@db.internal:5432/app?sslmode=prefer&application_name=x",
+    ],
+)
+def test_the_same_address_spelt_otherwise_is_not_a_pooler(spelt: str) -> None:
+    # Taken for a pooler's, the pool's sessions lost their settings and statement cache.
+    dsn = "postgresql://taskq@db.internal/app"
+    if "sslmode" in spelt:
+        dsn += "?application_name=x&sslmode=prefer"
+    assert not PostgresBackend(dsn, direct_dsn=spelt).behind_pooler
+    assert PostgresBackend(dsn, direct_dsn="postgresql://taskq@db.internal:6432/app").behind_pooler
+
+
+def test_the_sync_client_takes_the_fleets_direct_dsn_as_the_backend_does(
+    pg_schema: PgSchema, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from taskq_postgres import SyncJobsClient
+
+    # The fleet's direct address spelt otherwise is the client's own: no pooler.
+    monkeypatch.setenv("TASKQ_DIRECT_DSN", pg_schema.dsn.replace("postgresql://", "postgres://"))
+    with SyncJobsClient(pg_schema.dsn, actors=[], schema=pg_schema.name) as client:
+        assert not client._behind_pooler
+    other = urlunsplit(urlsplit(pg_schema.dsn)._replace(netloc="postgres@127.0.0.1:6432"))
+    monkeypatch.setenv("TASKQ_DIRECT_DSN", other)
+    with SyncJobsClient(pg_schema.dsn, actors=[], schema=pg_schema.name) as client:
+        assert client._behind_pooler

@@ -90,6 +90,7 @@ from taskq_postgres._connect import (
     create_pool,
     password_from_file,
     redact,
+    same_address,
     through_pooler,
     translated_errors,
     unmigrated,
@@ -390,8 +391,9 @@ class PostgresBackend:
         self.schema: Final = validate_schema_name(schema)
         self.dsn: Final = check_dsn(dsn)
         self.direct_dsn: Final = self.dsn if direct_dsn is None else check_dsn(direct_dsn)
-        self.behind_pooler: Final = self.direct_dsn != self.dsn
-        """Whether ``dsn`` is a pooler's (a ``direct_dsn`` was given)."""
+        self.behind_pooler: Final = not same_address(self.direct_dsn, self.dsn)
+        """Whether ``dsn`` is a pooler's (a ``direct_dsn`` naming another address was
+        given)."""
         if max_pool_size is None:
             # Asking for more connections kept open than the default maximum means a
             # bigger pool, not a contradiction to refuse.

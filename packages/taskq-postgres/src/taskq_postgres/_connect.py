@@ -150,6 +150,24 @@ POOLER_PASSES: Final = frozenset({"application_name", "TimeZone"})
 other it is not told to ignore, and applies none it ignores)."""
 
 
+def same_address(one: str, other: str) -> bool:
+    """Whether two checked DSNs name the same server, database and user, however spelt
+    (``postgres://`` or ``postgresql://``, a default port written out or not, host case,
+    the order of query parameters)."""
+
+    def address(dsn: str) -> tuple[object, ...]:
+        parts = urlsplit(dsn)
+        host = (parts.hostname or "").lower()
+        try:
+            port = parts.port or 5432
+        except ValueError:  # several hosts: compared as written
+            host, port = parts.netloc.rpartition("@")[2].lower(), 0
+        query = sorted((k, tuple(v)) for k, v in parse_qs(parts.query).items())
+        return host, port, parts.path, parts.username, parts.password, query
+
+    return address(one) == address(other)
+
+
 def through_pooler(settings: dict[str, str]) -> dict[str, str]:
     """What of ``settings`` a connection through a pooler can carry."""
     return {name: value for name, value in settings.items() if name in POOLER_PASSES}

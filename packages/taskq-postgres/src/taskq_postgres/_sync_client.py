@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Final, Self, TypeVar
+from typing import Any, Final, Self, TypeVar, cast
 from uuid import uuid4
 
 import psycopg
@@ -37,6 +37,7 @@ from taskq_postgres._connect import (
     BackendUnavailableError,
     check_dsn,
     readable,
+    same_address,
     translated_errors,
     unmigrated,
 )
@@ -121,13 +122,18 @@ class SyncJobsClient:
         self._sql = statements_for(self.schema)
         fleet = WorkerSettings.backend_options_from_env()
         quiet = fleet.get("poll_only", poll_only)
-        self._behind_pooler = "direct_dsn" in fleet if behind_pooler is None else behind_pooler
         self._channel = None if quiet else wake_channel(self.schema)
         self._limits = MaxPendingLimits(max_pending_cache_ttl)
         self._lock = threading.Lock()
         # A URL is checked as PostgresBackend checks it; libpq's key=value form as libpq does.
         url = isinstance(target, str) and url_scheme(target) is not None
         self._dsn = (check_dsn(target) if url else target) if isinstance(target, str) else None
+        if behind_pooler is None:  # as a backend given the fleet's direct_dsn judges
+            direct = fleet.get("direct_dsn")
+            behind_pooler = direct is not None and not (
+                url and same_address(check_dsn(direct), cast(str, target))
+            )
+        self._behind_pooler = behind_pooler
         self._conn = target if isinstance(target, psycopg.Connection) else self._connect()
         self._closed = False
 

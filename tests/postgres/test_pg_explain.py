@@ -270,3 +270,28 @@ async def test_the_stranded_check_reads_the_workers_arrays_once_not_once_per_pai
     # rest is linear in the pairs and the arrays' elements.
     assert worker_scans(plan["Plan"]) <= 4, worker_scans(plan["Plan"])
     assert _rows_handled(plan["Plan"]) <= 30 * (actors + workers * 2 * actors)
+
+
+async def test_the_queue_depths_read_the_waiting_and_running_jobs_not_the_history(
+    pg_schema: PgSchema,
+) -> None:
+    # In one pass over the three statuses the planner read the whole table, finished
+    # jobs and all: 130 ms at 1,000,000 jobs, every 15 s on the leader.
+    s = pg_schema.name
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        await conn.execute(
+            f"INSERT INTO {s}.jobs (actor, queue, status, started_at, finished_at, attempt) "
+            "SELECT 'a', 'q' || (g % 20), 'succeeded', now(), now(), 1 "
+            "FROM generate_series(1, 50000) g"
+        )
+        await conn.execute(
+            f"INSERT INTO {s}.jobs (actor, queue) SELECT 'a', 'q' || g FROM generate_series(1, 20) g"
+        )
+        await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+        [plan] = json.loads(
+            await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statements_for(s).queue_depths}")
+        )
+    finally:
+        await conn.close()
+    assert _rows_handled(plan["Plan"]) < 1_000

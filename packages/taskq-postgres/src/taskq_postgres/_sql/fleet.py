@@ -15,14 +15,21 @@ __all__ = [
 
 QUEUE_DEPTHS: Final = """
 -- arbiter: none
-SELECT j.queue,
-       count(*) FILTER (WHERE j.status = 'pending') AS pending,
-       count(*) FILTER (WHERE j.status = 'scheduled') AS scheduled,
-       count(*) FILTER (WHERE j.status = 'running') AS running
-FROM {schema}.jobs j
-WHERE j.status IN ('pending', 'scheduled', 'running')
-GROUP BY j.queue
-ORDER BY j.queue
+-- One count per status, each from that status's partial index (pending ones index-only,
+-- queue in the index): in one pass over the three statuses the planner read the whole
+-- table, finished history and all (130 ms at 1,000,000 jobs, every 15 s).
+SELECT c.queue, sum(c.pending)::bigint AS pending, sum(c.scheduled)::bigint AS scheduled,
+       sum(c.running)::bigint AS running
+FROM (SELECT j.queue, count(*) AS pending, 0 AS scheduled, 0 AS running
+      FROM {schema}.jobs j WHERE j.status = 'pending' GROUP BY j.queue
+      UNION ALL
+      SELECT j.queue, 0, count(*), 0
+      FROM {schema}.jobs j WHERE j.status = 'scheduled' GROUP BY j.queue
+      UNION ALL
+      SELECT j.queue, 0, 0, count(*)
+      FROM {schema}.jobs j WHERE j.status = 'running' GROUP BY j.queue) c
+GROUP BY c.queue
+ORDER BY c.queue
 """
 
 STRANDED_JOBS: Final = """

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from taskq.worker._state import WorkerState
 
 __all__ = [
+    "MOST_LOGGED",
     "archive_expiry_once",
     "cron_once",
     "expire_results_once",
@@ -90,13 +91,13 @@ async def stale_batches_once(backend: SupportsStaleBatchSweep) -> dict[str, int]
     return {"stale_batches_completed": await backend.complete_stale_batches()}
 
 
-_MOST_LOGGED: Final = 50
-"""The queues (and actors) a fleet-stats record names at most, the busiest first: one
-per queue, 20,000 queues made each record 6 MB."""
+MOST_LOGGED: Final = 50
+"""The queues (and actors) a log record names at most (a fleet-stats record the busiest
+first): one per queue, 20,000 queues made each record 6 MB."""
 
 
 def _busiest(counts: Mapping[str, int]) -> list[str]:
-    return sorted(counts, key=lambda name: (-counts[name], name))[:_MOST_LOGGED]
+    return sorted(counts, key=lambda name: (-counts[name], name))[:MOST_LOGGED]
 
 
 async def queue_depth_once(backend: SupportsFleetStats) -> dict[str, int]:

@@ -276,3 +276,12 @@ async def test_a_connection_lent_behind_a_pooler_leaves_the_session_in_utc(
     finally:
         await admin.execute(f"ALTER DATABASE {database} RESET TimeZone")
         await admin.close()
+
+
+async def test_a_login_the_pooler_refuses_is_no_outage(pooler: str, pg_schema: PgSchema) -> None:
+    # PgBouncer's refusal comes as a protocol violation, a connection error: a worker's
+    # start took it for an outage and waited out its whole startup wait.
+    stranger = pooler.replace("postgres@", "nobody@")
+    backend = PostgresBackend(stranger, direct_dsn=pg_schema.dsn, schema=pg_schema.name)
+    with pytest.raises(ConfigurationError, match="refused the login"):
+        await backend.open()

@@ -191,6 +191,8 @@ _DIRECT_DSN_HINT: Final = (
 )
 
 _POOLER_REFUSED: Final = "unsupported startup parameter"
+_POOLER_LOGIN_REFUSED: Final = ("authentication failed", "no such user", "no such database")
+"""How PgBouncer refuses a login itself."""
 """How PgBouncer refuses a session setting sent at connect that it does not pass on."""
 
 _NOT_POSTGRES: Final = (
@@ -268,6 +270,18 @@ def translated_errors(
                 f"(sslmode) and the server does not offer it: turn ssl on in the "
                 f"server, or give sslmode=prefer (or disable) in the DSN (or, if the "
                 f"server at {_server_at(dsn, said)} is no PostgreSQL, fix the port)"
+            ) from None
+        if isinstance(exc, asyncpg.ProtocolViolationError) and any(
+            words in said for words in _POOLER_LOGIN_REFUSED
+        ):
+            # PgBouncer's own refusal of the login comes as a protocol violation (08P01),
+            # a connection error like an outage: the worker's start waited out its whole
+            # startup wait where a server's refusal fails at once.
+            raise ConfigurationError(
+                f"cannot connect to PostgreSQL at {redact(dsn)}: the connection pooler "
+                f"there refused the login ({_one_line(exc)}): check the user, password and "
+                f"database against the pooler's own (PgBouncer: its auth_file or auth_query, "
+                f"its [databases])"
             ) from None
         if _POOLER_REFUSED in said:
             # Not an outage either: the same settings are refused at every try.

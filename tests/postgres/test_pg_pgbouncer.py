@@ -285,3 +285,22 @@ async def test_a_login_the_pooler_refuses_is_no_outage(pooler: str, pg_schema: P
     backend = PostgresBackend(stranger, direct_dsn=pg_schema.dsn, schema=pg_schema.name)
     with pytest.raises(ConfigurationError, match="refused the login"):
         await backend.open()
+
+
+async def test_behind_a_pooler_taskqs_own_transactions_set_their_idle_limit(
+    pooler: str, pg_schema: PgSchema
+) -> None:
+    # The setting sent at connect never reached the server: a transaction left idle (a
+    # frozen process) held its rows from the sweeps for as long as it lived.
+    backend = PostgresBackend(
+        pooler,
+        direct_dsn=pg_schema.dsn,
+        schema=pg_schema.name,
+        idle_in_transaction_session_timeout=timedelta(seconds=7),
+    )
+    await backend.open()
+    try:
+        async with backend._transaction() as tx:
+            assert await tx.fetchval("SHOW idle_in_transaction_session_timeout") == "7s"
+    finally:
+        await backend.close()

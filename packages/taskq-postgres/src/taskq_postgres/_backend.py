@@ -129,6 +129,7 @@ from taskq_postgres._sql.reads import (
     ORDER_TOKEN,
     POOLED_SESSION_SETTINGS,
     SERVER_IDENTITY,
+    SET_IDLE_LIMIT,
     WHERE_TOKEN,
 )
 from taskq_postgres._statements import statements_for
@@ -459,6 +460,9 @@ class PostgresBackend:
         self._worker_prefix = worker_channel_prefix(self.schema)
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
         self._lent = LentConnections(through_pooler=self.behind_pooler)
+        idle_limit = self._settings(_POOL_ROLE)["idle_in_transaction_session_timeout"]
+        self._pooled_idle_limit = idle_limit if self.behind_pooler and idle_limit != "0" else None
+        """Behind a pooler, the idle-in-transaction limit TaskQ's transactions set."""
         self._bounded: BoundedPool | None = None
         self._pinned: PinnedConnection | None = None
         self._pinned_dispatch: PinnedConnection | None = None
@@ -737,7 +741,8 @@ class PostgresBackend:
         It carries the backend's ``idle_in_transaction_session_timeout``: a
         transaction left idle longer is ended by the server, releasing its locks
         (behind a pooler, which passes no such setting, only where the role's defaults
-        or the pooler's own ``idle_transaction_timeout`` set one).
+        or the pooler's own ``idle_transaction_timeout`` set one; TaskQ's own
+        transactions there set it for themselves).
         """
         async with self._require_pool().acquire() as conn:
             self._lent.lend(conn)  # caller code may leave session state: reset on release
@@ -767,6 +772,10 @@ class PostgresBackend:
             self._require_bounded().acquire() as pooled,
             pooled.transaction(isolation="read_committed"),
         ):
+            if self._pooled_idle_limit is not None:
+                # A pooler passes no session setting: the transaction sets its own, so
+                # one left idle (a frozen process) cannot hide its rows from the sweeps.
+                await pooled.execute(SET_IDLE_LIMIT, self._pooled_idle_limit)
             yield pooled
 
     # -- configuration -------------------------------------------------------------

@@ -20,6 +20,7 @@ __all__ = [
     "POOLED_SESSION_SETTINGS",
     "SCHEMA_IS_MIGRATED",
     "SERVER_IDENTITY",
+    "SET_IDLE_LIMIT",
     "WHERE_TOKEN",
 ]
 
@@ -123,6 +124,13 @@ SELECT quote_ident(current_user) AS role, current_setting('jit') AS jit,
 SERVER_IDENTITY: Final = """
 -- arbiter: none
 SELECT current_database() AS database, pg_postmaster_start_time() AS started
+"""
+
+# For this transaction only ($1 in milliseconds): behind a pooler, TaskQ's connections
+# carry no session setting.
+SET_IDLE_LIMIT: Final = """
+-- arbiter: none
+SELECT set_config('idle_in_transaction_session_timeout', $1, true)
 """
 
 SCHEMA_IS_MIGRATED: Final = """

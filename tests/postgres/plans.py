@@ -1,4 +1,4 @@
-"""Reading ``EXPLAIN (ANALYZE, FORMAT JSON)`` plans in the dispatch tests."""
+"""Reading ``EXPLAIN (ANALYZE, FORMAT JSON)`` plans in the plan tests."""
 
 from __future__ import annotations
 
@@ -13,3 +13,11 @@ def index_rows(node: dict[str, Any], index: str, *, filtered: bool = False) -> i
         rows = node["Actual Rows"] + (node.get("Rows Removed by Filter", 0) if filtered else 0)
         own = rows * node["Actual Loops"]
     return own + sum(index_rows(child, index, filtered=filtered) for child in node.get("Plans", []))
+
+
+def rows_handled(node: dict[str, Any]) -> int:
+    """Rows every node of the plan produced or dropped (filters, join filters), over
+    all its loops: the work a nested loop that compares every pair shows as a square."""
+    removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
+    own = (node["Actual Rows"] + removed) * node["Actual Loops"]
+    return own + sum(rows_handled(child) for child in node.get("Plans", []))

@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from taskq_postgres._statements import statements_for
 from taskq_testing.postgres import PgSchema
-from tests.postgres.plans import index_rows
+from tests.postgres.plans import index_rows, rows_handled
 
 pytestmark = pytest.mark.postgres
 
@@ -225,13 +225,6 @@ async def test_a_page_of_batches_counts_only_its_own_batches_children(
     assert loops_of_the_count(plan["Plan"]) and max(loops_of_the_count(plan["Plan"])) == 5
 
 
-def _rows_handled(node: dict[str, Any]) -> int:
-    """Rows every node produced or dropped, over all its loops."""
-    removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
-    own = (node["Actual Rows"] + removed) * node["Actual Loops"]
-    return own + sum(_rows_handled(child) for child in node.get("Plans", []))
-
-
 async def test_the_stranded_check_reads_the_workers_arrays_once_not_once_per_pair(
     pg_schema: PgSchema,
 ) -> None:
@@ -269,7 +262,7 @@ async def test_the_stranded_check_reads_the_workers_arrays_once_not_once_per_pai
     # The worker rows are read a few times in all (was once per pair: 300), and the
     # rest is linear in the pairs and the arrays' elements.
     assert worker_scans(plan["Plan"]) <= 4, worker_scans(plan["Plan"])
-    assert _rows_handled(plan["Plan"]) <= 30 * (actors + workers * 2 * actors)
+    assert rows_handled(plan["Plan"]) <= 30 * (actors + workers * 2 * actors)
 
 
 async def test_the_queue_depths_read_the_waiting_and_running_jobs_not_the_history(
@@ -294,4 +287,4 @@ async def test_the_queue_depths_read_the_waiting_and_running_jobs_not_the_histor
         )
     finally:
         await conn.close()
-    assert _rows_handled(plan["Plan"]) < 1_000
+    assert rows_handled(plan["Plan"]) < 1_000

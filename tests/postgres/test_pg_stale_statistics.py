@@ -24,6 +24,7 @@ import pytest_asyncio
 
 from taskq_postgres._statements import statements_for
 from taskq_testing.postgres import PgSchema
+from tests.postgres.plans import rows_handled
 
 pytestmark = pytest.mark.postgres
 
@@ -32,14 +33,6 @@ _BURST = 6_000
 _PER_ROW = 50
 """Plan rows per job moved allowed: each passes through a dozen nodes or so (scans,
 CTEs, the UPDATE, the history INSERTs); compared with every other, it is thousands."""
-
-
-def _rows_handled(node: dict[str, Any]) -> int:
-    """Rows every node of the plan produced or dropped (filters, join filters), over
-    all its loops: the work a nested loop that compares every pair shows as a square."""
-    removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
-    own = (node["Actual Rows"] + removed) * node["Actual Loops"]
-    return own + sum(_rows_handled(child) for child in node.get("Plans", []))
 
 
 @pytest_asyncio.fixture
@@ -77,7 +70,7 @@ async def _run(
         (n for n in _nodes(root) if n.get("Operation") == "Update"),
         key=lambda n: (n.get("Relation Name") == "jobs", n["Actual Rows"]),
     )
-    return _rows_handled(update if update_only else root), update["Actual Rows"]
+    return rows_handled(update if update_only else root), update["Actual Rows"]
 
 
 _BATCH = UUID("00000000-0000-4000-8000-00000000ba7c")

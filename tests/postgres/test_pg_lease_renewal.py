@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 
 from taskq import JobStatus, TaskQ, actor
+from taskq.errors import JobFailedError
 from taskq.models import EnqueueArgs
 from taskq_postgres import PostgresBackend
 from taskq_testing.postgres import PgSchema
@@ -207,3 +208,37 @@ async def test_with_the_fence_a_job_whose_row_is_held_is_stopped_before_its_leas
         outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
     assert OVERLAP[job.id] == 1
     assert outcomes and outcomes[0] in {"failed", "crashed"}, outcomes
+
+
+async def test_a_lock_on_reservation_slots_does_not_hold_up_cancellation(
+    pg_schema: PgSchema,
+) -> None:
+    # The reservation leases were renewed before the cancel flags were read: while
+    # reservation_slots was locked (a migration, an operator's LOCK TABLE), every tick
+    # timed out there and no cancel request reached its job, though no job held a slot.
+    settings = {
+        "poll_interval": "100ms",
+        "heartbeat_interval": "100ms",
+        "dispatcher_command_timeout": "200ms",
+        "cancellation_grace_period": "200ms",
+        "watchdog_enabled": False,  # the stalled ticks are the point here
+    }
+    tq = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=[slow])
+    async with tq:
+        job = await tq.client.enqueue(slow, {"seconds": 30})
+        async with running(tq, settings):
+            async with asyncio.timeout(5):
+                while not RUNS[job.id]:  # noqa: ASYNC110 - the actor's own count
+                    await asyncio.sleep(0.02)
+            rival: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+            try:
+                await rival.execute("BEGIN")
+                await rival.execute(
+                    f"LOCK TABLE {pg_schema.name}.reservation_slots IN ACCESS EXCLUSIVE MODE"
+                )
+                assert await tq.client.cancel(job.id, reason="test")
+                with pytest.raises(JobFailedError) as ended:
+                    await tq.client.wait_for_result(job.id, timeout=10)
+                assert ended.value.row.status is JobStatus.CANCELLED
+            finally:
+                await rival.close()

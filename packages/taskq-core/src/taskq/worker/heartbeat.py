@@ -59,7 +59,6 @@ async def heartbeat_once(state: WorkerState, toucher: _Toucher | None = None) ->
         # Locked for this worker and unknown to it, unless a dispatch is on its way:
         # the producer looks, between two dispatches.
         state.unheard_suspected = True
-    await backend.extend_reservation_leases(wid, state.settings.lock_lease)
     for job_id in renewal.look_at:
         active = held[job_id]
         row = await backend.get(job_id)
@@ -79,6 +78,9 @@ async def heartbeat_once(state: WorkerState, toucher: _Toucher | None = None) ->
             state.release(job_id, active)
     await state.cancel.run_tick(await backend.poll_cancel_flags(wid))
     await state.cancel.run_post_tick()
+    # Last: a lock on reservation_slots (a migration, an operator's) times the tick out
+    # here, after the jobs' leases and their cancellations, not before them.
+    await backend.extend_reservation_leases(wid, state.settings.lock_lease)
 
 
 class _Toucher:

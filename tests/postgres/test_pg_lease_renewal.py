@@ -242,3 +242,38 @@ async def test_a_lock_on_reservation_slots_does_not_hold_up_cancellation(
                 assert ended.value.row.status is JobStatus.CANCELLED
             finally:
                 await rival.close()
+
+
+async def test_only_the_reservation_slots_of_running_jobs_are_renewed(
+    backend: PostgresBackend, pg_schema: PgSchema
+) -> None:
+    # Every slot bearing the worker's id was renewed: one whose job had ended (or been
+    # reclaimed) stayed held for as long as the worker lived.
+    worker = uuid4()
+    await backend.enqueue_batch([EnqueueArgs(actor="a") for _ in range(3)])
+    ended, running_job, reclaimed = await backend.dispatch_batch(worker, ["default"], 3, LEASE)
+    admin: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        for slot, job in enumerate((ended, running_job, reclaimed)):
+            await admin.execute(
+                f"INSERT INTO {pg_schema.name}.reservation_slots VALUES "
+                "('gpu', $1, $2, $3, clock_timestamp() + interval '1 second')",
+                slot,
+                job.id,
+                worker,
+            )
+        assert await backend.mark_succeeded(ended.id, worker, None)
+        # Reclaimed by the sweep and dispatched again to another worker.
+        await admin.execute(
+            f"UPDATE {pg_schema.name}.jobs SET locked_by_worker = $2 WHERE id = $1",
+            reclaimed.id,
+            uuid4(),
+        )
+        assert await backend.extend_reservation_leases(worker, LEASE) == 1
+        renewed = await admin.fetch(
+            f"SELECT job_id FROM {pg_schema.name}.reservation_slots "
+            "WHERE lease_expires_at > clock_timestamp() + interval '1 minute'"
+        )
+    finally:
+        await admin.close()
+    assert [row["job_id"] for row in renewed] == [running_job.id]

@@ -884,9 +884,13 @@ SELECT id, attempt FROM {schema}.jobs WHERE status = 'running' AND locked_by_wor
 
 EXTEND_RESERVATION_LEASES: Final = """
 -- arbiter: clock_timestamp() (the new lease expiry)
-UPDATE {schema}.reservation_slots
+-- A slot is held for its job's run: only the slots of jobs this worker still runs are
+-- renewed, so one left behind by an ended or reclaimed job lapses for the sweep.
+UPDATE {schema}.reservation_slots rs
 SET lease_expires_at = clock_timestamp() + $2::interval
-WHERE worker_id = $1
+FROM {schema}.jobs j
+WHERE rs.worker_id = $1
+  AND j.id = rs.job_id AND j.status = 'running' AND j.locked_by_worker = $1
 """
 
 REGISTER_ACTORS: Final = """

@@ -29,6 +29,13 @@ TRANSIENT_PG_ERRORS: Final[tuple[type[BaseException], ...]] = (
     pg.AdminShutdownError,  # 57P01: restart or shutdown
     pg.CannotConnectNowError,  # 57P03: crash recovery
     pg.TooManyConnectionsError,  # 53300: server saturated
+    # 55000 and its kin: the database is not accepting connections (ALLOW_CONNECTIONS
+    # false, for a maintenance window), a lock wait past the session's lock_timeout
+    # (55P03), an object in use (55006). Each lasts until someone else is done. The
+    # class's two deterministic members (55P02, a setting changed at the wrong time;
+    # 55P04, an enum value used in the transaction that added it) arise from no
+    # statement the worker's loops send.
+    pg.ObjectNotInPrerequisiteStateError,
     pg.DeadlockDetectedError,  # 40P01
     pg.SerializationError,  # 40001
     pg.IdleSessionTimeoutError,

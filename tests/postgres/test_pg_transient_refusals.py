@@ -1,0 +1,126 @@
+"""Refusals that heal by themselves are transient: a database that does not accept
+connections for a while (``ALLOW_CONNECTIONS false``, 55000) and a lock wait past the
+session's ``lock_timeout`` (55P03). The first ended the worker after five refused
+reconnects, its jobs left locked; the second failed an outcome write for good, and
+the job whose code had run ran again, its first run recorded as never started."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import psycopg
+import pytest
+
+from taskq import JobStatus, TaskQ, actor
+from taskq_postgres._transient import TRANSIENT_PG_ERRORS
+from taskq_testing.postgres import PgSchema, migrated_schema, throwaway_database
+from tests.worker.running import running
+
+pytestmark = pytest.mark.postgres
+
+SETTINGS = {
+    "poll_interval": "100ms",
+    "heartbeat_interval": "100ms",
+    "maintenance_interval": "100ms",
+    "dispatcher_command_timeout": "500ms",
+}
+
+
+@pytest.fixture
+def own_database() -> Iterator[PgSchema]:
+    """A schema in a database of this test's own: the test changes the database's
+    settings, which would reach every other test's schema in a shared one."""
+    with throwaway_database() as dsn, migrated_schema(dsn) as schema:
+        yield schema
+
+
+def _alter(dsn: str, statement: str) -> None:
+    name = dsn.rpartition("/")[2]
+    with psycopg.connect(dsn.rpartition("/")[0] + "/postgres", autocommit=True) as admin:
+        admin.execute(statement.format(db=name))
+
+
+RUNS: Counter[UUID] = Counter()
+ENDED: Counter[UUID] = Counter()
+
+
+@actor(name="refusals.sleeper")
+async def sleeper(payload: dict[str, Any], ctx: Any) -> None:
+    RUNS[ctx.job_id] += 1
+    await asyncio.sleep(payload["seconds"])
+    ENDED[ctx.job_id] += 1
+
+
+async def _started(job_id: UUID) -> None:
+    async with asyncio.timeout(10):
+        while not RUNS[job_id]:  # noqa: ASYNC110 - the actor's own count
+            await asyncio.sleep(0.02)
+
+
+async def test_a_database_refusing_connections_is_transient(own_database: PgSchema) -> None:
+    _alter(own_database.dsn, "ALTER DATABASE {db} ALLOW_CONNECTIONS false")
+    try:
+        with pytest.raises(TRANSIENT_PG_ERRORS):
+            await asyncpg.connect(own_database.dsn)
+    finally:
+        _alter(own_database.dsn, "ALTER DATABASE {db} ALLOW_CONNECTIONS true")
+
+
+async def test_a_worker_rides_out_a_database_refusing_connections(
+    own_database: PgSchema,
+) -> None:
+    tq = TaskQ(own_database.dsn, schema=own_database.name, actors=[sleeper])
+    async with tq:
+        job = await tq.client.enqueue(sleeper, {"seconds": 1})
+        async with running(tq, SETTINGS):
+            await _started(job.id)
+            _alter(own_database.dsn, "ALTER DATABASE {db} ALLOW_CONNECTIONS false")
+            try:
+                _alter(
+                    own_database.dsn,
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = '{db}' AND pid <> pg_backend_pid()",
+                )
+                await asyncio.sleep(4)  # forty heartbeats and polls, refused or timed out
+            finally:
+                _alter(own_database.dsn, "ALTER DATABASE {db} ALLOW_CONNECTIONS true")
+            await tq.client.wait_for_result(job.id, timeout=20)
+        attempts = await tq.client.get_attempts(job.id)
+    assert [a.outcome for a in attempts] == ["succeeded"]
+    assert RUNS[job.id] == 1
+
+
+async def test_an_outcome_write_past_the_lock_timeout_is_retried(
+    own_database: PgSchema,
+) -> None:
+    # An operator's transaction holds the job's row as its code ends, past the
+    # database's lock_timeout: the success is written once the row is free.
+    _alter(own_database.dsn, "ALTER DATABASE {db} SET lock_timeout = '200ms'")
+    tq = TaskQ(own_database.dsn, schema=own_database.name, actors=[sleeper])
+    async with tq:
+        job = await tq.client.enqueue(sleeper, {"seconds": 0.5})
+        async with running(tq, SETTINGS):
+            await _started(job.id)
+            rival: asyncpg.Connection[Any] = await asyncpg.connect(own_database.dsn)
+            try:
+                await rival.execute("BEGIN")
+                await rival.execute(
+                    f"SELECT 1 FROM {own_database.name}.jobs WHERE id = $1 FOR UPDATE", job.id
+                )
+                async with asyncio.timeout(10):
+                    while not ENDED[job.id]:  # noqa: ASYNC110 - the actor's own count
+                        await asyncio.sleep(0.02)
+                await asyncio.sleep(1)  # its outcome write waits, and times out, meanwhile
+            finally:
+                await rival.close()
+            await tq.client.wait_for_result(job.id, timeout=20)
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+    assert [a.outcome for a in attempts] == ["succeeded"]
+    assert RUNS[job.id] == 1

@@ -591,3 +591,43 @@ async def test_an_attempt_written_off_past_its_limit_is_not_a_later_one(replaced
     assert after is not None
     assert after.status is (JobStatus.RUNNING if replaced else JobStatus.FAILED)
     assert freed == ["old"]  # the old attempt's slot either way, and only its
+
+
+async def test_a_late_escalation_leaves_the_job_its_whole_cleanup_grace() -> None:
+    # The cleanup grace ran from the cancel's observation: an escalation write held up
+    # past both graces (the database away) cancelled the task and abandoned it at the
+    # next tick, though it unwound well within its grace.
+    from taskq.backend.memory import InMemoryBackend
+
+    class EscalationHeld(InMemoryBackend):
+        held = True
+
+        async def write_cancel_escalation(self, *args: Any, **kwargs: Any) -> bool:
+            if self.held:
+                raise ConnectionRefusedError("database away")
+            return await super().write_cancel_escalation(*args, **kwargs)
+
+    started = asyncio.Event()
+
+    @actor(name="unwinds_in_half_a_second")
+    async def unwinds(payload: dict[str, Any]) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.5)  # its cleanup
+            raise
+
+    backend = EscalationHeld()
+    tq = TaskQ("memory://", backend=backend, actors=[unwinds])
+    async with tq:
+        job = await tq.client.enqueue(unwinds, {})
+        graces = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "2s"}
+        runner = asyncio.create_task(run_until_idle(tq, **graces))
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.sleep(3)  # past both graces, the escalation refused throughout
+        backend.held = False
+        await asyncio.wait_for(runner, 10)
+        row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.CANCELLED

@@ -62,6 +62,9 @@ class ActiveJob:
     cancel_phase: CancelPhase = CancelPhase.NONE
     cancel_observed_at: float | None = None
     """Loop time (monotonic) when this worker first saw the cancel request."""
+    cancel_forced_at: float | None = None
+    """Loop time when the job's task was cancelled for the request (phase 2): its
+    cleanup grace runs from then, however late the escalation's write landed."""
     interrupted: bool = False
     """Shutdown stopped it: hand it back for another attempt, not cancelled."""
     lost: bool = False

@@ -84,10 +84,12 @@ class _CancelController:
                 _log.info("taskq.cancel-observed", job_id=str(flag.job_id), reason=flag.reason)
             if flag.cancel_phase is CancelPhase.FORCED and active.cancel_phase < CancelPhase.FORCED:
                 active.cancel_phase = CancelPhase.FORCED  # already escalated: no second write
+                active.cancel_forced_at = loop.time()
                 if active.task is not None and not active.returned:
                     active.task.cancel()
         grace = state.settings.cancellation_grace_period.total_seconds()
-        cleanup = grace + state.settings.cleanup_grace_period.total_seconds()
+        unwind = state.settings.cleanup_grace_period.total_seconds()
+        cleanup = grace + unwind
         await self._stop_overruns(loop.time())
         for job_id, active in list(state.active.items()):
             # Not a job whose actor returned (its outcome write may be retrying through a
@@ -109,12 +111,19 @@ class _CancelController:
                 if escalated:
                     # Stored before the task hears of it, with no await in between.
                     active.cancel_phase = CancelPhase.FORCED
+                    active.cancel_forced_at = loop.time()
                     # Looked at again after the write: an actor that returned meanwhile
                     # is finishing its work (a commit, its outcome write), not running.
                     if not (active.returned or active.task.done() or active.lost):
                         active.task.cancel()
                         _log.warning("taskq.cancel-forced", job_id=str(job_id))
-            elif active.cancel_phase is CancelPhase.FORCED and waited >= cleanup:
+            elif (
+                active.cancel_phase is CancelPhase.FORCED
+                and waited >= cleanup
+                # A cleanup grace from the task's cancellation too: an escalation
+                # whose write was held up (the database away) would leave it none.
+                and loop.time() - (active.cancel_forced_at or 0.0) >= unwind
+            ):
                 active.cancel_phase = CancelPhase.ABANDON_PENDING
                 self._pending_abandons.append(active)
 

@@ -337,3 +337,30 @@ async def test_a_per_second_cron_fires_every_slot_once_across_a_failover(
     # every second from the first slot to the last fired, none skipped over the failover
     assert slots == [slots[0] + timedelta(seconds=i) for i in range(len(slots))]
     assert slots[-1] + timedelta(seconds=1) == current.next_fire_at
+
+
+async def test_a_leader_cut_off_from_the_database_but_for_its_election_resigns(
+    tq: TaskQ, pg_schema: PgSchema, spawn: Spawn
+) -> None:
+    # Its pool went through a proxy that was cut (a pooler down), its election session
+    # straight to the server: the election went on renewing, the sweep failed at every
+    # turn, and no worker promoted or reclaimed a job for as long as the cut lasted.
+    with TcpProxy(urlsplit(pg_schema.dsn).port or 5432) as proxy:
+        first = spawn(
+            "--queues",
+            "default",
+            env={"TASKQ_DSN": proxy.through(pg_schema.dsn), "TASKQ_DIRECT_DSN": pg_schema.dsn},
+        )
+        await wait_until(lambda: _leader(tq))
+        assert await _leader(tq) == _worker_id(first)
+        second = spawn("--queues", "default")
+        await wait_until(lambda: asyncio.sleep(0, _worker_id(second)))
+        proxy.cut()
+        job = await tq.client.enqueue(basic.nap, {"seconds": 0}, delay=timedelta(seconds=0.2))
+
+        async def replaced() -> bool:
+            return await _leader(tq) == _worker_id(second)
+
+        await wait_until(replaced, seconds=15)
+        await tq.client.wait_for_result(job.id, timeout=15)
+        assert first.events("taskq.leader-resigned")

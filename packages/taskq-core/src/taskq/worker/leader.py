@@ -16,6 +16,12 @@ renew them before the sweep may judge them dead.
 An unexpected error in the election or one of these loops is logged and the loop
 tries again at its next turn (``LeaderLoopErrors``): unlike a persistent one in the
 worker's own loops, it does not end the worker (docs/adr/0008).
+
+A leader whose sweep has failed transiently (the database unreachable from this
+worker: its pool cut off while its election session, a direct connection, still
+answers) for a whole ``leader_lease`` resigns and stays out of the election for
+another lease, so that a worker that can reach the database takes over: before,
+it kept the lead, and no worker promoted, reclaimed or fired cron for as long.
 """
 
 from __future__ import annotations
@@ -56,6 +62,10 @@ __all__ = ["MaintenanceLeader"]
 _log = structlog.get_logger("taskq.leader")
 
 Work = Callable[[], Awaitable[dict[str, int]]]
+
+_SWEEP = "leader-sweep"
+"""The loop whose failures, for a lease, make a leader resign: the most frequent, and
+the one the fleet cannot do without (promotion, reclaims)."""
 
 
 class _Loop(NamedTuple):
@@ -105,6 +115,10 @@ class MaintenanceLeader:
         self.is_leader = asyncio.Event()
         """Set while this worker leads."""
         self._elected_at = 0.0
+        self._swept_at = 0.0
+        """Loop time of the sweep's last turn that did its work (or of the election)."""
+        self._abstain_until = 0.0
+        """Loop time before which a resigned leader does not campaign."""
         self._confirm_lock = asyncio.Lock()
         self._confirmations = 0
         """Confirmations started so far (each under the lock)."""
@@ -114,7 +128,7 @@ class MaintenanceLeader:
         """Elect and lead until cancelled; steps down (releases the lease) on exit."""
         settings, backend = self.state.settings, self.state.backend
         self._loops = [
-            _Loop("leader-sweep", settings.maintenance_interval.total_seconds(), self._sweep),
+            _Loop(_SWEEP, settings.maintenance_interval.total_seconds(), self._sweep),
         ]
         if isinstance(backend, SupportsCron):
             cron_backend = backend
@@ -195,6 +209,8 @@ class MaintenanceLeader:
             if self._confirmations != asked:
                 return self.is_leader.is_set()
             self._confirmations += 1
+            if asyncio.get_running_loop().time() < self._abstain_until:
+                return False
             try:
                 leading = await self.elector.try_acquire()
             except asyncio.CancelledError:
@@ -210,14 +226,38 @@ class MaintenanceLeader:
             return
         wid = str(self.state.worker_id)
         if leading:
-            self._elected_at = asyncio.get_running_loop().time()
+            self._elected_at = self._swept_at = asyncio.get_running_loop().time()
             self.is_leader.set()
             _log.info("taskq.leader-elected", worker_id=wid)
             return
+        self._follow()
+        _log.warning("taskq.leader-lost", worker_id=wid)
+
+    def _follow(self) -> None:
         self.is_leader.clear()
         for loop in self._loops:
             self.state.liveness.forget(loop.name)
-        _log.warning("taskq.leader-lost", worker_id=wid)
+
+    async def _resign(self, error: BaseException) -> None:
+        """Hand the lead over: this worker cannot do the leader's work (see module doc)."""
+        lease = self.state.settings.leader_lease.total_seconds()
+        async with self._confirm_lock:
+            if not self.is_leader.is_set():
+                return
+            self._abstain_until = asyncio.get_running_loop().time() + lease
+            self._follow()
+            _log.warning(
+                "taskq.leader-resigned",
+                worker_id=str(self.state.worker_id),
+                error=repr(error),
+                hint=f"this worker's sweep failed for a leader_lease or longer: it stays out "
+                f"of the election for {lease:g}s, so that a worker that can reach the "
+                f"database leads",
+            )
+            try:
+                await self.elector.release()
+            except Exception as exc:  # noqa: BLE001 - its session is likely gone with its lock
+                _log.warning("taskq.leader-release-failed", error=repr(exc))
 
     async def _step_down(self) -> None:
         async with self._confirm_lock:
@@ -289,18 +329,31 @@ class MaintenanceLeader:
                             moved = await work()
             except transient as exc:
                 failing.failed(exc)
+                if name == _SWEEP and self._stalled():
+                    await self._resign(exc)
             except Exception as exc:  # noqa: BLE001 - logged, never ends the worker
                 guard.failed(exc)
             else:
                 failing.ok()
                 if ran:
                     guard.succeeded()
+                    if name == _SWEEP:
+                        self._swept_at = clock.time()
                 if any(moved.values()):
                     _log.info("taskq.leader-swept", loop=name, **moved)
             if self.is_leader.is_set():
                 self.state.liveness.tick(name, period)
             if loop.at is None:
                 await asyncio.sleep(period)
+
+    def _stalled(self) -> bool:
+        """Whether this leader's sweep has done no work for a whole ``leader_lease`` (and
+        three of its periods, should they be longer: one failed turn is no stall)."""
+        settings = self.state.settings
+        limit = max(settings.leader_lease, 3 * settings.maintenance_interval).total_seconds()
+        return (
+            self.is_leader.is_set() and asyncio.get_running_loop().time() - self._swept_at >= limit
+        )
 
     async def _sweep(self) -> dict[str, int]:
         grace = self.state.settings.reclaim_grace.total_seconds()

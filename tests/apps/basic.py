@@ -109,6 +109,13 @@ async def spawner(payload: dict[str, Any], ctx: Context) -> int:
     return payload["children"]
 
 
+@actor(max_attempts=1)
+async def follows_up(payload: dict[str, Any]) -> str:
+    """Enqueues through the application's own client, as the actors of an app do."""
+    job = await tq.client.enqueue(nap, {"tag": payload["tag"]})
+    return str(job.id)
+
+
 @actor
 async def reporter(payload: dict[str, Any], ctx: Context) -> None:
     await ctx.progress({"step": 1})
@@ -171,6 +178,7 @@ tq = TaskQ(
         serialized,
         bounded,
         spawner,
+        follows_up,
         reporter,
         cooperative,
         stubborn,

@@ -191,7 +191,9 @@ def test_a_worker_on_another_schema_than_its_code_warns_of_producers_left_behind
     monkeypatch.delenv("TASKQ_SCHEMA", raising=False)
     with structlog.testing.capture_logs() as logs:
         # A --schema flag is the worker's own choice: no warning.
-        _rebuild_app(app, WorkerSettings.load({"schema": "mine"}, env={}))
+        _rebuild_app(
+            TaskQ("memory://", schema="taskq"), WorkerSettings.load({"schema": "mine"}, env={})
+        )
         monkeypatch.setenv("TASKQ_SCHEMA", "Other")  # one name with "other", as Postgres folds
         rebuilt = _rebuild_app(app, WorkerSettings.load({}))
         _rebuild_app(TaskQ("memory://", schema="OTHER"), WorkerSettings.load({}))

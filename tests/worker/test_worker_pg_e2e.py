@@ -340,6 +340,17 @@ async def test_sub_jobs_exist_only_if_their_parent_succeeds(tq: TaskQ, pg_schema
     assert {r.status for r in children} == {JobStatus.SUCCEEDED}
 
 
+async def test_an_actor_uses_its_applications_client(tq: TaskQ, pg_schema: PgSchema) -> None:
+    # taskq-worker ran a copy of the application, built anew with its settings: the one
+    # the actors' module names was never opened, and each of its calls failed.
+    job = await tq.client.enqueue(basic.follows_up, {"tag": "followed"})
+    await asyncio.to_thread(run_until_idle, pg_schema)
+    followed = await tq.client.wait_for_result(job.id, timeout=1)
+    row = await tq.client.get(followed)
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+    assert row.payload["tag"] == "followed"
+
+
 async def test_progress_is_persisted_while_the_job_runs(tq: TaskQ, pg_schema: PgSchema) -> None:
     job = await tq.client.enqueue(basic.reporter, {"seconds": 1.5})
     with worker_process(pg_schema, "--until-idle") as proc:

@@ -49,17 +49,29 @@ class TaskQ:
         self.backend: Backend = (
             backend
             if backend is not None
-            else open_backend(
-                url,
-                schema=schema,
-                # The fleet's TASKQ_* backend tunables apply here as in its workers (a
-                # reclaim feed's visibility delay, poll-only), and win there as here.
-                **{**backend_options, **WorkerSettings.backend_options_from_env()},
-            )
+            else self._backend_from(url, schema, self.backend_options)
         )
         self.backend_from_url = backend is None
         """Whether the backend was built from ``url`` (a worker may build it anew with its
         settings), not given as an instance (which a worker uses as it is)."""
+        self.client = JobsClient(self.backend, self.actors)
+
+    @staticmethod
+    def _backend_from(url: str, schema: str, options: dict[str, Any]) -> Backend:
+        # The fleet's TASKQ_* backend tunables apply here as in its workers (a reclaim
+        # feed's visibility delay, poll-only), and win there as here.
+        return open_backend(
+            url, schema=schema, **{**options, **WorkerSettings.backend_options_from_env()}
+        )
+
+    def _retarget(self, url: str, schema: str, options: dict[str, Any]) -> None:
+        """Build the backend anew, before it is opened, from ``url``, ``schema`` and
+        ``options`` (a worker's settings), and the client with it. In place: the actors'
+        code reaches the app through its module (``tq.client`` in a job), and a copy
+        left that one unopened, so every such call failed in the worker alone."""
+        self.url, self.schema = url, schema
+        self.backend_options = dict(options)
+        self.backend = self._backend_from(url, schema, self.backend_options)
         self.client = JobsClient(self.backend, self.actors)
 
     def watch_reclaims(

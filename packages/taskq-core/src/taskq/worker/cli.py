@@ -103,8 +103,8 @@ def _folded(schema: str | None) -> str | None:
 
 
 def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
-    """The app, on another DSN or schema, or with backend tuning, when the settings say so."""
-    from taskq.app import TaskQ
+    """The app, its backend built anew on another DSN or schema, or with backend tuning,
+    when the settings say so (the same object: the actors' code may use it)."""
     from taskq.settings import BACKEND_TUNABLES
 
     tuning = settings.backend_options()
@@ -139,14 +139,12 @@ def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
             f"built from the code (a producer) uses {app.schema!r} unless given "
             f"schema={schema!r} too",
         )
-    return TaskQ(
+    app._retarget(
         settings.dsn or app.url,
-        schema=settings.schema_name or app.schema,
-        actors=app.actors.values(),
-        providers=app.providers,
-        queues=app.queues,
-        **{**app.backend_options, **tuning},
+        settings.schema_name or app.schema,
+        {**app.backend_options, **tuning},
     )
+    return app
 
 
 async def _serve(app: TaskQ, settings: WorkerSettings) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from taskq import Context, TaskQ, actor
 from taskq.backend import Backend
 from taskq.models import JobStatus
@@ -32,8 +34,14 @@ async def bad_backoff(payload: dict[str, Any]) -> None:
     raise ValueError("the actor's own failure")
 
 
+@actor(name="unrecordable.odd_message", max_attempts=1)
+async def odd_message(payload: dict[str, Any]) -> None:
+    # A lone surrogate cannot travel in a payload (JSON): the message is made here.
+    raise ValueError({"nul": "nul\x00byte", "surrogate": "lone \udc80 surrogate"}[payload["kind"]])
+
+
 def _app(backend: Backend) -> TaskQ:
-    return TaskQ("memory://", actors=[nan_result, fine, bad_backoff], backend=backend)
+    return TaskQ("memory://", actors=[nan_result, fine, bad_backoff, odd_message], backend=backend)
 
 
 async def _ended_failed_once(tq: TaskQ, job_id: Any, cause: str) -> None:
@@ -81,3 +89,19 @@ async def test_progress_is_what_was_reported_not_what_the_actor_changed_since(
     row = await tq.client.get(job.id)
     assert row is not None and row.status is JobStatus.SUCCEEDED
     assert row.progress_state == {"done": [1]}
+
+
+@pytest.mark.parametrize("kind", ["nul", "surrogate"])
+async def test_a_failure_whose_message_is_stored_cleaned_is_the_workers_own(
+    taskq_backend: Backend, kind: str
+) -> None:
+    # The worker compared the row it wrote with the error it sent, not with the error as
+    # stored (U+FFFD in place of the NUL): its own write looked like another's, it
+    # recorded a late outcome and skipped the batch's failure hook.
+    tq = _app(taskq_backend)
+    job = await tq.client.enqueue(odd_message, {"kind": kind})
+    await run_until_idle(tq, timeout=20)
+    row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.FAILED
+    assert row.error is not None and "\ufffd" in row.error.message
+    assert [e.kind for e in await tq.client.get_events(job.id) if e.kind == "late_outcome"] == []

@@ -46,7 +46,6 @@ __all__ = [
     "WorkerRecord",
     "due_after",
     "new_job",
-    "stored_error",
     "wake",
 ]
 
@@ -78,15 +77,6 @@ def new_job(args: EnqueueArgs, now: datetime) -> JobRow:
         tags=[clean_text(tag) for tag in args.tags],
         trace_id=args.trace_id,
         span_id=args.span_id,
-    )
-
-
-def stored_error(error: ErrorInfo) -> ErrorInfo:
-    """``error`` as stored (NUL characters replaced, as in every text a job holds)."""
-    return ErrorInfo(
-        error_class=clean_text(error.error_class),
-        message=clean_text(error.message),
-        traceback=clean_text(error.traceback),
     )
 
 

@@ -49,7 +49,6 @@ from taskq.backend._memory_store import (
     JobStore,
     WorkerRecord,
     due_after,
-    stored_error,
     wake,
 )
 from taskq.backend._memory_sweeps import fail_past_deadline, promote_due, reclaim_expired
@@ -59,7 +58,7 @@ from taskq.backend.cron import cron_slots, one_per_singleton, skipped_slots
 from taskq.backend.fairness import CohortTurns, cohort_of
 from taskq.backend.late_outcome import late_outcome_detail
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
-from taskq.backend.storable import check_delay, clean_text, stored_json
+from taskq.backend.storable import check_delay, clean_text, stored_error, stored_json
 from taskq.errors import RetryRefusedError, SingletonCollisionError, TaskQError
 from taskq.models import (
     DEADLINE_EXCEEDED,

@@ -21,7 +21,7 @@ from typing import Any, Final, NoReturn, TypeVar, overload
 
 from pydantic_core import PydanticSerializationError, from_json, to_json
 
-from taskq.models import MAX_DURATION
+from taskq.models import MAX_DURATION, ErrorInfo
 
 __all__ = [
     "MAX_JSON_BYTES",
@@ -30,6 +30,7 @@ __all__ = [
     "clean_text",
     "dump_json",
     "load_json",
+    "stored_error",
     "stored_json",
 ]
 
@@ -73,6 +74,16 @@ def clean_text(value: str | None) -> str | None:
     if value.isascii():
         return value
     return _SURROGATE.sub(REPLACEMENT_CHARACTER, value)
+
+
+def stored_error(error: ErrorInfo) -> ErrorInfo:
+    """``error`` as a backend stores it (its texts through :func:`clean_text`): what a
+    worker compares the row it wrote with."""
+    return ErrorInfo(
+        error_class=clean_text(error.error_class),
+        message=clean_text(error.message),
+        traceback=clean_text(error.traceback),
+    )
 
 
 def dump_json(value: Any) -> str:

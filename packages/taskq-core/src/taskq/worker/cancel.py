@@ -38,6 +38,7 @@ from typing import Protocol, runtime_checkable
 import structlog
 
 from taskq.backend import CancelPhase
+from taskq.backend.storable import stored_error
 from taskq.models import CancelFlag, ErrorInfo
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker.batch_outcomes import apply_batch_terminal_outcome
@@ -201,7 +202,8 @@ class _CancelController:
                     active.ctx.progress_state if active.ctx else None,
                     attempt=active.row.attempt,
                 )
-                if after is not None and after.error == error:  # else not this attempt's
+                # else not this attempt's (compared as stored)
+                if after is not None and after.error == stored_error(error):
                     _log.error("taskq.job-failed-past-its-limit", job_id=str(active.row.id))
                     await apply_batch_terminal_outcome(state.backend, active.row, "failed")
             self._pending_overruns.popleft()

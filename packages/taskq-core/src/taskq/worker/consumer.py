@@ -31,6 +31,7 @@ from taskq.backend import (
     SupportsLateOutcomes,
     SupportsTransactions,
 )
+from taskq.backend.storable import stored_error
 from taskq.context import Context
 from taskq.errors import (
     EnqueueError,
@@ -700,7 +701,10 @@ async def _fail_with(
         ),
     )
     # A no-op returns the row as someone else left it: not our attempt's error.
-    if after is not None and not (after.attempt == row.attempt and after.error == info):
+    # Compared as stored: a NUL in the message made the worker's own write look foreign.
+    if after is not None and not (
+        after.attempt == row.attempt and after.error == stored_error(info)
+    ):
         if fenced:  # stopped before the reclaim, as the fence is for: not a lost lock
             _log.info("taskq.fenced-job-reclaimed", status=after.status.value)
         else:

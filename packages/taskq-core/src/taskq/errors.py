@@ -59,6 +59,7 @@ __all__ = [
     "TaskQError",
     "UnknownActorError",
     "UnknownBackendError",
+    "UnstorableValueError",
     "WorkerOwnershipMismatch",
 ]
 
@@ -216,6 +217,13 @@ class WorkerOwnershipMismatch(ContractViolation):
 
 class EnqueueError(TaskQError):
     """A job could not be enqueued."""
+
+
+class UnstorableValueError(TaskQError, ValueError):
+    """A value no backend can store as JSON (a payload, a result, progress, metadata): a
+    NaN or infinite number, text with a lone surrogate, an integer too long to read
+    back, nesting too deep, or more than the size limit. The message says which and
+    what to send instead. Nothing was written."""
 
 
 class PayloadValidationError(EnqueueError, ValueError):

@@ -21,6 +21,7 @@ from typing import Any, Final, NoReturn, TypeVar, overload
 
 from pydantic_core import PydanticSerializationError, from_json, to_json
 
+from taskq.errors import UnstorableValueError
 from taskq.models import MAX_DURATION, ErrorInfo
 
 __all__ = [
@@ -88,10 +89,11 @@ def stored_error(error: ErrorInfo) -> ErrorInfo:
 
 def dump_json(value: Any) -> str:
     """``value`` as the JSON text a backend stores (``\\u0000`` escapes replaced);
-    ``ValueError`` for a NaN or infinite number, which JSON cannot hold, for text with a
-    lone surrogate, which no store can hold, for an integer of more than 4,300
-    digits, which could be stored but never read back, for arrays and objects nested
-    more than 254 deep, and for a value of more than :data:`MAX_JSON_BYTES`.
+    :class:`~taskq.errors.UnstorableValueError` (a ``ValueError``) for a NaN or
+    infinite number, which JSON cannot hold, for text with a lone surrogate, which no
+    store can hold, for an integer of more than 4,300 digits, which could be stored
+    but never read back, for arrays and objects nested more than 254 deep, and for a
+    value of more than :data:`MAX_JSON_BYTES`.
 
     pydantic-core's serializer: compact, UTF-8 as is, and about ten times faster than
     ``json.dumps`` on a small object (it runs for every payload a COPY enqueues).
@@ -100,10 +102,10 @@ def dump_json(value: Any) -> str:
         raw = to_json(value)
     except PydanticSerializationError as exc:
         if "Maximum serialization depth" in str(exc):
-            raise ValueError(_TOO_DEEP) from None
+            raise UnstorableValueError(_TOO_DEEP) from None
         if "surrogates not allowed" not in str(exc):
             raise
-        raise ValueError(
+        raise UnstorableValueError(
             "text with a lone surrogate (such as '\\udcff', what os.fsdecode makes of "
             "undecodable bytes) cannot be stored as JSON: decode it with errors='replace', "
             "or send the bytes base64-encoded"
@@ -111,7 +113,7 @@ def dump_json(value: Any) -> str:
     if len(raw) > MAX_JSON_BYTES:
         # Accepted in memory, refused by Postgres with a driver's error (or a dropped
         # connection past 1 GB): one limit on every backend, said in its own words.
-        raise ValueError(
+        raise UnstorableValueError(
             f"a JSON value of {len(raw):,} bytes cannot be stored: at most {MAX_JSON_BYTES:,} "
             f"(PostgreSQL's jsonb); store large data elsewhere (a file, an object store) "
             f"and pass its address"
@@ -129,7 +131,7 @@ def dump_json(value: Any) -> str:
 
 
 def _refuse_constant(constant: str) -> NoReturn:
-    raise ValueError(
+    raise UnstorableValueError(
         f"{constant} is not a JSON number, and jobs store JSON: "
         f"send None or a string for it instead"
     )
@@ -139,7 +141,7 @@ def _refuse_unreadable(text: str) -> None:
     try:
         from_json(text)
     except ValueError:
-        raise ValueError(
+        raise UnstorableValueError(
             f"an integer of more than {_MAX_INT_DIGITS} digits cannot be read back from "
             f"JSON: send it as a string instead"
         ) from None

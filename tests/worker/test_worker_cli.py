@@ -607,3 +607,19 @@ def test_the_applications_own_logging_set_up_is_kept() -> None:
     proc = worker("tests.apps.own_logging:tq", "--until-idle", env={"TASKQ_POLL_INTERVAL": "50ms"})
     assert proc.returncode == 0, proc.stderr
     assert "APP INFO configured its own logging" in proc.stderr.splitlines()
+
+
+def test_a_worker_builds_its_application_anew_in_place_from_the_codes_values() -> None:
+    # In place, so that the actors' code using the app reaches an opened backend; from
+    # the code's values each time, so that a second worker of the same process (a
+    # test's) did not start on the first one's --dsn.
+    from taskq import TaskQ
+    from taskq.worker.cli import _rebuild_app
+
+    app = TaskQ("memory://", schema="code")
+    first = app.backend
+    assert _rebuild_app(app, WorkerSettings.load({"schema": "mine"}, env={})) is app
+    assert app.schema == "mine" and app.backend is not first
+    assert app.client._backend is app.backend  # the client goes with it
+    _rebuild_app(app, WorkerSettings.load({}, env={}))
+    assert app.schema == "code"

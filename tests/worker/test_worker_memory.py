@@ -792,7 +792,9 @@ async def test_progress_no_backend_can_store_is_refused_and_forgotten() -> None:
     assert done.progress_state == {"done": [1]}
     # The actor's own error, on every attempt.
     assert failed is not None and failed.status == "failed" and failed.attempt == 3
-    assert failed.error is not None and failed.error.error_class == "ValueError"
+    assert (
+        failed.error is not None and failed.error.error_class == "taskq.errors.UnstorableValueError"
+    )
 
 
 @pytest.mark.parametrize("gate", ["actor cap", "identity", "queue cap"])

@@ -55,6 +55,9 @@ class TaskQ:
         """Whether the backend was built from ``url`` (a worker may build it anew with its
         settings), not given as an instance (which a worker uses as it is)."""
         self.client = JobsClient(self.backend, self.actors)
+        # What the code gave, which a worker's settings override (see _retarget).
+        self._code_url, self._code_schema = url, schema
+        self._code_options = dict(backend_options)
 
     @staticmethod
     def _backend_from(url: str, schema: str, options: dict[str, Any]) -> Backend:
@@ -64,14 +67,16 @@ class TaskQ:
             url, schema=schema, **{**options, **WorkerSettings.backend_options_from_env()}
         )
 
-    def _retarget(self, url: str, schema: str, options: dict[str, Any]) -> None:
-        """Build the backend anew, before it is opened, from ``url``, ``schema`` and
-        ``options`` (a worker's settings), and the client with it. In place: the actors'
-        code reaches the app through its module (``tq.client`` in a job), and a copy
-        left that one unopened, so every such call failed in the worker alone."""
-        self.url, self.schema = url, schema
-        self.backend_options = dict(options)
-        self.backend = self._backend_from(url, schema, self.backend_options)
+    def _retarget(self, url: str | None, schema: str | None, options: dict[str, Any]) -> None:
+        """Build the backend anew, before it is opened, on ``url`` and ``schema`` (None:
+        the ones the code gave) with ``options`` over the code's (a worker's settings),
+        and the client with it. In place: the actors' code reaches the app through its
+        module (``tq.client`` in a job), and a copy left that one unopened, so every such
+        call failed in the worker alone. From the code's values each time, so that a
+        second worker started in the same process (a test's) starts from them too."""
+        self.url, self.schema = url or self._code_url, schema or self._code_schema
+        self.backend_options = {**self._code_options, **options}
+        self.backend = self._backend_from(self.url, self.schema, self.backend_options)
         self.client = JobsClient(self.backend, self.actors)
 
     def watch_reclaims(

@@ -126,7 +126,7 @@ def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
         return app
     schema = settings.schema_name  # folded, as Postgres folds it
     if schema is not None and _folded(os.environ.get("TASKQ_SCHEMA")) == schema != _folded(
-        app.schema
+        app._code_schema
     ):
         # The environment's schema, not the code's: producers built from the same code
         # in this environment enqueue where no worker of it looks. (A --schema flag is
@@ -134,16 +134,12 @@ def _rebuild_app(app: TaskQ, settings: WorkerSettings) -> TaskQ:
         _log.warning(
             "taskq.schema-differs-from-code",
             schema=schema,
-            code_schema=app.schema,
+            code_schema=app._code_schema,
             hint=f"TASKQ_SCHEMA makes this worker work schema {schema!r}; an application "
-            f"built from the code (a producer) uses {app.schema!r} unless given "
+            f"built from the code (a producer) uses {app._code_schema!r} unless given "
             f"schema={schema!r} too",
         )
-    app._retarget(
-        settings.dsn or app.url,
-        settings.schema_name or app.schema,
-        {**app.backend_options, **tuning},
-    )
+    app._retarget(settings.dsn, settings.schema_name, tuning)
     return app
 
 

@@ -631,3 +631,46 @@ async def test_a_late_escalation_leaves_the_job_its_whole_cleanup_grace() -> Non
         await asyncio.wait_for(runner, 10)
         row = await tq.client.get(job.id)
     assert row is not None and row.status is JobStatus.CANCELLED
+
+
+async def test_a_cancelled_write_whose_reply_was_lost_is_the_workers_own() -> None:
+    # The write committed and its reply was lost: the retry found the job cancelled and
+    # the worker took it for another's write, recording a late outcome and skipping the
+    # batch hook.
+    import structlog.testing
+
+    from taskq.backend.memory import InMemoryBackend
+
+    class LostReply(InMemoryBackend):
+        lost = 1
+
+        async def mark_cancelled(self, *args: Any, **kwargs: Any) -> bool:
+            done = await super().mark_cancelled(*args, **kwargs)
+            if self.lost:
+                self.lost -= 1
+                raise ConnectionResetError("the reply was lost")
+            return done
+
+    started = asyncio.Event()
+
+    @actor(name="waits_for_its_cancel")
+    async def waits(payload: dict[str, Any], ctx: Context) -> None:
+        started.set()
+        await ctx.cancel_event.wait()
+        raise asyncio.CancelledError
+
+    backend = LostReply()
+    tq = TaskQ("memory://", backend=backend, actors=[waits])
+    async with tq:
+        job = await tq.client.enqueue(waits, {})
+        with structlog.testing.capture_logs() as logs:
+            runner = asyncio.create_task(run_until_idle(tq, **_GRACES))
+            await asyncio.wait_for(started.wait(), 5)
+            assert await tq.client.cancel(job.id)
+            await asyncio.wait_for(runner, 10)
+        row = await tq.client.get(job.id)
+        events = await tq.client.get_events(job.id)
+    assert backend.lost == 0  # the reply was lost
+    assert row is not None and row.status is JobStatus.CANCELLED
+    assert [e.kind for e in events if e.kind == "late_outcome"] == []
+    assert "taskq.ownership-lost" not in [e["event"] for e in logs]

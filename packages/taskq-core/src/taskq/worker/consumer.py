@@ -336,7 +336,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         # recorded. The limit, or a singleton's identity, may well be free by then.
         await _raised(state, row, ctx, actor, refused.error)
         return
-    if ok is False and not await _our_success_landed(state, row):
+    if ok is False and not await _our_write_landed(state, row, JobStatus.SUCCEEDED):
         await _late(state, row, "succeeded")
         return
     _log.debug("taskq.job-succeeded")
@@ -400,17 +400,21 @@ async def _reschedule(
         _ownership_lost(row, name)
 
 
-async def _our_success_landed(state: WorkerState, row: JobRow) -> bool:
-    """Whether a success write that reported a no-op had in fact landed: an earlier
-    try of it committed and lost its reply, and the retry found the row finished.
-    Only this attempt's holder can make the job succeed on this attempt (a reclaimed
-    job runs again on the next one)."""
+async def _our_write_landed(state: WorkerState, row: JobRow, status: JobStatus) -> bool:
+    """Whether a terminal write (to ``status``) that reported a no-op had in fact landed:
+    an earlier try of it committed and lost its reply, and the retry found the row
+    finished. Only this attempt's holder can make the job succeed on this attempt (a
+    reclaimed job runs again on the next one); a reclaim ends a cancelled job's attempt
+    ``crashed``, where the holder's own write ends it ``cancelled``."""
     current = await write_retrying(state, "read", lambda: state.backend.get(row.id), give_up=True)
-    return (
-        current is not None
-        and current.status is JobStatus.SUCCEEDED
-        and current.attempt == row.attempt
+    if current is None or current.status is not status or current.attempt != row.attempt:
+        return False
+    if status is JobStatus.SUCCEEDED:
+        return True
+    attempts = await write_retrying(
+        state, "read", lambda: state.backend.get_attempts(row.id), give_up=True
     )
+    return any(a.attempt == row.attempt and a.outcome == status.value for a in attempts or ())
 
 
 class _NotOwner(Exception):
@@ -802,7 +806,7 @@ async def _cancelled(state: WorkerState, row: JobRow, ctx: Context) -> None:
             row.id, state.worker_id, ctx.progress_seq, ctx.progress_state, attempt=row.attempt
         ),
     )
-    if ok is False:
+    if ok is False and not await _our_write_landed(state, row, JobStatus.CANCELLED):
         await _late(state, row, "cancelled")
-    elif ok:
+    elif ok is not None:
         await apply_batch_terminal_outcome(state.backend, row, "cancelled")

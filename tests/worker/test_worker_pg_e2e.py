@@ -351,27 +351,6 @@ async def test_an_actor_uses_its_applications_client(tq: TaskQ, pg_schema: PgSch
     assert row.payload["tag"] == "followed"
 
 
-async def test_until_idle_with_only_jobs_of_unknown_actors_left_exits_1(
-    tq: TaskQ, pg_schema: PgSchema
-) -> None:
-    # It logged an error and exited 0, as if the work were done.
-    from taskq.models import EnqueueArgs
-
-    ghost = await tq.backend.enqueue(EnqueueArgs(actor="ghost.actor"))
-    known = await tq.client.enqueue(basic.nap, {"seconds": 0})
-
-    def run() -> subprocess.CompletedProcess[str]:
-        with worker_process(pg_schema, "--until-idle") as proc:
-            stdout, stderr = proc.communicate(timeout=90)
-            return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-
-    done = await asyncio.to_thread(run)
-    assert done.returncode == 1, done.stderr
-    assert "taskq.idle-but-jobs-of-unknown-actors" in done.stderr
-    await tq.client.wait_for_result(known.id, timeout=1)
-    assert await tq.client.get(ghost.id) == ghost
-
-
 async def test_progress_is_persisted_while_the_job_runs(tq: TaskQ, pg_schema: PgSchema) -> None:
     job = await tq.client.enqueue(basic.reporter, {"seconds": 1.5})
     with worker_process(pg_schema, "--until-idle") as proc:

@@ -101,12 +101,6 @@ class Worker:
         away): left to the lease and the reclaim, which spends an attempt of each."""
         return self._state.unconfirmed_at_stop if self._state else 0
 
-    @property
-    def idle_with_unknown_actors(self) -> list[str]:
-        """With ``until_idle``: the actors, unknown to this application, whose jobs were
-        all that was left when the worker stopped (not done: an exit code of 1)."""
-        return self._state.idle_with_unknown_actors if self._state else []
-
     def stop(self) -> None:
         """Shut down gracefully (the first SIGTERM): see :mod:`taskq.worker.shutdown`."""
         if not self._stop_requested:

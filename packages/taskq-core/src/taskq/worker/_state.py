@@ -155,8 +155,6 @@ class WorkerState:
     met_unknown_actor: bool = False
     """A job of an actor this application does not know was handed back (--until-idle
     then checks whether only such jobs are left, which it would bounce forever)."""
-    idle_with_unknown_actors: list[str] = field(default_factory=list)
-    """--until-idle stopped with only jobs of these actors, unknown here, left."""
     cancel: CancelController = field(init=False)
     completer: Completer | None = field(init=False)
     """Batches success writes; None when the backend can only write them one by one."""

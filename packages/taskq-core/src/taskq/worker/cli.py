@@ -182,10 +182,6 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> int:
             "reachable?): the reclaim takes them once their lease lapses, spending an attempt",
         )
         code = EXIT_ERROR
-    if worker.idle_with_unknown_actors:
-        # --until-idle with work left that this application cannot run (its code not
-        # deployed here, a renamed actor): not done, for whoever waits on the exit.
-        code = EXIT_ERROR
     threads = worker.lingering_threads() + loop_threads.running
     if lingering or threads:
         # Tasks that swallowed cancellation, and threads (which nothing can cancel),

@@ -53,7 +53,6 @@ async def drain_monitor_loop(state: WorkerState) -> None:
         if idle_readings >= 2:
             if strangers:  # said once, at the end: each reading found them
                 _log.error("taskq.idle-but-jobs-of-unknown-actors", actors=strangers)
-                state.idle_with_unknown_actors = strangers
             _log.info("taskq.idle", processed=state.processed)
             state.stopping.set()
 

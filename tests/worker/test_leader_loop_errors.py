@@ -126,3 +126,29 @@ async def test_losing_the_leadership_is_no_recovery() -> None:
         await asyncio.wait_for(running, 10)
     assert any(e["event"] == "taskq.leader-lost" for e in logs)
     assert not any(e["event"] == "taskq.leader-loop-recovered" for e in logs)
+
+
+class _SlowCleanup(InMemoryBackend):
+    """The sweep's last statement outlasts the loop's bound at every turn: a database
+    that answers, slowly (a row held, a lock timeout)."""
+
+    async def cleanup_stale_workers(self, *args: object, **kwargs: object) -> int:
+        await asyncio.sleep(1)
+        return 0
+
+
+async def test_a_leader_whose_sweep_is_slow_on_a_database_that_answers_keeps_the_lead() -> None:
+    # It resigned after a lease of failed turns and sat out another: on a database every
+    # worker reaches alike, nothing led for half the time (docs/adr/0009).
+    tq = TaskQ("memory://", backend=_SlowCleanup(), actors=[echo])
+    async with tq:
+        flags = {**TEST_SETTINGS, "leader_lease": "500ms", "dispatcher_command_timeout": "100ms"}
+        worker = Worker(tq, WorkerSettings.load(flags, env={}))
+        with structlog.testing.capture_logs() as logs:
+            running = asyncio.create_task(worker.run())
+            await asyncio.sleep(2)  # four leases of failed sweeps
+            worker.stop()
+            await asyncio.wait_for(running, 10)
+    events = [e["event"] for e in logs]
+    assert events.count("taskq.leader-loop-transient-error") >= 1  # the sweep did fail
+    assert "taskq.leader-resigned" not in events

@@ -17,11 +17,13 @@ An unexpected error in the election or one of these loops is logged and the loop
 tries again at its next turn (``LeaderLoopErrors``): unlike a persistent one in the
 worker's own loops, it does not end the worker (docs/adr/0008).
 
-A leader whose sweep has failed transiently (the database unreachable from this
+A leader whose sweep has failed transiently for a whole ``leader_lease``, and whose
+pool then does not answer a plain read either (the database unreachable from this
 worker: its pool cut off while its election session, a direct connection, still
-answers) for a whole ``leader_lease`` resigns and stays out of the election for
-another lease, so that a worker that can reach the database takes over: before,
-it kept the lead, and no worker promoted, reclaimed or fired cron for as long.
+answers), resigns and stays out of the election for another lease, so that a worker
+that can reach the database takes over: before, it kept the lead, and no worker
+promoted, reclaimed or fired cron for as long. A sweep that fails on a database
+that answers (slow, a lock held) fails alike on every worker: the leader stays.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import math
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, time, timedelta
 from typing import NamedTuple
+from uuid import uuid4
 
 import structlog
 
@@ -329,7 +332,7 @@ class MaintenanceLeader:
                             moved = await work()
             except transient as exc:
                 failing.failed(exc)
-                if name == _SWEEP and self._stalled():
+                if name == _SWEEP and self._stalled() and not await self._pool_answers():
                     await self._resign(exc)
             except Exception as exc:  # noqa: BLE001 - logged, never ends the worker
                 guard.failed(exc)
@@ -346,13 +349,30 @@ class MaintenanceLeader:
             if loop.at is None:
                 await asyncio.sleep(period)
 
+    async def _pool_answers(self) -> bool:
+        """Whether a plain read (a job by an id no job has) answers within the bound:
+        then the sweep fails on a reachable database (slow, a row or table held, a
+        lock timeout), alike on every worker, and no other leader would do better. The
+        stall is then counted afresh."""
+        try:
+            bound = self.state.settings.dispatcher_command_timeout.total_seconds()
+            async with asyncio.timeout(bound):
+                await self.state.backend.get(uuid4())
+        except Exception:  # noqa: BLE001 - whatever it was, the database did not answer
+            return False
+        self._swept_at = asyncio.get_running_loop().time()
+        return True
+
     def _stalled(self) -> bool:
         """Whether this leader's sweep has done no work for a whole ``leader_lease`` (and
         three of its periods, should they be longer: one failed turn is no stall)."""
         settings = self.state.settings
         limit = max(settings.leader_lease, 3 * settings.maintenance_interval).total_seconds()
         return (
-            self.is_leader.is_set() and asyncio.get_running_loop().time() - self._swept_at >= limit
+            self.is_leader.is_set()
+            # A worker that cannot elect leads alone: resigning would leave nobody.
+            and not isinstance(self.elector, _Solo)
+            and asyncio.get_running_loop().time() - self._swept_at >= limit
         )
 
     async def _sweep(self) -> dict[str, int]:

@@ -87,6 +87,16 @@ async def test_a_dsn_asyncpg_rejects_is_a_configuration_error_at_open() -> None:
     assert "\n" not in message and "secret" not in message and "***" in message
 
 
+async def test_a_server_wide_setting_in_the_dsn_is_a_configuration_error(
+    pg_schema: PgSchema,
+) -> None:
+    # 55P02, of the transient 55000 family: a worker's start retried it for its whole
+    # startup wait, the readiness probe saying the database was unreachable.
+    backend = PostgresBackend(f"{pg_schema.dsn}?shared_buffers=64MB", schema=pg_schema.name)
+    with pytest.raises(ConfigurationError, match="shared_buffers.*remove it from the DSN"):
+        await backend.open()
+
+
 async def test_an_unreachable_server_is_a_one_line_backend_unavailable_error() -> None:
     backend = PostgresBackend(
         "postgresql://postgres:secret@127.0.0.1:1/taskq", connect_timeout=timedelta(seconds=2)

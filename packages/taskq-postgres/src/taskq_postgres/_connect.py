@@ -283,6 +283,13 @@ def translated_errors(
                 f"database against the pooler's own (PgBouncer: its auth_file or auth_query, "
                 f"its [databases])"
             ) from None
+        if isinstance(exc, asyncpg.exceptions.CantChangeRuntimeParamError):
+            # 55P02, among the transient 55000 family: refused at every try.
+            raise ConfigurationError(
+                f"cannot connect to PostgreSQL at {redact(dsn)}: the server refuses a "
+                f"setting sent at connect ({_one_line(exc)}): a server-wide setting "
+                f"cannot be given per session; remove it from the DSN's options"
+            ) from None
         if _POOLER_REFUSED in said:
             # Not an outage either: the same settings are refused at every try.
             raise ConfigurationError(

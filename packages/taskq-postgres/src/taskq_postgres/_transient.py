@@ -31,10 +31,11 @@ TRANSIENT_PG_ERRORS: Final[tuple[type[BaseException], ...]] = (
     pg.TooManyConnectionsError,  # 53300: server saturated
     # 55000 and its kin: the database is not accepting connections (ALLOW_CONNECTIONS
     # false, for a maintenance window), a lock wait past the session's lock_timeout
-    # (55P03), an object in use (55006). Each lasts until someone else is done. The
-    # class's two deterministic members (55P02, a setting changed at the wrong time;
-    # 55P04, an enum value used in the transaction that added it) arise from no
-    # statement the worker's loops send.
+    # (55P03), an object in use (55006). Each lasts until someone else is done. Of the
+    # class's two deterministic members, 55P04 (an enum value used in the transaction
+    # that added it) arises from no statement TaskQ sends, and 55P02 (a server-wide
+    # setting given per session, in a DSN's options) at connect, which refuses it as
+    # a ConfigurationError (_connect.translated_errors).
     pg.ObjectNotInPrerequisiteStateError,
     pg.DeadlockDetectedError,  # 40P01
     pg.SerializationError,  # 40001

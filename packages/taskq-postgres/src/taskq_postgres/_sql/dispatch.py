@@ -885,7 +885,9 @@ SELECT id, attempt FROM {schema}.jobs WHERE status = 'running' AND locked_by_wor
 EXTEND_RESERVATION_LEASES: Final = """
 -- arbiter: clock_timestamp() (the new lease expiry)
 -- A slot is held for its job's run: only the slots of jobs this worker still runs are
--- renewed, so one left behind by an ended or reclaimed job lapses for the sweep.
+-- renewed, so the lease of one left behind by an ended or reclaimed job lapses.
+-- (Nothing acquires slots yet, nor frees lapsed ones: rate limits and reservations
+-- come with a later issue.)
 UPDATE {schema}.reservation_slots rs
 SET lease_expires_at = clock_timestamp() + $2::interval
 FROM {schema}.jobs j

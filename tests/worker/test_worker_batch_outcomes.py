@@ -4,12 +4,13 @@ stale-batch sweep (kept out of these tests by a long interval)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
 
-from taskq import JobStatus, TaskQ, actor
+from taskq import JobStatus, RetryAfter, Snooze, TaskQ, actor
 from taskq.backend import Backend
 from taskq.models import BatchRow, JobFilter
 from taskq_testing import run_until_idle
@@ -24,6 +25,20 @@ async def child(payload: dict[str, Any]) -> str:
     if payload["fail"]:
         raise RuntimeError("child failed")
     return "ok"
+
+
+@actor(name="batches.signalling_child", max_attempts=1)
+async def signalling_child(payload: dict[str, Any]) -> str:
+    if payload["signal"] == "retry_after":
+        raise RetryAfter(0.01)  # its one attempt spent: failed
+    if payload["signal"] == "snooze":
+        raise Snooze(60)  # past its deadline: failed
+    return "ok"
+
+
+@actor(name="batches.raises", max_attempts=3)
+async def raises(payload: dict[str, Any]) -> None:
+    raise RuntimeError("a failure with attempts left: a retry")
 
 
 @actor(name="batches.finalizer")
@@ -84,6 +99,64 @@ async def test_failures_reaching_the_threshold_abort_the_batch_and_cancel_its_wa
         "waiting-too": JobStatus.CANCELLED,
     }
     assert final.status is JobStatus.SUCCEEDED  # released by the abort, and run
+
+
+@pytest.mark.parametrize("signal", ["retry_after", "snooze"])
+async def test_children_failed_by_a_retry_after_or_a_snooze_count_toward_the_threshold(
+    taskq_backend: Backend, signal: str
+) -> None:
+    # Failed by their attempts or their deadline at a RetryAfter or a Snooze, they never
+    # reached the batch's hook: the waiting children ran, and the stale-batch sweep later
+    # recorded the batch complete.
+    tq = TaskQ("memory://", actors=[signalling_child, child, finalizer], backend=taskq_backend)
+    async with tq:
+        batch_id, build = uuid4(), tq.client.build_args
+        deadline = timedelta(seconds=30)
+        await taskq_backend.enqueue_batch_atomic(
+            [
+                build(signalling_child, {"signal": signal}, queue=q, schedule_to_close=deadline)
+                for q in ("q1", "q2")
+            ]
+            + [build(child, {"fail": False}, queue="waiting")],
+            batch_id=batch_id,
+            queue="default",
+            batch_row=BatchRow(id=batch_id, queue="default", expected_size=3, failure_threshold=2),
+            finalizer_args=build(finalizer, {}),
+        )
+        await _one_by_one(tq, "q1", "q2")
+        batch = await taskq_backend.get_batch(batch_id)
+        statuses = await _statuses(tq, batch_id)
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("aborted", 2)
+    assert statuses == {"waiting": JobStatus.CANCELLED}
+
+
+async def test_a_child_whose_retry_a_cancel_ended_completes_its_batch() -> None:
+    # The failure write found a cancel requested (after the worker's last look) and ended
+    # the job cancelled, and the hook ran only for a failed one: the batch waited for
+    # the stale-batch sweep.
+    from taskq.backend.memory import InMemoryBackend
+
+    class CancelledMeanwhile(InMemoryBackend):
+        async def mark_failed_or_retry(self, job_id: Any, *args: Any, **kwargs: Any) -> Any:
+            await self.write_cancel_request(job_id, "meanwhile")
+            return await super().mark_failed_or_retry(job_id, *args, **kwargs)
+
+    backend = CancelledMeanwhile()
+    tq = TaskQ("memory://", actors=[raises], backend=backend)
+    async with tq:
+        batch_id, build = uuid4(), tq.client.build_args
+        [job] = await backend.enqueue_batch_atomic(
+            [build(raises, {})],
+            batch_id=batch_id,
+            queue="default",
+            batch_row=BatchRow(id=batch_id, queue="default", expected_size=1),
+            finalizer_args=None,
+        )
+        await run_until_idle(tq, **_NO_SWEEP)
+        row = await tq.client.get(job.id)
+        batch = await backend.get_batch(batch_id)
+    assert row is not None and row.status is JobStatus.CANCELLED
+    assert batch is not None and batch.status == "complete"
 
 
 async def test_a_success_resets_the_streak_and_the_last_child_completes_the_batch(

@@ -398,6 +398,11 @@ async def _reschedule(
     )
     if verdict == "noop":
         _ownership_lost(row, name)
+    elif verdict == "cancelled":
+        await apply_batch_terminal_outcome(backend, row, "cancelled")
+    elif verdict is not None and verdict.startswith("failed"):
+        # Its deadline or its attempts reached: a failed child, counted as any other.
+        await apply_batch_terminal_outcome(backend, row, "failed")
 
 
 async def _our_write_landed(state: WorkerState, row: JobRow, status: JobStatus) -> bool:
@@ -715,6 +720,8 @@ async def _fail_with(
             await _late(state, row, "failed", info)
     elif after is not None and after.status is JobStatus.FAILED:
         await apply_batch_terminal_outcome(state.backend, row, "failed")
+    elif after is not None and after.status is JobStatus.CANCELLED:  # the retry met a cancel
+        await apply_batch_terminal_outcome(state.backend, row, "cancelled")
 
 
 async def _stopped(

@@ -85,3 +85,40 @@ async def test_a_cancel_behind_a_status_change_acts_on_the_committed_status(
     assert row is not None
     assert (row.status, row.cancel_phase) == expected
     assert row.cancel_reason == "stop"
+
+
+async def test_a_cancel_postgres_breaks_out_of_a_deadlock_is_tried_again(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    # Operators' cancels against a worker's writes, each locking rows in its own order:
+    # Postgres broke the deadlock by failing the cancel, whose caller got the driver's
+    # DeadlockDetectedError.
+    from taskq import JobFilter
+
+    first, second = sorted(
+        await backend.enqueue_batch([EnqueueArgs(actor="a"), EnqueueArgs(actor="a")]),
+        key=lambda row: row.id,
+    )
+    jobs = f"{pg_pooled_schema.name}.jobs"
+    rival: asyncpg.Connection = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        # The cancel's session detects the deadlock first (a second), and fails.
+        await rival.execute("SET deadlock_timeout = '20s'")
+        await rival.execute("BEGIN")
+        await rival.execute(f"SELECT 1 FROM {jobs} WHERE id = $1 FOR UPDATE", second.id)
+        cancel = asyncio.create_task(backend.cancel_where(JobFilter(actor="a"), "operator"))
+        for _ in range(500):  # the cancel holds the first row and waits for the second
+            await rival.execute("SELECT pg_stat_clear_snapshot()")
+            if await rival.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE $1",
+                f"%{jobs}%FOR UPDATE OF j%",
+            ):
+                break
+            await asyncio.sleep(0.01)
+        await rival.execute(f"SELECT 1 FROM {jobs} WHERE id = $1 FOR UPDATE", first.id)
+        await rival.execute("COMMIT")
+        result = await asyncio.wait_for(cancel, 10)
+    finally:
+        await rival.close()
+    assert sorted(result.cancelled) == [first.id, second.id]

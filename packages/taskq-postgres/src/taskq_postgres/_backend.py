@@ -153,6 +153,8 @@ _POOL_ROLE: Final = "taskq-pool"
 _NOTIFY_ROLE: Final = NOTIFY_ROLE
 _MIGRATE_ROLE: Final = "taskq-migrate"
 _RUNNING_IDENTITY_INDEX: Final = "jobs_running_identity_key"
+_CANCEL_TRIES: Final = 3
+"""How often a cancel statement is tried when Postgres breaks a deadlock with it."""
 # The most jobs one sweep statement moves (a turn): ~0.3 s of a slow machine's time,
 # far inside the leader's bound, where 100,000 due jobs in one statement took 6 s.
 _SWEEP_TURN: Final = 5_000
@@ -1450,9 +1452,19 @@ class PostgresBackend:
         self, condition: str, params: Sequence[Any], reason: str | None
     ) -> BulkCancelResult:
         sql = self._sql.cancel_jobs.replace(FILTER_TOKEN, condition)
-        records = await self._db().fetch(
-            sql, clean_text(reason), self._events_to, self._worker_prefix, *params
-        )
+        tried = 0
+        while True:
+            tried += 1
+            try:
+                records = await self._db().fetch(
+                    sql, clean_text(reason), self._events_to, self._worker_prefix, *params
+                )
+                break
+            except asyncpg.DeadlockDetectedError:
+                # Against a worker's writes, which lock the same rows in their own order
+                # (dispatch: by priority): the statement rolled back whole, try again.
+                if tried == _CANCEL_TRIES:
+                    raise
         result = BulkCancelResult()
         for record in records:
             (result.cancelled if record["outcome"] == "cancelled" else result.requested).append(

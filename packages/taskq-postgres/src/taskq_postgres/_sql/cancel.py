@@ -30,9 +30,11 @@ CANCEL_JOBS: Final = (
 -- a snooze) is in target's re-read row, not in the statement's snapshot.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 target AS (
+    -- Locked in id order, as two cancels of overlapping sets then wait, not deadlock.
     SELECT j.id, j.status, j.created_at
     FROM {schema}.jobs j
     WHERE j.status IN ('pending', 'scheduled', 'running') AND ({filter})
+    ORDER BY j.id
     FOR UPDATE OF j
 ),
 cancelled AS (

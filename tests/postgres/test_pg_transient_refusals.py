@@ -2,7 +2,11 @@
 connections for a while (``ALLOW_CONNECTIONS false``, 55000) and a lock wait past the
 session's ``lock_timeout`` (55P03). The first ended the worker after five refused
 reconnects, its jobs left locked; the second failed an outcome write for good, and
-the job whose code had run ran again, its first run recorded as never started."""
+the job whose code had run ran again, its first run recorded as never started.
+
+A statement timeout (57014) is transient too, but one that cancels a success write at
+every try while the job's row is free fails the job: retried forever, it stayed
+``running`` for the worker's life."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import psycopg
 import pytest
 
 from taskq import JobStatus, TaskQ, actor
+from taskq.errors import JobFailedError
 from taskq_postgres._transient import TRANSIENT_PG_ERRORS
 from taskq_testing.postgres import PgSchema, migrated_schema, throwaway_database
 from tests.worker.running import running
@@ -124,3 +129,70 @@ async def test_an_outcome_write_past_the_lock_timeout_is_retried(
     assert row is not None and row.status is JobStatus.SUCCEEDED
     assert [a.outcome for a in attempts] == ["succeeded"]
     assert RUNS[job.id] == 1
+
+
+async def test_a_success_write_past_the_statement_timeout_on_a_held_row_is_retried(
+    own_database: PgSchema,
+) -> None:
+    # The row is held for three leases: the heartbeat skips it (no renewal), so the
+    # timeouts are the holder's doing, not the write's, and the success lands after.
+    _alter(own_database.dsn, "ALTER DATABASE {db} SET statement_timeout = '200ms'")
+    tq = TaskQ(own_database.dsn, schema=own_database.name, actors=[sleeper])
+    # No sweep: the lease lapses while the row is held, and a reclaim would end the job.
+    settings = {**SETTINGS, "lock_lease": "1s", "maintenance_interval": "1h"}
+    async with tq:
+        job = await tq.client.enqueue(sleeper, {"seconds": 0.3})
+        async with running(tq, settings):
+            await _started(job.id)
+            rival: asyncpg.Connection[Any] = await asyncpg.connect(own_database.dsn)
+            try:
+                await rival.execute("BEGIN")
+                await rival.execute(
+                    f"SELECT 1 FROM {own_database.name}.jobs WHERE id = $1 FOR UPDATE", job.id
+                )
+                async with asyncio.timeout(10):
+                    while not ENDED[job.id]:  # noqa: ASYNC110 - the actor's own count
+                        await asyncio.sleep(0.02)
+                await asyncio.sleep(3)
+            finally:
+                await rival.close()
+            await tq.client.wait_for_result(job.id, timeout=20)
+        row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+
+
+@actor(name="refusals.large")
+async def large(payload: dict[str, Any]) -> str:
+    return "x" * 1000
+
+
+async def test_a_success_write_cancelled_at_every_try_fails_the_job(pg_schema: PgSchema) -> None:
+    # As a result too large to write within the statement_timeout would, every time.
+    s = pg_schema.name
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        await conn.execute(
+            f"""
+            CREATE FUNCTION {s}.cancel_success() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                RAISE EXCEPTION 'canceling statement due to statement timeout'
+                    USING ERRCODE = 'query_canceled';
+            END $$;
+            CREATE TRIGGER cancel_success BEFORE UPDATE ON {s}.jobs
+                FOR EACH ROW WHEN (NEW.status = 'succeeded') EXECUTE FUNCTION {s}.cancel_success();
+            """
+        )
+    finally:
+        await conn.close()
+    tq = TaskQ(pg_schema.dsn, schema=s, actors=[large])
+    async with tq:
+        job = await tq.client.enqueue(large, {})
+        async with running(tq, {**SETTINGS, "lock_lease": "1s"}):
+            with pytest.raises(JobFailedError):
+                await tq.client.wait_for_result(job.id, timeout=20)
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+    assert row is not None and row.status is JobStatus.FAILED and row.error is not None
+    assert row.error.error_class == "taskq.errors.OutcomeNotRecorded"
+    assert "QueryCanceledError" in row.error.message
+    assert [a.outcome for a in attempts] == ["failed"]

@@ -185,6 +185,80 @@ async def test_a_success_write_failing_longer_than_the_lease_lands_once_it_can()
         assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["succeeded"]
 
 
+class StatementTimeout(OSError):
+    """A database's cancellation of one statement (Postgres: 57014), transient as every
+    OSError is."""
+
+
+class Cancels(InMemoryBackend):
+    """Success writes cancelled at every try (``always``), as a result too large for the
+    database's statement_timeout is, or only while ``outage`` is set, when the
+    heartbeat's renewals fail too."""
+
+    statement_cancellations = (StatementTimeout,)
+    always = True
+    outage = False
+
+    def _cancel(self, write: bool) -> None:
+        if self.outage or (write and self.always):
+            raise StatementTimeout("canceling statement due to statement timeout")
+
+    async def mark_succeeded(self, *args: Any, **kwargs: Any) -> Any:
+        self._cancel(write=True)
+        return await super().mark_succeeded(*args, **kwargs)
+
+    async def mark_succeeded_many(self, *args: Any, **kwargs: Any) -> Any:
+        self._cancel(write=True)
+        return await super().mark_succeeded_many(*args, **kwargs)
+
+    async def renew_leases(self, *args: Any, **kwargs: Any) -> Any:
+        self._cancel(write=False)
+        return await super().renew_leases(*args, **kwargs)
+
+
+async def test_a_success_write_the_database_cancels_at_every_try_fails_the_job() -> None:
+    # Retried forever, the job stayed running and held its slot for the worker's life.
+    # The database renews the job's lease meanwhile: it answers, and the row is free.
+    backend = Cancels()
+    tq = TaskQ("memory://", actors=[quick], backend=backend)
+    settings = {**SETTINGS, "lock_lease": "500ms", "maintenance_interval": "1h"}
+    async with tq:
+        job = await tq.client.enqueue(quick, {})
+        with structlog.testing.capture_logs() as logs:
+            async with running(tq, settings):
+                await _until_finished(tq, [job])
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+    assert row is not None and row.status is JobStatus.FAILED and row.error is not None
+    assert row.error.error_class == "taskq.errors.OutcomeNotRecorded"
+    assert "statement timeout" in row.error.message and "succeeded write" in row.error.message
+    assert [a.outcome for a in attempts] == ["failed"]
+    assert [log["write"] for log in logs if log["event"] == "taskq.outcome-write-refused"] == [
+        "succeeded"
+    ]
+
+
+async def test_a_cancelled_success_write_is_retried_while_the_lease_cannot_be_renewed() -> None:
+    # Every statement fails (the database overloaded, say): nothing says the write
+    # fails on what it carries, so it is retried, and lands once the database is back.
+    @actor(name="quick")
+    async def quick(payload: dict[str, Any]) -> str:
+        backend.outage = True  # for three leases, from the write's first try
+        asyncio.get_running_loop().call_later(1.5, setattr, backend, "outage", False)
+        return "done"
+
+    backend = Cancels()
+    backend.always = False
+    tq = TaskQ("memory://", actors=[quick], backend=backend)
+    settings = {**SETTINGS, "lock_lease": "500ms", "maintenance_interval": "1h"}
+    async with tq:
+        job = await tq.client.enqueue(quick, {})
+        async with running(tq, settings):
+            await _until_finished(tq, [job])
+        row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.SUCCEEDED and row.result == "done"
+
+
 async def test_a_success_whose_first_try_committed_is_not_reported_as_lost() -> None:
     # The write commits and its reply is lost; the retry finds the job already
     # succeeded (a no-op). That is this worker's own success, not a lost lock.

@@ -133,7 +133,7 @@ from taskq_postgres._sql.reads import (
     WHERE_TOKEN,
 )
 from taskq_postgres._statements import statements_for
-from taskq_postgres._transient import TRANSIENT_PG_ERRORS
+from taskq_postgres._transient import STATEMENT_CANCELLATIONS, TRANSIENT_PG_ERRORS
 from taskq_postgres._wake import EnqueueWake, WakeCoalescer
 from taskq_postgres.channels import (
     events_channel,
@@ -366,6 +366,7 @@ class PostgresBackend:
     BACKEND_PROTOCOL_VERSION: ClassVar[int] = 3
     # Real transactions give sub-job atomicity; nothing to simulate.
     supports_transactional_simulation: ClassVar[bool] = False
+    statement_cancellations: ClassVar[tuple[type[BaseException], ...]] = STATEMENT_CANCELLATIONS
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ from typing import Final
 import asyncpg
 from asyncpg import exceptions as pg
 
-__all__ = ["TRANSIENT_PG_ERRORS"]
+__all__ = ["STATEMENT_CANCELLATIONS", "TRANSIENT_PG_ERRORS"]
 
 TRANSIENT_PG_ERRORS: Final[tuple[type[BaseException], ...]] = (
     TimeoutError,  # client-side deadlines
@@ -42,3 +42,13 @@ TRANSIENT_PG_ERRORS: Final[tuple[type[BaseException], ...]] = (
     pg.IdleSessionTimeoutError,
     pg.IdleInTransactionSessionTimeoutError,
 )
+
+STATEMENT_CANCELLATIONS: Final[tuple[type[BaseException], ...]] = (
+    # 57014, of the transient errors above: the server cancelled the statement (its
+    # statement_timeout, or an operator's pg_cancel_backend). A statement that carries
+    # too much meets it at every try. asyncpg's client-side command_timeout raises
+    # TimeoutError instead, as a broken connection does.
+    pg.QueryCanceledError,
+)
+"""The errors by which Postgres cancels one statement on its own account
+(``SupportsStatementCancellations``)."""

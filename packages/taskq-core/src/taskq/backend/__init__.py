@@ -24,6 +24,9 @@ from taskq.backend._protocol import SupportsMigrate as SupportsMigrate
 from taskq.backend._protocol import SupportsPrune as SupportsPrune
 from taskq.backend._protocol import SupportsResultExpiry as SupportsResultExpiry
 from taskq.backend._protocol import SupportsStaleBatchSweep as SupportsStaleBatchSweep
+from taskq.backend._protocol import (
+    SupportsStatementCancellations as SupportsStatementCancellations,
+)
 from taskq.backend._protocol import SupportsTransactions as SupportsTransactions
 from taskq.backend._protocol import SupportsUnstartedHandBack as SupportsUnstartedHandBack
 from taskq.backend._protocol import SupportsWorkerCancelWake as SupportsWorkerCancelWake
@@ -71,6 +74,7 @@ __all__ = [
     "SupportsPrune",
     "SupportsResultExpiry",
     "SupportsStaleBatchSweep",
+    "SupportsStatementCancellations",
     "SupportsTransactions",
     "SupportsUnstartedHandBack",
     "SupportsWorkerCancelWake",

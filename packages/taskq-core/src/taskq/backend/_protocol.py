@@ -81,6 +81,7 @@ __all__ = [
     "SupportsPrune",
     "SupportsResultExpiry",
     "SupportsStaleBatchSweep",
+    "SupportsStatementCancellations",
     "SupportsTransactions",
     "SupportsUnstartedHandBack",
     "SupportsWorkerCancelWake",
@@ -588,6 +589,23 @@ class SupportsLeaseRenewal(Protocol):
 
 
 @runtime_checkable
+class SupportsStatementCancellations(Protocol):
+    """A backend that names the errors by which its database cancels one statement on
+    its own account (a ``statement_timeout``), among its transient errors.
+
+    Transient for a statement of other values, they repeat at every try of one that
+    carries too much (a result too large to write within the timeout). The worker
+    stops retrying an outcome write that keeps failing with one of them while the
+    job's lease is renewed between its tries (:class:`OutcomeNotRecorded`): retried
+    forever, the job stayed ``running`` and held its slot for the worker's life.
+    Errors of reaching the database (a dead socket, a client-side timeout) must not
+    be listed: a write stuck on a broken connection lands once it is replaced.
+    """
+
+    statement_cancellations: ClassVar[tuple[type[BaseException], ...]]
+
+
+@runtime_checkable
 class SupportsEnqueuePrecheck(Protocol):
     """A backend that simulates transactions (``supports_transactional_simulation``)
     and can tell, before a job's success is written, whether the sub-jobs to be
@@ -967,8 +985,9 @@ OPTIONAL_PROTOCOLS: Final[tuple[type, ...]] = (
     SupportsWorkerRegistry,
 )
 """The optional protocols whose behaviour the conformance suite specifies (a backend
-without one skips its tests). ``SupportsMigrate``, ``SupportsCredentialReload`` and
-``SupportsTransactions`` are left out: what they do is the store's own business."""
+without one skips its tests). ``SupportsMigrate``, ``SupportsCredentialReload``,
+``SupportsStatementCancellations`` and ``SupportsTransactions`` are left out: what they
+do is the store's own business."""
 
 
 def missing_members(obj: object) -> list[str]:

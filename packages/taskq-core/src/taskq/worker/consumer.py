@@ -29,6 +29,7 @@ from taskq.backend import (
     JobStatus,
     SupportsEnqueuePrecheck,
     SupportsLateOutcomes,
+    SupportsStatementCancellations,
     SupportsTransactions,
 )
 from taskq.backend.storable import stored_error
@@ -93,7 +94,12 @@ def _released(state: WorkerState, active: ActiveJob) -> None:
 
 
 async def write_retrying(
-    state: WorkerState, what: str, call: Callable[[], Awaitable[T]], *, give_up: bool = False
+    state: WorkerState,
+    what: str,
+    call: Callable[[], Awaitable[T]],
+    *,
+    give_up: bool = False,
+    refused_for: ActiveJob | None = None,
 ) -> T | None:
     """Run an outcome write, retrying transient failures until it lands.
 
@@ -107,20 +113,61 @@ async def write_retrying(
     ``give_up``: stop after one lock lease and return None. For writes the job
     can do without (progress), and for hand-backs the shutdown makes itself:
     the worker then exits, its heartbeat stops and the reclaim sweep takes the job.
+
+    ``refused_for``: the job whose write this is, when the write carries the job's
+    own value (a result). Raises :class:`OutcomeNotRecorded` once the write has
+    failed for a lock lease, the last time with one of the backend's
+    ``statement_cancellations`` (:class:`SupportsStatementCancellations`), while the
+    database renewed this very job's lease between its last two tries: the database
+    answers and the row is free (a renewal skips a row another transaction holds),
+    so the write fails on what it carries, as a result too large for the
+    ``statement_timeout`` does at every try. Retried forever, the job stayed
+    ``running`` and held its slot for the worker's life.
     """
     transient = transient_errors()
-    deadline = asyncio.get_running_loop().time() + state.settings.lock_lease.total_seconds()
+    loop = asyncio.get_running_loop()
+    lease = state.settings.lock_lease.total_seconds()
+    deadline = loop.time() + lease
     pause = 0.05
+    first_sent: float | None = None
+    sent = previous_sent = loop.time()
     while True:
+        previous_sent, sent = sent, loop.time()
         try:
             return await call()
         except transient as exc:
-            if give_up and asyncio.get_running_loop().time() + pause > deadline:
+            now = loop.time()
+            first_sent = sent if first_sent is None else first_sent
+            if give_up and now + pause > deadline:
                 _log.error("taskq.outcome-write-abandoned", write=what, error=repr(exc))
                 return None
+            if (
+                refused_for is not None
+                and now - first_sent >= lease
+                and refused_for.lease_from > previous_sent
+                and _cancelled_by_database(state, exc)
+            ):
+                raise _refused(what, now - first_sent, exc) from exc
             _log.warning("taskq.outcome-write-retry", write=what, error=repr(exc))
             await asyncio.sleep(pause)
             pause = min(pause * 2, 2.0)
+
+
+def _cancelled_by_database(state: WorkerState, exc: BaseException) -> bool:
+    backend = state.backend
+    return isinstance(backend, SupportsStatementCancellations) and isinstance(
+        exc, backend.statement_cancellations
+    )
+
+
+def _refused(what: str, seconds: float, exc: BaseException) -> OutcomeNotRecorded:
+    _log.error("taskq.outcome-write-refused", write=what, error=repr(exc), seconds=seconds)
+    return OutcomeNotRecorded(
+        f"the {what} write failed at every try for {seconds:.0f}s ({exc!r}) while the "
+        f"database renewed the job's lease: the write fails on what it carries (a result "
+        f"too large to write within the statement_timeout, say); return less, or allow "
+        f"the write more time"
+    )
 
 
 def _ownership_lost(row: JobRow, write: str) -> None:
@@ -336,6 +383,9 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         # recorded. The limit, or a singleton's identity, may well be free by then.
         await _raised(state, row, ctx, actor, refused.error)
         return
+    except OutcomeNotRecorded as exc:  # the database refused the write itself
+        await _fail(state, row, exc, None, ctx)
+        return
     if ok is False and not await _our_write_landed(state, row, JobStatus.SUCCEEDED):
         await _late(state, row, "succeeded")
         return
@@ -444,6 +494,7 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
     enqueues nothing.
     """
     backend, wid, ttl = state.backend, state.worker_id, state.settings.fallback_result_ttl
+    job = state.active.get(row.id)
     if ctx.subjobs:
         # A worker enqueueing is a producer too: past an actor's max_pending its sub-jobs
         # are refused as a client's enqueue would be (they went in unchecked, unbounded),
@@ -488,7 +539,7 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
             return True
 
         try:
-            return await write_retrying(state, "succeeded", in_transaction)
+            return await write_retrying(state, "succeeded", in_transaction, refused_for=job)
         except EnqueueError as exc:  # a sub-job refused: a singleton's active identity
             raise _SubjobsRefused(exc) from exc
     completer = state.completer
@@ -504,13 +555,16 @@ async def _succeed(state: WorkerState, row: JobRow, ctx: Context, result: Any) -
                 "progress_state": ctx.progress_state,
             },
         )
-        return await write_retrying(state, "succeeded", lambda: completer.succeed(write))
+        return await write_retrying(
+            state, "succeeded", lambda: completer.succeed(write), refused_for=job
+        )
     ok = await write_retrying(
         state,
         "succeeded",
         lambda: backend.mark_succeeded(
             row.id, wid, result, ctx.progress_seq, ctx.progress_state, ttl, attempt=row.attempt
         ),
+        refused_for=job,
     )
     if ok and ctx.subjobs:
         await write_retrying(state, "subjobs", lambda: backend.enqueue_batch(ctx.subjobs))

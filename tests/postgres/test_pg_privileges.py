@@ -105,6 +105,34 @@ def test_a_worker_that_may_read_but_not_write_the_jobs_says_which_rights_lack(
     assert f"GRANT INSERT, UPDATE, DELETE ON TABLE {pg_schema.name}." in line
 
 
+def test_the_schema_wide_grants_a_refused_worker_is_given_are_all_it_needs(
+    role: Role, pg_schema: PgSchema
+) -> None:
+    # Granted table by table as each refusal named it, a role took a run per table.
+    role.grant("GRANT USAGE ON SCHEMA {} TO {}", pg_schema.name)
+    line = _worker_error(role, pg_schema)
+    grants = line.partition("every table and sequence at once: ")[2].split("; ")
+    tables, sequences = (f"ALL {k} IN SCHEMA {pg_schema.name}" for k in ("TABLES", "SEQUENCES"))
+    assert grants == [
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables} TO {role.name}",
+        f"GRANT USAGE, SELECT, UPDATE ON {sequences} TO {role.name}",
+    ]
+    with psycopg.connect(role.admin_dsn, autocommit=True) as admin:
+        for grant in grants:
+            admin.execute(grant.encode())
+    result = run(
+        "taskq-worker",
+        APP,
+        "--dsn",
+        role.dsn,
+        "--schema",
+        pg_schema.name,
+        "--until-idle",
+        env=clean_env(TASKQ_STARTUP_WAIT="0"),
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def test_migrate_without_create_on_the_database_says_so_in_one_line(role: Role) -> None:
     schema = unique_schema_name()
     database = urlsplit(role.dsn).path.lstrip("/")

@@ -157,7 +157,20 @@ class Denial:
             fix = f"run `taskq migrate` as the {whose}'s owner, or {grant}"
         else:
             fix = f"{grant} (run by its owner), or connect as a role that has it"
+            if kind in ("table", "sequence"):
+                # Granted table by table, each run stopped at the next table refused.
+                fix += f"; every table and sequence at once: {_schema_grants(self.schema, grantee)}"
         return InsufficientPrivilegeError(f"{who} lacks {lacks} on {kind} {target} {said}: {fix}")
+
+
+def _schema_grants(schema: str, grantee: str) -> str:
+    """The grants that give ``grantee`` every right TaskQ's statements use in ``schema``
+    (its migrations' ledger included, which a backend only reads)."""
+    s = _ident(schema)
+    return (
+        f"GRANT {', '.join(_RIGHTS['table'])} ON ALL TABLES IN SCHEMA {s} TO {grantee}; "
+        f"GRANT {', '.join(_RIGHTS['sequence'])} ON ALL SEQUENCES IN SCHEMA {s} TO {grantee}"
+    )
 
 
 def dsn_user(dsn: str | None) -> str | None:

@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
+from taskq_postgres._leader import LeaderStatements
 from taskq_postgres._statements import statements_for
 from taskq_testing.postgres import PgSchema
 from tests.postgres.plans import index_rows, rows_handled
@@ -288,3 +289,25 @@ async def test_the_queue_depths_read_the_waiting_and_running_jobs_not_the_histor
     finally:
         await conn.close()
     assert rows_handled(plan["Plan"]) < 1_000
+
+
+async def test_a_cron_tick_counts_an_actors_waiting_jobs_up_to_its_max_pending_only(
+    pg_schema: PgSchema,
+) -> None:
+    # Read for every schedule of a capped actor at every tick, where nothing may be
+    # consuming its jobs: the backlog it guards against is not counted whole.
+    s = pg_schema.name
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        await conn.execute(
+            f"INSERT INTO {s}.jobs (actor, queue) SELECT 'a', 'q' FROM generate_series(1, 20000)"
+        )
+        await conn.execute(f"INSERT INTO {s}.actor_config (actor, max_pending) VALUES ('a', 10)")
+        await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+        statement = LeaderStatements(s).cron_max_pending
+        [plan] = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", "a"))
+        row = await conn.fetchrow(statement, "a")
+    finally:
+        await conn.close()
+    assert row is not None and (row["max_pending"], row["waiting"]) == (10, 10)
+    assert rows_handled(plan["Plan"]) < 100

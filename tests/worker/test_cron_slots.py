@@ -33,6 +33,11 @@ async def counted(payload: Count) -> None:
     return None
 
 
+@actor(name="cron.capped", queue="capped", max_pending=2)
+async def capped(payload: dict[str, Any]) -> None:
+    return None
+
+
 def _schedule(actor_name: str, queue: str | None) -> ScheduleRecord:
     return ScheduleRecord(
         id=uuid4(),
@@ -307,3 +312,45 @@ async def test_slots_past_the_catch_up_window_are_skipped_with_a_warning(
     assert 1 <= fired <= 4  # the slots of the last two seconds
     [missed] = [e for e in logs if e["event"] == "taskq.schedule-slots-missed"]
     assert missed["schedule"] == "late" and "TASKQ_CRON_CATCH_UP" in missed["hint"]
+
+
+async def test_a_leader_skips_the_slots_past_an_actors_max_pending_and_says_so(
+    taskq_backend: Backend,
+) -> None:
+    # With no worker on the actor's queue, a schedule's jobs piled up past its
+    # max_pending without bound, and nothing said so.
+    import asyncio
+
+    import structlog.testing
+
+    from taskq import WorkerSettings
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    tq = TaskQ("memory://", actors=[capped], backend=taskq_backend)
+    schedule = await tq.client.create_schedule(
+        ScheduleCreateArgs(name="every-second", actor="cron.capped", cron="* * * * * *")
+    )
+    await _due_since(taskq_backend, schedule.id, 5)  # the first tick has 5 slots or more
+    settings = {**TEST_SETTINGS, "queues": "elsewhere", "cron_interval": "50ms"}
+    worker = Worker(tq, WorkerSettings.load(settings, env={}))
+    with structlog.testing.capture_logs() as logs:
+        runner = asyncio.create_task(worker.run())
+        try:
+            async with asyncio.timeout(10):
+                while not any(e["event"] == "taskq.cron-slot-skipped" for e in logs):
+                    if len(await tq.client.list_jobs(actor="cron.capped")) > 2:
+                        break  # past the limit: no skip is coming
+                    await asyncio.sleep(0.05)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(runner, 10)
+    assert len(await tq.client.list_jobs(actor="cron.capped")) == 2
+    skipped = next(e for e in logs if e["event"] == "taskq.cron-slot-skipped")
+    assert skipped["log_level"] == "warning" and skipped["skipped"] >= 3
+    assert (skipped["schedule"], skipped["actor"], skipped["max_pending"], skipped["reason"]) == (
+        "every-second",
+        "cron.capped",
+        2,
+        "max_pending",
+    )

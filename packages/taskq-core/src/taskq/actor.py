@@ -260,8 +260,9 @@ def actor(
     run on), and its slot freed. ``max_concurrent`` caps running jobs fleet-wide; ``max_pending``
     refuses enqueues beyond it (``MaxPendingExceededError``; counted before the
     insert, so producers enqueueing at the same moment may overshoot it by the
-    enqueues they have in flight); ``identity_key(payload)`` serializes jobs
-    with the same key; ``result_ttl`` expires stored results.
+    enqueues they have in flight) and skips the cron slots beyond it (not fired
+    later); ``identity_key(payload)`` serializes jobs with the same key;
+    ``result_ttl`` expires stored results.
     """
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise ConfigurationError(

@@ -48,6 +48,7 @@ from taskq.backend.cron import (
     one_per_singleton,
     skipped_slots,
     updated_fire_at,
+    within_max_pending,
 )
 from taskq.backend.fairness import STRICT, CohortTurns, cohort_of
 from taskq.backend.late_outcome import late_outcome_detail
@@ -1752,12 +1753,19 @@ class PostgresBackend:
         return fired
 
     async def _fire(self, tx: Any, record: Any, build: ScheduleFire, catch_up: timedelta) -> int:
-        """Enqueue the due slots of the schedule ``record`` (locked by ``tx``) and advance
-        it; returns the jobs enqueued."""
+        """Enqueue the due slots of the schedule ``record`` (locked by ``tx``), up to its
+        actor's ``max_pending`` counted in ``tx``, and advance it; returns the jobs
+        enqueued."""
         schedule = schedule_record(record)
         slots, following = cron_slots(schedule, record["now"], catch_up)
         jobs = [args for slot in slots if (args := build(schedule, slot)) is not None]
         jobs = one_per_singleton(schedule, slots, jobs)
+        if jobs:
+            capped = await tx.fetchrow(self._leader_sql.cron_max_pending, schedule.actor)
+            if capped is not None:
+                jobs = within_max_pending(
+                    schedule, slots, jobs, capped["max_pending"], capped["waiting"]
+                )
         if jobs:
             try:
                 async with tx.transaction():  # a savepoint: the slots' enqueue alone

@@ -38,6 +38,7 @@ class LeaderStatements:
         self.resign_row = render(leader.LEADER_RESIGN_ROW, schema)
         self.cron_due = render(leader.CRON_DUE, schema)
         self.cron_advance = render(leader.CRON_ADVANCE, schema)
+        self.cron_max_pending = render(leader.CRON_MAX_PENDING, schema)
         self.cron_lock_bound = leader.CRON_LOCK_BOUND
 
 

@@ -117,7 +117,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     batch whose streak reached its threshold, and leaves one created or whose
 #     last child ended within the backend's grace to that hook;
 #     increment_batch_failures's third value says whether a child is left (1 or
-#     0), no longer how many (counting made a failing batch quadratic).
+#     0), no longer how many (counting made a failing batch quadratic);
+#     SupportsCron.fire_due_schedules skips the slots past their actor's registered
+#     max_pending (a schedule of an actor no worker consumed piled up jobs unbounded).
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
@@ -802,6 +804,12 @@ class SupportsCron(Protocol):
         Each schedule's slots are enqueued and its ``next_fire_at`` advanced in
         one atomic step that also excludes concurrent callers, so no slot fires
         twice even when two leaders overlap.
+
+        A slot that would take its actor past the ``max_pending`` registered for it
+        (``register_actors``), beside its waiting (pending + scheduled) jobs counted
+        in that step, is skipped: no job, the schedule advanced past it as past the
+        others (never fired later), and a ``taskq.cron-slot-skipped`` warning. Slots
+        fill the room left in slot order.
         """
         ...
 

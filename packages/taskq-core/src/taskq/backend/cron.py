@@ -25,6 +25,7 @@ __all__ = [
     "one_per_singleton",
     "skipped_slots",
     "updated_fire_at",
+    "within_max_pending",
 ]
 
 _log = structlog.get_logger("taskq.leader")
@@ -160,6 +161,34 @@ def one_per_singleton(
             reason="singleton: one job for the slots of one tick",
         )
     return kept
+
+
+def within_max_pending(
+    schedule: ScheduleRecord,
+    slots: list[datetime],
+    jobs: list[EnqueueArgs],
+    max_pending: int,
+    waiting: int,
+) -> list[EnqueueArgs]:
+    """The first of ``jobs`` (of ``slots``, in order) that fit within the ``max_pending``
+    registered for the schedule's actor beside its ``waiting`` (pending + scheduled)
+    jobs, as the client counts them; the rest are skipped, said in one log line, and
+    never fired later (the schedule is advanced past them as past the others)."""
+    room = max(max_pending - waiting, 0)
+    if len(jobs) <= room:
+        return jobs
+    _log.warning(
+        "taskq.cron-slot-skipped",
+        schedule=schedule.name,
+        actor=schedule.actor,
+        max_pending=max_pending,
+        slots=(slots[0].isoformat(), slots[-1].isoformat()),
+        skipped=len(jobs) - room,
+        reason="max_pending",
+        hint="the actor's waiting jobs reached its max_pending: is a worker running the "
+        "actor on its queue? Skipped slots are not fired later",
+    )
+    return jobs[:room]
 
 
 def skipped_slots(schedule: ScheduleRecord, slots: list[datetime], exc: Exception) -> None:

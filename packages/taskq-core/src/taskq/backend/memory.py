@@ -54,7 +54,7 @@ from taskq.backend._memory_store import (
 from taskq.backend._memory_sweeps import fail_past_deadline, promote_due, reclaim_expired
 from taskq.backend._protocol import Connection, ScheduleFire, check_protocol_version
 from taskq.backend.clock import Clock, SystemClock
-from taskq.backend.cron import cron_slots, one_per_singleton, skipped_slots
+from taskq.backend.cron import cron_slots, one_per_singleton, skipped_slots, within_max_pending
 from taskq.backend.fairness import CohortTurns, cohort_of
 from taskq.backend.late_outcome import late_outcome_detail
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
@@ -1022,6 +1022,9 @@ class InMemoryBackend:
 
     async def count_pending_jobs(self, actors: list[str]) -> dict[str, int]:
         """Waiting (pending + scheduled) jobs of each actor asked for."""
+        return self._count_waiting(actors)
+
+    def _count_waiting(self, actors: list[str]) -> dict[str, int]:
         counts = Counter(row.actor for row in self._jobs.values() if row.status in _WAITING)
         return {actor: counts[actor] for actor in actors}
 
@@ -1103,8 +1106,9 @@ class InMemoryBackend:
         return _MemoryLeaderElector(self, worker_id)
 
     async def fire_due_schedules(self, build: ScheduleFire, *, catch_up: timedelta) -> int:
-        """Enqueue each due slot of each enabled schedule and advance it; nothing awaits
-        between reading a schedule and advancing it, so no slot fires twice."""
+        """Enqueue each due slot of each enabled schedule (up to its actor's
+        ``max_pending``) and advance it; nothing awaits between reading a schedule and
+        advancing it, so no slot fires twice."""
         now = self.clock.now()
         fired = 0
         for schedule in self._schedules.list(actor=None, enabled=True):
@@ -1113,6 +1117,10 @@ class InMemoryBackend:
             slots, following = cron_slots(schedule, now, catch_up)
             jobs = [args for slot in slots if (args := build(schedule, slot)) is not None]
             jobs = one_per_singleton(schedule, slots, jobs)
+            config = self._actors.get(schedule.actor)
+            if config is not None and config.max_pending is not None:
+                waiting = self._count_waiting([schedule.actor])[schedule.actor]
+                jobs = within_max_pending(schedule, slots, jobs, config.max_pending, waiting)
             try:
                 plan = self._store.plan_inserts(jobs, now, idempotent=True)
             except (TaskQError, ValueError) as exc:

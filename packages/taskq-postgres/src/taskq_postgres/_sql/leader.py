@@ -18,6 +18,7 @@ __all__ = [
     "CRON_ADVANCE",
     "CRON_DUE",
     "CRON_LOCK_BOUND",
+    "CRON_MAX_PENDING",
     "LEADER_CLAIM_ROW",
     "LEADER_RENEW",
     "LEADER_RESIGN_ROW",
@@ -88,6 +89,22 @@ FOR UPDATE OF s SKIP LOCKED
 CRON_LOCK_BOUND: Final = """
 -- arbiter: none
 SELECT set_config('idle_in_transaction_session_timeout', $1::text, true)
+"""
+
+# The actor's max_pending (no row: none) and its waiting jobs as the client counts them
+# (count_pending_jobs), counted up to max_pending only: a backlog of a million rows
+# is not counted at every tick. Read in the tick's transaction, before its insert.
+CRON_MAX_PENDING: Final = """
+-- arbiter: none
+SELECT c.max_pending, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM {schema}.jobs j
+        WHERE j.actor = c.actor AND j.status IN ('pending', 'scheduled')
+        LIMIT c.max_pending
+    ) AS w
+) AS waiting
+FROM {schema}.actor_config c
+WHERE c.actor = $1 AND c.max_pending IS NOT NULL
 """
 
 # Conditional on the next_fire_at read under the lock: a fence on top of it.

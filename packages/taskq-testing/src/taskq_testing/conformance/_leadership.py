@@ -13,7 +13,7 @@ from uuid import uuid4
 
 import pytest
 
-from taskq.backend import Backend, SupportsCron, SupportsLeaderElection
+from taskq.backend import Backend, JobStatus, SupportsCron, SupportsLeaderElection
 from taskq.models import ActorConfig, EnqueueArgs, JobFilter, ScheduleCreateArgs, ScheduleRecord
 from taskq_testing.conformance._support import (
     ACTOR,
@@ -21,6 +21,7 @@ from taskq_testing.conformance._support import (
     TimeLimits,
     covers,
     make_args,
+    reach,
     skip_unless_can_wait,
 )
 
@@ -29,6 +30,7 @@ _EVERY_SECOND = "* * * * * *"
 _PAST_ONE_SLOT = timedelta(seconds=1.1)
 """Long enough that a per-second schedule created now has at least one slot due."""
 _WIDE_CATCH_UP = timedelta(hours=1)
+_OTHER_ACTOR = "conformance.other"
 
 
 def _elections(backend: Backend) -> SupportsLeaderElection:
@@ -53,9 +55,9 @@ def _slot_job(schedule: ScheduleRecord, slot: datetime) -> EnqueueArgs:
     )
 
 
-async def _fired_slots(backend: Backend) -> list[str]:
-    jobs = await backend.list_jobs(JobFilter(actor=ACTOR, limit=1000))
-    return sorted(job.metadata["schedule_slot"] for job in jobs)
+async def _fired_slots(backend: Backend, actor: str = ACTOR) -> list[str]:
+    jobs = await backend.list_jobs(JobFilter(actor=actor, limit=1000))
+    return sorted(job.metadata["schedule_slot"] for job in jobs if "schedule_slot" in job.metadata)
 
 
 async def _every_second(backend: Backend, **overrides: object) -> ScheduleRecord:
@@ -247,3 +249,58 @@ class LeadershipTests(TimeLimits):
         [after] = await backend.list_schedules()
         assert after.next_fire_at is not None and created.next_fire_at is not None
         assert after.next_fire_at > created.next_fire_at
+
+    @covers("fire_due_schedules", "register_actors")
+    async def test_a_slot_past_its_actors_max_pending_is_skipped_and_never_fired_late(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # With no worker consuming them, a schedule's jobs piled up past the actor's
+        # max_pending without bound.
+        cron = _cron(backend)
+        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "a due cron slot")
+        await backend.register_actors(
+            [ActorConfig(actor=ACTOR, max_pending=2), ActorConfig(actor=_OTHER_ACTOR)]
+        )
+        # Full as the client counts it: pending and scheduled jobs (not running ones).
+        await reach(backend, JobStatus.RUNNING)
+        await reach(backend, JobStatus.PENDING)
+        scheduled = await reach(backend, JobStatus.SCHEDULED)
+        full = await _every_second(backend, name="a-full")
+        await _every_second(backend, name="b-unbounded", actor=_OTHER_ACTOR)
+        await advance_time(_PAST_ONE_SLOT)
+        fired = await cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP)
+        assert await _fired_slots(backend) == []
+        assert fired == len(await _fired_slots(backend, _OTHER_ACTOR)) >= 1
+        [passed] = [s.next_fire_at for s in await backend.list_schedules() if s.id == full.id]
+        assert passed is not None and full.next_fire_at is not None
+        assert passed > full.next_fire_at
+        # Room again: the slots skipped are not fired late, only those due from now on.
+        assert await backend.write_cancel_request(scheduled.id, "conformance")
+        await cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP)
+        assert all(slot >= passed.isoformat() for slot in await _fired_slots(backend))
+
+    @covers("fire_due_schedules", "register_actors")
+    async def test_due_slots_fire_in_order_until_their_actors_max_pending_is_reached(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        cron = _cron(backend)
+        skip_unless_can_wait(_PAST_ONE_SLOT, self.max_advance, "due cron slots")
+        await backend.register_actors([ActorConfig(actor=ACTOR, max_pending=2)])
+        await reach(backend, JobStatus.PENDING)  # room for one more
+        await reach(backend, JobStatus.RUNNING)  # neither counts
+        await reach(backend, JobStatus.SUCCEEDED)
+        first = await _every_second(backend, name="a-first")
+        second = await _every_second(backend, name="b-second")
+        for _ in range(2):  # two slots of each due, at least
+            await advance_time(_PAST_ONE_SLOT)
+        # One slot fits, the earliest; its schedule's later slots and the other
+        # schedule's (of the same actor, in the same tick) do not.
+        assert await cron.fire_due_schedules(_slot_job, catch_up=_WIDE_CATCH_UP) == 1
+        assert first.next_fire_at is not None and second.next_fire_at is not None
+        assert first.next_fire_at <= second.next_fire_at
+        assert await _fired_slots(backend) == [first.next_fire_at.isoformat()]
+        after = {s.id: s.next_fire_at for s in await backend.list_schedules()}
+        for created in (first, second):  # passed every slot due, the skipped ones too
+            moved, was = after[created.id], created.next_fire_at
+            assert moved is not None and was is not None
+            assert moved >= was + timedelta(seconds=2)

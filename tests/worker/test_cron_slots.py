@@ -338,7 +338,7 @@ async def test_a_leader_skips_the_slots_past_an_actors_max_pending_and_says_so(
         runner = asyncio.create_task(worker.run())
         try:
             async with asyncio.timeout(10):
-                while not any(e["event"] == "taskq.cron-slot-skipped" for e in logs):
+                while not any(e["event"] == "taskq.schedule-slot-skipped" for e in logs):
                     if len(await tq.client.list_jobs(actor="cron.capped")) > 2:
                         break  # past the limit: no skip is coming
                     await asyncio.sleep(0.05)
@@ -346,7 +346,7 @@ async def test_a_leader_skips_the_slots_past_an_actors_max_pending_and_says_so(
             worker.stop()
             await asyncio.wait_for(runner, 10)
     assert len(await tq.client.list_jobs(actor="cron.capped")) == 2
-    skipped = next(e for e in logs if e["event"] == "taskq.cron-slot-skipped")
+    skipped = next(e for e in logs if e["event"] == "taskq.schedule-slot-skipped")
     assert skipped["log_level"] == "warning" and skipped["skipped"] >= 3
     assert (skipped["schedule"], skipped["actor"], skipped["max_pending"], skipped["reason"]) == (
         "every-second",

@@ -808,7 +808,7 @@ class SupportsCron(Protocol):
         A slot that would take its actor past the ``max_pending`` registered for it
         (``register_actors``), beside its waiting (pending + scheduled) jobs counted
         in that step, is skipped: no job, the schedule advanced past it as past the
-        others (never fired later), and a ``taskq.cron-slot-skipped`` warning. Slots
+        others (never fired later), and a ``taskq.schedule-slot-skipped`` warning. Slots
         fill the room left in slot order.
         """
         ...

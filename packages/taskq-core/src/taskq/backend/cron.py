@@ -178,7 +178,7 @@ def within_max_pending(
     if len(jobs) <= room:
         return jobs
     _log.warning(
-        "taskq.cron-slot-skipped",
+        "taskq.schedule-slot-skipped",
         schedule=schedule.name,
         actor=schedule.actor,
         max_pending=max_pending,

@@ -1158,6 +1158,13 @@ class PostgresBackend:
         one job (a stale attempt's beside the current one's) are written in turn, a
         statement each, so each is judged as if written after the one before."""
         flags = [False] * len(items)
+        # Every item's values serialized before the first turn is written: one that
+        # cannot be stored refuses the whole call, a repeat's turn included.
+        results = [None if item.result is None else dump_json(item.result) for item in items]
+        states = [
+            None if item.progress_state is None else dump_json(item.progress_state)
+            for item in items
+        ]
         for turn in _turns([item.job_id for item in items]):
             written = [items[i] for i in turn]
             records = await (self._pinned_success or self._require_bounded()).fetch(
@@ -1166,12 +1173,9 @@ class PostgresBackend:
                 fallback_result_ttl,
                 [item.job_id for item in written],
                 [item.attempt for item in written],
-                [None if item.result is None else dump_json(item.result) for item in written],
+                [results[i] for i in turn],
                 [item.progress_seq for item in written],
-                [
-                    None if item.progress_state is None else dump_json(item.progress_state)
-                    for item in written
-                ],
+                [states[i] for i in turn],
             )
             for record in records:
                 flags[turn[record["position"] - 1]] = True

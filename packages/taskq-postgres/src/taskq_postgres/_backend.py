@@ -785,9 +785,21 @@ class PostgresBackend:
     async def register_actors(self, configs: list[ActorConfig]) -> None:
         """Upsert each actor's ``max_concurrent`` / ``max_pending`` / ``queue`` /
         ``job_defaults``."""
-        # One row per actor, the last config given winning (one upsert cannot touch a
-        # row twice).
-        latest = list({config.actor: config for config in configs}.values())
+        # One row per actor (one upsert cannot touch a row twice): the configs of an
+        # actor given twice folded in order, as upserts one after another would leave
+        # it (a later one without a queue or job defaults keeps the earlier one's).
+        folded: dict[str, ActorConfig] = {}
+        for config in configs:
+            earlier = folded.get(config.actor)
+            if earlier is not None:
+                kept = {
+                    field: getattr(earlier, field)
+                    for field in ("queue", "job_defaults")
+                    if getattr(config, field) is None
+                }
+                config = config.model_copy(update=kept)
+            folded[config.actor] = config
+        latest = list(folded.values())
         if not latest:
             return
         await self._db().execute(

@@ -213,7 +213,14 @@ class InMemoryBackend:
     async def register_actors(self, configs: list[ActorConfig]) -> None:
         """Upsert each actor's ``max_concurrent`` / ``max_pending`` / ``queue`` /
         ``job_defaults`` (a queue or defaults not given keep the ones registered before,
-        as an older worker's upsert does)."""
+        as an older worker's upsert does). Job defaults are stored as JSON values are,
+        and one that JSON cannot hold refuses the call before anything is stored."""
+        configs = [
+            config
+            if config.job_defaults is None
+            else config.model_copy(update={"job_defaults": stored_json(config.job_defaults)})
+            for config in configs
+        ]
         for config in configs:
             known = self._actors.get(config.actor)
             if known is not None:

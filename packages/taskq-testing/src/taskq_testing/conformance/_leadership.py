@@ -117,6 +117,26 @@ class LeadershipTests(TimeLimits):
         await backend.register_actors([ActorConfig(actor="a", queue="thumbs")])
         assert await cron.get_actor_queues() == {"a": "thumbs"}
 
+    @covers("register_actors", "get_actor_job_defaults", "get_actor_max_pending")
+    async def test_register_actors_stores_job_defaults_as_json_values(
+        self, backend: Backend
+    ) -> None:
+        # Tuples come back as lists and NULs replaced; a value JSON cannot hold refuses
+        # the whole call, the other actors' configs included.
+        cron = _cron(backend)
+        await backend.register_actors(
+            [ActorConfig(actor="a", job_defaults={"pair": (1, 2), "text": "x\x00"})]
+        )
+        assert await cron.get_actor_job_defaults() == {"a": {"pair": [1, 2], "text": "x\ufffd"}}
+        with pytest.raises(ValueError, match="is not a JSON number"):
+            await backend.register_actors(
+                [
+                    ActorConfig(actor="b", max_pending=1),
+                    ActorConfig(actor="c", job_defaults={"ratio": float("nan")}),
+                ]
+            )
+        assert await backend.get_actor_max_pending() == {"a": None}
+
     @covers(
         "register_actors", "get_actor_queues", "get_actor_job_defaults", "get_actor_max_pending"
     )

@@ -786,9 +786,21 @@ class PostgresBackend:
     async def register_actors(self, configs: list[ActorConfig]) -> None:
         """Upsert each actor's ``max_concurrent`` / ``max_pending`` / ``queue`` /
         ``job_defaults``."""
-        # One row per actor, the last config given winning (one upsert cannot touch a
-        # row twice).
-        latest = list({config.actor: config for config in configs}.values())
+        # One row per actor (one upsert cannot touch a row twice): the configs of an
+        # actor given twice folded in order, as upserts one after another would leave
+        # it (a later one without a queue or job defaults keeps the earlier one's).
+        folded: dict[str, ActorConfig] = {}
+        for config in configs:
+            earlier = folded.get(config.actor)
+            if earlier is not None:
+                kept = {
+                    field: getattr(earlier, field)
+                    for field in ("queue", "job_defaults")
+                    if getattr(config, field) is None
+                }
+                config = config.model_copy(update=kept)
+            folded[config.actor] = config
+        latest = list(folded.values())
         if not latest:
             return
         await self._db().execute(
@@ -1159,6 +1171,13 @@ class PostgresBackend:
         one job (a stale attempt's beside the current one's) are written in turn, a
         statement each, so each is judged as if written after the one before."""
         flags = [False] * len(items)
+        # Every item's values serialized before the first turn is written: one that
+        # cannot be stored refuses the whole call, a repeat's turn included.
+        results = [None if item.result is None else dump_json(item.result) for item in items]
+        states = [
+            None if item.progress_state is None else dump_json(item.progress_state)
+            for item in items
+        ]
         for turn in _turns([item.job_id for item in items]):
             written = [items[i] for i in turn]
             records = await (self._pinned_success or self._require_bounded()).fetch(
@@ -1167,12 +1186,9 @@ class PostgresBackend:
                 fallback_result_ttl,
                 [item.job_id for item in written],
                 [item.attempt for item in written],
-                [None if item.result is None else dump_json(item.result) for item in written],
+                [results[i] for i in turn],
                 [item.progress_seq for item in written],
-                [
-                    None if item.progress_state is None else dump_json(item.progress_state)
-                    for item in written
-                ],
+                [states[i] for i in turn],
             )
             for record in records:
                 flags[turn[record["position"] - 1]] = True

@@ -18,6 +18,7 @@ from taskq.backend._memory_store import JobStore
 from taskq.backend.batch_members import BATCH_TAG, FINALIZER_TAG, check_children, check_finalizer
 from taskq.backend.clock import Clock
 from taskq.backend.statemachine import ACTIVE_STATUSES, JobStatus
+from taskq.backend.storable import stored_json
 from taskq.models import (
     BatchCounts,
     BatchFilter,
@@ -37,6 +38,13 @@ BATCH_ABORTED_MESSAGE = "Batch aborted due to consecutive failures"
 
 # Batch rows inserted here always get created_at; a caller-built row without one sorts oldest.
 _UNKNOWN_TIME = datetime.min.replace(tzinfo=UTC)
+
+
+def _in_utc(value: datetime | None) -> datetime | None:
+    """``value`` in UTC, as a ``timestamptz`` reads back; a naive time taken as UTC."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class BatchTable:
@@ -119,6 +127,15 @@ class BatchTable:
             if batch_row.id != batch_id:
                 raise ValueError(f"batch_row.id {batch_row.id} differs from batch_id {batch_id}")
             self._refuse_existing(batch_id)
+            # Stored as Postgres stores it (JSON through dump_json, times in UTC), and a
+            # value it cannot hold refused before anything is written.
+            batch_row = batch_row.model_copy(
+                update={
+                    "metadata": stored_json(batch_row.metadata),
+                    "created_at": _in_utc(batch_row.created_at),
+                    "completed_at": _in_utc(batch_row.completed_at),
+                }
+            )
         check_finalizer(finalizer_args, batch_row)
         tag = str(batch_id)
         children = [

@@ -27,7 +27,7 @@ from taskq.backend.statemachine import (
     JobStatus,
     assert_valid_transition,
 )
-from taskq.backend.storable import clean_text, stored_json
+from taskq.backend.storable import clean_text, dump_json, stored_json
 from taskq.errors import SingletonCollisionError
 from taskq.models import (
     AttemptOutcome,
@@ -169,6 +169,10 @@ class JobStore:
                             f"is already used; enqueue_batch_fast does not deduplicate, "
                             f"use enqueue_batch"
                         )
+                    # Refused though nothing of it is stored, as Postgres refuses it
+                    # when it serializes the rows it sends.
+                    dump_json(args.payload)
+                    dump_json(args.metadata)
                     plan.rows.append(existing)
                     continue
             if args.id in self.jobs or args.id in plan.new:

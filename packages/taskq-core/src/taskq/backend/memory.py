@@ -58,7 +58,7 @@ from taskq.backend.cron import cron_slots, one_per_singleton, skipped_slots, wit
 from taskq.backend.fairness import CohortTurns, cohort_of
 from taskq.backend.late_outcome import late_outcome_detail
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
-from taskq.backend.storable import check_delay, clean_text, stored_error, stored_json
+from taskq.backend.storable import check_delay, clean_text, dump_json, stored_error, stored_json
 from taskq.errors import RetryRefusedError, SingletonCollisionError, TaskQError
 from taskq.models import (
     DEADLINE_EXCEEDED,
@@ -105,6 +105,15 @@ def _requeued_because(to: JobStatus, why: str) -> str:
     """The reason a state-change event out of ``running`` gives for a job put back in the
     queue (``why``: a retry, a snooze, a hand-back…), or ended by a cancel it missed."""
     return "cancel_requested" if to is _S.CANCELLED else why
+
+
+def _refuse_unstorable(*values: Any) -> None:
+    """Raise what storing each value would (``UnstorableValueError``), before anything
+    else: a value is refused whether or not the write would store it (a no-op, progress
+    that is not newer), as Postgres refuses it when it serializes the call's arguments."""
+    for value in values:
+        if value is not None:
+            dump_json(value)
 
 
 def _in_utc(value: datetime | None) -> datetime | None:
@@ -204,7 +213,14 @@ class InMemoryBackend:
     async def register_actors(self, configs: list[ActorConfig]) -> None:
         """Upsert each actor's ``max_concurrent`` / ``max_pending`` / ``queue`` /
         ``job_defaults`` (a queue or defaults not given keep the ones registered before,
-        as an older worker's upsert does)."""
+        as an older worker's upsert does). Job defaults are stored as JSON values are,
+        and one that JSON cannot hold refuses the call before anything is stored."""
+        configs = [
+            config
+            if config.job_defaults is None
+            else config.model_copy(update={"job_defaults": stored_json(config.job_defaults)})
+            for config in configs
+        ]
         for config in configs:
             known = self._actors.get(config.actor)
             if known is not None:
@@ -383,6 +399,7 @@ class InMemoryBackend:
         attempt: int | None = None,
     ) -> bool:
         """Store newer progress for the owner of a running job."""
+        _refuse_unstorable(progress_state)
         row = self._store.owned(job_id, worker_id, attempt)
         if row is None:
             return False
@@ -405,6 +422,7 @@ class InMemoryBackend:
         attempt: int | None = None,
     ) -> bool:
         """``running -> succeeded`` storing ``result``; False on a no-op."""
+        _refuse_unstorable(result, progress_state)
         row = self._store.owned(job_id, worker_id, attempt)
         if row is None:
             return False
@@ -430,7 +448,10 @@ class InMemoryBackend:
         items: Sequence[SuccessWrite],
         fallback_result_ttl: timedelta | None = None,
     ) -> list[bool]:
-        """``mark_succeeded`` for each item, in order; one flag per item."""
+        """``mark_succeeded`` for each item, in order; one flag per item. An unstorable
+        value in any item refuses the whole call before anything is written."""
+        for item in items:
+            _refuse_unstorable(item.result, item.progress_state)
         return [
             await self.mark_succeeded(
                 item.job_id,
@@ -485,6 +506,7 @@ class InMemoryBackend:
         """
         if retry_delay is not None:
             check_delay(retry_delay)
+        _refuse_unstorable(progress_state)
         row = self._store.owned(job_id, worker_id, attempt)
         if row is None:
             if job_id not in self._jobs:
@@ -534,6 +556,7 @@ class InMemoryBackend:
         attempt: int | None = None,
     ) -> bool:
         """``running -> cancelled`` (the actor honoured a cancel); False on a no-op."""
+        _refuse_unstorable(progress_state)
         row = self._store.owned(job_id, worker_id, attempt)
         if row is None:
             return False
@@ -577,6 +600,7 @@ class InMemoryBackend:
     ) -> bool:
         """``running -> abandoned`` while ``cancel_phase = 2``. No owner check: the
         heartbeat writes it after the forced cancel did not finish in time."""
+        _refuse_unstorable(progress_state)
         row = self._jobs.get(job_id)
         if row is None or row.status is not _S.RUNNING or row.cancel_phase != CancelPhase.FORCED:
             return False
@@ -607,6 +631,7 @@ class InMemoryBackend:
         one so the attempt numbers stay unique. ``failed`` past the deadline,
         ``cancelled`` when a cancel was requested."""
         check_delay(delay)
+        _refuse_unstorable(metadata_update, progress_state)
         row = self._store.owned(job_id, worker_id, attempt)
         if row is None:
             return "noop"
@@ -671,6 +696,7 @@ class InMemoryBackend:
         denial) the attempt does not count: ``max_attempts`` grows by one.
         ``cancelled`` when a cancel was requested."""
         check_delay(delay)
+        _refuse_unstorable(progress_state)
         row = self._store.owned(job_id, worker_id, attempt)
         if row is None:
             return "noop"

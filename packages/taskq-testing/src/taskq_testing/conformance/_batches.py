@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -123,6 +124,72 @@ class BatchTests:
         assert await backend.scheduled_to_pending() == 0
         dispatched = await backend.dispatch_batch(uuid4(), [_QUEUE], 10, LONG_LEASE)
         assert {row.id for row in dispatched} == {rows[0].id, rows[1].id}
+
+    @covers("enqueue_batch_atomic", "get_batch")
+    async def test_a_batch_row_is_stored_as_every_backend_stores_values(
+        self, backend: Backend
+    ) -> None:
+        # The caller's row goes through the stored-value rules: its metadata is JSON
+        # (tuples as lists, NULs replaced), its times come back in UTC (a naive one taken
+        # as UTC), and metadata JSON cannot hold is refused with nothing written.
+        batch_id = uuid4()
+        created = datetime(2030, 1, 1, 12, tzinfo=timezone(timedelta(hours=5)))
+        row = BatchRow(
+            id=batch_id,
+            queue=_QUEUE,
+            expected_size=1,
+            metadata={"pair": (1, 2), "text": "a\x00b"},
+            created_at=created,
+        )
+        await backend.enqueue_batch_atomic(
+            [make_args(queue=_QUEUE)],
+            batch_id=batch_id,
+            queue=_QUEUE,
+            batch_row=row,
+            finalizer_args=None,
+        )
+        stored = await _batch(backend, batch_id)
+        assert stored.metadata == {"pair": [1, 2], "text": "a\ufffdb"}
+        assert stored.created_at == created
+        assert_utc(stored.created_at)
+        naive_id = uuid4()
+        await backend.enqueue_batch_atomic(
+            [make_args(queue=_QUEUE)],
+            batch_id=naive_id,
+            queue=_QUEUE,
+            batch_row=BatchRow(
+                id=naive_id,
+                queue=_QUEUE,
+                expected_size=1,
+                status="complete",
+                created_at=datetime(2030, 1, 1, 12),
+                completed_at=datetime(2030, 1, 1, 13),
+            ),
+            finalizer_args=None,
+        )
+        naive = await _batch(backend, naive_id)
+        assert (naive.created_at, naive.completed_at) == (
+            datetime(2030, 1, 1, 12, tzinfo=UTC),
+            datetime(2030, 1, 1, 13, tzinfo=UTC),
+        )
+        assert_utc(naive.created_at, naive.completed_at)
+        jobs = await backend.list_jobs(JobFilter())
+        refused_id, child = uuid4(), make_args(queue=_QUEUE)
+        with pytest.raises(ValueError, match="is not a JSON number"):
+            await backend.enqueue_batch_atomic(
+                [child],
+                batch_id=refused_id,
+                queue=_QUEUE,
+                batch_row=BatchRow(
+                    id=refused_id,
+                    queue=_QUEUE,
+                    expected_size=1,
+                    metadata={"ratio": float("nan")},
+                ),
+                finalizer_args=None,
+            )
+        assert await backend.get_batch(refused_id) is None
+        assert await backend.list_jobs(JobFilter()) == jobs
 
     @covers("enqueue_batch_atomic")
     async def test_enqueue_batch_atomic_without_row_or_finalizer_only_tags(

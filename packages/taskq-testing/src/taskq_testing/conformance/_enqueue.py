@@ -374,6 +374,21 @@ class EnqueueTests:
         fine = await backend.enqueue(make_args(**{field: {"x": 10**4299, "s": "1" * 5000}}))
         assert getattr(await fetch(backend, fine.id), field)["x"] == 10**4299
 
+    @pytest.mark.parametrize("field", ["payload", "metadata"])
+    @covers("enqueue", "enqueue_batch")
+    async def test_a_value_json_cannot_hold_is_refused_beside_a_known_idempotency_key(
+        self, backend: Backend, field: str
+    ) -> None:
+        # Refused though the known key means nothing of it would be stored, as Postgres
+        # refuses it when it serializes the rows it sends.
+        known = await backend.enqueue(make_args(idempotency_key="once"))
+        again = make_args(idempotency_key="once", **{field: {"x": float("nan")}})
+        with pytest.raises(UnstorableValueError, match="is not a JSON number"):
+            await backend.enqueue(again)
+        with pytest.raises(UnstorableValueError, match="is not a JSON number"):
+            await backend.enqueue_batch([again])
+        assert await backend.list_jobs(JobFilter()) == [known]
+
     @covers("enqueue_batch_fast")
     async def test_enqueue_batch_fast_fails_whole_on_a_used_job_id(self, backend: Backend) -> None:
         taken = await backend.enqueue(make_args())

@@ -119,6 +119,53 @@ class LeadershipTests(TimeLimits):
         await backend.register_actors([ActorConfig(actor="a", queue="thumbs")])
         assert await cron.get_actor_queues() == {"a": "thumbs"}
 
+    @covers("register_actors", "get_actor_job_defaults", "get_actor_max_pending")
+    async def test_register_actors_stores_job_defaults_as_json_values(
+        self, backend: Backend
+    ) -> None:
+        # Tuples come back as lists and NULs replaced; a value JSON cannot hold refuses
+        # the whole call, the other actors' configs included.
+        cron = _cron(backend)
+        await backend.register_actors(
+            [ActorConfig(actor="a", job_defaults={"pair": (1, 2), "text": "x\x00"})]
+        )
+        assert await cron.get_actor_job_defaults() == {"a": {"pair": [1, 2], "text": "x\ufffd"}}
+        with pytest.raises(ValueError, match="is not a JSON number"):
+            await backend.register_actors(
+                [
+                    ActorConfig(actor="b", max_pending=1),
+                    ActorConfig(actor="c", job_defaults={"ratio": float("nan")}),
+                ]
+            )
+        assert await backend.get_actor_max_pending() == {"a": None}
+
+    @covers(
+        "register_actors", "get_actor_queues", "get_actor_job_defaults", "get_actor_max_pending"
+    )
+    async def test_register_actors_applies_an_actors_repeated_configs_in_order(
+        self, backend: Backend
+    ) -> None:
+        # One call naming an actor twice is the two registrations one after the other:
+        # the later one's limits win, and the queue and job defaults it does not give
+        # are the earlier one's.
+        cron = _cron(backend)
+        defaults = {"priority": 3}
+        await backend.register_actors(
+            [
+                ActorConfig(actor="a", queue="images", job_defaults=defaults, max_pending=3),
+                ActorConfig(actor="a", max_pending=5),
+            ]
+        )
+        assert await cron.get_actor_queues() == {"a": "images"}
+        assert await cron.get_actor_job_defaults() == {"a": defaults}
+        assert await backend.get_actor_max_pending() == {"a": 5}
+        await backend.register_actors(
+            [ActorConfig(actor="a", queue="thumbs"), ActorConfig(actor="a", max_pending=1)]
+        )
+        assert await cron.get_actor_queues() == {"a": "thumbs"}
+        assert await cron.get_actor_job_defaults() == {"a": defaults}
+        assert await backend.get_actor_max_pending() == {"a": 1}
+
     @covers("register_actors", "get_actor_job_defaults")
     async def test_register_actors_keeps_each_actors_job_defaults(self, backend: Backend) -> None:
         # A leader without an actor gives its cron slots' jobs these (it gave the

@@ -448,6 +448,65 @@ class TerminalWriteTests:
             await backend.record_progress(job.id, worker, 1, {"ratio": bad})
         assert await fetch(backend, job.id) == job
 
+    @covers(
+        "record_progress",
+        "mark_succeeded",
+        "mark_succeeded_many",
+        "mark_failed_or_retry",
+        "mark_cancelled",
+        "mark_abandoned",
+        "mark_snoozed",
+        "mark_retry_after",
+    )
+    async def test_a_value_json_cannot_hold_is_refused_even_where_it_would_not_be_stored(
+        self, backend: Backend
+    ) -> None:
+        # Refused as an argument, not only when written: progress that is not newer, a
+        # write that turns out a no-op (another worker's, a job past its guard) and a
+        # batch whose other items are fine raise as Postgres does when it serializes the
+        # call's values, and change nothing.
+        worker, other = uuid4(), uuid4()
+        job = await running_job(backend, worker_id=worker)
+        assert await backend.record_progress(job.id, worker, 5, {"at": 5})
+        job = await fetch(backend, job.id)
+        bad = {"ratio": float("nan")}
+        unstored = "is not a JSON number"
+        with pytest.raises(ValueError, match=unstored):
+            await backend.record_progress(job.id, worker, 3, bad)
+        with pytest.raises(ValueError, match=unstored):
+            await backend.record_progress(job.id, other, 9, bad)
+        with pytest.raises(ValueError, match=unstored):
+            await backend.mark_succeeded(job.id, worker, 1, progress_seq=1, progress_state=bad)
+        with pytest.raises(ValueError, match=unstored):
+            await backend.mark_succeeded(job.id, other, bad)
+        with pytest.raises(ValueError, match=unstored):
+            await backend.mark_failed_or_retry(
+                job.id, worker, ERROR, None, progress_seq=1, progress_state=bad
+            )
+        with pytest.raises(ValueError, match=unstored):
+            await backend.mark_cancelled(job.id, other, progress_seq=9, progress_state=bad)
+        with pytest.raises(ValueError, match=unstored):
+            await backend.mark_abandoned(job.id, progress_seq=9, progress_state=bad)
+        with pytest.raises(ValueError, match=unstored):
+            await backend.mark_snoozed(job.id, other, timedelta(0), metadata_update=bad)
+        with pytest.raises(ValueError, match=unstored):
+            await backend.mark_retry_after(
+                job.id, worker, timedelta(0), progress_seq=1, progress_state=bad
+            )
+        assert await fetch(backend, job.id) == job
+        assert await backend.get_attempts(job.id) == []
+        if isinstance(backend, SupportsBatchedSuccess):
+            with pytest.raises(ValueError, match=unstored):
+                await backend.mark_succeeded_many(
+                    worker,
+                    [
+                        SuccessWrite(job_id=job.id, result=1),
+                        SuccessWrite(job_id=job.id, result=bad),
+                    ],
+                )
+            assert await fetch(backend, job.id) == job
+        assert await backend.mark_succeeded(job.id, worker, 1, attempt=job.attempt)
+
     @pytest.mark.parametrize(
         ("result_ttl", "fallback", "expected"),
         [

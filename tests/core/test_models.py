@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
@@ -10,11 +11,13 @@ from pydantic import PrivateAttr, ValidationError
 
 from taskq.backend.statemachine import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
 from taskq.models import (
+    ActorConfig,
     BatchRow,
     BatchStatus,
     EnqueueArgs,
     ErrorInfo,
     JobFilter,
+    QueueConfig,
     ScheduleCreateArgs,
     ScheduleUpdateArgs,
     from_valid_values,
@@ -194,3 +197,18 @@ def test_a_finished_batch_row_with_its_time_is_valid(status: BatchStatus) -> Non
     row = BatchRow(id=uuid4(), queue="q", status=status, expected_size=1, completed_at=when)
     assert (row.status, row.completed_at) == (status, when)
     assert BatchRow(id=uuid4(), queue="q", expected_size=1).completed_at is None
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ActorConfig(actor="a\x00"),
+        lambda: ActorConfig(actor="a", queue="q\x00"),
+        lambda: QueueConfig(queue="q\x00"),
+    ],
+)
+def test_actor_and_queue_configs_refuse_names_no_store_holds(make: Callable[[], object]) -> None:
+    # Refused by @actor already; given to a backend directly, Postgres raised a driver
+    # error where the in-memory backend stored the name.
+    with pytest.raises(ValidationError, match="must not contain NUL"):
+        make()

@@ -561,6 +561,12 @@ class ActorConfig(_Model):
     seconds): what a leader that lacks the actor gives its cron slots' jobs. None:
     not given (an older worker), the registered ones stay."""
 
+    @field_validator("actor", "queue")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        # As @actor refuses them: Postgres raised a driver error, memory stored them.
+        return check_key_text(value)
+
 
 class QueueConfig(_Model):
     """Dispatch mode and fleet-wide cap of one queue."""
@@ -568,6 +574,11 @@ class QueueConfig(_Model):
     queue: str
     mode: QueueMode = "strict_fifo"
     max_concurrent: int | None = Field(default=None, ge=1)
+
+    @field_validator("queue")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        return check_key_text(value)
 
 
 class BatchRow(_Model):

@@ -436,3 +436,50 @@ async def test_a_short_dispatch_is_followed_by_another_not_by_a_wait_for_a_wake(
         jobs = [await tq.client.enqueue(quick, {}) for _ in range(4)]
         async with running(tq, {**SETTINGS, "poll_interval": "30s", "concurrency": "4"}):
             await _until_finished(tq, jobs)
+
+
+class CountOnlyHeldRow(InMemoryBackend):
+    """Review: a backend with statement cancellations but only a count from its heartbeat
+    (no ``SupportsLeaseRenewal``): while ``held`` (another transaction holds the row),
+    its heartbeat skips the row, as Postgres's does, and a success write times out."""
+
+    statement_cancellations = (StatementTimeout,)
+    renew_leases = None  # type: ignore[assignment]  # only heartbeat_jobs
+    held: UUID | None = None
+
+    async def heartbeat_jobs(self, worker_id: UUID, lock_lease: timedelta) -> int:
+        now = self.clock.now()
+        rows = [row for row in self._held(worker_id) if row.id != self.held]
+        for row in rows:
+            self._store.update(row, lock_expires_at=now + lock_lease)
+        return len(rows)
+
+    async def mark_succeeded(self, job_id: Any, *args: Any, **kwargs: Any) -> Any:
+        if job_id == self.held:
+            raise StatementTimeout("canceling statement due to statement timeout")
+        return await super().mark_succeeded(job_id, *args, **kwargs)
+
+    async def mark_succeeded_many(self, worker_id: Any, items: Any, *args: Any) -> Any:
+        if any(item.job_id == self.held for item in items):
+            raise StatementTimeout("canceling statement due to statement timeout")
+        return await super().mark_succeeded_many(worker_id, items, *args)
+
+
+async def test_a_held_row_is_retried_with_a_heartbeat_that_only_counts() -> None:
+    # The worker cannot tell which job a count-only heartbeat skipped: it must not read
+    # the count as this job's renewal and refuse its write.
+    @actor(name="quick")
+    async def quick(payload: dict[str, Any], ctx: Any) -> str:
+        backend.held = ctx.job_id  # for three leases, from the write's first try
+        asyncio.get_running_loop().call_later(1.5, setattr, backend, "held", None)
+        return "done"
+
+    backend = CountOnlyHeldRow()
+    tq = TaskQ("memory://", actors=[quick], backend=backend)
+    settings = {**SETTINGS, "lock_lease": "500ms", "maintenance_interval": "1h"}
+    async with tq:
+        job = await tq.client.enqueue(quick, {})
+        async with running(tq, settings):
+            await _until_finished(tq, [job])
+        row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.SUCCEEDED and row.result == "done"

@@ -601,7 +601,9 @@ class SupportsStatementCancellations(Protocol):
     job's lease is renewed between its tries (:class:`OutcomeNotRecorded`): retried
     forever, the job stayed ``running`` and held its slot for the worker's life.
     Errors of reaching the database (a dead socket, a client-side timeout) must not
-    be listed: a write stuck on a broken connection lands once it is replaced.
+    be listed: a write stuck on a broken connection lands once it is replaced. Read
+    only with :class:`SupportsLeaseRenewal`: a renewal count does not say which jobs
+    were renewed.
     """
 
     statement_cancellations: ClassVar[tuple[type[BaseException], ...]]

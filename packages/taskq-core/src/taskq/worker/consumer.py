@@ -29,6 +29,7 @@ from taskq.backend import (
     JobStatus,
     SupportsEnqueuePrecheck,
     SupportsLateOutcomes,
+    SupportsLeaseRenewal,
     SupportsStatementCancellations,
     SupportsTransactions,
 )
@@ -155,8 +156,13 @@ async def write_retrying(
 
 def _cancelled_by_database(state: WorkerState, exc: BaseException) -> bool:
     backend = state.backend
-    return isinstance(backend, SupportsStatementCancellations) and isinstance(
-        exc, backend.statement_cancellations
+    # Only a renewal that names the jobs it renewed (SupportsLeaseRenewal) says this one
+    # was free: a count (heartbeat_jobs) is read as every held job renewed, one that
+    # another transaction holds (skipped) too, whose write is then not refused.
+    return (
+        isinstance(backend, SupportsStatementCancellations)
+        and isinstance(backend, SupportsLeaseRenewal)
+        and isinstance(exc, backend.statement_cancellations)
     )
 
 

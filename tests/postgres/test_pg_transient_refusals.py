@@ -198,17 +198,14 @@ async def test_a_success_write_cancelled_at_every_try_fails_the_job(pg_schema: P
     assert [a.outcome for a in attempts] == ["failed"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a lock wait on job_attempts reads as a write that fails on what it carries",
-)
 async def test_a_success_write_past_the_statement_timeout_on_a_locked_history_table_is_retried(
     own_database: PgSchema,
 ) -> None:
-    # Review: an operator's lock on job_attempts (a CREATE INDEX, a LOCK TABLE) holds up
-    # every success write past the statement_timeout, while the job's row is free and
-    # the heartbeat renews it between tries. The write fails on the lock, not on what
-    # it carries: it must be retried until it lands, as a held row's is.
+    # An operator's lock on job_attempts (a CREATE INDEX, a LOCK TABLE) holds up every
+    # success write past the statement_timeout, while the job's row is free and the
+    # heartbeat renews it between tries. The failure write that would take its place is
+    # held up too: the write fails on the lock, not on what it carries, and is retried
+    # until it lands, as a held row's is.
     _alter(own_database.dsn, "ALTER DATABASE {db} SET statement_timeout = '200ms'")
     tq = TaskQ(own_database.dsn, schema=own_database.name, actors=[sleeper])
     settings = {**SETTINGS, "lock_lease": "1s", "maintenance_interval": "1h"}

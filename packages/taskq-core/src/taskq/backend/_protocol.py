@@ -598,8 +598,10 @@ class SupportsStatementCancellations(Protocol):
     Transient for a statement of other values, they repeat at every try of one that
     carries too much (a result too large to write within the timeout). The worker
     stops retrying an outcome write that keeps failing with one of them while the
-    job's lease is renewed between its tries (:class:`OutcomeNotRecorded`): retried
-    forever, the job stayed ``running`` and held its slot for the worker's life.
+    job's lease is renewed between its tries, and fails the job with
+    :class:`OutcomeNotRecorded` if that write lands (held up too, the outcome write is
+    tried again): retried forever, the job stayed ``running`` and held its slot for the
+    worker's life.
     Errors of reaching the database (a dead socket, a client-side timeout) must not
     be listed: a write stuck on a broken connection lands once it is replaced. Read
     only with :class:`SupportsLeaseRenewal`: a renewal count does not say which jobs

@@ -116,7 +116,8 @@ async def write_retrying(
     the worker then exits, its heartbeat stops and the reclaim sweep takes the job.
 
     ``refused_for``: the job whose write this is, when the write carries the job's
-    own value (a result). Raises :class:`OutcomeNotRecorded` once the write has
+    own value (a result). Raises :class:`OutcomeNotRecorded` (for the caller to try
+    in the write's place, see :func:`_failed_instead`) once the write has
     failed for a lock lease, the last time with one of the backend's
     ``statement_cancellations`` (:class:`SupportsStatementCancellations`), while the
     database renewed this very job's lease between its last two tries: the database
@@ -169,10 +170,10 @@ def _cancelled_by_database(state: WorkerState, exc: BaseException) -> bool:
 def _refused(what: str, seconds: float, exc: BaseException) -> OutcomeNotRecorded:
     _log.error("taskq.outcome-write-refused", write=what, error=repr(exc), seconds=seconds)
     return OutcomeNotRecorded(
-        f"the {what} write failed at every try for {seconds:.0f}s ({exc!r}) while the "
-        f"database renewed the job's lease: the write fails on what it carries (a result "
-        f"too large to write within the statement_timeout, say); return less, or allow "
-        f"the write more time"
+        f"the {what} write was cancelled at every try for {seconds:.0f}s ({exc!r}) while "
+        f"the database renewed the job's lease and took this failure in its place: the "
+        f"write fails on what it carries (a result, or sub-jobs, too large to write "
+        f"within the statement_timeout, say); return less, or allow the write more time"
     )
 
 
@@ -381,17 +382,23 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
     except Exception as exc:  # noqa: BLE001 - an unstorable result is the actor's bug
         await _fail(state, row, TypeError(f"result is not JSON-serialisable: {exc}"), None, ctx)
         return
-    try:
-        ok = await _succeed(state, row, ctx, stored)
-    except _SubjobsRefused as refused:
-        # Nothing was written: the attempt fails on it and is retried as any failure
-        # is, where it failed the job for good as an outcome that could not be
-        # recorded. The limit, or a singleton's identity, may well be free by then.
-        await _raised(state, row, ctx, actor, refused.error)
-        return
-    except OutcomeNotRecorded as exc:  # the database refused the write itself
-        await _fail(state, row, exc, None, ctx)
-        return
+    while True:
+        try:
+            ok = await _succeed(state, row, ctx, stored)
+        except _SubjobsRefused as refused:
+            # Nothing was written: the attempt fails on it and is retried as any failure
+            # is, where it failed the job for good as an outcome that could not be
+            # recorded. The limit, or a singleton's identity, may well be free by then.
+            await _raised(state, row, ctx, actor, refused.error)
+            return
+        except OutcomeNotRecorded as refused:
+            # The failure write touches the same tables and carries little: landed, the
+            # success write failed on what it carries; held up too (a lock on the
+            # history tables, a database too slow), the success write is tried again.
+            if await _failed_instead(state, row, refused, ctx):
+                return
+            continue
+        break
     if ok is False and not await _our_write_landed(state, row, JobStatus.SUCCEEDED):
         await _late(state, row, "succeeded")
         return
@@ -747,6 +754,31 @@ async def _fail(
     await _fail_with(state, row, info, retry_delay, ctx, fenced=fenced)
 
 
+async def _failed_instead(
+    state: WorkerState, row: JobRow, refused: OutcomeNotRecorded, ctx: Context
+) -> bool:
+    """Fail the attempt with ``refused``, not retried, in one try: False when that write
+    failed transiently as well."""
+    info = ErrorInfo.from_exception(
+        refused, traceback="".join(traceback.format_exception(refused)) or None
+    )
+    try:
+        after = await state.backend.mark_failed_or_retry(
+            row.id,
+            state.worker_id,
+            info,
+            None,
+            ctx.progress_seq,
+            ctx.progress_state,
+            attempt=row.attempt,
+        )
+    except transient_errors() as exc:
+        _log.warning("taskq.outcome-write-refusal-withdrawn", write="failed", error=repr(exc))
+        return False
+    await _failure_written(state, row, info, after, fenced=False)
+    return True
+
+
 async def _fail_with(
     state: WorkerState,
     row: JobRow,
@@ -769,6 +801,14 @@ async def _fail_with(
             attempt=row.attempt,
         ),
     )
+    await _failure_written(state, row, info, after, fenced=fenced)
+
+
+async def _failure_written(
+    state: WorkerState, row: JobRow, info: ErrorInfo, after: JobRow | None, *, fenced: bool
+) -> None:
+    """What follows a failure write that returned ``after``: a late outcome when the job
+    was no longer this attempt's, else the batch hook of the status it ended in."""
     # A no-op returns the row as someone else left it: not our attempt's error.
     # Compared as stored: a NUL in the message made the worker's own write look foreign.
     if after is not None and not (

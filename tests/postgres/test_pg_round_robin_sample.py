@@ -6,7 +6,10 @@ The randomized test checks the statement against that order computed here, on
 cohorts of every shape (empty, shallow, deep, unkeyed, with running jobs and
 turns), with an oversample of 1, so that the sample is the batch and both the read
 to depth and its fallback (shallow cohorts leave it short) decide what is dispatched;
-and on a pair of more cohorts than are read one by one, which ranks its backlog.
+on a pair of more cohorts than are read one by one, which ranks its backlog; and on
+cohorts spread over several actors (keys of one actor and keys shared), where the
+cohorts are read to the level the batch needs over all pairs, or, when one is
+shallower, each pair to its own depth.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class Job:
     fairness_key: str | None
     priority: int
     scheduled_at: datetime
+    actor: str = "a"
 
 
 def _order(
@@ -76,23 +80,27 @@ async def _insert(conn: asyncpg.Connection[Any], schema: str, status: str, jobs:
     await conn.executemany(
         f"INSERT INTO {schema}.jobs (id, actor, queue, status, priority, scheduled_at,"
         f" fairness_key, locked_by_worker, lock_expires_at)"
-        f" VALUES ($1, 'a', 'rr', $2::text::{schema}.job_status, $3, $4, $5,"
+        f" VALUES ($1, $6, 'rr', $2::text::{schema}.job_status, $3, $4, $5,"
         f" CASE WHEN $2::text = 'running' THEN gen_random_uuid() END,"
         f" CASE WHEN $2::text = 'running' THEN clock_timestamp() + interval '1 hour' END)",
-        [(j.id, status, j.priority, j.scheduled_at, j.fairness_key) for j in jobs],
+        [(j.id, status, j.priority, j.scheduled_at, j.fairness_key, j.actor) for j in jobs],
     )
 
 
 @pytest.mark.parametrize(
-    ("keys", "sizes", "cases"),
+    ("keys", "sizes", "cases", "actors"),
     [
         # Mostly shallow cohorts next to a deep one: the read to depth falls short.
-        (KEYS, [0, 1, 1, 2, 3, 5, 8, 30], 60),
+        (KEYS, [0, 1, 1, 2, 3, 5, 8, 30], 60, ["a"]),
         # More cohorts than the one pair's share of those read one by one: its backlog
         # is ranked whole.
-        ([None, *(f"c{i:04d}" for i in range(_COHORT_BUDGET + 20))], [1, 1, 2], 4),
+        ([None, *(f"c{i:04d}" for i in range(_COHORT_BUDGET + 20))], [1, 1, 2], 4, ["a"]),
+        # Several pairs: read to the level the batch needs over all of them (its keys
+        # each once, a key's jobs of several actors sharing its ranks), unless a cohort
+        # is shallower than that.
+        ([*KEYS, *(f"m{i:02d}" for i in range(20))], [1, 2, 3, 4, 6, 10], 60, ["a", "b", "c"]),
     ],
-    ids=["cohorts", "crowded"],
+    ids=["cohorts", "crowded", "actors"],
 )
 async def test_the_batch_is_the_head_of_the_round_robin_order(
     conn: asyncpg.Connection[Any],
@@ -100,6 +108,7 @@ async def test_the_batch_is_the_head_of_the_round_robin_order(
     keys: list[str | None],
     sizes: list[int],
     cases: int,
+    actors: list[str],
 ) -> None:
     s = pg_schema.name
     statement = statements_for(s).dispatch_round_robin
@@ -117,11 +126,12 @@ async def test_the_batch_is_the_head_of_the_round_robin_order(
             # time, so that a scan of the first keys alone misses the head.
             chosen = sorted(keys, key=lambda k: k or "", reverse=True)
         for key in chosen:
+            # A key of one actor, or of several.
+            mine = rng.sample(actors, rng.choice([1, 1, len(actors)]))
             for _ in range(rng.choice(sizes)):
                 tick += 1
-                pending.append(
-                    Job(uuid4(), key, rng.choice([0, 0, 1]), START + timedelta(seconds=tick))
-                )
+                at = START + timedelta(seconds=tick)
+                pending.append(Job(uuid4(), key, rng.choice([0, 0, 1]), at, rng.choice(mine)))
             running[key] = rng.choice([0, 0, 0, 1, 2, 6])
             turns[key] = rng.choice([0, 0, 1, 2, 3])
         await _insert(conn, s, "pending", pending)
@@ -130,7 +140,9 @@ async def test_the_batch_is_the_head_of_the_round_robin_order(
             await _insert(conn, s, "running", busy)
         limit = rng.randint(1, 12)
         keyed = [key for key in turns if key is not None]
-        args: list[Any] = [["rr"], limit, uuid4(), timedelta(minutes=5), 1, [], [], ["rr"]]
+        oversample = 1 if len(actors) == 1 else rng.choice([1, 2])
+        args: list[Any] = [["rr"], limit, uuid4(), timedelta(minutes=5), oversample, [], []]
+        args += [["rr"]]
         args += [keyed, [turns[key] for key in keyed], turns.get(None, 0), 0, None]
         rows = await conn.fetch(statement, *args)
         expected = _order(pending, running, turns)[:limit]
@@ -163,3 +175,24 @@ async def test_cohorts_waiting_on_running_identities_are_read_through_once(
     read = index_rows(json.loads(plan)[0]["Plan"], "jobs_fairness_idx", filtered=True)
     # The 1,000 waiting jobs once, and a few probes per cohort naming the cohorts.
     assert 1000 <= read <= 1000 + 20 * 3, read
+
+
+async def test_many_pairs_read_their_cohorts_to_the_level_the_batch_needs(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    # 50 actors of 20 keys each, 10 jobs a cohort. Each pair's own depth sizes its sample
+    # for the whole batch: all 10,000 jobs were read and ranked for a batch of 100.
+    s = pg_schema.name
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, queue, fairness_key)"
+        f" SELECT 'a' || (g % 50), 'rr', 't' || (g % 1000) FROM generate_series(1, 10000) g"
+    )
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    statement = statements_for(s).dispatch_round_robin
+    args: list[Any] = [["rr"], 100, uuid4(), timedelta(minutes=5), 2, [], [], ["rr"]]
+    args += [[], [], 0, 0, None]
+    [[plan]] = await conn.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args)
+    read = index_rows(json.loads(plan)[0]["Plan"], "jobs_fairness_idx", filtered=True)
+    # A probe per cohort naming it, a few per pair (past its last key, its unkeyed jobs),
+    # and each cohort's first job: the level is 1. Each pair to its own depth: 11,101.
+    assert read <= 1000 + 150 + 1000, read

@@ -31,7 +31,13 @@ per-actor branches do not run::
     head_suffices       strict FIFO: the head gives limit_n jobs, or holds every due job
     rr_keys, rr_state   round robin: the fairness cohorts of each (queue, actor) with
                         room, a loose index scan, with their running jobs and turns
-    rr_pairs            round robin: each pair's cohorts, and how deep to read each
+    rr_level            round robin: the level to which the cohorts of all pairs that
+                        could fill the batch hold limit_n * oversample jobs
+    rr_pairs            round robin: each pair's cohorts, and how deep to read each (to
+                        the pair's own depth, and ``capped`` at the level)
+    rr_capped, rr_capped_ended, rr_use_capped
+                        round robin: every pair's cohorts read to the level; the
+                        cohorts those reads ended early; whether they are the candidates
     candidates          CROSS JOIN LATERAL per (queue, actor), LIMIT residual * oversample,
                         past the jobs whose identity is running (strict FIFO: only when
                         the head does not suffice; round robin: its cohorts read to
@@ -71,9 +77,12 @@ that sample on deep queues (below), the last applies the queue caps the
 in-memory reference enforces too.
 
 Round robin reads, per (queue, actor) of its round-robin queues, one
-``jobs_fairness_idx`` entry per fairness cohort and the cohorts' first jobs, about
-``residual * oversample`` in all (at most that many per cohort when shallow cohorts
-leave the first read short), whatever the backlog; a pair of more cohorts than its
+``jobs_fairness_idx`` entry per fairness cohort and the cohorts' first jobs: to the
+level at which the cohorts of all pairs hold ``limit_n * oversample`` (50 actors of
+20 keys: 1,000 jobs for a batch of 100, where each pair's sample, sized for the whole
+batch, read 10,000); when a cohort ends before that level, each pair to its own
+``residual * oversample`` (at most that many per cohort when shallow cohorts leave
+that read short), whatever the backlog; a pair of more cohorts than its
 share of ``_COHORT_BUDGET`` ranks its whole backlog instead, as near-unique keys, or
 thousands of cohorts over many actors, read dearer than they rank. A cohort whose
 jobs all wait on a running identity (or are not yet due) is read to its end, as
@@ -261,7 +270,7 @@ _COHORT_READ: Final = """
             SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
                    j.fairness_key
             FROM {schema}.jobs j
-            WHERE co.fairness_key IS NOT NULL
+            WHERE co.fairness_key IS NOT NULL AND <COHORT_OK>
               AND j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
               AND j.fairness_key = co.fairness_key AND j.scheduled_at <= p.now
               AND <WAITS_NOT:j>
@@ -273,7 +282,7 @@ _COHORT_READ: Final = """
             SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
                    j.fairness_key
             FROM {schema}.jobs j
-            WHERE co.fairness_key IS NULL
+            WHERE co.fairness_key IS NULL AND <COHORT_OK>
               AND j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
               AND j.fairness_key IS NULL AND j.scheduled_at <= p.now
               AND <WAITS_NOT:j>
@@ -281,6 +290,17 @@ _COHORT_READ: Final = """
             LIMIT <TAKE>
         )
     ) x<ONLY>"""
+
+
+def _cohorts(take: str, only: str = "", *, depths: str = "pr.to_depth", skip: str = "") -> str:
+    """:data:`_COHORT_READ` with its placeholders: each cohort read to ``take`` jobs
+    (``co.to_depth`` is the pair's ``depths`` array), ``only`` after it, and the
+    cohorts for which ``skip`` holds left unread (a condition per cohort, checked
+    before its read)."""
+    read = _COHORT_READ.replace("pr.to_depth", depths).replace("<TAKE>", take)
+    ok = f"NOT {skip}" if skip else "true"
+    return read.replace("<ONLY>", only).replace("<COHORT_OK>", ok)
+
 
 _COHORT_BUDGET: Final = 2_000
 """Cohorts a round-robin dispatch reads one by one, shared evenly among the (queue,
@@ -373,9 +393,30 @@ rr_state (queue, actor, fairness_key, running, turn, wanted) AS (
 -- d - running over the cohorts running fewer than d). Over the cohorts in order of
 -- running jobs, the first k alone need max(ceil((wanted + their running) / k), the
 -- k-th's running); d is the least of these.
-rr_pairs (queue, actor, keys, running, turns, to_depth) AS (
+--
+-- Each pair's sample is sized for the whole batch, so over many pairs those depths
+-- read far more than one batch needs (50 actors of 20 keys each: 10,000 jobs read
+-- and ranked for a batch of 100). rr_level is the least level at which the cohorts
+-- of the pairs that could fill the batch alone (as many free slots as the batch, in
+-- a queue without a cap), each key once (its running jobs and its ranks are the
+-- key's, across actors), hold limit_n * oversample jobs, were they deep enough: no
+-- job past it is needed. ``capped`` reads each cohort to that level at most.
+rr_level (depth) AS (
+    SELECT min(greatest(ceil((w.wanted + w.below)::numeric / w.k)::bigint, w.running))
+    FROM (
+        SELECT k.running, k.wanted, ROW_NUMBER() OVER w AS k, sum(k.running) OVER w AS below
+        FROM (
+            SELECT DISTINCT c.fairness_key, c.running, p.limit_n * p.oversample AS wanted
+            FROM rr_state c CROSS JOIN params p
+            WHERE c.wanted >= p.limit_n * p.oversample AND c.queue <> ALL (p.capped_queues)
+        ) k
+        WINDOW w AS (ORDER BY k.running ROWS UNBOUNDED PRECEDING)
+    ) w
+),
+rr_pairs (queue, actor, keys, running, turns, to_depth, capped) AS (
     SELECT c.queue, c.actor, array_agg(c.fairness_key), array_agg(c.running),
-           array_agg(c.turn), array_agg(greatest(d.depth - c.running, 0))
+           array_agg(c.turn), array_agg(greatest(d.depth - c.running, 0)),
+           array_agg(greatest(least(d.depth, (SELECT l.depth FROM rr_level l)) - c.running, 0))
     FROM rr_state c
     JOIN (
         SELECT w.queue, w.actor,
@@ -392,6 +433,44 @@ rr_pairs (queue, actor, keys, running, turns, to_depth) AS (
     ) d ON d.queue = c.queue AND d.actor = c.actor
     GROUP BY c.queue, c.actor
 ),
+-- Every pair's cohorts read to the level, when there is one.
+rr_capped AS MATERIALIZED (
+    SELECT c.*
+    FROM rr_pairs pr
+    JOIN pending_actors pa ON pa.queue = pr.queue AND pa.actor = pr.actor
+    CROSS JOIN params p
+    CROSS JOIN LATERAL ("""
+    + _cohorts("co.to_depth", depths="pr.capped")
+    + """
+    ) c
+    WHERE (SELECT l.depth IS NOT NULL FROM rr_level l)
+),
+-- The cohorts those reads went to the end of (fewer jobs than their depth: shallow, or
+-- their jobs waiting on running identities), keyed by (is NULL, text) for equality
+-- joins, hashable, where IS NOT DISTINCT FROM is a nested loop of all by all.
+rr_capped_ended AS MATERIALIZED (
+    SELECT pr.queue, pr.actor, co.fairness_key IS NULL AS unkeyed,
+           coalesce(co.fairness_key, '') AS fairness_key
+    FROM rr_pairs pr
+    CROSS JOIN unnest(pr.keys, pr.capped) AS co (fairness_key, to_depth)
+    LEFT JOIN (
+        SELECT r.queue, r.actor, r.fairness_key IS NULL AS unkeyed,
+               coalesce(r.fairness_key, '') AS fairness_key, count(*) AS n
+        FROM rr_capped r
+        GROUP BY r.queue, r.actor, r.fairness_key IS NULL, coalesce(r.fairness_key, '')
+    ) r ON r.queue = pr.queue AND r.actor = pr.actor
+       AND r.unkeyed = (co.fairness_key IS NULL)
+       AND r.fairness_key = coalesce(co.fairness_key, '')
+    WHERE (SELECT l.depth IS NOT NULL FROM rr_level l) AND co.to_depth > coalesce(r.n, 0)
+),
+-- Those reads are the candidates unless one ended early: then the cohorts may hold
+-- fewer jobs up to the level than it assumed, and the batch may need some past it, so
+-- every pair is sampled to its own depth as without a level (the cohorts read to
+-- their end already keep what they gave, not read again).
+rr_use_capped (ok) AS (
+    SELECT (SELECT l.depth IS NOT NULL FROM rr_level l)
+           AND NOT EXISTS (SELECT 1 FROM rr_capped_ended)
+),
 candidates AS (
     SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key,
            (ROW_NUMBER() OVER (
@@ -399,6 +478,15 @@ candidates AS (
                             CASE WHEN c.queue = ANY (p.rr_queues) THEN c.fairness_key END
                ORDER BY c.priority DESC, c.scheduled_at, c.id
            ) + c.running) * 4294967296 + c.turn AS fairness_rank
+    FROM (
+    -- The reads to the level, when they hold: taken whole, not looked up pair by pair
+    -- (each pair's scan of them was a third of the statement with 50 pairs).
+    SELECT r.id, r.actor, r.queue, r.priority, r.scheduled_at, r.identity_key, r.fairness_key,
+           r.running, r.turn
+    FROM rr_capped r
+    WHERE (SELECT u.ok FROM rr_use_capped u)
+    UNION ALL
+    SELECT c.*
     FROM pending_actors pa
     JOIN per_actor_capacity pac ON pac.actor = pa.actor
     CROSS JOIN params p
@@ -406,7 +494,25 @@ candidates AS (
     LEFT JOIN rr_crowded rc ON rc.queue = pa.queue AND rc.actor = pa.actor
     CROSS JOIN LATERAL (
         WITH rr_to_depth AS MATERIALIZED ("""
-    + _COHORT_READ.replace("<TAKE>", "co.to_depth").replace("<ONLY>", "")
+    + _cohorts(
+        "co.to_depth",
+        """
+    WHERE NOT (SELECT u.ok FROM rr_use_capped u)
+    UNION ALL
+    SELECT r.id, r.actor, r.queue, r.priority, r.scheduled_at, r.identity_key,
+           r.fairness_key, r.running, r.turn, r.cohort_rank
+    FROM rr_capped r
+    JOIN rr_capped_ended e
+      ON e.queue = r.queue AND e.actor = r.actor AND e.unkeyed = (r.fairness_key IS NULL)
+     AND e.fairness_key = coalesce(r.fairness_key, '')
+    WHERE NOT (SELECT u.ok FROM rr_use_capped u) AND r.queue = pa.queue AND r.actor = pa.actor""",
+        # Read to their end by the reads to the level: their rows are taken from there.
+        skip="""EXISTS (
+                  SELECT 1 FROM rr_capped_ended e
+                  WHERE e.queue = pa.queue AND e.actor = pa.actor
+                    AND e.unkeyed = (co.fairness_key IS NULL)
+                    AND e.fairness_key = coalesce(co.fairness_key, ''))""",
+    )
     + """
         ),
         -- The cohorts that read reached the end of (fewer jobs than asked for): read
@@ -430,13 +536,14 @@ candidates AS (
             -- more; a cohort read to its end already (one whose jobs all wait on a running
             -- identity was read through its backlog) keeps what that read found.
             SELECT r.* FROM rr_to_depth r CROSS JOIN rr_exhausted e
-            WHERE (SELECT count(*) FROM rr_to_depth) < pac.residual * p.oversample
+            WHERE NOT (SELECT u.ok FROM rr_use_capped u)
+              AND (SELECT count(*) FROM rr_to_depth) < pac.residual * p.oversample
               AND CASE WHEN r.fairness_key IS NULL THEN e.unkeyed
                        ELSE r.fairness_key = ANY (e.keys) END
             UNION ALL
             SELECT * FROM ("""
-    + _COHORT_READ.replace("<TAKE>", "pac.residual * p.oversample").replace(
-        "<ONLY>",
+    + _cohorts(
+        "pac.residual * p.oversample",
         """
     CROSS JOIN rr_exhausted e
     WHERE CASE WHEN co.fairness_key IS NULL THEN NOT e.unkeyed
@@ -444,7 +551,8 @@ candidates AS (
     )
     + """
             ) whole
-            WHERE (SELECT count(*) FROM rr_to_depth) < pac.residual * p.oversample
+            WHERE NOT (SELECT u.ok FROM rr_use_capped u)
+              AND (SELECT count(*) FROM rr_to_depth) < pac.residual * p.oversample
             UNION ALL
             -- A crowded pair: its whole backlog ranked.
             SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
@@ -489,6 +597,8 @@ candidates AS (
         LIMIT pac.residual * p.oversample
     ) c
     WHERE pa.actor IS NOT NULL AND pac.residual > 0
+    ) c
+    CROSS JOIN params p
 ),<ADMIT:admitted:candidates>"""
 ).replace("<BUDGET>", str(_COHORT_BUDGET))
 

@@ -72,9 +72,9 @@ def _one_line(result: subprocess.CompletedProcess[str], prefix: str) -> str:
     return lines[0]
 
 
-def _worker_error(role: Role, pg_schema: PgSchema) -> str:
-    """The one line ``taskq-worker --until-idle`` as ``role`` on ``pg_schema`` fails with."""
-    result = run(
+def _worker(role: Role, pg_schema: PgSchema) -> subprocess.CompletedProcess[str]:
+    """``taskq-worker --until-idle`` as ``role`` on ``pg_schema``."""
+    return run(
         "taskq-worker",
         APP,
         "--dsn",
@@ -84,7 +84,11 @@ def _worker_error(role: Role, pg_schema: PgSchema) -> str:
         "--until-idle",
         env=clean_env(TASKQ_STARTUP_WAIT="0"),
     )
-    return _one_line(result, "taskq-worker: error: ")
+
+
+def _worker_error(role: Role, pg_schema: PgSchema) -> str:
+    """The one line ``taskq-worker --until-idle`` as ``role`` on ``pg_schema`` fails with."""
+    return _one_line(_worker(role, pg_schema), "taskq-worker: error: ")
 
 
 def test_a_worker_without_usage_on_the_schema_says_so_in_one_line(
@@ -120,16 +124,7 @@ def test_the_schema_wide_grants_a_refused_worker_is_given_are_all_it_needs(
     with psycopg.connect(role.admin_dsn, autocommit=True) as admin:
         for grant in grants:
             admin.execute(grant.encode())
-    result = run(
-        "taskq-worker",
-        APP,
-        "--dsn",
-        role.dsn,
-        "--schema",
-        pg_schema.name,
-        "--until-idle",
-        env=clean_env(TASKQ_STARTUP_WAIT="0"),
-    )
+    result = _worker(role, pg_schema)
     assert result.returncode == 0, result.stderr
 
 

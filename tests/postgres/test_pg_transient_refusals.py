@@ -20,7 +20,7 @@ import asyncpg
 import psycopg
 import pytest
 
-from taskq import JobStatus, TaskQ, actor
+from taskq import JobRow, JobStatus, TaskQ, actor
 from taskq.errors import JobFailedError
 from taskq_postgres._transient import TRANSIENT_PG_ERRORS
 from taskq_testing.postgres import PgSchema, migrated_schema, throwaway_database
@@ -100,35 +100,48 @@ async def test_a_worker_rides_out_a_database_refusing_connections(
     assert RUNS[job.id] == 1
 
 
+async def _ends_while_held(
+    schema: PgSchema, settings: dict[str, str], hold: str, *, seconds: float
+) -> tuple[JobRow, list[str]]:
+    """A sleeper's job, whose code ends while a rival transaction holds what ``hold``
+    (a statement, ``{s}`` the schema, ``$1`` the job's id) locks, for ``seconds`` more:
+    the job as it ended, and its attempts' outcomes."""
+    tq = TaskQ(schema.dsn, schema=schema.name, actors=[sleeper])
+    async with tq:
+        job = await tq.client.enqueue(sleeper, {"seconds": 0.3})
+        async with running(tq, settings):
+            await _started(job.id)
+            rival: asyncpg.Connection[Any] = await asyncpg.connect(schema.dsn)
+            try:
+                await rival.execute("SET statement_timeout = 0")
+                await rival.execute("BEGIN")
+                statement = hold.format(s=schema.name)
+                await rival.execute(statement, *([job.id] if "$1" in statement else []))
+                async with asyncio.timeout(10):
+                    while not ENDED[job.id]:  # noqa: ASYNC110 - the actor's own count
+                        await asyncio.sleep(0.02)
+                await asyncio.sleep(seconds)  # its outcome write waits, and times out
+            finally:
+                await rival.close()
+            await tq.client.wait_for_result(job.id, timeout=20)
+        row = await tq.client.get(job.id)
+        attempts = [a.outcome for a in await tq.client.get_attempts(job.id)]
+    assert row is not None
+    return row, attempts
+
+
+_HOLD_ROW = "SELECT 1 FROM {s}.jobs WHERE id = $1 FOR UPDATE"
+
+
 async def test_an_outcome_write_past_the_lock_timeout_is_retried(
     own_database: PgSchema,
 ) -> None:
     # An operator's transaction holds the job's row as its code ends, past the
     # database's lock_timeout: the success is written once the row is free.
     _alter(own_database.dsn, "ALTER DATABASE {db} SET lock_timeout = '200ms'")
-    tq = TaskQ(own_database.dsn, schema=own_database.name, actors=[sleeper])
-    async with tq:
-        job = await tq.client.enqueue(sleeper, {"seconds": 0.5})
-        async with running(tq, SETTINGS):
-            await _started(job.id)
-            rival: asyncpg.Connection[Any] = await asyncpg.connect(own_database.dsn)
-            try:
-                await rival.execute("BEGIN")
-                await rival.execute(
-                    f"SELECT 1 FROM {own_database.name}.jobs WHERE id = $1 FOR UPDATE", job.id
-                )
-                async with asyncio.timeout(10):
-                    while not ENDED[job.id]:  # noqa: ASYNC110 - the actor's own count
-                        await asyncio.sleep(0.02)
-                await asyncio.sleep(1)  # its outcome write waits, and times out, meanwhile
-            finally:
-                await rival.close()
-            await tq.client.wait_for_result(job.id, timeout=20)
-        row = await tq.client.get(job.id)
-        attempts = await tq.client.get_attempts(job.id)
-    assert row is not None and row.status is JobStatus.SUCCEEDED
-    assert [a.outcome for a in attempts] == ["succeeded"]
-    assert RUNS[job.id] == 1
+    row, attempts = await _ends_while_held(own_database, SETTINGS, _HOLD_ROW, seconds=1)
+    assert row.status is JobStatus.SUCCEEDED and attempts == ["succeeded"]
+    assert RUNS[row.id] == 1
 
 
 async def test_a_success_write_past_the_statement_timeout_on_a_held_row_is_retried(
@@ -137,28 +150,10 @@ async def test_a_success_write_past_the_statement_timeout_on_a_held_row_is_retri
     # The row is held for three leases: the heartbeat skips it (no renewal), so the
     # timeouts are the holder's doing, not the write's, and the success lands after.
     _alter(own_database.dsn, "ALTER DATABASE {db} SET statement_timeout = '200ms'")
-    tq = TaskQ(own_database.dsn, schema=own_database.name, actors=[sleeper])
     # No sweep: the lease lapses while the row is held, and a reclaim would end the job.
     settings = {**SETTINGS, "lock_lease": "1s", "maintenance_interval": "1h"}
-    async with tq:
-        job = await tq.client.enqueue(sleeper, {"seconds": 0.3})
-        async with running(tq, settings):
-            await _started(job.id)
-            rival: asyncpg.Connection[Any] = await asyncpg.connect(own_database.dsn)
-            try:
-                await rival.execute("BEGIN")
-                await rival.execute(
-                    f"SELECT 1 FROM {own_database.name}.jobs WHERE id = $1 FOR UPDATE", job.id
-                )
-                async with asyncio.timeout(10):
-                    while not ENDED[job.id]:  # noqa: ASYNC110 - the actor's own count
-                        await asyncio.sleep(0.02)
-                await asyncio.sleep(3)
-            finally:
-                await rival.close()
-            await tq.client.wait_for_result(job.id, timeout=20)
-        row = await tq.client.get(job.id)
-    assert row is not None and row.status is JobStatus.SUCCEEDED
+    row, _ = await _ends_while_held(own_database, settings, _HOLD_ROW, seconds=3)
+    assert row.status is JobStatus.SUCCEEDED
 
 
 @actor(name="refusals.large")
@@ -207,23 +202,7 @@ async def test_a_success_write_past_the_statement_timeout_on_a_locked_history_ta
     # held up too: the write fails on the lock, not on what it carries, and is retried
     # until it lands, as a held row's is.
     _alter(own_database.dsn, "ALTER DATABASE {db} SET statement_timeout = '200ms'")
-    tq = TaskQ(own_database.dsn, schema=own_database.name, actors=[sleeper])
     settings = {**SETTINGS, "lock_lease": "1s", "maintenance_interval": "1h"}
-    async with tq:
-        job = await tq.client.enqueue(sleeper, {"seconds": 0.3})
-        async with running(tq, settings):
-            await _started(job.id)
-            rival: asyncpg.Connection[Any] = await asyncpg.connect(own_database.dsn)
-            try:
-                await rival.execute("SET statement_timeout = 0")
-                await rival.execute("BEGIN")
-                await rival.execute(f"LOCK TABLE {own_database.name}.job_attempts IN SHARE MODE")
-                async with asyncio.timeout(10):
-                    while not ENDED[job.id]:  # noqa: ASYNC110 - the actor's own count
-                        await asyncio.sleep(0.02)
-                await asyncio.sleep(3)
-            finally:
-                await rival.close()
-            await tq.client.wait_for_result(job.id, timeout=20)
-        row = await tq.client.get(job.id)
-    assert row is not None and row.status is JobStatus.SUCCEEDED
+    hold = "LOCK TABLE {s}.job_attempts IN SHARE MODE"
+    row, _ = await _ends_while_held(own_database, settings, hold, seconds=3)
+    assert row.status is JobStatus.SUCCEEDED

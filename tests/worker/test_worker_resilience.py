@@ -13,6 +13,7 @@ import structlog
 import structlog.testing
 
 from taskq import (
+    Actor,
     EnqueueArgs,
     EnqueueItem,
     JobRow,
@@ -147,6 +148,20 @@ async def _until_finished(tq: TaskQ, jobs: list[JobRow]) -> None:
             await asyncio.sleep(0.05)
 
 
+async def _one_job(backend: InMemoryBackend, job_actor: Actor[..., Any]) -> JobRow:
+    """``job_actor``'s one job, run by a worker of short leases until it ends, as it
+    ended: no sweep, so nothing but the worker's own writes can finish it."""
+    tq = TaskQ("memory://", actors=[job_actor], backend=backend)
+    settings = {**SETTINGS, "lock_lease": "500ms", "maintenance_interval": "1h"}
+    async with tq:
+        job = await tq.client.enqueue(job_actor, {})
+        async with running(tq, settings):
+            await _until_finished(tq, [job])
+        row = await tq.client.get(job.id)
+    assert row is not None
+    return row
+
+
 async def test_a_success_write_failing_longer_than_the_lease_lands_once_it_can() -> None:
     # The heartbeat renews every job locked by its worker. A worker that gave up on
     # the write (it used to, after one lease) left the job running and locked, renewed
@@ -173,16 +188,9 @@ async def test_a_success_write_failing_longer_than_the_lease_lands_once_it_can()
         return "done"
 
     backend = Blip()
-    tq = TaskQ("memory://", actors=[quick], backend=backend)
-    # No sweep: nothing but the worker's own write can finish the job.
-    settings = {**SETTINGS, "lock_lease": "500ms", "maintenance_interval": "1h"}
-    async with tq:
-        job = await tq.client.enqueue(quick, {})
-        async with running(tq, settings):
-            await _until_finished(tq, [job])
-        row = await tq.client.get(job.id)
-        assert row is not None and row.status is JobStatus.SUCCEEDED and row.result == "done"
-        assert [a.outcome for a in await tq.client.get_attempts(job.id)] == ["succeeded"]
+    row = await _one_job(backend, quick)
+    assert row.status is JobStatus.SUCCEEDED and row.result == "done"
+    assert [a.outcome for a in await backend.get_attempts(row.id)] == ["succeeded"]
 
 
 class StatementTimeout(OSError):
@@ -220,16 +228,10 @@ async def test_a_success_write_the_database_cancels_at_every_try_fails_the_job()
     # Retried forever, the job stayed running and held its slot for the worker's life.
     # The database renews the job's lease meanwhile: it answers, and the row is free.
     backend = Cancels()
-    tq = TaskQ("memory://", actors=[quick], backend=backend)
-    settings = {**SETTINGS, "lock_lease": "500ms", "maintenance_interval": "1h"}
-    async with tq:
-        job = await tq.client.enqueue(quick, {})
-        with structlog.testing.capture_logs() as logs:
-            async with running(tq, settings):
-                await _until_finished(tq, [job])
-        row = await tq.client.get(job.id)
-        attempts = await tq.client.get_attempts(job.id)
-    assert row is not None and row.status is JobStatus.FAILED and row.error is not None
+    with structlog.testing.capture_logs() as logs:
+        row = await _one_job(backend, quick)
+    attempts = await backend.get_attempts(row.id)
+    assert row.status is JobStatus.FAILED and row.error is not None
     assert row.error.error_class == "taskq.errors.OutcomeNotRecorded"
     assert "statement timeout" in row.error.message and "succeeded write" in row.error.message
     assert [a.outcome for a in attempts] == ["failed"]
@@ -249,14 +251,8 @@ async def test_a_cancelled_success_write_is_retried_while_the_lease_cannot_be_re
 
     backend = Cancels()
     backend.always = False
-    tq = TaskQ("memory://", actors=[quick], backend=backend)
-    settings = {**SETTINGS, "lock_lease": "500ms", "maintenance_interval": "1h"}
-    async with tq:
-        job = await tq.client.enqueue(quick, {})
-        async with running(tq, settings):
-            await _until_finished(tq, [job])
-        row = await tq.client.get(job.id)
-    assert row is not None and row.status is JobStatus.SUCCEEDED and row.result == "done"
+    row = await _one_job(backend, quick)
+    assert row.status is JobStatus.SUCCEEDED and row.result == "done"
 
 
 async def test_a_success_whose_first_try_committed_is_not_reported_as_lost() -> None:
@@ -475,11 +471,5 @@ async def test_a_held_row_is_retried_with_a_heartbeat_that_only_counts() -> None
         return "done"
 
     backend = CountOnlyHeldRow()
-    tq = TaskQ("memory://", actors=[quick], backend=backend)
-    settings = {**SETTINGS, "lock_lease": "500ms", "maintenance_interval": "1h"}
-    async with tq:
-        job = await tq.client.enqueue(quick, {})
-        async with running(tq, settings):
-            await _until_finished(tq, [job])
-        row = await tq.client.get(job.id)
-    assert row is not None and row.status is JobStatus.SUCCEEDED and row.result == "done"
+    row = await _one_job(backend, quick)
+    assert row.status is JobStatus.SUCCEEDED and row.result == "done"

@@ -62,6 +62,7 @@ __all__ = [
     "SuccessWrite",
     "check_key_text",
     "from_valid_values",
+    "registered_over",
 ]
 
 JobId: TypeAlias = UUID
@@ -566,6 +567,20 @@ class ActorConfig(_Model):
     def _no_nul(cls, value: str | None) -> str | None:
         # As @actor refuses them: Postgres raised a driver error, memory stored them.
         return check_key_text(value)
+
+
+def registered_over(config: ActorConfig, earlier: ActorConfig | None) -> ActorConfig:
+    """``config`` as ``register_actors`` stores it over the ``earlier`` registration of
+    its actor: a queue or job defaults it leaves None keep the earlier ones (an older
+    worker's registration does not erase them)."""
+    if earlier is None:
+        return config
+    kept = {
+        field: getattr(earlier, field)
+        for field in ("queue", "job_defaults")
+        if getattr(config, field) is None
+    }
+    return config.model_copy(update=kept) if kept else config
 
 
 class QueueConfig(_Model):

@@ -75,6 +75,7 @@ from taskq.models import (
     ScheduleRecord,
     ScheduleUpdateArgs,
     SuccessWrite,
+    registered_over,
 )
 from taskq_postgres._bounded import BoundedPool, PinnedConnection
 from taskq_postgres._connect import (
@@ -791,15 +792,7 @@ class PostgresBackend:
         # it (a later one without a queue or job defaults keeps the earlier one's).
         folded: dict[str, ActorConfig] = {}
         for config in configs:
-            earlier = folded.get(config.actor)
-            if earlier is not None:
-                kept = {
-                    field: getattr(earlier, field)
-                    for field in ("queue", "job_defaults")
-                    if getattr(config, field) is None
-                }
-                config = config.model_copy(update=kept)
-            folded[config.actor] = config
+            folded[config.actor] = registered_over(config, folded.get(config.actor))
         latest = list(folded.values())
         if not latest:
             return

@@ -82,6 +82,7 @@ from taskq.models import (
     ScheduleRecord,
     ScheduleUpdateArgs,
     SuccessWrite,
+    registered_over,
 )
 
 __all__ = ["InMemoryBackend"]
@@ -222,15 +223,7 @@ class InMemoryBackend:
             for config in configs
         ]
         for config in configs:
-            known = self._actors.get(config.actor)
-            if known is not None:
-                kept = {
-                    field: getattr(known, field)
-                    for field in ("queue", "job_defaults")
-                    if getattr(config, field) is None
-                }
-                config = config.model_copy(update=kept)
-            self._actors[config.actor] = config
+            self._actors[config.actor] = registered_over(config, self._actors.get(config.actor))
 
     async def configure_queue(self, config: QueueConfig) -> None:
         """Upsert a queue's mode and ``max_concurrent``."""

@@ -196,3 +196,26 @@ async def test_many_pairs_read_their_cohorts_to_the_level_the_batch_needs(
     # A probe per cohort naming it, a few per pair (past its last key, its unkeyed jobs),
     # and each cohort's first job: the level is 1. Each pair to its own depth: 11,101.
     assert read <= 1000 + 150 + 1000, read
+
+
+async def test_a_lone_pairs_shallow_cohorts_are_read_once(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    # One actor, 5 cohorts of one job and 5 of 20, a sample of 20: the level (2) is the
+    # pair's own depth. The shallow cohorts end before it, so the pair falls back to its
+    # own depth, which the reads to the level already made, then to the sample's size.
+    s = pg_schema.name
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, queue, fairness_key)"
+        f" SELECT 'a', 'rr', CASE WHEN g <= 5 THEN 't' || g ELSE 'deep' || (g % 5) END"
+        f" FROM generate_series(1, 105) g"
+    )
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    statement = statements_for(s).dispatch_round_robin
+    args: list[Any] = [["rr"], 10, uuid4(), timedelta(minutes=5), 2, [], [], ["rr"]]
+    args += [[], [], 0, 0, None]
+    [[plan]] = await conn.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args)
+    read = index_rows(json.loads(plan)[0]["Plan"], "jobs_fairness_idx", filtered=True)
+    # The cohorts named, their jobs to the level, the deep ones to 20: the reads to the
+    # level made again as the pair's own took 10 more.
+    assert read <= 132, read

@@ -35,9 +35,10 @@ per-actor branches do not run::
                         could fill the batch hold limit_n * oversample jobs
     rr_pairs            round robin: each pair's cohorts, and how deep to read each (to
                         the pair's own depth, and ``capped`` at the level)
-    rr_capped, rr_capped_ended, rr_use_capped
+    rr_capped, rr_capped_kept, rr_use_capped
                         round robin: every pair's cohorts read to the level; the
-                        cohorts those reads ended early; whether they are the candidates
+                        cohorts those reads ended early or read to the pair's own depth
+                        (not read again); whether they are the candidates
     candidates          CROSS JOIN LATERAL per (queue, actor), LIMIT residual * oversample,
                         past the jobs whose identity is running (strict FIFO: only when
                         the head does not suffice; round robin: its cohorts read to
@@ -445,14 +446,16 @@ rr_capped AS MATERIALIZED (
     ) c
     WHERE (SELECT l.depth IS NOT NULL FROM rr_level l)
 ),
--- The cohorts those reads went to the end of (fewer jobs than their depth: shallow, or
--- their jobs waiting on running identities), keyed by (is NULL, text) for equality
--- joins, hashable, where IS NOT DISTINCT FROM is a nested loop of all by all.
-rr_capped_ended AS MATERIALIZED (
+-- The cohorts those reads need not be made again for: ``ended``, read to their end
+-- (fewer jobs than their depth: shallow, or their jobs waiting on running identities),
+-- or read to their pair's own depth already (a lone pair's are). Keyed by (is NULL,
+-- text) for equality joins, hashable, where IS NOT DISTINCT FROM is a nested loop of
+-- all by all.
+rr_capped_kept AS MATERIALIZED (
     SELECT pr.queue, pr.actor, co.fairness_key IS NULL AS unkeyed,
-           coalesce(co.fairness_key, '') AS fairness_key
+           coalesce(co.fairness_key, '') AS fairness_key, co.capped > coalesce(r.n, 0) AS ended
     FROM rr_pairs pr
-    CROSS JOIN unnest(pr.keys, pr.capped) AS co (fairness_key, to_depth)
+    CROSS JOIN unnest(pr.keys, pr.capped, pr.to_depth) AS co (fairness_key, capped, to_depth)
     LEFT JOIN (
         SELECT r.queue, r.actor, r.fairness_key IS NULL AS unkeyed,
                coalesce(r.fairness_key, '') AS fairness_key, count(*) AS n
@@ -461,15 +464,16 @@ rr_capped_ended AS MATERIALIZED (
     ) r ON r.queue = pr.queue AND r.actor = pr.actor
        AND r.unkeyed = (co.fairness_key IS NULL)
        AND r.fairness_key = coalesce(co.fairness_key, '')
-    WHERE (SELECT l.depth IS NOT NULL FROM rr_level l) AND co.to_depth > coalesce(r.n, 0)
+    WHERE (SELECT l.depth IS NOT NULL FROM rr_level l)
+      AND (co.capped > coalesce(r.n, 0) OR co.capped >= co.to_depth)
 ),
 -- Those reads are the candidates unless one ended early: then the cohorts may hold
 -- fewer jobs up to the level than it assumed, and the batch may need some past it, so
--- every pair is sampled to its own depth as without a level (the cohorts read to
--- their end already keep what they gave, not read again).
+-- every pair is sampled to its own depth as without a level (the cohorts kept above
+-- keep what they gave, not read again).
 rr_use_capped (ok) AS (
     SELECT (SELECT l.depth IS NOT NULL FROM rr_level l)
-           AND NOT EXISTS (SELECT 1 FROM rr_capped_ended)
+           AND NOT EXISTS (SELECT 1 FROM rr_capped_kept k WHERE k.ended)
 ),
 candidates AS (
     SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key,
@@ -502,13 +506,13 @@ candidates AS (
     SELECT r.id, r.actor, r.queue, r.priority, r.scheduled_at, r.identity_key,
            r.fairness_key, r.running, r.turn, r.cohort_rank
     FROM rr_capped r
-    JOIN rr_capped_ended e
+    JOIN rr_capped_kept e
       ON e.queue = r.queue AND e.actor = r.actor AND e.unkeyed = (r.fairness_key IS NULL)
      AND e.fairness_key = coalesce(r.fairness_key, '')
     WHERE NOT (SELECT u.ok FROM rr_use_capped u) AND r.queue = pa.queue AND r.actor = pa.actor""",
-        # Read to their end by the reads to the level: their rows are taken from there.
+        # Kept from the reads to the level: their rows are taken from there.
         skip="""EXISTS (
-                  SELECT 1 FROM rr_capped_ended e
+                  SELECT 1 FROM rr_capped_kept e
                   WHERE e.queue = pa.queue AND e.actor = pa.actor
                     AND e.unkeyed = (co.fairness_key IS NULL)
                     AND e.fairness_key = coalesce(co.fairness_key, ''))""",

@@ -168,7 +168,6 @@ def _cancelled_by_database(state: WorkerState, exc: BaseException) -> bool:
 
 
 def _refused(what: str, seconds: float, exc: BaseException) -> OutcomeNotRecorded:
-    _log.error("taskq.outcome-write-refused", write=what, error=repr(exc), seconds=seconds)
     return OutcomeNotRecorded(
         f"the {what} write was cancelled at every try for {seconds:.0f}s ({exc!r}) while "
         f"the database renewed the job's lease and took this failure in its place: the "
@@ -773,8 +772,10 @@ async def _failed_instead(
             attempt=row.attempt,
         )
     except transient_errors() as exc:
-        _log.warning("taskq.outcome-write-refusal-withdrawn", write="failed", error=repr(exc))
+        # Said at info: the success write's retries go on, each said as a warning.
+        _log.info("taskq.outcome-write-refusal-withdrawn", write="failed", error=repr(exc))
         return False
+    _log.error("taskq.outcome-write-refused", write="succeeded", error=repr(refused.__cause__))
     await _failure_written(state, row, info, after, fenced=False)
     return True
 

@@ -219,3 +219,32 @@ async def test_a_lone_pairs_shallow_cohorts_are_read_once(
     # The cohorts named, their jobs to the level, the deep ones to 20: the reads to the
     # level made again as the pair's own took 10 more.
     assert read <= 132, read
+
+
+@pytest.mark.parametrize("oversample", [1, 2])
+async def test_identity_duplicates_read_to_the_level_do_not_short_the_batch(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema, oversample: int
+) -> None:
+    # Actor a's cohorts all hold jobs of one identity (none running: nothing ends a read
+    # early), actor b's one cohort plain jobs. The level counts a's cohorts as if each
+    # gave a job a level, but one identity gives one job: read to the level alone, the
+    # batch came up short (oversample 1: 3 of 4, oversample 2: 3 of 4), where each pair
+    # read to its own depth (before the level) gave the round-robin order's first 4.
+    s = pg_schema.name
+    a_keys = ["k"] if oversample == 1 else ["k", "l", "n"]
+    a_jobs = [(key, i) for i in range(2) for key in a_keys]
+    rows = [(uuid4(), "a", key, "x", START + timedelta(seconds=i)) for key, i in a_jobs]
+    rows += [(uuid4(), "b", "m", None, START + timedelta(seconds=10 + i)) for i in range(8)]
+    await conn.executemany(
+        f"INSERT INTO {s}.jobs (id, actor, queue, fairness_key, identity_key, scheduled_at)"
+        f" VALUES ($1, $2, 'rr', $3, $4, $5)",
+        rows,
+    )
+    statement = statements_for(s).dispatch_round_robin
+    args: list[Any] = [["rr"], 4, uuid4(), timedelta(minutes=5), oversample, [], [], ["rr"]]
+    args += [[], [], 0, 0, None]
+    got = [row["id"] for row in await conn.fetch(statement, *args)]
+    # Level 1: a's first job (its identity's only one) and m's first; then m's next two.
+    first_a = min((r for r in rows if r[1] == "a"), key=lambda r: (r[4], r[0]))
+    expected = [first_a[0], *(r[0] for r in rows if r[1] == "b")][:4]
+    assert got == expected

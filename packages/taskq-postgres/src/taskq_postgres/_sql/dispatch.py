@@ -470,10 +470,18 @@ rr_capped_kept AS MATERIALIZED (
 -- Those reads are the candidates unless one ended early: then the cohorts may hold
 -- fewer jobs up to the level than it assumed, and the batch may need some past it, so
 -- every pair is sampled to its own depth as without a level (the cohorts kept above
--- keep what they gave, not read again).
+-- keep what they gave, not read again). Likewise when two of those reads' jobs share
+-- an actor and identity: the level counted each as a job the batch can take, but the
+-- walk takes one, so the batch may need jobs past the level (read to it alone, a
+-- cohort of one actor's identity shorted the batch that another actor's deeper
+-- cohort filled).
 rr_use_capped (ok) AS (
     SELECT (SELECT l.depth IS NOT NULL FROM rr_level l)
            AND NOT EXISTS (SELECT 1 FROM rr_capped_kept k WHERE k.ended)
+           AND NOT EXISTS (
+               SELECT 1 FROM rr_capped r WHERE r.identity_key IS NOT NULL
+               GROUP BY r.actor, r.identity_key HAVING count(*) > 1
+           )
 ),
 candidates AS (
     SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key,

@@ -250,9 +250,6 @@ async def test_identity_duplicates_read_to_the_level_do_not_short_the_batch(
     assert got == expected
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the level counts a key whose levels a capped queue's jobs take"
-)
 async def test_a_capped_queues_jobs_in_a_key_the_level_counts(
     conn: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:

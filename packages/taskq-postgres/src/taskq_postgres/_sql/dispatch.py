@@ -482,6 +482,26 @@ rr_use_capped (ok) AS (
                SELECT 1 FROM rr_capped r WHERE r.identity_key IS NOT NULL
                GROUP BY r.actor, r.identity_key HAVING count(*) > 1
            )
+           -- and when a key the level counted has jobs of a pair that could not fill the
+           -- batch (a capped queue, an actor with fewer free slots): those jobs take the
+           -- key's levels, but the caps may refuse them (a crowded pair of those may
+           -- hold any key).
+           AND NOT EXISTS (
+               SELECT 1
+               FROM rr_capped r
+               JOIN per_actor_capacity pac ON pac.actor = r.actor
+               CROSS JOIN params p
+               GROUP BY r.fairness_key IS NULL, coalesce(r.fairness_key, '')
+               HAVING bool_or(pac.residual >= p.limit_n AND r.queue <> ALL (p.capped_queues))
+                  AND bool_or(pac.residual < p.limit_n OR r.queue = ANY (p.capped_queues))
+           )
+           AND NOT EXISTS (
+               SELECT 1
+               FROM rr_crowded rc
+               JOIN per_actor_capacity pac ON pac.actor = rc.actor
+               CROSS JOIN params p
+               WHERE pac.residual < p.limit_n OR rc.queue = ANY (p.capped_queues)
+           )
 ),
 candidates AS (
     SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key,

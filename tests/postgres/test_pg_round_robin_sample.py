@@ -87,6 +87,46 @@ async def _insert(conn: asyncpg.Connection[Any], schema: str, status: str, jobs:
     )
 
 
+def _args(
+    limit: int,
+    oversample: int,
+    turns: dict[str | None, int] | None = None,
+    *,
+    queues: tuple[str, ...] = ("rr",),
+    capped: tuple[list[str], list[int]] = ([], []),
+) -> list[Any]:
+    """The round-robin statement's parameters: ``queues`` all round robin, ``capped``
+    (queues, caps), the cohorts' ``turns``, no strict turn, every actor."""
+    turns = turns or {}
+    keyed = [key for key in turns if key is not None]
+    return [
+        list(queues),
+        limit,
+        uuid4(),
+        timedelta(minutes=5),
+        oversample,
+        *capped,
+        list(queues),
+        keyed,
+        [turns[key] for key in keyed],
+        turns.get(None, 0),
+        0,
+        None,
+    ]
+
+
+async def _fairness_reads(
+    conn: asyncpg.Connection[Any], schema: str, limit: int, oversample: int
+) -> int:
+    """The ``jobs_fairness_idx`` entries one round-robin dispatch goes through on the
+    jobs inserted (analyzed first, as a live table would be)."""
+    await conn.execute(f"VACUUM ANALYZE {schema}.jobs")
+    statement = statements_for(schema).dispatch_round_robin
+    explain = f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}"
+    [[plan]] = await conn.fetch(explain, *_args(limit, oversample))
+    return index_rows(json.loads(plan)[0]["Plan"], "jobs_fairness_idx", filtered=True)
+
+
 @pytest.mark.parametrize(
     ("keys", "sizes", "cases", "actors"),
     [
@@ -139,12 +179,8 @@ async def test_the_batch_is_the_head_of_the_round_robin_order(
             busy = [Job(uuid4(), key, 0, START) for _ in range(count)]
             await _insert(conn, s, "running", busy)
         limit = rng.randint(1, 12)
-        keyed = [key for key in turns if key is not None]
         oversample = 1 if len(actors) == 1 else rng.choice([1, 2])
-        args: list[Any] = [["rr"], limit, uuid4(), timedelta(minutes=5), oversample, [], []]
-        args += [["rr"]]
-        args += [keyed, [turns[key] for key in keyed], turns.get(None, 0), 0, None]
-        rows = await conn.fetch(statement, *args)
+        rows = await conn.fetch(statement, *_args(limit, oversample, turns))
         expected = _order(pending, running, turns)[:limit]
         assert [row["id"] for row in rows] == expected, (case, limit)
 
@@ -167,12 +203,7 @@ async def test_cohorts_waiting_on_running_identities_are_read_through_once(
         f" SELECT 'a', 'rr', 'running', 't' || g, 't' || g, gen_random_uuid(),"
         f" clock_timestamp() + interval '1 hour' FROM generate_series(0, 19) g"
     )
-    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
-    statement = statements_for(s).dispatch_round_robin
-    args: list[Any] = [["rr"], 10, uuid4(), timedelta(minutes=5), 2, [], [], ["rr"]]
-    args += [[], [], 0, 0, None]
-    [[plan]] = await conn.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args)
-    read = index_rows(json.loads(plan)[0]["Plan"], "jobs_fairness_idx", filtered=True)
+    read = await _fairness_reads(conn, s, 10, 2)
     # The 1,000 waiting jobs once, and a few probes per cohort naming the cohorts.
     assert 1000 <= read <= 1000 + 20 * 3, read
 
@@ -187,12 +218,7 @@ async def test_many_pairs_read_their_cohorts_to_the_level_the_batch_needs(
         f"INSERT INTO {s}.jobs (actor, queue, fairness_key)"
         f" SELECT 'a' || (g % 50), 'rr', 't' || (g % 1000) FROM generate_series(1, 10000) g"
     )
-    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
-    statement = statements_for(s).dispatch_round_robin
-    args: list[Any] = [["rr"], 100, uuid4(), timedelta(minutes=5), 2, [], [], ["rr"]]
-    args += [[], [], 0, 0, None]
-    [[plan]] = await conn.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args)
-    read = index_rows(json.loads(plan)[0]["Plan"], "jobs_fairness_idx", filtered=True)
+    read = await _fairness_reads(conn, s, 100, 2)
     # A probe per cohort naming it, a few per pair (past its last key, its unkeyed jobs),
     # and each cohort's first job: the level is 1. Each pair to its own depth: 11,101.
     assert read <= 1000 + 150 + 1000, read
@@ -210,12 +236,7 @@ async def test_a_lone_pairs_shallow_cohorts_are_read_once(
         f" SELECT 'a', 'rr', CASE WHEN g <= 5 THEN 't' || g ELSE 'deep' || (g % 5) END"
         f" FROM generate_series(1, 105) g"
     )
-    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
-    statement = statements_for(s).dispatch_round_robin
-    args: list[Any] = [["rr"], 10, uuid4(), timedelta(minutes=5), 2, [], [], ["rr"]]
-    args += [[], [], 0, 0, None]
-    [[plan]] = await conn.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args)
-    read = index_rows(json.loads(plan)[0]["Plan"], "jobs_fairness_idx", filtered=True)
+    read = await _fairness_reads(conn, s, 10, 2)
     # The cohorts named, their jobs to the level, the deep ones to 20 (132 entries): the
     # reads to the level made again as the pair's own took 10 more.
     assert read <= 136, read
@@ -241,9 +262,7 @@ async def test_identity_duplicates_read_to_the_level_do_not_short_the_batch(
         rows,
     )
     statement = statements_for(s).dispatch_round_robin
-    args: list[Any] = [["rr"], 4, uuid4(), timedelta(minutes=5), oversample, [], [], ["rr"]]
-    args += [[], [], 0, 0, None]
-    got = [row["id"] for row in await conn.fetch(statement, *args)]
+    got = [row["id"] for row in await conn.fetch(statement, *_args(4, oversample))]
     # Level 1: a's first job (its identity's only one) and m's first; then m's next two.
     first_a = min((r for r in rows if r[1] == "a"), key=lambda r: (r[4], r[0]))
     expected = [first_a[0], *(r[0] for r in rows if r[1] == "b")][:4]
@@ -274,6 +293,5 @@ async def test_a_capped_queues_jobs_in_a_key_the_level_counts(
         ],
     )
     statement = statements_for(s).dispatch_round_robin
-    args: list[Any] = [["r1", "r2"], 1, uuid4(), timedelta(minutes=5), 1, ["r1"], [0]]
-    args += [["r1", "r2"], [], [], 0, 0, None]
+    args = _args(1, 1, queues=("r1", "r2"), capped=(["r1"], [0]))
     assert [row["id"] for row in await conn.fetch(statement, *args)] == [m1]

@@ -378,6 +378,21 @@ async def test_an_idempotent_retry_at_max_pending_gets_its_job_back(
     assert [r.id for r in await tq.client.list_jobs()] == [first.id]
 
 
+async def test_max_pending_counts_a_backlog_only_up_to_the_limit(taskq_backend: Backend) -> None:
+    # Every refused enqueue counted the actor's whole backlog: a million waiting rows
+    # read for each producer's retry, while the queue was already past its limit.
+    from taskq.errors import MaxPendingExceededError
+
+    tq = TaskQ("memory://", actors=[capped], backend=taskq_backend)
+    async with tq:
+        # Past the limit by other means (the limit lowered since): five waiting jobs.
+        backlog = [tq.client.build_args(capped, {}) for _ in range(5)]
+        await taskq_backend.enqueue_batch(backlog)
+        with pytest.raises(MaxPendingExceededError) as refused:
+            await tq.client.enqueue(capped, {})
+    assert "already has 1 or more waiting jobs (max_pending=1)" in str(refused.value)
+
+
 @pytest.mark.parametrize("fast", [False, True], ids=["enqueue_batch", "enqueue_batch_fast"])
 async def test_items_repeating_a_new_key_count_once_against_max_pending(
     taskq_backend: Backend, fast: bool

@@ -220,6 +220,23 @@ def test_max_pending_is_enforced(client: SyncJobsClient) -> None:
         client.enqueue(capped, {})
 
 
+def test_max_pending_counts_a_backlog_only_up_to_the_limit(pg_pooled_schema: PgSchema) -> None:
+    # As the async client: a refused enqueue reads the limit's worth of the backlog.
+    @actor(name="sync.capped")  # the limit not yet set: five jobs wait
+    async def uncapped(payload: dict[str, Any]) -> None:
+        return None
+
+    dsn, schema = pg_pooled_schema.dsn, pg_pooled_schema.name
+    with SyncJobsClient(dsn, actors=[uncapped], schema=schema) as before:
+        before.enqueue_batch([(uncapped, {})] * 5)
+    with (
+        SyncJobsClient(dsn, actors=ACTORS, schema=schema) as client,
+        pytest.raises(MaxPendingExceededError) as refused,
+    ):
+        client.enqueue(capped, {})
+    assert "already has 2 or more waiting jobs (max_pending=2)" in str(refused.value)
+
+
 def test_an_idempotent_retry_at_max_pending_gets_its_job_back(client: SyncJobsClient) -> None:
     first = client.enqueue(capped, {}, idempotency_key="order-7")
     client.enqueue(capped, {})

@@ -354,7 +354,7 @@ async def test_max_pending_read_failure_fails_open() -> None:
         async def get_actor_max_pending(self) -> dict[str, int | None]:
             raise ConnectionError("blip")
 
-        async def count_pending_jobs(self, actors: list[str]) -> dict[str, int]:
+        async def count_pending_jobs(self, actors: list[str], **_: Any) -> dict[str, int]:
             return dict.fromkeys(actors, 0)
 
     tq = TaskQ("memory://", actors=[limited], backend=Flaky())

@@ -331,14 +331,16 @@ def check_capacity(
     counts: Mapping[str, int], bounded: Mapping[str, int], waiting: Mapping[str, int]
 ) -> None:
     """``MaxPendingExceededError`` when an actor's ``waiting`` jobs plus ``counts[actor]``
-    would pass its ``bounded`` limit."""
+    would pass its ``bounded`` limit. ``waiting`` may be counted up to the limit only
+    (``count_pending_jobs(up_to=...)``): a count at the limit reads "or more"."""
     for name, limit in bounded.items():
         have, more = waiting.get(name, 0), counts[name]
         if have + more > limit:
             # A batch alone can pass the limit: "already has 0 waiting" read as a bug.
             adding = "" if more == 1 else f" and this call adds {more}"
+            many = f"{have} or more" if have >= limit else str(have)
             raise MaxPendingExceededError(
-                f"actor {name!r} already has {have} waiting jobs{adding} "
+                f"actor {name!r} already has {many} waiting jobs{adding} "
                 f"(max_pending={limit}); retry later or raise its max_pending"
             )
 

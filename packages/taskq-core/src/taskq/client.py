@@ -167,7 +167,9 @@ class JobsClient:
             limits = await self._capacity.limits()
         bounded = self._build.bounded(counts, limits)
         if bounded:
-            check_capacity(counts, bounded, await self._backend.count_pending_jobs(sorted(bounded)))
+            # Counted up to each limit: check_capacity needs no more to refuse.
+            waiting = await self._backend.count_pending_jobs(sorted(bounded), up_to=bounded)
+            check_capacity(counts, bounded, waiting)
 
     async def enqueue(self, actor: ActorRef, payload: Any, **options: Any) -> JobRow:
         """Enqueue one job; options as :meth:`build_args`. Returns the stored row

@@ -1582,9 +1582,14 @@ class PostgresBackend:
         sql = self._sql.list_jobs.replace(WHERE_TOKEN, clause).replace(ORDER_TOKEN, order)
         return [job_row(r) for r in await self._db().fetch(sql, *params.values)]
 
-    async def count_pending_jobs(self, actors: list[str]) -> dict[str, int]:
-        """Waiting (pending + scheduled) jobs of each actor asked for."""
-        records = await self._db().fetch(self._sql.count_pending_jobs, list(dict.fromkeys(actors)))
+    async def count_pending_jobs(
+        self, actors: list[str], *, up_to: Mapping[str, int] | None = None
+    ) -> dict[str, int]:
+        """Waiting (pending + scheduled) jobs of each actor asked for, each stopped at
+        its ``up_to`` if it has one."""
+        asked = list(dict.fromkeys(actors))
+        limits = [None if up_to is None else up_to.get(actor) for actor in asked]
+        records = await self._db().fetch(self._sql.count_pending_jobs, asked, limits)
         counts = {r["actor"]: int(r["waiting"]) for r in records}
         return {actor: counts.get(actor, 0) for actor in actors}
 

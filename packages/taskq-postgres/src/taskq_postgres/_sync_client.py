@@ -232,7 +232,9 @@ class SyncJobsClient:
         bounded = self._build.bounded(counts, self._max_pending(cur))
         if not bounded:
             return
-        cur.execute(self._sql.count_pending_jobs, (sorted(bounded),))
+        asked = sorted(bounded)
+        # Counted up to each limit: check_capacity needs no more to refuse.
+        cur.execute(self._sql.count_pending_jobs, (asked, [bounded[name] for name in asked]))
         waiting = {r["actor"]: int(r["waiting"]) for r in cur.fetchall()}
         check_capacity(counts, bounded, waiting)
 

@@ -430,8 +430,12 @@ class Backend(Protocol):
         """Jobs matching the filter, ordered by (created_at, id), one page."""
         ...
 
-    async def count_pending_jobs(self, actors: list[str]) -> dict[str, int]:
-        """Waiting (pending + scheduled) jobs per actor, for every actor asked."""
+    async def count_pending_jobs(
+        self, actors: list[str], *, up_to: Mapping[str, int] | None = None
+    ) -> dict[str, int]:
+        """Waiting (pending + scheduled) jobs per actor, for every actor asked; for an
+        actor in ``up_to`` the count stops there (``min(waiting, up_to[actor])``), so
+        checking a limit does not count a backlog far past it."""
         ...
 
     async def get_actor_max_pending(self) -> dict[str, int | None]:

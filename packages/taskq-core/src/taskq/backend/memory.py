@@ -1039,9 +1039,15 @@ class InMemoryBackend:
         """One page of the jobs ``filters`` selects, in ``(created_at, id)`` order."""
         return [_copy(row) for row in select_jobs(self._jobs.values(), filters)]
 
-    async def count_pending_jobs(self, actors: list[str]) -> dict[str, int]:
-        """Waiting (pending + scheduled) jobs of each actor asked for."""
-        return self._count_waiting(actors)
+    async def count_pending_jobs(
+        self, actors: list[str], *, up_to: Mapping[str, int] | None = None
+    ) -> dict[str, int]:
+        """Waiting (pending + scheduled) jobs of each actor asked for, each stopped at
+        its ``up_to`` if it has one."""
+        counts = self._count_waiting(actors)
+        if up_to:
+            counts = {a: min(n, up_to[a]) if a in up_to else n for a, n in counts.items()}
+        return counts
 
     def _count_waiting(self, actors: list[str]) -> dict[str, int]:
         counts = Counter(row.actor for row in self._jobs.values() if row.status in _WAITING)

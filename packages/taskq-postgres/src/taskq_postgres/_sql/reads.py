@@ -59,12 +59,19 @@ JOIN {schema}.jobs j ON j.id = page.id
 """
 )
 
+# $2 holds each actor's count limit (NULL: count all): a producer checking max_pending
+# against a backlog of a million rows reads its limit's worth of index entries, not
+# the million, on every refused enqueue.
 COUNT_PENDING_JOBS: Final = """
 -- arbiter: none
-SELECT a.actor, count(j.id) AS waiting
-FROM unnest($1::text[]) AS a (actor)
-LEFT JOIN {schema}.jobs j ON j.actor = a.actor AND j.status IN ('pending', 'scheduled')
-GROUP BY a.actor
+SELECT a.actor, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM {schema}.jobs j
+        WHERE j.actor = a.actor AND j.status IN ('pending', 'scheduled')
+        LIMIT a.up_to
+    ) AS w
+) AS waiting
+FROM unnest($1::text[], $2::bigint[]) AS a (actor, up_to)
 """
 
 COUNT_ACTIVE_JOBS: Final = """

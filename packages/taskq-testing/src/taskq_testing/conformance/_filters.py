@@ -220,6 +220,18 @@ class FilterTests:
         counts = await backend.count_pending_jobs(["counted", "idle"])
         assert (counts["counted"], counts["idle"]) == (3, 0)
 
+    @covers("count_pending_jobs")
+    async def test_count_pending_jobs_stops_at_up_to(self, backend: Backend) -> None:
+        for _ in range(4):
+            await reach(backend, JobStatus.PENDING, actor="deep")
+        await reach(backend, JobStatus.SCHEDULED, actor="shallow")
+        await reach(backend, JobStatus.PENDING, actor="uncapped")
+        await reach(backend, JobStatus.PENDING, actor="uncapped")
+        counts = await backend.count_pending_jobs(
+            ["deep", "shallow", "uncapped"], up_to={"deep": 2, "shallow": 3}
+        )
+        assert counts == {"deep": 2, "shallow": 1, "uncapped": 2}
+
     @covers("count_active_jobs")
     async def test_count_active_jobs_counts_unfinished_jobs_in_the_queues(
         self, backend: Backend

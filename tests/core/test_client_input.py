@@ -10,6 +10,7 @@ import json
 import traceback
 from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_serializer
@@ -552,3 +553,52 @@ async def test_cancel_where_without_a_filter_refuses_rather_than_cancel_every_jo
         await tq.client.cancel_where(queue=None, actor=None, tags=[])
     assert (await tq.client.get(row.id)).status is JobStatus.PENDING  # type: ignore[union-attr]
     assert (await tq.client.cancel_where(JobFilter(), reason="all")).cancelled == [row.id]
+
+
+class _Resize(BaseModel):
+    image_id: int
+    width: int = 100
+
+
+class _Crop(BaseModel):
+    image_id: int
+    box: str = "0,0,10,10"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True)
+    shape: _Resize
+    label: str
+
+
+@actor(name="payloads.resize")
+async def resize(payload: _Resize) -> None:
+    return None
+
+
+@actor(name="payloads.strict")
+async def strict(payload: _Strict) -> None:
+    return None
+
+
+async def test_a_payload_of_another_model_is_refused_not_enqueued_as_this_actors() -> None:
+    # Refused by the model, the payload was read again as JSON (a fallback for strict
+    # types' stored form), so a Crop passed to the resize actor went in as a resize job:
+    # its box dropped, the width it never had set to the default.
+    tq = TaskQ("memory://", actors=[resize, strict])
+    async with tq:
+        with pytest.raises(PayloadValidationError, match="instance of _Resize"):
+            await tq.client.enqueue(resize, _Crop(image_id=1))
+        with pytest.raises(PayloadValidationError, match="shape"):
+            await tq.client.enqueue(strict, {"shape": _Crop(image_id=1), "label": "a"})
+        with pytest.raises(PayloadValidationError, match="label"):
+            await tq.client.enqueue(strict, {"shape": {"image_id": 1}, "label": uuid4()})
+        # The stored form (what a worker reads back) still validates, strict or not.
+        stored = {"shape": {"image_id": 1, "width": 5}, "label": "a"}
+        assert (await tq.client.enqueue(strict, stored)).payload == stored
+        assert (await tq.client.enqueue(resize, _Resize(image_id=2))).payload == {
+            "image_id": 2,
+            "width": 100,
+        }
+        assert await tq.client.list_jobs(actor="payloads.resize") != []
+        assert len(await tq.client.list_jobs()) == 2

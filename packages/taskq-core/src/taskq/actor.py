@@ -199,6 +199,12 @@ class Actor(Generic[P, R]):
         except ValidationError as exc:
             # A strict type takes the stored form (times, UUIDs, enum members as JSON
             # strings) only as JSON: pydantic's strict Python mode wants the objects.
+            # Only a value refused *in* that form is read again as JSON: an object of
+            # another type (another model's instance, a datetime for a str) is refused
+            # as pydantic refuses it, or a Crop model passed to a resize actor was
+            # enqueued as a resize job, the fields it lacked set to their defaults.
+            if not all(_stored_form(error.get("input")) for error in exc.errors()):
+                raise
             try:
                 as_json = to_json(payload)
             except (PydanticSerializationError, ValueError):
@@ -212,6 +218,30 @@ class Actor(Generic[P, R]):
         """The identity key for a (validated) payload, if the actor declares one."""
         fn = self.options.identity_key
         return None if fn is None else fn(payload)
+
+
+_STORED_SCALARS: Final = (str, int, float, bool, type(None))
+
+
+def _stored_form(value: object) -> bool:
+    """Whether ``value`` is made of JSON values only (what a stored payload is).
+    Iterative: a payload nested past the recursion limit is checked too; a cycle is not JSON."""
+    pending, seen = [value], set()
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict | list | tuple):
+            if id(item) in seen:
+                return False  # a cycle: no JSON value
+            seen.add(id(item))
+        if isinstance(item, dict):
+            if not all(isinstance(key, str) for key in item):
+                return False
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+        elif not isinstance(item, _STORED_SCALARS):
+            return False
+    return True
 
 
 @overload

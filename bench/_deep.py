@@ -109,16 +109,10 @@ async def dispatch_latency(
             DELETE FROM {s}.job_events e USING back WHERE e.job_id = back.id
             """
         )
-        # As taskq-worker does once started: what is loaded by now (here the bench's
-        # own objects too) is kept out of the cyclic collector. Otherwise its full
-        # passes, 14-22 ms each over this process's objects, fell in about one
-        # sample in 130 and made the p99 (the 298th of 300) the collector's, not the
-        # dispatch's.
-        gc.freeze()
         try:
             await _sample(backend, restore, samples, deadline, latencies, extra)
         finally:
-            gc.unfreeze()
+            gc.unfreeze()  # frozen by _sample after its warm-up
     finally:
         await backend.close()
         await conn.close()
@@ -136,11 +130,21 @@ async def _sample(
     latencies: list[float],
     extra: dict[str, Any],
 ) -> None:
-    """Time ``samples`` dispatches (after ``_WARMUP`` untimed ones) into ``latencies``,
-    each dispatch's jobs put back by ``restore``; a failure or the deadline ends it
-    with ``extra["error"]``."""
+    """Time ``samples`` dispatches (after ``_WARMUP`` untimed ones, then a collection
+    and a freeze of the heap, which the caller undoes) into ``latencies``, each
+    dispatch's jobs put back by ``restore``; a failure or the deadline ends it with
+    ``extra["error"]``."""
     worker_id = uuid4()
     for i in range(_WARMUP + samples):
+        if i == _WARMUP:
+            # As taskq-worker does once started: what lives on by now (here the
+            # bench's own objects and the warm-up's caches too) is kept out of the
+            # cyclic collector, the warm-up's garbage collected first rather than
+            # frozen with it. Otherwise the collector's full passes, 14-22 ms each over
+            # this process's objects, fell in about one sample in 130 and made the p99
+            # (the 298th of 300) the collector's, not the dispatch's.
+            gc.collect()
+            gc.freeze()
         if time.monotonic() > deadline:
             extra["error"] = f"timed out after {len(latencies)} of {samples} samples"
             break

@@ -53,6 +53,40 @@ def test_usage_errors_exit_1(args: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["enqueue", APP, "nap", "{}", "--delay", "-5s"],
+            (
+                "argument --delay: must not be negative, got '-5s'; to run the job now, "
+                "leave --delay out or give 0"
+            ),
+        ),
+        (
+            ["migrate", "--lock-timeout", "-50ms"],
+            "argument --lock-timeout: must be more than 0, got '-50ms'",
+        ),
+        (
+            ["migrate", "--max-lock-wait", "-1m"],
+            (
+                "argument --max-lock-wait: must not be negative, got '-1m'; give 0 to try "
+                "each migration once, without retrying"
+            ),
+        ),
+    ],
+    ids=["enqueue --delay", "migrate --lock-timeout", "migrate --max-lock-wait"],
+)
+def test_a_negative_duration_given_as_its_own_argument_reaches_the_duration_check(
+    args: list[str], expected: str
+) -> None:
+    # argparse took "-5s" for an option: "--delay -5s" said "expected one argument",
+    # where "--delay=-5s" said what was wrong.
+    result = run("taskq", *args, env=clean_env())
+    assert result.returncode == 1
+    assert f"taskq {args[0]}: error: {expected}\n" in result.stderr
+
+
+@pytest.mark.parametrize(
     "args", [["enqueue", APP, "nap", "{}"], ["jobs", "list"], ["jobs", "cancel", "0" * 32]]
 )
 def test_no_dsn_anywhere_says_how_to_give_one(args: list[str]) -> None:

@@ -115,17 +115,32 @@ def test_the_schema_wide_grants_a_refused_worker_is_given_are_all_it_needs(
     # Granted table by table as each refusal named it, a role took a run per table.
     role.grant("GRANT USAGE ON SCHEMA {} TO {}", pg_schema.name)
     line = _worker_error(role, pg_schema)
-    grants = line.partition("every table and sequence at once: ")[2].split("; ")
+    marker = "every table and sequence at once, the migrations' ledger left read-only: "
+    grants = line.partition(marker)[2].split("; ")
     tables, sequences = (f"ALL {k} IN SCHEMA {pg_schema.name}" for k in ("TABLES", "SEQUENCES"))
+    ledger = f"{pg_schema.name}.schema_migrations"
     assert grants == [
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables} TO {role.name}",
         f"GRANT USAGE, SELECT, UPDATE ON {sequences} TO {role.name}",
+        f"REVOKE INSERT, UPDATE, DELETE ON TABLE {ledger} FROM {role.name}",
     ]
     with psycopg.connect(role.admin_dsn, autocommit=True) as admin:
         for grant in grants:
             admin.execute(grant.encode())
     result = _worker(role, pg_schema)
     assert result.returncode == 0, result.stderr
+    # ... and no more: a worker reads the migrations' ledger, only `taskq migrate`
+    # writes it (the schema-wide grant alone let every worker rewrite it).
+    with psycopg.connect(role.dsn, autocommit=True) as worker:
+        ledger_sql = sql.Identifier(pg_schema.name, "schema_migrations")
+        worker.execute(sql.SQL("SELECT version FROM {}").format(ledger_sql))
+        for write in (
+            "INSERT INTO {} (version, checksum) VALUES ('99.99.99_01_post_x', repeat('0', 64))",
+            "UPDATE {} SET checksum = repeat('0', 64)",
+            "DELETE FROM {}",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                worker.execute(sql.SQL(write).format(ledger_sql))
 
 
 def test_migrate_without_create_on_the_database_says_so_in_one_line(role: Role) -> None:

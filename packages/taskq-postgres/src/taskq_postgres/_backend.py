@@ -126,7 +126,7 @@ from taskq_postgres._rows import (
 )
 from taskq_postgres._sql import prune as prune_sql
 from taskq_postgres._sql import render
-from taskq_postgres._sql.cancel import FILTER_TOKEN
+from taskq_postgres._sql.cancel import DIRECTION_TOKEN, FILTER_TOKEN
 from taskq_postgres._sql.reads import (
     ORDER_TOKEN,
     POOLED_SESSION_SETTINGS,
@@ -1460,9 +1460,16 @@ class PostgresBackend:
 
     # -- cancellation -------------------------------------------------------------------
     async def _cancel(
-        self, condition: str, params: Sequence[Any], reason: str | None
+        self,
+        condition: str,
+        params: Sequence[Any],
+        reason: str | None,
+        order: Literal["asc", "desc"] = "asc",
     ) -> BulkCancelResult:
-        sql = self._sql.cancel_jobs.replace(FILTER_TOKEN, condition)
+        direction = "DESC" if order == "desc" else "ASC"
+        sql = self._sql.cancel_jobs.replace(FILTER_TOKEN, condition).replace(
+            DIRECTION_TOKEN, direction
+        )
         tried = 0
         while True:
             tried += 1
@@ -1491,13 +1498,15 @@ class PostgresBackend:
 
     async def cancel_where(self, filter: JobFilter, reason: str | None) -> BulkCancelResult:
         """``write_cancel_request`` on every job ``filter`` selects (its limit ignored), in
-        one statement."""
+        one statement; events written and ids returned in the filter's order."""
         params = _Params(4)
         conditions = _job_conditions(filter, params)
-        return await self._cancel(" AND ".join(conditions) or "true", params.values, reason)
+        return await self._cancel(
+            " AND ".join(conditions) or "true", params.values, reason, filter.order
+        )
 
     async def poll_cancel_flags(self, worker_id: UUID) -> list[CancelFlag]:
-        """Running jobs of ``worker_id`` with a cancel request."""
+        """Running jobs of ``worker_id`` with a cancel request, oldest request first."""
         records = await self._db().fetch(self._sql.poll_cancel_flags, worker_id)
         return [cancel_flag(r) for r in records]
 

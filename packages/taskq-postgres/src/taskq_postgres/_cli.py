@@ -42,11 +42,27 @@ def _duration(text: str) -> timedelta:
 
 
 def _positive_duration(text: str) -> timedelta:
-    duration = _duration(text)
+    try:
+        duration = _duration(text)
+    except argparse.ArgumentTypeError as exc:
+        if not str(exc).startswith("must not be negative"):
+            raise
+        duration = timedelta(0)
     if duration <= timedelta(0):
         # Postgres reads a lock_timeout of 0 as "wait for ever".
         raise argparse.ArgumentTypeError(f"must be more than 0, got {text.strip()!r}")
     return duration
+
+
+def _max_lock_wait(text: str) -> timedelta:
+    try:
+        return _duration(text)
+    except argparse.ArgumentTypeError as exc:
+        if str(exc).startswith("must not be negative"):
+            raise argparse.ArgumentTypeError(
+                f"{exc}; give 0 to try each migration once, without retrying"
+            ) from None
+        raise
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +86,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-lock-wait",
-        type=_duration,
+        type=_max_lock_wait,
         metavar="DURATION",
         help="how long to keep retrying a migration that cannot get its locks (a long "
         "open transaction holds them) before failing (default: 1m)",

@@ -159,17 +159,24 @@ class Denial:
             fix = f"{grant} (run by its owner), or connect as a role that has it"
             if kind in ("table", "sequence"):
                 # Granted table by table, each run stopped at the next table refused.
-                fix += f"; every table and sequence at once: {_schema_grants(self.schema, grantee)}"
+                fix += (
+                    "; every table and sequence at once, the migrations' ledger left "
+                    f"read-only: {_schema_grants(self.schema, grantee)}"
+                )
         return InsufficientPrivilegeError(f"{who} lacks {lacks} on {kind} {target} {said}: {fix}")
 
 
 def _schema_grants(schema: str, grantee: str) -> str:
-    """The grants that give ``grantee`` every right TaskQ's statements use in ``schema``
-    (its migrations' ledger included, which a backend only reads)."""
+    """The statements that give ``grantee`` every right TaskQ's statements use in
+    ``schema``, and no more: the schema-wide grant covers the migrations' ledger too,
+    which a backend only reads (only ``taskq migrate`` writes it), so its writes are
+    taken back. The ledger has no sequence: the sequences' grant gives nothing on it."""
     s = _ident(schema)
+    ledger_writes = [r for r in _RIGHTS["table"] if r != "SELECT"]
     return (
         f"GRANT {', '.join(_RIGHTS['table'])} ON ALL TABLES IN SCHEMA {s} TO {grantee}; "
-        f"GRANT {', '.join(_RIGHTS['sequence'])} ON ALL SEQUENCES IN SCHEMA {s} TO {grantee}"
+        f"GRANT {', '.join(_RIGHTS['sequence'])} ON ALL SEQUENCES IN SCHEMA {s} TO {grantee}; "
+        f"REVOKE {', '.join(ledger_writes)} ON TABLE {s}.schema_migrations FROM {grantee}"
     )
 
 

@@ -120,6 +120,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     0), no longer how many (counting made a failing batch quadratic);
 #     SupportsCron.fire_due_schedules skips the slots past their actor's registered
 #     max_pending (a schedule of an actor no worker consumed piled up jobs unbounded).
+#     cancel_where returns its ids (and writes its events) in the filter's order, and
+#     poll_cancel_flags returns its flags oldest request first (each backend had its
+#     own order).
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
@@ -378,11 +381,19 @@ class Backend(Protocol):
         ...
 
     async def cancel_where(self, filter: JobFilter, reason: str | None) -> BulkCancelResult:
-        """``write_cancel_request`` for every job the filter selects (ignoring its limit)."""
+        """``write_cancel_request`` for every job the filter selects (ignoring its limit).
+
+        The work is done in the order the filter asks for, as ``list_jobs`` would list
+        the jobs: ``(created_at, id)`` ascending, or descending with ``order="desc"``.
+        ``cancelled`` and ``requested`` each hold their ids in that order, and the
+        jobs' events (``state_change``, ``cancel_requested``) get increasing event ids
+        in it."""
         ...
 
     async def poll_cancel_flags(self, worker_id: UUID) -> list[CancelFlag]:
-        """Running jobs of ``worker_id`` with a cancel request."""
+        """Running jobs of ``worker_id`` with a cancel request, oldest request first:
+        ordered by ``(cancel_requested_at, job_id)``, so the worker observes (and logs)
+        the requests in the order they were made, the same on every backend."""
         ...
 
     # -- admin -------------------------------------------------------------

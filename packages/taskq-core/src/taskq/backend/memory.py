@@ -821,7 +821,8 @@ class InMemoryBackend:
         return True
 
     async def cancel_where(self, filter: JobFilter, reason: str | None) -> BulkCancelResult:
-        """``write_cancel_request`` on every job ``filter`` selects (its limit ignored)."""
+        """``write_cancel_request`` on every job ``filter`` selects (its limit ignored), in
+        the filter's order."""
         now = self.clock.now()
         result = BulkCancelResult()
         for row in select_jobs(self._jobs.values(), filter, paged=False):
@@ -832,8 +833,8 @@ class InMemoryBackend:
         return result
 
     async def poll_cancel_flags(self, worker_id: UUID) -> list[CancelFlag]:
-        """Running jobs of ``worker_id`` with a cancel request."""
-        return [
+        """Running jobs of ``worker_id`` with a cancel request, oldest request first."""
+        flags = [
             CancelFlag(
                 job_id=row.id,
                 cancel_phase=row.cancel_phase,
@@ -846,6 +847,8 @@ class InMemoryBackend:
             and row.cancel_phase >= CancelPhase.COOPERATIVE
             and row.cancel_requested_at is not None
         ]
+        flags.sort(key=lambda flag: (flag.cancel_requested_at, flag.job_id))
+        return flags
 
     # -- admin ---------------------------------------------------------------------------
     async def retry_job(self, job_id: JobId) -> bool:

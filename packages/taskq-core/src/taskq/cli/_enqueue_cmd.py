@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 
-def _duration(text: str) -> timedelta:
+def _delay(text: str) -> timedelta:
     from taskq.settings import parse_duration
 
     try:
@@ -34,7 +34,12 @@ def _duration(text: str) -> timedelta:
         # comes back as a timedelta
         return cast(timedelta, parse_duration(text))
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        message = str(exc)
+        if message.startswith("must not be negative"):
+            # The client's rule too (EnqueueArgs refuses a negative delay): no
+            # "in the past" that would mean "now".
+            message += "; to run the job now, leave --delay out or give 0"
+        raise argparse.ArgumentTypeError(message) from None
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +55,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "--schema", help="database schema (default: $TASKQ_SCHEMA, else the application's)"
     )
     parser.add_argument(
-        "--delay", type=_duration, help="run no earlier than this from now: 30, 500ms, 30s, 5m, 1h"
+        "--delay", type=_delay, help="run no earlier than this from now: 30, 500ms, 30s, 5m, 1h"
     )
     parser.add_argument("--priority", type=int, help="higher runs first (default: the actor's)")
     parser.add_argument("--queue", help="the queue to put it on (default: the actor's)")

@@ -5,10 +5,19 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["CANCEL_JOBS", "FILTER_TOKEN", "POLL_CANCEL_FLAGS", "WORKER_CHANNEL_SQL"]
+__all__ = [
+    "CANCEL_JOBS",
+    "DIRECTION_TOKEN",
+    "FILTER_TOKEN",
+    "POLL_CANCEL_FLAGS",
+    "WORKER_CHANNEL_SQL",
+]
 
 FILTER_TOKEN: Final = "{filter}"
 """Where ``CANCEL_JOBS`` takes its row predicate (over alias ``j``, params from ``$4``)."""
+DIRECTION_TOKEN: Final = "{direction}"
+"""Where ``CANCEL_JOBS`` takes ``ASC`` or ``DESC``: the filter's order, in which its
+events are written and its ids returned (the rows are still locked in id order)."""
 
 WORKER_CHANNEL_SQL: Final = """CASE
     WHEN octet_length(ch.full_name) <= 63 THEN ch.full_name
@@ -68,7 +77,7 @@ events AS (
                jsonb_strip_nulls(jsonb_build_object('reason', $1::text))
         FROM requested r
     ) e
-    ORDER BY e.created_at, e.job_id
+    ORDER BY e.created_at {direction}, e.job_id {direction}
 ),
 notified AS (
     SELECT pg_notify(c.channel,
@@ -95,7 +104,7 @@ FROM (
 ) x
 -- Referencing notified makes Postgres run it: an unreferenced CTE never runs.
 CROSS JOIN (SELECT count(*) FROM notified) AS sent
-ORDER BY x.created_at, x.id
+ORDER BY x.created_at {direction}, x.id {direction}
 """
 )
 
@@ -105,5 +114,5 @@ SELECT j.id, j.cancel_phase, j.cancel_requested_at, j.cancel_reason
 FROM {schema}.jobs j
 WHERE j.status = 'running' AND j.locked_by_worker = $1
   AND j.cancel_phase >= 1 AND j.cancel_requested_at IS NOT NULL
-ORDER BY j.id
+ORDER BY j.cancel_requested_at, j.id
 """

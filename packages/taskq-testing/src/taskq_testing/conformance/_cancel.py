@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 from uuid import UUID, uuid4
 
 import pytest
@@ -235,6 +236,21 @@ class CancelTests:
         assert {f.cancel_phase for f in flags} == {CancelPhase.COOPERATIVE, CancelPhase.FORCED}
 
     @covers("poll_cancel_flags")
+    async def test_poll_cancel_flags_lists_the_oldest_request_first(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        worker = uuid4()
+        # Enqueued in id order, their cancels requested in the reverse order: neither
+        # the jobs' ids nor their age give the order of the requests.
+        ids = sorted(uuid4() for _ in range(3))
+        jobs = [await running_job(backend, worker_id=worker, id=job_id) for job_id in ids]
+        for job in reversed(jobs):
+            assert await backend.write_cancel_request(job.id, None)
+            await advance_time(TICK)
+        flags = await backend.poll_cancel_flags(worker)
+        assert [f.job_id for f in flags] == list(reversed(ids))
+
+    @covers("poll_cancel_flags")
     async def test_poll_cancel_flags_without_requests_is_empty(self, backend: Backend) -> None:
         worker = uuid4()
         await running_job(backend, worker_id=worker)
@@ -266,6 +282,29 @@ class CancelTests:
         assert (await last_event(backend, running.id)).kind == "cancel_requested"
         assert await backend.get(finished.id) == finished
         assert await backend.get(elsewhere.id) == elsewhere
+
+    @pytest.mark.parametrize("order", ["asc", "desc"])
+    @covers("cancel_where")
+    async def test_cancel_where_works_in_the_filters_order(
+        self, backend: Backend, order: Literal["asc", "desc"]
+    ) -> None:
+        worker = uuid4()
+        # Running ones first: a later dispatch would take an older waiting job.
+        for _ in range(2):
+            await running_job(backend, worker_id=worker, queue="ordered")
+        for _ in range(2):
+            await reach(backend, JobStatus.PENDING, queue="ordered")
+        selected = JobFilter(queue="ordered", order=order)
+        jobs = await backend.list_jobs(selected)
+        listed = [job.id for job in jobs]
+        running = [job.id for job in jobs if job.status is JobStatus.RUNNING]
+        result = await backend.cancel_where(selected, "in order")
+        # The ids, as list_jobs lists them (asc or desc), each list in that order ...
+        assert result.requested == running
+        assert result.cancelled == [job_id for job_id in listed if job_id not in running]
+        # ... and the events written in it too.
+        event_ids = [(await last_event(backend, job_id)).event_id for job_id in listed]
+        assert event_ids == sorted(event_ids), "events not written in the filter's order"
 
     @covers("cancel_where")
     async def test_cancel_where_honours_the_filter(self, backend: Backend) -> None:

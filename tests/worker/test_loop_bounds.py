@@ -70,9 +70,9 @@ class _SlowSweeps(InMemoryBackend):
         await asyncio.sleep(0.6)
         return await super().scheduled_to_pending()
 
-    async def deadline_sweep(self) -> int:
+    async def deadline_sweep(self, **kwargs: Any) -> int:
         await asyncio.sleep(0.6)
-        return await super().deadline_sweep()
+        return await super().deadline_sweep(**kwargs)
 
     async def reclaim_expired_locks(self, *args: Any, **kwargs: Any) -> int:
         await asyncio.sleep(0.6)

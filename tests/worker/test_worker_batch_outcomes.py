@@ -1,19 +1,23 @@
 """The batch terminal-outcome hook: a tracked batch's failure streak, abort and
 completion follow its children's ends as the worker writes them, not the leader's
-stale-batch sweep (kept out of these tests by a long interval)."""
+stale-batch sweep (kept out of these tests by a long interval); and so do the ends an
+operator's cancel and the leader's sweeps write."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
 
-from taskq import JobStatus, RetryAfter, Snooze, TaskQ, actor
+from taskq import JobStatus, RetryAfter, Snooze, TaskQ, WorkerSettings, actor
 from taskq.backend import Backend
 from taskq.models import BatchRow, JobFilter
-from taskq_testing import run_until_idle
+from taskq.worker.maintenance import sweep_once
+from taskq_testing import TEST_SETTINGS, run_until_idle
 
 pytestmark = pytest.mark.postgres
 
@@ -201,3 +205,88 @@ async def test_jobs_tagged_with_no_batch_row_run_as_any_job(taskq_backend: Backe
             await tq.client.enqueue(child, {"fail": fail}, metadata={"batch_id": str(uuid4())})
         worker = await run_until_idle(tq, **_NO_SWEEP)
     assert worker.processed == 2
+
+
+# -- children ended outside the worker: by an operator's cancel, by the leader's sweeps --
+
+
+async def _swept(backend: Backend, key: str, *, reclaim: bool = False) -> None:
+    """Run the leader's sweep iteration until it moved something under ``key`` (the
+    deadline or lease it waits for lies a fraction of a second ahead)."""
+    state: Any = SimpleNamespace(
+        backend=backend, settings=WorkerSettings.load(dict(TEST_SETTINGS), env={})
+    )
+    async with asyncio.timeout(10):
+        while True:
+            if (await sweep_once(state, reclaim=reclaim)).get(key):
+                return
+            await asyncio.sleep(0.02)  # the time it waits for, not an assertion
+
+
+@pytest.mark.parametrize("how", ["cancel", "cancel_where"])
+async def test_an_operators_cancel_of_the_last_waiting_child_completes_the_batch(
+    taskq_backend: Backend, how: str
+) -> None:
+    # The cancel ended the child without the batch's hook: the batch stayed active, its
+    # finalizer parked, until the stale-batch sweep (30 s later by default).
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=taskq_backend)
+    async with tq:
+        batch_id = await _batch(tq, taskq_backend, [(False, "q1"), (False, "waiting")], 2)
+        await _one_by_one(tq, "q1")
+        if how == "cancel":
+            [waiting] = await tq.client.list_jobs(queue="waiting")
+            assert await tq.client.cancel(waiting.id, reason="not needed")
+        else:
+            result = await tq.client.cancel_where(queue="waiting", reason="not needed")
+            assert len(result.cancelled) == 1
+        batch = await taskq_backend.get_batch(batch_id)
+        [final] = await tq.client.list_jobs(actor="batches.finalizer")
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("complete", 0)
+    assert final.status is JobStatus.PENDING  # released
+
+
+async def test_children_the_deadline_sweep_fails_count_toward_the_threshold(
+    taskq_backend: Backend,
+) -> None:
+    # The sweep failed them without the batch's hook: the streak stayed at 0, the other
+    # children ran, and the batch ended complete where its policy aborts it.
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=taskq_backend)
+    async with tq:
+        batch_id, build = uuid4(), tq.client.build_args
+        soon = timedelta(seconds=0.1)
+        await taskq_backend.enqueue_batch_atomic(
+            [build(child, {"fail": False}, queue=q, schedule_to_close=soon) for q in ("q1", "q2")]
+            + [build(child, {"fail": False}, queue="waiting")],
+            batch_id=batch_id,
+            queue="default",
+            batch_row=BatchRow(id=batch_id, queue="default", expected_size=3, failure_threshold=2),
+            finalizer_args=build(finalizer, {}),
+        )
+        await _swept(taskq_backend, "deadline")
+        batch = await taskq_backend.get_batch(batch_id)
+        statuses = await _statuses(tq, batch_id)
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("aborted", 2)
+    assert statuses == {
+        "q1": JobStatus.FAILED,
+        "q2": JobStatus.FAILED,
+        "waiting": JobStatus.CANCELLED,
+    }
+
+
+async def test_a_last_child_the_reclaim_crashes_completes_the_batch(
+    taskq_backend: Backend,
+) -> None:
+    # Its worker gone and its attempts spent, the reclaim ended it crashed without the
+    # batch's hook: the batch waited for the stale-batch sweep.
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=taskq_backend)
+    async with tq:
+        batch_id = await _batch(tq, taskq_backend, [(False, "q1"), (False, "lost")], None)
+        await _one_by_one(tq, "q1")
+        [lost] = await taskq_backend.dispatch_batch(
+            uuid4(), ["lost"], 1, timedelta(seconds=0.1)
+        )  # by a worker that dies
+        await _swept(taskq_backend, "reclaimed", reclaim=True)
+        batch = await taskq_backend.get_batch(batch_id)
+        row = await tq.client.get(lost.id)
+    assert row is not None and row.status is JobStatus.CRASHED
+    assert batch is not None and batch.status == "complete"

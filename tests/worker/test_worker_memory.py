@@ -1153,7 +1153,7 @@ async def test_an_actor_that_swallows_its_limits_cancellation_still_fails_by_it(
 class _NoDeadlineSweep(InMemoryBackend):
     """The leader's deadline sweep never runs: only the worker can notice a deadline."""
 
-    async def deadline_sweep(self) -> int:
+    async def deadline_sweep(self, **kwargs: Any) -> int:
         return 0
 
 

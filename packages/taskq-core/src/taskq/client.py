@@ -22,9 +22,11 @@ from taskq.args_builder import (
 )
 from taskq.backend import Backend, Connection, SupportsPrune
 from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
+from taskq.batch_outcomes import apply_batch_child_ends
 from taskq.errors import JobFailedError, MaxPendingExceededError, ResultExpiredError
 from taskq.models import (
     AttemptRow,
+    BatchChildEnd,
     BulkCancelResult,
     EnqueueArgs,
     EventRow,
@@ -306,8 +308,16 @@ class JobsClient:
         worker reads requests each heartbeat), or without looking at
         ``ctx.cancel_event``, or whose outcome is already being written, ends as it
         returned (its work is done); a retry or snooze requested after it ends
-        ``cancelled``. Read the job (or wait for it) for how it ended."""
-        return await self._backend.write_cancel_request(_as_id(job_id), _reason(reason))
+        ``cancelled``. Read the job (or wait for it) for how it ended.
+
+        A child of a tracked batch cancelled at once counts for its batch before this
+        returns: the batch completes when no other child is left to run."""
+        ends: list[BatchChildEnd] = []
+        requested = await self._backend.write_cancel_request(
+            _as_id(job_id), _reason(reason), batch_ends=ends
+        )
+        await apply_batch_child_ends(self._backend, ends)
+        return requested
 
     async def cancel_where(
         self, filters: JobFilter | None = None, *, reason: str | None = None, **fields: Any
@@ -316,6 +326,8 @@ class JobsClient:
 
         With neither a filter nor a keyword it refuses (``TypeError``): one call
         would cancel every job in the schema. Pass ``JobFilter()`` to mean every job.
+        The batch children cancelled at once count for their batches, as at
+        :meth:`cancel`.
         """
         selected = _job_filter(filters, fields)
         # Keywords that select nothing (queue=None: an unset variable) count as none.
@@ -325,7 +337,10 @@ class JobsClient:
                 "Select jobs (cancel_where(actor=..., queue=..., status=...)), or pass "
                 "JobFilter() to cancel every job"
             )
-        return await self._backend.cancel_where(selected, _reason(reason))
+        ends: list[BatchChildEnd] = []
+        result = await self._backend.cancel_where(selected, _reason(reason), batch_ends=ends)
+        await apply_batch_child_ends(self._backend, ends)
+        return result
 
     # -- schedules ---------------------------------------------------------------
     async def create_schedule(self, args: ScheduleCreateArgs | Mapping[str, Any]) -> ScheduleRecord:

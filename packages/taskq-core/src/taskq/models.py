@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal, Self, TypeAlias, TypeVar
+from typing import Any, Final, Literal, NamedTuple, Self, TypeAlias, TypeVar
 from uuid import UUID, uuid4
 
 from pydantic import (
@@ -39,6 +39,7 @@ __all__ = [
     "ActorConfig",
     "AttemptOutcome",
     "AttemptRow",
+    "BatchChildEnd",
     "BatchCounts",
     "BatchFilter",
     "BatchRow",
@@ -426,6 +427,17 @@ class BulkCancelResult(_Model):
     """Pending/scheduled jobs moved to ``cancelled`` at once."""
     requested: list[JobId] = Field(default_factory=list)
     """Running jobs flagged for cooperative cancellation."""
+
+
+class BatchChildEnd(NamedTuple):
+    """A job tagged ``metadata.batch_id`` that a call ended outside its worker (a cancel,
+    a sweep): what the caller needs to apply the end to the job's batch. Appended to the
+    ``batch_ends`` list the backend's cancel and sweep methods take."""
+
+    batch_tag: str
+    """The job's ``metadata.batch_id``, as stored (not necessarily a batch's id)."""
+    status: JobStatus
+    """The terminal status the call wrote."""
 
 
 class SuccessWrite(_Model):

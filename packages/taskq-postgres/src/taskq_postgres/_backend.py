@@ -52,6 +52,7 @@ from taskq.backend.cron import (
 )
 from taskq.backend.fairness import STRICT, CohortTurns, cohort_of
 from taskq.backend.late_outcome import late_outcome_detail
+from taskq.backend.statemachine import JobStatus
 from taskq.backend.storable import check_delay, clean_text, dump_json, load_json
 from taskq.errors import ConfigurationError, RetryRefusedError, SingletonCollisionError, TaskQError
 from taskq.identifiers import validate_schema_name
@@ -59,6 +60,7 @@ from taskq.models import (
     ActorConfig,
     AttemptOutcome,
     AttemptRow,
+    BatchChildEnd,
     BatchCounts,
     BatchFilter,
     BatchRow,
@@ -1464,6 +1466,7 @@ class PostgresBackend:
         condition: str,
         params: Sequence[Any],
         reason: str | None,
+        batch_ends: list[BatchChildEnd] | None,
         order: Literal["asc", "desc"] = "asc",
     ) -> BulkCancelResult:
         direction = "DESC" if order == "desc" else "ASC"
@@ -1488,21 +1491,36 @@ class PostgresBackend:
             (result.cancelled if record["outcome"] == "cancelled" else result.requested).append(
                 record["id"]
             )
+            if batch_ends is not None and record["batch_tag"] is not None:
+                batch_ends.append(BatchChildEnd(record["batch_tag"], JobStatus.CANCELLED))
         return result
 
-    async def write_cancel_request(self, job_id: JobId, reason: str | None) -> bool:
+    async def write_cancel_request(
+        self,
+        job_id: JobId,
+        reason: str | None,
+        *,
+        batch_ends: list[BatchChildEnd] | None = None,
+    ) -> bool:
         """Cancel a waiting job at once, or flag a running one and tell its worker; False
-        when the job is finished or unknown."""
-        result = await self._cancel("j.id = $4", [job_id], reason)
+        when the job is finished or unknown. A batch child cancelled at once goes to
+        ``batch_ends``."""
+        result = await self._cancel("j.id = $4", [job_id], reason, batch_ends)
         return bool(result.cancelled or result.requested)
 
-    async def cancel_where(self, filter: JobFilter, reason: str | None) -> BulkCancelResult:
+    async def cancel_where(
+        self,
+        filter: JobFilter,
+        reason: str | None,
+        *,
+        batch_ends: list[BatchChildEnd] | None = None,
+    ) -> BulkCancelResult:
         """``write_cancel_request`` on every job ``filter`` selects (its limit ignored), in
         one statement; events written and ids returned in the filter's order."""
         params = _Params(4)
         conditions = _job_conditions(filter, params)
         return await self._cancel(
-            " AND ".join(conditions) or "true", params.values, reason, filter.order
+            " AND ".join(conditions) or "true", params.values, reason, batch_ends, filter.order
         )
 
     async def poll_cancel_flags(self, worker_id: UUID) -> list[CancelFlag]:
@@ -1530,9 +1548,16 @@ class PostgresBackend:
         return bool(record is not None and record["changed"])
 
     # -- sweeps ----------------------------------------------------------------------------
-    async def _in_turns(self, query: str, *args: Any, turns: int | None = _SWEEP_TURNS) -> int:
+    async def _in_turns(
+        self,
+        query: str,
+        *args: Any,
+        turns: int | None = _SWEEP_TURNS,
+        each: Callable[[asyncpg.Record], None] | None = None,
+    ) -> int:
         """Run a sweep statement (its last parameter the most rows it moves) until it
-        moves fewer, or ``turns`` times (None: no limit): each turn commits, so a
+        moves fewer, or ``turns`` times (None: no limit), handing each turn's record to
+        ``each`` (what it reports beside the count): each turn commits, so a
         backlog a bounded caller cannot move in one go still drains, a turn at a time.
         The sweeps the leader runs together take :data:`_SWEEP_TURNS`, so one sweep's
         backlog leaves the next ones their share of the iteration's bound (a promotion
@@ -1543,6 +1568,8 @@ class PostgresBackend:
             record = await self._db().fetchrow(query, *args, self._sweep_turn)
             changed = int(record["changed"]) if record is not None else 0
             moved += changed
+            if each is not None and record is not None:
+                each(record)
             if changed < self._sweep_turn:
                 break
         return moved
@@ -1551,9 +1578,17 @@ class PostgresBackend:
         """Promote due scheduled jobs; one wake per turn that moved any."""
         return await self._in_turns(self._sql.scheduled_to_pending, self._wake_to)
 
-    async def deadline_sweep(self) -> int:
-        """Fail pending/scheduled jobs whose ``schedule_to_close`` deadline passed."""
-        return await self._in_turns(self._sql.deadline_sweep)
+    async def deadline_sweep(self, *, batch_ends: list[BatchChildEnd] | None = None) -> int:
+        """Fail pending/scheduled jobs whose ``schedule_to_close`` deadline passed; the
+        batch children failed go to ``batch_ends``."""
+
+        def report(record: asyncpg.Record) -> None:
+            if batch_ends is not None:
+                batch_ends.extend(
+                    BatchChildEnd(tag, JobStatus.FAILED) for tag in record["batch_tags"] or ()
+                )
+
+        return await self._in_turns(self._sql.deadline_sweep, each=report)
 
     async def reclaim_expired_locks(
         self,
@@ -1561,14 +1596,28 @@ class PostgresBackend:
         cleanup_grace: timedelta,
         *,
         worker_silence: timedelta | None = None,
+        batch_ends: list[BatchChildEnd] | None = None,
     ) -> int:
         """Reclaim running jobs whose lease expired (cancelled / pending / crashed); a job
         with a cancel in progress waits ``cancel_grace + cleanup_grace +
         cancel_reclaim_headroom`` past its lease; with ``worker_silence``, a job whose
-        worker was seen within it is left. One wake per turn that reclaimed any."""
+        worker was seen within it is left. One wake per turn that reclaimed any. The
+        batch children ended go to ``batch_ends``."""
         cancel_wait = cancel_grace + cleanup_grace + self.cancel_reclaim_headroom
+
+        def report(record: asyncpg.Record) -> None:
+            if batch_ends is not None:
+                batch_ends.extend(
+                    BatchChildEnd(tag, JobStatus(status))
+                    for tag, status in record["batch_ends"] or ()
+                )
+
         return await self._in_turns(
-            self._sql.reclaim_expired_locks, cancel_wait, self._wake_to, worker_silence
+            self._sql.reclaim_expired_locks,
+            cancel_wait,
+            self._wake_to,
+            worker_silence,
+            each=report,
         )
 
     # -- reads -----------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from taskq.errors import SingletonCollisionError
 from taskq.models import (
     AttemptOutcome,
     AttemptRow,
+    BatchChildEnd,
     EnqueueArgs,
     ErrorInfo,
     EventKind,
@@ -46,6 +47,7 @@ __all__ = [
     "WorkerRecord",
     "due_after",
     "new_job",
+    "report_batch_end",
     "wake",
 ]
 
@@ -376,3 +378,13 @@ def wake(subscribers: set[asyncio.Event]) -> None:
     """Set every subscribed event (each consumer clears its own)."""
     for event in subscribers:
         event.set()
+
+
+def report_batch_end(
+    batch_ends: list[BatchChildEnd] | None, row: JobRow, status: JobStatus
+) -> None:
+    """Append the end (``status``) of ``row``, a job a cancel or a sweep ended, to
+    ``batch_ends`` when the caller asked and the job carries a ``metadata.batch_id``."""
+    tag = row.metadata.get("batch_id")
+    if batch_ends is not None and tag is not None:
+        batch_ends.append(BatchChildEnd(str(tag), status))

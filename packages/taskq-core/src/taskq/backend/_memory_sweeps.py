@@ -13,9 +13,9 @@ from typing import Any
 from uuid import UUID
 
 from taskq.backend._memory_batches import FINALIZER_PARKED_AT
-from taskq.backend._memory_store import JobStore, wake
+from taskq.backend._memory_store import JobStore, report_batch_end, wake
 from taskq.backend.statemachine import CancelPhase, JobStatus
-from taskq.models import DEADLINE_EXCEEDED, ErrorInfo
+from taskq.models import DEADLINE_EXCEEDED, BatchChildEnd, ErrorInfo
 
 __all__ = ["fail_past_deadline", "promote_due", "reclaim_expired"]
 
@@ -39,9 +39,12 @@ def promote_due(store: JobStore, now: datetime) -> int:
     return len(due)
 
 
-def fail_past_deadline(store: JobStore, now: datetime) -> int:
-    """Waiting jobs whose ``schedule_to_close`` deadline passed -> ``failed``.
-    Running jobs are left to their worker, which enforces the deadline itself."""
+def fail_past_deadline(
+    store: JobStore, now: datetime, batch_ends: list[BatchChildEnd] | None = None
+) -> int:
+    """Waiting jobs whose ``schedule_to_close`` deadline passed -> ``failed`` (the batch
+    children among them reported to ``batch_ends``). Running jobs are left to their
+    worker, which enforces the deadline itself."""
     late = [
         row
         for row in store.jobs.values()
@@ -59,11 +62,16 @@ def fail_past_deadline(store: JobStore, now: datetime) -> int:
             finished_at=now,
             error=DEADLINE_EXCEEDED,
         )
+        report_batch_end(batch_ends, row, _S.FAILED)
     return len(late)
 
 
 def reclaim_expired(
-    store: JobStore, now: datetime, cancel_wait: timedelta, alive: Collection[UUID] = ()
+    store: JobStore,
+    now: datetime,
+    cancel_wait: timedelta,
+    alive: Collection[UUID] = (),
+    batch_ends: list[BatchChildEnd] | None = None,
 ) -> int:
     """Reclaim running jobs whose lock lease expired: their worker is presumed dead,
     unless it is one of the ``alive`` (seen lately: another transaction held the row).
@@ -71,7 +79,8 @@ def reclaim_expired(
     A job with a cancel in progress may outlive its lease while the actor
     cleans up, so it is reclaimed only ``cancel_wait`` after the lease ended.
     Each reclaim writes a ``crashed`` attempt and one ``reclaimed`` event (the
-    outbox ``poll_reclaim_events`` reads).
+    outbox ``poll_reclaim_events`` reads). The batch children it ends (``cancelled``,
+    ``crashed``) are reported to ``batch_ends``.
     """
     expired = [
         row
@@ -112,6 +121,8 @@ def reclaim_expired(
             detail={"reason": "lock_expired", "worker_id": str(row.locked_by_worker)},
             **changes,
         )
+        if to is not _S.PENDING:
+            report_batch_end(batch_ends, row, to)
     if expired:
         # Every reclaim wakes the workers, not only those back to pending
         # (as on Postgres, where the sweep sends one notify per call).

@@ -23,6 +23,14 @@ Rules every implementation keeps:
   atomic step as the status change.
 * **Transitions are those of** :mod:`taskq.backend.statemachine`, driven
   only by the methods listed in ``TRANSITION_DRIVERS``.
+* **Ends outside the worker are reported.** The methods that end jobs outside
+  their worker (``write_cancel_request``, ``cancel_where``, ``deadline_sweep``,
+  ``reclaim_expired_locks``) take a keyword-only ``batch_ends`` list: when given,
+  they append a :class:`~taskq.models.BatchChildEnd` (its ``metadata.batch_id``
+  tag, the status written) for every job they ended that carries the tag, so the
+  caller applies each end to its batch (``taskq.batch_outcomes``) as the worker
+  does after its own terminal writes. Jobs they did not end (a running job only
+  flagged for cancel, one reclaimed back to ``pending``) are not reported.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ if TYPE_CHECKING:
         ActorConfig,
         AttemptOutcome,
         AttemptRow,
+        BatchChildEnd,
         BatchCounts,
         BatchFilter,
         BatchRow,
@@ -119,10 +128,15 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     increment_batch_failures's third value says whether a child is left (1 or
 #     0), no longer how many (counting made a failing batch quadratic);
 #     SupportsCron.fire_due_schedules skips the slots past their actor's registered
-#     max_pending (a schedule of an actor no worker consumed piled up jobs unbounded).
+#     max_pending (a schedule of an actor no worker consumed piled up jobs unbounded);
 #     cancel_where returns its ids (and writes its events) in the filter's order, and
 #     poll_cancel_flags returns its flags oldest request first (each backend had its
-#     own order).
+#     own order);
+#     write_cancel_request, cancel_where, deadline_sweep and reclaim_expired_locks
+#     gained the keyword-only `batch_ends` (the batch children they end, reported so
+#     that the client and the leader apply each end to its batch: a cancelled child
+#     waited for the stale-batch sweep, and a child the deadline failed never counted
+#     toward its batch's failure_threshold).
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
@@ -375,19 +389,33 @@ class Backend(Protocol):
         ...
 
     # -- cancellation ------------------------------------------------------
-    async def write_cancel_request(self, job_id: JobId, reason: str | None) -> bool:
+    async def write_cancel_request(
+        self,
+        job_id: JobId,
+        reason: str | None,
+        *,
+        batch_ends: list[BatchChildEnd] | None = None,
+    ) -> bool:
         """Cancel a job: pending/scheduled -> cancelled at once; running -> cancel
-        phase 1 and a wake for its worker. False when the job is terminal or unknown."""
+        phase 1 and a wake for its worker. False when the job is terminal or unknown.
+        ``batch_ends``: a job of a batch cancelled at once is appended to it."""
         ...
 
-    async def cancel_where(self, filter: JobFilter, reason: str | None) -> BulkCancelResult:
+    async def cancel_where(
+        self,
+        filter: JobFilter,
+        reason: str | None,
+        *,
+        batch_ends: list[BatchChildEnd] | None = None,
+    ) -> BulkCancelResult:
         """``write_cancel_request`` for every job the filter selects (ignoring its limit).
 
         The work is done in the order the filter asks for, as ``list_jobs`` would list
         the jobs: ``(created_at, id)`` ascending, or descending with ``order="desc"``.
         ``cancelled`` and ``requested`` each hold their ids in that order, and the
         jobs' events (``state_change``, ``cancel_requested``) get increasing event ids
-        in it."""
+        in it.
+        ``batch_ends``: each job of a batch cancelled at once is appended to it."""
         ...
 
     async def poll_cancel_flags(self, worker_id: UUID) -> list[CancelFlag]:
@@ -410,8 +438,9 @@ class Backend(Protocol):
         """Promote due scheduled jobs; wakes workers when any moved."""
         ...
 
-    async def deadline_sweep(self) -> int:
-        """Fail pending/scheduled jobs whose ``schedule_to_close`` deadline passed."""
+    async def deadline_sweep(self, *, batch_ends: list[BatchChildEnd] | None = None) -> int:
+        """Fail pending/scheduled jobs whose ``schedule_to_close`` deadline passed;
+        ``batch_ends``: each job of a batch failed is appended to it."""
         ...
 
     async def reclaim_expired_locks(
@@ -420,6 +449,7 @@ class Backend(Protocol):
         cleanup_grace: timedelta,
         *,
         worker_silence: timedelta | None = None,
+        batch_ends: list[BatchChildEnd] | None = None,
     ) -> int:
         """Reclaim running jobs whose lease expired: cancel requested -> ``cancelled``;
         attempts left and the deadline not passed -> ``pending``; else ``crashed``. Jobs
@@ -429,7 +459,10 @@ class Backend(Protocol):
 
         With ``worker_silence`` (a backend with a worker registry), a job whose worker's
         row was touched within it is left: that worker is alive, and its lease lapsed
-        only because another transaction held the job's row (or the table) past it."""
+        only because another transaction held the job's row (or the table) past it.
+
+        ``batch_ends``: each job of a batch reclaimed to ``cancelled`` or ``crashed`` is
+        appended to it (one put back to ``pending`` has not ended)."""
         ...
 
     # -- reads -------------------------------------------------------------

@@ -49,6 +49,7 @@ from taskq.backend._memory_store import (
     JobStore,
     WorkerRecord,
     due_after,
+    report_batch_end,
     wake,
 )
 from taskq.backend._memory_sweeps import fail_past_deadline, promote_due, reclaim_expired
@@ -66,6 +67,7 @@ from taskq.models import (
     ActorConfig,
     AttemptOutcome,
     AttemptRow,
+    BatchChildEnd,
     BatchCounts,
     BatchFilter,
     BatchRow,
@@ -811,16 +813,29 @@ class InMemoryBackend:
             wake(self._store.worker_cancel_wake_subscribers.get(row.locked_by_worker, set()))
         return False
 
-    async def write_cancel_request(self, job_id: JobId, reason: str | None) -> bool:
+    async def write_cancel_request(
+        self,
+        job_id: JobId,
+        reason: str | None,
+        *,
+        batch_ends: list[BatchChildEnd] | None = None,
+    ) -> bool:
         """Cancel a waiting job at once, or flag a running one; False when the job is
-        terminal or unknown."""
+        terminal or unknown. A batch child cancelled at once goes to ``batch_ends``."""
         row = self._jobs.get(job_id)
         if row is None or row.is_terminal:
             return False
-        self._request_cancel(row, reason, self.clock.now())
+        if self._request_cancel(row, reason, self.clock.now()):
+            report_batch_end(batch_ends, row, _S.CANCELLED)
         return True
 
-    async def cancel_where(self, filter: JobFilter, reason: str | None) -> BulkCancelResult:
+    async def cancel_where(
+        self,
+        filter: JobFilter,
+        reason: str | None,
+        *,
+        batch_ends: list[BatchChildEnd] | None = None,
+    ) -> BulkCancelResult:
         """``write_cancel_request`` on every job ``filter`` selects (its limit ignored), in
         the filter's order."""
         now = self.clock.now()
@@ -830,6 +845,8 @@ class InMemoryBackend:
                 continue
             ended = self._request_cancel(row, reason, now)
             (result.cancelled if ended else result.requested).append(row.id)
+            if ended:
+                report_batch_end(batch_ends, row, _S.CANCELLED)
         return result
 
     async def poll_cancel_flags(self, worker_id: UUID) -> list[CancelFlag]:
@@ -890,9 +907,10 @@ class InMemoryBackend:
         """Promote scheduled jobs that are due; wakes workers when any moved."""
         return promote_due(self._store, self.clock.now())
 
-    async def deadline_sweep(self) -> int:
-        """Fail pending/scheduled jobs whose ``schedule_to_close`` deadline passed."""
-        return fail_past_deadline(self._store, self.clock.now())
+    async def deadline_sweep(self, *, batch_ends: list[BatchChildEnd] | None = None) -> int:
+        """Fail pending/scheduled jobs whose ``schedule_to_close`` deadline passed; the
+        batch children failed go to ``batch_ends``."""
+        return fail_past_deadline(self._store, self.clock.now(), batch_ends)
 
     async def reclaim_expired_locks(
         self,
@@ -900,11 +918,13 @@ class InMemoryBackend:
         cleanup_grace: timedelta,
         *,
         worker_silence: timedelta | None = None,
+        batch_ends: list[BatchChildEnd] | None = None,
     ) -> int:
         """Reclaim running jobs whose lease expired: cancel requested -> ``cancelled``,
         attempts left -> ``pending``, else ``crashed``. A job with a cancel in progress
         waits ``cancel_grace + cleanup_grace + cancel_reclaim_headroom`` past its lease;
-        with ``worker_silence``, a job whose worker was seen within it is left."""
+        with ``worker_silence``, a job whose worker was seen within it is left. The
+        batch children ended go to ``batch_ends``."""
         cancel_wait = cancel_grace + cleanup_grace + self.cancel_reclaim_headroom
         now = self.clock.now()
         alive = (
@@ -916,7 +936,7 @@ class InMemoryBackend:
                 if seen.last_seen_at > now - worker_silence
             )
         )
-        return reclaim_expired(self._store, now, cancel_wait, alive)
+        return reclaim_expired(self._store, now, cancel_wait, alive, batch_ends)
 
     async def sweep_expired_results(self) -> int:
         """Clear the result of every job whose ``result_expires_at`` has passed

@@ -39,9 +39,9 @@ import structlog
 
 from taskq.backend import CancelPhase
 from taskq.backend.storable import stored_error
+from taskq.batch_outcomes import apply_batch_terminal_outcome
 from taskq.models import CancelFlag, ErrorInfo
 from taskq.worker._state import ActiveJob, WorkerState
-from taskq.worker.batch_outcomes import apply_batch_terminal_outcome
 
 __all__ = ["CancelController", "make_cancel_controller"]
 

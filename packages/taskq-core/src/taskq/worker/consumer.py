@@ -34,6 +34,7 @@ from taskq.backend import (
     SupportsTransactions,
 )
 from taskq.backend.storable import stored_error
+from taskq.batch_outcomes import apply_batch_terminal_outcome
 from taskq.context import Context
 from taskq.errors import (
     EnqueueError,
@@ -53,7 +54,6 @@ from taskq.models import (
 from taskq.signals import RetryAfter, Snooze
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
-from taskq.worker.batch_outcomes import apply_batch_terminal_outcome
 
 _log = structlog.get_logger("taskq.worker")
 

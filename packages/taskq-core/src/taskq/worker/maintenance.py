@@ -20,6 +20,8 @@ from taskq.backend._protocol import (
     SupportsStaleBatchSweep,
     SupportsWorkerRegistry,
 )
+from taskq.batch_outcomes import apply_batch_child_ends
+from taskq.models import BatchChildEnd
 from taskq.worker.cron import SlotJobBuilder
 
 if TYPE_CHECKING:
@@ -45,9 +47,12 @@ async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
     jobs, fail those past their deadline (Sweep 2) and, with a worker registry,
     delete the rows of workers unseen for ``worker_row_ttl``; returns how many
     rows each moved. Reclaim first: the iteration is bounded as a whole, and crashed
-    workers' jobs must not wait behind a promotion backlog."""
+    workers' jobs must not wait behind a promotion backlog. The batch children that
+    the reclaim and the deadline sweep end count for their batches (a failure toward
+    its batch's threshold), as the ends the worker writes do."""
     backend, settings = state.backend, state.settings
     moved: dict[str, int] = {}
+    ends: list[BatchChildEnd] = []
     if reclaim:
         moved["reclaimed"] = await backend.reclaim_expired_locks(
             settings.cancellation_grace_period,
@@ -58,9 +63,13 @@ async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
             worker_silence=settings.lock_lease
             if isinstance(backend, SupportsWorkerRegistry)
             else None,
+            batch_ends=ends,
         )
+        await apply_batch_child_ends(backend, ends)
+        ends.clear()
     moved["scheduled_to_pending"] = await backend.scheduled_to_pending()
-    moved["deadline"] = await backend.deadline_sweep()
+    moved["deadline"] = await backend.deadline_sweep(batch_ends=ends)
+    await apply_batch_child_ends(backend, ends)
     if isinstance(backend, SupportsWorkerRegistry):
         moved["stale_workers"] = await backend.cleanup_stale_workers(settings.worker_row_ttl)
     return moved

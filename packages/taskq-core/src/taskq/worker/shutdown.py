@@ -38,10 +38,10 @@ from enum import IntEnum
 import structlog
 
 from taskq.backend import CancelPhase, SupportsUnstartedHandBack
+from taskq.batch_outcomes import apply_batch_terminal_outcome
 from taskq.models import JobRow
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
-from taskq.worker.batch_outcomes import apply_batch_terminal_outcome
 from taskq.worker.consumer import hand_back, write_retrying
 from taskq.worker.producer import hand_back_unheard
 

@@ -52,7 +52,7 @@ cancelled AS (
         cancel_requested_at = n.ts, cancel_reason = $1::text
     FROM target t CROSS JOIN now n
     WHERE j.id = t.id AND t.status IN ('pending', 'scheduled')
-    RETURNING j.id, j.created_at, t.status AS from_status
+    RETURNING j.id, j.created_at, t.status AS from_status, j.metadata ->> 'batch_id' AS batch_tag
 ),
 requested AS (
     UPDATE {schema}.jobs j
@@ -96,11 +96,13 @@ notified AS (
     + """)) AS c (channel)
     WHERE $2::text IS NOT NULL
 )
-SELECT x.outcome, x.id
+-- batch_tag: the metadata.batch_id of a job cancelled at once (a batch child), for the
+-- caller to apply to its batch.
+SELECT x.outcome, x.id, x.batch_tag
 FROM (
-    SELECT 'cancelled' AS outcome, c.id, c.created_at FROM cancelled c
+    SELECT 'cancelled' AS outcome, c.id, c.created_at, c.batch_tag FROM cancelled c
     UNION ALL
-    SELECT 'requested', r.id, r.created_at FROM requested r
+    SELECT 'requested', r.id, r.created_at, NULL::text FROM requested r
 ) x
 -- Referencing notified makes Postgres run it: an unreferenced CTE never runs.
 CROSS JOIN (SELECT count(*) FROM notified) AS sent

@@ -73,7 +73,8 @@ DEADLINE_SWEEP: Final = (
 -- arbiter: clock_timestamp() (deadline check schedule_to_close_deadline < now)
 -- Waiting jobs only: a running job's worker enforces its deadline itself. Moves
 -- pending -> failed and scheduled -> failed (guarded by status as locked), at most
--- $1 per statement.
+-- $1 per statement. batch_tags: the metadata.batch_id of the batch children failed,
+-- for the caller to apply to their batches.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 late AS (
     SELECT j.id, j.status
@@ -95,7 +96,7 @@ failed AS (
         error_traceback = NULL
     FROM late l CROSS JOIN now n
     WHERE j.id = l.id
-    RETURNING j.id, l.status AS from_status
+    RETURNING j.id, l.status AS from_status, j.metadata ->> 'batch_id' AS batch_tag
 ),
 events AS (
     INSERT INTO {schema}.job_events (job_id, kind, detail)
@@ -105,7 +106,10 @@ events AS (
     FROM failed f
     ORDER BY f.id
 )
-SELECT count(*) AS changed FROM failed
+SELECT count(*) AS changed,
+       array_agg(f.batch_tag ORDER BY f.id) FILTER (WHERE f.batch_tag IS NOT NULL)
+           AS batch_tags
+FROM failed f
 """
 )
 
@@ -122,6 +126,8 @@ RECLAIM_EXPIRED_LOCKS: Final = TransitionSQL.of(
 -- left before the deadline -> pending; else crashed. Each reclaim writes a crashed
 -- attempt and one reclaimed event (the outbox poll_reclaim_events reads), and the statement
 -- sends one notify when anything was reclaimed. $4: the most jobs per statement.
+-- batch_ends: [metadata.batch_id, status] of each batch child ended (cancelled or
+-- crashed, not one put back to pending), for the caller to apply to its batch.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 expired AS (
     SELECT j.id, j.attempt, j.max_attempts, j.locked_by_worker, j.started_at, j.cancel_phase,
@@ -170,7 +176,7 @@ reclaimed AS (
     -- What the history rows need, carried out: joined back to decision, two CTEs
     -- the planner sizes from the same statistics, a turn compared every pair.
     RETURNING j.id, d.attempt, d.locked_by_worker, d.started_at, d.ts, d.to_status,
-              d.crash_message
+              d.crash_message, j.metadata ->> 'batch_id' AS batch_tag
 ),
 attempts AS (
     INSERT INTO {schema}.job_attempts (job_id, attempt, worker_id, started_at, finished_at,
@@ -193,7 +199,10 @@ notified AS (
     SELECT pg_notify($2::text, '')
     WHERE $2::text IS NOT NULL AND EXISTS (SELECT 1 FROM reclaimed)
 )
-SELECT (SELECT count(*) FROM reclaimed) AS changed, (SELECT count(*) FROM notified) AS notified
+SELECT (SELECT count(*) FROM reclaimed) AS changed, (SELECT count(*) FROM notified) AS notified,
+       (SELECT array_agg(ARRAY[r.batch_tag, r.to_status::text] ORDER BY r.id)
+        FROM reclaimed r
+        WHERE r.batch_tag IS NOT NULL AND r.to_status <> 'pending') AS batch_ends
 """,
 )
 

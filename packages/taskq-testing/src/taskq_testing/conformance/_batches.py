@@ -9,7 +9,7 @@ from uuid import UUID, uuid4
 import pytest
 
 from taskq.backend import Backend, JobStatus, SupportsBatchChildCheck
-from taskq.models import BatchFilter, BatchRow, EnqueueArgs, JobFilter, JobRow
+from taskq.models import BatchChildEnd, BatchFilter, BatchRow, EnqueueArgs, JobFilter, JobRow
 from taskq_testing.conformance._support import (
     FAR,
     LONG_LEASE,
@@ -448,6 +448,67 @@ class BatchTests:
         aborted = await _batch(backend, batch_id)
         await backend.complete_batch(batch_id)
         assert await backend.get_batch(batch_id) == aborted
+
+    # -- children ended outside the worker: reported in batch_ends -------------------------
+
+    @covers("write_cancel_request", "cancel_where")
+    async def test_a_cancel_reports_the_batch_children_it_ends(self, backend: Backend) -> None:
+        # Not reported, a cancelled child never reached its batch: the batch waited for
+        # the stale-batch sweep to complete it.
+        batch_id, children, _ = await _tracked_batch(
+            backend, {"priority": 9}, {}, {}, {"delay": FAR}
+        )
+        [running] = await backend.dispatch_batch(uuid4(), [_QUEUE], 1, LONG_LEASE)
+        assert running.id == children[0].id
+        ends: list[BatchChildEnd] = []
+        assert await backend.write_cancel_request(running.id, None, batch_ends=ends)
+        assert ends == []  # only flagged: its worker ends it
+        assert await backend.write_cancel_request(children[1].id, None, batch_ends=ends)
+        assert ends == [BatchChildEnd(str(batch_id), JobStatus.CANCELLED)]
+        untagged = await backend.enqueue(make_args(queue=_QUEUE))
+        ends.clear()
+        selected = JobFilter(batch_id=batch_id)
+        result = await backend.cancel_where(selected, "operator", batch_ends=ends)
+        assert sorted(result.cancelled) == sorted(child.id for child in children[2:])
+        assert result.requested == [running.id]
+        assert ends == [BatchChildEnd(str(batch_id), JobStatus.CANCELLED)] * 2
+        ends.clear()
+        assert await backend.write_cancel_request(untagged.id, None, batch_ends=ends)
+        assert ends == []  # no batch tag, nothing to report
+
+    @covers("deadline_sweep")
+    async def test_the_deadline_sweep_reports_the_batch_children_it_fails(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # Not reported, a child failed past its deadline never counted toward its batch's
+        # failure threshold: a batch whose policy should have aborted it completed.
+        batch_id, _, _ = await _tracked_batch(
+            backend,
+            {"schedule_to_close": SHORT_LEASE},
+            {"schedule_to_close": SHORT_LEASE, "delay": FAR},
+            {"schedule_to_close": FAR},
+        )
+        await backend.enqueue(make_args(schedule_to_close=SHORT_LEASE))
+        await expire_short_leases(advance_time)
+        ends: list[BatchChildEnd] = []
+        assert await backend.deadline_sweep(batch_ends=ends) == 3
+        assert ends == [BatchChildEnd(str(batch_id), JobStatus.FAILED)] * 2
+
+    @covers("reclaim_expired_locks")
+    async def test_the_reclaim_reports_the_batch_children_it_ends(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        batch_id, children, _ = await _tracked_batch(
+            backend, {"priority": 9, "max_attempts": 1}, {"max_attempts": 3}
+        )
+        running = await backend.dispatch_batch(uuid4(), [_QUEUE], 2, SHORT_LEASE)
+        assert [row.id for row in running] == [child.id for child in children]
+        await expire_short_leases(advance_time)
+        ends: list[BatchChildEnd] = []
+        assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0), batch_ends=ends) == 2
+        # The last attempt crashed; the other child is pending again, not ended.
+        assert ends == [BatchChildEnd(str(batch_id), JobStatus.CRASHED)]
+        assert (await fetch(backend, children[1].id)).status is JobStatus.PENDING
 
     # -- reads ------------------------------------------------------------------------------
 

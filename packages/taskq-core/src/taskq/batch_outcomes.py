@@ -1,0 +1,122 @@
+"""The batch terminal-outcome hook: after a tracked batch's child's end is written, the
+batch's failure streak follows it, and the batch aborts or completes.
+
+The worker applies the ends it writes (:func:`apply_batch_terminal_outcome`); the
+client and the maintenance leader apply those their cancels and sweeps write (the
+backend reports them in ``batch_ends``: :func:`apply_batch_child_ends`).
+
+A batch is tracked when it has a batch row (``enqueue_batch_atomic`` with a
+``BatchRow``); a job tagged ``metadata.batch_id`` without one is left alone. A
+success resets the streak; a failure adds to it and aborts the batch at its
+``failure_threshold`` (its waiting children are cancelled, its finalizer released); any
+end completes the batch once no child is left to run. A hook that could not be applied
+(the worker died, the database was away) is made up for by the leader's
+``complete_stale_batches`` sweep, which completes the batch. The hook never raises: the
+end it follows was written, whatever becomes of its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final, Literal
+from uuid import UUID
+
+import structlog
+
+from taskq.backend import Backend, SupportsBatchChildCheck
+from taskq.backend.statemachine import JobStatus
+from taskq.models import BatchChildEnd, JobRow
+
+__all__ = ["BatchOutcome", "apply_batch_child_ends", "apply_batch_terminal_outcome"]
+
+BatchOutcome = Literal["succeeded", "failed", "cancelled", "crashed", "abandoned"]
+"""A child's terminal status, as it was written."""
+
+_OUTCOMES: Final[dict[JobStatus, BatchOutcome]] = {
+    JobStatus.SUCCEEDED: "succeeded",
+    JobStatus.FAILED: "failed",
+    JobStatus.CANCELLED: "cancelled",
+    JobStatus.CRASHED: "crashed",
+    JobStatus.ABANDONED: "abandoned",
+}
+
+_log = structlog.get_logger("taskq.worker")
+
+
+async def apply_batch_terminal_outcome(
+    backend: Backend, row: JobRow, outcome: BatchOutcome
+) -> None:
+    """Apply a child's end (``outcome``, already written) to its batch; nothing for a
+    job of no tracked batch. Never raises: a failure is logged and left to the sweep."""
+    await _apply(backend, row.metadata.get("batch_id"), outcome)
+
+
+async def apply_batch_child_ends(backend: Backend, ends: Iterable[BatchChildEnd]) -> None:
+    """Apply the ends a cancel or a sweep wrote and reported (``batch_ends``) to their
+    batches, as :func:`apply_batch_terminal_outcome` applies one. Each failure counts
+    (one per child); the other ends only ask whether a child is left, so that is asked
+    once per batch, after its failures. A batch found ended is not asked again. Never
+    raises."""
+    over: set[str] = set()
+    others: dict[str, BatchOutcome] = {}
+    for tag, status in ends:
+        outcome = _OUTCOMES.get(status)
+        if outcome is None or tag in over:
+            continue
+        if outcome != "failed":
+            others.setdefault(tag, outcome)
+        elif not await _apply(backend, tag, outcome):
+            over.add(tag)
+    for tag, outcome in others.items():
+        if tag not in over:
+            await _apply(backend, tag, outcome)
+
+
+async def _apply(backend: Backend, raw: object, outcome: BatchOutcome) -> bool:
+    """The hook for one end of a child tagged ``raw``; False when the batch is not (or
+    no longer) active after it, or its state could not be told (no more to apply)."""
+    if raw is None:
+        return False
+    try:
+        batch_id = UUID(str(raw))
+    except ValueError:  # a tag the user set by hand, naming no batch
+        return False
+    try:
+        if outcome == "failed":
+            failures, threshold, remaining = await backend.increment_batch_failures(batch_id)
+            if threshold is not None and failures >= threshold:
+                cancelled = await backend.abort_batch(batch_id)
+                _log.info(
+                    "taskq.batch-aborted",
+                    batch_id=str(batch_id),
+                    consecutive_failures=failures,
+                    children_cancelled=cancelled,
+                )
+                return False
+        else:
+            if outcome == "succeeded" and not await backend.reset_batch_failures(batch_id):
+                return False  # no batch row (tags only), or the batch has ended
+            remaining = await _left(backend, batch_id)
+        if remaining == 0:
+            await backend.complete_batch(batch_id)
+            return False
+        return True
+    except KeyError:  # no batch row (tags only), or the batch has ended
+        return False
+    except Exception as exc:  # noqa: BLE001 - the job's own outcome stands regardless
+        _log.warning(
+            "taskq.batch-outcome-not-applied",
+            batch_id=str(batch_id),
+            outcome=outcome,
+            error=repr(exc),
+            hint="the leader's stale-batch sweep completes the batch",
+        )
+        return False
+
+
+async def _left(backend: Backend, batch_id: UUID) -> int:
+    """0 when no child of the batch is left to run, else a positive number: asked after
+    every child's end, so at once where the backend can tell."""
+    if isinstance(backend, SupportsBatchChildCheck):
+        return int(await backend.batch_has_active_children(batch_id))
+    return await backend.count_batch_non_terminal(batch_id)

@@ -674,3 +674,40 @@ async def test_a_cancelled_write_whose_reply_was_lost_is_the_workers_own() -> No
     assert row is not None and row.status is JobStatus.CANCELLED
     assert [e.kind for e in events if e.kind == "late_outcome"] == []
     assert "taskq.ownership-lost" not in [e["event"] for e in logs]
+
+
+async def test_an_escalation_whose_reply_was_lost_still_forces_the_task() -> None:
+    # Phase 2 committed but its reply was lost: the controller's own write, tried again,
+    # finds phase 2 stored and changes nothing. Only the stored phase (fast-advance)
+    # tells it the escalation is done; without it the task was never cancelled and the
+    # job stayed running for as long as its actor ignored its cancel_event.
+    from taskq.backend.memory import InMemoryBackend
+
+    class LostReply(InMemoryBackend):
+        lost = 1
+
+        async def write_cancel_escalation(self, *args: Any, **kwargs: Any) -> bool:
+            written = await super().write_cancel_escalation(*args, **kwargs)
+            if self.lost:
+                self.lost -= 1
+                raise ConnectionResetError("the reply was lost")
+            return written
+
+    started = asyncio.Event()
+
+    @actor(name="ignores_its_cancel_event")
+    async def ignores(payload: dict[str, Any]) -> None:
+        started.set()
+        await asyncio.Event().wait()  # only a cancelled task ends it
+
+    backend = LostReply()
+    tq = TaskQ("memory://", backend=backend, actors=[ignores])
+    async with tq:
+        job = await tq.client.enqueue(ignores, {})
+        runner = asyncio.create_task(run_until_idle(tq, **_GRACES))
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.wait_for(runner, 10)
+        row = await tq.client.get(job.id)
+    assert backend.lost == 0  # the escalation's reply was lost
+    assert row is not None and row.status is JobStatus.CANCELLED and row.cancel_phase == 2

@@ -674,3 +674,112 @@ async def test_a_cancelled_write_whose_reply_was_lost_is_the_workers_own() -> No
     assert row is not None and row.status is JobStatus.CANCELLED
     assert [e.kind for e in events if e.kind == "late_outcome"] == []
     assert "taskq.ownership-lost" not in [e["event"] for e in logs]
+
+
+async def test_an_escalation_whose_reply_was_lost_still_forces_the_task() -> None:
+    # Phase 2 committed but its reply was lost: the controller's own write, tried again,
+    # finds phase 2 stored and changes nothing. Only the stored phase (fast-advance)
+    # tells it the escalation is done; without it the task was never cancelled and the
+    # job stayed running for as long as its actor ignored its cancel_event.
+    from taskq.backend.memory import InMemoryBackend
+
+    class LostReply(InMemoryBackend):
+        lost = 1
+
+        async def write_cancel_escalation(self, *args: Any, **kwargs: Any) -> bool:
+            written = await super().write_cancel_escalation(*args, **kwargs)
+            if self.lost:
+                self.lost -= 1
+                raise ConnectionResetError("the reply was lost")
+            return written
+
+    started = asyncio.Event()
+
+    @actor(name="ignores_its_cancel_event")
+    async def ignores(payload: dict[str, Any]) -> None:
+        started.set()
+        await asyncio.Event().wait()  # only a cancelled task ends it
+
+    backend = LostReply()
+    tq = TaskQ("memory://", backend=backend, actors=[ignores])
+    async with tq:
+        job = await tq.client.enqueue(ignores, {})
+        runner = asyncio.create_task(run_until_idle(tq, **_GRACES))
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.wait_for(runner, 10)
+        row = await tq.client.get(job.id)
+    assert backend.lost == 0  # the escalation's reply was lost
+    assert row is not None and row.status is JobStatus.CANCELLED and row.cancel_phase == 2
+
+
+async def test_a_stop_forces_every_job_without_waiting_on_one_escalation_write() -> None:
+    # FORCING stored each user-cancelled job's phase 2 one by one, and cancelled each
+    # task after its own write: with a slow database every write cost a command timeout
+    # before the next job was forced, the other jobs (interrupted ones too) waited
+    # behind them, and the stop's cleanup grace went to the writes. Here each
+    # escalation write answers only once the other is in flight and the interrupted
+    # job's task was cancelled: one by one, the first gave up (a timeout) first.
+    import structlog.testing
+
+    from taskq import WorkerSettings
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    interrupted_stopped = asyncio.Event()
+
+    class SlowEscalations(InMemoryBackend):
+        entered = 0
+        all_in = asyncio.Event()
+
+        async def write_cancel_escalation(self, *args: Any, **kwargs: Any) -> bool:
+            self.entered += 1
+            if self.entered == 2:
+                self.all_in.set()
+            async with asyncio.timeout(3):  # the command timeout of this fake database
+                await self.all_in.wait()
+                await interrupted_stopped.wait()
+            return await super().write_cancel_escalation(*args, **kwargs)
+
+    started: dict[str, asyncio.Event] = {n: asyncio.Event() for n in ("a", "b", "plain")}
+
+    @actor(name="stops_only_when_its_task_is_cancelled")
+    async def ignores(payload: dict[str, Any]) -> None:
+        started[payload["n"]].set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if payload["n"] == "plain":
+                interrupted_stopped.set()
+            raise
+
+    backend = SlowEscalations()
+    tq = TaskQ("memory://", backend=backend, actors=[ignores])
+    async with tq:
+        jobs = {n: await tq.client.enqueue(ignores, {"n": n}) for n in ("a", "b", "plain")}
+        # The heartbeat sees the cancels (phase 1) but leaves the forcing to the stop.
+        graces = {"cancellation_grace_period": "60s", "cleanup_grace_period": "5s"}
+        stop = {"drain_grace_period": "60s", "termination_grace_period": "10s"}
+        settings = {**TEST_SETTINGS, **graces, **stop, "queues": ["default"], "concurrency": 3}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        for event in started.values():
+            await asyncio.wait_for(event.wait(), 5)
+        with structlog.testing.capture_logs() as logs:
+            for n in ("a", "b"):
+                assert await tq.client.cancel(jobs[n].id)
+            for _ in range(500):
+                if sum(e["event"] == "taskq.cancel-observed" for e in logs) == 2:
+                    break
+                await asyncio.sleep(0.01)
+        worker.stop()
+        worker.escalate()  # no drain nor cooperative wait: straight to FORCING
+        await asyncio.wait_for(running, 10)
+        rows = {n: await tq.client.get(job.id) for n, job in jobs.items()}
+    assert backend.entered == 2
+    for n in ("a", "b"):  # phase 2 stored for both, each before its task was cancelled
+        row = rows[n]
+        assert row is not None and row.status is JobStatus.CANCELLED and row.cancel_phase == 2
+    plain = rows["plain"]
+    assert plain is not None and plain.status is JobStatus.PENDING  # handed back

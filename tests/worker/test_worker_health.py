@@ -351,3 +351,43 @@ async def test_stalled_connections_past_the_cap_make_room_and_probes_still_answe
         for _, stalled_writer in stalled:
             stalled_writer.close()
         await server.close()
+
+
+async def test_readyz_says_which_shutdown_phase_the_worker_is_in() -> None:
+    # Each phase is recorded before its work begins so that the health endpoint can
+    # show it (architecture.md, "Shutdown phases"); /readyz said only "shutting down",
+    # the same through a drain of running jobs as through their abandonment.
+    from taskq_testing import TEST_SETTINGS
+
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @actor(name="health.holds_the_drain")
+    async def holds(payload: dict[str, Any]) -> None:
+        started.set()
+        await release.wait()
+
+    async with TaskQ("memory://", actors=[holds]) as tq:
+        await tq.client.enqueue(holds, {})
+        stop = {"drain_grace_period": "60s", "termination_grace_period": "90s"}
+        settings = WorkerSettings.load(
+            {**TEST_SETTINGS, **stop, "health_port": 0, "health_host": "127.0.0.1"}, env={}
+        )
+        worker = Worker(tq, settings)
+        running = asyncio.create_task(worker.run())
+        try:
+            await asyncio.wait_for(started.wait(), 5)
+            assert worker.health is not None
+            _, body = await asyncio.to_thread(_get, worker.health.port, "/readyz")
+            assert "shutdown_phase" not in body  # running
+            worker.stop()
+            async with asyncio.timeout(5):
+                while True:  # until the stop has begun its first phase (the drain)
+                    status, body = await asyncio.to_thread(_get, worker.health.port, "/readyz")
+                    if "shutdown_phase" in body:
+                        break
+            assert status == 503
+            assert body == {"ready": False, "reason": "shutting down", "shutdown_phase": "DRAINING"}
+        finally:
+            release.set()
+            worker.stop()
+            await asyncio.wait_for(running, 30)

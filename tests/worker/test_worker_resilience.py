@@ -473,3 +473,30 @@ async def test_a_held_row_is_retried_with_a_heartbeat_that_only_counts() -> None
     backend = CountOnlyHeldRow()
     row = await _one_job(backend, quick)
     assert row.status is JobStatus.SUCCEEDED and row.result == "done"
+
+
+def test_every_transient_shape_the_architecture_names_is_transient() -> None:
+    # architecture.md, "Transient error handling": one tuple, every loop. A shape
+    # dropped from it ends a loop (five in a row end the worker) on a PG restart or a
+    # saturated server instead of retrying at the next tick.
+    import asyncpg
+    from asyncpg import exceptions as pg
+
+    errors = transient_errors()
+    named = [
+        TimeoutError,
+        asyncpg.PostgresConnectionError,
+        asyncpg.InterfaceError,
+        OSError,
+        pg.QueryCanceledError,  # 57014
+        pg.AdminShutdownError,  # 57P01
+        pg.CannotConnectNowError,  # 57P03
+        pg.TooManyConnectionsError,  # 53300
+        pg.DeadlockDetectedError,  # 40P01
+        pg.SerializationError,  # 40001
+        pg.IdleSessionTimeoutError,
+        pg.IdleInTransactionSessionTimeoutError,
+    ]
+    assert [kind for kind in named if not issubclass(kind, errors)] == []
+    excluded = [pg.InvalidPasswordError, pg.InvalidAuthorizationSpecificationError]
+    assert [kind for kind in excluded if issubclass(kind, errors)] == []

@@ -9,7 +9,8 @@ event loop, so ``/healthz`` answering at all proves the loop is not wedged.
 * ``/readyz`` (readiness): 200 when the worker runs, is not shutting down, and the
   backend answered a query within a second; 503 with the reason otherwise (while it
   starts: ``starting``, or ``waiting for the backend`` with the attempts so far and
-  the last one's error).
+  the last one's error; while it stops, ``shutdown_phase``: ``DRAINING``,
+  ``CANCELLING``, ``FORCING`` or ``ABANDONING``).
 * ``/tasks``: one line per live asyncio task with its await site, only when
   ``health_tasks_enabled`` (it reveals code structure, never values).
 """
@@ -28,6 +29,7 @@ import structlog
 from taskq.errors import ConfigurationError
 from taskq.worker._stacks import describe_tasks
 from taskq.worker._state import WorkerState
+from taskq.worker.shutdown import ShutdownPhase
 
 __all__ = ["HealthServer", "StartupProgress"]
 
@@ -181,6 +183,8 @@ class HealthServer:
             answer = {"ready": ready, "reason": reason}
             if self._state is None:  # starting: the attempts and the last error too
                 answer |= self._startup.describe()
+            elif self._state.shutdown_phase:  # stopping: where the stop is
+                answer["shutdown_phase"] = ShutdownPhase(self._state.shutdown_phase).name
             return (200 if ready else 503), "application/json", json.dumps(answer)
         if path == "/tasks" and self._tasks_enabled:
             return 200, "application/json", json.dumps(describe_tasks(), indent=1)

@@ -11,8 +11,8 @@ the consumers can see where the shutdown is.
   handed back; one that returns without having looked finished its work, and its
   outcome is written as it returned (ADR 0004).
 * FORCING — the remaining tasks are cancelled (a job a user asked to cancel has
-  phase 2 stored first, as the cancellation protocol does); ``cleanup_grace_period``
-  to unwind. A job whose actor returned is not: it is only writing its outcome.
+  phase 2 stored first, as the cancellation protocol does; those writes all at once,
+  after the other tasks are cancelled); ``cleanup_grace_period`` to unwind. A job whose actor returned is not: it is only writing its outcome.
 * ABANDONING — outcome writes still retrying (the database away) get what is left
   of ``termination_grace_period``; tasks that still run are then left behind: an
   interrupted job is handed back, a user-cancelled one marked ``abandoned``, all at
@@ -138,6 +138,17 @@ async def _escalate_user_cancel(state: WorkerState, active: ActiveJob) -> None:
         _log.warning("taskq.cancel-forced", job_id=str(active.row.id))
 
 
+async def _force_user_cancel(state: WorkerState, active: ActiveJob) -> None:
+    """Cancel the task of a job a user asked to cancel, phase 2 stored first (the task is
+    cancelled even if that write failed: the stop does not wait for the database)."""
+    await _escalate_user_cancel(state, active)
+    task = active.task
+    # Looked at again after the write: an actor that returned meanwhile is finishing its
+    # work (a commit, its outcome write), not running.
+    if task is not None and not (active.returned or task.done()):
+        task.cancel()
+
+
 async def orchestrate_shutdown(
     state: WorkerState, escalate: asyncio.Event, *, requested_at: float | None = None
 ) -> None:
@@ -181,15 +192,19 @@ async def orchestrate_shutdown(
     await _wait_running(state, within_wall(cooperative), escalate)
 
     _enter(state, ShutdownPhase.FORCING)
+    escalations = []
     for active in list(state.active.values()):
         # A job whose actor returned is only writing its outcome (retrying while the
         # database is away): cancelling that would lose a finished job's result.
-        if active.task is not None and not active.task.done() and not active.returned:
-            if active.cancel_requested and active.cancel_phase is CancelPhase.COOPERATIVE:
-                await _escalate_user_cancel(state, active)
-                if active.returned or active.task.done():
-                    continue  # it returned while the escalation was written
+        if active.task is None or active.task.done() or active.returned:
+            continue
+        if active.cancel_requested and active.cancel_phase is CancelPhase.COOPERATIVE:
+            escalations.append(_force_user_cancel(state, active))
+        else:
             active.task.cancel()
+    # All at once, after the others' tasks: one by one, a slow database cost each write a
+    # command timeout before the next job was forced, out of the stop's cleanup grace.
+    await asyncio.gather(*escalations)
     await _wait_running(state, within_wall(cleanup), None)
 
     _enter(state, ShutdownPhase.ABANDONING)

@@ -12,7 +12,8 @@ the consumers can see where the shutdown is.
   outcome is written as it returned (ADR 0004).
 * FORCING — the remaining tasks are cancelled (a job a user asked to cancel has
   phase 2 stored first, as the cancellation protocol does; those writes all at once,
-  after the other tasks are cancelled); ``cleanup_grace_period`` to unwind. A job whose actor returned is not: it is only writing its outcome.
+  after the other tasks are cancelled); ``cleanup_grace_period`` to unwind. A job
+  whose actor returned is not: it is only writing its outcome.
 * ABANDONING — outcome writes still retrying (the database away) get what is left
   of ``termination_grace_period``; tasks that still run are then left behind: an
   interrupted job is handed back, a user-cancelled one marked ``abandoned``, all at

@@ -783,3 +783,60 @@ async def test_a_stop_forces_every_job_without_waiting_on_one_escalation_write()
         assert row is not None and row.status is JobStatus.CANCELLED and row.cancel_phase == 2
     plain = rows["plain"]
     assert plain is not None and plain.status is JobStatus.PENDING  # handed back
+
+
+async def test_a_stop_forces_a_user_cancelled_job_whose_escalation_write_raised() -> None:
+    # FORCING gathers the phase 2 writes; one raising an error that is not transient
+    # (a bug, a refused statement) went out of the gather before its task was cancelled:
+    # the job the user asked to cancel ran on, the stop itself failed, and the jobs
+    # after it in the gather were left to chance.
+    import structlog.testing
+
+    from taskq import WorkerSettings
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    forced: set[str] = set()
+
+    class RefusedEscalation(InMemoryBackend):
+        async def write_cancel_escalation(self, *args: Any, **kwargs: Any) -> bool:
+            raise RuntimeError("not a transient error")
+
+    started: dict[str, asyncio.Event] = {n: asyncio.Event() for n in ("a", "b")}
+
+    @actor(name="stops_only_when_forced")
+    async def ignores(payload: dict[str, Any]) -> None:
+        started[payload["n"]].set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            forced.add(payload["n"])
+            raise
+
+    tq = TaskQ("memory://", backend=RefusedEscalation(), actors=[ignores])
+    async with tq:
+        jobs = {n: await tq.client.enqueue(ignores, {"n": n}) for n in started}
+        graces = {"cancellation_grace_period": "60s", "cleanup_grace_period": "5s"}
+        stop = {"drain_grace_period": "60s", "termination_grace_period": "10s"}
+        settings = {**TEST_SETTINGS, **graces, **stop, "queues": ["default"], "concurrency": 2}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        for event in started.values():
+            await asyncio.wait_for(event.wait(), 5)
+        with structlog.testing.capture_logs() as logs:
+            for job in jobs.values():
+                assert await tq.client.cancel(job.id)
+            for _ in range(500):  # until the worker has seen both requests
+                if sum(e["event"] == "taskq.cancel-observed" for e in logs) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the worker never saw the cancels")
+        worker.stop()
+        worker.escalate()  # straight to FORCING
+        await asyncio.wait_for(running, 10)
+        rows = {n: await tq.client.get(job.id) for n, job in jobs.items()}
+    assert forced == {"a", "b"}
+    for row in rows.values():
+        assert row is not None and row.status is JobStatus.CANCELLED

@@ -142,7 +142,12 @@ async def _escalate_user_cancel(state: WorkerState, active: ActiveJob) -> None:
 async def _force_user_cancel(state: WorkerState, active: ActiveJob) -> None:
     """Cancel the task of a job a user asked to cancel, phase 2 stored first (the task is
     cancelled even if that write failed: the stop does not wait for the database)."""
-    await _escalate_user_cancel(state, active)
+    try:
+        await _escalate_user_cancel(state, active)
+    except Exception as exc:  # noqa: BLE001 - a write's failure must not leave the task running
+        # Not a transient error (those are handled inside), yet the job must still be
+        # forced: raised out of the gather, it left this task running into ABANDONING.
+        _log.error("taskq.cancel-escalation-failed", job_id=str(active.row.id), exc_info=exc)
     task = active.task
     # Looked at again after the write: an actor that returned meanwhile is finishing its
     # work (a commit, its outcome write), not running.

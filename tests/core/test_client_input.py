@@ -602,3 +602,25 @@ async def test_a_payload_of_another_model_is_refused_not_enqueued_as_this_actors
         }
         assert await tq.client.list_jobs(actor="payloads.resize") != []
         assert len(await tq.client.list_jobs()) == 2
+
+
+@actor(name="payloads.any_dict")
+async def any_dict(payload: dict[str, Any]) -> None:
+    return None
+
+
+async def test_a_model_given_to_a_dict_actor_is_refused_with_what_to_pass_instead() -> None:
+    # Once converted through JSON, a model passed to a dict-typed actor is now refused
+    # (an object of another type is not read again as JSON): pydantic's bare "Input
+    # should be a valid dictionary" named neither what was given nor what to do.
+    tq = TaskQ("memory://", actors=[any_dict, resize])
+    async with tq:
+        with pytest.raises(PayloadValidationError) as refused:
+            await tq.client.enqueue(any_dict, _Resize(image_id=1))
+        said = str(refused.value)
+        assert "given a _Resize, not a dict" in said
+        assert "model_dump(mode='json')" in said
+        with pytest.raises(PayloadValidationError, match="given a _Crop, not a _Resize"):
+            await tq.client.enqueue(resize, _Crop(image_id=1))
+        stored = _Resize(image_id=1).model_dump(mode="json")
+        assert (await tq.client.enqueue(any_dict, stored)).payload == stored

@@ -150,7 +150,23 @@ class Actor(Generic[P, R]):
             # a payload's personal data in every traceback that prints it.
             raise PayloadValidationError(
                 f"invalid payload for actor {self.name!r}: {validation_problems(exc, '<payload>')}"
+                f"{self._other_type_hint(payload, exc)}"
             ) from None
+
+    def _other_type_hint(self, payload: Any, exc: ValidationError) -> str:
+        """Why a payload object of another type is refused, and what to pass instead: such
+        an object (a model for a ``dict`` actor too) was once converted through JSON, so
+        pydantic's bare "Input should be a valid dictionary" reads as a TaskQ bug. Only
+        type names are shown, never values."""
+        if _stored_form(payload) or not any(error["loc"] == () for error in exc.errors()):
+            return ""
+        given = type(payload).__qualname__
+        wanted = getattr(self.payload_type, "__name__", repr(self.payload_type))
+        return (
+            f" (given a {given}, not a {wanted}: an object of another type is not "
+            f"converted, so that another actor's model is not taken for this one's; pass "
+            f"its fields as a dict, e.g. payload.model_dump(mode='json') for a pydantic model)"
+        )
 
     def dump_payload(self, payload: Any) -> dict[str, Any]:
         """Validate and serialise a payload to the JSON object stored on the job.

@@ -290,3 +290,39 @@ async def test_a_last_child_the_reclaim_crashes_completes_the_batch(
         row = await tq.client.get(lost.id)
     assert row is not None and row.status is JobStatus.CRASHED
     assert batch is not None and batch.status == "complete"
+
+
+async def test_children_a_failing_deadline_sweep_ended_still_count_for_their_batch() -> None:
+    # The sweep commits turn by turn: one whose later turn failed (the database away)
+    # raised out of the iteration with the ends of the turns it committed unapplied,
+    # and the batch they should have aborted completed instead.
+    from taskq.backend.memory import InMemoryBackend
+
+    class LaterTurnFails(InMemoryBackend):
+        async def deadline_sweep(self, **kwargs: Any) -> int:
+            await super().deadline_sweep(**kwargs)  # the first turn, committed
+            raise ConnectionResetError("the database went away in the next turn")
+
+    backend = LaterTurnFails()
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=backend)
+    async with tq:
+        batch_id, build = uuid4(), tq.client.build_args
+        soon = timedelta(seconds=0.05)
+        await backend.enqueue_batch_atomic(
+            [build(child, {"fail": False}, queue="q1", schedule_to_close=soon)]
+            + [build(child, {"fail": False}, queue="waiting")],
+            batch_id=batch_id,
+            queue="default",
+            batch_row=BatchRow(id=batch_id, queue="default", expected_size=2, failure_threshold=1),
+            finalizer_args=build(finalizer, {}),
+        )
+        await asyncio.sleep(0.1)  # past the first child's deadline
+        state: Any = SimpleNamespace(
+            backend=backend, settings=WorkerSettings.load(dict(TEST_SETTINGS), env={})
+        )
+        with pytest.raises(ConnectionResetError):
+            await sweep_once(state, reclaim=False)
+        batch = await backend.get_batch(batch_id)
+        statuses = await _statuses(tq, batch_id)
+    assert statuses == {"q1": JobStatus.FAILED, "waiting": JobStatus.CANCELLED}
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("aborted", 1)

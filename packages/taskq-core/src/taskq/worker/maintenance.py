@@ -7,7 +7,8 @@ that has not yet noticed it was deposed moves nothing twice.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Final
 
 import structlog
@@ -25,6 +26,7 @@ from taskq.models import BatchChildEnd
 from taskq.worker.cron import SlotJobBuilder
 
 if TYPE_CHECKING:
+    from taskq.backend import Backend
     from taskq.worker._state import WorkerState
 
 __all__ = [
@@ -52,27 +54,39 @@ async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
     its batch's threshold), as the ends the worker writes do."""
     backend, settings = state.backend, state.settings
     moved: dict[str, int] = {}
-    ends: list[BatchChildEnd] = []
     if reclaim:
-        moved["reclaimed"] = await backend.reclaim_expired_locks(
-            settings.cancellation_grace_period,
-            settings.cleanup_grace_period,
-            # A worker that touched its row within a lease is alive (it touches each
-            # heartbeat, before renewing): a lock held past the lease kept it from
-            # renewing, and its jobs run on.
-            worker_silence=settings.lock_lease
-            if isinstance(backend, SupportsWorkerRegistry)
-            else None,
-            batch_ends=ends,
-        )
-        await apply_batch_child_ends(backend, ends)
-        ends.clear()
+        async with _applied_ends(backend) as ends:
+            moved["reclaimed"] = await backend.reclaim_expired_locks(
+                settings.cancellation_grace_period,
+                settings.cleanup_grace_period,
+                # A worker that touched its row within a lease is alive (it touches each
+                # heartbeat, before renewing): a lock held past the lease kept it from
+                # renewing, and its jobs run on.
+                worker_silence=settings.lock_lease
+                if isinstance(backend, SupportsWorkerRegistry)
+                else None,
+                batch_ends=ends,
+            )
     moved["scheduled_to_pending"] = await backend.scheduled_to_pending()
-    moved["deadline"] = await backend.deadline_sweep(batch_ends=ends)
-    await apply_batch_child_ends(backend, ends)
+    async with _applied_ends(backend) as ends:
+        moved["deadline"] = await backend.deadline_sweep(batch_ends=ends)
     if isinstance(backend, SupportsWorkerRegistry):
         moved["stale_workers"] = await backend.cleanup_stale_workers(settings.worker_row_ttl)
     return moved
+
+
+@asynccontextmanager
+async def _applied_ends(backend: Backend) -> AsyncIterator[list[BatchChildEnd]]:
+    """A ``batch_ends`` list for a sweep, applied to the batches when the sweep returns
+    or raises: a sweep commits turn by turn, so one that fails in a later turn (the
+    database away) has ended the earlier turns' children, whose batches must count them."""
+    ends: list[BatchChildEnd] = []
+    try:
+        yield ends
+    except Exception:
+        await apply_batch_child_ends(backend, ends)  # never raises: the sweep's error stands
+        raise
+    await apply_batch_child_ends(backend, ends)
 
 
 async def cron_once(state: WorkerState, backend: SupportsCron) -> dict[str, int]:

@@ -136,7 +136,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     gained the keyword-only `batch_ends` (the batch children they end, reported so
 #     that the client and the leader apply each end to its batch: a cancelled child
 #     waited for the stale-batch sweep, and a child the deadline failed never counted
-#     toward its batch's failure_threshold).
+#     toward its batch's failure_threshold); count_pending_jobs gained the
+#     keyword-only `up_to` (the client passes each actor's max_pending, so that a
+#     refused enqueue no longer counts the whole backlog).
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,

@@ -394,6 +394,24 @@ async def test_max_pending_counts_a_backlog_only_up_to_the_limit(taskq_backend: 
     assert "already has 1 or more waiting jobs (max_pending=1)" in str(refused.value)
 
 
+@actor(name="options.closed", max_pending=0)
+async def closed(payload: dict[str, Any]) -> None:
+    return None
+
+
+async def test_max_pending_zero_refuses_every_job_saying_so(taskq_backend: Backend) -> None:
+    # Counted up to 0, the refusal said "already has 0 or more waiting jobs".
+    from taskq.errors import MaxPendingExceededError
+
+    tq = TaskQ("memory://", actors=[closed], backend=taskq_backend)
+    async with tq:
+        with pytest.raises(
+            MaxPendingExceededError, match=r"takes no waiting jobs \(max_pending=0\)"
+        ):
+            await tq.client.enqueue(closed, {})
+        assert await tq.client.list_jobs() == []
+
+
 @pytest.mark.parametrize("fast", [False, True], ids=["enqueue_batch", "enqueue_batch_fast"])
 async def test_items_repeating_a_new_key_count_once_against_max_pending(
     taskq_backend: Backend, fast: bool

@@ -337,6 +337,11 @@ def check_capacity(
         have, more = waiting.get(name, 0), counts[name]
         if have + more > limit:
             # A batch alone can pass the limit: "already has 0 waiting" read as a bug.
+            if limit == 0:  # counted up to 0: there is no count to report
+                raise MaxPendingExceededError(
+                    f"actor {name!r} takes no waiting jobs (max_pending=0); raise its "
+                    f"max_pending to enqueue"
+                )
             adding = "" if more == 1 else f" and this call adds {more}"
             many = f"{have} or more" if have >= limit else str(have)
             raise MaxPendingExceededError(

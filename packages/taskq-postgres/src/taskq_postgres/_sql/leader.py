@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from taskq_postgres._sql.reads import waiting_up_to
 from taskq_postgres._sql.schedules import SCHEDULE_COLUMNS
 
 __all__ = [
@@ -91,19 +92,12 @@ CRON_LOCK_BOUND: Final = """
 SELECT set_config('idle_in_transaction_session_timeout', $1::text, true)
 """
 
-# The actor's max_pending (no row: none) and its waiting jobs as the client counts them
-# (count_pending_jobs), counted up to max_pending only: a backlog of a million rows
-# is not counted at every tick. Read in the tick's transaction, before its insert.
-CRON_MAX_PENDING: Final = """
+# The actor's max_pending (no row: none) and its waiting jobs as the client counts them,
+# up to max_pending only. Read in the tick's transaction, before its insert.
+CRON_MAX_PENDING: Final = f"""
 -- arbiter: none
-SELECT c.max_pending, (
-    SELECT count(*) FROM (
-        SELECT 1 FROM {schema}.jobs j
-        WHERE j.actor = c.actor AND j.status IN ('pending', 'scheduled')
-        LIMIT c.max_pending
-    ) AS w
-) AS waiting
-FROM {schema}.actor_config c
+SELECT c.max_pending, {waiting_up_to("c.actor", "c.max_pending")} AS waiting
+FROM {{schema}}.actor_config c
 WHERE c.actor = $1 AND c.max_pending IS NOT NULL
 """
 

@@ -22,6 +22,7 @@ __all__ = [
     "SERVER_IDENTITY",
     "SET_IDLE_LIMIT",
     "WHERE_TOKEN",
+    "waiting_up_to",
 ]
 
 _J: Final = job_columns("j")
@@ -59,20 +60,28 @@ JOIN {schema}.jobs j ON j.id = page.id
 """
 )
 
-# $2 holds each actor's count limit (NULL: count all): a producer checking max_pending
-# against a backlog of a million rows reads its limit's worth of index entries, not
-# the million, on every refused enqueue.
-COUNT_PENDING_JOBS: Final = """
--- arbiter: none
-SELECT a.actor, (
+
+def waiting_up_to(actor: str, limit: str) -> str:
+    """A subquery counting the waiting (pending + scheduled) jobs of ``actor`` up to
+    ``limit`` (SQL expressions; a NULL limit counts all): what ``max_pending`` is
+    checked against, by the client and by cron alike. Counting stops at the limit,
+    so a backlog of a million rows is not read for every refused enqueue."""
+    return f"""(
     SELECT count(*) FROM (
-        SELECT 1 FROM {schema}.jobs j
-        WHERE j.actor = a.actor AND j.status IN ('pending', 'scheduled')
-        LIMIT a.up_to
+        SELECT 1 FROM {{schema}}.jobs j
+        WHERE j.actor = {actor} AND j.status IN ('pending', 'scheduled')
+        LIMIT {limit}
     ) AS w
-) AS waiting
+)"""
+
+
+# $2 holds each actor's count limit (NULL: count all).
+COUNT_PENDING_JOBS: Final = f"""
+-- arbiter: none
+SELECT a.actor, {waiting_up_to("a.actor", "a.up_to")} AS waiting
 FROM unnest($1::text[], $2::bigint[]) AS a (actor, up_to)
 """
+
 
 COUNT_ACTIVE_JOBS: Final = """
 -- arbiter: none

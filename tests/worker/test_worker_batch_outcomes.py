@@ -385,3 +385,87 @@ async def test_a_child_a_shutdown_hand_back_ended_cancelled_completes_its_batch(
         batch = await backend.get_batch(batch_id)
     assert [row.status for row in rows if row is not None] == [JobStatus.CANCELLED] * 2
     assert batch is not None and batch.status == "complete"
+
+
+class _CancelledAtUnstartedHandBack(InMemoryBackend):
+    """A cancel is requested of each job just before the drain hands it back unstarted."""
+
+    async def hand_back_unstarted(self, worker_id: Any, jobs: Any, **kwargs: Any) -> int:
+        for job_id, _ in jobs:
+            await self.write_cancel_request(job_id, "meanwhile")
+        return await super().hand_back_unstarted(worker_id, jobs, **kwargs)
+
+
+async def test_a_last_child_the_drain_hand_back_ended_cancelled_completes_its_batch() -> None:
+    # Waiting for the slot (prefetched) as the worker stopped, the child was handed back
+    # in one statement that ended it cancelled and said only how many moved: its batch
+    # waited for the stale-batch sweep.
+    started = asyncio.Event()
+
+    @actor(name="batches.holds_the_slot")
+    async def holds(payload: dict[str, Any], ctx: Context) -> None:
+        started.set()
+        await ctx.cancel_event.wait()
+
+    backend = _CancelledAtUnstartedHandBack()
+    tq = TaskQ("memory://", actors=[holds, child], backend=backend)
+    async with tq:
+        settings = {**TEST_SETTINGS, **_NO_SWEEP, "concurrency": 1, "prefetch": 1}
+        settings["drain_grace_period"] = "50ms"
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        runner = asyncio.create_task(worker.run())
+        holder = await tq.client.enqueue(holds, {})  # no batch's
+        await asyncio.wait_for(started.wait(), 5)
+        batch_id = uuid4()
+        [job] = await backend.enqueue_batch_atomic(
+            [tq.client.build_args(child, {"fail": False})],
+            batch_id=batch_id,
+            queue="default",
+            batch_row=BatchRow(id=batch_id, queue="default", expected_size=1),
+            finalizer_args=None,
+        )
+        while len(await tq.client.list_jobs(status="running")) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)  # the prefetch it waits for, not an assertion
+        worker.stop()
+        await asyncio.wait_for(runner, 10)
+        row, held = await tq.client.get(job.id), await tq.client.get(holder.id)
+        outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
+        batch = await backend.get_batch(batch_id)
+    assert held is not None and held.status is JobStatus.PENDING  # interrupted, handed back
+    assert row is not None and (row.status, outcomes) == (JobStatus.CANCELLED, ["unstarted"])
+    assert batch is not None and batch.status == "complete"
+
+
+class _ReplyLostThenCancelled(_CancelledAtUnstartedHandBack):
+    """The first dispatch locks its jobs and loses its reply: the producer hands back the
+    jobs it never heard of (and a cancel is requested of each just before)."""
+
+    lost = False
+
+    async def dispatch_actors_batch(self, *args: Any, **kwargs: Any) -> list[Any]:
+        rows = await super().dispatch_actors_batch(*args, **kwargs)
+        if rows and not self.lost:
+            self.lost = True
+            raise ConnectionError("the reply was lost")
+        return rows
+
+
+async def test_a_last_child_the_producers_hand_back_ended_cancelled_completes_its_batch() -> None:
+    backend = _ReplyLostThenCancelled()
+    tq = TaskQ("memory://", actors=[child], backend=backend)
+    async with tq:
+        batch_id = uuid4()
+        [job] = await backend.enqueue_batch_atomic(
+            [tq.client.build_args(child, {"fail": False})],
+            batch_id=batch_id,
+            queue="default",
+            batch_row=BatchRow(id=batch_id, queue="default", expected_size=1),
+            finalizer_args=None,
+        )
+        await run_until_idle(tq, **_NO_SWEEP)
+        row = await tq.client.get(job.id)
+        outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
+        batch = await backend.get_batch(batch_id)
+    assert backend.lost
+    assert row is not None and (row.status, outcomes) == (JobStatus.CANCELLED, ["unstarted"])
+    assert batch is not None and batch.status == "complete"

@@ -13,9 +13,11 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from taskq import JobStatus, RetryAfter, Snooze, TaskQ, WorkerSettings, actor
+from taskq import Context, JobStatus, RetryAfter, Snooze, TaskQ, WorkerSettings, actor
 from taskq.backend import Backend
-from taskq.models import BatchRow, JobFilter
+from taskq.backend.memory import InMemoryBackend
+from taskq.models import BatchRow, EnqueueArgs, JobFilter
+from taskq.worker import Worker
 from taskq.worker.maintenance import sweep_once
 from taskq_testing import TEST_SETTINGS, run_until_idle
 
@@ -138,8 +140,6 @@ async def test_a_child_whose_retry_a_cancel_ended_completes_its_batch() -> None:
     # The failure write found a cancel requested (after the worker's last look) and ended
     # the job cancelled, and the hook ran only for a failed one: the batch waited for
     # the stale-batch sweep.
-    from taskq.backend.memory import InMemoryBackend
-
     class CancelledMeanwhile(InMemoryBackend):
         async def mark_failed_or_retry(self, job_id: Any, *args: Any, **kwargs: Any) -> Any:
             await self.write_cancel_request(job_id, "meanwhile")
@@ -326,3 +326,182 @@ async def test_children_a_failing_deadline_sweep_ended_still_count_for_their_bat
         statuses = await _statuses(tq, batch_id)
     assert statuses == {"q1": JobStatus.FAILED, "waiting": JobStatus.CANCELLED}
     assert batch is not None and (batch.status, batch.consecutive_failures) == ("aborted", 1)
+
+
+# -- children a snooze write ended: the unknown actor's and the shutdown's hand-backs ---
+
+
+class _NoActorDispatch(InMemoryBackend):
+    """Dispatches every actor's jobs: the worker hands back those it does not know."""
+
+    dispatch_actors_batch = None  # type: ignore[assignment]
+
+
+async def test_a_child_of_an_unknown_actor_failed_by_its_hand_back_counts_toward_the_threshold() -> (
+    None
+):
+    # Its deadline nearer than the unknown actor's hand-back delay, the hand-back failed
+    # it without the batch's hook: the streak stayed at 0 and the batch active, its
+    # waiting child left to run.
+    backend = _NoActorDispatch()
+    tq = TaskQ("memory://", actors=[child], backend=backend)
+    async with tq:
+        batch_id = uuid4()
+        ghost = EnqueueArgs(actor="batches.ghost", schedule_to_close=timedelta(seconds=1))
+        await backend.enqueue_batch_atomic(
+            [ghost, tq.client.build_args(child, {"fail": False}, queue="waiting")],
+            batch_id=batch_id,
+            queue="default",
+            batch_row=BatchRow(id=batch_id, queue="default", expected_size=2, failure_threshold=1),
+            finalizer_args=None,
+        )
+        await run_until_idle(tq, **_NO_SWEEP)
+        batch = await backend.get_batch(batch_id)
+        rows = await tq.client.list_jobs(JobFilter(batch_id=batch_id))
+        outcomes = [a.outcome for row in rows for a in await tq.client.get_attempts(row.id)]
+    assert {row.queue: row.status for row in rows} == {
+        "default": JobStatus.FAILED,
+        "waiting": JobStatus.CANCELLED,
+    }
+    assert outcomes == ["unknown_actor"]
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("aborted", 1)
+
+
+class _CancelledAtHandBack(InMemoryBackend):
+    """A cancel is requested just before the worker's hand-back: the job ends cancelled."""
+
+    async def mark_snoozed(self, job_id: Any, *args: Any, **kwargs: Any) -> Any:
+        await self.write_cancel_request(job_id, "meanwhile")
+        return await super().mark_snoozed(job_id, *args, **kwargs)
+
+
+class _CancelledAtOneByOneHandBack(_CancelledAtHandBack):
+    """Without ``SupportsUnstartedHandBack``: unstarted jobs go back one by one."""
+
+    hand_back_unstarted = None  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize(
+    "backend_type", [_CancelledAtHandBack, _CancelledAtOneByOneHandBack], ids=["ran", "queued"]
+)
+async def test_a_child_a_shutdown_hand_back_ended_cancelled_completes_its_batch(
+    backend_type: type[InMemoryBackend],
+) -> None:
+    # A cancel came as the stopping worker handed its jobs back (the running one, and the
+    # one waiting for its slot): ended cancelled without the batch's hook, the batch
+    # waited for the stale-batch sweep.
+    started = asyncio.Event()
+
+    @actor(name="batches.holds")
+    async def holds(payload: dict[str, Any], ctx: Context) -> None:
+        started.set()
+        await ctx.cancel_event.wait()
+
+    backend = backend_type()
+    tq = TaskQ("memory://", actors=[holds], backend=backend)
+    async with tq:
+        batch_id, build = uuid4(), tq.client.build_args
+        jobs = await backend.enqueue_batch_atomic(
+            [build(holds, {}), build(holds, {})],
+            batch_id=batch_id,
+            queue="default",
+            batch_row=BatchRow(id=batch_id, queue="default", expected_size=2),
+            finalizer_args=None,
+        )
+        settings = {**TEST_SETTINGS, **_NO_SWEEP, "concurrency": 1, "prefetch": 1}
+        settings["drain_grace_period"] = "50ms"
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        runner = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        while len(await tq.client.list_jobs(status="running")) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)  # the prefetch it waits for, not an assertion
+        worker.stop()
+        await asyncio.wait_for(runner, 10)
+        rows = [await tq.client.get(job.id) for job in jobs]
+        batch = await backend.get_batch(batch_id)
+    assert [row.status for row in rows if row is not None] == [JobStatus.CANCELLED] * 2
+    assert batch is not None and batch.status == "complete"
+
+
+class _CancelledAtUnstartedHandBack(InMemoryBackend):
+    """A cancel is requested of each job just before the drain hands it back unstarted."""
+
+    async def hand_back_unstarted(self, worker_id: Any, jobs: Any, **kwargs: Any) -> int:
+        for job_id, _ in jobs:
+            await self.write_cancel_request(job_id, "meanwhile")
+        return await super().hand_back_unstarted(worker_id, jobs, **kwargs)
+
+
+async def test_a_last_child_the_drain_hand_back_ended_cancelled_completes_its_batch() -> None:
+    # Waiting for the slot (prefetched) as the worker stopped, the child was handed back
+    # in one statement that ended it cancelled and said only how many moved: its batch
+    # waited for the stale-batch sweep.
+    started = asyncio.Event()
+
+    @actor(name="batches.holds_the_slot")
+    async def holds(payload: dict[str, Any], ctx: Context) -> None:
+        started.set()
+        await ctx.cancel_event.wait()
+
+    backend = _CancelledAtUnstartedHandBack()
+    tq = TaskQ("memory://", actors=[holds, child], backend=backend)
+    async with tq:
+        settings = {**TEST_SETTINGS, **_NO_SWEEP, "concurrency": 1, "prefetch": 1}
+        settings["drain_grace_period"] = "50ms"
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        runner = asyncio.create_task(worker.run())
+        holder = await tq.client.enqueue(holds, {})  # no batch's
+        await asyncio.wait_for(started.wait(), 5)
+        batch_id = uuid4()
+        [job] = await backend.enqueue_batch_atomic(
+            [tq.client.build_args(child, {"fail": False})],
+            batch_id=batch_id,
+            queue="default",
+            batch_row=BatchRow(id=batch_id, queue="default", expected_size=1),
+            finalizer_args=None,
+        )
+        while len(await tq.client.list_jobs(status="running")) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)  # the prefetch it waits for, not an assertion
+        worker.stop()
+        await asyncio.wait_for(runner, 10)
+        row, held = await tq.client.get(job.id), await tq.client.get(holder.id)
+        outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
+        batch = await backend.get_batch(batch_id)
+    assert held is not None and held.status is JobStatus.PENDING  # interrupted, handed back
+    assert row is not None and (row.status, outcomes) == (JobStatus.CANCELLED, ["unstarted"])
+    assert batch is not None and batch.status == "complete"
+
+
+class _ReplyLostThenCancelled(_CancelledAtUnstartedHandBack):
+    """The first dispatch locks its jobs and loses its reply: the producer hands back the
+    jobs it never heard of (and a cancel is requested of each just before)."""
+
+    lost = False
+
+    async def dispatch_actors_batch(self, *args: Any, **kwargs: Any) -> list[Any]:
+        rows = await super().dispatch_actors_batch(*args, **kwargs)
+        if rows and not self.lost:
+            self.lost = True
+            raise ConnectionError("the reply was lost")
+        return rows
+
+
+async def test_a_last_child_the_producers_hand_back_ended_cancelled_completes_its_batch() -> None:
+    backend = _ReplyLostThenCancelled()
+    tq = TaskQ("memory://", actors=[child], backend=backend)
+    async with tq:
+        batch_id = uuid4()
+        [job] = await backend.enqueue_batch_atomic(
+            [tq.client.build_args(child, {"fail": False})],
+            batch_id=batch_id,
+            queue="default",
+            batch_row=BatchRow(id=batch_id, queue="default", expected_size=1),
+            finalizer_args=None,
+        )
+        await run_until_idle(tq, **_NO_SWEEP)
+        row = await tq.client.get(job.id)
+        outcomes = [a.outcome for a in await tq.client.get_attempts(job.id)]
+        batch = await backend.get_batch(batch_id)
+    assert backend.lost
+    assert row is not None and (row.status, outcomes) == (JobStatus.CANCELLED, ["unstarted"])
+    assert batch is not None and batch.status == "complete"

@@ -247,7 +247,7 @@ class _HandBackDown(InMemoryBackend):
     """The statement handing back unstarted jobs fails (the database went away)."""
 
     async def hand_back_unstarted(
-        self, worker_id: UUID, jobs: Sequence[tuple[UUID, int | None]]
+        self, worker_id: UUID, jobs: Sequence[tuple[UUID, int | None]], **kwargs: Any
     ) -> int:
         raise ConnectionError("connection lost")
 

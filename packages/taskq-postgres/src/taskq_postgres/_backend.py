@@ -1336,10 +1336,15 @@ class PostgresBackend:
         return "scheduled"
 
     async def hand_back_unstarted(
-        self, worker_id: UUID, jobs: Sequence[tuple[JobId, int | None]]
+        self,
+        worker_id: UUID,
+        jobs: Sequence[tuple[JobId, int | None]],
+        *,
+        batch_ends: list[BatchChildEnd] | None = None,
     ) -> int:
         """``mark_snoozed`` with no delay and outcome ``unstarted`` for every job, in one
-        statement (jobs the worker locked and never started); how many moved."""
+        statement (jobs the worker locked and never started); how many moved.
+        ``batch_ends``: each job of a batch it failed or cancelled is appended to it."""
         if not jobs:
             return 0
         moved = await self._db().fetch(
@@ -1354,6 +1359,13 @@ class PostgresBackend:
             None,
         )
         self._wake_if_pending(any(record["to_status"] == "pending" for record in moved))
+        if batch_ends is not None:
+            batch_ends.extend(
+                BatchChildEnd(record["batch_tag"], JobStatus(record["to_status"]))
+                for record in moved
+                if record["batch_tag"] is not None
+                and record["to_status"] in (JobStatus.FAILED, JobStatus.CANCELLED)
+            )
         return len(moved)
 
     async def mark_retry_after(

@@ -25,9 +25,11 @@ Rules every implementation keeps:
   only by the methods listed in ``TRANSITION_DRIVERS``.
 * **Ends outside the worker are reported.** The methods that end jobs outside
   their worker (``write_cancel_request``, ``cancel_where``, ``deadline_sweep``,
-  ``reclaim_expired_locks``) take a keyword-only ``batch_ends`` list: when given,
-  they append a :class:`~taskq.models.BatchChildEnd` (its ``metadata.batch_id``
-  tag, the status written) for every job they ended that carries the tag, so the
+  ``reclaim_expired_locks``, and ``SupportsUnstartedHandBack.hand_back_unstarted``
+  for the jobs it ends instead of handing them back) take a keyword-only
+  ``batch_ends`` list: when given, they append a :class:`~taskq.models.BatchChildEnd`
+  (its ``metadata.batch_id`` tag, the status written) for every job they ended that
+  carries the tag, so the
   caller applies each end to its batch (``taskq.batch_outcomes``) as the worker
   does after its own terminal writes. Jobs they did not end (a running job only
   flagged for cancel, one reclaimed back to ``pending``) are not reported.
@@ -136,9 +138,13 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     gained the keyword-only `batch_ends` (the batch children they end, reported so
 #     that the client and the leader apply each end to its batch: a cancelled child
 #     waited for the stale-batch sweep, and a child the deadline failed never counted
-#     toward its batch's failure_threshold); count_pending_jobs gained the
-#     keyword-only `up_to` (the client passes each actor's max_pending, so that a
-#     refused enqueue no longer counts the whole backlog).
+#     toward its batch's failure_threshold);
+#     SupportsUnstartedHandBack.hand_back_unstarted gained the keyword-only
+#     `batch_ends` (the children it ends failed or cancelled instead of handing them
+#     back, which the worker then applies to their batches: a child failed so never
+#     counted toward failure_threshold, a last one cancelled so left its batch active);
+#     count_pending_jobs gained the keyword-only `up_to` (the client passes each
+#     actor's max_pending, so that a refused enqueue no longer counts the whole backlog).
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
@@ -719,9 +725,16 @@ class SupportsUnstartedHandBack(Protocol):
     """
 
     async def hand_back_unstarted(
-        self, worker_id: UUID, jobs: Sequence[tuple[JobId, int | None]]
+        self,
+        worker_id: UUID,
+        jobs: Sequence[tuple[JobId, int | None]],
+        *,
+        batch_ends: list[BatchChildEnd] | None = None,
     ) -> int:
-        """Hand back every ``(job id, attempt)`` the caller holds; how many moved."""
+        """Hand back every ``(job id, attempt)`` the caller holds; how many moved.
+        ``batch_ends``: each job of a batch it ended (``failed`` past its deadline,
+        ``cancelled`` on a request) is appended to it, for the caller to apply to its
+        batch (one put back to ``pending`` has not ended)."""
         ...
 
 

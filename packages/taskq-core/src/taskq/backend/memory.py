@@ -662,16 +662,23 @@ class InMemoryBackend:
         return "scheduled"
 
     async def hand_back_unstarted(
-        self, worker_id: UUID, jobs: Sequence[tuple[JobId, int | None]]
+        self,
+        worker_id: UUID,
+        jobs: Sequence[tuple[JobId, int | None]],
+        *,
+        batch_ends: list[BatchChildEnd] | None = None,
     ) -> int:
         """``mark_snoozed`` with no delay and outcome ``unstarted`` for each job (locked
-        by the worker, never started); how many moved."""
+        by the worker, never started); how many moved. ``batch_ends``: each job of a
+        batch it failed or cancelled is appended to it."""
         moved = 0
         for job_id, attempt in jobs:
             verdict = await self.mark_snoozed(
                 job_id, worker_id, timedelta(0), outcome="unstarted", attempt=attempt
             )
             moved += verdict != "noop"
+            if verdict in ("failed", "cancelled"):
+                report_batch_end(batch_ends, self._store.jobs[job_id], JobStatus(verdict))
         return moved
 
     async def mark_retry_after(

@@ -256,13 +256,14 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         state.met_unknown_actor = True
         # Handed back unrun, its attempt given back, recorded as what it was (it read
         # as a rate-limit denial).
-        await write_retrying(
+        verdict = await write_retrying(
             state,
             "unknown_actor",
             lambda: backend.mark_snoozed(
                 row.id, wid, UNKNOWN_ACTOR_DELAY, outcome="unknown_actor", attempt=row.attempt
             ),
         )
+        await _ended_instead(state, row, verdict)  # its deadline passed, or a cancel came
         return
     try:
         payload = actor.validate_payload(row.payload)
@@ -460,11 +461,19 @@ async def _reschedule(
     )
     if verdict == "noop":
         _ownership_lost(row, name)
-    elif verdict == "cancelled":
-        await apply_batch_terminal_outcome(backend, row, "cancelled")
+    else:
+        await _ended_instead(state, row, verdict)
+
+
+async def _ended_instead(state: WorkerState, row: JobRow, verdict: str | None) -> None:
+    """The batch hook for a reschedule (a snooze, a retry, a hand-back, an unknown
+    actor's) whose write ended the job instead: ``cancelled`` when a cancel was requested
+    meanwhile, ``failed`` when its deadline or its attempts were reached (a failed child,
+    counted as any other). A job rescheduled, or not ours, has not ended."""
+    if verdict == "cancelled":
+        await apply_batch_terminal_outcome(state.backend, row, "cancelled")
     elif verdict is not None and verdict.startswith("failed"):
-        # Its deadline or its attempts reached: a failed child, counted as any other.
-        await apply_batch_terminal_outcome(backend, row, "failed")
+        await apply_batch_terminal_outcome(state.backend, row, "failed")
 
 
 async def _our_write_landed(state: WorkerState, row: JobRow, status: JobStatus) -> bool:
@@ -886,7 +895,9 @@ async def hand_back(
 ) -> bool:
     """Return a job interrupted by shutdown for another attempt, its budget untouched
     (``give_up`` as for :func:`write_retrying`); ``unstarted`` for one whose code never
-    began. False when the write was given up (the job is left to the reclaim)."""
+    began. False when the write was given up (the job is left to the reclaim). A
+    hand-back that ended the job (its deadline passed, a cancel came meanwhile) applies
+    that end to its batch."""
     verdict = await write_retrying(
         state,
         outcome,
@@ -903,6 +914,8 @@ async def hand_back(
     )
     if verdict == "noop":
         _ownership_lost(row, outcome)
+    else:
+        await _ended_instead(state, row, verdict)
     return verdict is not None
 
 

@@ -21,7 +21,8 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from taskq.backend import SupportsActorDispatch, SupportsHeldJobs, SupportsUnstartedHandBack
-from taskq.models import JobRow
+from taskq.batch_outcomes import apply_batch_child_ends
+from taskq.models import BatchChildEnd, JobRow
 from taskq.worker._state import WorkerState
 from taskq.worker._transient import RepeatedWarning, UnexpectedLoopErrorGuard, transient_errors
 
@@ -53,8 +54,10 @@ async def hand_back_unheard(state: WorkerState) -> None:
     known = {(job_id, active.row.attempt) for job_id, active in state.active.items()}
     unheard = [job for job in await backend.held_jobs(state.worker_id) if job not in known]
     if unheard:
-        moved = await backend.hand_back_unstarted(state.worker_id, unheard)
+        ends: list[BatchChildEnd] = []
+        moved = await backend.hand_back_unstarted(state.worker_id, unheard, batch_ends=ends)
         _log.warning("taskq.unheard-jobs-handed-back", jobs=len(unheard), moved=moved)
+        await apply_batch_child_ends(backend, ends)  # those it ended instead
 
 
 def _dispatcher(state: WorkerState) -> Callable[[int], Awaitable[list[JobRow]]]:

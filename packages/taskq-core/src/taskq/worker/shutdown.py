@@ -39,8 +39,8 @@ from enum import IntEnum
 import structlog
 
 from taskq.backend import CancelPhase, SupportsUnstartedHandBack
-from taskq.batch_outcomes import apply_batch_terminal_outcome
-from taskq.models import JobRow
+from taskq.batch_outcomes import apply_batch_child_ends, apply_batch_terminal_outcome
+from taskq.models import BatchChildEnd, JobRow
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
 from taskq.worker.consumer import hand_back, write_retrying
@@ -107,12 +107,15 @@ async def _hand_back_unstarted(state: WorkerState) -> int:
         released = 0
     elif isinstance(backend, SupportsUnstartedHandBack):
         jobs = [(row.id, row.attempt) for row, _ in unstarted]
+        ends: list[BatchChildEnd] = []
         try:
-            released = await backend.hand_back_unstarted(state.worker_id, jobs)
+            released = await backend.hand_back_unstarted(state.worker_id, jobs, batch_ends=ends)
         except transient_errors() as exc:
             _log.warning("taskq.unstarted-hand-back-failed", jobs=len(jobs), error=repr(exc))
             released = 0
             state.unconfirmed_at_stop += len(jobs)
+        # Those it ended instead (past their deadline, a cancel requested): their batches.
+        await apply_batch_child_ends(backend, ends)
     else:
         for row, _ in unstarted:
             confirmed = await hand_back(state, row, None, give_up=True, outcome="unstarted")

@@ -349,7 +349,7 @@ updated AS (
                               ELSE j.progress_state END
     FROM decision d
     WHERE j.id = d.id AND j.status = 'running'
-    RETURNING j.id, j.status
+    RETURNING j.id, j.status, j.metadata ->> 'batch_id' AS batch_tag
 ),
 attempt AS (
     INSERT INTO {schema}.job_attempts (job_id, attempt, worker_id, started_at, finished_at,
@@ -371,7 +371,7 @@ event AS (
                              WHEN 'cancelled' THEN 'cancel_requested' ELSE $6::text END)
     FROM updated u
 )
-SELECT u.status::text AS to_status FROM updated u
+SELECT u.status::text AS to_status, u.batch_tag FROM updated u
 """
 )
 

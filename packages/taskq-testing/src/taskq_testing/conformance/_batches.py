@@ -24,6 +24,7 @@ from taskq_testing.conformance._support import (
     fetch,
     make_args,
 )
+from taskq_testing.conformance._terminal import handing_back
 
 _QUEUE = "batch"
 _ABORT_MESSAGE = "Batch aborted due to consecutive failures"
@@ -509,6 +510,45 @@ class BatchTests:
         # The last attempt crashed; the other child is pending again, not ended.
         assert ends == [BatchChildEnd(str(batch_id), JobStatus.CRASHED)]
         assert (await fetch(backend, children[1].id)).status is JobStatus.PENDING
+
+    @covers("hand_back_unstarted")
+    async def test_the_unstarted_hand_back_reports_the_batch_children_it_ends(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # Not reported, a child the hand-back failed past its deadline never counted
+        # toward its batch's failure threshold, and a last one it cancelled left its
+        # batch active until the stale-batch sweep.
+        many = handing_back(backend)
+        batch_id, children, _ = await _tracked_batch(
+            backend,
+            {"priority": 9, "schedule_to_close": SHORT_LEASE},
+            {"priority": 8},
+            {"priority": 7},
+        )
+        untagged = await backend.enqueue(make_args(queue="untagged"))
+        worker = uuid4()
+        held = await backend.dispatch_batch(worker, [_QUEUE], 3, LONG_LEASE)
+        assert [row.id for row in held] == [child.id for child in children]
+        held += await backend.dispatch_batch(worker, ["untagged"], 1, LONG_LEASE)
+        assert held[-1].id == untagged.id
+        for job in (children[1], untagged):
+            assert await backend.write_cancel_request(job.id, None)  # flagged: running
+        await expire_short_leases(advance_time)  # the first child's deadline passes
+        ends: list[BatchChildEnd] = []
+        jobs = [(row.id, row.attempt) for row in held]
+        assert await many.hand_back_unstarted(worker, jobs, batch_ends=ends) == 4
+        tag = str(batch_id)
+        assert sorted(ends) == [
+            BatchChildEnd(tag, JobStatus.CANCELLED),
+            BatchChildEnd(tag, JobStatus.FAILED),
+        ]  # the third child is pending again, not ended; the untagged job not reported
+        statuses = [(await fetch(backend, row.id)).status for row in held]
+        assert statuses == [
+            JobStatus.FAILED,
+            JobStatus.CANCELLED,
+            JobStatus.PENDING,
+            JobStatus.CANCELLED,
+        ]
 
     # -- reads ------------------------------------------------------------------------------
 

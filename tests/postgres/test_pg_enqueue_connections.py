@@ -58,6 +58,44 @@ async def test_concurrent_enqueues_share_the_pinned_connection_and_the_pool(
         assert await backend.get(row.id) == row
 
 
+async def test_a_one_job_enqueue_runs_prepared_and_survives_its_table_changing(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    # The pinned connection keeps the one-job statement prepared. A migration that
+    # changes a column it returns makes the server refuse that plan ("cached plan must
+    # not change result type"): the enqueue then runs by its text, and the statement is
+    # prepared anew for the next one.
+    first = await backend.enqueue(EnqueueArgs(actor="a"))
+    pinned = backend._pinned
+    assert pinned is not None and len(pinned._statements) == 1
+    conn = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        await conn.execute(f"ALTER TABLE {pg_pooled_schema.name}.jobs ALTER attempt TYPE bigint")
+    finally:
+        await conn.close()
+    second = await backend.enqueue(EnqueueArgs(actor="a"))
+    third = await backend.enqueue(EnqueueArgs(actor="a"))
+    for row in (first, second, third):
+        assert await backend.get(row.id) == row
+    assert len(pinned._statements) == 1
+
+
+async def test_the_row_a_one_job_enqueue_returns_sets_every_field(
+    backend: PostgresBackend,
+) -> None:
+    # fresh_row copies a template of every field and sets the ones without a plain
+    # default: a field added to JobRow and not set there would read UNSET.
+    from taskq_postgres._enqueue import UNSET
+
+    plain = await backend.enqueue(EnqueueArgs(actor="a"))
+    full = await backend.enqueue(
+        EnqueueArgs(actor="a", identity_key="k", metadata={"m": 1}, tags=["t"], timeout=5)
+    )
+    for row in (plain, full):
+        assert UNSET not in vars(row).values()
+        assert await backend.get(row.id) == row
+
+
 async def test_a_cancelled_enqueue_leaves_the_pinned_connection_usable(
     backend: PostgresBackend,
 ) -> None:

@@ -535,7 +535,11 @@ class PostgresBackend:
             # concurrent call goes to the pool) get theirs where two connections stay
             # free: in drains by two workers, skipping acquire and release gave ~15 %
             # more jobs/s (bench/README.md).
-            self._pinned = PinnedConnection(bounded) if self.max_pool_size > 1 else None
+            self._pinned = (
+                PinnedConnection(bounded, prepared=not self.behind_pooler)
+                if self.max_pool_size > 1
+                else None
+            )
             worker_pins = self.max_pool_size >= _MIN_POOL_FOR_WORKER_PINS
             self._pinned_dispatch = PinnedConnection(bounded) if worker_pins else None
             self._pinned_success = PinnedConnection(bounded) if worker_pins else None

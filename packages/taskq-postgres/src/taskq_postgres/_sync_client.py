@@ -28,7 +28,14 @@ from psycopg.types.string import TextBinaryLoader
 
 from taskq._dsn import url_scheme
 from taskq.actor import Actor, actors_by_name
-from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, MaxPendingLimits, check_capacity
+from taskq.args_builder import (
+    ActorRef,
+    ArgsBuilder,
+    BatchItem,
+    MaxPendingLimits,
+    check_capacity,
+    one_per_key,
+)
 from taskq.errors import EnqueueError, MaxPendingExceededError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
@@ -173,9 +180,12 @@ class SyncJobsClient:
                 self._check_capacity(cur, counts)
             except MaxPendingExceededError as refused:
                 # Past max_pending, the items whose keys are stored insert nothing (a
-                # producer retrying its batch under backpressure): only the others count.
+                # producer retrying its batch under backpressure): only the others count,
+                # an item repeating a key of the call once.
                 args_list = list(self._build.each(listed))
-                new = Counter(a.actor for a in args_list if self._existing(cur, a) is None)
+                new = Counter(
+                    a.actor for a in one_per_key(args_list) if self._existing(cur, a) is None
+                )
                 try:
                     self._check_capacity(cur, new)
                 except MaxPendingExceededError:

@@ -35,6 +35,8 @@ __all__ = [
     "CopyFeed",
     "Plan",
     "Query",
+    "TransactionAbortedError",
+    "aborted",
     "check_singletons",
     "copy_jobs",
     "duplicate_id",
@@ -91,6 +93,25 @@ _FRESH_ROW: Final[dict[str, Any]] = {
 """A new job's fields with plain defaults (``None``, zero): what a fresh row holds where
 the insert neither set nor returned a column. ``fresh_row`` lays the values sent and
 returned over them."""
+
+
+class TransactionAbortedError(EnqueueError):
+    """The connection given for an enqueue (a psycopg one to ``SyncJobsClient``, an
+    asyncpg one to ``enqueue_with_conn`` or as ``connection=``) is in a transaction an
+    earlier error aborted (PostgreSQL refuses every statement in it until it ends), so
+    nothing was enqueued. Roll it back first (or let the transaction block the error
+    left end), then enqueue again.
+    """
+
+
+def aborted(rollback: str) -> TransactionAbortedError:
+    """The error of an enqueue on a caller's aborted transaction, which ``rollback``
+    (how the caller's driver rolls back) ends: the same words on either driver."""
+    return TransactionAbortedError(
+        f"the connection given is in a transaction an earlier error aborted (PostgreSQL "
+        f"refuses every statement until it ends): nothing was enqueued; roll it back "
+        f"({rollback}) first, then enqueue"
+    )
 
 
 def refuse_keyless_singletons(args_list: Sequence[EnqueueArgs]) -> None:

@@ -36,7 +36,7 @@ from taskq.args_builder import (
     check_capacity,
     one_per_key,
 )
-from taskq.errors import EnqueueError, MaxPendingExceededError
+from taskq.errors import MaxPendingExceededError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
 from taskq.settings import WorkerSettings
@@ -51,6 +51,8 @@ from taskq_postgres._connect import (
 from taskq_postgres._enqueue import (
     CopyFeed,
     Plan,
+    TransactionAbortedError,
+    aborted,
     duplicate_id,
     plan_check_singletons,
     plan_insert_jobs,
@@ -70,14 +72,6 @@ _Cursor = psycopg.RawCursor[DictRow]
 
 _UNKNOWN_TYPE: Final = 0
 """The type oid psycopg looks a loader up under for a type it has none for."""
-
-
-class TransactionAbortedError(EnqueueError):
-    """The psycopg connection given to ``SyncJobsClient`` is in a transaction an earlier
-    error aborted (PostgreSQL refuses every statement in it until it ends), so nothing
-    was enqueued. Roll it back (``conn.rollback()``, or let the ``with
-    conn.transaction()`` block the error left end) first, then enqueue again.
-    """
 
 
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
@@ -344,12 +338,7 @@ class SyncJobsClient:
                     # Told before any statement: the limits read failed (a warning about
                     # a limits read), its savepoint's rollback failed (psycopg's noise),
                     # and a raw InFailedSqlTransaction said nothing of what to do.
-                    raise TransactionAbortedError(
-                        "the psycopg connection this SyncJobsClient was given is in a "
-                        "transaction an earlier error aborted (PostgreSQL refuses every "
-                        "statement until it ends): nothing was enqueued; roll it back "
-                        "(conn.rollback()) first, then enqueue"
-                    )
+                    raise aborted("conn.rollback()")
             elif self._conn.closed or _dropped(self._conn):
                 self._conn.close()
                 self._conn = self._connect()

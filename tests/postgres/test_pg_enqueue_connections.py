@@ -17,7 +17,7 @@ import pytest
 from taskq import EnqueueArgs, TaskQ, actor
 from taskq.errors import MaxPendingExceededError
 from taskq.models import JobFilter, SuccessWrite
-from taskq_postgres import PostgresBackend, TransactionAbortedError
+from taskq_postgres import BackendUnavailableError, PostgresBackend, TransactionAbortedError
 from taskq_testing.postgres import PgSchema
 
 pytestmark = pytest.mark.postgres
@@ -293,3 +293,21 @@ async def test_a_callers_transaction_aborted_by_an_earlier_error_is_named_as_on_
         async with conn.transaction():
             await enqueue(conn)
     assert len(await backend.list_jobs(JobFilter())) == 1
+
+
+@pytest.mark.parametrize("call", ["enqueue", "batch", "copy"])
+async def test_a_callers_closed_connection_is_named_as_on_psycopg(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema, call: str
+) -> None:
+    # As SyncJobsClient says it: asyncpg's InterfaceError said nothing of the enqueue.
+    args = EnqueueArgs(actor="a")
+    enqueue: Callable[[Any], Awaitable[object]] = {
+        "enqueue": lambda c: backend.enqueue_with_conn(c, args),
+        "batch": lambda c: backend.enqueue_batch([args], connection=c),
+        "copy": lambda c: backend.enqueue_batch_fast([args], connection=c),
+    }[call]
+    conn = await asyncpg.connect(pg_pooled_schema.dsn)
+    await conn.close()
+    with pytest.raises(BackendUnavailableError, match="the enqueue was given is closed"):
+        await enqueue(conn)
+    assert await backend.list_jobs(JobFilter()) == []

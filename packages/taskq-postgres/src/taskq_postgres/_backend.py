@@ -111,6 +111,7 @@ from taskq_postgres._connect import (
 from taskq_postgres._enqueue import (
     aborted,
     check_singletons,
+    closed_connection,
     copy_jobs,
     insert_jobs,
     insert_one,
@@ -304,7 +305,8 @@ def _callers(conn: Any) -> Any:
 @contextmanager
 def _not_aborted(conn: Connection) -> Iterator[None]:
     """Around an enqueue: on a caller's transaction an earlier error aborted, the
-    :class:`~taskq_postgres.TransactionAbortedError` ``SyncJobsClient`` raises there."""
+    :class:`~taskq_postgres.TransactionAbortedError` ``SyncJobsClient`` raises there; on
+    a caller's closed connection, its :class:`~taskq_postgres.BackendUnavailableError`."""
     try:
         yield
     except asyncpg.InFailedSQLTransactionError as exc:
@@ -313,6 +315,17 @@ def _not_aborted(conn: Connection) -> Iterator[None]:
         raise aborted(
             "the transaction's rollback(), or let its async with conn.transaction() block end"
         ) from exc
+    except asyncpg.InterfaceError as exc:
+        if conn is None or not _closed(conn):
+            raise
+        raise closed_connection() from exc
+
+
+def _closed(conn: Connection) -> bool:
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:  # a pool's connection used after its release: as asyncpg says
+        return False
 
 
 @asynccontextmanager

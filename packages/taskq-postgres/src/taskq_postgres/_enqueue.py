@@ -27,6 +27,7 @@ from taskq.backend.storable import clean_text, dump_json, load_json
 from taskq.errors import EnqueueError, SingletonCollisionError
 from taskq.identifiers import check_identifier
 from taskq.models import EnqueueArgs, JobRow, from_valid_values
+from taskq_postgres._connect import BackendUnavailableError
 from taskq_postgres._rows import job_row
 from taskq_postgres._sql.enqueue import COPY_COLUMNS, DECIDED_COLUMNS
 from taskq_postgres._statements import Statements
@@ -38,6 +39,7 @@ __all__ = [
     "TransactionAbortedError",
     "aborted",
     "check_singletons",
+    "closed_connection",
     "copy_jobs",
     "duplicate_id",
     "insert_jobs",
@@ -111,6 +113,14 @@ def aborted(rollback: str) -> TransactionAbortedError:
         f"the connection given is in a transaction an earlier error aborted (PostgreSQL "
         f"refuses every statement until it ends): nothing was enqueued; roll it back "
         f"({rollback}) first, then enqueue"
+    )
+
+
+def closed_connection() -> BackendUnavailableError:
+    """The error of an enqueue on a caller's connection that is closed: the same words on
+    either driver."""
+    return BackendUnavailableError(
+        "the connection the enqueue was given is closed: nothing was enqueued; give it an open one"
     )
 
 

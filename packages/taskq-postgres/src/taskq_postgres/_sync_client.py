@@ -41,7 +41,6 @@ from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
 from taskq.settings import WorkerSettings
 from taskq_postgres._connect import (
-    BackendUnavailableError,
     check_dsn,
     readable,
     same_address,
@@ -53,6 +52,7 @@ from taskq_postgres._enqueue import (
     Plan,
     TransactionAbortedError,
     aborted,
+    closed_connection,
     duplicate_id,
     plan_check_singletons,
     plan_insert_jobs,
@@ -330,10 +330,7 @@ class SyncJobsClient:
                 raise RuntimeError("this SyncJobsClient is closed; make a new one")
             if self._dsn is None:
                 if self._conn.closed:
-                    raise BackendUnavailableError(
-                        "the psycopg connection this SyncJobsClient was given is closed; "
-                        "give it an open one"
-                    )
+                    raise closed_connection()
                 if self._conn.info.transaction_status == TransactionStatus.INERROR:
                     # Told before any statement: the limits read failed (a warning about
                     # a limits read), its savepoint's rollback failed (psycopg's noise),

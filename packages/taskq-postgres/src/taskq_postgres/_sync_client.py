@@ -99,6 +99,9 @@ class SyncJobsClient:
     own connection sends no session settings and keeps no statement prepared; by
     default, whether the fleet's ``TASKQ_DIRECT_DSN`` is set (as a backend given a
     ``direct_dsn`` takes its DSN for a pooler's).
+    On a caller's connection ``max_pending`` counts what its transaction sees, its own
+    jobs not committed yet among them (``JobsClient``, counting on its pool, sees the
+    committed ones only): one transaction enqueueing past the limit is refused here.
     One client may be shared by threads: its calls take turns.
     """
 

@@ -17,7 +17,7 @@ import pytest
 from taskq import EnqueueArgs, TaskQ, actor
 from taskq.errors import MaxPendingExceededError
 from taskq.models import JobFilter, SuccessWrite
-from taskq_postgres import PostgresBackend
+from taskq_postgres import BackendUnavailableError, PostgresBackend, TransactionAbortedError
 from taskq_testing.postgres import PgSchema
 
 pytestmark = pytest.mark.postgres
@@ -306,3 +306,46 @@ async def test_an_idempotent_retry_at_max_pending_in_a_transaction_gets_its_job_
             await conn.close()
         assert again == first
         assert [r.id for r in await tq.client.list_jobs()] == [first.id]
+
+
+@pytest.mark.parametrize("call", ["enqueue", "singleton", "batch", "copy"])
+async def test_a_callers_transaction_aborted_by_an_earlier_error_is_named_as_on_psycopg(
+    backend: PostgresBackend, call: str
+) -> None:
+    # As SyncJobsClient says it: a raw InFailedSQLTransactionError said nothing of what to do.
+    args = EnqueueArgs(actor="a", identity_key="i", singleton=call == "singleton")
+    enqueue: Callable[[Any], Awaitable[object]] = {
+        "enqueue": lambda c: backend.enqueue_with_conn(c, args),
+        "singleton": lambda c: backend.enqueue_with_conn(c, args),
+        "batch": lambda c: backend.enqueue_batch([args], connection=c),
+        "copy": lambda c: backend.enqueue_batch_fast([args], connection=c),
+    }[call]
+    async with backend.connection() as conn:
+        transaction = conn.transaction()
+        await transaction.start()
+        with pytest.raises(asyncpg.DivisionByZeroError):
+            await conn.execute("SELECT 1/0")
+        with pytest.raises(TransactionAbortedError, match="nothing was enqueued; roll it back"):
+            await enqueue(conn)
+        await transaction.rollback()  # as told: then it works
+        async with conn.transaction():
+            await enqueue(conn)
+    assert len(await backend.list_jobs(JobFilter())) == 1
+
+
+@pytest.mark.parametrize("call", ["enqueue", "batch", "copy"])
+async def test_a_callers_closed_connection_is_named_as_on_psycopg(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema, call: str
+) -> None:
+    # As SyncJobsClient says it: asyncpg's InterfaceError said nothing of the enqueue.
+    args = EnqueueArgs(actor="a")
+    enqueue: Callable[[Any], Awaitable[object]] = {
+        "enqueue": lambda c: backend.enqueue_with_conn(c, args),
+        "batch": lambda c: backend.enqueue_batch([args], connection=c),
+        "copy": lambda c: backend.enqueue_batch_fast([args], connection=c),
+    }[call]
+    conn = await asyncpg.connect(pg_pooled_schema.dsn)
+    await conn.close()
+    with pytest.raises(BackendUnavailableError, match="the enqueue was given is closed"):
+        await enqueue(conn)
+    assert await backend.list_jobs(JobFilter()) == []

@@ -255,6 +255,20 @@ def test_an_idempotent_retry_at_max_pending_gets_its_job_back(client: SyncJobsCl
         )
 
 
+def test_a_batch_retried_at_max_pending_counts_a_repeated_new_key_once(
+    client: SyncJobsClient,
+) -> None:
+    # As JobsClient: past the limit, only the items whose key is not stored count, and
+    # two items with one new key make one job (one of two places is taken).
+    stored = client.enqueue(capped, {}, idempotency_key="a")
+
+    def keyed(key: str) -> EnqueueItem:
+        return EnqueueItem(actor="sync.capped", payload={}, options={"idempotency_key": key})
+
+    rows = client.enqueue_batch([keyed("a"), keyed("b"), keyed("b")])
+    assert rows[0].id == stored.id and rows[1].id == rows[2].id != stored.id
+
+
 def test_enqueue_batch_fast_copies_and_fails_whole(
     client: SyncJobsClient, pg_pooled_schema: PgSchema
 ) -> None:

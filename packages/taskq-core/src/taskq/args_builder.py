@@ -31,6 +31,7 @@ __all__ = [
     "BatchItem",
     "MaxPendingLimits",
     "check_capacity",
+    "one_per_key",
 ]
 
 _log = structlog.get_logger("taskq.client")
@@ -325,6 +326,21 @@ _OPTIONS: Final = frozenset(inspect.signature(ArgsBuilder.build).parameters) - {
     "payload",
 }
 """The per-call options an enqueue takes (:meth:`ArgsBuilder.build`'s keywords)."""
+
+
+def one_per_key(args_list: Iterable[EnqueueArgs]) -> list[EnqueueArgs]:
+    """``args_list`` without the items repeating an idempotency key of the call: those
+    make no job of their own, so ``max_pending`` counts them once (as :meth:`ArgsBuilder.counts`
+    does), also when it counts only the items whose key is not stored yet."""
+    keys: set[tuple[str, str]] = set()
+    kept: list[EnqueueArgs] = []
+    for args in args_list:
+        if args.idempotency_key is not None:
+            if (args.actor, args.idempotency_key) in keys:
+                continue
+            keys.add((args.actor, args.idempotency_key))
+        kept.append(args)
+    return kept
 
 
 def check_capacity(

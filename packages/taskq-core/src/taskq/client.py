@@ -19,6 +19,7 @@ from taskq.args_builder import (
     BatchItem,
     MaxPendingLimits,
     check_capacity,
+    one_per_key,
 )
 from taskq.backend import Backend, Connection, SupportsPrune
 from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
@@ -106,20 +107,6 @@ def _as_id(value: UUID | str, kind: str = "job") -> UUID:
     raise TypeError(f"a {kind} id is a UUID (or its text), not {type(value).__name__}")
 
 
-def _one_per_key(args_list: Iterable[EnqueueArgs]) -> list[EnqueueArgs]:
-    """``args_list`` without the items repeating an idempotency key of the call: those
-    make no job of their own, so ``max_pending`` counts them once."""
-    keys: set[tuple[str, str]] = set()
-    kept: list[EnqueueArgs] = []
-    for args in args_list:
-        if args.idempotency_key is not None:
-            if (args.actor, args.idempotency_key) in keys:
-                continue
-            keys.add((args.actor, args.idempotency_key))
-        kept.append(args)
-    return kept
-
-
 def _reason(reason: str | None) -> str | None:
     """A cancel reason: text or None (stored with NULs and lone surrogates replaced)."""
     if reason is not None and not isinstance(reason, str):
@@ -189,10 +176,10 @@ class JobsClient:
         whose idempotency key is stored inserts nothing and does not count): for jobs
         written another way (a worker's sub-jobs, in its success transaction)."""
         try:
-            await self._check_capacity(Counter(args.actor for args in _one_per_key(args_list)))
+            await self._check_capacity(Counter(args.actor for args in one_per_key(args_list)))
         except MaxPendingExceededError as refused:
             new = Counter(
-                [a.actor for a in _one_per_key(args_list) if await self._existing(a) is None]
+                [a.actor for a in one_per_key(args_list) if await self._existing(a) is None]
             )
             try:
                 await self._check_capacity(new)
@@ -249,7 +236,7 @@ class JobsClient:
             # retrying its batch under backpressure): only the others count.
             args_list = list(self._build.each(listed))
             new = Counter(
-                [a.actor for a in _one_per_key(args_list) if await self._existing(a) is None]
+                [a.actor for a in one_per_key(args_list) if await self._existing(a) is None]
             )
             try:
                 await self._check_capacity(new)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from taskq_postgres._backend import PostgresBackend as PostgresBackend
     from taskq_postgres._connect import BackendUnavailableError as BackendUnavailableError
+    from taskq_postgres._enqueue import TransactionAbortedError as TransactionAbortedError
     from taskq_postgres._migrate import MigrationError as MigrationError
     from taskq_postgres._migrate import MigrationPrivilegeError as MigrationPrivilegeError
     from taskq_postgres._migrate import MigrationStatus as MigrationStatus
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from taskq_postgres._privileges import InsufficientPrivilegeError as InsufficientPrivilegeError
     from taskq_postgres._rows import LongRunningJobEventsWriter as LongRunningJobEventsWriter
     from taskq_postgres._sync_client import SyncJobsClient as SyncJobsClient
-    from taskq_postgres._sync_client import TransactionAbortedError as TransactionAbortedError
     from taskq_postgres.channels import events_channel as events_channel
     from taskq_postgres.channels import wake_channel as wake_channel
     from taskq_postgres.channels import worker_channel as worker_channel
@@ -48,7 +48,7 @@ _HOMES = {
     "InsufficientPrivilegeError": "taskq_postgres._privileges",
     "LongRunningJobEventsWriter": "taskq_postgres._rows",
     "SyncJobsClient": "taskq_postgres._sync_client",
-    "TransactionAbortedError": "taskq_postgres._sync_client",
+    "TransactionAbortedError": "taskq_postgres._enqueue",
     "events_channel": "taskq_postgres.channels",
     "wake_channel": "taskq_postgres.channels",
     "worker_channel": "taskq_postgres.channels",

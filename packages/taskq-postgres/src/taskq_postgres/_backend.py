@@ -23,11 +23,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import (
     AbstractAsyncContextManager,
     AbstractContextManager,
     asynccontextmanager,
+    contextmanager,
     nullcontext,
     suppress,
 )
@@ -100,7 +109,9 @@ from taskq_postgres._connect import (
     unmigrated,
 )
 from taskq_postgres._enqueue import (
+    aborted,
     check_singletons,
+    closed_connection,
     copy_jobs,
     insert_jobs,
     insert_one,
@@ -289,6 +300,32 @@ def _callers(conn: Any) -> Any:
             f"for psycopg's, use taskq_postgres.SyncJobsClient(conn, actors=...)"
         )
     return conn
+
+
+@contextmanager
+def _not_aborted(conn: Connection) -> Iterator[None]:
+    """Around an enqueue: on a caller's transaction an earlier error aborted, the
+    :class:`~taskq_postgres.TransactionAbortedError` ``SyncJobsClient`` raises there; on
+    a caller's closed connection, its :class:`~taskq_postgres.BackendUnavailableError`."""
+    try:
+        yield
+    except asyncpg.InFailedSQLTransactionError as exc:
+        if conn is None:
+            raise
+        raise aborted(
+            "the transaction's rollback(), or let its async with conn.transaction() block end"
+        ) from exc
+    except asyncpg.InterfaceError as exc:
+        if conn is None or not _closed(conn):
+            raise
+        raise closed_connection() from exc
+
+
+def _closed(conn: Connection) -> bool:
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:  # a pool's connection used after its release: as asyncpg says
+        return False
 
 
 @asynccontextmanager
@@ -853,7 +890,7 @@ class PostgresBackend:
     async def _enqueue(self, conn: Connection, args_list: Sequence[EnqueueArgs]) -> list[JobRow]:
         refuse_keyless_singletons(args_list)
         wake = self._wake_for(conn)
-        with wake as channel:
+        with wake as channel, _not_aborted(conn):
             if not any(args.singleton for args in args_list):
                 db = conn if conn is not None else self._autocommit_db()
                 rows, new = await insert_jobs(db, self._sql, args_list, wake_channel=channel)
@@ -894,7 +931,7 @@ class PostgresBackend:
         first = next(pulled, None)
         if first is None:
             return 0
-        with self._wake_for(connection) as channel:
+        with self._wake_for(connection) as channel, _not_aborted(connection):
             async with self._transaction(connection) as tx:
                 # COPY cannot evaluate clock_timestamp(): read it once, in this transaction.
                 now: datetime = await tx.fetchval(self._sql.copy_clock_now, channel)

@@ -27,6 +27,7 @@ from taskq.backend.storable import clean_text, dump_json, load_json
 from taskq.errors import EnqueueError, SingletonCollisionError
 from taskq.identifiers import check_identifier
 from taskq.models import EnqueueArgs, JobRow, from_valid_values
+from taskq_postgres._connect import BackendUnavailableError
 from taskq_postgres._rows import job_row
 from taskq_postgres._sql.enqueue import COPY_COLUMNS, DECIDED_COLUMNS
 from taskq_postgres._statements import Statements
@@ -36,7 +37,10 @@ __all__ = [
     "CopyFeed",
     "Plan",
     "Query",
+    "TransactionAbortedError",
+    "aborted",
     "check_singletons",
+    "closed_connection",
     "copy_jobs",
     "duplicate_id",
     "insert_jobs",
@@ -95,6 +99,33 @@ _FRESH_ROW: Final[dict[str, Any]] = {
 set nor returned the column, else :data:`UNSET`. ``fresh_row`` copies it and sets the
 values sent and returned: a copy of a dict of every key, then stores into it, cost a
 quarter less than building one from the defaults and the values."""
+
+
+class TransactionAbortedError(EnqueueError):
+    """The connection given for an enqueue (a psycopg one to ``SyncJobsClient``, an
+    asyncpg one to ``enqueue_with_conn`` or as ``connection=``) is in a transaction an
+    earlier error aborted (PostgreSQL refuses every statement in it until it ends), so
+    nothing was enqueued. Roll it back first (or let the transaction block the error
+    left end), then enqueue again.
+    """
+
+
+def aborted(rollback: str) -> TransactionAbortedError:
+    """The error of an enqueue on a caller's aborted transaction, which ``rollback``
+    (how the caller's driver rolls back) ends: the same words on either driver."""
+    return TransactionAbortedError(
+        f"the connection given is in a transaction an earlier error aborted (PostgreSQL "
+        f"refuses every statement until it ends): nothing was enqueued; roll it back "
+        f"({rollback}) first, then enqueue"
+    )
+
+
+def closed_connection() -> BackendUnavailableError:
+    """The error of an enqueue on a caller's connection that is closed: the same words on
+    either driver."""
+    return BackendUnavailableError(
+        "the connection the enqueue was given is closed: nothing was enqueued; give it an open one"
+    )
 
 
 def refuse_keyless_singletons(args_list: Sequence[EnqueueArgs]) -> None:

@@ -28,13 +28,19 @@ from psycopg.types.string import TextBinaryLoader
 
 from taskq._dsn import url_scheme
 from taskq.actor import Actor, actors_by_name
-from taskq.args_builder import ActorRef, ArgsBuilder, BatchItem, MaxPendingLimits, check_capacity
-from taskq.errors import EnqueueError, MaxPendingExceededError
+from taskq.args_builder import (
+    ActorRef,
+    ArgsBuilder,
+    BatchItem,
+    MaxPendingLimits,
+    check_capacity,
+    one_per_key,
+)
+from taskq.errors import MaxPendingExceededError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
 from taskq.settings import WorkerSettings
 from taskq_postgres._connect import (
-    BackendUnavailableError,
     check_dsn,
     readable,
     same_address,
@@ -44,6 +50,9 @@ from taskq_postgres._connect import (
 from taskq_postgres._enqueue import (
     CopyFeed,
     Plan,
+    TransactionAbortedError,
+    aborted,
+    closed_connection,
     duplicate_id,
     plan_check_singletons,
     plan_insert_jobs,
@@ -63,14 +72,6 @@ _Cursor = psycopg.RawCursor[DictRow]
 
 _UNKNOWN_TYPE: Final = 0
 """The type oid psycopg looks a loader up under for a type it has none for."""
-
-
-class TransactionAbortedError(EnqueueError):
-    """The psycopg connection given to ``SyncJobsClient`` is in a transaction an earlier
-    error aborted (PostgreSQL refuses every statement in it until it ends), so nothing
-    was enqueued. Roll it back (``conn.rollback()``, or let the ``with
-    conn.transaction()`` block the error left end) first, then enqueue again.
-    """
 
 
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
@@ -98,6 +99,9 @@ class SyncJobsClient:
     own connection sends no session settings and keeps no statement prepared; by
     default, whether the fleet's ``TASKQ_DIRECT_DSN`` is set (as a backend given a
     ``direct_dsn`` takes its DSN for a pooler's).
+    On a caller's connection ``max_pending`` counts what its transaction sees, its own
+    jobs not committed yet among them (``JobsClient``, counting on its pool, sees the
+    committed ones only): one transaction enqueueing past the limit is refused here.
     One client may be shared by threads: its calls take turns.
     """
 
@@ -173,9 +177,12 @@ class SyncJobsClient:
                 self._check_capacity(cur, counts)
             except MaxPendingExceededError as refused:
                 # Past max_pending, the items whose keys are stored insert nothing (a
-                # producer retrying its batch under backpressure): only the others count.
+                # producer retrying its batch under backpressure): only the others count,
+                # an item repeating a key of the call once.
                 args_list = list(self._build.each(listed))
-                new = Counter(a.actor for a in args_list if self._existing(cur, a) is None)
+                new = Counter(
+                    a.actor for a in one_per_key(args_list) if self._existing(cur, a) is None
+                )
                 try:
                     self._check_capacity(cur, new)
                 except MaxPendingExceededError:
@@ -326,20 +333,12 @@ class SyncJobsClient:
                 raise RuntimeError("this SyncJobsClient is closed; make a new one")
             if self._dsn is None:
                 if self._conn.closed:
-                    raise BackendUnavailableError(
-                        "the psycopg connection this SyncJobsClient was given is closed; "
-                        "give it an open one"
-                    )
+                    raise closed_connection()
                 if self._conn.info.transaction_status == TransactionStatus.INERROR:
                     # Told before any statement: the limits read failed (a warning about
                     # a limits read), its savepoint's rollback failed (psycopg's noise),
                     # and a raw InFailedSqlTransaction said nothing of what to do.
-                    raise TransactionAbortedError(
-                        "the psycopg connection this SyncJobsClient was given is in a "
-                        "transaction an earlier error aborted (PostgreSQL refuses every "
-                        "statement until it ends): nothing was enqueued; roll it back "
-                        "(conn.rollback()) first, then enqueue"
-                    )
+                    raise aborted("conn.rollback()")
             elif self._conn.closed or _dropped(self._conn):
                 self._conn.close()
                 self._conn = self._connect()

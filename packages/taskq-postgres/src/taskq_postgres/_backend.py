@@ -285,9 +285,16 @@ def _privileges_explained(cls: type[PostgresBackend]) -> type[PostgresBackend]:
     fix), not as asyncpg's bare "permission denied for table jobs": the one place
     every call of the protocol (an enqueue, a worker's dispatch) passes."""
     for name, method in list(vars(cls).items()):
+        if name in _EXPLAINED_INLINE:
+            continue
         if not name.startswith("_") and inspect.iscoroutinefunction(method):
             setattr(cls, name, _explained(method))
     return cls
+
+
+_EXPLAINED_INLINE: Final = frozenset({"enqueue"})
+"""Methods that explain a refused privilege in their own body: a one-at-a-time
+producer pays for every coroutine frame around its statement."""
 
 
 def _callers(conn: Any) -> Any:
@@ -905,13 +912,16 @@ class PostgresBackend:
     async def enqueue(self, args: EnqueueArgs) -> JobRow:
         """Insert one job (``pending``, or ``scheduled`` after a positive ``delay``) and
         wake the workers. A known idempotency key returns the existing row."""
-        if args.singleton or args.idempotency_key is not None:
-            [row] = await self._enqueue(None, [args])
-            return row
-        # The usual enqueue, in as few frames as it can: a one-at-a-time producer
-        # pays for every layer around the statement.
-        with self._wake_for(None) as channel:
-            return await insert_one(self._autocommit_db(), self._sql, args, channel)
+        try:
+            if args.singleton or args.idempotency_key is not None:
+                [row] = await self._enqueue(None, [args])
+                return row
+            # The usual enqueue, in as few frames as it can: a one-at-a-time producer
+            # pays for every layer around the statement.
+            with self._wake_for(None) as channel:
+                return await insert_one(self._autocommit_db(), self._sql, args, channel)
+        except asyncpg.InsufficientPrivilegeError as exc:  # as _explained does elsewhere
+            raise await self._refused(exc) from exc
 
     async def enqueue_batch(
         self, args_list: list[EnqueueArgs], *, connection: Connection = None

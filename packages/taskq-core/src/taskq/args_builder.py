@@ -313,11 +313,11 @@ class ArgsBuilder:
     ) -> dict[str, int]:
         """The ``max_pending`` of each actor of ``counts`` that has one: the stored
         ``limits`` (what workers registered), else the decorator's."""
-        return {
-            name: limit
-            for name in counts
-            if (limit := limits.get(name, self._actors[name].options.max_pending)) is not None
-        }
+        return {name: limit for name in counts if (limit := self.limit(name, limits)) is not None}
+
+    def limit(self, name: str, limits: Mapping[str, int | None]) -> int | None:
+        """Actor ``name``'s ``max_pending``: the stored ``limits``, else the decorator's."""
+        return limits.get(name, self._actors[name].options.max_pending)
 
 
 _OPTIONS: Final = frozenset(inspect.signature(ArgsBuilder.build).parameters) - {

@@ -164,10 +164,13 @@ class JobsClient:
         """Enqueue one job; options as :meth:`build_args`. Returns the stored row
         (the existing one for a repeated ``idempotency_key``)."""
         args = self._build.args(actor, payload, options)
-        try:
-            await self._check_capacity({args.actor: 1})
-        except MaxPendingExceededError as refused:
-            return await self._existing_or(args, refused)
+        # An actor without a limit (the usual one) skips the check's coroutine.
+        limits = self._capacity.cached()
+        if limits is None or self._build.limit(args.actor, limits) is not None:
+            try:
+                await self._check_capacity({args.actor: 1})
+            except MaxPendingExceededError as refused:
+                return await self._existing_or(args, refused)
         return await self._backend.enqueue(args)
 
     async def check_capacity(self, args_list: Sequence[EnqueueArgs]) -> None:

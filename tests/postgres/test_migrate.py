@@ -763,6 +763,8 @@ async def test_waiting_for_another_migrator_is_not_bounded(pg_database_dsn: str)
         ({"lock_timeout": timedelta(0)}, "lock_timeout must be positive"),
         ({"lock_timeout": timedelta(seconds=-1)}, "lock_timeout must be positive"),
         ({"max_lock_wait": timedelta(seconds=-1)}, "max_lock_wait must not be negative"),
+        # Past Postgres's int of milliseconds: the first pending file failed, blamed.
+        ({"lock_timeout": timedelta(days=30)}, "lock_timeout must be at most 2147483647ms"),
     ],
 )
 async def test_lock_bounds_are_checked_before_any_sql(

@@ -200,9 +200,18 @@ def test_lock_bounds_are_flags(pg_database_dsn: str, tmp_path: Path) -> None:
         ("--lock-timeout", "0", "must be more than 0"),
         ("--lock-timeout", "soon", "expected a duration"),
         ("--max-lock-wait", "-1", "must not be negative"),
+        ("--lock-timeout", "30d", "must be at most 2147483647ms"),
     ],
 )
 def test_lock_bounds_out_of_range_are_usage_errors(flag: str, value: str, error: str) -> None:
     result = _taskq("migrate", "--dsn", "postgresql://postgres@127.0.0.1:1/x", f"{flag}={value}")
     assert result.returncode == 1
     assert f"argument {flag}: {error}" in result.stderr
+
+
+@pytest.mark.postgres
+async def test_the_longest_lock_timeout_postgres_takes_is_accepted(pg_database_dsn: str) -> None:
+    from taskq_postgres._migrate import MAX_LOCK_TIMEOUT, migrate
+
+    schema = unique_schema_name()
+    assert await migrate(pg_database_dsn, schema, lock_timeout=MAX_LOCK_TIMEOUT) == BUNDLED

@@ -51,6 +51,14 @@ def _positive_duration(text: str) -> timedelta:
     if duration <= timedelta(0):
         # Postgres reads a lock_timeout of 0 as "wait for ever".
         raise argparse.ArgumentTypeError(f"must be more than 0, got {text.strip()!r}")
+    from taskq_postgres._migrate import MAX_LOCK_TIMEOUT
+
+    if duration > MAX_LOCK_TIMEOUT:
+        # Past Postgres's limit the first pending file failed, the error blaming it.
+        raise argparse.ArgumentTypeError(
+            f"must be at most 2147483647ms, about 24.8 days (Postgres's limit), got "
+            f"{text.strip()!r}; to keep retrying longer, raise --max-lock-wait"
+        )
     return duration
 
 

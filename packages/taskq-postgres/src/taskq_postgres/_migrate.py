@@ -36,6 +36,7 @@ from taskq_postgres._privileges import InsufficientPrivilegeError, diagnosed
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
     "DEFAULT_MAX_LOCK_WAIT",
+    "MAX_LOCK_TIMEOUT",
     "NO_TRANSACTION_DIRECTIVE",
     "SCHEMA_PLACEHOLDER",
     "Connection",
@@ -66,6 +67,12 @@ on the table may queue behind it."""
 
 DEFAULT_MAX_LOCK_WAIT: Final = timedelta(minutes=1)
 """How long a file that cannot get its locks is retried before the migration fails."""
+
+MAX_LOCK_TIMEOUT: Final = timedelta(milliseconds=2**31 - 1)
+"""The longest ``lock_timeout`` Postgres takes (its setting is an int of milliseconds,
+about 24.8 days): a longer one failed the first pending file, blamed on the file."""
+
+_LIMIT_TEXT: Final = "2147483647ms (about 24.8 days)"
 
 _MAX_PAUSE_FACTOR: Final = 5
 """Pauses between attempts double from ``lock_timeout`` up to this many times it."""
@@ -292,6 +299,11 @@ def _check_lock_bounds(lock_timeout: timedelta, max_lock_wait: timedelta) -> Non
     if lock_timeout <= timedelta(0):
         # Postgres reads lock_timeout = 0 as "wait for ever": the queueing this prevents.
         raise ValueError(f"lock_timeout must be positive, got {lock_timeout}")
+    if lock_timeout > MAX_LOCK_TIMEOUT:
+        raise ValueError(
+            f"lock_timeout must be at most {_LIMIT_TEXT} (Postgres's limit), got "
+            f"{lock_timeout}; to keep waiting past it, raise max_lock_wait instead"
+        )
     if max_lock_wait < timedelta(0):
         raise ValueError(f"max_lock_wait must not be negative, got {max_lock_wait}")
 
@@ -456,7 +468,8 @@ async def migrate(
     Running it again is a no-op. Applied files whose content has changed are
     reported with a ``taskq.migration-checksum-drift`` warning on the
     ``taskq.migrate`` logger and are not re-run. Raises ``ValueError`` for an
-    invalid schema name or lock bound before any SQL runs, and
+    invalid schema name or lock bound (a ``lock_timeout`` past
+    :data:`MAX_LOCK_TIMEOUT`, Postgres's limit, too) before any SQL runs, and
     :class:`MigrationError` when a file fails (earlier files stay applied).
     """
     schema = validate_schema_name(schema)  # folded: one lock key for TaskQ and taskq

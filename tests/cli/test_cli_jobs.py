@@ -157,3 +157,30 @@ def test_text_output_escapes_what_a_terminal_would_act_on(cli: Cli) -> None:
     assert "q\\x1b[31mred" in listed
     assert "\\x1b]0;PWNED\\x07\\x1b[2J\\u202egnp.exe" in shown
     assert cli.json("jobs", "show", str(row.id))["job"]["cancel_reason"].startswith("\x1b]0;")
+
+
+@pytest.mark.parametrize("action", [("jobs", "list"), ("jobs", "show", str(uuid4()))])
+def test_a_statement_the_database_gives_up_on_is_one_line_not_a_traceback(
+    cli: Cli, action: tuple[str, ...]
+) -> None:
+    # A role's lock_timeout (or statement_timeout) met after the command connected, or a
+    # connection cut then: the driver's traceback came out of every `taskq` command.
+    import psycopg
+    from psycopg import sql
+
+    separator = "&" if "?" in cli.pg.dsn else "?"
+    bounded = f"{cli.pg.dsn}{separator}lock_timeout=100"
+    with psycopg.connect(cli.pg.dsn) as holder:
+        holder.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier(cli.pg.name, "jobs")
+            )
+        )
+        result = run("taskq", *action, env=clean_env(TASKQ_DSN=bounded, TASKQ_SCHEMA=cli.pg.name))
+        holder.rollback()
+    line = error_line(result)
+    assert line.startswith(
+        "taskq: error: the database failed the command (LockNotAvailableError: "
+        "canceling statement due to lock timeout); check that it is reachable"
+    ), line
+    assert cli.json("jobs", "list") == []  # the lock gone, the same command works

@@ -69,7 +69,7 @@ def test_dsn_and_schema_come_from_the_environment(pg_database_dsn: str) -> None:
 
     applied = _taskq("migrate", "--json", **env)
     assert applied.returncode == 0, applied.stderr
-    assert json.loads(applied.stdout) == {"schema": schema, "applied": BUNDLED}
+    assert json.loads(applied.stdout) == {"schema": schema, "applied": BUNDLED, "newer": []}
 
 
 @pytest.mark.postgres
@@ -215,3 +215,41 @@ async def test_the_longest_lock_timeout_postgres_takes_is_accepted(pg_database_d
 
     schema = unique_schema_name()
     assert await migrate(pg_database_dsn, schema, lock_timeout=MAX_LOCK_TIMEOUT) == BUNDLED
+
+
+@pytest.mark.postgres
+def test_a_schema_a_newer_taskq_migrated_is_not_called_up_to_date(pg_database_dsn: str) -> None:
+    # After a rolled-back deploy, this version's `taskq migrate` said "up to date" of a
+    # schema whose newer post migration makes this version's workers refuse it.
+    import psycopg
+    from psycopg import sql
+
+    schema = unique_schema_name()
+    args = ("migrate", "--dsn", pg_database_dsn, "--schema", schema)
+    assert _taskq(*args).returncode == 0
+    with psycopg.connect(pg_database_dsn) as conn:
+        conn.execute(
+            sql.SQL("INSERT INTO {} (version, checksum) VALUES (%s, %s), (%s, %s)").format(
+                sql.Identifier(schema, "schema_migrations")
+            ),
+            ("99.00.00_01_pre_future.sql", "a" * 64, "99.00.00_50_post_future.sql", "b" * 64),
+        )
+
+    result = _taskq(*args)
+    assert result.returncode == 0, result.stderr
+    assert "up to date" not in result.stdout
+    assert result.stdout.strip() == (
+        f"schema {schema} has every migration of this TaskQ, and 2 of a newer one it does "
+        f"not know (`taskq migrate --status` lists them as unknown)"
+    )
+    assert result.stderr.strip() == (
+        f"taskq migrate: warning: schema {schema} was migrated by a newer TaskQ "
+        f"(99.00.00_50_post_future.sql), which may have removed what this version uses: "
+        f"its workers refuse the schema; upgrade taskq-postgres to run on it"
+    )
+    report = json.loads(_taskq(*args, "--json").stdout)
+    assert report == {
+        "schema": schema,
+        "applied": [],
+        "newer": ["99.00.00_01_pre_future.sql", "99.00.00_50_post_future.sql"],
+    }

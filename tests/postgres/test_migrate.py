@@ -431,8 +431,17 @@ async def test_a_failing_file_leaves_nothing_behind(pg_database_dsn: str, tmp_pa
         },
     )
     schema = unique_schema_name()
-    with pytest.raises(MigrationError, match=r"01\.00\.00_02_pre_bad\.sql.*division by zero"):
+    with pytest.raises(
+        MigrationError, match=r"01\.00\.00_02_pre_bad\.sql.*division by zero"
+    ) as err:
         await migrate(pg_database_dsn, schema, source=source)
+    # What to do next, not the server's words alone.
+    assert str(err.value).endswith(
+        "division by zero; it was not applied, nor any file after it (the files before it "
+        "stay applied): see the comments at the top of 01.00.00_02_pre_bad.sql (in "
+        "taskq_postgres/migrations), fix the cause, then run the "
+        "migration again (taskq migrate)"
+    )
     conn = await asyncpg.connect(pg_database_dsn)
     try:
         half = await conn.fetchval("SELECT to_regclass($1)", f"{schema}.half")

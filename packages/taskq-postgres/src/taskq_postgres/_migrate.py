@@ -391,8 +391,14 @@ async def _apply(conn: Connection, schema: str, migration: Migration, bounds: _L
         except asyncpg.InsufficientPrivilegeError as exc:
             raise await _refused(conn, exc, schema, f"cannot apply {migration.name}") from exc
         except asyncpg.PostgresError as exc:
+            # What to do next, as the lock-wait error says it: the server's words alone
+            # (a duplicate key, a missing object) left the state of the schema a guess.
             raise MigrationError(
-                f"migration {migration.name} failed in schema {schema!r}: {exc}"
+                f"migration {migration.name} failed in schema {schema!r}: "
+                f"{str(exc).rstrip().rstrip('.')}; it was not "
+                f"applied, nor any file after it (the files before it stay applied): see the "
+                f"comments at the top of {migration.name} (in taskq_postgres/migrations), "
+                f"fix the cause, then run the migration again (taskq migrate)"
             ) from exc
     _log.info("taskq.migration-applied", migration=migration.name, schema=schema)
 

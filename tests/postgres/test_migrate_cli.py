@@ -253,3 +253,53 @@ def test_a_schema_a_newer_taskq_migrated_is_not_called_up_to_date(pg_database_ds
         "applied": [],
         "newer": ["99.00.00_01_pre_future.sql", "99.00.00_50_post_future.sql"],
     }
+
+
+@pytest.mark.postgres
+def test_ctrl_c_while_waiting_for_another_migrator_exits_1_saying_so(
+    pg_database_dsn: str,
+) -> None:
+    # Interrupted, it exited 1 in silence: nothing told what the run had done.
+    import signal
+
+    import psycopg
+
+    schema = unique_schema_name()
+    with psycopg.connect(pg_database_dsn, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtext('taskq:migrate:' || %s))", (schema,))
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
+        migrator = subprocess.Popen(
+            [TASKQ, "migrate", "--dsn", pg_database_dsn, "--schema", schema],
+            env=clean,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            # Wait (a condition, not a pause) until it queues for the migration lock.
+            for _ in range(600):
+                waiting = holder.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+                ).fetchone()
+                if waiting is not None and waiting[0] > 0:
+                    break
+                holder.execute("SELECT pg_sleep(0.05)")
+            else:
+                pytest.fail("the migrator never waited for the migration lock")
+            migrator.send_signal(signal.SIGINT)
+            out, err = migrator.communicate(timeout=30)
+        finally:
+            if migrator.poll() is None:
+                migrator.kill()
+                migrator.communicate()
+    assert migrator.returncode == 1
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.strip() == (
+        "taskq migrate: interrupted: the files applied before stay applied, the one running "
+        "was not recorded; `taskq migrate --status` shows where the schema stands, and "
+        "`taskq migrate` goes on from there"
+    )
+    status = _taskq("migrate", "--dsn", pg_database_dsn, "--schema", schema, "--status")
+    assert {line.split()[0] for line in status.stdout.splitlines()} == {"pending"}

@@ -227,6 +227,16 @@ def _run(args: argparse.Namespace) -> int:
         one_line = " ".join(str(exc).split())  # server messages may span lines
         print(f"taskq migrate: error: {one_line}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # Said, where it exited 1 in silence: the files applied so far are printed only
+        # at the end, so an operator could not tell what the run had done.
+        print(
+            "taskq migrate: interrupted: the files applied before stay applied, the one "
+            "running was not recorded; `taskq migrate --status` shows where the schema "
+            "stands, and `taskq migrate` goes on from there",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

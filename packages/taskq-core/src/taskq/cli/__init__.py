@@ -134,6 +134,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"taskq: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
+        # Said, not a silent exit 1: a change it was making may have been made.
+        print(
+            "taskq: interrupted (a change the command was making may have been made: "
+            "`taskq jobs list` shows)",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     except BrokenPipeError:
         # The reader went away (`taskq jobs list | head`): no traceback, and none either

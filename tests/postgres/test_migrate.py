@@ -781,3 +781,34 @@ async def test_lock_bounds_are_checked_before_any_sql(
 ) -> None:
     with pytest.raises(ValueError, match=error):
         await migrate("postgresql://postgres@127.0.0.1:1/x", unique_schema_name(), **bounds)
+
+
+async def test_a_migrator_waiting_for_the_lock_says_which_session_holds_it(
+    pg_database_dsn: str,
+) -> None:
+    # The wait is unbounded, and it was silent: a session left holding the lock (a
+    # killed migrator's, whose statement still runs) looked like a hung `taskq migrate`.
+    schema = unique_schema_name()
+    holder = await asyncpg.connect(
+        pg_database_dsn, server_settings={"application_name": "maintenance"}
+    )
+    try:
+        await holder.execute(LOCK_SQL, schema)
+        with capture_logs() as logs:
+            migrating = asyncio.create_task(migrate(pg_database_dsn, schema))
+            await _wait_for_advisory_waiters(holder, 1)
+            waits = [e for e in logs if e["event"] == "taskq.migration-waiting-for-lock"]
+            assert len(waits) == 1, logs
+            await holder.execute(UNLOCK_SQL, schema)
+            assert await asyncio.wait_for(migrating, 60) == BUNDLED
+        pid = holder.get_server_pid()
+        (held_by,) = waits[0]["held_by"]
+        assert held_by.startswith(f"pid {pid} (idle, application 'maintenance', connected ")
+        assert waits[0]["schema"] == schema
+        assert "pg_terminate_backend(pid)" in waits[0]["hint"]
+        # Not waiting, nothing said.
+        with capture_logs() as again:
+            assert await migrate(pg_database_dsn, schema) == []
+        assert [e for e in again if e["event"] == "taskq.migration-waiting-for-lock"] == []
+    finally:
+        await holder.close()

@@ -203,6 +203,22 @@ _RECORD_SQL: Final = "INSERT INTO {schema}.schema_migrations (version, checksum)
 # $1 is the canonical (lower-case) schema name.
 _LOCK_SQL: Final = "SELECT pg_advisory_lock(hashtext('taskq:migrate:' || $1))"
 _UNLOCK_SQL: Final = "SELECT pg_advisory_unlock(hashtext('taskq:migrate:' || $1))"
+_TRY_LOCK_SQL: Final = "SELECT pg_try_advisory_lock(hashtext('taskq:migrate:' || $1))"
+
+# $1 as above. The sessions holding the migration lock: a bigint advisory key sits in
+# pg_locks as classid (high 32 bits), objid (low 32 bits), objsubid 1.
+_LOCK_HOLDER_SQL: Final = r"""
+WITH k AS (SELECT hashtext('taskq:migrate:' || $1)::bigint AS key)
+SELECT a.pid, a.state, a.application_name, a.backend_start,
+       left(regexp_replace(a.query, '\s+', ' ', 'g'), 80) AS query
+FROM pg_locks l
+CROSS JOIN k
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.classid = ((k.key >> 32) & 4294967295)::oid
+  AND l.objid = (k.key & 4294967295)::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
 
 
 @asynccontextmanager
@@ -221,7 +237,9 @@ async def _connected(target: str | Connection) -> AsyncIterator[Connection]:
 async def _migration_lock(conn: Connection, schema: str) -> AsyncIterator[None]:
     # Session-level, so it spans the per-file transactions. Waiting is the
     # point: a second migrator blocks here, then finds nothing pending.
-    await conn.execute(_LOCK_SQL, schema)
+    if not await conn.fetchval(_TRY_LOCK_SQL, schema):
+        await _say_who_holds_the_lock(conn, schema)
+        await conn.execute(_LOCK_SQL, schema)
     try:
         yield
     finally:
@@ -232,6 +250,30 @@ async def _migration_lock(conn: Connection, schema: str) -> AsyncIterator[None]:
                 "connection goes through a transaction-mode pooler, which may keep the "
                 "lock on a server connection; migrate through the server's own address"
             )
+
+
+async def _say_who_holds_the_lock(conn: Connection, schema: str) -> None:
+    """Log whom a migrator waits for: the wait is unbounded, and it was silent (a
+    leftover session of a killed migrator, or one an operator holds for maintenance,
+    looked like a hung command)."""
+    try:
+        holders = await conn.fetch(_LOCK_HOLDER_SQL, schema)
+    except asyncpg.PostgresError:  # only a hint: the wait goes on without it
+        holders = []
+    # Info, not a warning: concurrent migrators (workers started with --migrate
+    # together) wait for each other by design.
+    _log.info(
+        "taskq.migration-waiting-for-lock",
+        schema=schema,
+        held_by=[
+            f"pid {h['pid']} ({h['state']}, application {h['application_name']!r}, "
+            f"connected {_when(h['backend_start'])}: {h['query']!r})"
+            for h in holders
+        ],
+        hint="another migrator of this schema runs, and this one goes on once it is "
+        "done; a session left holding the lock (a killed migrator's, whose statement "
+        "still runs, or one held for maintenance) ends with SELECT pg_terminate_backend(pid)",
+    )
 
 
 async def _prepared(conn: Connection, schema: str) -> dict[str, tuple[str, datetime]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from datetime import timedelta
 from uuid import uuid4
 
@@ -238,3 +239,26 @@ def test_ctrl_c_mid_command_exits_1_saying_so(cli: Cli) -> None:
         "taskq: interrupted (a change the command was making may have been made: "
         "`taskq jobs list` shows)"
     )
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_that_cannot_be_written_is_not_blamed_on_the_database(cli: Cli) -> None:
+    import subprocess
+
+    from tests.cli.cli_helpers import BIN, REPO
+
+    cli.seed(*[("nap", {}, {})] * 200)
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [str(BIN / "taskq"), "jobs", "list"],
+            cwd=REPO,
+            env=cli.env(),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+    assert result.returncode != 0
+    assert "the database failed" not in result.stderr
+    assert "No space left on device" in result.stderr

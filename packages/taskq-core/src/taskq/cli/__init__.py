@@ -150,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from taskq.worker._transient import transient_cause
 
         failed = transient_cause(exc)
-        if failed is None:
+        # A bare OSError is the output's (stdout on a full disk), not the database's: a
+        # socket's failures are its subclasses (ConnectionResetError, TimeoutError, ...).
+        if failed is None or type(failed) is OSError:
             raise
         # The database failed the command after it connected (a statement_timeout or
         # lock_timeout of the role, a restart, a cut connection): one line to act on,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from datetime import timedelta
 from uuid import uuid4
 
@@ -157,3 +158,107 @@ def test_text_output_escapes_what_a_terminal_would_act_on(cli: Cli) -> None:
     assert "q\\x1b[31mred" in listed
     assert "\\x1b]0;PWNED\\x07\\x1b[2J\\u202egnp.exe" in shown
     assert cli.json("jobs", "show", str(row.id))["job"]["cancel_reason"].startswith("\x1b]0;")
+
+
+@pytest.mark.parametrize("action", [("jobs", "list"), ("jobs", "show", str(uuid4()))])
+def test_a_statement_the_database_gives_up_on_is_one_line_not_a_traceback(
+    cli: Cli, action: tuple[str, ...]
+) -> None:
+    # A role's lock_timeout (or statement_timeout) met after the command connected, or a
+    # connection cut then: the driver's traceback came out of every `taskq` command.
+    import psycopg
+    from psycopg import sql
+
+    separator = "&" if "?" in cli.pg.dsn else "?"
+    bounded = f"{cli.pg.dsn}{separator}lock_timeout=100"
+    with psycopg.connect(cli.pg.dsn) as holder:
+        holder.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier(cli.pg.name, "jobs")
+            )
+        )
+        result = run("taskq", *action, env=clean_env(TASKQ_DSN=bounded, TASKQ_SCHEMA=cli.pg.name))
+        holder.rollback()
+    line = error_line(result)
+    assert line.startswith(
+        "taskq: error: the database failed the command (LockNotAvailableError: "
+        "canceling statement due to lock timeout); check that it is reachable"
+    ), line
+    assert cli.json("jobs", "list") == []  # the lock gone, the same command works
+
+
+def test_ctrl_c_mid_command_exits_1_saying_so(cli: Cli) -> None:
+    # Interrupted, a command exited 1 in silence.
+    import signal
+    import subprocess
+
+    import psycopg
+    from psycopg import sql
+
+    from tests.cli.cli_helpers import BIN, REPO
+
+    with psycopg.connect(cli.pg.dsn) as holder:
+        holder.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier(cli.pg.name, "jobs")
+            )
+        )
+        listing = subprocess.Popen(
+            [str(BIN / "taskq"), "jobs", "list"],
+            cwd=REPO,
+            env=cli.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            with psycopg.connect(cli.pg.dsn, autocommit=True) as watcher:
+                holder_pid = holder.info.backend_pid
+                # Wait (a condition, not a pause) until the command waits for the lock.
+                for _ in range(600):
+                    row = watcher.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE %s = ANY(pg_blocking_pids(pid))",
+                        (holder_pid,),
+                    ).fetchone()
+                    if row is not None and row[0] > 0:
+                        break
+                    watcher.execute("SELECT pg_sleep(0.05)")
+                else:
+                    pytest.fail("the command never waited for the lock")
+            listing.send_signal(signal.SIGINT)
+            out, err = listing.communicate(timeout=30)
+        finally:
+            if listing.poll() is None:
+                listing.kill()
+                listing.communicate()
+        holder.rollback()
+    assert listing.returncode == 1
+    assert out == ""
+    assert err.strip() == (
+        "taskq: interrupted (a change the command was making may have been made: "
+        "`taskq jobs list` shows)"
+    )
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_that_cannot_be_written_is_not_blamed_on_the_database(cli: Cli) -> None:
+    import subprocess
+
+    from tests.cli.cli_helpers import BIN, REPO
+
+    cli.seed(*[("nap", {}, {})] * 200)
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [str(BIN / "taskq"), "jobs", "list"],
+            cwd=REPO,
+            env=cli.env(),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+    assert result.returncode != 0
+    assert "the database failed" not in result.stderr
+    assert "No space left on device" in result.stderr

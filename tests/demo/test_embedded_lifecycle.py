@@ -49,7 +49,7 @@ def test_migrate_without_a_dsn_uses_the_embedded_server(project: Path) -> None:
     first = taskq("migrate", "--json", cwd=project)
     assert first.returncode == 0, first.stderr
     assert "started an embedded PostgreSQL under ./.taskq/" in first.stderr
-    assert json.loads(first.stdout) == {"schema": "taskq", "applied": BUNDLED}
+    assert json.loads(first.stdout) == {"schema": "taskq", "applied": BUNDLED, "newer": []}
 
     running = _status(project)
     assert running["running"] is True

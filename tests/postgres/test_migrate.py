@@ -431,8 +431,17 @@ async def test_a_failing_file_leaves_nothing_behind(pg_database_dsn: str, tmp_pa
         },
     )
     schema = unique_schema_name()
-    with pytest.raises(MigrationError, match=r"01\.00\.00_02_pre_bad\.sql.*division by zero"):
+    with pytest.raises(
+        MigrationError, match=r"01\.00\.00_02_pre_bad\.sql.*division by zero"
+    ) as err:
         await migrate(pg_database_dsn, schema, source=source)
+    # What to do next, not the server's words alone.
+    assert str(err.value).endswith(
+        "division by zero; it was not applied, nor any file after it (the files before it "
+        "stay applied): see the comments at the top of 01.00.00_02_pre_bad.sql (in "
+        "taskq_postgres/migrations), fix the cause, then run the "
+        "migration again (taskq migrate)"
+    )
     conn = await asyncpg.connect(pg_database_dsn)
     try:
         half = await conn.fetchval("SELECT to_regclass($1)", f"{schema}.half")
@@ -763,6 +772,8 @@ async def test_waiting_for_another_migrator_is_not_bounded(pg_database_dsn: str)
         ({"lock_timeout": timedelta(0)}, "lock_timeout must be positive"),
         ({"lock_timeout": timedelta(seconds=-1)}, "lock_timeout must be positive"),
         ({"max_lock_wait": timedelta(seconds=-1)}, "max_lock_wait must not be negative"),
+        # Past Postgres's int of milliseconds: the first pending file failed, blamed.
+        ({"lock_timeout": timedelta(days=30)}, "lock_timeout must be at most 2147483647ms"),
     ],
 )
 async def test_lock_bounds_are_checked_before_any_sql(
@@ -770,3 +781,34 @@ async def test_lock_bounds_are_checked_before_any_sql(
 ) -> None:
     with pytest.raises(ValueError, match=error):
         await migrate("postgresql://postgres@127.0.0.1:1/x", unique_schema_name(), **bounds)
+
+
+async def test_a_migrator_waiting_for_the_lock_says_which_session_holds_it(
+    pg_database_dsn: str,
+) -> None:
+    # The wait is unbounded, and it was silent: a session left holding the lock (a
+    # killed migrator's, whose statement still runs) looked like a hung `taskq migrate`.
+    schema = unique_schema_name()
+    holder = await asyncpg.connect(
+        pg_database_dsn, server_settings={"application_name": "maintenance"}
+    )
+    try:
+        await holder.execute(LOCK_SQL, schema)
+        with capture_logs() as logs:
+            migrating = asyncio.create_task(migrate(pg_database_dsn, schema))
+            await _wait_for_advisory_waiters(holder, 1)
+            waits = [e for e in logs if e["event"] == "taskq.migration-waiting-for-lock"]
+            assert len(waits) == 1, logs
+            await holder.execute(UNLOCK_SQL, schema)
+            assert await asyncio.wait_for(migrating, 60) == BUNDLED
+        pid = holder.get_server_pid()
+        (held_by,) = waits[0]["held_by"]
+        assert held_by.startswith(f"pid {pid} (idle, application 'maintenance', connected ")
+        assert waits[0]["schema"] == schema
+        assert "pg_terminate_backend(pid)" in waits[0]["hint"]
+        # Not waiting, nothing said.
+        with capture_logs() as again:
+            assert await migrate(pg_database_dsn, schema) == []
+        assert [e for e in again if e["event"] == "taskq.migration-waiting-for-lock"] == []
+    finally:
+        await holder.close()

@@ -69,7 +69,7 @@ def test_dsn_and_schema_come_from_the_environment(pg_database_dsn: str) -> None:
 
     applied = _taskq("migrate", "--json", **env)
     assert applied.returncode == 0, applied.stderr
-    assert json.loads(applied.stdout) == {"schema": schema, "applied": BUNDLED}
+    assert json.loads(applied.stdout) == {"schema": schema, "applied": BUNDLED, "newer": []}
 
 
 @pytest.mark.postgres
@@ -200,9 +200,107 @@ def test_lock_bounds_are_flags(pg_database_dsn: str, tmp_path: Path) -> None:
         ("--lock-timeout", "0", "must be more than 0"),
         ("--lock-timeout", "soon", "expected a duration"),
         ("--max-lock-wait", "-1", "must not be negative"),
+        ("--lock-timeout", "30d", "must be at most 2147483647ms"),
     ],
 )
 def test_lock_bounds_out_of_range_are_usage_errors(flag: str, value: str, error: str) -> None:
     result = _taskq("migrate", "--dsn", "postgresql://postgres@127.0.0.1:1/x", f"{flag}={value}")
     assert result.returncode == 1
     assert f"argument {flag}: {error}" in result.stderr
+
+
+@pytest.mark.postgres
+async def test_the_longest_lock_timeout_postgres_takes_is_accepted(pg_database_dsn: str) -> None:
+    from taskq_postgres._migrate import MAX_LOCK_TIMEOUT, migrate
+
+    schema = unique_schema_name()
+    assert await migrate(pg_database_dsn, schema, lock_timeout=MAX_LOCK_TIMEOUT) == BUNDLED
+
+
+@pytest.mark.postgres
+def test_a_schema_a_newer_taskq_migrated_is_not_called_up_to_date(pg_database_dsn: str) -> None:
+    # After a rolled-back deploy, this version's `taskq migrate` said "up to date" of a
+    # schema whose newer post migration makes this version's workers refuse it.
+    import psycopg
+    from psycopg import sql
+
+    schema = unique_schema_name()
+    args = ("migrate", "--dsn", pg_database_dsn, "--schema", schema)
+    assert _taskq(*args).returncode == 0
+    with psycopg.connect(pg_database_dsn) as conn:
+        conn.execute(
+            sql.SQL("INSERT INTO {} (version, checksum) VALUES (%s, %s), (%s, %s)").format(
+                sql.Identifier(schema, "schema_migrations")
+            ),
+            ("99.00.00_01_pre_future.sql", "a" * 64, "99.00.00_50_post_future.sql", "b" * 64),
+        )
+
+    result = _taskq(*args)
+    assert result.returncode == 0, result.stderr
+    assert "up to date" not in result.stdout
+    assert result.stdout.strip() == (
+        f"schema {schema} has every migration of this TaskQ, and 2 of a newer one it does "
+        f"not know (`taskq migrate --status` lists them as unknown)"
+    )
+    assert result.stderr.strip() == (
+        f"taskq migrate: warning: schema {schema} was migrated by a newer TaskQ "
+        f"(99.00.00_50_post_future.sql), which may have removed what this version uses: "
+        f"its workers refuse the schema; upgrade taskq-postgres to run on it"
+    )
+    report = json.loads(_taskq(*args, "--json").stdout)
+    assert report == {
+        "schema": schema,
+        "applied": [],
+        "newer": ["99.00.00_01_pre_future.sql", "99.00.00_50_post_future.sql"],
+    }
+
+
+@pytest.mark.postgres
+def test_ctrl_c_while_waiting_for_another_migrator_exits_1_saying_so(
+    pg_database_dsn: str,
+) -> None:
+    # Interrupted, it exited 1 in silence: nothing told what the run had done.
+    import signal
+
+    import psycopg
+
+    schema = unique_schema_name()
+    with psycopg.connect(pg_database_dsn, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtext('taskq:migrate:' || %s))", (schema,))
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
+        migrator = subprocess.Popen(
+            [TASKQ, "migrate", "--dsn", pg_database_dsn, "--schema", schema],
+            env=clean,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            # Wait (a condition, not a pause) until it queues for the migration lock.
+            for _ in range(600):
+                waiting = holder.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+                ).fetchone()
+                if waiting is not None and waiting[0] > 0:
+                    break
+                holder.execute("SELECT pg_sleep(0.05)")
+            else:
+                pytest.fail("the migrator never waited for the migration lock")
+            migrator.send_signal(signal.SIGINT)
+            out, err = migrator.communicate(timeout=30)
+        finally:
+            if migrator.poll() is None:
+                migrator.kill()
+                migrator.communicate()
+    assert migrator.returncode == 1
+    assert out == ""
+    assert "Traceback" not in err
+    # After the line that said whom it waited for (taskq.migration-waiting-for-lock).
+    assert err.strip().splitlines()[-1] == (
+        "taskq migrate: interrupted: the files applied before stay applied, the one running "
+        "was not recorded; `taskq migrate --status` shows where the schema stands, and "
+        "`taskq migrate` goes on from there"
+    )
+    status = _taskq("migrate", "--dsn", pg_database_dsn, "--schema", schema, "--status")
+    assert {line.split()[0] for line in status.stdout.splitlines()} == {"pending"}

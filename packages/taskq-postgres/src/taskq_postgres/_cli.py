@@ -51,6 +51,14 @@ def _positive_duration(text: str) -> timedelta:
     if duration <= timedelta(0):
         # Postgres reads a lock_timeout of 0 as "wait for ever".
         raise argparse.ArgumentTypeError(f"must be more than 0, got {text.strip()!r}")
+    from taskq_postgres._migrate import MAX_LOCK_TIMEOUT
+
+    if duration > MAX_LOCK_TIMEOUT:
+        # Past Postgres's limit the first pending file failed, the error blaming it.
+        raise argparse.ArgumentTypeError(
+            f"must be at most 2147483647ms, about 24.8 days (Postgres's limit), got "
+            f"{text.strip()!r}; to keep retrying longer, raise --max-lock-wait"
+        )
     return duration
 
 
@@ -150,7 +158,12 @@ async def _apply(
     lock_timeout: timedelta | None,
     max_lock_wait: timedelta | None,
 ) -> None:
-    from taskq_postgres._migrate import DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_LOCK_WAIT, migrate
+    from taskq_postgres._migrate import (
+        DEFAULT_LOCK_TIMEOUT,
+        DEFAULT_MAX_LOCK_WAIT,
+        migrate,
+        schema_fit,
+    )
 
     async with _connection(dsn) as conn:
         applied = await migrate(
@@ -159,13 +172,29 @@ async def _apply(
             lock_timeout=DEFAULT_LOCK_TIMEOUT if lock_timeout is None else lock_timeout,
             max_lock_wait=DEFAULT_MAX_LOCK_WAIT if max_lock_wait is None else max_lock_wait,
         )
+        # A schema a newer TaskQ migrated (a rolled-back deploy): "up to date" was said
+        # of it too, and this version's workers then refused it.
+        fit = await schema_fit(conn, schema)
+    newer = sorted([*fit.newer_pre, *fit.newer_post])
+    if fit.newer_post:
+        print(
+            f"taskq migrate: warning: schema {schema} was migrated by a newer TaskQ "
+            f"({', '.join(fit.newer_post)}), which may have removed what this version uses: "
+            f"its workers refuse the schema; upgrade taskq-postgres to run on it",
+            file=sys.stderr,
+        )
     if as_json:
-        print(json.dumps({"schema": schema, "applied": applied}, indent=2))
+        print(json.dumps({"schema": schema, "applied": applied, "newer": newer}, indent=2))
+        return
+    for name in applied:
+        print(f"applied  {name}")
+    if newer:
+        print(
+            f"schema {schema} has every migration of this TaskQ, and {len(newer)} of a "
+            f"newer one it does not know (`taskq migrate --status` lists them as unknown)"
+        )
     elif not applied:
         print(f"schema {schema} is up to date")
-    else:
-        for name in applied:
-            print(f"applied  {name}")
 
 
 def _log_to_stderr() -> None:
@@ -197,6 +226,16 @@ def _run(args: argparse.Namespace) -> int:
     except _CommandError as exc:
         one_line = " ".join(str(exc).split())  # server messages may span lines
         print(f"taskq migrate: error: {one_line}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        # Said, where it exited 1 in silence: the files applied so far are printed only
+        # at the end, so an operator could not tell what the run had done.
+        print(
+            "taskq migrate: interrupted: the files applied before stay applied, the one "
+            "running was not recorded; `taskq migrate --status` shows where the schema "
+            "stands, and `taskq migrate` goes on from there",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

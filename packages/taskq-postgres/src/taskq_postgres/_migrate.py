@@ -36,6 +36,7 @@ from taskq_postgres._privileges import InsufficientPrivilegeError, diagnosed
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
     "DEFAULT_MAX_LOCK_WAIT",
+    "MAX_LOCK_TIMEOUT",
     "NO_TRANSACTION_DIRECTIVE",
     "SCHEMA_PLACEHOLDER",
     "Connection",
@@ -66,6 +67,12 @@ on the table may queue behind it."""
 
 DEFAULT_MAX_LOCK_WAIT: Final = timedelta(minutes=1)
 """How long a file that cannot get its locks is retried before the migration fails."""
+
+MAX_LOCK_TIMEOUT: Final = timedelta(milliseconds=2**31 - 1)
+"""The longest ``lock_timeout`` Postgres takes (its setting is an int of milliseconds,
+about 24.8 days): a longer one failed the first pending file, blamed on the file."""
+
+_LIMIT_TEXT: Final = "2147483647ms (about 24.8 days)"
 
 _MAX_PAUSE_FACTOR: Final = 5
 """Pauses between attempts double from ``lock_timeout`` up to this many times it."""
@@ -196,6 +203,22 @@ _RECORD_SQL: Final = "INSERT INTO {schema}.schema_migrations (version, checksum)
 # $1 is the canonical (lower-case) schema name.
 _LOCK_SQL: Final = "SELECT pg_advisory_lock(hashtext('taskq:migrate:' || $1))"
 _UNLOCK_SQL: Final = "SELECT pg_advisory_unlock(hashtext('taskq:migrate:' || $1))"
+_TRY_LOCK_SQL: Final = "SELECT pg_try_advisory_lock(hashtext('taskq:migrate:' || $1))"
+
+# $1 as above. The sessions holding the migration lock: a bigint advisory key sits in
+# pg_locks as classid (high 32 bits), objid (low 32 bits), objsubid 1.
+_LOCK_HOLDER_SQL: Final = r"""
+WITH k AS (SELECT hashtext('taskq:migrate:' || $1)::bigint AS key)
+SELECT a.pid, a.state, a.application_name, a.backend_start,
+       left(regexp_replace(a.query, '\s+', ' ', 'g'), 80) AS query
+FROM pg_locks l
+CROSS JOIN k
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+  AND l.classid = ((k.key >> 32) & 4294967295)::oid
+  AND l.objid = (k.key & 4294967295)::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
 
 
 @asynccontextmanager
@@ -214,7 +237,9 @@ async def _connected(target: str | Connection) -> AsyncIterator[Connection]:
 async def _migration_lock(conn: Connection, schema: str) -> AsyncIterator[None]:
     # Session-level, so it spans the per-file transactions. Waiting is the
     # point: a second migrator blocks here, then finds nothing pending.
-    await conn.execute(_LOCK_SQL, schema)
+    if not await conn.fetchval(_TRY_LOCK_SQL, schema):
+        await _say_who_holds_the_lock(conn, schema)
+        await conn.execute(_LOCK_SQL, schema)
     try:
         yield
     finally:
@@ -225,6 +250,30 @@ async def _migration_lock(conn: Connection, schema: str) -> AsyncIterator[None]:
                 "connection goes through a transaction-mode pooler, which may keep the "
                 "lock on a server connection; migrate through the server's own address"
             )
+
+
+async def _say_who_holds_the_lock(conn: Connection, schema: str) -> None:
+    """Log whom a migrator waits for: the wait is unbounded, and it was silent (a
+    leftover session of a killed migrator, or one an operator holds for maintenance,
+    looked like a hung command)."""
+    try:
+        holders = await conn.fetch(_LOCK_HOLDER_SQL, schema)
+    except asyncpg.PostgresError:  # only a hint: the wait goes on without it
+        holders = []
+    # Info, not a warning: concurrent migrators (workers started with --migrate
+    # together) wait for each other by design.
+    _log.info(
+        "taskq.migration-waiting-for-lock",
+        schema=schema,
+        held_by=[
+            f"pid {h['pid']} ({h['state']}, application {h['application_name']!r}, "
+            f"connected {_when(h['backend_start'])}: {h['query']!r})"
+            for h in holders
+        ],
+        hint="another migrator of this schema runs, and this one goes on once it is "
+        "done; a session left holding the lock (a killed migrator's, whose statement "
+        "still runs, or one held for maintenance) ends with SELECT pg_terminate_backend(pid)",
+    )
 
 
 async def _prepared(conn: Connection, schema: str) -> dict[str, tuple[str, datetime]]:
@@ -292,6 +341,11 @@ def _check_lock_bounds(lock_timeout: timedelta, max_lock_wait: timedelta) -> Non
     if lock_timeout <= timedelta(0):
         # Postgres reads lock_timeout = 0 as "wait for ever": the queueing this prevents.
         raise ValueError(f"lock_timeout must be positive, got {lock_timeout}")
+    if lock_timeout > MAX_LOCK_TIMEOUT:
+        raise ValueError(
+            f"lock_timeout must be at most {_LIMIT_TEXT} (Postgres's limit), got "
+            f"{lock_timeout}; to keep waiting past it, raise max_lock_wait instead"
+        )
     if max_lock_wait < timedelta(0):
         raise ValueError(f"max_lock_wait must not be negative, got {max_lock_wait}")
 
@@ -379,8 +433,14 @@ async def _apply(conn: Connection, schema: str, migration: Migration, bounds: _L
         except asyncpg.InsufficientPrivilegeError as exc:
             raise await _refused(conn, exc, schema, f"cannot apply {migration.name}") from exc
         except asyncpg.PostgresError as exc:
+            # What to do next, as the lock-wait error says it: the server's words alone
+            # (a duplicate key, a missing object) left the state of the schema a guess.
             raise MigrationError(
-                f"migration {migration.name} failed in schema {schema!r}: {exc}"
+                f"migration {migration.name} failed in schema {schema!r}: "
+                f"{str(exc).rstrip().rstrip('.')}; it was not "
+                f"applied, nor any file after it (the files before it stay applied): see the "
+                f"comments at the top of {migration.name} (in taskq_postgres/migrations), "
+                f"fix the cause, then run the migration again (taskq migrate)"
             ) from exc
     _log.info("taskq.migration-applied", migration=migration.name, schema=schema)
 
@@ -456,7 +516,8 @@ async def migrate(
     Running it again is a no-op. Applied files whose content has changed are
     reported with a ``taskq.migration-checksum-drift`` warning on the
     ``taskq.migrate`` logger and are not re-run. Raises ``ValueError`` for an
-    invalid schema name or lock bound before any SQL runs, and
+    invalid schema name or lock bound (a ``lock_timeout`` past
+    :data:`MAX_LOCK_TIMEOUT`, Postgres's limit, too) before any SQL runs, and
     :class:`MigrationError` when a file fails (earlier files stay applied).
     """
     schema = validate_schema_name(schema)  # folded: one lock key for TaskQ and taskq

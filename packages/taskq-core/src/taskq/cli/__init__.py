@@ -134,10 +134,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"taskq: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
+        # Said, not a silent exit 1: a change it was making may have been made.
+        print(
+            "taskq: interrupted (a change the command was making may have been made: "
+            "`taskq jobs list` shows)",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     except BrokenPipeError:
         # The reader went away (`taskq jobs list | head`): no traceback, and none either
         # from the flush at exit (Python's documented recipe).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
+    except Exception as exc:
+        from taskq.worker._transient import transient_cause
+
+        failed = transient_cause(exc)
+        # A bare OSError is the output's (stdout on a full disk), not the database's: a
+        # socket's failures are its subclasses (ConnectionResetError, TimeoutError, ...).
+        if failed is None or type(failed) is OSError:
+            raise
+        # The database failed the command after it connected (a statement_timeout or
+        # lock_timeout of the role, a restart, a cut connection): one line to act on,
+        # where the driver's traceback came out.
+        print(
+            f"taskq: error: the database failed the command ({type(failed).__name__}: "
+            f"{' '.join(str(failed).split())}); check that it is reachable and not held "
+            f"up by a lock or a statement_timeout, then run the command again (a change "
+            f"it was making may have been made: `taskq jobs list` shows)",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     return code

@@ -18,6 +18,7 @@ __all__ = [
     "LeaderLoopErrors",
     "RepeatedWarning",
     "UnexpectedLoopErrorGuard",
+    "transient_cause",
     "transient_errors",
 ]
 
@@ -40,6 +41,18 @@ def transient_errors() -> tuple[type[BaseException], ...]:
                 # In an except clause anything else would raise TypeError at every error.
                 report_bad_answer("taskq_transient_errors", answer, "exception classes", kind)
     return tuple(seen)
+
+
+def transient_cause(exc: BaseException) -> BaseException | None:
+    """``exc`` (or the first of a group made only of them) when it is a transient
+    backend error (a lost connection, a statement the server cancelled), else None."""
+    transient = transient_errors()
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = exc.exceptions
+        if leaves and all(transient_cause(leaf) is not None for leaf in leaves):
+            return transient_cause(leaves[0])
+        return None
+    return exc if isinstance(exc, transient) else None
 
 
 def _unexpected(loop: str, streak: int, max_consecutive: int, exc: BaseException) -> None:

@@ -298,12 +298,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _lost_connection(exc: BaseException) -> BaseException | None:
     """``exc`` (or the first of a group made only of them) when it is a transient
     backend error, else None."""
-    from taskq.worker._transient import transient_errors
+    from taskq.worker._transient import transient_cause
 
-    transient = transient_errors()
-    if isinstance(exc, BaseExceptionGroup):
-        leaves = exc.exceptions
-        if leaves and all(_lost_connection(leaf) is not None for leaf in leaves):
-            return _lost_connection(leaves[0])
-        return None
-    return exc if isinstance(exc, transient) else None
+    return transient_cause(exc)

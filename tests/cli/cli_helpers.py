@@ -109,3 +109,34 @@ class Cli:
                 await backend.close()
 
         return asyncio.run(run_it())
+
+
+def interrupt_once_blocked(
+    proc: subprocess.Popen[str], dsn: str, holder_pid: int
+) -> tuple[str, str]:
+    """Send ``proc`` a SIGINT once a session waits for a lock the session ``holder_pid``
+    holds (a condition, polled on a connection of its own, not a pause); its stdout and
+    stderr. A process that outlives the call is killed."""
+    import signal
+
+    import psycopg
+    import pytest
+
+    try:
+        with psycopg.connect(dsn, autocommit=True) as watcher:
+            for _ in range(600):
+                row = watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                    (holder_pid,),
+                ).fetchone()
+                if row is not None and row[0] > 0:
+                    break
+                watcher.execute("SELECT pg_sleep(0.05)")
+            else:
+                pytest.fail("the command never waited for the lock")
+        proc.send_signal(signal.SIGINT)
+        return proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

@@ -189,13 +189,12 @@ def test_a_statement_the_database_gives_up_on_is_one_line_not_a_traceback(
 
 def test_ctrl_c_mid_command_exits_1_saying_so(cli: Cli) -> None:
     # Interrupted, a command exited 1 in silence.
-    import signal
     import subprocess
 
     import psycopg
     from psycopg import sql
 
-    from tests.cli.cli_helpers import BIN, REPO
+    from tests.cli.cli_helpers import BIN, REPO, interrupt_once_blocked
 
     with psycopg.connect(cli.pg.dsn) as holder:
         holder.execute(
@@ -211,27 +210,7 @@ def test_ctrl_c_mid_command_exits_1_saying_so(cli: Cli) -> None:
             stderr=subprocess.PIPE,
             text=True,
         )
-        try:
-            with psycopg.connect(cli.pg.dsn, autocommit=True) as watcher:
-                holder_pid = holder.info.backend_pid
-                # Wait (a condition, not a pause) until the command waits for the lock.
-                for _ in range(600):
-                    row = watcher.execute(
-                        "SELECT count(*) FROM pg_stat_activity"
-                        " WHERE %s = ANY(pg_blocking_pids(pid))",
-                        (holder_pid,),
-                    ).fetchone()
-                    if row is not None and row[0] > 0:
-                        break
-                    watcher.execute("SELECT pg_sleep(0.05)")
-                else:
-                    pytest.fail("the command never waited for the lock")
-            listing.send_signal(signal.SIGINT)
-            out, err = listing.communicate(timeout=30)
-        finally:
-            if listing.poll() is None:
-                listing.kill()
-                listing.communicate()
+        out, err = interrupt_once_blocked(listing, cli.pg.dsn, holder.info.backend_pid)
         holder.rollback()
     assert listing.returncode == 1
     assert out == ""

@@ -260,9 +260,9 @@ def test_ctrl_c_while_waiting_for_another_migrator_exits_1_saying_so(
     pg_database_dsn: str,
 ) -> None:
     # Interrupted, it exited 1 in silence: nothing told what the run had done.
-    import signal
-
     import psycopg
+
+    from tests.cli.cli_helpers import interrupt_once_blocked
 
     schema = unique_schema_name()
     with psycopg.connect(pg_database_dsn, autocommit=True) as holder:
@@ -275,24 +275,7 @@ def test_ctrl_c_while_waiting_for_another_migrator_exits_1_saying_so(
             stderr=subprocess.PIPE,
             text=True,
         )
-        try:
-            # Wait (a condition, not a pause) until it queues for the migration lock.
-            for _ in range(600):
-                waiting = holder.execute(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
-                ).fetchone()
-                if waiting is not None and waiting[0] > 0:
-                    break
-                holder.execute("SELECT pg_sleep(0.05)")
-            else:
-                pytest.fail("the migrator never waited for the migration lock")
-            migrator.send_signal(signal.SIGINT)
-            out, err = migrator.communicate(timeout=30)
-        finally:
-            if migrator.poll() is None:
-                migrator.kill()
-                migrator.communicate()
+        out, err = interrupt_once_blocked(migrator, pg_database_dsn, holder.info.backend_pid)
     assert migrator.returncode == 1
     assert out == ""
     assert "Traceback" not in err

@@ -80,6 +80,31 @@ async def test_a_one_job_enqueue_runs_prepared_and_survives_its_table_changing(
     assert len(pinned._statements) == 1
 
 
+async def test_a_prepared_enqueue_whose_rows_asyncpg_cannot_decode_is_not_run_again(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # asyncpg raises OutdatedSchemaCacheError while decoding the rows of a statement
+    # that ran (a composite type changed): the INSERT is committed, and running it again
+    # by its text failed on its own job's id, saying the id was taken.
+    from asyncpg.prepared_stmt import PreparedStatement
+
+    await backend.enqueue(EnqueueArgs(actor="a"))  # prepares the statement
+    original = PreparedStatement.fetchrow
+
+    async def ran_then_undecodable(self: PreparedStatement, *args: Any, **kw: Any) -> Any:
+        monkeypatch.setattr(PreparedStatement, "fetchrow", original)
+        await original(self, *args, **kw)
+        raise asyncpg.OutdatedSchemaCacheError("type changed")
+
+    monkeypatch.setattr(PreparedStatement, "fetchrow", ran_then_undecodable)
+    args = EnqueueArgs(actor="a")
+    with pytest.raises(asyncpg.OutdatedSchemaCacheError):
+        await backend.enqueue(args)
+    assert (await backend.get(args.id)) is not None  # it ran, once
+    assert len(await backend.list_jobs(JobFilter())) == 2
+    await backend.enqueue(EnqueueArgs(actor="a"))  # prepared anew
+
+
 async def test_the_row_a_one_job_enqueue_returns_sets_every_field(
     backend: PostgresBackend,
 ) -> None:

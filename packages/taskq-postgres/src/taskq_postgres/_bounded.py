@@ -41,9 +41,6 @@ if TYPE_CHECKING:
 
 # What a statement, a rollback or a release raises once its connection was closed.
 _CLOSED_ERRORS = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError)
-# What a prepared statement raises once the schema it was planned on changed; its text
-# path re-prepares it.
-_STALE_STATEMENT = (asyncpg.InvalidCachedStatementError, asyncpg.OutdatedSchemaCacheError)
 _PREPARED_MAX = 16
 """Statements kept prepared per pinned connection: the one-job enqueue's few texts."""
 _MIN_TIMEOUT = 0.001
@@ -304,8 +301,12 @@ class PinnedConnection:
         """``fetchrow`` on ``query`` prepared once for the pinned connection: a one-job
         enqueue then skips the statement cache's lookup and the pool proxy's layer,
         about a tenth of its client CPU. A statement the server no longer takes as
-        prepared (a migration changed its table or types) runs once by its text, whose
-        path re-prepares it (asyncpg retries there), and is prepared anew next time."""
+        prepared (a migration changed its table's result type) runs once by its text,
+        whose path re-prepares it (asyncpg retries there), and is prepared anew next time.
+        Only that refusal is retried: the server raises it before the statement runs.
+        asyncpg's ``OutdatedSchemaCacheError`` comes while decoding the rows of a
+        statement that ran (an INSERT committed): the statement is dropped and the error
+        raised, as asyncpg's own path does, where a second run inserted again."""
         statement = self._statements.get(query)
         if statement is None:
             if len(self._statements) >= _PREPARED_MAX:  # texts built per call: no growth
@@ -316,8 +317,11 @@ class PinnedConnection:
             if deadline is None:
                 return await statement.fetchrow(*args)
             return await statement.fetchrow(*args, timeout=_left(deadline))
-        except _STALE_STATEMENT:
+        except asyncpg.InvalidCachedStatementError:
             del self._statements[query]
+        except asyncpg.OutdatedSchemaCacheError:
+            del self._statements[query]
+            raise
         if deadline is None:
             return await conn.fetchrow(query, *args)
         return await conn.fetchrow(query, *args, timeout=_left(deadline))

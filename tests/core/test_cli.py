@@ -124,3 +124,56 @@ def test_a_reader_that_went_away_is_no_traceback(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
     assert main(["plugins"]) == 1  # and no BrokenPipeError escaped
     closed.close()  # what is left in its buffer goes to /dev/null now, without an error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        FileNotFoundError(2, "No such file or directory", "app.toml"),
+        PermissionError(13, "Permission denied", "/var/lib/taskq"),
+        OSError(28, "No space left on device"),
+    ],
+)
+def test_a_files_oserror_keeps_its_traceback(
+    monkeypatch: pytest.MonkeyPatch, error: OSError
+) -> None:
+    # Only a socket's failures are the database's: a command's missing file was told
+    # to the operator as "the database failed the command", with no traceback.
+    from taskq.cli import main
+
+    _add_a_command_raising(monkeypatch, error)
+    with pytest.raises(type(error)):
+        main(["fails"])
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ConnectionResetError(104, "Connection reset by peer"), OSError(113, "No route to host")],
+)
+def test_a_sockets_oserror_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], error: OSError
+) -> None:
+    from taskq.cli import main
+
+    _add_a_command_raising(monkeypatch, error)
+    assert main(["fails"]) == 1
+    assert capsys.readouterr().err.startswith("taskq: error: the database failed the command")
+
+
+def _add_a_command_raising(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
+    """A ``taskq fails`` command whose run raises ``error`` (in-process, logging left alone)."""
+    import taskq.cli
+
+    collect = taskq.cli._collect_commands
+
+    def with_a_failing_command() -> taskq.cli.CommandRegistry:
+        registry = collect()
+
+        def run(_: object) -> int:
+            raise error
+
+        registry.add("fails", help="fails", configure=lambda _: None, run=run)
+        return registry
+
+    monkeypatch.setattr(taskq.cli, "_collect_commands", with_a_failing_command)
+    monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)

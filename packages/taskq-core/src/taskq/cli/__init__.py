@@ -4,9 +4,11 @@ and plugins register through the ``taskq_cli_commands`` hook."""
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Sequence
+from typing import Final
 
 from taskq.cli._commands import Command as Command
 from taskq.cli._commands import CommandRegistry as CommandRegistry
@@ -110,6 +112,14 @@ def _missing_command(registry: CommandRegistry, argv: Sequence[str]) -> str | No
     return f"`taskq {name}` comes with {provider}, {why_absent(provider)}"
 
 
+_NETWORK_ERRNOS: Final = frozenset(
+    getattr(errno, name)
+    for name in ("ENETDOWN", "ENETUNREACH", "ENETRESET", "EHOSTDOWN", "EHOSTUNREACH")
+    if hasattr(errno, name)
+)
+"""A socket's failures raised as a bare OSError (its subclasses are ConnectionError's)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``taskq`` console script; returns the exit code."""
     from taskq.logs import configure_logging, route_stdlib_logging
@@ -150,9 +160,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from taskq.worker._transient import transient_cause
 
         failed = transient_cause(exc)
-        # A bare OSError is the output's (stdout on a full disk), not the database's: a
-        # socket's failures are its subclasses (ConnectionResetError, TimeoutError, ...).
-        if failed is None or type(failed) is OSError:
+        # Of the OSErrors, only a socket's failures are the database's (a reset, a
+        # timeout, a network gone): a bare one is the output's (stdout on a full disk),
+        # and a file's (FileNotFoundError, PermissionError of a plugin's command, of
+        # the embedded server's files) keeps its traceback.
+        if failed is None or (
+            isinstance(failed, OSError)
+            and not isinstance(failed, ConnectionError | TimeoutError)
+            and failed.errno not in _NETWORK_ERRNOS
+        ):
             raise
         # The database failed the command after it connected (a statement_timeout or
         # lock_timeout of the role, a restart, a cut connection): one line to act on,

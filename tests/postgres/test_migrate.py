@@ -87,6 +87,16 @@ async def _wait_for_advisory_waiters(conn: asyncpg.Connection[Any], count: int) 
         await asyncio.sleep(0.01)
 
 
+async def _wait_until_blocked_by(conn: asyncpg.Connection[Any], pid: int) -> None:
+    """Until a session waits for a lock session ``pid`` holds (only this test's: another
+    test's migrators, under xdist, wait for locks of their own)."""
+    deadline = time.monotonic() + 30
+    query = "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))"
+    while not await conn.fetchval(query, pid):
+        assert time.monotonic() < deadline, f"no session waited for a lock pid {pid} holds"
+        await asyncio.sleep(0.01)
+
+
 # ------------------------------------------------------------ fresh install
 
 
@@ -796,7 +806,13 @@ async def test_a_migrator_waiting_for_the_lock_says_which_session_holds_it(
         await holder.execute(LOCK_SQL, schema)
         with capture_logs() as logs:
             migrating = asyncio.create_task(migrate(pg_database_dsn, schema))
-            await _wait_for_advisory_waiters(holder, 1)
+            # Watched from another session: polled on the holder, the holder read as
+            # "active" running the poll whenever the migrator looked at it.
+            watcher = await asyncpg.connect(pg_database_dsn)
+            try:
+                await _wait_until_blocked_by(watcher, holder.get_server_pid())
+            finally:
+                await watcher.close()
             waits = [e for e in logs if e["event"] == "taskq.migration-waiting-for-lock"]
             assert len(waits) == 1, logs
             await holder.execute(UNLOCK_SQL, schema)

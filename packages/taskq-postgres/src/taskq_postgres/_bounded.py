@@ -300,10 +300,11 @@ class PinnedConnection:
     ) -> asyncpg.Record | None:
         """``fetchrow`` on ``query`` prepared once for the pinned connection: a one-job
         enqueue then skips the statement cache's lookup and the pool proxy's layer,
-        about a tenth of its client CPU. A statement the server no longer takes as
-        prepared (a migration changed its table's result type) runs once by its text,
-        whose path re-prepares it (asyncpg retries there), and is prepared anew next time.
-        Only that refusal is retried: the server raises it before the statement runs.
+        about a twentieth of its client instructions. A statement the server no longer
+        takes as prepared (a migration changed its table's result type) runs once by its
+        text, whose path re-prepares it (asyncpg retries there), and is prepared anew
+        next time. Only that refusal is retried: the server raises it before the
+        statement runs.
         asyncpg's ``OutdatedSchemaCacheError`` comes while decoding the rows of a
         statement that ran (an INSERT committed): the statement is dropped and the error
         raised, as asyncpg's own path does, where a second run inserted again."""

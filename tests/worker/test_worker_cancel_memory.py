@@ -4,11 +4,12 @@ does to a job that snoozes, whose outcome is being written, or that has not star
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from taskq import Context, JobRow, JobStatus, RetryAfter, Snooze, TaskQ, actor
+from taskq import Backend, Context, JobRow, JobStatus, RetryAfter, Snooze, TaskQ, actor
 from taskq_testing import run_until_idle
 from tests.worker.flaky_backend import WritesFailWhileAway
 
@@ -711,6 +712,105 @@ async def test_an_escalation_whose_reply_was_lost_still_forces_the_task() -> Non
         row = await tq.client.get(job.id)
     assert backend.lost == 0  # the escalation's reply was lost
     assert row is not None and row.status is JobStatus.CANCELLED and row.cancel_phase == 2
+
+
+class _HeldFirstRow:
+    """A write on the first of two jobs fails (its row held by another transaction) until
+    the second job reaches ``until``'s state; ``refused`` counts the failures."""
+
+    def __init__(self, until: Callable[[JobRow], bool]) -> None:
+        self.ids: dict[str, Any] = {}
+        self.until = until
+        self.refused = 0
+
+    async def check(self, backend: Backend, job_id: Any) -> None:
+        second = await backend.get(self.ids["second"])
+        if job_id == self.ids["first"] and (second is None or not self.until(second)):
+            self.refused += 1
+            raise ConnectionResetError("the row is held by another transaction")
+
+
+async def _cancel_two(backend: Backend, held: _HeldFirstRow, stubborn: bool) -> list[JobRow]:
+    """Run two jobs that ignore their cancel event (``stubborn``: every cancellation for
+    3 s too), cancel both, and return their rows once the worker is idle."""
+    started = {"first": asyncio.Event(), "second": asyncio.Event()}
+
+    @actor(name="ignores_cancel_events")
+    async def ignores(payload: dict[str, Any]) -> None:
+        started[payload["n"]].set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 3
+        while not stubborn or loop.time() < end:
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                if not stubborn:
+                    raise
+
+    tq = TaskQ("memory://", backend=backend, actors=[ignores])
+    async with tq:
+        for name in ("first", "second"):
+            held.ids[name] = (await tq.client.enqueue(ignores, {"n": name})).id
+        runner = asyncio.create_task(run_until_idle(tq, concurrency=2, **_GRACES))
+        for event in started.values():
+            await asyncio.wait_for(event.wait(), 5)
+        for name in ("first", "second"):
+            assert await tq.client.cancel(held.ids[name])
+        await asyncio.wait_for(runner, 10)
+        return [row for name in ("first", "second") if (row := await tq.client.get(held.ids[name]))]
+
+
+async def test_one_escalation_write_failing_every_tick_does_not_hold_back_the_others() -> None:
+    # The controller wrote the jobs' phase 2 one after the other and gave up the tick at
+    # the first failure: a job whose write failed each tick (its row held by another
+    # transaction) kept every job after it cooperative, their tasks never cancelled.
+    from taskq.backend.memory import InMemoryBackend
+
+    held = _HeldFirstRow(until=lambda second: second.cancel_phase == 2)
+
+    class HeldRowBackend(InMemoryBackend):
+        async def write_cancel_escalation(self, job_id: Any, *args: Any, **kwargs: Any) -> bool:
+            await held.check(self, job_id)
+            return await super().write_cancel_escalation(job_id, *args, **kwargs)
+
+    rows = await _cancel_two(HeldRowBackend(), held, stubborn=False)
+    assert held.refused >= 1
+    assert [r.status for r in rows] == [JobStatus.CANCELLED] * 2
+
+
+async def test_one_abandonment_write_failing_every_tick_does_not_hold_back_the_others() -> None:
+    # The post-tick wrote its queued abandonments in order and stopped at the first that
+    # failed, which stayed first: every abandonment queued behind it waited, the tasks
+    # written off holding their slots.
+    from taskq.backend.memory import InMemoryBackend
+
+    held = _HeldFirstRow(until=lambda second: second.status is JobStatus.ABANDONED)
+
+    class HeldRowBackend(InMemoryBackend):
+        async def mark_abandoned(self, job_id: Any, *args: Any, **kwargs: Any) -> bool:
+            await held.check(self, job_id)
+            return await super().mark_abandoned(job_id, *args, **kwargs)
+
+    rows = await _cancel_two(HeldRowBackend(), held, stubborn=True)
+    assert held.refused >= 1
+    assert [r.status for r in rows] == [JobStatus.ABANDONED] * 2
+
+
+async def test_abandonments_are_written_while_an_escalation_write_fails_every_tick() -> None:
+    # A tick whose escalation write failed skipped the post-tick: the abandonments
+    # queued meanwhile waited for as long as that write kept failing.
+    from taskq.backend.memory import InMemoryBackend
+
+    held = _HeldFirstRow(until=lambda second: second.status is JobStatus.ABANDONED)
+
+    class HeldRowBackend(InMemoryBackend):
+        async def write_cancel_escalation(self, job_id: Any, *args: Any, **kwargs: Any) -> bool:
+            await held.check(self, job_id)
+            return await super().write_cancel_escalation(job_id, *args, **kwargs)
+
+    rows = await _cancel_two(HeldRowBackend(), held, stubborn=True)
+    assert held.refused >= 1
+    assert [r.status for r in rows] == [JobStatus.ABANDONED] * 2
 
 
 async def test_a_stop_forces_every_job_without_waiting_on_one_escalation_write() -> None:

@@ -92,6 +92,9 @@ class _CancelController:
         unwind = state.settings.cleanup_grace_period.total_seconds()
         cleanup = grace + unwind
         await self._stop_overruns(loop.time())
+        # A write that fails (a row another transaction holds, a blip) is raised once
+        # the other jobs had theirs: failing first every tick, it kept them unforced.
+        failed: Exception | None = None
         for job_id, active in list(state.active.items()):
             # Not a job whose actor returned (its outcome write may be retrying through a
             # blip: cancelling it lost the result and ran the job again), nor one whose
@@ -106,9 +109,13 @@ class _CancelController:
                 continue
             waited = loop.time() - active.cancel_observed_at
             if active.cancel_phase is CancelPhase.COOPERATIVE and waited >= grace:
-                escalated = await state.backend.write_cancel_escalation(
-                    job_id, state.worker_id, 2, attempt=active.row.attempt
-                )
+                try:
+                    escalated = await state.backend.write_cancel_escalation(
+                        job_id, state.worker_id, 2, attempt=active.row.attempt
+                    )
+                except Exception as exc:  # noqa: BLE001 - raised below, after the others
+                    failed = failed or exc
+                    continue
                 if escalated:
                     # Stored before the task hears of it, with no await in between.
                     active.cancel_phase = CancelPhase.FORCED
@@ -127,6 +134,8 @@ class _CancelController:
             ):
                 active.cancel_phase = CancelPhase.ABANDON_PENDING
                 self._pending_abandons.append(active)
+        if failed is not None:
+            raise failed
 
     async def _stop_overruns(self, now: float) -> None:
         """Give up on each job still running a cleanup grace past its limit: an async
@@ -189,36 +198,57 @@ class _CancelController:
             _log.warning("taskq.job-past-its-limit", job_id=str(job_id), error=error.message)
 
     async def run_post_tick(self) -> None:
+        # Each queued write is tried once a tick; one that fails goes to the back and is
+        # raised once the others had theirs (failing first, it held them all back).
+        failed: Exception | None = None
+        for _ in range(len(self._pending_overruns)):
+            active, error = self._pending_overruns.popleft()
+            try:
+                await self._write_overrun(active, error)
+            except Exception as exc:  # noqa: BLE001 - raised below, after the others
+                self._pending_overruns.append((active, error))
+                failed = failed or exc
+                continue
+            active.finish()
+        for _ in range(len(self._pending_abandons)):
+            active = self._pending_abandons.popleft()
+            try:
+                await self._write_abandon(active)
+            except Exception as exc:  # noqa: BLE001 - raised below, after the others
+                self._pending_abandons.append(active)
+                failed = failed or exc
+                continue
+            active.finish()
+        if failed is not None:
+            raise failed
+
+    async def _write_overrun(self, active: ActiveJob, error: ErrorInfo) -> None:
         state = self._state
-        while self._pending_overruns:
-            active, error = self._pending_overruns[0]
-            if self._still_current(active):
-                after = await state.backend.mark_failed_or_retry(
-                    active.row.id,
-                    state.worker_id,
-                    error,
-                    None,
-                    active.ctx.progress_seq if active.ctx else 0,
-                    active.ctx.progress_state if active.ctx else None,
-                    attempt=active.row.attempt,
-                )
-                # else not this attempt's (compared as stored)
-                if after is not None and after.error == stored_error(error):
-                    _log.error("taskq.job-failed-past-its-limit", job_id=str(active.row.id))
-                    await apply_batch_terminal_outcome(state.backend, active.row, "failed")
-            self._pending_overruns.popleft()
-            active.finish()
-        while self._pending_abandons:
-            active = self._pending_abandons[0]
-            if self._still_current(active) and await state.backend.mark_abandoned(
-                active.row.id,
-                active.ctx.progress_seq if active.ctx else 0,
-                active.ctx.progress_state if active.ctx else None,
-            ):
-                _log.error("taskq.job-abandoned", job_id=str(active.row.id))
-                await apply_batch_terminal_outcome(state.backend, active.row, "abandoned")
-            self._pending_abandons.popleft()
-            active.finish()
+        if not self._still_current(active):
+            return
+        after = await state.backend.mark_failed_or_retry(
+            active.row.id,
+            state.worker_id,
+            error,
+            None,
+            active.ctx.progress_seq if active.ctx else 0,
+            active.ctx.progress_state if active.ctx else None,
+            attempt=active.row.attempt,
+        )
+        # else not this attempt's (compared as stored)
+        if after is not None and after.error == stored_error(error):
+            _log.error("taskq.job-failed-past-its-limit", job_id=str(active.row.id))
+            await apply_batch_terminal_outcome(state.backend, active.row, "failed")
+
+    async def _write_abandon(self, active: ActiveJob) -> None:
+        state = self._state
+        if self._still_current(active) and await state.backend.mark_abandoned(
+            active.row.id,
+            active.ctx.progress_seq if active.ctx else 0,
+            active.ctx.progress_state if active.ctx else None,
+        ):
+            _log.error("taskq.job-abandoned", job_id=str(active.row.id))
+            await apply_batch_terminal_outcome(state.backend, active.row, "abandoned")
 
     def _still_current(self, active: ActiveJob) -> bool:
         """Whether ``active``'s attempt is still this worker's to write: not lost, nor

@@ -76,8 +76,10 @@ async def heartbeat_once(state: WorkerState, toucher: _Toucher | None = None) ->
             active.task.cancel()
         else:
             state.release(job_id, active)
-    await state.cancel.run_tick(await backend.poll_cancel_flags(wid))
-    await state.cancel.run_post_tick()
+    try:
+        await state.cancel.run_tick(await backend.poll_cancel_flags(wid))
+    finally:  # the queued abandonments are written even when a tick's escalation failed
+        await state.cancel.run_post_tick()
     # Last: a lock on reservation_slots (a migration, an operator's) times the tick out
     # here, after the jobs' leases and their cancellations, not before them.
     await backend.extend_reservation_leases(wid, state.settings.lock_lease)

@@ -35,6 +35,7 @@ __all__ = [
     "BACKEND_TUNABLES",
     "ENV_PREFIX",
     "SHOW_SECRETS",
+    "NegativeDurationError",
     "SettingsError",
     "WorkerSettings",
     "parse_duration",
@@ -49,6 +50,10 @@ _DURATION_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
+class NegativeDurationError(ValueError):
+    """A duration given below zero (``"-5s"``): each command says what to give instead."""
+
+
 def parse_duration(value: object) -> object:
     """``"500ms"``, ``"30s"``, ``"5m"``, ``"1h"``, ``"2d"`` or plain seconds -> timedelta."""
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -57,7 +62,7 @@ def parse_duration(value: object) -> object:
         match = _DURATION_RE.fullmatch(value)
         if match is None:
             if _DURATION_RE.fullmatch(value.strip().removeprefix("-")):
-                raise ValueError(f"must not be negative, got {value.strip()!r}")
+                raise NegativeDurationError(f"must not be negative, got {value.strip()!r}")
             raise ValueError("expected a duration such as 30, 0.5, 500ms, 30s, 5m or 1h")
         try:
             return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])

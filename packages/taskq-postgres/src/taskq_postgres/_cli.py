@@ -30,13 +30,19 @@ class _CommandError(Exception):
     """A failure reported to the user as one line on stderr."""
 
 
+class _NegativeDuration(argparse.ArgumentTypeError):
+    """A duration given below zero: each option says what to give instead."""
+
+
 def _duration(text: str) -> timedelta:
-    from taskq.settings import parse_duration
+    from taskq.settings import NegativeDurationError, parse_duration
 
     try:
         # typed `object` to serve as a pydantic validator; a string always comes back
         # as a timedelta
         return cast(timedelta, parse_duration(text))
+    except NegativeDurationError as exc:
+        raise _NegativeDuration(str(exc)) from None
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -44,9 +50,7 @@ def _duration(text: str) -> timedelta:
 def _positive_duration(text: str) -> timedelta:
     try:
         duration = _duration(text)
-    except argparse.ArgumentTypeError as exc:
-        if not str(exc).startswith("must not be negative"):
-            raise
+    except _NegativeDuration:
         duration = timedelta(0)
     if duration <= timedelta(0):
         # Postgres reads a lock_timeout of 0 as "wait for ever".
@@ -65,12 +69,10 @@ def _positive_duration(text: str) -> timedelta:
 def _max_lock_wait(text: str) -> timedelta:
     try:
         return _duration(text)
-    except argparse.ArgumentTypeError as exc:
-        if str(exc).startswith("must not be negative"):
-            raise argparse.ArgumentTypeError(
-                f"{exc}; give 0 to try each migration once, without retrying"
-            ) from None
-        raise
+    except _NegativeDuration as exc:
+        raise argparse.ArgumentTypeError(
+            f"{exc}; give 0 to try each migration once, without retrying"
+        ) from None
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:

@@ -27,19 +27,20 @@ __all__ = ["register"]
 
 
 def _delay(text: str) -> timedelta:
-    from taskq.settings import parse_duration
+    from taskq.settings import NegativeDurationError, parse_duration
 
     try:
         # typed `object` to serve as a pydantic validator; a string always
         # comes back as a timedelta
         return cast(timedelta, parse_duration(text))
+    except NegativeDurationError as exc:
+        # The client's rule too (EnqueueArgs refuses a negative delay): no "in the
+        # past" that would mean "now".
+        raise argparse.ArgumentTypeError(
+            f"{exc}; to run the job now, leave --delay out or give 0"
+        ) from None
     except ValueError as exc:
-        message = str(exc)
-        if message.startswith("must not be negative"):
-            # The client's rule too (EnqueueArgs refuses a negative delay): no
-            # "in the past" that would mean "now".
-            message += "; to run the job now, leave --delay out or give 0"
-        raise argparse.ArgumentTypeError(message) from None
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:

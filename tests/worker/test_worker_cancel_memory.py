@@ -723,11 +723,25 @@ class _HeldFirstRow:
         self.until = until
         self.refused = 0
 
-    async def check(self, backend: Backend, job_id: Any) -> None:
-        second = await backend.get(self.ids["second"])
-        if job_id == self.ids["first"] and (second is None or not self.until(second)):
-            self.refused += 1
-            raise ConnectionResetError("the row is held by another transaction")
+    def backend(self, method: str) -> Backend:
+        """An in-memory backend whose ``method`` (a write taking the job id first) fails
+        on the first job as said."""
+        from taskq.backend.memory import InMemoryBackend
+
+        held = self
+
+        class HeldRowBackend(InMemoryBackend):
+            pass
+
+        async def write(backend: InMemoryBackend, job_id: Any, *args: Any, **kwargs: Any) -> Any:
+            second = await backend.get(held.ids["second"])
+            if job_id == held.ids["first"] and (second is None or not held.until(second)):
+                held.refused += 1
+                raise ConnectionResetError("the row is held by another transaction")
+            return await getattr(InMemoryBackend, method)(backend, job_id, *args, **kwargs)
+
+        setattr(HeldRowBackend, method, write)
+        return HeldRowBackend()
 
 
 async def _cancel_two(backend: Backend, held: _HeldFirstRow, stubborn: bool) -> list[JobRow]:
@@ -764,16 +778,8 @@ async def test_one_escalation_write_failing_every_tick_does_not_hold_back_the_ot
     # The controller wrote the jobs' phase 2 one after the other and gave up the tick at
     # the first failure: a job whose write failed each tick (its row held by another
     # transaction) kept every job after it cooperative, their tasks never cancelled.
-    from taskq.backend.memory import InMemoryBackend
-
     held = _HeldFirstRow(until=lambda second: second.cancel_phase == 2)
-
-    class HeldRowBackend(InMemoryBackend):
-        async def write_cancel_escalation(self, job_id: Any, *args: Any, **kwargs: Any) -> bool:
-            await held.check(self, job_id)
-            return await super().write_cancel_escalation(job_id, *args, **kwargs)
-
-    rows = await _cancel_two(HeldRowBackend(), held, stubborn=False)
+    rows = await _cancel_two(held.backend("write_cancel_escalation"), held, stubborn=False)
     assert held.refused >= 1
     assert [r.status for r in rows] == [JobStatus.CANCELLED] * 2
 
@@ -782,16 +788,8 @@ async def test_one_abandonment_write_failing_every_tick_does_not_hold_back_the_o
     # The post-tick wrote its queued abandonments in order and stopped at the first that
     # failed, which stayed first: every abandonment queued behind it waited, the tasks
     # written off holding their slots.
-    from taskq.backend.memory import InMemoryBackend
-
     held = _HeldFirstRow(until=lambda second: second.status is JobStatus.ABANDONED)
-
-    class HeldRowBackend(InMemoryBackend):
-        async def mark_abandoned(self, job_id: Any, *args: Any, **kwargs: Any) -> bool:
-            await held.check(self, job_id)
-            return await super().mark_abandoned(job_id, *args, **kwargs)
-
-    rows = await _cancel_two(HeldRowBackend(), held, stubborn=True)
+    rows = await _cancel_two(held.backend("mark_abandoned"), held, stubborn=True)
     assert held.refused >= 1
     assert [r.status for r in rows] == [JobStatus.ABANDONED] * 2
 
@@ -799,16 +797,8 @@ async def test_one_abandonment_write_failing_every_tick_does_not_hold_back_the_o
 async def test_abandonments_are_written_while_an_escalation_write_fails_every_tick() -> None:
     # A tick whose escalation write failed skipped the post-tick: the abandonments
     # queued meanwhile waited for as long as that write kept failing.
-    from taskq.backend.memory import InMemoryBackend
-
     held = _HeldFirstRow(until=lambda second: second.status is JobStatus.ABANDONED)
-
-    class HeldRowBackend(InMemoryBackend):
-        async def write_cancel_escalation(self, job_id: Any, *args: Any, **kwargs: Any) -> bool:
-            await held.check(self, job_id)
-            return await super().write_cancel_escalation(job_id, *args, **kwargs)
-
-    rows = await _cancel_two(HeldRowBackend(), held, stubborn=True)
+    rows = await _cancel_two(held.backend("write_cancel_escalation"), held, stubborn=True)
     assert held.refused >= 1
     assert [r.status for r in rows] == [JobStatus.ABANDONED] * 2
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.core.plugin_stubs import AddPlugin
 
 BIN = Path(sys.executable).parent
 
@@ -158,6 +161,80 @@ def test_a_sockets_oserror_is_one_line(
     _add_a_command_raising(monkeypatch, error)
     assert main(["fails"]) == 1
     assert capsys.readouterr().err.startswith("taskq: error: the database failed the command")
+
+
+def _closed() -> BaseException:
+    import asyncpg
+
+    return asyncpg.InterfaceError("cannot perform operation: connection is closed")
+
+
+def _gone() -> BaseException:
+    import asyncpg
+
+    return asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
+
+
+def _busy() -> BaseException:
+    import asyncpg
+
+    return asyncpg.InterfaceError("cannot perform operation: another operation is in progress")
+
+
+def _released() -> BaseException:
+    import asyncpg
+
+    return asyncpg.InterfaceError(
+        "cannot call Transaction.commit(): the underlying connection has been released back "
+        "to the pool"
+    )
+
+
+def _internal() -> BaseException:
+    import asyncpg
+
+    return asyncpg.InternalClientError("waiter is not done while handling critical protocol error")
+
+
+@pytest.mark.parametrize("error", [_closed, _gone], ids=["closed", "gone"])
+def test_a_lost_connection_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: Callable[[], BaseException],
+) -> None:
+    from taskq.cli import main
+
+    _add_a_command_raising(monkeypatch, error())
+    assert main(["fails"]) == 1
+    assert capsys.readouterr().err.startswith("taskq: error: the database failed the command")
+
+
+@pytest.mark.parametrize(
+    "error", [_busy, _released, _internal], ids=["busy", "released", "internal"]
+)
+def test_a_drivers_refusal_of_the_code_keeps_its_traceback(
+    monkeypatch: pytest.MonkeyPatch, error: Callable[[], BaseException]
+) -> None:
+    # asyncpg's InterfaceError and InternalClientError are transient to a worker loop (a
+    # restart's closed connection), but most of them are a bug of the code: said as "the
+    # database failed the command", the traceback that showed where was lost.
+    from taskq.cli import main
+
+    raised = error()
+    _add_a_command_raising(monkeypatch, raised)
+    with pytest.raises(type(raised)):
+        main(["fails"])
+
+
+def test_a_plugin_calls_its_transient_error_a_fault_of_the_code(
+    monkeypatch: pytest.MonkeyPatch, add_plugin: AddPlugin
+) -> None:
+    from taskq.cli import main
+
+    add_plugin("faults", taskq_client_fault=lambda error: isinstance(error, TimeoutError))
+    _add_a_command_raising(monkeypatch, TimeoutError("the lock was taken twice"))
+    with pytest.raises(TimeoutError):
+        main(["fails"])
 
 
 def _add_a_command_raising(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:

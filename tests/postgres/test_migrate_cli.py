@@ -287,3 +287,41 @@ def test_ctrl_c_while_waiting_for_another_migrator_exits_1_saying_so(
     )
     status = _taskq("migrate", "--dsn", pg_database_dsn, "--schema", schema, "--status")
     assert {line.split()[0] for line in status.stdout.splitlines()} == {"pending"}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("message", "one_line"),
+    [
+        ("cannot perform operation: connection is closed", True),
+        ("cannot perform operation: another operation is in progress", False),
+    ],
+    ids=["closed", "busy"],
+)
+def test_only_a_closed_connections_interface_error_is_one_line(
+    pg_database_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    message: str,
+    one_line: bool,
+) -> None:
+    # Every asyncpg InterfaceError was "database error on ...": a second statement on a
+    # busy connection, a bug of ours, lost the traceback that showed where.
+    import asyncpg
+
+    from taskq.cli import main
+
+    async def fails(*_: object) -> None:
+        raise asyncpg.InterfaceError(message)
+
+    monkeypatch.setattr("taskq_postgres._migrate.migration_status", fails)
+    # In-process: leave the logging configuration of the tests that follow alone.
+    monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
+    monkeypatch.setattr("taskq_postgres._cli._log_to_stderr", lambda: None)
+    argv = ["migrate", "--status", "--dsn", pg_database_dsn, "--schema", unique_schema_name()]
+    if one_line:
+        assert main(argv) == 1
+        assert capsys.readouterr().err.startswith("taskq migrate: error: database error on ")
+    else:
+        with pytest.raises(asyncpg.InterfaceError, match="another operation is in progress"):
+            main(argv)

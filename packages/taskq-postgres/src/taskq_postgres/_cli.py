@@ -109,6 +109,7 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
     import asyncpg
 
     from taskq_postgres._connect import check_dsn, redact, translated_errors
+    from taskq_postgres._transient import client_fault
 
     try:  # the check the other commands make: asyncpg leaks bare errors (a port's range)
         check_dsn(dsn)
@@ -127,6 +128,8 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
     except TaskQError as exc:  # a MigrationError, a refused privilege: each says what to do
         raise _CommandError(str(exc)) from exc
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        if client_fault(exc):
+            raise  # a bug of ours ("another operation is in progress"): its traceback shows it
         raise _CommandError(f"database error on {redact(dsn)}: {exc}") from exc
     finally:
         await conn.close()

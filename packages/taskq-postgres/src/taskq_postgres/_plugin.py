@@ -39,6 +39,13 @@ def taskq_transient_errors() -> tuple[type[BaseException], ...]:
 
 
 @hookimpl
+def taskq_client_fault(error: BaseException) -> bool:
+    from taskq_postgres._transient import client_fault
+
+    return client_fault(error)
+
+
+@hookimpl
 def taskq_default_dsn() -> str | None:
     # With the [embedded] extra: a server under ./.taskq/, started or reused.
     # Without it: pass (None), so core's message says how to give a DSN.

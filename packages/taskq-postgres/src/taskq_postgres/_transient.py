@@ -13,7 +13,7 @@ from typing import Final
 import asyncpg
 from asyncpg import exceptions as pg
 
-__all__ = ["STATEMENT_CANCELLATIONS", "TRANSIENT_PG_ERRORS"]
+__all__ = ["STATEMENT_CANCELLATIONS", "TRANSIENT_PG_ERRORS", "client_fault"]
 
 TRANSIENT_PG_ERRORS: Final[tuple[type[BaseException], ...]] = (
     TimeoutError,  # client-side deadlines
@@ -52,3 +52,21 @@ STATEMENT_CANCELLATIONS: Final[tuple[type[BaseException], ...]] = (
 )
 """The errors by which Postgres cancels one statement on its own account
 (``SupportsStatementCancellations``)."""
+
+
+def client_fault(exc: BaseException) -> bool:
+    """Whether ``exc``, of asyncpg's client-side errors among the transient ones above,
+    is asyncpg refusing the calling code rather than saying the connection is gone.
+
+    A worker loop retries these with a connection replaced; a one-shot command (the
+    ``taskq`` and ``taskq-worker`` CLIs, through ``taskq_client_fault``) shows them with
+    their traceback, where "the database failed" hid a bug: a second statement sent on
+    a connection still busy ("another operation is in progress"), one used after its
+    release to the pool, or the protocol's own ``InternalClientError``. Only the
+    InterfaceError of a closed connection ("connection is closed", "the underlying
+    connection is closed") is the database's.
+    """
+    if isinstance(exc, asyncpg.InternalClientError):
+        return True
+    # asyncpg gives a closed connection no class of its own, only these words.
+    return isinstance(exc, asyncpg.InterfaceError) and "connection is closed" not in str(exc)

@@ -42,6 +42,7 @@ __all__ = [
     "hookspec",
     "taskq_backends",
     "taskq_cli_commands",
+    "taskq_client_fault",
     "taskq_default_dsn",
     "taskq_transient_errors",
 ]
@@ -115,6 +116,22 @@ def taskq_transient_errors() -> tuple[type[BaseException], ...]:  # type: ignore
     ``TRANSIENT_PG_ERRORS``. Authentication failures must not be listed:
     they are not transient for a static DSN. Anything in the answer that is
     no exception class is left out and reported as a plugin failure.
+    """
+
+
+@hookspec
+def taskq_client_fault(error: BaseException) -> bool | None:
+    """Whether ``error``, of a type this plugin lists in ``taskq_transient_errors``, is
+    in fact the driver refusing the calling code, not the store failing.
+
+    Some driver errors mean either: asyncpg's ``InterfaceError`` says "connection is
+    closed" after a restart, and "another operation is in progress" of a program that
+    sends a second statement on a connection still busy with the first. Worker loops
+    retry both (their next tick finds the connection replaced); the ``taskq`` and
+    ``taskq-worker`` commands, which report a transient error as one line saying the
+    database failed, show a fault with its traceback instead. Return True for a fault,
+    None (or False) otherwise; an implementation that raises is a plugin failure and
+    counts as None.
     """
 
 

@@ -45,14 +45,21 @@ def transient_errors() -> tuple[type[BaseException], ...]:
 
 def transient_cause(exc: BaseException) -> BaseException | None:
     """``exc`` (or the first of a group made only of them) when it is a transient
-    backend error (a lost connection, a statement the server cancelled), else None."""
+    backend error (a lost connection, a statement the server cancelled) that no plugin
+    calls a fault of the calling code (``taskq_client_fault``), else None."""
     transient = transient_errors()
     if isinstance(exc, BaseExceptionGroup):
         leaves = exc.exceptions
         if leaves and all(transient_cause(leaf) is not None for leaf in leaves):
             return transient_cause(leaves[0])
         return None
-    return exc if isinstance(exc, transient) else None
+    return exc if isinstance(exc, transient) and not _client_fault(exc) else None
+
+
+def _client_fault(exc: BaseException) -> bool:
+    # A transient type's instance can still be a bug (asyncpg's "another operation is
+    # in progress"): told as "the database failed", it lost the traceback that shows it.
+    return any(answer.result is True for answer in call_each("taskq_client_fault", error=exc))
 
 
 def _unexpected(loop: str, streak: int, max_consecutive: int, exc: BaseException) -> None:

@@ -9,6 +9,7 @@ from taskq.backend.memory import InMemoryBackend
 from taskq.errors import (
     IncompatiblePluginError,
     PluginError,
+    ProtocolKeywordMissing,
     ProtocolVersionMismatch,
     UnknownBackendError,
 )
@@ -81,6 +82,23 @@ def test_object_missing_protocol_members_is_refused(add_plugin: AddPlugin) -> No
     add_plugin("half", taskq_backends=lambda: {"half": lambda url: Half()})
     with pytest.raises(IncompatiblePluginError, match="missing: .*dispatch_batch"):
         taskq.open_backend("half://")
+
+
+def test_a_backend_written_against_a_draft_of_its_version_is_refused(
+    add_plugin: AddPlugin,
+) -> None:
+    # Declaring protocol 3 but predating its batch_ends, it passed the loader and met a
+    # TypeError in a worker's stop or its leader's sweep.
+    class Draft(InMemoryBackend):
+        async def cancel_where(self, filter: object, reason: str | None = None) -> object:  # type: ignore[override]
+            raise AssertionError("never called")
+
+    add_plugin("draft", taskq_backends=lambda: {"draft": lambda url: Draft()})
+    with pytest.raises(
+        ProtocolKeywordMissing, match=r"Draft from draft declares backend protocol 3 but lacks"
+    ) as refused:
+        taskq.open_backend("draft://")
+    assert "cancel_where(*, batch_ends)" in str(refused.value)
 
 
 def test_a_backend_without_simulation_or_transactions_is_refused(

@@ -51,6 +51,7 @@ __all__ = [
     "PluginError",
     "PluginHookError",
     "PluginLoadError",
+    "ProtocolKeywordMissing",
     "ProtocolVersionMismatch",
     "ResultExpiredError",
     "RetryRefusedError",
@@ -185,6 +186,18 @@ class ProtocolVersionMismatch(IncompatiblePluginError):
     Raised at import time by each backend implementation and again when
     ``open_backend`` hands out a backend. Upgrade the backend distribution
     (or core) so both speak the same protocol version.
+    """
+
+
+class ProtocolKeywordMissing(IncompatiblePluginError):
+    """A backend declares this core's protocol version but a method of it lacks a
+    keyword-only parameter that version gave it (``batch_ends``, added to protocol 3
+    before its release), which core passes.
+
+    Raised when the backend is handed out (``open_backend``) and again when a worker
+    starts: met at the call, a ``TypeError`` in a worker's stop left its prefetched jobs
+    locked until their leases ran out, and one in its leader's sweep stopped the sweep
+    there. Upgrade the backend distribution, or give the methods named the keyword.
     """
 
 

@@ -32,6 +32,7 @@ from taskq.backend._protocol import SupportsUnstartedHandBack as SupportsUnstart
 from taskq.backend._protocol import SupportsWorkerCancelWake as SupportsWorkerCancelWake
 from taskq.backend._protocol import SupportsWorkerRegistry as SupportsWorkerRegistry
 from taskq.backend._protocol import check_batch_size as check_batch_size
+from taskq.backend._protocol import check_protocol_keywords as check_protocol_keywords
 from taskq.backend._protocol import check_protocol_version as check_protocol_version
 from taskq.backend._protocol import check_retention as check_retention
 from taskq.backend._protocol import missing_members as missing_members
@@ -81,6 +82,7 @@ __all__ = [
     "SupportsWorkerRegistry",
     "SystemClock",
     "check_batch_size",
+    "check_protocol_keywords",
     "check_protocol_version",
     "check_retention",
     "missing_members",

@@ -38,6 +38,7 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Protocol, runti
 from uuid import UUID
 
 from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
-from taskq.errors import ProtocolVersionMismatch
+from taskq.errors import ProtocolKeywordMissing, ProtocolVersionMismatch
 
 if TYPE_CHECKING:
     from taskq.models import (
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKEND_PROTOCOL_VERSION",
     "OPTIONAL_PROTOCOLS",
+    "PROTOCOL_KEYWORDS",
     "PROTOCOL_MEMBERS",
     "Backend",
     "LeaderElector",
@@ -98,6 +100,7 @@ __all__ = [
     "SupportsWorkerCancelWake",
     "SupportsWorkerRegistry",
     "check_batch_size",
+    "check_protocol_keywords",
     "check_protocol_version",
     "check_retention",
     "missing_members",
@@ -143,6 +146,8 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     `batch_ends` (the children it ends failed or cancelled instead of handing them
 #     back, which the worker then applies to their batches: a child failed so never
 #     counted toward failure_threshold, a last one cancelled so left its batch active);
+#     a backend declaring v3 without these `batch_ends` (written against a draft) is
+#     refused at open and at a worker's start (PROTOCOL_KEYWORDS);
 #     count_pending_jobs gained the keyword-only `up_to` (the client passes each
 #     actor's max_pending, so that a refused enqueue no longer counts the whole backlog).
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
@@ -1074,6 +1079,55 @@ def missing_members(obj: object) -> list[str]:
     if simulates is False and not isinstance(obj, SupportsTransactions):
         missing.append("transaction (supports_transactional_simulation is False)")
     return sorted(missing)
+
+
+PROTOCOL_KEYWORDS: Final[Mapping[str, tuple[str, ...]]] = {
+    "write_cancel_request": ("batch_ends",),
+    "cancel_where": ("batch_ends",),
+    "deadline_sweep": ("batch_ends",),
+    "reclaim_expired_locks": ("batch_ends",),
+    "hand_back_unstarted": ("batch_ends",),
+}
+"""Keyword-only parameters protocol 3 gave methods after its first drafts, without a
+version bump (it was unreleased), which core passes at every call: a backend written
+against a draft declares version 3 and lacks them (:func:`check_protocol_keywords`)."""
+
+
+def check_protocol_keywords(backend: object, *, distribution: str | None = None) -> None:
+    """Raise :class:`ProtocolKeywordMissing` when a method of ``backend`` named in
+    :data:`PROTOCOL_KEYWORDS` takes no keyword it lists (a method it lacks is
+    :func:`missing_members`' business, or an optional protocol it does not offer).
+    ``open_backend`` calls it, and a worker at its start: a backend given as an
+    instance passes no loader."""
+    missing: list[str] = []
+    for name, keywords in PROTOCOL_KEYWORDS.items():
+        method = getattr(backend, name, None)
+        if method is None:
+            continue
+        try:
+            parameters = inspect.signature(method).parameters
+        except (TypeError, ValueError):  # a callable without a signature: the call tells
+            continue
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            continue  # a wrapper passing **kwargs through
+        takes = {
+            n
+            for n, p in parameters.items()
+            if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        }
+        missing += [f"{name}(*, {keyword})" for keyword in keywords if keyword not in takes]
+    if missing:
+        source = f" from {distribution}" if distribution else ""
+        kind = type(backend)
+        raise ProtocolKeywordMissing(
+            f"{kind.__module__}.{kind.__qualname__}{source} declares backend protocol "
+            f"{BACKEND_PROTOCOL_VERSION} but lacks its keyword-only {', '.join(sorted(missing))}: "
+            f"TaskQ passes them when a worker stops, in its leader's sweeps and in a cancel, "
+            f"where each such call fails with a TypeError (a stopping worker's prefetched jobs "
+            f"stay locked until their leases run out, the sweep stops there); upgrade the "
+            f"backend to a release written for this taskq-core, or give those methods the "
+            f'keyword (docs/backend-contract.md, "Batch children ended outside the worker")'
+        )
 
 
 def check_protocol_version(backend_type: type, *, distribution: str | None = None) -> None:

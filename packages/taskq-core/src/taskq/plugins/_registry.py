@@ -494,10 +494,11 @@ def open_backend(url: str, **options: Any) -> Backend:
     distributions claim (see :func:`backend_factories`) and for a factory that
     raised an error of its own (a ``TaskQError`` it raises goes through as it
     is); :class:`~taskq.errors.IncompatiblePluginError` when the factory's
-    answer is no backend, and :class:`~taskq.errors.ProtocolVersionMismatch`
-    when the backend speaks another protocol version than this core.
+    answer is no backend, :class:`~taskq.errors.ProtocolVersionMismatch`
+    when the backend speaks another protocol version than this core, and
+    :class:`~taskq.errors.ProtocolKeywordMissing` when it lacks a keyword of its version.
     """
-    from taskq.backend import check_protocol_version, missing_members
+    from taskq.backend import check_protocol_keywords, check_protocol_version, missing_members
 
     # The scheme alone: a full parse (urlsplit) raised a bare ValueError on a host the
     # backend's own check explains (an unclosed IPv6 bracket).
@@ -546,6 +547,7 @@ def open_backend(url: str, **options: Any) -> Backend:
             f"{dist} returned {type(backend).__qualname__} for scheme {scheme!r}, which does not "
             f"implement the Backend protocol; missing: {', '.join(missing)}"
         )
+    check_protocol_keywords(backend, distribution=dist)
     return backend
 
 

@@ -14,7 +14,7 @@ import structlog
 
 from taskq._di import ActorSpec
 from taskq._dsn import redact
-from taskq.backend import SupportsCredentialReload
+from taskq.backend import SupportsCredentialReload, check_protocol_keywords
 from taskq.backend._protocol import SupportsWorkerRegistry
 from taskq.models import ActorConfig
 from taskq.settings import WorkerSettings
@@ -168,6 +168,10 @@ class Worker:
 
     async def _prepare(self) -> None:
         backend = self.app.backend
+        # Here, not at the first stop or sweep that passes batch_ends: a TypeError there
+        # left prefetched jobs locked. open_backend checked one built from a URL, not one
+        # given as an instance.
+        check_protocol_keywords(backend)
         actors = self.app.actors
         self.app.providers.validate(
             actors={name: ActorSpec(a.fn, a.passthrough) for name, a in actors.items()}

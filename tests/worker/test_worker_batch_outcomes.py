@@ -328,6 +328,93 @@ async def test_children_a_failing_deadline_sweep_ended_still_count_for_their_bat
     assert batch is not None and (batch.status, batch.consecutive_failures) == ("aborted", 1)
 
 
+_BATCH_CALLS = (
+    "increment_batch_failures",
+    "add_batch_failures",
+    "batch_has_active_children",
+    "count_batch_non_terminal",
+    "complete_batch",
+    "abort_batch",
+)
+
+
+async def _deadline_failures(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], list[tuple[str, int]]]:
+    """One sweep fails 4 children of a batch of threshold 10 and 3 of one of threshold 2
+    (each batch has a child left): the batch calls it made, and the batches after it."""
+    calls: list[str] = []
+
+    def counted(name: str) -> Any:
+        method = getattr(backend, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return await method(*args, **kwargs)
+
+        return call
+
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=backend)
+    async with tq:
+        build, soon = tq.client.build_args, timedelta(seconds=0.1)
+        batches = []
+        for failing, threshold in ((4, 10), (3, 2)):  # short of its threshold, past it
+            batch_id = uuid4()
+            await backend.enqueue_batch_atomic(
+                [
+                    build(child, {"fail": False}, queue="q1", schedule_to_close=soon)
+                    for _ in range(failing)
+                ]
+                + [build(child, {"fail": False}, queue="waiting")],
+                batch_id=batch_id,
+                queue="default",
+                batch_row=BatchRow(
+                    id=batch_id,
+                    queue="default",
+                    expected_size=failing + 1,
+                    failure_threshold=threshold,
+                ),
+                finalizer_args=build(finalizer, {}),
+            )
+            batches.append(batch_id)
+        await asyncio.sleep(0.3)  # past every child's deadline: one sweep fails them all
+        for name in _BATCH_CALLS:
+            if getattr(backend, name) is not None:
+                monkeypatch.setattr(backend, name, counted(name))
+        state: Any = SimpleNamespace(
+            backend=backend, settings=WorkerSettings.load(dict(TEST_SETTINGS), env={})
+        )
+        assert (await sweep_once(state, reclaim=False))["deadline"] == 7
+        rows = [await backend.get_batch(batch_id) for batch_id in batches]
+    return calls, [(row.status, row.consecutive_failures) for row in rows if row is not None]
+
+
+async def test_the_failures_a_sweep_ends_in_one_batch_count_in_one_call(
+    taskq_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One round trip per failed child: a deadline sweep that failed a large batch's
+    # children made as many before the next sweep step could run.
+    calls, batches = await _deadline_failures(taskq_backend, monkeypatch)
+    assert sorted(calls) == ["abort_batch", "add_batch_failures", "add_batch_failures"]
+    # Each failure counted once, those past the threshold not at all (the batch aborted).
+    assert batches == [("active", 4), ("aborted", 2)]
+
+
+class _NoFailureCount(InMemoryBackend):
+    """Without ``SupportsBatchFailureCount`` (a third party's backend)."""
+
+    add_batch_failures = None  # type: ignore[assignment]
+
+
+async def test_a_backend_that_cannot_count_failures_at_once_counts_them_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls, batches = await _deadline_failures(_NoFailureCount(), monkeypatch)
+    # Up to the failure that reaches the threshold, as the one call stops.
+    assert sorted(calls) == ["abort_batch"] + ["increment_batch_failures"] * 6
+    assert batches == [("active", 4), ("aborted", 2)]
+
+
 # -- children a snooze write ended: the unknown actor's and the shutdown's hand-backs ---
 
 

@@ -328,6 +328,106 @@ async def test_children_a_failing_deadline_sweep_ended_still_count_for_their_bat
     assert batch is not None and (batch.status, batch.consecutive_failures) == ("aborted", 1)
 
 
+def _sweep_state(backend: Backend, command_timeout: str = "5s") -> Any:
+    """The leader state ``sweep_once`` reads, its cut-short apply given a quarter of
+    ``command_timeout``."""
+    settings = {**TEST_SETTINGS, "dispatcher_command_timeout": command_timeout}
+    return SimpleNamespace(backend=backend, settings=WorkerSettings.load(settings, env={}))
+
+
+async def _failing_batch(tq: TaskQ, backend: Backend) -> UUID:
+    """A batch of threshold 1: one child past its deadline in 50 ms, one waiting."""
+    batch_id, build = uuid4(), tq.client.build_args
+    soon = timedelta(seconds=0.05)
+    await backend.enqueue_batch_atomic(
+        [build(child, {"fail": False}, queue="q1", schedule_to_close=soon)]
+        + [build(child, {"fail": False}, queue="waiting")],
+        batch_id=batch_id,
+        queue="default",
+        batch_row=BatchRow(id=batch_id, queue="default", expected_size=2, failure_threshold=1),
+        finalizer_args=build(finalizer, {}),
+    )
+    await asyncio.sleep(0.2)  # past the first child's deadline
+    return batch_id
+
+
+async def test_children_a_sweep_cut_short_by_its_bound_ended_still_count_for_their_batch(
+    taskq_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The leader bounds its sweep iteration as a whole: the bound's cancel came before
+    # the ends the sweep had committed were applied, and the batch they should have
+    # aborted was completed by the stale-batch sweep instead.
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=taskq_backend)
+    async with tq:
+        batch_id = await _failing_batch(tq, taskq_backend)
+        sweep = taskq_backend.deadline_sweep
+
+        async def first_turn_then_hangs(**kwargs: Any) -> int:
+            await sweep(**kwargs)  # the first turn, committed
+            await asyncio.Event().wait()  # the next turn never answers
+            raise AssertionError("unreachable")
+
+        monkeypatch.setattr(taskq_backend, "deadline_sweep", first_turn_then_hangs)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):  # as the leader's loop bounds it
+                await sweep_once(_sweep_state(taskq_backend), reclaim=False)
+        batch = await taskq_backend.get_batch(batch_id)
+        statuses = await _statuses(tq, batch_id)
+    assert statuses == {"q1": JobStatus.FAILED, "waiting": JobStatus.CANCELLED}
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("aborted", 1)
+
+
+async def test_the_apply_the_bound_cuts_into_runs_to_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The sweep returned in time, and the bound's cancel came as its ends were applied:
+    # between counting a failure and aborting the batch.
+    backend = InMemoryBackend()
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=backend)
+    async with tq:
+        batch_id = await _failing_batch(tq, backend)
+        add = backend.add_batch_failures
+
+        async def slow_add(batch_id: UUID, count: int) -> tuple[int, int | None, int]:
+            counted = await add(batch_id, count)
+            await asyncio.sleep(0.3)  # its reply on a slow network, past the bound
+            return counted
+
+        monkeypatch.setattr(backend, "add_batch_failures", slow_add)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await sweep_once(_sweep_state(backend), reclaim=False)
+        batch = await backend.get_batch(batch_id)
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("aborted", 1)
+
+
+async def test_an_apply_that_hangs_past_its_grace_is_given_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A hung database must not hold the leader, or a stopping worker, for ever.
+    backend = InMemoryBackend()
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=backend)
+    async with tq:
+        batch_id = await _failing_batch(tq, backend)
+        hung = asyncio.Event()
+
+        async def hangs(batch_id: UUID, count: int) -> tuple[int, int | None, int]:
+            hung.set()
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+        monkeypatch.setattr(backend, "add_batch_failures", hangs)
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await sweep_once(_sweep_state(backend, command_timeout="1s"), reclaim=False)
+        took = asyncio.get_running_loop().time() - began
+        batch = await backend.get_batch(batch_id)
+    assert hung.is_set()
+    assert took < 1  # the bound, then a quarter of the command timeout
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("active", 0)
+
+
 _BATCH_CALLS = (
     "increment_batch_failures",
     "add_batch_failures",

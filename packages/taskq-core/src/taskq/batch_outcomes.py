@@ -3,7 +3,9 @@ batch's failure streak follows it, and the batch aborts or completes.
 
 The worker applies the ends it writes (:func:`apply_batch_terminal_outcome`); the
 client and the maintenance leader apply those their cancels and sweeps write (the
-backend reports them in ``batch_ends``: :func:`apply_batch_child_ends`).
+backend reports them in ``batch_ends``: :func:`apply_batch_child_ends`), the leader's
+sweeps and the worker's hand-backs through :func:`applied_batch_ends`, which applies
+them also when the bounded call that wrote them is cut short.
 
 A batch is tracked when it has a batch row (``enqueue_batch_atomic`` with a
 ``BatchRow``); a job tagged ``metadata.batch_id`` without one is left alone. A
@@ -17,8 +19,10 @@ end it follows was written, whatever becomes of its batch.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
 from typing import Final, Literal
 from uuid import UUID
 
@@ -28,7 +32,12 @@ from taskq.backend import Backend, SupportsBatchChildCheck, SupportsBatchFailure
 from taskq.backend.statemachine import JobStatus
 from taskq.models import BatchChildEnd, JobRow
 
-__all__ = ["BatchOutcome", "apply_batch_child_ends", "apply_batch_terminal_outcome"]
+__all__ = [
+    "BatchOutcome",
+    "applied_batch_ends",
+    "apply_batch_child_ends",
+    "apply_batch_terminal_outcome",
+]
 
 BatchOutcome = Literal["succeeded", "failed", "cancelled", "crashed", "abandoned"]
 """A child's terminal status, as it was written."""
@@ -73,6 +82,58 @@ async def apply_batch_child_ends(backend: Backend, ends: Iterable[BatchChildEnd]
     for tag, outcome in others.items():
         if tag not in failures:
             await _apply(backend, tag, outcome)
+
+
+@asynccontextmanager
+async def applied_batch_ends(
+    backend: Backend, *, grace: float
+) -> AsyncIterator[list[BatchChildEnd]]:
+    """A ``batch_ends`` list for the calls in the block, applied to the batches however
+    the block ends: it returns, raises (a sweep commits turn by turn, so one that fails
+    in a later turn has ended the earlier turns' children), or is cancelled (its
+    caller's bound ran out, the worker stops: the ends written still count). The apply
+    runs in a task of its own, so a cancel that comes while it runs does not cut it
+    short either; once cancelled, it gets ``grace`` seconds more, then is given up
+    (logged; the stale-batch sweep completes the batches), so a hung database holds
+    the caller no longer than that."""
+    ends: list[BatchChildEnd] = []
+    try:
+        yield ends
+    except asyncio.CancelledError:
+        if ends:
+            await _give_up_after(grace, asyncio.create_task(apply_batch_child_ends(backend, ends)))
+        raise
+    except Exception:
+        await _apply_shielded(backend, ends, grace)
+        raise  # the block's error stands: the apply never raises
+    await _apply_shielded(backend, ends, grace)
+
+
+async def _apply_shielded(backend: Backend, ends: list[BatchChildEnd], grace: float) -> None:
+    """Apply ``ends`` in a task a cancel of the caller does not cut short at once."""
+    if not ends:
+        return
+    applying = asyncio.create_task(apply_batch_child_ends(backend, ends))
+    try:
+        await asyncio.shield(applying)
+    except asyncio.CancelledError:
+        await _give_up_after(grace, applying)
+        raise
+
+
+async def _give_up_after(grace: float, applying: asyncio.Task[None]) -> None:
+    """Wait up to ``grace`` for an apply whose caller was cancelled, then cancel it."""
+    try:
+        await asyncio.wait([applying], timeout=grace)
+    finally:  # also when cancelled again meanwhile: no apply outlives its caller
+        if not applying.done():
+            applying.cancel()
+            _log.warning(
+                "taskq.batch-ends-not-applied",
+                grace=grace,
+                hint="the leader's stale-batch sweep completes their batches; their "
+                "failures do not count toward failure_threshold",
+            )
 
 
 async def _apply(backend: Backend, raw: object, outcome: BatchOutcome, count: int = 1) -> None:

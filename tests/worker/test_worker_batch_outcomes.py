@@ -692,3 +692,33 @@ async def test_a_last_child_the_producers_hand_back_ended_cancelled_completes_it
     assert backend.lost
     assert row is not None and (row.status, outcomes) == (JobStatus.CANCELLED, ["unstarted"])
     assert batch is not None and batch.status == "complete"
+
+
+class _ReplyLostThenSlowCompletion(_ReplyLostThenCancelled):
+    """As its parent, and the batch's completion answers past the producer's bound."""
+
+    async def complete_batch(self, batch_id: UUID, **kwargs: Any) -> None:
+        await asyncio.sleep(1.1)  # a slow network: the write goes out after the bound
+        await super().complete_batch(batch_id, **kwargs)
+
+
+async def test_a_hand_back_whose_apply_the_producers_bound_cuts_into_still_completes_the_batch() -> (
+    None
+):
+    # The producer bounds its hand-back and what follows as one call: the bound's
+    # cancel stopped the apply, and the batch waited for the stale-batch sweep.
+    backend = _ReplyLostThenSlowCompletion()
+    tq = TaskQ("memory://", actors=[child], backend=backend)
+    async with tq:
+        batch_id = uuid4()
+        await backend.enqueue_batch_atomic(
+            [tq.client.build_args(child, {"fail": False})],
+            batch_id=batch_id,
+            queue="default",
+            batch_row=BatchRow(id=batch_id, queue="default", expected_size=1),
+            finalizer_args=None,
+        )
+        await run_until_idle(tq, **_NO_SWEEP, dispatcher_command_timeout="1s")
+        batch = await backend.get_batch(batch_id)
+    assert backend.lost
+    assert batch is not None and batch.status == "complete"

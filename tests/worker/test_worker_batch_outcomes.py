@@ -328,6 +328,193 @@ async def test_children_a_failing_deadline_sweep_ended_still_count_for_their_bat
     assert batch is not None and (batch.status, batch.consecutive_failures) == ("aborted", 1)
 
 
+def _sweep_state(backend: Backend, command_timeout: str = "5s") -> Any:
+    """The leader state ``sweep_once`` reads, its cut-short apply given a quarter of
+    ``command_timeout``."""
+    settings = {**TEST_SETTINGS, "dispatcher_command_timeout": command_timeout}
+    return SimpleNamespace(backend=backend, settings=WorkerSettings.load(settings, env={}))
+
+
+async def _failing_batch(tq: TaskQ, backend: Backend) -> UUID:
+    """A batch of threshold 1: one child past its deadline in 50 ms, one waiting."""
+    batch_id, build = uuid4(), tq.client.build_args
+    soon = timedelta(seconds=0.05)
+    await backend.enqueue_batch_atomic(
+        [build(child, {"fail": False}, queue="q1", schedule_to_close=soon)]
+        + [build(child, {"fail": False}, queue="waiting")],
+        batch_id=batch_id,
+        queue="default",
+        batch_row=BatchRow(id=batch_id, queue="default", expected_size=2, failure_threshold=1),
+        finalizer_args=build(finalizer, {}),
+    )
+    await asyncio.sleep(0.2)  # past the first child's deadline
+    return batch_id
+
+
+async def test_children_a_sweep_cut_short_by_its_bound_ended_still_count_for_their_batch(
+    taskq_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The leader bounds its sweep iteration as a whole: the bound's cancel came before
+    # the ends the sweep had committed were applied, and the batch they should have
+    # aborted was completed by the stale-batch sweep instead.
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=taskq_backend)
+    async with tq:
+        batch_id = await _failing_batch(tq, taskq_backend)
+        sweep = taskq_backend.deadline_sweep
+
+        async def first_turn_then_hangs(**kwargs: Any) -> int:
+            await sweep(**kwargs)  # the first turn, committed
+            await asyncio.Event().wait()  # the next turn never answers
+            raise AssertionError("unreachable")
+
+        monkeypatch.setattr(taskq_backend, "deadline_sweep", first_turn_then_hangs)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):  # as the leader's loop bounds it
+                await sweep_once(_sweep_state(taskq_backend), reclaim=False)
+        batch = await taskq_backend.get_batch(batch_id)
+        statuses = await _statuses(tq, batch_id)
+    assert statuses == {"q1": JobStatus.FAILED, "waiting": JobStatus.CANCELLED}
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("aborted", 1)
+
+
+async def test_the_apply_the_bound_cuts_into_runs_to_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The sweep returned in time, and the bound's cancel came as its ends were applied:
+    # between counting a failure and aborting the batch.
+    backend = InMemoryBackend()
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=backend)
+    async with tq:
+        batch_id = await _failing_batch(tq, backend)
+        add = backend.add_batch_failures
+
+        async def slow_add(batch_id: UUID, count: int) -> tuple[int, int | None, int]:
+            counted = await add(batch_id, count)
+            await asyncio.sleep(0.3)  # its reply on a slow network, past the bound
+            return counted
+
+        monkeypatch.setattr(backend, "add_batch_failures", slow_add)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await sweep_once(_sweep_state(backend), reclaim=False)
+        batch = await backend.get_batch(batch_id)
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("aborted", 1)
+
+
+async def test_an_apply_that_hangs_past_its_grace_is_given_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A hung database must not hold the leader, or a stopping worker, for ever.
+    backend = InMemoryBackend()
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=backend)
+    async with tq:
+        batch_id = await _failing_batch(tq, backend)
+        hung = asyncio.Event()
+
+        async def hangs(batch_id: UUID, count: int) -> tuple[int, int | None, int]:
+            hung.set()
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+        monkeypatch.setattr(backend, "add_batch_failures", hangs)
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await sweep_once(_sweep_state(backend, command_timeout="1s"), reclaim=False)
+        took = asyncio.get_running_loop().time() - began
+        batch = await backend.get_batch(batch_id)
+    assert hung.is_set()
+    assert took < 1  # the bound, then a quarter of the command timeout
+    assert batch is not None and (batch.status, batch.consecutive_failures) == ("active", 0)
+
+
+_BATCH_CALLS = (
+    "increment_batch_failures",
+    "add_batch_failures",
+    "batch_has_active_children",
+    "count_batch_non_terminal",
+    "complete_batch",
+    "abort_batch",
+)
+
+
+async def _deadline_failures(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], list[tuple[str, int]]]:
+    """One sweep fails 4 children of a batch of threshold 10 and 3 of one of threshold 2
+    (each batch has a child left): the batch calls it made, and the batches after it."""
+    calls: list[str] = []
+
+    def counted(name: str) -> Any:
+        method = getattr(backend, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return await method(*args, **kwargs)
+
+        return call
+
+    tq = TaskQ("memory://", actors=[child, finalizer], backend=backend)
+    async with tq:
+        build, soon = tq.client.build_args, timedelta(seconds=0.1)
+        batches = []
+        for failing, threshold in ((4, 10), (3, 2)):  # short of its threshold, past it
+            batch_id = uuid4()
+            await backend.enqueue_batch_atomic(
+                [
+                    build(child, {"fail": False}, queue="q1", schedule_to_close=soon)
+                    for _ in range(failing)
+                ]
+                + [build(child, {"fail": False}, queue="waiting")],
+                batch_id=batch_id,
+                queue="default",
+                batch_row=BatchRow(
+                    id=batch_id,
+                    queue="default",
+                    expected_size=failing + 1,
+                    failure_threshold=threshold,
+                ),
+                finalizer_args=build(finalizer, {}),
+            )
+            batches.append(batch_id)
+        await asyncio.sleep(0.3)  # past every child's deadline: one sweep fails them all
+        for name in _BATCH_CALLS:
+            if getattr(backend, name) is not None:
+                monkeypatch.setattr(backend, name, counted(name))
+        state: Any = SimpleNamespace(
+            backend=backend, settings=WorkerSettings.load(dict(TEST_SETTINGS), env={})
+        )
+        assert (await sweep_once(state, reclaim=False))["deadline"] == 7
+        rows = [await backend.get_batch(batch_id) for batch_id in batches]
+    return calls, [(row.status, row.consecutive_failures) for row in rows if row is not None]
+
+
+async def test_the_failures_a_sweep_ends_in_one_batch_count_in_one_call(
+    taskq_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One round trip per failed child: a deadline sweep that failed a large batch's
+    # children made as many before the next sweep step could run.
+    calls, batches = await _deadline_failures(taskq_backend, monkeypatch)
+    assert sorted(calls) == ["abort_batch", "add_batch_failures", "add_batch_failures"]
+    # Each failure counted once, those past the threshold not at all (the batch aborted).
+    assert batches == [("active", 4), ("aborted", 2)]
+
+
+class _NoFailureCount(InMemoryBackend):
+    """Without ``SupportsBatchFailureCount`` (a third party's backend)."""
+
+    add_batch_failures = None  # type: ignore[assignment]
+
+
+async def test_a_backend_that_cannot_count_failures_at_once_counts_them_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls, batches = await _deadline_failures(_NoFailureCount(), monkeypatch)
+    # Up to the failure that reaches the threshold, as the one call stops.
+    assert sorted(calls) == ["abort_batch"] + ["increment_batch_failures"] * 6
+    assert batches == [("active", 4), ("aborted", 2)]
+
+
 # -- children a snooze write ended: the unknown actor's and the shutdown's hand-backs ---
 
 
@@ -504,4 +691,34 @@ async def test_a_last_child_the_producers_hand_back_ended_cancelled_completes_it
         batch = await backend.get_batch(batch_id)
     assert backend.lost
     assert row is not None and (row.status, outcomes) == (JobStatus.CANCELLED, ["unstarted"])
+    assert batch is not None and batch.status == "complete"
+
+
+class _ReplyLostThenSlowCompletion(_ReplyLostThenCancelled):
+    """As its parent, and the batch's completion answers past the producer's bound."""
+
+    async def complete_batch(self, batch_id: UUID, **kwargs: Any) -> None:
+        await asyncio.sleep(1.1)  # a slow network: the write goes out after the bound
+        await super().complete_batch(batch_id, **kwargs)
+
+
+async def test_a_hand_back_whose_apply_the_producers_bound_cuts_into_still_completes_the_batch() -> (
+    None
+):
+    # The producer bounds its hand-back and what follows as one call: the bound's
+    # cancel stopped the apply, and the batch waited for the stale-batch sweep.
+    backend = _ReplyLostThenSlowCompletion()
+    tq = TaskQ("memory://", actors=[child], backend=backend)
+    async with tq:
+        batch_id = uuid4()
+        await backend.enqueue_batch_atomic(
+            [tq.client.build_args(child, {"fail": False})],
+            batch_id=batch_id,
+            queue="default",
+            batch_row=BatchRow(id=batch_id, queue="default", expected_size=1),
+            finalizer_args=None,
+        )
+        await run_until_idle(tq, **_NO_SWEEP, dispatcher_command_timeout="1s")
+        batch = await backend.get_batch(batch_id)
+    assert backend.lost
     assert batch is not None and batch.status == "complete"

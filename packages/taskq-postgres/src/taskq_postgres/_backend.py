@@ -48,7 +48,12 @@ from uuid import UUID, uuid4
 import asyncpg
 import structlog
 
-from taskq.backend import check_batch_size, check_protocol_version, check_retention
+from taskq.backend import (
+    check_batch_size,
+    check_failure_count,
+    check_protocol_version,
+    check_retention,
+)
 from taskq.backend._protocol import ScheduleFire
 from taskq.backend.batch_members import BATCH_TAG, FINALIZER_TAG, check_children, check_finalizer
 from taskq.backend.cron import (
@@ -2150,7 +2155,18 @@ class PostgresBackend:
         """``(consecutive_failures, failure_threshold, children_left)`` after the
         increment (1 when a child is left to run, else 0); ``KeyError`` for an unknown
         or finished batch."""
-        record = await self._db(connection).fetchrow(self._sql.increment_batch_failures, batch_id)
+        return await self._add_batch_failures(batch_id, 1, connection)
+
+    async def add_batch_failures(self, batch_id: UUID, count: int) -> tuple[int, int | None, int]:
+        """``count`` increments in one statement, stopping at the threshold
+        (``SupportsBatchFailureCount``); ``KeyError`` for an unknown or finished batch."""
+        check_failure_count(count)
+        return await self._add_batch_failures(batch_id, count, None)
+
+    async def _add_batch_failures(
+        self, batch_id: UUID, count: int, connection: Connection
+    ) -> tuple[int, int | None, int]:
+        record = await self._db(connection).fetchrow(self._sql.add_batch_failures, batch_id, count)
         if record is None:
             raise KeyError(f"no active batch with id {batch_id}")
         return (

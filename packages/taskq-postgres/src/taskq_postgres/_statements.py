@@ -85,7 +85,7 @@ class Statements:
     # batches
     create_batch: str
     insert_batch_row: str
-    increment_batch_failures: str
+    add_batch_failures: str
     reset_batch_failures: str
     abort_batch: str
     cancel_aborted_children: str
@@ -170,7 +170,7 @@ def statements_for(schema: str) -> Statements:
         schema_is_migrated=render(reads.SCHEMA_IS_MIGRATED, s),
         create_batch=render(batch.CREATE_BATCH, s),
         insert_batch_row=render(batch.INSERT_BATCH_ROW, s),
-        increment_batch_failures=render(batch.INCREMENT_BATCH_FAILURES, s),
+        add_batch_failures=render(batch.ADD_BATCH_FAILURES, s),
         reset_batch_failures=render(batch.RESET_BATCH_FAILURES, s),
         abort_batch=render(batch.ABORT_BATCH, s),
         cancel_aborted_children=render(batch.CANCEL_ABORTED_CHILDREN, s),

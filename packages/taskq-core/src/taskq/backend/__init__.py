@@ -12,6 +12,7 @@ from taskq.backend._protocol import ScheduleFire as ScheduleFire
 from taskq.backend._protocol import SupportsActorDispatch as SupportsActorDispatch
 from taskq.backend._protocol import SupportsBatchChildCheck as SupportsBatchChildCheck
 from taskq.backend._protocol import SupportsBatchedSuccess as SupportsBatchedSuccess
+from taskq.backend._protocol import SupportsBatchFailureCount as SupportsBatchFailureCount
 from taskq.backend._protocol import SupportsCredentialReload as SupportsCredentialReload
 from taskq.backend._protocol import SupportsCron as SupportsCron
 from taskq.backend._protocol import SupportsEnqueuePrecheck as SupportsEnqueuePrecheck
@@ -32,6 +33,7 @@ from taskq.backend._protocol import SupportsUnstartedHandBack as SupportsUnstart
 from taskq.backend._protocol import SupportsWorkerCancelWake as SupportsWorkerCancelWake
 from taskq.backend._protocol import SupportsWorkerRegistry as SupportsWorkerRegistry
 from taskq.backend._protocol import check_batch_size as check_batch_size
+from taskq.backend._protocol import check_failure_count as check_failure_count
 from taskq.backend._protocol import check_protocol_keywords as check_protocol_keywords
 from taskq.backend._protocol import check_protocol_version as check_protocol_version
 from taskq.backend._protocol import check_retention as check_retention
@@ -62,6 +64,7 @@ __all__ = [
     "ScheduleFire",
     "SupportsActorDispatch",
     "SupportsBatchChildCheck",
+    "SupportsBatchFailureCount",
     "SupportsBatchedSuccess",
     "SupportsCredentialReload",
     "SupportsCron",
@@ -82,6 +85,7 @@ __all__ = [
     "SupportsWorkerRegistry",
     "SystemClock",
     "check_batch_size",
+    "check_failure_count",
     "check_protocol_keywords",
     "check_protocol_version",
     "check_retention",

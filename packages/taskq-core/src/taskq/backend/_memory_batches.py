@@ -170,11 +170,13 @@ class BatchTable:
             )
         return plan.rows[: len(children)]
 
-    def increment_failures(self, batch_id: UUID) -> tuple[int, int | None, int]:
+    def add_failures(self, batch_id: UUID, count: int) -> tuple[int, int | None, int]:
         batch = self._require(batch_id)
         if batch.status != "active":  # a finished batch's streak is over
             raise KeyError(f"batch {batch_id} is {batch.status}, not active")
-        failures = batch.consecutive_failures + 1
+        failures, threshold = batch.consecutive_failures + count, batch.failure_threshold
+        if threshold is not None:  # one at a time, the failures stop at the abort
+            failures = min(failures, max(threshold, batch.consecutive_failures + 1))
         self._rows[batch_id] = batch.model_copy(update={"consecutive_failures": failures})
         left = any(row.status in ACTIVE_STATUSES for row in self.children(batch_id))
         return failures, batch.failure_threshold, int(left)

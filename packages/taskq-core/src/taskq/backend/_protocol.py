@@ -81,6 +81,7 @@ __all__ = [
     "LeaderElector",
     "SupportsActorDispatch",
     "SupportsBatchChildCheck",
+    "SupportsBatchFailureCount",
     "SupportsBatchedSuccess",
     "SupportsCredentialReload",
     "SupportsCron",
@@ -100,6 +101,7 @@ __all__ = [
     "SupportsWorkerCancelWake",
     "SupportsWorkerRegistry",
     "check_batch_size",
+    "check_failure_count",
     "check_protocol_keywords",
     "check_protocol_version",
     "check_retention",
@@ -153,7 +155,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
-#     SupportsBatchChildCheck, SupportsLateOutcomes.
+#     SupportsBatchChildCheck, SupportsLateOutcomes, SupportsBatchFailureCount
+#     (add_batch_failures: the failures a sweep or a cancel ended in one batch, counted
+#     in one call where they took one increment_batch_failures each).
 #
 # When to bump: "increment it whenever a change alters an existing protocol
 # member's observable contract such that an implementation written against
@@ -933,6 +937,13 @@ def check_batch_size(batch_size: int) -> None:
         raise ValueError(f"batch_size must be at least 1, not {batch_size}")
 
 
+def check_failure_count(count: int) -> None:
+    """The ``count`` rule of :meth:`SupportsBatchFailureCount.add_batch_failures`: at
+    least 1, else ``ValueError`` (no failure to count is no call to make)."""
+    if count < 1:
+        raise ValueError(f"count must be at least 1, not {count}")
+
+
 def check_retention(retention: Mapping[str, timedelta]) -> None:
     """The ``retention`` rule of :meth:`SupportsPrune.prune_terminal_jobs`: its keys are
     job status names, else ``ValueError`` naming them (a misspelt status would keep
@@ -978,6 +989,23 @@ class SupportsBatchChildCheck(Protocol):
     async def batch_has_active_children(self, batch_id: UUID) -> bool:
         """Whether any child of the batch (its finalizer excluded) is pending, scheduled
         or running; False for an unknown batch."""
+        ...
+
+
+@runtime_checkable
+class SupportsBatchFailureCount(Protocol):
+    """A backend that counts several failed children of a batch in one call: a sweep or
+    a cancel that ends many children of one batch (reported in ``batch_ends``) applied
+    their failures one :meth:`Backend.increment_batch_failures` round trip each."""
+
+    async def add_batch_failures(self, batch_id: UUID, count: int) -> tuple[int, int | None, int]:
+        """What ``count`` calls of :meth:`Backend.increment_batch_failures` in a row leave,
+        in one atomic step: ``consecutive_failures`` of an active batch grows by
+        ``count``, but by no more than reaches its ``failure_threshold`` (by one when the
+        streak already reached it), for those calls stop there (the batch aborts, and a
+        finished batch's streak is over); returns (failures, threshold, children left: 1
+        or 0) as that method does. ``KeyError`` for an unknown or finished batch,
+        ``ValueError`` for a ``count`` below 1."""
         ...
 
 
@@ -1061,6 +1089,7 @@ OPTIONAL_PROTOCOLS: Final[tuple[type, ...]] = (
     SupportsResultExpiry,
     SupportsStaleBatchSweep,
     SupportsBatchChildCheck,
+    SupportsBatchFailureCount,
     SupportsFleetStats,
     SupportsWorkerRegistry,
 )

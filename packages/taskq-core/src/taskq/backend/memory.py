@@ -53,7 +53,12 @@ from taskq.backend._memory_store import (
     wake,
 )
 from taskq.backend._memory_sweeps import fail_past_deadline, promote_due, reclaim_expired
-from taskq.backend._protocol import Connection, ScheduleFire, check_protocol_version
+from taskq.backend._protocol import (
+    Connection,
+    ScheduleFire,
+    check_failure_count,
+    check_protocol_version,
+)
 from taskq.backend.clock import Clock, SystemClock
 from taskq.backend.cron import cron_slots, one_per_singleton, skipped_slots, within_max_pending
 from taskq.backend.fairness import CohortTurns, cohort_of
@@ -1231,7 +1236,13 @@ class InMemoryBackend:
     ) -> tuple[int, int | None, int]:
         """``(consecutive_failures, failure_threshold, non_terminal_children)`` after
         the increment; ``KeyError`` for an unknown or finished batch."""
-        return self._batches.increment_failures(batch_id)
+        return self._batches.add_failures(batch_id, 1)
+
+    async def add_batch_failures(self, batch_id: UUID, count: int) -> tuple[int, int | None, int]:
+        """``count`` increments at once, stopping at the threshold
+        (``SupportsBatchFailureCount``); ``KeyError`` for an unknown or finished batch."""
+        check_failure_count(count)
+        return self._batches.add_failures(batch_id, count)
 
     async def reset_batch_failures(self, batch_id: UUID, *, connection: Connection = None) -> int:
         """Reset an active batch's failure streak; 1 when it is active, else 0."""

@@ -7,8 +7,7 @@ that has not yet noticed it was deposed moves nothing twice.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
 import structlog
@@ -21,12 +20,10 @@ from taskq.backend._protocol import (
     SupportsStaleBatchSweep,
     SupportsWorkerRegistry,
 )
-from taskq.batch_outcomes import apply_batch_child_ends
-from taskq.models import BatchChildEnd
+from taskq.batch_outcomes import applied_batch_ends
 from taskq.worker.cron import SlotJobBuilder
 
 if TYPE_CHECKING:
-    from taskq.backend import Backend
     from taskq.worker._state import WorkerState
 
 __all__ = [
@@ -51,11 +48,14 @@ async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
     rows each moved. Reclaim first: the iteration is bounded as a whole, and crashed
     workers' jobs must not wait behind a promotion backlog. The batch children that
     the reclaim and the deadline sweep end count for their batches (a failure toward
-    its batch's threshold), as the ends the worker writes do."""
+    its batch's threshold), as the ends the worker writes do: also when the
+    iteration's bound cuts it short, then within a quarter of that bound more (a sweep
+    cut short lost the ends it had committed, and their failures never counted)."""
     backend, settings = state.backend, state.settings
+    grace = settings.dispatcher_command_timeout.total_seconds() / 4
     moved: dict[str, int] = {}
     if reclaim:
-        async with _applied_ends(backend) as ends:
+        async with applied_batch_ends(backend, grace=grace) as ends:
             moved["reclaimed"] = await backend.reclaim_expired_locks(
                 settings.cancellation_grace_period,
                 settings.cleanup_grace_period,
@@ -68,25 +68,11 @@ async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
                 batch_ends=ends,
             )
     moved["scheduled_to_pending"] = await backend.scheduled_to_pending()
-    async with _applied_ends(backend) as ends:
+    async with applied_batch_ends(backend, grace=grace) as ends:
         moved["deadline"] = await backend.deadline_sweep(batch_ends=ends)
     if isinstance(backend, SupportsWorkerRegistry):
         moved["stale_workers"] = await backend.cleanup_stale_workers(settings.worker_row_ttl)
     return moved
-
-
-@asynccontextmanager
-async def _applied_ends(backend: Backend) -> AsyncIterator[list[BatchChildEnd]]:
-    """A ``batch_ends`` list for a sweep, applied to the batches when the sweep returns
-    or raises: a sweep commits turn by turn, so one that fails in a later turn (the
-    database away) has ended the earlier turns' children, whose batches must count them."""
-    ends: list[BatchChildEnd] = []
-    try:
-        yield ends
-    except Exception:
-        await apply_batch_child_ends(backend, ends)  # never raises: the sweep's error stands
-        raise
-    await apply_batch_child_ends(backend, ends)
 
 
 async def cron_once(state: WorkerState, backend: SupportsCron) -> dict[str, int]:

@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from taskq.backend import SupportsActorDispatch, SupportsHeldJobs, SupportsUnstartedHandBack
-from taskq.batch_outcomes import apply_batch_child_ends
-from taskq.models import BatchChildEnd, JobRow
+from taskq.batch_outcomes import applied_batch_ends
+from taskq.models import JobRow
 from taskq.worker._state import WorkerState
 from taskq.worker._transient import RepeatedWarning, UnexpectedLoopErrorGuard, transient_errors
 
@@ -54,10 +54,12 @@ async def hand_back_unheard(state: WorkerState) -> None:
     known = {(job_id, active.row.attempt) for job_id, active in state.active.items()}
     unheard = [job for job in await backend.held_jobs(state.worker_id) if job not in known]
     if unheard:
-        ends: list[BatchChildEnd] = []
-        moved = await backend.hand_back_unstarted(state.worker_id, unheard, batch_ends=ends)
+        # Those it ended instead count for their batches, even when the producer's
+        # bound cuts in after the hand-back (a quarter of it more).
+        grace = state.settings.dispatcher_command_timeout.total_seconds() / 4
+        async with applied_batch_ends(backend, grace=grace) as ends:
+            moved = await backend.hand_back_unstarted(state.worker_id, unheard, batch_ends=ends)
         _log.warning("taskq.unheard-jobs-handed-back", jobs=len(unheard), moved=moved)
-        await apply_batch_child_ends(backend, ends)  # those it ended instead
 
 
 def _dispatcher(state: WorkerState) -> Callable[[int], Awaitable[list[JobRow]]]:

@@ -12,6 +12,7 @@ from typing import Final
 
 __all__ = [
     "ABORT_BATCH",
+    "ADD_BATCH_FAILURES",
     "BATCH_COLUMNS",
     "BATCH_HAS_ACTIVE_CHILDREN",
     "CANCEL_ABORTED_CHILDREN",
@@ -21,7 +22,6 @@ __all__ = [
     "COUNT_BATCH_NON_TERMINAL",
     "CREATE_BATCH",
     "GET_BATCH",
-    "INCREMENT_BATCH_FAILURES",
     "INSERT_BATCH_ROW",
     "LIST_BATCHES",
     "PRUNE_OLD_BATCHES",
@@ -53,11 +53,17 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, coalesce($9::timestamptz, clock_timestam
         $11::text::jsonb)
 """
 
-INCREMENT_BATCH_FAILURES: Final = (
+# $2 failures at once (1: increment_batch_failures), no more than reach the threshold:
+# one at a time, they stop there (the batch aborts, its streak over).
+ADD_BATCH_FAILURES: Final = (
     """
 -- arbiter: none
 UPDATE {schema}.batches b
-SET consecutive_failures = b.consecutive_failures + 1
+SET consecutive_failures = CASE
+    WHEN b.failure_threshold IS NULL THEN b.consecutive_failures + $2::int
+    ELSE least(b.consecutive_failures + $2::int,
+               greatest(b.failure_threshold, b.consecutive_failures + 1))
+END
 WHERE b.id = $1 AND b.status = 'active'  -- a finished batch's streak is over
 -- Whether a child is left, not how many: counted, each failure of a large batch
 -- read all its waiting children (quadratic over a batch whose children fail).

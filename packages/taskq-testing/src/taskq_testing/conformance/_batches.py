@@ -8,7 +8,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from taskq.backend import Backend, JobStatus, SupportsBatchChildCheck
+from taskq.backend import Backend, JobStatus, SupportsBatchChildCheck, SupportsBatchFailureCount
 from taskq.models import BatchChildEnd, BatchFilter, BatchRow, EnqueueArgs, JobFilter, JobRow
 from taskq_testing.conformance._support import (
     FAR,
@@ -361,6 +361,53 @@ class BatchTests:
             assert (await _batch(backend, batch_id)).consecutive_failures == 1
         with pytest.raises(KeyError):
             await backend.increment_batch_failures(uuid4())
+
+    @covers("add_batch_failures", "increment_batch_failures")
+    async def test_failures_added_at_once_leave_what_as_many_increments_leave(
+        self, backend: Backend
+    ) -> None:
+        # A sweep that ended many children of one batch counted them one round trip
+        # each: the one call must leave the streak where those increments stop.
+        if not isinstance(backend, SupportsBatchFailureCount):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsBatchFailureCount")
+        cases = [
+            # (threshold, failures before, added): the result of `added` increments
+            (None, 0, 3),
+            (5, 1, 2),  # short of the threshold
+            (3, 1, 5),  # past it: they stop at the abort
+            (2, 2, 3),  # already at it (the abort was lost): one more, as one call
+        ]
+        for threshold, before, added in cases:
+            one_call, _, _ = await _tracked_batch(backend, {}, threshold=threshold)
+            one_by_one, _, _ = await _tracked_batch(backend, {}, threshold=threshold)
+            for batch_id in (one_call, one_by_one):
+                for _ in range(before):
+                    await backend.increment_batch_failures(batch_id)
+            expected: tuple[int, int | None, int] = (before, threshold, 1)
+            for _ in range(added):
+                expected = await backend.increment_batch_failures(one_by_one)
+                if threshold is not None and expected[0] >= threshold:
+                    break
+            assert await backend.add_batch_failures(one_call, added) == expected
+            assert (await _batch(backend, one_call)).consecutive_failures == expected[0]
+
+    @covers("add_batch_failures")
+    async def test_adding_failures_to_a_finished_batch_or_none_is_refused(
+        self, backend: Backend
+    ) -> None:
+        if not isinstance(backend, SupportsBatchFailureCount):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsBatchFailureCount")
+        batch_id, _, _ = await _tracked_batch(backend, {}, threshold=None)
+        with pytest.raises(ValueError, match="at least 1"):
+            await backend.add_batch_failures(batch_id, 0)
+        await _succeed_one(backend)
+        assert await backend.add_batch_failures(batch_id, 2) == (2, None, 0)
+        await backend.complete_batch(batch_id)
+        with pytest.raises(KeyError):
+            await backend.add_batch_failures(batch_id, 1)
+        with pytest.raises(KeyError):
+            await backend.add_batch_failures(uuid4(), 1)
+        assert (await _batch(backend, batch_id)).consecutive_failures == 2
 
     @covers("complete_batch", "increment_batch_failures")
     async def test_a_batch_whose_streak_reached_its_threshold_is_not_completed(

@@ -29,10 +29,9 @@ that answers (slow, a lock held) fails alike on every worker: the leader stays.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, time, timedelta
-from typing import NamedTuple
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Final, NamedTuple
 from uuid import uuid4
 
 import structlog
@@ -81,14 +80,22 @@ class _Loop(NamedTuple):
     at: time | None = None
 
 
+_FIRST_SLOT_DAY: Final = date(1970, 1, 5)
+"""The day the slots of the daily loops are counted from (a Monday: a weekly period
+runs on Mondays)."""
+
+
 def _next_slot(
     now: datetime, at: time, period: timedelta, after: datetime | None = None
 ) -> datetime:
-    """The first instant from ``now`` of the form ``at`` (UTC) plus a whole number of
-    ``period``s (``at`` 03:00 and a day: 03:00 every day), later than ``after`` (the
-    slot last run: a sleep that ends a little early must not run it twice)."""
-    anchor = datetime.combine(now.date(), at, tzinfo=UTC)
-    slot = anchor + math.ceil((now - anchor) / period) * period
+    """The first instant from ``now`` of the form ``at`` (UTC) on :data:`_FIRST_SLOT_DAY`
+    plus a whole number of ``period``s (``at`` 03:00 and a day: 03:00 every day), later
+    than ``after`` (the slot last run: a sleep that ends a little early must not run it
+    twice). Not counted from the day of ``now``: a period longer than a day then came
+    due a period after each election, and a fleet whose leader changed more often (a
+    daily deploy) never ran a weekly one."""
+    anchor = datetime.combine(_FIRST_SLOT_DAY, at, tzinfo=UTC)
+    slot = anchor - (anchor - now) // period * period  # exact: the ceiling in whole periods
     while after is not None and slot <= after:
         slot += period
     return slot

@@ -55,3 +55,16 @@ def test_a_year_field_past_2050_is_a_cron_expression() -> None:
     assert args.cron == "0 9 1 1 * 0 2051"
     with pytest.raises(ValueError, match="never fires"):
         ScheduleCreateArgs(name="never", actor="a", cron="0 0 30 2 *")
+
+
+@pytest.mark.parametrize("cron", ["R 3 * * *", "* * * * * R", "r(0-29) * * * *", "R/15 * * * *"])
+def test_a_random_field_is_refused_where_it_would_fire_at_random(cron: str) -> None:
+    # croniter draws an R field again at each computation of the next slot: "R 3 * * *"
+    # fired at two or three random minutes of 03:00 each night, "* * * * * R" (a random
+    # second of each minute) 21 times in ten minutes on Postgres.
+    from taskq.models import ScheduleCreateArgs, ScheduleUpdateArgs
+
+    with pytest.raises(ValueError, match="random field"):
+        ScheduleCreateArgs(name="random", actor="a", cron=cron)
+    with pytest.raises(ValueError, match="random field"):
+        ScheduleUpdateArgs(cron=cron)

@@ -224,6 +224,50 @@ async def test_an_outage_longer_than_the_lease_runs_no_job_twice(
     assert worker.events("taskq.leader-lost")  # the outage did take leadership away
 
 
+async def test_a_pool_outage_the_leader_rides_out_reclaims_no_live_job(
+    tq: TaskQ, spawn: Spawn, pg_schema: PgSchema
+) -> None:
+    # The pool cut (a pooler restarting), the election session straight to the server:
+    # the leader stayed elected through the cut, and its first sweep after it reclaimed
+    # every lease that had lapsed meanwhile, before the workers, alive and still running
+    # those jobs, could renew them: each job ran twice. A new leader holds reclaims
+    # back for reclaim_grace; so does a leader whose sweep could not reach the database
+    # for as long.
+    c = tq.client
+    jobs = [await c.enqueue(basic.nap, {"seconds": 6}) for _ in range(3)]
+    with TcpProxy(urlsplit(pg_schema.dsn).port or 5432) as proxy:
+        worker = spawn(
+            "--concurrency",
+            "3",
+            env={
+                "TASKQ_DSN": proxy.through(pg_schema.dsn),
+                "TASKQ_DIRECT_DSN": pg_schema.dsn,
+                "TASKQ_LEADER_LEASE": "10s",  # no resignation within the cut
+                # A sweep every 50 ms, a renewal every 500 ms: after the cut, the sweep
+                # comes first (the grace is two renewals).
+                "TASKQ_HEARTBEAT_INTERVAL": "500ms",
+            },
+        )
+
+        async def all_running() -> bool:
+            rows = await c.list_jobs(JobFilter(status=[JobStatus.RUNNING], limit=100))
+            return len(rows) == 3
+
+        await wait_until(all_running)
+        proxy.cut()
+        await asyncio.sleep(3)  # > the 2 s lock lease: every lease looks expired after
+        proxy.restore()
+
+        async def all_done() -> bool:
+            rows = [await c.get(j.id) for j in jobs]
+            return all(r is not None and r.status is JobStatus.SUCCEEDED for r in rows)
+
+        await wait_until(all_done, seconds=30)
+    assert not worker.events("taskq.leader-lost")  # the cut left the election alone
+    outcomes = [[a.outcome for a in await c.get_attempts(job.id)] for job in jobs]
+    assert all(o in (["succeeded"], ["unstarted", "succeeded"]) for o in outcomes), outcomes
+
+
 async def test_a_stalled_network_is_ridden_out_without_a_watchdog_exit(
     tq: TaskQ, spawn: Spawn, pg_schema: PgSchema
 ) -> None:

@@ -43,6 +43,16 @@ def test_the_next_slot(
     assert _next_slot(now, at, period, after) == expected
 
 
+@pytest.mark.parametrize("period", [timedelta(days=7), timedelta(days=2)])
+def test_a_slot_longer_than_a_day_does_not_move_with_each_election(period: timedelta) -> None:
+    # Counted from the day of the election, a weekly archive expiry came due a week after
+    # each new leader's election: a fleet redeployed (or failing over) daily never ran it.
+    elected = [_at(12, day=day) for day in range(1, 15)]
+    slots = [_next_slot(now, time(4), period) for now in elected]
+    assert all(now < slot <= now + period for now, slot in zip(elected, slots, strict=True))
+    assert all((slot - slots[0]) % period == timedelta(0) for slot in slots)
+
+
 def test_the_time_of_day_is_utc() -> None:
     settings = WorkerSettings.load({}, env={"TASKQ_PRUNE_AT": "02:30"})
     assert (settings.prune_at, settings.archive_expiry_at) == (time(2, 30), time(4))

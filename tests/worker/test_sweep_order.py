@@ -44,3 +44,42 @@ async def test_the_reclaim_runs_before_a_promotion_backlog_can_use_up_the_bound(
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(sweep_once(state, reclaim=True), 0.2)
     assert backend.calls == ["reclaim_expired_locks", "scheduled_to_pending"]
+
+
+class _PromotionAlwaysTimesOut(InMemoryBackend):
+    """A promotion that fails (transiently) at every turn, after the reclaim ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reclaims = 0
+
+    async def scheduled_to_pending(self) -> int:
+        raise TimeoutError("the promotion backlog outlasted the bound")
+
+    async def reclaim_expired_locks(
+        self, cancel_grace: timedelta, cleanup_grace: timedelta, **kwargs: Any
+    ) -> int:
+        self.reclaims += 1
+        return await super().reclaim_expired_locks(cancel_grace, cleanup_grace, **kwargs)
+
+
+async def test_a_sweep_failing_after_its_reclaim_still_reclaims() -> None:
+    # The grace a leader gives the workers after its sweep could not reach the database
+    # is not for a database that answers: a later step failing at every turn must not
+    # hold the reclaim before it back.
+    from taskq import TaskQ
+    from taskq.worker import Worker
+
+    backend = _PromotionAlwaysTimesOut()
+    tq = TaskQ("memory://", backend=backend)
+    async with tq:
+        worker = Worker(tq, WorkerSettings.load(dict(TEST_SETTINGS), env={}))
+        running = asyncio.create_task(worker.run())
+        try:
+            await asyncio.sleep(2)  # 100 turns of 20 ms; the grace is 100 ms
+        finally:
+            worker.stop()
+            await asyncio.wait_for(running, 10)
+    # About one a turn (91 of 100 here); holding the grace again after each failed turn
+    # left one in seven (15).
+    assert backend.reclaims >= 40

@@ -8,6 +8,7 @@ by the caller (one arbiter per predicate).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, NamedTuple, Self, TypeAlias, TypeVar
@@ -665,6 +666,9 @@ class BatchFilter(_Model):
 
 _CRON_CHECK_ANCHORS: Final = (datetime(2000, 1, 1), datetime(2049, 1, 1))
 """Where an expression is tried from: together, croniter's years up to 2099."""
+_RANDOM_CRON_FIELD: Final = re.compile(r"^r(\(\d+-\d+\))?(/\d+)?$", re.ASCII | re.IGNORECASE)
+"""A field croniter fills with a random value (``R``, ``R(0-29)``, ``R/15``): its own
+pattern for one, which it matches against each whole field."""
 
 
 def _check_cron(value: str) -> str:
@@ -672,6 +676,14 @@ def _check_cron(value: str) -> str:
 
     if not croniter.is_valid(value):
         raise ValueError(f"invalid cron expression {value!r}")
+    if any(_RANDOM_CRON_FIELD.match(field) for field in value.split()):
+        # croniter draws the value again at each computation of the next slot: "R 3 * * *"
+        # fired at two or three random minutes of 03:00 each night, not at one.
+        raise ValueError(
+            f"cron expression {value!r} has a random field (R), which would be drawn again "
+            f"after every fire and fire the schedule at random, several times a period: "
+            f"write the value you want in its place"
+        )
     # From fixed instants (no clock): an expression such as "0 0 30 2 *" parses but
     # names no date, and would fail at every computation of its next slot. croniter
     # looks 50 years ahead, and takes years up to 2099: a year field past 2050 was

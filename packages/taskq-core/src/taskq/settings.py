@@ -202,12 +202,14 @@ class WorkerSettings(BaseModel):
     """Leader only: the UTC time of day Sweep 5 (terminal jobs -> archive) runs at, then
     every ``prune_interval`` (``03:00``: off-peak, not at each deploy or failover)."""
     prune_interval: Duration = timedelta(days=1)
-    """Leader only: cadence of Sweep 5 from ``prune_at``."""
+    """Leader only: cadence of Sweep 5 from ``prune_at``, counted from Monday 1970-01-05
+    (the same slots whichever worker leads: seven days runs on Mondays)."""
     archive_expiry_at: time = time(4, 0)
     """Leader only: the UTC time of day Sweep 6 (archived jobs past expire_at are deleted)
     runs at, then every ``archive_expiry_interval``; an hour after the prune by default."""
     archive_expiry_interval: Duration = timedelta(days=1)
-    """Leader only: cadence of Sweep 6 from ``archive_expiry_at``."""
+    """Leader only: cadence of Sweep 6 from ``archive_expiry_at``, counted as
+    ``prune_interval`` is."""
     prune_retention_succeeded: Duration = timedelta(days=7)
     prune_retention_failed: Duration = timedelta(days=30)
     prune_retention_cancelled: Duration = timedelta(days=7)

@@ -11,7 +11,10 @@ of sweeping beside its successor.
 A new leader holds back reclaims for ``reclaim_grace``: after a database
 outage longer than the lock lease every lease looks expired, and the
 workers that are alive and still running those jobs need one heartbeat to
-renew them before the sweep may judge them dead.
+renew them before the sweep may judge them dead. So does a leader that stayed
+elected through such an outage (its pool cut off, its election session not): from
+its first sweep after one that failed for a grace or longer while a plain read did
+not answer either. It reclaimed the jobs of live workers at once, and they ran twice.
 
 An unexpected error in the election or one of these loops is logged and the loop
 tries again at its next turn (``LeaderLoopErrors``): unlike a persistent one in the
@@ -29,10 +32,9 @@ that answers (slow, a lock held) fails alike on every worker: the leader stays.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, time, timedelta
-from typing import NamedTuple
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Final, NamedTuple
 from uuid import uuid4
 
 import structlog
@@ -81,14 +83,22 @@ class _Loop(NamedTuple):
     at: time | None = None
 
 
+_FIRST_SLOT_DAY: Final = date(1970, 1, 5)
+"""The day the slots of the daily loops are counted from (a Monday: a weekly period
+runs on Mondays)."""
+
+
 def _next_slot(
     now: datetime, at: time, period: timedelta, after: datetime | None = None
 ) -> datetime:
-    """The first instant from ``now`` of the form ``at`` (UTC) plus a whole number of
-    ``period``s (``at`` 03:00 and a day: 03:00 every day), later than ``after`` (the
-    slot last run: a sleep that ends a little early must not run it twice)."""
-    anchor = datetime.combine(now.date(), at, tzinfo=UTC)
-    slot = anchor + math.ceil((now - anchor) / period) * period
+    """The first instant from ``now`` of the form ``at`` (UTC) on :data:`_FIRST_SLOT_DAY`
+    plus a whole number of ``period``s (``at`` 03:00 and a day: 03:00 every day), later
+    than ``after`` (the slot last run: a sleep that ends a little early must not run it
+    twice). Not counted from the day of ``now``: a period longer than a day then came
+    due a period after each election, and a fleet whose leader changed more often (a
+    daily deploy) never ran a weekly one."""
+    anchor = datetime.combine(_FIRST_SLOT_DAY, at, tzinfo=UTC)
+    slot = anchor - (anchor - now) // period * period  # exact: the ceiling in whole periods
     while after is not None and slot <= after:
         slot += period
     return slot
@@ -117,7 +127,12 @@ class MaintenanceLeader:
         )
         self.is_leader = asyncio.Event()
         """Set while this worker leads."""
-        self._elected_at = 0.0
+        self._grace_from = 0.0
+        """Loop time ``reclaim_grace`` counts from: the election, or the first sweep after
+        the database was out of the sweep's reach."""
+        self._unreached = False
+        """Whether the sweep failed, for ``reclaim_grace`` or longer, on a database this
+        worker's pool could not reach."""
         self._swept_at = 0.0
         """Loop time of the sweep's last turn that did its work (or of the election)."""
         self._abstain_until = 0.0
@@ -229,7 +244,8 @@ class MaintenanceLeader:
             return
         wid = str(self.state.worker_id)
         if leading:
-            self._elected_at = self._swept_at = asyncio.get_running_loop().time()
+            self._grace_from = self._swept_at = asyncio.get_running_loop().time()
+            self._unreached = False
             self.is_leader.set()
             _log.info("taskq.leader-elected", worker_id=wid)
             return
@@ -332,8 +348,14 @@ class MaintenanceLeader:
                             moved = await work()
             except transient as exc:
                 failing.failed(exc)
-                if name == _SWEEP and self._stalled() and not await self._pool_answers():
-                    await self._resign(exc)
+                if (
+                    name == _SWEEP
+                    and (self._stalled() or self._silent_for(self.state.settings.reclaim_grace))
+                    and not await self._pool_answers()
+                ):
+                    self._unreached = True
+                    if self._stalled():
+                        await self._resign(exc)
             except Exception as exc:  # noqa: BLE001 - logged, never ends the worker
                 guard.failed(exc)
             else:
@@ -367,15 +389,25 @@ class MaintenanceLeader:
         """Whether this leader's sweep has done no work for a whole ``leader_lease`` (and
         three of its periods, should they be longer: one failed turn is no stall)."""
         settings = self.state.settings
-        limit = max(settings.leader_lease, 3 * settings.maintenance_interval).total_seconds()
+        # A worker that cannot elect leads alone: resigning would leave nobody.
+        return not isinstance(self.elector, _Solo) and self._silent_for(
+            max(settings.leader_lease, 3 * settings.maintenance_interval)
+        )
+
+    def _silent_for(self, span: timedelta) -> bool:
+        """Whether this leader's sweep has done no work for ``span``."""
         return (
             self.is_leader.is_set()
-            # A worker that cannot elect leads alone: resigning would leave nobody.
-            and not isinstance(self.elector, _Solo)
-            and asyncio.get_running_loop().time() - self._swept_at >= limit
+            and asyncio.get_running_loop().time() - self._swept_at >= span.total_seconds()
         )
 
     async def _sweep(self) -> dict[str, int]:
         grace = self.state.settings.reclaim_grace.total_seconds()
-        reclaim = asyncio.get_running_loop().time() - self._elected_at >= grace
+        clock = asyncio.get_running_loop()
+        if self._unreached:
+            # The workers could not renew their leases while the database was away
+            # either: a grace as at an election (the next failure to reach it counts
+            # the grace again).
+            self._unreached, self._grace_from = False, clock.time()
+        reclaim = clock.time() - self._grace_from >= grace
         return await sweep_once(self.state, reclaim=reclaim)

@@ -39,6 +39,7 @@ TABLES = {
     "jobs",
     "jobs_archive",
     "maintenance_leader",
+    "maintenance_runs",
     "queues",
     "rate_limit_buckets",
     "rate_limit_window_entries",

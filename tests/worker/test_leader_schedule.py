@@ -1,5 +1,6 @@
 """When the leader's daily sweeps run: at their UTC time of day (and every period from
-there), not whenever a worker happens to be elected."""
+there), not whenever a worker happens to be elected; a slot no leader ran is run once
+by the next leader."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from typing import Any
 import pytest
 
 from taskq import JobStatus, TaskQ, WorkerSettings, actor
-from taskq.backend import SystemClock
+from taskq.backend import SupportsMaintenanceRuns, SystemClock
 from taskq.settings import SettingsError
 from taskq.worker import Worker
-from taskq.worker.leader import _next_slot
+from taskq.worker.leader import _due_slot, _next_slot
 from taskq_testing import TEST_SETTINGS, run_until_idle
 
 DAY = timedelta(days=1)
@@ -53,6 +54,20 @@ def test_a_slot_longer_than_a_day_does_not_move_with_each_election(period: timed
     assert all((slot - slots[0]) % period == timedelta(0) for slot in slots)
 
 
+@pytest.mark.parametrize(
+    ("now", "done", "expected"),
+    [
+        (_at(2), _at(3, day=3), _at(3)),  # yesterday's ran: today's, later
+        (_at(3, ss=30), _at(3, day=3), _at(3)),  # today's missed (no leader): now
+        (_at(3, ss=30), _at(3), _at(3, day=5)),  # today's ran: tomorrow's
+        (_at(12), _at(3, day=1), _at(3)),  # three missed: the latest, once
+        (_at(12), _at(2, 30, day=3), _at(3)),  # prune_at moved: on the new time
+    ],
+)
+def test_the_slot_due_after_the_last_run(now: datetime, done: datetime, expected: datetime) -> None:
+    assert _due_slot(now, time(3), DAY, done) == expected
+
+
 def test_the_time_of_day_is_utc() -> None:
     settings = WorkerSettings.load({}, env={"TASKQ_PRUNE_AT": "02:30"})
     assert (settings.prune_at, settings.archive_expiry_at) == (time(2, 30), time(4))
@@ -87,6 +102,67 @@ async def test_the_prune_waits_for_its_time_of_day() -> None:
                 while await tq.client.get(job.id) is not None:  # noqa: ASYNC110 - polling the store
                     await asyncio.sleep(0.05)
             assert SystemClock().now() >= slot
+        finally:
+            worker.stop()
+            await asyncio.wait_for(runner, 10)
+
+
+async def _prune_worker(tq: TaskQ, prune_at: time) -> tuple[Worker, asyncio.Task[None]]:
+    settings = {
+        **TEST_SETTINGS,
+        "prune_at": prune_at.isoformat(),
+        "prune_retention_succeeded": "1ms",
+    }
+    worker = Worker(tq, WorkerSettings.load(settings, env={}))
+    return worker, asyncio.create_task(worker.run())
+
+
+async def test_a_slot_no_leader_ran_is_run_once_by_the_next_leader() -> None:
+    # The slot passed a moment ago with no leader (none elected at its time): the record
+    # says yesterday's ran. The leader elected now runs today's at once, where it waited
+    # a day (a week for a weekly interval), and records it: the leader after it does not
+    # run it again.
+    tq = TaskQ("memory://", actors=[done])
+    async with tq:
+        runs = tq.backend
+        assert isinstance(runs, SupportsMaintenanceRuns)
+        now = SystemClock().now()
+        slot = now.replace(microsecond=0) - timedelta(seconds=2)
+        await runs.record_maintenance_run("leader-prune", slot - DAY)
+        job = await tq.client.enqueue(done, {})
+        await run_until_idle(tq)
+        worker, runner = await _prune_worker(tq, slot.time())
+        try:
+            async with asyncio.timeout(5):
+                while await tq.client.get(job.id) is not None:  # noqa: ASYNC110 - polling the store
+                    await asyncio.sleep(0.05)
+            assert await runs.last_maintenance_run("leader-prune") == slot
+        finally:
+            worker.stop()
+            await asyncio.wait_for(runner, 10)
+
+        later = await tq.client.enqueue(done, {})
+        await run_until_idle(tq)
+        worker, runner = await _prune_worker(tq, slot.time())
+        try:
+            await asyncio.sleep(1)  # elected long since: a second run had pruned
+            assert await tq.client.get(later.id) is not None
+        finally:
+            worker.stop()
+            await asyncio.wait_for(runner, 10)
+
+
+async def test_without_a_record_of_runs_a_new_leader_waits_for_the_next_slot() -> None:
+    # Nothing tells whether the slot just passed was run (a new schema): not run at start.
+    tq = TaskQ("memory://", actors=[done])
+    async with tq:
+        job = await tq.client.enqueue(done, {})
+        await run_until_idle(tq)
+        slot = SystemClock().now() - timedelta(seconds=2)
+        worker, runner = await _prune_worker(tq, slot.time())
+        try:
+            await asyncio.sleep(1)
+            assert await tq.client.get(job.id) is not None
         finally:
             worker.stop()
             await asyncio.wait_for(runner, 10)

@@ -200,7 +200,8 @@ class WorkerSettings(BaseModel):
     set, twice the lease when that is longer (:attr:`worker_row_ttl`)."""
     prune_at: time = time(3, 0)
     """Leader only: the UTC time of day Sweep 5 (terminal jobs -> archive) runs at, then
-    every ``prune_interval`` (``03:00``: off-peak, not at each deploy or failover)."""
+    every ``prune_interval`` (``03:00``: off-peak, not at each deploy or failover). A slot
+    no leader ran (none elected at its time) is run once by the next leader, at once."""
     prune_interval: Duration = timedelta(days=1)
     """Leader only: cadence of Sweep 5 from ``prune_at``, counted from Monday 1970-01-05
     (the same slots whichever worker leads: seven days runs on Mondays)."""

@@ -2239,6 +2239,20 @@ class PostgresBackend:
         now: datetime = await self._db().fetchval("SELECT clock_timestamp()")
         return now
 
+    async def last_maintenance_run(self, loop: str) -> datetime | None:
+        """The latest slot recorded for the leader loop ``loop``
+        (``SupportsMaintenanceRuns``)."""
+        slot: datetime | None = await self._db().fetchval(
+            self._leader_sql.maintenance_run_last, loop
+        )
+        return slot
+
+    async def record_maintenance_run(self, loop: str, slot: datetime) -> bool:
+        """Record ``slot`` as run for ``loop``, unless that slot or a later one is
+        (``SupportsMaintenanceRuns``): one guarded upsert."""
+        status = await self._db().execute(self._leader_sql.maintenance_run_record, loop, slot)
+        return _changed(status) == 1
+
     async def prune_old_batches(self, cutoff: datetime) -> int:
         """Delete batches completed before ``cutoff`` whose children are gone."""
         return _changed(await self._db().execute(self._sql.prune_old_batches, cutoff))

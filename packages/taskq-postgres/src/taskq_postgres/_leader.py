@@ -29,7 +29,7 @@ _log = structlog.get_logger("taskq.leader")
 
 
 class LeaderStatements:
-    """The election and cron statements of one schema."""
+    """The election, cron and maintenance-run statements of one schema."""
 
     def __init__(self, schema: str) -> None:
         self.try_lock = render(leader.LEADER_TRY_LOCK, schema)
@@ -40,6 +40,8 @@ class LeaderStatements:
         self.cron_advance = render(leader.CRON_ADVANCE, schema)
         self.cron_max_pending = render(leader.CRON_MAX_PENDING, schema)
         self.cron_lock_bound = leader.CRON_LOCK_BOUND
+        self.maintenance_run_last = render(leader.MAINTENANCE_RUN_LAST, schema)
+        self.maintenance_run_record = render(leader.MAINTENANCE_RUN_RECORD, schema)
 
 
 class PostgresLeaderElector:

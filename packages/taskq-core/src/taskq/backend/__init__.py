@@ -21,6 +21,7 @@ from taskq.backend._protocol import SupportsHeldJobs as SupportsHeldJobs
 from taskq.backend._protocol import SupportsLateOutcomes as SupportsLateOutcomes
 from taskq.backend._protocol import SupportsLeaderElection as SupportsLeaderElection
 from taskq.backend._protocol import SupportsLeaseRenewal as SupportsLeaseRenewal
+from taskq.backend._protocol import SupportsMaintenanceRuns as SupportsMaintenanceRuns
 from taskq.backend._protocol import SupportsMigrate as SupportsMigrate
 from taskq.backend._protocol import SupportsPrune as SupportsPrune
 from taskq.backend._protocol import SupportsResultExpiry as SupportsResultExpiry
@@ -74,6 +75,7 @@ __all__ = [
     "SupportsLateOutcomes",
     "SupportsLeaderElection",
     "SupportsLeaseRenewal",
+    "SupportsMaintenanceRuns",
     "SupportsMigrate",
     "SupportsPrune",
     "SupportsResultExpiry",

@@ -91,6 +91,7 @@ __all__ = [
     "SupportsLateOutcomes",
     "SupportsLeaderElection",
     "SupportsLeaseRenewal",
+    "SupportsMaintenanceRuns",
     "SupportsMigrate",
     "SupportsPrune",
     "SupportsResultExpiry",
@@ -157,7 +158,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
 #     SupportsBatchChildCheck, SupportsLateOutcomes, SupportsBatchFailureCount
 #     (add_batch_failures: the failures a sweep or a cancel ended in one batch, counted
-#     in one call where they took one increment_batch_failures each).
+#     in one call where they took one increment_batch_failures each),
+#     SupportsMaintenanceRuns (the slot each slotted leader loop last ran, so that a
+#     leader elected after a slot nobody ran runs it once at start).
 #
 # When to bump: "increment it whenever a change alters an existing protocol
 # member's observable contract such that an implementation written against
@@ -929,6 +932,28 @@ class SupportsPrune(Protocol):
         ...
 
 
+@runtime_checkable
+class SupportsMaintenanceRuns(Protocol):
+    """A backend that records the runs of the leader's slotted loops (prune, archive
+    expiry: at a time of day, every period from there).
+
+    Without it a leader elected just after a slot's time, when no leader ran it, waits
+    for the next slot (a week for a weekly period); with it, the new leader finds that
+    slot unrecorded and runs it once at start. Loops are named by the leader (e.g.
+    ``"leader-prune"``); slots are instants the leader computes, not clock readings.
+    """
+
+    async def last_maintenance_run(self, loop: str) -> datetime | None:
+        """The latest slot recorded for ``loop``; ``None`` when none is."""
+        ...
+
+    async def record_maintenance_run(self, loop: str, slot: datetime) -> bool:
+        """Record ``slot`` as run for ``loop`` in one atomic step that only moves the
+        record forward: ``False``, and nothing changed, when ``slot`` or a later one is
+        already recorded (another leader ran it), else ``True``."""
+        ...
+
+
 def check_batch_size(batch_size: int) -> None:
     """The ``batch_size`` rule of :class:`SupportsPrune`'s methods: at least 1, else
     ``ValueError`` (zero would loop for ever: an empty batch is not "fewer than
@@ -1086,6 +1111,7 @@ OPTIONAL_PROTOCOLS: Final[tuple[type, ...]] = (
     SupportsLeaderElection,
     SupportsCron,
     SupportsPrune,
+    SupportsMaintenanceRuns,
     SupportsResultExpiry,
     SupportsStaleBatchSweep,
     SupportsBatchChildCheck,

@@ -183,6 +183,8 @@ class InMemoryBackend:
         self._archive = JobArchive(self._store, self.clock)
         self.leader: UUID | None = None
         """The worker leading maintenance on this backend, if any."""
+        self._maintenance_runs: dict[str, datetime] = {}
+        """The latest slot each slotted leader loop ran (``SupportsMaintenanceRuns``)."""
         self.workers: dict[UUID, WorkerRecord] = {}
         """The worker registry (``SupportsWorkerRegistry``), by worker id."""
 
@@ -985,6 +987,20 @@ class InMemoryBackend:
     async def now(self) -> datetime:
         """This backend's clock (``SupportsPrune``)."""
         return self.clock.now()
+
+    async def last_maintenance_run(self, loop: str) -> datetime | None:
+        """The latest slot recorded for the leader loop ``loop``
+        (``SupportsMaintenanceRuns``)."""
+        return self._maintenance_runs.get(loop)
+
+    async def record_maintenance_run(self, loop: str, slot: datetime) -> bool:
+        """Record ``slot`` as run for ``loop``, unless that slot or a later one is
+        (``SupportsMaintenanceRuns``); nothing awaits in between."""
+        recorded = self._maintenance_runs.get(loop)
+        if recorded is not None and recorded >= slot:
+            return False
+        self._maintenance_runs[loop] = slot
+        return True
 
     # -- fleet statistics and the worker registry ---------------------------------------
     async def queue_depths(self) -> dict[str, dict[str, int]]:

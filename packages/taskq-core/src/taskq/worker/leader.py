@@ -16,6 +16,11 @@ elected through such an outage (its pool cut off, its election session not): fro
 its first sweep after one that failed for a grace or longer while a plain read did
 not answer either. It reclaimed the jobs of live workers at once, and they ran twice.
 
+The slotted loops (prune, archive expiry) run at their slots on the backend's clock
+and record each run (``SupportsMaintenanceRuns``): a leader elected after a slot that
+no leader ran (none elected at its time) runs it once at start, where it waited for
+the next slot (a week for a weekly period); one another leader ran it does not.
+
 An unexpected error in the election or one of these loops is logged and the loop
 tries again at its next turn (``LeaderLoopErrors``): unlike a persistent one in the
 worker's own loops, it does not end the worker (docs/adr/0008).
@@ -44,11 +49,11 @@ from taskq.backend._protocol import (
     SupportsCron,
     SupportsFleetStats,
     SupportsLeaderElection,
+    SupportsMaintenanceRuns,
     SupportsPrune,
     SupportsResultExpiry,
     SupportsStaleBatchSweep,
 )
-from taskq.backend.clock import SystemClock
 from taskq.worker._state import WorkerState
 from taskq.worker._transient import LeaderLoopErrors, RepeatedWarning, transient_errors
 from taskq.worker.maintenance import (
@@ -73,14 +78,23 @@ _SWEEP = "leader-sweep"
 the one the fleet cannot do without (promotion, reclaims)."""
 
 
+class _Slots(NamedTuple):
+    """When a slotted loop runs: at ``at`` (a UTC time of day) and every period from
+    there, on the backend's clock; ``runs`` records each run where the backend can."""
+
+    at: time
+    now: Callable[[], Awaitable[datetime]]
+    runs: SupportsMaintenanceRuns | None
+
+
 class _Loop(NamedTuple):
-    """One leader loop: ``work`` every ``period`` seconds, or, given ``at`` (a UTC time of
-    day), at ``at`` and every ``period`` from there."""
+    """One leader loop: ``work`` every ``period`` seconds, or, given ``slots``, at each of
+    its slots."""
 
     name: str
     period: float
     work: Work
-    at: time | None = None
+    slots: _Slots | None = None
 
 
 _FIRST_SLOT_DAY: Final = date(1970, 1, 5)
@@ -102,6 +116,19 @@ def _next_slot(
     while after is not None and slot <= after:
         slot += period
     return slot
+
+
+def _last_slot(now: datetime, at: time, period: timedelta) -> datetime:
+    """The latest slot at or before ``now`` (slots as in :func:`_next_slot`)."""
+    anchor = datetime.combine(_FIRST_SLOT_DAY, at, tzinfo=UTC)
+    return anchor + (now - anchor) // period * period
+
+
+def _due_slot(now: datetime, at: time, period: timedelta, done: datetime) -> datetime:
+    """The slot to run after ``done`` (the slot last run): the next one, or, when that
+    has passed as well (no leader at its time, or a run longer than a period), the latest
+    at ``now``: a missed run is caught up once, not once per slot missed."""
+    return max(_next_slot(done, at, period, done), _last_slot(now, at, period))
 
 
 class _Solo:
@@ -191,18 +218,19 @@ class MaintenanceLeader:
             ]
         if isinstance(backend, SupportsPrune):
             prune_backend = backend
+            runs = backend if isinstance(backend, SupportsMaintenanceRuns) else None
             self._loops += [
                 _Loop(
                     "leader-prune",
                     settings.prune_interval.total_seconds(),
                     lambda: prune_once(self.state, prune_backend),
-                    settings.prune_at,
+                    _Slots(settings.prune_at, prune_backend.now, runs),
                 ),
                 _Loop(
                     "leader-archive-expiry",
                     settings.archive_expiry_interval.total_seconds(),
                     lambda: archive_expiry_once(self.state, prune_backend),
-                    settings.archive_expiry_at,
+                    _Slots(settings.archive_expiry_at, prune_backend.now, runs),
                 ),
             ]
         try:
@@ -315,26 +343,38 @@ class MaintenanceLeader:
         failing = RepeatedWarning("taskq.leader-loop-transient-error", loop=name)
         transient = transient_errors()  # the bound's TimeoutError among them (core's)
         last_slot: datetime | None = None
+        """A slotted loop's slot last run (or whose run failed), as far as this worker knows."""
+        awaited: datetime | None = None
+        """The slot a slotted loop last slept for (one due at once is a missed one)."""
         # An iteration of a frequent loop is bounded as a whole, not only statement by
         # statement: on a slow but healthy database its several statements, each well
         # inside the timeout, added up past the stale-tick budget, and the watchdog took
         # the worker down. The daily ones (prune, archive expiry) run long on purpose.
-        bound = None if loop.at is not None else self.state.settings.dispatcher_command_timeout
+        bound = None if loop.slots is not None else self.state.settings.dispatcher_command_timeout
         clock = asyncio.get_running_loop()
+        retry = self.state.settings.maintenance_interval.total_seconds()
         while True:
             await self.is_leader.wait()
-            if loop.at is not None:
-                # Wall time: when to start, not a comparison against rows (those stay
-                # in the backend's statements).
-                now = SystemClock().now()
-                last_slot = _next_slot(now, loop.at, timedelta(seconds=period), last_slot)
-                await asyncio.sleep((last_slot - now).total_seconds())
             ran = False  # a turn that lost the leadership did no work: no recovery
+            slot: datetime | None = None
+            # A slotted loop that could not tell its next slot asks again soon.
+            pause = period if loop.slots is None else retry
             try:
                 began = clock.time()
                 moved = {}
-                if await self.confirm():
+                due = True
+                if loop.slots is not None:
+                    last_slot, slot, pause = await self._next_run(
+                        loop.slots, name, timedelta(seconds=period), last_slot
+                    )
+                    due = pause <= 0
+                    if due and slot != awaited:
+                        _log.info("taskq.leader-slot-caught-up", loop=name, slot=slot.isoformat())
+                    awaited = slot
+                if due and await self.confirm():
                     ran = True
+                    if slot is not None:
+                        last_slot = slot  # a failed run waits for the next slot
                     if bound is None:
                         # Not a stalled loop while it runs: a prune takes as long as its
                         # backlog (each statement bounded), past any multiple of an
@@ -346,6 +386,8 @@ class MaintenanceLeader:
                         left = bound.total_seconds() - (clock.time() - began)
                         async with asyncio.timeout(max(left, bound.total_seconds() / 4)):
                             moved = await work()
+                    if slot is not None and loop.slots is not None and loop.slots.runs is not None:
+                        await loop.slots.runs.record_maintenance_run(name, slot)
             except transient as exc:
                 failing.failed(exc)
                 if (
@@ -368,8 +410,28 @@ class MaintenanceLeader:
                     _log.info("taskq.leader-swept", loop=name, **moved)
             if self.is_leader.is_set():
                 self.state.liveness.tick(name, period)
-            if loop.at is None:
-                await asyncio.sleep(period)
+            await asyncio.sleep(max(pause, 0.0))
+
+    async def _next_run(
+        self, slots: _Slots, name: str, period: timedelta, done: datetime | None
+    ) -> tuple[datetime, datetime, float]:
+        """For the slotted loop ``name``: the slot last run (``done`` or the record's,
+        whichever is later), the slot to run next and the seconds until it (none left:
+        due now).
+
+        The backend's clock decides, and the record of the runs (where the backend keeps
+        one) tells a new leader which slot no leader ran: it runs that one at once, where
+        it waited for the next (a week for a weekly period), and not one another leader
+        ran. With neither record nor run, the latest slot counts as run: nothing tells
+        whether it was missed."""
+        now = await slots.now()
+        recorded = None
+        if slots.runs is not None:
+            recorded = await slots.runs.last_maintenance_run(name)
+        known = [slot for slot in (done, recorded) if slot is not None]
+        done = max(known) if known else _last_slot(now, slots.at, period)
+        slot = _due_slot(now, slots.at, period, done)
+        return done, slot, (slot - now).total_seconds()
 
     async def _pool_answers(self) -> bool:
         """Whether a plain read (a job by an id no job has) answers within the bound:

@@ -1,5 +1,5 @@
-"""The maintenance leader's SQL: the election over a session advisory lock, and the
-cron tick.
+"""The maintenance leader's SQL: the election over a session advisory lock, the cron
+tick, and the record of the slotted loops' runs.
 
 The advisory lock key is derived from the schema name, so two TaskQ schemas in
 one database elect their own leaders. ``pg_try_advisory_lock`` stacks (each
@@ -24,6 +24,8 @@ __all__ = [
     "LEADER_RENEW",
     "LEADER_RESIGN_ROW",
     "LEADER_TRY_LOCK",
+    "MAINTENANCE_RUN_LAST",
+    "MAINTENANCE_RUN_RECORD",
 ]
 
 # Both return the server session's pid: the elector checks that its statements all
@@ -107,4 +109,19 @@ CRON_ADVANCE: Final = """
 UPDATE {schema}.schedules
 SET next_fire_at = $2, last_fired_at = COALESCE($3, last_fired_at)
 WHERE id = $1 AND next_fire_at = $4
+"""
+
+MAINTENANCE_RUN_LAST: Final = """
+-- arbiter: none
+SELECT slot FROM {schema}.maintenance_runs WHERE loop = $1
+"""
+
+# Forward only, in one statement: of two leaders recording one slot, one row changes.
+MAINTENANCE_RUN_RECORD: Final = """
+-- arbiter: clock_timestamp() (ran_at, observability only)
+INSERT INTO {schema}.maintenance_runs AS r (loop, slot, ran_at)
+VALUES ($1, $2, clock_timestamp())
+ON CONFLICT (loop) DO UPDATE
+SET slot = EXCLUDED.slot, ran_at = EXCLUDED.ran_at
+WHERE r.slot < EXCLUDED.slot
 """

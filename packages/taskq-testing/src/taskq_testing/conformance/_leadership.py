@@ -1,5 +1,6 @@
-"""The maintenance leader's election and cron ticks (``SupportsLeaderElection``,
-``SupportsCron``); a backend without one skips its tests.
+"""The maintenance leader's election, cron ticks and record of its slotted loops' runs
+(``SupportsLeaderElection``, ``SupportsCron``, ``SupportsMaintenanceRuns``); a backend
+without one skips its tests.
 
 What a lease does to a leader that stops renewing is not checked here: a backend in
 one process (in-memory) cannot freeze a leader without freezing every elector.
@@ -8,12 +9,18 @@ one process (in-memory) cannot freeze a leader without freezing every elector.
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
 import pytest
 
-from taskq.backend import Backend, JobStatus, SupportsCron, SupportsLeaderElection
+from taskq.backend import (
+    Backend,
+    JobStatus,
+    SupportsCron,
+    SupportsLeaderElection,
+    SupportsMaintenanceRuns,
+)
 from taskq.models import ActorConfig, EnqueueArgs, JobFilter, ScheduleCreateArgs, ScheduleRecord
 from taskq_testing.conformance._support import (
     ACTOR,
@@ -42,6 +49,12 @@ def _elections(backend: Backend) -> SupportsLeaderElection:
 def _cron(backend: Backend) -> SupportsCron:
     if not isinstance(backend, SupportsCron):
         pytest.skip(f"{type(backend).__name__} does not implement SupportsCron")
+    return backend
+
+
+def _maintenance_runs(backend: Backend) -> SupportsMaintenanceRuns:
+    if not isinstance(backend, SupportsMaintenanceRuns):
+        pytest.skip(f"{type(backend).__name__} does not implement SupportsMaintenanceRuns")
     return backend
 
 
@@ -104,6 +117,26 @@ class LeadershipTests(TimeLimits):
         finally:  # an elector holds what it needs to try (a session) until released
             await first.release()
             await second.release()
+
+    @covers("last_maintenance_run", "record_maintenance_run")
+    async def test_a_maintenance_run_record_only_moves_forward(self, backend: Backend) -> None:
+        runs = _maintenance_runs(backend)
+        monday = datetime(2026, 11, 30, 3, tzinfo=UTC)
+        tuesday = monday + timedelta(days=1)
+        assert await runs.last_maintenance_run("leader-prune") is None
+        assert await runs.record_maintenance_run("leader-prune", monday)
+        # A second leader recording the same slot (or an earlier one) changes nothing:
+        # only one of them ran it as far as the record tells.
+        assert not await runs.record_maintenance_run("leader-prune", monday)
+        assert await runs.record_maintenance_run("leader-prune", tuesday)
+        assert not await runs.record_maintenance_run("leader-prune", monday)
+        assert await runs.last_maintenance_run("leader-prune") == tuesday
+        assert await runs.last_maintenance_run("leader-archive-expiry") is None  # per loop
+        # Two leaders recording one slot at once: exactly one of them does.
+        wednesday = tuesday + timedelta(days=1)
+        both = [runs.record_maintenance_run("leader-prune", wednesday) for _ in range(2)]
+        assert sorted(await asyncio.gather(*both)) == [False, True]
+        assert await runs.last_maintenance_run("leader-prune") == wednesday
 
     @covers("register_actors", "get_actor_queues")
     async def test_register_actors_keeps_each_actors_queue(self, backend: Backend) -> None:

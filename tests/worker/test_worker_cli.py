@@ -363,6 +363,15 @@ def test_a_duration_out_of_range_is_a_clear_setting_error() -> None:
             {"TASKQ_CRON_CATCH_UP": "1ms"},
             r"settings \(TASKQ_CRON_CATCH_UP='1ms'\).*at least 2 x cron_interval",
         ),
+        # Every failover from a frozen leader skipped the cron slots due meanwhile.
+        (
+            {"TASKQ_LEADER_LEASE": "2m"},
+            (
+                r"settings \(TASKQ_LEADER_LEASE='2m'\): cron_catch_up \(60s\) must be at "
+                r"least leader_lease \(120s\).*set cron_catch_up \(TASKQ_CRON_CATCH_UP\) to "
+                r".* \(126s\)"
+            ),
+        ),
         # A fence stopping live jobs on a slow database: 25 s <= 3 x 5 s + 2 x 5 s.
         (
             {"TASKQ_LEASE_FENCE": "true", "TASKQ_LOCK_LEASE": "25s"},
@@ -379,6 +388,7 @@ def test_a_setting_no_worker_can_run_with_is_refused_at_start_up(
         WorkerSettings.load({}, env=env)
     WorkerSettings.load({}, env={"TASKQ_ARCHIVE_RETENTION": "3650d"})  # years are fine
     WorkerSettings.load({}, env={"TASKQ_LEASE_FENCE": "true"})  # the defaults leave room
+    WorkerSettings.load({}, env={"TASKQ_LEADER_LEASE": "2m", "TASKQ_CRON_CATCH_UP": "2m"})
 
 
 async def test_a_health_port_already_taken_is_a_clear_error() -> None:

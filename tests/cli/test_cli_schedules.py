@@ -110,6 +110,13 @@ def test_refusals_are_one_line_errors(cli: Cli) -> None:
         ("create", "bad", "nap", "* * * * *", "--payload", "[1]"): (
             "--payload must be a JSON object"
         ),
+        # Read in the leader host's own zone, which changes with the leader.
+        ("create", "bad", "nap", "* * * * *", "--timezone", "localtime"): (
+            "timezone: timezone 'localtime' means whatever the host"
+        ),
+        ("update", schedule_id, "--timezone", "posixrules"): (
+            "name an IANA zone (e.g. 'Europe/Paris') or 'UTC'"
+        ),
         ("update", schedule_id): "nothing to change",
         ("update", unknown, "--disable"): f"no schedule {unknown}",
         ("update", schedule_id, "--cron", "61 * * * *"): "invalid cron expression",

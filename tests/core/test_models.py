@@ -144,6 +144,18 @@ def test_schedule_args_validate_cron_and_timezone() -> None:
     ScheduleCreateArgs(name="n", actor="a", cron="0 0 29 2 *")  # leap days exist
 
 
+@pytest.mark.parametrize("zone", ["localtime", "posixrules", "Factory", "LocalTime"])
+def test_a_schedule_timezone_the_host_decides_is_refused(zone: str) -> None:
+    # ZoneInfo finds these in the host's zone files; what they mean is that host's (its
+    # own zone, for localtime), and the leader that fires the schedule changes host.
+    hint = rf"timezone '{zone}' .*name an IANA zone \(e.g. 'Europe/Paris'\) or 'UTC'"
+    with pytest.raises(ValidationError, match=hint):
+        ScheduleCreateArgs(name="n", actor="a", cron="* * * * *", timezone=zone)
+    with pytest.raises(ValidationError, match=hint):
+        ScheduleUpdateArgs(timezone=zone)
+    ScheduleUpdateArgs(timezone="UTC")
+
+
 def test_filter_after_builds_a_keyset_cursor() -> None:
     from taskq.models import JobRow
 

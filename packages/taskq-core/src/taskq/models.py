@@ -697,9 +697,21 @@ def _check_cron(value: str) -> str:
     raise ValueError(f"cron expression {value!r} never fires (no such date)")
 
 
+_HOST_ZONES: Final = frozenset({"localtime", "posixrules", "factory"})
+"""Zone names (case-folded) that ``ZoneInfo`` may find in a host's zone files but that
+name no place: their meaning (the host's own zone, the tz compiler's default rules, a
+placeholder) is whichever host reads them, and the leader, which fires the schedule,
+changes host."""
+
+
 def _check_timezone(value: str) -> str:
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+    if value.casefold() in _HOST_ZONES:
+        raise ValueError(
+            f"timezone {value!r} means whatever the host reading it says, and the leader that "
+            f"fires the schedule changes host: name an IANA zone (e.g. 'Europe/Paris') or 'UTC'"
+        )
     try:
         ZoneInfo(value)
     except (ZoneInfoNotFoundError, ValueError):

@@ -83,7 +83,11 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     )
     create.add_argument("--payload", help="the jobs' payload as a JSON object (default: {})")
     create.add_argument("--queue", help="the jobs' queue (default: the actor's)")
-    create.add_argument("--timezone", default="UTC", help="timezone CRON is read in (default: UTC)")
+    create.add_argument(
+        "--timezone",
+        default="UTC",
+        help="IANA timezone CRON is read in, e.g. Europe/Paris (default: UTC)",
+    )
     create.add_argument("--disabled", action="store_true", help="store it without firing it")
     _add_app(create)
     add_connection_options(create)

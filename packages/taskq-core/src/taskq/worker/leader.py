@@ -353,6 +353,7 @@ class MaintenanceLeader:
         bound = None if loop.slots is not None else self.state.settings.dispatcher_command_timeout
         clock = asyncio.get_running_loop()
         retry = self.state.settings.maintenance_interval.total_seconds()
+        runs = loop.slots.runs if loop.slots is not None else None
         while True:
             await self.is_leader.wait()
             ran = False  # a turn that lost the leadership did no work: no recovery
@@ -386,8 +387,18 @@ class MaintenanceLeader:
                         left = bound.total_seconds() - (clock.time() - began)
                         async with asyncio.timeout(max(left, bound.total_seconds() / 4)):
                             moved = await work()
-                    if slot is not None and loop.slots is not None and loop.slots.runs is not None:
-                        await loop.slots.runs.record_maintenance_run(name, slot)
+                    if (
+                        slot is not None
+                        and runs is not None
+                        and not await runs.record_maintenance_run(name, slot)
+                    ):
+                        _log.warning(
+                            "taskq.leader-slot-ran-twice",
+                            loop=name,
+                            slot=slot.isoformat(),
+                            hint="another leader recorded this slot's run meanwhile: two "
+                            "leaders overlapped (one frozen past its lease as it began)",
+                        )
             except transient as exc:
                 failing.failed(exc)
                 if (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import sqlite3
 import threading
@@ -630,6 +631,42 @@ async def test_a_context_manager_provider_is_told_the_actors_error() -> None:
     # The error recorded is the actor's, its traceback without the provider's frames.
     assert failed.error is not None and failed.error.traceback is not None
     assert "__aexit__" not in failed.error.traceback
+
+
+_tenant: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="none")
+
+
+class _Tenant(str):
+    pass
+
+
+async def test_an_async_provider_that_sets_a_context_variable_resets_it_at_teardown() -> None:
+    # Its teardown ran in a task of its own, in a copy of the job's context: the token
+    # was "created in a different Context", the teardown failed, and so did every job.
+    resets: list[str] = []
+
+    async def tenant_scope() -> AsyncIterator[_Tenant]:
+        token = _tenant.set("acme")
+        try:
+            yield _Tenant("acme")
+        finally:
+            _tenant.reset(token)
+            resets.append(_tenant.get())
+
+    @actor(name="tenanted", max_attempts=1)
+    async def tenanted(payload: dict[str, Any], who: _Tenant) -> str:
+        return _tenant.get()
+
+    providers = ProviderRegistry()
+    providers.register(_Tenant, tenant_scope, scope=Scope.TRANSIENT)
+    tq = TaskQ("memory://", actors=[tenanted], providers=providers)
+    async with tq:
+        job = await tq.client.enqueue(tenanted, {})
+        await run_until_idle(tq)
+        row = await tq.client.get(job.id)
+    assert row is not None
+    assert (row.status, row.result, row.error) == ("succeeded", "acme", None)
+    assert resets == ["none"]
 
 
 async def test_a_sync_actors_values_are_closed_in_its_own_thread() -> None:

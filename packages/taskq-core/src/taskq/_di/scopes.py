@@ -47,6 +47,7 @@ __all__ = [
     "ScopeContainer",
     "ThreadScope",
     "build_actor_scope",
+    "own_context",
 ]
 
 _log = structlog.get_logger("taskq.di")
@@ -662,12 +663,54 @@ def _close_later(container: ScopeContainer, error: BaseException | None) -> None
     task.add_done_callback(_CLOSING_LATER.discard)
 
 
+_OWN_CONTEXT: contextvars.ContextVar[contextvars.Context | None] = contextvars.ContextVar(
+    "taskq_own_context", default=None
+)
+_PROBE: contextvars.ContextVar[object] = contextvars.ContextVar("taskq_context_probe")
+
+
+def own_context() -> contextvars.Context:
+    """A copy of the current context, for ``create_task(..., context=own_context())``.
+
+    A task started in it has its TRANSIENT teardowns run in its very context, not a
+    copy (Python 3.11 cannot name a task's context otherwise): a provider that set a
+    context variable on entry (``token = var.set(...)``) can reset it on exit.
+    """
+    context = contextvars.copy_context()
+    context.run(_OWN_CONTEXT.set, context)
+    return context
+
+
+def _current_context() -> contextvars.Context | None:
+    """The calling task's context object itself, when it can be named; else None."""
+    task = asyncio.current_task()
+    get_context = getattr(task, "get_context", None)  # Python 3.12+
+    if get_context is not None:
+        return cast("contextvars.Context", get_context())
+    own = _OWN_CONTEXT.get()
+    if own is None:
+        return None
+    # A task started from an own_context() task inherits a copy that names the parent's:
+    # only a value set here and seen there proves it is this one.
+    probe = object()
+    token = _PROBE.set(probe)
+    try:
+        return own if own.get(_PROBE) is probe else None
+    finally:
+        _PROBE.reset(token)
+
+
 async def _aclose_shielded(container: ScopeContainer, error: BaseException | None) -> None:
     if container.closes_synchronously:
         # Nothing in it awaits, so no cancellation can land: skip the task and shield.
         await container.aclose(error)
         return
-    closing = asyncio.ensure_future(container.aclose(error))
+    # In a task of its own, which the caller's cancellation cannot cut, but in the
+    # caller's context (not a copy): a context variable a provider set as it entered
+    # is reset as it exits ("token created in a different Context" failed every job).
+    closing = asyncio.get_running_loop().create_task(
+        container.aclose(error), context=_current_context()
+    )
     cancelled: asyncio.CancelledError | None = None
     while not closing.done():
         try:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import pytest
 
-from taskq._di import Lifecycle, ProviderRegistry
+from taskq._di import ActorSpec, Lifecycle, ProviderRegistry
 from taskq._di.registry import PlanStep
 from taskq._scope import Scope
 from taskq.errors import ConfigurationError
@@ -149,6 +149,22 @@ def test_unresolvable_type_hints_name_the_callable(registry: ProviderRegistry) -
 
     with pytest.raises(ConfigurationError, match=r"signature of .*factory: name 'Decimal'"):
         registry.plan(factory)
+
+
+@pytest.mark.parametrize("annotation", ["pytest.Nope", "list[int"])
+def test_any_unevaluable_type_hint_names_the_callable(
+    registry: ProviderRegistry, annotation: str
+) -> None:
+    # An attribute missing from a module, or a hint that is no expression, escaped as a
+    # bare AttributeError / SyntaxError from the worker's start, naming no actor.
+    def factory(amount: int) -> None:
+        pass
+
+    factory.__annotations__["amount"] = annotation
+    with pytest.raises(ConfigurationError, match=r"signature of .*factory: "):
+        registry.plan(factory)
+    with pytest.raises(ConfigurationError, match=r"actor 'job': cannot read .*factory"):
+        registry.validate({"job": ActorSpec(factory, {"amount"})})
 
 
 def test_a_plan_reaching_a_cycle_fails_instead_of_deadlocking(registry: ProviderRegistry) -> None:

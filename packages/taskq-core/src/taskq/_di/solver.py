@@ -137,7 +137,9 @@ def read_dependencies(func: Callable[..., object]) -> tuple[Dependency, ...]:
         ) from exc
     try:
         hints = get_type_hints(_hint_source(func), include_extras=True)
-    except (NameError, TypeError, ValueError) as exc:
+    except Exception as exc:
+        # Evaluating a hint may raise anything: a NameError, an attribute missing from
+        # a module, a string that is no expression (SyntaxError).
         raise ConfigurationError(
             f"cannot read the signature of {label}: {exc}. Annotate its parameters with types "
             "importable at run time (not only under `if TYPE_CHECKING`)."

@@ -113,7 +113,7 @@ def _hint_source(func: Callable[..., object]) -> object:
     if inspect.isclass(func):
         return func.__init__
     if isinstance(func, functools.partial):
-        return func.func
+        return _hint_source(func.func)  # a partial of a class: its __init__'s
     if inspect.isroutine(func):
         return func
     return type(func).__call__
@@ -144,9 +144,12 @@ def read_dependencies(func: Callable[..., object]) -> tuple[Dependency, ...]:
             f"cannot read the signature of {label}: {exc}. Annotate its parameters with types "
             "importable at run time (not only under `if TYPE_CHECKING`)."
         ) from exc
+    # A keyword a partial binds reads as a parameter with a default: it is the
+    # partial's to give, never injected over.
+    bound = func.keywords if isinstance(func, functools.partial) else {}
     dependencies = []
     for param in parameters:
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or param.name in bound:
             continue
         has_default = param.default is not param.empty
         if param.kind is param.POSITIONAL_ONLY:

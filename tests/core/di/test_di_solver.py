@@ -34,6 +34,9 @@ class Client:
         self.label = label
 
 
+FreshConfig = Annotated[Config, Scope.TRANSIENT]
+
+
 class RecordingContainer:
     """A container that hands out markers and records what it was asked for."""
 
@@ -173,6 +176,26 @@ async def test_an_optional_parameter_gets_its_types_provider_else_its_default(
     assert isinstance(values["needed"], Config)
     assert values["needed"] is values["maybe"] is values["also"]
     assert isinstance(values["scoped"], Config) and values["scoped"] is not values["needed"]
+
+
+async def test_an_optional_annotated_alias_gets_its_types_provider_in_its_scope(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    # ``Annotated[T, Scope.X] | None`` (an alias made optional) looked the Annotated
+    # form up: never registered, so a registered T was left unused and None given.
+    async def job(
+        maybe: FreshConfig | None = None,
+        also: Optional[Annotated[Config, Scope.TRANSIENT]] = None,  # noqa: UP045 - under test
+    ) -> None:
+        pass
+
+    registry.register(Config, Config, scope=Scope.PROCESS)
+    registry.validate()
+    transient = {**containers, Scope.TRANSIENT: ScopeContainer(Scope.TRANSIENT)}
+    values = await solve_dependencies(job, registry, transient, {})
+    assert isinstance(values.get("maybe"), Config)
+    assert values["also"] is values["maybe"]  # one TRANSIENT value
+    assert containers[Scope.PROCESS].peek(registry.get(Config)) is MISSING  # not PROCESS
 
 
 async def test_a_partials_bound_keywords_are_not_injected(

@@ -163,11 +163,18 @@ def read_dependencies(func: Callable[..., object]) -> tuple[Dependency, ...]:
         scope = None
         if get_origin(annotation) is Annotated:
             annotation, *metadata = get_args(annotation)
-            scope = next((item for item in metadata if isinstance(item, Scope)), None)
-        dependencies.append(
-            Dependency(param.name, annotation, scope, has_default, _optional_of(annotation))
-        )
+            scope = _scope_in(metadata)
+        optional_of = _optional_of(annotation)
+        if get_origin(optional_of) is Annotated:
+            # ``Annotated[T, Scope.X] | None`` (an alias made optional): T, in that scope.
+            optional_of, *metadata = get_args(optional_of)
+            scope = scope if scope is not None else _scope_in(metadata)
+        dependencies.append(Dependency(param.name, annotation, scope, has_default, optional_of))
     return tuple(dependencies)
+
+
+def _scope_in(metadata: list[object]) -> Scope | None:
+    return next((item for item in metadata if isinstance(item, Scope)), None)
 
 
 def _optional_of(annotation: object) -> object | None:

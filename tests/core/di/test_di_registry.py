@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 from taskq._di import ActorSpec, Lifecycle, ProviderRegistry
 from taskq._di.registry import PlanStep
@@ -128,6 +129,26 @@ def test_unannotated_parameters_have_no_key(registry: ProviderRegistry) -> None:
         return config
 
     assert registry.plan(factory) == (PlanStep("config", None, None, Scope.TRANSIENT),)
+
+
+class Settings(BaseModel):
+    """A class whose signature is its own (``__signature__``), not its ``__init__``'s."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    config: Config
+    retries: int = 3
+
+
+def test_a_class_with_a_signature_of_its_own_has_its_annotations_read(
+    registry: ProviderRegistry,
+) -> None:
+    # Only __init__'s hints were read (a pydantic model's: **data), so every annotated
+    # field was said to have no type hint.
+    registry.register(Config, Config, scope=Scope.PROCESS)
+    registry.register(Settings, Settings, scope=Scope.PROCESS)
+    registry.validate()
+    [step] = registry.plan(Settings)
+    assert (step.name, step.key) == ("config", Config)
 
 
 def test_positional_only_parameters_cannot_be_injected(registry: ProviderRegistry) -> None:

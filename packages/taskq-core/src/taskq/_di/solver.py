@@ -160,6 +160,10 @@ def read_dependencies(func: Callable[..., object]) -> tuple[Dependency, ...]:
                 "injected by keyword; make it a regular parameter"
             )
         annotation = hints.get(param.name)
+        if annotation is None and not isinstance(param.annotation, str):
+            # A signature of its own (``__signature__``: a pydantic model's fields), whose
+            # annotations the hints of ``__init__`` (``**data``) do not have.
+            annotation = None if param.annotation is param.empty else param.annotation
         scope = None
         if get_origin(annotation) is Annotated:
             annotation, *metadata = get_args(annotation)

@@ -669,6 +669,41 @@ async def test_an_async_provider_that_sets_a_context_variable_resets_it_at_teard
     assert resets == ["none"]
 
 
+class _Pool:
+    pass
+
+
+async def test_a_shared_value_is_created_outside_the_context_of_the_job_that_asked() -> None:
+    # It was created in a copy of the first job's context: a task it started (a pool's
+    # health check) logged with that job's id, actor and attempt for the worker's life.
+    seen: list[dict[str, Any]] = []
+    ticked = asyncio.Event()
+
+    async def open_pool() -> AsyncIterator[_Pool]:
+        async def health() -> None:
+            while True:
+                seen.append(dict(structlog.contextvars.get_contextvars()))
+                ticked.set()
+                await asyncio.sleep(0.01)
+
+        checking = asyncio.create_task(health())
+        yield _Pool()
+        checking.cancel()
+
+    @actor(name="pooled", max_attempts=1)
+    async def pooled(payload: dict[str, Any], pool: _Pool) -> None:
+        await ticked.wait()
+
+    providers = ProviderRegistry()
+    providers.register(_Pool, open_pool, scope=Scope.LOOP)
+    tq = TaskQ("memory://", actors=[pooled], providers=providers)
+    async with tq:
+        await tq.client.enqueue(pooled, {})
+        await run_until_idle(tq)
+    assert seen
+    assert [s for s in seen if "job_id" in s] == []
+
+
 async def test_a_sync_actors_values_are_closed_in_its_own_thread() -> None:
     # They were closed on the event loop's thread: a thread-bound resource (a sqlite
     # connection) refused, and a blocking close stalled every job and heartbeat.

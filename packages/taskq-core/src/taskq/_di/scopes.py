@@ -71,8 +71,13 @@ class ScopeContainer:
     make the right ones for each scope.
     """
 
-    def __init__(self, scope: Scope) -> None:
+    def __init__(self, scope: Scope, *, context: contextvars.Context | None = None) -> None:
         self.scope = scope
+        # Where a shared value is created (a copy of it): the context the scope was
+        # opened in, not the one of the invocation that first asks for the value.
+        if context is None and scope is not Scope.TRANSIENT:
+            context = contextvars.copy_context()
+        self._context = context
         self._values: dict[ProviderEntry, object] = {}
         # Values being created; the future exists only once someone waits for one.
         self._creating: dict[ProviderEntry, Future[object] | None] = {}
@@ -142,8 +147,13 @@ class ScopeContainer:
             return await self._create(entry, registry, containers)
         # A shared value outlives the invocation that first asks for it: created on its
         # own, so that job's timeout or cancel does not cancel it for every other job
-        # (a model taking longer to load than one job's timeout was never loaded).
-        creation = asyncio.get_running_loop().create_task(self._create(entry, registry, containers))
+        # (a model taking longer to load than one job's timeout was never loaded), and
+        # outside that job's context, so that a task it starts (a pool's health check)
+        # does not log as that job (its id, actor, attempt) for the worker's life.
+        context = None if self._context is None else self._context.copy()
+        creation = asyncio.get_running_loop().create_task(
+            self._create(entry, registry, containers), context=context
+        )
         creation.add_done_callback(_retrieved)
         return await asyncio.shield(creation)
 
@@ -339,12 +349,14 @@ class ThreadScope:
         self._local = threading.local()
         self._containers: list[ScopeContainer] = []
         self._lock = threading.Lock()
+        self._context = contextvars.copy_context()  # the containers' (ScopeContainer)
 
     def current(self) -> ScopeContainer:
         """The calling thread's container, created on first use."""
         container: ScopeContainer | None = getattr(self._local, "container", None)
         if container is None:
-            container = self._local.container = ScopeContainer(Scope.THREAD)
+            container = ScopeContainer(Scope.THREAD, context=self._context)
+            self._local.container = container
             with self._lock:
                 self._containers.append(container)
         return container
@@ -412,6 +424,7 @@ class LoopScope:
     def __init__(self) -> None:
         self._containers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ScopeContainer]
         self._containers = weakref.WeakKeyDictionary()
+        self._context = contextvars.copy_context()  # the containers' (ScopeContainer)
         # The last answer: a worker asks once per job, always from the same loop, and
         # a WeakKeyDictionary lookup makes a new weak reference every time.
         self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], ScopeContainer] | None = None
@@ -424,7 +437,8 @@ class LoopScope:
             return last[1]
         container = self._containers.get(loop)
         if container is None:
-            container = self._containers[loop] = ScopeContainer(Scope.LOOP)
+            container = ScopeContainer(Scope.LOOP, context=self._context)
+            self._containers[loop] = container
         self._last = (weakref.ref(loop), container)
         return container
 

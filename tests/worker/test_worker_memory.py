@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import sqlite3
 import threading
@@ -630,6 +631,77 @@ async def test_a_context_manager_provider_is_told_the_actors_error() -> None:
     # The error recorded is the actor's, its traceback without the provider's frames.
     assert failed.error is not None and failed.error.traceback is not None
     assert "__aexit__" not in failed.error.traceback
+
+
+_tenant: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="none")
+
+
+class _Tenant(str):
+    pass
+
+
+async def test_an_async_provider_that_sets_a_context_variable_resets_it_at_teardown() -> None:
+    # Its teardown ran in a task of its own, in a copy of the job's context: the token
+    # was "created in a different Context", the teardown failed, and so did every job.
+    resets: list[str] = []
+
+    async def tenant_scope() -> AsyncIterator[_Tenant]:
+        token = _tenant.set("acme")
+        try:
+            yield _Tenant("acme")
+        finally:
+            _tenant.reset(token)
+            resets.append(_tenant.get())
+
+    @actor(name="tenanted", max_attempts=1)
+    async def tenanted(payload: dict[str, Any], who: _Tenant) -> str:
+        return _tenant.get()
+
+    providers = ProviderRegistry()
+    providers.register(_Tenant, tenant_scope, scope=Scope.TRANSIENT)
+    tq = TaskQ("memory://", actors=[tenanted], providers=providers)
+    async with tq:
+        job = await tq.client.enqueue(tenanted, {})
+        await run_until_idle(tq)
+        row = await tq.client.get(job.id)
+    assert row is not None
+    assert (row.status, row.result, row.error) == ("succeeded", "acme", None)
+    assert resets == ["none"]
+
+
+class _Pool:
+    pass
+
+
+async def test_a_shared_value_is_created_outside_the_context_of_the_job_that_asked() -> None:
+    # It was created in a copy of the first job's context: a task it started (a pool's
+    # health check) logged with that job's id, actor and attempt for the worker's life.
+    seen: list[dict[str, Any]] = []
+    ticked = asyncio.Event()
+
+    async def open_pool() -> AsyncIterator[_Pool]:
+        async def health() -> None:
+            while True:
+                seen.append(dict(structlog.contextvars.get_contextvars()))
+                ticked.set()
+                await asyncio.sleep(0.01)
+
+        checking = asyncio.create_task(health())
+        yield _Pool()
+        checking.cancel()
+
+    @actor(name="pooled", max_attempts=1)
+    async def pooled(payload: dict[str, Any], pool: _Pool) -> None:
+        await ticked.wait()
+
+    providers = ProviderRegistry()
+    providers.register(_Pool, open_pool, scope=Scope.LOOP)
+    tq = TaskQ("memory://", actors=[pooled], providers=providers)
+    async with tq:
+        await tq.client.enqueue(pooled, {})
+        await run_until_idle(tq)
+    assert seen
+    assert [s for s in seen if "job_id" in s] == []
 
 
 async def test_a_sync_actors_values_are_closed_in_its_own_thread() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -11,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import structlog
 
-from taskq._di import ProviderRegistry, build_actor_scope, passthrough_scope
+from taskq._di import ProviderRegistry, build_actor_scope, own_context, passthrough_scope
 from taskq._di.solver import Container
 from taskq._scope import Scope
 
@@ -465,3 +466,31 @@ async def test_every_teardown_failure_is_logged_after_an_interrupted_one(
             pass
     events = [e["event"] for e in logs]
     assert events == ["taskq.di-teardown-interrupted", "taskq.di-teardown-failed"]
+
+
+_tenant: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="none")
+
+
+async def test_an_async_teardown_runs_in_the_invocations_own_context(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    # It ran in a copy: a provider resetting the context variable it set on entry
+    # failed ("created in a different Context"), and so did the invocation.
+    async def tenant_scope() -> AsyncIterator[Audit]:
+        token = _tenant.set("acme")
+        yield Audit()
+        await asyncio.sleep(0)
+        _tenant.reset(token)
+
+    registry.register(Audit, tenant_scope, scope=Scope.TRANSIENT)
+
+    async def tenanted(payload: int, audit: Audit) -> str:
+        return _tenant.get()
+
+    async def run() -> tuple[str, str]:
+        async with build_actor_scope(tenanted, registry, containers, {"payload": 1}) as scope:
+            seen = await scope.invoke()
+        return seen, _tenant.get()
+
+    task = asyncio.create_task(run(), context=own_context())
+    assert await task == ("acme", "none")

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
-from taskq._di import Lifecycle, ProviderRegistry
+from taskq._di import ActorSpec, Lifecycle, ProviderRegistry
 from taskq._di.registry import PlanStep
 from taskq._scope import Scope
 from taskq.errors import ConfigurationError
@@ -130,6 +131,26 @@ def test_unannotated_parameters_have_no_key(registry: ProviderRegistry) -> None:
     assert registry.plan(factory) == (PlanStep("config", None, None, Scope.TRANSIENT),)
 
 
+class Settings(BaseModel):
+    """A class whose signature is its own (``__signature__``), not its ``__init__``'s."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    config: Config
+    retries: int = 3
+
+
+def test_a_class_with_a_signature_of_its_own_has_its_annotations_read(
+    registry: ProviderRegistry,
+) -> None:
+    # Only __init__'s hints were read (a pydantic model's: **data), so every annotated
+    # field was said to have no type hint.
+    registry.register(Config, Config, scope=Scope.PROCESS)
+    registry.register(Settings, Settings, scope=Scope.PROCESS)
+    registry.validate()
+    [step] = registry.plan(Settings)
+    assert (step.name, step.key) == ("config", Config)
+
+
 def test_positional_only_parameters_cannot_be_injected(registry: ProviderRegistry) -> None:
     def factory(config: Config, /) -> Conn:
         return Conn(config)
@@ -149,6 +170,22 @@ def test_unresolvable_type_hints_name_the_callable(registry: ProviderRegistry) -
 
     with pytest.raises(ConfigurationError, match=r"signature of .*factory: name 'Decimal'"):
         registry.plan(factory)
+
+
+@pytest.mark.parametrize("annotation", ["pytest.Nope", "list[int"])
+def test_any_unevaluable_type_hint_names_the_callable(
+    registry: ProviderRegistry, annotation: str
+) -> None:
+    # An attribute missing from a module, or a hint that is no expression, escaped as a
+    # bare AttributeError / SyntaxError from the worker's start, naming no actor.
+    def factory(amount: int) -> None:
+        pass
+
+    factory.__annotations__["amount"] = annotation
+    with pytest.raises(ConfigurationError, match=r"signature of .*factory: "):
+        registry.plan(factory)
+    with pytest.raises(ConfigurationError, match=r"actor 'job': cannot read .*factory"):
+        registry.validate({"job": ActorSpec(factory, {"amount"})})
 
 
 def test_a_plan_reaching_a_cycle_fails_instead_of_deadlocking(registry: ProviderRegistry) -> None:

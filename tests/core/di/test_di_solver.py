@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Annotated, Optional
 
 import pytest
@@ -25,6 +26,15 @@ class Conn:
 
 class Payload:
     pass
+
+
+class Client:
+    def __init__(self, conn: Conn, label: str) -> None:
+        self.conn = conn
+        self.label = label
+
+
+FreshConfig = Annotated[Config, Scope.TRANSIENT]
 
 
 class RecordingContainer:
@@ -166,6 +176,50 @@ async def test_an_optional_parameter_gets_its_types_provider_else_its_default(
     assert isinstance(values["needed"], Config)
     assert values["needed"] is values["maybe"] is values["also"]
     assert isinstance(values["scoped"], Config) and values["scoped"] is not values["needed"]
+
+
+async def test_an_optional_annotated_alias_gets_its_types_provider_in_its_scope(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    # ``Annotated[T, Scope.X] | None`` (an alias made optional) looked the Annotated
+    # form up: never registered, so a registered T was left unused and None given.
+    async def job(
+        maybe: FreshConfig | None = None,
+        also: Optional[Annotated[Config, Scope.TRANSIENT]] = None,  # noqa: UP045 - under test
+    ) -> None:
+        pass
+
+    registry.register(Config, Config, scope=Scope.PROCESS)
+    registry.validate()
+    transient = {**containers, Scope.TRANSIENT: ScopeContainer(Scope.TRANSIENT)}
+    values = await solve_dependencies(job, registry, transient, {})
+    assert isinstance(values.get("maybe"), Config)
+    assert values["also"] is values["maybe"]  # one TRANSIENT value
+    assert containers[Scope.PROCESS].peek(registry.get(Config)) is MISSING  # not PROCESS
+
+
+async def test_a_partials_bound_keywords_are_not_injected(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    # The registered Config replaced the one bound into the partial (a keyword bound
+    # by partial reads as a parameter with a default, so it was injected over it).
+    mine = Config()
+
+    def connect(config: Config) -> Conn:
+        return Conn(config)
+
+    registry.register(Config, Config, scope=Scope.PROCESS)
+    registry.register(Conn, functools.partial(connect, config=mine), scope=Scope.PROCESS)
+    # A partial of a class: its __init__'s hints (the class's own were read: none).
+    registry.register(Client, functools.partial(Client, label="bound"), scope=Scope.PROCESS)
+
+    async def job(conn: Conn, client: Client) -> None:
+        pass
+
+    registry.validate()
+    values = await solve_dependencies(job, registry, containers, {})
+    assert values["conn"].config is mine
+    assert values["client"].label == "bound" and values["client"].conn is values["conn"]
 
 
 async def test_an_optional_parameter_takes_the_unions_own_provider_first(

@@ -21,6 +21,7 @@ from taskq._di.scopes import ResolvedActorScope as ResolvedActorScope
 from taskq._di.scopes import ScopeContainer as ScopeContainer
 from taskq._di.scopes import ThreadScope as ThreadScope
 from taskq._di.scopes import build_actor_scope as build_actor_scope
+from taskq._di.scopes import own_context as own_context
 from taskq._di.scopes import passthrough_scope as passthrough_scope
 from taskq._di.solver import Container as Container
 from taskq._di.solver import Containers as Containers
@@ -43,6 +44,7 @@ __all__ = [
     "ScopeContainer",
     "ThreadScope",
     "build_actor_scope",
+    "own_context",
     "passthrough_scope",
     "solve_dependencies",
 ]

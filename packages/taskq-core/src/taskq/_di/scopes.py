@@ -47,6 +47,7 @@ __all__ = [
     "ScopeContainer",
     "ThreadScope",
     "build_actor_scope",
+    "own_context",
 ]
 
 _log = structlog.get_logger("taskq.di")
@@ -70,8 +71,13 @@ class ScopeContainer:
     make the right ones for each scope.
     """
 
-    def __init__(self, scope: Scope) -> None:
+    def __init__(self, scope: Scope, *, context: contextvars.Context | None = None) -> None:
         self.scope = scope
+        # Where a shared value is created (a copy of it): the context the scope was
+        # opened in, not the one of the invocation that first asks for the value.
+        if context is None and scope is not Scope.TRANSIENT:
+            context = contextvars.copy_context()
+        self._context = context
         self._values: dict[ProviderEntry, object] = {}
         # Values being created; the future exists only once someone waits for one.
         self._creating: dict[ProviderEntry, Future[object] | None] = {}
@@ -141,8 +147,13 @@ class ScopeContainer:
             return await self._create(entry, registry, containers)
         # A shared value outlives the invocation that first asks for it: created on its
         # own, so that job's timeout or cancel does not cancel it for every other job
-        # (a model taking longer to load than one job's timeout was never loaded).
-        creation = asyncio.get_running_loop().create_task(self._create(entry, registry, containers))
+        # (a model taking longer to load than one job's timeout was never loaded), and
+        # outside that job's context, so that a task it starts (a pool's health check)
+        # does not log as that job (its id, actor, attempt) for the worker's life.
+        context = None if self._context is None else self._context.copy()
+        creation = asyncio.get_running_loop().create_task(
+            self._create(entry, registry, containers), context=context
+        )
         creation.add_done_callback(_retrieved)
         return await asyncio.shield(creation)
 
@@ -338,12 +349,14 @@ class ThreadScope:
         self._local = threading.local()
         self._containers: list[ScopeContainer] = []
         self._lock = threading.Lock()
+        self._context = contextvars.copy_context()  # the containers' (ScopeContainer)
 
     def current(self) -> ScopeContainer:
         """The calling thread's container, created on first use."""
         container: ScopeContainer | None = getattr(self._local, "container", None)
         if container is None:
-            container = self._local.container = ScopeContainer(Scope.THREAD)
+            container = ScopeContainer(Scope.THREAD, context=self._context)
+            self._local.container = container
             with self._lock:
                 self._containers.append(container)
         return container
@@ -411,6 +424,7 @@ class LoopScope:
     def __init__(self) -> None:
         self._containers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ScopeContainer]
         self._containers = weakref.WeakKeyDictionary()
+        self._context = contextvars.copy_context()  # the containers' (ScopeContainer)
         # The last answer: a worker asks once per job, always from the same loop, and
         # a WeakKeyDictionary lookup makes a new weak reference every time.
         self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], ScopeContainer] | None = None
@@ -423,7 +437,8 @@ class LoopScope:
             return last[1]
         container = self._containers.get(loop)
         if container is None:
-            container = self._containers[loop] = ScopeContainer(Scope.LOOP)
+            container = ScopeContainer(Scope.LOOP, context=self._context)
+            self._containers[loop] = container
         self._last = (weakref.ref(loop), container)
         return container
 
@@ -662,12 +677,54 @@ def _close_later(container: ScopeContainer, error: BaseException | None) -> None
     task.add_done_callback(_CLOSING_LATER.discard)
 
 
+_OWN_CONTEXT: contextvars.ContextVar[contextvars.Context | None] = contextvars.ContextVar(
+    "taskq_own_context", default=None
+)
+_PROBE: contextvars.ContextVar[object] = contextvars.ContextVar("taskq_context_probe")
+
+
+def own_context() -> contextvars.Context:
+    """A copy of the current context, for ``create_task(..., context=own_context())``.
+
+    A task started in it has its TRANSIENT teardowns run in its very context, not a
+    copy (Python 3.11 cannot name a task's context otherwise): a provider that set a
+    context variable on entry (``token = var.set(...)``) can reset it on exit.
+    """
+    context = contextvars.copy_context()
+    context.run(_OWN_CONTEXT.set, context)
+    return context
+
+
+def _current_context() -> contextvars.Context | None:
+    """The calling task's context object itself, when it can be named; else None."""
+    task = asyncio.current_task()
+    get_context = getattr(task, "get_context", None)  # Python 3.12+
+    if get_context is not None:
+        return cast("contextvars.Context", get_context())
+    own = _OWN_CONTEXT.get()
+    if own is None:
+        return None
+    # A task started from an own_context() task inherits a copy that names the parent's:
+    # only a value set here and seen there proves it is this one.
+    probe = object()
+    token = _PROBE.set(probe)
+    try:
+        return own if own.get(_PROBE) is probe else None
+    finally:
+        _PROBE.reset(token)
+
+
 async def _aclose_shielded(container: ScopeContainer, error: BaseException | None) -> None:
     if container.closes_synchronously:
         # Nothing in it awaits, so no cancellation can land: skip the task and shield.
         await container.aclose(error)
         return
-    closing = asyncio.ensure_future(container.aclose(error))
+    # In a task of its own, which the caller's cancellation cannot cut, but in the
+    # caller's context (not a copy): a context variable a provider set as it entered
+    # is reset as it exits ("token created in a different Context" failed every job).
+    closing = asyncio.get_running_loop().create_task(
+        container.aclose(error), context=_current_context()
+    )
     cancelled: asyncio.CancelledError | None = None
     while not closing.done():
         try:

@@ -113,7 +113,7 @@ def _hint_source(func: Callable[..., object]) -> object:
     if inspect.isclass(func):
         return func.__init__
     if isinstance(func, functools.partial):
-        return func.func
+        return _hint_source(func.func)  # a partial of a class: its __init__'s
     if inspect.isroutine(func):
         return func
     return type(func).__call__
@@ -137,14 +137,19 @@ def read_dependencies(func: Callable[..., object]) -> tuple[Dependency, ...]:
         ) from exc
     try:
         hints = get_type_hints(_hint_source(func), include_extras=True)
-    except (NameError, TypeError, ValueError) as exc:
+    except Exception as exc:
+        # Evaluating a hint may raise anything: a NameError, an attribute missing from
+        # a module, a string that is no expression (SyntaxError).
         raise ConfigurationError(
             f"cannot read the signature of {label}: {exc}. Annotate its parameters with types "
             "importable at run time (not only under `if TYPE_CHECKING`)."
         ) from exc
+    # A keyword a partial binds reads as a parameter with a default: it is the
+    # partial's to give, never injected over.
+    bound = func.keywords if isinstance(func, functools.partial) else {}
     dependencies = []
     for param in parameters:
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or param.name in bound:
             continue
         has_default = param.default is not param.empty
         if param.kind is param.POSITIONAL_ONLY:
@@ -155,14 +160,25 @@ def read_dependencies(func: Callable[..., object]) -> tuple[Dependency, ...]:
                 "injected by keyword; make it a regular parameter"
             )
         annotation = hints.get(param.name)
+        if annotation is None and not isinstance(param.annotation, str):
+            # A signature of its own (``__signature__``: a pydantic model's fields), whose
+            # annotations the hints of ``__init__`` (``**data``) do not have.
+            annotation = None if param.annotation is param.empty else param.annotation
         scope = None
         if get_origin(annotation) is Annotated:
             annotation, *metadata = get_args(annotation)
-            scope = next((item for item in metadata if isinstance(item, Scope)), None)
-        dependencies.append(
-            Dependency(param.name, annotation, scope, has_default, _optional_of(annotation))
-        )
+            scope = _scope_in(metadata)
+        optional_of = _optional_of(annotation)
+        if get_origin(optional_of) is Annotated:
+            # ``Annotated[T, Scope.X] | None`` (an alias made optional): T, in that scope.
+            optional_of, *metadata = get_args(optional_of)
+            scope = scope if scope is not None else _scope_in(metadata)
+        dependencies.append(Dependency(param.name, annotation, scope, has_default, optional_of))
     return tuple(dependencies)
+
+
+def _scope_in(metadata: list[object]) -> Scope | None:
+    return next((item for item in metadata if isinstance(item, Scope)), None)
 
 
 def _optional_of(annotation: object) -> object | None:

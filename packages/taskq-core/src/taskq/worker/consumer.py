@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 import structlog
 from pydantic_core import to_jsonable_python
 
-from taskq._di import ResolvedActorScope, build_actor_scope, passthrough_scope
+from taskq._di import ResolvedActorScope, build_actor_scope, own_context, passthrough_scope
 from taskq.actor import CONTEXT_PARAMETER, Actor
 from taskq.backend import (
     CancelPhase,
@@ -70,7 +70,10 @@ async def consumer_loop(state: WorkerState) -> None:
         active = state.active.get(row.id)
         if active is None or active.lost or active.row.attempt != row.attempt:
             continue  # lost before it started: the lock is gone, so is the job
-        task = asyncio.create_task(execute(state, row), name=f"taskq-job-{row.actor}-{row.id}")
+        # In a context its DI scope can name: its TRANSIENT teardowns run in it.
+        task = asyncio.create_task(
+            execute(state, row), name=f"taskq-job-{row.actor}-{row.id}", context=own_context()
+        )
         active.task = task
         active.ran = asyncio.get_running_loop().create_future()
         active.release = functools.partial(_released, state, active)

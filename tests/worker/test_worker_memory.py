@@ -1430,3 +1430,46 @@ async def test_a_snooze_whose_reply_was_lost_is_no_late_outcome() -> None:
     assert backend.lost == 0  # the reply was lost
     assert row is not None and row.status is JobStatus.SUCCEEDED
     assert [e for e in events if e.kind == "late_outcome"] == []
+
+
+async def test_a_failure_whose_reply_was_lost_is_no_late_outcome_once_the_job_runs_again() -> None:
+    # The retry committed and its reply was lost, and another worker took the job
+    # before the write was tried again: that try found the job on attempt 2 and the
+    # worker took its own write for another's, adding a late outcome to a history
+    # whose attempt 1 already said it failed.
+    other = uuid4()
+    moved_on = asyncio.Event()
+
+    class LostReply(InMemoryBackend):
+        lost = 1
+
+        async def mark_failed_or_retry(self, *args: Any, **kwargs: Any) -> Any:
+            done = await super().mark_failed_or_retry(*args, **kwargs)
+            if self.lost:
+                self.lost -= 1
+                # Before the reply is lost, another worker takes the retry.
+                assert await self.dispatch_batch(other, ["default"], 1, timedelta(minutes=5))
+                raise ConnectionResetError("the reply was lost")
+            moved_on.set()
+            return done
+
+    @actor(name="fails.once", max_attempts=2, retry_backoff=FixedBackoff(timedelta(0)))
+    async def fails(payload: dict[str, Any]) -> None:
+        raise ValueError("boom")
+
+    backend = LostReply()
+    tq = TaskQ("memory://", actors=[fails], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(fails, {})
+        slow = {"heartbeat_interval": "20s", "lock_lease": "80s", "leader_lease": "40s"}
+        running = asyncio.create_task(run_until_idle(tq, **slow))
+        await asyncio.wait_for(moved_on.wait(), 5)
+        assert await backend.mark_succeeded(job.id, other, None)
+        await asyncio.wait_for(running, 10)
+        row = await tq.client.get(job.id)
+        events = await tq.client.get_events(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+    assert backend.lost == 0
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+    assert [a.outcome for a in attempts] == ["failed", "succeeded"]
+    assert [e.detail for e in events if e.kind == "late_outcome"] == []

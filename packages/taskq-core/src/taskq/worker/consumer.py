@@ -837,6 +837,8 @@ async def _failure_written(
     if after is not None and not (
         after.attempt == row.attempt and after.error == stored_error(info)
     ):
+        if await _attempt_recorded_as(state, row, "failed"):
+            return  # an earlier try landed, its reply lost: the job has run again since
         if fenced:  # stopped before the reclaim, as the fence is for: not a lost lock
             _log.info("taskq.fenced-job-reclaimed", status=after.status.value)
         else:

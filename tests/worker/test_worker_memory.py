@@ -1409,3 +1409,139 @@ async def test_an_outcome_refused_after_a_reclaim_is_kept_as_a_late_outcome_even
         "worker_id": str(attempts[0].worker_id),
         "outcome": "succeeded",
     }
+
+
+@pytest.mark.parametrize(
+    ("signal", "outcome"),
+    [
+        (Snooze(timedelta(seconds=30)), "snoozed"),
+        (RetryAfter(timedelta(seconds=30)), "retry_after"),
+    ],
+    ids=["snooze", "retry_after"],
+)
+async def test_a_reschedule_refused_after_a_reclaim_is_kept_as_a_late_outcome_event(
+    signal: Exception, outcome: str
+) -> None:
+    # As a success, a failure or a cancel refused after a reclaim: the actor asked to
+    # run again later, and the history said only that the attempt crashed.
+    from taskq.backend.clock import FakeClock
+
+    clock = FakeClock()
+    backend = InMemoryBackend(clock=clock)
+    taken = asyncio.Event()
+    release = asyncio.Event()
+
+    @actor(name="late.rescheduler", max_attempts=1)
+    async def rescheduler(payload: dict[str, Any]) -> None:
+        taken.set()
+        await release.wait()
+        raise signal
+
+    tq = TaskQ("memory://", actors=[rescheduler], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(rescheduler, {})
+        slow = {"heartbeat_interval": "20s", "lock_lease": "80s", "leader_lease": "40s"}
+        running = asyncio.create_task(run_until_idle(tq, **slow))
+        await asyncio.wait_for(taken.wait(), 5)
+        clock.advance(timedelta(minutes=5))
+        release.set()
+        assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
+        await asyncio.wait_for(running, 10)
+        attempts = await tq.client.get_attempts(job.id)
+        events = await tq.client.get_events(job.id)
+        done = await tq.client.get(job.id)
+    assert done is not None and done.status is JobStatus.CRASHED  # the reclaim's verdict
+    assert [a.outcome for a in attempts] == ["crashed"]
+    [late] = [e for e in events if e.kind == "late_outcome"]
+    assert late.detail == {
+        "attempt": 1,
+        "worker_id": str(attempts[0].worker_id),
+        "outcome": outcome,
+    }
+
+
+async def test_a_snooze_whose_reply_was_lost_is_no_late_outcome() -> None:
+    # The snooze committed and its reply was lost: the retry found the job no longer
+    # running, yet the attempt's own row says it was snoozed: no late outcome.
+    from taskq.backend.clock import FakeClock
+
+    answered = asyncio.Event()
+
+    class LostReply(InMemoryBackend):
+        lost = 1
+
+        async def mark_snoozed(self, *args: Any, **kwargs: Any) -> Any:
+            done = await super().mark_snoozed(*args, **kwargs)
+            if self.lost:
+                self.lost -= 1
+                raise ConnectionResetError("the reply was lost")
+            answered.set()
+            return done
+
+    runs: list[int] = []
+
+    @actor(name="snoozes.once", max_attempts=1)
+    async def snoozes(payload: dict[str, Any]) -> None:
+        runs.append(1)
+        if len(runs) == 1:
+            raise Snooze(timedelta(minutes=5))
+
+    clock = FakeClock()
+    backend = LostReply(clock=clock)
+    tq = TaskQ("memory://", actors=[snoozes], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(snoozes, {})
+        # No heartbeat while the write is retried, to find the job gone and stop it.
+        slow = {"heartbeat_interval": "20s", "lock_lease": "80s", "leader_lease": "40s"}
+        running = asyncio.create_task(run_until_idle(tq, **slow))
+        await asyncio.wait_for(answered.wait(), 5)
+        clock.advance(timedelta(minutes=10))
+        await asyncio.wait_for(running, 10)
+        row = await tq.client.get(job.id)
+        events = await tq.client.get_events(job.id)
+    assert backend.lost == 0  # the reply was lost
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+    assert [e for e in events if e.kind == "late_outcome"] == []
+
+
+async def test_a_failure_whose_reply_was_lost_is_no_late_outcome_once_the_job_runs_again() -> None:
+    # The retry committed and its reply was lost, and another worker took the job
+    # before the write was tried again: that try found the job on attempt 2 and the
+    # worker took its own write for another's, adding a late outcome to a history
+    # whose attempt 1 already said it failed.
+    other = uuid4()
+    moved_on = asyncio.Event()
+
+    class LostReply(InMemoryBackend):
+        lost = 1
+
+        async def mark_failed_or_retry(self, *args: Any, **kwargs: Any) -> Any:
+            done = await super().mark_failed_or_retry(*args, **kwargs)
+            if self.lost:
+                self.lost -= 1
+                # Before the reply is lost, another worker takes the retry.
+                assert await self.dispatch_batch(other, ["default"], 1, timedelta(minutes=5))
+                raise ConnectionResetError("the reply was lost")
+            moved_on.set()
+            return done
+
+    @actor(name="fails.once", max_attempts=2, retry_backoff=FixedBackoff(timedelta(0)))
+    async def fails(payload: dict[str, Any]) -> None:
+        raise ValueError("boom")
+
+    backend = LostReply()
+    tq = TaskQ("memory://", actors=[fails], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(fails, {})
+        slow = {"heartbeat_interval": "20s", "lock_lease": "80s", "leader_lease": "40s"}
+        running = asyncio.create_task(run_until_idle(tq, **slow))
+        await asyncio.wait_for(moved_on.wait(), 5)
+        assert await backend.mark_succeeded(job.id, other, None)
+        await asyncio.wait_for(running, 10)
+        row = await tq.client.get(job.id)
+        events = await tq.client.get_events(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+    assert backend.lost == 0
+    assert row is not None and row.status is JobStatus.SUCCEEDED
+    assert [a.outcome for a in attempts] == ["failed", "succeeded"]
+    assert [e.detail for e in events if e.kind == "late_outcome"] == []

@@ -445,10 +445,10 @@ async def _reschedule(
 ) -> None:
     """Write what the actor asked for: a snooze, or a retry after a delay."""
     backend = state.backend
-    name, mark = (
-        ("snooze", backend.mark_snoozed)
+    name, outcome, mark = (
+        ("snooze", "snoozed", backend.mark_snoozed)
         if isinstance(signal, Snooze)
-        else ("retry_after", backend.mark_retry_after)
+        else ("retry_after", "retry_after", backend.mark_retry_after)
     )
     verdict = await write_retrying(
         state,
@@ -463,9 +463,22 @@ async def _reschedule(
         ),
     )
     if verdict == "noop":
-        _ownership_lost(row, name)
+        # Reclaimed while it ran, the reclaim's ``crashed`` is all the history said of
+        # an attempt that in fact ended on the actor's request: a late outcome, unless
+        # an earlier try of this write landed (its reply lost).
+        if not await _attempt_recorded_as(state, row, outcome):
+            await _late(state, row, outcome)
     else:
         await _ended_instead(state, row, verdict)
+
+
+async def _attempt_recorded_as(state: WorkerState, row: JobRow, outcome: str) -> bool:
+    """Whether this attempt's row has ``outcome``: a write that reported a no-op had in
+    fact landed (the job may run again since, on a later attempt)."""
+    attempts = await write_retrying(
+        state, "read", lambda: state.backend.get_attempts(row.id), give_up=True
+    )
+    return any(a.attempt == row.attempt and a.outcome == outcome for a in attempts or ())
 
 
 async def _ended_instead(state: WorkerState, row: JobRow, verdict: str | None) -> None:
@@ -827,6 +840,8 @@ async def _failure_written(
     if after is not None and not (
         after.attempt == row.attempt and after.error == stored_error(info)
     ):
+        if await _attempt_recorded_as(state, row, "failed"):
+            return  # an earlier try landed, its reply lost: the job has run again since
         if fenced:  # stopped before the reclaim, as the fence is for: not a lost lock
             _log.info("taskq.fenced-job-reclaimed", status=after.status.value)
         else:

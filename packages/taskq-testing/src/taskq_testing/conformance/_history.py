@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from datetime import timedelta, timezone
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
 
-from taskq.backend import Backend, SupportsLateOutcomes
-from taskq.models import AttemptRow, ErrorInfo
+from taskq.backend import (
+    Backend,
+    JobStatus,
+    SupportsBatchedSuccess,
+    SupportsLateOutcomes,
+    SupportsUnstartedHandBack,
+)
+from taskq.models import AttemptRow, ErrorInfo, SuccessWrite
 from taskq_testing.conformance._support import (
     ERROR,
     LONG_LEASE,
@@ -19,12 +25,100 @@ from taskq_testing.conformance._support import (
     covers,
     enqueue_and_dispatch,
     expire_short_leases,
+    fetch,
     make_args,
+    running_job,
+    transitions,
 )
+
+_ZERO = timedelta(0)
+
+
+async def _path(backend: Backend, advance_time: AdvanceTime, path: str) -> UUID:
+    """Take the job of one multi-step ``path`` through the protocol; its id."""
+    worker = uuid4()
+    cancel_phase = 1 if path.startswith("cancel-met-by-") else 0
+    job = await running_job(
+        backend,
+        worker_id=worker,
+        cancel_phase=cancel_phase,
+        lease=SHORT_LEASE if path == "reclaim-late-retry" else LONG_LEASE,
+        schedule_to_close=SHORT_LEASE if path == "hand-back-past-deadline" else None,
+        max_attempts=1 if path == "reclaim-late-retry" else 3,
+    )
+    if path in ("hand-back", "hand-back-past-deadline", "cancel-met-by-hand-back"):
+        if not isinstance(backend, SupportsUnstartedHandBack):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsUnstartedHandBack")
+        if path == "hand-back-past-deadline":
+            await expire_short_leases(advance_time)
+        assert await backend.hand_back_unstarted(worker, [(job.id, job.attempt)]) == 1
+    elif path == "batched-success":
+        if not isinstance(backend, SupportsBatchedSuccess):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsBatchedSuccess")
+        items = [SuccessWrite(job_id=job.id, attempt=job.attempt)]
+        assert await backend.mark_succeeded_many(worker, items) == [True]
+    elif path == "cancel-met-by-retry":
+        await backend.mark_failed_or_retry(job.id, worker, ERROR, _ZERO)
+    elif path == "cancel-met-by-snooze":
+        assert await backend.mark_snoozed(job.id, worker, _ZERO) == "cancelled"
+    elif path == "cancel-met-by-retry-after":
+        assert await backend.mark_retry_after(job.id, worker, _ZERO) == "cancelled"
+    elif path == "retry-then-run-again":
+        await backend.mark_failed_or_retry(job.id, worker, ERROR, None)
+        assert await backend.retry_job(job.id)
+        [again] = await backend.dispatch_batch(worker, [job.queue], 1, LONG_LEASE)
+        assert await backend.mark_succeeded(job.id, worker, None, attempt=again.attempt)
+    elif path == "reclaim-late-retry":
+        await expire_short_leases(advance_time)
+        assert await backend.reclaim_expired_locks(_ZERO, _ZERO) == 1
+        if isinstance(backend, SupportsLateOutcomes):
+            assert await backend.record_late_outcome(job.id, 1, worker, "succeeded", None)
+        assert await backend.retry_job(job.id)
+        [again] = await backend.dispatch_batch(worker, [job.queue], 1, LONG_LEASE)
+    return job.id
+
+
+_PATHS = {
+    # path: (the job's status, its transitions after the first dispatch, attempt outcomes)
+    "hand-back": ("pending", [("running", "pending")], ["unstarted"]),
+    "hand-back-past-deadline": ("failed", [("running", "failed")], ["unstarted"]),
+    "batched-success": ("succeeded", [("running", "succeeded")], ["succeeded"]),
+    "cancel-met-by-retry": ("cancelled", [("running", "cancelled")], ["failed"]),
+    "cancel-met-by-snooze": ("cancelled", [("running", "cancelled")], ["snoozed"]),
+    "cancel-met-by-retry-after": ("cancelled", [("running", "cancelled")], ["retry_after"]),
+    "cancel-met-by-hand-back": ("cancelled", [("running", "cancelled")], ["unstarted"]),
+    "retry-then-run-again": (
+        "succeeded",
+        [("running", "failed"), ("failed", "pending"), ("pending", "running")]
+        + [("running", "succeeded")],
+        ["failed", "succeeded"],
+    ),
+    "reclaim-late-retry": (
+        "running",
+        [("running", "crashed"), ("crashed", "pending"), ("pending", "running")],
+        ["crashed"],
+    ),
+}
 
 
 class HistoryTests:
     """``get_attempts``, ``write_attempt`` and ``get_events``."""
+
+    @pytest.mark.parametrize("path", sorted(_PATHS))
+    @covers("get_attempts", "get_events", "retry_job", "mark_snoozed", "mark_retry_after")
+    async def test_every_dispatch_is_closed_by_one_finished_attempt_on_each_path(
+        self, backend: Backend, advance_time: AdvanceTime, path: str
+    ) -> None:
+        # Paths of several steps, or through the optional writes: each move out of
+        # running leaves the attempt's row, finished, of the worker that held it, and
+        # every event starts where the one before ended.
+        job_id = await _path(backend, advance_time, path)
+        status, moves, outcomes = _PATHS[path]
+        job = await fetch(backend, job_id)
+        assert job.status is JobStatus(status)
+        assert transitions(await backend.get_events(job_id))[1:] == moves
+        assert [a.outcome for a in await backend.get_attempts(job_id)] == outcomes
+        await assert_history_consistent(backend, job_id)
 
     @covers("get_attempts")
     async def test_attempts_are_listed_by_attempt_number(self, backend: Backend) -> None:

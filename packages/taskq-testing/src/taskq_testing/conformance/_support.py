@@ -308,6 +308,52 @@ async def assert_history_consistent(backend: Backend, job_id: UUID) -> None:
     assert previous is None or previous == job.status, (
         f"the last transition ends at {previous} but the job is {job.status}"
     )
+    await _assert_attempts_match(backend, job, events)
+
+
+_DISPATCH: Final = (JobStatus.PENDING, JobStatus.RUNNING)
+_OUTCOME_OF_END: Final[dict[str, str]] = {
+    JobStatus.SUCCEEDED: "succeeded",
+    JobStatus.ABANDONED: "abandoned",
+}
+
+
+async def _assert_attempts_match(backend: Backend, job: JobRow, events: list[EventRow]) -> None:
+    """Each dispatch opened an attempt and each move out of ``running`` closed it with
+    its row: finished, of the worker the dispatch named; none for a running attempt. A
+    reclaim's attempt crashed; a success's and an abandonment's are what the job became."""
+    moves = [e for e in events if e.kind in ("state_change", "reclaimed")]
+    dispatches = [e for e in moves if (e.detail["from_state"], e.detail["to_state"]) == _DISPATCH]
+    closes = [e for e in moves if e.detail["from_state"] == JobStatus.RUNNING]
+    attempts = {a.attempt: a for a in await backend.get_attempts(job.id)}
+    running = job.status is JobStatus.RUNNING
+    assert len(dispatches) == job.attempt, (
+        f"job {job.id} is on attempt {job.attempt} after {len(dispatches)} dispatch events"
+    )
+    assert len(closes) == job.attempt - running, (
+        f"job {job.id} ({job.status}, attempt {job.attempt}) left running {len(closes)} times"
+    )
+    for number, (dispatch, close) in enumerate(
+        zip(dispatches, [*closes, None][: len(dispatches)], strict=True), start=1
+    ):
+        row = attempts.get(number)
+        if close is None:
+            assert row is None, f"the running attempt {number} of {job.id} has a row: {row}"
+            continue
+        assert row is not None, f"attempt {number} of {job.id} ({job.status}) has no row"
+        assert row.finished_at is not None, f"attempt {number} of {job.id} is left open: {row}"
+        assert str(row.worker_id) == dispatch.detail.get("worker_id"), (
+            f"attempt {number} of {job.id} has worker {row.worker_id}, "
+            f"dispatched to {dispatch.detail.get('worker_id')}"
+        )
+        if close.kind == "reclaimed":
+            expected: str | None = "crashed"
+        else:
+            expected = _OUTCOME_OF_END.get(close.detail["to_state"])
+        assert expected is None or row.outcome == expected, (
+            f"attempt {number} of {job.id} ended {close.detail['to_state']} "
+            f"({close.kind}) with outcome {row.outcome}"
+        )
 
 
 def only_attempt(attempts: list[AttemptRow]) -> AttemptRow:

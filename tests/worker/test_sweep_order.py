@@ -6,11 +6,13 @@ import asyncio
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
+from uuid import UUID
 
 import pytest
 
 from taskq import WorkerSettings
 from taskq.backend.memory import InMemoryBackend
+from taskq.models import JobRow
 from taskq.worker.maintenance import sweep_once
 from taskq_testing import TEST_SETTINGS
 
@@ -83,3 +85,59 @@ async def test_a_sweep_failing_after_its_reclaim_still_reclaims() -> None:
     # About one a turn (91 of 100 here); holding the grace again after each failed turn
     # left one in seven (15).
     assert backend.reclaims >= 40
+
+
+class _Blackholed(InMemoryBackend):
+    """Once ``cut``, the sweep and the leader's probe of the pool hang (a network black
+    hole: no reset, every wait runs to its bound); the election does not (its own
+    session, direct)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut = False
+
+    async def scheduled_to_pending(self) -> int:
+        if self.cut:
+            await asyncio.sleep(3600)
+        return await super().scheduled_to_pending()
+
+    async def get(self, job_id: UUID, **kwargs: Any) -> JobRow | None:
+        if self.cut:
+            await asyncio.sleep(3600)
+        return await super().get(job_id, **kwargs)
+
+
+@pytest.mark.parametrize("leader_lease", ["30s", "1s"], ids=["within-the-lease", "resigning"])
+async def test_a_blackholed_sweep_keeps_within_its_stale_tick_budget(leader_lease: str) -> None:
+    # A failed turn probes the pool (a plain read, bounded as the turn is) once the sweep
+    # has been silent for reclaim_grace, or for a leader_lease before it resigns: the
+    # turn and its probe together took two bounds, past the stale-tick budget the
+    # settings size for one (here 0.4 s x 2 + 20 ms > 0.6 s; by default 5 s x 2 + 1 s >
+    # 10 s), and the watchdog ended the leader a few seconds into a black hole.
+    from taskq import TaskQ
+    from taskq.worker import Worker
+
+    backend = _Blackholed()
+    tq = TaskQ("memory://", backend=backend)
+    settings = {
+        **TEST_SETTINGS,
+        "dispatcher_command_timeout": "400ms",
+        "watchdog_stale_floor": "600ms",
+        "leader_lease": leader_lease,
+        "cron_catch_up": "1m",
+    }
+    stale: list[dict[str, float]] = []
+    async with tq:
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        try:
+            await asyncio.sleep(0.3)
+            backend.cut = True
+            for _ in range(60):  # three seconds: several probes
+                await asyncio.sleep(0.05)
+                if found := worker._state.liveness.stale():  # type: ignore[union-attr]
+                    stale.append(found)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(running, 10)
+    assert not stale, stale

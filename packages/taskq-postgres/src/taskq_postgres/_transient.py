@@ -61,12 +61,12 @@ def client_fault(exc: BaseException) -> bool:
     A worker loop retries these with a connection replaced; a one-shot command (the
     ``taskq`` and ``taskq-worker`` CLIs, through ``taskq_client_fault``) shows them with
     their traceback, where "the database failed" hid a bug: a second statement sent on
-    a connection still busy ("another operation is in progress"), one used after its
-    release to the pool, or the protocol's own ``InternalClientError``. Only the
-    InterfaceError of a closed connection ("connection is closed", "the underlying
-    connection is closed") is the database's.
+    a connection still busy ("cannot perform operation: another operation is in
+    progress"), one used after its release to the pool. Only the InterfaceError of a
+    closed connection ("connection is closed", "the underlying connection is closed")
+    is the database's. An ``InternalClientError`` is not the calling code's either: a
+    statement on a connection the server has just terminated meets one ("cannot switch
+    to state 15; another operation (2) is in progress", "not connected").
     """
-    if isinstance(exc, asyncpg.InternalClientError):
-        return True
     # asyncpg gives a closed connection no class of its own, only these words.
     return isinstance(exc, asyncpg.InterfaceError) and "connection is closed" not in str(exc)

@@ -125,8 +125,9 @@ def taskq_client_fault(error: BaseException) -> bool | None:
     in fact the driver refusing the calling code, not the store failing.
 
     Some driver errors mean either: asyncpg's ``InterfaceError`` says "connection is
-    closed" after a restart, and "another operation is in progress" of a program that
-    sends a second statement on a connection still busy with the first. Worker loops
+    closed" after a restart, and "cannot perform operation: another operation is in
+    progress" of a program that sends a second statement on a connection still busy
+    with the first. Worker loops
     retry both (their next tick finds the connection replaced); the ``taskq`` and
     ``taskq-worker`` commands, which report a transient error as one line saying the
     database failed, show a fault with its traceback instead. Return True for a fault,

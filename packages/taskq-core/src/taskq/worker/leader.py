@@ -401,14 +401,17 @@ class MaintenanceLeader:
                         )
             except transient as exc:
                 failing.failed(exc)
-                if (
-                    name == _SWEEP
-                    and (self._stalled() or self._silent_for(self.state.settings.reclaim_grace))
-                    and not await self._pool_answers()
+                if name == _SWEEP and (
+                    self._stalled() or self._silent_for(self.state.settings.reclaim_grace)
                 ):
-                    self._unreached = True
-                    if self._stalled():
-                        await self._resign(exc)
+                    # The turn ended within its bound; the probe may take as long again,
+                    # and the two together overran the stale-tick budget the settings size
+                    # for one (the watchdog ended the leader in a black hole).
+                    self.state.liveness.tick(name, period)
+                    if not await self._pool_answers():
+                        self._unreached = True
+                        if self._stalled():
+                            await self._resign(exc)
             except Exception as exc:  # noqa: BLE001 - logged, never ends the worker
                 guard.failed(exc)
             else:

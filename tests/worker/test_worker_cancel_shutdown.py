@@ -20,7 +20,7 @@ import pytest
 from taskq import JobStatus, TaskQ, WorkerSettings
 from taskq.settings import SettingsError
 from taskq_testing.postgres import PgSchema
-from tests.apps import basic, hung_teardown
+from tests.apps import basic, hung_teardown, slow_provider
 
 pytestmark = pytest.mark.postgres
 
@@ -252,6 +252,53 @@ async def test_a_blocked_event_loop_trips_the_loop_lag_watchdog(
     assert proc.returncode == 2
     assert '"detector": "loop-lag"' in stderr
     assert "in blocker" in stderr  # the faulthandler dump names the actor
+
+
+async def test_a_provider_slower_than_the_loop_lag_budget_is_created_before_it_arms(
+    pg_schema: PgSchema,
+) -> None:
+    # Created by the job that first needed it, the sync provider blocked the loop past
+    # the budget with the watchdog armed: exit 2 at each start, a crash loop.
+    producer = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=slow_provider.tq.actors.values())
+    async with producer:
+        job = await producer.client.enqueue(slow_provider.infer, {})
+        with worker(
+            pg_schema,
+            "--until-idle",
+            app="tests.apps.slow_provider:tq",
+            SLOW_PROVIDER_SECONDS="2.5",
+            TASKQ_WATCHDOG_LOOP_LAG_BUDGET="1s",
+            TASKQ_WATCHDOG_LOOP_LAG_STARTUP_GRACE="0.2s",
+            TASKQ_WATCHDOG_CHECK_INTERVAL="100ms",
+        ) as proc:
+            _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, stderr[-2000:]
+        assert await producer.client.wait_for_result(job.id, timeout=0) == {"load": 1, "loads": 1}
+    assert "taskq.di-bootstrapped" in stderr
+
+
+async def test_a_provider_that_fails_at_start_stops_the_worker_with_one_line(
+    pg_schema: PgSchema,
+) -> None:
+    producer = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=slow_provider.tq.actors.values())
+    async with producer:
+        job = await producer.client.enqueue(slow_provider.infer, {})
+        with worker(
+            pg_schema, "--until-idle", app="tests.apps.slow_provider:tq", SLOW_PROVIDER_FAILS="1"
+        ) as proc:
+            _, stderr = proc.communicate(timeout=60)
+        row = await producer.client.get(job.id)
+    assert proc.returncode == 1, stderr[-2000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("taskq-worker: error:")]
+    assert errors == [
+        (
+            "taskq-worker: error: the worker cannot start: the LOOP-scoped provider of Model "
+            "(load_model), needed by actor 'infer', raised PermissionError: the model store "
+            "refused the credentials. Fix the provider or its configuration; no job was taken."
+        )
+    ]
+    assert "Traceback" not in stderr
+    assert row is not None and row.status is JobStatus.PENDING and row.attempt == 0
 
 
 async def test_a_teardown_that_hangs_trips_the_shutdown_watchdog(

@@ -21,9 +21,14 @@ class Scope(IntEnum):
 
     Override the registered scope for one parameter with
     ``Annotated[T, Scope.TRANSIENT]``.
+
+    A worker creates the shared values (PROCESS, LOOP, and THREAD for its event
+    loop's thread) its actors need as it starts, before its first job
+    (``eager_dependencies``); a sync actor's pool thread creates its THREAD values
+    at first use, and TRANSIENT ones are made for each invocation.
     """
 
-    #: One value per worker process, torn down at process exit.
+    #: One value per worker process, torn down when the worker stops.
     PROCESS = 0
     #: One value per OS thread; sync actors get their own thread's value.
     THREAD = 1

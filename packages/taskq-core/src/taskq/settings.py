@@ -286,6 +286,14 @@ class WorkerSettings(BaseModel):
     """Interface the health server binds."""
     health_tasks_enabled: bool = False
     """Serve /tasks (asyncio task stacks: code structure only, no values)."""
+    eager_dependencies: bool = True
+    """Create the shared values the worker's actors need (their PROCESS and LOOP
+    providers', and the event loop thread's THREAD ones, transitively) as it starts,
+    before its first job and before the loop-lag watchdog starts: a provider that
+    raises stops the start, naming itself, its scope and the actor needing it. Only
+    the actors on this worker's ``queues`` count. False: each is created by the first
+    job that needs it (a slow sync provider then blocks the event loop during a job,
+    and a failing one fails jobs)."""
     until_idle: bool = False
     """Exit once no job is active in this worker's queues (scripts and tests)."""
     migrate: bool = False

@@ -3,7 +3,8 @@
 Actors and providers declare what they need through type hints; the
 :class:`ProviderRegistry` knows what provides each type and for how long
 (:class:`Scope`), the scope containers create, cache and tear the values
-down, and :func:`build_actor_scope` resolves one actor invocation
+down, :func:`bootstrap` creates a worker's shared values before its first job,
+and :func:`build_actor_scope` resolves one actor invocation
 (:func:`passthrough_scope` one that needs nothing resolved).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from taskq._di._validate import ActorSpec as ActorSpec
 from taskq._di._validate import NameRegistry as NameRegistry
+from taskq._di.bootstrap import bootstrap as bootstrap
 from taskq._di.lifecycle import Lifecycle as Lifecycle
 from taskq._di.registry import Provider as Provider
 from taskq._di.registry import ProviderEntry as ProviderEntry
@@ -43,6 +45,7 @@ __all__ = [
     "Scope",
     "ScopeContainer",
     "ThreadScope",
+    "bootstrap",
     "build_actor_scope",
     "own_context",
     "passthrough_scope",

@@ -128,7 +128,10 @@ class ProviderRegistry:
           actor's, for a TRANSIENT value) as ``with`` tells it: provide a
           transaction this way to have a failed job's work rolled back.
 
-        *provider*'s own parameters are injected by type too. Teardown runs
+        *provider*'s own parameters are injected by type too. A worker creates
+        the shared values (PROCESS, LOOP, THREAD for its event loop's thread) its
+        actors need as it starts, before its first job: a slow provider delays the
+        start, not a job, and one that raises stops the start. Teardown runs
         when *scope* ends, in reverse order of creation. A TRANSIENT value's
         teardown that raises after its actor returned (a commit that failed) fails
         the attempt, which is retried as any failure is, once the others have run;

@@ -9,7 +9,8 @@ once, logging a failure and carrying on with the rest.
 
 Concurrent first requests for the same value (two actor invocations on one
 loop, or two threads) share one creation: the first caller creates it,
-the others wait for it.
+the others wait for it. A worker asks for its actors' shared values as it
+starts (:func:`taskq._di.bootstrap.bootstrap`), so its jobs find them made.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from uuid import UUID, uuid4
 
 import structlog
 
-from taskq._di import ActorSpec
+from taskq._di import ActorSpec, bootstrap
 from taskq._dsn import redact
 from taskq.backend import SupportsCredentialReload, check_protocol_keywords
 from taskq.backend._protocol import SupportsWorkerRegistry
@@ -49,10 +49,13 @@ _log = structlog.get_logger("taskq.worker")
 class Worker:
     """Runs an application's actors until stopped (or idle with ``until_idle``).
 
-    The application's backend must already be open (``async with tq:``). A given
-    ``worker_id`` must be this worker's alone while it runs: the jobs are locked to
-    it, and two workers sharing one take each other's jobs for lost replies and hand
-    them back, running them again and again.
+    The application's backend must already be open (``async with tq:``). Before its
+    first job, and before its loop-lag watchdog starts, it creates the shared DI values
+    its actors need (``eager_dependencies``); a provider that raises then fails
+    :meth:`run` with a :class:`ConfigurationError` naming it, and no job is taken. A
+    given ``worker_id`` must be this worker's alone while it runs: the jobs are locked
+    to it, and two workers sharing one take each other's jobs for lost replies and
+    hand them back, running them again and again.
     """
 
     def __init__(
@@ -191,6 +194,39 @@ class Worker:
         for queue in self.app.queues:
             await backend.configure_queue(queue)
 
+    async def _bootstrap(self, state: WorkerState, executor: SyncActorPool) -> None:
+        """Create the shared values of the actors this worker runs (``eager_dependencies``).
+
+        The actors on its queues: those of others' queues come here only when enqueued
+        on one of these by name, and get theirs at first use. A provider that raises
+        stops the start; what was created is torn down first, and no job was taken."""
+        if not self.settings.eager_dependencies:
+            return
+        queues = set(self.settings.queues)
+        actors = {
+            name: ActorSpec(a.fn, a.passthrough)
+            for name, a in self.app.actors.items()
+            if a.options.queue in queues
+        }
+        self.startup.bootstrapping()
+        try:
+            await bootstrap(
+                state.providers,
+                actors,
+                state.containers(),
+                stop_requested=lambda: self._stop_requested,
+            )
+        except BaseException:
+            # As at a stop (each teardown logs its own failure and the rest run): LOOP,
+            # the pool (no thread started yet), THREAD (the loop thread's), PROCESS.
+            async with AsyncExitStack() as scopes:
+                scopes.push_async_callback(self._close_health)
+                scopes.push_async_callback(state.process_scope.aclose)
+                scopes.push_async_callback(state.thread_scope.aclose)
+                scopes.callback(executor.shutdown, wait=False, cancel_futures=True)
+                scopes.push_async_callback(state.loop_scope.aclose)
+            raise
+
     async def run(self, *, disarm_when_done: bool = True) -> None:
         """Work until :meth:`stop` (or idleness with ``until_idle``).
 
@@ -220,6 +256,9 @@ class Worker:
             state.stopping.set()
         # Before registering: a port already taken stops the start with nothing to undo.
         await self._start_health()  # serving already, in health_served()
+        # Before the worker says it runs (its registry row, /readyz), takes a job or
+        # starts the loop-lag watchdog, however long its providers take.
+        await self._bootstrap(state, executor)
         if self.health is not None:
             self.health.attach(state)
         await state.register()

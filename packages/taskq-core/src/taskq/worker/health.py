@@ -8,9 +8,9 @@ event loop, so ``/healthz`` answering at all proves the loop is not wedged.
   (waiting for its backend too: starting is not dead).
 * ``/readyz`` (readiness): 200 when the worker runs, is not shutting down, and the
   backend answered a query within a second; 503 with the reason otherwise (while it
-  starts: ``starting``, or ``waiting for the backend`` with the attempts so far and
-  the last one's error; while it stops, ``shutdown_phase``: ``DRAINING``,
-  ``CANCELLING``, ``FORCING`` or ``ABANDONING``).
+  starts: ``starting``, ``waiting for the backend`` with the attempts so far and
+  the last one's error, or ``creating the actors' dependencies``; while it stops,
+  ``shutdown_phase``: ``DRAINING``, ``CANCELLING``, ``FORCING`` or ``ABANDONING``).
 * ``/tasks``: one line per live asyncio task with its await site, only when
   ``health_tasks_enabled`` (it reveals code structure, never values).
 """
@@ -64,6 +64,9 @@ class StartupProgress:
     last_error: str | None = None
     """The error's type only: the endpoint is unauthenticated, the message (a host, a
     user) is in the log."""
+    creating_dependencies: bool = False
+    """The backend reached, the actors' shared values are being created (a sync
+    provider blocks the loop meanwhile: no route answers until it returns)."""
 
     def failed(self, error: BaseException) -> None:
         self.attempts += 1
@@ -72,7 +75,13 @@ class StartupProgress:
     def reached(self) -> None:
         self.last_error = None
 
+    def bootstrapping(self) -> None:
+        self.last_error = None
+        self.creating_dependencies = True
+
     def describe(self) -> dict[str, Any]:
+        if self.creating_dependencies:
+            return {"reason": "creating the actors' dependencies"}
         if self.last_error is None:
             return {"reason": "starting"}
         return {

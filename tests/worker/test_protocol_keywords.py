@@ -76,3 +76,22 @@ def test_the_bundled_backends_and_a_keyword_passing_wrapper_take_every_keyword()
         PostgresBackend.from_url("postgresql://localhost/app"),
     ):
         check_protocol_keywords(backend)  # raises nothing
+
+
+class _PreUpToBackend(InMemoryBackend):
+    """Its backlog count predates ``up_to`` (the keyword the client passes past a
+    ``max_pending``), its registry ``actors``; everything else is current."""
+
+    async def count_pending_jobs(self, actors: Sequence[str]) -> dict[str, int]:  # type: ignore[override]
+        return await super().count_pending_jobs(actors)
+
+    async def register_worker(self, *args: Any) -> None:  # type: ignore[override]
+        await super().register_worker(*args)
+
+
+def test_every_keyword_only_parameter_of_the_protocol_is_checked_not_only_batch_ends() -> None:
+    # A draft lacking up_to passed the check and then failed every enqueue of an actor
+    # with max_pending with a TypeError.
+    with pytest.raises(ProtocolKeywordMissing) as refused:
+        check_protocol_keywords(_PreUpToBackend())
+    assert "count_pending_jobs(*, up_to), register_worker(*, actors)" in str(refused.value)

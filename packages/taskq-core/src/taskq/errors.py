@@ -191,8 +191,8 @@ class ProtocolVersionMismatch(IncompatiblePluginError):
 
 class ProtocolKeywordMissing(IncompatiblePluginError):
     """A backend declares this core's protocol version but a method of it lacks a
-    keyword-only parameter that version gave it (``batch_ends``, added to protocol 3
-    before its release), which core passes.
+    keyword-only parameter that version gave it (``batch_ends``, ``up_to`` and others,
+    added to protocol 3 before its release), which core passes by name.
 
     Raised when the backend is handed out (``open_backend``) and again when a worker
     starts: met at the call, a ``TypeError`` in a worker's stop left its prefetched jobs

@@ -150,7 +150,8 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     back, which the worker then applies to their batches: a child failed so never
 #     counted toward failure_threshold, a last one cancelled so left its batch active);
 #     a backend declaring v3 without these `batch_ends` (written against a draft) is
-#     refused at open and at a worker's start (PROTOCOL_KEYWORDS);
+#     refused at open and at a worker's start (PROTOCOL_KEYWORDS, since read from the
+#     protocols: every keyword-only parameter, up_to, attempt, actors... too);
 #     count_pending_jobs gained the keyword-only `up_to` (the client passes each
 #     actor's max_pending, so that a refused enqueue no longer counts the whole backlog).
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
@@ -1136,16 +1137,32 @@ def missing_members(obj: object) -> list[str]:
     return sorted(missing)
 
 
-PROTOCOL_KEYWORDS: Final[Mapping[str, tuple[str, ...]]] = {
-    "write_cancel_request": ("batch_ends",),
-    "cancel_where": ("batch_ends",),
-    "deadline_sweep": ("batch_ends",),
-    "reclaim_expired_locks": ("batch_ends",),
-    "hand_back_unstarted": ("batch_ends",),
-}
-"""Keyword-only parameters protocol 3 gave methods after its first drafts, without a
-version bump (it was unreleased), which core passes at every call: a backend written
-against a draft declares version 3 and lacks them (:func:`check_protocol_keywords`)."""
+def _keyword_only(protocols: tuple[type, ...]) -> dict[str, tuple[str, ...]]:
+    """Each protocol method's keyword-only parameters, by method name (read from the
+    protocols themselves: a keyword added to one is checked without a second list)."""
+    table: dict[str, tuple[str, ...]] = {}
+    for protocol in protocols:
+        for name, member in vars(protocol).items():
+            if name.startswith("_") or not inspect.isfunction(member):
+                continue
+            keywords = tuple(
+                p.name
+                for p in inspect.signature(member).parameters.values()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY
+            )
+            if keywords:
+                table[name] = keywords
+    return table
+
+
+PROTOCOL_KEYWORDS: Final[Mapping[str, tuple[str, ...]]] = _keyword_only(
+    (Backend, *OPTIONAL_PROTOCOLS)
+)
+"""Every keyword-only parameter of the protocol's methods, which core passes by name.
+Protocol 3 gave several methods theirs after its first drafts, without a version bump
+(it was unreleased): ``batch_ends``, ``up_to``, ``worker_silence``, ``attempt``,
+``actors``. A backend written against a draft declares version 3 and lacks them
+(:func:`check_protocol_keywords`)."""
 
 
 def check_protocol_keywords(backend: object, *, distribution: str | None = None) -> None:
@@ -1177,11 +1194,11 @@ def check_protocol_keywords(backend: object, *, distribution: str | None = None)
         raise ProtocolKeywordMissing(
             f"{kind.__module__}.{kind.__qualname__}{source} declares backend protocol "
             f"{BACKEND_PROTOCOL_VERSION} but lacks its keyword-only {', '.join(sorted(missing))}: "
-            f"TaskQ passes them when a worker stops, in its leader's sweeps and in a cancel, "
-            f"where each such call fails with a TypeError (a stopping worker's prefetched jobs "
-            f"stay locked until their leases run out, the sweep stops there); upgrade the "
-            f"backend to a release written for this taskq-core, or give those methods the "
-            f'keyword (docs/backend-contract.md, "Batch children ended outside the worker")'
+            f"TaskQ passes them by name (when a worker stops, in its leader's sweeps, in a "
+            f"cancel, an enqueue past max_pending), where each such call fails with a "
+            f"TypeError (a stopping worker's prefetched jobs stay locked until their leases "
+            f"run out, the sweep stops there); upgrade the backend to a release written for "
+            f"this taskq-core, or give those methods the keywords (docs/backend-contract.md)"
         )
 
 

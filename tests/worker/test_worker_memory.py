@@ -165,7 +165,12 @@ async def test_enqueue_validates_payload_and_actor() -> None:
 async def test_cooperative_cancel_ends_a_running_job_cancelled(heartbeats: str) -> None:
     # Rarely: 20 s apart, so only the cancel wake of the worker's own subscription
     # can bring the request to the job in time.
-    slow = {"heartbeat_interval": "20s", "lock_lease": "80s", "leader_lease": "40s"}
+    slow = {
+        "heartbeat_interval": "20s",
+        "lock_lease": "80s",
+        "leader_lease": "40s",
+        "cron_catch_up": "2m",
+    }
     started = asyncio.Event()
 
     @actor(name="waits")
@@ -1389,7 +1394,12 @@ async def test_an_outcome_refused_after_a_reclaim_is_kept_as_a_late_outcome_even
     tq = TaskQ("memory://", actors=[finisher], backend=backend)
     async with tq:
         job = await tq.client.enqueue(finisher, {})
-        slow = {"heartbeat_interval": "20s", "lock_lease": "80s", "leader_lease": "40s"}
+        slow = {
+            "heartbeat_interval": "20s",
+            "lock_lease": "80s",
+            "leader_lease": "40s",
+            "cron_catch_up": "2m",
+        }
         running = asyncio.create_task(run_until_idle(tq, **slow))
         await asyncio.wait_for(taken.wait(), 5)
         # Its lease lapses unseen (no heartbeat in between) and the reclaim takes it, as
@@ -1440,7 +1450,12 @@ async def test_a_reschedule_refused_after_a_reclaim_is_kept_as_a_late_outcome_ev
     tq = TaskQ("memory://", actors=[rescheduler], backend=backend)
     async with tq:
         job = await tq.client.enqueue(rescheduler, {})
-        slow = {"heartbeat_interval": "20s", "lock_lease": "80s", "leader_lease": "40s"}
+        slow = {
+            "heartbeat_interval": "20s",
+            "lock_lease": "80s",
+            "leader_lease": "40s",
+            "cron_catch_up": "2m",
+        }
         running = asyncio.create_task(run_until_idle(tq, **slow))
         await asyncio.wait_for(taken.wait(), 5)
         clock.advance(timedelta(minutes=5))
@@ -1492,7 +1507,12 @@ async def test_a_snooze_whose_reply_was_lost_is_no_late_outcome() -> None:
     async with tq:
         job = await tq.client.enqueue(snoozes, {})
         # No heartbeat while the write is retried, to find the job gone and stop it.
-        slow = {"heartbeat_interval": "20s", "lock_lease": "80s", "leader_lease": "40s"}
+        slow = {
+            "heartbeat_interval": "20s",
+            "lock_lease": "80s",
+            "leader_lease": "40s",
+            "cron_catch_up": "2m",
+        }
         running = asyncio.create_task(run_until_idle(tq, **slow))
         await asyncio.wait_for(answered.wait(), 5)
         clock.advance(timedelta(minutes=10))
@@ -1533,7 +1553,12 @@ async def test_a_failure_whose_reply_was_lost_is_no_late_outcome_once_the_job_ru
     tq = TaskQ("memory://", actors=[fails], backend=backend)
     async with tq:
         job = await tq.client.enqueue(fails, {})
-        slow = {"heartbeat_interval": "20s", "lock_lease": "80s", "leader_lease": "40s"}
+        slow = {
+            "heartbeat_interval": "20s",
+            "lock_lease": "80s",
+            "leader_lease": "40s",
+            "cron_catch_up": "2m",
+        }
         running = asyncio.create_task(run_until_idle(tq, **slow))
         await asyncio.wait_for(moved_on.wait(), 5)
         assert await backend.mark_succeeded(job.id, other, None)

@@ -185,7 +185,8 @@ class WorkerSettings(BaseModel):
     cron_catch_up: Duration = timedelta(minutes=1)
     """Cron slots missed by longer than this (no leader) are skipped, not fired late; at
     least 2 x ``cron_interval`` (a tick sees a slot up to one interval late) and at least
-    ``leader_lease`` (a frozen leader's successor takes over a lease later)."""
+    ``leader_lease + heartbeat_interval + cron_interval`` (a frozen leader's successor is
+    elected a lease and a heartbeat later, and ticks a cron interval after that)."""
     result_expiry_interval: Duration = timedelta(seconds=30)
     """Leader only: how often stored results past ``result_expires_at`` are cleared."""
     stale_batch_interval: Duration = timedelta(seconds=30)
@@ -564,17 +565,19 @@ class WorkerSettings(BaseModel):
 
     @model_validator(mode="after")
     def _catch_up_outlasts_a_failover(self) -> Self:
-        # A frozen leader keeps its lock for a lease; by the time its successor's first
-        # tick runs, the slots that came due just after the freeze are older than that.
-        if self.leader_lease > self.cron_catch_up:
-            failover = self.leader_lease + self.heartbeat_interval + self.cron_interval
+        # A frozen leader keeps its lock for a lease; its successor is elected at its
+        # next heartbeat after that and ticks a cron_interval later, when the slots that
+        # came due just after the freeze are that much older.
+        failover = self.leader_lease + self.heartbeat_interval + self.cron_interval
+        if self.cron_catch_up < failover:
             raise ValueError(
                 f"cron_catch_up ({self.cron_catch_up.total_seconds():g}s) must be at least "
-                f"leader_lease ({self.leader_lease.total_seconds():g}s): a frozen leader is "
-                f"replaced a lease later, and the cron slots that came due meanwhile are "
-                f"older than cron_catch_up by then, so every such failover skips them; set "
-                f"cron_catch_up (TASKQ_CRON_CATCH_UP) to leader_lease + heartbeat_interval + cron_interval "
-                f"({failover.total_seconds():g}s) or more, or lower leader_lease"
+                f"leader_lease + heartbeat_interval + cron_interval "
+                f"({failover.total_seconds():g}s): a frozen leader is replaced a lease and a "
+                f"heartbeat later, whose first cron tick comes a cron_interval after that, "
+                f"when the slots that came due meanwhile are older than cron_catch_up, so "
+                f"every such failover skips them; set cron_catch_up (TASKQ_CRON_CATCH_UP) to "
+                f"{failover.total_seconds():g}s or more, or lower leader_lease"
             )
         return self
 

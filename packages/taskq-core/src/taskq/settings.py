@@ -432,7 +432,8 @@ class WorkerSettings(BaseModel):
         # A timeout-capped iteration of a bounded loop must fit its stale-tick
         # budget, or a healthy worker on a slow database trips detector 2.
         floor = self.watchdog_stale_floor.total_seconds()
-        timeout = self.dispatcher_command_timeout.total_seconds()
+        # A cut-short iteration applies its committed batch ends within a grace more.
+        timeout = (self.dispatcher_command_timeout + self.batch_ends_grace).total_seconds()
         for name in (
             "poll_interval",
             "heartbeat_interval",
@@ -447,7 +448,9 @@ class WorkerSettings(BaseModel):
             budget = max(period * self.watchdog_tick_grace_factor, floor)
             if timeout + period > budget:
                 raise ValueError(
-                    f"dispatcher_command_timeout ({timeout}s) + {name} ({period}s) exceeds "
+                    f"dispatcher_command_timeout x 1.25 ({timeout:g}s, its bound and the "
+                    f"grace that applies a cut-short iteration's batch ends) + {name} "
+                    f"({period}s) exceeds "
                     f"that loop's stale-tick budget ({budget}s = max({name} x "
                     f"watchdog_tick_grace_factor, watchdog_stale_floor)); lower the timeout "
                     f"or raise watchdog_stale_floor"
@@ -580,6 +583,13 @@ class WorkerSettings(BaseModel):
                 f"{failover.total_seconds():g}s or more, or lower leader_lease"
             )
         return self
+
+    @property
+    def batch_ends_grace(self) -> timedelta:
+        """How much longer than its bound a loop's iteration may run to apply the batch
+        ends it committed before the bound cut it short (a quarter of
+        ``dispatcher_command_timeout``); counted in each loop's stale-tick budget."""
+        return self.dispatcher_command_timeout / 4
 
     @property
     def reclaim_grace(self) -> timedelta:

@@ -52,7 +52,7 @@ async def sweep_once(state: WorkerState, *, reclaim: bool) -> dict[str, int]:
     iteration's bound cuts it short, then within a quarter of that bound more (a sweep
     cut short lost the ends it had committed, and their failures never counted)."""
     backend, settings = state.backend, state.settings
-    grace = settings.dispatcher_command_timeout.total_seconds() / 4
+    grace = settings.batch_ends_grace.total_seconds()
     moved: dict[str, int] = {}
     if reclaim:
         async with applied_batch_ends(backend, grace=grace) as ends:

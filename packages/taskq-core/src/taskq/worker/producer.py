@@ -56,7 +56,7 @@ async def hand_back_unheard(state: WorkerState) -> None:
     if unheard:
         # Those it ended instead count for their batches, even when the producer's
         # bound cuts in after the hand-back (a quarter of it more).
-        grace = state.settings.dispatcher_command_timeout.total_seconds() / 4
+        grace = state.settings.batch_ends_grace.total_seconds()
         async with applied_batch_ends(backend, grace=grace) as ends:
             moved = await backend.hand_back_unstarted(state.worker_id, unheard, batch_ends=ends)
         _log.warning("taskq.unheard-jobs-handed-back", jobs=len(unheard), moved=moved)

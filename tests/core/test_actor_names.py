@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -145,3 +146,14 @@ def test_signatures_no_worker_could_run_are_refused_at_the_decoration() -> None:
     ]:
         with pytest.raises(ConfigurationError, match=error):
             actor(name="unrunnable")(fn)
+
+
+@pytest.mark.parametrize("annotation", ["pytest.Typo", "dict[str, int"])
+def test_any_unevaluable_payload_type_names_the_actor_and_the_hint(annotation: str) -> None:
+    # An attribute missing from a module, or a hint that is no expression, escaped from
+    # the decoration as a bare AttributeError / SyntaxError, naming no actor.
+    hint = re.escape(repr(annotation))
+    with pytest.raises(
+        ConfigurationError, match=f"actor 'typo': cannot read the payload type {hint}"
+    ):
+        actor(name="typo")(_taking(annotation))

@@ -417,7 +417,10 @@ def _payload_hint(fn: Callable[..., Any], actor: str, parameter: str) -> Any:
         hints = get_type_hints(
             only, globalns=getattr(source, "__globals__", {}), include_extras=True
         )
-    except (NameError, TypeError, SyntaxError) as exc:
+    except Exception as exc:
+        # Evaluating a hint may raise anything (as the DI's reading of the others says):
+        # a NameError, an attribute missing from a module ("mod.Typo"), a string that
+        # is no expression (SyntaxError).
         raise ConfigurationError(
             f"actor {actor!r}: cannot read the payload type {annotation!r}: {exc}. Define or "
             f"import it before the actor, outside `if TYPE_CHECKING`"

@@ -68,3 +68,38 @@ def test_a_random_field_is_refused_where_it_would_fire_at_random(cron: str) -> N
         ScheduleCreateArgs(name="random", actor="a", cron=cron)
     with pytest.raises(ValueError, match="random field"):
         ScheduleUpdateArgs(cron=cron)
+
+
+@pytest.mark.parametrize(
+    ("cron", "only"),
+    [
+        ("*/61 * * * *", "match only minute 0, not every 61 minutes"),
+        ("0 */25 * * *", "match only hour 0, not every 25 hours"),
+        ("0 0 */32 * *", "match only day-of-month 1, not every 32 days"),
+        ("0 0 1 jan-dec/13 *", "match only month jan, not every 13 months"),
+        ("0 0 * * 1-5/8", "match only day-of-week 1, not every 8 days"),
+        ("0,30 * * * * 10/61", "match only second 10, not every 61 seconds"),
+    ],
+)
+def test_a_step_longer_than_its_field_is_refused_where_it_would_match_only_its_start(
+    cron: str, only: str
+) -> None:
+    # croniter took "*/61 * * * *" as minute 0 alone (hourly), "*/25" in the hour field
+    # as midnight, "*/32" as the 1st of the month, and said nothing.
+    from taskq.models import ScheduleCreateArgs, ScheduleUpdateArgs
+
+    with pytest.raises(ValueError, match=only):
+        ScheduleCreateArgs(name="step", actor="a", cron=cron)
+    with pytest.raises(ValueError, match=only):
+        ScheduleUpdateArgs(cron=cron)
+
+
+@pytest.mark.parametrize(
+    "cron", ["*/30 * * * *", "0-59/30 * * * *", "*/60 * * * *", "0 */24 * * *", "10-20/11 * * * *"]
+)
+def test_a_step_within_its_field_is_a_cron_expression(cron: str) -> None:
+    # Up to the field's whole range a step says what it does: "*/60" is minute 0, every
+    # 60 minutes; a step longer than a range of its own (10-20/11) is the range's start.
+    from taskq.models import ScheduleCreateArgs
+
+    assert ScheduleCreateArgs(name="step", actor="a", cron=cron).cron == cron

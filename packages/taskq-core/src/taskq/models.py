@@ -669,6 +669,45 @@ _CRON_CHECK_ANCHORS: Final = (datetime(2000, 1, 1), datetime(2049, 1, 1))
 _RANDOM_CRON_FIELD: Final = re.compile(r"^r(\(\d+-\d+\))?(/\d+)?$", re.ASCII | re.IGNORECASE)
 """A field croniter fills with a random value (``R``, ``R(0-29)``, ``R/15``): its own
 pattern for one, which it matches against each whole field."""
+_CRON_STEP_PART: Final = re.compile(r"^(?P<start>[^/]+)/(?P<step>\d+)$", re.ASCII)
+"""One part of a cron field (between commas) with a step: ``*/15``, ``0-59/30``, ``5/10``."""
+_CRON_FIELDS: Final = (
+    ("minute", "minutes", "hour"),
+    ("hour", "hours", "day"),
+    ("day-of-month", "days", "month"),
+    ("month", "months", "year"),
+    ("day-of-week", "days", "week"),
+    ("second", "seconds", "minute"),
+    ("year", "years", None),
+)
+"""Each field of croniter's layout (its ``RANGES``, in order): its name, its unit, and
+the period a step in it starts again at."""
+
+
+def _check_cron_steps(value: str) -> None:
+    """Refuse a step longer than its field's whole range, which matches only its start:
+    croniter takes "*/61" in the minute field as minute 0 alone (an hourly schedule, not
+    one every 61 minutes), "*/25" in the hour field as midnight, "*/32" as the 1st. A
+    step equal to the range is kept: "*/60" is minute 0, which is every 60 minutes."""
+    from croniter import croniter
+
+    for (low, high), (name, unit, period), field in zip(
+        croniter.RANGES, _CRON_FIELDS, value.split(), strict=False
+    ):
+        for part in field.split(","):
+            found = _CRON_STEP_PART.match(part)
+            if found is None or int(found["step"]) <= high - low + 1:
+                continue
+            start = found["start"]
+            start = str(low) if start == "*" else start.split("-")[0]
+            restart = f" (a step starts again at each {period})" if period else ""
+            raise ValueError(
+                f"cron expression {value!r}: the step of {part!r} in its {name} field is "
+                f"more than the field's {high - low + 1} {unit} ({low}-{high}), so it would "
+                f"match only {name} {start}, not every {found['step']} {unit}{restart}: "
+                f"write {start} in its place if that is what you mean (no cron step can "
+                f"say every {found['step']} {unit})"
+            )
 
 
 def _check_cron(value: str) -> str:
@@ -684,6 +723,7 @@ def _check_cron(value: str) -> str:
             f"after every fire and fire the schedule at random, several times a period: "
             f"write the value you want in its place"
         )
+    _check_cron_steps(value)
     # From fixed instants (no clock): an expression such as "0 0 30 2 *" parses but
     # names no date, and would fail at every computation of its next slot. croniter
     # looks 50 years ahead, and takes years up to 2099: a year field past 2050 was

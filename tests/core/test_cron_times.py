@@ -3,11 +3,13 @@ as cron does, even when clocks go back and a local time happens twice."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from uuid import uuid4
 
 import pytest
 
-from taskq.backend.cron import next_fire_at
+from taskq.backend.cron import cron_slots, next_fire_at
+from taskq.models import ScheduleRecord
 
 _NY = "America/New_York"  # clocks go back at 02:00 EDT on 1 November 2026
 
@@ -103,3 +105,29 @@ def test_a_step_within_its_field_is_a_cron_expression(cron: str) -> None:
     from taskq.models import ScheduleCreateArgs
 
     assert ScheduleCreateArgs(name="step", actor="a", cron=cron).cron == cron
+
+
+@pytest.mark.parametrize(
+    ("cron", "window", "count"),
+    [
+        ("R 3 * * *", timedelta(days=3), 3),
+        ("r(0-29) 3 * * *", timedelta(days=3), 3),
+        ("R/15 3 * * *", timedelta(days=1), 4),
+        ("* * * * * R", timedelta(minutes=10), 10),
+    ],
+)
+def test_a_stored_random_field_fires_at_one_time_a_period(
+    cron: str, window: timedelta, count: int
+) -> None:
+    # Refused at create/update since, but stored before: croniter drew the value again
+    # at each computation of the next slot, so "R 3 * * *" fired two or three times a
+    # night at random, and "* * * * * R" 21 times in ten minutes. It is drawn from the
+    # expression: the same time at every computation, and on every leader.
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    assert len({next_fire_at(cron, "UTC", start) for _ in range(20)}) == 1
+    schedule = ScheduleRecord(
+        id=uuid4(), name="random", actor="a", cron=cron, payload={}, queue=None,
+        timezone="UTC", enabled=True, next_fire_at=None, created_at=start, updated_at=start,
+    )  # fmt: skip
+    slots, _ = cron_slots(schedule, start + window, window)
+    assert len(slots) == count

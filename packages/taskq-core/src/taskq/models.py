@@ -35,6 +35,7 @@ __all__ = [
     "INT32_MAX",
     "INT32_MIN",
     "MAX_DURATION",
+    "RANDOM_CRON_FIELD",
     "UNRUN_OUTCOMES",
     "UNTIMED_OUTCOMES",
     "ActorConfig",
@@ -666,7 +667,7 @@ class BatchFilter(_Model):
 
 _CRON_CHECK_ANCHORS: Final = (datetime(2000, 1, 1), datetime(2049, 1, 1))
 """Where an expression is tried from: together, croniter's years up to 2099."""
-_RANDOM_CRON_FIELD: Final = re.compile(r"^r(\(\d+-\d+\))?(/\d+)?$", re.ASCII | re.IGNORECASE)
+RANDOM_CRON_FIELD: Final = re.compile(r"^r(\(\d+-\d+\))?(/\d+)?$", re.ASCII | re.IGNORECASE)
 """A field croniter fills with a random value (``R``, ``R(0-29)``, ``R/15``): its own
 pattern for one, which it matches against each whole field."""
 _CRON_STEP_PART: Final = re.compile(r"^(?P<start>[^/]+)/(?P<step>\d+)$", re.ASCII)
@@ -715,7 +716,7 @@ def _check_cron(value: str) -> str:
 
     if not croniter.is_valid(value):
         raise ValueError(f"invalid cron expression {value!r}")
-    if any(_RANDOM_CRON_FIELD.match(field) for field in value.split()):
+    if any(RANDOM_CRON_FIELD.match(field) for field in value.split()):
         # croniter draws the value again at each computation of the next slot: "R 3 * * *"
         # fired at two or three random minutes of 03:00 each night, not at one.
         raise ValueError(

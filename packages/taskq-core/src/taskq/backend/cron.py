@@ -15,7 +15,7 @@ import structlog
 from croniter import CroniterBadDateError, croniter
 
 from taskq.errors import SingletonCollisionError
-from taskq.models import EnqueueArgs, ScheduleRecord
+from taskq.models import RANDOM_CRON_FIELD, EnqueueArgs, ScheduleRecord
 
 __all__ = [
     "MAX_SLOTS_PER_TICK",
@@ -76,7 +76,7 @@ def next_fire_at(cron: str, timezone: str, after: datetime) -> datetime | None:
 
     A sixth cron field gives seconds, a seventh the year (croniter's layout)."""
     local_start = after.astimezone(ZoneInfo(timezone))
-    times = croniter(cron, local_start)
+    times = _times(cron, local_start)
     try:
         fire: datetime = times.get_next(datetime)
         # When clocks go back, a local time happens twice (the second has fold=1). A
@@ -89,6 +89,21 @@ def next_fire_at(cron: str, timezone: str, after: datetime) -> datetime | None:
     except CroniterBadDateError:
         return None
     return fire.astimezone(UTC)
+
+
+def _times(cron: str, start: datetime) -> croniter:
+    """croniter's times of ``cron`` from ``start``. A random field (R), refused at
+    create/update but stored before that, is drawn from the expression instead (as
+    croniter's hashed ``H``): croniter drew it again at each computation of the next
+    slot, so "R 3 * * *" fired at two or three random minutes of 03:00 each night.
+    Drawn from the expression, it is one time a period, the same on every leader."""
+    fields = cron.split()
+    if not any(RANDOM_CRON_FIELD.match(field) for field in fields):
+        return croniter(cron, start)
+    hashed = " ".join(
+        f"H{field[1:]}" if RANDOM_CRON_FIELD.match(field) else field for field in fields
+    )
+    return croniter(hashed, start, hash_id=cron)
 
 
 def cron_slots(

@@ -1570,3 +1570,78 @@ async def test_a_failure_whose_reply_was_lost_is_no_late_outcome_once_the_job_ru
     assert row is not None and row.status is JobStatus.SUCCEEDED
     assert [a.outcome for a in attempts] == ["failed", "succeeded"]
     assert [e.detail for e in events if e.kind == "late_outcome"] == []
+
+
+def _reclaimed_before(
+    method: str, clock: Any, *, outcome: str | None = None, away: bool = False
+) -> Any:
+    """An in-memory backend whose first ``method`` write (of ``outcome``, if given) meets
+    the job reclaimed: its lease lapsed unseen (the worker frozen or cut off) and the
+    reclaim took it just before the write. ``away``: that write fails (the database
+    away), so the worker's heartbeat finds the job lost before the write's next try.
+    ``reclaimed`` counts the jobs it took."""
+
+    class ReclaimedFirst(InMemoryBackend):
+        reclaimed: int | None = None
+
+        async def _reclaim_once(self, kwargs: dict[str, Any]) -> None:
+            if self.reclaimed is None and kwargs.get("outcome", outcome) == outcome:
+                clock.advance(timedelta(hours=1))  # past any lease and cancel grace
+                self.reclaimed = await self.reclaim_expired_locks(timedelta(0), timedelta(0))
+                if away:
+                    raise ConnectionRefusedError("database away")
+
+        async def mark_failed_or_retry(self, *args: Any, **kwargs: Any) -> Any:
+            if method == "mark_failed_or_retry":
+                await self._reclaim_once(kwargs)
+            return await super().mark_failed_or_retry(*args, **kwargs)
+
+        async def mark_abandoned(self, *args: Any, **kwargs: Any) -> bool:
+            if method == "mark_abandoned":
+                await self._reclaim_once(kwargs)
+            return await super().mark_abandoned(*args, **kwargs)
+
+        async def mark_snoozed(self, *args: Any, **kwargs: Any) -> Any:
+            if method == "mark_snoozed":
+                await self._reclaim_once(kwargs)
+            return await super().mark_snoozed(*args, **kwargs)
+
+    return ReclaimedFirst(clock=clock)
+
+
+async def test_a_shutdown_hand_back_refused_after_a_reclaim_is_kept_as_a_late_outcome() -> None:
+    # A stop interrupted the job, and its hand-back met the job reclaimed: only a log
+    # line said so, and the history said the attempt crashed.
+    from taskq.backend.clock import FakeClock
+
+    clock = FakeClock()
+    backend = _reclaimed_before("mark_snoozed", clock, outcome="interrupted")
+    started = asyncio.Event()
+
+    @actor(name="late.interrupted", max_attempts=1)
+    async def stops(payload: dict[str, Any], ctx: Context) -> str:
+        started.set()
+        await ctx.cancel_event.wait()
+        return "stopped"
+
+    tq = TaskQ("memory://", actors=[stops], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(stops, {})
+        settings = {**TEST_SETTINGS, "drain_grace_period": "100ms", "queues": ["default"]}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+        events = await tq.client.get_events(job.id)
+    assert backend.reclaimed == 1
+    assert row is not None and row.status is JobStatus.CRASHED  # the reclaim's verdict
+    assert [a.outcome for a in attempts] == ["crashed"]
+    [late] = [e.detail for e in events if e.kind == "late_outcome"]
+    assert late == {
+        "attempt": 1,
+        "worker_id": str(attempts[0].worker_id),
+        "outcome": "interrupted",
+    }

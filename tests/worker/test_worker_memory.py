@@ -1609,6 +1609,124 @@ def _reclaimed_before(
     return ReclaimedFirst(clock=clock)
 
 
+def _ignores_cancellation(name: str, started: asyncio.Event, **options: Any) -> Any:
+    """An actor (one attempt) that ignores every cancellation for a second."""
+
+    @actor(name=name, max_attempts=1, **options)
+    async def stubborn(payload: dict[str, Any]) -> str:
+        started.set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 1.0
+        while loop.time() < end:
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                continue
+        return "late"
+
+    return stubborn
+
+
+_CANCEL_GRACES = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "100ms"}
+
+
+@pytest.mark.parametrize("away", [False, True], ids=["refused", "found_lost"])
+async def test_a_failure_past_a_limit_refused_after_a_reclaim_is_kept_as_a_late_outcome(
+    away: bool,
+) -> None:
+    # The cancel controller's write-off of an attempt still running past its timeout met
+    # the job reclaimed: the history said only that the attempt crashed. "found_lost":
+    # the write failed (the database away) and the heartbeat found the lock lost before
+    # its next try, which was then skipped without a word.
+    from taskq.backend.clock import FakeClock
+
+    clock = FakeClock()
+    backend = _reclaimed_before("mark_failed_or_retry", clock, away=away)
+    started = asyncio.Event()
+    stubborn = _ignores_cancellation("late.past_its_timeout", started, timeout=0.1)
+    tq = TaskQ("memory://", actors=[stubborn], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        settings = {**TEST_SETTINGS, **_CANCEL_GRACES, "queues": ["default"], "until_idle": True}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        await asyncio.wait_for(worker.run(), 10)
+        await asyncio.gather(*worker.lingering_tasks())
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+        events = await tq.client.get_events(job.id)
+    assert backend.reclaimed == 1
+    assert row is not None and row.status is JobStatus.CRASHED  # the reclaim's verdict
+    assert [a.outcome for a in attempts] == ["crashed"]
+    [late] = [e.detail for e in events if e.kind == "late_outcome"]
+    assert late["outcome"] == "failed" and late["error_class"] == "TimeoutError"
+    assert "still running" in late["error_message"]
+    assert (late["attempt"], late["worker_id"]) == (1, str(attempts[0].worker_id))
+
+
+@pytest.mark.parametrize("away", [False, True], ids=["refused", "found_lost"])
+async def test_an_abandonment_refused_after_a_reclaim_is_kept_as_a_late_outcome(away: bool) -> None:
+    # A cancelled job whose actor ignored its forced cancel: the abandonment met the job
+    # reclaimed, and the history said only what the reclaim made of it (cancelled).
+    # "found_lost" as for a failure past a limit.
+    from taskq.backend.clock import FakeClock
+
+    clock = FakeClock()
+    backend = _reclaimed_before("mark_abandoned", clock, away=away)
+    started = asyncio.Event()
+    stubborn = _ignores_cancellation("late.abandoned", started)
+    tq = TaskQ("memory://", actors=[stubborn], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        settings = {**TEST_SETTINGS, **_CANCEL_GRACES, "queues": ["default"], "until_idle": True}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.wait_for(running, 10)
+        await asyncio.gather(*worker.lingering_tasks())
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+        events = await tq.client.get_events(job.id)
+    assert backend.reclaimed == 1
+    assert row is not None and row.status is JobStatus.CANCELLED  # the reclaim's verdict
+    assert [a.outcome for a in attempts] == ["crashed"]
+    [late] = [e.detail for e in events if e.kind == "late_outcome"]
+    assert late == {"attempt": 1, "worker_id": str(attempts[0].worker_id), "outcome": "abandoned"}
+
+
+async def test_an_abandonment_whose_reply_was_lost_is_no_late_outcome() -> None:
+    # The abandonment committed and its reply was lost: by the next tick the heartbeat
+    # found the job no longer running, yet the attempt's own row says it was abandoned.
+    class LostReply(InMemoryBackend):
+        lost = 1
+
+        async def mark_abandoned(self, *args: Any, **kwargs: Any) -> bool:
+            done = await super().mark_abandoned(*args, **kwargs)
+            if self.lost:
+                self.lost -= 1
+                raise ConnectionResetError("the reply was lost")
+            return done
+
+    backend = LostReply()
+    started = asyncio.Event()
+    stubborn = _ignores_cancellation("abandoned.reply_lost", started)
+    tq = TaskQ("memory://", actors=[stubborn], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        settings = {**TEST_SETTINGS, **_CANCEL_GRACES, "queues": ["default"], "until_idle": True}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.wait_for(running, 10)
+        await asyncio.gather(*worker.lingering_tasks())
+        row = await tq.client.get(job.id)
+        events = await tq.client.get_events(job.id)
+    assert backend.lost == 0  # the reply was lost
+    assert row is not None and row.status is JobStatus.ABANDONED
+    assert [e.detail for e in events if e.kind == "late_outcome"] == []
+
+
 async def test_a_shutdown_hand_back_refused_after_a_reclaim_is_kept_as_a_late_outcome() -> None:
     # A stop interrupted the job, and its hand-back met the job reclaimed: only a log
     # line said so, and the history said the attempt crashed.

@@ -1694,9 +1694,21 @@ async def test_an_abandonment_refused_after_a_reclaim_is_kept_as_a_late_outcome(
     assert late == {"attempt": 1, "worker_id": str(attempts[0].worker_id), "outcome": "abandoned"}
 
 
-async def test_an_abandonment_whose_reply_was_lost_is_no_late_outcome() -> None:
+async def test_an_abandonment_whose_reply_was_lost_is_no_late_outcome(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # The abandonment committed and its reply was lost: by the next tick the heartbeat
     # found the job no longer running, yet the attempt's own row says it was abandoned.
+    # That end is the worker's own: its batch hears of it (it never did).
+    import taskq.worker.cancel
+
+    applied: list[tuple[object, str]] = []
+
+    async def apply(backend: Any, row: Any, outcome: str) -> None:
+        applied.append((row.id, outcome))
+
+    monkeypatch.setattr(taskq.worker.cancel, "apply_batch_terminal_outcome", apply)
+
     class LostReply(InMemoryBackend):
         lost = 1
 
@@ -1725,6 +1737,7 @@ async def test_an_abandonment_whose_reply_was_lost_is_no_late_outcome() -> None:
     assert backend.lost == 0  # the reply was lost
     assert row is not None and row.status is JobStatus.ABANDONED
     assert [e.detail for e in events if e.kind == "late_outcome"] == []
+    assert applied == [(job.id, "abandoned")]
 
 
 async def test_a_shutdown_hand_back_refused_after_a_reclaim_is_kept_as_a_late_outcome() -> None:

@@ -577,7 +577,11 @@ async def test_an_attempt_written_off_past_its_limit_is_not_a_later_one(replaced
     old = ActiveJob(row, release=lambda: freed.append("old"))
     old.limit_at, old.limit_error = -1.0, ErrorInfo(error_class="TimeoutError", message="t")
     old.task = asyncio.create_task(asyncio.sleep(10))
-    graces = {"cleanup_grace_period": timedelta(0), "cancellation_grace_period": timedelta(0)}
+    graces = {
+        "cleanup_grace_period": timedelta(0),
+        "cancellation_grace_period": timedelta(0),
+        "lock_lease": timedelta(minutes=5),
+    }
     state: Any = SimpleNamespace(
         active={job.id: old}, backend=backend, worker_id=worker, settings=SimpleNamespace(**graces)
     )
@@ -592,6 +596,9 @@ async def test_an_attempt_written_off_past_its_limit_is_not_a_later_one(replaced
     assert after is not None
     assert after.status is (JobStatus.RUNNING if replaced else JobStatus.FAILED)
     assert freed == ["old"]  # the old attempt's slot either way, and only its
+    # The old attempt, reclaimed while it ran on past its limit, came to that failure.
+    late = [e.detail for e in await backend.get_events(job.id) if e.kind == "late_outcome"]
+    assert [(d["attempt"], d["outcome"]) for d in late] == ([(1, "failed")] if replaced else [])
 
 
 async def test_a_late_escalation_leaves_the_job_its_whole_cleanup_grace() -> None:

@@ -1570,3 +1570,209 @@ async def test_a_failure_whose_reply_was_lost_is_no_late_outcome_once_the_job_ru
     assert row is not None and row.status is JobStatus.SUCCEEDED
     assert [a.outcome for a in attempts] == ["failed", "succeeded"]
     assert [e.detail for e in events if e.kind == "late_outcome"] == []
+
+
+def _reclaimed_before(
+    method: str, clock: Any, *, outcome: str | None = None, away: bool = False
+) -> Any:
+    """An in-memory backend whose first ``method`` write (of ``outcome``, if given) meets
+    the job reclaimed: its lease lapsed unseen (the worker frozen or cut off) and the
+    reclaim took it just before the write. ``away``: that write fails (the database
+    away), so the worker's heartbeat finds the job lost before the write's next try.
+    ``reclaimed`` counts the jobs it took."""
+
+    class ReclaimedFirst(InMemoryBackend):
+        reclaimed: int | None = None
+
+        async def _reclaim_once(self, kwargs: dict[str, Any]) -> None:
+            if self.reclaimed is None and kwargs.get("outcome", outcome) == outcome:
+                clock.advance(timedelta(hours=1))  # past any lease and cancel grace
+                self.reclaimed = await self.reclaim_expired_locks(timedelta(0), timedelta(0))
+                if away:
+                    raise ConnectionRefusedError("database away")
+
+        async def mark_failed_or_retry(self, *args: Any, **kwargs: Any) -> Any:
+            if method == "mark_failed_or_retry":
+                await self._reclaim_once(kwargs)
+            return await super().mark_failed_or_retry(*args, **kwargs)
+
+        async def mark_abandoned(self, *args: Any, **kwargs: Any) -> bool:
+            if method == "mark_abandoned":
+                await self._reclaim_once(kwargs)
+            return await super().mark_abandoned(*args, **kwargs)
+
+        async def mark_snoozed(self, *args: Any, **kwargs: Any) -> Any:
+            if method == "mark_snoozed":
+                await self._reclaim_once(kwargs)
+            return await super().mark_snoozed(*args, **kwargs)
+
+    return ReclaimedFirst(clock=clock)
+
+
+def _ignores_cancellation(name: str, started: asyncio.Event, **options: Any) -> Any:
+    """An actor (one attempt) that ignores every cancellation for a second."""
+
+    @actor(name=name, max_attempts=1, **options)
+    async def stubborn(payload: dict[str, Any]) -> str:
+        started.set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 1.0
+        while loop.time() < end:
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                continue
+        return "late"
+
+    return stubborn
+
+
+_CANCEL_GRACES = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "100ms"}
+
+
+@pytest.mark.parametrize("away", [False, True], ids=["refused", "found_lost"])
+async def test_a_failure_past_a_limit_refused_after_a_reclaim_is_kept_as_a_late_outcome(
+    away: bool,
+) -> None:
+    # The cancel controller's write-off of an attempt still running past its timeout met
+    # the job reclaimed: the history said only that the attempt crashed. "found_lost":
+    # the write failed (the database away) and the heartbeat found the lock lost before
+    # its next try, which was then skipped without a word.
+    from taskq.backend.clock import FakeClock
+
+    clock = FakeClock()
+    backend = _reclaimed_before("mark_failed_or_retry", clock, away=away)
+    started = asyncio.Event()
+    stubborn = _ignores_cancellation("late.past_its_timeout", started, timeout=0.1)
+    tq = TaskQ("memory://", actors=[stubborn], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        settings = {**TEST_SETTINGS, **_CANCEL_GRACES, "queues": ["default"], "until_idle": True}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        await asyncio.wait_for(worker.run(), 10)
+        await asyncio.gather(*worker.lingering_tasks())
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+        events = await tq.client.get_events(job.id)
+    assert backend.reclaimed == 1
+    assert row is not None and row.status is JobStatus.CRASHED  # the reclaim's verdict
+    assert [a.outcome for a in attempts] == ["crashed"]
+    [late] = [e.detail for e in events if e.kind == "late_outcome"]
+    assert late["outcome"] == "failed" and late["error_class"] == "TimeoutError"
+    assert "still running" in late["error_message"]
+    assert (late["attempt"], late["worker_id"]) == (1, str(attempts[0].worker_id))
+
+
+@pytest.mark.parametrize("away", [False, True], ids=["refused", "found_lost"])
+async def test_an_abandonment_refused_after_a_reclaim_is_kept_as_a_late_outcome(away: bool) -> None:
+    # A cancelled job whose actor ignored its forced cancel: the abandonment met the job
+    # reclaimed, and the history said only what the reclaim made of it (cancelled).
+    # "found_lost" as for a failure past a limit.
+    from taskq.backend.clock import FakeClock
+
+    clock = FakeClock()
+    backend = _reclaimed_before("mark_abandoned", clock, away=away)
+    started = asyncio.Event()
+    stubborn = _ignores_cancellation("late.abandoned", started)
+    tq = TaskQ("memory://", actors=[stubborn], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        settings = {**TEST_SETTINGS, **_CANCEL_GRACES, "queues": ["default"], "until_idle": True}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.wait_for(running, 10)
+        await asyncio.gather(*worker.lingering_tasks())
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+        events = await tq.client.get_events(job.id)
+    assert backend.reclaimed == 1
+    assert row is not None and row.status is JobStatus.CANCELLED  # the reclaim's verdict
+    assert [a.outcome for a in attempts] == ["crashed"]
+    [late] = [e.detail for e in events if e.kind == "late_outcome"]
+    assert late == {"attempt": 1, "worker_id": str(attempts[0].worker_id), "outcome": "abandoned"}
+
+
+async def test_an_abandonment_whose_reply_was_lost_is_no_late_outcome(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The abandonment committed and its reply was lost: by the next tick the heartbeat
+    # found the job no longer running, yet the attempt's own row says it was abandoned.
+    # That end is the worker's own: its batch hears of it (it never did).
+    import taskq.worker.cancel
+
+    applied: list[tuple[object, str]] = []
+
+    async def apply(backend: Any, row: Any, outcome: str) -> None:
+        applied.append((row.id, outcome))
+
+    monkeypatch.setattr(taskq.worker.cancel, "apply_batch_terminal_outcome", apply)
+
+    class LostReply(InMemoryBackend):
+        lost = 1
+
+        async def mark_abandoned(self, *args: Any, **kwargs: Any) -> bool:
+            done = await super().mark_abandoned(*args, **kwargs)
+            if self.lost:
+                self.lost -= 1
+                raise ConnectionResetError("the reply was lost")
+            return done
+
+    backend = LostReply()
+    started = asyncio.Event()
+    stubborn = _ignores_cancellation("abandoned.reply_lost", started)
+    tq = TaskQ("memory://", actors=[stubborn], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        settings = {**TEST_SETTINGS, **_CANCEL_GRACES, "queues": ["default"], "until_idle": True}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.wait_for(running, 10)
+        await asyncio.gather(*worker.lingering_tasks())
+        row = await tq.client.get(job.id)
+        events = await tq.client.get_events(job.id)
+    assert backend.lost == 0  # the reply was lost
+    assert row is not None and row.status is JobStatus.ABANDONED
+    assert [e.detail for e in events if e.kind == "late_outcome"] == []
+    assert applied == [(job.id, "abandoned")]
+
+
+async def test_a_shutdown_hand_back_refused_after_a_reclaim_is_kept_as_a_late_outcome() -> None:
+    # A stop interrupted the job, and its hand-back met the job reclaimed: only a log
+    # line said so, and the history said the attempt crashed.
+    from taskq.backend.clock import FakeClock
+
+    clock = FakeClock()
+    backend = _reclaimed_before("mark_snoozed", clock, outcome="interrupted")
+    started = asyncio.Event()
+
+    @actor(name="late.interrupted", max_attempts=1)
+    async def stops(payload: dict[str, Any], ctx: Context) -> str:
+        started.set()
+        await ctx.cancel_event.wait()
+        return "stopped"
+
+    tq = TaskQ("memory://", actors=[stops], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(stops, {})
+        settings = {**TEST_SETTINGS, "drain_grace_period": "100ms", "queues": ["default"]}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        worker.stop()
+        await asyncio.wait_for(running, 10)
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+        events = await tq.client.get_events(job.id)
+    assert backend.reclaimed == 1
+    assert row is not None and row.status is JobStatus.CRASHED  # the reclaim's verdict
+    assert [a.outcome for a in attempts] == ["crashed"]
+    [late] = [e.detail for e in events if e.kind == "late_outcome"]
+    assert late == {
+        "attempt": 1,
+        "worker_id": str(attempts[0].worker_id),
+        "outcome": "interrupted",
+    }

@@ -23,6 +23,10 @@ user's cancel: it goes ``ABANDON_PENDING`` at once, and the post-tick writes its
 attempt ``failed`` with the limit's error (fenced by its attempt), not retried, since
 its code may run on; its slot is freed.
 
+A write-off or abandonment that finds the job reclaimed meanwhile (the write refused,
+or the heartbeat found the lock lost before it) is kept as a ``late_outcome`` event,
+as the consumer's own refused writes are, unless an earlier try of it landed.
+
 The architecture runs phases 1-3 inside one heartbeat transaction
 (``run_in_tx(conn)``); here every write is one atomic statement of the
 backend's own (the escalation UPDATE and its event row together), so the
@@ -33,15 +37,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import structlog
 
 from taskq.backend import CancelPhase
 from taskq.backend.storable import stored_error
 from taskq.batch_outcomes import apply_batch_terminal_outcome
-from taskq.models import CancelFlag, ErrorInfo
+from taskq.models import CancelFlag, ErrorInfo, JobRow
 from taskq.worker._state import ActiveJob, WorkerState
+from taskq.worker.consumer import late_unless_landed
 
 __all__ = ["CancelController", "make_cancel_controller"]
 
@@ -201,59 +206,91 @@ class _CancelController:
         # Each queued write is tried once a tick; one that fails goes to the back and is
         # raised once the others had theirs (failing first, it held them all back).
         failed: Exception | None = None
+        # Written after the slots are freed: a tick cut short there (its bound, the
+        # database slow) loses a history line, never a slot.
+        late: list[tuple[JobRow, Literal["failed", "abandoned"], ErrorInfo | None]] = []
         for _ in range(len(self._pending_overruns)):
             active, error = self._pending_overruns.popleft()
             try:
-                await self._write_overrun(active, error)
+                refused = await self._write_overrun(active, error)
             except Exception as exc:  # noqa: BLE001 - raised below, after the others
                 self._pending_overruns.append((active, error))
                 failed = failed or exc
                 continue
             active.finish()
+            if refused:
+                late.append((active.row, "failed", error))
         for _ in range(len(self._pending_abandons)):
             active = self._pending_abandons.popleft()
             try:
-                await self._write_abandon(active)
+                refused = await self._write_abandon(active)
             except Exception as exc:  # noqa: BLE001 - raised below, after the others
                 self._pending_abandons.append(active)
                 failed = failed or exc
                 continue
             active.finish()
+            if refused:
+                late.append((active.row, "abandoned", None))
+        for row, outcome, info in late:
+            # Reclaimed while it ran on (the worker frozen or cut off), the attempt's
+            # history said only what the reclaim made of it.
+            try:
+                landed = await late_unless_landed(self._state, row, outcome, info)
+            except Exception as exc:  # noqa: BLE001 - raised below, after the others
+                failed = failed or exc
+                continue
+            if landed:  # an earlier try's, its reply lost: the worker's own end
+                await apply_batch_terminal_outcome(self._state.backend, row, outcome)
         if failed is not None:
             raise failed
 
-    async def _write_overrun(self, active: ActiveJob, error: ErrorInfo) -> None:
+    async def _write_overrun(self, active: ActiveJob, error: ErrorInfo) -> bool:
+        """Fail the attempt with ``error``; True when the write was refused, the
+        attempt not this worker's any more."""
         state = self._state
         if not self._still_current(active):
-            return
+            return True
+        row = active.row
         after = await state.backend.mark_failed_or_retry(
-            active.row.id,
+            row.id,
             state.worker_id,
             error,
             None,
             active.ctx.progress_seq if active.ctx else 0,
             active.ctx.progress_state if active.ctx else None,
-            attempt=active.row.attempt,
+            attempt=row.attempt,
         )
-        # else not this attempt's (compared as stored)
-        if after is not None and after.error == stored_error(error):
-            _log.error("taskq.job-failed-past-its-limit", job_id=str(active.row.id))
-            await apply_batch_terminal_outcome(state.backend, active.row, "failed")
+        if after is None:
+            return False
+        # Compared as stored: else a no-op, the row as someone else left it.
+        if after.attempt != row.attempt or after.error != stored_error(error):
+            return True
+        _log.error("taskq.job-failed-past-its-limit", job_id=str(row.id))
+        await apply_batch_terminal_outcome(state.backend, row, "failed")
+        return False
 
-    async def _write_abandon(self, active: ActiveJob) -> None:
+    async def _write_abandon(self, active: ActiveJob) -> bool:
+        """End the attempt ``abandoned``; True when the write was refused: its phase 2
+        stored, the job is no longer ``running`` (reclaimed while it ran on)."""
         state = self._state
-        if self._still_current(active) and await state.backend.mark_abandoned(
+        if not self._still_current(active):
+            return True
+        if not await state.backend.mark_abandoned(
             active.row.id,
             active.ctx.progress_seq if active.ctx else 0,
             active.ctx.progress_state if active.ctx else None,
         ):
-            _log.error("taskq.job-abandoned", job_id=str(active.row.id))
-            await apply_batch_terminal_outcome(state.backend, active.row, "abandoned")
+            return True
+        _log.error("taskq.job-abandoned", job_id=str(active.row.id))
+        await apply_batch_terminal_outcome(state.backend, active.row, "abandoned")
+        return False
 
     def _still_current(self, active: ActiveJob) -> bool:
         """Whether ``active``'s attempt is still this worker's to write: not lost, nor
         replaced by a later attempt locked for it (an entry gone since is its task's
-        end, which wrote nothing for an attempt written off)."""
+        end, which wrote nothing for an attempt written off). One that is not is as a
+        write refused: reclaimed while it ran on (a write failing meanwhile, the
+        heartbeat found it so), the attempt still came to what was to be written."""
         current = self._state.active.get(active.row.id)
         return not active.lost and (current is None or current is active)
 

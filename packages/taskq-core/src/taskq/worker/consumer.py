@@ -464,12 +464,23 @@ async def _reschedule(
     )
     if verdict == "noop":
         # Reclaimed while it ran, the reclaim's ``crashed`` is all the history said of
-        # an attempt that in fact ended on the actor's request: a late outcome, unless
-        # an earlier try of this write landed (its reply lost).
-        if not await _attempt_recorded_as(state, row, outcome):
-            await _late(state, row, outcome)
+        # an attempt that in fact ended on the actor's request.
+        await late_unless_landed(state, row, outcome)
     else:
         await _ended_instead(state, row, verdict)
+
+
+async def late_unless_landed(
+    state: WorkerState, row: JobRow, outcome: str, error: ErrorInfo | None = None
+) -> bool:
+    """After a write of this attempt's ``outcome`` that reported the job no longer this
+    worker's: a late outcome, unless an earlier try of the same write landed (its reply
+    lost) and the attempt's row already says ``outcome``. True in that case: the write
+    is the worker's own."""
+    if await _attempt_recorded_as(state, row, outcome):
+        return True
+    await _late(state, row, outcome, error)
+    return False
 
 
 async def _attempt_recorded_as(state: WorkerState, row: JobRow, outcome: str) -> bool:
@@ -931,7 +942,12 @@ async def hand_back(
         give_up=give_up,
     )
     if verdict == "noop":
-        _ownership_lost(row, outcome)
+        if outcome == "interrupted":
+            # Reclaimed while it ran (the stop held up past its lease): the history
+            # said only that the attempt crashed.
+            await late_unless_landed(state, row, outcome)
+        else:  # its code never began: it has no outcome of its own to tell
+            _ownership_lost(row, outcome)
     else:
         await _ended_instead(state, row, verdict)
     return verdict is not None

@@ -1776,3 +1776,91 @@ async def test_a_shutdown_hand_back_refused_after_a_reclaim_is_kept_as_a_late_ou
         "worker_id": str(attempts[0].worker_id),
         "outcome": "interrupted",
     }
+
+
+def _cancelled_then_stubborn(name: str, started: asyncio.Event, observed: asyncio.Event) -> Any:
+    """An actor (one attempt) that runs until it sees its cancel, then ignores every
+    cancellation for a second and a half."""
+
+    @actor(name=name, max_attempts=1)
+    async def stubborn(payload: dict[str, Any], ctx: Context) -> str:
+        started.set()
+        await ctx.cancel_event.wait()
+        observed.set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 1.5
+        while loop.time() < end:
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                continue
+        return "late"
+
+    return stubborn
+
+
+async def _stop_a_cancelled_stubborn_job(backend: InMemoryBackend, name: str) -> tuple[Any, ...]:
+    """A job a user cancelled, its actor ignoring it, met by a stop (a second signal: no
+    drain or cooperative wait), so that the stop's own ABANDONING writes it off; the
+    heartbeat's cancel controller, given a long grace, never does. Its row, attempts and
+    events, and the worker's log."""
+    started, observed = asyncio.Event(), asyncio.Event()
+    stubborn = _cancelled_then_stubborn(name, started, observed)
+    tq = TaskQ("memory://", actors=[stubborn], backend=backend)
+    settings = {
+        **TEST_SETTINGS,
+        "cancellation_grace_period": "30s",
+        "cleanup_grace_period": "100ms",
+        "termination_grace_period": "60s",
+        "queues": ["default"],
+    }
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.wait_for(observed.wait(), 5)  # the worker heard of the cancel
+        with structlog.testing.capture_logs() as logs:
+            worker.stop()
+            worker.escalate()
+            await asyncio.wait_for(running, 10)
+        await asyncio.gather(*worker.lingering_tasks())
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+        events = await tq.client.get_events(job.id)
+    return row, attempts, events, [entry["event"] for entry in logs]
+
+
+async def test_a_stops_abandonment_refused_after_a_reclaim_is_kept_as_a_late_outcome() -> None:
+    # The stop's own abandonment of a user-cancelled job that ignored its cancel met the
+    # job reclaimed: only taskq.abandon-not-written was logged, and the history said only
+    # what the reclaim made of it (cancelled, the attempt crashed).
+    from taskq.backend.clock import FakeClock
+
+    clock = FakeClock()
+    backend = _reclaimed_before("mark_abandoned", clock)
+    row, attempts, events, logs = await _stop_a_cancelled_stubborn_job(
+        backend, "late.stop_abandoned"
+    )
+    assert backend.reclaimed == 1
+    assert row is not None and row.status is JobStatus.CANCELLED  # the reclaim's verdict
+    assert [a.outcome for a in attempts] == ["crashed"]
+    [late] = [e.detail for e in events if e.kind == "late_outcome"]
+    assert late == {"attempt": 1, "worker_id": str(attempts[0].worker_id), "outcome": "abandoned"}
+    assert "taskq.abandon-not-written" not in logs
+
+
+async def test_a_stops_abandonment_without_phase_2_is_no_late_outcome() -> None:
+    # The same write refused with the job still this worker's at this attempt, its phase
+    # 2 never stored (that write refused): nothing was taken away, so no late outcome.
+    class PhaseTwoRefused(InMemoryBackend):
+        async def write_cancel_escalation(self, *args: Any, **kwargs: Any) -> bool:
+            return False
+
+    backend = PhaseTwoRefused()
+    row, attempts, events, logs = await _stop_a_cancelled_stubborn_job(backend, "stop.no_phase_2")
+    assert row is not None and row.status is JobStatus.RUNNING  # left for the reclaim
+    assert attempts == []  # the attempt not ended
+    assert [e for e in events if e.kind == "late_outcome"] == []
+    assert "taskq.abandon-not-written" in logs

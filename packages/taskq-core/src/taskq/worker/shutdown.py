@@ -40,10 +40,10 @@ import structlog
 
 from taskq.backend import CancelPhase, SupportsUnstartedHandBack
 from taskq.batch_outcomes import apply_batch_child_ends, apply_batch_terminal_outcome
-from taskq.models import BatchChildEnd, JobRow
+from taskq.models import BatchChildEnd, JobRow, JobStatus
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
-from taskq.worker.consumer import hand_back, write_retrying
+from taskq.worker.consumer import hand_back, late_unless_landed, write_retrying
 from taskq.worker.producer import hand_back_unheard
 
 __all__ = ["ShutdownPhase", "orchestrate_shutdown"]
@@ -257,7 +257,8 @@ async def _mark_abandoned(state: WorkerState, active: ActiveJob, escalated: bool
     """End a user-cancelled job whose task outlived the stop ``abandoned``. Phase 2 is
     stored first if FORCING could not store it (its write failed): ``mark_abandoned``
     acts only on phase 2, and the job would stay locked by a worker that has gone.
-    False when the write was given up (the database away)."""
+    False when the write was given up (the database away). A write refused because the
+    job was taken away (reclaimed while the stop ran on) is kept as a late outcome."""
     backend, row = state.backend, active.row
     if not escalated:
         await write_retrying(
@@ -272,7 +273,28 @@ async def _mark_abandoned(state: WorkerState, active: ActiveJob, escalated: bool
         state, "abandoned", lambda: backend.mark_abandoned(row.id), give_up=True
     )
     if written is False:  # None: given up, logged as such
-        _log.warning("taskq.abandon-not-written", job_id=str(row.id), attempt=row.attempt)
+        await _abandon_refused(state, row)
     elif written:
         await apply_batch_terminal_outcome(backend, row, "abandoned")
     return written is not None
+
+
+async def _abandon_refused(state: WorkerState, row: JobRow) -> None:
+    """``mark_abandoned`` changed nothing: the job was taken away (reclaimed while the
+    stop ran on: the history said only what the reclaim made of it), a late outcome
+    unless an earlier try of the write landed, its reply lost; or it is still this
+    worker's at this attempt, its phase 2 never stored (that write failed or was refused),
+    which is only logged, as is a row that could not be read (the database away) or is
+    gone."""
+    current = await write_retrying(state, "read", lambda: state.backend.get(row.id), give_up=True)
+    ours = (
+        current is not None
+        and current.status is JobStatus.RUNNING
+        and current.locked_by_worker == state.worker_id
+        and current.attempt == row.attempt
+    )
+    if current is None or ours:
+        _log.warning("taskq.abandon-not-written", job_id=str(row.id), attempt=row.attempt)
+    elif await late_unless_landed(state, row, "abandoned"):
+        # An earlier try's, its reply lost: the worker's own end.
+        await apply_batch_terminal_outcome(state.backend, row, "abandoned")

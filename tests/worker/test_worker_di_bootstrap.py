@@ -467,3 +467,36 @@ async def test_a_start_that_fails_after_a_stop_leaves_no_shutdown_watchdog_armed
             assert trips == []
         finally:
             worker.shutdown_done()  # a trip is recorded, not exited: stop its thread
+
+
+async def test_a_stop_ends_the_wait_for_an_async_provider_that_hangs() -> None:
+    # Its service away, the provider waits on; the stop waited with it, for ever (or
+    # until the shutdown watchdog ended the process), where a job waiting for the same
+    # value is cancelled by the stop.
+    entered = asyncio.Event()
+    closed: list[str] = []
+
+    async def open_client() -> AsyncIterator[_Client]:
+        entered.set()
+        await asyncio.Event().wait()  # never answers
+        yield _Client()
+        closed.append("client")
+
+    @actor(name="calls")
+    async def calls(payload: dict[str, Any], client: _Client) -> None:
+        return None
+
+    providers = ProviderRegistry()
+    providers.register(_Client, open_client, scope=Scope.LOOP)
+    tq = TaskQ("memory://", actors=[calls], providers=providers)
+    async with tq:
+        job = await tq.client.enqueue(calls, {})
+        worker = Worker(tq, WorkerSettings.load(dict(TEST_SETTINGS), env={}))
+        run = asyncio.create_task(worker.run())
+        await asyncio.wait_for(entered.wait(), 5)
+        worker.stop()
+        await asyncio.wait_for(run, 5)
+        row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.PENDING and row.attempt == 0
+    assert worker.processed == 0
+    assert closed == []  # never made

@@ -209,12 +209,7 @@ class Worker:
             if a.options.queue in queues
         }
         self.startup.bootstrapping()
-        await bootstrap(
-            state.providers,
-            actors,
-            state.containers(),
-            stop_requested=lambda: self._stop_requested,
-        )
+        await bootstrap(state.providers, actors, state.containers(), stopping=state.stopping)
 
     async def _abandon_start(self, state: WorkerState, executor: SyncActorPool) -> None:
         """Undo a start that failed before the worker ran (a provider that raised, the

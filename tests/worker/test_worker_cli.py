@@ -290,15 +290,28 @@ def test_a_command_timeout_that_cannot_fit_a_loops_stale_budget_is_refused() -> 
         {"dispatcher_command_timeout": "12s", "watchdog_stale_floor": "20s"}, env={}
     )
     assert ok.backend_options()["command_timeout"].total_seconds() == 12
-    # The leader's bounded loops too: 7 s x 1.25 + 1.5 s does not fit max(1.5 s x 5, 10 s).
-    with pytest.raises(SettingsError, match="result_expiry_interval"):
+    # The leader's bounded loops too: 9 s + 1.5 s does not fit max(1.5 s x 5, 10 s).
+    slower = {"poll_interval": "3s", "maintenance_interval": "3s"}
+    with pytest.raises(SettingsError, match=r"\(9s\) \+ result_expiry_interval"):
         WorkerSettings.load(
-            {"dispatcher_command_timeout": "7s", "result_expiry_interval": "1.5s"}, env={}
+            {**slower, "dispatcher_command_timeout": "9s", "result_expiry_interval": "1.5s"},
+            env={},
         )
     # The grace a cut-short sweep has to apply its batch ends counts: 8 s + 2 s + 1 s
     # passed, and a hung apply then tripped the leader's watchdog.
     with pytest.raises(SettingsError, match=r"x 1.25 \(10s, its bound and the grace"):
         WorkerSettings.load({"dispatcher_command_timeout": "8s"}, env={})
+    with pytest.raises(SettingsError, match=r"x 1.25 .* \+ maintenance_interval"):
+        WorkerSettings.load(
+            {"dispatcher_command_timeout": "7s", "poll_interval": "500ms"}
+            | {"maintenance_interval": "1.5s"},
+            env={},
+        )
+    # Only the loops that apply batch ends (the producer's hand-back, the leader's sweep)
+    # have that grace: 7 s + 1.5 s fits the result expiry's 10 s, as it did.
+    WorkerSettings.load(
+        {"dispatcher_command_timeout": "7s", "result_expiry_interval": "1.5s"}, env={}
+    )
 
 
 def test_the_command_timeout_bounds_every_postgres_statement() -> None:

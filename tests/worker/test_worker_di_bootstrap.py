@@ -387,3 +387,116 @@ async def test_a_stop_during_the_start_creates_no_more_values() -> None:
         await asyncio.wait_for(run, 10)
     assert made == ["client"]  # the model, not yet begun, is left
     assert closed == ["client"]
+
+
+async def _refused(*args: Any, **kwargs: Any) -> None:
+    raise ConnectionResetError("the database went away")
+
+
+async def test_a_start_that_fails_once_the_values_are_made_tears_them_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The registry row refused (the database away at the start) once the bootstrap had
+    # made the values: run() raised and none was ever torn down (a pool left open).
+    closed: list[str] = []
+
+    def client() -> Iterator[_Client]:
+        yield _Client()
+        closed.append("client")
+
+    def load_model(client: _Client) -> Iterator[_Model]:
+        yield _Model()
+        closed.append("model")
+
+    @actor(name="calls")
+    async def calls(payload: dict[str, Any], model: _Model) -> None:
+        return None
+
+    providers = ProviderRegistry()
+    providers.register(_Client, client, scope=Scope.PROCESS)
+    providers.register(_Model, load_model, scope=Scope.LOOP)
+    tq = TaskQ("memory://", actors=[calls], providers=providers)
+    async with tq:
+        monkeypatch.setattr(tq.backend, "register_worker", _refused)
+        worker = Worker(tq, WorkerSettings.load(dict(TEST_SETTINGS), env={}))
+        with pytest.raises(ConnectionResetError):
+            await asyncio.wait_for(worker.run(), 10)
+    assert closed == ["model", "client"]  # each once, the last made first
+
+
+async def test_a_start_that_fails_after_a_stop_leaves_no_shutdown_watchdog_armed(
+    trips: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stop during the start armed the shutdown watchdog; the start then failed, and
+    # run() raised without disarming it: it ended the process hosting the worker (a
+    # test run, an application) a termination_grace_period later (os._exit).
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def open_client() -> _Client:
+        entered.set()
+        await release.wait()
+        return _Client()
+
+    @actor(name="calls")
+    async def calls(payload: dict[str, Any], client: _Client) -> None:
+        return None
+
+    providers = ProviderRegistry()
+    providers.register(_Client, open_client, scope=Scope.LOOP)
+    tq = TaskQ("memory://", actors=[calls], providers=providers)
+    settings = {
+        **TEST_SETTINGS,
+        "watchdog_enabled": "true",
+        "termination_grace_period": "500ms",
+        "drain_grace_period": "100ms",
+        "cancellation_grace_period": "100ms",
+        "cleanup_grace_period": "100ms",
+    }
+    async with tq:
+        monkeypatch.setattr(tq.backend, "register_worker", _refused)
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        run = asyncio.create_task(worker.run())
+        await asyncio.wait_for(entered.wait(), 5)
+        worker.stop()
+        release.set()
+        with pytest.raises(ConnectionResetError):
+            await asyncio.wait_for(run, 10)
+        try:
+            await asyncio.sleep(1.0)  # past the termination grace period
+            assert trips == []
+        finally:
+            worker.shutdown_done()  # a trip is recorded, not exited: stop its thread
+
+
+async def test_a_stop_ends_the_wait_for_an_async_provider_that_hangs() -> None:
+    # Its service away, the provider waits on; the stop waited with it, for ever (or
+    # until the shutdown watchdog ended the process), where a job waiting for the same
+    # value is cancelled by the stop.
+    entered = asyncio.Event()
+    closed: list[str] = []
+
+    async def open_client() -> AsyncIterator[_Client]:
+        entered.set()
+        await asyncio.Event().wait()  # never answers
+        yield _Client()
+        closed.append("client")
+
+    @actor(name="calls")
+    async def calls(payload: dict[str, Any], client: _Client) -> None:
+        return None
+
+    providers = ProviderRegistry()
+    providers.register(_Client, open_client, scope=Scope.LOOP)
+    tq = TaskQ("memory://", actors=[calls], providers=providers)
+    async with tq:
+        job = await tq.client.enqueue(calls, {})
+        worker = Worker(tq, WorkerSettings.load(dict(TEST_SETTINGS), env={}))
+        run = asyncio.create_task(worker.run())
+        await asyncio.wait_for(entered.wait(), 5)
+        worker.stop()
+        await asyncio.wait_for(run, 5)
+        row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.PENDING and row.attempt == 0
+    assert worker.processed == 0
+    assert closed == []  # never made

@@ -432,8 +432,10 @@ class WorkerSettings(BaseModel):
         # A timeout-capped iteration of a bounded loop must fit its stale-tick
         # budget, or a healthy worker on a slow database trips detector 2.
         floor = self.watchdog_stale_floor.total_seconds()
-        # A cut-short iteration applies its committed batch ends within a grace more.
-        timeout = (self.dispatcher_command_timeout + self.batch_ends_grace).total_seconds()
+        bound = self.dispatcher_command_timeout.total_seconds()
+        # A cut-short iteration of the loops that apply batch ends (the producer's
+        # hand-back, the leader's sweep) applies those it committed within a grace more.
+        with_grace = (self.dispatcher_command_timeout + self.batch_ends_grace).total_seconds()
         for name in (
             "poll_interval",
             "heartbeat_interval",
@@ -446,11 +448,17 @@ class WorkerSettings(BaseModel):
         ):
             period = getattr(self, name).total_seconds()
             budget = max(period * self.watchdog_tick_grace_factor, floor)
+            applies_batch_ends = name in ("poll_interval", "maintenance_interval")
+            timeout = with_grace if applies_batch_ends else bound
             if timeout + period > budget:
-                raise ValueError(
+                what = (
                     f"dispatcher_command_timeout x 1.25 ({timeout:g}s, its bound and the "
-                    f"grace that applies a cut-short iteration's batch ends) + {name} "
-                    f"({period}s) exceeds "
+                    "grace that applies a cut-short iteration's batch ends)"
+                    if applies_batch_ends
+                    else f"dispatcher_command_timeout ({timeout:g}s)"
+                )
+                raise ValueError(
+                    f"{what} + {name} ({period}s) exceeds "
                     f"that loop's stale-tick budget ({budget}s = max({name} x "
                     f"watchdog_tick_grace_factor, watchdog_stale_floor)); lower the timeout "
                     f"or raise watchdog_stale_floor"
@@ -588,7 +596,9 @@ class WorkerSettings(BaseModel):
     def batch_ends_grace(self) -> timedelta:
         """How much longer than its bound a loop's iteration may run to apply the batch
         ends it committed before the bound cut it short (a quarter of
-        ``dispatcher_command_timeout``); counted in each loop's stale-tick budget."""
+        ``dispatcher_command_timeout``); counted in the stale-tick budget of the loops
+        that apply batch ends (the producer's, by ``poll_interval``, and the leader's
+        sweep, by ``maintenance_interval``)."""
         return self.dispatcher_command_timeout / 4
 
     @property

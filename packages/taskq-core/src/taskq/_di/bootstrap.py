@@ -15,9 +15,10 @@ the shared values they need), and the THREAD values of a sync actor's pool threa
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 import structlog
@@ -100,7 +101,7 @@ async def bootstrap(
     actors: Mapping[str, ActorSpec],
     containers: Containers,
     *,
-    stop_requested: Callable[[], bool] = lambda: False,
+    stopping: asyncio.Event | None = None,
 ) -> int:
     """Create the shared values *actors* need in *containers*; return how many.
 
@@ -109,8 +110,10 @@ async def bootstrap(
     for as long as it takes. A provider that raises stops the bootstrap with a
     one-line :class:`ConfigurationError` naming the provider, its scope and the
     actor that needs it (the provider's error chained); the values created so far
-    stay in *containers*, for the caller to close. Between two values it stops
-    early, returning, once *stop_requested()* is true (a stop during a long start).
+    stay in *containers*, for the caller to close. Once *stopping* is set (a stop
+    during a long start) it returns, creating no more: at once from the wait for an
+    async provider (one that hangs must not hold the stop; its creation goes on, and
+    the closed scope tears down what it makes), after a sync one (it holds the loop).
     """
     if not registry.entries():
         return 0  # nothing is provided: nothing to walk
@@ -121,12 +124,11 @@ async def bootstrap(
     _log.info("taskq.di-bootstrap-started", values=len(needs))
     created = 0
     for need in needs:
-        if stop_requested():
-            _log.info("taskq.di-bootstrap-stopped", created=created, left=len(needs) - created)
-            return created
         entry, scope = need.entry, need.scope
         try:
-            await containers[scope].get_or_create(entry, registry, containers)
+            made = await _unless_stopped(
+                containers[scope].get_or_create(entry, registry, containers), stopping
+            )
         except Exception as exc:
             error = " ".join(str(exc).split()) or "(no message)"
             provider = getattr(entry.provider, "__qualname__", None) or repr(entry.provider)
@@ -137,6 +139,33 @@ async def bootstrap(
                 f"{type(exc).__name__}: {error}. Fix the provider or its configuration; "
                 "no job was taken."
             ) from exc
+        if not made:
+            _log.info("taskq.di-bootstrap-stopped", created=created, left=len(needs) - created)
+            return created
         created += 1
     _log.info("taskq.di-bootstrapped", values=created, seconds=round(time.monotonic() - started, 3))
     return created
+
+
+async def _unless_stopped(creation: Awaitable[object], stopping: asyncio.Event | None) -> bool:
+    """Await *creation*; False, leaving it, when *stopping* is (or gets) set first."""
+    if stopping is None:
+        await creation
+        return True
+    if stopping.is_set():
+        if inspect.iscoroutine(creation):
+            creation.close()
+        return False
+    created = asyncio.ensure_future(creation)
+    stopped = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait({created, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not created.done():
+            # The wait only: a shared value's creation is shielded from its waiters.
+            created.cancel()
+    if not created.done() or created.cancelled():
+        return False
+    created.result()  # raises the provider's error
+    return True

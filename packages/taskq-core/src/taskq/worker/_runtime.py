@@ -194,12 +194,12 @@ class Worker:
         for queue in self.app.queues:
             await backend.configure_queue(queue)
 
-    async def _bootstrap(self, state: WorkerState, executor: SyncActorPool) -> None:
+    async def _bootstrap(self, state: WorkerState) -> None:
         """Create the shared values of the actors this worker runs (``eager_dependencies``).
 
         The actors on its queues: those of others' queues come here only when enqueued
         on one of these by name, and get theirs at first use. A provider that raises
-        stops the start; what was created is torn down first, and no job was taken."""
+        stops the start (:meth:`_abandon_start`), and no job was taken."""
         if not self.settings.eager_dependencies:
             return
         queues = set(self.settings.queues)
@@ -209,23 +209,20 @@ class Worker:
             if a.options.queue in queues
         }
         self.startup.bootstrapping()
-        try:
-            await bootstrap(
-                state.providers,
-                actors,
-                state.containers(),
-                stop_requested=lambda: self._stop_requested,
-            )
-        except BaseException:
-            # As at a stop (each teardown logs its own failure and the rest run): LOOP,
-            # the pool (no thread started yet), THREAD (the loop thread's), PROCESS.
-            async with AsyncExitStack() as scopes:
-                scopes.push_async_callback(self._close_health)
-                scopes.push_async_callback(state.process_scope.aclose)
-                scopes.push_async_callback(state.thread_scope.aclose)
-                scopes.callback(executor.shutdown, wait=False, cancel_futures=True)
-                scopes.push_async_callback(state.loop_scope.aclose)
-            raise
+        await bootstrap(state.providers, actors, state.containers(), stopping=state.stopping)
+
+    async def _abandon_start(self, state: WorkerState, executor: SyncActorPool) -> None:
+        """Undo a start that failed before the worker ran (a provider that raised, the
+        registry row refused): the values its bootstrap created are torn down as at a
+        stop (each teardown logs its own failure and the rest run): LOOP, the pool (no
+        thread started yet), THREAD (the loop thread's), PROCESS; then the health
+        server."""
+        async with AsyncExitStack() as scopes:
+            scopes.push_async_callback(self._close_health)
+            scopes.push_async_callback(state.process_scope.aclose)
+            scopes.push_async_callback(state.thread_scope.aclose)
+            scopes.callback(executor.shutdown, wait=False, cancel_futures=True)
+            scopes.push_async_callback(state.loop_scope.aclose)
 
     async def run(self, *, disarm_when_done: bool = True) -> None:
         """Work until :meth:`stop` (or idleness with ``until_idle``).
@@ -258,10 +255,18 @@ class Worker:
         await self._start_health()  # serving already, in health_served()
         # Before the worker says it runs (its registry row, /readyz), takes a job or
         # starts the loop-lag watchdog, however long its providers take.
-        await self._bootstrap(state, executor)
-        if self.health is not None:
-            self.health.attach(state)
-        await state.register()
+        try:
+            await self._bootstrap(state)
+            if self.health is not None:
+                self.health.attach(state)
+            await state.register()
+        except BaseException:
+            await self._abandon_start(state, executor)
+            # A stop during the start armed the shutdown watchdog: left armed, it would
+            # end the process hosting this worker (a test run, an application) later.
+            if disarm_when_done:
+                self.shutdown_done()
+            raise
         _log.info(
             "taskq.worker-started",
             worker_id=str(self.worker_id),

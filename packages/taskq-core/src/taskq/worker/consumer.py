@@ -514,10 +514,7 @@ async def _our_write_landed(state: WorkerState, row: JobRow, status: JobStatus) 
         return False
     if status is JobStatus.SUCCEEDED:
         return True
-    attempts = await write_retrying(
-        state, "read", lambda: state.backend.get_attempts(row.id), give_up=True
-    )
-    return any(a.attempt == row.attempt and a.outcome == status.value for a in attempts or ())
+    return await _attempt_recorded_as(state, row, status.value)
 
 
 class _NotOwner(Exception):

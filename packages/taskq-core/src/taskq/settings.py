@@ -452,8 +452,8 @@ class WorkerSettings(BaseModel):
             timeout = with_grace if applies_batch_ends else bound
             if timeout + period > budget:
                 what = (
-                    f"dispatcher_command_timeout x 1.25 ({timeout:g}s, its bound and the "
-                    "grace that applies a cut-short iteration's batch ends)"
+                    f"dispatcher_command_timeout + batch_ends_grace ({timeout:g}s, its bound "
+                    "and a quarter more to apply a cut-short iteration's batch ends)"
                     if applies_batch_ends
                     else f"dispatcher_command_timeout ({timeout:g}s)"
                 )
@@ -588,7 +588,8 @@ class WorkerSettings(BaseModel):
                 f"heartbeat later, whose first cron tick comes a cron_interval after that, "
                 f"when the slots that came due meanwhile are older than cron_catch_up, so "
                 f"every such failover skips them; set cron_catch_up (TASKQ_CRON_CATCH_UP) to "
-                f"{failover.total_seconds():g}s or more, or lower leader_lease"
+                f"{failover.total_seconds():g}s or more, or lower leader_lease or "
+                f"heartbeat_interval"
             )
         return self
 

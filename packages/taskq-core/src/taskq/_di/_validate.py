@@ -34,7 +34,15 @@ from taskq.errors import ConfigurationError, MissingProvider, ScopeViolation
 if TYPE_CHECKING:
     from taskq._di.registry import ProviderEntry, ProviderRegistry
 
-__all__ = ["ActorSpec", "NameRegistry", "Root", "check_cycles", "root_for", "run_validation"]
+__all__ = [
+    "ActorSpec",
+    "NameRegistry",
+    "Root",
+    "check_cycles",
+    "provider_label",
+    "root_for",
+    "run_validation",
+]
 
 
 class NameRegistry(Protocol):
@@ -73,7 +81,8 @@ def root_for(func: Callable[..., object]) -> Root:
     return Root(getattr(func, "__qualname__", repr(func)), func, Scope.TRANSIENT)
 
 
-def _label(entry: ProviderEntry, scope: Scope) -> str:
+def provider_label(entry: ProviderEntry, scope: Scope) -> str:
+    """How an error names a provider: its name and scope."""
     return f"{entry.name} ({scope.name})"
 
 
@@ -91,7 +100,7 @@ def run_validation(
         for name, spec in actors.items()
     ]
     roots += [
-        Root(_label(entry, entry.scope), entry.factory, entry.scope, entry=entry)
+        Root(provider_label(entry, entry.scope), entry.factory, entry.scope, entry=entry)
         for entry in registry.entries()
         if entry.lifecycle is not Lifecycle.VALUE
     ]
@@ -171,7 +180,7 @@ def _visit_for_cycles(
             or entry in finished
         ):
             continue
-        label = _label(entry, step.scope)
+        label = provider_label(entry, step.scope)
         if entry in on_path:
             raise ConfigurationError(
                 f"dependency cycle: {' -> '.join([*labels, label])}. "
@@ -216,7 +225,7 @@ def _walk(registry: ProviderRegistry, roots: Iterable[Root]) -> tuple[list[str],
                 fix = _fix(step.key, in_provider=in_provider)
                 missing.append(f"{path} -> {step.name}: {type_name(step.key)}{fix}")
                 continue
-            child = f"{path} -> {_label(entry, step.scope)}"
+            child = f"{path} -> {provider_label(entry, step.scope)}"
             if step.scope > scope:
                 violations.append(
                     f"{child}: a {scope.name}-scoped value would outlive the "

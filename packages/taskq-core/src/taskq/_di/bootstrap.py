@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import structlog
 
+from taskq._di._validate import provider_label
 from taskq._di.lifecycle import Lifecycle
 from taskq._di.solver import Containers
 from taskq._scope import Scope
@@ -45,10 +46,6 @@ class SharedNeed(NamedTuple):
     actor: str
     path: tuple[str, ...]
     """From the actor to this value: ``("actor 'predict'", "Model (LOOP)")``."""
-
-
-def _label(entry: ProviderEntry, scope: Scope) -> str:
-    return f"{entry.name} ({scope.name})"
 
 
 def shared_needs(registry: ProviderRegistry, actors: Mapping[str, ActorSpec]) -> list[SharedNeed]:
@@ -78,7 +75,7 @@ def shared_needs(registry: ProviderRegistry, actors: Mapping[str, ActorSpec]) ->
                 continue  # passed through, or left to its default (validation checked)
             scope = step.scope
             created_on_loop = on_loop or scope is Scope.LOOP or entry.lifecycle.is_async
-            child = (*path, _label(entry, scope))
+            child = (*path, provider_label(entry, scope))
             if (entry, scope, created_on_loop) not in walked:
                 walked.add((entry, scope, created_on_loop))
                 if entry.lifecycle is not Lifecycle.VALUE:

@@ -217,12 +217,10 @@ class Worker:
         stop (each teardown logs its own failure and the rest run): LOOP, the pool (no
         thread started yet), THREAD (the loop thread's), PROCESS; then the health
         server."""
-        async with AsyncExitStack() as scopes:
-            scopes.push_async_callback(self._close_health)
-            scopes.push_async_callback(state.process_scope.aclose)
-            scopes.push_async_callback(state.thread_scope.aclose)
-            scopes.callback(executor.shutdown, wait=False, cancel_futures=True)
-            scopes.push_async_callback(state.loop_scope.aclose)
+        try:
+            await _close_scopes(state, executor)
+        finally:
+            await self._close_health()
 
     async def run(self, *, disarm_when_done: bool = True) -> None:
         """Work until :meth:`stop` (or idleness with ``until_idle``).
@@ -383,19 +381,7 @@ class Worker:
                 await self._close_health()
                 if state.completer is not None:
                     await state.completer.aclose()
-                # Each step runs whatever the one before raised (a LOOP teardown cut by a
-                # cancellation skipped the THREAD and PROCESS ones), in this order: LOOP;
-                # the THREAD values of the sync actors' idle threads, closed in the threads
-                # that made them; the pool's shutdown; the THREAD values left (the loop
-                # thread's, those of threads still in a call); PROCESS.
-                async with AsyncExitStack() as scopes:
-                    scopes.push_async_callback(state.process_scope.aclose)
-                    scopes.push_async_callback(state.thread_scope.aclose)
-                    scopes.callback(executor.shutdown, wait=False, cancel_futures=True)
-                    scopes.push_async_callback(
-                        executor.in_each_idle_thread, state.thread_scope.close_current
-                    )
-                    scopes.push_async_callback(state.loop_scope.aclose)
+                await _close_scopes(state, executor)
                 _log.info(
                     "taskq.worker-stopped", worker_id=str(self.worker_id), processed=state.processed
                 )
@@ -457,3 +443,18 @@ class Worker:
         state.finished.set()
         for task in background:
             task.cancel()
+
+
+async def _close_scopes(state: WorkerState, executor: SyncActorPool) -> None:
+    """Tear down the worker's DI scopes, at its stop or after a start that failed. Each
+    step runs whatever the one before raised (a LOOP teardown cut by a cancellation
+    skipped the THREAD and PROCESS ones), in this order: LOOP; the THREAD values of the
+    sync actors' idle threads, closed in the threads that made them; the pool's
+    shutdown; the THREAD values left (the loop thread's, those of threads still in a
+    call); PROCESS."""
+    async with AsyncExitStack() as scopes:
+        scopes.push_async_callback(state.process_scope.aclose)
+        scopes.push_async_callback(state.thread_scope.aclose)
+        scopes.callback(executor.shutdown, wait=False, cancel_futures=True)
+        scopes.push_async_callback(executor.in_each_idle_thread, state.thread_scope.close_current)
+        scopes.push_async_callback(state.loop_scope.aclose)

@@ -40,6 +40,14 @@ from taskq.worker import Worker
 from taskq_testing import TEST_SETTINGS, run_until_idle
 from tests.worker.flaky_backend import WritesFailWhileAway
 
+_RARE_HEARTBEATS: dict[str, Any] = {
+    "heartbeat_interval": "20s",
+    "lock_lease": "80s",
+    "leader_lease": "40s",
+    "cron_catch_up": "2m",
+}
+"""Heartbeats 20 s apart: nothing of the worker's own renews or reads in between."""
+
 
 class Add(BaseModel):
     a: int
@@ -165,12 +173,7 @@ async def test_enqueue_validates_payload_and_actor() -> None:
 async def test_cooperative_cancel_ends_a_running_job_cancelled(heartbeats: str) -> None:
     # Rarely: 20 s apart, so only the cancel wake of the worker's own subscription
     # can bring the request to the job in time.
-    slow = {
-        "heartbeat_interval": "20s",
-        "lock_lease": "80s",
-        "leader_lease": "40s",
-        "cron_catch_up": "2m",
-    }
+    slow = _RARE_HEARTBEATS
     started = asyncio.Event()
 
     @actor(name="waits")
@@ -1371,69 +1374,21 @@ async def test_a_worker_told_no_queues_works_those_of_its_apps_actors() -> None:
     assert Worker(tq, told).settings.queues == ["images"]
 
 
-async def test_an_outcome_refused_after_a_reclaim_is_kept_as_a_late_outcome_event() -> None:
-    # A worker frozen or cut off past its lease: the reclaim recorded the attempt
-    # crashed, and the run's success was only a log line. The history said the job
-    # crashed; it had in fact finished.
-    from datetime import timedelta
-
-    from taskq.backend.clock import FakeClock
-    from taskq.backend.memory import InMemoryBackend
-
-    clock = FakeClock()
-    backend = InMemoryBackend(clock=clock)
-    taken = asyncio.Event()
-    release = asyncio.Event()
-
-    @actor(name="late.finisher", max_attempts=1)
-    async def finisher(payload: dict[str, Any]) -> str:
-        taken.set()
-        await release.wait()
-        return "done"
-
-    tq = TaskQ("memory://", actors=[finisher], backend=backend)
-    async with tq:
-        job = await tq.client.enqueue(finisher, {})
-        slow = {
-            "heartbeat_interval": "20s",
-            "lock_lease": "80s",
-            "leader_lease": "40s",
-            "cron_catch_up": "2m",
-        }
-        running = asyncio.create_task(run_until_idle(tq, **slow))
-        await asyncio.wait_for(taken.wait(), 5)
-        # Its lease lapses unseen (no heartbeat in between) and the reclaim takes it, as
-        # the actor finishes: the worker has not run since (a frozen process's view).
-        clock.advance(timedelta(minutes=5))
-        release.set()
-        assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
-        await asyncio.wait_for(running, 10)
-        attempts = await tq.client.get_attempts(job.id)
-        events = await tq.client.get_events(job.id)
-        done = await tq.client.get(job.id)
-    assert done is not None and done.status is JobStatus.CRASHED  # the reclaim's verdict
-    assert [a.outcome for a in attempts] == ["crashed"]
-    [late] = [e for e in events if e.kind == "late_outcome"]
-    assert late.detail == {
-        "attempt": 1,
-        "worker_id": str(attempts[0].worker_id),
-        "outcome": "succeeded",
-    }
-
-
 @pytest.mark.parametrize(
-    ("signal", "outcome"),
+    ("ending", "outcome"),
     [
+        (None, "succeeded"),
         (Snooze(timedelta(seconds=30)), "snoozed"),
         (RetryAfter(timedelta(seconds=30)), "retry_after"),
     ],
-    ids=["snooze", "retry_after"],
+    ids=["success", "snooze", "retry_after"],
 )
-async def test_a_reschedule_refused_after_a_reclaim_is_kept_as_a_late_outcome_event(
-    signal: Exception, outcome: str
+async def test_an_outcome_refused_after_a_reclaim_is_kept_as_a_late_outcome_event(
+    ending: Exception | None, outcome: str
 ) -> None:
-    # As a success, a failure or a cancel refused after a reclaim: the actor asked to
-    # run again later, and the history said only that the attempt crashed.
+    # A worker frozen or cut off past its lease: the reclaim recorded the attempt
+    # crashed, and the run's end was only a log line. The history said the job crashed;
+    # it had in fact finished (or asked to run again later).
     from taskq.backend.clock import FakeClock
 
     clock = FakeClock()
@@ -1441,23 +1396,21 @@ async def test_a_reschedule_refused_after_a_reclaim_is_kept_as_a_late_outcome_ev
     taken = asyncio.Event()
     release = asyncio.Event()
 
-    @actor(name="late.rescheduler", max_attempts=1)
-    async def rescheduler(payload: dict[str, Any]) -> None:
+    @actor(name="late.ender", max_attempts=1)
+    async def ender(payload: dict[str, Any]) -> str:
         taken.set()
         await release.wait()
-        raise signal
+        if ending is not None:
+            raise ending
+        return "done"
 
-    tq = TaskQ("memory://", actors=[rescheduler], backend=backend)
+    tq = TaskQ("memory://", actors=[ender], backend=backend)
     async with tq:
-        job = await tq.client.enqueue(rescheduler, {})
-        slow = {
-            "heartbeat_interval": "20s",
-            "lock_lease": "80s",
-            "leader_lease": "40s",
-            "cron_catch_up": "2m",
-        }
-        running = asyncio.create_task(run_until_idle(tq, **slow))
+        job = await tq.client.enqueue(ender, {})
+        running = asyncio.create_task(run_until_idle(tq, **_RARE_HEARTBEATS))
         await asyncio.wait_for(taken.wait(), 5)
+        # Its lease lapses unseen (no heartbeat in between) and the reclaim takes it, as
+        # the actor finishes: the worker has not run since (a frozen process's view).
         clock.advance(timedelta(minutes=5))
         release.set()
         assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
@@ -1507,12 +1460,7 @@ async def test_a_snooze_whose_reply_was_lost_is_no_late_outcome() -> None:
     async with tq:
         job = await tq.client.enqueue(snoozes, {})
         # No heartbeat while the write is retried, to find the job gone and stop it.
-        slow = {
-            "heartbeat_interval": "20s",
-            "lock_lease": "80s",
-            "leader_lease": "40s",
-            "cron_catch_up": "2m",
-        }
+        slow = _RARE_HEARTBEATS
         running = asyncio.create_task(run_until_idle(tq, **slow))
         await asyncio.wait_for(answered.wait(), 5)
         clock.advance(timedelta(minutes=10))
@@ -1553,12 +1501,7 @@ async def test_a_failure_whose_reply_was_lost_is_no_late_outcome_once_the_job_ru
     tq = TaskQ("memory://", actors=[fails], backend=backend)
     async with tq:
         job = await tq.client.enqueue(fails, {})
-        slow = {
-            "heartbeat_interval": "20s",
-            "lock_lease": "80s",
-            "leader_lease": "40s",
-            "cron_catch_up": "2m",
-        }
+        slow = _RARE_HEARTBEATS
         running = asyncio.create_task(run_until_idle(tq, **slow))
         await asyncio.wait_for(moved_on.wait(), 5)
         assert await backend.mark_succeeded(job.id, other, None)

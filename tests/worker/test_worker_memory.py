@@ -1807,3 +1807,66 @@ async def test_a_stops_abandonment_without_phase_2_is_no_late_outcome() -> None:
     assert attempts == []  # the attempt not ended
     assert [e for e in events if e.kind == "late_outcome"] == []
     assert "taskq.abandon-not-written" in logs
+
+
+async def test_an_abandonment_written_by_both_the_controller_and_the_stop_is_one_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The cancel controller's abandonment was under way when the stop's ABANDONING wrote
+    # the same job off: the stop's, refused, read the attempt's row, found it abandoned
+    # (by the controller) and took that for an earlier try of its own, its reply lost,
+    # so the batch hook ran twice for one end.
+    from taskq.worker import cancel, shutdown
+
+    hooks: list[str] = []
+
+    async def hook(backend: Any, row: Any, outcome: str) -> None:
+        hooks.append(outcome)
+
+    monkeypatch.setattr(cancel, "apply_batch_terminal_outcome", hook)
+    monkeypatch.setattr(shutdown, "apply_batch_terminal_outcome", hook)
+    first_call, second_call, first_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    class Racing(InMemoryBackend):
+        calls = 0
+
+        async def mark_abandoned(self, *args: Any, **kwargs: Any) -> bool:
+            self.calls += 1
+            if self.calls == 1:  # the controller's, under way when the stop writes too
+                first_call.set()
+                await second_call.wait()
+                written = await super().mark_abandoned(*args, **kwargs)
+                first_done.set()
+                return written
+            second_call.set()  # the stop's: it lands just after the controller's
+            await first_done.wait()
+            return await super().mark_abandoned(*args, **kwargs)
+
+    started, observed = asyncio.Event(), asyncio.Event()
+    stubborn = _cancelled_then_stubborn("both.abandon", started, observed)
+    backend = Racing()
+    tq = TaskQ("memory://", actors=[stubborn], backend=backend)
+    settings = {
+        **TEST_SETTINGS,
+        "cancellation_grace_period": "100ms",
+        "cleanup_grace_period": "100ms",
+        "termination_grace_period": "60s",
+        "queues": ["default"],
+    }
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.wait_for(first_call.wait(), 5)  # the controller's write under way
+        worker.stop()
+        worker.escalate()
+        await asyncio.wait_for(running, 10)
+        await asyncio.gather(*worker.lingering_tasks())
+        row = await tq.client.get(job.id)
+        events = await tq.client.get_events(job.id)
+    assert backend.calls == 2
+    assert row is not None and row.status is JobStatus.ABANDONED
+    assert [e for e in events if e.kind == "late_outcome"] == []
+    assert hooks == ["abandoned"]

@@ -77,6 +77,11 @@ class ActiveJob:
     teardown (a transaction's commit) and its outcome write, is the finished work's,
     which nothing that stops running code (a cancel, a stop, the fence, a limit) may
     cut short."""
+    ended: bool = False
+    """An end of this attempt written by this worker landed: the cancel controller's
+    write-off or abandonment, or the stop's abandonment. Another of them, under way at
+    the same time and refused, is that end: neither a late outcome nor a second apply
+    of its batch hook."""
     settling: bool = False
     """The actor finished and its outcome is being written: a lease not renewed
     meanwhile is that write, not a loss; its slot counts as free."""

@@ -44,7 +44,7 @@ import structlog
 from taskq.backend import CancelPhase
 from taskq.backend.storable import stored_error
 from taskq.batch_outcomes import apply_batch_terminal_outcome
-from taskq.models import CancelFlag, ErrorInfo, JobRow
+from taskq.models import CancelFlag, ErrorInfo
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker.consumer import late_unless_landed
 
@@ -208,7 +208,7 @@ class _CancelController:
         failed: Exception | None = None
         # Written after the slots are freed: a tick cut short there (its bound, the
         # database slow) loses a history line, never a slot.
-        late: list[tuple[JobRow, Literal["failed", "abandoned"], ErrorInfo | None]] = []
+        late: list[tuple[ActiveJob, Literal["failed", "abandoned"], ErrorInfo | None]] = []
         for _ in range(len(self._pending_overruns)):
             active, error = self._pending_overruns.popleft()
             try:
@@ -219,7 +219,7 @@ class _CancelController:
                 continue
             active.finish()
             if refused:
-                late.append((active.row, "failed", error))
+                late.append((active, "failed", error))
         for _ in range(len(self._pending_abandons)):
             active = self._pending_abandons.popleft()
             try:
@@ -230,10 +230,13 @@ class _CancelController:
                 continue
             active.finish()
             if refused:
-                late.append((active.row, "abandoned", None))
-        for row, outcome, info in late:
+                late.append((active, "abandoned", None))
+        for active, outcome, info in late:
+            if active.ended:  # the stop's own abandonment of it landed first
+                continue
             # Reclaimed while it ran on (the worker frozen or cut off), the attempt's
             # history said only what the reclaim made of it.
+            row = active.row
             try:
                 landed = await late_unless_landed(self._state, row, outcome, info)
             except Exception as exc:  # noqa: BLE001 - raised below, after the others
@@ -265,6 +268,7 @@ class _CancelController:
         # Compared as stored: else a no-op, the row as someone else left it.
         if after.attempt != row.attempt or after.error != stored_error(error):
             return True
+        active.ended = True
         _log.error("taskq.job-failed-past-its-limit", job_id=str(row.id))
         await apply_batch_terminal_outcome(state.backend, row, "failed")
         return False
@@ -281,6 +285,7 @@ class _CancelController:
             active.ctx.progress_state if active.ctx else None,
         ):
             return True
+        active.ended = True
         _log.error("taskq.job-abandoned", job_id=str(active.row.id))
         await apply_batch_terminal_outcome(state.backend, active.row, "abandoned")
         return False

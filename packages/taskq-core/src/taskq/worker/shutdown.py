@@ -273,8 +273,10 @@ async def _mark_abandoned(state: WorkerState, active: ActiveJob, escalated: bool
         state, "abandoned", lambda: backend.mark_abandoned(row.id), give_up=True
     )
     if written is False:  # None: given up, logged as such
-        await _abandon_refused(state, row)
+        if not active.ended:  # else the cancel controller's abandonment landed first
+            await _abandon_refused(state, row)
     elif written:
+        active.ended = True
         await apply_batch_terminal_outcome(backend, row, "abandoned")
     return written is not None
 

@@ -79,9 +79,9 @@ class ActiveJob:
     cut short."""
     ended: bool = False
     """An end of this attempt written by this worker landed: the cancel controller's
-    write-off or abandonment, or the stop's abandonment. Another of them, under way at
-    the same time and refused, is that end: neither a late outcome nor a second apply
-    of its batch hook."""
+    write-off or abandonment, the stop's abandonment, or its hand-back of the job
+    interrupted. Another of them, under way at the same time and refused, is that end:
+    neither a late outcome nor a second apply of its batch hook."""
     settling: bool = False
     """The actor finished and its outcome is being written: a lease not renewed
     meanwhile is that write, not a loss; its slot counts as free."""

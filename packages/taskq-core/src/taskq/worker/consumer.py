@@ -471,25 +471,31 @@ async def _reschedule(
 
 
 async def late_unless_landed(
-    state: WorkerState, row: JobRow, outcome: str, error: ErrorInfo | None = None
+    state: WorkerState,
+    row: JobRow,
+    outcome: str,
+    error: ErrorInfo | None = None,
+    *,
+    also_own: tuple[str, ...] = (),
 ) -> bool:
     """After a write of this attempt's ``outcome`` that reported the job no longer this
     worker's: a late outcome, unless an earlier try of the same write landed (its reply
-    lost) and the attempt's row already says ``outcome``. True in that case: the write
-    is the worker's own."""
-    if await _attempt_recorded_as(state, row, outcome):
+    lost) and the attempt's row already says ``outcome`` (or one of ``also_own``, the
+    ends another of this worker's writers gives the attempt). True in that case: the
+    end is the worker's own."""
+    if await _attempt_recorded_as(state, row, outcome, *also_own):
         return True
     await _late(state, row, outcome, error)
     return False
 
 
-async def _attempt_recorded_as(state: WorkerState, row: JobRow, outcome: str) -> bool:
-    """Whether this attempt's row has ``outcome``: a write that reported a no-op had in
-    fact landed (the job may run again since, on a later attempt)."""
+async def _attempt_recorded_as(state: WorkerState, row: JobRow, *outcomes: str) -> bool:
+    """Whether this attempt's row has one of ``outcomes``: a write that reported a no-op
+    had in fact landed (the job may run again since, on a later attempt)."""
     attempts = await write_retrying(
         state, "read", lambda: state.backend.get_attempts(row.id), give_up=True
     )
-    return any(a.attempt == row.attempt and a.outcome == outcome for a in attempts or ())
+    return any(a.attempt == row.attempt and a.outcome in outcomes for a in attempts or ())
 
 
 async def _ended_instead(state: WorkerState, row: JobRow, verdict: str | None) -> None:
@@ -938,14 +944,22 @@ async def hand_back(
         ),
         give_up=give_up,
     )
+    active = state.active.get(row.id)
+    own = active if active is not None and active.row.attempt == row.attempt else None
     if verdict == "noop":
         if outcome == "interrupted":
+            if own is not None and own.ended:
+                return True  # the cancel controller's write-off of it landed first
             # Reclaimed while it ran (the stop held up past its lease): the history
-            # said only that the attempt crashed.
-            await late_unless_landed(state, row, outcome)
+            # said only that the attempt crashed. Unless the attempt is ended as the
+            # cancel controller ends one (its write-off or abandonment, landing while
+            # this was under way): the reclaim's says "crashed".
+            await late_unless_landed(state, row, outcome, also_own=("failed", "abandoned"))
         else:  # its code never began: it has no outcome of its own to tell
             _ownership_lost(row, outcome)
     else:
+        if verdict is not None and own is not None:
+            own.ended = True  # a write-off of it refused meanwhile is no late outcome
         await _ended_instead(state, row, verdict)
     return verdict is not None
 

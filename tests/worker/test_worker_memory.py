@@ -1606,17 +1606,12 @@ async def test_a_failure_past_a_limit_refused_after_a_reclaim_is_kept_as_a_late_
     assert (late["attempt"], late["worker_id"]) == (1, str(attempts[0].worker_id))
 
 
-@pytest.mark.parametrize("away", [False, True], ids=["refused", "found_lost"])
-async def test_an_abandonment_refused_after_a_reclaim_is_kept_as_a_late_outcome(away: bool) -> None:
-    # A cancelled job whose actor ignored its forced cancel: the abandonment met the job
-    # reclaimed, and the history said only what the reclaim made of it (cancelled).
-    # "found_lost" as for a failure past a limit.
-    from taskq.backend.clock import FakeClock
-
-    clock = FakeClock()
-    backend = _reclaimed_before("mark_abandoned", clock, away=away)
+async def _cancel_a_stubborn_job(backend: InMemoryBackend, name: str) -> tuple[Any, ...]:
+    """A job a user cancelled while it ran, its actor ignoring every cancellation, so
+    that the heartbeat's cancel controller abandons it (short graces), the worker
+    running until idle. The job, its row, attempts and events."""
     started = asyncio.Event()
-    stubborn = _ignores_cancellation("late.abandoned", started)
+    stubborn = _ignores_cancellation(name, started)
     tq = TaskQ("memory://", actors=[stubborn], backend=backend)
     async with tq:
         job = await tq.client.enqueue(stubborn, {})
@@ -1630,6 +1625,19 @@ async def test_an_abandonment_refused_after_a_reclaim_is_kept_as_a_late_outcome(
         row = await tq.client.get(job.id)
         attempts = await tq.client.get_attempts(job.id)
         events = await tq.client.get_events(job.id)
+    return job, row, attempts, events
+
+
+@pytest.mark.parametrize("away", [False, True], ids=["refused", "found_lost"])
+async def test_an_abandonment_refused_after_a_reclaim_is_kept_as_a_late_outcome(away: bool) -> None:
+    # A cancelled job whose actor ignored its forced cancel: the abandonment met the job
+    # reclaimed, and the history said only what the reclaim made of it (cancelled).
+    # "found_lost" as for a failure past a limit.
+    from taskq.backend.clock import FakeClock
+
+    clock = FakeClock()
+    backend = _reclaimed_before("mark_abandoned", clock, away=away)
+    _, row, attempts, events = await _cancel_a_stubborn_job(backend, "late.abandoned")
     assert backend.reclaimed == 1
     assert row is not None and row.status is JobStatus.CANCELLED  # the reclaim's verdict
     assert [a.outcome for a in attempts] == ["crashed"]
@@ -1663,20 +1671,7 @@ async def test_an_abandonment_whose_reply_was_lost_is_no_late_outcome(
             return done
 
     backend = LostReply()
-    started = asyncio.Event()
-    stubborn = _ignores_cancellation("abandoned.reply_lost", started)
-    tq = TaskQ("memory://", actors=[stubborn], backend=backend)
-    async with tq:
-        job = await tq.client.enqueue(stubborn, {})
-        settings = {**TEST_SETTINGS, **_CANCEL_GRACES, "queues": ["default"], "until_idle": True}
-        worker = Worker(tq, WorkerSettings.load(settings, env={}))
-        running = asyncio.create_task(worker.run())
-        await asyncio.wait_for(started.wait(), 5)
-        assert await tq.client.cancel(job.id)
-        await asyncio.wait_for(running, 10)
-        await asyncio.gather(*worker.lingering_tasks())
-        row = await tq.client.get(job.id)
-        events = await tq.client.get_events(job.id)
+    job, row, _, events = await _cancel_a_stubborn_job(backend, "abandoned.reply_lost")
     assert backend.lost == 0  # the reply was lost
     assert row is not None and row.status is JobStatus.ABANDONED
     assert [e.detail for e in events if e.kind == "late_outcome"] == []

@@ -323,7 +323,9 @@ async def test_a_stop_during_a_stall_ends_within_its_wall_and_says_what_it_left(
     # the signal, and kept no room for the teardown: the shutdown watchdog ended the
     # process (exit 2). The write cannot land before the process ends: exit 1, saying
     # so (the reclaim takes the job).
-    job = await tq.client.enqueue(basic.nap, {"seconds": 1})
+    # The nap outlasts any lag between the claim and the stall, so the actor returns
+    # only once the proxy is stalled; the signal waits for the write's first retry.
+    job = await tq.client.enqueue(basic.nap, {"seconds": 2})
     with TcpProxy(urlsplit(pg_schema.dsn).port or 5432) as proxy:
         worker = spawn(
             env={
@@ -343,11 +345,15 @@ async def test_a_stop_during_a_stall_ends_within_its_wall_and_says_what_it_left(
 
         await wait_until(running)
         proxy.stall()
-        await asyncio.sleep(1.5)  # the actor returned; its success write is retrying
+
+        async def write_retrying() -> bool:
+            return bool(worker.events("taskq.outcome-write-retry"))
+
+        await wait_until(write_retrying, seconds=10)
         worker.signal(signal.SIGTERM)
         rc = await asyncio.get_running_loop().run_in_executor(None, worker.proc.wait, 30)
         proxy.restore()
-    assert rc == 1, worker.events("taskq.watchdog-trip")
+    assert rc == 1, [e["event"] for e in worker.events()]
     [left] = worker.events("taskq.stop-left-jobs-unconfirmed")
     assert left["jobs"] == 1
 

@@ -937,3 +937,44 @@ async def test_a_stop_forces_a_user_cancelled_job_whose_escalation_write_raised(
     assert forced == {"a", "b"}
     for row in rows.values():
         assert row is not None and row.status is JobStatus.CANCELLED
+
+
+async def test_an_abandonment_write_cut_short_by_the_ticks_bound_is_written_next_tick() -> None:
+    # The post-tick took the queued abandonment off its queue, then awaited its write:
+    # the tick's bound cancelled it there, and the abandonment was never written.
+    from taskq.backend.memory import InMemoryBackend
+
+    class FirstAbandonHangs(InMemoryBackend):
+        calls = 0
+
+        async def mark_abandoned(self, *args: Any, **kwargs: Any) -> bool:
+            FirstAbandonHangs.calls += 1
+            if FirstAbandonHangs.calls == 1:
+                await asyncio.sleep(3600)  # cut short by the heartbeat tick's bound
+            return await super().mark_abandoned(*args, **kwargs)
+
+    started = asyncio.Event()
+
+    @actor(name="stubborn")
+    async def stubborn(payload: dict[str, Any]) -> None:
+        started.set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 3
+        while loop.time() < end:
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                pass
+
+    tq = TaskQ("memory://", backend=FirstAbandonHangs(), actors=[stubborn])
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        runner = asyncio.create_task(
+            run_until_idle(tq, dispatcher_command_timeout="300ms", **_GRACES)
+        )
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.wait_for(runner, 10)
+        row = await tq.client.get(job.id)
+    assert FirstAbandonHangs.calls >= 2
+    assert row is not None and row.status is JobStatus.ABANDONED

@@ -52,6 +52,8 @@ __all__ = ["CancelController", "make_cancel_controller"]
 
 _log = structlog.get_logger("taskq.worker")
 
+_LateOutcome = Literal["failed", "abandoned"]
+
 
 @runtime_checkable
 class CancelController(Protocol):
@@ -73,6 +75,7 @@ class _CancelController:
         # meanwhile has a new entry, whose attempt is not the one to write off.
         self._pending_abandons: deque[ActiveJob] = deque()
         self._pending_overruns: deque[tuple[ActiveJob, ErrorInfo]] = deque()
+        self._pending_late: deque[tuple[ActiveJob, _LateOutcome, ErrorInfo | None]] = deque()
 
     async def run_tick(self, flags: list[CancelFlag]) -> None:
         state = self._state
@@ -204,35 +207,43 @@ class _CancelController:
 
     async def run_post_tick(self) -> None:
         # Each queued write is tried once a tick; one that fails goes to the back and is
-        # raised once the others had theirs (failing first, it held them all back).
+        # raised once the others had theirs (failing first, it held them all back). One
+        # leaves its queue only once written: a tick cut short meanwhile (its bound, the
+        # database slow) leaves it queued for the next, where taken off first it was
+        # never written, the job held (or handed back as unheard) with its slot.
         failed: Exception | None = None
-        # Written after the slots are freed: a tick cut short there (its bound, the
-        # database slow) loses a history line, never a slot.
-        late: list[tuple[ActiveJob, Literal["failed", "abandoned"], ErrorInfo | None]] = []
         for _ in range(len(self._pending_overruns)):
-            active, error = self._pending_overruns.popleft()
-            try:
-                refused = await self._write_overrun(active, error)
-            except Exception as exc:  # noqa: BLE001 - raised below, after the others
-                self._pending_overruns.append((active, error))
-                failed = failed or exc
-                continue
+            active, error = self._pending_overruns[0]
+            if not active.ended:  # else written, the tick cut short after
+                try:
+                    refused = await self._write_overrun(active, error)
+                except Exception as exc:  # noqa: BLE001 - raised below, after the others
+                    self._pending_overruns.rotate(-1)
+                    failed = failed or exc
+                    continue
+                if refused:
+                    self._pending_late.append((active, "failed", error))
+            self._pending_overruns.popleft()
             active.finish()
-            if refused:
-                late.append((active, "failed", error))
         for _ in range(len(self._pending_abandons)):
-            active = self._pending_abandons.popleft()
-            try:
-                refused = await self._write_abandon(active)
-            except Exception as exc:  # noqa: BLE001 - raised below, after the others
-                self._pending_abandons.append(active)
-                failed = failed or exc
-                continue
+            active = self._pending_abandons[0]
+            if not active.ended:
+                try:
+                    refused = await self._write_abandon(active)
+                except Exception as exc:  # noqa: BLE001 - raised below, after the others
+                    self._pending_abandons.rotate(-1)
+                    failed = failed or exc
+                    continue
+                if refused:
+                    self._pending_late.append((active, "abandoned", None))
+            self._pending_abandons.popleft()
             active.finish()
-            if refused:
-                late.append((active, "abandoned", None))
-        for active, outcome, info in late:
+        # Written after the slots are freed: a tick cut short there delays a history
+        # line, never a slot.
+        for _ in range(len(self._pending_late)):
+            active, outcome, info = self._pending_late[0]
             if active.ended:  # the stop's own abandonment of it landed first
+                self._pending_late.popleft()
                 continue
             # Reclaimed while it ran on (the worker frozen or cut off), the attempt's
             # history said only what the reclaim made of it.
@@ -240,8 +251,10 @@ class _CancelController:
             try:
                 landed = await late_unless_landed(self._state, row, outcome, info)
             except Exception as exc:  # noqa: BLE001 - raised below, after the others
+                self._pending_late.rotate(-1)
                 failed = failed or exc
                 continue
+            self._pending_late.popleft()
             if landed:  # an earlier try's, its reply lost: the worker's own end
                 await apply_batch_terminal_outcome(self._state.backend, row, outcome)
         if failed is not None:

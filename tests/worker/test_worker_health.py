@@ -391,3 +391,40 @@ async def test_readyz_says_which_shutdown_phase_the_worker_is_in() -> None:
             release.set()
             worker.stop()
             await asyncio.wait_for(running, 30)
+
+
+async def test_readyz_says_ready_only_once_the_worker_takes_jobs() -> None:
+    # /readyz said ready from the end of the DI bootstrap, while the worker was still
+    # registering and had no loop to take a job with (a registration held up by a slow
+    # database kept it "ready" all that time).
+    from taskq.backend.memory import InMemoryBackend
+    from taskq_testing import TEST_SETTINGS
+
+    registering, release = asyncio.Event(), asyncio.Event()
+
+    class SlowRegistration(InMemoryBackend):
+        async def register_worker(self, *args: Any, **kwargs: Any) -> Any:
+            registering.set()
+            await release.wait()
+            return await super().register_worker(*args, **kwargs)
+
+    async with TaskQ("memory://", backend=SlowRegistration(), actors=[basic.nap]) as tq:
+        settings = WorkerSettings.load(
+            {**TEST_SETTINGS, "health_port": 0, "health_host": "127.0.0.1"}, env={}
+        )
+        worker = Worker(tq, settings)
+        running = asyncio.create_task(worker.run())
+        try:
+            await asyncio.wait_for(registering.wait(), 5)
+            assert worker.health is not None
+            status, body = await asyncio.to_thread(_get, worker.health.port, "/readyz")
+            assert (status, body["ready"]) == (503, False)
+            release.set()
+            async with asyncio.timeout(5):
+                while (await asyncio.to_thread(_get, worker.health.port, "/readyz"))[0] != 200:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)  # polled over HTTP
+            assert any(t.get_name() == "taskq-producer" for t in asyncio.all_tasks())
+        finally:
+            release.set()
+            worker.stop()
+            await asyncio.wait_for(running, 30)

@@ -255,8 +255,6 @@ class Worker:
         # starts the loop-lag watchdog, however long its providers take.
         try:
             await self._bootstrap(state)
-            if self.health is not None:
-                self.health.attach(state)
             await state.register()
         except BaseException:
             await self._abandon_start(state, executor)
@@ -359,6 +357,10 @@ class Worker:
                     )
                     for i in range(settings.concurrency)
                 ]
+                if self.health is not None:
+                    # Ready once the loops that take jobs exist: before, /readyz said
+                    # ready while the worker was still registering.
+                    self.health.attach(state)
                 group.create_task(self._supervise(state, workers, background), name="taskq-stop")
             # Only on a clean stop: a worker that crashed out of its TaskGroup keeps its
             # row until the leader's stale-worker sweep, like a killed one.

@@ -978,3 +978,52 @@ async def test_an_abandonment_write_cut_short_by_the_ticks_bound_is_written_next
         row = await tq.client.get(job.id)
     assert FirstAbandonHangs.calls >= 2
     assert row is not None and row.status is JobStatus.ABANDONED
+
+
+async def test_a_written_off_job_whose_task_ended_is_not_handed_back_as_unheard() -> None:
+    # The abandonment's write failed until the stubborn task had returned, and its
+    # entry was gone: the next renewal found the job locked for this worker and unknown
+    # to it, and the producer handed it back as unstarted. The job whose code had run,
+    # written off, ended "cancelled" with an "unstarted" attempt (or, not yet cancelled
+    # by its user, ran again).
+    from taskq.backend.memory import InMemoryBackend
+
+    returned, looked = asyncio.Event(), asyncio.Event()
+
+    class AbandonFailsAWhile(InMemoryBackend):
+        async def held_jobs(self, *args: Any, **kwargs: Any) -> Any:
+            if returned.is_set():
+                looked.set()
+            return await super().held_jobs(*args, **kwargs)
+
+        async def mark_abandoned(self, *args: Any, **kwargs: Any) -> bool:
+            if not returned.is_set():
+                raise ConnectionResetError("the database is away")
+            await looked.wait()  # the producer looked for unheard jobs meanwhile
+            return await super().mark_abandoned(*args, **kwargs)
+
+    started = asyncio.Event()
+
+    @actor(name="stubborn_once")
+    async def stubborn(payload: dict[str, Any]) -> None:
+        started.set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 1
+        while loop.time() < end:
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                pass
+        returned.set()
+
+    tq = TaskQ("memory://", backend=AbandonFailsAWhile(), actors=[stubborn])
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        runner = asyncio.create_task(run_until_idle(tq, **_GRACES))
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.wait_for(runner, 10)
+        row = await tq.client.get(job.id)
+        attempts = await tq.client.get_attempts(job.id)
+    assert row is not None and row.status is JobStatus.ABANDONED
+    assert [a.outcome for a in attempts] == ["abandoned"]

@@ -44,7 +44,7 @@ import structlog
 from taskq.backend import CancelPhase
 from taskq.backend.storable import stored_error
 from taskq.batch_outcomes import apply_batch_terminal_outcome
-from taskq.models import CancelFlag, ErrorInfo
+from taskq.models import CancelFlag, ErrorInfo, JobId
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker.consumer import late_unless_landed
 
@@ -65,6 +65,11 @@ class CancelController(Protocol):
 
     async def run_post_tick(self) -> None:
         """Write the abandonments queued by :meth:`run_tick`."""
+        ...
+
+    def owed_ends(self) -> set[tuple[JobId, int]]:
+        """``(job id, attempt)`` of each attempt written off and not written yet: still
+        this worker's, whether or not its task has ended."""
         ...
 
 
@@ -204,6 +209,11 @@ class _CancelController:
             active.task.cancel()
             self._pending_overruns.append((active, error))
             _log.warning("taskq.job-past-its-limit", job_id=str(job_id), error=error.message)
+
+    def owed_ends(self) -> set[tuple[JobId, int]]:
+        written_off = [active for active, _ in self._pending_overruns]
+        written_off += self._pending_abandons
+        return {(active.row.id, active.row.attempt) for active in written_off}
 
     async def run_post_tick(self) -> None:
         # Each queued write is tried once a tick; one that fails goes to the back and is

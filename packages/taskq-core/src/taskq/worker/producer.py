@@ -52,6 +52,9 @@ async def hand_back_unheard(state: WorkerState) -> None:
     ):
         return  # without both, the lease runs out once the worker stops
     known = {(job_id, active.row.attempt) for job_id, active in state.active.items()}
+    # A job written off whose task ended meanwhile is still running here until its end
+    # is written: handed back, its run was said "unstarted" and it could run again.
+    known |= state.cancel.owed_ends()
     unheard = [job for job in await backend.held_jobs(state.worker_id) if job not in known]
     if unheard:
         # Those it ended instead count for their batches, even when the producer's

@@ -418,7 +418,7 @@ async def test_readyz_says_ready_only_once_the_worker_takes_jobs() -> None:
             await asyncio.wait_for(registering.wait(), 5)
             assert worker.health is not None
             status, body = await asyncio.to_thread(_get, worker.health.port, "/readyz")
-            assert (status, body["ready"]) == (503, False)
+            assert (status, body) == (503, {"ready": False, "reason": "registering the worker"})
             release.set()
             async with asyncio.timeout(5):
                 while (await asyncio.to_thread(_get, worker.health.port, "/readyz"))[0] != 200:  # noqa: ASYNC110

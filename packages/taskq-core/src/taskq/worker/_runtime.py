@@ -255,6 +255,7 @@ class Worker:
         # starts the loop-lag watchdog, however long its providers take.
         try:
             await self._bootstrap(state)
+            self.startup.registering_worker()
             await state.register()
         except BaseException:
             await self._abandon_start(state, executor)

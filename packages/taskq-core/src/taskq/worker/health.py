@@ -67,6 +67,8 @@ class StartupProgress:
     creating_dependencies: bool = False
     """The backend reached, the actors' shared values are being created (a sync
     provider blocks the loop meanwhile: no route answers until it returns)."""
+    registering: bool = False
+    """The worker writes its registry row; ready once its loops run."""
 
     def failed(self, error: BaseException) -> None:
         self.attempts += 1
@@ -79,7 +81,14 @@ class StartupProgress:
         self.last_error = None
         self.creating_dependencies = True
 
+    def registering_worker(self) -> None:
+        self.last_error = None
+        self.creating_dependencies = False
+        self.registering = True
+
     def describe(self) -> dict[str, Any]:
+        if self.registering:
+            return {"reason": "registering the worker"}
         if self.creating_dependencies:
             return {"reason": "creating the actors' dependencies"}
         if self.last_error is None:

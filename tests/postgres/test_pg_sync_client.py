@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -712,3 +713,42 @@ def test_an_unmigrated_schema_is_the_backends_configuration_error(
     assert f"taskq migrate {given} --schema {schema}" in str(refused.value)
     # Not first a warning that the max_pending limits could not be read: no hiccup.
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+
+
+def _ledger(pg: PgSchema, sql: str, name: str) -> None:
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute(sql.format(schema=pg.name), (name,))
+
+
+@pytest.mark.parametrize("own_connection", [True, False], ids=["dsn", "callers-connection"])
+def test_a_schema_this_code_cannot_run_on_is_refused_as_the_backend_refuses_it(
+    pg_schema: PgSchema, own_connection: bool
+) -> None:
+    # Only a schema without tables was named: one lacking a migration this code needs
+    # took the jobs (or failed with the driver's "column does not exist"), as did one a
+    # newer TaskQ's post migration changed; PostgresBackend.open() refuses both.
+    needed = "01.00.05_02_pre_actor_config_queue.sql"
+    _ledger(pg_schema, "DELETE FROM {schema}.schema_migrations WHERE version = %s", needed)
+    hint = f"lacks migrations this version of TaskQ needs ({needed}): run `taskq migrate --dsn"
+    with psycopg.connect(pg_schema.dsn) as conn:
+        target: Any = pg_schema.dsn if own_connection else conn
+        with SyncJobsClient(target, actors=ACTORS, schema=pg_schema.name) as client:
+            with pytest.raises(ConfigurationError, match=re.escape(hint)):
+                client.enqueue(item, Item(n=1))
+            # A caller's transaction stays usable: the check failed, no statement.
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        conn.rollback()
+    record = (
+        "INSERT INTO {schema}.schema_migrations (version, checksum) VALUES (%s, repeat('0', 64))"
+    )
+    _ledger(pg_schema, record, needed)
+    _ledger(pg_schema, record, "99.00.00_50_post_drop_things.sql")
+    with psycopg.connect(pg_schema.dsn) as conn:
+        target = pg_schema.dsn if own_connection else conn
+        with (
+            SyncJobsClient(target, actors=ACTORS, schema=pg_schema.name) as client,
+            pytest.raises(ConfigurationError, match="migrated by a newer TaskQ .*99.00.00_50_post"),
+        ):
+            client.enqueue(item, Item(n=1))
+    with psycopg.connect(pg_schema.dsn) as conn:  # not the backend: it refuses the schema too
+        assert conn.execute(f"SELECT count(*) FROM {pg_schema.name}.jobs").fetchone() == (0,)

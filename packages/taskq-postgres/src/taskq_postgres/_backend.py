@@ -111,7 +111,6 @@ from taskq_postgres._connect import (
     same_address,
     through_pooler,
     translated_errors,
-    unmigrated,
 )
 from taskq_postgres._enqueue import (
     aborted,
@@ -121,6 +120,7 @@ from taskq_postgres._enqueue import (
     insert_jobs,
     insert_one,
     refuse_keyless_singletons,
+    run,
     singleton_lock_key,
 )
 from taskq_postgres._leader import LeaderStatements, PostgresLeaderElector
@@ -685,30 +685,15 @@ class PostgresBackend:
         return connection_settings(role, self.instance_id, self.idle_in_transaction_session_timeout)
 
     async def _check_schema(self, pool: asyncpg.Pool[asyncpg.Record]) -> None:
-        """Refuse a schema this code cannot run on: one without TaskQ's tables, one
-        lacking a ``pre`` migration (the statements failed later, with a driver's
-        "column does not exist"), or one a newer TaskQ's ``post`` migration changed."""
-        from taskq_postgres._migrate import schema_fit
+        """Refuse a schema this code cannot run on (``plan_check_schema``)."""
+        from taskq_postgres._migrate import plan_check_schema
 
         async with pool.acquire() as conn:
+            checking = plan_check_schema(self._sql.schema_is_migrated, self.schema, self.direct_dsn)
             try:
-                if not await conn.fetchval(self._sql.schema_is_migrated):
-                    raise unmigrated(self.schema, self.direct_dsn)
-                fit = await schema_fit(conn, self.schema)
+                await run(conn, checking)
             except asyncpg.InsufficientPrivilegeError as exc:  # no USAGE on the schema, say
                 raise await diagnosed(conn, exc, schema=self.schema, dsn=self.dsn) from exc
-        if fit.missing:
-            raise unmigrated(self.schema, self.direct_dsn, fit.missing)
-        if fit.newer_post:
-            raise ConfigurationError(
-                f"schema {self.schema!r} in {redact(self.dsn)} was migrated by a newer TaskQ "
-                f"({', '.join(fit.newer_post)}), which may have removed what this version "
-                f"uses: upgrade taskq-postgres to run on it"
-            )
-        if fit.newer_pre:
-            _log.warning(
-                "taskq.schema-newer-than-code", schema=self.schema, migrations=fit.newer_pre
-            )
 
     async def _refused(self, exc: BaseException) -> InsufficientPrivilegeError:
         """The error for ``exc`` (a 42501), the missing rights asked on a pooled

@@ -73,6 +73,10 @@ _Cursor = psycopg.RawCursor[DictRow]
 _UNKNOWN_TYPE: Final = 0
 """The type oid psycopg looks a loader up under for a type it has none for."""
 
+_FITTING: Final[set[tuple[str, int, str, str]]] = set()
+"""The (host, port, database, schema) this process found fit to enqueue into
+(``plan_check_schema``): checked once, not on every client a request makes."""
+
 
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
     """Whether the server ended an idle connection (a restart, ``idle_session_timeout``,
@@ -102,6 +106,10 @@ class SyncJobsClient:
     On a caller's connection ``max_pending`` counts what its transaction sees, its own
     jobs not committed yet among them (``JobsClient``, counting on its pool, sees the
     committed ones only): one transaction enqueueing past the limit is refused here.
+    A schema this code cannot run on (unmigrated, lacking a migration this version
+    needs, changed by a newer TaskQ) is refused at the first enqueue as
+    ``PostgresBackend.open()`` refuses it (a ``ConfigurationError``); checked once per
+    process and database.
     One client may be shared by threads: its calls take turns.
     """
 
@@ -354,11 +362,26 @@ class SyncJobsClient:
                 # label, as text results give them, not as bytes.
                 cur.adapters.register_loader(_UNKNOWN_TYPE, TextBinaryLoader)
                 try:
+                    self._check_schema(cur)
                     yield cur
                 except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
                     raise unmigrated(self.schema, self._dsn) from exc
                 except psycopg.errors.InsufficientPrivilege as exc:
                     raise self._refused(exc) from exc
+
+    def _check_schema(self, cur: _Cursor) -> None:
+        """Refuse a schema this code cannot run on, as ``PostgresBackend.open()`` does (one
+        lacking a migration this version needs, one a newer TaskQ changed); in a
+        savepoint on a caller's transaction, which a refusal leaves usable."""
+        info = self._conn.info
+        where = (info.host, info.port, info.dbname, self.schema)
+        if where in _FITTING:
+            return
+        from taskq_postgres._migrate import plan_check_schema
+
+        with self._atomic(cur):
+            _run(cur, plan_check_schema(self._sql.schema_is_migrated, self.schema, self._dsn))
+        _FITTING.add(where)
 
     def _refused(self, exc: psycopg.errors.InsufficientPrivilege) -> InsufficientPrivilegeError:
         """``exc`` as :class:`~taskq_postgres.InsufficientPrivilegeError`, the missing rights

@@ -752,3 +752,25 @@ def test_a_schema_this_code_cannot_run_on_is_refused_as_the_backend_refuses_it(
             client.enqueue(item, Item(n=1))
     with psycopg.connect(pg_schema.dsn) as conn:  # not the backend: it refuses the schema too
         assert conn.execute(f"SELECT count(*) FROM {pg_schema.name}.jobs").fetchone() == (0,)
+
+
+def test_a_server_that_never_answers_is_given_up_on_as_the_backend_does() -> None:
+    # libpq's wait without a connect_timeout is psycopg's 130 s (a web request, and every
+    # thread sharing the client, stalled that long); the backend gives up after 10 s.
+    import socket
+
+    with socket.socket() as silent:  # accepts the connection, never answers the login
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailableError, match="cannot connect to PostgreSQL at"):
+            SyncJobsClient(f"postgresql://postgres@127.0.0.1:{port}/none", actors=ACTORS)
+        assert time.monotonic() - started < 20
+        # A DSN's own connect_timeout is the one libpq takes.
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailableError):
+            SyncJobsClient(
+                f"postgresql://postgres@127.0.0.1:{port}/none?connect_timeout=2", actors=ACTORS
+            )
+        assert time.monotonic() - started < 5

@@ -95,6 +95,7 @@ from taskq.models import (
 )
 from taskq_postgres._bounded import BoundedPool, PinnedConnection
 from taskq_postgres._connect import (
+    DEFAULT_CONNECT_TIMEOUT,
     LEADER_ROLE,
     NOTIFY_ROLE,
     POSTGRES_SCHEMES,
@@ -432,7 +433,7 @@ class PostgresBackend:
         reclaim_event_visibility_delay: timedelta = timedelta(seconds=2),
         cancel_reclaim_headroom: timedelta = timedelta(seconds=60),
         idle_in_transaction_session_timeout: timedelta | None = timedelta(seconds=60),
-        connect_timeout: timedelta = timedelta(seconds=10),
+        connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT,
         command_timeout: timedelta | None = None,
         instance_id: str | None = None,
         notify_health_check_interval: timedelta = timedelta(seconds=5),

@@ -9,6 +9,7 @@ validation and ``max_pending`` check of ``JobsClient`` (``taskq.args_builder``).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections import Counter
@@ -41,6 +42,7 @@ from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
 from taskq.settings import WorkerSettings
 from taskq_postgres._connect import (
+    DEFAULT_CONNECT_TIMEOUT,
     check_dsn,
     readable,
     same_address,
@@ -301,25 +303,34 @@ class SyncJobsClient:
             "TASKQ_DIRECT_DSN for the fleet",
         ):
             name = f"taskq-sync/{uuid4().hex[:12]}"
+            # As the backend waits for a server (libpq's default, in psycopg: 130 s),
+            # unless the DSN (or PGCONNECT_TIMEOUT) says how long.
+            given = conninfo_to_dict(self._dsn)
+            timeout: dict[str, Any] = {}
+            if given.get("connect_timeout") is None and not os.environ.get("PGCONNECT_TIMEOUT"):
+                timeout["connect_timeout"] = math.ceil(DEFAULT_CONNECT_TIMEOUT.total_seconds())
             if self._behind_pooler:
                 # A pooler passes no options and runs each statement on any server
                 # session. The enqueue statements need no TimeZone: they add seconds.
                 conn = psycopg.connect(
-                    self._dsn, autocommit=True, application_name=name, prepare_threshold=None
+                    self._dsn,
+                    autocommit=True,
+                    application_name=name,
+                    prepare_threshold=None,
+                    **timeout,
                 )
             else:
                 # Durations added on TaskQ's own connections are exact (see
                 # PostgresBackend). Added to the DSN's own options (or PGOPTIONS'): libpq
                 # takes one string, and a keyword argument would replace them (a
                 # statement_timeout, a role's search_path).
-                given = conninfo_to_dict(self._dsn).get("options") or os.environ.get(
-                    "PGOPTIONS", ""
-                )
+                options = given.get("options") or os.environ.get("PGOPTIONS", "")
                 conn = psycopg.connect(
                     self._dsn,
                     autocommit=True,
                     application_name=name,
-                    options=f"{given} -c TimeZone=UTC -c jit=off".strip(),
+                    options=f"{options} -c TimeZone=UTC -c jit=off".strip(),
+                    **timeout,
                 )
         # Its own transactions: stated, not the server's default (the singleton check
         # needs a fresh snapshot per statement).

@@ -75,6 +75,10 @@ _Cursor = psycopg.RawCursor[DictRow]
 _UNKNOWN_TYPE: Final = 0
 """The type oid psycopg looks a loader up under for a type it has none for."""
 
+_ASK_TIMEOUT: Final = 2
+"""Seconds a session opened only to ask which rights a role lacks may take to connect
+(libpq's least)."""
+
 _FITTING: Final[set[tuple[str, int, str, str]]] = set()
 """The (host, port, database, schema) this process found fit to enqueue into
 (``plan_check_schema``): checked once, not on every client a request makes."""
@@ -401,17 +405,35 @@ class SyncJobsClient:
         role, missing = self._conn.info.user, None
         question = denial.question()
         if question is not None:
-            # In a savepoint: a failed question must not abort a caller's transaction.
             with (
                 suppress(psycopg.Error),
-                self._conn.transaction(),
-                psycopg.RawCursor(self._conn) as cur,
+                self._asking() as conn,
+                psycopg.RawCursor(conn) as cur,
             ):
                 cur.execute(DIAGNOSE_SQL, question)
                 row = cur.fetchone()
                 if row is not None:
                     role, missing = row[0], list(row[1])
         return denial.error(role, missing)
+
+    @contextmanager
+    def _asking(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection to ask the server a question on: the client's, in a savepoint (a
+        failed question must not abort a caller's transaction); where the refusal
+        aborted a caller's transaction, a short session of its own, with the caller's
+        connection parameters (as the backend asks on its pool, not on the caller's)."""
+        conn = self._conn
+        if conn.info.transaction_status != TransactionStatus.INERROR:
+            with conn.transaction():
+                yield conn
+            return
+        params: dict[str, Any] = {
+            **conn.info.get_parameters(),
+            "password": conn.info.password,
+            "connect_timeout": _ASK_TIMEOUT,
+        }
+        with psycopg.connect(**params, autocommit=True) as own:
+            yield own
 
     # -- lifetime -------------------------------------------------------------------
     def close(self) -> None:

@@ -774,3 +774,29 @@ def test_a_server_that_never_answers_is_given_up_on_as_the_backend_does() -> Non
                 f"postgresql://postgres@127.0.0.1:{port}/none?connect_timeout=2", actors=ACTORS
             )
         assert time.monotonic() - started < 5
+
+
+def test_psycopgs_async_connection_is_refused_by_either_client_without_sending_to_the_other(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # Each sent the user to the other: SyncJobsClient to "TaskQ's JobsClient", whose
+    # enqueue_with_conn to "SyncJobsClient(conn, ...)" (which refused it first).
+    async def both() -> tuple[str, str]:
+        conn = await psycopg.AsyncConnection.connect(pg_pooled_schema.dsn)
+        backend = PostgresBackend(pg_pooled_schema.dsn, schema=pg_pooled_schema.name)
+        await backend.open()
+        try:
+            with pytest.raises(TypeError) as by_sync:
+                SyncJobsClient(conn, actors=ACTORS)  # type: ignore[arg-type]
+            with pytest.raises(TypeError) as by_async:
+                await backend.enqueue_with_conn(conn, EnqueueArgs(actor="a"))
+        finally:
+            await backend.close()
+            await conn.close()
+        return str(by_sync.value), str(by_async.value)
+
+    by_sync, by_async = asyncio.run(both())
+    for message in (by_sync, by_async):
+        assert "psycopg's AsyncConnection has no TaskQ client" in message, message
+        assert "asyncpg connection" in message, message
+    assert "SyncJobsClient(" not in by_async

@@ -114,6 +114,7 @@ from taskq_postgres._connect import (
     translated_errors,
 )
 from taskq_postgres._enqueue import (
+    ASYNC_PSYCOPG,
     aborted,
     check_singletons,
     closed_connection,
@@ -307,10 +308,17 @@ def _callers(conn: Any) -> Any:
     """A caller's connection, checked: an asyncpg one (or one from an asyncpg pool). Any
     other failed deep in a statement with a driver's AttributeError."""
     if not isinstance(conn, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
+        import psycopg  # only to say what to do: a caller of the asyncpg backend may lack it
+
+        hint = (
+            f"{ASYNC_PSYCOPG}; PostgresBackend.connection() lends an asyncpg one"
+            if isinstance(conn, psycopg.AsyncConnection)
+            else "for psycopg's, use taskq_postgres.SyncJobsClient(conn, actors=...)"
+        )
         raise TypeError(
             f"connection must be an asyncpg connection (asyncpg.Connection, or one acquired "
             f"from an asyncpg pool), not {type(conn).__module__}.{type(conn).__qualname__}: "
-            f"for psycopg's, use taskq_postgres.SyncJobsClient(conn, actors=...)"
+            f"{hint}"
         )
     return conn
 

@@ -50,6 +50,7 @@ from taskq_postgres._connect import (
     unmigrated,
 )
 from taskq_postgres._enqueue import (
+    ASYNC_PSYCOPG,
     CopyFeed,
     Plan,
     TransactionAbortedError,
@@ -130,10 +131,14 @@ class SyncJobsClient:
         behind_pooler: bool | None = None,
     ) -> None:
         if not isinstance(target, str | psycopg.Connection):
+            hint = (
+                f"{ASYNC_PSYCOPG}: from async code, use TaskQ's JobsClient"
+                if isinstance(target, psycopg.AsyncConnection)
+                else "for asyncpg or async code, use TaskQ's JobsClient"
+            )
             raise TypeError(
                 f"SyncJobsClient takes a DSN string or a psycopg.Connection, not "
-                f"{type(target).__qualname__} (for asyncpg or async code, use TaskQ's "
-                f"JobsClient)"
+                f"{type(target).__qualname__} ({hint})"
             )
         self.schema = validate_schema_name(schema)
         self._build = ArgsBuilder(actors_by_name(actors))

@@ -800,3 +800,18 @@ def test_psycopgs_async_connection_is_refused_by_either_client_without_sending_t
         assert "psycopg's AsyncConnection has no TaskQ client" in message, message
         assert "asyncpg connection" in message, message
     assert "SyncJobsClient(" not in by_async
+
+
+def test_the_applications_actors_are_taken_as_jobs_client_takes_them(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # TaskQ.actors (what JobsClient is built from) is a mapping: iterated, its names were
+    # refused as "'sync.item' is not an actor: decorate the function with @actor".
+    from taskq import TaskQ
+
+    tq = TaskQ("memory://", actors=ACTORS)
+    with SyncJobsClient(
+        pg_pooled_schema.dsn, actors=tq.actors, schema=pg_pooled_schema.name
+    ) as client:
+        row = client.enqueue(item, {"n": 1})
+    assert _stored(pg_pooled_schema, row.id) == [row]

@@ -102,7 +102,7 @@ class SyncJobsClient:
     whose transaction the jobs join (a savepoint where one is open; left open for
     the caller to commit; a singleton needs it READ COMMITTED). ``actors`` are the
     application's, which payloads are
-    validated against (``TaskQ.actors.values()``); ``schema`` the TaskQ schema.
+    validated against (``TaskQ.actors``, or its values); ``schema`` the TaskQ schema.
     ``poll_only`` sends no NOTIFY (as ``PostgresBackend(poll_only=True)``: for workers
     that poll, or to keep NOTIFY's commit lock off a heavy insert load); the fleet's
     ``TASKQ_POLL_ONLY``, when set, decides instead, as for an application's backend.
@@ -124,7 +124,7 @@ class SyncJobsClient:
         self,
         target: str | psycopg.Connection[Any],
         *,
-        actors: Iterable[Actor[..., Any]],
+        actors: Iterable[Actor[..., Any]] | Mapping[str, Actor[..., Any]],
         schema: str = "taskq",
         max_pending_cache_ttl: float = 5.0,
         poll_only: bool = False,
@@ -141,7 +141,9 @@ class SyncJobsClient:
                 f"{type(target).__qualname__} ({hint})"
             )
         self.schema = validate_schema_name(schema)
-        self._build = ArgsBuilder(actors_by_name(actors))
+        # A mapping (TaskQ.actors, what JobsClient takes) by its actors, not its names.
+        listed = actors.values() if isinstance(actors, Mapping) else actors
+        self._build = ArgsBuilder(actors_by_name(listed))
         self._sql = statements_for(self.schema)
         fleet = WorkerSettings.backend_options_from_env()
         quiet = fleet.get("poll_only", poll_only)

@@ -815,3 +815,26 @@ def test_the_applications_actors_are_taken_as_jobs_client_takes_them(
     ) as client:
         row = client.enqueue(item, {"n": 1})
     assert _stored(pg_pooled_schema, row.id) == [row]
+
+
+def test_clients_made_per_request_share_the_max_pending_limits_read(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # A web app makes a client per request, on the connection of the request (Django
+    # opens one per request by default): each read the limits again (a savepoint and a
+    # query before every enqueue), where JobsClient reads them once per cache period.
+    # Seen here by a lock on actor_config: a read waits on it, and fails open, warning.
+    dsn, schema = pg_pooled_schema.dsn, pg_pooled_schema.name
+    with psycopg.connect(dsn) as conn:
+        SyncJobsClient(conn, actors=ACTORS, schema=schema).enqueue(item, {"n": 1})
+        conn.commit()
+    with (
+        psycopg.connect(dsn) as locker,
+        psycopg.connect(dsn, options="-c lock_timeout=100") as conn,
+        structlog.testing.capture_logs() as logs,
+    ):
+        locker.execute(f"LOCK TABLE {schema}.actor_config IN ACCESS EXCLUSIVE MODE")
+        SyncJobsClient(conn, actors=ACTORS, schema=schema).enqueue(item, {"n": 2})
+        conn.commit()
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+    assert len(_stored(pg_pooled_schema)) == 2

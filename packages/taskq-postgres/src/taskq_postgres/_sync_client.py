@@ -80,9 +80,18 @@ _ASK_TIMEOUT: Final = 2
 """Seconds a session opened only to ask which rights a role lacks may take to connect
 (libpq's least)."""
 
-_FITTING: Final[set[tuple[str, int, str, str]]] = set()
-"""The (host, port, database, schema) this process found fit to enqueue into
-(``plan_check_schema``): checked once, not on every client a request makes."""
+_Where = tuple[str, int, str, str]
+"""A schema's (host, port, database, schema)."""
+
+_FITTING: Final[set[_Where]] = set()
+"""The schemas this process found fit to enqueue into (``plan_check_schema``): checked
+once, not on every client a request makes."""
+
+_LIMITS: Final[dict[tuple[_Where, float], MaxPendingLimits]] = {}
+"""The ``max_pending`` limits this process's clients read, per schema and cache period:
+shared, as an application's enqueues share JobsClient's, by the clients a web app
+makes per request (each read them again, a savepoint and a query before its enqueue).
+Threads may share one: a race reads the limits once more, or keeps the later read."""
 
 
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
@@ -148,7 +157,7 @@ class SyncJobsClient:
         fleet = WorkerSettings.backend_options_from_env()
         quiet = fleet.get("poll_only", poll_only)
         self._channel = None if quiet else wake_channel(self.schema)
-        self._limits = MaxPendingLimits(max_pending_cache_ttl)
+        self._limits_ttl = max_pending_cache_ttl
         self._lock = threading.Lock()
         # A URL is checked as PostgresBackend checks it; libpq's key=value form as libpq does.
         url = isinstance(target, str) and url_scheme(target) is not None
@@ -268,7 +277,9 @@ class SyncJobsClient:
 
     def _max_pending(self, cur: _Cursor) -> Mapping[str, int | None]:
         """The fleet-wide ``max_pending`` limits (``MaxPendingLimits``: a failed read fails open)."""
-        limits = self._limits.cached()
+        key = (self._where(), self._limits_ttl)
+        known = _LIMITS.get(key) or _LIMITS.setdefault(key, MaxPendingLimits(self._limits_ttl))
+        limits = known.cached()
         if limits is not None:
             return limits
         try:
@@ -290,7 +301,7 @@ class SyncJobsClient:
             if self._conn.closed or self._conn.broken:
                 raise  # no enqueue can follow on it: the loss, not a limits read, is news
             read = exc
-        return self._limits.update(read)
+        return known.update(read)
 
     @contextmanager
     def _atomic(self, cur: _Cursor) -> Iterator[None]:
@@ -391,12 +402,15 @@ class SyncJobsClient:
                 except psycopg.errors.InsufficientPrivilege as exc:
                     raise self._refused(exc) from exc
 
+    def _where(self) -> _Where:
+        info = self._conn.info
+        return (info.host, info.port, info.dbname, self.schema)
+
     def _check_schema(self, cur: _Cursor) -> None:
         """Refuse a schema this code cannot run on, as ``PostgresBackend.open()`` does (one
         lacking a migration this version needs, one a newer TaskQ changed); in a
         savepoint on a caller's transaction, which a refusal leaves usable."""
-        info = self._conn.info
-        where = (info.host, info.port, info.dbname, self.schema)
+        where = self._where()
         if where in _FITTING:
             return
         from taskq_postgres._migrate import plan_check_schema

@@ -838,3 +838,24 @@ def test_clients_made_per_request_share_the_max_pending_limits_read(
         conn.commit()
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
     assert len(_stored(pg_pooled_schema)) == 2
+
+
+@pytest.mark.parametrize("behind_pooler", [False, True], ids=["direct", "pooler"])
+def test_the_clients_own_transactions_carry_the_backends_idle_limit(
+    pg_pooled_schema: PgSchema, behind_pooler: bool
+) -> None:
+    # "TaskQ's own transactions set their limit" (the backend's, 60 s): the client's
+    # carried none, so a producer frozen inside one (a singleton's, holding its
+    # identity's lock) blocked that identity's enqueues for good.
+    with (
+        SyncJobsClient(
+            pg_pooled_schema.dsn,
+            actors=ACTORS,
+            schema=pg_pooled_schema.name,
+            behind_pooler=behind_pooler,
+        ) as client,
+        client._turn() as cur,
+        client._atomic(cur),
+    ):
+        cur.execute("SHOW idle_in_transaction_session_timeout")
+        assert cur.fetchone() == {"idle_in_transaction_session_timeout": "1min"}

@@ -96,6 +96,7 @@ from taskq.models import (
 from taskq_postgres._bounded import BoundedPool, PinnedConnection
 from taskq_postgres._connect import (
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_IN_TRANSACTION,
     LEADER_ROLE,
     NOTIFY_ROLE,
     POSTGRES_SCHEMES,
@@ -440,7 +441,7 @@ class PostgresBackend:
         dispatch_oversample: int = 2,
         reclaim_event_visibility_delay: timedelta = timedelta(seconds=2),
         cancel_reclaim_headroom: timedelta = timedelta(seconds=60),
-        idle_in_transaction_session_timeout: timedelta | None = timedelta(seconds=60),
+        idle_in_transaction_session_timeout: timedelta | None = DEFAULT_IDLE_IN_TRANSACTION,
         connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT,
         command_timeout: timedelta | None = None,
         instance_id: str | None = None,

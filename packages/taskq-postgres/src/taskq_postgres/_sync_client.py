@@ -43,7 +43,9 @@ from taskq.models import EnqueueArgs, JobRow
 from taskq.settings import WorkerSettings
 from taskq_postgres._connect import (
     DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_IN_TRANSACTION,
     check_dsn,
+    connection_settings,
     readable,
     same_address,
     translated_errors,
@@ -64,6 +66,7 @@ from taskq_postgres._enqueue import (
 from taskq_postgres._privileges import DIAGNOSE_SQL, Denial, InsufficientPrivilegeError
 from taskq_postgres._rows import job_row
 from taskq_postgres._sql.enqueue import COPY_COLUMNS
+from taskq_postgres._sql.reads import SET_IDLE_LIMIT
 from taskq_postgres._statements import statements_for
 from taskq_postgres.channels import wake_channel
 
@@ -72,6 +75,9 @@ __all__ = ["SyncJobsClient", "TransactionAbortedError"]
 _T = TypeVar("_T")
 
 _Cursor = psycopg.RawCursor[DictRow]
+
+_SYNC_ROLE: Final = "taskq-sync"
+"""Its own connection's ``application_name`` prefix."""
 
 _UNKNOWN_TYPE: Final = 0
 """The type oid psycopg looks a loader up under for a type it has none for."""
@@ -168,6 +174,10 @@ class SyncJobsClient:
                 url and same_address(check_dsn(direct), cast(str, target))
             )
         self._behind_pooler = behind_pooler
+        # Its own connection's session settings, as the backend's pooled connections'.
+        self._settings = connection_settings(
+            _SYNC_ROLE, uuid4().hex[:12], DEFAULT_IDLE_IN_TRANSACTION
+        )
         self._conn = target if isinstance(target, psycopg.Connection) else self._connect()
         self._closed = False
 
@@ -313,6 +323,11 @@ class SyncJobsClient:
             # and COMMIT one of its own. A first statement opens the caller's, as any does.
             cur.execute("SELECT 1")
         with conn.transaction():
+            if self._behind_pooler and self._dsn is not None:
+                # A transaction of its own: the idle limit no pooler passes, as the
+                # backend's own transactions set it there.
+                limit = self._settings["idle_in_transaction_session_timeout"]
+                cur.execute(SET_IDLE_LIMIT, (limit,))
             yield
 
     def _connect(self) -> psycopg.Connection[Any]:
@@ -324,7 +339,8 @@ class SyncJobsClient:
             behind_pooler="pass SyncJobsClient(..., behind_pooler=True), or set "
             "TASKQ_DIRECT_DSN for the fleet",
         ):
-            name = f"taskq-sync/{uuid4().hex[:12]}"
+            settings = dict(self._settings)
+            name = settings.pop("application_name")
             # As the backend waits for a server (libpq's default, in psycopg: 130 s),
             # unless the DSN (or PGCONNECT_TIMEOUT) says how long.
             given = conninfo_to_dict(self._dsn)
@@ -333,7 +349,8 @@ class SyncJobsClient:
                 timeout["connect_timeout"] = math.ceil(DEFAULT_CONNECT_TIMEOUT.total_seconds())
             if self._behind_pooler:
                 # A pooler passes no options and runs each statement on any server
-                # session. The enqueue statements need no TimeZone: they add seconds.
+                # session. The enqueue statements need no TimeZone: they add seconds;
+                # its transactions set their idle limit (_atomic).
                 conn = psycopg.connect(
                     self._dsn,
                     autocommit=True,
@@ -346,12 +363,13 @@ class SyncJobsClient:
                 # PostgresBackend). Added to the DSN's own options (or PGOPTIONS'): libpq
                 # takes one string, and a keyword argument would replace them (a
                 # statement_timeout, a role's search_path).
-                options = given.get("options") or os.environ.get("PGOPTIONS", "")
+                options = str(given.get("options") or os.environ.get("PGOPTIONS", ""))
+                ours = " ".join(f"-c {k}={v}" for k, v in settings.items())
                 conn = psycopg.connect(
                     self._dsn,
                     autocommit=True,
                     application_name=name,
-                    options=f"{options} -c TimeZone=UTC -c jit=off".strip(),
+                    options=f"{options} {ours}".strip(),
                     **timeout,
                 )
         # Its own transactions: stated, not the server's default (the singleton check

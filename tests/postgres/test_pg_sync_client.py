@@ -682,8 +682,12 @@ def test_an_idempotent_hit_at_max_pending_is_in_utc(pg_pooled_schema: PgSchema) 
 
 @pytest.mark.parametrize("target", [None, b"postgresql://x", 5432])
 def test_a_target_neither_dsn_nor_connection_is_a_clear_error(target: Any) -> None:
-    with pytest.raises(TypeError, match="a DSN string or a psycopg.Connection"):
+    with pytest.raises(TypeError, match="a DSN string or a psycopg.Connection") as refused:
         SyncJobsClient(target, actors=ACTORS)
+    # None is a connection not made yet (Django's connection.connection before its
+    # first query), not async code: it was sent to "TaskQ's JobsClient".
+    assert ("ensure_connection()" in str(refused.value)) is (target is None)
+    assert ("TaskQ's JobsClient" in str(refused.value)) is (target is not None)
 
 
 def test_an_unreachable_server_is_backend_unavailable() -> None:

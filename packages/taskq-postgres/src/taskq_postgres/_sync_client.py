@@ -146,11 +146,15 @@ class SyncJobsClient:
         behind_pooler: bool | None = None,
     ) -> None:
         if not isinstance(target, str | psycopg.Connection):
-            hint = (
-                f"{ASYNC_PSYCOPG}: from async code, use TaskQ's JobsClient"
-                if isinstance(target, psycopg.AsyncConnection)
-                else "for asyncpg or async code, use TaskQ's JobsClient"
-            )
+            if target is None:
+                hint = (
+                    "no connection yet: Django's connection.connection is None until it "
+                    "connects, call connection.ensure_connection() first"
+                )
+            elif isinstance(target, psycopg.AsyncConnection):
+                hint = f"{ASYNC_PSYCOPG}: from async code, use TaskQ's JobsClient"
+            else:
+                hint = "for asyncpg or async code, use TaskQ's JobsClient"
             raise TypeError(
                 f"SyncJobsClient takes a DSN string or a psycopg.Connection, not "
                 f"{type(target).__qualname__} ({hint})"

@@ -205,13 +205,19 @@ def test_taskq_enqueue_without_usage_on_the_schema_is_one_line(
     assert f"role '{role.name}' lacks USAGE on schema {pg_schema.name} " in line
 
 
+@pytest.mark.parametrize("target", ["dsn", "callers-transaction"])
 def test_a_sync_client_enqueue_without_insert_is_one_clear_error(
-    role: Role, pg_schema: PgSchema
+    role: Role, pg_schema: PgSchema, target: str
 ) -> None:
+    # In a caller's transaction, which the refusal aborted, the missing rights could not
+    # be asked: "lacks SELECT/INSERT/UPDATE/DELETE", a right it has among them.
     role.grant("GRANT USAGE ON SCHEMA {} TO {}", pg_schema.name)
     role.grant("GRANT SELECT ON ALL TABLES IN SCHEMA {} TO {}", pg_schema.name)
     with (
-        SyncJobsClient(role.dsn, schema=pg_schema.name, actors=[nap]) as client,
+        psycopg.connect(role.dsn) as conn,
+        SyncJobsClient(
+            role.dsn if target == "dsn" else conn, schema=pg_schema.name, actors=[nap]
+        ) as client,
         pytest.raises(InsufficientPrivilegeError) as refused,
     ):
         client.enqueue(nap, Sleep())

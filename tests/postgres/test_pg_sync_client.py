@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -681,8 +682,12 @@ def test_an_idempotent_hit_at_max_pending_is_in_utc(pg_pooled_schema: PgSchema) 
 
 @pytest.mark.parametrize("target", [None, b"postgresql://x", 5432])
 def test_a_target_neither_dsn_nor_connection_is_a_clear_error(target: Any) -> None:
-    with pytest.raises(TypeError, match="a DSN string or a psycopg.Connection"):
+    with pytest.raises(TypeError, match="a DSN string or a psycopg.Connection") as refused:
         SyncJobsClient(target, actors=ACTORS)
+    # None is a connection not made yet (Django's connection.connection before its
+    # first query), not async code: it was sent to "TaskQ's JobsClient".
+    assert ("ensure_connection()" in str(refused.value)) is (target is None)
+    assert ("TaskQ's JobsClient" in str(refused.value)) is (target is not None)
 
 
 def test_an_unreachable_server_is_backend_unavailable() -> None:
@@ -712,3 +717,149 @@ def test_an_unmigrated_schema_is_the_backends_configuration_error(
     assert f"taskq migrate {given} --schema {schema}" in str(refused.value)
     # Not first a warning that the max_pending limits could not be read: no hiccup.
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+
+
+def _ledger(pg: PgSchema, sql: str, name: str) -> None:
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute(sql.format(schema=pg.name), (name,))
+
+
+@pytest.mark.parametrize("own_connection", [True, False], ids=["dsn", "callers-connection"])
+def test_a_schema_this_code_cannot_run_on_is_refused_as_the_backend_refuses_it(
+    pg_schema: PgSchema, own_connection: bool
+) -> None:
+    # Only a schema without tables was named: one lacking a migration this code needs
+    # took the jobs (or failed with the driver's "column does not exist"), as did one a
+    # newer TaskQ's post migration changed; PostgresBackend.open() refuses both.
+    needed = "01.00.05_02_pre_actor_config_queue.sql"
+    _ledger(pg_schema, "DELETE FROM {schema}.schema_migrations WHERE version = %s", needed)
+    hint = f"lacks migrations this version of TaskQ needs ({needed}): run `taskq migrate --dsn"
+    with psycopg.connect(pg_schema.dsn) as conn:
+        target: Any = pg_schema.dsn if own_connection else conn
+        with SyncJobsClient(target, actors=ACTORS, schema=pg_schema.name) as client:
+            with pytest.raises(ConfigurationError, match=re.escape(hint)):
+                client.enqueue(item, Item(n=1))
+            # A caller's transaction stays usable: the check failed, no statement.
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        conn.rollback()
+    record = (
+        "INSERT INTO {schema}.schema_migrations (version, checksum) VALUES (%s, repeat('0', 64))"
+    )
+    _ledger(pg_schema, record, needed)
+    _ledger(pg_schema, record, "99.00.00_50_post_drop_things.sql")
+    with psycopg.connect(pg_schema.dsn) as conn:
+        target = pg_schema.dsn if own_connection else conn
+        with (
+            SyncJobsClient(target, actors=ACTORS, schema=pg_schema.name) as client,
+            pytest.raises(ConfigurationError, match="migrated by a newer TaskQ .*99.00.00_50_post"),
+        ):
+            client.enqueue(item, Item(n=1))
+    with psycopg.connect(pg_schema.dsn) as conn:  # not the backend: it refuses the schema too
+        assert conn.execute(f"SELECT count(*) FROM {pg_schema.name}.jobs").fetchone() == (0,)
+
+
+def test_a_server_that_never_answers_is_given_up_on_as_the_backend_does() -> None:
+    # libpq's wait without a connect_timeout is psycopg's 130 s (a web request, and every
+    # thread sharing the client, stalled that long); the backend gives up after 10 s.
+    import socket
+
+    with socket.socket() as silent:  # accepts the connection, never answers the login
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailableError, match="cannot connect to PostgreSQL at"):
+            SyncJobsClient(f"postgresql://postgres@127.0.0.1:{port}/none", actors=ACTORS)
+        assert time.monotonic() - started < 20
+        # A DSN's own connect_timeout is the one libpq takes.
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailableError):
+            SyncJobsClient(
+                f"postgresql://postgres@127.0.0.1:{port}/none?connect_timeout=2", actors=ACTORS
+            )
+        assert time.monotonic() - started < 5
+
+
+def test_psycopgs_async_connection_is_refused_by_either_client_without_sending_to_the_other(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # Each sent the user to the other: SyncJobsClient to "TaskQ's JobsClient", whose
+    # enqueue_with_conn to "SyncJobsClient(conn, ...)" (which refused it first).
+    async def both() -> tuple[str, str]:
+        conn = await psycopg.AsyncConnection.connect(pg_pooled_schema.dsn)
+        backend = PostgresBackend(pg_pooled_schema.dsn, schema=pg_pooled_schema.name)
+        await backend.open()
+        try:
+            with pytest.raises(TypeError) as by_sync:
+                SyncJobsClient(conn, actors=ACTORS)  # type: ignore[arg-type]
+            with pytest.raises(TypeError) as by_async:
+                await backend.enqueue_with_conn(conn, EnqueueArgs(actor="a"))
+        finally:
+            await backend.close()
+            await conn.close()
+        return str(by_sync.value), str(by_async.value)
+
+    by_sync, by_async = asyncio.run(both())
+    for message in (by_sync, by_async):
+        assert "psycopg's AsyncConnection has no TaskQ client" in message, message
+        assert "asyncpg connection" in message, message
+    assert "SyncJobsClient(" not in by_async
+
+
+def test_the_applications_actors_are_taken_as_jobs_client_takes_them(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # TaskQ.actors (what JobsClient is built from) is a mapping: iterated, its names were
+    # refused as "'sync.item' is not an actor: decorate the function with @actor".
+    from taskq import TaskQ
+
+    tq = TaskQ("memory://", actors=ACTORS)
+    with SyncJobsClient(
+        pg_pooled_schema.dsn, actors=tq.actors, schema=pg_pooled_schema.name
+    ) as client:
+        row = client.enqueue(item, {"n": 1})
+    assert _stored(pg_pooled_schema, row.id) == [row]
+
+
+def test_clients_made_per_request_share_the_max_pending_limits_read(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # A web app makes a client per request, on the connection of the request (Django
+    # opens one per request by default): each read the limits again (a savepoint and a
+    # query before every enqueue), where JobsClient reads them once per cache period.
+    # Seen here by a lock on actor_config: a read waits on it, and fails open, warning.
+    dsn, schema = pg_pooled_schema.dsn, pg_pooled_schema.name
+    with psycopg.connect(dsn) as conn:
+        SyncJobsClient(conn, actors=ACTORS, schema=schema).enqueue(item, {"n": 1})
+        conn.commit()
+    with (
+        psycopg.connect(dsn) as locker,
+        psycopg.connect(dsn, options="-c lock_timeout=100") as conn,
+        structlog.testing.capture_logs() as logs,
+    ):
+        locker.execute(f"LOCK TABLE {schema}.actor_config IN ACCESS EXCLUSIVE MODE")
+        SyncJobsClient(conn, actors=ACTORS, schema=schema).enqueue(item, {"n": 2})
+        conn.commit()
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+    assert len(_stored(pg_pooled_schema)) == 2
+
+
+@pytest.mark.parametrize("behind_pooler", [False, True], ids=["direct", "pooler"])
+def test_the_clients_own_transactions_carry_the_backends_idle_limit(
+    pg_pooled_schema: PgSchema, behind_pooler: bool
+) -> None:
+    # "TaskQ's own transactions set their limit" (the backend's, 60 s): the client's
+    # carried none, so a producer frozen inside one (a singleton's, holding its
+    # identity's lock) blocked that identity's enqueues for good.
+    with (
+        SyncJobsClient(
+            pg_pooled_schema.dsn,
+            actors=ACTORS,
+            schema=pg_pooled_schema.name,
+            behind_pooler=behind_pooler,
+        ) as client,
+        client._turn() as cur,
+        client._atomic(cur),
+    ):
+        cur.execute("SHOW idle_in_transaction_session_timeout")
+        assert cur.fetchone() == {"idle_in_transaction_session_timeout": "1min"}

@@ -363,6 +363,29 @@ async def test_max_pending_read_failure_fails_open() -> None:
             await tq.client.enqueue(limited, {})
 
 
+async def test_a_limits_read_refused_for_want_of_configuration_is_raised_not_failed_open() -> None:
+    # A missing right (a ConfigurationError), a backend not open: the enqueue refused
+    # after a warning that the limits could not be read, or (a role that may insert
+    # jobs but not read actor_config) every enqueue went on unchecked, warning each
+    # time; SyncJobsClient raises there.
+    import structlog.testing
+
+    from taskq.errors import ConfigurationError
+
+    class Refused(InMemoryBackend):
+        async def get_actor_max_pending(self) -> dict[str, int | None]:
+            raise ConfigurationError("role 'app' lacks SELECT on table taskq.actor_config")
+
+    tq = TaskQ("memory://", actors=[limited], backend=Refused())
+    async with tq:
+        with (
+            structlog.testing.capture_logs() as logs,
+            pytest.raises(ConfigurationError, match="lacks SELECT"),
+        ):
+            await tq.client.enqueue(limited, {})
+    assert [e for e in logs if e["log_level"] == "warning"] == []
+
+
 async def test_a_backend_without_get_actor_max_pending_fails_loudly() -> None:
     class Old(InMemoryBackend):
         get_actor_max_pending = None  # type: ignore[assignment]

@@ -24,7 +24,12 @@ from taskq.args_builder import (
 from taskq.backend import Backend, Connection, SupportsPrune
 from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
 from taskq.batch_outcomes import apply_batch_child_ends
-from taskq.errors import JobFailedError, MaxPendingExceededError, ResultExpiredError
+from taskq.errors import (
+    ConfigurationError,
+    JobFailedError,
+    MaxPendingExceededError,
+    ResultExpiredError,
+)
 from taskq.models import (
     AttemptRow,
     BatchChildEnd,
@@ -49,7 +54,8 @@ class _CapacityCache:
 
     A backend that lacks ``get_actor_max_pending`` altogether is a protocol
     mismatch, not a hiccup: that fails loudly, since enforcing the code literals
-    forever in silence would hide it.
+    forever in silence would hide it. So does a read the backend refused with a
+    ``ConfigurationError`` (not open, an unmigrated schema, a missing right).
     """
 
     def __init__(self, backend: Backend, ttl: float) -> None:
@@ -68,6 +74,11 @@ class _CapacityCache:
             )
         try:
             read: Mapping[str, int | None] | Exception = await self._backend.get_actor_max_pending()
+        except ConfigurationError:
+            # No hiccup: a backend not open, a schema or a right missing, which the error
+            # says how to fix (failed open, the limits went unchecked for good), as
+            # SyncJobsClient judges it.
+            raise
         except Exception as exc:  # noqa: BLE001 - fails open, logged by update()
             read = exc
         return self._known.update(read)

@@ -95,6 +95,8 @@ from taskq.models import (
 )
 from taskq_postgres._bounded import BoundedPool, PinnedConnection
 from taskq_postgres._connect import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_IN_TRANSACTION,
     LEADER_ROLE,
     NOTIFY_ROLE,
     POSTGRES_SCHEMES,
@@ -111,9 +113,9 @@ from taskq_postgres._connect import (
     same_address,
     through_pooler,
     translated_errors,
-    unmigrated,
 )
 from taskq_postgres._enqueue import (
+    ASYNC_PSYCOPG,
     aborted,
     check_singletons,
     closed_connection,
@@ -121,6 +123,7 @@ from taskq_postgres._enqueue import (
     insert_jobs,
     insert_one,
     refuse_keyless_singletons,
+    run,
     singleton_lock_key,
 )
 from taskq_postgres._leader import LeaderStatements, PostgresLeaderElector
@@ -306,10 +309,17 @@ def _callers(conn: Any) -> Any:
     """A caller's connection, checked: an asyncpg one (or one from an asyncpg pool). Any
     other failed deep in a statement with a driver's AttributeError."""
     if not isinstance(conn, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy):
+        import psycopg  # only to say what to do: a caller of the asyncpg backend may lack it
+
+        hint = (
+            f"{ASYNC_PSYCOPG}; PostgresBackend.connection() lends an asyncpg one"
+            if isinstance(conn, psycopg.AsyncConnection)
+            else "for psycopg's, use taskq_postgres.SyncJobsClient(conn, actors=...)"
+        )
         raise TypeError(
             f"connection must be an asyncpg connection (asyncpg.Connection, or one acquired "
             f"from an asyncpg pool), not {type(conn).__module__}.{type(conn).__qualname__}: "
-            f"for psycopg's, use taskq_postgres.SyncJobsClient(conn, actors=...)"
+            f"{hint}"
         )
     return conn
 
@@ -431,8 +441,8 @@ class PostgresBackend:
         dispatch_oversample: int = 2,
         reclaim_event_visibility_delay: timedelta = timedelta(seconds=2),
         cancel_reclaim_headroom: timedelta = timedelta(seconds=60),
-        idle_in_transaction_session_timeout: timedelta | None = timedelta(seconds=60),
-        connect_timeout: timedelta = timedelta(seconds=10),
+        idle_in_transaction_session_timeout: timedelta | None = DEFAULT_IDLE_IN_TRANSACTION,
+        connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT,
         command_timeout: timedelta | None = None,
         instance_id: str | None = None,
         notify_health_check_interval: timedelta = timedelta(seconds=5),
@@ -685,30 +695,15 @@ class PostgresBackend:
         return connection_settings(role, self.instance_id, self.idle_in_transaction_session_timeout)
 
     async def _check_schema(self, pool: asyncpg.Pool[asyncpg.Record]) -> None:
-        """Refuse a schema this code cannot run on: one without TaskQ's tables, one
-        lacking a ``pre`` migration (the statements failed later, with a driver's
-        "column does not exist"), or one a newer TaskQ's ``post`` migration changed."""
-        from taskq_postgres._migrate import schema_fit
+        """Refuse a schema this code cannot run on (``plan_check_schema``)."""
+        from taskq_postgres._migrate import plan_check_schema
 
         async with pool.acquire() as conn:
+            checking = plan_check_schema(self._sql.schema_is_migrated, self.schema, self.direct_dsn)
             try:
-                if not await conn.fetchval(self._sql.schema_is_migrated):
-                    raise unmigrated(self.schema, self.direct_dsn)
-                fit = await schema_fit(conn, self.schema)
+                await run(conn, checking)
             except asyncpg.InsufficientPrivilegeError as exc:  # no USAGE on the schema, say
                 raise await diagnosed(conn, exc, schema=self.schema, dsn=self.dsn) from exc
-        if fit.missing:
-            raise unmigrated(self.schema, self.direct_dsn, fit.missing)
-        if fit.newer_post:
-            raise ConfigurationError(
-                f"schema {self.schema!r} in {redact(self.dsn)} was migrated by a newer TaskQ "
-                f"({', '.join(fit.newer_post)}), which may have removed what this version "
-                f"uses: upgrade taskq-postgres to run on it"
-            )
-        if fit.newer_pre:
-            _log.warning(
-                "taskq.schema-newer-than-code", schema=self.schema, migrations=fit.newer_pre
-            )
 
     async def _refused(self, exc: BaseException) -> InsufficientPrivilegeError:
         """The error for ``exc`` (a 42501), the missing rights asked on a pooled

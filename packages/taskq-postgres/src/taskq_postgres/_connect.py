@@ -28,6 +28,8 @@ from taskq._dsn import ports_read, redact
 from taskq.errors import ConfigurationError, TaskQError
 
 __all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_IDLE_IN_TRANSACTION",
     "POSTGRES_SCHEMES",
     "BackendUnavailableError",
     "LentConnections",
@@ -184,6 +186,14 @@ server answering ``HTTP/1.1 400``), and asks for SSL unless the DSN says otherwi
 
 _STATEMENT_CACHE_SIZE: Final = 100
 """asyncpg's default: the statements kept prepared per connection."""
+
+DEFAULT_CONNECT_TIMEOUT: Final = timedelta(seconds=10)
+"""How long TaskQ's own connections wait for a server to answer (per attempt): the
+backend's ``connect_timeout``, and ``SyncJobsClient``'s where its DSN gives none."""
+
+DEFAULT_IDLE_IN_TRANSACTION: Final = timedelta(seconds=60)
+"""How long a transaction of TaskQ's own may idle before the server ends it: the
+backend's ``idle_in_transaction_session_timeout``, and ``SyncJobsClient``'s."""
 
 _DIRECT_DSN_HINT: Final = (
     "give the backend the server's own address as direct_dsn (TASKQ_DIRECT_DSN), and the "

@@ -33,6 +33,7 @@ from taskq_postgres._sql.enqueue import COPY_COLUMNS, DECIDED_COLUMNS
 from taskq_postgres._statements import Statements
 
 __all__ = [
+    "ASYNC_PSYCOPG",
     "UNSET",
     "CopyFeed",
     "Plan",
@@ -118,6 +119,13 @@ def aborted(rollback: str) -> TransactionAbortedError:
         f"refuses every statement until it ends): nothing was enqueued; roll it back "
         f"({rollback}) first, then enqueue"
     )
+
+
+ASYNC_PSYCOPG: Final = (
+    "psycopg's AsyncConnection has no TaskQ client (enqueue_with_conn takes an asyncpg "
+    "connection, SyncJobsClient a psycopg.Connection)"
+)
+"""What either client says of a psycopg ``AsyncConnection``: neither takes one."""
 
 
 def closed_connection() -> BackendUnavailableError:

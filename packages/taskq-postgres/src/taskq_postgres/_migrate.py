@@ -29,8 +29,11 @@ import asyncpg
 import structlog
 from asyncpg.pool import PoolConnectionProxy
 
-from taskq.errors import TaskQError
+from taskq._dsn import redact
+from taskq.errors import ConfigurationError, TaskQError
 from taskq.identifiers import check_identifier, validate_schema_name
+from taskq_postgres._connect import unmigrated
+from taskq_postgres._enqueue import Plan, Query, run
 from taskq_postgres._privileges import InsufficientPrivilegeError, diagnosed
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "load_migrations",
     "migrate",
     "migration_status",
+    "plan_check_schema",
     "schema_fit",
 ]
 
@@ -308,12 +312,20 @@ async def _refused(
 
 
 async def _applied(conn: Connection, schema: str) -> dict[str, tuple[str, datetime]]:
-    exists = await conn.fetchval(
-        "SELECT to_regclass($1) IS NOT NULL", f"{check_identifier(schema)}.schema_migrations"
+    return await run(conn, _plan_applied(schema))
+
+
+def _plan_applied(schema: str) -> Plan[dict[str, tuple[str, datetime]]]:
+    """The ledger's rows (version: checksum, applied_at), as a plan (``_enqueue.run``,
+    or the sync client's on psycopg)."""
+    exists = yield Query(
+        "fetchval",
+        "SELECT to_regclass($1) IS NOT NULL",
+        (f"{check_identifier(schema)}.schema_migrations",),
     )
     if not exists:
         return {}
-    rows = await conn.fetch(_render(_SELECT_APPLIED_SQL, schema))
+    rows = yield Query("fetch", _render(_SELECT_APPLIED_SQL, schema), ())
     return {row["version"]: (row["checksum"], row["applied_at"]) for row in rows}
 
 
@@ -609,9 +621,13 @@ async def schema_fit(
 ) -> SchemaFit:
     """Compare the migrations applied to ``schema`` with this installation's; read-only.
     Pending ``post`` files are not missing: the code before them still runs."""
+    return await run(conn, _plan_schema_fit(schema, source))
+
+
+def _plan_schema_fit(schema: str, source: Traversable | None) -> Plan[SchemaFit]:
     schema = validate_schema_name(schema)
     migrations = load_migrations(source)
-    applied = await _applied(conn, schema)
+    applied = yield from _plan_applied(schema)
     known = {m.name for m in migrations}
     newer = sorted(applied.keys() - known)
     newer_post = [
@@ -622,3 +638,26 @@ async def schema_fit(
         newer_pre=[name for name in newer if name not in newer_post],
         newer_post=newer_post,
     )
+
+
+def plan_check_schema(is_migrated: str, schema: str, dsn: str | None) -> Plan[None]:
+    """Refuse a schema this code cannot run on: one without TaskQ's tables, one lacking a
+    ``pre`` migration (the statements failed later, with a driver's "column does not
+    exist"), or one a newer TaskQ's ``post`` migration changed; warn of a newer
+    ``pre`` one. ``is_migrated`` is the schema's ``SCHEMA_IS_MIGRATED``; ``dsn`` the
+    database the migrations run on (None: a caller's connection). A plan, run by the
+    backend at ``open()`` and by ``SyncJobsClient`` before its first enqueue."""
+    if not (yield Query("fetchval", is_migrated, ())):
+        raise unmigrated(schema, dsn)
+    fit = yield from _plan_schema_fit(schema, None)
+    if fit.missing:
+        raise unmigrated(schema, dsn, fit.missing)
+    if fit.newer_post:
+        where = "" if dsn is None else f" in {redact(dsn)}"
+        raise ConfigurationError(
+            f"schema {schema!r}{where} was migrated by a newer TaskQ "
+            f"({', '.join(fit.newer_post)}), which may have removed what this version "
+            f"uses: upgrade taskq-postgres to run on it"
+        )
+    if fit.newer_pre:
+        _log.warning("taskq.schema-newer-than-code", schema=schema, migrations=fit.newer_pre)

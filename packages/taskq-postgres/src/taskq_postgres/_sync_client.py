@@ -9,6 +9,7 @@ validation and ``max_pending`` check of ``JobsClient`` (``taskq.args_builder``).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections import Counter
@@ -41,13 +42,17 @@ from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
 from taskq.settings import WorkerSettings
 from taskq_postgres._connect import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_IN_TRANSACTION,
     check_dsn,
+    connection_settings,
     readable,
     same_address,
     translated_errors,
     unmigrated,
 )
 from taskq_postgres._enqueue import (
+    ASYNC_PSYCOPG,
     CopyFeed,
     Plan,
     TransactionAbortedError,
@@ -61,6 +66,7 @@ from taskq_postgres._enqueue import (
 from taskq_postgres._privileges import DIAGNOSE_SQL, Denial, InsufficientPrivilegeError
 from taskq_postgres._rows import job_row
 from taskq_postgres._sql.enqueue import COPY_COLUMNS
+from taskq_postgres._sql.reads import SET_IDLE_LIMIT
 from taskq_postgres._statements import statements_for
 from taskq_postgres.channels import wake_channel
 
@@ -70,8 +76,28 @@ _T = TypeVar("_T")
 
 _Cursor = psycopg.RawCursor[DictRow]
 
+_SYNC_ROLE: Final = "taskq-sync"
+"""Its own connection's ``application_name`` prefix."""
+
 _UNKNOWN_TYPE: Final = 0
 """The type oid psycopg looks a loader up under for a type it has none for."""
+
+_ASK_TIMEOUT: Final = 2
+"""Seconds a session opened only to ask which rights a role lacks may take to connect
+(libpq's least)."""
+
+_Where = tuple[str, int, str, str]
+"""A schema's (host, port, database, schema)."""
+
+_FITTING: Final[set[_Where]] = set()
+"""The schemas this process found fit to enqueue into (``plan_check_schema``): checked
+once, not on every client a request makes."""
+
+_LIMITS: Final[dict[tuple[_Where, float], MaxPendingLimits]] = {}
+"""The ``max_pending`` limits this process's clients read, per schema and cache period:
+shared, as an application's enqueues share JobsClient's, by the clients a web app
+makes per request (each read them again, a savepoint and a query before its enqueue).
+Threads may share one: a race reads the limits once more, or keeps the later read."""
 
 
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
@@ -91,7 +117,7 @@ class SyncJobsClient:
     whose transaction the jobs join (a savepoint where one is open; left open for
     the caller to commit; a singleton needs it READ COMMITTED). ``actors`` are the
     application's, which payloads are
-    validated against (``TaskQ.actors.values()``); ``schema`` the TaskQ schema.
+    validated against (``TaskQ.actors``, or its values); ``schema`` the TaskQ schema.
     ``poll_only`` sends no NOTIFY (as ``PostgresBackend(poll_only=True)``: for workers
     that poll, or to keep NOTIFY's commit lock off a heavy insert load); the fleet's
     ``TASKQ_POLL_ONLY``, when set, decides instead, as for an application's backend.
@@ -102,6 +128,10 @@ class SyncJobsClient:
     On a caller's connection ``max_pending`` counts what its transaction sees, its own
     jobs not committed yet among them (``JobsClient``, counting on its pool, sees the
     committed ones only): one transaction enqueueing past the limit is refused here.
+    A schema this code cannot run on (unmigrated, lacking a migration this version
+    needs, changed by a newer TaskQ) is refused at the first enqueue as
+    ``PostgresBackend.open()`` refuses it (a ``ConfigurationError``); checked once per
+    process and database.
     One client may be shared by threads: its calls take turns.
     """
 
@@ -109,25 +139,35 @@ class SyncJobsClient:
         self,
         target: str | psycopg.Connection[Any],
         *,
-        actors: Iterable[Actor[..., Any]],
+        actors: Iterable[Actor[..., Any]] | Mapping[str, Actor[..., Any]],
         schema: str = "taskq",
         max_pending_cache_ttl: float = 5.0,
         poll_only: bool = False,
         behind_pooler: bool | None = None,
     ) -> None:
         if not isinstance(target, str | psycopg.Connection):
+            if target is None:
+                hint = (
+                    "no connection yet: Django's connection.connection is None until it "
+                    "connects, call connection.ensure_connection() first"
+                )
+            elif isinstance(target, psycopg.AsyncConnection):
+                hint = f"{ASYNC_PSYCOPG}: from async code, use TaskQ's JobsClient"
+            else:
+                hint = "for asyncpg or async code, use TaskQ's JobsClient"
             raise TypeError(
                 f"SyncJobsClient takes a DSN string or a psycopg.Connection, not "
-                f"{type(target).__qualname__} (for asyncpg or async code, use TaskQ's "
-                f"JobsClient)"
+                f"{type(target).__qualname__} ({hint})"
             )
         self.schema = validate_schema_name(schema)
-        self._build = ArgsBuilder(actors_by_name(actors))
+        # A mapping (TaskQ.actors, what JobsClient takes) by its actors, not its names.
+        listed = actors.values() if isinstance(actors, Mapping) else actors
+        self._build = ArgsBuilder(actors_by_name(listed))
         self._sql = statements_for(self.schema)
         fleet = WorkerSettings.backend_options_from_env()
         quiet = fleet.get("poll_only", poll_only)
         self._channel = None if quiet else wake_channel(self.schema)
-        self._limits = MaxPendingLimits(max_pending_cache_ttl)
+        self._limits_ttl = max_pending_cache_ttl
         self._lock = threading.Lock()
         # A URL is checked as PostgresBackend checks it; libpq's key=value form as libpq does.
         url = isinstance(target, str) and url_scheme(target) is not None
@@ -138,6 +178,10 @@ class SyncJobsClient:
                 url and same_address(check_dsn(direct), cast(str, target))
             )
         self._behind_pooler = behind_pooler
+        # Its own connection's session settings, as the backend's pooled connections'.
+        self._settings = connection_settings(
+            _SYNC_ROLE, uuid4().hex[:12], DEFAULT_IDLE_IN_TRANSACTION
+        )
         self._conn = target if isinstance(target, psycopg.Connection) else self._connect()
         self._closed = False
 
@@ -247,7 +291,9 @@ class SyncJobsClient:
 
     def _max_pending(self, cur: _Cursor) -> Mapping[str, int | None]:
         """The fleet-wide ``max_pending`` limits (``MaxPendingLimits``: a failed read fails open)."""
-        limits = self._limits.cached()
+        key = (self._where(), self._limits_ttl)
+        known = _LIMITS.get(key) or _LIMITS.setdefault(key, MaxPendingLimits(self._limits_ttl))
+        limits = known.cached()
         if limits is not None:
             return limits
         try:
@@ -269,7 +315,7 @@ class SyncJobsClient:
             if self._conn.closed or self._conn.broken:
                 raise  # no enqueue can follow on it: the loss, not a limits read, is news
             read = exc
-        return self._limits.update(read)
+        return known.update(read)
 
     @contextmanager
     def _atomic(self, cur: _Cursor) -> Iterator[None]:
@@ -281,6 +327,11 @@ class SyncJobsClient:
             # and COMMIT one of its own. A first statement opens the caller's, as any does.
             cur.execute("SELECT 1")
         with conn.transaction():
+            if self._behind_pooler and self._dsn is not None:
+                # A transaction of its own: the idle limit no pooler passes, as the
+                # backend's own transactions set it there.
+                limit = self._settings["idle_in_transaction_session_timeout"]
+                cur.execute(SET_IDLE_LIMIT, (limit,))
             yield
 
     def _connect(self) -> psycopg.Connection[Any]:
@@ -292,26 +343,38 @@ class SyncJobsClient:
             behind_pooler="pass SyncJobsClient(..., behind_pooler=True), or set "
             "TASKQ_DIRECT_DSN for the fleet",
         ):
-            name = f"taskq-sync/{uuid4().hex[:12]}"
+            settings = dict(self._settings)
+            name = settings.pop("application_name")
+            # As the backend waits for a server (libpq's default, in psycopg: 130 s),
+            # unless the DSN (or PGCONNECT_TIMEOUT) says how long.
+            given = conninfo_to_dict(self._dsn)
+            timeout: dict[str, Any] = {}
+            if given.get("connect_timeout") is None and not os.environ.get("PGCONNECT_TIMEOUT"):
+                timeout["connect_timeout"] = math.ceil(DEFAULT_CONNECT_TIMEOUT.total_seconds())
             if self._behind_pooler:
                 # A pooler passes no options and runs each statement on any server
-                # session. The enqueue statements need no TimeZone: they add seconds.
+                # session. The enqueue statements need no TimeZone: they add seconds;
+                # its transactions set their idle limit (_atomic).
                 conn = psycopg.connect(
-                    self._dsn, autocommit=True, application_name=name, prepare_threshold=None
+                    self._dsn,
+                    autocommit=True,
+                    application_name=name,
+                    prepare_threshold=None,
+                    **timeout,
                 )
             else:
                 # Durations added on TaskQ's own connections are exact (see
                 # PostgresBackend). Added to the DSN's own options (or PGOPTIONS'): libpq
                 # takes one string, and a keyword argument would replace them (a
                 # statement_timeout, a role's search_path).
-                given = conninfo_to_dict(self._dsn).get("options") or os.environ.get(
-                    "PGOPTIONS", ""
-                )
+                options = str(given.get("options") or os.environ.get("PGOPTIONS", ""))
+                ours = " ".join(f"-c {k}={v}" for k, v in settings.items())
                 conn = psycopg.connect(
                     self._dsn,
                     autocommit=True,
                     application_name=name,
-                    options=f"{given} -c TimeZone=UTC -c jit=off".strip(),
+                    options=f"{options} {ours}".strip(),
+                    **timeout,
                 )
         # Its own transactions: stated, not the server's default (the singleton check
         # needs a fresh snapshot per statement).
@@ -354,11 +417,29 @@ class SyncJobsClient:
                 # label, as text results give them, not as bytes.
                 cur.adapters.register_loader(_UNKNOWN_TYPE, TextBinaryLoader)
                 try:
+                    self._check_schema(cur)
                     yield cur
                 except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as exc:
                     raise unmigrated(self.schema, self._dsn) from exc
                 except psycopg.errors.InsufficientPrivilege as exc:
                     raise self._refused(exc) from exc
+
+    def _where(self) -> _Where:
+        info = self._conn.info
+        return (info.host, info.port, info.dbname, self.schema)
+
+    def _check_schema(self, cur: _Cursor) -> None:
+        """Refuse a schema this code cannot run on, as ``PostgresBackend.open()`` does (one
+        lacking a migration this version needs, one a newer TaskQ changed); in a
+        savepoint on a caller's transaction, which a refusal leaves usable."""
+        where = self._where()
+        if where in _FITTING:
+            return
+        from taskq_postgres._migrate import plan_check_schema
+
+        with self._atomic(cur):
+            _run(cur, plan_check_schema(self._sql.schema_is_migrated, self.schema, self._dsn))
+        _FITTING.add(where)
 
     def _refused(self, exc: psycopg.errors.InsufficientPrivilege) -> InsufficientPrivilegeError:
         """``exc`` as :class:`~taskq_postgres.InsufficientPrivilegeError`, the missing rights
@@ -367,17 +448,35 @@ class SyncJobsClient:
         role, missing = self._conn.info.user, None
         question = denial.question()
         if question is not None:
-            # In a savepoint: a failed question must not abort a caller's transaction.
             with (
                 suppress(psycopg.Error),
-                self._conn.transaction(),
-                psycopg.RawCursor(self._conn) as cur,
+                self._asking() as conn,
+                psycopg.RawCursor(conn) as cur,
             ):
                 cur.execute(DIAGNOSE_SQL, question)
                 row = cur.fetchone()
                 if row is not None:
                     role, missing = row[0], list(row[1])
         return denial.error(role, missing)
+
+    @contextmanager
+    def _asking(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection to ask the server a question on: the client's, in a savepoint (a
+        failed question must not abort a caller's transaction); where the refusal
+        aborted a caller's transaction, a short session of its own, with the caller's
+        connection parameters (as the backend asks on its pool, not on the caller's)."""
+        conn = self._conn
+        if conn.info.transaction_status != TransactionStatus.INERROR:
+            with conn.transaction():
+                yield conn
+            return
+        params: dict[str, Any] = {
+            **conn.info.get_parameters(),
+            "password": conn.info.password,
+            "connect_timeout": _ASK_TIMEOUT,
+        }
+        with psycopg.connect(**params, autocommit=True) as own:
+            yield own
 
     # -- lifetime -------------------------------------------------------------------
     def close(self) -> None:

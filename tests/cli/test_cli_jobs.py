@@ -241,3 +241,16 @@ def test_output_that_cannot_be_written_is_not_blamed_on_the_database(cli: Cli) -
     assert result.returncode != 0
     assert "the database failed" not in result.stderr
     assert "No space left on device" in result.stderr
+
+
+def test_text_a_terminals_encoding_cannot_hold_is_escaped_not_a_traceback(cli: Cli) -> None:
+    # On a latin-1 (or Windows cp1252) stdout, a queue name or payload in another script
+    # raised UnicodeEncodeError: a traceback, and the list not shown.
+    [row] = cli.seed(("nap", {"tag": "日本"}, {"queue": "キュー"}))
+    env = cli.env(PYTHONIOENCODING="latin-1")
+    for args in (("jobs", "list"), ("jobs", "show", str(row.id))):
+        result = run("taskq", *args, env=env)
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr
+        assert "\\u30ad\\u30e5\\u30fc" in result.stdout  # キュー
+        assert str(row.id) in result.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -126,6 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure_logging()
     route_stdlib_logging()
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        # Stored text (a queue name, a payload) is anyone's: on a stdout whose encoding
+        # cannot hold it (a latin-1 locale, a Windows file redirect) a character it
+        # lacks is escaped, as on stderr, not a traceback that printed nothing.
+        sys.stdout.reconfigure(errors="backslashreplace")
     registry = _collect_commands()
     missing = _missing_command(registry, sys.argv[1:] if argv is None else argv)
     if missing is not None:

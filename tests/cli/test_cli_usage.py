@@ -178,3 +178,23 @@ def test_an_empty_schema_is_refused_not_replaced_by_the_default(args: list[str])
     assert result.returncode == 1
     [line] = result.stderr.strip().splitlines()
     assert ": error: --schema: invalid SQL identifier ''" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["jobs", "list", "--actor", "n\udcff"],
+        ["jobs", "list", "--queue", "q\udcff"],
+        ["schedules", "list", "--actor", "n\udcff"],
+    ],
+    ids=["jobs list --actor", "jobs list --queue", "schedules list --actor"],
+)
+def test_a_name_of_undecodable_bytes_is_a_usage_error_not_a_traceback(args: list[str]) -> None:
+    # b"\xff" in argv reaches Python as a lone surrogate: JobFilter's validation error
+    # (jobs list) and the driver's encoding error (schedules list) came out as tracebacks.
+    result = run("taskq", *args, "--dsn", "postgresql://u@127.0.0.1:1/x", env=clean_env())
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert f"taskq {args[0]} list: error: argument {args[2]}: must be valid Unicode text" in (
+        result.stderr
+    )

@@ -19,6 +19,7 @@ from uuid import UUID
 
 from taskq._dsn import resolve_schema
 from taskq.backend.statemachine import JobStatus
+from taskq.cli._inputs import name_argument
 from taskq.errors import TaskQError
 
 if TYPE_CHECKING:
@@ -94,8 +95,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "--active", action="store_true", help="only jobs still pending, scheduled or running"
     )
     which.add_argument("--finished", action="store_true", help="only jobs in a terminal status")
-    listing.add_argument("--actor", help="only jobs of this actor")
-    listing.add_argument("--queue", help="only jobs on this queue")
+    listing.add_argument("--actor", type=name_argument, help="only jobs of this actor")
+    listing.add_argument("--queue", type=name_argument, help="only jobs on this queue")
     listing.add_argument(
         "--limit", type=_limit, default=100, help="show at most N jobs (default: 100)"
     )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from taskq.backend import SupportsCron
-from taskq.cli._inputs import json_argument
+from taskq.cli._inputs import json_argument, name_argument
 from taskq.cli._jobs_cmd import add_connection_options, connect_backend
 from taskq.errors import TaskQError
 
@@ -66,7 +66,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "list", help="list schedules by name", description="List cron schedules by name."
     )
     add_connection_options(listing)
-    listing.add_argument("--actor", help="only this actor's schedules")
+    listing.add_argument("--actor", type=name_argument, help="only this actor's schedules")
     listing.add_argument("--json", action="store_true", help="print a JSON array for scripts")
     listing.set_defaults(_schedules_run=_list)
 

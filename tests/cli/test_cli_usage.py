@@ -108,6 +108,10 @@ def test_no_dsn_anywhere_says_how_to_give_one(args: list[str]) -> None:
         (["jobs", "list", "--dsn", "postgresql://[::1/x"], "invalid DSN"),
         (["enqueue", APP, "nap", "{}", "--dsn", "postgresql://[::1/x"], "invalid DSN"),
         (["migrate", "--dsn", "postgresql://u@127.0.0.1:99999/x"], "Port out of range"),
+        # Bytes the locale cannot decode (a lone surrogate): asyncpg's traceback, from
+        # inside its connect, in every command.
+        (["jobs", "list", "--dsn", "postgresql://u@127.0.0.1:1/\udcff"], "not UTF-8 text"),
+        (["migrate", "--dsn", "postgresql://u:p\udcff@127.0.0.1:1/x"], "not UTF-8 text"),
     ],
     ids=" ".join,
 )

@@ -159,3 +159,31 @@ def test_app_checks_the_actor_payload_and_queue_up_front(cli: Cli) -> None:
     assert made.returncode == 0, made.stderr  # with a warning: no worker runs it here
     other = _created_id(made.stdout)
     assert "not one of" in error_line(cli.taskq("schedules", "update", other, "--disable", *app))
+
+
+def test_a_schedule_change_the_database_gave_up_on_points_at_schedules_list(cli: Cli) -> None:
+    # It said "a change it was making may have been made: `taskq jobs list` shows",
+    # which lists no schedule.
+    import psycopg
+    from psycopg import sql
+
+    _registered(cli, "nap")
+    separator = "&" if "?" in cli.pg.dsn else "?"
+    bounded = f"{cli.pg.dsn}{separator}lock_timeout=100"
+    with psycopg.connect(cli.pg.dsn) as holder:
+        holder.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier(cli.pg.name, "schedules")
+            )
+        )
+        result = run(
+            "taskq", "schedules", "create", "held", "nap", "* * * * *",
+            env=clean_env(TASKQ_DSN=bounded, TASKQ_SCHEMA=cli.pg.name),
+        )  # fmt: skip
+        holder.rollback()
+    line = error_line(result)
+    assert "LockNotAvailableError" in line
+    assert line.endswith(
+        "(a change it was making may have been made: `taskq schedules list` shows)"
+    )
+    assert cli.json("schedules", "list") == []

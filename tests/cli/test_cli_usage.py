@@ -202,3 +202,23 @@ def test_a_name_of_undecodable_bytes_is_a_usage_error_not_a_traceback(args: list
     assert f"taskq {args[0]} list: error: argument {args[2]}: must be valid Unicode text" in (
         result.stderr
     )
+
+
+def test_schedules_create_help_places_the_seconds_field_as_croniter_reads_it() -> None:
+    # "(a 6th field: seconds)" read as Quartz's seconds-first layout: '*/10 * * * * *'
+    # for "every 10 seconds" fired every second of every tenth minute.
+    import re
+    from datetime import UTC, datetime, timedelta
+
+    from taskq.backend.cron import next_fire_at
+
+    result = run("taskq", "schedules", "create", "--help", env=clean_env())
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "a 6th field, after the day of the week, gives seconds" in text
+    found = re.search(r"'([^']+)' is every 10 seconds", text)
+    assert found is not None, text
+    start = datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
+    first = next_fire_at(found.group(1), "UTC", start)
+    assert first is not None
+    assert next_fire_at(found.group(1), "UTC", first) == first + timedelta(seconds=10)

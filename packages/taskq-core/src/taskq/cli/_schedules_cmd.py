@@ -79,7 +79,10 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     create.add_argument("name", metavar="NAME", help="a unique name for the schedule")
     create.add_argument("actor", metavar="ACTOR", help="the actor each slot enqueues")
     create.add_argument(
-        "cron", metavar="CRON", help="cron expression, e.g. '*/5 * * * *' (a 6th field: seconds)"
+        "cron",
+        metavar="CRON",
+        help="cron expression, e.g. '*/5 * * * *'; a 6th field, after the day of the week, "
+        "gives seconds: '* * * * * */10' is every 10 seconds",
     )
     create.add_argument("--payload", help="the jobs' payload as a JSON object (default: {})")
     create.add_argument("--queue", help="the jobs' queue (default: the actor's)")

@@ -104,8 +104,14 @@ def test_refusals_are_one_line_errors(cli: Cli) -> None:
         ("create", "once", "nap", "* * * * *"): "a schedule named 'once' already exists",
         ("create", "bad", "nap", "not cron"): "cron: invalid cron expression 'not cron'",
         ("create", "bad", "nap", "* * * * *", "--timezone", "Mars/Olympus"): (
-            "timezone: unknown timezone 'Mars/Olympus'"
+            "timezone: unknown timezone 'Mars/Olympus': name an IANA zone (e.g. 'Europe/Paris') "
+            "or 'UTC'"
         ),
+        # Zone names are case-sensitive: it said "unknown timezone 'utc'", and no more.
+        ("create", "bad", "nap", "* * * * *", "--timezone", "europe/paris"): (
+            "timezone: unknown timezone 'europe/paris': did you mean 'Europe/Paris'?"
+        ),
+        ("update", schedule_id, "--timezone", "utc"): "did you mean 'UTC'?",
         ("create", "bad", "nap", "* * * * *", "--payload", "{oops"): "--payload is not valid JSON",
         ("create", "bad", "nap", "* * * * *", "--payload", "[1]"): (
             "--payload must be a JSON object"

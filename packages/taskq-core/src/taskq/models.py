@@ -756,7 +756,20 @@ def _check_timezone(value: str) -> str:
     try:
         ZoneInfo(value)
     except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"unknown timezone {value!r}") from None
+        from zoneinfo import available_timezones
+
+        # Zone names are case-sensitive: 'utc' or 'europe/paris' said only "unknown".
+        same = sorted(
+            zone
+            for zone in available_timezones()
+            if zone.casefold() == value.casefold() and zone.casefold() not in _HOST_ZONES
+        )
+        hint = (
+            f"did you mean {same[0]!r}?"
+            if same
+            else "name an IANA zone (e.g. 'Europe/Paris') or 'UTC'"
+        )
+        raise ValueError(f"unknown timezone {value!r}: {hint}") from None
     return value
 
 

@@ -102,7 +102,10 @@ def test_refusals_are_one_line_errors(cli: Cli) -> None:
 
     cases = {
         ("create", "once", "nap", "* * * * *"): "a schedule named 'once' already exists",
-        ("create", "bad", "nap", "not cron"): "cron: invalid cron expression 'not cron'",
+        ("create", "bad", "nap", "not cron"): (
+            "cron: invalid cron expression 'not cron': expected minute hour day-of-month "
+            "month day-of-week, e.g. '*/5 * * * *'"
+        ),
         ("create", "bad", "nap", "* * * * *", "--timezone", "Mars/Olympus"): (
             "timezone: unknown timezone 'Mars/Olympus': name an IANA zone (e.g. 'Europe/Paris') "
             "or 'UTC'"

@@ -715,7 +715,10 @@ def _check_cron(value: str) -> str:
     from croniter import CroniterBadDateError, croniter
 
     if not croniter.is_valid(value):
-        raise ValueError(f"invalid cron expression {value!r}")
+        raise ValueError(
+            f"invalid cron expression {value!r}: expected minute hour day-of-month month "
+            f"day-of-week, e.g. '*/5 * * * *' (a 6th field gives seconds, a 7th the year)"
+        )
     if any(RANDOM_CRON_FIELD.match(field) for field in value.split()):
         # croniter draws the value again at each computation of the next slot: "R 3 * * *"
         # fired at two or three random minutes of 03:00 each night, not at one.

@@ -222,3 +222,26 @@ def test_schedules_create_help_places_the_seconds_field_as_croniter_reads_it() -
     first = next_fire_at(found.group(1), "UTC", start)
     assert first is not None
     assert next_fire_at(found.group(1), "UTC", first) == first + timedelta(seconds=10)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["jobs", "list"],
+        ["jobs", "cancel", "0" * 32],
+        ["schedules", "list"],
+        ["enqueue", APP, "nap", "{}"],
+        ["migrate", "--status"],
+    ],
+    ids=" ".join,
+)
+def test_an_empty_dsn_is_refused_not_replaced_by_the_environments(args: list[str]) -> None:
+    # `--dsn "$PROD_URL"` with the variable unset acted on TASKQ_DSN's database (or
+    # started an embedded server) in silence, where an empty --schema is refused.
+    elsewhere = "postgresql://u@127.0.0.1:1/elsewhere"
+    env = clean_env(TASKQ_DSN=elsewhere, TASKQ_DIRECT_DSN=elsewhere)
+    result = run("taskq", *args, "--dsn", "", env=env)
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert ": error: --dsn is empty: give a database URL" in line
+    assert "elsewhere" not in line

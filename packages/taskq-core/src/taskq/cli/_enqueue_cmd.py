@@ -91,7 +91,9 @@ def _target(app: TaskQ, schema_flag: str | None, dsn_flag: str | None) -> TaskQ:
     # that is memory://, which would vanish with this process.
     app_url = None if urlsplit(app.url).scheme == "memory" else app.url
     return TaskQ(
-        resolve_shared_dsn(dsn_flag or os.environ.get("TASKQ_DSN") or app_url),
+        resolve_shared_dsn(
+            dsn_flag if dsn_flag is not None else (os.environ.get("TASKQ_DSN") or app_url)
+        ),
         schema=schema,
         actors=app.actors.values(),
         providers=app.providers,

@@ -254,3 +254,22 @@ def test_text_a_terminals_encoding_cannot_hold_is_escaped_not_a_traceback(cli: C
         assert "Traceback" not in result.stderr
         assert "\\u30ad\\u30e5\\u30fc" in result.stdout  # キュー
         assert str(row.id) in result.stdout
+
+
+def test_columns_stay_aligned_after_wide_and_combining_characters(cli: Cli) -> None:
+    # Widths were counted in characters: a queue in CJK (two columns a character) or
+    # with a combining accent (none) pushed the columns after it out of line.
+    import unicodedata
+
+    def columns(text: str) -> int:
+        return sum(
+            0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+            for c in text
+        )
+
+    cli.seed(("nap", {}, {"queue": "キュー"}), ("nap", {}, {"queue": "cafe\u0301"}))
+    header, *lines = cli.ok("jobs", "list", "--active").splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        before_status = line[: line.index("pending")]
+        assert columns(before_status) == header.index("status"), line

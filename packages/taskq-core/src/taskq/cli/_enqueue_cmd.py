@@ -80,7 +80,10 @@ def _payload(text: str) -> Any:
 
 
 def _target(app: TaskQ, schema_flag: str | None, dsn_flag: str | None) -> TaskQ:
-    """``app``'s actors, providers and queues on the database the options name."""
+    """``app``'s actors, providers, queues and backend options on the database the
+    options name (the options as taskq-worker keeps them: a password or password_file
+    given in code, a direct_dsn behind a pooler, were dropped, and the command connected
+    without them)."""
     from urllib.parse import urlsplit
 
     from taskq._dsn import resolve_shared_dsn
@@ -98,6 +101,7 @@ def _target(app: TaskQ, schema_flag: str | None, dsn_flag: str | None) -> TaskQ:
         actors=app.actors.values(),
         providers=app.providers,
         queues=app.queues,
+        **app.backend_options,
     )
 
 

@@ -273,3 +273,35 @@ def test_columns_stay_aligned_after_wide_and_combining_characters(cli: Cli) -> N
     for line in lines:
         before_status = line[: line.index("pending")]
         assert columns(before_status) == header.index("status"), line
+
+
+def test_a_running_job_that_ends_as_its_cancel_is_requested_is_not_said_to_see_it(
+    cli: Cli,
+) -> None:
+    # The request landed on a running job that then ended before the command read it
+    # back: "cancel requested for job ... (succeeded): its actor sees ctx.cancel_event",
+    # of an actor that had returned. A trigger ends the job right after the request.
+    import psycopg
+    from psycopg import sql
+
+    [job] = cli.seed(("nap_sync", {}, {}))
+    [row] = cli.on_backend(lambda b: b.dispatch_batch(uuid4(), ["other"], 1, timedelta(minutes=5)))
+    assert row.id == job.id
+    jobs = sql.Identifier(cli.pg.name, "jobs")
+    with psycopg.connect(cli.pg.dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "UPDATE {jobs} SET status = 'succeeded', finished_at = clock_timestamp() "
+                "WHERE id = NEW.id; RETURN NULL; END $$"
+            ).format(fn=sql.Identifier(cli.pg.name, "end_on_request"), jobs=jobs)
+        )
+        conn.execute(
+            sql.SQL(
+                "CREATE TRIGGER end_on_request AFTER UPDATE OF cancel_requested_at ON {jobs} "
+                "FOR EACH ROW WHEN (NEW.status = 'running') EXECUTE FUNCTION {fn}()"
+            ).format(jobs=jobs, fn=sql.Identifier(cli.pg.name, "end_on_request"))
+        )
+    said = cli.ok("jobs", "cancel", str(job.id))
+    assert said == f"cancel requested for job {job.id}, but it ended succeeded first\n"
+    assert cli.json("jobs", "show", str(job.id))["job"]["status"] == "succeeded"

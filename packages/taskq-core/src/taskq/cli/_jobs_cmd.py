@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 from uuid import UUID
 
 from taskq._dsn import resolve_schema
-from taskq.backend.statemachine import JobStatus
+from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
 from taskq.cli._inputs import name_argument
 from taskq.errors import TaskQError
 
@@ -389,6 +389,9 @@ async def _cancel(args: argparse.Namespace) -> int:
         row = await _existing(client, job_id)
     if row.status is JobStatus.CANCELLED:
         print(f"job {job_id} cancelled")
+    elif row.status in TERMINAL_STATUSES:
+        # It ended between the request and this read: no actor will see the request.
+        print(f"cancel requested for job {job_id}, but it ended {row.status.value} first")
     else:
         print(
             f"cancel requested for job {job_id} ({row.status.value}): "

@@ -55,8 +55,18 @@ def test_options_reach_the_job(cli: Cli) -> None:
     delay = datetime.fromisoformat(row["scheduled_at"]) - datetime.fromisoformat(row["created_at"])
     assert timedelta(minutes=59) < delay <= timedelta(hours=1, seconds=1)
 
-    again = cli.ok(*args, "--idempotency-key", "k1")
-    assert again.strip() == row["id"]
+    # The same key again: the stored job's id, and on stderr that nothing new was
+    # enqueued (the id alone read as a new job, its payload dropped in silence).
+    again = cli.taskq(*args[:3], '{"seconds": 9}', "--idempotency-key", "k1")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == row["id"]
+    assert again.stderr == (
+        f"taskq enqueue: job {row['id']} (scheduled) already had idempotency key 'k1': "
+        f"nothing new was enqueued, and that job keeps its own payload and options\n"
+    )
+    assert cli.json("jobs", "show", row["id"])["job"]["payload"] == {"seconds": 0.5, "tag": ""}
+    # A new key is a new job, with nothing said.
+    assert cli.ok(*args, "--idempotency-key", "k2").strip() != row["id"]
 
 
 def test_bad_input_is_one_line_and_enqueues_nothing(cli: Cli) -> None:

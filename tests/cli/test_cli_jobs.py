@@ -108,7 +108,13 @@ def test_show_retry_and_refusals_after_a_worker_ran(cli: Cli) -> None:
     assert shown["events"][-1]["detail"]["to_state"] == "failed"
 
     assert cli.ok("jobs", "retry", str(failed.id)) == f"job {failed.id} is pending again\n"
-    assert cli.json("jobs", "show", str(failed.id))["job"]["status"] == "pending"
+    retried = cli.json("jobs", "show", str(failed.id))["job"]
+    assert retried["status"] == "pending"
+    # One more attempt, as its help says (it said nothing of how many).
+    assert (retried["attempt"], retried["max_attempts"]) == (3, 4)
+    assert "gets one more (not a new max_attempts)" in " ".join(
+        cli.ok("jobs", "retry", "--help").split()
+    )
 
     refused = error_line(cli.taskq("jobs", "retry", str(succeeded.id)))
     assert f"job {succeeded.id} cannot be retried: it is succeeded" in refused

@@ -118,7 +118,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     retry = actions.add_parser(
         "retry",
         help="run a failed, crashed, cancelled or abandoned job again",
-        description="Give a failed, crashed, cancelled or abandoned job a new life as pending.",
+        description="Give a failed, crashed, cancelled or abandoned job a new life as pending; "
+        "a job that used all its attempts gets one more (not a new max_attempts).",
     )
     _add_job_id(retry)
     add_connection_options(retry)

@@ -196,3 +196,22 @@ def test_a_schedule_change_the_database_gave_up_on_points_at_schedules_list(cli:
         "(a change it was making may have been made: `taskq schedules list` shows)"
     )
     assert cli.json("schedules", "list") == []
+
+
+def test_a_stored_schedule_name_is_escaped_where_a_change_names_it(cli: Cli) -> None:
+    # `schedules list` escaped a name's control characters, but `update` printed the
+    # stored name raw: '\x1b[2J' cleared the operator's terminal, '\x1b]0;...\x07'
+    # retitled it.
+    from taskq.models import ScheduleCreateArgs
+
+    name = "nightly\x1b]0;PWNED\x07\x1b[2J"
+    created = cli.on_backend(
+        lambda b: b.create_schedule(
+            ScheduleCreateArgs(name=name, actor="nap", cron="* * * * *", enabled=False)
+        )
+    )
+    said = cli.ok("schedules", "update", str(created.id), "--cron", "0 * * * *")
+    assert said == "schedule nightly\\x1b]0;PWNED\\x07\\x1b[2J updated\n"
+    made = cli.taskq("schedules", "create", "tab\tbed\x1b[31m", "nap", "* * * * *", "--disabled")
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("schedule tab bed\\x1b[31m created: id ")

@@ -214,7 +214,7 @@ async def _list(args: argparse.Namespace) -> int:
 
 
 async def _create(args: argparse.Namespace) -> int:
-    from taskq.cli._output import format_time
+    from taskq.cli._output import compact, format_time
     from taskq.models import ScheduleCreateArgs
 
     create = _validated(
@@ -246,11 +246,12 @@ async def _create(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     when = f"next fire {format_time(schedule.next_fire_at)}" if schedule.enabled else "disabled"
-    print(f"schedule {schedule.name} created: id {schedule.id}, {when}")
+    print(f"schedule {compact(schedule.name)} created: id {schedule.id}, {when}")
     return 0
 
 
 async def _update(args: argparse.Namespace) -> int:
+    from taskq.cli._output import compact
     from taskq.models import ScheduleUpdateArgs
 
     schedule_id = _schedule_id(args.schedule_id)
@@ -284,7 +285,7 @@ async def _update(args: argparse.Namespace) -> int:
                 if current is not None and current.actor not in checked.actors:
                     # Another application's actor: nothing here to check it against.
                     raise ScheduleCommandError(
-                        f"schedule {current.name}'s actor {current.actor!r} is not one of "
+                        f"schedule {compact(current.name)}'s actor {current.actor!r} is not one of "
                         f"{args.app}'s actors: name the application that defines it"
                     )
                 # A new payload or queue is checked against the schedule's actor.
@@ -294,7 +295,8 @@ async def _update(args: argparse.Namespace) -> int:
             raise ScheduleCommandError(f"no schedule {schedule_id}") from None
         except ValueError as exc:  # a cron that never fires again, as create says it
             raise ScheduleCommandError(str(exc)) from None
-    print(f"schedule {schedule.name} updated")
+    # The stored name is anyone's text: escaped, as `schedules list` shows it.
+    print(f"schedule {compact(schedule.name)} updated")
     return 0
 
 

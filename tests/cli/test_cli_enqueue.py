@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from pathlib import Path
 from uuid import UUID
 
 import pytest
@@ -54,8 +55,18 @@ def test_options_reach_the_job(cli: Cli) -> None:
     delay = datetime.fromisoformat(row["scheduled_at"]) - datetime.fromisoformat(row["created_at"])
     assert timedelta(minutes=59) < delay <= timedelta(hours=1, seconds=1)
 
-    again = cli.ok(*args, "--idempotency-key", "k1")
-    assert again.strip() == row["id"]
+    # The same key again: the stored job's id, and on stderr that nothing new was
+    # enqueued (the id alone read as a new job, its payload dropped in silence).
+    again = cli.taskq(*args[:3], '{"seconds": 9}', "--idempotency-key", "k1")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == row["id"]
+    assert again.stderr == (
+        f"taskq enqueue: job {row['id']} (scheduled) already had idempotency key 'k1': "
+        f"nothing new was enqueued, and that job keeps its own payload and options\n"
+    )
+    assert cli.json("jobs", "show", row["id"])["job"]["payload"] == {"seconds": 0.5, "tag": ""}
+    # A new key is a new job, with nothing said.
+    assert cli.ok(*args, "--idempotency-key", "k2").strip() != row["id"]
 
 
 def test_bad_input_is_one_line_and_enqueues_nothing(cli: Cli) -> None:
@@ -80,3 +91,32 @@ def test_bad_input_is_one_line_and_enqueues_nothing(cli: Cli) -> None:
     bad_schema = run("taskq", "jobs", "list", env={**cli.env(), "TASKQ_SCHEMA": "bad-x"})
     assert "error: TASKQ_SCHEMA: invalid SQL identifier 'bad-x'" in error_line(bad_schema)
     assert cli.ok("jobs", "list") == "no jobs\n"
+
+
+def test_the_applications_backend_options_reach_the_enqueue(cli: Cli, tmp_path: Path) -> None:
+    # The command rebuilt the application on its URL without the options its code gave
+    # the backend (a password, password_file or direct_dsn): against a server that asks
+    # for the password, `taskq enqueue` was refused where the worker was not. Here the
+    # password is a callable, which the driver calls when it connects.
+    marker = tmp_path / "asked"
+    (tmp_path / "app_with_password.py").write_text(
+        "import os\n"
+        "from pathlib import Path\n"
+        "from taskq import TaskQ\n"
+        "from tests.apps.basic import nap\n"
+        "def password() -> str:\n"
+        "    Path(os.environ['PASSWORD_ASKED']).write_text('yes')\n"
+        "    return 'unused'\n"
+        "tq = TaskQ(os.environ['APP_DSN'], schema=os.environ['APP_SCHEMA'], actors=[nap],\n"
+        "           password=password)\n"
+    )
+    env = clean_env(
+        PYTHONPATH=str(tmp_path),
+        APP_DSN=cli.pg.dsn,
+        APP_SCHEMA=cli.pg.name,
+        PASSWORD_ASKED=str(marker),
+    )
+    result = run("taskq", "enqueue", "app_with_password:tq", "nap", "{}", env=env)
+    assert result.returncode == 0, result.stderr
+    assert marker.read_text() == "yes"
+    assert cli.json("jobs", "list")[0]["id"] == result.stdout.strip()

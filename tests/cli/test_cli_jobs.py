@@ -108,7 +108,13 @@ def test_show_retry_and_refusals_after_a_worker_ran(cli: Cli) -> None:
     assert shown["events"][-1]["detail"]["to_state"] == "failed"
 
     assert cli.ok("jobs", "retry", str(failed.id)) == f"job {failed.id} is pending again\n"
-    assert cli.json("jobs", "show", str(failed.id))["job"]["status"] == "pending"
+    retried = cli.json("jobs", "show", str(failed.id))["job"]
+    assert retried["status"] == "pending"
+    # One more attempt, as its help says (it said nothing of how many).
+    assert (retried["attempt"], retried["max_attempts"]) == (3, 4)
+    assert "gets one more (not a new max_attempts)" in " ".join(
+        cli.ok("jobs", "retry", "--help").split()
+    )
 
     refused = error_line(cli.taskq("jobs", "retry", str(succeeded.id)))
     assert f"job {succeeded.id} cannot be retried: it is succeeded" in refused
@@ -241,3 +247,67 @@ def test_output_that_cannot_be_written_is_not_blamed_on_the_database(cli: Cli) -
     assert result.returncode != 0
     assert "the database failed" not in result.stderr
     assert "No space left on device" in result.stderr
+
+
+def test_text_a_terminals_encoding_cannot_hold_is_escaped_not_a_traceback(cli: Cli) -> None:
+    # On a latin-1 (or Windows cp1252) stdout, a queue name or payload in another script
+    # raised UnicodeEncodeError: a traceback, and the list not shown.
+    [row] = cli.seed(("nap", {"tag": "日本"}, {"queue": "キュー"}))
+    env = cli.env(PYTHONIOENCODING="latin-1")
+    for args in (("jobs", "list"), ("jobs", "show", str(row.id))):
+        result = run("taskq", *args, env=env)
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr
+        assert "\\u30ad\\u30e5\\u30fc" in result.stdout  # キュー
+        assert str(row.id) in result.stdout
+
+
+def test_columns_stay_aligned_after_wide_and_combining_characters(cli: Cli) -> None:
+    # Widths were counted in characters: a queue in CJK (two columns a character) or
+    # with a combining accent (none) pushed the columns after it out of line.
+    import unicodedata
+
+    def columns(text: str) -> int:
+        return sum(
+            0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+            for c in text
+        )
+
+    cli.seed(("nap", {}, {"queue": "キュー"}), ("nap", {}, {"queue": "cafe\u0301"}))
+    header, *lines = cli.ok("jobs", "list", "--active").splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        before_status = line[: line.index("pending")]
+        assert columns(before_status) == header.index("status"), line
+
+
+def test_a_running_job_that_ends_as_its_cancel_is_requested_is_not_said_to_see_it(
+    cli: Cli,
+) -> None:
+    # The request landed on a running job that then ended before the command read it
+    # back: "cancel requested for job ... (succeeded): its actor sees ctx.cancel_event",
+    # of an actor that had returned. A trigger ends the job right after the request.
+    import psycopg
+    from psycopg import sql
+
+    [job] = cli.seed(("nap_sync", {}, {}))
+    [row] = cli.on_backend(lambda b: b.dispatch_batch(uuid4(), ["other"], 1, timedelta(minutes=5)))
+    assert row.id == job.id
+    jobs = sql.Identifier(cli.pg.name, "jobs")
+    with psycopg.connect(cli.pg.dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "UPDATE {jobs} SET status = 'succeeded', finished_at = clock_timestamp() "
+                "WHERE id = NEW.id; RETURN NULL; END $$"
+            ).format(fn=sql.Identifier(cli.pg.name, "end_on_request"), jobs=jobs)
+        )
+        conn.execute(
+            sql.SQL(
+                "CREATE TRIGGER end_on_request AFTER UPDATE OF cancel_requested_at ON {jobs} "
+                "FOR EACH ROW WHEN (NEW.status = 'running') EXECUTE FUNCTION {fn}()"
+            ).format(jobs=jobs, fn=sql.Identifier(cli.pg.name, "end_on_request"))
+        )
+    said = cli.ok("jobs", "cancel", str(job.id))
+    assert said == f"cancel requested for job {job.id}, but it ended succeeded first\n"
+    assert cli.json("jobs", "show", str(job.id))["job"]["status"] == "succeeded"

@@ -102,10 +102,19 @@ def test_refusals_are_one_line_errors(cli: Cli) -> None:
 
     cases = {
         ("create", "once", "nap", "* * * * *"): "a schedule named 'once' already exists",
-        ("create", "bad", "nap", "not cron"): "cron: invalid cron expression 'not cron'",
-        ("create", "bad", "nap", "* * * * *", "--timezone", "Mars/Olympus"): (
-            "timezone: unknown timezone 'Mars/Olympus'"
+        ("create", "bad", "nap", "not cron"): (
+            "cron: invalid cron expression 'not cron': expected minute hour day-of-month "
+            "month day-of-week, e.g. '*/5 * * * *'"
         ),
+        ("create", "bad", "nap", "* * * * *", "--timezone", "Mars/Olympus"): (
+            "timezone: unknown timezone 'Mars/Olympus': name an IANA zone (e.g. 'Europe/Paris') "
+            "or 'UTC'"
+        ),
+        # Zone names are case-sensitive: it said "unknown timezone 'utc'", and no more.
+        ("create", "bad", "nap", "* * * * *", "--timezone", "europe/paris"): (
+            "timezone: unknown timezone 'europe/paris': did you mean 'Europe/Paris'?"
+        ),
+        ("update", schedule_id, "--timezone", "utc"): "did you mean 'UTC'?",
         ("create", "bad", "nap", "* * * * *", "--payload", "{oops"): "--payload is not valid JSON",
         ("create", "bad", "nap", "* * * * *", "--payload", "[1]"): (
             "--payload must be a JSON object"
@@ -159,3 +168,50 @@ def test_app_checks_the_actor_payload_and_queue_up_front(cli: Cli) -> None:
     assert made.returncode == 0, made.stderr  # with a warning: no worker runs it here
     other = _created_id(made.stdout)
     assert "not one of" in error_line(cli.taskq("schedules", "update", other, "--disable", *app))
+
+
+def test_a_schedule_change_the_database_gave_up_on_points_at_schedules_list(cli: Cli) -> None:
+    # It said "a change it was making may have been made: `taskq jobs list` shows",
+    # which lists no schedule.
+    import psycopg
+    from psycopg import sql
+
+    _registered(cli, "nap")
+    separator = "&" if "?" in cli.pg.dsn else "?"
+    bounded = f"{cli.pg.dsn}{separator}lock_timeout=100"
+    with psycopg.connect(cli.pg.dsn) as holder:
+        holder.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier(cli.pg.name, "schedules")
+            )
+        )
+        result = run(
+            "taskq", "schedules", "create", "held", "nap", "* * * * *",
+            env=clean_env(TASKQ_DSN=bounded, TASKQ_SCHEMA=cli.pg.name),
+        )  # fmt: skip
+        holder.rollback()
+    line = error_line(result)
+    assert "LockNotAvailableError" in line
+    assert line.endswith(
+        "(a change it was making may have been made: `taskq schedules list` shows)"
+    )
+    assert cli.json("schedules", "list") == []
+
+
+def test_a_stored_schedule_name_is_escaped_where_a_change_names_it(cli: Cli) -> None:
+    # `schedules list` escaped a name's control characters, but `update` printed the
+    # stored name raw: '\x1b[2J' cleared the operator's terminal, '\x1b]0;...\x07'
+    # retitled it.
+    from taskq.models import ScheduleCreateArgs
+
+    name = "nightly\x1b]0;PWNED\x07\x1b[2J"
+    created = cli.on_backend(
+        lambda b: b.create_schedule(
+            ScheduleCreateArgs(name=name, actor="nap", cron="* * * * *", enabled=False)
+        )
+    )
+    said = cli.ok("schedules", "update", str(created.id), "--cron", "0 * * * *")
+    assert said == "schedule nightly\\x1b]0;PWNED\\x07\\x1b[2J updated\n"
+    made = cli.taskq("schedules", "create", "tab\tbed\x1b[31m", "nap", "* * * * *", "--disabled")
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("schedule tab bed\\x1b[31m created: id ")

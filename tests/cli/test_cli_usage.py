@@ -108,6 +108,10 @@ def test_no_dsn_anywhere_says_how_to_give_one(args: list[str]) -> None:
         (["jobs", "list", "--dsn", "postgresql://[::1/x"], "invalid DSN"),
         (["enqueue", APP, "nap", "{}", "--dsn", "postgresql://[::1/x"], "invalid DSN"),
         (["migrate", "--dsn", "postgresql://u@127.0.0.1:99999/x"], "Port out of range"),
+        # Bytes the locale cannot decode (a lone surrogate): asyncpg's traceback, from
+        # inside its connect, in every command.
+        (["jobs", "list", "--dsn", "postgresql://u@127.0.0.1:1/\udcff"], "not UTF-8 text"),
+        (["migrate", "--dsn", "postgresql://u:p\udcff@127.0.0.1:1/x"], "not UTF-8 text"),
     ],
     ids=" ".join,
 )
@@ -178,3 +182,66 @@ def test_an_empty_schema_is_refused_not_replaced_by_the_default(args: list[str])
     assert result.returncode == 1
     [line] = result.stderr.strip().splitlines()
     assert ": error: --schema: invalid SQL identifier ''" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["jobs", "list", "--actor", "n\udcff"],
+        ["jobs", "list", "--queue", "q\udcff"],
+        ["schedules", "list", "--actor", "n\udcff"],
+    ],
+    ids=["jobs list --actor", "jobs list --queue", "schedules list --actor"],
+)
+def test_a_name_of_undecodable_bytes_is_a_usage_error_not_a_traceback(args: list[str]) -> None:
+    # b"\xff" in argv reaches Python as a lone surrogate: JobFilter's validation error
+    # (jobs list) and the driver's encoding error (schedules list) came out as tracebacks.
+    result = run("taskq", *args, "--dsn", "postgresql://u@127.0.0.1:1/x", env=clean_env())
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert f"taskq {args[0]} list: error: argument {args[2]}: must be valid Unicode text" in (
+        result.stderr
+    )
+
+
+def test_schedules_create_help_places_the_seconds_field_as_croniter_reads_it() -> None:
+    # "(a 6th field: seconds)" read as Quartz's seconds-first layout: '*/10 * * * * *'
+    # for "every 10 seconds" fired every second of every tenth minute.
+    import re
+    from datetime import UTC, datetime, timedelta
+
+    from taskq.backend.cron import next_fire_at
+
+    result = run("taskq", "schedules", "create", "--help", env=clean_env())
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "a 6th field, after the day of the week, gives seconds" in text
+    found = re.search(r"'([^']+)' is every 10 seconds", text)
+    assert found is not None, text
+    start = datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
+    first = next_fire_at(found.group(1), "UTC", start)
+    assert first is not None
+    assert next_fire_at(found.group(1), "UTC", first) == first + timedelta(seconds=10)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["jobs", "list"],
+        ["jobs", "cancel", "0" * 32],
+        ["schedules", "list"],
+        ["enqueue", APP, "nap", "{}"],
+        ["migrate", "--status"],
+    ],
+    ids=" ".join,
+)
+def test_an_empty_dsn_is_refused_not_replaced_by_the_environments(args: list[str]) -> None:
+    # `--dsn "$PROD_URL"` with the variable unset acted on TASKQ_DSN's database (or
+    # started an embedded server) in silence, where an empty --schema is refused.
+    elsewhere = "postgresql://u@127.0.0.1:1/elsewhere"
+    env = clean_env(TASKQ_DSN=elsewhere, TASKQ_DIRECT_DSN=elsewhere)
+    result = run("taskq", *args, "--dsn", "", env=env)
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert ": error: --dsn is empty: give a database URL" in line
+    assert "elsewhere" not in line

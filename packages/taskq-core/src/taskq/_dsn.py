@@ -97,7 +97,14 @@ def resolve_dsn(flag: str | None, env: Mapping[str, str] | None = None) -> str:
     Each plugin's ``taskq_default_dsn`` is asked on its own: one that raises, or
     answers with no string, is recorded as a plugin failure (``taskq plugins``) and
     logged once, and the next is asked."""
-    if flag:
+    if flag is not None:
+        if not flag:
+            # `--dsn "$DATABASE_URL"` with the variable unset: it meant TASKQ_DSN's
+            # database, or an embedded server, in silence, as `--schema ""` meant taskq.
+            raise ConfigurationError(
+                "--dsn is empty: give a database URL (postgresql://USER@HOST/DB), or leave "
+                "--dsn out to use TASKQ_DSN"
+            )
         return flag
     from_env = (os.environ if env is None else env).get("TASKQ_DSN")
     if from_env:

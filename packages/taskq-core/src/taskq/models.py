@@ -715,7 +715,10 @@ def _check_cron(value: str) -> str:
     from croniter import CroniterBadDateError, croniter
 
     if not croniter.is_valid(value):
-        raise ValueError(f"invalid cron expression {value!r}")
+        raise ValueError(
+            f"invalid cron expression {value!r}: expected minute hour day-of-month month "
+            f"day-of-week, e.g. '*/5 * * * *' (a 6th field gives seconds, a 7th the year)"
+        )
     if any(RANDOM_CRON_FIELD.match(field) for field in value.split()):
         # croniter draws the value again at each computation of the next slot: "R 3 * * *"
         # fired at two or three random minutes of 03:00 each night, not at one.
@@ -756,7 +759,20 @@ def _check_timezone(value: str) -> str:
     try:
         ZoneInfo(value)
     except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"unknown timezone {value!r}") from None
+        from zoneinfo import available_timezones
+
+        # Zone names are case-sensitive: 'utc' or 'europe/paris' said only "unknown".
+        same = sorted(
+            zone
+            for zone in available_timezones()
+            if zone.casefold() == value.casefold() and zone.casefold() not in _HOST_ZONES
+        )
+        hint = (
+            f"did you mean {same[0]!r}?"
+            if same
+            else "name an IANA zone (e.g. 'Europe/Paris') or 'UTC'"
+        )
+        raise ValueError(f"unknown timezone {value!r}: {hint}") from None
     return value
 
 

@@ -220,7 +220,8 @@ def _run(args: argparse.Namespace) -> int:
         # After the schema check, so a typo does not start an embedded server for nothing.
         try:
             # Migrations hold a session's advisory lock: the server itself, not a pooler.
-            dsn = resolve_dsn(args.dsn or os.environ.get("TASKQ_DIRECT_DSN"))
+            direct = os.environ.get("TASKQ_DIRECT_DSN") or None
+            dsn = resolve_dsn(args.dsn if args.dsn is not None else direct)
         except TaskQError as exc:
             raise _CommandError(str(exc)) from exc
         _log_to_stderr()

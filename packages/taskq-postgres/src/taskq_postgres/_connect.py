@@ -92,6 +92,16 @@ def check_dsn(dsn: str) -> str:
     if not dsn.partition(":")[2].startswith("//"):
         # postgres:USER:PASSWORD@HOST/DB reads as a path: the password a database name.
         raise ConfigurationError(f"invalid DSN {shown}: no //HOST part; {expected}")
+    if not dsn.isascii():
+        try:
+            dsn.encode()
+        except UnicodeEncodeError:
+            # Bytes the locale could not decode (a --dsn or TASKQ_DSN): asyncpg failed
+            # to encode them as it connected, with a traceback of its own internals.
+            raise ConfigurationError(
+                f"invalid DSN {shown}: it holds bytes that are not UTF-8 text; "
+                f"percent-encode them (%FF) or check the shell's locale (LANG)"
+            ) from None
     return dsn
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -120,12 +121,21 @@ _NETWORK_ERRNOS: Final = frozenset(
 """A socket's failures raised as a bare OSError (its subclasses are ConnectionError's)."""
 
 
+_SHOWN_BY: Final = {"schedules": "taskq schedules list"}
+"""The command that shows what a command changes, where not `taskq jobs list`."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``taskq`` console script; returns the exit code."""
     from taskq.logs import configure_logging, route_stdlib_logging
 
     configure_logging()
     route_stdlib_logging()
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        # Stored text (a queue name, a payload) is anyone's: on a stdout whose encoding
+        # cannot hold it (a latin-1 locale, a Windows file redirect) a character it
+        # lacks is escaped, as on stderr, not a traceback that printed nothing.
+        sys.stdout.reconfigure(errors="backslashreplace")
     registry = _collect_commands()
     missing = _missing_command(registry, sys.argv[1:] if argv is None else argv)
     if missing is not None:
@@ -137,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if run is None:
         parser.print_help()
         return EXIT_ERROR
+    # Where to see whether an interrupted or failed change was made.
+    shows = _SHOWN_BY.get(args.command, "taskq jobs list")
     try:
         code: int = run(args)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
@@ -147,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Said, not a silent exit 1: a change it was making may have been made.
         print(
             "taskq: interrupted (a change the command was making may have been made: "
-            "`taskq jobs list` shows)",
+            f"`{shows}` shows)",
             file=sys.stderr,
         )
         return EXIT_ERROR
@@ -177,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"taskq: error: the database failed the command ({type(failed).__name__}: "
             f"{' '.join(str(failed).split())}); check that it is reachable and not held "
             f"up by a lock or a statement_timeout, then run the command again (a change "
-            f"it was making may have been made: `taskq jobs list` shows)",
+            f"it was making may have been made: `{shows}` shows)",
             file=sys.stderr,
         )
         return EXIT_ERROR

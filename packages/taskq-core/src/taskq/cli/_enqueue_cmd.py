@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -80,7 +81,10 @@ def _payload(text: str) -> Any:
 
 
 def _target(app: TaskQ, schema_flag: str | None, dsn_flag: str | None) -> TaskQ:
-    """``app``'s actors, providers and queues on the database the options name."""
+    """``app``'s actors, providers, queues and backend options on the database the
+    options name (the options as taskq-worker keeps them: a password or password_file
+    given in code, a direct_dsn behind a pooler, were dropped, and the command connected
+    without them)."""
     from urllib.parse import urlsplit
 
     from taskq._dsn import resolve_shared_dsn
@@ -91,17 +95,32 @@ def _target(app: TaskQ, schema_flag: str | None, dsn_flag: str | None) -> TaskQ:
     # that is memory://, which would vanish with this process.
     app_url = None if urlsplit(app.url).scheme == "memory" else app.url
     return TaskQ(
-        resolve_shared_dsn(dsn_flag or os.environ.get("TASKQ_DSN") or app_url),
+        resolve_shared_dsn(
+            dsn_flag if dsn_flag is not None else (os.environ.get("TASKQ_DSN") or app_url)
+        ),
         schema=schema,
         actors=app.actors.values(),
         providers=app.providers,
         queues=app.queues,
+        **app.backend_options,
     )
 
 
-async def _enqueue(target: TaskQ, actor: str, payload: Any, options: dict[str, Any]) -> JobRow:
+async def _enqueue(
+    target: TaskQ, actor: str, payload: Any, options: dict[str, Any]
+) -> tuple[JobRow, bool]:
+    """The stored job, and whether it was stored before (its idempotency key's)."""
+    from taskq.models import JobFilter
+
+    key = options["idempotency_key"]
     async with target:
-        return await target.client.enqueue(actor, payload, **options)
+        earlier = []
+        if key is not None:
+            earlier = await target.client.list_jobs(
+                JobFilter(actor=actor, idempotency_key=key, limit=1)
+            )
+        row = await target.client.enqueue(actor, payload, **options)
+    return row, any(job.id == row.id for job in earlier)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -119,7 +138,18 @@ def _run(args: argparse.Namespace) -> int:
     # Validate before resolving the DSN: that may start an embedded server, and a
     # typo in the actor or payload should not wait for it.
     app.client.build_args(args.actor, payload, **options)
-    row = asyncio.run(_enqueue(_target(app, args.schema, args.dsn), args.actor, payload, options))
+    row, existed = asyncio.run(
+        _enqueue(_target(app, args.schema, args.dsn), args.actor, payload, options)
+    )
+    if existed:
+        # On stderr: stdout stays the job's id (or JSON) for scripts. Said, where the
+        # id printed alone read as a new job, and this payload was dropped in silence.
+        print(
+            f"taskq enqueue: job {row.id} ({row.status.value}) already had idempotency key "
+            f"{args.idempotency_key!r}: nothing new was enqueued, and that job keeps its "
+            f"own payload and options",
+            file=sys.stderr,
+        )
     if args.json:
         print_json(row)
     else:

@@ -1,13 +1,28 @@
-"""What the commands read from their arguments: a JSON value."""
+"""What the commands read from their arguments: a JSON value, a name to match."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any, NoReturn
 
 from taskq.backend.storable import dump_json
 
-__all__ = ["json_argument"]
+__all__ = ["json_argument", "name_argument"]
+
+
+def name_argument(text: str) -> str:
+    """An argparse type for a name matched against stored ones (an actor, a queue):
+    ``text`` when a store could hold it, a usage error otherwise (bytes the locale
+    cannot decode, which Python gives as lone surrogates: a pydantic or driver
+    traceback where they reached the filter)."""
+    from taskq.models import check_key_text
+
+    try:
+        check_key_text(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; check the shell's locale (LANG)") from None
+    return text
 
 
 def _no_constant(name: str) -> NoReturn:

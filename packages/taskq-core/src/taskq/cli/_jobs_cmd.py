@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Final
 from uuid import UUID
 
 from taskq._dsn import resolve_schema
-from taskq.backend.statemachine import JobStatus
+from taskq.backend.statemachine import TERMINAL_STATUSES, JobStatus
+from taskq.cli._inputs import name_argument
 from taskq.errors import TaskQError
 
 if TYPE_CHECKING:
@@ -94,8 +95,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "--active", action="store_true", help="only jobs still pending, scheduled or running"
     )
     which.add_argument("--finished", action="store_true", help="only jobs in a terminal status")
-    listing.add_argument("--actor", help="only jobs of this actor")
-    listing.add_argument("--queue", help="only jobs on this queue")
+    listing.add_argument("--actor", type=name_argument, help="only jobs of this actor")
+    listing.add_argument("--queue", type=name_argument, help="only jobs on this queue")
     listing.add_argument(
         "--limit", type=_limit, default=100, help="show at most N jobs (default: 100)"
     )
@@ -117,7 +118,8 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     retry = actions.add_parser(
         "retry",
         help="run a failed, crashed, cancelled or abandoned job again",
-        description="Give a failed, crashed, cancelled or abandoned job a new life as pending.",
+        description="Give a failed, crashed, cancelled or abandoned job a new life as pending; "
+        "a job that used all its attempts gets one more (not a new max_attempts).",
     )
     _add_job_id(retry)
     add_connection_options(retry)
@@ -388,6 +390,9 @@ async def _cancel(args: argparse.Namespace) -> int:
         row = await _existing(client, job_id)
     if row.status is JobStatus.CANCELLED:
         print(f"job {job_id} cancelled")
+    elif row.status in TERMINAL_STATUSES:
+        # It ended between the request and this read: no actor will see the request.
+        print(f"cancel requested for job {job_id}, but it ended {row.status.value} first")
     else:
         print(
             f"cancel requested for job {job_id} ({row.status.value}): "

@@ -79,15 +79,33 @@ def _cut(text: str, limit: int | None) -> str:
     return text[: max(limit - len(_ELLIPSIS), 0)] + _ELLIPSIS
 
 
+def _columns(text: str) -> int:
+    """The terminal columns ``text`` takes: two for a wide (CJK) character, none for a
+    combining mark or a format character, where ``len`` counted one each and the
+    columns after such a cell came out of line."""
+    if text.isascii():
+        return len(text)
+    import unicodedata
+
+    return sum(
+        0
+        if unicodedata.combining(c) or unicodedata.category(c) == "Cf"
+        else 2
+        if unicodedata.east_asian_width(c) in "WF"
+        else 1
+        for c in text
+    )
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], max_width: int = 40) -> str:
     """``rows`` under ``headers`` in left-aligned columns two spaces apart; a cell longer
     than ``max_width`` is cut short. Trailing blanks are stripped from every line."""
     cells = [[_cut(_printable(" ".join(c.split())), max_width) for c in row] for row in rows]
-    widths = [len(h) for h in headers]
+    widths = [_columns(h) for h in headers]
     for row in cells:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+        widths = [max(w, _columns(c)) for w, c in zip(widths, row, strict=True)]
     lines = [
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+        "  ".join(c + " " * (w - _columns(c)) for c, w in zip(line, widths, strict=True)).rstrip()
         for line in [list(headers), *cells]
     ]
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from taskq.backend import SupportsCron
-from taskq.cli._inputs import json_argument
+from taskq.cli._inputs import json_argument, name_argument
 from taskq.cli._jobs_cmd import add_connection_options, connect_backend
 from taskq.errors import TaskQError
 
@@ -66,7 +66,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "list", help="list schedules by name", description="List cron schedules by name."
     )
     add_connection_options(listing)
-    listing.add_argument("--actor", help="only this actor's schedules")
+    listing.add_argument("--actor", type=name_argument, help="only this actor's schedules")
     listing.add_argument("--json", action="store_true", help="print a JSON array for scripts")
     listing.set_defaults(_schedules_run=_list)
 
@@ -79,7 +79,10 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     create.add_argument("name", metavar="NAME", help="a unique name for the schedule")
     create.add_argument("actor", metavar="ACTOR", help="the actor each slot enqueues")
     create.add_argument(
-        "cron", metavar="CRON", help="cron expression, e.g. '*/5 * * * *' (a 6th field: seconds)"
+        "cron",
+        metavar="CRON",
+        help="cron expression, e.g. '*/5 * * * *'; a 6th field, after the day of the week, "
+        "gives seconds: '* * * * * */10' is every 10 seconds",
     )
     create.add_argument("--payload", help="the jobs' payload as a JSON object (default: {})")
     create.add_argument("--queue", help="the jobs' queue (default: the actor's)")
@@ -211,7 +214,7 @@ async def _list(args: argparse.Namespace) -> int:
 
 
 async def _create(args: argparse.Namespace) -> int:
-    from taskq.cli._output import format_time
+    from taskq.cli._output import compact, format_time
     from taskq.models import ScheduleCreateArgs
 
     create = _validated(
@@ -243,11 +246,12 @@ async def _create(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     when = f"next fire {format_time(schedule.next_fire_at)}" if schedule.enabled else "disabled"
-    print(f"schedule {schedule.name} created: id {schedule.id}, {when}")
+    print(f"schedule {compact(schedule.name)} created: id {schedule.id}, {when}")
     return 0
 
 
 async def _update(args: argparse.Namespace) -> int:
+    from taskq.cli._output import compact
     from taskq.models import ScheduleUpdateArgs
 
     schedule_id = _schedule_id(args.schedule_id)
@@ -281,7 +285,7 @@ async def _update(args: argparse.Namespace) -> int:
                 if current is not None and current.actor not in checked.actors:
                     # Another application's actor: nothing here to check it against.
                     raise ScheduleCommandError(
-                        f"schedule {current.name}'s actor {current.actor!r} is not one of "
+                        f"schedule {compact(current.name)}'s actor {current.actor!r} is not one of "
                         f"{args.app}'s actors: name the application that defines it"
                     )
                 # A new payload or queue is checked against the schedule's actor.
@@ -291,7 +295,8 @@ async def _update(args: argparse.Namespace) -> int:
             raise ScheduleCommandError(f"no schedule {schedule_id}") from None
         except ValueError as exc:  # a cron that never fires again, as create says it
             raise ScheduleCommandError(str(exc)) from None
-    print(f"schedule {schedule.name} updated")
+    # The stored name is anyone's text: escaped, as `schedules list` shows it.
+    print(f"schedule {compact(schedule.name)} updated")
     return 0
 
 

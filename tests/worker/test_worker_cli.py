@@ -55,6 +55,12 @@ def test_until_idle_on_an_empty_memory_backend_exits_cleanly() -> None:
         ({"TASKQ_LOCK_LEASE": "5s", "TASKQ_HEARTBEAT_INTERVAL": "2s"}, [], "at least 4 x"),
         ({"TASKQ_POLL_INTERVAL": "soon"}, [], "expected a duration"),
         ({"TASKQ_SCHEMA": "x; drop table jobs"}, [], "invalid SQL identifier"),
+        # `--dsn "$DATABASE_URL"` with the variable unset ran on the app's database.
+        ({"TASKQ_DSN": "postgresql://u@h/db"}, ["--dsn", ""], "--dsn='': is empty"),
+        ({"TASKQ_DSN": " "}, [], "TASKQ_DSN=' ': is empty"),
+        # A queue no job can be on: undecodable bytes failed in the driver, a traceback.
+        ({}, ["--queues", "default,\udcff"], "lone surrogate"),
+        ({}, ["--queues", "q" * 257], "at most 256 bytes"),
     ],
 )
 def test_an_invalid_setting_is_one_line_and_exit_1(

@@ -64,6 +64,7 @@ __all__ = [
     "ScheduleUpdateArgs",
     "SuccessWrite",
     "check_key_text",
+    "check_name",
     "from_valid_values",
     "registered_over",
 ]
@@ -252,19 +253,17 @@ class EnqueueArgs(_Model):
     trace_id: str | None = None
     span_id: str | None = None
 
-    @field_validator(
-        "actor", "queue", "idempotency_key", "identity_key", "fairness_key", "trace_id", "span_id"
-    )
+    @field_validator("idempotency_key", "identity_key", "fairness_key", "trace_id", "span_id")
     @classmethod
     def _no_nul(cls, value: str | None) -> str | None:
         # Stored text cannot hold NUL; unlike in a payload, replacing it could make two
-        # keys (or queues) one.
+        # keys one.
         return check_key_text(value)
 
     @field_validator("actor", "queue")
     @classmethod
-    def _short_name(cls, value: str) -> str:
-        return _at_most_bytes(value, MAX_NAME_BYTES)
+    def _name(cls, value: str) -> str:
+        return check_name(value)
 
     @field_validator("tags")
     @classmethod
@@ -478,6 +477,14 @@ def check_key_text(value: str | None) -> str | None:
     if "\x00" in value:
         raise ValueError("must not contain NUL characters (\\x00)")
     return _refuse_surrogates(value)
+
+
+def check_name(value: str) -> str:
+    """``value``, an actor's or a queue's name, if a job can have it: text a store can
+    hold (:func:`check_key_text`) of at most :data:`MAX_NAME_BYTES`; else a
+    ``ValueError``."""
+    check_key_text(value)
+    return _at_most_bytes(value, MAX_NAME_BYTES)
 
 
 def _refuse_surrogates(value: str) -> str:

@@ -29,7 +29,7 @@ from pydantic import (
 from taskq._dsn import redact
 from taskq.errors import ConfigurationError
 from taskq.identifiers import validate_schema_name
-from taskq.models import MAX_DURATION
+from taskq.models import MAX_DURATION, check_name
 
 __all__ = [
     "BACKEND_TUNABLES",
@@ -324,6 +324,30 @@ class WorkerSettings(BaseModel):
     @classmethod
     def _valid_schema(cls, value: str | None) -> str | None:
         return None if value is None else validate_schema_name(value)
+
+    @field_validator("dsn")
+    @classmethod
+    def _not_empty(cls, value: str | None) -> str | None:
+        # `--dsn "$DATABASE_URL"` (or TASKQ_DSN=$DATABASE_URL) with the variable unset:
+        # the worker ran on the application's database in silence.
+        if value is not None and not value.strip():
+            raise ValueError(
+                "is empty: give a database URL (postgresql://USER@HOST/DB), or leave it "
+                "unset to use the application's"
+            )
+        return value
+
+    @field_validator("queues")
+    @classmethod
+    def _storable_queues(cls, value: list[str]) -> list[str]:
+        # The rule a job's queue meets at enqueue: a name no job can have is a typo (or
+        # undecodable bytes), where it failed later with a driver's traceback.
+        for queue in value:
+            try:
+                check_name(queue)
+            except ValueError as exc:
+                raise ValueError(f"queue {queue!r} {exc}") from None
+        return value
 
     @field_validator(
         "poll_interval",

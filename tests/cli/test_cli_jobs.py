@@ -41,6 +41,12 @@ def test_list_filters_and_formats(cli: Cli) -> None:
     assert cut.returncode == 0, cut.stderr
     assert [j["id"] for j in json.loads(cut.stdout)] == [str(later.id)]
     assert cut.stderr.startswith("showing the newest 1; more jobs match"), cut.stderr
+    assert cut.stderr.rstrip().endswith(f"see the next page with --before {later.id}")
+    page = cli.taskq("jobs", "list", "--actor", "nap", "--limit", "1", "--before", str(later.id))
+    assert page.returncode == 0 and page.stderr == "", page.stderr  # the last page
+    assert [line.split()[0] for line in page.stdout.splitlines()[1:]] == [str(first.id)]
+    gone = cli.taskq("jobs", "list", "--before", str(uuid4()))
+    assert gone.returncode == 1 and "no job" in gone.stderr, gone.stderr
     assert ids("--actor", "nap", "--limit", "2") == {str(first.id), str(later.id)}
 
     # --dsn and --schema instead of the environment

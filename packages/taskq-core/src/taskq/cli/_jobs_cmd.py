@@ -100,6 +100,11 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     listing.add_argument(
         "--limit", type=_limit, default=100, help="show at most N jobs (default: 100)"
     )
+    listing.add_argument(
+        "--before",
+        metavar="JOB_ID",
+        help="only jobs created before this one: the next page, after the last id shown",
+    )
     listing.add_argument("--json", action="store_true", help="print a JSON array for scripts")
     listing.set_defaults(_jobs_run=_list)
 
@@ -226,13 +231,20 @@ async def _list(args: argparse.Namespace) -> int:
     # at --limit's maximum (capped there, it never said so), so set unvalidated.
     filters = filters.model_copy(update={"limit": args.limit + 1})
     async with open_client(args) as client:
+        if args.before is not None:
+            # Keyset, from the job's own (created_at, id): a page is never shifted by
+            # jobs enqueued between two calls, as an offset would be.
+            anchor = await _existing(client, _job_id(args.before))
+            filters = filters.model_copy(update={"cursor": (anchor.created_at, anchor.id)})
         rows = await client.list_jobs(filters)
     more, rows = len(rows) > args.limit, rows[: args.limit]
     if more:
         # On stderr: stdout stays the list (a --json array for scripts).
+        which = "the newest" if args.before is None else "the next"
         print(
-            f"showing the newest {args.limit}; more jobs match: narrow the list with "
-            f"--status, --actor or --queue, or raise --limit (up to {_MAX_LIMIT})",
+            f"showing {which} {args.limit}; more jobs match: narrow the list with "
+            f"--status, --actor or --queue, raise --limit (up to {_MAX_LIMIT}), or see "
+            f"the next page with --before {rows[-1].id}",
             file=sys.stderr,
         )
     if args.json:

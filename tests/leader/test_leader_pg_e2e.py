@@ -160,18 +160,21 @@ async def test_a_sigkilled_worker_s_jobs_are_reclaimed_and_reported_once_each(
             seen.append(event)  # noqa: PERF401 - seen is read while the feed runs
 
     consumer = asyncio.create_task(consume())
+    killed_wall = time.time()  # noqa: TID251 - compared with the server's event stamps
     victim.proc.kill()
-    killed_at = time.monotonic()
 
     async def reclaimed() -> bool:
         rows = await c.list_jobs(JobFilter(limit=100))
         return all(r.status is not JobStatus.RUNNING for r in rows)
 
     await wait_until(reclaimed, seconds=10)
-    # lock lease (2 s) + the sweep interval (50 ms) + the heartbeat that last renewed,
-    # and for a cancel in progress its graces and headroom (0.6 s)
-    assert time.monotonic() - killed_at <= 2.0 + 0.05 + 0.1 + 0.6 + 0.5
     await wait_until(lambda: asyncio.sleep(0, len(seen) >= 12), seconds=5)
+    # lock lease (2 s) + the sweep interval (50 ms) + the heartbeat that last renewed,
+    # and for a cancel in progress its graces and headroom (0.6 s): by the reclaims'
+    # own stamps (the server's clock), not the test's polls, whose lag on a loaded
+    # machine counted against the bound
+    last_reclaim = max(e.occurred_at for e in seen).timestamp()
+    assert last_reclaim - killed_wall <= 2.0 + 0.05 + 0.1 + 0.6 + 0.5
     await asyncio.sleep(0.5)
     consumer.cancel()
     assert sorted(str(e.job_id) for e in seen) == sorted(str(i) for i in ids)

@@ -100,7 +100,10 @@ async def test_a_worker_rides_out_a_database_refusing_connections(
                 _alter(own_database.dsn, "ALTER DATABASE {db} ALLOW_CONNECTIONS true")
             await tq.client.wait_for_result(job.id, timeout=20)
         attempts = await tq.client.get_attempts(job.id)
-    assert [a.outcome for a in attempts] == ["succeeded"]
+    # Ran once, never reclaimed: a dispatch past its 500 ms bound on a loaded machine
+    # (its reply lost) hands its job back unstarted first, as it should.
+    outcomes = [a.outcome for a in attempts]
+    assert [o for o in outcomes if o != "unstarted"] == ["succeeded"], outcomes
     assert RUNS[job.id] == 1
 
 
@@ -149,7 +152,9 @@ async def test_an_outcome_write_past_the_lock_timeout_is_retried(
     # database's lock_timeout: the success is written once the row is free.
     _alter(own_database.dsn, "ALTER DATABASE {db} SET lock_timeout = '200ms'")
     row, attempts = await _ends_while_held(own_database, SETTINGS, _HOLD_ROW, seconds=1)
-    assert row.status is JobStatus.SUCCEEDED and attempts == ["succeeded"]
+    # Unstarted hand-backs aside (a dispatch past its bound on a loaded machine): one run.
+    assert row.status is JobStatus.SUCCEEDED
+    assert [o for o in attempts if o != "unstarted"] == ["succeeded"], attempts
     assert RUNS[row.id] == 1
 
 

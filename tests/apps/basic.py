@@ -11,6 +11,7 @@ import itertools
 import os
 import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -23,6 +24,16 @@ class Sleep(BaseModel):
     tag: str = ""
 
 
+class Watched(Sleep):
+    started: str = ""
+    """A file the actor creates once its body runs: a test's signal that the job has
+    started, where its row says only that it was dispatched."""
+
+    def announce(self) -> None:
+        if self.started:
+            Path(self.started).touch()
+
+
 @actor(queue="default")
 async def nap(payload: Sleep, ctx: Context) -> dict[str, Any]:
     await asyncio.sleep(payload.seconds)
@@ -30,16 +41,21 @@ async def nap(payload: Sleep, ctx: Context) -> dict[str, Any]:
 
 
 @actor(queue="default")
-async def nap_to_thread(payload: Sleep) -> None:
+async def nap_to_thread(payload: Watched) -> None:
     import time
 
-    await asyncio.to_thread(time.sleep, payload.seconds)
+    def in_its_thread() -> None:
+        payload.announce()
+        time.sleep(payload.seconds)
+
+    await asyncio.to_thread(in_its_thread)
 
 
 @actor(queue="other")
-def nap_sync(payload: Sleep) -> dict[str, Any]:
+def nap_sync(payload: Watched) -> dict[str, Any]:
     import time
 
+    payload.announce()
     time.sleep(payload.seconds)
     return {"tag": payload.tag, "thread": threading.current_thread().name}
 
@@ -124,8 +140,9 @@ async def reporter(payload: dict[str, Any], ctx: Context) -> None:
 
 
 @actor(max_attempts=3)
-async def cooperative(payload: Sleep, ctx: Context) -> str:
+async def cooperative(payload: Watched, ctx: Context) -> str:
     """Checks its cancel_event between units of work."""
+    payload.announce()
     for _ in range(int(payload.seconds / 0.05)):
         if ctx.cancel_event.is_set():
             return "stopped early"
@@ -134,15 +151,17 @@ async def cooperative(payload: Sleep, ctx: Context) -> str:
 
 
 @actor(max_attempts=3)
-async def stubborn(payload: Sleep) -> str:
+async def stubborn(payload: Watched) -> str:
     """Ignores cancel_event; stops only when its task is cancelled."""
+    payload.announce()
     await asyncio.sleep(payload.seconds)
     return "done"
 
 
 @actor(max_attempts=3)
-async def swallower(payload: Sleep) -> str:
+async def swallower(payload: Watched) -> str:
     """Swallows CancelledError: the worst citizen."""
+    payload.announce()
     loop = asyncio.get_running_loop()
     end = loop.time() + payload.seconds
     while loop.time() < end:

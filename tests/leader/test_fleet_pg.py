@@ -114,7 +114,11 @@ async def test_a_killed_workers_row_is_swept_and_a_stopped_worker_deregisters(
         return await _workers(tq) == {leader_id}
 
     await wait_until(follower_swept, seconds=30)
-    assert any(r.get("stale_workers") == 1 for r in leader.events("taskq.leader-swept"))
+
+    async def sweep_logged() -> bool:  # the log line follows the sweep's commit
+        return any(r.get("stale_workers") == 1 for r in leader.events("taskq.leader-swept"))
+
+    await wait_until(sweep_logged, seconds=5)
     assert not follower.events("taskq.leader-elected")
 
     leader.signal(signal.SIGTERM)

@@ -54,13 +54,17 @@ async def test_the_leader_clears_expired_results_and_completes_stale_batches(
         return row is not None and row.status == "complete"
 
     await wait_until(batch_completed)
-    swept = {
-        key
-        for record in worker.events("taskq.leader-swept")
-        for key in record
-        if key in {"results_expired", "stale_batches_completed"}
-    }
-    assert swept == {"results_expired", "stale_batches_completed"}
+
+    async def both_logged() -> bool:  # a sweep's log line follows its commit
+        swept = {
+            key
+            for record in worker.events("taskq.leader-swept")
+            for key in record
+            if key in {"results_expired", "stale_batches_completed"}
+        }
+        return swept == {"results_expired", "stale_batches_completed"}
+
+    await wait_until(both_logged, seconds=5)
 
 
 async def test_prune_deletes_finished_batches_after_their_jobs(tq: TaskQ, spawn: Spawn) -> None:
@@ -84,4 +88,8 @@ async def test_prune_deletes_finished_batches_after_their_jobs(tq: TaskQ, spawn:
     await wait_until(pruned)
     assert await backend.get_batch(waiting) is not None
     assert await tq.client.get(child.id) is not None
-    assert any(r.get("batches_pruned") for r in worker.events("taskq.leader-swept"))
+
+    async def logged() -> bool:  # the prune's log line follows its commit
+        return any(r.get("batches_pruned") for r in worker.events("taskq.leader-swept"))
+
+    await wait_until(logged, seconds=5)

@@ -197,16 +197,37 @@ async def test_mixed_queue_modes_interleave_only_the_round_robin_queue(
 
 
 async def test_a_cancel_in_progress_gets_the_backend_headroom_before_reclaim(
-    backend: PostgresBackend,
+    pg_pooled_schema: PgSchema,
 ) -> None:
-    job, _ = await _running(backend, lease=SHORT)
-    assert await backend.write_cancel_request(job.id, "stop")
-    await asyncio.sleep(0.3)  # lease expired, headroom (0.6 s) not yet
-    assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 0
-    await asyncio.sleep(0.5)
-    assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
-    reclaimed = await backend.get(job.id)
-    assert reclaimed is not None and reclaimed.status is JobStatus.CANCELLED
+    # The moments come from the server's clock, and the headroom is 2 s: with 0.6 s and
+    # fixed sleeps, the first sweep came after the headroom on a loaded machine.
+    headroom = timedelta(seconds=2)
+    backend = PostgresBackend(
+        pg_pooled_schema.dsn, schema=pg_pooled_schema.name, cancel_reclaim_headroom=headroom
+    )
+    await backend.open()
+    try:
+        job, _ = await _running(backend, lease=SHORT)
+        assert await backend.write_cancel_request(job.id, "stop")
+
+        async def until_past_the_lease_by(extra: timedelta) -> None:
+            async with asyncio.timeout(30), backend.connection() as conn:
+                while not await conn.fetchval(  # noqa: ASYNC110 - the server's clock
+                    f"SELECT clock_timestamp() > lock_expires_at + $2::interval "
+                    f"FROM {backend.schema}.jobs WHERE id = $1",
+                    job.id,
+                    extra,
+                ):
+                    await asyncio.sleep(0.02)
+
+        await until_past_the_lease_by(timedelta(0))  # the lease expired, the headroom not
+        assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 0
+        await until_past_the_lease_by(headroom)
+        assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
+        reclaimed = await backend.get(job.id)
+        assert reclaimed is not None and reclaimed.status is JobStatus.CANCELLED
+    finally:
+        await backend.close()
 
 
 async def test_a_long_transaction_holding_job_events_is_reported(

@@ -70,13 +70,15 @@ async def test_a_stuck_transaction_cannot_hide_a_job_from_dispatch_for_long(
     backend = PostgresBackend(
         pg_pooled_schema.dsn,
         schema=pg_pooled_schema.name,
-        idle_in_transaction_session_timeout=timedelta(milliseconds=300),
+        # 2 s, not 300 ms: the dispatch right after the lock must come within it, and
+        # a loaded machine's round trips could outlast 300 ms.
+        idle_in_transaction_session_timeout=timedelta(seconds=2),
     )
     await backend.open()
     try:
         job = await backend.enqueue(EnqueueArgs(actor="a", queue="q"))
         async with backend.connection() as stuck:
-            assert await stuck.fetchval("SHOW idle_in_transaction_session_timeout") == "300ms"
+            assert await stuck.fetchval("SHOW idle_in_transaction_session_timeout") == "2s"
             transaction = stuck.transaction()
             await transaction.start()
             await stuck.execute(
@@ -84,9 +86,11 @@ async def test_a_stuck_transaction_cannot_hide_a_job_from_dispatch_for_long(
             )
             # The caller forgets about its transaction; its row lock hides the job...
             assert await backend.dispatch_batch(uuid4(), ["q"], 10, LEASE) == []
-            await asyncio.sleep(0.6)
             # ...until the server ends the idle transaction and its session.
-            [row] = await backend.dispatch_batch(uuid4(), ["q"], 10, LEASE)
+            async with asyncio.timeout(15):
+                while not (rows := await backend.dispatch_batch(uuid4(), ["q"], 10, LEASE)):  # noqa: ASYNC110 - the server ends it
+                    await asyncio.sleep(0.1)
+            [row] = rows
             assert row.id == job.id
             with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError)):
                 await stuck.fetchval("SELECT 1")

@@ -119,7 +119,14 @@ async def test_a_worker_run_completes_after_the_notify_connection_dies(
     tq = TaskQ(backend.dsn, actors=[noop], backend=backend)
     # Polling every 30 s: only a working LISTEN connection can start jobs quickly.
     settings = WorkerSettings.load(
-        {"poll_interval": "30s", "heartbeat_interval": "100ms", "lock_lease": "2s"}, env={}
+        # The watchdogs off: in the test's process, a trip ends the whole pytest worker.
+        {
+            "poll_interval": "30s",
+            "heartbeat_interval": "100ms",
+            "lock_lease": "2s",
+            "watchdog_enabled": False,
+        },
+        env={},
     )
     worker = Worker(tq, settings)
     run = asyncio.create_task(worker.run())

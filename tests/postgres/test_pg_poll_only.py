@@ -89,7 +89,13 @@ async def test_a_poll_only_worker_runs_jobs_enqueued_while_it_waits(
 
     # The worker settings switch the mode (TASKQ_POLL_ONLY), as in a deployment.
     settings = WorkerSettings.load(
-        {"poll_interval": "100ms", "heartbeat_interval": "100ms", "lock_lease": "2s"},
+        # The watchdogs off: in the test's process, a trip ends the whole pytest worker.
+        {
+            "poll_interval": "100ms",
+            "heartbeat_interval": "100ms",
+            "lock_lease": "2s",
+            "watchdog_enabled": False,
+        },
         env={"TASKQ_POLL_ONLY": "true"},
     )
     tq = TaskQ(

@@ -447,7 +447,15 @@ def test_a_connection_lost_mid_call_fails_that_call_and_is_replaced_after(
 
         thread = threading.Thread(target=blocked_enqueue)
         thread.start()
-        time.sleep(0.3)  # it waits on the singleton's lock
+        # It waits on the singleton's lock (a fixed 0.3 s could end before its call
+        # began: its connection, ended idle, was replaced and the call went through).
+        deadline = time.monotonic() + 30
+        while holder.execute(
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+            (holder.info.backend_pid,),
+        ).fetchone() != (True,):
+            assert time.monotonic() < deadline, "the enqueue never waited for the lock"
+            time.sleep(0.02)
         _terminate_sync_sessions(pg_pooled_schema)
         thread.join(10)
     finally:

@@ -52,12 +52,16 @@ def _alter(dsn: str, statement: str) -> None:
 
 RUNS: Counter[UUID] = Counter()
 ENDED: Counter[UUID] = Counter()
+GATES: dict[UUID, asyncio.Event] = {}
+"""A job's code ends once its gate opens (and its sleep is over), where one is given."""
 
 
 @actor(name="refusals.sleeper")
 async def sleeper(payload: dict[str, Any], ctx: Any) -> None:
     RUNS[ctx.job_id] += 1
     await asyncio.sleep(payload["seconds"])
+    if (gate := GATES.get(ctx.job_id)) is not None:
+        await gate.wait()
     ENDED[ctx.job_id] += 1
 
 
@@ -96,7 +100,10 @@ async def test_a_worker_rides_out_a_database_refusing_connections(
                 _alter(own_database.dsn, "ALTER DATABASE {db} ALLOW_CONNECTIONS true")
             await tq.client.wait_for_result(job.id, timeout=20)
         attempts = await tq.client.get_attempts(job.id)
-    assert [a.outcome for a in attempts] == ["succeeded"]
+    # Ran once, never reclaimed: a dispatch past its 500 ms bound on a loaded machine
+    # (its reply lost) hands its job back unstarted first, as it should.
+    outcomes = [a.outcome for a in attempts]
+    assert [o for o in outcomes if o != "unstarted"] == ["succeeded"], outcomes
     assert RUNS[job.id] == 1
 
 
@@ -108,7 +115,11 @@ async def _ends_while_held(
     the job as it ended, and its attempts' outcomes."""
     tq = TaskQ(schema.dsn, schema=schema.name, actors=[sleeper])
     async with tq:
-        job = await tq.client.enqueue(sleeper, {"seconds": 0.3})
+        job = await tq.client.enqueue(sleeper, {"seconds": 0})
+        # Its code ends once the rival holds the lock: a fixed 0.3 s nap could end
+        # before the rival's connection and statements on a loaded machine, and the
+        # write, landing at once, tested nothing.
+        GATES[job.id] = asyncio.Event()
         async with running(tq, settings):
             await _started(job.id)
             rival: asyncpg.Connection[Any] = await asyncpg.connect(schema.dsn)
@@ -117,6 +128,7 @@ async def _ends_while_held(
                 await rival.execute("BEGIN")
                 statement = hold.format(s=schema.name)
                 await rival.execute(statement, *([job.id] if "$1" in statement else []))
+                GATES[job.id].set()
                 async with asyncio.timeout(10):
                     while not ENDED[job.id]:  # noqa: ASYNC110 - the actor's own count
                         await asyncio.sleep(0.02)
@@ -140,7 +152,9 @@ async def test_an_outcome_write_past_the_lock_timeout_is_retried(
     # database's lock_timeout: the success is written once the row is free.
     _alter(own_database.dsn, "ALTER DATABASE {db} SET lock_timeout = '200ms'")
     row, attempts = await _ends_while_held(own_database, SETTINGS, _HOLD_ROW, seconds=1)
-    assert row.status is JobStatus.SUCCEEDED and attempts == ["succeeded"]
+    # Unstarted hand-backs aside (a dispatch past its bound on a loaded machine): one run.
+    assert row.status is JobStatus.SUCCEEDED
+    assert [o for o in attempts if o != "unstarted"] == ["succeeded"], attempts
     assert RUNS[row.id] == 1
 
 

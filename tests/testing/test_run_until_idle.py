@@ -75,22 +75,30 @@ async def test_a_job_that_never_ends_times_out_with_a_reason(memory_backend: Bac
 
 @actor(queue="elsewhere")
 async def slow_side_effect(payload: dict[str, Any]) -> None:
-    await asyncio.sleep(1.0)
+    await _GO_ON[0].wait()
     _SIDE_EFFECTS.append(payload["n"])
 
 
 _SIDE_EFFECTS: list[int] = []
+_GO_ON: list[asyncio.Event] = []
+
+# The timeouts of the tests that expect a job still running when they end: the
+# worker's start and first dispatch took more than 0.3 s on a loaded machine, and the
+# job was still pending then ("left: 1 pending", no actor to name).
+_STARTED_BY = 2.0
 
 
 async def test_a_timeout_cancels_the_actors_still_running(memory_backend: Backend) -> None:
     app = TaskQ("memory://", actors=[slow_side_effect], backend=memory_backend)
     await app.client.enqueue(slow_side_effect, {"n": 1})
+    _GO_ON[:] = [asyncio.Event()]
     # No attempt ended (the count was read after the cancellation ended this one).
     with pytest.raises(
         TimeoutError, match=r"\(0 attempts ended; left: 1 running, of actors slow_side_effect\)"
     ):
-        await run_until_idle(app, timeout=0.3)
-    await asyncio.sleep(1.2)  # past the actor's own end, had it been left running
+        await run_until_idle(app, timeout=_STARTED_BY)
+    _GO_ON[0].set()  # the actor's own end, had it been left running
+    await asyncio.sleep(0.1)  # its wake-up, queued before this sleep's timer
     assert _SIDE_EFFECTS == []
 
 
@@ -109,7 +117,7 @@ async def test_a_timeout_names_the_sync_calls_it_cannot_stop(memory_backend: Bac
     _RELEASE.clear()
     try:
         with pytest.raises(TimeoutError, match="1 sync actor call.s. still running in their"):
-            await run_until_idle(app, timeout=0.3)
+            await run_until_idle(app, timeout=_STARTED_BY)
     finally:
         _RELEASE.set()
 
@@ -238,16 +246,19 @@ async def test_jobs_left_are_counted_whatever_the_backlog_of_other_queues() -> N
         with pytest.raises(
             TimeoutError, match=r"left: 1 running, of actors stuck_behind_a_backlog"
         ):
-            await run_until_idle(tq, queues=["stuck"], timeout=0.5)
+            await run_until_idle(tq, queues=["stuck"], timeout=_STARTED_BY)
+
+
+_SWALLOWED_ENOUGH = threading.Event()
 
 
 @actor(name="swallows_its_cancellation", queue="default")
 async def swallows(payload: dict[str, Any]) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + 5.5
-    while loop.time() < end:
+    # Until the test has its error (a fixed 5.5 s could end inside the 5 s that
+    # run_until_idle waits for cancelled actors, when its timeout fired late).
+    while not _SWALLOWED_ENOUGH.is_set():
         try:
-            await asyncio.sleep(end - loop.time())
+            await asyncio.sleep(0.05)
         except asyncio.CancelledError:
             continue
 
@@ -255,9 +266,13 @@ async def swallows(payload: dict[str, Any]) -> None:
 async def test_an_actor_that_swallows_its_cancellation_is_named_in_the_timeout() -> None:
     # The error said only "left: 1 running"; the test then hung at its loop's end.
     tq = TaskQ("memory://", actors=[swallows])
+    _SWALLOWED_ENOUGH.clear()
     async with tq:
         await tq.client.enqueue(swallows, {})
-        with pytest.raises(
-            TimeoutError, match=r"1 async actor\(s\) still running, having swallowed"
-        ):
-            await run_until_idle(tq, timeout=0.3)
+        try:
+            with pytest.raises(
+                TimeoutError, match=r"1 async actor\(s\) still running, having swallowed"
+            ):
+                await run_until_idle(tq, timeout=_STARTED_BY)
+        finally:
+            _SWALLOWED_ENOUGH.set()

@@ -15,8 +15,12 @@ from taskq.worker import Worker
 async def running(
     tq: TaskQ, settings: Mapping[str, Any], *, stop_within: float = 10
 ) -> AsyncIterator[Worker]:
-    """A worker on ``tq`` running while inside; stopped and awaited on the way out."""
-    worker = Worker(tq, WorkerSettings.load(dict(settings), env={}))
+    """A worker on ``tq`` running while inside; stopped and awaited on the way out.
+
+    Its watchdogs are off unless ``settings`` turn them on: in the test's own process, a
+    trip ends the whole pytest worker (exit 2), as a loop-lag budget of half a short lease
+    did on a loaded machine (so does ``taskq_testing.TEST_SETTINGS``)."""
+    worker = Worker(tq, WorkerSettings.load({"watchdog_enabled": False, **settings}, env={}))
     run = asyncio.create_task(worker.run())
     try:
         yield worker

@@ -86,7 +86,9 @@ async def test_the_prune_waits_for_its_time_of_day() -> None:
     async with tq:
         job = await tq.client.enqueue(done, {})
         await run_until_idle(tq)
-        slot = SystemClock().now() + timedelta(seconds=1.5)
+        # 3 s out: the check below, 0.7 s after the start, must come before the slot
+        # (with 1.5 s, a loaded machine's lag could carry it past).
+        slot = SystemClock().now() + timedelta(seconds=3)
         settings = {
             **TEST_SETTINGS,
             "prune_at": slot.time().isoformat(),

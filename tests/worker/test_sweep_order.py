@@ -112,8 +112,9 @@ async def test_a_blackholed_sweep_keeps_within_its_stale_tick_budget(leader_leas
     # A failed turn probes the pool (a plain read, bounded as the turn is) once the sweep
     # has been silent for reclaim_grace, or for a leader_lease before it resigns: the
     # turn and its probe together took two bounds, past the stale-tick budget the
-    # settings size for one (here 0.4 s x 2 + 20 ms > 0.6 s; by default 5 s x 2 + 1 s >
-    # 10 s), and the watchdog ended the leader a few seconds into a black hole.
+    # settings size for one (here 0.6 s x 2 + 20 ms > 1 s; by default 5 s x 2 + 1 s >
+    # 10 s), and the watchdog ended the leader a few seconds into a black hole. (With
+    # 0.4 s and 0.6 s, one turn left 0.18 s for a loaded machine's loop lag.)
     from taskq import TaskQ
     from taskq.worker import Worker
 
@@ -121,8 +122,8 @@ async def test_a_blackholed_sweep_keeps_within_its_stale_tick_budget(leader_leas
     tq = TaskQ("memory://", backend=backend)
     settings = {
         **TEST_SETTINGS,
-        "dispatcher_command_timeout": "400ms",
-        "watchdog_stale_floor": "600ms",
+        "dispatcher_command_timeout": "600ms",
+        "watchdog_stale_floor": "1s",
         "leader_lease": leader_lease,
         "cron_catch_up": "1m",
     }

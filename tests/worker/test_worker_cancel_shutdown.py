@@ -75,20 +75,31 @@ async def _until_status(tq: TaskQ, job_id: Any, *statuses: JobStatus, seconds: f
             await asyncio.sleep(0.05)
 
 
+async def _until_started(*signals: Path, seconds: float = 20) -> None:
+    """Until each actor has created its ``started`` file (its body runs): a job's row
+    says running from its dispatch, before the worker has even read the reply."""
+    async with asyncio.timeout(seconds):
+        while not all(path.exists() for path in signals):  # noqa: ASYNC110 - the actors' files
+            await asyncio.sleep(0.02)
+
+
 async def _events(tq: TaskQ, job_id: Any) -> list[tuple[str, dict[str, Any]]]:
     return [(e.kind, e.detail) for e in await tq.client.get_events(job_id)]
 
 
 async def test_cooperative_forced_and_abandoned_cancellation(
-    tq: TaskQ, pg_schema: PgSchema
+    tq: TaskQ, pg_schema: PgSchema, tmp_path: Path
 ) -> None:
-    polite = await tq.client.enqueue(basic.cooperative, {"seconds": 30})
-    stubborn = await tq.client.enqueue(basic.stubborn, {"seconds": 30})
-    swallower = await tq.client.enqueue(basic.swallower, {"seconds": 30})
+    signals = [tmp_path / f"{name}.started" for name in ("polite", "stubborn", "swallower")]
+    polite = await tq.client.enqueue(basic.cooperative, {"seconds": 30, "started": str(signals[0])})
+    stubborn = await tq.client.enqueue(basic.stubborn, {"seconds": 30, "started": str(signals[1])})
+    swallower = await tq.client.enqueue(
+        basic.swallower, {"seconds": 30, "started": str(signals[2])}
+    )
     with worker(pg_schema, "--concurrency", "4") as proc:
-        for job in (polite, stubborn, swallower):
-            await _until_status(tq, job.id, JobStatus.RUNNING)
-        await asyncio.sleep(0.3)  # the actors are inside their bodies
+        # The actors are inside their bodies (a cancel seen before its actor started
+        # ends the job cancelled unstarted: no escalation, nothing abandoned).
+        await _until_started(*signals)
         for job in (polite, stubborn, swallower):
             assert await tq.client.cancel(job.id, reason="test")
 
@@ -113,14 +124,21 @@ async def test_cooperative_forced_and_abandoned_cancellation(
 
 
 async def test_sigterm_hands_running_and_unstarted_jobs_back(
-    tq: TaskQ, pg_schema: PgSchema
+    tq: TaskQ, pg_schema: PgSchema, tmp_path: Path
 ) -> None:
-    jobs = [await tq.client.enqueue(basic.cooperative, {"seconds": 60}) for _ in range(25)]
+    signals = [tmp_path / f"{i}.started" for i in range(25)]
+    jobs = [
+        await tq.client.enqueue(basic.cooperative, {"seconds": 60, "started": str(path)})
+        for path in signals
+    ]
     with worker(pg_schema, "--concurrency", "20", TASKQ_PREFETCH="5") as proc:
         async with asyncio.timeout(20):
             while len(await tq.client.list_jobs(status="running")) < 25:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
+            # Twenty in their bodies (a fixed 0.5 s could leave some still to start:
+            # handed back unstarted too), five prefetched behind them.
+            while sum(path.exists() for path in signals) < 20:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
@@ -143,13 +161,16 @@ async def test_sigterm_hands_running_and_unstarted_jobs_back(
 
 
 async def test_a_shutdown_forces_a_users_cancel_as_the_protocol_does(
-    tq: TaskQ, pg_schema: PgSchema
+    tq: TaskQ, pg_schema: PgSchema, tmp_path: Path
 ) -> None:
     # The cancels are seen (phase 1) but their grace is long: the shutdown, hurried by a
     # second signal, is what forces them. Phase 2 is stored before each task is
     # cancelled, and a task that ignores it is marked abandoned, not left running.
-    stubborn = await tq.client.enqueue(basic.stubborn, {"seconds": 60})
-    swallower = await tq.client.enqueue(basic.swallower, {"seconds": 60})
+    signals = [tmp_path / "stubborn.started", tmp_path / "swallower.started"]
+    stubborn = await tq.client.enqueue(basic.stubborn, {"seconds": 60, "started": str(signals[0])})
+    swallower = await tq.client.enqueue(
+        basic.swallower, {"seconds": 60, "started": str(signals[1])}
+    )
     with worker(
         pg_schema,
         "--concurrency",
@@ -157,9 +178,7 @@ async def test_a_shutdown_forces_a_users_cancel_as_the_protocol_does(
         TASKQ_CANCELLATION_GRACE_PERIOD="60s",
         TASKQ_TERMINATION_GRACE_PERIOD="30s",
     ) as proc:
-        for job in (stubborn, swallower):
-            await _until_status(tq, job.id, JobStatus.RUNNING)
-        await asyncio.sleep(0.3)
+        await _until_started(*signals)
         for job in (stubborn, swallower):
             assert await tq.client.cancel(job.id, reason="test")
         await asyncio.sleep(0.5)  # a heartbeat or a cancel wake: both observed
@@ -197,16 +216,18 @@ async def test_a_third_sigint_exits_at_once(tq: TaskQ, pg_schema: PgSchema) -> N
     assert "taskq-worker: third signal, exiting at once" in stderr
 
 
-async def test_a_second_sigterm_skips_the_drain_wait(tq: TaskQ, pg_schema: PgSchema) -> None:
-    job = await tq.client.enqueue(basic.stubborn, {"seconds": 60})
+async def test_a_second_sigterm_skips_the_drain_wait(
+    tq: TaskQ, pg_schema: PgSchema, tmp_path: Path
+) -> None:
+    signal_file = tmp_path / "stubborn.started"
+    job = await tq.client.enqueue(basic.stubborn, {"seconds": 60, "started": str(signal_file)})
     with worker(
         pg_schema,
         TASKQ_DRAIN_GRACE_PERIOD="30s",
         TASKQ_CANCELLATION_GRACE_PERIOD="30s",
         TASKQ_TERMINATION_GRACE_PERIOD="90s",
     ) as proc:
-        await _until_status(tq, job.id, JobStatus.RUNNING)
-        await asyncio.sleep(0.3)
+        await _until_started(signal_file)  # a drain to wait for
         proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.5)
         started = time.monotonic()
@@ -343,11 +364,12 @@ async def test_an_until_idle_worker_whose_teardown_hangs_trips_the_shutdown_watc
 
 
 async def test_graces_longer_than_the_termination_grace_are_cut_to_hand_the_job_back(
-    tq: TaskQ, pg_schema: PgSchema
+    tq: TaskQ, pg_schema: PgSchema, tmp_path: Path
 ) -> None:
     # 2 + 5 + 2 s of graces in a 3 s wall: the watchdog ended the stop (exit 2) with the
     # job still locked, and the reclaim then spent one of its attempts (crashed).
-    job = await tq.client.enqueue(basic.stubborn, {"seconds": 60})
+    signal_file = tmp_path / "stubborn.started"
+    job = await tq.client.enqueue(basic.stubborn, {"seconds": 60, "started": str(signal_file)})
     graces = {
         "TASKQ_DRAIN_GRACE_PERIOD": "2s",
         "TASKQ_CANCELLATION_GRACE_PERIOD": "5s",
@@ -355,7 +377,8 @@ async def test_graces_longer_than_the_termination_grace_are_cut_to_hand_the_job_
         "TASKQ_TERMINATION_GRACE_PERIOD": "3s",
     }
     with worker(pg_schema, **graces) as proc:
-        await _until_status(tq, job.id, JobStatus.RUNNING)
+        # Started, so interrupted (signalled at its dispatch, it was handed back unstarted)
+        await _until_started(signal_file)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr[-2000:]
@@ -371,16 +394,16 @@ async def test_graces_longer_than_the_termination_grace_are_cut_to_hand_the_job_
     ids=["sync-actor", "async-actor-to-thread"],
 )
 async def test_a_call_still_in_its_thread_does_not_hold_the_exit(
-    tq: TaskQ, pg_schema: PgSchema, actor: Any, queues: str
+    tq: TaskQ, pg_schema: PgSchema, actor: Any, queues: str, tmp_path: Path
 ) -> None:
     # Nothing can cancel a thread: the job is handed back (or abandoned) at the stop,
     # and a process lingering until the call returns could run it alongside its next
     # run. A sync actor's thread, or the loop's default executor an async actor's
     # asyncio.to_thread runs in (its exit waited 43 s past a 6 s wall).
-    job = await tq.client.enqueue(actor, {"seconds": 30})
+    signal_file = tmp_path / "in-its-thread.started"
+    await tq.client.enqueue(actor, {"seconds": 30, "started": str(signal_file)})
     with worker(pg_schema, "--queues", queues) as proc:
-        await _until_status(tq, job.id, JobStatus.RUNNING)
-        await asyncio.sleep(0.3)  # in its thread
+        await _until_started(signal_file)  # in its thread
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=40)

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import structlog
 
-from taskq import TaskQ, WorkerSettings, actor
+from taskq import JobStatus, TaskQ, WorkerSettings, actor
 from taskq.worker import Worker
 from taskq_testing.faults import TcpProxy
 from taskq_testing.postgres import PgSchema
@@ -129,14 +129,20 @@ def _readyz_scenario(pg_schema: PgSchema, proxy: TcpProxy, port: int) -> None:
             proxy.restore()
         _wait_for(port, "/readyz", 200)
 
-        # a job that keeps the worker busy while it shuts down
+        # a job that keeps the worker busy while it shuts down: signalled once it runs
+        # (a fixed 0.5 s came before the dispatch on a loaded machine; the idle worker
+        # then stopped at once, its server gone before a probe saw "shutting down")
         async def enqueue_long() -> None:
             app = TaskQ(pg_schema.dsn, schema=pg_schema.name, actors=basic.tq.actors.values())
             async with app:
-                await app.client.enqueue(basic.nap, {"seconds": 3})
+                job = await app.client.enqueue(basic.nap, {"seconds": 3})
+                async with asyncio.timeout(30):
+                    while (row := await app.client.get(job.id)) is None or (  # noqa: ASYNC110 - polling the store
+                        row.status is not JobStatus.RUNNING
+                    ):
+                        await asyncio.sleep(0.02)
 
         asyncio.run(enqueue_long())
-        time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         body = _wait_for(port, "/readyz", 503)
         assert body["reason"] == "shutting down"

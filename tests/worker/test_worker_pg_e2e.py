@@ -308,17 +308,33 @@ async def test_max_concurrent_and_identity_serialization(tq: TaskQ, pg_schema: P
 async def test_two_workers_split_the_work_and_run_nothing_twice(
     tq: TaskQ, pg_schema: PgSchema
 ) -> None:
-    # 300 x 20 ms at concurrency 4 keeps one worker busy 1.5 s: longer than the other
-    # takes to start on a loaded machine, so both get jobs.
-    await tq.client.enqueue_batch([(basic.nap, {"seconds": 0.02}) for _ in range(300)])
+    # 300 x 20 ms at concurrency 4 keep one worker busy 1.5 s, and the work is enqueued
+    # only once both workers are up, so both get jobs (enqueued before, the first worker
+    # could run them all while the second was still starting on a loaded machine). A job
+    # scheduled an hour out keeps the idle workers from ending meanwhile (until-idle
+    # counts it).
+    hold = await tq.client.enqueue(basic.nap, {}, delay=timedelta(hours=1))
     with (
         worker_process(pg_schema, "--until-idle", "--concurrency", "4") as w1,
         worker_process(pg_schema, "--until-idle", "--concurrency", "4") as w2,
     ):
+
+        async def both_up() -> bool:
+            async with tq.backend.connection() as conn:  # type: ignore[attr-defined]
+                count = await conn.fetchval(f"SELECT count(*) FROM {tq.schema}.workers")
+            assert w1.poll() is None and w2.poll() is None
+            return bool(count == 2)
+
+        deadline = time.monotonic() + 60
+        while not await both_up():
+            assert time.monotonic() < deadline, "the workers did not both start"
+            await asyncio.sleep(0.05)
+        await tq.client.enqueue_batch([(basic.nap, {"seconds": 0.02}) for _ in range(300)])
+        assert await tq.client.cancel(hold.id)  # the work keeps them until it is done
         for proc in (w1, w2):
             _, err = await asyncio.to_thread(proc.communicate, timeout=90)
             assert proc.returncode == 0, err
-    rows = await _all_jobs(tq)
+    rows = [r for r in await _all_jobs(tq) if r.id != hold.id]
     assert Counter(r.status for r in rows) == {JobStatus.SUCCEEDED: 300}
     workers: set[Any] = set()
     for row in rows:
@@ -354,15 +370,21 @@ async def test_an_actor_uses_its_applications_client(tq: TaskQ, pg_schema: PgSch
 async def test_progress_is_persisted_while_the_job_runs(tq: TaskQ, pg_schema: PgSchema) -> None:
     job = await tq.client.enqueue(basic.reporter, {"seconds": 1.5})
     with worker_process(pg_schema, "--until-idle") as proc:
+        # Polled until the first step shows or the job moves on without showing it: a
+        # count of 100 polls (5 s) ran out on a loaded machine before the worker had
+        # even started. Once running, the first step stays visible for 1.5 s.
         seen = None
-        for _ in range(100):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
             row = await tq.client.get(job.id)
             assert row is not None
             if row.status is JobStatus.RUNNING and row.progress_seq == 1:
                 seen = row.progress_state
                 break
+            if row.status not in (JobStatus.PENDING, JobStatus.RUNNING) or row.progress_seq > 1:
+                break  # past the first step without the test seeing it persisted
             await asyncio.sleep(0.05)
-        assert seen == {"step": 1}
+        assert seen == {"step": 1}, (row.status, row.progress_seq)
         _, err = await asyncio.to_thread(proc.communicate, timeout=60)
         assert proc.returncode == 0, err
     done = await tq.client.get(job.id)

@@ -20,7 +20,14 @@ async def _until(predicate: Callable[[], bool], seconds: float = 10.0) -> None:
 async def test_a_worker_whose_row_was_swept_registers_again() -> None:
     tq = TaskQ("memory://", actors=basic.tq.actors.values())
     settings = WorkerSettings.load(
-        {"poll_interval": "50ms", "heartbeat_interval": "50ms", "lock_lease": "1s"}, env={}
+        # The watchdogs off: in the test's process, a trip ends the whole pytest worker.
+        {
+            "poll_interval": "50ms",
+            "heartbeat_interval": "50ms",
+            "lock_lease": "1s",
+            "watchdog_enabled": False,
+        },
+        env={},
     )
     async with tq:
         backend = tq.backend

@@ -21,7 +21,13 @@ from tests.apps import basic
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-FAST = {"poll_interval": "50ms", "heartbeat_interval": "50ms", "lock_lease": "1s"}
+# The watchdogs off: in the test's process, a trip ends the whole pytest worker.
+FAST = {
+    "poll_interval": "50ms",
+    "heartbeat_interval": "50ms",
+    "lock_lease": "1s",
+    "watchdog_enabled": "false",
+}
 
 
 class Reloadable(InMemoryBackend):

@@ -226,6 +226,26 @@ def test_a_sync_client_enqueue_without_insert_is_one_clear_error(
     assert f"role '{role.name}' lacks INSERT, UPDATE and DELETE on table " in message
 
 
+def test_a_sync_client_of_a_role_that_cannot_read_the_limits_is_refused_after_another_read_them(
+    role: Role, pg_schema: PgSchema
+) -> None:
+    # The limits (and the schema's check) were cached per host, port, database and
+    # schema: once another role's client had read them, this role's enqueues went on
+    # unchecked by its own right, and were refused again only once the cache ran out
+    # (and behind a pooler that routes by user, as Supavisor does, one tenant's limits
+    # were another's).
+    role.grant("GRANT USAGE ON SCHEMA {} TO {}", pg_schema.name)
+    role.grant("GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA {} TO {}", pg_schema.name)
+    role.grant("REVOKE SELECT ON {}.{} FROM {}", pg_schema.name, "actor_config")
+    with SyncJobsClient(pg_schema.dsn, schema=pg_schema.name, actors=[nap]) as owners:
+        owners.enqueue(nap, Sleep())
+    with (
+        SyncJobsClient(role.dsn, schema=pg_schema.name, actors=[nap]) as client,
+        pytest.raises(InsufficientPrivilegeError, match="actor_config"),
+    ):
+        client.enqueue(nap, Sleep())
+
+
 def test_a_sync_client_without_usage_says_so_without_a_limits_warning_first(
     role: Role, pg_schema: PgSchema
 ) -> None:

@@ -1027,3 +1027,53 @@ async def test_a_written_off_job_whose_task_ended_is_not_handed_back_as_unheard(
         attempts = await tq.client.get_attempts(job.id)
     assert row is not None and row.status is JobStatus.ABANDONED
     assert [a.outcome for a in attempts] == ["abandoned"]
+
+
+async def test_a_late_outcome_whose_write_landed_as_the_tick_was_cut_is_not_kept_twice() -> None:
+    # A late outcome leaves its queue only once written: one whose write landed as the
+    # tick's bound cut it (its reply lost) was written again at the next tick, and the
+    # job's history said twice that the attempt came late.
+    from datetime import timedelta
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.models import EnqueueArgs, ErrorInfo
+    from taskq.worker._state import ActiveJob
+    from taskq.worker.cancel import make_cancel_controller
+
+    class ReplyLost(InMemoryBackend):
+        calls = 0
+
+        async def record_late_outcome(self, *args: Any, **kwargs: Any) -> bool:
+            ReplyLost.calls += 1
+            landed = await super().record_late_outcome(*args, **kwargs)
+            if ReplyLost.calls == 1:
+                await asyncio.sleep(3600)  # written; the tick's bound cuts the reply
+            return landed
+
+    backend = ReplyLost()
+    worker = uuid4()
+    job = await backend.enqueue(EnqueueArgs(actor="a"))
+    [row] = await backend.dispatch_batch(worker, ["default"], 1, timedelta(minutes=5))
+    old = ActiveJob(row, release=lambda: None)
+    old.limit_at, old.limit_error = -1.0, ErrorInfo(error_class="TimeoutError", message="t")
+    old.task = asyncio.create_task(asyncio.sleep(10))
+    graces = {
+        "cleanup_grace_period": timedelta(0),
+        "cancellation_grace_period": timedelta(0),
+        "lock_lease": timedelta(minutes=5),
+    }
+    state: Any = SimpleNamespace(
+        active={job.id: old}, backend=backend, worker_id=worker, settings=SimpleNamespace(**graces)
+    )
+    controller = make_cancel_controller(state)
+    await controller.run_tick([])  # past its limit: written off at the post-tick
+    old.lost = True  # reclaimed meanwhile: the write-off is refused, kept as late
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.5):
+            await controller.run_post_tick()
+    await controller.run_post_tick()
+    old.task.cancel()
+    late = [e for e in await backend.get_events(job.id) if e.kind == "late_outcome"]
+    assert len(late) == 1

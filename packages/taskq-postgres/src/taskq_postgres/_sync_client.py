@@ -86,18 +86,21 @@ _ASK_TIMEOUT: Final = 2
 """Seconds a session opened only to ask which rights a role lacks may take to connect
 (libpq's least)."""
 
-_Where = tuple[str, int, str, str]
-"""A schema's (host, port, database, schema)."""
+_Where = tuple[str, int, str, str, str]
+"""A schema's (host, port, database, schema), and the role that reaches it: the same
+address may be another database for another role (a pooler that routes by user, as
+Supavisor does), and a role's rights decide what it may read (``max_pending``'s limits
+refused to one role were read for it by another's client)."""
 
 _FITTING: Final[set[_Where]] = set()
 """The schemas this process found fit to enqueue into (``plan_check_schema``): checked
 once, not on every client a request makes."""
 
 _LIMITS: Final[dict[tuple[_Where, float], MaxPendingLimits]] = {}
-"""The ``max_pending`` limits this process's clients read, per schema and cache period:
-shared, as an application's enqueues share JobsClient's, by the clients a web app
-makes per request (each read them again, a savepoint and a query before its enqueue).
-Threads may share one: a race reads the limits once more, or keeps the later read."""
+"""The ``max_pending`` limits this process's clients read, per schema (and role) and
+cache period: shared, as an application's enqueues share JobsClient's, by the clients a
+web app makes per request (each read them again, a savepoint and a query before its
+enqueue). Threads may share one: a race reads the limits once more, or keeps the later read."""
 
 
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
@@ -426,7 +429,7 @@ class SyncJobsClient:
 
     def _where(self) -> _Where:
         info = self._conn.info
-        return (info.host, info.port, info.dbname, self.schema)
+        return (info.host, info.port, info.dbname, self.schema, info.user)
 
     def _check_schema(self, cur: _Cursor) -> None:
         """Refuse a schema this code cannot run on, as ``PostgresBackend.open()`` does (one

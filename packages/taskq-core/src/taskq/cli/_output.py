@@ -82,14 +82,15 @@ def _cut(text: str, limit: int | None) -> str:
 def _columns(text: str) -> int:
     """The terminal columns ``text`` takes: two for a wide (CJK) character, none for a
     combining mark or a format character, where ``len`` counted one each and the
-    columns after such a cell came out of line."""
+    columns after such a cell came out of line. A mark by its category (``Mn``,
+    ``Me``), not its combining class: Thai's and Devanagari's vowel signs have class 0."""
     if text.isascii():
         return len(text)
     import unicodedata
 
     return sum(
         0
-        if unicodedata.combining(c) or unicodedata.category(c) == "Cf"
+        if unicodedata.category(c) in ("Mn", "Me", "Cf")
         else 2
         if unicodedata.east_asian_width(c) in "WF"
         else 1

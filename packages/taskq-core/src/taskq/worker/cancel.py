@@ -37,14 +37,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 import structlog
 
 from taskq.backend import CancelPhase
+from taskq.backend.late_outcome import late_outcome_detail
 from taskq.backend.storable import stored_error
 from taskq.batch_outcomes import apply_batch_terminal_outcome
-from taskq.models import CancelFlag, ErrorInfo, JobId
+from taskq.models import CancelFlag, ErrorInfo, JobId, JobRow
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker.consumer import late_unless_landed
 
@@ -53,6 +55,18 @@ __all__ = ["CancelController", "make_cancel_controller"]
 _log = structlog.get_logger("taskq.worker")
 
 _LateOutcome = Literal["failed", "abandoned"]
+
+
+@dataclass
+class _Late:
+    """A late outcome queued for the post-tick."""
+
+    active: ActiveJob
+    outcome: _LateOutcome
+    error: ErrorInfo | None
+    tried: bool = False
+    """A try was made and did not end (the tick's bound cut it, or it raised): its
+    write may have landed, its reply lost."""
 
 
 @runtime_checkable
@@ -80,7 +94,7 @@ class _CancelController:
         # meanwhile has a new entry, whose attempt is not the one to write off.
         self._pending_abandons: deque[ActiveJob] = deque()
         self._pending_overruns: deque[tuple[ActiveJob, ErrorInfo]] = deque()
-        self._pending_late: deque[tuple[ActiveJob, _LateOutcome, ErrorInfo | None]] = deque()
+        self._pending_late: deque[_Late] = deque()
 
     async def run_tick(self, flags: list[CancelFlag]) -> None:
         state = self._state
@@ -232,7 +246,7 @@ class _CancelController:
                     failed = failed or exc
                     continue
                 if refused:
-                    self._pending_late.append((active, "failed", error))
+                    self._pending_late.append(_Late(active, "failed", error))
             self._pending_overruns.popleft()
             active.finish()
         for _ in range(len(self._pending_abandons)):
@@ -245,13 +259,14 @@ class _CancelController:
                     failed = failed or exc
                     continue
                 if refused:
-                    self._pending_late.append((active, "abandoned", None))
+                    self._pending_late.append(_Late(active, "abandoned", None))
             self._pending_abandons.popleft()
             active.finish()
         # Written after the slots are freed: a tick cut short there delays a history
         # line, never a slot.
         for _ in range(len(self._pending_late)):
-            active, outcome, info = self._pending_late[0]
+            late = self._pending_late[0]
+            active, outcome = late.active, late.outcome
             if active.ended:  # the stop's own abandonment of it landed first
                 self._pending_late.popleft()
                 continue
@@ -259,7 +274,13 @@ class _CancelController:
             # history said only what the reclaim made of it.
             row = active.row
             try:
-                landed = await late_unless_landed(self._state, row, outcome, info)
+                # A try that did not end may have kept it: written again, the history
+                # said twice that the attempt came late.
+                if late.tried and await self._late_kept(row, outcome):
+                    landed = False
+                else:
+                    late.tried = True
+                    landed = await late_unless_landed(self._state, row, outcome, late.error)
             except Exception as exc:  # noqa: BLE001 - raised below, after the others
                 self._pending_late.rotate(-1)
                 failed = failed or exc
@@ -312,6 +333,15 @@ class _CancelController:
         _log.error("taskq.job-abandoned", job_id=str(active.row.id))
         await apply_batch_terminal_outcome(state.backend, active.row, "abandoned")
         return False
+
+    async def _late_kept(self, row: JobRow, outcome: _LateOutcome) -> bool:
+        """Whether the job's history already keeps this worker's late ``outcome`` of
+        ``row``'s attempt."""
+        said = late_outcome_detail(row.attempt, self._state.worker_id, outcome, None).items()
+        return any(
+            event.kind == "late_outcome" and all(event.detail.get(k) == v for k, v in said)
+            for event in await self._state.backend.get_events(row.id)
+        )
 
     def _still_current(self, active: ActiveJob) -> bool:
         """Whether ``active``'s attempt is still this worker's to write: not lost, nor

@@ -107,6 +107,7 @@ class _ProgressLine:
         self._total = total
         self._tty = stream.isatty()
         self._last_plain: float | None = None
+        self._last_plain_done: int | None = None
 
     @property
     def interval(self) -> float:
@@ -127,11 +128,15 @@ class _ProgressLine:
             if self._last_plain is not None and now - self._last_plain < self._PLAIN_EVERY_SECONDS:
                 return
             self._last_plain = now
+            self._last_plain_done = done
             self._stream.write(self._text(done) + "\n")
         self._stream.flush()
 
     def finish(self, done: int) -> None:
-        """The final count, always shown, ending the line."""
+        """The final count, ending the line; a plain line already showing it is not
+        written again (a log would read the last count twice)."""
+        if not self._tty and done == self._last_plain_done:
+            return
         self._stream.write(("\r" if self._tty else "") + self._text(done) + "\n")
         self._stream.flush()
 

@@ -123,3 +123,16 @@ def test_a_plain_progress_log_ends_on_the_final_count() -> None:
 
     assert stream.getvalue().splitlines()[-1].endswith(" 300/300 jobs done")
     assert len(stream.getvalue().splitlines()) == 2
+
+
+def test_ctrl_c_before_the_worker_starts_is_said_in_one_line(tmp_path: Path) -> None:
+    from tests.demo._support import taskq_interrupted_while_enqueueing
+
+    result = taskq_interrupted_while_enqueueing("demo", "--dsn", "memory://", cwd=tmp_path)
+
+    assert result.returncode == 1
+    # No jobs to point at: they were in that process only. (In memory the enqueueing
+    # never waits, so the cancel lands once the worker's first steps do: a progress line
+    # may come first.)
+    assert result.stderr.splitlines()[-1] == "taskq demo: interrupted before its worker started"
+    assert "Traceback" not in result.stderr

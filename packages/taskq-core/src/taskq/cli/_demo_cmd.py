@@ -362,15 +362,26 @@ def _run(args: argparse.Namespace) -> int:
             f"{exc}; or --dsn memory:// to run the demo in this process"
         ) from None
     _quiet_logs()
-    summary = asyncio.run(run_demo(dsn, schema, args.jobs, sys.stderr))
+    # Not in the commands' default schema: `taskq jobs list` alone finds none.
+    listed = f"taskq jobs list --schema {schema}" + (" --dsn ..." if args.dsn else "")
+    try:
+        summary = asyncio.run(run_demo(dsn, schema, args.jobs, sys.stderr))
+    except KeyboardInterrupt:
+        # Ctrl-C before the worker's own handlers: said for the demo, not as the
+        # generic `taskq jobs list` hint (the demo's schema is not the default one).
+        left = (
+            ""
+            if dsn.startswith("memory:")
+            else f"; the jobs it enqueued wait until the next run cancels them ({listed} shows them)"
+        )
+        print(f"taskq demo: interrupted before its worker started{left}", file=sys.stderr)
+        return EXIT_ERROR
     if args.json:
         print(json.dumps(asdict(summary), indent=2))
     else:
         print(summary.as_table())
         if not dsn.startswith("memory:"):
-            # Not in the commands' default schema: `taskq jobs list` alone found none.
-            again = " --dsn ..." if args.dsn else ""
-            print(f"\n  the jobs stay: taskq jobs list --schema {schema}{again}")
+            print(f"\n  the jobs stay: {listed}")
     return EXIT_ERROR if summary.unfinished else 0
 
 

@@ -69,3 +69,28 @@ def expected_statuses(jobs: int) -> dict[str, int]:
         "crashed": 0,
         "abandoned": 0,
     }
+
+
+def taskq_interrupted_while_enqueueing(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``taskq ARGS`` (a demo) sent a real SIGINT as it plans its jobs: before its
+    worker, and so the worker's signal handlers, exist."""
+    code = (
+        "import os, signal, sys\n"
+        "import taskq.demo\n"
+        "plan = taskq.demo.plan\n"
+        "def interrupted(*args, **kwargs):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return plan(*args, **kwargs)\n"
+        "taskq.demo.plan = interrupted\n"
+        "from taskq.cli import main\n"
+        f"sys.exit(main({list(args)!r}))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=cwd,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import random
 import sys
 from pathlib import Path
@@ -93,3 +94,45 @@ def test_the_mix_holds_every_kind_and_adds_up(jobs: int) -> None:
 def test_the_mix_needs_a_minimum_of_jobs() -> None:
     with pytest.raises(ValueError, match=f"at least {MIN_JOBS}"):
         plan(MIN_JOBS - 1, random.Random(0))
+
+
+def test_a_plain_progress_log_shows_the_final_count_once() -> None:
+    from taskq.cli._demo_cmd import _ProgressLine
+
+    stream = io.StringIO()  # a pipe or a CI log: plain lines, no carriage returns
+    progress = _ProgressLine(stream, 300)
+    progress.show(9)
+    progress._last_plain = None  # as if the plain line's interval had passed
+    progress.show(300)
+    progress.finish(300)
+
+    assert stream.getvalue().splitlines() == [
+        "taskq demo: [..............................] 9/300 jobs done",
+        "taskq demo: [##############################] 300/300 jobs done",
+    ]
+
+
+def test_a_plain_progress_log_ends_on_the_final_count() -> None:
+    from taskq.cli._demo_cmd import _ProgressLine
+
+    stream = io.StringIO()
+    progress = _ProgressLine(stream, 300)
+    progress.show(9)
+    progress.show(250)  # within the interval: not written
+    progress.finish(300)
+
+    assert stream.getvalue().splitlines()[-1].endswith(" 300/300 jobs done")
+    assert len(stream.getvalue().splitlines()) == 2
+
+
+def test_ctrl_c_before_the_worker_starts_is_said_in_one_line(tmp_path: Path) -> None:
+    from tests.demo._support import taskq_interrupted_while_enqueueing
+
+    result = taskq_interrupted_while_enqueueing("demo", "--dsn", "memory://", cwd=tmp_path)
+
+    assert result.returncode == 1
+    # No jobs to point at: they were in that process only. (In memory the enqueueing
+    # never waits, so the cancel lands once the worker's first steps do: a progress line
+    # may come first.)
+    assert result.stderr.splitlines()[-1] == "taskq demo: interrupted before its worker started"
+    assert "Traceback" not in result.stderr

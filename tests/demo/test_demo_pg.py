@@ -118,3 +118,26 @@ def test_ctrl_c_stops_the_demo_gracefully_and_leaves_no_job_locked(
             return await app.client.list_jobs(JobFilter(status=[JobStatus.RUNNING]))
 
     assert asyncio.run(running()) == []  # handed back, not left for a lease to expire
+
+
+@pytest.mark.postgres
+def test_ctrl_c_before_the_worker_starts_says_where_the_jobs_wait(
+    pg_schema: PgSchema, tmp_path: Path
+) -> None:
+    from tests.demo._support import taskq_interrupted_while_enqueueing
+
+    result = taskq_interrupted_while_enqueueing(
+        "demo", "--dsn", pg_schema.dsn, "--schema", pg_schema.name, cwd=tmp_path
+    )
+
+    assert result.returncode == 1
+    # The demo's own line: the generic one pointed at `taskq jobs list`, which looks in
+    # the default schema, not the demo's.
+    assert result.stderr.splitlines() == [
+        (
+            "taskq demo: interrupted before its worker started; the jobs it enqueued wait "
+            f"until the next run cancels them (taskq jobs list --schema {pg_schema.name} "
+            "--dsn ... shows them)"
+        )
+    ]
+    assert result.stdout == ""

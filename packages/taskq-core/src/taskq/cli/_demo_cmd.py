@@ -107,6 +107,7 @@ class _ProgressLine:
         self._total = total
         self._tty = stream.isatty()
         self._last_plain: float | None = None
+        self._last_plain_done: int | None = None
 
     @property
     def interval(self) -> float:
@@ -127,11 +128,15 @@ class _ProgressLine:
             if self._last_plain is not None and now - self._last_plain < self._PLAIN_EVERY_SECONDS:
                 return
             self._last_plain = now
+            self._last_plain_done = done
             self._stream.write(self._text(done) + "\n")
         self._stream.flush()
 
     def finish(self, done: int) -> None:
-        """The final count, always shown, ending the line."""
+        """The final count, ending the line; a plain line already showing it is not
+        written again (a log would read the last count twice)."""
+        if not self._tty and done == self._last_plain_done:
+            return
         self._stream.write(("\r" if self._tty else "") + self._text(done) + "\n")
         self._stream.flush()
 
@@ -357,15 +362,26 @@ def _run(args: argparse.Namespace) -> int:
             f"{exc}; or --dsn memory:// to run the demo in this process"
         ) from None
     _quiet_logs()
-    summary = asyncio.run(run_demo(dsn, schema, args.jobs, sys.stderr))
+    # Not in the commands' default schema: `taskq jobs list` alone finds none.
+    listed = f"taskq jobs list --schema {schema}" + (" --dsn ..." if args.dsn else "")
+    try:
+        summary = asyncio.run(run_demo(dsn, schema, args.jobs, sys.stderr))
+    except KeyboardInterrupt:
+        # Ctrl-C before the worker's own handlers: said for the demo, not as the
+        # generic `taskq jobs list` hint (the demo's schema is not the default one).
+        left = (
+            ""
+            if dsn.startswith("memory:")
+            else f"; the jobs it enqueued wait until the next run cancels them ({listed} shows them)"
+        )
+        print(f"taskq demo: interrupted before its worker started{left}", file=sys.stderr)
+        return EXIT_ERROR
     if args.json:
         print(json.dumps(asdict(summary), indent=2))
     else:
         print(summary.as_table())
         if not dsn.startswith("memory:"):
-            # Not in the commands' default schema: `taskq jobs list` alone found none.
-            again = " --dsn ..." if args.dsn else ""
-            print(f"\n  the jobs stay: taskq jobs list --schema {schema}{again}")
+            print(f"\n  the jobs stay: {listed}")
     return EXIT_ERROR if summary.unfinished else 0
 
 

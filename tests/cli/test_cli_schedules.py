@@ -215,3 +215,24 @@ def test_a_stored_schedule_name_is_escaped_where_a_change_names_it(cli: Cli) -> 
     made = cli.taskq("schedules", "create", "tab\tbed\x1b[31m", "nap", "* * * * *", "--disabled")
     assert made.returncode == 0, made.stderr
     assert made.stdout.startswith("schedule tab bed\\x1b[31m created: id ")
+
+
+def test_list_enabled_or_disabled_only(cli: Cli) -> None:
+    _registered(cli, "nap", "nap_sync")
+    cli.ok("schedules", "create", "on", "nap", "0 3 * * *")
+    cli.ok("schedules", "create", "off", "nap", "0 3 * * *", "--disabled")
+    cli.ok("schedules", "create", "off_too", "nap_sync", "*/5 * * * *", "--disabled")
+    assert [s["name"] for s in cli.json("schedules", "list", "--enabled")] == ["on"]
+    assert [s["name"] for s in cli.json("schedules", "list", "--disabled")] == ["off", "off_too"]
+    both = cli.json("schedules", "list", "--disabled", "--actor", "nap_sync")
+    assert [s["name"] for s in both] == ["off_too"]
+    assert [s["name"] for s in cli.json("schedules", "list")] == ["off", "off_too", "on"]
+    text = cli.ok("schedules", "list", "--enabled")
+    assert [line.split()[1] for line in text.splitlines()[1:]] == ["on"]
+    assert cli.ok("schedules", "list", "--enabled", "--actor", "nap_sync") == (
+        "no enabled schedules\n"
+    )
+
+    result = cli.taskq("schedules", "list", "--enabled", "--disabled")
+    assert result.returncode == 1  # a usage error; 2 is a watchdog trip
+    assert "argument --disabled: not allowed with argument --enabled" in result.stderr

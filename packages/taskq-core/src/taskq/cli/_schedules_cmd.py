@@ -63,10 +63,27 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="schedules_action", metavar="ACTION", required=True)
 
     listing = actions.add_parser(
-        "list", help="list schedules by name", description="List cron schedules by name."
+        "list",
+        help="list schedules by name",
+        description="List cron schedules by name; --enabled or --disabled keeps only those.",
     )
     add_connection_options(listing)
     listing.add_argument("--actor", type=name_argument, help="only this actor's schedules")
+    state = listing.add_mutually_exclusive_group()
+    state.add_argument(
+        "--enabled",
+        dest="enabled",
+        action="store_const",
+        const=True,
+        help="only the schedules the leader fires",
+    )
+    state.add_argument(
+        "--disabled",
+        dest="enabled",
+        action="store_const",
+        const=False,
+        help="only the disabled schedules (stored, not fired)",
+    )
     listing.add_argument("--json", action="store_true", help="print a JSON array for scripts")
     listing.set_defaults(_schedules_run=_list)
 
@@ -185,12 +202,13 @@ async def _list(args: argparse.Namespace) -> int:
     from taskq.cli._output import format_time, print_json, table
 
     async with connect_backend(args) as backend:
-        schedules = await backend.list_schedules(actor=args.actor)
+        schedules = await backend.list_schedules(actor=args.actor, enabled=args.enabled)
     if args.json:
         print_json(schedules)
         return 0
     if not schedules:
-        print("no schedules")
+        which = {None: "", True: "enabled ", False: "disabled "}[args.enabled]
+        print(f"no {which}schedules")
         return 0
     print(
         table(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from uuid import uuid4
 
 import pytest
@@ -236,3 +237,33 @@ def test_list_enabled_or_disabled_only(cli: Cli) -> None:
     result = cli.taskq("schedules", "list", "--enabled", "--disabled")
     assert result.returncode == 1  # a usage error; 2 is a watchdog trip
     assert "argument --disabled: not allowed with argument --enabled" in result.stderr
+
+
+def test_create_update_and_delete_print_the_schedule_as_json(cli: Cli) -> None:
+    # Only `list` had --json: a script had to parse "created: id UUID, next fire …".
+    _registered(cli, "nap")
+    made = cli.json(
+        "schedules", "create", "nightly", "nap", "0 3 * * *", "--payload", '{"n": 1}',
+        "--queue", "batch",
+    )  # fmt: skip
+    listed = cli.json("schedules", "list")
+    assert made == listed[0]
+    assert (made["name"], made["queue"], made["payload"]) == ("nightly", "batch", {"n": 1})
+    assert made["enabled"] is True and made["next_fire_at"] is not None
+
+    changed = cli.json("schedules", "update", made["id"], "--disable", "--payload", "{}")
+    assert changed == cli.json("schedules", "list")[0]
+    assert (changed["id"], changed["enabled"], changed["payload"]) == (made["id"], False, {})
+    assert changed["next_fire_at"] is None
+
+    assert cli.json("schedules", "delete", made["id"]) == changed
+    assert cli.json("schedules", "list") == []
+    gone = cli.taskq("schedules", "delete", made["id"], "--json")
+    assert error_line(gone) == f"taskq: error: no schedule {made['id']}"
+    assert gone.stdout == ""
+
+    # The warning for an actor no worker runs stays on stderr: stdout is JSON alone.
+    typo = cli.taskq("schedules", "create", "typo", "npa", "* * * * *", "--json")
+    assert typo.returncode == 0, typo.stderr
+    assert json.loads(typo.stdout)["actor"] == "npa"
+    assert "no worker has registered actor 'npa'" in typo.stderr

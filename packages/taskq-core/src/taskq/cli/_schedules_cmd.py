@@ -28,7 +28,9 @@ from taskq.errors import TaskQError
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from taskq.backend import Backend
     from taskq.cli._commands import CommandRegistry
+    from taskq.models import ScheduleRecord
 
 __all__ = ["ScheduleCommandError", "register"]
 
@@ -56,6 +58,15 @@ def _add_app(parser: argparse.ArgumentParser) -> None:
         help="module:attribute naming the TaskQ application: its actor, payload and queue "
         "are checked now, as each slot's job will be built (default: no check here; the "
         "worker that runs a slot's job checks it)",
+    )
+
+
+def _add_json(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print {what} as a JSON object for scripts (the fields `list --json` gives "
+        "each schedule) instead of a sentence",
     )
 
 
@@ -109,6 +120,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         help="IANA timezone CRON is read in, e.g. Europe/Paris (default: UTC)",
     )
     create.add_argument("--disabled", action="store_true", help="store it without firing it")
+    _add_json(create, "the stored schedule")
     _add_app(create)
     add_connection_options(create)
     create.set_defaults(_schedules_run=_create)
@@ -130,6 +142,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     toggle.add_argument(
         "--disable", dest="enabled", action="store_const", const=False, help="stop firing it"
     )
+    _add_json(update, "the changed schedule, as stored")
     _add_app(update)
     add_connection_options(update)
     update.set_defaults(_schedules_run=_update)
@@ -138,6 +151,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "delete", help="remove a schedule", description="Remove a schedule for good."
     )
     _add_schedule_id(delete)
+    _add_json(delete, "the deleted schedule (as read just before deleting it)")
     add_connection_options(delete)
     delete.set_defaults(_schedules_run=_delete)
 
@@ -232,7 +246,7 @@ async def _list(args: argparse.Namespace) -> int:
 
 
 async def _create(args: argparse.Namespace) -> int:
-    from taskq.cli._output import compact, format_time
+    from taskq.cli._output import compact, format_time, print_json
     from taskq.models import ScheduleCreateArgs
 
     create = _validated(
@@ -263,13 +277,16 @@ async def _create(args: argparse.Namespace) -> int:
                 f"its slots wait until one runs it (a typo? `taskq schedules delete` it)",
                 file=sys.stderr,
             )
+    if args.json:
+        print_json(schedule)
+        return 0
     when = f"next fire {format_time(schedule.next_fire_at)}" if schedule.enabled else "disabled"
     print(f"schedule {compact(schedule.name)} created: id {schedule.id}, {when}")
     return 0
 
 
 async def _update(args: argparse.Namespace) -> int:
-    from taskq.cli._output import compact
+    from taskq.cli._output import compact, print_json
     from taskq.models import ScheduleUpdateArgs
 
     schedule_id = _schedule_id(args.schedule_id)
@@ -297,9 +314,7 @@ async def _update(args: argparse.Namespace) -> int:
             else:
                 from taskq.client import JobsClient
 
-                current = next(
-                    (s for s in await backend.list_schedules() if s.id == schedule_id), None
-                )
+                current = await _find(backend, schedule_id)
                 if current is not None and current.actor not in checked.actors:
                     # Another application's actor: nothing here to check it against.
                     raise ScheduleCommandError(
@@ -313,17 +328,35 @@ async def _update(args: argparse.Namespace) -> int:
             raise ScheduleCommandError(f"no schedule {schedule_id}") from None
         except ValueError as exc:  # a cron that never fires again, as create says it
             raise ScheduleCommandError(str(exc)) from None
+    if args.json:
+        print_json(schedule)
+        return 0
     # The stored name is anyone's text: escaped, as `schedules list` shows it.
     print(f"schedule {compact(schedule.name)} updated")
     return 0
 
 
 async def _delete(args: argparse.Namespace) -> int:
+    from taskq.cli._output import print_json
+
     schedule_id = _schedule_id(args.schedule_id)
     async with connect_backend(args) as backend:
+        # The protocol's delete returns nothing: for --json the schedule is read first
+        # (a change committed between the read and the delete is not in what is printed).
+        deleted = await _find(backend, schedule_id) if args.json else None
+        if args.json and deleted is None:
+            raise ScheduleCommandError(f"no schedule {schedule_id}")
         try:
             await backend.delete_schedule(schedule_id)
         except KeyError:
             raise ScheduleCommandError(f"no schedule {schedule_id}") from None
+    if deleted is not None:
+        print_json(deleted)
+        return 0
     print(f"schedule {schedule_id} deleted")
     return 0
+
+
+async def _find(backend: Backend, schedule_id: UUID) -> ScheduleRecord | None:
+    """The schedule ``schedule_id``, or None; the protocol reads schedules only as a list."""
+    return next((s for s in await backend.list_schedules() if s.id == schedule_id), None)

@@ -267,3 +267,32 @@ def test_create_update_and_delete_print_the_schedule_as_json(cli: Cli) -> None:
     assert typo.returncode == 0, typo.stderr
     assert json.loads(typo.stdout)["actor"] == "npa"
     assert "no worker has registered actor 'npa'" in typo.stderr
+
+
+def test_update_actor_queue_puts_the_jobs_back_on_the_actors_own_queue(cli: Cli) -> None:
+    # `update --queue Q` set a queue, and nothing unset it: the schedule's jobs stayed on
+    # Q even after the actor moved to another queue.
+    _registered(cli, "nap")
+    made = cli.json("schedules", "create", "nightly", "nap", "0 3 * * *", "--queue", "batch")
+    assert made["queue"] == "batch"
+    back = cli.json("schedules", "update", made["id"], "--actor-queue")
+    assert back["queue"] is None
+    assert (back["cron"], back["next_fire_at"]) == (made["cron"], made["next_fire_at"])
+    text = cli.ok("schedules", "list")
+    assert "(the actor's)" in text.splitlines()[1]
+    # with --app too: the actor's own queue is checked as each slot's job will be built
+    again = cli.json("schedules", "update", made["id"], "--queue", "batch", "--app", APP)
+    assert again["queue"] == "batch"
+    assert (
+        cli.json("schedules", "update", made["id"], "--actor-queue", "--app", APP)["queue"] is None
+    )
+
+    both = cli.taskq("schedules", "update", made["id"], "--queue", "q", "--actor-queue")
+    assert both.returncode == 1  # a usage error; 2 is a watchdog trip
+    assert "argument --actor-queue: not allowed with argument --queue" in both.stderr
+    assert error_line(cli.taskq("schedules", "update", made["id"], "--queue", "")) == (
+        "taskq: error: --queue '' names no queue: give --actor-queue for the actor's own queue"
+    )
+    empty = cli.taskq("schedules", "create", "other", "nap", "* * * * *", "--queue", "")
+    assert "leave --queue out for the actor's own queue" in error_line(empty)
+    assert cli.json("schedules", "list")[0]["queue"] is None

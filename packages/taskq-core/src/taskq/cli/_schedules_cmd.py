@@ -133,7 +133,14 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     _add_schedule_id(update)
     update.add_argument("--cron", help="a new cron expression")
     update.add_argument("--payload", help="a new payload, as a JSON object")
-    update.add_argument("--queue", help="a new queue")
+    queue = update.add_mutually_exclusive_group()
+    queue.add_argument("--queue", help="a new queue for the jobs each slot enqueues")
+    queue.add_argument(
+        "--actor-queue",
+        action="store_true",
+        help="the jobs go to the actor's own queue again, whichever it is when each slot "
+        "fires (as created without --queue)",
+    )
     update.add_argument("--timezone", help="a new timezone")
     toggle = update.add_mutually_exclusive_group()
     toggle.add_argument(
@@ -249,6 +256,10 @@ async def _create(args: argparse.Namespace) -> int:
     from taskq.cli._output import compact, format_time, print_json
     from taskq.models import ScheduleCreateArgs
 
+    if args.queue == "":
+        raise ScheduleCommandError(
+            "--queue '' names no queue: leave --queue out for the actor's own queue"
+        )
     create = _validated(
         ScheduleCreateArgs,
         name=args.name,
@@ -290,17 +301,23 @@ async def _update(args: argparse.Namespace) -> int:
     from taskq.models import ScheduleUpdateArgs
 
     schedule_id = _schedule_id(args.schedule_id)
-    changes = _validated(
+    if args.queue == "":
+        raise ScheduleCommandError(
+            "--queue '' names no queue: give --actor-queue for the actor's own queue"
+        )
+    wanted = _validated(
         ScheduleUpdateArgs,
         cron=args.cron,
         payload=_payload(args.payload) if args.payload is not None else None,
         queue=args.queue,
+        actor_queue=args.actor_queue,
         timezone=args.timezone,
         enabled=args.enabled,
     )
-    if not changes.model_dump(exclude_none=True):
+    if not wanted.changes():
         raise ScheduleCommandError(
-            "nothing to change: give --cron, --payload, --queue, --timezone, --enable or --disable"
+            "nothing to change: give --cron, --payload, --queue, --actor-queue, --timezone, "
+            "--enable or --disable"
         )
     checked = None
     if args.app is not None:
@@ -310,7 +327,7 @@ async def _update(args: argparse.Namespace) -> int:
     async with connect_backend(args) as backend:
         try:
             if checked is None:
-                schedule = await backend.update_schedule(schedule_id, changes)
+                schedule = await backend.update_schedule(schedule_id, wanted)
             else:
                 from taskq.client import JobsClient
 
@@ -323,7 +340,7 @@ async def _update(args: argparse.Namespace) -> int:
                     )
                 # A new payload or queue is checked against the schedule's actor.
                 client = JobsClient(backend, checked.actors)
-                schedule = await client.update_schedule(schedule_id, changes)
+                schedule = await client.update_schedule(schedule_id, wanted)
         except KeyError:
             raise ScheduleCommandError(f"no schedule {schedule_id}") from None
         except ValueError as exc:  # a cron that never fires again, as create says it

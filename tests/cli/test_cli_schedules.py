@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from uuid import uuid4
 
 import pytest
@@ -215,3 +216,83 @@ def test_a_stored_schedule_name_is_escaped_where_a_change_names_it(cli: Cli) -> 
     made = cli.taskq("schedules", "create", "tab\tbed\x1b[31m", "nap", "* * * * *", "--disabled")
     assert made.returncode == 0, made.stderr
     assert made.stdout.startswith("schedule tab bed\\x1b[31m created: id ")
+
+
+def test_list_enabled_or_disabled_only(cli: Cli) -> None:
+    _registered(cli, "nap", "nap_sync")
+    cli.ok("schedules", "create", "on", "nap", "0 3 * * *")
+    cli.ok("schedules", "create", "off", "nap", "0 3 * * *", "--disabled")
+    cli.ok("schedules", "create", "off_too", "nap_sync", "*/5 * * * *", "--disabled")
+    assert [s["name"] for s in cli.json("schedules", "list", "--enabled")] == ["on"]
+    assert [s["name"] for s in cli.json("schedules", "list", "--disabled")] == ["off", "off_too"]
+    both = cli.json("schedules", "list", "--disabled", "--actor", "nap_sync")
+    assert [s["name"] for s in both] == ["off_too"]
+    assert [s["name"] for s in cli.json("schedules", "list")] == ["off", "off_too", "on"]
+    text = cli.ok("schedules", "list", "--enabled")
+    assert [line.split()[1] for line in text.splitlines()[1:]] == ["on"]
+    assert cli.ok("schedules", "list", "--enabled", "--actor", "nap_sync") == (
+        "no enabled schedules\n"
+    )
+
+    result = cli.taskq("schedules", "list", "--enabled", "--disabled")
+    assert result.returncode == 1  # a usage error; 2 is a watchdog trip
+    assert "argument --disabled: not allowed with argument --enabled" in result.stderr
+
+
+def test_create_update_and_delete_print_the_schedule_as_json(cli: Cli) -> None:
+    # Only `list` had --json: a script had to parse "created: id UUID, next fire …".
+    _registered(cli, "nap")
+    made = cli.json(
+        "schedules", "create", "nightly", "nap", "0 3 * * *", "--payload", '{"n": 1}',
+        "--queue", "batch",
+    )  # fmt: skip
+    listed = cli.json("schedules", "list")
+    assert made == listed[0]
+    assert (made["name"], made["queue"], made["payload"]) == ("nightly", "batch", {"n": 1})
+    assert made["enabled"] is True and made["next_fire_at"] is not None
+
+    changed = cli.json("schedules", "update", made["id"], "--disable", "--payload", "{}")
+    assert changed == cli.json("schedules", "list")[0]
+    assert (changed["id"], changed["enabled"], changed["payload"]) == (made["id"], False, {})
+    assert changed["next_fire_at"] is None
+
+    assert cli.json("schedules", "delete", made["id"]) == changed
+    assert cli.json("schedules", "list") == []
+    gone = cli.taskq("schedules", "delete", made["id"], "--json")
+    assert error_line(gone) == f"taskq: error: no schedule {made['id']}"
+    assert gone.stdout == ""
+
+    # The warning for an actor no worker runs stays on stderr: stdout is JSON alone.
+    typo = cli.taskq("schedules", "create", "typo", "npa", "* * * * *", "--json")
+    assert typo.returncode == 0, typo.stderr
+    assert json.loads(typo.stdout)["actor"] == "npa"
+    assert "no worker has registered actor 'npa'" in typo.stderr
+
+
+def test_update_actor_queue_puts_the_jobs_back_on_the_actors_own_queue(cli: Cli) -> None:
+    # `update --queue Q` set a queue, and nothing unset it: the schedule's jobs stayed on
+    # Q even after the actor moved to another queue.
+    _registered(cli, "nap")
+    made = cli.json("schedules", "create", "nightly", "nap", "0 3 * * *", "--queue", "batch")
+    assert made["queue"] == "batch"
+    back = cli.json("schedules", "update", made["id"], "--actor-queue")
+    assert back["queue"] is None
+    assert (back["cron"], back["next_fire_at"]) == (made["cron"], made["next_fire_at"])
+    text = cli.ok("schedules", "list")
+    assert "(the actor's)" in text.splitlines()[1]
+    # with --app too: the actor's own queue is checked as each slot's job will be built
+    again = cli.json("schedules", "update", made["id"], "--queue", "batch", "--app", APP)
+    assert again["queue"] == "batch"
+    assert (
+        cli.json("schedules", "update", made["id"], "--actor-queue", "--app", APP)["queue"] is None
+    )
+
+    both = cli.taskq("schedules", "update", made["id"], "--queue", "q", "--actor-queue")
+    assert both.returncode == 1  # a usage error; 2 is a watchdog trip
+    assert "argument --actor-queue: not allowed with argument --queue" in both.stderr
+    assert error_line(cli.taskq("schedules", "update", made["id"], "--queue", "")) == (
+        "taskq: error: --queue '' names no queue: give --actor-queue for the actor's own queue"
+    )
+    empty = cli.taskq("schedules", "create", "other", "nap", "* * * * *", "--queue", "")
+    assert "leave --queue out for the actor's own queue" in error_line(empty)
+    assert cli.json("schedules", "list")[0]["queue"] is None

@@ -507,6 +507,9 @@ async def test_schedules_take_their_ids_as_text_and_their_args_as_dicts(
     assert updated.id == made.id and updated.payload == {"n": 1}
     updated = await tq.client.update_schedule(text, ScheduleUpdateArgs(enabled=False))
     assert updated.enabled is False
+    moved = await tq.client.update_schedule(text, {"queue": "elsewhere"})
+    assert moved.queue == "elsewhere"
+    assert (await tq.client.update_schedule(text, {"actor_queue": True})).queue is None
     with pytest.raises(ValueError, match="'xyz' is not a schedule id"):
         await tq.client.update_schedule("xyz", {"enabled": True})
     with pytest.raises(TypeError, match="a schedule id is a UUID"):

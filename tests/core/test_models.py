@@ -144,6 +144,18 @@ def test_schedule_args_validate_cron_and_timezone() -> None:
     ScheduleCreateArgs(name="n", actor="a", cron="0 0 29 2 *")  # leap days exist
 
 
+def test_schedule_update_args_unset_the_queue_with_actor_queue_only() -> None:
+    # queue=None keeps the stored queue; actor_queue=True sets it back to None.
+    assert ScheduleUpdateArgs(queue=None).changes() == {}
+    assert ScheduleUpdateArgs(queue="q", enabled=False).changes() == {
+        "queue": "q",
+        "enabled": False,
+    }
+    assert ScheduleUpdateArgs(actor_queue=True).changes() == {"queue": None}
+    with pytest.raises(ValidationError, match="either queue or actor_queue=True, not both"):
+        ScheduleUpdateArgs(queue="q", actor_queue=True)
+
+
 @pytest.mark.parametrize("zone", ["localtime", "posixrules", "Factory", "LocalTime"])
 def test_a_schedule_timezone_the_host_decides_is_refused(zone: str) -> None:
     # ZoneInfo finds these in the host's zone files; what they mean is that host's (its

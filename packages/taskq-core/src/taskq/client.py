@@ -371,12 +371,14 @@ class JobsClient:
     async def update_schedule(
         self, schedule_id: UUID | str, args: ScheduleUpdateArgs | Mapping[str, Any]
     ) -> ScheduleRecord:
-        """Change the fields of ``args`` that are set; ``next_fire_at`` is recomputed.
+        """Change the fields of ``args`` that are set (``actor_queue=True``: back to the
+        actor's own queue); ``next_fire_at`` is recomputed.
         ``KeyError`` for an unknown schedule; a new payload, queue or options are
         checked as in :meth:`create_schedule`."""
         schedule_id = _as_id(schedule_id, "schedule")
         args = _as_model(ScheduleUpdateArgs, args)
-        if args.payload is not None or args.queue is not None or args.options is not None:
+        changes = args.changes()
+        if changes.keys() & {"payload", "queue", "options"}:
             current = next(
                 (s for s in await self._backend.list_schedules() if s.id == schedule_id), None
             )
@@ -385,9 +387,9 @@ class JobsClient:
             if current.actor in self._actors:  # another application's actor: its own check
                 self._check_slot_job(
                     current.actor,
-                    current.payload if args.payload is None else args.payload,
-                    current.queue if args.queue is None else args.queue,
-                    current.options if args.options is None else args.options,
+                    changes.get("payload", current.payload),
+                    changes.get("queue", current.queue),
+                    changes.get("options", current.options),
                 )
         return await self._backend.update_schedule(schedule_id, args)
 

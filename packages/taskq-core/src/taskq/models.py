@@ -815,7 +815,9 @@ class ScheduleCreateArgs(_Model):
 
 
 class ScheduleUpdateArgs(_Model):
-    """Changes to a schedule; fields left as None are kept."""
+    """Changes to a schedule; fields left as None are kept. ``queue=None`` therefore
+    keeps the queue: ``actor_queue=True`` is how a schedule goes back to its actor's
+    own queue (the stored queue NULL). A backend applies :meth:`changes`."""
 
     cron: str | None = None
     payload: JsonDict | None = None
@@ -823,6 +825,23 @@ class ScheduleUpdateArgs(_Model):
     timezone: str | None = None
     enabled: bool | None = None
     options: JsonDict | None = None
+    actor_queue: bool = False
+    """True: the fired jobs go to the actor's own queue again, as when each slot
+    fires (``ScheduleRecord.queue`` None); not with ``queue``."""
+
+    @model_validator(mode="after")
+    def _queue_xor_actor_queue(self) -> Self:
+        if self.actor_queue and self.queue is not None:
+            raise ValueError("ScheduleUpdateArgs: give either queue or actor_queue=True, not both")
+        return self
+
+    def changes(self) -> dict[str, Any]:
+        """The stored schedule's fields this update sets, by name: the fields given
+        (not None), and ``queue: None`` for ``actor_queue``."""
+        changes = self.model_dump(exclude_none=True, exclude={"actor_queue"})
+        if self.actor_queue:
+            changes["queue"] = None
+        return changes
 
     @field_validator("queue")
     @classmethod

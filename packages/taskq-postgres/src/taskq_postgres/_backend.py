@@ -1798,15 +1798,15 @@ class PostgresBackend:
         return [schedule_record(r) for r in records]
 
     async def update_schedule(self, schedule_id: UUID, args: ScheduleUpdateArgs) -> ScheduleRecord:
-        """Apply the fields of ``args`` that are set; ``next_fire_at`` is computed again
-        from the server clock when the timing (cron, time zone, enabled) changed, else
-        kept; ``KeyError`` if unknown."""
+        """Apply ``args.changes()`` (the fields set, the queue NULL for ``actor_queue``);
+        ``next_fire_at`` is computed again from the server clock when the timing (cron,
+        time zone, enabled) changed, else kept; ``KeyError`` if unknown."""
         async with self._transaction() as tx:
             current = await tx.fetchrow(self._sql.lock_schedule, schedule_id)
             if current is None:
                 raise KeyError(f"no schedule with id {schedule_id}")
             stored = schedule_record(current)
-            merged = stored.model_copy(update=args.model_dump(exclude_none=True))
+            merged = stored.model_copy(update=args.changes())
             record = await tx.fetchrow(
                 self._sql.update_schedule,
                 schedule_id,

@@ -56,8 +56,7 @@ class ScheduleTable:
 
     def update(self, schedule_id: UUID, args: ScheduleUpdateArgs) -> ScheduleRecord:
         current = self._get(schedule_id)
-        changes = args.model_dump(exclude_none=True)
-        merged = current.model_copy(update=changes)
+        merged = current.model_copy(update=args.changes())
         now = self._clock.now()
         updated = merged.model_copy(
             update={

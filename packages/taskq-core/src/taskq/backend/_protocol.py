@@ -154,6 +154,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     protocols: every keyword-only parameter, up_to, attempt, actors... too);
 #     count_pending_jobs gained the keyword-only `up_to` (the client passes each
 #     actor's max_pending, so that a refused enqueue no longer counts the whole backlog).
+#     update_schedule applies ScheduleUpdateArgs.changes(), which sets the queue back
+#     to None (the actor's own) for the new actor_queue=True: the non-None fields alone
+#     had no way to unset a schedule's queue.
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,

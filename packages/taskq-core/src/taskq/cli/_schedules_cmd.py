@@ -28,7 +28,9 @@ from taskq.errors import TaskQError
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from taskq.backend import Backend
     from taskq.cli._commands import CommandRegistry
+    from taskq.models import ScheduleRecord
 
 __all__ = ["ScheduleCommandError", "register"]
 
@@ -59,14 +61,40 @@ def _add_app(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_json(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print {what} as a JSON object for scripts (the fields `list --json` gives "
+        "each schedule) instead of a sentence",
+    )
+
+
 def _configure(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="schedules_action", metavar="ACTION", required=True)
 
     listing = actions.add_parser(
-        "list", help="list schedules by name", description="List cron schedules by name."
+        "list",
+        help="list schedules by name",
+        description="List cron schedules by name; --enabled or --disabled keeps only those.",
     )
     add_connection_options(listing)
     listing.add_argument("--actor", type=name_argument, help="only this actor's schedules")
+    state = listing.add_mutually_exclusive_group()
+    state.add_argument(
+        "--enabled",
+        dest="enabled",
+        action="store_const",
+        const=True,
+        help="only the schedules the leader fires",
+    )
+    state.add_argument(
+        "--disabled",
+        dest="enabled",
+        action="store_const",
+        const=False,
+        help="only the disabled schedules (stored, not fired)",
+    )
     listing.add_argument("--json", action="store_true", help="print a JSON array for scripts")
     listing.set_defaults(_schedules_run=_list)
 
@@ -92,6 +120,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         help="IANA timezone CRON is read in, e.g. Europe/Paris (default: UTC)",
     )
     create.add_argument("--disabled", action="store_true", help="store it without firing it")
+    _add_json(create, "the stored schedule")
     _add_app(create)
     add_connection_options(create)
     create.set_defaults(_schedules_run=_create)
@@ -104,7 +133,14 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     _add_schedule_id(update)
     update.add_argument("--cron", help="a new cron expression")
     update.add_argument("--payload", help="a new payload, as a JSON object")
-    update.add_argument("--queue", help="a new queue")
+    queue = update.add_mutually_exclusive_group()
+    queue.add_argument("--queue", help="a new queue for the jobs each slot enqueues")
+    queue.add_argument(
+        "--actor-queue",
+        action="store_true",
+        help="the jobs go to the actor's own queue again, whichever it is when each slot "
+        "fires (as created without --queue)",
+    )
     update.add_argument("--timezone", help="a new timezone")
     toggle = update.add_mutually_exclusive_group()
     toggle.add_argument(
@@ -113,6 +149,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     toggle.add_argument(
         "--disable", dest="enabled", action="store_const", const=False, help="stop firing it"
     )
+    _add_json(update, "the changed schedule, as stored")
     _add_app(update)
     add_connection_options(update)
     update.set_defaults(_schedules_run=_update)
@@ -121,6 +158,7 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         "delete", help="remove a schedule", description="Remove a schedule for good."
     )
     _add_schedule_id(delete)
+    _add_json(delete, "the deleted schedule (as read just before deleting it)")
     add_connection_options(delete)
     delete.set_defaults(_schedules_run=_delete)
 
@@ -185,12 +223,13 @@ async def _list(args: argparse.Namespace) -> int:
     from taskq.cli._output import format_time, print_json, table
 
     async with connect_backend(args) as backend:
-        schedules = await backend.list_schedules(actor=args.actor)
+        schedules = await backend.list_schedules(actor=args.actor, enabled=args.enabled)
     if args.json:
         print_json(schedules)
         return 0
     if not schedules:
-        print("no schedules")
+        which = {None: "", True: "enabled ", False: "disabled "}[args.enabled]
+        print(f"no {which}schedules")
         return 0
     print(
         table(
@@ -214,9 +253,13 @@ async def _list(args: argparse.Namespace) -> int:
 
 
 async def _create(args: argparse.Namespace) -> int:
-    from taskq.cli._output import compact, format_time
+    from taskq.cli._output import compact, format_time, print_json
     from taskq.models import ScheduleCreateArgs
 
+    if args.queue == "":
+        raise ScheduleCommandError(
+            "--queue '' names no queue: leave --queue out for the actor's own queue"
+        )
     create = _validated(
         ScheduleCreateArgs,
         name=args.name,
@@ -245,27 +288,36 @@ async def _create(args: argparse.Namespace) -> int:
                 f"its slots wait until one runs it (a typo? `taskq schedules delete` it)",
                 file=sys.stderr,
             )
+    if args.json:
+        print_json(schedule)
+        return 0
     when = f"next fire {format_time(schedule.next_fire_at)}" if schedule.enabled else "disabled"
     print(f"schedule {compact(schedule.name)} created: id {schedule.id}, {when}")
     return 0
 
 
 async def _update(args: argparse.Namespace) -> int:
-    from taskq.cli._output import compact
+    from taskq.cli._output import compact, print_json
     from taskq.models import ScheduleUpdateArgs
 
     schedule_id = _schedule_id(args.schedule_id)
-    changes = _validated(
+    if args.queue == "":
+        raise ScheduleCommandError(
+            "--queue '' names no queue: give --actor-queue for the actor's own queue"
+        )
+    wanted = _validated(
         ScheduleUpdateArgs,
         cron=args.cron,
         payload=_payload(args.payload) if args.payload is not None else None,
         queue=args.queue,
+        actor_queue=args.actor_queue,
         timezone=args.timezone,
         enabled=args.enabled,
     )
-    if not changes.model_dump(exclude_none=True):
+    if not wanted.changes():
         raise ScheduleCommandError(
-            "nothing to change: give --cron, --payload, --queue, --timezone, --enable or --disable"
+            "nothing to change: give --cron, --payload, --queue, --actor-queue, --timezone, "
+            "--enable or --disable"
         )
     checked = None
     if args.app is not None:
@@ -275,13 +327,11 @@ async def _update(args: argparse.Namespace) -> int:
     async with connect_backend(args) as backend:
         try:
             if checked is None:
-                schedule = await backend.update_schedule(schedule_id, changes)
+                schedule = await backend.update_schedule(schedule_id, wanted)
             else:
                 from taskq.client import JobsClient
 
-                current = next(
-                    (s for s in await backend.list_schedules() if s.id == schedule_id), None
-                )
+                current = await _find(backend, schedule_id)
                 if current is not None and current.actor not in checked.actors:
                     # Another application's actor: nothing here to check it against.
                     raise ScheduleCommandError(
@@ -290,22 +340,40 @@ async def _update(args: argparse.Namespace) -> int:
                     )
                 # A new payload or queue is checked against the schedule's actor.
                 client = JobsClient(backend, checked.actors)
-                schedule = await client.update_schedule(schedule_id, changes)
+                schedule = await client.update_schedule(schedule_id, wanted)
         except KeyError:
             raise ScheduleCommandError(f"no schedule {schedule_id}") from None
         except ValueError as exc:  # a cron that never fires again, as create says it
             raise ScheduleCommandError(str(exc)) from None
+    if args.json:
+        print_json(schedule)
+        return 0
     # The stored name is anyone's text: escaped, as `schedules list` shows it.
     print(f"schedule {compact(schedule.name)} updated")
     return 0
 
 
 async def _delete(args: argparse.Namespace) -> int:
+    from taskq.cli._output import print_json
+
     schedule_id = _schedule_id(args.schedule_id)
     async with connect_backend(args) as backend:
+        # The protocol's delete returns nothing: for --json the schedule is read first
+        # (a change committed between the read and the delete is not in what is printed).
+        deleted = await _find(backend, schedule_id) if args.json else None
+        if args.json and deleted is None:
+            raise ScheduleCommandError(f"no schedule {schedule_id}")
         try:
             await backend.delete_schedule(schedule_id)
         except KeyError:
             raise ScheduleCommandError(f"no schedule {schedule_id}") from None
+    if deleted is not None:
+        print_json(deleted)
+        return 0
     print(f"schedule {schedule_id} deleted")
     return 0
+
+
+async def _find(backend: Backend, schedule_id: UUID) -> ScheduleRecord | None:
+    """The schedule ``schedule_id``, or None; the protocol reads schedules only as a list."""
+    return next((s for s in await backend.list_schedules() if s.id == schedule_id), None)

@@ -166,6 +166,25 @@ class ScheduleTests:
         assert updated.updated_at > record.updated_at
         assert await backend.list_schedules() == [updated]
 
+    @covers("update_schedule", "list_schedules")
+    async def test_actor_queue_puts_a_schedule_back_on_its_actors_queue(
+        self, backend: Backend
+    ) -> None:
+        # queue=None keeps the queue: a schedule given one could never go back to its
+        # actor's own.
+        record = await backend.create_schedule(_args(queue="elsewhere", payload={"v": 1}))
+        kept = await backend.update_schedule(record.id, ScheduleUpdateArgs(queue=None))
+        assert kept.queue == "elsewhere"
+        back = await backend.update_schedule(record.id, ScheduleUpdateArgs(actor_queue=True))
+        assert (back.queue, back.payload, back.next_fire_at) == (
+            None,
+            {"v": 1},
+            record.next_fire_at,
+        )
+        assert await backend.list_schedules() == [back]
+        moved = await backend.update_schedule(record.id, ScheduleUpdateArgs(queue="again"))
+        assert moved.queue == "again"
+
     @covers("update_schedule")
     async def test_an_update_that_keeps_the_timing_keeps_the_slots_due(
         self, backend: Backend, advance_time: AdvanceTime

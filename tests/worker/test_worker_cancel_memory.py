@@ -591,6 +591,7 @@ async def test_an_attempt_written_off_past_its_limit_is_not_a_later_one(replaced
         old.lost = True
         state.active[job.id] = ActiveJob(row.model_copy(update={"attempt": 2}))
     await controller.run_post_tick()
+    await controller.write_late_outcomes()
     old.task.cancel()
     after = await backend.get(job.id)
     assert after is not None
@@ -725,10 +726,12 @@ class _HeldFirstRow:
     """A write on the first of two jobs fails (its row held by another transaction) until
     the second job reaches ``until``'s state; ``refused`` counts the failures."""
 
-    def __init__(self, until: Callable[[JobRow], bool]) -> None:
+    def __init__(self, until: Callable[[JobRow], bool], *, hangs: bool = False) -> None:
         self.ids: dict[str, Any] = {}
         self.until = until
         self.refused = 0
+        self.hangs = hangs
+        """Held without an answer (until a bound cuts it) rather than refused."""
 
     def backend(self, method: str) -> Backend:
         """An in-memory backend whose ``method`` (a write taking the job id first) fails
@@ -744,6 +747,8 @@ class _HeldFirstRow:
             second = await backend.get(held.ids["second"])
             if job_id == held.ids["first"] and (second is None or not held.until(second)):
                 held.refused += 1
+                if held.hangs:
+                    await asyncio.sleep(3600)
                 raise ConnectionResetError("the row is held by another transaction")
             return await getattr(InMemoryBackend, method)(backend, job_id, *args, **kwargs)
 
@@ -796,6 +801,15 @@ async def test_one_abandonment_write_failing_every_tick_does_not_hold_back_the_o
     # failed, which stayed first: every abandonment queued behind it waited, the tasks
     # written off holding their slots.
     held = _HeldFirstRow(until=lambda second: second.status is JobStatus.ABANDONED)
+    rows = await _cancel_two(held.backend("mark_abandoned"), held, stubborn=True)
+    assert held.refused >= 1
+    assert [r.status for r in rows] == [JobStatus.ABANDONED] * 2
+
+
+async def test_one_abandonment_write_held_every_tick_does_not_hold_back_the_others() -> None:
+    # One whose write hung until the tick's bound cut it stayed first in the queue: the
+    # abandonments behind it were never tried, their slots held.
+    held = _HeldFirstRow(until=lambda second: second.status is JobStatus.ABANDONED, hangs=True)
     rows = await _cancel_two(held.backend("mark_abandoned"), held, stubborn=True)
     assert held.refused >= 1
     assert [r.status for r in rows] == [JobStatus.ABANDONED] * 2
@@ -1070,10 +1084,11 @@ async def test_a_late_outcome_whose_write_landed_as_the_tick_was_cut_is_not_kept
     controller = make_cancel_controller(state)
     await controller.run_tick([])  # past its limit: written off at the post-tick
     old.lost = True  # reclaimed meanwhile: the write-off is refused, kept as late
+    await controller.run_post_tick()
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.5):
-            await controller.run_post_tick()
-    await controller.run_post_tick()
+            await controller.write_late_outcomes()
+    await controller.write_late_outcomes()
     old.task.cancel()
     late = [e for e in await backend.get_events(job.id) if e.kind == "late_outcome"]
     assert len(late) == 1

@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 import structlog
 
@@ -55,6 +55,7 @@ __all__ = ["CancelController", "make_cancel_controller"]
 _log = structlog.get_logger("taskq.worker")
 
 _LateOutcome = Literal["failed", "abandoned"]
+_Entry = TypeVar("_Entry")
 
 
 @dataclass
@@ -79,6 +80,11 @@ class CancelController(Protocol):
 
     async def run_post_tick(self) -> None:
         """Write the abandonments queued by :meth:`run_tick`."""
+        ...
+
+    async def write_late_outcomes(self) -> None:
+        """Record the write-offs and abandonments the post-tick found refused (the job
+        reclaimed while it ran on) as ``late_outcome`` events."""
         ...
 
     def owed_ends(self) -> set[tuple[JobId, int]]:
@@ -230,45 +236,49 @@ class _CancelController:
         return {(active.row.id, active.row.attempt) for active in written_off}
 
     async def run_post_tick(self) -> None:
-        # Each queued write is tried once a tick; one that fails goes to the back and is
-        # raised once the others had theirs (failing first, it held them all back). One
-        # leaves its queue only once written: a tick cut short meanwhile (its bound, the
-        # database slow) leaves it queued for the next, where taken off first it was
-        # never written, the job held (or handed back as unheard) with its slot.
+        # Each queued write is tried once a tick, moved to the back of its queue first:
+        # one that fails (raised once the others had theirs) or hangs until the tick's
+        # bound cuts it stays queued behind the others, which it held back when first.
+        # It leaves its queue only once written: taken off before, a cut lost it, the
+        # job held (or handed back as unheard) with its slot.
         failed: Exception | None = None
         for _ in range(len(self._pending_overruns)):
-            active, error = self._pending_overruns[0]
+            entry = _to_back(self._pending_overruns)
+            active, error = entry
             if not active.ended:  # else written, the tick cut short after
                 try:
                     refused = await self._write_overrun(active, error)
                 except Exception as exc:  # noqa: BLE001 - raised below, after the others
-                    self._pending_overruns.rotate(-1)
                     failed = failed or exc
                     continue
                 if refused:
                     self._pending_late.append(_Late(active, "failed", error))
-            self._pending_overruns.popleft()
+            _drop(self._pending_overruns, entry)
             active.finish()
         for _ in range(len(self._pending_abandons)):
-            active = self._pending_abandons[0]
+            active = _to_back(self._pending_abandons)
             if not active.ended:
                 try:
                     refused = await self._write_abandon(active)
                 except Exception as exc:  # noqa: BLE001 - raised below, after the others
-                    self._pending_abandons.rotate(-1)
                     failed = failed or exc
                     continue
                 if refused:
                     self._pending_late.append(_Late(active, "abandoned", None))
-            self._pending_abandons.popleft()
+            _drop(self._pending_abandons, active)
             active.finish()
-        # Written after the slots are freed: a tick cut short there delays a history
-        # line, never a slot.
+        if failed is not None:
+            raise failed
+
+    async def write_late_outcomes(self) -> None:
+        # Queued as the post-tick's writes are; written last in the tick (history only),
+        # so that one held up (its table locked) costs no slot nor lease.
+        failed: Exception | None = None
         for _ in range(len(self._pending_late)):
-            late = self._pending_late[0]
+            late = _to_back(self._pending_late)
             active, outcome = late.active, late.outcome
             if active.ended:  # the stop's own abandonment of it landed first
-                self._pending_late.popleft()
+                _drop(self._pending_late, late)
                 continue
             # Reclaimed while it ran on (the worker frozen or cut off), the attempt's
             # history said only what the reclaim made of it.
@@ -282,10 +292,9 @@ class _CancelController:
                     late.tried = True
                     landed = await late_unless_landed(self._state, row, outcome, late.error)
             except Exception as exc:  # noqa: BLE001 - raised below, after the others
-                self._pending_late.rotate(-1)
                 failed = failed or exc
                 continue
-            self._pending_late.popleft()
+            _drop(self._pending_late, late)
             if landed:  # an earlier try's, its reply lost: the worker's own end
                 await apply_batch_terminal_outcome(self._state.backend, row, outcome)
         if failed is not None:
@@ -351,6 +360,20 @@ class _CancelController:
         heartbeat found it so), the attempt still came to what was to be written."""
         current = self._state.active.get(active.row.id)
         return not active.lost and (current is None or current is active)
+
+
+def _to_back(queue: deque[_Entry]) -> _Entry:
+    """``queue``'s first entry, moved to its back."""
+    queue.rotate(-1)
+    return queue[-1]
+
+
+def _drop(queue: deque[_Entry], entry: _Entry) -> None:
+    """Take ``entry`` (this very object) off ``queue``."""
+    for index, queued in enumerate(queue):
+        if queued is entry:
+            del queue[index]
+            return
 
 
 def make_cancel_controller(state: WorkerState) -> CancelController:

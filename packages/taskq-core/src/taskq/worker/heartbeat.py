@@ -80,9 +80,11 @@ async def heartbeat_once(state: WorkerState, toucher: _Toucher | None = None) ->
         await state.cancel.run_tick(await backend.poll_cancel_flags(wid))
     finally:  # the queued abandonments are written even when a tick's escalation failed
         await state.cancel.run_post_tick()
-    # Last: a lock on reservation_slots (a migration, an operator's) times the tick out
-    # here, after the jobs' leases and their cancellations, not before them.
+    # After the jobs' leases and their cancellations: a lock on reservation_slots (a
+    # migration, an operator's) times the tick out here, not before them.
     await backend.extend_reservation_leases(wid, state.settings.lock_lease)
+    # Last, history only: one held up (the events table locked) holds back nothing else.
+    await state.cancel.write_late_outcomes()
 
 
 class _Toucher:

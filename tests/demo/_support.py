@@ -36,13 +36,11 @@ def taskq(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedPr
     )
 
 
-def taskq_without_pgserver(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``taskq ARGS`` as if the [embedded] extra were not installed."""
-    code = (
-        "import sys; sys.modules['pgserver'] = None\n"
-        "from taskq.cli import main\n"
-        f"sys.exit(main({list(args)!r}))\n"
-    )
+def _taskq_after(
+    prelude: str, args: tuple[str, ...], cwd: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``taskq ARGS`` in a fresh interpreter that runs ``prelude`` first."""
+    code = f"{prelude}from taskq.cli import main\nimport sys\nsys.exit(main({list(args)!r}))\n"
     return subprocess.run(
         [sys.executable, "-c", code],
         check=False,
@@ -50,8 +48,13 @@ def taskq_without_pgserver(*args: str, cwd: Path) -> subprocess.CompletedProcess
         env=user_env(),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
     )
+
+
+def taskq_without_pgserver(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``taskq ARGS`` as if the [embedded] extra were not installed."""
+    return _taskq_after("import sys; sys.modules['pgserver'] = None\n", args, cwd, 60)
 
 
 def expected_statuses(jobs: int) -> dict[str, int]:
@@ -74,23 +77,13 @@ def expected_statuses(jobs: int) -> dict[str, int]:
 def taskq_interrupted_while_enqueueing(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``taskq ARGS`` (a demo) sent a real SIGINT as it plans its jobs: before its
     worker, and so the worker's signal handlers, exist."""
-    code = (
-        "import os, signal, sys\n"
+    prelude = (
+        "import os, signal\n"
         "import taskq.demo\n"
         "plan = taskq.demo.plan\n"
         "def interrupted(*args, **kwargs):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    return plan(*args, **kwargs)\n"
         "taskq.demo.plan = interrupted\n"
-        "from taskq.cli import main\n"
-        f"sys.exit(main({list(args)!r}))\n"
     )
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        check=False,
-        cwd=cwd,
-        env=user_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return _taskq_after(prelude, args, cwd, 120)

@@ -953,6 +953,40 @@ async def test_a_stop_forces_a_user_cancelled_job_whose_escalation_write_raised(
         assert row is not None and row.status is JobStatus.CANCELLED
 
 
+async def _cancelled_while_stubborn(
+    backend: Backend,
+    seconds: float,
+    returned: asyncio.Event | None = None,
+    **settings: Any,
+) -> tuple[JobRow | None, list[Any]]:
+    """A job cancelled once its actor runs, the actor ignoring every cancellation for
+    ``seconds`` (then setting ``returned``), so that the cancel controller abandons it
+    (short graces); its row and attempts once the worker is idle."""
+    started = asyncio.Event()
+
+    @actor(name="stubborn")
+    async def stubborn(payload: dict[str, Any]) -> None:
+        started.set()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while loop.time() < end:
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                pass
+        if returned is not None:
+            returned.set()
+
+    tq = TaskQ("memory://", backend=backend, actors=[stubborn])
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {})
+        runner = asyncio.create_task(run_until_idle(tq, **_GRACES, **settings))
+        await asyncio.wait_for(started.wait(), 5)
+        assert await tq.client.cancel(job.id)
+        await asyncio.wait_for(runner, 10)
+        return await tq.client.get(job.id), await tq.client.get_attempts(job.id)
+
+
 async def test_an_abandonment_write_cut_short_by_the_ticks_bound_is_written_next_tick() -> None:
     # The post-tick took the queued abandonment off its queue, then awaited its write:
     # the tick's bound cancelled it there, and the abandonment was never written.
@@ -967,29 +1001,9 @@ async def test_an_abandonment_write_cut_short_by_the_ticks_bound_is_written_next
                 await asyncio.sleep(3600)  # cut short by the heartbeat tick's bound
             return await super().mark_abandoned(*args, **kwargs)
 
-    started = asyncio.Event()
-
-    @actor(name="stubborn")
-    async def stubborn(payload: dict[str, Any]) -> None:
-        started.set()
-        loop = asyncio.get_running_loop()
-        end = loop.time() + 3
-        while loop.time() < end:
-            try:
-                await asyncio.sleep(0.02)
-            except asyncio.CancelledError:
-                pass
-
-    tq = TaskQ("memory://", backend=FirstAbandonHangs(), actors=[stubborn])
-    async with tq:
-        job = await tq.client.enqueue(stubborn, {})
-        runner = asyncio.create_task(
-            run_until_idle(tq, dispatcher_command_timeout="300ms", **_GRACES)
-        )
-        await asyncio.wait_for(started.wait(), 5)
-        assert await tq.client.cancel(job.id)
-        await asyncio.wait_for(runner, 10)
-        row = await tq.client.get(job.id)
+    row, _ = await _cancelled_while_stubborn(
+        FirstAbandonHangs(), 3, dispatcher_command_timeout="300ms"
+    )
     assert FirstAbandonHangs.calls >= 2
     assert row is not None and row.status is JobStatus.ABANDONED
 
@@ -1016,29 +1030,7 @@ async def test_a_written_off_job_whose_task_ended_is_not_handed_back_as_unheard(
             await looked.wait()  # the producer looked for unheard jobs meanwhile
             return await super().mark_abandoned(*args, **kwargs)
 
-    started = asyncio.Event()
-
-    @actor(name="stubborn_once")
-    async def stubborn(payload: dict[str, Any]) -> None:
-        started.set()
-        loop = asyncio.get_running_loop()
-        end = loop.time() + 1
-        while loop.time() < end:
-            try:
-                await asyncio.sleep(0.02)
-            except asyncio.CancelledError:
-                pass
-        returned.set()
-
-    tq = TaskQ("memory://", backend=AbandonFailsAWhile(), actors=[stubborn])
-    async with tq:
-        job = await tq.client.enqueue(stubborn, {})
-        runner = asyncio.create_task(run_until_idle(tq, **_GRACES))
-        await asyncio.wait_for(started.wait(), 5)
-        assert await tq.client.cancel(job.id)
-        await asyncio.wait_for(runner, 10)
-        row = await tq.client.get(job.id)
-        attempts = await tq.client.get_attempts(job.id)
+    row, attempts = await _cancelled_while_stubborn(AbandonFailsAWhile(), 1, returned)
     assert row is not None and row.status is JobStatus.ABANDONED
     assert [a.outcome for a in attempts] == ["abandoned"]
 

@@ -97,9 +97,9 @@ class _CancelController:
     def __init__(self, state: WorkerState) -> None:
         self._state = state
         # The entries, not their ids: a job reclaimed and locked for this worker again
-        # meanwhile has a new entry, whose attempt is not the one to write off.
-        self._pending_abandons: deque[ActiveJob] = deque()
-        self._pending_overruns: deque[tuple[ActiveJob, ErrorInfo]] = deque()
+        # meanwhile has a new entry, whose attempt is not the one to write off. Each
+        # with the error of a write-off past a limit, or None for an abandonment.
+        self._written_off: deque[tuple[ActiveJob, ErrorInfo | None]] = deque()
         self._pending_late: deque[_Late] = deque()
 
     async def run_tick(self, flags: list[CancelFlag]) -> None:
@@ -166,7 +166,7 @@ class _CancelController:
                 and loop.time() - (active.cancel_forced_at or 0.0) >= unwind
             ):
                 active.cancel_phase = CancelPhase.ABANDON_PENDING
-                self._pending_abandons.append(active)
+                self._written_off.append((active, None))
         if failed is not None:
             raise failed
 
@@ -227,13 +227,11 @@ class _CancelController:
             if active.ctx is not None:
                 active.ctx.cancel_event.set()
             active.task.cancel()
-            self._pending_overruns.append((active, error))
+            self._written_off.append((active, error))
             _log.warning("taskq.job-past-its-limit", job_id=str(job_id), error=error.message)
 
     def owed_ends(self) -> set[tuple[JobId, int]]:
-        written_off = [active for active, _ in self._pending_overruns]
-        written_off += self._pending_abandons
-        return {(active.row.id, active.row.attempt) for active in written_off}
+        return {(active.row.id, active.row.attempt) for active, _ in self._written_off}
 
     async def run_post_tick(self) -> None:
         # Each queued write is tried once a tick, moved to the back of its queue first:
@@ -242,30 +240,22 @@ class _CancelController:
         # It leaves its queue only once written: taken off before, a cut lost it, the
         # job held (or handed back as unheard) with its slot.
         failed: Exception | None = None
-        for _ in range(len(self._pending_overruns)):
-            entry = _to_back(self._pending_overruns)
+        for _ in range(len(self._written_off)):
+            entry = _to_back(self._written_off)
             active, error = entry
             if not active.ended:  # else written, the tick cut short after
                 try:
-                    refused = await self._write_overrun(active, error)
+                    if error is None:
+                        refused = await self._write_abandon(active)
+                    else:
+                        refused = await self._write_overrun(active, error)
                 except Exception as exc:  # noqa: BLE001 - raised below, after the others
                     failed = failed or exc
                     continue
                 if refused:
-                    self._pending_late.append(_Late(active, "failed", error))
-            _drop(self._pending_overruns, entry)
-            active.finish()
-        for _ in range(len(self._pending_abandons)):
-            active = _to_back(self._pending_abandons)
-            if not active.ended:
-                try:
-                    refused = await self._write_abandon(active)
-                except Exception as exc:  # noqa: BLE001 - raised below, after the others
-                    failed = failed or exc
-                    continue
-                if refused:
-                    self._pending_late.append(_Late(active, "abandoned", None))
-            _drop(self._pending_abandons, active)
+                    outcome: _LateOutcome = "abandoned" if error is None else "failed"
+                    self._pending_late.append(_Late(active, outcome, error))
+            _drop(self._written_off, entry)
             active.finish()
         if failed is not None:
             raise failed

@@ -40,17 +40,24 @@ FAST = {
 
 @contextmanager
 def worker(
-    pg: PgSchema, *args: str, app: str = "tests.apps.basic:tq", **env: str
+    pg: PgSchema,
+    *args: str,
+    app: str = "tests.apps.basic:tq",
+    log: Path | None = None,
+    **env: str,
 ) -> Iterator[subprocess.Popen[str]]:
+    """The worker process; its log (JSON lines, on stderr) goes to ``log`` when given,
+    else to ``proc.stderr``."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
-    proc = subprocess.Popen(
-        [str(BIN / "taskq-worker"), app, *args],
-        cwd=REPO,
-        env={**base, **FAST, "TASKQ_DSN": pg.dsn, "TASKQ_SCHEMA": pg.name, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with open(log or os.devnull, "w") as out:
+        proc = subprocess.Popen(
+            [str(BIN / "taskq-worker"), app, *args],
+            cwd=REPO,
+            env={**base, **FAST, "TASKQ_DSN": pg.dsn, "TASKQ_SCHEMA": pg.name, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE if log is None else out,
+            text=True,
+        )
     try:
         yield proc
     finally:
@@ -171,17 +178,21 @@ async def test_a_shutdown_forces_a_users_cancel_as_the_protocol_does(
     swallower = await tq.client.enqueue(
         basic.swallower, {"seconds": 60, "started": str(signals[1])}
     )
+    log = tmp_path / "worker.log"
     with worker(
         pg_schema,
         "--concurrency",
         "2",
+        log=log,
         TASKQ_CANCELLATION_GRACE_PERIOD="60s",
         TASKQ_TERMINATION_GRACE_PERIOD="30s",
     ) as proc:
         await _until_started(*signals)
         for job in (stubborn, swallower):
             assert await tq.client.cancel(job.id, reason="test")
-        await asyncio.sleep(0.5)  # a heartbeat or a cancel wake: both observed
+        async with asyncio.timeout(20):  # a heartbeat or a cancel wake: both observed
+            while log.read_text().count('"taskq.cancel-observed"') < 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.3)
         proc.send_signal(signal.SIGTERM)

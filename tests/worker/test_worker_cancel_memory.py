@@ -1092,3 +1092,70 @@ async def test_a_late_outcome_whose_write_landed_as_the_tick_was_cut_is_not_kept
     old.task.cancel()
     late = [e for e in await backend.get_events(job.id) if e.kind == "late_outcome"]
     assert len(late) == 1
+
+
+async def test_a_late_outcome_is_written_while_another_write_off_fails_every_tick() -> None:
+    # Late outcomes were written by the post-tick before it raised the write that
+    # failed; moved after it (and after the reservation leases), a write-off failing
+    # every tick (its row held by another transaction) kept every late outcome unwritten.
+    from datetime import timedelta
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.models import EnqueueArgs, ErrorInfo
+    from taskq.worker._state import ActiveJob
+    from taskq.worker.cancel import make_cancel_controller
+    from taskq.worker.heartbeat import heartbeat_once
+
+    held: set[Any] = set()
+    reclaimed: set[Any] = set()
+
+    class HeldRow(InMemoryBackend):
+        async def mark_failed_or_retry(self, job_id: Any, *args: Any, **kwargs: Any) -> Any:
+            if job_id in held:
+                raise ConnectionResetError("the row is held by another transaction")
+            if job_id in reclaimed:  # the write-off refused: the job runs again elsewhere
+                row = await self.get(job_id)
+                assert row is not None
+                return row.model_copy(update={"attempt": row.attempt + 1})
+            return await super().mark_failed_or_retry(job_id, *args, **kwargs)
+
+    backend = HeldRow()
+    worker = uuid4()
+    for _ in range(2):
+        await backend.enqueue(EnqueueArgs(actor="a"))
+    rows = await backend.dispatch_batch(worker, ["default"], 2, timedelta(minutes=5))
+    actives = {}
+    for row in rows:
+        active = ActiveJob(row, release=lambda: None)
+        active.limit_at = -1.0
+        active.limit_error = ErrorInfo(error_class="TimeoutError", message="t")
+        active.task = asyncio.create_task(asyncio.sleep(10))
+        actives[row.id] = active
+    late_job, stuck_job = (row.id for row in rows)
+    held.add(stuck_job)
+    graces = {
+        "cleanup_grace_period": timedelta(0),
+        "cancellation_grace_period": timedelta(0),
+        "lock_lease": timedelta(minutes=5),
+    }
+    state: Any = SimpleNamespace(
+        active=dict(actives),
+        backend=backend,
+        worker_id=worker,
+        settings=SimpleNamespace(**graces),
+        unheard_suspected=False,
+    )
+    state.cancel = make_cancel_controller(state)
+    reclaimed.add(late_job)  # its write-off refused: kept as a late outcome
+    try:
+        for _ in range(2):
+            with pytest.raises(ConnectionResetError):
+                await heartbeat_once(state)
+    finally:
+        for active in actives.values():
+            assert active.task is not None
+            active.task.cancel()
+    late = [e for e in await backend.get_events(late_job) if e.kind == "late_outcome"]
+    assert len(late) == 1

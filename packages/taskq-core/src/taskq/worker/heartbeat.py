@@ -77,12 +77,18 @@ async def heartbeat_once(state: WorkerState, toucher: _Toucher | None = None) ->
         else:
             state.release(job_id, active)
     try:
-        await state.cancel.run_tick(await backend.poll_cancel_flags(wid))
-    finally:  # the queued abandonments are written even when a tick's escalation failed
-        await state.cancel.run_post_tick()
-    # After the jobs' leases and their cancellations: a lock on reservation_slots (a
-    # migration, an operator's) times the tick out here, not before them.
-    await backend.extend_reservation_leases(wid, state.settings.lock_lease)
+        try:
+            await state.cancel.run_tick(await backend.poll_cancel_flags(wid))
+        finally:  # the queued abandonments are written even when a tick's escalation failed
+            await state.cancel.run_post_tick()
+        # After the jobs' leases and their cancellations: a lock on reservation_slots (a
+        # migration, an operator's) times the tick out here, not before them.
+        await backend.extend_reservation_leases(wid, state.settings.lock_lease)
+    except Exception:
+        # Also when a write before failed (one failing every tick kept them unwritten
+        # for as long); not when the tick's bound cut it (a CancelledError): unbounded.
+        await state.cancel.write_late_outcomes()
+        raise
     # Last, history only: one held up (the events table locked) holds back nothing else.
     await state.cancel.write_late_outcomes()
 

@@ -1159,3 +1159,72 @@ async def test_a_late_outcome_is_written_while_another_write_off_fails_every_tic
             active.task.cancel()
     late = [e for e in await backend.get_events(late_job) if e.kind == "late_outcome"]
     assert len(late) == 1
+
+
+async def test_a_late_outcome_queued_as_the_worker_stops_is_still_written() -> None:
+    # The stop ends the heartbeat once every slot is freed: a write-off refused at its
+    # last tick freed its slot, and the heartbeat, cancelled at its next await (the
+    # reservation leases' extension, a round trip), never wrote the late outcome.
+    from datetime import timedelta
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.models import EnqueueArgs, ErrorInfo
+    from taskq.worker._state import ActiveJob
+    from taskq.worker.cancel import make_cancel_controller
+    from taskq.worker.heartbeat import heartbeat_loop
+
+    extending = asyncio.Event()
+
+    class Reclaimed(InMemoryBackend):
+        async def mark_failed_or_retry(self, job_id: Any, *args: Any, **kwargs: Any) -> Any:
+            row = await self.get(job_id)  # refused: the job runs again elsewhere
+            assert row is not None
+            return row.model_copy(update={"attempt": row.attempt + 1})
+
+        async def extend_reservation_leases(self, *args: Any, **kwargs: Any) -> int:
+            extending.set()
+            await asyncio.sleep(0.5)  # a round trip
+            return await super().extend_reservation_leases(*args, **kwargs)
+
+    backend = Reclaimed()
+    worker = uuid4()
+    job = await backend.enqueue(EnqueueArgs(actor="a"))
+    [row] = await backend.dispatch_batch(worker, ["default"], 1, timedelta(minutes=5))
+    freed = asyncio.Event()
+    active = ActiveJob(row, release=freed.set)
+    active.limit_at = -1.0
+    active.limit_error = ErrorInfo(error_class="TimeoutError", message="t")
+    active.task = asyncio.create_task(asyncio.sleep(10))
+
+    async def register() -> None:
+        return None
+
+    state: Any = SimpleNamespace(
+        active={job.id: active},
+        backend=backend,
+        worker_id=worker,
+        settings=SimpleNamespace(
+            cleanup_grace_period=timedelta(0),
+            cancellation_grace_period=timedelta(0),
+            lock_lease=timedelta(minutes=5),
+            heartbeat_interval=timedelta(seconds=1),
+            dispatcher_command_timeout=timedelta(seconds=2),
+        ),
+        unheard_suspected=False,
+        liveness=SimpleNamespace(tick=lambda *args: None),
+        register=register,
+    )
+    state.cancel = make_cancel_controller(state)
+    heartbeat = asyncio.create_task(heartbeat_loop(state))
+    try:
+        await asyncio.wait_for(freed.wait(), 5)  # the slot freed: the stop ends the loops
+        await asyncio.wait_for(extending.wait(), 5)
+        heartbeat.cancel()
+        await asyncio.wait({heartbeat})
+    finally:
+        heartbeat.cancel()
+        active.task.cancel()
+    late = [e for e in await backend.get_events(job.id) if e.kind == "late_outcome"]
+    assert len(late) == 1

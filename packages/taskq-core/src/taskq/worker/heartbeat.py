@@ -198,3 +198,15 @@ async def heartbeat_loop(state: WorkerState) -> None:
     finally:
         if toucher is not None:
             await toucher.aclose()
+        await _flush_late_outcomes(state, bound)
+
+
+async def _flush_late_outcomes(state: WorkerState, bound: float) -> None:
+    """Write the late outcomes still queued as the heartbeat ends: the stop ends it once
+    every slot is freed, and a write-off refused at its last tick freed its slot before
+    its late outcome (written last in the tick) was written. Bounded as a tick is."""
+    try:
+        async with asyncio.timeout(bound):
+            await state.cancel.write_late_outcomes()
+    except Exception as exc:  # noqa: BLE001 - the stop goes on: a history line is lost
+        _log.warning("taskq.late-outcomes-unwritten-at-stop", error=repr(exc))

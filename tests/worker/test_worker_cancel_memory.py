@@ -1228,3 +1228,74 @@ async def test_a_late_outcome_queued_as_the_worker_stops_is_still_written() -> N
         active.task.cancel()
     late = [e for e in await backend.get_events(job.id) if e.kind == "late_outcome"]
     assert len(late) == 1
+
+
+async def test_a_tick_cut_by_its_bound_does_not_go_on_to_the_post_ticks_writes() -> None:
+    # The post-tick ran in a `finally` of the cancel step: when the tick's bound cut that
+    # step (a cancel poll held up), the queued writes were tried after the bound had
+    # fired, with none left, and one held up there held the heartbeat for as long. Left
+    # queued (8d163f0), they are written at the next tick.
+    from datetime import timedelta
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from taskq.backend import CancelPhase
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.models import EnqueueArgs
+    from taskq.worker._state import ActiveJob
+    from taskq.worker.cancel import make_cancel_controller
+    from taskq.worker.heartbeat import heartbeat_once
+
+    held = {"poll": False, "abandon": False}
+
+    class HeldUp(InMemoryBackend):
+        async def poll_cancel_flags(self, *args: Any, **kwargs: Any) -> Any:
+            if held["poll"]:
+                await asyncio.sleep(3600)
+            return await super().poll_cancel_flags(*args, **kwargs)
+
+        async def mark_abandoned(self, *args: Any, **kwargs: Any) -> bool:
+            if held["abandon"]:
+                await asyncio.sleep(3600)
+            return await super().mark_abandoned(*args, **kwargs)
+
+    backend = HeldUp()
+    worker = uuid4()
+    job = await backend.enqueue(EnqueueArgs(actor="a"))
+    [row] = await backend.dispatch_batch(worker, ["default"], 1, timedelta(minutes=5))
+    assert await backend.write_cancel_request(job.id, None)
+    assert await backend.write_cancel_escalation(job.id, worker, 2, attempt=row.attempt)
+    active = ActiveJob(row, release=lambda: None)
+    active.cancel_requested = True
+    active.cancel_phase = CancelPhase.FORCED
+    active.cancel_observed_at = active.cancel_forced_at = -100.0
+    active.task = asyncio.create_task(asyncio.sleep(10))
+    state: Any = SimpleNamespace(
+        active={job.id: active},
+        backend=backend,
+        worker_id=worker,
+        settings=SimpleNamespace(
+            cleanup_grace_period=timedelta(0),
+            cancellation_grace_period=timedelta(0),
+            lock_lease=timedelta(minutes=5),
+        ),
+        unheard_suspected=False,
+    )
+    state.cancel = make_cancel_controller(state)
+    loop = asyncio.get_running_loop()
+    try:
+        held.update(poll=True, abandon=True)
+        began = loop.time()
+        async with asyncio.timeout(2):  # else the test would hang: the tick ran on
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):  # the tick's bound, as heartbeat_loop's
+                    await state.cancel.run_tick([])  # queued for abandonment
+                    await heartbeat_once(state)
+        assert loop.time() - began < 1
+        held.update(poll=False, abandon=False)
+        async with asyncio.timeout(2):
+            await heartbeat_once(state)  # the abandonment, written at the next tick
+    finally:
+        active.task.cancel()
+    current = await backend.get(job.id)
+    assert current is not None and current.status is JobStatus.ABANDONED

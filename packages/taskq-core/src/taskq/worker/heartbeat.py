@@ -79,8 +79,12 @@ async def heartbeat_once(state: WorkerState, toucher: _Toucher | None = None) ->
     try:
         try:
             await state.cancel.run_tick(await backend.poll_cancel_flags(wid))
-        finally:  # the queued abandonments are written even when a tick's escalation failed
+        except Exception:  # the queued abandonments are written even when an escalation
+            # failed; not once the tick's bound cut it (a CancelledError), which left no
+            # bound to them: they stay queued for the next tick.
             await state.cancel.run_post_tick()
+            raise
+        await state.cancel.run_post_tick()
         # After the jobs' leases and their cancellations: a lock on reservation_slots (a
         # migration, an operator's) times the tick out here, not before them.
         await backend.extend_reservation_leases(wid, state.settings.lock_lease)

@@ -236,3 +236,18 @@ def test_actor_and_queue_configs_refuse_names_no_store_holds(make: Callable[[], 
     # error where the in-memory backend stored the name.
     with pytest.raises(ValidationError, match="must not contain NUL"):
         make()
+
+
+def test_a_worker_refuses_an_empty_queue_name_as_enqueue_does() -> None:
+    # check_name, the rule a job's queue meets at enqueue, let "" through (EnqueueArgs
+    # refuses it by its own min_length): a worker given queues=[""] (a list built from
+    # an unset variable) loaded and polled a queue no job can be on.
+    from taskq.models import check_name
+    from taskq.settings import SettingsError, WorkerSettings
+
+    with pytest.raises(ValidationError):
+        EnqueueArgs(actor="a", queue="")
+    with pytest.raises(ValueError, match="empty"):
+        check_name("")
+    with pytest.raises(SettingsError, match="empty"):
+        WorkerSettings.load({"queues": ["default", ""]}, env={})

@@ -136,3 +136,36 @@ def test_ctrl_c_before_the_worker_starts_is_said_in_one_line(tmp_path: Path) -> 
     # may come first.)
     assert result.stderr.splitlines()[-1] == "taskq demo: interrupted before its worker started"
     assert "Traceback" not in result.stderr
+
+
+def test_ctrl_c_while_its_server_starts_is_said_in_the_demos_words(tmp_path: Path) -> None:
+    # The embedded server starts as the DSN is resolved (taskq-postgres's plugin), before
+    # the demo's own Ctrl-C message applied: the generic one said a change may have
+    # been made and pointed at `taskq jobs list`, in the default schema.
+    import subprocess
+    import sys
+
+    from tests.demo._support import user_env
+
+    code = (
+        "import os, signal, sys\n"
+        "import taskq._dsn\n"
+        "def starting(*args, **kwargs):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return 'memory://'\n"
+        "taskq._dsn.resolve_dsn = starting\n"
+        "from taskq.cli import main\n"
+        "sys.exit(main(['demo']))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=tmp_path,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == "taskq demo: interrupted before its worker started"
+    assert "Traceback" not in result.stderr

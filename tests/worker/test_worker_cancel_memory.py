@@ -1084,3 +1084,210 @@ async def test_a_late_outcome_whose_write_landed_as_the_tick_was_cut_is_not_kept
     old.task.cancel()
     late = [e for e in await backend.get_events(job.id) if e.kind == "late_outcome"]
     assert len(late) == 1
+
+
+async def test_a_late_outcome_is_written_while_another_write_off_fails_every_tick() -> None:
+    # Late outcomes were written by the post-tick before it raised the write that
+    # failed; moved after it (and after the reservation leases), a write-off failing
+    # every tick (its row held by another transaction) kept every late outcome unwritten.
+    from datetime import timedelta
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.models import EnqueueArgs, ErrorInfo
+    from taskq.worker._state import ActiveJob
+    from taskq.worker.cancel import make_cancel_controller
+    from taskq.worker.heartbeat import heartbeat_once
+
+    held: set[Any] = set()
+    reclaimed: set[Any] = set()
+
+    class HeldRow(InMemoryBackend):
+        async def mark_failed_or_retry(self, job_id: Any, *args: Any, **kwargs: Any) -> Any:
+            if job_id in held:
+                raise ConnectionResetError("the row is held by another transaction")
+            if job_id in reclaimed:  # the write-off refused: the job runs again elsewhere
+                row = await self.get(job_id)
+                assert row is not None
+                return row.model_copy(update={"attempt": row.attempt + 1})
+            return await super().mark_failed_or_retry(job_id, *args, **kwargs)
+
+    backend = HeldRow()
+    worker = uuid4()
+    for _ in range(2):
+        await backend.enqueue(EnqueueArgs(actor="a"))
+    rows = await backend.dispatch_batch(worker, ["default"], 2, timedelta(minutes=5))
+    actives = {}
+    for row in rows:
+        active = ActiveJob(row, release=lambda: None)
+        active.limit_at = -1.0
+        active.limit_error = ErrorInfo(error_class="TimeoutError", message="t")
+        active.task = asyncio.create_task(asyncio.sleep(10))
+        actives[row.id] = active
+    late_job, stuck_job = (row.id for row in rows)
+    held.add(stuck_job)
+    graces = {
+        "cleanup_grace_period": timedelta(0),
+        "cancellation_grace_period": timedelta(0),
+        "lock_lease": timedelta(minutes=5),
+    }
+    state: Any = SimpleNamespace(
+        active=dict(actives),
+        backend=backend,
+        worker_id=worker,
+        settings=SimpleNamespace(**graces),
+        unheard_suspected=False,
+    )
+    state.cancel = make_cancel_controller(state)
+    reclaimed.add(late_job)  # its write-off refused: kept as a late outcome
+    try:
+        for _ in range(2):
+            with pytest.raises(ConnectionResetError):
+                await heartbeat_once(state)
+    finally:
+        for active in actives.values():
+            assert active.task is not None
+            active.task.cancel()
+    late = [e for e in await backend.get_events(late_job) if e.kind == "late_outcome"]
+    assert len(late) == 1
+
+
+async def test_a_late_outcome_queued_as_the_worker_stops_is_still_written() -> None:
+    # The stop ends the heartbeat once every slot is freed: a write-off refused at its
+    # last tick freed its slot, and the heartbeat, cancelled at its next await (the
+    # reservation leases' extension, a round trip), never wrote the late outcome.
+    from datetime import timedelta
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.models import EnqueueArgs, ErrorInfo
+    from taskq.worker._state import ActiveJob
+    from taskq.worker.cancel import make_cancel_controller
+    from taskq.worker.heartbeat import heartbeat_loop
+
+    extending = asyncio.Event()
+
+    class Reclaimed(InMemoryBackend):
+        async def mark_failed_or_retry(self, job_id: Any, *args: Any, **kwargs: Any) -> Any:
+            row = await self.get(job_id)  # refused: the job runs again elsewhere
+            assert row is not None
+            return row.model_copy(update={"attempt": row.attempt + 1})
+
+        async def extend_reservation_leases(self, *args: Any, **kwargs: Any) -> int:
+            extending.set()
+            await asyncio.sleep(0.5)  # a round trip
+            return await super().extend_reservation_leases(*args, **kwargs)
+
+    backend = Reclaimed()
+    worker = uuid4()
+    job = await backend.enqueue(EnqueueArgs(actor="a"))
+    [row] = await backend.dispatch_batch(worker, ["default"], 1, timedelta(minutes=5))
+    freed = asyncio.Event()
+    active = ActiveJob(row, release=freed.set)
+    active.limit_at = -1.0
+    active.limit_error = ErrorInfo(error_class="TimeoutError", message="t")
+    active.task = asyncio.create_task(asyncio.sleep(10))
+
+    async def register() -> None:
+        return None
+
+    state: Any = SimpleNamespace(
+        active={job.id: active},
+        backend=backend,
+        worker_id=worker,
+        settings=SimpleNamespace(
+            cleanup_grace_period=timedelta(0),
+            cancellation_grace_period=timedelta(0),
+            lock_lease=timedelta(minutes=5),
+            heartbeat_interval=timedelta(seconds=1),
+            dispatcher_command_timeout=timedelta(seconds=2),
+        ),
+        unheard_suspected=False,
+        liveness=SimpleNamespace(tick=lambda *args: None),
+        register=register,
+    )
+    state.cancel = make_cancel_controller(state)
+    heartbeat = asyncio.create_task(heartbeat_loop(state))
+    try:
+        await asyncio.wait_for(freed.wait(), 5)  # the slot freed: the stop ends the loops
+        await asyncio.wait_for(extending.wait(), 5)
+        heartbeat.cancel()
+        await asyncio.wait({heartbeat})
+    finally:
+        heartbeat.cancel()
+        active.task.cancel()
+    late = [e for e in await backend.get_events(job.id) if e.kind == "late_outcome"]
+    assert len(late) == 1
+
+
+async def test_a_tick_cut_by_its_bound_does_not_go_on_to_the_post_ticks_writes() -> None:
+    # The post-tick ran in a `finally` of the cancel step: when the tick's bound cut that
+    # step (a cancel poll held up), the queued writes were tried after the bound had
+    # fired, with none left, and one held up there held the heartbeat for as long. Left
+    # queued (8d163f0), they are written at the next tick.
+    from datetime import timedelta
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from taskq.backend import CancelPhase
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.models import EnqueueArgs
+    from taskq.worker._state import ActiveJob
+    from taskq.worker.cancel import make_cancel_controller
+    from taskq.worker.heartbeat import heartbeat_once
+
+    held = {"poll": False, "abandon": False}
+
+    class HeldUp(InMemoryBackend):
+        async def poll_cancel_flags(self, *args: Any, **kwargs: Any) -> Any:
+            if held["poll"]:
+                await asyncio.sleep(3600)
+            return await super().poll_cancel_flags(*args, **kwargs)
+
+        async def mark_abandoned(self, *args: Any, **kwargs: Any) -> bool:
+            if held["abandon"]:
+                await asyncio.sleep(3600)
+            return await super().mark_abandoned(*args, **kwargs)
+
+    backend = HeldUp()
+    worker = uuid4()
+    job = await backend.enqueue(EnqueueArgs(actor="a"))
+    [row] = await backend.dispatch_batch(worker, ["default"], 1, timedelta(minutes=5))
+    assert await backend.write_cancel_request(job.id, None)
+    assert await backend.write_cancel_escalation(job.id, worker, 2, attempt=row.attempt)
+    active = ActiveJob(row, release=lambda: None)
+    active.cancel_requested = True
+    active.cancel_phase = CancelPhase.FORCED
+    active.cancel_observed_at = active.cancel_forced_at = -100.0
+    active.task = asyncio.create_task(asyncio.sleep(10))
+    state: Any = SimpleNamespace(
+        active={job.id: active},
+        backend=backend,
+        worker_id=worker,
+        settings=SimpleNamespace(
+            cleanup_grace_period=timedelta(0),
+            cancellation_grace_period=timedelta(0),
+            lock_lease=timedelta(minutes=5),
+        ),
+        unheard_suspected=False,
+    )
+    state.cancel = make_cancel_controller(state)
+    loop = asyncio.get_running_loop()
+    try:
+        held.update(poll=True, abandon=True)
+        began = loop.time()
+        async with asyncio.timeout(2):  # else the test would hang: the tick ran on
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):  # the tick's bound, as heartbeat_loop's
+                    await state.cancel.run_tick([])  # queued for abandonment
+                    await heartbeat_once(state)
+        assert loop.time() - began < 1
+        held.update(poll=False, abandon=False)
+        async with asyncio.timeout(2):
+            await heartbeat_once(state)  # the abandonment, written at the next tick
+    finally:
+        active.task.cancel()
+    current = await backend.get(job.id)
+    assert current is not None and current.status is JobStatus.ABANDONED

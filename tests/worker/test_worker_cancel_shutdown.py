@@ -488,3 +488,81 @@ async def test_a_stop_that_cannot_hand_jobs_back_exits_1_saying_so(
     for job in jobs:  # still locked: nothing was written
         row = await tq.client.get(job.id)
         assert row is not None and row.status is JobStatus.RUNNING
+
+
+@pytest.mark.parametrize("first", ["stop", "controller"])
+async def test_an_abandonment_landed_with_its_reply_lost_counts_for_its_batch_once(
+    first: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cancel controller's abandonment landed as the tick's bound cut it (its reply
+    # lost), so it stayed queued. Whichever of the stop and the controller then found it
+    # written (its own write refused, the attempt already "abandoned") applied the
+    # batch hook as its own end, without marking the attempt ended: the other, refused
+    # in turn, found it so too and applied it again (a batch's failure counted twice).
+    from datetime import timedelta
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from taskq.backend import CancelPhase
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.models import EnqueueArgs
+    from taskq.worker import cancel, shutdown
+    from taskq.worker._state import ActiveJob
+    from taskq.worker.cancel import make_cancel_controller
+
+    hooks: list[str] = []
+
+    async def hook(backend: Any, row: Any, outcome: str) -> None:
+        hooks.append(outcome)
+
+    monkeypatch.setattr(cancel, "apply_batch_terminal_outcome", hook)
+    monkeypatch.setattr(shutdown, "apply_batch_terminal_outcome", hook)
+
+    class ReplyLost(InMemoryBackend):
+        calls = 0
+
+        async def mark_abandoned(self, *args: Any, **kwargs: Any) -> bool:
+            ReplyLost.calls += 1
+            landed = await super().mark_abandoned(*args, **kwargs)
+            if ReplyLost.calls == 1:
+                await asyncio.sleep(3600)  # written; the tick's bound cuts the reply
+            return landed
+
+    backend = ReplyLost()
+    worker = uuid4()
+    job = await backend.enqueue(EnqueueArgs(actor="a"))
+    [row] = await backend.dispatch_batch(worker, ["default"], 1, timedelta(minutes=5))
+    assert await backend.write_cancel_request(job.id, None)
+    assert await backend.write_cancel_escalation(job.id, worker, 2, attempt=row.attempt)
+    active = ActiveJob(row, release=lambda: None)
+    active.cancel_requested = True
+    active.cancel_phase = CancelPhase.FORCED
+    active.cancel_observed_at = active.cancel_forced_at = -100.0
+    active.task = asyncio.create_task(asyncio.sleep(10))
+    state: Any = SimpleNamespace(
+        active={job.id: active},
+        backend=backend,
+        worker_id=worker,
+        settings=SimpleNamespace(
+            cleanup_grace_period=timedelta(0),
+            cancellation_grace_period=timedelta(0),
+            lock_lease=timedelta(minutes=5),
+        ),
+    )
+    controller = make_cancel_controller(state)
+    try:
+        await controller.run_tick([])  # past its cleanup grace: queued for abandonment
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await controller.run_post_tick()
+        if first == "controller":
+            await controller.run_post_tick()
+            await controller.write_late_outcomes()
+            await shutdown._mark_abandoned(state, active, True)
+        else:
+            await shutdown._mark_abandoned(state, active, True)
+            await controller.run_post_tick()
+            await controller.write_late_outcomes()
+    finally:
+        active.task.cancel()
+    assert hooks == ["abandoned"]

@@ -482,7 +482,10 @@ def check_key_text(value: str | None) -> str | None:
 def check_name(value: str) -> str:
     """``value``, an actor's or a queue's name, if a job can have it: text a store can
     hold (:func:`check_key_text`) of at most :data:`MAX_NAME_BYTES`; else a
-    ``ValueError``."""
+    ``ValueError``. Not empty: no job is on the queue ``""`` (``EnqueueArgs`` refuses
+    it)."""
+    if not value:
+        raise ValueError("must not be empty")
     check_key_text(value)
     return _at_most_bytes(value, MAX_NAME_BYTES)
 

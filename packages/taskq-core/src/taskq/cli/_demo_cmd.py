@@ -356,6 +356,10 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigurationError(f"--schema: {exc}") from None
     try:
         dsn = resolve_dsn(args.dsn)
+    except KeyboardInterrupt:
+        # The embedded server starting (the plugin's default DSN): no job enqueued yet.
+        print("taskq demo: interrupted before its worker started", file=sys.stderr)
+        return EXIT_ERROR
     except ConfigurationError as exc:
         # The demo alone needs no server: say so where it is the quickest way on.
         raise ConfigurationError(

@@ -286,6 +286,9 @@ class _CancelController:
                 continue
             _drop(self._pending_late, late)
             if landed:  # an earlier try's, its reply lost: the worker's own end
+                # Said so before the hook: the stop's abandonment of it, refused in turn,
+                # found it landed too and applied the hook again.
+                active.ended = True
                 await apply_batch_terminal_outcome(self._state.backend, row, outcome)
         if failed is not None:
             raise failed

@@ -77,12 +77,22 @@ async def heartbeat_once(state: WorkerState, toucher: _Toucher | None = None) ->
         else:
             state.release(job_id, active)
     try:
-        await state.cancel.run_tick(await backend.poll_cancel_flags(wid))
-    finally:  # the queued abandonments are written even when a tick's escalation failed
+        try:
+            await state.cancel.run_tick(await backend.poll_cancel_flags(wid))
+        except Exception:  # the queued abandonments are written even when an escalation
+            # failed; not once the tick's bound cut it (a CancelledError), which left no
+            # bound to them: they stay queued for the next tick.
+            await state.cancel.run_post_tick()
+            raise
         await state.cancel.run_post_tick()
-    # After the jobs' leases and their cancellations: a lock on reservation_slots (a
-    # migration, an operator's) times the tick out here, not before them.
-    await backend.extend_reservation_leases(wid, state.settings.lock_lease)
+        # After the jobs' leases and their cancellations: a lock on reservation_slots (a
+        # migration, an operator's) times the tick out here, not before them.
+        await backend.extend_reservation_leases(wid, state.settings.lock_lease)
+    except Exception:
+        # Also when a write before failed (one failing every tick kept them unwritten
+        # for as long); not when the tick's bound cut it (a CancelledError): unbounded.
+        await state.cancel.write_late_outcomes()
+        raise
     # Last, history only: one held up (the events table locked) holds back nothing else.
     await state.cancel.write_late_outcomes()
 
@@ -192,3 +202,15 @@ async def heartbeat_loop(state: WorkerState) -> None:
     finally:
         if toucher is not None:
             await toucher.aclose()
+        await _flush_late_outcomes(state, bound)
+
+
+async def _flush_late_outcomes(state: WorkerState, bound: float) -> None:
+    """Write the late outcomes still queued as the heartbeat ends: the stop ends it once
+    every slot is freed, and a write-off refused at its last tick freed its slot before
+    its late outcome (written last in the tick) was written. Bounded as a tick is."""
+    try:
+        async with asyncio.timeout(bound):
+            await state.cancel.write_late_outcomes()
+    except Exception as exc:  # noqa: BLE001 - the stop goes on: a history line is lost
+        _log.warning("taskq.late-outcomes-unwritten-at-stop", error=repr(exc))

@@ -273,21 +273,23 @@ async def _mark_abandoned(state: WorkerState, active: ActiveJob, escalated: bool
         state, "abandoned", lambda: backend.mark_abandoned(row.id), give_up=True
     )
     if written is False:  # None: given up, logged as such
-        if not active.ended:  # else the cancel controller's abandonment landed first
-            await _abandon_refused(state, row)
+        # Found landed (an earlier try's, the controller's whose reply was lost), the end
+        # is this worker's: said so, the controller's retry of it applies no hook again.
+        if not active.ended and await _abandon_refused(state, row):
+            active.ended = True
     elif written:
         active.ended = True
         await apply_batch_terminal_outcome(backend, row, "abandoned")
     return written is not None
 
 
-async def _abandon_refused(state: WorkerState, row: JobRow) -> None:
+async def _abandon_refused(state: WorkerState, row: JobRow) -> bool:
     """``mark_abandoned`` changed nothing: the job was taken away (reclaimed while the
     stop ran on: the history said only what the reclaim made of it), a late outcome
     unless an earlier try of the write landed, its reply lost; or it is still this
     worker's at this attempt, its phase 2 never stored (that write failed or was refused),
     which is only logged, as is a row that could not be read (the database away) or is
-    gone."""
+    gone. True when the write had landed (its batch hook applied here)."""
     current = await write_retrying(state, "read", lambda: state.backend.get(row.id), give_up=True)
     ours = (
         current is not None
@@ -297,6 +299,9 @@ async def _abandon_refused(state: WorkerState, row: JobRow) -> None:
     )
     if current is None or ours:
         _log.warning("taskq.abandon-not-written", job_id=str(row.id), attempt=row.attempt)
-    elif await late_unless_landed(state, row, "abandoned"):
-        # An earlier try's, its reply lost: the worker's own end.
-        await apply_batch_terminal_outcome(state.backend, row, "abandoned")
+        return False
+    if not await late_unless_landed(state, row, "abandoned"):
+        return False
+    # An earlier try's, its reply lost: the worker's own end.
+    await apply_batch_terminal_outcome(state.backend, row, "abandoned")
+    return True

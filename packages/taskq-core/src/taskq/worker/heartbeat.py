@@ -76,25 +76,31 @@ async def heartbeat_once(state: WorkerState, toucher: _Toucher | None = None) ->
             active.task.cancel()
         else:
             state.release(job_id, active)
-    try:
+    cancel, lease = state.cancel, state.settings.lock_lease
+
+    async def cancel_step() -> None:
+        await cancel.run_tick(await backend.poll_cancel_flags(wid))
+
+    # In this order, each also when one before it failed (raised once all had their
+    # turn: an escalation failing every tick kept the abandonments unwritten): the
+    # cancellations, then the abandonments they queued; then the reservation slots'
+    # leases (a lock on that table times the tick out there, after the jobs'); last
+    # the late outcomes, history only. None once the tick's bound cut one: no bound
+    # is left to them, and their writes stay queued for the next tick.
+    steps = (
+        cancel_step,
+        cancel.run_post_tick,
+        lambda: backend.extend_reservation_leases(wid, lease),
+        cancel.write_late_outcomes,
+    )
+    failed: Exception | None = None
+    for step in steps:
         try:
-            await state.cancel.run_tick(await backend.poll_cancel_flags(wid))
-        except Exception:  # the queued abandonments are written even when an escalation
-            # failed; not once the tick's bound cut it (a CancelledError), which left no
-            # bound to them: they stay queued for the next tick.
-            await state.cancel.run_post_tick()
-            raise
-        await state.cancel.run_post_tick()
-        # After the jobs' leases and their cancellations: a lock on reservation_slots (a
-        # migration, an operator's) times the tick out here, not before them.
-        await backend.extend_reservation_leases(wid, state.settings.lock_lease)
-    except Exception:
-        # Also when a write before failed (one failing every tick kept them unwritten
-        # for as long); not when the tick's bound cut it (a CancelledError): unbounded.
-        await state.cancel.write_late_outcomes()
-        raise
-    # Last, history only: one held up (the events table locked) holds back nothing else.
-    await state.cancel.write_late_outcomes()
+            await step()
+        except Exception as exc:  # noqa: BLE001 - raised below, after the others
+            failed = failed or exc
+    if failed is not None:
+        raise failed
 
 
 class _Toucher:

@@ -11,6 +11,12 @@ import pytest
 
 from taskq import Backend, Context, JobRow, JobStatus, RetryAfter, Snooze, TaskQ, actor
 from taskq_testing import run_until_idle
+from tests.worker.controller_state import (
+    dispatched,
+    forced_past_cleanup,
+    past_its_limit,
+    worker_state,
+)
 from tests.worker.flaky_backend import WritesFailWhileAway
 
 _GRACES = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "100ms"}
@@ -560,36 +566,19 @@ async def test_an_attempt_written_off_past_its_limit_is_not_a_later_one(replaced
     # Queued by id, the write-off found whatever entry held the id at the post-tick: a
     # job reclaimed and locked for this worker again meanwhile had its new attempt
     # failed with the old one's limit, and its slot freed under its running task.
-    from datetime import timedelta
-    from types import SimpleNamespace
-    from uuid import uuid4
-
     from taskq.backend.memory import InMemoryBackend
-    from taskq.models import EnqueueArgs, ErrorInfo
     from taskq.worker._state import ActiveJob
-    from taskq.worker.cancel import make_cancel_controller
 
     backend = InMemoryBackend()
-    worker = uuid4()
-    job = await backend.enqueue(EnqueueArgs(actor="a"))
-    [row] = await backend.dispatch_batch(worker, ["default"], 1, timedelta(minutes=5))
+    worker, [job] = await dispatched(backend)
     freed: list[str] = []
-    old = ActiveJob(row, release=lambda: freed.append("old"))
-    old.limit_at, old.limit_error = -1.0, ErrorInfo(error_class="TimeoutError", message="t")
-    old.task = asyncio.create_task(asyncio.sleep(10))
-    graces = {
-        "cleanup_grace_period": timedelta(0),
-        "cancellation_grace_period": timedelta(0),
-        "lock_lease": timedelta(minutes=5),
-    }
-    state: Any = SimpleNamespace(
-        active={job.id: old}, backend=backend, worker_id=worker, settings=SimpleNamespace(**graces)
-    )
-    controller = make_cancel_controller(state)
+    old = past_its_limit(job, release=lambda: freed.append("old"))
+    state = worker_state(backend, worker, old)
+    controller = state.cancel
     await controller.run_tick([])  # past its limit: written off at the post-tick
     if replaced:  # as WorkerState.hold does for the same job locked again
         old.lost = True
-        state.active[job.id] = ActiveJob(row.model_copy(update={"attempt": 2}))
+        state.active[job.id] = ActiveJob(job.model_copy(update={"attempt": 2}))
     await controller.run_post_tick()
     await controller.write_late_outcomes()
     old.task.cancel()
@@ -1039,14 +1028,7 @@ async def test_a_late_outcome_whose_write_landed_as_the_tick_was_cut_is_not_kept
     # A late outcome leaves its queue only once written: one whose write landed as the
     # tick's bound cut it (its reply lost) was written again at the next tick, and the
     # job's history said twice that the attempt came late.
-    from datetime import timedelta
-    from types import SimpleNamespace
-    from uuid import uuid4
-
     from taskq.backend.memory import InMemoryBackend
-    from taskq.models import EnqueueArgs, ErrorInfo
-    from taskq.worker._state import ActiveJob
-    from taskq.worker.cancel import make_cancel_controller
 
     class ReplyLost(InMemoryBackend):
         calls = 0
@@ -1059,21 +1041,9 @@ async def test_a_late_outcome_whose_write_landed_as_the_tick_was_cut_is_not_kept
             return landed
 
     backend = ReplyLost()
-    worker = uuid4()
-    job = await backend.enqueue(EnqueueArgs(actor="a"))
-    [row] = await backend.dispatch_batch(worker, ["default"], 1, timedelta(minutes=5))
-    old = ActiveJob(row, release=lambda: None)
-    old.limit_at, old.limit_error = -1.0, ErrorInfo(error_class="TimeoutError", message="t")
-    old.task = asyncio.create_task(asyncio.sleep(10))
-    graces = {
-        "cleanup_grace_period": timedelta(0),
-        "cancellation_grace_period": timedelta(0),
-        "lock_lease": timedelta(minutes=5),
-    }
-    state: Any = SimpleNamespace(
-        active={job.id: old}, backend=backend, worker_id=worker, settings=SimpleNamespace(**graces)
-    )
-    controller = make_cancel_controller(state)
+    worker, [job] = await dispatched(backend)
+    old = past_its_limit(job)
+    controller = worker_state(backend, worker, old).cancel
     await controller.run_tick([])  # past its limit: written off at the post-tick
     old.lost = True  # reclaimed meanwhile: the write-off is refused, kept as late
     await controller.run_post_tick()
@@ -1090,14 +1060,7 @@ async def test_a_late_outcome_is_written_while_another_write_off_fails_every_tic
     # Late outcomes were written by the post-tick before it raised the write that
     # failed; moved after it (and after the reservation leases), a write-off failing
     # every tick (its row held by another transaction) kept every late outcome unwritten.
-    from datetime import timedelta
-    from types import SimpleNamespace
-    from uuid import uuid4
-
     from taskq.backend.memory import InMemoryBackend
-    from taskq.models import EnqueueArgs, ErrorInfo
-    from taskq.worker._state import ActiveJob
-    from taskq.worker.cancel import make_cancel_controller
     from taskq.worker.heartbeat import heartbeat_once
 
     held: set[Any] = set()
@@ -1114,32 +1077,11 @@ async def test_a_late_outcome_is_written_while_another_write_off_fails_every_tic
             return await super().mark_failed_or_retry(job_id, *args, **kwargs)
 
     backend = HeldRow()
-    worker = uuid4()
-    for _ in range(2):
-        await backend.enqueue(EnqueueArgs(actor="a"))
-    rows = await backend.dispatch_batch(worker, ["default"], 2, timedelta(minutes=5))
-    actives = {}
-    for row in rows:
-        active = ActiveJob(row, release=lambda: None)
-        active.limit_at = -1.0
-        active.limit_error = ErrorInfo(error_class="TimeoutError", message="t")
-        active.task = asyncio.create_task(asyncio.sleep(10))
-        actives[row.id] = active
+    worker, rows = await dispatched(backend, 2)
+    actives = {row.id: past_its_limit(row) for row in rows}
     late_job, stuck_job = (row.id for row in rows)
     held.add(stuck_job)
-    graces = {
-        "cleanup_grace_period": timedelta(0),
-        "cancellation_grace_period": timedelta(0),
-        "lock_lease": timedelta(minutes=5),
-    }
-    state: Any = SimpleNamespace(
-        active=dict(actives),
-        backend=backend,
-        worker_id=worker,
-        settings=SimpleNamespace(**graces),
-        unheard_suspected=False,
-    )
-    state.cancel = make_cancel_controller(state)
+    state = worker_state(backend, worker, *actives.values())
     reclaimed.add(late_job)  # its write-off refused: kept as a late outcome
     try:
         for _ in range(2):
@@ -1157,14 +1099,7 @@ async def test_a_late_outcome_queued_as_the_worker_stops_is_still_written() -> N
     # The stop ends the heartbeat once every slot is freed: a write-off refused at its
     # last tick freed its slot, and the heartbeat, cancelled at its next await (the
     # reservation leases' extension, a round trip), never wrote the late outcome.
-    from datetime import timedelta
-    from types import SimpleNamespace
-    from uuid import uuid4
-
     from taskq.backend.memory import InMemoryBackend
-    from taskq.models import EnqueueArgs, ErrorInfo
-    from taskq.worker._state import ActiveJob
-    from taskq.worker.cancel import make_cancel_controller
     from taskq.worker.heartbeat import heartbeat_loop
 
     extending = asyncio.Event()
@@ -1181,34 +1116,10 @@ async def test_a_late_outcome_queued_as_the_worker_stops_is_still_written() -> N
             return await super().extend_reservation_leases(*args, **kwargs)
 
     backend = Reclaimed()
-    worker = uuid4()
-    job = await backend.enqueue(EnqueueArgs(actor="a"))
-    [row] = await backend.dispatch_batch(worker, ["default"], 1, timedelta(minutes=5))
+    worker, [job] = await dispatched(backend)
     freed = asyncio.Event()
-    active = ActiveJob(row, release=freed.set)
-    active.limit_at = -1.0
-    active.limit_error = ErrorInfo(error_class="TimeoutError", message="t")
-    active.task = asyncio.create_task(asyncio.sleep(10))
-
-    async def register() -> None:
-        return None
-
-    state: Any = SimpleNamespace(
-        active={job.id: active},
-        backend=backend,
-        worker_id=worker,
-        settings=SimpleNamespace(
-            cleanup_grace_period=timedelta(0),
-            cancellation_grace_period=timedelta(0),
-            lock_lease=timedelta(minutes=5),
-            heartbeat_interval=timedelta(seconds=1),
-            dispatcher_command_timeout=timedelta(seconds=2),
-        ),
-        unheard_suspected=False,
-        liveness=SimpleNamespace(tick=lambda *args: None),
-        register=register,
-    )
-    state.cancel = make_cancel_controller(state)
+    active = past_its_limit(job, release=freed.set)
+    state = worker_state(backend, worker, active)
     heartbeat = asyncio.create_task(heartbeat_loop(state))
     try:
         await asyncio.wait_for(freed.wait(), 5)  # the slot freed: the stop ends the loops
@@ -1227,15 +1138,7 @@ async def test_a_tick_cut_by_its_bound_does_not_go_on_to_the_post_ticks_writes()
     # step (a cancel poll held up), the queued writes were tried after the bound had
     # fired, with none left, and one held up there held the heartbeat for as long. Left
     # queued (8d163f0), they are written at the next tick.
-    from datetime import timedelta
-    from types import SimpleNamespace
-    from uuid import uuid4
-
-    from taskq.backend import CancelPhase
     from taskq.backend.memory import InMemoryBackend
-    from taskq.models import EnqueueArgs
-    from taskq.worker._state import ActiveJob
-    from taskq.worker.cancel import make_cancel_controller
     from taskq.worker.heartbeat import heartbeat_once
 
     held = {"poll": False, "abandon": False}
@@ -1252,28 +1155,9 @@ async def test_a_tick_cut_by_its_bound_does_not_go_on_to_the_post_ticks_writes()
             return await super().mark_abandoned(*args, **kwargs)
 
     backend = HeldUp()
-    worker = uuid4()
-    job = await backend.enqueue(EnqueueArgs(actor="a"))
-    [row] = await backend.dispatch_batch(worker, ["default"], 1, timedelta(minutes=5))
-    assert await backend.write_cancel_request(job.id, None)
-    assert await backend.write_cancel_escalation(job.id, worker, 2, attempt=row.attempt)
-    active = ActiveJob(row, release=lambda: None)
-    active.cancel_requested = True
-    active.cancel_phase = CancelPhase.FORCED
-    active.cancel_observed_at = active.cancel_forced_at = -100.0
-    active.task = asyncio.create_task(asyncio.sleep(10))
-    state: Any = SimpleNamespace(
-        active={job.id: active},
-        backend=backend,
-        worker_id=worker,
-        settings=SimpleNamespace(
-            cleanup_grace_period=timedelta(0),
-            cancellation_grace_period=timedelta(0),
-            lock_lease=timedelta(minutes=5),
-        ),
-        unheard_suspected=False,
-    )
-    state.cancel = make_cancel_controller(state)
+    worker, [job] = await dispatched(backend)
+    active = await forced_past_cleanup(backend, worker, job)
+    state = worker_state(backend, worker, active)
     loop = asyncio.get_running_loop()
     try:
         held.update(poll=True, abandon=True)

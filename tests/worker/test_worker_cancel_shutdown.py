@@ -499,16 +499,9 @@ async def test_an_abandonment_landed_with_its_reply_lost_counts_for_its_batch_on
     # written (its own write refused, the attempt already "abandoned") applied the
     # batch hook as its own end, without marking the attempt ended: the other, refused
     # in turn, found it so too and applied it again (a batch's failure counted twice).
-    from datetime import timedelta
-    from types import SimpleNamespace
-    from uuid import uuid4
-
-    from taskq.backend import CancelPhase
     from taskq.backend.memory import InMemoryBackend
-    from taskq.models import EnqueueArgs
     from taskq.worker import cancel, shutdown
-    from taskq.worker._state import ActiveJob
-    from taskq.worker.cancel import make_cancel_controller
+    from tests.worker.controller_state import dispatched, forced_past_cleanup, worker_state
 
     hooks: list[str] = []
 
@@ -529,27 +522,10 @@ async def test_an_abandonment_landed_with_its_reply_lost_counts_for_its_batch_on
             return landed
 
     backend = ReplyLost()
-    worker = uuid4()
-    job = await backend.enqueue(EnqueueArgs(actor="a"))
-    [row] = await backend.dispatch_batch(worker, ["default"], 1, timedelta(minutes=5))
-    assert await backend.write_cancel_request(job.id, None)
-    assert await backend.write_cancel_escalation(job.id, worker, 2, attempt=row.attempt)
-    active = ActiveJob(row, release=lambda: None)
-    active.cancel_requested = True
-    active.cancel_phase = CancelPhase.FORCED
-    active.cancel_observed_at = active.cancel_forced_at = -100.0
-    active.task = asyncio.create_task(asyncio.sleep(10))
-    state: Any = SimpleNamespace(
-        active={job.id: active},
-        backend=backend,
-        worker_id=worker,
-        settings=SimpleNamespace(
-            cleanup_grace_period=timedelta(0),
-            cancellation_grace_period=timedelta(0),
-            lock_lease=timedelta(minutes=5),
-        ),
-    )
-    controller = make_cancel_controller(state)
+    worker, [job] = await dispatched(backend)
+    active = await forced_past_cleanup(backend, worker, job)
+    state = worker_state(backend, worker, active)
+    controller = state.cancel
     try:
         await controller.run_tick([])  # past its cleanup grace: queued for abandonment
         with pytest.raises(TimeoutError):

@@ -144,6 +144,17 @@ def test_schedule_args_validate_cron_and_timezone() -> None:
     ScheduleCreateArgs(name="n", actor="a", cron="0 0 29 2 *")  # leap days exist
 
 
+def test_a_schedule_refuses_an_actor_or_queue_no_fired_job_could_have() -> None:
+    # Stored as given, a name past 256 bytes failed every slot's fire at its enqueue.
+    long = "q" * 257
+    for bad in ({"actor": long}, {"queue": long}, {"queue": "a\x00b"}):
+        with pytest.raises(ValidationError, match="at most 256 bytes|NUL"):
+            ScheduleCreateArgs(**{"name": "n", "actor": "a", "cron": "* * * * *", **bad})
+    with pytest.raises(ValidationError, match="at most 256 bytes"):
+        ScheduleUpdateArgs(queue=long)
+    assert ScheduleCreateArgs(name="n", actor="a" * 256, cron="* * * * *").queue is None
+
+
 def test_schedule_update_args_unset_the_queue_with_actor_queue_only() -> None:
     # queue=None keeps the stored queue; actor_queue=True sets it back to None.
     assert ScheduleUpdateArgs(queue=None).changes() == {}

@@ -801,10 +801,17 @@ class ScheduleCreateArgs(_Model):
     options: JsonDict = Field(default_factory=dict)
     """Enqueue options for each fired job (priority, max_attempts, …)."""
 
-    @field_validator("name", "actor", "queue")
+    @field_validator("name")
     @classmethod
     def _no_nul(cls, value: str | None) -> str | None:
         return check_key_text(value)
+
+    @field_validator("actor", "queue")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        # The rule each fired job's actor and queue meet at enqueue: a name no job can
+        # have was stored, and every slot's fire failed on it.
+        return None if value is None else check_name(value)
 
     @field_validator("cron")
     @classmethod
@@ -848,8 +855,8 @@ class ScheduleUpdateArgs(_Model):
 
     @field_validator("queue")
     @classmethod
-    def _no_nul(cls, value: str | None) -> str | None:
-        return check_key_text(value)
+    def _name(cls, value: str | None) -> str | None:
+        return None if value is None else check_name(value)
 
     @field_validator("cron")
     @classmethod

@@ -149,8 +149,11 @@ async def test_a_sync_actor_told_to_stop_ends_once_its_thread_has_returned() -> 
     assert [r.status for r in rows if r] == [JobStatus.CANCELLED, JobStatus.SUCCEEDED]
 
 
-def _outlives_cancellation(name: str, seconds: float, started: asyncio.Event) -> Any:
-    """An actor that ignores every cancellation for ``seconds``, then returns "late"."""
+def _outlives_cancellation(
+    name: str, seconds: float, started: asyncio.Event, returned: asyncio.Event | None = None
+) -> Any:
+    """An actor that ignores every cancellation for ``seconds``, then returns "late"
+    (``returned`` set as it does)."""
 
     @actor(name=name)
     async def stubborn(payload: dict[str, Any]) -> str:
@@ -162,6 +165,8 @@ def _outlives_cancellation(name: str, seconds: float, started: asyncio.Event) ->
                 await asyncio.sleep(0.02)
             except asyncio.CancelledError:
                 continue
+        if returned is not None:
+            returned.set()
         return "late"
 
     return stubborn
@@ -952,20 +957,7 @@ async def _cancelled_while_stubborn(
     ``seconds`` (then setting ``returned``), so that the cancel controller abandons it
     (short graces); its row and attempts once the worker is idle."""
     started = asyncio.Event()
-
-    @actor(name="stubborn")
-    async def stubborn(payload: dict[str, Any]) -> None:
-        started.set()
-        loop = asyncio.get_running_loop()
-        end = loop.time() + seconds
-        while loop.time() < end:
-            try:
-                await asyncio.sleep(0.02)
-            except asyncio.CancelledError:
-                pass
-        if returned is not None:
-            returned.set()
-
+    stubborn = _outlives_cancellation("stubborn", seconds, started, returned)
     tq = TaskQ("memory://", backend=backend, actors=[stubborn])
     async with tq:
         job = await tq.client.enqueue(stubborn, {})

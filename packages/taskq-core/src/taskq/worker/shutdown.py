@@ -14,8 +14,9 @@ the consumers can see where the shutdown is.
   phase 2 stored first, as the cancellation protocol does; those writes all at once,
   after the other tasks are cancelled); ``cleanup_grace_period`` to unwind. A job
   whose actor returned is not: it is only writing its outcome.
-* ABANDONING — outcome writes still retrying (the database away) get what is left
-  of ``termination_grace_period``; tasks that still run are then left behind: an
+* ABANDONING — outcome writes still retrying (the database away), the cancel
+  controller's write-offs past a limit among them, get what is left of
+  ``termination_grace_period``; tasks that still run are then left behind: an
   interrupted job is handed back, a user-cancelled one marked ``abandoned``, all at
   once.
 
@@ -222,7 +223,7 @@ async def orchestrate_shutdown(
     # the pool: a command timeout each; the LISTEN connection: a second), with room.
     teardown = min(3 * settings.dispatcher_command_timeout.total_seconds() + 2.0, wall / 2)
     left = wall - (time.monotonic() - started) - teardown
-    if any(a.holds_slot and a.returned for a in state.active.values()):
+    if any(a.holds_slot and (a.returned or _written_off(a)) for a in state.active.values()):
         await _wait_running(state, max(left, 0.0), None)
     # Concurrently: one by one, a database that is away would cost a lease per job.
     await asyncio.gather(*(_abandon(state, a) for a in list(state.active.values()) if a.holds_slot))
@@ -240,6 +241,12 @@ async def _abandon(state: WorkerState, active: ActiveJob) -> None:
         state.unconfirmed_at_stop += 1
         if active.task is not None:
             active.task.cancel()
+    elif _written_off(active):
+        # The controller's write of its failure kept failing (the database away); the
+        # heartbeat ends with the stop. Not handed back (that ran it again): the lease
+        # runs out and the reclaim sweep takes it.
+        _log.warning("taskq.write-off-unconfirmed-at-stop", job_id=job_id)
+        state.unconfirmed_at_stop += 1
     else:
         _log.error("taskq.task-ignored-cancellation", job_id=job_id)
         escalated = active.cancel_phase >= CancelPhase.FORCED
@@ -251,6 +258,13 @@ async def _abandon(state: WorkerState, active: ActiveJob) -> None:
             confirmed = await _mark_abandoned(state, active, escalated)
         state.unconfirmed_at_stop += not confirmed
     active.finish()
+
+
+def _written_off(active: ActiveJob) -> bool:
+    """Whether the cancel controller wrote ``active`` off past its limit (no user's
+    cancel): its failure is the controller's write, retried by the heartbeat until it
+    lands."""
+    return active.cancel_phase is CancelPhase.ABANDON_PENDING and not active.cancel_requested
 
 
 async def _mark_abandoned(state: WorkerState, active: ActiveJob, escalated: bool) -> bool:

@@ -1867,25 +1867,22 @@ async def test_an_abandonment_written_by_both_the_controller_and_the_stop_is_one
     assert hooks == ["abandoned"]
 
 
-async def test_a_write_off_and_a_stops_hand_back_of_one_job_are_one_end() -> None:
+async def test_a_write_off_under_way_as_a_stop_ends_is_the_jobs_one_end() -> None:
     # The cancel controller's write-off of an attempt past its timeout was under way
-    # when the stop handed the job back as interrupted: the hand-back, refused, read the
-    # attempt's row (failed, by the controller) and recorded a late "interrupted" for an
-    # attempt this worker had itself ended.
-    first_call, second_call, first_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    # when the stop let go of what still ran: the stop handed the job back as
+    # interrupted, to run again, though its code may run on.
+    write_off, abandoning = asyncio.Event(), asyncio.Event()
+    hand_backs: list[object] = []
 
     class Racing(InMemoryBackend):
         async def mark_failed_or_retry(self, *args: Any, **kwargs: Any) -> Any:
-            first_call.set()  # the controller's write-off, held until the stop writes too
-            await second_call.wait()
-            written = await super().mark_failed_or_retry(*args, **kwargs)
-            first_done.set()
-            return written
+            write_off.set()  # held until the stop lets go of what still runs
+            await abandoning.wait()
+            return await super().mark_failed_or_retry(*args, **kwargs)
 
         async def mark_snoozed(self, *args: Any, **kwargs: Any) -> Any:
             if kwargs.get("outcome") == "interrupted":
-                second_call.set()  # the stop's hand-back: it lands just after
-                await first_done.wait()
+                hand_backs.append(args[0])
             return await super().mark_snoozed(*args, **kwargs)
 
     started = asyncio.Event()
@@ -1901,14 +1898,22 @@ async def test_a_write_off_and_a_stops_hand_back_of_one_job_are_one_end() -> Non
     async with tq:
         job = await tq.client.enqueue(stubborn, {})
         worker = Worker(tq, WorkerSettings.load(settings, env={}))
-        running = asyncio.create_task(worker.run())
-        await asyncio.wait_for(first_call.wait(), 5)  # the write-off under way
-        worker.stop()
-        worker.escalate()
-        await asyncio.wait_for(running, 10)
-        await asyncio.gather(*worker.lingering_tasks())
+        with structlog.testing.capture_logs() as logs:
+            running = asyncio.create_task(worker.run())
+            await asyncio.wait_for(write_off.wait(), 5)  # the write-off under way
+            worker.stop()
+            worker.escalate()
+
+            async def abandoning_logged() -> None:
+                while not any(entry.get("phase") == "ABANDONING" for entry in logs):  # noqa: ASYNC110 - the stop's own log
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(abandoning_logged(), 5)
+            abandoning.set()
+            await asyncio.wait_for(running, 10)
+            await asyncio.gather(*worker.lingering_tasks())
         row = await tq.client.get(job.id)
         events = await tq.client.get_events(job.id)
-    assert second_call.is_set()  # the stop did hand it back meanwhile
+    assert hand_backs == []
     assert row is not None and row.status is JobStatus.FAILED
     assert [e for e in events if e.kind == "late_outcome"] == []

@@ -1428,6 +1428,46 @@ async def test_an_outcome_refused_after_a_reclaim_is_kept_as_a_late_outcome_even
     }
 
 
+async def test_a_late_outcome_whose_reply_was_lost_is_kept_once() -> None:
+    # Its write landed and the reply was lost (a transient error): the retry wrote it
+    # again, and the history said twice that the attempt came late.
+    from taskq.backend.clock import FakeClock
+
+    class LateReplyLost(InMemoryBackend):
+        lost = False
+
+        async def record_late_outcome(self, *args: Any, **kwargs: Any) -> bool:
+            kept = await super().record_late_outcome(*args, **kwargs)
+            if not self.lost:
+                self.lost = True
+                raise ConnectionResetError("reply lost")
+            return kept
+
+    clock = FakeClock()
+    backend = LateReplyLost(clock=clock)
+    taken = asyncio.Event()
+    release = asyncio.Event()
+
+    @actor(name="late.reply_lost", max_attempts=1)
+    async def ender(payload: dict[str, Any]) -> str:
+        taken.set()
+        await release.wait()
+        return "done"
+
+    tq = TaskQ("memory://", actors=[ender], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(ender, {})
+        running = asyncio.create_task(run_until_idle(tq, **_RARE_HEARTBEATS))
+        await asyncio.wait_for(taken.wait(), 5)
+        clock.advance(timedelta(minutes=5))  # its lease lapses unseen, as in the test above
+        release.set()
+        assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
+        await asyncio.wait_for(running, 10)
+        events = await tq.client.get_events(job.id)
+    assert backend.lost
+    assert [e.detail["outcome"] for e in events if e.kind == "late_outcome"] == ["succeeded"]
+
+
 async def test_a_snooze_whose_reply_was_lost_is_no_late_outcome() -> None:
     # The snooze committed and its reply was lost: the retry found the job no longer
     # running, yet the attempt's own row says it was snoozed: no late outcome.

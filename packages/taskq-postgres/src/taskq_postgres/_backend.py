@@ -1119,8 +1119,8 @@ class PostgresBackend:
     ) -> bool:
         """A ``late_outcome`` event in the job's history (``SupportsLateOutcomes``)."""
         detail = dump_json(late_outcome_detail(attempt, worker_id, outcome, error))
-        status = await self._db().execute(self._sql.late_outcome, job_id, detail)
-        return _changed(status) == 1
+        said = dump_json(late_outcome_detail(attempt, worker_id, outcome, None))
+        return bool(await self._db().fetchval(self._sql.late_outcome, job_id, detail, said))
 
     async def record_progress(
         self,

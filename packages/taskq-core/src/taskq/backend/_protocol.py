@@ -157,6 +157,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     update_schedule applies ScheduleUpdateArgs.changes(), which sets the queue back
 #     to None (the actor's own) for the new actor_queue=True: the non-None fields alone
 #     had no way to unset a schedule's queue.
+#     SupportsLateOutcomes.record_late_outcome adds nothing when the job's history
+#     has a late outcome of the same attempt, worker and outcome (a worker's retry
+#     whose first try landed, its reply lost, was kept twice).
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
@@ -764,7 +767,10 @@ class SupportsLateOutcomes(Protocol):
         self, job_id: JobId, attempt: int, worker_id: UUID, outcome: str, error: ErrorInfo | None
     ) -> bool:
         """Add a ``late_outcome`` event (``detail``: attempt, worker_id, outcome and the
-        error's class and message); nothing else changes. False for an unknown job."""
+        error's class and message); nothing else changes. False for an unknown job.
+
+        Idempotent: one the job's history already has for this attempt, worker and
+        outcome is not added again (a retry whose first try landed, its reply lost)."""
         ...
 
 

@@ -376,8 +376,13 @@ class InMemoryBackend:
         """A ``late_outcome`` event in the job's history (``SupportsLateOutcomes``)."""
         if job_id not in self._jobs:
             return False
-        detail = late_outcome_detail(attempt, worker_id, outcome, error)
-        self._store.event(job_id, "late_outcome", detail, self.clock.now())
+        said = late_outcome_detail(attempt, worker_id, outcome, None).items()
+        if not any(
+            event.kind == "late_outcome" and said <= event.detail.items()
+            for event in self._store.events.get(job_id, [])
+        ):
+            detail = late_outcome_detail(attempt, worker_id, outcome, error)
+            self._store.event(job_id, "late_outcome", detail, self.clock.now())
         return True
 
     def _held(self, worker_id: UUID) -> list[JobRow]:

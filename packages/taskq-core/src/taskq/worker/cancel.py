@@ -25,7 +25,8 @@ its code may run on; its slot is freed.
 
 A write-off or abandonment that finds the job reclaimed meanwhile (the write refused,
 or the heartbeat found the lock lost before it) is kept as a ``late_outcome`` event,
-as the consumer's own refused writes are, unless an earlier try of it landed.
+as the consumer's own refused writes are, unless an earlier try of it landed (a
+late outcome written again is kept once: the backend's ``record_late_outcome``).
 
 The architecture runs phases 1-3 inside one heartbeat transaction
 (``run_in_tx(conn)``); here every write is one atomic statement of the
@@ -43,10 +44,9 @@ from typing import Literal, Protocol, TypeVar, runtime_checkable
 import structlog
 
 from taskq.backend import CancelPhase
-from taskq.backend.late_outcome import late_outcome_detail
 from taskq.backend.storable import stored_error
 from taskq.batch_outcomes import apply_batch_terminal_outcome
-from taskq.models import CancelFlag, ErrorInfo, JobId, JobRow
+from taskq.models import CancelFlag, ErrorInfo, JobId
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker.consumer import late_unless_landed
 
@@ -65,9 +65,6 @@ class _Late:
     active: ActiveJob
     outcome: _LateOutcome
     error: ErrorInfo | None
-    tried: bool = False
-    """A try was made and did not end (the tick's bound cut it, or it raised): its
-    write may have landed, its reply lost."""
 
 
 @runtime_checkable
@@ -274,13 +271,7 @@ class _CancelController:
             # history said only what the reclaim made of it.
             row = active.row
             try:
-                # A try that did not end may have kept it: written again, the history
-                # said twice that the attempt came late.
-                if late.tried and await self._late_kept(row, outcome):
-                    landed = False
-                else:
-                    late.tried = True
-                    landed = await late_unless_landed(self._state, row, outcome, late.error)
+                landed = await late_unless_landed(self._state, row, outcome, late.error)
             except Exception as exc:  # noqa: BLE001 - raised below, after the others
                 failed = failed or exc
                 continue
@@ -335,15 +326,6 @@ class _CancelController:
         _log.error("taskq.job-abandoned", job_id=str(active.row.id))
         await apply_batch_terminal_outcome(state.backend, active.row, "abandoned")
         return False
-
-    async def _late_kept(self, row: JobRow, outcome: _LateOutcome) -> bool:
-        """Whether the job's history already keeps this worker's late ``outcome`` of
-        ``row``'s attempt."""
-        said = late_outcome_detail(row.attempt, self._state.worker_id, outcome, None).items()
-        return any(
-            event.kind == "late_outcome" and all(event.detail.get(k) == v for k, v in said)
-            for event in await self._state.backend.get_events(row.id)
-        )
 
     def _still_current(self, active: ActiveJob) -> bool:
         """Whether ``active``'s attempt is still this worker's to write: not lost, nor

@@ -637,8 +637,17 @@ SELECT EXISTS (SELECT 1 FROM owned)
 
 LATE_OUTCOME: Final = """
 -- arbiter: clock_timestamp() (occurred_at, the column default)
--- A late_outcome event for job $1 (detail $2, JSON text), if the job exists; nothing
--- else changes.
-INSERT INTO {schema}.job_events (job_id, kind, detail)
-SELECT j.id, 'late_outcome', $2::text::jsonb FROM {schema}.jobs j WHERE j.id = $1
+-- A late_outcome event for job $1 (detail $2, JSON text), if the job exists and its
+-- history has none that contains $3 (the attempt, worker and outcome: a retry whose
+-- first try landed adds nothing); nothing else changes. Whether the job exists.
+WITH job AS (SELECT j.id FROM {schema}.jobs j WHERE j.id = $1),
+added AS (
+    INSERT INTO {schema}.job_events (job_id, kind, detail)
+    SELECT job.id, 'late_outcome', $2::text::jsonb FROM job
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {schema}.job_events e
+        WHERE e.job_id = $1 AND e.kind = 'late_outcome' AND e.detail @> $3::text::jsonb
+    )
+)
+SELECT EXISTS (SELECT 1 FROM job)
 """

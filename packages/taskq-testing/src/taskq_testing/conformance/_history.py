@@ -263,3 +263,30 @@ class HistoryTests:
         ]
         await assert_history_consistent(backend, job.id)
         assert not await backend.record_late_outcome(uuid4(), 1, first, "succeeded", None)
+
+    @covers("record_late_outcome", "get_events")
+    async def test_a_late_outcome_written_again_is_kept_once(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # A retry after a transient error whose first try had landed (its reply lost):
+        # the history said twice that the attempt came late.
+        if not isinstance(backend, SupportsLateOutcomes):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsLateOutcomes")
+        first, second = uuid4(), uuid4()
+        job = await enqueue_and_dispatch(backend, worker_id=first, lease=SHORT_LEASE)
+        await expire_short_leases(advance_time)
+        assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
+        error = ErrorInfo(error_class="ValueError", message="bad")
+        for _ in range(2):
+            assert await backend.record_late_outcome(job.id, 1, first, "failed", error)
+        # Another outcome, attempt or worker is another late outcome.
+        assert await backend.record_late_outcome(job.id, 1, first, "abandoned", None)
+        assert await backend.record_late_outcome(job.id, 2, first, "failed", error)
+        assert await backend.record_late_outcome(job.id, 1, second, "failed", error)
+        late = [e.detail for e in await backend.get_events(job.id) if e.kind == "late_outcome"]
+        assert [(d["attempt"], d["worker_id"], d["outcome"]) for d in late] == [
+            (1, str(first), "failed"),
+            (1, str(first), "abandoned"),
+            (2, str(first), "failed"),
+            (1, str(second), "failed"),
+        ]

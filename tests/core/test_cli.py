@@ -266,3 +266,51 @@ def _add_a_command_raising(monkeypatch: pytest.MonkeyPatch, error: BaseException
 
     monkeypatch.setattr(taskq.cli, "_collect_commands", with_a_failing_command)
     monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
+
+
+_INTERRUPTED_IMPORT = """
+import importlib, signal, sys
+
+entry, script, interrupted = sys.argv[1:]
+
+class Interrupt:
+    # Ctrl-C as Python imports the command's modules: a real SIGINT, from inside the
+    # import of one deep in it.
+    def find_spec(self, name, path=None, target=None):
+        if name == interrupted:
+            sys.meta_path.remove(self)
+            print("interrupted", flush=True)
+            signal.raise_signal(signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+module, _, function = entry.partition(":")
+sys.argv = [script, "--version" if script == "taskq" else "--help"]  # else exit 0
+sys.exit(getattr(importlib.import_module(module), function)())
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "module"),
+    [("taskq", "taskq.app"), ("taskq", "taskq.cli._commands"), ("taskq-worker", "taskq.worker")],
+)
+def test_ctrl_c_while_the_command_imports_exits_quietly(script: str, module: str) -> None:
+    # It printed a KeyboardInterrupt traceback of the import, the entry point's module
+    # being the command's own, which imports the whole taskq package first.
+    import tomllib
+
+    from taskq.cli import EXIT_ERROR
+
+    pyproject = Path(__file__).parents[2] / "packages/taskq-core/pyproject.toml"
+    entry = tomllib.loads(pyproject.read_text())["project"]["scripts"][script]
+    assert entry.startswith("_taskq_entry:")  # no module inside the package
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_IMPORT, entry, script, module],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.stdout == "interrupted\n"  # the import was interrupted, not the command
+    assert proc.stderr == ""
+    assert proc.returncode == EXIT_ERROR

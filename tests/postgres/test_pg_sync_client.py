@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -786,6 +787,53 @@ def test_a_server_that_never_answers_is_given_up_on_as_the_backend_does() -> Non
                 f"postgresql://postgres@127.0.0.1:{port}/none?connect_timeout=2", actors=ACTORS
             )
         assert time.monotonic() - started < 5
+
+
+def test_a_service_files_connect_timeout_is_the_one_the_client_connects_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default was passed whenever the DSN and PGCONNECT_TIMEOUT gave none, over the
+    # service's (psycopg times the attempt itself and reads no service file).
+    from psycopg.conninfo import conninfo_to_dict
+
+    from taskq_postgres._sync_client import _connect_timeout
+
+    services = tmp_path / "pg_service.conf"
+    services.write_text("# ours\n[other]\nconnect_timeout=7\n\n[taskq]\nconnect_timeout=3\n")
+    for name in ("PGSERVICE", "PGSERVICEFILE", "PGSYSCONFDIR", "PGCONNECT_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.pg_service.conf
+    dsn = "postgresql://postgres@127.0.0.1/none"
+    assert _connect_timeout(conninfo_to_dict(dsn)) == {"connect_timeout": 10}
+    monkeypatch.setenv("PGSERVICEFILE", str(services))
+    monkeypatch.setenv("PGSERVICE", "taskq")
+    assert _connect_timeout(conninfo_to_dict(dsn)) == {"connect_timeout": "3"}
+    # The service a DSN names; libpq ranks it over the environment's timeout.
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "5")
+    assert _connect_timeout(conninfo_to_dict(f"{dsn}?service=other")) == {"connect_timeout": "7"}
+    # The system directory's file, when the user's defines no such service.
+    monkeypatch.setenv("PGSYSCONFDIR", str(tmp_path))
+    monkeypatch.setenv("PGSERVICEFILE", str(tmp_path / "missing.conf"))
+    assert _connect_timeout(conninfo_to_dict(dsn)) == {"connect_timeout": "3"}
+    # A DSN's own is psycopg's to read; so is PGCONNECT_TIMEOUT with no service's.
+    assert _connect_timeout(conninfo_to_dict(f"{dsn}?connect_timeout=4")) == {}
+    monkeypatch.setenv("PGSERVICE", "undefined")
+    assert _connect_timeout(conninfo_to_dict(dsn)) == {}
+
+    import socket
+
+    monkeypatch.setenv("PGSERVICE", "taskq")
+    monkeypatch.setenv("PGSERVICEFILE", str(services))
+    monkeypatch.delenv("PGCONNECT_TIMEOUT")
+    with socket.socket() as silent:  # accepts the connection, never answers the login
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailableError):
+            SyncJobsClient(
+                f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/none", actors=ACTORS
+            )
+        assert 3 <= time.monotonic() - started < 8  # the service's 3 s, not the default 10 s
 
 
 def test_psycopgs_async_connection_is_refused_by_either_client_without_sending_to_the_other(

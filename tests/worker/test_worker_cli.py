@@ -185,6 +185,65 @@ def test_backend_tunables_reach_the_backend_and_keep_the_apps_own_options() -> N
     assert memory.cancel_reclaim_headroom.total_seconds() == 3
 
 
+@pytest.mark.parametrize(
+    ("target", "kept"),
+    [
+        ("postgresql://other@DB.example/elsewhere", True),  # the same server, spelt otherwise
+        ("postgresql://app@db.example:5433/app", False),
+        ("postgresql://app@evil.example:5432/app", False),
+    ],
+)
+@pytest.mark.parametrize("command", ["taskq-worker", "taskq enqueue"])
+def test_the_codes_password_goes_only_to_the_server_of_the_codes_url(
+    monkeypatch: pytest.MonkeyPatch, command: str, target: str, kept: bool
+) -> None:
+    # A --dsn or TASKQ_DSN naming another server was sent the password the code gave for
+    # its own URL's.
+    from taskq import TaskQ
+    from taskq.cli._enqueue_cmd import _target
+    from taskq.worker.cli import _rebuild_app
+
+    monkeypatch.delenv("TASKQ_DSN", raising=False)
+    monkeypatch.delenv("TASKQ_SCHEMA", raising=False)
+    for secret in ({"password": "s3cret"}, {"password_file": "/run/secret"}):
+        app = TaskQ("postgresql://app@db.example:5432/app", poll_only=True, **secret)
+        with structlog.testing.capture_logs() as logs:
+            if command == "taskq-worker":
+                app = _rebuild_app(app, WorkerSettings.load({"dsn": target}, env={}))
+            else:
+                app = _target(app, None, target)
+        backend: Any = app.backend
+        assert app.url == target
+        assert app.backend_options["poll_only"] is True  # the code's other options stay
+        assert all((name in app.backend_options) is kept for name in secret)
+        assert (backend._password is not None) is kept
+        dropped = [log for log in logs if log["event"] == "taskq.code-password-dropped"]
+        if kept:
+            assert not dropped
+        else:
+            (log,) = dropped
+            assert log["dropped"] == list(secret)
+            assert "PGPASSWORD" in log["hint"]
+
+
+@pytest.mark.parametrize(
+    ("target", "home", "same"),
+    [
+        ("postgresql:///db?host=/run/pg/", "postgres://%2Frun%2Fpg:5432/db", True),
+        ("postgresql:///db?host=/run/pg", "postgresql:///db?host=/tmp", False),
+        ("postgresql://b:5433,a/x", "postgresql://a,b,c/y?port=5432,5433,5432", True),
+        ("postgresql://a,b/x", "postgresql://a/x", False),  # b is not the code's
+        ("postgresql://[::1]/x", "postgresql://[::1]:5432/x", True),
+        ("postgresql://h:x/db", "postgresql://h/db", False),  # unreadable: not the same
+        ("memory://", "postgresql://h/db", False),
+    ],
+)
+def test_servers_are_compared_as_libpq_reads_the_urls(target: str, home: str, same: bool) -> None:
+    from taskq._dsn import same_servers
+
+    assert same_servers(target, home) is same
+
+
 def test_a_worker_on_another_schema_than_its_code_warns_of_producers_left_behind(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

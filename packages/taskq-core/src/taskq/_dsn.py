@@ -7,7 +7,7 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Final
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from taskq.errors import ConfigurationError
 from taskq.identifiers import validate_schema_name
@@ -18,6 +18,7 @@ __all__ = [
     "redact",
     "resolve_dsn",
     "resolve_schema",
+    "same_servers",
     "url_scheme",
 ]
 
@@ -88,6 +89,60 @@ def ports_read(hosts: str) -> bool:
 def _masked(pair: str) -> str:
     key, eq, _ = pair.partition("=")
     return f"{key}=***" if eq and unquote(key).lower() in _SECRET_KEYS else pair
+
+
+_DEFAULT_PORT: Final = 5432
+
+
+def _servers(url: str) -> frozenset[tuple[str, int]] | None:
+    """The ``(host, port)`` pairs a Postgres URL connects to, as libpq reads it (a
+    ``host``/``port`` query parameter over the authority's, one port for every host or one
+    each, no port 5432, a unix-socket directory spelt out or percent-encoded); None for a
+    URL of another scheme or one that cannot be read."""
+    if url_scheme(url) not in ("postgresql", "postgres"):
+        return None
+    try:
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+    except ValueError:
+        return None
+    hosts: list[str] = []
+    ports: list[str] = []
+    for item in parts.netloc.rpartition("@")[2].split(","):
+        if item.startswith("["):  # [IPv6]:port
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        hosts.append(unquote(host))
+        ports.append(port)
+    if "host" in query:
+        hosts = query["host"][-1].split(",")
+    if "port" in query:
+        ports = query["port"][-1].split(",")
+    if len(ports) == 1:
+        ports *= len(hosts)
+    if len(ports) != len(hosts) or not all(port.isdigit() for port in ports if port):
+        return None
+    return frozenset(
+        (_host_key(host), int(port) if port else _DEFAULT_PORT)
+        for host, port in zip(hosts, ports, strict=True)
+    )
+
+
+def _host_key(host: str) -> str:
+    # A socket directory is a path (case counts, a trailing / does not); a name is not.
+    return (host.rstrip("/") or "/") if host.startswith("/") else host.lower()
+
+
+def same_servers(target: str, home: str) -> bool:
+    """Whether every server ``target`` may connect to is one ``home`` names (host and
+    port, however spelt): what a password meant for ``home`` may be sent to, as libpq's
+    .pgpass matches per host and port. False when either cannot be read."""
+    if target == home:
+        return True
+    servers, home_servers = _servers(target), _servers(home)
+    return servers is not None and home_servers is not None and servers <= home_servers
 
 
 def resolve_dsn(flag: str | None, env: Mapping[str, str] | None = None) -> str:

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable
 from datetime import timedelta
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self
+
+import structlog
 
 from taskq._di import ProviderRegistry
+from taskq._dsn import redact, same_servers
 from taskq.actor import Actor, actors_by_name
 from taskq.backend import Backend
 from taskq.client import JobsClient
@@ -17,6 +20,12 @@ from taskq.reclaims import watch_reclaims
 from taskq.settings import WorkerSettings
 
 __all__ = ["TaskQ"]
+
+_log = structlog.get_logger("taskq.app")
+
+_SECRET_OPTIONS: Final = ("password", "password_file")
+"""Backend options that hold (or lead to) a password: meant for the server the code's URL
+names, not for whichever one a command is pointed at."""
 
 
 class TaskQ:
@@ -75,9 +84,27 @@ class TaskQ:
         call failed in the worker alone. From the code's values each time, so that a
         second worker started in the same process (a test's) starts from them too."""
         self.url, self.schema = url or self._code_url, schema or self._code_schema
-        self.backend_options = {**self._code_options, **options}
+        self.backend_options = {**self._code_options_for(self.url), **options}
         self.backend = self._backend_from(self.url, self.schema, self.backend_options)
         self.client = JobsClient(self.backend, self.actors)
+
+    def _code_options_for(self, url: str) -> dict[str, Any]:
+        """The code's backend options for a backend on ``url``: its password or
+        password_file only if every server ``url`` names is one the code's URL names (as
+        .pgpass matches per host and port). Sent wherever ``--dsn`` or ``TASKQ_DSN``
+        pointed, they gave that server a password it was never meant to read."""
+        dropped = [name for name in _SECRET_OPTIONS if self._code_options.get(name) is not None]
+        if not dropped or same_servers(url, self._code_url):
+            return dict(self._code_options)
+        _log.warning(
+            "taskq.code-password-dropped",
+            dropped=dropped,
+            dsn=redact(url),
+            code_dsn=redact(self._code_url),
+            hint="the application's code gives the password for the server of its own URL, "
+            "not this one: give this server's in the DSN, PGPASSWORD or ~/.pgpass",
+        )
+        return {name: value for name, value in self._code_options.items() if name not in dropped}
 
     def watch_reclaims(
         self,

@@ -199,7 +199,8 @@ _STATEMENT_CACHE_SIZE: Final = 100
 
 DEFAULT_CONNECT_TIMEOUT: Final = timedelta(seconds=10)
 """How long TaskQ's own connections wait for a server to answer (per attempt): the
-backend's ``connect_timeout``, and ``SyncJobsClient``'s where its DSN gives none."""
+backend's ``connect_timeout``, and ``SyncJobsClient``'s where neither its DSN, the libpq
+service it names nor ``PGCONNECT_TIMEOUT`` gives one."""
 
 DEFAULT_IDLE_IN_TRANSACTION: Final = timedelta(seconds=60)
 """How long a transaction of TaskQ's own may idle before the server ends it: the

@@ -65,6 +65,7 @@ from taskq_postgres._enqueue import (
 )
 from taskq_postgres._privileges import DIAGNOSE_SQL, Denial, InsufficientPrivilegeError
 from taskq_postgres._rows import job_row
+from taskq_postgres._service import service_settings
 from taskq_postgres._sql.enqueue import COPY_COLUMNS
 from taskq_postgres._sql.reads import SET_IDLE_LIMIT
 from taskq_postgres._statements import statements_for
@@ -101,6 +102,22 @@ _LIMITS: Final[dict[tuple[_Where, float], MaxPendingLimits]] = {}
 cache period: shared, as an application's enqueues share JobsClient's, by the clients a
 web app makes per request (each read them again, a savepoint and a query before its
 enqueue). Threads may share one: a race reads the limits once more, or keeps the later read."""
+
+
+def _connect_timeout(given: Mapping[str, object]) -> dict[str, Any]:
+    """The ``connect_timeout`` for the client's own connection, as keyword arguments:
+    none when the DSN gives one (``given``, its settings) or ``PGCONNECT_TIMEOUT`` does
+    (psycopg reads both); the service's own when the service the connection names sets
+    one, as libpq ranks it over the environment (psycopg, timing the attempt itself,
+    reads no service file); else the backend's default, not psycopg's 130 s."""
+    if given.get("connect_timeout") is not None:
+        return {}
+    from_service = service_settings(given).get("connect_timeout")
+    if from_service is not None:
+        return {"connect_timeout": from_service}
+    if os.environ.get("PGCONNECT_TIMEOUT"):
+        return {}
+    return {"connect_timeout": math.ceil(DEFAULT_CONNECT_TIMEOUT.total_seconds())}
 
 
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
@@ -348,12 +365,8 @@ class SyncJobsClient:
         ):
             settings = dict(self._settings)
             name = settings.pop("application_name")
-            # As the backend waits for a server (libpq's default, in psycopg: 130 s),
-            # unless the DSN (or PGCONNECT_TIMEOUT) says how long.
             given = conninfo_to_dict(self._dsn)
-            timeout: dict[str, Any] = {}
-            if given.get("connect_timeout") is None and not os.environ.get("PGCONNECT_TIMEOUT"):
-                timeout["connect_timeout"] = math.ceil(DEFAULT_CONNECT_TIMEOUT.total_seconds())
+            timeout = _connect_timeout(given)
             if self._behind_pooler:
                 # A pooler passes no options and runs each statement on any server
                 # session. The enqueue statements need no TimeZone: they add seconds;

@@ -81,29 +81,24 @@ def _payload(text: str) -> Any:
 
 
 def _target(app: TaskQ, schema_flag: str | None, dsn_flag: str | None) -> TaskQ:
-    """``app``'s actors, providers, queues and backend options on the database the
-    options name (the options as taskq-worker keeps them: a password or password_file
-    given in code, a direct_dsn behind a pooler, were dropped, and the command connected
-    without them)."""
+    """``app`` rebuilt on the database the options name, as taskq-worker rebuilds it
+    (the code's backend options kept; its password only for the code's own server)."""
     from urllib.parse import urlsplit
 
     from taskq._dsn import resolve_shared_dsn
-    from taskq.app import TaskQ
 
     schema = resolve_schema(schema_flag, app.schema)
     # Like taskq-worker: flag, env, then the URL the application names -- unless
     # that is memory://, which would vanish with this process.
     app_url = None if urlsplit(app.url).scheme == "memory" else app.url
-    return TaskQ(
+    app._retarget(
         resolve_shared_dsn(
             dsn_flag if dsn_flag is not None else (os.environ.get("TASKQ_DSN") or app_url)
         ),
-        schema=schema,
-        actors=app.actors.values(),
-        providers=app.providers,
-        queues=app.queues,
-        **app.backend_options,
+        schema,
+        {},
     )
+    return app
 
 
 async def _enqueue(

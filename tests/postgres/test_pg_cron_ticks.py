@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -117,6 +119,56 @@ async def test_a_frozen_leaders_schedule_lock_ends_with_its_session(
     with pytest.raises((TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError)):
         await backend.fire_due_schedules(frozen, catch_up=_CATCH_UP)
     assert free_while_frozen == [1]
+    assert await backend.list_jobs(JobFilter(limit=10)) == []  # nothing of that tick landed
+
+
+def _freed_while_frozen(schema: PgSchema) -> bool:
+    """Whether another leader could lock the schedule while this process stood still
+    (SIGSTOP: no loop runs), asked until the server frees it (well within the pool's
+    minute-long idle limit, which kept it otherwise)."""
+    with psycopg.connect(schema.dsn, autocommit=True) as other:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            query = f"SELECT id FROM {schema.name}.schedules FOR UPDATE SKIP LOCKED"
+            if other.execute(query).fetchall():
+                return True
+            time.sleep(0.05)
+    return False
+
+
+async def test_a_leader_frozen_as_it_takes_a_schedules_lock_holds_it_no_longer(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The idle-in-transaction bound was set by a statement after the one that took the
+    # lock: a leader frozen between the two held the schedule for the pool's minute.
+    await _behind(backend, 1)
+    transaction = backend._transaction
+    free_while_frozen: list[bool] = []
+
+    class FreezesOnceLocked:
+        """The tick's transaction; the process stops as the lock is taken."""
+
+        def __init__(self, tx: Any) -> None:
+            self._tx = tx
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._tx, name)
+
+        async def fetchrow(self, query: str, *args: Any) -> Any:
+            record = await self._tx.fetchrow(query, *args)
+            if record is not None and not free_while_frozen:
+                free_while_frozen.append(_freed_while_frozen(pg_pooled_schema))
+            return record
+
+    @asynccontextmanager
+    async def freezing(conn: object = None) -> AsyncIterator[Any]:
+        async with transaction(conn) as tx:
+            yield FreezesOnceLocked(tx)
+
+    monkeypatch.setattr(backend, "_transaction", freezing)
+    with pytest.raises((TimeoutError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError)):
+        await backend.fire_due_schedules(_slot_job, catch_up=_CATCH_UP)
+    assert free_while_frozen == [True]
     assert await backend.list_jobs(JobFilter(limit=10)) == []  # nothing of that tick landed
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from taskq import TaskQ, actor
 from taskq.backend import Backend
 from taskq.errors import EnqueueOptionsError, PayloadValidationError
-from taskq.models import ScheduleCreateArgs, ScheduleRecord, ScheduleUpdateArgs
+from taskq.models import JobFilter, ScheduleCreateArgs, ScheduleRecord, ScheduleUpdateArgs
 from taskq.worker.cron import SlotJobBuilder
 
 SLOT = datetime(2026, 12, 4, 3, 0, tzinfo=UTC)
@@ -365,3 +365,40 @@ async def test_a_leader_skips_the_slots_past_an_actors_max_pending_and_says_so(
         2,
         "max_pending",
     )
+
+
+@actor(name="cron.per-tenant", identity_key=lambda payload: payload["tenant"])
+async def per_tenant(payload: dict[str, Any]) -> None:
+    return None
+
+
+async def test_a_slot_the_actors_own_code_fails_to_build_is_skipped_and_the_others_fire(
+    taskq_backend: Backend,
+) -> None:
+    # The actor's identity_key raised KeyError for the stored payload: out of the tick,
+    # every tick, and the schedule, first in line, kept the others from ever firing.
+    from datetime import timedelta
+
+    import structlog.testing
+
+    tq = TaskQ("memory://", actors=[per_tenant, report])
+    build = SlotJobBuilder(tq.client, tq.actors, {})
+    bad = await taskq_backend.create_schedule(  # type: ignore[attr-defined]
+        ScheduleCreateArgs(name="a-tenantless", actor="cron.per-tenant", cron="* * * * * *")
+    )
+    good = await taskq_backend.create_schedule(  # type: ignore[attr-defined]
+        ScheduleCreateArgs(name="b-report", actor="cron.report", cron="* * * * * *")
+    )
+    await _due_since(taskq_backend, bad.id, 3)
+    await _due_since(taskq_backend, good.id, 2)
+    with structlog.testing.capture_logs() as logs:
+        fired = await taskq_backend.fire_due_schedules(  # type: ignore[attr-defined]
+            build, catch_up=timedelta(minutes=1)
+        )
+    assert fired >= 2  # the good one's slots
+    jobs = await taskq_backend.list_jobs(JobFilter())  # type: ignore[attr-defined]
+    assert {job.actor for job in jobs} == {"cron.report"}
+    [passed] = [s for s in await taskq_backend.list_schedules() if s.name == "a-tenantless"]  # type: ignore[attr-defined]
+    assert passed.last_fired_at is not None  # advanced past its slots, not stuck on them
+    skipped = [e for e in logs if e["event"] == "taskq.schedule-slot-skipped"]
+    assert skipped and all("KeyError" in e["error"] for e in skipped)

@@ -1876,14 +1876,14 @@ class PostgresBackend:
         if self.command_timeout is not None:
             budget = min(budget, self.command_timeout.total_seconds() / 2)
         ends = clock.time() + budget
+        lock_bound = None
+        if self.command_timeout is not None:
+            lock_bound = f"{max(int(self.command_timeout.total_seconds() * 1000), 1)}ms"
         while clock.time() < ends:
             async with self._transaction() as tx:
-                record = await tx.fetchrow(self._leader_sql.cron_due, 1)
+                record = await tx.fetchrow(self._leader_sql.cron_due, 1, lock_bound)
                 if record is None:
                     break
-                if self.command_timeout is not None:
-                    bound = max(int(self.command_timeout.total_seconds() * 1000), 1)
-                    await tx.execute(self._leader_sql.cron_lock_bound, f"{bound}ms")
                 fired += await self._fire(tx, record, build, catch_up)
         return fired
 

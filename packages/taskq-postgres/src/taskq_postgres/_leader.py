@@ -39,7 +39,6 @@ class LeaderStatements:
         self.cron_due = render(leader.CRON_DUE, schema)
         self.cron_advance = render(leader.CRON_ADVANCE, schema)
         self.cron_max_pending = render(leader.CRON_MAX_PENDING, schema)
-        self.cron_lock_bound = leader.CRON_LOCK_BOUND
         self.maintenance_run_last = render(leader.MAINTENANCE_RUN_LAST, schema)
         self.maintenance_run_record = render(leader.MAINTENANCE_RUN_RECORD, schema)
 

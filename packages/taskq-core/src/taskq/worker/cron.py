@@ -9,7 +9,7 @@ from typing import Any
 import structlog
 
 from taskq.client import JobsClient
-from taskq.errors import PayloadValidationError, TaskQError
+from taskq.errors import PayloadValidationError
 from taskq.models import EnqueueArgs, ScheduleRecord
 
 __all__ = ["SlotJobBuilder"]
@@ -72,8 +72,10 @@ class SlotJobBuilder:
                     error=str(exc),
                 )
                 return self._as_stored(schedule, key, metadata)
-        except (TaskQError, TypeError, ValueError) as exc:
-            # A bad stored option fails every slot alike: say so and skip.
+        except Exception as exc:  # noqa: BLE001 - the actor's own code raises what it will
+            # A bad stored option fails every slot alike, and so does the actor's own code
+            # (a payload validator, an identity_key) raising on the stored payload: say so
+            # and skip. Raised, it ended the tick, every tick, before the later schedules.
             _log.error(
                 "taskq.schedule-slot-skipped",
                 schedule=schedule.name,

@@ -18,7 +18,6 @@ from taskq_postgres._sql.schedules import SCHEDULE_COLUMNS
 __all__ = [
     "CRON_ADVANCE",
     "CRON_DUE",
-    "CRON_LOCK_BOUND",
     "CRON_MAX_PENDING",
     "LEADER_CLAIM_ROW",
     "LEADER_RENEW",
@@ -70,12 +69,18 @@ DELETE FROM {schema}.maintenance_leader WHERE worker_id = $1
 """
 
 # Locks the first due schedule for the rest of its transaction (one per schedule): a
-# second (overlapping) leader skips it, or sees it already advanced.
+# second (overlapping) leader skips it, or sees it already advanced. $2 (NULL: none)
+# bounds how long the transaction may then idle: should the leader freeze (a stopped
+# process, a cut network), the server ends its session after that, so the lock is not
+# held for the pool's minute-long limit, past the catch-up window. Set by the statement
+# that takes the lock: set by the next one, a leader frozen in between held it that long.
 CRON_DUE: Final = (
     """
 -- arbiter: clock_timestamp() (due check next_fire_at <= now; the slots and the
 -- catch-up cutoff are computed from the "now" returned here)
-SELECT clock_timestamp() AS now, """
+SELECT clock_timestamp() AS now,
+       (SELECT set_config('idle_in_transaction_session_timeout', $2::text, true)
+        WHERE $2::text IS NOT NULL) AS lock_bound, """
     + SCHEDULE_COLUMNS
     + """
 FROM {schema}.schedules s
@@ -85,14 +90,6 @@ LIMIT $1
 FOR UPDATE OF s SKIP LOCKED
 """
 )
-
-# While a schedule is locked: should the leader freeze (a stopped process, a cut
-# network), the server ends its session after $1 idle in the transaction, so the
-# lock is not held for the pool's minute-long limit, past the catch-up window.
-CRON_LOCK_BOUND: Final = """
--- arbiter: none
-SELECT set_config('idle_in_transaction_session_timeout', $1::text, true)
-"""
 
 # The actor's max_pending (no row: none) and its waiting jobs as the client counts them,
 # up to max_pending only. Read in the tick's transaction, before its insert.

@@ -124,11 +124,14 @@ def _refuse_unstorable(*values: Any) -> None:
             dump_json(value)
 
 
-def _in_utc(value: datetime | None) -> datetime | None:
+def _utc(value: datetime) -> datetime:
     """``value`` in UTC; a naive time taken as UTC, as asyncpg takes it."""
-    if value is None:
-        return None
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _in_utc(value: datetime | None) -> datetime | None:
+    """:func:`_utc` of a time that may be missing."""
+    return None if value is None else _utc(value)
 
 
 _Stored = TypeVar("_Stored", bound=BaseModel)
@@ -995,7 +998,9 @@ class InMemoryBackend:
 
     async def record_maintenance_run(self, loop: str, slot: datetime) -> bool:
         """Record ``slot`` as run for ``loop``, unless that slot or a later one is
-        (``SupportsMaintenanceRuns``); nothing awaits in between."""
+        (``SupportsMaintenanceRuns``); nothing awaits in between. Stored in UTC, as a
+        ``timestamptz`` reads back."""
+        slot = _utc(slot)
         recorded = self._maintenance_runs.get(loop)
         if recorded is not None and recorded >= slot:
             return False

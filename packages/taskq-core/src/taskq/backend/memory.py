@@ -1305,8 +1305,9 @@ class InMemoryBackend:
         return self._batches.complete_stale(self.stale_batch_grace)
 
     async def prune_old_batches(self, cutoff: datetime) -> int:
-        """Delete batches completed before ``cutoff`` with no children left."""
-        return self._batches.prune(cutoff)
+        """Delete batches completed before ``cutoff`` (a naive one taken as UTC) with no
+        children left."""
+        return self._batches.prune(_utc(cutoff))
 
 
 class _MemoryLeaderElector:

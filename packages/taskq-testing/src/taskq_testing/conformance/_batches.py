@@ -689,3 +689,21 @@ class BatchTests:
         assert await backend.get_batch(old) is None
         for kept in (active, with_children, recent):
             assert await backend.get_batch(kept) is not None
+
+    @covers("prune_old_batches")
+    async def test_prune_old_batches_takes_a_naive_cutoff_as_utc(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # As asyncpg takes it: the in-memory backend compared it with its own aware
+        # times, and raised TypeError.
+        old, recent = uuid4(), uuid4()
+        await backend.create_batch(old, "q", 0, None, None, None)
+        await backend.complete_batch(old)
+        await advance_time(TICK)
+        await backend.create_batch(recent, "q", 0, None, None, None)
+        await backend.complete_batch(recent)
+        cutoff = (await _batch(backend, recent)).completed_at
+        assert cutoff is not None
+        assert await backend.prune_old_batches(cutoff.astimezone(UTC).replace(tzinfo=None)) == 1
+        assert await backend.get_batch(old) is None
+        assert await backend.get_batch(recent) is not None

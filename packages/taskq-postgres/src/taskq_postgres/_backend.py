@@ -53,6 +53,7 @@ from taskq.backend import (
     check_failure_count,
     check_protocol_version,
     check_retention,
+    check_up_to,
 )
 from taskq.backend._protocol import ScheduleFire
 from taskq.backend.batch_members import BATCH_TAG, FINALIZER_TAG, check_children, check_finalizer
@@ -1708,6 +1709,7 @@ class PostgresBackend:
     ) -> dict[str, int]:
         """Waiting (pending + scheduled) jobs of each actor asked for, each stopped at
         its ``up_to`` if it has one."""
+        check_up_to(up_to)
         asked = list(dict.fromkeys(actors))
         limits = [None if up_to is None else up_to.get(actor) for actor in asked]
         records = await self._db().fetch(self._sql.count_pending_jobs, asked, limits)

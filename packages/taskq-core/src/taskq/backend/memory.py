@@ -58,6 +58,7 @@ from taskq.backend._protocol import (
     ScheduleFire,
     check_failure_count,
     check_protocol_version,
+    check_up_to,
 )
 from taskq.backend.clock import Clock, SystemClock
 from taskq.backend.cron import cron_slots, one_per_singleton, skipped_slots, within_max_pending
@@ -1100,6 +1101,7 @@ class InMemoryBackend:
     ) -> dict[str, int]:
         """Waiting (pending + scheduled) jobs of each actor asked for, each stopped at
         its ``up_to`` if it has one."""
+        check_up_to(up_to)
         counts = self._count_waiting(actors)
         if up_to:
             counts = {a: min(n, up_to[a]) if a in up_to else n for a, n in counts.items()}

@@ -232,6 +232,15 @@ class FilterTests:
         )
         assert counts == {"deep": 2, "shallow": 1, "uncapped": 2}
 
+    @covers("count_pending_jobs")
+    async def test_count_pending_jobs_refuses_an_up_to_below_zero(self, backend: Backend) -> None:
+        # No count is below zero: the in-memory backend returned one, Postgres raised its
+        # driver's error (a negative LIMIT).
+        await reach(backend, JobStatus.PENDING, actor="deep")
+        with pytest.raises(ValueError, match="'deep': -1"):
+            await backend.count_pending_jobs(["deep", "none"], up_to={"deep": -1, "none": 0})
+        assert await backend.count_pending_jobs(["deep"], up_to={"deep": 0}) == {"deep": 0}
+
     @covers("count_active_jobs")
     async def test_count_active_jobs_counts_unfinished_jobs_in_the_queues(
         self, backend: Backend

@@ -637,6 +637,12 @@ class BatchRow(_Model):
     """Set exactly when ``status`` is not ``active`` (the table's CHECK constraint)."""
     metadata: JsonDict = Field(default_factory=dict)
 
+    @field_validator("queue", "originating_actor")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        # As a job's: Postgres raised a driver error, the in-memory backend stored it.
+        return check_key_text(value)
+
     @model_validator(mode="after")
     def _completed_at_iff_finished(self) -> Self:
         # The in-memory backend stored a finished row without the time; Postgres
@@ -673,6 +679,13 @@ class BatchFilter(_Model):
     """True: status ``active``; False: ``complete`` or ``aborted``."""
     batch_id: UUID | None = None
     limit: int = Field(default=100, ge=1, le=10_000)
+
+    @field_validator("queue")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        # No batch's queue holds one (BatchRow refuses it): Postgres raised a driver
+        # error, the in-memory backend matched nothing.
+        return check_key_text(value)
 
 
 _CRON_CHECK_ANCHORS: Final = (datetime(2000, 1, 1), datetime(2049, 1, 1))

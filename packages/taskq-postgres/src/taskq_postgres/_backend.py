@@ -2132,6 +2132,7 @@ class PostgresBackend:
             queue=queue,
             expected_size=expected_size,
             failure_threshold=failure_threshold,
+            originating_actor=originating_actor,
         )
         try:
             await self._db(connection).execute(

@@ -89,6 +89,18 @@ class BatchTests:
             await backend.create_batch(batch_id, "q", size, threshold, None, None)
         assert await backend.get_batch(batch_id) is None
 
+    @covers("create_batch")
+    @pytest.mark.parametrize(("queue", "actor"), [("q\x00", None), ("q", "a\x00b")])
+    async def test_create_batch_refuses_a_name_with_a_nul(
+        self, backend: Backend, queue: str, actor: str | None
+    ) -> None:
+        # As a job's queue and actor are: Postgres raised its driver's error, the in-memory
+        # backend stored the batch.
+        batch_id = uuid4()
+        with pytest.raises(ValueError, match="NUL"):
+            await backend.create_batch(batch_id, queue, 1, None, None, actor)
+        assert await backend.get_batch(batch_id) is None
+
     @covers("get_batch")
     async def test_get_batch_of_an_unknown_batch_is_none(self, backend: Backend) -> None:
         await backend.create_batch(uuid4(), "q", 1, None, None, None)

@@ -65,6 +65,7 @@ __all__ = [
     "SuccessWrite",
     "check_key_text",
     "check_name",
+    "check_names",
     "from_valid_values",
     "registered_over",
 ]
@@ -477,6 +478,18 @@ def check_key_text(value: str | None) -> str | None:
     if "\x00" in value:
         raise ValueError("must not contain NUL characters (\\x00)")
     return _refuse_surrogates(value)
+
+
+def check_names(*names: str) -> None:
+    """Each of ``names``, which a backend method takes bare (queues, actors, a host, a
+    loop), if a store can hold it (:func:`check_key_text`); else a ``ValueError`` naming
+    it. Postgres raised its driver's error where the in-memory backend stored the name,
+    or matched nothing."""
+    for name in names:
+        try:
+            check_key_text(name)
+        except ValueError as exc:
+            raise ValueError(f"{name!r} {exc}") from None
 
 
 def check_name(value: str) -> str:

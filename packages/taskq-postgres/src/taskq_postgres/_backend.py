@@ -92,6 +92,7 @@ from taskq.models import (
     ScheduleRecord,
     ScheduleUpdateArgs,
     SuccessWrite,
+    check_names,
     registered_over,
 )
 from taskq_postgres._bounded import BoundedPool, PinnedConnection
@@ -967,6 +968,7 @@ class PostgresBackend:
         A dispatch that would start a second running job of one identity (another
         dispatcher started one after this statement's snapshot) fails on the unique
         index ``jobs_running_identity_key`` and runs again; it then sees that job."""
+        check_names(*queues)
         return await self._dispatch_retrying(worker_id, queues, limit, lock_lease, None)
 
     async def dispatch_actors_batch(
@@ -979,6 +981,7 @@ class PostgresBackend:
     ) -> list[JobRow]:
         """:meth:`dispatch_batch` over the jobs of ``actors`` only (``SupportsActorDispatch``):
         the others' jobs take no place in the samples, the ranks or the turns."""
+        check_names(*queues, *actors)
         if not actors:
             return []
         return await self._dispatch_retrying(
@@ -1709,6 +1712,7 @@ class PostgresBackend:
     ) -> dict[str, int]:
         """Waiting (pending + scheduled) jobs of each actor asked for, each stopped at
         its ``up_to`` if it has one."""
+        check_names(*actors)
         check_up_to(up_to)
         asked = list(dict.fromkeys(actors))
         limits = [None if up_to is None else up_to.get(actor) for actor in asked]
@@ -1733,6 +1737,7 @@ class PostgresBackend:
 
     async def count_active_jobs(self, queues: list[str]) -> int:
         """Non-terminal jobs in ``queues``."""
+        check_names(*queues)
         return int(await self._db().fetchval(self._sql.count_active_jobs, list(queues)))
 
     # -- wake-ups ---------------------------------------------------------------------------
@@ -1796,6 +1801,8 @@ class PostgresBackend:
         self, *, actor: str | None = None, enabled: bool | None = None
     ) -> list[ScheduleRecord]:
         """Schedules by name."""
+        if actor is not None:
+            check_names(actor)
         records = await self._db().fetch(self._sql.list_schedules, actor, enabled)
         return [schedule_record(r) for r in records]
 
@@ -2017,6 +2024,7 @@ class PostgresBackend:
         actors: Sequence[str] | None = None,
     ) -> None:
         """Upsert the worker's row on the server clock (``SupportsWorkerRegistry``)."""
+        check_names(hostname, *queues, *(actors or ()))
         await self._db().execute(
             self._sql.register_worker,
             worker_id,
@@ -2240,6 +2248,7 @@ class PostgresBackend:
     async def last_maintenance_run(self, loop: str) -> datetime | None:
         """The latest slot recorded for the leader loop ``loop``
         (``SupportsMaintenanceRuns``)."""
+        check_names(loop)
         slot: datetime | None = await self._db().fetchval(
             self._leader_sql.maintenance_run_last, loop
         )
@@ -2248,6 +2257,7 @@ class PostgresBackend:
     async def record_maintenance_run(self, loop: str, slot: datetime) -> bool:
         """Record ``slot`` as run for ``loop``, unless that slot or a later one is
         (``SupportsMaintenanceRuns``): one guarded upsert."""
+        check_names(loop)
         status = await self._db().execute(self._leader_sql.maintenance_run_record, loop, slot)
         return _changed(status) == 1
 

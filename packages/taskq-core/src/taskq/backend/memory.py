@@ -90,6 +90,7 @@ from taskq.models import (
     ScheduleRecord,
     ScheduleUpdateArgs,
     SuccessWrite,
+    check_names,
     registered_over,
 )
 
@@ -302,6 +303,7 @@ class InMemoryBackend:
         lock_lease: timedelta,
         actors: frozenset[str] | None,
     ) -> list[JobRow]:
+        check_names(*queues, *(actors or ()))
         if limit <= 0 or not queues:
             return []
         now = self.clock.now()
@@ -995,12 +997,14 @@ class InMemoryBackend:
     async def last_maintenance_run(self, loop: str) -> datetime | None:
         """The latest slot recorded for the leader loop ``loop``
         (``SupportsMaintenanceRuns``)."""
+        check_names(loop)
         return self._maintenance_runs.get(loop)
 
     async def record_maintenance_run(self, loop: str, slot: datetime) -> bool:
         """Record ``slot`` as run for ``loop``, unless that slot or a later one is
         (``SupportsMaintenanceRuns``); nothing awaits in between. Stored in UTC, as a
         ``timestamptz`` reads back."""
+        check_names(loop)
         slot = _utc(slot)
         recorded = self._maintenance_runs.get(loop)
         if recorded is not None and recorded >= slot:
@@ -1055,6 +1059,7 @@ class InMemoryBackend:
         actors: Sequence[str] | None = None,
     ) -> None:
         """Upsert the worker's row on this backend's clock (``SupportsWorkerRegistry``)."""
+        check_names(hostname, *queues, *(actors or ()))
         now = self.clock.now()
         self.workers[worker_id] = WorkerRecord(
             id=worker_id,
@@ -1101,6 +1106,7 @@ class InMemoryBackend:
     ) -> dict[str, int]:
         """Waiting (pending + scheduled) jobs of each actor asked for, each stopped at
         its ``up_to`` if it has one."""
+        check_names(*actors)
         check_up_to(up_to)
         counts = self._count_waiting(actors)
         if up_to:
@@ -1129,6 +1135,7 @@ class InMemoryBackend:
 
     async def count_active_jobs(self, queues: list[str]) -> int:
         """Non-terminal jobs in ``queues``."""
+        check_names(*queues)
         wanted = set(queues)
         return sum(
             1
@@ -1171,6 +1178,8 @@ class InMemoryBackend:
         self, *, actor: str | None = None, enabled: bool | None = None
     ) -> list[ScheduleRecord]:
         """Schedules by name."""
+        if actor is not None:
+            check_names(actor)
         return [_copy(record) for record in self._schedules.list(actor=actor, enabled=enabled)]
 
     async def update_schedule(self, schedule_id: UUID, args: ScheduleUpdateArgs) -> ScheduleRecord:

@@ -12,6 +12,7 @@ from pydantic import PrivateAttr, ValidationError
 from taskq.backend.statemachine import ACTIVE_STATUSES, TERMINAL_STATUSES, JobStatus
 from taskq.models import (
     ActorConfig,
+    BatchFilter,
     BatchRow,
     BatchStatus,
     EnqueueArgs,
@@ -240,6 +241,9 @@ def test_a_finished_batch_row_with_its_time_is_valid(status: BatchStatus) -> Non
         lambda: ActorConfig(actor="a\x00"),
         lambda: ActorConfig(actor="a", queue="q\x00"),
         lambda: QueueConfig(queue="q\x00"),
+        lambda: BatchRow(id=uuid4(), queue="q\x00", expected_size=1),
+        lambda: BatchRow(id=uuid4(), queue="q", expected_size=1, originating_actor="a\x00"),
+        lambda: BatchFilter(queue="q\x00"),
     ],
 )
 def test_actor_and_queue_configs_refuse_names_no_store_holds(make: Callable[[], object]) -> None:

@@ -65,6 +65,7 @@ __all__ = [
     "SuccessWrite",
     "check_key_text",
     "check_name",
+    "check_names",
     "from_valid_values",
     "registered_over",
 ]
@@ -479,6 +480,18 @@ def check_key_text(value: str | None) -> str | None:
     return _refuse_surrogates(value)
 
 
+def check_names(*names: str) -> None:
+    """Each of ``names``, which a backend method takes bare (queues, actors, a host, a
+    loop), if a store can hold it (:func:`check_key_text`); else a ``ValueError`` naming
+    it. Postgres raised its driver's error where the in-memory backend stored the name,
+    or matched nothing."""
+    for name in names:
+        try:
+            check_key_text(name)
+        except ValueError as exc:
+            raise ValueError(f"{name!r} {exc}") from None
+
+
 def check_name(value: str) -> str:
     """``value``, an actor's or a queue's name, if a job can have it: text a store can
     hold (:func:`check_key_text`) of at most :data:`MAX_NAME_BYTES`; else a
@@ -637,6 +650,12 @@ class BatchRow(_Model):
     """Set exactly when ``status`` is not ``active`` (the table's CHECK constraint)."""
     metadata: JsonDict = Field(default_factory=dict)
 
+    @field_validator("queue", "originating_actor")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        # As a job's: Postgres raised a driver error, the in-memory backend stored it.
+        return check_key_text(value)
+
     @model_validator(mode="after")
     def _completed_at_iff_finished(self) -> Self:
         # The in-memory backend stored a finished row without the time; Postgres
@@ -673,6 +692,13 @@ class BatchFilter(_Model):
     """True: status ``active``; False: ``complete`` or ``aborted``."""
     batch_id: UUID | None = None
     limit: int = Field(default=100, ge=1, le=10_000)
+
+    @field_validator("queue")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        # No batch's queue holds one (BatchRow refuses it): Postgres raised a driver
+        # error, the in-memory backend matched nothing.
+        return check_key_text(value)
 
 
 _CRON_CHECK_ANCHORS: Final = (datetime(2000, 1, 1), datetime(2049, 1, 1))

@@ -53,6 +53,7 @@ from taskq.backend import (
     check_failure_count,
     check_protocol_version,
     check_retention,
+    check_up_to,
 )
 from taskq.backend._protocol import ScheduleFire
 from taskq.backend.batch_members import BATCH_TAG, FINALIZER_TAG, check_children, check_finalizer
@@ -91,6 +92,7 @@ from taskq.models import (
     ScheduleRecord,
     ScheduleUpdateArgs,
     SuccessWrite,
+    check_names,
     registered_over,
 )
 from taskq_postgres._bounded import BoundedPool, PinnedConnection
@@ -966,6 +968,7 @@ class PostgresBackend:
         A dispatch that would start a second running job of one identity (another
         dispatcher started one after this statement's snapshot) fails on the unique
         index ``jobs_running_identity_key`` and runs again; it then sees that job."""
+        check_names(*queues)
         return await self._dispatch_retrying(worker_id, queues, limit, lock_lease, None)
 
     async def dispatch_actors_batch(
@@ -978,6 +981,7 @@ class PostgresBackend:
     ) -> list[JobRow]:
         """:meth:`dispatch_batch` over the jobs of ``actors`` only (``SupportsActorDispatch``):
         the others' jobs take no place in the samples, the ranks or the turns."""
+        check_names(*queues, *actors)
         if not actors:
             return []
         return await self._dispatch_retrying(
@@ -1708,6 +1712,8 @@ class PostgresBackend:
     ) -> dict[str, int]:
         """Waiting (pending + scheduled) jobs of each actor asked for, each stopped at
         its ``up_to`` if it has one."""
+        check_names(*actors)
+        check_up_to(up_to)
         asked = list(dict.fromkeys(actors))
         limits = [None if up_to is None else up_to.get(actor) for actor in asked]
         records = await self._db().fetch(self._sql.count_pending_jobs, asked, limits)
@@ -1731,6 +1737,7 @@ class PostgresBackend:
 
     async def count_active_jobs(self, queues: list[str]) -> int:
         """Non-terminal jobs in ``queues``."""
+        check_names(*queues)
         return int(await self._db().fetchval(self._sql.count_active_jobs, list(queues)))
 
     # -- wake-ups ---------------------------------------------------------------------------
@@ -1794,6 +1801,8 @@ class PostgresBackend:
         self, *, actor: str | None = None, enabled: bool | None = None
     ) -> list[ScheduleRecord]:
         """Schedules by name."""
+        if actor is not None:
+            check_names(actor)
         records = await self._db().fetch(self._sql.list_schedules, actor, enabled)
         return [schedule_record(r) for r in records]
 
@@ -2015,6 +2024,7 @@ class PostgresBackend:
         actors: Sequence[str] | None = None,
     ) -> None:
         """Upsert the worker's row on the server clock (``SupportsWorkerRegistry``)."""
+        check_names(hostname, *queues, *(actors or ()))
         await self._db().execute(
             self._sql.register_worker,
             worker_id,
@@ -2130,6 +2140,7 @@ class PostgresBackend:
             queue=queue,
             expected_size=expected_size,
             failure_threshold=failure_threshold,
+            originating_actor=originating_actor,
         )
         try:
             await self._db(connection).execute(
@@ -2237,6 +2248,7 @@ class PostgresBackend:
     async def last_maintenance_run(self, loop: str) -> datetime | None:
         """The latest slot recorded for the leader loop ``loop``
         (``SupportsMaintenanceRuns``)."""
+        check_names(loop)
         slot: datetime | None = await self._db().fetchval(
             self._leader_sql.maintenance_run_last, loop
         )
@@ -2245,6 +2257,7 @@ class PostgresBackend:
     async def record_maintenance_run(self, loop: str, slot: datetime) -> bool:
         """Record ``slot`` as run for ``loop``, unless that slot or a later one is
         (``SupportsMaintenanceRuns``): one guarded upsert."""
+        check_names(loop)
         status = await self._db().execute(self._leader_sql.maintenance_run_record, loop, slot)
         return _changed(status) == 1
 

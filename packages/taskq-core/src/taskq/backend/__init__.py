@@ -38,6 +38,7 @@ from taskq.backend._protocol import check_failure_count as check_failure_count
 from taskq.backend._protocol import check_protocol_keywords as check_protocol_keywords
 from taskq.backend._protocol import check_protocol_version as check_protocol_version
 from taskq.backend._protocol import check_retention as check_retention
+from taskq.backend._protocol import check_up_to as check_up_to
 from taskq.backend._protocol import missing_members as missing_members
 from taskq.backend.clock import Clock as Clock
 from taskq.backend.clock import FakeClock as FakeClock
@@ -91,5 +92,6 @@ __all__ = [
     "check_protocol_keywords",
     "check_protocol_version",
     "check_retention",
+    "check_up_to",
     "missing_members",
 ]

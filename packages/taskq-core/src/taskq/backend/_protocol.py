@@ -106,6 +106,7 @@ __all__ = [
     "check_protocol_keywords",
     "check_protocol_version",
     "check_retention",
+    "check_up_to",
     "missing_members",
 ]
 
@@ -153,7 +154,8 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     refused at open and at a worker's start (PROTOCOL_KEYWORDS, since read from the
 #     protocols: every keyword-only parameter, up_to, attempt, actors... too);
 #     count_pending_jobs gained the keyword-only `up_to` (the client passes each
-#     actor's max_pending, so that a refused enqueue no longer counts the whole backlog).
+#     actor's max_pending, so that a refused enqueue no longer counts the whole backlog);
+#     a limit below 0 is a ValueError (check_up_to).
 #     update_schedule applies ScheduleUpdateArgs.changes(), which sets the queue back
 #     to None (the actor's own) for the new actor_queue=True: the non-None fields alone
 #     had no way to unset a schedule's queue.
@@ -506,7 +508,8 @@ class Backend(Protocol):
     ) -> dict[str, int]:
         """Waiting (pending + scheduled) jobs per actor, for every actor asked; for an
         actor in ``up_to`` the count stops there (``min(waiting, up_to[actor])``), so
-        checking a limit does not count a backlog far past it."""
+        checking a limit does not count a backlog far past it. ``ValueError`` for a
+        limit below 0 (:func:`check_up_to`)."""
         ...
 
     async def get_actor_max_pending(self) -> dict[str, int | None]:
@@ -977,6 +980,17 @@ def check_failure_count(count: int) -> None:
     least 1, else ``ValueError`` (no failure to count is no call to make)."""
     if count < 1:
         raise ValueError(f"count must be at least 1, not {count}")
+
+
+def check_up_to(up_to: Mapping[str, int] | None) -> None:
+    """The ``up_to`` rule of :meth:`Backend.count_pending_jobs`: no limit below 0, else
+    ``ValueError`` naming the actors (a count stopped below zero is no count: one
+    backend returned it, another failed with its driver's error)."""
+    limits = up_to or {}
+    negative = sorted(actor for actor, limit in limits.items() if limit < 0)
+    if negative:
+        given = ", ".join(f"{actor!r}: {limits[actor]}" for actor in negative)
+        raise ValueError(f"count_pending_jobs' up_to must be at least 0 (max_pending), not {given}")
 
 
 def check_retention(retention: Mapping[str, timedelta]) -> None:

@@ -17,7 +17,11 @@ def late_outcome_detail(
 ) -> dict[str, Any]:
     """The event's ``detail``: which attempt, which worker, what it came to and, for a
     failure, the error's class and message (text as a store holds it)."""
-    detail: dict[str, Any] = {"attempt": attempt, "worker_id": str(worker_id), "outcome": outcome}
+    detail: dict[str, Any] = {
+        "attempt": attempt,
+        "worker_id": str(worker_id),
+        "outcome": clean_text(outcome),
+    }
     if error is not None:
         detail["error_class"] = clean_text(error.error_class)
         detail["error_message"] = clean_text(error.message)

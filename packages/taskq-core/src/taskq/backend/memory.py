@@ -58,6 +58,7 @@ from taskq.backend._protocol import (
     ScheduleFire,
     check_failure_count,
     check_protocol_version,
+    check_up_to,
 )
 from taskq.backend.clock import Clock, SystemClock
 from taskq.backend.cron import cron_slots, one_per_singleton, skipped_slots, within_max_pending
@@ -89,6 +90,7 @@ from taskq.models import (
     ScheduleRecord,
     ScheduleUpdateArgs,
     SuccessWrite,
+    check_names,
     registered_over,
 )
 
@@ -124,11 +126,14 @@ def _refuse_unstorable(*values: Any) -> None:
             dump_json(value)
 
 
-def _in_utc(value: datetime | None) -> datetime | None:
+def _utc(value: datetime) -> datetime:
     """``value`` in UTC; a naive time taken as UTC, as asyncpg takes it."""
-    if value is None:
-        return None
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _in_utc(value: datetime | None) -> datetime | None:
+    """:func:`_utc` of a time that may be missing."""
+    return None if value is None else _utc(value)
 
 
 _Stored = TypeVar("_Stored", bound=BaseModel)
@@ -298,6 +303,7 @@ class InMemoryBackend:
         lock_lease: timedelta,
         actors: frozenset[str] | None,
     ) -> list[JobRow]:
+        check_names(*queues, *(actors or ()))
         if limit <= 0 or not queues:
             return []
         now = self.clock.now()
@@ -996,11 +1002,15 @@ class InMemoryBackend:
     async def last_maintenance_run(self, loop: str) -> datetime | None:
         """The latest slot recorded for the leader loop ``loop``
         (``SupportsMaintenanceRuns``)."""
+        check_names(loop)
         return self._maintenance_runs.get(loop)
 
     async def record_maintenance_run(self, loop: str, slot: datetime) -> bool:
         """Record ``slot`` as run for ``loop``, unless that slot or a later one is
-        (``SupportsMaintenanceRuns``); nothing awaits in between."""
+        (``SupportsMaintenanceRuns``); nothing awaits in between. Stored in UTC, as a
+        ``timestamptz`` reads back."""
+        check_names(loop)
+        slot = _utc(slot)
         recorded = self._maintenance_runs.get(loop)
         if recorded is not None and recorded >= slot:
             return False
@@ -1054,6 +1064,7 @@ class InMemoryBackend:
         actors: Sequence[str] | None = None,
     ) -> None:
         """Upsert the worker's row on this backend's clock (``SupportsWorkerRegistry``)."""
+        check_names(hostname, *queues, *(actors or ()))
         now = self.clock.now()
         self.workers[worker_id] = WorkerRecord(
             id=worker_id,
@@ -1100,6 +1111,8 @@ class InMemoryBackend:
     ) -> dict[str, int]:
         """Waiting (pending + scheduled) jobs of each actor asked for, each stopped at
         its ``up_to`` if it has one."""
+        check_names(*actors)
+        check_up_to(up_to)
         counts = self._count_waiting(actors)
         if up_to:
             counts = {a: min(n, up_to[a]) if a in up_to else n for a, n in counts.items()}
@@ -1127,6 +1140,7 @@ class InMemoryBackend:
 
     async def count_active_jobs(self, queues: list[str]) -> int:
         """Non-terminal jobs in ``queues``."""
+        check_names(*queues)
         wanted = set(queues)
         return sum(
             1
@@ -1169,6 +1183,8 @@ class InMemoryBackend:
         self, *, actor: str | None = None, enabled: bool | None = None
     ) -> list[ScheduleRecord]:
         """Schedules by name."""
+        if actor is not None:
+            check_names(actor)
         return [_copy(record) for record in self._schedules.list(actor=actor, enabled=enabled)]
 
     async def update_schedule(self, schedule_id: UUID, args: ScheduleUpdateArgs) -> ScheduleRecord:
@@ -1305,8 +1321,9 @@ class InMemoryBackend:
         return self._batches.complete_stale(self.stale_batch_grace)
 
     async def prune_old_batches(self, cutoff: datetime) -> int:
-        """Delete batches completed before ``cutoff`` with no children left."""
-        return self._batches.prune(cutoff)
+        """Delete batches completed before ``cutoff`` (a naive one taken as UTC) with no
+        children left."""
+        return self._batches.prune(_utc(cutoff))
 
 
 class _MemoryLeaderElector:

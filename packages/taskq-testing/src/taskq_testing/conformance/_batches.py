@@ -89,6 +89,18 @@ class BatchTests:
             await backend.create_batch(batch_id, "q", size, threshold, None, None)
         assert await backend.get_batch(batch_id) is None
 
+    @covers("create_batch")
+    @pytest.mark.parametrize(("queue", "actor"), [("q\x00", None), ("q", "a\x00b")])
+    async def test_create_batch_refuses_a_name_with_a_nul(
+        self, backend: Backend, queue: str, actor: str | None
+    ) -> None:
+        # As a job's queue and actor are: Postgres raised its driver's error, the in-memory
+        # backend stored the batch.
+        batch_id = uuid4()
+        with pytest.raises(ValueError, match="NUL"):
+            await backend.create_batch(batch_id, queue, 1, None, None, actor)
+        assert await backend.get_batch(batch_id) is None
+
     @covers("get_batch")
     async def test_get_batch_of_an_unknown_batch_is_none(self, backend: Backend) -> None:
         await backend.create_batch(uuid4(), "q", 1, None, None, None)
@@ -689,3 +701,21 @@ class BatchTests:
         assert await backend.get_batch(old) is None
         for kept in (active, with_children, recent):
             assert await backend.get_batch(kept) is not None
+
+    @covers("prune_old_batches")
+    async def test_prune_old_batches_takes_a_naive_cutoff_as_utc(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # As asyncpg takes it: the in-memory backend compared it with its own aware
+        # times, and raised TypeError.
+        old, recent = uuid4(), uuid4()
+        await backend.create_batch(old, "q", 0, None, None, None)
+        await backend.complete_batch(old)
+        await advance_time(TICK)
+        await backend.create_batch(recent, "q", 0, None, None, None)
+        await backend.complete_batch(recent)
+        cutoff = (await _batch(backend, recent)).completed_at
+        assert cutoff is not None
+        assert await backend.prune_old_batches(cutoff.astimezone(UTC).replace(tzinfo=None)) == 1
+        assert await backend.get_batch(old) is None
+        assert await backend.get_batch(recent) is not None

@@ -1,7 +1,10 @@
-"""Reads: ``get``, ``list_jobs`` with every ``JobFilter`` field, pagination and the counts."""
+"""Reads: ``get``, ``list_jobs`` with every ``JobFilter`` field, pagination and the counts;
+the names a method takes bare."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID, uuid4
 
@@ -20,6 +23,24 @@ from taskq_testing.conformance._support import (
 )
 
 _BATCH_1, _BATCH_2 = UUID(int=1), UUID(int=2)
+
+_NUL_NAME = "a\x00b"
+_BARE_NAMES: dict[str, Callable[[Any], Awaitable[object]]] = {
+    "dispatch_batch": lambda b: b.dispatch_batch(uuid4(), ["q", _NUL_NAME], 1, LONG_LEASE),
+    "dispatch_actors_batch": lambda b: b.dispatch_actors_batch(
+        uuid4(), ["q"], 1, LONG_LEASE, [_NUL_NAME]
+    ),
+    "count_pending_jobs": lambda b: b.count_pending_jobs([_NUL_NAME]),
+    "count_active_jobs": lambda b: b.count_active_jobs([_NUL_NAME]),
+    "list_schedules": lambda b: b.list_schedules(actor=_NUL_NAME),
+    "register_worker": lambda b: b.register_worker(uuid4(), _NUL_NAME, 1, ["q"]),
+    "record_maintenance_run": lambda b: b.record_maintenance_run(
+        _NUL_NAME, datetime(2026, 1, 1, tzinfo=UTC)
+    ),
+    "last_maintenance_run": lambda b: b.last_maintenance_run(_NUL_NAME),
+}
+"""A call of each method taking names bare (queues, actors, a host, a loop), with one
+no store holds."""
 
 
 async def _one_per_status(backend: Backend) -> dict[JobStatus, UUID]:
@@ -209,6 +230,22 @@ class FilterTests:
         for row in await backend.list_jobs(JobFilter()):
             assert row == await backend.get(row.id)
 
+    # -- names taken bare ---------------------------------------------------------------
+
+    @pytest.mark.parametrize("method", sorted(_BARE_NAMES))
+    @covers(*_BARE_NAMES)
+    async def test_a_name_no_store_holds_is_refused_where_it_is_taken_bare(
+        self, backend: Backend, method: str
+    ) -> None:
+        # As JobFilter and the configs refuse one: Postgres raised its driver's error,
+        # the in-memory backend stored the name or matched nothing.
+        if not hasattr(backend, method):
+            pytest.skip(f"{type(backend).__name__} has no {method} (an optional protocol)")
+        job = await reach(backend, JobStatus.PENDING, queue="q")
+        with pytest.raises(ValueError, match="NUL"):
+            await _BARE_NAMES[method](backend)
+        assert await backend.list_jobs(JobFilter()) == [job]
+
     # -- counts -----------------------------------------------------------------------
 
     @covers("count_pending_jobs")
@@ -231,6 +268,15 @@ class FilterTests:
             ["deep", "shallow", "uncapped"], up_to={"deep": 2, "shallow": 3}
         )
         assert counts == {"deep": 2, "shallow": 1, "uncapped": 2}
+
+    @covers("count_pending_jobs")
+    async def test_count_pending_jobs_refuses_an_up_to_below_zero(self, backend: Backend) -> None:
+        # No count is below zero: the in-memory backend returned one, Postgres raised its
+        # driver's error (a negative LIMIT).
+        await reach(backend, JobStatus.PENDING, actor="deep")
+        with pytest.raises(ValueError, match="'deep': -1"):
+            await backend.count_pending_jobs(["deep", "none"], up_to={"deep": -1, "none": 0})
+        assert await backend.count_pending_jobs(["deep"], up_to={"deep": 0}) == {"deep": 0}
 
     @covers("count_active_jobs")
     async def test_count_active_jobs_counts_unfinished_jobs_in_the_queues(

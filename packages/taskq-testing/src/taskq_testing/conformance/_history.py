@@ -249,6 +249,9 @@ class HistoryTests:
         assert await backend.record_late_outcome(job.id, 1, first, "succeeded", None)
         error = ErrorInfo(error_class="ValueError", message="bad\x00input")
         assert await backend.record_late_outcome(job.id, 1, first, "failed", error)
+        # Stored as every text of a detail is (Postgres's jsonb holds no NUL): the
+        # in-memory backend kept the outcome's.
+        assert await backend.record_late_outcome(job.id, 1, first, "odd\x00one", None)
         assert await backend.get(job.id) == before  # the job is as the reclaim left it
         late = [e for e in await backend.get_events(job.id) if e.kind == "late_outcome"]
         assert [e.detail for e in late] == [
@@ -260,6 +263,7 @@ class HistoryTests:
                 "error_class": "ValueError",
                 "error_message": "bad\ufffdinput",
             },
+            {"attempt": 1, "worker_id": str(first), "outcome": "odd\ufffdone"},
         ]
         await assert_history_consistent(backend, job.id)
         assert not await backend.record_late_outcome(uuid4(), 1, first, "succeeded", None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 from uuid import uuid4
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -26,6 +27,7 @@ from taskq_testing.conformance._support import (
     ACTOR,
     AdvanceTime,
     TimeLimits,
+    assert_utc,
     covers,
     make_args,
     reach,
@@ -137,6 +139,25 @@ class LeadershipTests(TimeLimits):
         both = [runs.record_maintenance_run("leader-prune", wednesday) for _ in range(2)]
         assert sorted(await asyncio.gather(*both)) == [False, True]
         assert await runs.last_maintenance_run("leader-prune") == wednesday
+
+    @covers("last_maintenance_run", "record_maintenance_run")
+    async def test_a_maintenance_run_slot_is_stored_as_every_time_is(
+        self, backend: Backend
+    ) -> None:
+        # Read back in UTC, a naive slot taken as UTC (as asyncpg takes it): the in-memory
+        # backend kept the caller's zone, and a naive slot beside an aware one made every
+        # later record raise TypeError.
+        runs = _maintenance_runs(backend)
+        naive = datetime(2026, 11, 30, 3)
+        assert await runs.record_maintenance_run("leader-prune", naive)
+        assert await runs.last_maintenance_run("leader-prune") == naive.replace(tzinfo=UTC)
+        tokyo = naive.replace(tzinfo=UTC).astimezone(ZoneInfo("Asia/Tokyo"))
+        assert not await runs.record_maintenance_run("leader-prune", tokyo)  # the same instant
+        later = tokyo + timedelta(hours=1)
+        assert await runs.record_maintenance_run("leader-prune", later)
+        recorded = await runs.last_maintenance_run("leader-prune")
+        assert recorded == later
+        assert_utc(recorded)
 
     @covers("register_actors", "get_actor_queues")
     async def test_register_actors_keeps_each_actors_queue(self, backend: Backend) -> None:

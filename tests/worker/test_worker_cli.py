@@ -355,17 +355,25 @@ def test_a_command_timeout_that_cannot_fit_a_loops_stale_budget_is_refused() -> 
         {"dispatcher_command_timeout": "12s", "watchdog_stale_floor": "20s"}, env={}
     )
     assert ok.backend_options()["command_timeout"].total_seconds() == 12
-    # The leader's bounded loops too: 9 s + 1.5 s does not fit max(1.5 s x 5, 10 s).
-    slower = {"poll_interval": "3s", "maintenance_interval": "3s"}
-    with pytest.raises(SettingsError, match=r"\(9s\) \+ result_expiry_interval"):
+    # The leader's bounded loops too, with the floor their work gets after confirming
+    # the leadership: 8 s + 2 s + 1.5 s does not fit max(1.5 s x 5, 10 s). Without that
+    # floor counted, a confirmation that took the whole bound was followed by 2 s of
+    # work, and the loop went stale.
+    slower = {"poll_interval": "3s", "maintenance_interval": "3s", "cron_interval": "3s"}
+    with pytest.raises(
+        SettingsError,
+        match=r"dispatcher_command_timeout \+ leader_work_floor \(10s: its bound and a quarter "
+        r"more for each of the rest\) \+ result_expiry_interval",
+    ):
         WorkerSettings.load(
-            {**slower, "dispatcher_command_timeout": "9s", "result_expiry_interval": "1.5s"},
+            {**slower, "dispatcher_command_timeout": "8s", "result_expiry_interval": "1.5s"},
             env={},
         )
-    # The grace a cut-short sweep has to apply its batch ends counts: 8 s + 2 s + 1 s
-    # passed, and a hung apply then tripped the leader's watchdog.
+    # The grace a cut-short iteration has to apply its batch ends counts: 8 s + 2 s + 1 s
+    # passed, and a hung apply then tripped the watchdog.
     with pytest.raises(
-        SettingsError, match=r"\+ batch_ends_grace \(10s, its bound and a quarter more"
+        SettingsError,
+        match=r"dispatcher_command_timeout \+ batch_ends_grace \(10s.* \+ poll_interval",
     ):
         WorkerSettings.load({"dispatcher_command_timeout": "8s"}, env={})
     with pytest.raises(SettingsError, match=r"\+ batch_ends_grace .* \+ maintenance_interval"):
@@ -375,9 +383,9 @@ def test_a_command_timeout_that_cannot_fit_a_loops_stale_budget_is_refused() -> 
             env={},
         )
     # Only the loops that apply batch ends (the producer's hand-back, the leader's sweep)
-    # have that grace: 7 s + 1.5 s fits the result expiry's 10 s, as it did.
+    # have that grace: 6 s + 1.5 s + 1.5 s fits the result expiry's 10 s.
     WorkerSettings.load(
-        {"dispatcher_command_timeout": "7s", "result_expiry_interval": "1.5s"}, env={}
+        {"dispatcher_command_timeout": "6s", "result_expiry_interval": "1.5s"}, env={}
     )
 
 

@@ -456,31 +456,33 @@ class WorkerSettings(BaseModel):
         # A timeout-capped iteration of a bounded loop must fit its stale-tick
         # budget, or a healthy worker on a slow database trips detector 2.
         floor = self.watchdog_stale_floor.total_seconds()
-        bound = self.dispatcher_command_timeout.total_seconds()
-        # A cut-short iteration of the loops that apply batch ends (the producer's
-        # hand-back, the leader's sweep) applies those it committed within a grace more.
-        with_grace = (self.dispatcher_command_timeout + self.batch_ends_grace).total_seconds()
-        for name in (
-            "poll_interval",
-            "heartbeat_interval",
+        leader_loops = (
             "maintenance_interval",
             "cron_interval",
             "result_expiry_interval",
             "stale_batch_interval",
             "queue_depth_interval",
             "stranded_check_interval",
-        ):
+        )
+        for name in ("poll_interval", "heartbeat_interval", *leader_loops):
             period = getattr(self, name).total_seconds()
             budget = max(period * self.watchdog_tick_grace_factor, floor)
-            applies_batch_ends = name in ("poll_interval", "maintenance_interval")
-            timeout = with_grace if applies_batch_ends else bound
+            parts = [("dispatcher_command_timeout", self.dispatcher_command_timeout)]
+            if name in leader_loops:
+                # Its work comes after confirming the leadership, and gets a floor of its
+                # own however long that took.
+                parts.append(("leader_work_floor", self.leader_work_floor))
+            if name in ("poll_interval", "maintenance_interval"):
+                # A cut-short iteration of the loops that apply batch ends (the producer's
+                # hand-back, the leader's sweep) applies those it committed within a grace.
+                parts.append(("batch_ends_grace", self.batch_ends_grace))
+            timeout = sum((value for _, value in parts), timedelta(0)).total_seconds()
             if timeout + period > budget:
-                what = (
-                    f"dispatcher_command_timeout + batch_ends_grace ({timeout:g}s, its bound "
-                    "and a quarter more to apply a cut-short iteration's batch ends)"
-                    if applies_batch_ends
-                    else f"dispatcher_command_timeout ({timeout:g}s)"
-                )
+                what = " + ".join(part for part, _ in parts)
+                if len(parts) > 1:
+                    what += f" ({timeout:g}s: its bound and a quarter more for each of the rest)"
+                else:
+                    what += f" ({timeout:g}s)"
                 raise ValueError(
                     f"{what} + {name} ({period}s) exceeds "
                     f"that loop's stale-tick budget ({budget}s = max({name} x "
@@ -616,6 +618,14 @@ class WorkerSettings(BaseModel):
                 f"heartbeat_interval"
             )
         return self
+
+    @property
+    def leader_work_floor(self) -> timedelta:
+        """What a bounded leader loop's work gets at least (a quarter of
+        ``dispatcher_command_timeout``) after confirming the leadership, however long that
+        took: such a turn may run this much past the bound, and its stale-tick budget
+        counts it."""
+        return self.dispatcher_command_timeout / 4
 
     @property
     def batch_ends_grace(self) -> timedelta:

@@ -383,9 +383,10 @@ class MaintenanceLeader:
                         self.state.liveness.forget(name)
                         moved = await work()
                     else:
-                        # What the confirmation left of the bound (a quarter at least).
+                        # What the confirmation left of the bound, and a floor at least.
                         left = bound.total_seconds() - (clock.time() - began)
-                        async with asyncio.timeout(max(left, bound.total_seconds() / 4)):
+                        least = self.state.settings.leader_work_floor.total_seconds()
+                        async with asyncio.timeout(max(left, least)):
                             moved = await work()
                     if (
                         slot is not None

@@ -677,6 +677,84 @@ async def test_an_async_provider_that_sets_a_context_variable_resets_it_at_teard
     assert resets == ["none"]
 
 
+class _Session(str):
+    pass
+
+
+@pytest.mark.parametrize("scope", [Scope.TRANSIENT, Scope.LOOP, Scope.PROCESS])
+@pytest.mark.parametrize("sync", [False, True], ids=["async-actor", "sync-actor"])
+async def test_an_async_provider_is_exited_in_the_task_that_entered_it(
+    scope: Scope, sync: bool
+) -> None:
+    # Entered in one task (the job's, a creation's) and exited in another (the
+    # teardown's, the stop's): an anyio task group or cancel scope, which checks this,
+    # raised "exit cancel scope in a different task", which failed every job
+    # (TRANSIENT) or skipped the cleanup.
+    endings: list[str] = []
+
+    @asynccontextmanager
+    async def session() -> AsyncIterator[_Session]:
+        entered_in = asyncio.current_task()
+        yield _Session("open")
+        if asyncio.current_task() is not entered_in:
+            raise RuntimeError("exited in a different task than it was entered in")
+        endings.append("closed")
+
+    if sync:
+
+        @actor(name="uses_session", max_attempts=1)
+        def uses_session(payload: dict[str, Any], session: _Session) -> str:
+            return str(session)
+
+    else:
+
+        @actor(name="uses_session", max_attempts=1)
+        async def uses_session(payload: dict[str, Any], session: _Session) -> str:
+            return str(session)
+
+    providers = ProviderRegistry()
+    providers.register(_Session, session, scope=scope)
+    tq = TaskQ("memory://", actors=[uses_session], providers=providers)
+    with structlog.testing.capture_logs() as logs:
+        async with tq:
+            job = await tq.client.enqueue(uses_session, {})
+            await run_until_idle(tq)
+            row = await tq.client.get(job.id)
+    assert row is not None
+    assert (row.status, row.result, row.error) == ("succeeded", "open", None)
+    assert endings == ["closed"]
+    assert [e for e in logs if e["event"] == "taskq.di-teardown-failed"] == []
+
+
+async def test_a_sync_actors_async_provider_resets_the_context_variable_it_set() -> None:
+    # Made on the loop in a task of its own and exited from the job's: the token was
+    # "created in a different Context", and every job failed on its teardown.
+    resets: list[str] = []
+
+    async def tenant_scope() -> AsyncIterator[_Tenant]:
+        token = _tenant.set("acme")
+        try:
+            yield _Tenant("acme")
+        finally:
+            _tenant.reset(token)
+            resets.append(_tenant.get())
+
+    @actor(name="tenanted_sync", max_attempts=1)
+    def tenanted_sync(payload: dict[str, Any], who: _Tenant) -> str:
+        return str(who)
+
+    providers = ProviderRegistry()
+    providers.register(_Tenant, tenant_scope, scope=Scope.TRANSIENT)
+    tq = TaskQ("memory://", actors=[tenanted_sync], providers=providers)
+    async with tq:
+        job = await tq.client.enqueue(tenanted_sync, {})
+        await run_until_idle(tq)
+        row = await tq.client.get(job.id)
+    assert row is not None
+    assert (row.status, row.result, row.error) == ("succeeded", "acme", None)
+    assert resets == ["none"]
+
+
 class _Pool:
     pass
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import threading
 import weakref
@@ -167,7 +168,7 @@ class ScopeContainer:
                 if entry.lifecycle is Lifecycle.VALUE
                 else await solve_dependencies(entry.factory, registry, containers, {})
             )
-            value, teardown = await enter(entry.lifecycle, entry.provider, kwargs)
+            value, teardown = await _enter_held(entry, kwargs, self.scope)
             if self._closed:
                 # The scope closed while this was created (its creation outlives the job
                 # that asked): no close would ever come for it, so it is closed now.
@@ -310,6 +311,85 @@ class ScopeContainer:
             self._values.clear()
         if deferred is not None:
             raise deferred
+
+
+async def _enter_held(
+    entry: ProviderEntry, kwargs: Mapping[str, object], scope: Scope
+) -> tuple[object, Teardown | None]:
+    """:func:`enter`, an async context manager or generator in a task of its own that
+    stays until the teardown, which it runs: one entered in a job's task and exited in
+    another (the teardown's, the stop's) broke whatever checks the task it was entered
+    in (an anyio task group or cancel scope: "exit cancel scope in a different task"),
+    and a context variable it set could not be reset: a TRANSIENT one failed its job,
+    a shared one's cleanup never ran."""
+    lifecycle, provider = entry.lifecycle, entry.provider
+    if (
+        lifecycle is not Lifecycle.ASYNC_CONTEXT_MANAGER
+        and lifecycle is not Lifecycle.ASYNC_GENERATOR
+    ):
+        return await enter(lifecycle, provider, kwargs)
+    loop = asyncio.get_running_loop()
+    entered: asyncio.Future[object] = loop.create_future()
+    entered.add_done_callback(_retrieved)  # read even if its waiter was cancelled
+    release: asyncio.Future[BaseException | None] = loop.create_future()
+    # A TRANSIENT value's task runs in its invocation's own context, so that what the
+    # provider sets there (a context variable) is what the actor sees.
+    context = _current_context() if scope is Scope.TRANSIENT else None
+    holder = loop.create_task(
+        _hold(lifecycle, provider, kwargs, entered, release),
+        name=f"taskq-provider-{entry.name}",  # what a stop held up by its exit names
+        context=context,
+    )
+    try:
+        value = await asyncio.shield(entered)
+    except asyncio.CancelledError as exc:
+        # Cut while it entered (a job's limit or cancel): it is cut too, or undone if it
+        # had just entered, before the cancellation goes on: nothing is left open.
+        if entered.done() and not entered.cancelled() and entered.exception() is None:
+            release.set_result(exc)
+        else:
+            holder.cancel()
+        await asyncio.wait({holder})
+        raise
+    return value, functools.partial(_release, release, holder)
+
+
+async def _hold(
+    lifecycle: Lifecycle,
+    provider: object,
+    kwargs: Mapping[str, object],
+    entered: asyncio.Future[object],
+    release: asyncio.Future[BaseException | None],
+) -> None:
+    try:
+        value, teardown = await enter(lifecycle, provider, kwargs)
+    except asyncio.CancelledError:
+        entered.cancel()
+        return
+    except BaseException as exc:  # noqa: BLE001 - the waiter's to raise
+        entered.set_exception(exc)
+        return
+    assert teardown is not None, "async context managers and generators have a teardown"
+    entered.set_result(value)
+    try:
+        error = await release
+    except asyncio.CancelledError as exc:
+        # The loop is ending with the value still open: it is closed all the same.
+        await cast("Awaitable[None]", teardown(exc))
+        raise
+    await cast("Awaitable[None]", teardown(error))
+
+
+async def _release(
+    release: asyncio.Future[BaseException | None],
+    holder: asyncio.Task[None],
+    error: BaseException | None,
+) -> None:
+    """A held value's teardown: its task exits it; shielded, a cancelled closer does not
+    cut the provider's cleanup."""
+    if not release.done():
+        release.set_result(error)
+    await asyncio.shield(holder)
 
 
 def _retrieved(future: asyncio.Future[object]) -> None:

@@ -755,6 +755,48 @@ async def test_a_sync_actors_async_provider_resets_the_context_variable_it_set()
     assert resets == ["none"]
 
 
+class _SlowConn:
+    pass
+
+
+async def test_a_sync_actor_past_its_limit_while_its_values_are_made_does_not_start() -> None:
+    # Its thread went on to run the body once they were made: work done for an attempt
+    # already failed on its limit (and done again by the retry; a stop's, handed back).
+    making, release = threading.Event(), threading.Event()
+    steps: list[str] = []
+
+    def slow_conn() -> Iterator[_SlowConn]:
+        making.set()
+        release.wait(10)
+        yield _SlowConn()
+        steps.append("closed")
+
+    @actor(name="slow_start", max_attempts=1, timeout=0.1)
+    def slow_start(payload: dict[str, Any], conn: _SlowConn) -> None:
+        steps.append("body")
+
+    providers = ProviderRegistry()
+    providers.register(_SlowConn, slow_conn, scope=Scope.TRANSIENT)
+    tq = TaskQ("memory://", actors=[slow_start], providers=providers)
+    with structlog.testing.capture_logs() as logs:
+        async with tq:
+            job = await tq.client.enqueue(slow_start, {})
+            running = asyncio.create_task(run_until_idle(tq))
+
+            async def past_its_limit() -> None:
+                while not any(e["event"] == "taskq.sync-actor-past-limit" for e in logs):  # noqa: ASYNC110 - the consumer's own log
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(past_its_limit(), 10)
+            assert making.is_set()
+            release.set()
+            await running
+            row = await tq.client.get(job.id)
+    assert row is not None and row.error is not None
+    assert (row.status, row.error.error_class) == ("failed", "TimeoutError")
+    assert steps == ["closed"]
+
+
 class _Pool:
     pass
 

@@ -616,6 +616,13 @@ class ResolvedActorScope:
             kwargs = solve_dependencies_sync(
                 self.func, self._registry, self._containers, self.kwargs, self._loop
             )
+            with lock:
+                error = self._abort
+            if error is not None:
+                # Its wait ended (its limit, a cancel, a stop) before the body started:
+                # started now, it did its work for an outcome already decided (a stop's
+                # job, handed back, ran twice). Its values are closed told of that.
+                return None
             return self.func(**kwargs)
         except BaseException as exc:
             error = exc

@@ -797,6 +797,37 @@ async def test_a_sync_actor_past_its_limit_while_its_values_are_made_does_not_st
     assert steps == ["closed"]
 
 
+async def test_a_sync_actors_async_dependency_still_being_made_is_cut_at_its_limit() -> None:
+    # Made on the loop while its thread waited: the limit ended the job's wait, not the
+    # making (a connection from a pool with none free), so the job held its slot past
+    # its limit until the cancel controller failed it, its thread left waiting for ever.
+    steps: list[str] = []
+
+    async def pooled_conn() -> AsyncIterator[_SlowConn]:
+        try:
+            await asyncio.Event().wait()  # no connection comes free
+        except asyncio.CancelledError:
+            steps.append("cut")
+            raise
+        yield _SlowConn()
+
+    @actor(name="waits_for_conn", max_attempts=1, timeout=0.1)
+    def waits_for_conn(payload: dict[str, Any], conn: _SlowConn) -> None:
+        steps.append("body")
+
+    providers = ProviderRegistry()
+    providers.register(_SlowConn, pooled_conn, scope=Scope.TRANSIENT)
+    tq = TaskQ("memory://", actors=[waits_for_conn], providers=providers)
+    async with tq:
+        job = await tq.client.enqueue(waits_for_conn, {})
+        # Bounds a hang, not a duration: the job ends once its limit cuts the making.
+        await asyncio.wait_for(run_until_idle(tq), 30)
+        row = await tq.client.get(job.id)
+    assert row is not None and row.error is not None
+    assert (row.status, row.error.error_class) == ("failed", "TimeoutError")
+    assert steps == ["cut"]
+
+
 class _Pool:
     pass
 

@@ -408,7 +408,17 @@ def _run_on_loop(coro: Coroutine[Any, Any, object], loop: asyncio.AbstractEventL
         coro.close()
         # Blocking on the loop from its own thread would deadlock.
         raise RuntimeError("sync resolution ran on the event loop's thread; run it in a worker")
-    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    invocation = _RESOLVING.get()
+    if invocation is not None and not invocation.awaits(future):
+        future.cancel()
+    return future.result()
+
+
+_RESOLVING: contextvars.ContextVar[ResolvedActorScope | None] = contextvars.ContextVar(
+    "taskq_resolving", default=None
+)
+"""The sync actor invocation whose dependencies the calling thread resolves."""
 
 
 class ProcessScope(ScopeContainer):
@@ -544,6 +554,7 @@ class ResolvedActorScope:
 
     __slots__ = (
         "_abort",
+        "_awaiting",
         "_containers",
         "_in_thread",
         "_loop",
@@ -576,6 +587,8 @@ class ResolvedActorScope:
         self._when_thread_ends: Callable[[], object] | None = None
         self._thread_lock = None if is_async else threading.Lock()
         self._abort: BaseException | None = None
+        # What its thread last waited for on the loop (an async dependency being made).
+        self._awaiting: Future[object] | None = None
         self.closed_clean = False
         """A sync actor's: its thread returned and closed its values told of no error
         (a transaction committed), the invocation's outcome since."""
@@ -613,9 +626,13 @@ class ResolvedActorScope:
             self._in_thread = True
         error: BaseException | None = None
         try:
-            kwargs = solve_dependencies_sync(
-                self.func, self._registry, self._containers, self.kwargs, self._loop
-            )
+            resolving = _RESOLVING.set(self)  # what abort_thread cuts on the loop
+            try:
+                kwargs = solve_dependencies_sync(
+                    self.func, self._registry, self._containers, self.kwargs, self._loop
+                )
+            finally:
+                _RESOLVING.reset(resolving)
             with lock:
                 error = self._abort
             if error is not None:
@@ -660,6 +677,22 @@ class ResolvedActorScope:
             if self.closed_clean:
                 return False
             self._abort = error
+            awaiting = self._awaiting
+        if awaiting is not None:
+            # Its thread waits for a dependency made on the loop (a connection from a
+            # pool with none free): cut as an async actor's would be, where the limit
+            # left the thread, and the job, waiting for as long as that took.
+            awaiting.cancel()
+        return True
+
+    def awaits(self, future: Future[object]) -> bool:
+        """Note that the thread waits for *future* on the loop, to be cancelled with
+        :meth:`abort_thread`; False when the wait has already ended: do not wait."""
+        assert self._thread_lock is not None, "a sync actor's thread waits"
+        with self._thread_lock:
+            if self._abort is not None:
+                return False
+            self._awaiting = future
             return True
 
     def defer_while_in_thread(self, then: Callable[[], object]) -> bool:

@@ -677,6 +677,157 @@ async def test_an_async_provider_that_sets_a_context_variable_resets_it_at_teard
     assert resets == ["none"]
 
 
+class _Session(str):
+    pass
+
+
+@pytest.mark.parametrize("scope", [Scope.TRANSIENT, Scope.LOOP, Scope.PROCESS])
+@pytest.mark.parametrize("sync", [False, True], ids=["async-actor", "sync-actor"])
+async def test_an_async_provider_is_exited_in_the_task_that_entered_it(
+    scope: Scope, sync: bool
+) -> None:
+    # Entered in one task (the job's, a creation's) and exited in another (the
+    # teardown's, the stop's): an anyio task group or cancel scope, which checks this,
+    # raised "exit cancel scope in a different task", which failed every job
+    # (TRANSIENT) or skipped the cleanup.
+    endings: list[str] = []
+
+    @asynccontextmanager
+    async def session() -> AsyncIterator[_Session]:
+        entered_in = asyncio.current_task()
+        yield _Session("open")
+        if asyncio.current_task() is not entered_in:
+            raise RuntimeError("exited in a different task than it was entered in")
+        endings.append("closed")
+
+    if sync:
+
+        @actor(name="uses_session", max_attempts=1)
+        def uses_session(payload: dict[str, Any], session: _Session) -> str:
+            return str(session)
+
+    else:
+
+        @actor(name="uses_session", max_attempts=1)
+        async def uses_session(payload: dict[str, Any], session: _Session) -> str:
+            return str(session)
+
+    providers = ProviderRegistry()
+    providers.register(_Session, session, scope=scope)
+    tq = TaskQ("memory://", actors=[uses_session], providers=providers)
+    with structlog.testing.capture_logs() as logs:
+        async with tq:
+            job = await tq.client.enqueue(uses_session, {})
+            await run_until_idle(tq)
+            row = await tq.client.get(job.id)
+    assert row is not None
+    assert (row.status, row.result, row.error) == ("succeeded", "open", None)
+    assert endings == ["closed"]
+    assert [e for e in logs if e["event"] == "taskq.di-teardown-failed"] == []
+
+
+async def test_a_sync_actors_async_provider_resets_the_context_variable_it_set() -> None:
+    # Made on the loop in a task of its own and exited from the job's: the token was
+    # "created in a different Context", and every job failed on its teardown.
+    resets: list[str] = []
+
+    async def tenant_scope() -> AsyncIterator[_Tenant]:
+        token = _tenant.set("acme")
+        try:
+            yield _Tenant("acme")
+        finally:
+            _tenant.reset(token)
+            resets.append(_tenant.get())
+
+    @actor(name="tenanted_sync", max_attempts=1)
+    def tenanted_sync(payload: dict[str, Any], who: _Tenant) -> str:
+        return str(who)
+
+    providers = ProviderRegistry()
+    providers.register(_Tenant, tenant_scope, scope=Scope.TRANSIENT)
+    tq = TaskQ("memory://", actors=[tenanted_sync], providers=providers)
+    async with tq:
+        job = await tq.client.enqueue(tenanted_sync, {})
+        await run_until_idle(tq)
+        row = await tq.client.get(job.id)
+    assert row is not None
+    assert (row.status, row.result, row.error) == ("succeeded", "acme", None)
+    assert resets == ["none"]
+
+
+class _SlowConn:
+    pass
+
+
+async def test_a_sync_actor_past_its_limit_while_its_values_are_made_does_not_start() -> None:
+    # Its thread went on to run the body once they were made: work done for an attempt
+    # already failed on its limit (and done again by the retry; a stop's, handed back).
+    making, release = threading.Event(), threading.Event()
+    steps: list[str] = []
+
+    def slow_conn() -> Iterator[_SlowConn]:
+        making.set()
+        release.wait(10)
+        yield _SlowConn()
+        steps.append("closed")
+
+    @actor(name="slow_start", max_attempts=1, timeout=0.1)
+    def slow_start(payload: dict[str, Any], conn: _SlowConn) -> None:
+        steps.append("body")
+
+    providers = ProviderRegistry()
+    providers.register(_SlowConn, slow_conn, scope=Scope.TRANSIENT)
+    tq = TaskQ("memory://", actors=[slow_start], providers=providers)
+    with structlog.testing.capture_logs() as logs:
+        async with tq:
+            job = await tq.client.enqueue(slow_start, {})
+            running = asyncio.create_task(run_until_idle(tq))
+
+            async def past_its_limit() -> None:
+                while not any(e["event"] == "taskq.sync-actor-past-limit" for e in logs):  # noqa: ASYNC110 - the consumer's own log
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(past_its_limit(), 10)
+            assert making.is_set()
+            release.set()
+            await running
+            row = await tq.client.get(job.id)
+    assert row is not None and row.error is not None
+    assert (row.status, row.error.error_class) == ("failed", "TimeoutError")
+    assert steps == ["closed"]
+
+
+async def test_a_sync_actors_async_dependency_still_being_made_is_cut_at_its_limit() -> None:
+    # Made on the loop while its thread waited: the limit ended the job's wait, not the
+    # making (a connection from a pool with none free), so the job held its slot past
+    # its limit until the cancel controller failed it, its thread left waiting for ever.
+    steps: list[str] = []
+
+    async def pooled_conn() -> AsyncIterator[_SlowConn]:
+        try:
+            await asyncio.Event().wait()  # no connection comes free
+        except asyncio.CancelledError:
+            steps.append("cut")
+            raise
+        yield _SlowConn()
+
+    @actor(name="waits_for_conn", max_attempts=1, timeout=0.1)
+    def waits_for_conn(payload: dict[str, Any], conn: _SlowConn) -> None:
+        steps.append("body")
+
+    providers = ProviderRegistry()
+    providers.register(_SlowConn, pooled_conn, scope=Scope.TRANSIENT)
+    tq = TaskQ("memory://", actors=[waits_for_conn], providers=providers)
+    async with tq:
+        job = await tq.client.enqueue(waits_for_conn, {})
+        # Bounds a hang, not a duration: the job ends once its limit cuts the making.
+        await asyncio.wait_for(run_until_idle(tq), 30)
+        row = await tq.client.get(job.id)
+    assert row is not None and row.error is not None
+    assert (row.status, row.error.error_class) == ("failed", "TimeoutError")
+    assert steps == ["cut"]
+
+
 class _Pool:
     pass
 

@@ -494,3 +494,38 @@ async def test_an_async_teardown_runs_in_the_invocations_own_context(
 
     task = asyncio.create_task(run(), context=own_context())
     assert await task == ("acme", "none")
+
+
+async def test_cancelled_while_a_provider_enters_it_is_cut_and_cleaned_before_the_cancel_ends(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    # The provider enters in a task of its own: a job's limit or cancel reaching the
+    # invocation as it enters must reach the provider too, not leave it entering on.
+    entering = asyncio.Event()
+    steps: list[str] = []
+
+    async def slow_audit() -> AsyncIterator[Audit]:
+        entering.set()
+        try:
+            await asyncio.Event().wait()  # a connect that does not answer
+        except asyncio.CancelledError:
+            steps.append("connect cut")
+            raise
+        yield Audit()
+        steps.append("closed")
+
+    registry.register(Audit, slow_audit, scope=Scope.TRANSIENT)
+
+    async def audited(payload: int, audit: Audit) -> None:
+        pytest.fail("the body must not run")
+
+    async def run() -> None:
+        async with build_actor_scope(audited, registry, containers, {"payload": 1}) as scope:
+            await scope.invoke()
+
+    task = asyncio.create_task(run(), context=own_context())
+    await entering.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert steps == ["connect cut"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import threading
 import weakref
@@ -167,7 +168,7 @@ class ScopeContainer:
                 if entry.lifecycle is Lifecycle.VALUE
                 else await solve_dependencies(entry.factory, registry, containers, {})
             )
-            value, teardown = await enter(entry.lifecycle, entry.provider, kwargs)
+            value, teardown = await _enter_held(entry, kwargs, self.scope)
             if self._closed:
                 # The scope closed while this was created (its creation outlives the job
                 # that asked): no close would ever come for it, so it is closed now.
@@ -312,6 +313,85 @@ class ScopeContainer:
             raise deferred
 
 
+async def _enter_held(
+    entry: ProviderEntry, kwargs: Mapping[str, object], scope: Scope
+) -> tuple[object, Teardown | None]:
+    """:func:`enter`, an async context manager or generator in a task of its own that
+    stays until the teardown, which it runs: one entered in a job's task and exited in
+    another (the teardown's, the stop's) broke whatever checks the task it was entered
+    in (an anyio task group or cancel scope: "exit cancel scope in a different task"),
+    and a context variable it set could not be reset: a TRANSIENT one failed its job,
+    a shared one's cleanup never ran."""
+    lifecycle, provider = entry.lifecycle, entry.provider
+    if (
+        lifecycle is not Lifecycle.ASYNC_CONTEXT_MANAGER
+        and lifecycle is not Lifecycle.ASYNC_GENERATOR
+    ):
+        return await enter(lifecycle, provider, kwargs)
+    loop = asyncio.get_running_loop()
+    entered: asyncio.Future[object] = loop.create_future()
+    entered.add_done_callback(_retrieved)  # read even if its waiter was cancelled
+    release: asyncio.Future[BaseException | None] = loop.create_future()
+    # A TRANSIENT value's task runs in its invocation's own context, so that what the
+    # provider sets there (a context variable) is what the actor sees.
+    context = _current_context() if scope is Scope.TRANSIENT else None
+    holder = loop.create_task(
+        _hold(lifecycle, provider, kwargs, entered, release),
+        name=f"taskq-provider-{entry.name}",  # what a stop held up by its exit names
+        context=context,
+    )
+    try:
+        value = await asyncio.shield(entered)
+    except asyncio.CancelledError as exc:
+        # Cut while it entered (a job's limit or cancel): it is cut too, or undone if it
+        # had just entered, before the cancellation goes on: nothing is left open.
+        if entered.done() and not entered.cancelled() and entered.exception() is None:
+            release.set_result(exc)
+        else:
+            holder.cancel()
+        await asyncio.wait({holder})
+        raise
+    return value, functools.partial(_release, release, holder)
+
+
+async def _hold(
+    lifecycle: Lifecycle,
+    provider: object,
+    kwargs: Mapping[str, object],
+    entered: asyncio.Future[object],
+    release: asyncio.Future[BaseException | None],
+) -> None:
+    try:
+        value, teardown = await enter(lifecycle, provider, kwargs)
+    except asyncio.CancelledError:
+        entered.cancel()
+        return
+    except BaseException as exc:  # noqa: BLE001 - the waiter's to raise
+        entered.set_exception(exc)
+        return
+    assert teardown is not None, "async context managers and generators have a teardown"
+    entered.set_result(value)
+    try:
+        error = await release
+    except asyncio.CancelledError as exc:
+        # The loop is ending with the value still open: it is closed all the same.
+        await cast("Awaitable[None]", teardown(exc))
+        raise
+    await cast("Awaitable[None]", teardown(error))
+
+
+async def _release(
+    release: asyncio.Future[BaseException | None],
+    holder: asyncio.Task[None],
+    error: BaseException | None,
+) -> None:
+    """A held value's teardown: its task exits it; shielded, a cancelled closer does not
+    cut the provider's cleanup."""
+    if not release.done():
+        release.set_result(error)
+    await asyncio.shield(holder)
+
+
 def _retrieved(future: asyncio.Future[object]) -> None:
     """Mark an outcome read: one nobody awaits any more (its waiter or creator was
     cancelled) is not reported as "never retrieved"."""
@@ -328,7 +408,17 @@ def _run_on_loop(coro: Coroutine[Any, Any, object], loop: asyncio.AbstractEventL
         coro.close()
         # Blocking on the loop from its own thread would deadlock.
         raise RuntimeError("sync resolution ran on the event loop's thread; run it in a worker")
-    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    invocation = _RESOLVING.get()
+    if invocation is not None and not invocation.awaits(future):
+        future.cancel()
+    return future.result()
+
+
+_RESOLVING: contextvars.ContextVar[ResolvedActorScope | None] = contextvars.ContextVar(
+    "taskq_resolving", default=None
+)
+"""The sync actor invocation whose dependencies the calling thread resolves."""
 
 
 class ProcessScope(ScopeContainer):
@@ -464,6 +554,7 @@ class ResolvedActorScope:
 
     __slots__ = (
         "_abort",
+        "_awaiting",
         "_containers",
         "_in_thread",
         "_loop",
@@ -496,6 +587,8 @@ class ResolvedActorScope:
         self._when_thread_ends: Callable[[], object] | None = None
         self._thread_lock = None if is_async else threading.Lock()
         self._abort: BaseException | None = None
+        # What its thread last waited for on the loop (an async dependency being made).
+        self._awaiting: Future[object] | None = None
         self.closed_clean = False
         """A sync actor's: its thread returned and closed its values told of no error
         (a transaction committed), the invocation's outcome since."""
@@ -533,9 +626,20 @@ class ResolvedActorScope:
             self._in_thread = True
         error: BaseException | None = None
         try:
-            kwargs = solve_dependencies_sync(
-                self.func, self._registry, self._containers, self.kwargs, self._loop
-            )
+            resolving = _RESOLVING.set(self)  # what abort_thread cuts on the loop
+            try:
+                kwargs = solve_dependencies_sync(
+                    self.func, self._registry, self._containers, self.kwargs, self._loop
+                )
+            finally:
+                _RESOLVING.reset(resolving)
+            with lock:
+                error = self._abort
+            if error is not None:
+                # Its wait ended (its limit, a cancel, a stop) before the body started:
+                # started now, it did its work for an outcome already decided (a stop's
+                # job, handed back, ran twice). Its values are closed told of that.
+                return None
             return self.func(**kwargs)
         except BaseException as exc:
             error = exc
@@ -573,6 +677,22 @@ class ResolvedActorScope:
             if self.closed_clean:
                 return False
             self._abort = error
+            awaiting = self._awaiting
+        if awaiting is not None:
+            # Its thread waits for a dependency made on the loop (a connection from a
+            # pool with none free): cut as an async actor's would be, where the limit
+            # left the thread, and the job, waiting for as long as that took.
+            awaiting.cancel()
+        return True
+
+    def awaits(self, future: Future[object]) -> bool:
+        """Note that the thread waits for *future* on the loop, to be cancelled with
+        :meth:`abort_thread`; False when the wait has already ended: do not wait."""
+        assert self._thread_lock is not None, "a sync actor's thread waits"
+        with self._thread_lock:
+            if self._abort is not None:
+                return False
+            self._awaiting = future
             return True
 
     def defer_while_in_thread(self, then: Callable[[], object]) -> bool:

@@ -231,11 +231,18 @@ def test_the_codes_password_goes_only_to_the_server_of_the_codes_url(
     [
         ("postgresql:///db?host=/run/pg/", "postgres://%2Frun%2Fpg:5432/db", True),
         ("postgresql:///db?host=/run/pg", "postgresql:///db?host=/tmp", False),
-        ("postgresql://b:5433,a/x", "postgresql://a,b,c/y?port=5432,5433,5432", True),
+        ("postgresql://b:5433,a/x", "postgresql:///y?host=a,b,c&port=5432,5433,5432", True),
         ("postgresql://a,b/x", "postgresql://a/x", False),  # b is not the code's
         ("postgresql://[::1]/x", "postgresql://[::1]:5432/x", True),
         ("postgresql://h:x/db", "postgresql://h/db", False),  # unreadable: not the same
         ("memory://", "postgresql://h/db", False),
+        # Read otherwise by asyncpg, which connects (the authority's host and port over
+        # the query's; the user part ends at the first @), or naming no server itself.
+        ("postgresql://evil.example/db?host=h", "postgresql://h/db", False),
+        ("postgresql://h:6432/db?port=5432", "postgresql://h/db", False),
+        ("postgresql://u@evil.example,x@h/db", "postgresql://h/db", False),
+        ("postgresql:///db?service=other", "postgresql:///db", False),
+        ("postgresql://h/db?hostaddr=192.0.2.1", "postgresql://h/db", False),
     ],
 )
 def test_servers_are_compared_as_libpq_reads_the_urls(target: str, home: str, same: bool) -> None:

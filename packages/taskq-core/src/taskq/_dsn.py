@@ -98,7 +98,7 @@ def _servers(url: str) -> frozenset[tuple[str, int]] | None:
     """The ``(host, port)`` pairs a Postgres URL connects to, as libpq reads it (a
     ``host``/``port`` query parameter over the authority's, one port for every host or one
     each, no port 5432, a unix-socket directory spelt out or percent-encoded); None for a
-    URL of another scheme or one that cannot be read."""
+    URL of another scheme or one that cannot be read, or not alike by every driver."""
     if url_scheme(url) not in ("postgresql", "postgres"):
         return None
     try:
@@ -106,9 +106,17 @@ def _servers(url: str) -> frozenset[tuple[str, int]] | None:
         query = parse_qs(parts.query)
     except ValueError:
         return None
+    authority = parts.netloc.rpartition("@")[2]
+    if (
+        parts.netloc.count("@") > 1  # asyncpg splits at the first, libpq at the last
+        or (authority and ("host" in query or "port" in query))  # asyncpg: the authority's
+        or "service" in query  # a service file's host
+        or "hostaddr" in query  # libpq connects there, whatever the host
+    ):
+        return None
     hosts: list[str] = []
     ports: list[str] = []
-    for item in parts.netloc.rpartition("@")[2].split(","):
+    for item in authority.split(","):
         if item.startswith("["):  # [IPv6]:port
             host, _, rest = item[1:].partition("]")
             port = rest.removeprefix(":")

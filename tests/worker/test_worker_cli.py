@@ -188,7 +188,8 @@ def test_backend_tunables_reach_the_backend_and_keep_the_apps_own_options() -> N
 @pytest.mark.parametrize(
     ("target", "kept"),
     [
-        ("postgresql://other@DB.example/elsewhere", True),  # the same server, spelt otherwise
+        ("postgresql://app@DB.example/elsewhere", True),  # the same server, spelt otherwise
+        ("postgresql://other@db.example:5432/app", False),  # another role's login
         ("postgresql://app@db.example:5433/app", False),
         ("postgresql://app@evil.example:5432/app", False),
     ],
@@ -249,6 +250,28 @@ def test_servers_are_compared_as_libpq_reads_the_urls(target: str, home: str, sa
     from taskq._dsn import same_servers
 
     assert same_servers(target, home) is same
+
+
+@pytest.mark.parametrize(
+    ("target", "pguser", "same"),
+    [
+        ("postgresql://DB/elsewhere?sslmode=require", "app", True),  # PGUSER's
+        ("postgresql://db/app?user=app", "other", True),
+        ("postgresql://other@db/app", "app", False),  # a password is a role's
+        ("postgresql://db/app", "other", False),
+        ("postgresql://app@db/app?user=other", "app", False),  # asyncpg: app; libpq: other
+        ("postgresql://app@elsewhere/app", "app", False),
+    ],
+)
+def test_a_login_is_the_same_with_the_same_user_on_the_same_servers(
+    monkeypatch: pytest.MonkeyPatch, target: str, pguser: str, same: bool
+) -> None:
+    # The code's password went with a login as another role on the code's server: it
+    # failed, and shadowed that role's own in PGPASSWORD or ~/.pgpass.
+    from taskq._dsn import same_login
+
+    monkeypatch.setenv("PGUSER", pguser)
+    assert same_login(target, "postgresql://app@db/app") is same
 
 
 def test_a_worker_on_another_schema_than_its_code_warns_of_producers_left_behind(

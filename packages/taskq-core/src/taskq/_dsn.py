@@ -3,6 +3,7 @@ default), and how a URL is shown in a message (:func:`redact`)."""
 
 from __future__ import annotations
 
+import getpass
 import os
 import re
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ __all__ = [
     "redact",
     "resolve_dsn",
     "resolve_schema",
+    "same_login",
     "same_servers",
     "url_scheme",
 ]
@@ -151,6 +153,40 @@ def same_servers(target: str, home: str) -> bool:
         return True
     servers, home_servers = _servers(target), _servers(home)
     return servers is not None and home_servers is not None and servers <= home_servers
+
+
+def _user(url: str) -> str | None:
+    """The user a Postgres URL logs in as (the authority's, else a ``user`` query
+    parameter, else ``PGUSER``, else the OS user's name, as asyncpg and libpq default);
+    None when the drivers read it otherwise (asyncpg the authority's, libpq the query's)."""
+    try:
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+    except ValueError:
+        return None
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    named = unquote(userinfo.partition(":")[0]) if at else ""
+    if named and "user" in query:
+        return None
+    named = named or query.get("user", [""])[-1] or os.environ.get("PGUSER", "")
+    if not named:
+        try:
+            named = getpass.getuser()
+        except OSError:  # no name for the OS user: the drivers fail alike
+            return None
+    return named
+
+
+def same_login(target: str, home: str) -> bool:
+    """Whether ``target`` logs in as ``home`` does, on servers ``home`` names
+    (:func:`same_servers`), as the same user: what a password meant for ``home`` may be
+    sent with (a password is a role's, as .pgpass matches its user too; sent for
+    another, it failed the login and shadowed that role's own in PGPASSWORD or .pgpass).
+    False when either cannot be read."""
+    if target == home:
+        return True
+    user = _user(target)
+    return same_servers(target, home) and user is not None and user == _user(home)
 
 
 def resolve_dsn(flag: str | None, env: Mapping[str, str] | None = None) -> str:

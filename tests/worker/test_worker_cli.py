@@ -236,6 +236,7 @@ def test_the_codes_password_goes_only_to_the_server_of_the_codes_url(
         ("postgresql://a,b/x", "postgresql://a/x", False),  # b is not the code's
         ("postgresql://[::1]/x", "postgresql://[::1]:5432/x", True),
         ("postgresql://h:x/db", "postgresql://h/db", False),  # unreadable: not the same
+        ("postgresql://h:\u00b2/db", "postgresql://h/db", False),  # a digit, not a number
         ("memory://", "postgresql://h/db", False),
         # Read otherwise by asyncpg, which connects (the authority's host and port over
         # the query's; the user part ends at the first @), or naming no server itself.

@@ -132,7 +132,7 @@ def _servers(url: str) -> frozenset[tuple[str, int]] | None:
         ports = query["port"][-1].split(",")
     if len(ports) == 1:
         ports *= len(hosts)
-    if len(ports) != len(hosts) or not all(port.isdigit() for port in ports if port):
+    if len(ports) != len(hosts) or not all(port.isdecimal() for port in ports if port):
         return None
     return frozenset(
         (_host_key(host), int(port) if port else _DEFAULT_PORT)

@@ -247,9 +247,31 @@ def test_the_codes_password_goes_only_to_the_server_of_the_codes_url(
         ("postgresql://h/db?hostaddr=192.0.2.1", "postgresql://h/db", False),
     ],
 )
-def test_servers_are_compared_as_libpq_reads_the_urls(target: str, home: str, same: bool) -> None:
+def test_servers_are_compared_as_libpq_reads_the_urls(
+    monkeypatch: pytest.MonkeyPatch, target: str, home: str, same: bool
+) -> None:
     from taskq._dsn import same_servers
 
+    monkeypatch.delenv("PGPORT", raising=False)
+    assert same_servers(target, home) is same
+
+
+@pytest.mark.parametrize(
+    ("target", "home", "same"),
+    [
+        ("postgresql://h:5432/db", "postgresql://h/db", False),  # the code's is h:6432
+        ("postgresql://h:6432/db", "postgresql://h/db", True),
+        ("postgresql://h/x", "postgresql://h/db", True),
+    ],
+)
+def test_a_port_left_out_is_pgports(
+    monkeypatch: pytest.MonkeyPatch, target: str, home: str, same: bool
+) -> None:
+    # Taken as 5432, where both drivers take PGPORT's: the code's password went to
+    # another server on its host.
+    from taskq._dsn import same_servers
+
+    monkeypatch.setenv("PGPORT", "6432")
     assert same_servers(target, home) is same
 
 

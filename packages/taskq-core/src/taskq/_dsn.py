@@ -99,8 +99,9 @@ _DEFAULT_PORT: Final = 5432
 def _servers(url: str) -> frozenset[tuple[str, int]] | None:
     """The ``(host, port)`` pairs a Postgres URL connects to, as libpq reads it (a
     ``host``/``port`` query parameter over the authority's, one port for every host or one
-    each, no port 5432, a unix-socket directory spelt out or percent-encoded); None for a
-    URL of another scheme or one that cannot be read, or not alike by every driver."""
+    each, no port PGPORT's or 5432, a unix-socket directory spelt out or percent-encoded);
+    None for a URL of another scheme or one that cannot be read, or not alike by every
+    driver."""
     if url_scheme(url) not in ("postgresql", "postgres"):
         return None
     try:
@@ -132,12 +133,11 @@ def _servers(url: str) -> frozenset[tuple[str, int]] | None:
         ports = query["port"][-1].split(",")
     if len(ports) == 1:
         ports *= len(hosts)
-    if len(ports) != len(hosts) or not all(port.isdecimal() for port in ports if port):
+    # A port left out is PGPORT's, as both drivers take it (a list of them: unreadable).
+    ports = [port or os.environ.get("PGPORT") or str(_DEFAULT_PORT) for port in ports]
+    if len(ports) != len(hosts) or not all(port.isdecimal() for port in ports):
         return None
-    return frozenset(
-        (_host_key(host), int(port) if port else _DEFAULT_PORT)
-        for host, port in zip(hosts, ports, strict=True)
-    )
+    return frozenset((_host_key(host), int(port)) for host, port in zip(hosts, ports, strict=True))
 
 
 def _host_key(host: str) -> str:

@@ -413,6 +413,62 @@ async def test_a_stop_leaves_a_job_written_off_past_its_limit_to_its_failure_wri
     assert "taskq.job-failed-past-its-limit" in [entry["event"] for entry in logs]
 
 
+async def test_a_stop_waits_for_the_write_off_of_a_job_whose_task_has_ended() -> None:
+    # Its task gave in at last and freed its slot, its failure's write still failing (the
+    # database away): the stop waited for slots only, let go at once, and the write
+    # was never made (the job left running to its lease) though the database came back.
+    import structlog.testing
+
+    from taskq import WorkerSettings
+    from taskq.backend.memory import InMemoryBackend
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    class FailuresFailWhileAway(InMemoryBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.away = True
+            self.tried = asyncio.Event()
+
+        async def mark_failed_or_retry(self, *args: Any, **kwargs: Any) -> JobRow:
+            if self.away:
+                self.tried.set()
+                raise ConnectionRefusedError("database away")
+            return await super().mark_failed_or_retry(*args, **kwargs)
+
+    started = asyncio.Event()
+    stubborn = _outlives_cancellation("written_off_task_ended", 0.3, started)
+    backend = FailuresFailWhileAway()
+    tq = TaskQ("memory://", actors=[stubborn], backend=backend)
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {}, timeout=0.1)
+        stop = {"drain_grace_period": "100ms", "termination_grace_period": "5s"}
+        settings = {**TEST_SETTINGS, **_GRACES, **stop, "queues": ["default"]}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        with structlog.testing.capture_logs() as logs:
+            running = asyncio.create_task(worker.run())
+            await asyncio.wait_for(backend.tried.wait(), 5)  # written off; the write fails
+
+            async def slot_freed() -> None:
+                while worker.processed < 1:  # noqa: ASYNC110 - the worker's own count
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(slot_freed(), 5)  # the task has ended
+            worker.stop()
+
+            async def abandoning() -> None:
+                while not any(entry.get("phase") == "ABANDONING" for entry in logs):  # noqa: ASYNC110 - the stop's own log
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(abandoning(), 5)
+            backend.away = False  # back while the stop may still wait
+            await asyncio.wait_for(running, 10)
+            await asyncio.gather(*worker.lingering_tasks())
+        row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.FAILED
+    assert row.error is not None and row.error.error_class == "TimeoutError"
+
+
 async def test_a_stop_abandons_a_cancelled_job_whose_escalation_write_failed() -> None:
     # FORCING could not store phase 2 (a blip), and mark_abandoned acts only on phase 2:
     # the stop left the job running, locked by a worker that had gone.

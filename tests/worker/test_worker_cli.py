@@ -188,7 +188,8 @@ def test_backend_tunables_reach_the_backend_and_keep_the_apps_own_options() -> N
 @pytest.mark.parametrize(
     ("target", "kept"),
     [
-        ("postgresql://other@DB.example/elsewhere", True),  # the same server, spelt otherwise
+        ("postgresql://app@DB.example/elsewhere", True),  # the same server, spelt otherwise
+        ("postgresql://other@db.example:5432/app", False),  # another role's login
         ("postgresql://app@db.example:5433/app", False),
         ("postgresql://app@evil.example:5432/app", False),
     ],
@@ -231,17 +232,69 @@ def test_the_codes_password_goes_only_to_the_server_of_the_codes_url(
     [
         ("postgresql:///db?host=/run/pg/", "postgres://%2Frun%2Fpg:5432/db", True),
         ("postgresql:///db?host=/run/pg", "postgresql:///db?host=/tmp", False),
-        ("postgresql://b:5433,a/x", "postgresql://a,b,c/y?port=5432,5433,5432", True),
+        ("postgresql://b:5433,a/x", "postgresql:///y?host=a,b,c&port=5432,5433,5432", True),
         ("postgresql://a,b/x", "postgresql://a/x", False),  # b is not the code's
         ("postgresql://[::1]/x", "postgresql://[::1]:5432/x", True),
         ("postgresql://h:x/db", "postgresql://h/db", False),  # unreadable: not the same
+        ("postgresql://h:\u00b2/db", "postgresql://h/db", False),  # a digit, not a number
         ("memory://", "postgresql://h/db", False),
+        # Read otherwise by asyncpg, which connects (the authority's host and port over
+        # the query's; the user part ends at the first @), or naming no server itself.
+        ("postgresql://evil.example/db?host=h", "postgresql://h/db", False),
+        ("postgresql://h:6432/db?port=5432", "postgresql://h/db", False),
+        ("postgresql://u@evil.example,x@h/db", "postgresql://h/db", False),
+        ("postgresql:///db?service=other", "postgresql:///db", False),
+        ("postgresql://h/db?hostaddr=192.0.2.1", "postgresql://h/db", False),
     ],
 )
-def test_servers_are_compared_as_libpq_reads_the_urls(target: str, home: str, same: bool) -> None:
+def test_servers_are_compared_as_libpq_reads_the_urls(
+    monkeypatch: pytest.MonkeyPatch, target: str, home: str, same: bool
+) -> None:
     from taskq._dsn import same_servers
 
+    monkeypatch.delenv("PGPORT", raising=False)
     assert same_servers(target, home) is same
+
+
+@pytest.mark.parametrize(
+    ("target", "home", "same"),
+    [
+        ("postgresql://h:5432/db", "postgresql://h/db", False),  # the code's is h:6432
+        ("postgresql://h:6432/db", "postgresql://h/db", True),
+        ("postgresql://h/x", "postgresql://h/db", True),
+    ],
+)
+def test_a_port_left_out_is_pgports(
+    monkeypatch: pytest.MonkeyPatch, target: str, home: str, same: bool
+) -> None:
+    # Taken as 5432, where both drivers take PGPORT's: the code's password went to
+    # another server on its host.
+    from taskq._dsn import same_servers
+
+    monkeypatch.setenv("PGPORT", "6432")
+    assert same_servers(target, home) is same
+
+
+@pytest.mark.parametrize(
+    ("target", "pguser", "same"),
+    [
+        ("postgresql://DB/elsewhere?sslmode=require", "app", True),  # PGUSER's
+        ("postgresql://db/app?user=app", "other", True),
+        ("postgresql://other@db/app", "app", False),  # a password is a role's
+        ("postgresql://db/app", "other", False),
+        ("postgresql://app@db/app?user=other", "app", False),  # asyncpg: app; libpq: other
+        ("postgresql://app@elsewhere/app", "app", False),
+    ],
+)
+def test_a_login_is_the_same_with_the_same_user_on_the_same_servers(
+    monkeypatch: pytest.MonkeyPatch, target: str, pguser: str, same: bool
+) -> None:
+    # The code's password went with a login as another role on the code's server: it
+    # failed, and shadowed that role's own in PGPASSWORD or ~/.pgpass.
+    from taskq._dsn import same_login
+
+    monkeypatch.setenv("PGUSER", pguser)
+    assert same_login(target, "postgresql://app@db/app") is same
 
 
 def test_a_worker_on_another_schema_than_its_code_warns_of_producers_left_behind(

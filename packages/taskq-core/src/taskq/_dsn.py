@@ -3,6 +3,7 @@ default), and how a URL is shown in a message (:func:`redact`)."""
 
 from __future__ import annotations
 
+import getpass
 import os
 import re
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ __all__ = [
     "redact",
     "resolve_dsn",
     "resolve_schema",
+    "same_login",
     "same_servers",
     "url_scheme",
 ]
@@ -97,8 +99,9 @@ _DEFAULT_PORT: Final = 5432
 def _servers(url: str) -> frozenset[tuple[str, int]] | None:
     """The ``(host, port)`` pairs a Postgres URL connects to, as libpq reads it (a
     ``host``/``port`` query parameter over the authority's, one port for every host or one
-    each, no port 5432, a unix-socket directory spelt out or percent-encoded); None for a
-    URL of another scheme or one that cannot be read."""
+    each, no port PGPORT's or 5432, a unix-socket directory spelt out or percent-encoded);
+    None for a URL of another scheme or one that cannot be read, or not alike by every
+    driver."""
     if url_scheme(url) not in ("postgresql", "postgres"):
         return None
     try:
@@ -106,9 +109,17 @@ def _servers(url: str) -> frozenset[tuple[str, int]] | None:
         query = parse_qs(parts.query)
     except ValueError:
         return None
+    authority = parts.netloc.rpartition("@")[2]
+    if (
+        parts.netloc.count("@") > 1  # asyncpg splits at the first, libpq at the last
+        or (authority and ("host" in query or "port" in query))  # asyncpg: the authority's
+        or "service" in query  # a service file's host
+        or "hostaddr" in query  # libpq connects there, whatever the host
+    ):
+        return None
     hosts: list[str] = []
     ports: list[str] = []
-    for item in parts.netloc.rpartition("@")[2].split(","):
+    for item in authority.split(","):
         if item.startswith("["):  # [IPv6]:port
             host, _, rest = item[1:].partition("]")
             port = rest.removeprefix(":")
@@ -122,12 +133,11 @@ def _servers(url: str) -> frozenset[tuple[str, int]] | None:
         ports = query["port"][-1].split(",")
     if len(ports) == 1:
         ports *= len(hosts)
-    if len(ports) != len(hosts) or not all(port.isdigit() for port in ports if port):
+    # A port left out is PGPORT's, as both drivers take it (a list of them: unreadable).
+    ports = [port or os.environ.get("PGPORT") or str(_DEFAULT_PORT) for port in ports]
+    if len(ports) != len(hosts) or not all(port.isdecimal() for port in ports):
         return None
-    return frozenset(
-        (_host_key(host), int(port) if port else _DEFAULT_PORT)
-        for host, port in zip(hosts, ports, strict=True)
-    )
+    return frozenset((_host_key(host), int(port)) for host, port in zip(hosts, ports, strict=True))
 
 
 def _host_key(host: str) -> str:
@@ -143,6 +153,40 @@ def same_servers(target: str, home: str) -> bool:
         return True
     servers, home_servers = _servers(target), _servers(home)
     return servers is not None and home_servers is not None and servers <= home_servers
+
+
+def _user(url: str) -> str | None:
+    """The user a Postgres URL logs in as (the authority's, else a ``user`` query
+    parameter, else ``PGUSER``, else the OS user's name, as asyncpg and libpq default);
+    None when the drivers read it otherwise (asyncpg the authority's, libpq the query's)."""
+    try:
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+    except ValueError:
+        return None
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    named = unquote(userinfo.partition(":")[0]) if at else ""
+    if named and "user" in query:
+        return None
+    named = named or query.get("user", [""])[-1] or os.environ.get("PGUSER", "")
+    if not named:
+        try:
+            named = getpass.getuser()
+        except OSError:  # no name for the OS user: the drivers fail alike
+            return None
+    return named
+
+
+def same_login(target: str, home: str) -> bool:
+    """Whether ``target`` logs in as ``home`` does, on servers ``home`` names
+    (:func:`same_servers`), as the same user: what a password meant for ``home`` may be
+    sent with (a password is a role's, as .pgpass matches its user too; sent for
+    another, it failed the login and shadowed that role's own in PGPASSWORD or .pgpass).
+    False when either cannot be read."""
+    if target == home:
+        return True
+    user = _user(target)
+    return same_servers(target, home) and user is not None and user == _user(home)
 
 
 def resolve_dsn(flag: str | None, env: Mapping[str, str] | None = None) -> str:

@@ -10,7 +10,7 @@ from typing import Any, Final, Self
 import structlog
 
 from taskq._di import ProviderRegistry
-from taskq._dsn import redact, same_servers
+from taskq._dsn import redact, same_login
 from taskq.actor import Actor, actors_by_name
 from taskq.backend import Backend
 from taskq.client import JobsClient
@@ -90,19 +90,20 @@ class TaskQ:
 
     def _code_options_for(self, url: str) -> dict[str, Any]:
         """The code's backend options for a backend on ``url``: its password or
-        password_file only if every server ``url`` names is one the code's URL names (as
-        .pgpass matches per host and port). Sent wherever ``--dsn`` or ``TASKQ_DSN``
-        pointed, they gave that server a password it was never meant to read."""
+        password_file only if every server ``url`` names is one the code's URL names, and
+        ``url`` logs in as the same user (as .pgpass matches per host, port and user).
+        Sent wherever ``--dsn`` or ``TASKQ_DSN`` pointed, they gave that server a
+        password it was never meant to read."""
         dropped = [name for name in _SECRET_OPTIONS if self._code_options.get(name) is not None]
-        if not dropped or same_servers(url, self._code_url):
+        if not dropped or same_login(url, self._code_url):
             return dict(self._code_options)
         _log.warning(
             "taskq.code-password-dropped",
             dropped=dropped,
             dsn=redact(url),
             code_dsn=redact(self._code_url),
-            hint="the application's code gives the password for the server of its own URL, "
-            "not this one: give this server's in the DSN, PGPASSWORD or ~/.pgpass",
+            hint="the application's code gives the password for the server and user of its "
+            "own URL, not this one: give this login's in the DSN, PGPASSWORD or ~/.pgpass",
         )
         return {name: value for name, value in self._code_options.items() if name not in dropped}
 

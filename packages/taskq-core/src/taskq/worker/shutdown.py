@@ -36,12 +36,13 @@ from __future__ import annotations
 import asyncio
 import time
 from enum import IntEnum
+from typing import Final
 
 import structlog
 
 from taskq.backend import CancelPhase, SupportsUnstartedHandBack
 from taskq.batch_outcomes import apply_batch_child_ends, apply_batch_terminal_outcome
-from taskq.models import BatchChildEnd, JobRow, JobStatus
+from taskq.models import BatchChildEnd, JobId, JobRow, JobStatus
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
 from taskq.worker.consumer import hand_back, late_unless_landed, write_retrying
@@ -223,11 +224,31 @@ async def orchestrate_shutdown(
     # the pool: a command timeout each; the LISTEN connection: a second), with room.
     teardown = min(3 * settings.dispatcher_command_timeout.total_seconds() + 2.0, wall / 2)
     left = wall - (time.monotonic() - started) - teardown
+    until = time.monotonic() + max(left, 0.0)
     if any(a.holds_slot and (a.returned or _written_off(a)) for a in state.active.values()):
         await _wait_running(state, max(left, 0.0), None)
+    await _wait_owed(state, until)
     # Concurrently: one by one, a database that is away would cost a lease per job.
     await asyncio.gather(*(_abandon(state, a) for a in list(state.active.values()) if a.holds_slot))
     _log.info("taskq.shutdown-duration", seconds=round(time.monotonic() - started, 3))
+
+
+_OWED_POLL: Final = 0.05
+"""How often ABANDONING looks whether the cancel controller's owed writes have landed."""
+
+
+async def _wait_owed(state: WorkerState, until: float) -> None:
+    """Until the cancel controller owes no end but those of jobs still holding a slot (the
+    stop lets go of those itself), or ``until`` (``time.monotonic()``). A job written off
+    whose task has ended holds no slot, yet its write, retried by the heartbeat's
+    post-tick, is still owed: the stop let go at once, and it was never made."""
+
+    def owed() -> set[tuple[JobId, int]]:
+        held = {(a.row.id, a.row.attempt) for a in state.active.values() if a.holds_slot}
+        return state.cancel.owed_ends() - held
+
+    while owed() and time.monotonic() < until:  # noqa: ASYNC110 - the controller's queue has no event; looked at only while a stop is owed a write
+        await asyncio.sleep(min(_OWED_POLL, max(until - time.monotonic(), 0.0)))
 
 
 async def _abandon(state: WorkerState, active: ActiveJob) -> None:

@@ -2182,7 +2182,8 @@ class PostgresBackend:
         )
 
     async def reset_batch_failures(self, batch_id: UUID, *, connection: Connection = None) -> int:
-        """Reset an active batch's failure streak; 1 when it is active, else 0."""
+        """Reset an active batch's failure streak short of its threshold; 1 when it
+        did, else 0."""
         status = await self._db(connection).execute(self._sql.reset_batch_failures, batch_id)
         return _changed(status)
 

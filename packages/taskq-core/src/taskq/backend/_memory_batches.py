@@ -185,6 +185,9 @@ class BatchTable:
         batch = self._rows.get(batch_id)
         if batch is None or batch.status != "active":
             return 0
+        threshold = batch.failure_threshold
+        if threshold is not None and batch.consecutive_failures >= threshold:
+            return 0  # that batch aborts (see RESET_BATCH_FAILURES)
         self._rows[batch_id] = batch.model_copy(update={"consecutive_failures": 0})
         return 1
 

@@ -159,6 +159,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     update_schedule applies ScheduleUpdateArgs.changes(), which sets the queue back
 #     to None (the actor's own) for the new actor_queue=True: the non-None fields alone
 #     had no way to unset a schedule's queue.
+#     reset_batch_failures leaves a streak that reached its threshold (0 rows): a
+#     last child's success, its hook between another's failure and that one's abort,
+#     reset it and completed the batch the policy aborts.
 #     SupportsLateOutcomes.record_late_outcome adds nothing when the job's history
 #     has a late outcome of the same attempt, worker and outcome (a worker's retry
 #     whose first try landed, its reply lost, was kept twice).
@@ -589,7 +592,9 @@ class Backend(Protocol):
 
     async def reset_batch_failures(self, batch_id: UUID, *, connection: Connection = None) -> int:
         """``consecutive_failures = 0`` of an active batch; returns rows changed (0 for an
-        unknown or finished batch)."""
+        unknown or finished batch, and for one whose streak reached its threshold: that
+        one aborts, and a success whose hook came between the failure's and its abort
+        must not undo it, or complete the batch)."""
         ...
 
     async def abort_batch(self, batch_id: UUID, *, connection: Connection = None) -> int:

@@ -1282,7 +1282,8 @@ class InMemoryBackend:
         return self._batches.add_failures(batch_id, count)
 
     async def reset_batch_failures(self, batch_id: UUID, *, connection: Connection = None) -> int:
-        """Reset an active batch's failure streak; 1 when it is active, else 0."""
+        """Reset an active batch's failure streak short of its threshold; 1 when it
+        did, else 0."""
         return self._batches.reset_failures(batch_id)
 
     async def abort_batch(self, batch_id: UUID, *, connection: Connection = None) -> int:

@@ -78,7 +78,11 @@ RETURNING b.consecutive_failures, b.failure_threshold,
 
 RESET_BATCH_FAILURES: Final = """
 -- arbiter: none
-UPDATE {schema}.batches SET consecutive_failures = 0 WHERE id = $1 AND status = 'active'
+-- Not a streak that reached its threshold: that batch aborts (a success whose hook came
+-- between a failure's and its abort reset it, then completed the batch).
+UPDATE {schema}.batches SET consecutive_failures = 0
+WHERE id = $1 AND status = 'active'
+  AND (failure_threshold IS NULL OR consecutive_failures < failure_threshold)
 """
 
 # Shared by abort and complete: the finalizer of a batch just finished goes to

@@ -338,15 +338,33 @@ class BatchTests:
 
     @covers("increment_batch_failures", "reset_batch_failures")
     async def test_the_failure_counter_counts_up_and_resets(self, backend: Backend) -> None:
-        batch_id, _, _ = await _tracked_batch(backend, {}, {}, {}, threshold=2)
+        batch_id, _, _ = await _tracked_batch(backend, {}, {}, {}, threshold=3)
         await _succeed_one(backend)
         # Whether a child is left (two are), not how many.
-        assert await backend.increment_batch_failures(batch_id) == (1, 2, 1)
-        assert await backend.increment_batch_failures(batch_id) == (2, 2, 1)
+        assert await backend.increment_batch_failures(batch_id) == (1, 3, 1)
+        assert await backend.increment_batch_failures(batch_id) == (2, 3, 1)
         assert (await _batch(backend, batch_id)).consecutive_failures == 2
         assert await backend.reset_batch_failures(batch_id) == 1
         assert (await _batch(backend, batch_id)).consecutive_failures == 0
-        assert await backend.increment_batch_failures(batch_id) == (1, 2, 1)
+        assert await backend.increment_batch_failures(batch_id) == (1, 3, 1)
+
+    @covers("reset_batch_failures", "complete_batch", "increment_batch_failures")
+    async def test_a_success_leaves_a_streak_that_reached_its_threshold(
+        self, backend: Backend
+    ) -> None:
+        # Two last children's hooks racing: one's failure reached the threshold and,
+        # before its abort, the other's success reset the streak, saw no child left and
+        # completed the batch (released its finalizer as if the policy held).
+        batch_id, _, finalizer = await _tracked_batch(backend, {}, threshold=2)
+        await backend.increment_batch_failures(batch_id)
+        assert await backend.increment_batch_failures(batch_id) == (2, 2, 1)
+        assert await backend.reset_batch_failures(batch_id) == 0
+        await backend.complete_batch(batch_id)
+        batch = await _batch(backend, batch_id)
+        assert (batch.status, batch.consecutive_failures) == ("active", 2)
+        assert (await fetch(backend, finalizer.id)).status is JobStatus.SCHEDULED
+        await backend.abort_batch(batch_id)
+        assert (await _batch(backend, batch_id)).status == "aborted"
 
     @covers("increment_batch_failures")
     async def test_a_batch_without_a_policy_reports_no_threshold(self, backend: Backend) -> None:

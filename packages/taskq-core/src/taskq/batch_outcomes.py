@@ -8,13 +8,13 @@ sweeps and the worker's hand-backs through :func:`applied_batch_ends`, which app
 them also when the bounded call that wrote them is cut short.
 
 A batch is tracked when it has a batch row (``enqueue_batch_atomic`` with a
-``BatchRow``); a job tagged ``metadata.batch_id`` without one is left alone. A
-success resets the streak (not one that reached the threshold); a failure adds to it
-and aborts the batch at its ``failure_threshold`` (its waiting children are cancelled,
-its finalizer released); any end completes the batch once no child is left to run. A hook that could not be applied
-(the worker died, the database was away) is made up for by the leader's
-``complete_stale_batches`` sweep, which completes the batch. The hook never raises: the
-end it follows was written, whatever becomes of its batch.
+``BatchRow``); a job tagged ``metadata.batch_id`` without one is left alone. A success
+resets the streak (not one that reached the threshold); a failure adds to it and aborts
+the batch at its ``failure_threshold`` (its waiting children are cancelled, its
+finalizer released); any end completes the batch once no child is left to run. A hook
+that could not be applied (the worker died, the database was away) is made up for by the
+leader's ``complete_stale_batches`` sweep, which completes (or aborts) the batch. The
+hook never raises: the end it follows was written, whatever becomes of its batch.
 """
 
 from __future__ import annotations

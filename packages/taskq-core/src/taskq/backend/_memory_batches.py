@@ -47,6 +47,12 @@ def _in_utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def _reached_threshold(batch: BatchRow) -> bool:
+    """Whether the batch's failure streak reached its threshold: it aborts."""
+    threshold = batch.failure_threshold
+    return threshold is not None and batch.consecutive_failures >= threshold
+
+
 class BatchTable:
     """The batch rows of one in-memory backend, and the batch operations on its jobs."""
 
@@ -185,8 +191,7 @@ class BatchTable:
         batch = self._rows.get(batch_id)
         if batch is None or batch.status != "active":
             return 0
-        threshold = batch.failure_threshold
-        if threshold is not None and batch.consecutive_failures >= threshold:
+        if _reached_threshold(batch):
             return 0  # that batch aborts (see RESET_BATCH_FAILURES)
         self._rows[batch_id] = batch.model_copy(update={"consecutive_failures": 0})
         return 1
@@ -227,27 +232,26 @@ class BatchTable:
         batch = self._rows.get(batch_id)
         if batch is None or batch.status != "active":
             return
-        threshold = batch.failure_threshold
-        if threshold is None or batch.consecutive_failures < threshold:
+        if not _reached_threshold(batch):
             self._finish(batch, "complete", self._clock.now())
 
     def complete_stale(self, grace: timedelta) -> int:
         """Complete every active batch none of whose children is still active, nor ended
-        or was created within ``grace`` (abort one whose failure streak reached its
-        threshold: the hook's abort was lost), and cancel the waiting children of
-        aborted batches."""
+        or was created within ``grace``; abort, at once, every one whose failure streak
+        reached its threshold (the hook's abort was lost: see COMPLETE_STALE_BATCHES);
+        and cancel the waiting children of aborted batches."""
         now = self._clock.now()
         since = now - grace
         stale = [
-            row
+            (row, _reached_threshold(row))
             for row in self._rows.values()
             if row.status == "active"
-            and (row.created_at or _UNKNOWN_TIME) <= since
-            and self._quiet_since(row.id, since)
+            and (
+                _reached_threshold(row)
+                or ((row.created_at or _UNKNOWN_TIME) <= since and self._quiet_since(row.id, since))
+            )
         ]
-        for batch in stale:
-            threshold = batch.failure_threshold
-            failed = threshold is not None and batch.consecutive_failures >= threshold
+        for batch, failed in stale:
             self._finish(batch, "aborted" if failed else "complete", now)
         # What an abort cut short left waiting (on Postgres an abort goes in turns).
         for batch_id in [row.id for row in self._rows.values() if row.status == "aborted"]:

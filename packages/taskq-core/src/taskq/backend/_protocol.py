@@ -162,6 +162,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     reset_batch_failures leaves a streak that reached its threshold (0 rows): a
 #     last child's success, its hook between another's failure and that one's abort,
 #     reset it and completed the batch the policy aborts.
+#     SupportsStaleBatchSweep.complete_stale_batches aborts a batch whose streak reached
+#     its threshold also while children are left (and cancels the waiting ones): a lost
+#     abort let them all run, the finalizer waiting for the last.
 #     SupportsLateOutcomes.record_late_outcome adds nothing when the job's history
 #     has a late outcome of the same attempt, worker and outcome (a worker's retry
 #     whose first try landed, its reply lost, was kept twice).
@@ -1030,7 +1033,10 @@ class SupportsStaleBatchSweep(Protocol):
         and release its finalizer, as :meth:`Backend.complete_batch` does for one
         batch; returns the batches ended. A batch created, or whose last child ended,
         within the backend's grace (``stale_batch_grace`` on TaskQ's backends) is left
-        alone: the worker applies a child's end to its batch just after writing it."""
+        alone: the worker applies a child's end to its batch just after writing it.
+        One whose streak reached its threshold is ``aborted`` at once, children left or
+        not, and its waiting children cancelled, as :meth:`Backend.abort_batch` does:
+        nothing else would end it before they had all run."""
         ...
 
 

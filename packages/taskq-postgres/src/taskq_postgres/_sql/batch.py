@@ -245,27 +245,30 @@ COMPLETE_STALE_BATCHES: Final = (
 -- pending, as COMPLETE_BATCH does for one. A batch created, or whose last child
 -- ended, within the grace ($2) is left to the worker's hook, which applies a child's
 -- end just after writing it (finished here in between, a last failure that should
--- abort the batch completed it). SKIP LOCKED leaves a batch a worker's hook is
--- finishing right now to that hook. $1 wake channel.
+-- abort the batch completed it). A batch whose streak reached its threshold is
+-- aborted at once, children left or not: its abort was lost, and nothing else ends
+-- it before its waiting children, which the abort cancels, have all run. SKIP LOCKED
+-- leaves a batch a worker's hook is finishing right now to that hook. $1 wake channel.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 stale AS (
     SELECT b.id
     FROM {schema}.batches b CROSS JOIN now n
     WHERE b.status = 'active'
-      AND b.created_at <= n.ts - $2::interval
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.jobs j
-          WHERE """
+      AND (b.consecutive_failures >= b.failure_threshold
+           OR (b.created_at <= n.ts - $2::interval
+               AND NOT EXISTS (
+                   SELECT 1 FROM {schema}.jobs j
+                   WHERE """
     + _CHILDREN_OF_B
     + """
-            AND j.status IN ('pending', 'scheduled', 'running'))
-      -- Apart, so that a batch with a child left stops at the partial index above.
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.jobs j
-          WHERE """
+                     AND j.status IN ('pending', 'scheduled', 'running'))
+               -- Apart, so that a batch with a child left stops at the partial index.
+               AND NOT EXISTS (
+                   SELECT 1 FROM {schema}.jobs j
+                   WHERE """
     + _CHILDREN_OF_B
     + """
-            AND j.finished_at > n.ts - $2::interval)
+                     AND j.finished_at > n.ts - $2::interval)))
     FOR UPDATE OF b SKIP LOCKED
 ),
 finished AS (

@@ -132,7 +132,7 @@ async def _give_up_after(grace: float, applying: asyncio.Task[None]) -> None:
                 "taskq.batch-ends-not-applied",
                 grace=grace,
                 hint="the leader's stale-batch sweep completes their batches; their "
-                "failures do not count toward failure_threshold",
+                "failures count toward failure_threshold only once no child is left",
             )
 
 

@@ -2203,8 +2203,9 @@ class PostgresBackend:
         return cancelled
 
     async def complete_batch(self, batch_id: UUID, *, connection: Connection = None) -> None:
-        """Complete an active batch and release its finalizer; a no-op otherwise, and for
-        one whose failure streak reached its threshold (abort_batch ends that one)."""
+        """Complete an active batch (aborted, when its last children's failures reached
+        its threshold) and release its finalizer; a no-op otherwise, and for one whose
+        failure streak reached its threshold (abort_batch ends that one)."""
         await self._db(connection).fetchrow(self._sql.complete_batch, batch_id, self._wake_to)
 
     async def get_batch(self, batch_id: UUID) -> BatchRow | None:

@@ -227,19 +227,40 @@ class BatchTable:
         return len(waiting)
 
     def complete(self, batch_id: UUID) -> None:
-        """Mark an active batch complete and release its finalizer; else a no-op (and for
-        one whose failure streak reached its threshold: :meth:`abort` ends that one)."""
+        """Mark an active batch complete (or aborted: :meth:`_ending`) and release its
+        finalizer; else a no-op (and for one whose failure streak reached its threshold:
+        :meth:`abort` ends that one)."""
         batch = self._rows.get(batch_id)
         if batch is None or batch.status != "active":
             return
         if not _reached_threshold(batch):
-            self._finish(batch, "complete", self._clock.now())
+            self._finish(batch, self._ending(batch), self._clock.now())
+
+    def _ending(self, batch: BatchRow) -> BatchStatus:
+        """How a batch with no child left ends: ``aborted`` when its children's failures
+        since its last success, in the order they ended, reached its threshold (the
+        hooks' streak lags: see COMPLETE_BATCH), else ``complete``."""
+        threshold = batch.failure_threshold
+        if threshold is None:
+            return "complete"
+        ended = [
+            (row.finished_at, row.status)
+            for row in self.children(batch.id)
+            if row.finished_at is not None
+        ]
+        last_success = max(
+            (at for at, status in ended if status is JobStatus.SUCCEEDED), default=_UNKNOWN_TIME
+        )
+        trailing = sum(
+            1 for at, status in ended if status is JobStatus.FAILED and at > last_success
+        )
+        return "aborted" if trailing >= threshold else "complete"
 
     def complete_stale(self, grace: timedelta) -> int:
-        """Complete every active batch none of whose children is still active, nor ended
-        or was created within ``grace``; abort, at once, every one whose failure streak
-        reached its threshold (the hook's abort was lost: see COMPLETE_STALE_BATCHES);
-        and cancel the waiting children of aborted batches."""
+        """Complete (or abort: :meth:`_ending`) every active batch none of whose children
+        is still active, nor ended or was created within ``grace``; abort, at once, every
+        one whose failure streak reached its threshold (the hook's abort was lost: see
+        COMPLETE_STALE_BATCHES); and cancel the waiting children of aborted batches."""
         now = self._clock.now()
         since = now - grace
         stale = [
@@ -252,7 +273,7 @@ class BatchTable:
             )
         ]
         for batch, failed in stale:
-            self._finish(batch, "aborted" if failed else "complete", now)
+            self._finish(batch, "aborted" if failed else self._ending(batch), now)
         # What an abort cut short left waiting (on Postgres an abort goes in turns).
         for batch_id in [row.id for row in self._rows.values() if row.status == "aborted"]:
             self._cancel_waiting(batch_id, now)

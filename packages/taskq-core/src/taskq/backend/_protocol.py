@@ -165,6 +165,10 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     SupportsStaleBatchSweep.complete_stale_batches aborts a batch whose streak reached
 #     its threshold also while children are left (and cancels the waiting ones): a lost
 #     abort let them all run, the finalizer waiting for the last.
+#     complete_batch (and complete_stale_batches) end a batch ``aborted`` when its
+#     children's failures since its last success, in the order they ended, reached its
+#     threshold: children failing at once, the first hook completed the batch before
+#     the others' failures counted.
 #     SupportsLateOutcomes.record_late_outcome adds nothing when the job's history
 #     has a late outcome of the same attempt, worker and outcome (a worker's retry
 #     whose first try landed, its reply lost, was kept twice).
@@ -608,7 +612,11 @@ class Backend(Protocol):
     async def complete_batch(self, batch_id: UUID, *, connection: Connection = None) -> None:
         """Mark an active batch ``complete`` and release its finalizer; nothing for a
         finished batch, or for one whose failure streak reached its threshold
-        (:meth:`abort_batch` ends that one)."""
+        (:meth:`abort_batch` ends that one). ``aborted`` instead when its children's
+        failures since its last success, in the order they ended (``finished_at``),
+        reached its threshold: the streak its children's hooks keep lags behind their
+        ends (two last children failing at once each found no child left, and the first
+        hook completed the batch before the other's failure counted)."""
         ...
 
     async def get_batch(self, batch_id: UUID) -> BatchRow | None:
@@ -1036,7 +1044,9 @@ class SupportsStaleBatchSweep(Protocol):
         alone: the worker applies a child's end to its batch just after writing it.
         One whose streak reached its threshold is ``aborted`` at once, children left or
         not, and its waiting children cancelled, as :meth:`Backend.abort_batch` does:
-        nothing else would end it before they had all run."""
+        nothing else would end it before they had all run. One with no child left whose
+        children's failures reached its threshold as :meth:`Backend.complete_batch`
+        counts them is ``aborted`` too."""
         ...
 
 

@@ -1291,8 +1291,9 @@ class InMemoryBackend:
         return self._batches.abort(batch_id)
 
     async def complete_batch(self, batch_id: UUID, *, connection: Connection = None) -> None:
-        """Complete an active batch and release its finalizer; a no-op otherwise, and for
-        one whose failure streak reached its threshold (abort_batch ends that one)."""
+        """Complete an active batch (aborted, when its last children's failures reached
+        its threshold) and release its finalizer; a no-op otherwise, and for one whose
+        failure streak reached its threshold (abort_batch ends that one)."""
         self._batches.complete(batch_id)
 
     async def get_batch(self, batch_id: UUID) -> BatchRow | None:

@@ -205,6 +205,31 @@ class MaintenanceTests(TimeLimits):
         batch = await backend.get_batch(batch_id)
         assert batch is not None and batch.status == "aborted" and batch.completed_at is not None
 
+    @covers("complete_stale_batches", "enqueue_batch_atomic", "mark_failed_or_retry")
+    async def test_a_stale_batch_whose_last_children_failed_is_aborted(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # Their hooks were lost (the worker died): the sweep ends the batch as
+        # complete_batch would, by its children's failures since its last success.
+        sweeper = _stale_batch_sweep(backend)
+        queue, batch_id = f"stale-{uuid4().hex[:8]}", uuid4()
+        await backend.enqueue_batch_atomic(
+            [make_args(queue=queue) for _ in range(2)],
+            batch_id=batch_id,
+            queue=queue,
+            batch_row=BatchRow(id=batch_id, queue=queue, expected_size=2, failure_threshold=2),
+            finalizer_args=None,
+        )
+        error = ErrorInfo(error_class="RuntimeError", message="child failed")
+        for _ in range(2):
+            worker = uuid4()
+            [child] = await backend.dispatch_batch(worker, [queue], 1, LONG_LEASE)
+            await backend.mark_failed_or_retry(child.id, worker, error, None)
+        await _past_batch_grace(backend, advance_time)
+        assert await sweeper.complete_stale_batches() == 1
+        batch = await backend.get_batch(batch_id)
+        assert batch is not None and batch.status == "aborted"
+
     @covers("complete_stale_batches", "increment_batch_failures", "enqueue_batch_atomic")
     async def test_a_batch_whose_abort_was_lost_is_aborted_with_children_left(
         self, backend: Backend, advance_time: AdvanceTime

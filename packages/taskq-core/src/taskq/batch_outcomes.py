@@ -8,13 +8,13 @@ sweeps and the worker's hand-backs through :func:`applied_batch_ends`, which app
 them also when the bounded call that wrote them is cut short.
 
 A batch is tracked when it has a batch row (``enqueue_batch_atomic`` with a
-``BatchRow``); a job tagged ``metadata.batch_id`` without one is left alone. A
-success resets the streak; a failure adds to it and aborts the batch at its
-``failure_threshold`` (its waiting children are cancelled, its finalizer released); any
-end completes the batch once no child is left to run. A hook that could not be applied
-(the worker died, the database was away) is made up for by the leader's
-``complete_stale_batches`` sweep, which completes the batch. The hook never raises: the
-end it follows was written, whatever becomes of its batch.
+``BatchRow``); a job tagged ``metadata.batch_id`` without one is left alone. A success
+resets the streak (not one that reached the threshold); a failure adds to it and aborts
+the batch at its ``failure_threshold`` (its waiting children are cancelled, its
+finalizer released); any end completes the batch once no child is left to run. A hook
+that could not be applied (the worker died, the database was away) is made up for by the
+leader's ``complete_stale_batches`` sweep, which completes (or aborts) the batch. The
+hook never raises: the end it follows was written, whatever becomes of its batch.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ async def _give_up_after(grace: float, applying: asyncio.Task[None]) -> None:
                 "taskq.batch-ends-not-applied",
                 grace=grace,
                 hint="the leader's stale-batch sweep completes their batches; their "
-                "failures do not count toward failure_threshold",
+                "failures count toward failure_threshold only once no child is left",
             )
 
 
@@ -159,7 +159,7 @@ async def _apply(backend: Backend, raw: object, outcome: BatchOutcome, count: in
                 return
         else:
             if outcome == "succeeded" and not await backend.reset_batch_failures(batch_id):
-                return  # no batch row (tags only), or the batch has ended
+                return  # no batch row (tags only), the batch has ended or aborts
             remaining = await _left(backend, batch_id)
         if remaining == 0:
             await backend.complete_batch(batch_id)

@@ -2182,7 +2182,8 @@ class PostgresBackend:
         )
 
     async def reset_batch_failures(self, batch_id: UUID, *, connection: Connection = None) -> int:
-        """Reset an active batch's failure streak; 1 when it is active, else 0."""
+        """Reset an active batch's failure streak short of its threshold; 1 when it
+        did, else 0."""
         status = await self._db(connection).execute(self._sql.reset_batch_failures, batch_id)
         return _changed(status)
 
@@ -2202,8 +2203,9 @@ class PostgresBackend:
         return cancelled
 
     async def complete_batch(self, batch_id: UUID, *, connection: Connection = None) -> None:
-        """Complete an active batch and release its finalizer; a no-op otherwise, and for
-        one whose failure streak reached its threshold (abort_batch ends that one)."""
+        """Complete an active batch (aborted, when its last children's failures reached
+        its threshold) and release its finalizer; a no-op otherwise, and for one whose
+        failure streak reached its threshold (abort_batch ends that one)."""
         await self._db(connection).fetchrow(self._sql.complete_batch, batch_id, self._wake_to)
 
     async def get_batch(self, batch_id: UUID) -> BatchRow | None:

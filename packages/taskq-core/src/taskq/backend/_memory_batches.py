@@ -47,6 +47,12 @@ def _in_utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def _reached_threshold(batch: BatchRow) -> bool:
+    """Whether the batch's failure streak reached its threshold: it aborts."""
+    threshold = batch.failure_threshold
+    return threshold is not None and batch.consecutive_failures >= threshold
+
+
 class BatchTable:
     """The batch rows of one in-memory backend, and the batch operations on its jobs."""
 
@@ -185,6 +191,8 @@ class BatchTable:
         batch = self._rows.get(batch_id)
         if batch is None or batch.status != "active":
             return 0
+        if _reached_threshold(batch):
+            return 0  # that batch aborts (see RESET_BATCH_FAILURES)
         self._rows[batch_id] = batch.model_copy(update={"consecutive_failures": 0})
         return 1
 
@@ -219,33 +227,53 @@ class BatchTable:
         return len(waiting)
 
     def complete(self, batch_id: UUID) -> None:
-        """Mark an active batch complete and release its finalizer; else a no-op (and for
-        one whose failure streak reached its threshold: :meth:`abort` ends that one)."""
+        """Mark an active batch complete (or aborted: :meth:`_ending`) and release its
+        finalizer; else a no-op (and for one whose failure streak reached its threshold:
+        :meth:`abort` ends that one)."""
         batch = self._rows.get(batch_id)
         if batch is None or batch.status != "active":
             return
+        if not _reached_threshold(batch):
+            self._finish(batch, self._ending(batch), self._clock.now())
+
+    def _ending(self, batch: BatchRow) -> BatchStatus:
+        """How a batch with no child left ends: ``aborted`` when its children's failures
+        since its last success, in the order they ended, reached its threshold (the
+        hooks' streak lags: see COMPLETE_BATCH), else ``complete``."""
         threshold = batch.failure_threshold
-        if threshold is None or batch.consecutive_failures < threshold:
-            self._finish(batch, "complete", self._clock.now())
+        if threshold is None:
+            return "complete"
+        ended = [
+            (row.finished_at, row.status)
+            for row in self.children(batch.id)
+            if row.finished_at is not None
+        ]
+        last_success = max(
+            (at for at, status in ended if status is JobStatus.SUCCEEDED), default=_UNKNOWN_TIME
+        )
+        trailing = sum(
+            1 for at, status in ended if status is JobStatus.FAILED and at > last_success
+        )
+        return "aborted" if trailing >= threshold else "complete"
 
     def complete_stale(self, grace: timedelta) -> int:
-        """Complete every active batch none of whose children is still active, nor ended
-        or was created within ``grace`` (abort one whose failure streak reached its
-        threshold: the hook's abort was lost), and cancel the waiting children of
-        aborted batches."""
+        """Complete (or abort: :meth:`_ending`) every active batch none of whose children
+        is still active, nor ended or was created within ``grace``; abort, at once, every
+        one whose failure streak reached its threshold (the hook's abort was lost: see
+        COMPLETE_STALE_BATCHES); and cancel the waiting children of aborted batches."""
         now = self._clock.now()
         since = now - grace
         stale = [
-            row
+            (row, _reached_threshold(row))
             for row in self._rows.values()
             if row.status == "active"
-            and (row.created_at or _UNKNOWN_TIME) <= since
-            and self._quiet_since(row.id, since)
+            and (
+                _reached_threshold(row)
+                or ((row.created_at or _UNKNOWN_TIME) <= since and self._quiet_since(row.id, since))
+            )
         ]
-        for batch in stale:
-            threshold = batch.failure_threshold
-            failed = threshold is not None and batch.consecutive_failures >= threshold
-            self._finish(batch, "aborted" if failed else "complete", now)
+        for batch, failed in stale:
+            self._finish(batch, "aborted" if failed else self._ending(batch), now)
         # What an abort cut short left waiting (on Postgres an abort goes in turns).
         for batch_id in [row.id for row in self._rows.values() if row.status == "aborted"]:
             self._cancel_waiting(batch_id, now)

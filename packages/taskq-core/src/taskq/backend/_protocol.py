@@ -159,6 +159,16 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     update_schedule applies ScheduleUpdateArgs.changes(), which sets the queue back
 #     to None (the actor's own) for the new actor_queue=True: the non-None fields alone
 #     had no way to unset a schedule's queue.
+#     reset_batch_failures leaves a streak that reached its threshold (0 rows): a
+#     last child's success, its hook between another's failure and that one's abort,
+#     reset it and completed the batch the policy aborts.
+#     SupportsStaleBatchSweep.complete_stale_batches aborts a batch whose streak reached
+#     its threshold also while children are left (and cancels the waiting ones): a lost
+#     abort let them all run, the finalizer waiting for the last.
+#     complete_batch (and complete_stale_batches) end a batch ``aborted`` when its
+#     children's failures since its last success, in the order they ended, reached its
+#     threshold: children failing at once, the first hook completed the batch before
+#     the others' failures counted.
 #     SupportsLateOutcomes.record_late_outcome adds nothing when the job's history
 #     has a late outcome of the same attempt, worker and outcome (a worker's retry
 #     whose first try landed, its reply lost, was kept twice).
@@ -589,7 +599,9 @@ class Backend(Protocol):
 
     async def reset_batch_failures(self, batch_id: UUID, *, connection: Connection = None) -> int:
         """``consecutive_failures = 0`` of an active batch; returns rows changed (0 for an
-        unknown or finished batch)."""
+        unknown or finished batch, and for one whose streak reached its threshold: that
+        one aborts, and a success whose hook came between the failure's and its abort
+        must not undo it, or complete the batch)."""
         ...
 
     async def abort_batch(self, batch_id: UUID, *, connection: Connection = None) -> int:
@@ -600,7 +612,11 @@ class Backend(Protocol):
     async def complete_batch(self, batch_id: UUID, *, connection: Connection = None) -> None:
         """Mark an active batch ``complete`` and release its finalizer; nothing for a
         finished batch, or for one whose failure streak reached its threshold
-        (:meth:`abort_batch` ends that one)."""
+        (:meth:`abort_batch` ends that one). ``aborted`` instead when its children's
+        failures since its last success, in the order they ended (``finished_at``),
+        reached its threshold: the streak its children's hooks keep lags behind their
+        ends (two last children failing at once each found no child left, and the first
+        hook completed the batch before the other's failure counted)."""
         ...
 
     async def get_batch(self, batch_id: UUID) -> BatchRow | None:
@@ -1025,7 +1041,12 @@ class SupportsStaleBatchSweep(Protocol):
         and release its finalizer, as :meth:`Backend.complete_batch` does for one
         batch; returns the batches ended. A batch created, or whose last child ended,
         within the backend's grace (``stale_batch_grace`` on TaskQ's backends) is left
-        alone: the worker applies a child's end to its batch just after writing it."""
+        alone: the worker applies a child's end to its batch just after writing it.
+        One whose streak reached its threshold is ``aborted`` at once, children left or
+        not, and its waiting children cancelled, as :meth:`Backend.abort_batch` does:
+        nothing else would end it before they had all run. One with no child left whose
+        children's failures reached its threshold as :meth:`Backend.complete_batch`
+        counts them is ``aborted`` too."""
         ...
 
 

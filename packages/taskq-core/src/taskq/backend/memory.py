@@ -1282,7 +1282,8 @@ class InMemoryBackend:
         return self._batches.add_failures(batch_id, count)
 
     async def reset_batch_failures(self, batch_id: UUID, *, connection: Connection = None) -> int:
-        """Reset an active batch's failure streak; 1 when it is active, else 0."""
+        """Reset an active batch's failure streak short of its threshold; 1 when it
+        did, else 0."""
         return self._batches.reset_failures(batch_id)
 
     async def abort_batch(self, batch_id: UUID, *, connection: Connection = None) -> int:
@@ -1290,8 +1291,9 @@ class InMemoryBackend:
         return self._batches.abort(batch_id)
 
     async def complete_batch(self, batch_id: UUID, *, connection: Connection = None) -> None:
-        """Complete an active batch and release its finalizer; a no-op otherwise, and for
-        one whose failure streak reached its threshold (abort_batch ends that one)."""
+        """Complete an active batch (aborted, when its last children's failures reached
+        its threshold) and release its finalizer; a no-op otherwise, and for one whose
+        failure streak reached its threshold (abort_batch ends that one)."""
         self._batches.complete(batch_id)
 
     async def get_batch(self, batch_id: UUID) -> BatchRow | None:

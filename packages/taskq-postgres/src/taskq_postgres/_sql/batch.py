@@ -76,9 +76,29 @@ RETURNING b.consecutive_failures, b.failure_threshold,
 """
 )
 
+# Over alias b: its failed children that ended after its last success, in the order they
+# ended. Ending a batch, its hooks' streak may lag: children that ended together each
+# found none left, and the hook that completed the batch came before the others' failures.
+_TRAILING_FAILURES: Final = (
+    """(SELECT count(*) FROM {schema}.jobs j
+     WHERE """
+    + _CHILDREN_OF_B
+    + """ AND j.status = 'failed'
+       AND j.finished_at > coalesce(
+           (SELECT max(s.finished_at) FROM {schema}.jobs s
+            WHERE """
+    + _CHILDREN_OF_B.replace("j.", "s.")
+    + """ AND s.status = 'succeeded'),
+           '-infinity'))"""
+)
+
 RESET_BATCH_FAILURES: Final = """
 -- arbiter: none
-UPDATE {schema}.batches SET consecutive_failures = 0 WHERE id = $1 AND status = 'active'
+-- Not a streak that reached its threshold: that batch aborts (a success whose hook came
+-- between a failure's and its abort reset it, then completed the batch).
+UPDATE {schema}.batches SET consecutive_failures = 0
+WHERE id = $1 AND status = 'active'
+  AND (failure_threshold IS NULL OR consecutive_failures < failure_threshold)
 """
 
 # Shared by abort and complete: the finalizer of a batch just finished goes to
@@ -216,11 +236,18 @@ COMPLETE_BATCH: Final = (
 -- An active batch -> complete and its finalizer -> pending; otherwise nothing. Not
 -- one whose failure streak reached its threshold: abort_batch ends that one (two
 -- children's hooks racing, the one that saw no child left must not complete it).
+-- Aborted instead when its children's failures since its last success, in the order
+-- they ended, reached the threshold: the hooks' streak lags (see _TRAILING_FAILURES).
 -- $1 batch id, $2 wake channel.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 finished AS (
     UPDATE {schema}.batches b
-    SET status = 'complete', completed_at = n.ts
+    SET status = CASE WHEN b.failure_threshold IS NULL THEN 'complete'
+                      WHEN """
+    + _TRAILING_FAILURES
+    + """ >= b.failure_threshold THEN 'aborted'
+                      ELSE 'complete' END,
+        completed_at = n.ts
     FROM now n
     WHERE b.id = $1 AND b.status = 'active'
       AND (b.failure_threshold IS NULL OR b.consecutive_failures < b.failure_threshold)
@@ -237,37 +264,44 @@ COMPLETE_STALE_BATCHES: Final = (
 -- arbiter: clock_timestamp() (the grace; completed_at; the finalizers' scheduled_at)
 -- The leader's safety net for a lost terminal hook (and for empty batches):
 -- every active batch with no non-terminal child -> complete (aborted, when its
--- failure streak reached its threshold: the hook's abort was lost), its finalizer ->
+-- failure streak reached its threshold: the hook's abort was lost; or its children's,
+-- as COMPLETE_BATCH counts them: their hooks were lost), its finalizer ->
 -- pending, as COMPLETE_BATCH does for one. A batch created, or whose last child
 -- ended, within the grace ($2) is left to the worker's hook, which applies a child's
 -- end just after writing it (finished here in between, a last failure that should
--- abort the batch completed it). SKIP LOCKED leaves a batch a worker's hook is
--- finishing right now to that hook. $1 wake channel.
+-- abort the batch completed it). A batch whose streak reached its threshold is
+-- aborted at once, children left or not: its abort was lost, and nothing else ends
+-- it before its waiting children, which the abort cancels, have all run. SKIP LOCKED
+-- leaves a batch a worker's hook is finishing right now to that hook. $1 wake channel.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 stale AS (
     SELECT b.id
     FROM {schema}.batches b CROSS JOIN now n
     WHERE b.status = 'active'
-      AND b.created_at <= n.ts - $2::interval
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.jobs j
-          WHERE """
+      AND (b.consecutive_failures >= b.failure_threshold
+           OR (b.created_at <= n.ts - $2::interval
+               AND NOT EXISTS (
+                   SELECT 1 FROM {schema}.jobs j
+                   WHERE """
     + _CHILDREN_OF_B
     + """
-            AND j.status IN ('pending', 'scheduled', 'running'))
-      -- Apart, so that a batch with a child left stops at the partial index above.
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.jobs j
-          WHERE """
+                     AND j.status IN ('pending', 'scheduled', 'running'))
+               -- Apart, so that a batch with a child left stops at the partial index.
+               AND NOT EXISTS (
+                   SELECT 1 FROM {schema}.jobs j
+                   WHERE """
     + _CHILDREN_OF_B
     + """
-            AND j.finished_at > n.ts - $2::interval)
+                     AND j.finished_at > n.ts - $2::interval)))
     FOR UPDATE OF b SKIP LOCKED
 ),
 finished AS (
     UPDATE {schema}.batches b
-    SET status = CASE WHEN b.consecutive_failures >= b.failure_threshold
-                      THEN 'aborted' ELSE 'complete' END,
+    SET status = CASE WHEN b.failure_threshold IS NULL THEN 'complete'
+                      WHEN b.consecutive_failures >= b.failure_threshold OR """
+    + _TRAILING_FAILURES
+    + """ >= b.failure_threshold THEN 'aborted'
+                      ELSE 'complete' END,
         completed_at = n.ts
     FROM stale s CROSS JOIN now n
     WHERE b.id = s.id AND b.status = 'active'

@@ -9,7 +9,15 @@ from uuid import UUID, uuid4
 import pytest
 
 from taskq.backend import Backend, JobStatus, SupportsBatchChildCheck, SupportsBatchFailureCount
-from taskq.models import BatchChildEnd, BatchFilter, BatchRow, EnqueueArgs, JobFilter, JobRow
+from taskq.models import (
+    BatchChildEnd,
+    BatchFilter,
+    BatchRow,
+    EnqueueArgs,
+    ErrorInfo,
+    JobFilter,
+    JobRow,
+)
 from taskq_testing.conformance._support import (
     FAR,
     LONG_LEASE,
@@ -338,15 +346,33 @@ class BatchTests:
 
     @covers("increment_batch_failures", "reset_batch_failures")
     async def test_the_failure_counter_counts_up_and_resets(self, backend: Backend) -> None:
-        batch_id, _, _ = await _tracked_batch(backend, {}, {}, {}, threshold=2)
+        batch_id, _, _ = await _tracked_batch(backend, {}, {}, {}, threshold=3)
         await _succeed_one(backend)
         # Whether a child is left (two are), not how many.
-        assert await backend.increment_batch_failures(batch_id) == (1, 2, 1)
-        assert await backend.increment_batch_failures(batch_id) == (2, 2, 1)
+        assert await backend.increment_batch_failures(batch_id) == (1, 3, 1)
+        assert await backend.increment_batch_failures(batch_id) == (2, 3, 1)
         assert (await _batch(backend, batch_id)).consecutive_failures == 2
         assert await backend.reset_batch_failures(batch_id) == 1
         assert (await _batch(backend, batch_id)).consecutive_failures == 0
-        assert await backend.increment_batch_failures(batch_id) == (1, 2, 1)
+        assert await backend.increment_batch_failures(batch_id) == (1, 3, 1)
+
+    @covers("reset_batch_failures", "complete_batch", "increment_batch_failures")
+    async def test_a_success_leaves_a_streak_that_reached_its_threshold(
+        self, backend: Backend
+    ) -> None:
+        # Two last children's hooks racing: one's failure reached the threshold and,
+        # before its abort, the other's success reset the streak, saw no child left and
+        # completed the batch (released its finalizer as if the policy held).
+        batch_id, _, finalizer = await _tracked_batch(backend, {}, threshold=2)
+        await backend.increment_batch_failures(batch_id)
+        assert await backend.increment_batch_failures(batch_id) == (2, 2, 1)
+        assert await backend.reset_batch_failures(batch_id) == 0
+        await backend.complete_batch(batch_id)
+        batch = await _batch(backend, batch_id)
+        assert (batch.status, batch.consecutive_failures) == ("active", 2)
+        assert (await fetch(backend, finalizer.id)).status is JobStatus.SCHEDULED
+        await backend.abort_batch(batch_id)
+        assert (await _batch(backend, batch_id)).status == "aborted"
 
     @covers("increment_batch_failures")
     async def test_a_batch_without_a_policy_reports_no_threshold(self, backend: Backend) -> None:
@@ -435,6 +461,45 @@ class BatchTests:
         assert (await fetch(backend, finalizer.id)).status is JobStatus.SCHEDULED
         await backend.abort_batch(batch_id)
         assert (await _batch(backend, batch_id)).status == "aborted"
+
+    @covers("complete_batch", "increment_batch_failures", "mark_failed_or_retry")
+    async def test_a_batch_whose_last_children_all_failed_ends_aborted(
+        self, backend: Backend
+    ) -> None:
+        # Its last two children failed at once on two workers: the first one's hook
+        # counted its failure, found no child left and completed the batch; the other's
+        # failure, which reached the threshold, then found the batch ended.
+        batch_id, _, finalizer = await _tracked_batch(backend, {}, {}, threshold=2)
+        error = ErrorInfo(error_class="RuntimeError", message="child failed")
+        for _ in range(2):
+            worker = uuid4()
+            [child] = await backend.dispatch_batch(worker, [_QUEUE], 1, LONG_LEASE)
+            ended = await backend.mark_failed_or_retry(child.id, worker, error, None)
+            assert ended.status is JobStatus.FAILED
+        assert await backend.increment_batch_failures(batch_id) == (1, 2, 0)
+        await backend.complete_batch(batch_id)
+        batch = await _batch(backend, batch_id)
+        assert batch.status == "aborted"
+        assert_utc(batch.completed_at)
+        assert (await fetch(backend, finalizer.id)).status is JobStatus.PENDING
+        with pytest.raises(KeyError):
+            await backend.increment_batch_failures(batch_id)
+
+    @covers("complete_batch", "mark_succeeded", "mark_failed_or_retry")
+    async def test_a_success_after_the_failures_completes_the_batch(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # The failures before the last success are no streak at the batch's end.
+        batch_id, _, _ = await _tracked_batch(backend, {}, {}, {}, threshold=2)
+        error = ErrorInfo(error_class="RuntimeError", message="child failed")
+        for _ in range(2):
+            worker = uuid4()
+            [child] = await backend.dispatch_batch(worker, [_QUEUE], 1, LONG_LEASE)
+            await backend.mark_failed_or_retry(child.id, worker, error, None)
+        await advance_time(TICK)
+        await _succeed_one(backend)
+        await backend.complete_batch(batch_id)
+        assert (await _batch(backend, batch_id)).status == "complete"
 
     # -- abort and complete -----------------------------------------------------------------
 

@@ -205,6 +205,59 @@ class MaintenanceTests(TimeLimits):
         batch = await backend.get_batch(batch_id)
         assert batch is not None and batch.status == "aborted" and batch.completed_at is not None
 
+    @covers("complete_stale_batches", "enqueue_batch_atomic", "mark_failed_or_retry")
+    async def test_a_stale_batch_whose_last_children_failed_is_aborted(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # Their hooks were lost (the worker died): the sweep ends the batch as
+        # complete_batch would, by its children's failures since its last success.
+        sweeper = _stale_batch_sweep(backend)
+        queue, batch_id = f"stale-{uuid4().hex[:8]}", uuid4()
+        await backend.enqueue_batch_atomic(
+            [make_args(queue=queue) for _ in range(2)],
+            batch_id=batch_id,
+            queue=queue,
+            batch_row=BatchRow(id=batch_id, queue=queue, expected_size=2, failure_threshold=2),
+            finalizer_args=None,
+        )
+        error = ErrorInfo(error_class="RuntimeError", message="child failed")
+        for _ in range(2):
+            worker = uuid4()
+            [child] = await backend.dispatch_batch(worker, [queue], 1, LONG_LEASE)
+            await backend.mark_failed_or_retry(child.id, worker, error, None)
+        await _past_batch_grace(backend, advance_time)
+        assert await sweeper.complete_stale_batches() == 1
+        batch = await backend.get_batch(batch_id)
+        assert batch is not None and batch.status == "aborted"
+
+    @covers("complete_stale_batches", "increment_batch_failures", "enqueue_batch_atomic")
+    async def test_a_batch_whose_abort_was_lost_is_aborted_with_children_left(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # The failure that reached the threshold was counted, its abort lost (the worker
+        # died, the database was away): the sweep waited for every child to end, so the
+        # children the abort cancels all ran, and the finalizer waited for them.
+        sweeper = _stale_batch_sweep(backend)
+        queue, batch_id = f"stale-{uuid4().hex[:8]}", uuid4()
+        finalizer = make_args(actor="conformance.finalizer", queue=queue)
+        waiting = await backend.enqueue_batch_atomic(
+            [make_args(queue=queue) for _ in range(2)],
+            batch_id=batch_id,
+            queue=queue,
+            batch_row=BatchRow(id=batch_id, queue=queue, expected_size=2, failure_threshold=1),
+            finalizer_args=finalizer,
+        )
+        assert (await backend.increment_batch_failures(batch_id))[:2] == (1, 1)
+        await _past_batch_grace(backend, advance_time)
+        assert await sweeper.complete_stale_batches() == 1
+        batch = await backend.get_batch(batch_id)
+        assert batch is not None and batch.status == "aborted"
+        for child in waiting:
+            row = await fetch(backend, child.id)
+            assert row.status is JobStatus.CANCELLED
+            assert row.error is not None and row.error.error_class == "BatchAborted"
+        assert (await fetch(backend, finalizer.id)).status is JobStatus.PENDING
+
     @covers("complete_stale_batches", "increment_batch_failures", "mark_failed_or_retry")
     async def test_the_stale_batch_sweep_leaves_a_child_that_just_ended_to_the_workers_hook(
         self, backend: Backend, advance_time: AdvanceTime

@@ -402,6 +402,42 @@ async def test_no_transaction_directive_allows_concurrent_index(
     assert valid is True
 
 
+async def test_a_concurrent_index_left_invalid_is_not_recorded_as_applied(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    # A failed CREATE INDEX CONCURRENTLY leaves its index, invalid; IF NOT EXISTS skipped
+    # it on the next run, which recorded the file as applied with no uniqueness enforced.
+    source = _source(
+        tmp_path,
+        {
+            "01.00.00_01_pre_table.sql": "CREATE TABLE {schema}.t (c int);"
+            "INSERT INTO {schema}.t VALUES (1), (1);",
+            "01.00.00_02_pre_index.sql": f"{NO_TRANSACTION_DIRECTIVE}\n"
+            "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS t_c_key ON {schema}.t (c);\n",
+        },
+    )
+    schema = unique_schema_name()
+    with pytest.raises(MigrationError, match="is duplicated"):
+        await migrate(pg_database_dsn, schema, source=source)
+    with pytest.raises(MigrationError) as err:
+        await migrate(pg_database_dsn, schema, source=source)
+    assert (
+        f"01.00.00_02_pre_index.sql left invalid indexes in schema '{schema}': {schema}.t_c_key"
+        in str(err.value)
+    )
+    assert "DROP INDEX CONCURRENTLY" in str(err.value)
+    states = [s.state for s in await migration_status(pg_database_dsn, schema, source=source)]
+    assert states == ["applied", "pending"]
+
+    conn = await asyncpg.connect(pg_database_dsn)
+    try:
+        await conn.execute(f"DROP INDEX CONCURRENTLY {schema}.t_c_key")
+        await conn.execute(f"DELETE FROM {schema}.t WHERE ctid > '(0,1)'")
+    finally:
+        await conn.close()
+    assert await migrate(pg_database_dsn, schema, source=source) == ["01.00.00_02_pre_index.sql"]
+
+
 async def test_without_the_directive_a_concurrent_index_fails_cleanly(
     pg_database_dsn: str, tmp_path: Path
 ) -> None:

@@ -383,6 +383,21 @@ ORDER BY a.xact_start NULLS LAST
 LIMIT 3
 """
 
+# $1 the schema. Its invalid indexes but those another session is building now (CREATE
+# INDEX CONCURRENTLY marks its index valid only at the end).
+_INVALID_INDEXES_SQL: Final = """
+SELECT coalesce(array_agg(quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+                          ORDER BY c.relname), '{}')
+FROM pg_index i
+JOIN pg_class c ON c.oid = i.indexrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
+WHERE NOT i.indisvalid
+  AND NOT EXISTS (
+      SELECT FROM pg_stat_progress_create_index p
+      WHERE p.index_relid = i.indexrelid AND p.pid <> pg_backend_pid()
+  )
+"""
+
 _FIND_LONG_TRANSACTIONS: Final = (
     "SELECT pid, state, xact_start, query FROM pg_stat_activity "
     "WHERE xact_start < now() - interval '1 minute' ORDER BY xact_start"
@@ -411,6 +426,16 @@ async def _apply_once(
     finally:
         if not conn.is_closed():
             await conn.execute(_SET_LOCK_TIMEOUT_SQL, previous, False)
+    invalid = await conn.fetchval(_INVALID_INDEXES_SQL, schema)
+    if invalid:
+        raise MigrationError(
+            f"migration {migration.name} left invalid indexes in schema {schema!r}: "
+            f"{', '.join(invalid)} (a CREATE INDEX CONCURRENTLY that failed or timed out, in "
+            f"this run or an earlier one, leaves its index behind, unused and not enforced, "
+            f"and IF NOT EXISTS then skips it); it was not recorded as applied: drop them "
+            f"(DROP INDEX CONCURRENTLY <name>), fix the cause (duplicate rows, a long "
+            f"transaction), then run the migration again (taskq migrate)"
+        )
     await conn.execute(record, migration.name, migration.checksum(schema))
 
 

@@ -813,6 +813,32 @@ async def test_waiting_for_another_migrator_is_not_bounded(pg_database_dsn: str)
         await holder.close()
 
 
+async def test_a_roles_lock_timeout_does_not_cut_the_wait_for_another_migrator(
+    pg_database_dsn: str,
+) -> None:
+    # A role's lock_timeout (ALTER ROLE ... SET lock_timeout) bounded pg_advisory_lock
+    # too: the second of two deploys failed with "canceling statement due to lock
+    # timeout" where it should wait for the first and find nothing to do.
+    schema = unique_schema_name()
+    holder = await asyncpg.connect(pg_database_dsn)
+    migrator = await asyncpg.connect(pg_database_dsn, server_settings={"lock_timeout": "1ms"})
+    try:
+        await holder.execute(LOCK_SQL, schema)
+        migrating = asyncio.create_task(migrate(migrator, schema))
+        blocking = "SELECT $2::int = ANY (pg_blocking_pids($1))"
+        pids = (migrator.get_server_pid(), holder.get_server_pid())
+        while not await holder.fetchval(blocking, *pids):
+            if migrating.done():
+                await migrating  # its error: the wait ended early
+            await asyncio.sleep(0.01)
+        await holder.execute(UNLOCK_SQL, schema)
+        assert await asyncio.wait_for(migrating, 60) == BUNDLED
+        assert await migrator.fetchval("SHOW lock_timeout") == "1ms"  # put back
+    finally:
+        await holder.close()
+        await migrator.close()
+
+
 @pytest.mark.parametrize(
     ("bounds", "error"),
     [

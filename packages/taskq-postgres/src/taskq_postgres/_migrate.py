@@ -209,6 +209,14 @@ _LOCK_SQL: Final = "SELECT pg_advisory_lock(hashtext('taskq:migrate:' || $1))"
 _UNLOCK_SQL: Final = "SELECT pg_advisory_unlock(hashtext('taskq:migrate:' || $1))"
 _TRY_LOCK_SQL: Final = "SELECT pg_try_advisory_lock(hashtext('taskq:migrate:' || $1))"
 
+_TIMEOUTS_SQL: Final = (
+    "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+)
+# $1 lock_timeout, $2 statement_timeout; $3 true: for the transaction, false: the session.
+_SET_TIMEOUTS_SQL: Final = (
+    "SELECT set_config('lock_timeout', $1, $3), set_config('statement_timeout', $2, $3)"
+)
+
 # $1 as above. The sessions holding the migration lock: a bigint advisory key sits in
 # pg_locks as classid (high 32 bits), objid (low 32 bits), objsubid 1.
 _LOCK_HOLDER_SQL: Final = r"""
@@ -243,7 +251,7 @@ async def _migration_lock(conn: Connection, schema: str) -> AsyncIterator[None]:
     # point: a second migrator blocks here, then finds nothing pending.
     if not await conn.fetchval(_TRY_LOCK_SQL, schema):
         await _say_who_holds_the_lock(conn, schema)
-        await conn.execute(_LOCK_SQL, schema)
+        await _wait_for_lock(conn, schema)
     try:
         yield
     finally:
@@ -254,6 +262,21 @@ async def _migration_lock(conn: Connection, schema: str) -> AsyncIterator[None]:
                 "connection goes through a transaction-mode pooler, which may keep the "
                 "lock on a server connection; migrate through the server's own address"
             )
+
+
+async def _wait_for_lock(conn: Connection, schema: str) -> None:
+    """Wait for the migration lock with no bound: a role's ``lock_timeout`` or
+    ``statement_timeout`` (a common guard) ended the wait with the driver's "canceling
+    statement", and the second of two deploys failed instead of finding nothing to do."""
+    local = conn.is_in_transaction()  # a caller's transaction keeps its settings after
+    previous = await conn.fetchrow(_TIMEOUTS_SQL)
+    assert previous is not None  # one row, always
+    await conn.execute(_SET_TIMEOUTS_SQL, "0", "0", local)
+    try:
+        await conn.execute(_LOCK_SQL, schema)
+    finally:
+        if not conn.is_closed():
+            await conn.execute(_SET_TIMEOUTS_SQL, *previous, local)
 
 
 async def _say_who_holds_the_lock(conn: Connection, schema: str) -> None:

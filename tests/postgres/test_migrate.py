@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
+from taskq.errors import ConfigurationError
 from taskq_postgres._migrate import (
     NO_TRANSACTION_DIRECTIVE,
     MigrationError,
@@ -23,6 +24,7 @@ from taskq_postgres._migrate import (
     load_migrations,
     migrate,
     migration_status,
+    schema_fit,
 )
 from taskq_testing.postgres import PgSchema, unique_schema_name
 
@@ -308,6 +310,31 @@ async def test_a_recorded_file_missing_here_is_unknown(pg_schema: PgSchema, tmp_
         (BUNDLED[0], "applied"),
         *((name, "unknown") for name in sorted(BUNDLED[1:])),  # unknown: by name
     ]
+
+
+async def test_another_tools_schema_migrations_table_is_refused_clearly(
+    pg_database_dsn: str,
+) -> None:
+    # golang-migrate's ledger; Rails, Ecto and dbmate keep one by the same name. Read as
+    # TaskQ's, it failed with the driver's "column checksum does not exist".
+    schema = unique_schema_name()
+    conn = await asyncpg.connect(pg_database_dsn)
+    try:
+        await conn.execute(f"CREATE SCHEMA {schema}")
+        await conn.execute(f"CREATE TABLE {schema}.schema_migrations (version bigint, dirty bool)")
+        expected = (
+            rf"schema '{schema}' holds a schema_migrations that is not TaskQ's ledger "
+            r"\(its columns: version, dirty\).*give TaskQ a schema of its own"
+        )
+        with pytest.raises(ConfigurationError, match=expected):
+            await migrate(conn, schema)
+        with pytest.raises(ConfigurationError, match=expected):
+            await migration_status(conn, schema)
+        with pytest.raises(ConfigurationError, match=expected):
+            await schema_fit(conn, schema)  # a worker's start-up check
+        assert await conn.fetchval("SELECT to_regclass($1)", f"{schema}.jobs") is None
+    finally:
+        await conn.close()
 
 
 async def test_concurrent_migrators_both_succeed_and_apply_each_file_once(
@@ -609,7 +636,7 @@ async def test_a_failure_other_than_a_refused_right_is_not_blamed_on_the_role(
     conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_database_dsn)
     try:
         await conn.execute(f"CREATE SCHEMA {schema}; CREATE SEQUENCE {schema}.schema_migrations")
-        with pytest.raises(MigrationError, match="cannot prepare schema") as failed:
+        with pytest.raises(ConfigurationError, match="not TaskQ's ledger") as failed:
             await migrate(conn, schema)
         await conn.execute(f"DROP SCHEMA {schema} CASCADE")
     finally:

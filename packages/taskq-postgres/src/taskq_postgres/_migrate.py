@@ -199,6 +199,14 @@ SELECT NOT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1) AS schema,
        to_regclass($2) IS NULL AS ledger
 """
 
+# $1 the ledger's name: its columns, NULL when there is no such table.
+_LEDGER_COLUMNS_SQL: Final = """
+SELECT array_agg(attname::text ORDER BY attnum) FROM pg_attribute
+WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped
+"""
+
+_LEDGER_COLUMNS: Final = frozenset({"version", "checksum", "applied_at"})
+
 _SELECT_APPLIED_SQL: Final = "SELECT version, checksum, applied_at FROM {schema}.schema_migrations"
 
 _RECORD_SQL: Final = "INSERT INTO {schema}.schema_migrations (version, checksum) VALUES ($1, $2)"
@@ -341,13 +349,21 @@ async def _applied(conn: Connection, schema: str) -> dict[str, tuple[str, dateti
 def _plan_applied(schema: str) -> Plan[dict[str, tuple[str, datetime]]]:
     """The ledger's rows (version: checksum, applied_at), as a plan (``_enqueue.run``,
     or the sync client's on psycopg)."""
-    exists = yield Query(
-        "fetchval",
-        "SELECT to_regclass($1) IS NOT NULL",
-        (f"{check_identifier(schema)}.schema_migrations",),
+    columns = yield Query(
+        "fetchval", _LEDGER_COLUMNS_SQL, (f"{check_identifier(schema)}.schema_migrations",)
     )
-    if not exists:
+    if columns is None:
         return {}
+    if not _LEDGER_COLUMNS <= set(columns):
+        # Another tool's (Rails, Ecto, golang-migrate, dbmate keep one by that name): its
+        # rows are no TaskQ migrations, and reading them failed with the driver's
+        # "column checksum does not exist".
+        raise ConfigurationError(
+            f"schema {schema!r} holds a schema_migrations that is not TaskQ's ledger (its "
+            f"columns: {', '.join(columns)}), most likely another migration tool's: TaskQ "
+            f"keeps its own ledger under that name, so give TaskQ a schema of its own "
+            f"(--schema / TASKQ_SCHEMA, e.g. taskq)"
+        )
     rows = yield Query("fetch", _render(_SELECT_APPLIED_SQL, schema), ())
     return {row["version"]: (row["checksum"], row["applied_at"]) for row in rows}
 

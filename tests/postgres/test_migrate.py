@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 from structlog.testing import capture_logs
 
+from taskq.errors import ConfigurationError
 from taskq_postgres._migrate import (
     NO_TRANSACTION_DIRECTIVE,
     MigrationError,
@@ -23,6 +24,7 @@ from taskq_postgres._migrate import (
     load_migrations,
     migrate,
     migration_status,
+    schema_fit,
 )
 from taskq_testing.postgres import PgSchema, unique_schema_name
 
@@ -310,6 +312,31 @@ async def test_a_recorded_file_missing_here_is_unknown(pg_schema: PgSchema, tmp_
     ]
 
 
+async def test_another_tools_schema_migrations_table_is_refused_clearly(
+    pg_database_dsn: str,
+) -> None:
+    # golang-migrate's ledger; Rails, Ecto and dbmate keep one by the same name. Read as
+    # TaskQ's, it failed with the driver's "column checksum does not exist".
+    schema = unique_schema_name()
+    conn = await asyncpg.connect(pg_database_dsn)
+    try:
+        await conn.execute(f"CREATE SCHEMA {schema}")
+        await conn.execute(f"CREATE TABLE {schema}.schema_migrations (version bigint, dirty bool)")
+        expected = (
+            rf"schema '{schema}' holds a schema_migrations that is not TaskQ's ledger "
+            r"\(its columns: version, dirty\).*give TaskQ a schema of its own"
+        )
+        with pytest.raises(ConfigurationError, match=expected):
+            await migrate(conn, schema)
+        with pytest.raises(ConfigurationError, match=expected):
+            await migration_status(conn, schema)
+        with pytest.raises(ConfigurationError, match=expected):
+            await schema_fit(conn, schema)  # a worker's start-up check
+        assert await conn.fetchval("SELECT to_regclass($1)", f"{schema}.jobs") is None
+    finally:
+        await conn.close()
+
+
 async def test_concurrent_migrators_both_succeed_and_apply_each_file_once(
     pg_database_dsn: str,
 ) -> None:
@@ -400,6 +427,42 @@ async def test_no_transaction_directive_allows_concurrent_index(
     finally:
         await conn.close()
     assert valid is True
+
+
+async def test_a_concurrent_index_left_invalid_is_not_recorded_as_applied(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    # A failed CREATE INDEX CONCURRENTLY leaves its index, invalid; IF NOT EXISTS skipped
+    # it on the next run, which recorded the file as applied with no uniqueness enforced.
+    source = _source(
+        tmp_path,
+        {
+            "01.00.00_01_pre_table.sql": "CREATE TABLE {schema}.t (c int);"
+            "INSERT INTO {schema}.t VALUES (1), (1);",
+            "01.00.00_02_pre_index.sql": f"{NO_TRANSACTION_DIRECTIVE}\n"
+            "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS t_c_key ON {schema}.t (c);\n",
+        },
+    )
+    schema = unique_schema_name()
+    with pytest.raises(MigrationError, match="is duplicated"):
+        await migrate(pg_database_dsn, schema, source=source)
+    with pytest.raises(MigrationError) as err:
+        await migrate(pg_database_dsn, schema, source=source)
+    assert (
+        f"01.00.00_02_pre_index.sql left invalid indexes in schema '{schema}': {schema}.t_c_key"
+        in str(err.value)
+    )
+    assert "DROP INDEX CONCURRENTLY" in str(err.value)
+    states = [s.state for s in await migration_status(pg_database_dsn, schema, source=source)]
+    assert states == ["applied", "pending"]
+
+    conn = await asyncpg.connect(pg_database_dsn)
+    try:
+        await conn.execute(f"DROP INDEX CONCURRENTLY {schema}.t_c_key")
+        await conn.execute(f"DELETE FROM {schema}.t WHERE ctid > '(0,1)'")
+    finally:
+        await conn.close()
+    assert await migrate(pg_database_dsn, schema, source=source) == ["01.00.00_02_pre_index.sql"]
 
 
 async def test_without_the_directive_a_concurrent_index_fails_cleanly(
@@ -573,7 +636,7 @@ async def test_a_failure_other_than_a_refused_right_is_not_blamed_on_the_role(
     conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_database_dsn)
     try:
         await conn.execute(f"CREATE SCHEMA {schema}; CREATE SEQUENCE {schema}.schema_migrations")
-        with pytest.raises(MigrationError, match="cannot prepare schema") as failed:
+        with pytest.raises(ConfigurationError, match="not TaskQ's ledger") as failed:
             await migrate(conn, schema)
         await conn.execute(f"DROP SCHEMA {schema} CASCADE")
     finally:
@@ -775,6 +838,32 @@ async def test_waiting_for_another_migrator_is_not_bounded(pg_database_dsn: str)
         assert await asyncio.wait_for(migrating, 60) == BUNDLED
     finally:
         await holder.close()
+
+
+async def test_a_roles_lock_timeout_does_not_cut_the_wait_for_another_migrator(
+    pg_database_dsn: str,
+) -> None:
+    # A role's lock_timeout (ALTER ROLE ... SET lock_timeout) bounded pg_advisory_lock
+    # too: the second of two deploys failed with "canceling statement due to lock
+    # timeout" where it should wait for the first and find nothing to do.
+    schema = unique_schema_name()
+    holder = await asyncpg.connect(pg_database_dsn)
+    migrator = await asyncpg.connect(pg_database_dsn, server_settings={"lock_timeout": "1ms"})
+    try:
+        await holder.execute(LOCK_SQL, schema)
+        migrating = asyncio.create_task(migrate(migrator, schema))
+        blocking = "SELECT $2::int = ANY (pg_blocking_pids($1))"
+        pids = (migrator.get_server_pid(), holder.get_server_pid())
+        while not await holder.fetchval(blocking, *pids):
+            if migrating.done():
+                await migrating  # its error: the wait ended early
+            await asyncio.sleep(0.01)
+        await holder.execute(UNLOCK_SQL, schema)
+        assert await asyncio.wait_for(migrating, 60) == BUNDLED
+        assert await migrator.fetchval("SHOW lock_timeout") == "1ms"  # put back
+    finally:
+        await holder.close()
+        await migrator.close()
 
 
 @pytest.mark.parametrize(

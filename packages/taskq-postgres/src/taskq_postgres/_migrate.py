@@ -199,6 +199,14 @@ SELECT NOT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1) AS schema,
        to_regclass($2) IS NULL AS ledger
 """
 
+# $1 the ledger's name: its columns, NULL when there is no such table.
+_LEDGER_COLUMNS_SQL: Final = """
+SELECT array_agg(attname::text ORDER BY attnum) FROM pg_attribute
+WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped
+"""
+
+_LEDGER_COLUMNS: Final = frozenset({"version", "checksum", "applied_at"})
+
 _SELECT_APPLIED_SQL: Final = "SELECT version, checksum, applied_at FROM {schema}.schema_migrations"
 
 _RECORD_SQL: Final = "INSERT INTO {schema}.schema_migrations (version, checksum) VALUES ($1, $2)"
@@ -208,6 +216,14 @@ _RECORD_SQL: Final = "INSERT INTO {schema}.schema_migrations (version, checksum)
 _LOCK_SQL: Final = "SELECT pg_advisory_lock(hashtext('taskq:migrate:' || $1))"
 _UNLOCK_SQL: Final = "SELECT pg_advisory_unlock(hashtext('taskq:migrate:' || $1))"
 _TRY_LOCK_SQL: Final = "SELECT pg_try_advisory_lock(hashtext('taskq:migrate:' || $1))"
+
+_TIMEOUTS_SQL: Final = (
+    "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+)
+# $1 lock_timeout, $2 statement_timeout; $3 true: for the transaction, false: the session.
+_SET_TIMEOUTS_SQL: Final = (
+    "SELECT set_config('lock_timeout', $1, $3), set_config('statement_timeout', $2, $3)"
+)
 
 # $1 as above. The sessions holding the migration lock: a bigint advisory key sits in
 # pg_locks as classid (high 32 bits), objid (low 32 bits), objsubid 1.
@@ -243,7 +259,7 @@ async def _migration_lock(conn: Connection, schema: str) -> AsyncIterator[None]:
     # point: a second migrator blocks here, then finds nothing pending.
     if not await conn.fetchval(_TRY_LOCK_SQL, schema):
         await _say_who_holds_the_lock(conn, schema)
-        await conn.execute(_LOCK_SQL, schema)
+        await _wait_for_lock(conn, schema)
     try:
         yield
     finally:
@@ -254,6 +270,21 @@ async def _migration_lock(conn: Connection, schema: str) -> AsyncIterator[None]:
                 "connection goes through a transaction-mode pooler, which may keep the "
                 "lock on a server connection; migrate through the server's own address"
             )
+
+
+async def _wait_for_lock(conn: Connection, schema: str) -> None:
+    """Wait for the migration lock with no bound: a role's ``lock_timeout`` or
+    ``statement_timeout`` (a common guard) ended the wait with the driver's "canceling
+    statement", and the second of two deploys failed instead of finding nothing to do."""
+    local = conn.is_in_transaction()  # a caller's transaction keeps its settings after
+    previous = await conn.fetchrow(_TIMEOUTS_SQL)
+    assert previous is not None  # one row, always
+    await conn.execute(_SET_TIMEOUTS_SQL, "0", "0", local)
+    try:
+        await conn.execute(_LOCK_SQL, schema)
+    finally:
+        if not conn.is_closed():
+            await conn.execute(_SET_TIMEOUTS_SQL, *previous, local)
 
 
 async def _say_who_holds_the_lock(conn: Connection, schema: str) -> None:
@@ -318,13 +349,21 @@ async def _applied(conn: Connection, schema: str) -> dict[str, tuple[str, dateti
 def _plan_applied(schema: str) -> Plan[dict[str, tuple[str, datetime]]]:
     """The ledger's rows (version: checksum, applied_at), as a plan (``_enqueue.run``,
     or the sync client's on psycopg)."""
-    exists = yield Query(
-        "fetchval",
-        "SELECT to_regclass($1) IS NOT NULL",
-        (f"{check_identifier(schema)}.schema_migrations",),
+    columns = yield Query(
+        "fetchval", _LEDGER_COLUMNS_SQL, (f"{check_identifier(schema)}.schema_migrations",)
     )
-    if not exists:
+    if columns is None:
         return {}
+    if not _LEDGER_COLUMNS <= set(columns):
+        # Another tool's (Rails, Ecto, golang-migrate, dbmate keep one by that name): its
+        # rows are no TaskQ migrations, and reading them failed with the driver's
+        # "column checksum does not exist".
+        raise ConfigurationError(
+            f"schema {schema!r} holds a schema_migrations that is not TaskQ's ledger (its "
+            f"columns: {', '.join(columns)}), most likely another migration tool's: TaskQ "
+            f"keeps its own ledger under that name, so give TaskQ a schema of its own "
+            f"(--schema / TASKQ_SCHEMA, e.g. taskq)"
+        )
     rows = yield Query("fetch", _render(_SELECT_APPLIED_SQL, schema), ())
     return {row["version"]: (row["checksum"], row["applied_at"]) for row in rows}
 
@@ -383,6 +422,21 @@ ORDER BY a.xact_start NULLS LAST
 LIMIT 3
 """
 
+# $1 the schema. Its invalid indexes but those another session is building now (CREATE
+# INDEX CONCURRENTLY marks its index valid only at the end).
+_INVALID_INDEXES_SQL: Final = """
+SELECT coalesce(array_agg(quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+                          ORDER BY c.relname), '{}')
+FROM pg_index i
+JOIN pg_class c ON c.oid = i.indexrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = $1
+WHERE NOT i.indisvalid
+  AND NOT EXISTS (
+      SELECT FROM pg_stat_progress_create_index p
+      WHERE p.index_relid = i.indexrelid AND p.pid <> pg_backend_pid()
+  )
+"""
+
 _FIND_LONG_TRANSACTIONS: Final = (
     "SELECT pid, state, xact_start, query FROM pg_stat_activity "
     "WHERE xact_start < now() - interval '1 minute' ORDER BY xact_start"
@@ -411,6 +465,16 @@ async def _apply_once(
     finally:
         if not conn.is_closed():
             await conn.execute(_SET_LOCK_TIMEOUT_SQL, previous, False)
+    invalid = await conn.fetchval(_INVALID_INDEXES_SQL, schema)
+    if invalid:
+        raise MigrationError(
+            f"migration {migration.name} left invalid indexes in schema {schema!r}: "
+            f"{', '.join(invalid)} (a CREATE INDEX CONCURRENTLY that failed or timed out, in "
+            f"this run or an earlier one, leaves its index behind, unused and not enforced, "
+            f"and IF NOT EXISTS then skips it); it was not recorded as applied: drop them "
+            f"(DROP INDEX CONCURRENTLY <name>), fix the cause (duplicate rows, a long "
+            f"transaction), then run the migration again (taskq migrate)"
+        )
     await conn.execute(record, migration.name, migration.checksum(schema))
 
 

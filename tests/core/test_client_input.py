@@ -218,8 +218,12 @@ async def plain(payload: dict[str, Any]) -> None:
         (plain, {"x": object()}, PayloadValidationError),
         (plain, {"x": float("nan")}, ValueError),  # was stored as null
         (plain, {"x": [float("inf")]}, ValueError),
+        # JSON's keys are text: read again as JSON these were stored as {"1": "b"}
+        # (the first value lost) and {"None": 1}.
+        (plain, {1: "a", "1": "b"}, PayloadValidationError),
+        (plain, {None: 1}, PayloadValidationError),
     ],
-    ids=["serializer", "bytes", "object", "nan", "inf"],
+    ids=["serializer", "bytes", "object", "nan", "inf", "int-key", "none-key"],
 )
 async def test_a_payload_that_cannot_be_stored_as_given_is_refused(
     taskq_backend: Backend, target: Any, payload: dict[str, Any], error: type[Exception]
@@ -228,6 +232,11 @@ async def test_a_payload_that_cannot_be_stored_as_given_is_refused(
     with pytest.raises(error):
         await tq.client.enqueue(target, payload)
     assert await tq.client.list_jobs() == []
+
+
+def test_a_payload_key_that_is_no_text_is_refused_saying_what_to_give() -> None:
+    with pytest.raises(PayloadValidationError, match=r"1\.\[key\].*give its keys as str"):
+        plain.dump_payload({1: "a"})
 
 
 async def test_inputs_one_backend_would_misread_are_refused_on_every_backend(

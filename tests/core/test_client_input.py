@@ -98,6 +98,23 @@ async def test_a_batch_item_of_another_shape_is_refused_and_writes_nothing(
     assert len(await tq.client.enqueue_batch([["options.job", {}]])) == 1
 
 
+async def test_a_batch_item_names_its_actor_by_the_actor_or_its_name(
+    taskq_backend: Backend,
+) -> None:
+    # As enqueue and a pair take it: an EnqueueItem refused the actor itself.
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    items = [
+        EnqueueItem(actor=job, payload={"n": 1}, options={"priority": 5}),
+        EnqueueItem(actor="options.job", payload={"n": 2}),
+    ]
+    rows = await tq.client.enqueue_batch(items)
+    assert [(r.actor, r.payload, r.priority) for r in rows] == [
+        ("options.job", {"n": 1}, 5),
+        ("options.job", {"n": 2}, 0),
+    ]
+    assert await tq.client.enqueue_batch_fast(items) == 2
+
+
 async def test_given_options_are_kept_and_others_come_from_the_actor(
     taskq_backend: Backend,
 ) -> None:

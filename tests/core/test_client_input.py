@@ -135,6 +135,20 @@ async def test_a_filter_and_filter_keywords_together_are_refused(taskq_backend: 
     assert row is not None and row.cancel_requested_at is None  # nothing was cancelled
 
 
+@pytest.mark.parametrize("given", [{"actor": "options.job"}, "options.job"], ids=["dict", "str"])
+async def test_a_filter_that_is_no_job_filter_is_refused_saying_what_to_pass(
+    taskq_backend: Backend, given: Any
+) -> None:
+    # It failed deep in the backend with AttributeError ('statuses').
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    kept = await tq.client.enqueue(job, {})
+    for call in (tq.client.list_jobs, tq.client.cancel_where):
+        with pytest.raises(TypeError, match="filters is a JobFilter, not .*as keywords"):
+            await call(given)
+    row = await tq.client.get(kept.id)
+    assert row is not None and row.status is JobStatus.PENDING
+
+
 async def test_wait_for_result_with_no_time_answers_from_one_read(taskq_backend: Backend) -> None:
     from taskq_testing import run_until_idle
 

@@ -38,6 +38,15 @@ def test_a_plain_function_is_refused_with_the_fix() -> None:
         TaskQ("memory://", actors=[job])  # type: ignore[list-item]
 
 
+def test_one_actor_given_for_the_list_is_refused_with_the_fix() -> None:
+    # It raised TypeError: 'Actor' object is not iterable.
+    one = _named("one")
+    with pytest.raises(
+        ConfigurationError, match=r"actors takes a list of actors.*actors=\[<Actor one"
+    ):
+        TaskQ("memory://", actors=one)  # type: ignore[arg-type]
+
+
 def test_a_name_given_as_a_positional_argument_is_refused_with_the_fix() -> None:
     # It raised AttributeError: 'str' object has no attribute '__qualname__'.
     with pytest.raises(ConfigurationError, match=r"options are keywords, as in @actor\(name='x'\)"):

@@ -457,6 +457,11 @@ def validation_problems(exc: ValidationError, whole: str) -> str:
 
 def actors_by_name(actors: Iterable[Actor[..., Any]]) -> dict[str, Actor[..., Any]]:
     """``actors`` by name; ``ConfigurationError`` when two share one."""
+    if isinstance(actors, Actor) or not isinstance(actors, Iterable):
+        # One actor for the list raised "'Actor' object is not iterable".
+        raise ConfigurationError(
+            f"actors takes a list of actors, not {actors!r}: write actors=[{actors!r}, ...]"
+        )
     named: dict[str, Actor[..., Any]] = {}
     for a in actors:
         if not isinstance(a, Actor):

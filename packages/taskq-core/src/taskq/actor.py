@@ -468,6 +468,9 @@ def actors_by_name(actors: Iterable[Actor[..., Any]]) -> dict[str, Actor[..., An
             raise ConfigurationError(
                 f"{a!r} is not an actor: decorate the function with @actor before passing it"
             )
+        if named.get(a.name) is a:
+            # Renaming, as the message below says, cannot part an actor from itself.
+            raise ConfigurationError(f"actor {a.name!r} is listed twice in actors; list it once")
         if a.name in named:
             raise ConfigurationError(
                 f"two actors are named {a.name!r}; give one an explicit @actor(name=...)"

@@ -25,6 +25,13 @@ def test_two_actors_with_one_name_are_refused_with_the_fix() -> None:
         TaskQ("memory://", actors=[_named("twin"), _named("twin")])
 
 
+def test_one_actor_listed_twice_is_refused_saying_so() -> None:
+    # It said to give one of the two an explicit name: the same actor cannot have two.
+    twice = _named("twice")
+    with pytest.raises(ConfigurationError, match="actor 'twice' is listed twice in actors"):
+        TaskQ("memory://", actors=[twice, twice])
+
+
 def test_actors_are_looked_up_by_their_names() -> None:
     first, second = _named("first"), _named("second")
     assert TaskQ("memory://", actors=[first, second]).actors == {"first": first, "second": second}
@@ -36,6 +43,15 @@ def test_a_plain_function_is_refused_with_the_fix() -> None:
 
     with pytest.raises(ConfigurationError, match="is not an actor: decorate the function"):
         TaskQ("memory://", actors=[job])  # type: ignore[list-item]
+
+
+def test_one_actor_given_for_the_list_is_refused_with_the_fix() -> None:
+    # It raised TypeError: 'Actor' object is not iterable.
+    one = _named("one")
+    with pytest.raises(
+        ConfigurationError, match=r"actors takes a list of actors.*actors=\[<Actor one"
+    ):
+        TaskQ("memory://", actors=one)  # type: ignore[arg-type]
 
 
 def test_a_name_given_as_a_positional_argument_is_refused_with_the_fix() -> None:

@@ -98,6 +98,23 @@ async def test_a_batch_item_of_another_shape_is_refused_and_writes_nothing(
     assert len(await tq.client.enqueue_batch([["options.job", {}]])) == 1
 
 
+async def test_a_batch_item_names_its_actor_by_the_actor_or_its_name(
+    taskq_backend: Backend,
+) -> None:
+    # As enqueue and a pair take it: an EnqueueItem refused the actor itself.
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    items = [
+        EnqueueItem(actor=job, payload={"n": 1}, options={"priority": 5}),
+        EnqueueItem(actor="options.job", payload={"n": 2}),
+    ]
+    rows = await tq.client.enqueue_batch(items)
+    assert [(r.actor, r.payload, r.priority) for r in rows] == [
+        ("options.job", {"n": 1}, 5),
+        ("options.job", {"n": 2}, 0),
+    ]
+    assert await tq.client.enqueue_batch_fast(items) == 2
+
+
 async def test_given_options_are_kept_and_others_come_from_the_actor(
     taskq_backend: Backend,
 ) -> None:
@@ -116,6 +133,20 @@ async def test_a_filter_and_filter_keywords_together_are_refused(taskq_backend: 
         await tq.client.list_jobs(JobFilter(actor="options.job"), queue="elsewhere")
     row = await tq.client.get(kept.id)
     assert row is not None and row.cancel_requested_at is None  # nothing was cancelled
+
+
+@pytest.mark.parametrize("given", [{"actor": "options.job"}, "options.job"], ids=["dict", "str"])
+async def test_a_filter_that_is_no_job_filter_is_refused_saying_what_to_pass(
+    taskq_backend: Backend, given: Any
+) -> None:
+    # It failed deep in the backend with AttributeError ('statuses').
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    kept = await tq.client.enqueue(job, {})
+    for call in (tq.client.list_jobs, tq.client.cancel_where):
+        with pytest.raises(TypeError, match="filters is a JobFilter, not .*as keywords"):
+            await call(given)
+    row = await tq.client.get(kept.id)
+    assert row is not None and row.status is JobStatus.PENDING
 
 
 async def test_wait_for_result_with_no_time_answers_from_one_read(taskq_backend: Backend) -> None:
@@ -218,8 +249,12 @@ async def plain(payload: dict[str, Any]) -> None:
         (plain, {"x": object()}, PayloadValidationError),
         (plain, {"x": float("nan")}, ValueError),  # was stored as null
         (plain, {"x": [float("inf")]}, ValueError),
+        # JSON's keys are text: read again as JSON these were stored as {"1": "b"}
+        # (the first value lost) and {"None": 1}.
+        (plain, {1: "a", "1": "b"}, PayloadValidationError),
+        (plain, {None: 1}, PayloadValidationError),
     ],
-    ids=["serializer", "bytes", "object", "nan", "inf"],
+    ids=["serializer", "bytes", "object", "nan", "inf", "int-key", "none-key"],
 )
 async def test_a_payload_that_cannot_be_stored_as_given_is_refused(
     taskq_backend: Backend, target: Any, payload: dict[str, Any], error: type[Exception]
@@ -228,6 +263,11 @@ async def test_a_payload_that_cannot_be_stored_as_given_is_refused(
     with pytest.raises(error):
         await tq.client.enqueue(target, payload)
     assert await tq.client.list_jobs() == []
+
+
+def test_a_payload_key_that_is_no_text_is_refused_saying_what_to_give() -> None:
+    with pytest.raises(PayloadValidationError, match=r"1\.\[key\].*give its keys as str"):
+        plain.dump_payload({1: "a"})
 
 
 async def test_inputs_one_backend_would_misread_are_refused_on_every_backend(

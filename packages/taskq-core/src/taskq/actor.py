@@ -17,7 +17,7 @@ from typing import Any, Final, Generic, ParamSpec, TypeVar, get_type_hints, over
 
 from pydantic import ConfigDict, PydanticUserError, TypeAdapter, ValidationError
 from pydantic.errors import PydanticInvalidForJsonSchema
-from pydantic_core import PydanticSerializationError, to_json
+from pydantic_core import ErrorDetails, PydanticSerializationError, to_json
 
 from taskq.errors import ConfigurationError, PayloadValidationError
 from taskq.models import INT32_MAX, INT32_MIN, EnqueueArgs
@@ -150,7 +150,7 @@ class Actor(Generic[P, R]):
             # a payload's personal data in every traceback that prints it.
             raise PayloadValidationError(
                 f"invalid payload for actor {self.name!r}: {validation_problems(exc, '<payload>')}"
-                f"{self._other_type_hint(payload, exc)}"
+                f"{self._other_type_hint(payload, exc)}{_key_hint(exc)}"
             ) from None
 
     def _other_type_hint(self, payload: Any, exc: ValidationError) -> str:
@@ -219,7 +219,7 @@ class Actor(Generic[P, R]):
             # another type (another model's instance, a datetime for a str) is refused
             # as pydantic refuses it, or a Crop model passed to a resize actor was
             # enqueued as a resize job, the fields it lacked set to their defaults.
-            if not all(_stored_form(error.get("input")) for error in exc.errors()):
+            if not all(_in_stored_form(error) for error in exc.errors()):
                 raise
             try:
                 as_json = to_json(payload)
@@ -237,6 +237,25 @@ class Actor(Generic[P, R]):
 
 
 _STORED_SCALARS: Final = (str, int, float, bool, type(None))
+
+
+def _key_hint(exc: ValidationError) -> str:
+    """What to do about a refused key that is no text."""
+    if any(_untextual_key(error) for error in exc.errors()):
+        return " (a payload is stored as JSON, whose keys are text: give its keys as str)"
+    return ""
+
+
+def _untextual_key(error: ErrorDetails) -> bool:
+    """Whether ``error`` refused a dict key that is no text."""
+    return error["loc"][-1:] == ("[key]",) and not isinstance(error.get("input"), str)
+
+
+def _in_stored_form(error: ErrorDetails) -> bool:
+    """Whether the value ``error`` refused is one a stored payload can hold. A key that
+    is no text is not (JSON's keys are): read again as JSON, ``{1: "a", "1": "b"}`` was
+    stored as ``{"1": "b"}``, ``None`` and ``(1, 2)`` as ``"None"`` and ``"1,2"``."""
+    return not _untextual_key(error) and _stored_form(error.get("input"))
 
 
 def _stored_form(value: object) -> bool:
@@ -438,12 +457,20 @@ def validation_problems(exc: ValidationError, whole: str) -> str:
 
 def actors_by_name(actors: Iterable[Actor[..., Any]]) -> dict[str, Actor[..., Any]]:
     """``actors`` by name; ``ConfigurationError`` when two share one."""
+    if isinstance(actors, Actor) or not isinstance(actors, Iterable):
+        # One actor for the list raised "'Actor' object is not iterable".
+        raise ConfigurationError(
+            f"actors takes a list of actors, not {actors!r}: write actors=[{actors!r}, ...]"
+        )
     named: dict[str, Actor[..., Any]] = {}
     for a in actors:
         if not isinstance(a, Actor):
             raise ConfigurationError(
                 f"{a!r} is not an actor: decorate the function with @actor before passing it"
             )
+        if named.get(a.name) is a:
+            # Renaming, as the message below says, cannot part an actor from itself.
+            raise ConfigurationError(f"actor {a.name!r} is listed twice in actors; list it once")
         if a.name in named:
             raise ConfigurationError(
                 f"two actors are named {a.name!r}; give one an explicit @actor(name=...)"

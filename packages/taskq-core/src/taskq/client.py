@@ -97,6 +97,12 @@ def _job_filter(filters: JobFilter | None, fields: Mapping[str, Any]) -> JobFilt
     """``filters``, or one made of ``fields``; both at once would leave one unused."""
     if filters is None:
         return JobFilter(**fields)
+    if not isinstance(filters, JobFilter):
+        # A dict or a name failed deep in the backend with AttributeError ('statuses').
+        raise TypeError(
+            f"filters is a JobFilter, not {type(filters).__name__}: pass JobFilter(...) "
+            f"or its fields as keywords (actor=..., status=...)"
+        )
     if fields:
         raise TypeError(
             f"give a JobFilter or filter keywords, not both (got a JobFilter and "

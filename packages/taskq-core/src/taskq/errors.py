@@ -26,7 +26,7 @@ user's ``except TaskQError`` never swallows them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from taskq.models import JobRow
@@ -324,6 +324,11 @@ class JobFailedError(TaskQError):
         detail = f": {row.error.error_class}: {row.error.message}" if row.error else ""
         super().__init__(f"job {row.id} ({row.actor}) ended {row.status.value}{detail}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from the row: by default the message went where the row goes, and an
+        # error pickled (to another process) or copied raised AttributeError.
+        return type(self), (self.row,), self.__dict__
+
 
 class ResultExpiredError(TaskQError):
     """The job succeeded, but its result outlived ``result_ttl`` (its
@@ -339,6 +344,10 @@ class ResultExpiredError(TaskQError):
             f"job {row.id} ({row.actor}) succeeded, but its result expired at {expired} "
             f"(result_ttl); read it sooner, or give {row.actor!r} a longer result_ttl"
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # As JobFailedError's: rebuilt from the row.
+        return type(self), (self.row,), self.__dict__
 
 
 class OutcomeNotRecorded(TaskQError):

@@ -319,12 +319,22 @@ class EnqueueArgs(_Model):
 
 
 class EnqueueItem(_Model):
-    """One item of ``JobsClient.enqueue_batch``: an actor (name) and its payload."""
+    """One item of ``JobsClient.enqueue_batch``: an actor (an ``@actor`` function or its
+    name, kept as the name) and its payload."""
 
     actor: str
     payload: Any
     options: JsonDict = Field(default_factory=dict)
     """Per-item enqueue options (``priority``, ``delay``, ``idempotency_key``, …)."""
+
+    @field_validator("actor", mode="before")
+    @classmethod
+    def _actor_name(cls, value: object) -> object:
+        # As enqueue and an (actor, payload) pair take it: refused with pydantic's
+        # "Input should be a valid string".
+        from taskq.actor import Actor  # taskq.actor imports this module
+
+        return value.name if isinstance(value, Actor) else value
 
 
 class JobRow(_Model):

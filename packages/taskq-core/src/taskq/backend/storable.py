@@ -104,7 +104,13 @@ def dump_json(value: Any) -> str:
         if "Maximum serialization depth" in str(exc):
             raise UnstorableValueError(_TOO_DEEP) from None
         if "surrogates not allowed" not in str(exc):
-            raise
+            # A value JSON has no form for (an object, bytes that are no UTF-8): the
+            # serializer's own error was no TaskQError and said nothing of what to send.
+            raise UnstorableValueError(
+                f"a value cannot be stored as JSON ({exc}): send JSON values (text, "
+                f"numbers, booleans, None, lists and dicts of them), converted yourself "
+                f"(str(value), value.isoformat(), base64 for bytes)"
+            ) from None
         raise UnstorableValueError(
             "text with a lone surrogate (such as '\\udcff', what os.fsdecode makes of "
             "undecodable bytes) cannot be stored as JSON: decode it with errors='replace', "

@@ -354,8 +354,11 @@ class EnqueueTests:
             # What os.fsdecode makes of a file name's undecodable bytes: not UTF-8, and a
             # replacement would lose the name. It was a serializer's error.
             ("/data/\udcff.csv", "lone surrogate .* cannot be stored as JSON"),
+            # No JSON form at all: the serializer's own error, no TaskQError.
+            (object(), "cannot be stored as JSON .*<class 'object'>.*send JSON values"),
+            (b"\xff", "cannot be stored as JSON .*invalid utf-8.*send JSON values"),
         ],
-        ids=["nan", "long-int", "surrogate"],
+        ids=["nan", "long-int", "surrogate", "object", "bytes"],
     )
     @covers("enqueue", "enqueue_batch", "enqueue_batch_fast")
     async def test_a_number_json_cannot_hold_is_refused_and_writes_nothing(

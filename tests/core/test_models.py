@@ -33,6 +33,17 @@ def test_status_accepts_one_status_or_a_sequence() -> None:
     }
 
 
+def test_status_accepts_a_set_of_statuses_such_as_terminal_statuses() -> None:
+    # TERMINAL_STATUSES and ACTIVE_STATUSES are frozensets: list_jobs(status=...) of
+    # either was refused as neither a status nor a sequence.
+    assert JobFilter(status=TERMINAL_STATUSES).statuses() == TERMINAL_STATUSES
+    assert JobFilter(status=ACTIVE_STATUSES).statuses() == ACTIVE_STATUSES
+    assert JobFilter(status={"running", "pending"}).status == (
+        JobStatus.PENDING,
+        JobStatus.RUNNING,
+    )
+
+
 def test_empty_status_sequence_selects_nothing_not_everything() -> None:
     assert JobFilter(status=[]).statuses() == frozenset()
     assert JobFilter().statuses() is None

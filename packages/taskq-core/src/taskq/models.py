@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal, NamedTuple, Self, TypeAlias, TypeVar
 from uuid import UUID, uuid4
@@ -469,14 +470,24 @@ def _as_status_tuple(value: object) -> tuple[JobStatus, ...]:
         items = [value]
     elif isinstance(value, Sequence):
         items = value
+    elif isinstance(value, AbstractSet):
+        # TERMINAL_STATUSES and ACTIVE_STATUSES are sets: refused, they could not select
+        # what they name.
+        items = list(value)
     else:
         # pydantic turns only ValueError into a ValidationError
-        raise ValueError(f"status must be a status or a sequence of statuses, not {value!r}")  # noqa: TRY004
+        raise ValueError(  # noqa: TRY004
+            f"status must be a status, or a sequence or set of statuses, not {value!r}"
+        )
     try:
-        return tuple(JobStatus(str(s)) for s in items)
+        statuses = tuple(JobStatus(str(s)) for s in items)
     except ValueError:
         known = ", ".join(s.value for s in JobStatus)
         raise ValueError(f"unknown job status in {value!r}; known statuses: {known}") from None
+    if isinstance(value, AbstractSet):  # in the statuses' own order: a repr that does not vary
+        order = list(JobStatus)
+        return tuple(sorted(statuses, key=order.index))
+    return statuses
 
 
 def check_key_text(value: str | None) -> str | None:
@@ -528,7 +539,7 @@ def _refuse_surrogates(value: str) -> str:
 class JobFilter(_Model):
     """Selects jobs for ``list_jobs`` and ``cancel_where``.
 
-    ``status`` takes one status or a sequence; an empty sequence matches
+    ``status`` takes one status, or a sequence or set (``TERMINAL_STATUSES``); an empty one matches
     nothing. ``active=True`` selects the non-terminal statuses,
     ``active=False`` the terminal ones; it cannot be combined with
     ``status``. Results are ordered by ``(created_at, id)``; pass the last

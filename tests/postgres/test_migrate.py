@@ -866,6 +866,35 @@ async def test_a_roles_lock_timeout_does_not_cut_the_wait_for_another_migrator(
         await migrator.close()
 
 
+async def test_a_wait_for_another_migrator_cut_in_a_callers_transaction_raises_its_cause(
+    pg_database_dsn: str,
+) -> None:
+    # The wait's timeouts were put back by a statement in the caller's transaction, which
+    # the cut wait had aborted: "current transaction is aborted" replaced a cancellation.
+    schema = unique_schema_name()
+    holder = await asyncpg.connect(pg_database_dsn)
+    migrator = await asyncpg.connect(pg_database_dsn)
+    try:
+        await holder.execute(LOCK_SQL, schema)
+        async with migrator.transaction():
+            await migrator.execute("SET LOCAL lock_timeout = '7s'")
+            migrating = asyncio.create_task(migrate(migrator, schema))
+            blocking = "SELECT $2::int = ANY (pg_blocking_pids($1))"
+            pids = (migrator.get_server_pid(), holder.get_server_pid())
+            while not await holder.fetchval(blocking, *pids):
+                assert not migrating.done()
+                await asyncio.sleep(0.01)
+            migrating.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await migrating
+            with pytest.raises(asyncpg.InFailedSQLTransactionError):
+                await migrator.execute("SELECT 1")  # the transaction is the caller's to end
+        assert await migrator.fetchval("SHOW lock_timeout") == "0"  # its rollback put it back
+    finally:
+        await holder.close()
+        await migrator.close()
+
+
 @pytest.mark.parametrize(
     ("bounds", "error"),
     [

@@ -282,9 +282,14 @@ async def _wait_for_lock(conn: Connection, schema: str) -> None:
     await conn.execute(_SET_TIMEOUTS_SQL, "0", "0", local)
     try:
         await conn.execute(_LOCK_SQL, schema)
-    finally:
-        if not conn.is_closed():
+    except BaseException:
+        # A caller's transaction is aborted now, and its rollback puts its settings back:
+        # a statement sent to it failed ("current transaction is aborted"), in place of
+        # what ended the wait (a cancellation of the migrator).
+        if not local and not conn.is_closed():
             await conn.execute(_SET_TIMEOUTS_SQL, *previous, local)
+        raise
+    await conn.execute(_SET_TIMEOUTS_SQL, *previous, local)
 
 
 async def _say_who_holds_the_lock(conn: Connection, schema: str) -> None:

@@ -688,6 +688,45 @@ async def _wait_for_lock_waiter(conn: asyncpg.Connection[Any], schema: str) -> N
         await asyncio.sleep(0.005)
 
 
+async def test_a_concurrent_index_cut_by_the_lock_timeout_is_built_on_the_retry(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    # The cut CREATE INDEX CONCURRENTLY left its index invalid, IF NOT EXISTS skipped it on
+    # the retry, and the invalid-index check failed the file at the first lock timeout,
+    # where it should wait (up to max_lock_wait) for the transaction that held it up.
+    files = {
+        "01.00.00_01_pre_table.sql": "CREATE TABLE {schema}.t (c int);",
+        "01.00.00_02_pre_index.sql": f"{NO_TRANSACTION_DIRECTIVE}\n"
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS t_c_idx ON {schema}.t (c);\n",
+    }
+    schema, source = await _at_first_file(pg_database_dsn, tmp_path, files)
+    async with _long_reader(pg_database_dsn, schema) as reader:
+        migrating = asyncio.create_task(
+            migrate(
+                pg_database_dsn,
+                schema,
+                source=source,
+                lock_timeout=QUICK_LOCK_TIMEOUT,
+                max_lock_wait=timedelta(seconds=30),
+            )
+        )
+        with capture_logs() as logs:
+            while not any(e["event"] == "taskq.migration-lock-retry" for e in logs):
+                assert not migrating.done(), migrating.result()
+                await asyncio.sleep(0.01)
+        await reader.execute("ROLLBACK")
+        assert await asyncio.wait_for(migrating, 30) == ["01.00.00_02_pre_index.sql"]
+    conn = await asyncpg.connect(pg_database_dsn)
+    try:
+        valid = await conn.fetchval(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
+            f"{schema}.t_c_idx",
+        )
+    finally:
+        await conn.close()
+    assert valid is True
+
+
 async def test_a_migration_waiting_for_a_lock_does_not_hold_up_other_queries(
     pg_database_dsn: str, tmp_path: Path
 ) -> None:
@@ -861,6 +900,35 @@ async def test_a_roles_lock_timeout_does_not_cut_the_wait_for_another_migrator(
         await holder.execute(UNLOCK_SQL, schema)
         assert await asyncio.wait_for(migrating, 60) == BUNDLED
         assert await migrator.fetchval("SHOW lock_timeout") == "1ms"  # put back
+    finally:
+        await holder.close()
+        await migrator.close()
+
+
+async def test_a_wait_for_another_migrator_cut_in_a_callers_transaction_raises_its_cause(
+    pg_database_dsn: str,
+) -> None:
+    # The wait's timeouts were put back by a statement in the caller's transaction, which
+    # the cut wait had aborted: "current transaction is aborted" replaced a cancellation.
+    schema = unique_schema_name()
+    holder = await asyncpg.connect(pg_database_dsn)
+    migrator = await asyncpg.connect(pg_database_dsn)
+    try:
+        await holder.execute(LOCK_SQL, schema)
+        async with migrator.transaction():
+            await migrator.execute("SET LOCAL lock_timeout = '7s'")
+            migrating = asyncio.create_task(migrate(migrator, schema))
+            blocking = "SELECT $2::int = ANY (pg_blocking_pids($1))"
+            pids = (migrator.get_server_pid(), holder.get_server_pid())
+            while not await holder.fetchval(blocking, *pids):
+                assert not migrating.done()
+                await asyncio.sleep(0.01)
+            migrating.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await migrating
+            with pytest.raises(asyncpg.InFailedSQLTransactionError):
+                await migrator.execute("SELECT 1")  # the transaction is the caller's to end
+        assert await migrator.fetchval("SHOW lock_timeout") == "0"  # its rollback put it back
     finally:
         await holder.close()
         await migrator.close()

@@ -297,6 +297,25 @@ def test_a_login_is_the_same_with_the_same_user_on_the_same_servers(
     assert same_login(target, "postgresql://app@db/app") is same
 
 
+def test_a_login_by_an_os_user_with_no_name_is_no_known_login(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A container's arbitrary uid has no passwd entry: getpass.getuser() raised KeyError
+    # (before Python 3.13), which escaped the app's retarget instead of dropping the password.
+    import pwd
+
+    from taskq._dsn import same_login
+
+    for name in ("PGUSER", "LOGNAME", "USER", "LNAME", "USERNAME"):
+        monkeypatch.delenv(name, raising=False)
+
+    def no_entry(uid: int) -> pwd.struct_passwd:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    assert same_login("postgresql://db/elsewhere", "postgresql://app@db/app") is False
+
+
 def test_a_worker_on_another_schema_than_its_code_warns_of_producers_left_behind(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

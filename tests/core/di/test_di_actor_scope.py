@@ -529,3 +529,42 @@ async def test_cancelled_while_a_provider_enters_it_is_cut_and_cleaned_before_th
     with pytest.raises(asyncio.CancelledError):
         await task
     assert steps == ["connect cut"]
+
+
+async def test_a_provider_that_enters_despite_its_cut_is_exited_before_the_cancel_ends(
+    registry: ProviderRegistry, containers: dict[Scope, Container]
+) -> None:
+    # Its cut swallowed (asyncio.wait_for may, before Python 3.12, when what it waits for
+    # ends as it is cancelled), the provider entered: its task waited for a release that
+    # never came, so the value never closed and the job's cancel, waiting for it, never
+    # ended (its slot held, a stop held up).
+    entering = asyncio.Event()
+    steps: list[str] = []
+
+    async def stubborn_audit() -> AsyncIterator[Audit]:
+        entering.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            steps.append("cut swallowed")
+        yield Audit()
+        steps.append("closed")
+
+    registry.register(Audit, stubborn_audit, scope=Scope.TRANSIENT)
+
+    async def audited(payload: int, audit: Audit) -> None:
+        pytest.fail("the body must not run")
+
+    async def run() -> None:
+        async with build_actor_scope(audited, registry, containers, {"payload": 1}) as scope:
+            await scope.invoke()
+
+    task = asyncio.create_task(run(), context=own_context())
+    await entering.wait()
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert done, "the cancel never ended: it waited for the provider's task, held open"
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert steps == ["cut swallowed", "closed"]
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("taskq-provider-")]

@@ -172,7 +172,8 @@ def _user(url: str) -> str | None:
     if not named:
         try:
             named = getpass.getuser()
-        except OSError:  # no name for the OS user: the drivers fail alike
+        except (OSError, KeyError):  # no name for the OS user: the drivers fail alike
+            # (KeyError before Python 3.13, from the password database)
             return None
     return named
 

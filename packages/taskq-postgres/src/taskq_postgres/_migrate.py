@@ -282,9 +282,14 @@ async def _wait_for_lock(conn: Connection, schema: str) -> None:
     await conn.execute(_SET_TIMEOUTS_SQL, "0", "0", local)
     try:
         await conn.execute(_LOCK_SQL, schema)
-    finally:
-        if not conn.is_closed():
+    except BaseException:
+        # A caller's transaction is aborted now, and its rollback puts its settings back:
+        # a statement sent to it failed ("current transaction is aborted"), in place of
+        # what ended the wait (a cancellation of the migrator).
+        if not local and not conn.is_closed():
             await conn.execute(_SET_TIMEOUTS_SQL, *previous, local)
+        raise
+    await conn.execute(_SET_TIMEOUTS_SQL, *previous, local)
 
 
 async def _say_who_holds_the_lock(conn: Connection, schema: str) -> None:
@@ -478,18 +483,44 @@ async def _apply_once(
     await conn.execute(record, migration.name, migration.checksum(schema))
 
 
+async def _drop_left_invalid(
+    conn: Connection, schema: str, before: set[str], bounds: _LockBounds
+) -> None:
+    """Drop the invalid indexes a cut attempt left (invalid now, not before the file ran),
+    each within the lock timeout, as the file's statement waited."""
+    left = sorted(set(await conn.fetchval(_INVALID_INDEXES_SQL, schema)) - before)
+    if not left:
+        return
+    previous = await conn.fetchval("SELECT current_setting('lock_timeout')")
+    await conn.execute(_SET_LOCK_TIMEOUT_SQL, bounds.setting, False)
+    try:
+        for name in left:  # quoted by _INVALID_INDEXES_SQL
+            await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+    finally:
+        if not conn.is_closed():
+            await conn.execute(_SET_LOCK_TIMEOUT_SQL, previous, False)
+
+
 async def _apply(conn: Connection, schema: str, migration: Migration, bounds: _LockBounds) -> None:
     loop = asyncio.get_running_loop()
     started = loop.time()
     pause = bounds.lock_timeout.total_seconds()
+    # A no-transaction file's CREATE INDEX CONCURRENTLY cut by the lock timeout leaves its
+    # index invalid, which IF NOT EXISTS skips on the retry: those it left are dropped
+    # first (not those of an earlier run, which the invalid-index check names).
+    invalid_before = (
+        None if migration.transactional else set(await conn.fetchval(_INVALID_INDEXES_SQL, schema))
+    )
     attempts = 0
     while True:
         attempts += 1
         try:
+            if attempts > 1 and invalid_before is not None:
+                await _drop_left_invalid(conn, schema, invalid_before, bounds)
             await _apply_once(conn, schema, migration, bounds)
             break
         except asyncpg.LockNotAvailableError as exc:
-            # Rolled back (a no-transaction file is one statement): nothing to undo.
+            # Rolled back (a transaction's file), or its invalid index dropped on the retry.
             waited = loop.time() - started
             left = bounds.max_lock_wait.total_seconds() - waited
             if left <= 0:

@@ -344,10 +344,12 @@ async def _enter_held(
         value = await asyncio.shield(entered)
     except asyncio.CancelledError as exc:
         # Cut while it entered (a job's limit or cancel): it is cut too, or undone if it
-        # had just entered, before the cancellation goes on: nothing is left open.
-        if entered.done() and not entered.cancelled() and entered.exception() is None:
-            release.set_result(exc)
-        else:
+        # had just entered, before the cancellation goes on: nothing is left open. The
+        # release comes either way: a provider that enters all the same (its cut was
+        # swallowed, as asyncio.wait_for may before Python 3.12) is exited at once, not
+        # held open by a task waiting for a release that never came.
+        release.set_result(exc)
+        if not entered.done():
             holder.cancel()
         await asyncio.wait({holder})
         raise

@@ -210,6 +210,39 @@ def test_probes_answer_while_the_worker_waits_for_its_database_until_it_gives_up
         _get(health_port, "/healthz")
 
 
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signals_while_the_worker_waits_for_its_database_are_answered(
+    stop: signal.Signals,
+) -> None:
+    # The handlers came once the backend opened: until then (startup_wait, 30 s by
+    # default) SIGHUP and SIGUSR2 ended the worker (their default action), SIGTERM killed
+    # it (exit 143) and SIGINT stopped it only once the whole wait ran out.
+    health_port, db_port = _free_port(), _free_port()
+    proc = _start_worker(
+        health_port,
+        TASKQ_DSN=f"postgresql://postgres@127.0.0.1:{db_port}/test",
+        TASKQ_STARTUP_WAIT="600s",
+    )
+    try:
+        _wait_for_reason(proc, health_port, "waiting for the backend")
+        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(signal.SIGUSR2)
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("taskq task-stack [sigusr2]"):
+                break
+        else:
+            raise AssertionError(f"no task-stack dump: the worker exited ({proc.wait()})")
+        assert _get(health_port, "/healthz") == (200, {"status": "alive"})
+        proc.send_signal(stop)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+
+
 @pytest.mark.postgres
 def test_readiness_turns_200_once_the_database_the_worker_waited_for_is_up(
     pg_schema: PgSchema,

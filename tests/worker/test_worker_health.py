@@ -316,6 +316,13 @@ async def test_every_record_inside_a_job_carries_the_job_context() -> None:
         (b"GET /" + b"x" * 70_000 + b" HTTP/1.1\r\n\r\n", 431),  # past the 64 KiB line limit
         (b"GET /healthz HTTP/1.1\r\nX-Big: " + b"y" * 70_000 + b"\r\n\r\n", 431),
         (b"", 400),  # connected and hung up: no request line at all
+        # A request line that is none was routed: garbage (a TLS handshake on the plain
+        # port) got 405 with "Allow: GET, HEAD", "GET" alone 404, and HTTP/0.9's line
+        # without a version an HTTP/1.1 200 it cannot read.
+        (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n", 400),
+        (b"GET\r\n\r\n", 400),
+        (b"GET /healthz\r\n\r\n", 400),
+        (b"GET /healthz SPDY/3\r\n\r\n", 400),
     ],
 )
 async def test_a_malformed_request_gets_an_error_status_not_a_traceback(

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
@@ -275,6 +276,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure_logging()
     args = build_parser().parse_args(argv)
+    # Until the event loop's handlers (importing the app can take seconds), their
+    # default action ended the process: a credential rotation's SIGHUP killed a worker
+    # that was starting. Nothing is lost: the backend, not open yet, reads its
+    # credentials when it opens.
+    ignored = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGHUP, signal.SIGUSR2)}
     flags: dict[str, Any] = {
         "dsn": args.dsn,
         "schema": args.schema,
@@ -317,6 +323,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
+    finally:
+        for sig, handler in ignored.items():  # main() called in a process that goes on
+            signal.signal(sig, handler)
     return EXIT_OK
 
 

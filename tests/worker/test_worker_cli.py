@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from datetime import timedelta
@@ -45,6 +46,33 @@ def test_help_lists_every_flag() -> None:
 def test_until_idle_on_an_empty_memory_backend_exits_cleanly() -> None:
     proc = worker("tests.apps.basic:tq", "--until-idle", env={"TASKQ_POLL_INTERVAL": "50ms"})
     assert proc.returncode == 0, proc.stderr
+
+
+def test_sighup_and_sigusr2_while_the_app_imports_leave_the_worker_to_run() -> None:
+    # Before the event loop's handlers (a large application imports for seconds) their
+    # default action ended the process: a credential rotation's SIGHUP killed a
+    # worker that was starting.
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
+    proc = subprocess.Popen(
+        [str(BIN / "taskq-worker"), "tests.apps.slow_import:tq", "--until-idle"],
+        cwd=REPO,
+        env={**base, "TASKQ_POLL_INTERVAL": "50ms"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "importing\n"
+        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(signal.SIGUSR2)
+        _, err = proc.communicate("go\n", timeout=60)  # the import goes on
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
 
 
 @pytest.mark.parametrize(

@@ -210,6 +210,39 @@ def test_probes_answer_while_the_worker_waits_for_its_database_until_it_gives_up
         _get(health_port, "/healthz")
 
 
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signals_while_the_worker_waits_for_its_database_are_answered(
+    stop: signal.Signals,
+) -> None:
+    # The handlers came once the backend opened: until then (startup_wait, 30 s by
+    # default) SIGHUP and SIGUSR2 ended the worker (their default action), SIGTERM killed
+    # it (exit 143) and SIGINT stopped it only once the whole wait ran out.
+    health_port, db_port = _free_port(), _free_port()
+    proc = _start_worker(
+        health_port,
+        TASKQ_DSN=f"postgresql://postgres@127.0.0.1:{db_port}/test",
+        TASKQ_STARTUP_WAIT="600s",
+    )
+    try:
+        _wait_for_reason(proc, health_port, "waiting for the backend")
+        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(signal.SIGUSR2)
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("taskq task-stack [sigusr2]"):
+                break
+        else:
+            raise AssertionError(f"no task-stack dump: the worker exited ({proc.wait()})")
+        assert _get(health_port, "/healthz") == (200, {"status": "alive"})
+        proc.send_signal(stop)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+
+
 @pytest.mark.postgres
 def test_readiness_turns_200_once_the_database_the_worker_waited_for_is_up(
     pg_schema: PgSchema,
@@ -283,6 +316,13 @@ async def test_every_record_inside_a_job_carries_the_job_context() -> None:
         (b"GET /" + b"x" * 70_000 + b" HTTP/1.1\r\n\r\n", 431),  # past the 64 KiB line limit
         (b"GET /healthz HTTP/1.1\r\nX-Big: " + b"y" * 70_000 + b"\r\n\r\n", 431),
         (b"", 400),  # connected and hung up: no request line at all
+        # A request line that is none was routed: garbage (a TLS handshake on the plain
+        # port) got 405 with "Allow: GET, HEAD", "GET" alone 404, and HTTP/0.9's line
+        # without a version an HTTP/1.1 200 it cannot read.
+        (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n", 400),
+        (b"GET\r\n\r\n", 400),
+        (b"GET /healthz\r\n\r\n", 400),
+        (b"GET /healthz SPDY/3\r\n\r\n", 400),
     ],
 )
 async def test_a_malformed_request_gets_an_error_status_not_a_traceback(

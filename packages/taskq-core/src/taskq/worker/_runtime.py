@@ -74,7 +74,7 @@ class Worker:
         self.worker_id = worker_id or uuid4()
         self._state: WorkerState | None = None
         self._executor: SyncActorPool | None = None
-        self._stop_requested = False
+        self._stop_requested = asyncio.Event()
         self._stop_requested_at: float | None = None
         self._escalate = asyncio.Event()
         self._reload = asyncio.Event()
@@ -106,12 +106,16 @@ class Worker:
 
     def stop(self) -> None:
         """Shut down gracefully (the first SIGTERM): see :mod:`taskq.worker.shutdown`."""
-        if not self._stop_requested:
+        if not self._stop_requested.is_set():
             self._stop_requested_at = time.monotonic()
             self._arm_shutdown_watchdog()  # anchored on the first signal
-        self._stop_requested = True
+        self._stop_requested.set()
         if self._state is not None:
             self._state.stopping.set()
+
+    async def stop_requested(self) -> None:
+        """Return once :meth:`stop` was called (at once if it was)."""
+        await self._stop_requested.wait()
 
     def _arm_shutdown_watchdog(self) -> None:
         """Bound the stop from here on (idempotent): a signal's, an ``--until-idle``
@@ -247,7 +251,7 @@ class Worker:
             gated_queues=frozenset(q.queue for q in self.app.queues if q.max_concurrent),
         )
         self._state = state
-        if self._stop_requested:
+        if self._stop_requested.is_set():
             state.stopping.set()
         # Before registering: a port already taken stops the start with nothing to undo.
         await self._start_health()  # serving already, in health_served()
@@ -432,7 +436,7 @@ class Worker:
         self._arm_shutdown_watchdog()
         producer, consumers = workers[0], workers[1:]
         await producer
-        if self._stop_requested:
+        if self._stop_requested.is_set():
             await orchestrate_shutdown(state, self._escalate, requested_at=self._stop_requested_at)
         # Consumers finish what is queued, then meet one end marker each.
         for _ in consumers:

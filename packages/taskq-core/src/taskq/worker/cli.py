@@ -7,8 +7,9 @@ import asyncio
 import gc
 import importlib
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -20,6 +21,7 @@ from taskq.errors import ConfigurationError, TaskQError
 if TYPE_CHECKING:
     from taskq.app import TaskQ
     from taskq.settings import WorkerSettings
+    from taskq.worker._runtime import Worker
     from taskq.worker.health import StartupProgress
 
 __all__ = ["build_parser", "load_app", "main"]
@@ -159,13 +161,17 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> int:
     # wall, while its job, handed back, could run elsewhere.
     loop_threads = SyncActorPool()
     asyncio.get_running_loop().set_default_executor(loop_threads)
+    # Before the start, not once the backend opened: SIGHUP and SIGUSR2 ended a worker
+    # waiting for its database (their default action), and SIGTERM killed it.
+    install_signal_handlers(worker, "taskq-worker")
     # The health routes answer from here, not once the backend opened: a worker waiting
     # for its database is alive, not ready, and says why; refused probes looked dead
     # to an orchestrator, which restarted it while the database itself started.
     async with worker.health_served():
-        await _open_when_reachable(app, settings, worker.startup)
+        if not await _unless_stopped(worker, _open_when_reachable(app, settings, worker.startup)):
+            worker.shutdown_done()
+            return EXIT_OK
         async with app:  # opened: entering is a no-op, leaving closes it
-            install_signal_handlers(worker, "taskq-worker")
             await worker.run(disarm_when_done=False)
             lingering = worker.lingering_tasks()
     # Closing the backend is part of the stop that termination_grace_period bounds.
@@ -196,6 +202,26 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+async def _unless_stopped(worker: Worker, start: Coroutine[Any, Any, None]) -> bool:
+    """Run ``start``, cancelled if the worker is stopped first (nothing to drain yet: the
+    wait for a database can last ``startup_wait``, a migration lock's for ever); whether
+    it ran to its end."""
+    starting = asyncio.ensure_future(start)
+    stopped = asyncio.ensure_future(worker.stop_requested())
+    try:
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        starting.cancel()
+    try:
+        await starting  # its error, if it failed; its own clean-up, if cancelled
+    except asyncio.CancelledError:
+        if not stopped.done() or stopped.cancelled():
+            raise  # not the stop's doing: this task itself was cancelled
+        return False
+    return True
 
 
 async def _open_when_reachable(
@@ -250,6 +276,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure_logging()
     args = build_parser().parse_args(argv)
+    # Until the event loop's handlers (importing the app can take seconds), their
+    # default action ended the process: a credential rotation's SIGHUP killed a worker
+    # that was starting. Nothing is lost: the backend, not open yet, reads its
+    # credentials when it opens.
+    ignored = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGHUP, signal.SIGUSR2)}
     flags: dict[str, Any] = {
         "dsn": args.dsn,
         "schema": args.schema,
@@ -292,6 +323,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
+    finally:
+        for sig, handler in ignored.items():  # main() called in a process that goes on
+            signal.signal(sig, handler)
     return EXIT_OK
 
 

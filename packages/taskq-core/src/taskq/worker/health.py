@@ -190,8 +190,6 @@ class HealthServer:
         return self._ready
 
     async def _route(self, method: str, path: str) -> tuple[int, str, str]:
-        if not method:
-            return 400, "text/plain", "no request line\n"
         if method not in ("GET", "HEAD"):  # HEAD: what some load balancers probe with
             return 405, "text/plain", "only GET and HEAD\n"
         if path == "/healthz":
@@ -244,8 +242,14 @@ class HealthServer:
         except ValueError:  # a line past the reader's limit (64 KiB): no traceback
             method, status, content_type, body = "GET", 431, "text/plain", "line too long\n"
         else:
-            method, path = (request_line + ["", ""])[:2]
-            status, content_type, body = await self._route(method, path.split("?", 1)[0])
+            method, path, version = (request_line + ["", "", ""])[:3]
+            if len(request_line) != 3 or not version.startswith("HTTP/"):
+                # Garbage (a TLS handshake on this plain port, a scanner), or HTTP/0.9's
+                # line without a version, whose client cannot read a status line.
+                method, status, content_type = "GET", 400, "text/plain"
+                body = "bad request line: expected METHOD /path HTTP/1.1\n"
+            else:
+                status, content_type, body = await self._route(method, path.split("?", 1)[0])
         payload = body.encode()
         allow = "Allow: GET, HEAD\r\n" if status == 405 else ""
         writer.write(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -32,8 +33,11 @@ def install_signal_handlers(worker: Worker, program: str) -> None:
         elif signals_seen == 2:
             worker.escalate()
         else:  # the third: stop now (the orchestrator's job is the supervisor's now)
-            print(f"{program}: third signal, exiting at once", file=sys.stderr)
-            sys.stderr.flush()
+            # Not with stderr gone (a log shipper's pipe): the error skipped the exit,
+            # and no signal ended the worker.
+            with contextlib.suppress(OSError):
+                print(f"{program}: third signal, exiting at once", file=sys.stderr)
+                sys.stderr.flush()
             os._exit(EXIT_ERROR)
 
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 from uuid import uuid4
 
 import asyncpg
@@ -115,3 +116,44 @@ async def test_a_leader_whose_session_ended_is_told_it_lost_before_it_stands_aga
     assert not await elector.try_acquire()
     assert await elector.try_acquire()  # stands again, a new election
     await elector.release()
+
+
+class _JustEnded:
+    """The leader's session as a statement finds it the moment the server ended it (a
+    restart, ``pg_terminate_backend``): asyncpg has read the server's goodbye, not yet
+    the end of the stream, and refuses the statement with ``InternalClientError``."""
+
+    def __init__(self, conn: asyncpg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def is_closed(self) -> bool:
+        return self.conn.is_closed()
+
+    async def execute(self, *_: object, **__: object) -> str:
+        raise asyncpg.InternalClientError(
+            "cannot switch to state 11; another operation (2) is in progress"
+        )
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+    def terminate(self) -> None:
+        self.conn.terminate()
+
+
+async def test_a_leader_stepping_down_as_its_session_ends_ends_it_without_raising(
+    backend: PostgresBackend,
+) -> None:
+    # The resign row's statement met the driver's InternalClientError (seen in a third
+    # of the tries of a release right after pg_terminate_backend): release() raised it,
+    # out of the worker's step-down, and its stop ended as a crash.
+    leader = backend.leader_elector(uuid4(), lease=LEASE)
+    rival = backend.leader_elector(uuid4(), lease=LEASE)
+    assert await leader.try_acquire()
+    session = leader._conn
+    assert session is not None
+    leader._conn = _JustEnded(session)  # type: ignore[assignment] # the driver's side of it
+    await leader.release()
+    assert session.is_closed()
+    assert await rival.try_acquire()  # the lock went with the session
+    await rival.release()

@@ -325,3 +325,33 @@ def test_only_a_closed_connections_interface_error_is_one_line(
     else:
         with pytest.raises(asyncpg.InterfaceError, match="another operation is in progress"):
             main(argv)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "message",
+    ["cannot switch to state 15; another operation (2) is in progress", "not connected"],
+    ids=["switch", "not-connected"],
+)
+def test_a_connection_the_server_has_just_ended_is_one_line(
+    pg_database_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    message: str,
+) -> None:
+    # What a statement meets on a connection a restart has just ended, before asyncpg
+    # read the socket's end: the database's doing (client_fault says so), yet taskq
+    # migrate let it out as a traceback, where taskq and taskq-worker say it in one line.
+    import asyncpg
+
+    from taskq.cli import main
+
+    async def fails(*_: object) -> None:
+        raise asyncpg.InternalClientError(message)
+
+    monkeypatch.setattr("taskq_postgres._migrate.migration_status", fails)
+    monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
+    monkeypatch.setattr("taskq_postgres._cli._log_to_stderr", lambda: None)
+    argv = ["migrate", "--status", "--dsn", pg_database_dsn, "--schema", unique_schema_name()]
+    assert main(argv) == 1
+    assert capsys.readouterr().err.startswith("taskq migrate: error: database error on ")

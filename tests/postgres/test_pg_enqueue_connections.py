@@ -4,6 +4,7 @@ resets only for connections lent to caller code."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
@@ -263,6 +264,63 @@ async def test_the_first_call_after_a_restart_asyncpg_has_not_seen_yet_succeeds(
         await call(backend)
     finally:
         await backend.close()
+
+
+def _goodbye_read(conn: Any) -> None:
+    """What asyncpg does when it reads the goodbye of a session the server ends (a
+    restart, pg_terminate_backend) before the end of the stream arrives: it takes no
+    statement on ``conn`` (a raw asyncpg connection) from then on, refusing each unsent
+    ('cannot switch to state ...'). Fed to its protocol here, as the end of a real session
+    may come a moment later or at once."""
+    fields = b"SFATAL\0VFATAL\0C57P01\0Mterminating connection due to administrator command\0\0"
+    conn._protocol.data_received(b"E" + (len(fields) + 4).to_bytes(4, "big") + fields)
+
+
+async def _idle_pooled(backend: PostgresBackend, n: int) -> list[Any]:
+    """``n`` raw connections of ``backend``'s pool, each made and handed back (idle)."""
+    async with contextlib.AsyncExitStack() as stack:
+        lent = [await stack.enter_async_context(backend.connection()) for _ in range(n)]
+        raw = [conn._con for conn in lent]
+    return raw
+
+
+async def _count(backend: PostgresBackend) -> int:
+    async with backend.connection() as conn:
+        return int(await conn.fetchval(f"SELECT count(*) FROM {backend.schema}.jobs"))
+
+
+@pytest.mark.parametrize("command_timeout", [None, timedelta(seconds=30)])
+async def test_an_enqueue_refused_unsent_as_its_pinned_session_ends_runs_once_on_another(
+    pg_pooled_schema: PgSchema, command_timeout: timedelta | None
+) -> None:
+    # Between two enqueues the server ended the pinned session, and asyncpg read its
+    # goodbye before the end of the stream, which the check before each enqueue looks
+    # for: the next enqueue failed with InternalClientError though nothing was sent.
+    backend = PostgresBackend(
+        pg_pooled_schema.dsn, schema=pg_pooled_schema.name, command_timeout=command_timeout
+    )
+    await backend.open()
+    try:
+        await backend.enqueue(EnqueueArgs(actor="a"))  # pins
+        assert backend._pinned is not None and backend._pinned._conn is not None
+        pooled = await _idle_pooled(backend, 2)
+        # A restart ends them all: the pooled ones the enqueue goes on next as well.
+        for raw in [backend._pinned._conn._con, *pooled]:
+            _goodbye_read(raw)
+        row = await backend.enqueue(EnqueueArgs(actor="a"))
+        assert await backend.get(row.id) == row
+        assert await _count(backend) == 2
+    finally:
+        await backend.close()
+
+
+async def test_a_read_refused_unsent_as_its_pooled_session_ends_runs_on_another(
+    backend: PostgresBackend,
+) -> None:
+    row = await backend.enqueue(EnqueueArgs(actor="a"))  # pins one of the three
+    for raw in await _idle_pooled(backend, 2):
+        _goodbye_read(raw)
+    assert await backend.get(row.id) == row
 
 
 async def test_a_statement_sent_as_its_session_ends_fails_and_is_not_sent_again(

@@ -162,11 +162,47 @@ class BoundedPool:
         deadline = None if budget is None else asyncio.get_running_loop().time() + budget
         conn = await _acquire(self.pool, deadline)
         try:
-            if deadline is None:
-                return await getattr(conn, method)(query, *args)
-            return await getattr(conn, method)(query, *args, timeout=_left(deadline))
+            # A restart ends every pooled connection: at worst each is replaced in turn.
+            for _ in range(self.pool.get_max_size()):
+                try:
+                    return await _call(conn, method, query, args, deadline)
+                except asyncpg.InternalClientError as exc:
+                    if not _unsent(exc):
+                        raise
+                conn = await _replaced(self.pool, conn, deadline)
+            return await _call(conn, method, query, args, deadline)
         finally:
             await _release(self.pool, conn, deadline)
+
+
+async def _call(
+    conn: Proxy, method: str, query: str, args: tuple[Any, ...], deadline: float | None
+) -> Any:
+    if deadline is None:
+        return await getattr(conn, method)(query, *args)
+    return await getattr(conn, method)(query, *args, timeout=_left(deadline))
+
+
+_UNSENT = ("cannot switch to state", "not connected")
+
+
+def _unsent(exc: asyncpg.InternalClientError) -> bool:
+    """Whether asyncpg refused the statement before sending anything: it has read the
+    goodbye of a session the server just ended (a restart, ``pg_terminate_backend``) and
+    takes no statement on it, while the end of the stream, which :func:`_ended` looks
+    for, has yet to arrive. Nothing ran, so the statement may go on another connection.
+    asyncpg gives this refusal no class of its own, only these words (its protocol's
+    state check, made before anything is written)."""
+    return str(exc).startswith(_UNSENT)
+
+
+async def _replaced(
+    pool: asyncpg.Pool[asyncpg.Record], conn: Proxy, deadline: float | None
+) -> Proxy:
+    """Another connection for a statement ``conn`` refused unsent (:func:`_unsent`);
+    ``conn`` is closed, which hands it back to the pool, so it is not handed out again."""
+    conn.terminate()
+    return await _acquire(pool, deadline)
 
 
 def _left(deadline: float) -> float:
@@ -279,12 +315,19 @@ class PinnedConnection:
                 conn = self._conn = await _acquire(pool, deadline)
                 self._pending = read_watch(_fd(conn))
                 self._statements = {}
-            if self._prepared and method == "fetchrow":
-                result = await self._fetchrow_prepared(conn, query, args, deadline)
-            elif deadline is None:
-                result = await getattr(conn, method)(query, *args)
+            # As BoundedPool's: each connection that refuses the statement unsent, replaced.
+            for _ in range(pool.get_max_size()):
+                try:
+                    result = await self._call(conn, method, query, args, deadline)
+                    break
+                except asyncpg.InternalClientError as exc:
+                    if not _unsent(exc):
+                        raise
+                conn = self._conn = await _replaced(pool, conn, deadline)
+                self._pending = read_watch(_fd(conn))
+                self._statements = {}
             else:
-                result = await getattr(conn, method)(query, *args, timeout=_left(deadline))
+                result = await self._call(conn, method, query, args, deadline)
             kept = True
             return result
         finally:
@@ -294,6 +337,13 @@ class PinnedConnection:
                 if self._conn is conn:
                     self._conn = None
                 await _release(pool, conn, deadline)
+
+    async def _call(
+        self, conn: Proxy, method: str, query: str, args: tuple[Any, ...], deadline: float | None
+    ) -> Any:
+        if self._prepared and method == "fetchrow":
+            return await self._fetchrow_prepared(conn, query, args, deadline)
+        return await _call(conn, method, query, args, deadline)
 
     async def _fetchrow_prepared(
         self, conn: Proxy, query: str, args: tuple[Any, ...], deadline: float | None

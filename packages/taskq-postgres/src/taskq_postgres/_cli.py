@@ -127,7 +127,14 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
         yield conn
     except TaskQError as exc:  # a MigrationError, a refused privilege: each says what to do
         raise _CommandError(str(exc)) from exc
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    # InternalClientError: a statement on a connection a restart has just ended meets it.
+    except (
+        OSError,
+        TimeoutError,
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        asyncpg.InternalClientError,
+    ) as exc:
         if client_fault(exc):
             raise  # a bug of ours ("another operation is in progress"): its traceback shows it
         raise _CommandError(f"database error on {redact(dsn)}: {exc}") from exc

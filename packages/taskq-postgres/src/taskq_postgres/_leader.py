@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 from uuid import UUID
 
 import asyncpg
@@ -26,6 +26,17 @@ from taskq_postgres._sql import leader, render
 __all__ = ["LeaderStatements", "PostgresLeaderElector"]
 
 _log = structlog.get_logger("taskq.leader")
+
+# What a statement or a close on the session may raise once it is lost. InternalClientError
+# among them: a statement sent as the server ends the session (a restart) meets it, and
+# raised from release() it skipped the session's end and failed the worker's stop.
+_SESSION_ERRORS: Final[tuple[type[BaseException], ...]] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
 
 
 class LeaderStatements:
@@ -114,7 +125,7 @@ class PostgresLeaderElector:
         if conn is not None and not conn.is_closed() and self._leading:
             try:
                 await conn.execute(self._sql.resign_row, self._worker_id, timeout=self._timeout)
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+            except _SESSION_ERRORS as exc:
                 _log.warning("taskq.leader-resign-row-failed", error=repr(exc))
         await self._drop(graceful=True)
 
@@ -129,7 +140,7 @@ class PostgresLeaderElector:
             try:
                 await asyncio.wait_for(conn.close(), self._timeout)
                 return
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError):
+            except _SESSION_ERRORS:
                 pass
         # terminate(), not close(): a dead peer must not hold the step-down.
         conn.terminate()

@@ -55,3 +55,19 @@ class CutOff(InMemoryBackend):
             raise ConnectionRefusedError("database unreachable")
 
         return refused
+
+
+class FailuresFailWhileAway(InMemoryBackend):
+    """``mark_failed_or_retry`` (a failure's write, a write-off past a limit) raises a
+    transient error while ``away``, which it starts as; ``tried`` is set at the first."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.away = True
+        self.tried = asyncio.Event()
+
+    async def mark_failed_or_retry(self, *args: Any, **kwargs: Any) -> Any:
+        if self.away:
+            self.tried.set()
+            raise ConnectionRefusedError("database away")
+        return await super().mark_failed_or_retry(*args, **kwargs)

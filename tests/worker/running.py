@@ -27,3 +27,13 @@ async def running(
     finally:
         worker.stop()
         await asyncio.wait_for(run, stop_within)
+
+
+async def phase_logged(logs: list[dict[str, Any]], phase: str, within: float = 5) -> None:
+    """Until ``logs`` (structlog's ``capture_logs``) hold the stop's ``phase`` line."""
+
+    async def logged() -> None:
+        while not any(entry.get("phase") == phase for entry in logs):  # noqa: ASYNC110 - the stop's own log
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(logged(), within)

@@ -17,7 +17,8 @@ from tests.worker.controller_state import (
     past_its_limit,
     worker_state,
 )
-from tests.worker.flaky_backend import WritesFailWhileAway
+from tests.worker.flaky_backend import FailuresFailWhileAway, WritesFailWhileAway
+from tests.worker.running import phase_logged
 
 _GRACES = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "100ms"}
 
@@ -367,21 +368,8 @@ async def test_a_stop_leaves_a_job_written_off_past_its_limit_to_its_failure_wri
     import structlog.testing
 
     from taskq import WorkerSettings
-    from taskq.backend.memory import InMemoryBackend
     from taskq.worker import Worker
     from taskq_testing import TEST_SETTINGS
-
-    class FailuresFailWhileAway(InMemoryBackend):
-        def __init__(self) -> None:
-            super().__init__()
-            self.away = True
-            self.tried = asyncio.Event()
-
-        async def mark_failed_or_retry(self, *args: Any, **kwargs: Any) -> JobRow:
-            if self.away:
-                self.tried.set()
-                raise ConnectionRefusedError("database away")
-            return await super().mark_failed_or_retry(*args, **kwargs)
 
     started = asyncio.Event()
     stubborn = _outlives_cancellation("written_off_into_a_stop", 2.0, started)
@@ -396,12 +384,7 @@ async def test_a_stop_leaves_a_job_written_off_past_its_limit_to_its_failure_wri
             running = asyncio.create_task(worker.run())
             await asyncio.wait_for(backend.tried.wait(), 5)  # written off; the write fails
             worker.stop()
-
-            async def abandoning() -> None:
-                while not any(entry.get("phase") == "ABANDONING" for entry in logs):  # noqa: ASYNC110 - the stop's own log
-                    await asyncio.sleep(0.01)
-
-            await asyncio.wait_for(abandoning(), 5)
+            await phase_logged(logs, "ABANDONING")
             backend.away = False  # back as the stop lets go of what still runs
             await asyncio.wait_for(running, 10)
             await asyncio.gather(*worker.lingering_tasks())
@@ -420,21 +403,8 @@ async def test_a_stop_waits_for_the_write_off_of_a_job_whose_task_has_ended() ->
     import structlog.testing
 
     from taskq import WorkerSettings
-    from taskq.backend.memory import InMemoryBackend
     from taskq.worker import Worker
     from taskq_testing import TEST_SETTINGS
-
-    class FailuresFailWhileAway(InMemoryBackend):
-        def __init__(self) -> None:
-            super().__init__()
-            self.away = True
-            self.tried = asyncio.Event()
-
-        async def mark_failed_or_retry(self, *args: Any, **kwargs: Any) -> JobRow:
-            if self.away:
-                self.tried.set()
-                raise ConnectionRefusedError("database away")
-            return await super().mark_failed_or_retry(*args, **kwargs)
 
     started = asyncio.Event()
     stubborn = _outlives_cancellation("written_off_task_ended", 0.3, started)
@@ -455,12 +425,7 @@ async def test_a_stop_waits_for_the_write_off_of_a_job_whose_task_has_ended() ->
 
             await asyncio.wait_for(slot_freed(), 5)  # the task has ended
             worker.stop()
-
-            async def abandoning() -> None:
-                while not any(entry.get("phase") == "ABANDONING" for entry in logs):  # noqa: ASYNC110 - the stop's own log
-                    await asyncio.sleep(0.01)
-
-            await asyncio.wait_for(abandoning(), 5)
+            await phase_logged(logs, "ABANDONING")
             backend.away = False  # back while the stop may still wait
             await asyncio.wait_for(running, 10)
             await asyncio.gather(*worker.lingering_tasks())

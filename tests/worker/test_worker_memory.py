@@ -39,6 +39,7 @@ from taskq.models import EnqueueArgs
 from taskq.worker import Worker
 from taskq_testing import TEST_SETTINGS, run_until_idle
 from tests.worker.flaky_backend import WritesFailWhileAway
+from tests.worker.running import phase_logged
 
 _RARE_HEARTBEATS: dict[str, Any] = {
     "heartbeat_interval": "20s",
@@ -2095,11 +2096,7 @@ async def test_a_write_off_under_way_as_a_stop_ends_is_the_jobs_one_end() -> Non
             worker.stop()
             worker.escalate()
 
-            async def abandoning_logged() -> None:
-                while not any(entry.get("phase") == "ABANDONING" for entry in logs):  # noqa: ASYNC110 - the stop's own log
-                    await asyncio.sleep(0.01)
-
-            await asyncio.wait_for(abandoning_logged(), 5)
+            await phase_logged(logs, "ABANDONING")
             abandoning.set()
             await asyncio.wait_for(running, 10)
             await asyncio.gather(*worker.lingering_tasks())

@@ -18,7 +18,12 @@ import pytest
 from taskq import EnqueueArgs, TaskQ, actor
 from taskq.errors import MaxPendingExceededError
 from taskq.models import JobFilter, SuccessWrite
-from taskq_postgres import BackendUnavailableError, PostgresBackend, TransactionAbortedError
+from taskq_postgres import (
+    BackendUnavailableError,
+    PostgresBackend,
+    TransactionAbortedError,
+    _bounded,
+)
 from taskq_testing.postgres import PgSchema
 
 pytestmark = pytest.mark.postgres
@@ -321,6 +326,50 @@ async def test_a_read_refused_unsent_as_its_pooled_session_ends_runs_on_another(
     for raw in await _idle_pooled(backend, 2):
         _goodbye_read(raw)
     assert await backend.get(row.id) == row
+
+
+async def test_a_release_while_a_refused_enqueue_gets_another_connection_hands_it_back(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # release() (the backend's close, a credential reload) came while the enqueue got a
+    # connection for the one refusing it unsent: the replacement was pinned all the
+    # same, never handed back, and the pool's close waited for it.
+    await backend.enqueue(EnqueueArgs(actor="a"))  # pins
+    pinned = backend._pinned
+    assert pinned is not None and pinned._conn is not None
+    _goodbye_read(pinned._conn._con)
+    acquire = _bounded._acquire
+
+    async def released_meanwhile(pool: Any, deadline: float | None) -> Any:
+        await pinned.release()
+        return await acquire(pool, deadline)
+
+    monkeypatch.setattr(_bounded, "_acquire", released_meanwhile)
+    row = await backend.enqueue(EnqueueArgs(actor="a"))
+    assert pinned._conn is None
+    pool = backend._bounded.pool
+    assert pool.get_idle_size() == pool.get_size()
+    monkeypatch.undo()
+    assert await backend.get(row.id) == row
+
+
+async def test_a_release_while_an_enqueue_gets_its_first_connection_hands_it_back(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As above, for the connection the first enqueue pins.
+    pinned = backend._pinned
+    assert pinned is not None and pinned._conn is None
+    acquire = _bounded._acquire
+
+    async def released_meanwhile(pool: Any, deadline: float | None) -> Any:
+        await pinned.release()
+        return await acquire(pool, deadline)
+
+    monkeypatch.setattr(_bounded, "_acquire", released_meanwhile)
+    await backend.enqueue(EnqueueArgs(actor="a"))
+    assert pinned._conn is None
+    pool = backend._bounded.pool
+    assert pool.get_idle_size() == pool.get_size()
 
 
 async def test_a_statement_sent_as_its_session_ends_fails_and_is_not_sent_again(

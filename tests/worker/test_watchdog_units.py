@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import sys
 from typing import NoReturn
 
 import pytest
@@ -10,6 +13,8 @@ import pytest
 from taskq.errors import ContractViolation
 from taskq.worker import _watchdog
 from taskq.worker._liveness import LoopLiveness
+
+_REAL_EXIT = _watchdog._exit
 
 
 class Tripped(Exception):
@@ -111,3 +116,23 @@ async def test_a_worker_with_the_watchdogs_off_fails_when_a_loop_returns(
         with pytest.raises(ExceptionGroup) as raised:
             await asyncio.wait_for(Worker(tq, settings).run(), 10)
     assert raised.group_contains(ContractViolation, match="'heartbeat' returned")
+
+
+async def test_a_trip_exits_with_stderr_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With stderr gone (a log shipper's pipe closed), the flush of what it held raised
+    # BrokenPipeError before os._exit: the wedged worker ran on.
+    read, write = os.pipe()
+    os.close(read)
+    gone = os.fdopen(write, "w")  # closed below
+    try:
+        gone.write("an earlier line, held in the buffer every flush fails to empty\n")
+        exits: list[int] = []
+        monkeypatch.setattr(_watchdog, "_exit", _REAL_EXIT)
+        monkeypatch.setattr(_watchdog.os, "_exit", exits.append)
+        with monkeypatch.context() as patched:
+            patched.setattr(sys, "stderr", gone)
+            _watchdog.trip("stale-tick", "a loop stopped ticking")
+        assert exits == [2]
+    finally:
+        with contextlib.suppress(OSError):
+            gone.close()

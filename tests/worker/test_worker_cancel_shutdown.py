@@ -424,6 +424,24 @@ async def test_a_call_still_in_its_thread_does_not_hold_the_exit(
     assert "1 sync actor or thread call(s) still running" in stderr
 
 
+async def test_a_call_still_in_its_thread_does_not_hold_the_exit_with_stderr_gone(
+    tq: TaskQ, pg_schema: PgSchema, tmp_path: Path
+) -> None:
+    # With stderr gone (a log shipper's pipe closed), the line saying what was left
+    # running raised BrokenPipeError before os._exit: the exit waited for the thread.
+    signal_file = tmp_path / "in-its-thread.started"
+    await tq.client.enqueue(basic.nap_sync, {"seconds": 30, "started": str(signal_file)})
+    with worker(pg_schema, "--queues", "other") as proc:
+        await _until_started(signal_file)  # in its thread
+        assert proc.stderr is not None
+        proc.stderr.close()
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(proc.wait, 40)
+    assert proc.returncode == 0
+    assert time.monotonic() - started < 10
+
+
 async def test_sigusr2_dumps_task_stacks_and_the_worker_keeps_running(
     tq: TaskQ, pg_schema: PgSchema
 ) -> None:

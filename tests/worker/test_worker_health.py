@@ -243,6 +243,32 @@ def test_signals_while_the_worker_waits_for_its_database_are_answered(
     assert proc.returncode == 0, err[-3000:]
 
 
+def test_a_stop_signal_stops_the_worker_with_its_stderr_gone() -> None:
+    # With stderr gone (a log shipper's pipe closed), the first stop's log line raised
+    # BrokenPipeError out of the signal's stop, which then stopped nothing: the worker
+    # ran on, and only a third signal ended it (exit 1), its jobs not handed back.
+    health_port = _free_port()
+    proc = _start_worker(health_port)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline
+            try:
+                if _get(health_port, "/readyz")[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.05)
+        assert proc.stderr is not None
+        proc.stderr.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.postgres
 def test_readiness_turns_200_once_the_database_the_worker_waited_for_is_up(
     pg_schema: PgSchema,

@@ -9,13 +9,15 @@ configured ``logging`` itself.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import logging
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import Token
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
 
@@ -50,9 +52,25 @@ def configure_logging(*, level: int = logging.INFO, json: bool | None = None) ->
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, *_STAMPED, *_rendered],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=functools.partial(_GoneStderrTolerated, sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+class _GoneStderrTolerated(structlog.PrintLogger):
+    """structlog's stderr logger, dropping a line stderr no longer takes (a log shipper's
+    pipe closed): its BrokenPipeError came out of whatever logged, the first stop
+    signal's stop among them, and the worker never stopped."""
+
+    def __init__(self, file: TextIO, *_: Any) -> None:  # structlog adds get_logger's args
+        super().__init__(file)
+
+    def msg(self, message: str) -> None:
+        with contextlib.suppress(OSError):
+            super().msg(message)
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
 
 
 def _console_tracebacks() -> structlog.typing.ExceptionRenderer:

@@ -288,6 +288,9 @@ class PinnedConnection:
         self._prepared = prepared
         """Whether ``fetchrow`` runs its statements prepared on the pinned connection."""
         self._statements: dict[str, PreparedStatement] = {}
+        self._releases = 0
+        """How many times :meth:`release` was called: a connection a call got while one
+        came is handed back, not pinned."""
         """The statements prepared on the pinned connection (``prepared``), by their text."""
 
     async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
@@ -304,6 +307,7 @@ class PinnedConnection:
         if self._busy:
             return await getattr(self._pool, method)(query, *args)
         self._busy = True
+        releases = self._releases
         pool, budget = self._pool.pool, self._pool.budget
         deadline = None if budget is None else asyncio.get_running_loop().time() + budget
         conn = self._conn
@@ -312,9 +316,11 @@ class PinnedConnection:
             if conn is not None and _ended(conn, self._pending):
                 conn = self._conn = None
             if conn is None:
-                conn = self._conn = await _acquire(pool, deadline)
-                self._pending = read_watch(_fd(conn))
+                conn = await _acquire(pool, deadline)
                 self._statements = {}
+                if self._releases == releases:  # else handed back below
+                    self._conn = conn
+                    self._pending = read_watch(_fd(conn))
             # As BoundedPool's: each connection that refuses the statement unsent, replaced.
             for _ in range(pool.get_max_size()):
                 try:
@@ -323,9 +329,12 @@ class PinnedConnection:
                 except asyncpg.InternalClientError as exc:
                     if not _unsent(exc):
                         raise
-                conn = self._conn = await _replaced(pool, conn, deadline)
-                self._pending = read_watch(_fd(conn))
-                self._statements = {}
+                replaced = await _replaced(pool, conn, deadline)
+                self._statements = {}  # prepared on the one replaced
+                if self._releases == releases:  # else handed back below
+                    self._conn = replaced
+                    self._pending = read_watch(_fd(replaced))
+                conn = replaced
             else:
                 result = await self._call(conn, method, query, args, deadline)
             kept = True
@@ -380,6 +389,7 @@ class PinnedConnection:
     async def release(self) -> None:
         """Hand the connection back now (before the pool closes, or so that a
         credential reload replaces it); a later call pins another."""
+        self._releases += 1
         conn, self._conn = self._conn, None
         if conn is not None and not self._busy:  # a busy call hands it back itself
             await self._pool.pool.release(conn)

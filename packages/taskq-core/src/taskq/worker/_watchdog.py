@@ -20,6 +20,7 @@ reclaim sweep once their leases expire.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import os
 import sys
@@ -47,17 +48,21 @@ _log = structlog.get_logger("taskq.watchdog")
 
 
 def _exit(code: int) -> NoReturn:
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # gone (a closed pipe): the exit comes all the same
+            stream.flush()
     os._exit(code)
 
 
 def trip(detector: str, reason: str, *, in_loop: bool = True) -> NoReturn:
     """Log, dump stacks, flush and exit with :data:`EXIT_WATCHDOG`. Never returns."""
     _log.critical("taskq.watchdog-trip", detector=detector, reason=reason)
-    if in_loop:
-        dump_task_stacks(f"watchdog: {reason}", detector=detector)
-    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    # With stderr gone (a log shipper's pipe closed) the dump's BrokenPipeError came
+    # before the exit, and the wedged worker ran on.
+    with contextlib.suppress(OSError):
+        if in_loop:
+            dump_task_stacks(f"watchdog: {reason}", detector=detector)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     _exit(EXIT_WATCHDOG)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import importlib
 import os
@@ -193,13 +194,17 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> int:
         # Tasks that swallowed cancellation, and threads (which nothing can cancel),
         # would hold the interpreter's exit for as long as they run, while their jobs,
         # handed back, may already run elsewhere: leave now.
-        print(
-            f"taskq-worker: exiting with {len(lingering)} job task(s) that ignored "
-            f"cancellation and {threads} sync actor or thread call(s) still running",
-            file=sys.stderr,
-        )
-        sys.stdout.flush()
-        sys.stderr.flush()
+        # Not with stderr gone (a log shipper's pipe): its BrokenPipeError skipped the
+        # exit, which then waited for those threads.
+        with contextlib.suppress(OSError):
+            print(
+                f"taskq-worker: exiting with {len(lingering)} job task(s) that ignored "
+                f"cancellation and {threads} sync actor or thread call(s) still running",
+                file=sys.stderr,
+            )
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError):
+                stream.flush()
         os._exit(code)
     return code
 

@@ -8,7 +8,7 @@ import enum
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -649,10 +649,9 @@ class _Tenant(str):
     pass
 
 
-async def test_an_async_provider_that_sets_a_context_variable_resets_it_at_teardown() -> None:
-    # Its teardown ran in a task of its own, in a copy of the job's context: the token
-    # was "created in a different Context", the teardown failed, and so did every job.
-    resets: list[str] = []
+def _tenant_scope(resets: list[str]) -> Callable[[], AsyncIterator[_Tenant]]:
+    """A provider that sets ``_tenant`` to "acme" as it enters and resets it as it exits,
+    appending what ``_tenant`` reads then to ``resets``."""
 
     async def tenant_scope() -> AsyncIterator[_Tenant]:
         token = _tenant.set("acme")
@@ -661,6 +660,15 @@ async def test_an_async_provider_that_sets_a_context_variable_resets_it_at_teard
         finally:
             _tenant.reset(token)
             resets.append(_tenant.get())
+
+    return tenant_scope
+
+
+async def test_an_async_provider_that_sets_a_context_variable_resets_it_at_teardown() -> None:
+    # Its teardown ran in a task of its own, in a copy of the job's context: the token
+    # was "created in a different Context", the teardown failed, and so did every job.
+    resets: list[str] = []
+    tenant_scope = _tenant_scope(resets)
 
     @actor(name="tenanted", max_attempts=1)
     async def tenanted(payload: dict[str, Any], who: _Tenant) -> str:
@@ -731,14 +739,7 @@ async def test_a_sync_actors_async_provider_resets_the_context_variable_it_set()
     # Made on the loop in a task of its own and exited from the job's: the token was
     # "created in a different Context", and every job failed on its teardown.
     resets: list[str] = []
-
-    async def tenant_scope() -> AsyncIterator[_Tenant]:
-        token = _tenant.set("acme")
-        try:
-            yield _Tenant("acme")
-        finally:
-            _tenant.reset(token)
-            resets.append(_tenant.get())
+    tenant_scope = _tenant_scope(resets)
 
     @actor(name="tenanted_sync", max_attempts=1)
     def tenanted_sync(payload: dict[str, Any], who: _Tenant) -> str:

@@ -516,16 +516,7 @@ async def test_cancelled_while_a_provider_enters_it_is_cut_and_cleaned_before_th
 
     registry.register(Audit, slow_audit, scope=Scope.TRANSIENT)
 
-    async def audited(payload: int, audit: Audit) -> None:
-        pytest.fail("the body must not run")
-
-    async def run() -> None:
-        async with build_actor_scope(audited, registry, containers, {"payload": 1}) as scope:
-            await scope.invoke()
-
-    task = asyncio.create_task(run(), context=own_context())
-    await entering.wait()
-    task.cancel()
+    task = await _cut_while_entering(registry, containers, entering)
     with pytest.raises(asyncio.CancelledError):
         await task
     assert steps == ["connect cut"]
@@ -552,6 +543,21 @@ async def test_a_provider_that_enters_despite_its_cut_is_exited_before_the_cance
 
     registry.register(Audit, stubborn_audit, scope=Scope.TRANSIENT)
 
+    task = await _cut_while_entering(registry, containers, entering)
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert done, "the cancel never ended: it waited for the provider's task, held open"
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert steps == ["cut swallowed", "closed"]
+    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("taskq-provider-")]
+
+
+async def _cut_while_entering(
+    registry: ProviderRegistry, containers: dict[Scope, Container], entering: asyncio.Event
+) -> asyncio.Task[None]:
+    """An invocation of an actor needing ``Audit``, cancelled once its provider is
+    entering (``entering`` set); the actor's body must not run."""
+
     async def audited(payload: int, audit: Audit) -> None:
         pytest.fail("the body must not run")
 
@@ -562,9 +568,4 @@ async def test_a_provider_that_enters_despite_its_cut_is_exited_before_the_cance
     task = asyncio.create_task(run(), context=own_context())
     await entering.wait()
     task.cancel()
-    done, _ = await asyncio.wait({task}, timeout=5)
-    assert done, "the cancel never ended: it waited for the provider's task, held open"
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert steps == ["cut swallowed", "closed"]
-    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("taskq-provider-")]
+    return task

@@ -11,6 +11,7 @@ from uuid import UUID
 import pytest
 import structlog
 import structlog.testing
+from asyncpg import exceptions as pg
 
 from taskq import (
     Actor,
@@ -165,7 +166,20 @@ async def _one_job(backend: InMemoryBackend, job_actor: Actor[..., Any]) -> JobR
     return row
 
 
-async def test_a_success_write_failing_longer_than_the_lease_lands_once_it_can() -> None:
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError("connection reset"),
+        # The server out of disk space or memory for a while (53100, 53200): the write
+        # failed for good, and the job whose code had run ran again.
+        pg.DiskFullError("could not extend file"),
+        pg.OutOfMemoryError("out of memory"),
+    ],
+    ids=["connection-reset", "disk-full", "out-of-memory"],
+)
+async def test_a_success_write_failing_longer_than_the_lease_lands_once_it_can(
+    error: Exception,
+) -> None:
     # The heartbeat renews every job locked by its worker. A worker that gave up on
     # the write (it used to, after one lease) left the job running and locked, renewed
     # for as long as it lived: never finished, never reclaimed.
@@ -174,7 +188,7 @@ async def test_a_success_write_failing_longer_than_the_lease_lands_once_it_can()
 
         def _blip(self) -> None:
             if asyncio.get_running_loop().time() < self.failing_until:
-                raise OSError("connection reset")
+                raise error
 
         async def mark_succeeded(self, *args: Any, **kwargs: Any) -> Any:
             self._blip()

@@ -29,6 +29,11 @@ TRANSIENT_PG_ERRORS: Final[tuple[type[BaseException], ...]] = (
     pg.AdminShutdownError,  # 57P01: restart or shutdown
     pg.CannotConnectNowError,  # 57P03: crash recovery
     pg.TooManyConnectionsError,  # 53300: server saturated
+    # 53100 and 53200: the server out of disk space or memory for the moment. Each lasts
+    # until someone else frees some; not retried, an outcome write failed for good (and
+    # the job whose code had run ran again), and five in a row ended the worker.
+    pg.DiskFullError,
+    pg.OutOfMemoryError,
     # 55000 and its kin: the database is not accepting connections (ALLOW_CONNECTIONS
     # false, for a maintenance window), a lock wait past the session's lock_timeout
     # (55P03), an object in use (55006). Each lasts until someone else is done. Of the

@@ -297,7 +297,8 @@ class SingletonCollisionError(EnqueueError):
 
 class RetryRefusedError(TaskQError):
     """An operator's retry of a finished job was refused: run again, it could only fail
-    at once (its ``schedule_to_close`` deadline has passed). Enqueue a new job instead."""
+    at once (its ``schedule_to_close`` deadline has passed), or its batch was aborted (the
+    leader's sweep cancelled it again). Enqueue a new job instead."""
 
     @classmethod
     def past_deadline(cls, job_id: object, deadline: object) -> RetryRefusedError:
@@ -306,6 +307,15 @@ class RetryRefusedError(TaskQError):
             f"job {job_id} cannot run again: its schedule_to_close deadline passed at "
             f"{deadline}, so a retry would fail at once (DeadlineExceeded); enqueue a new "
             f"job instead"
+        )
+
+    @classmethod
+    def in_aborted_batch(cls, job_id: object, batch_id: object) -> RetryRefusedError:
+        """The refusal of a retry of ``job_id``, a child of the aborted batch ``batch_id``."""
+        return cls(
+            f"job {job_id} cannot run again: its batch {batch_id} was aborted (its finalizer "
+            f"has run), and the leader cancels the waiting children of an aborted batch; "
+            f"enqueue a new job instead"
         )
 
 

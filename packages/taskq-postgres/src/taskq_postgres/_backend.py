@@ -1612,6 +1612,8 @@ class PostgresBackend:
             )
         if record is not None and record["late"] is not None:
             raise RetryRefusedError.past_deadline(job_id, record["late"].isoformat())
+        if record is not None and record["aborted"] is not None:
+            raise RetryRefusedError.in_aborted_batch(job_id, record["aborted"])
         return bool(record is not None and record["changed"])
 
     # -- sweeps ----------------------------------------------------------------------------

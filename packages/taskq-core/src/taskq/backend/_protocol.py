@@ -169,6 +169,8 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     children's failures since its last success, in the order they ended, reached its
 #     threshold: children failing at once, the first hook completed the batch before
 #     the others' failures counted.
+#     retry_job refuses a child of an aborted batch (RetryRefusedError): retried, the
+#     stale-batch sweep cancelled it again, after retry_job had answered True.
 #     SupportsLateOutcomes.record_late_outcome adds nothing when the job's history
 #     has a late outcome of the same attempt, worker and outcome (a worker's retry
 #     whose first try landed, its reply lost, was kept twice).
@@ -469,7 +471,8 @@ class Backend(Protocol):
         least one attempt left). False for any other status; ``SingletonCollisionError``
         for a singleton whose identity another active job holds; ``RetryRefusedError``
         for a job whose ``schedule_to_close`` deadline has passed (on the backend's
-        clock): it could only fail again at once."""
+        clock): it could only fail again at once, and for a child of an aborted batch:
+        the stale-batch sweep cancels an aborted batch's waiting children."""
         ...
 
     # -- sweeps (the backend's clock is the arbiter) ------------------------

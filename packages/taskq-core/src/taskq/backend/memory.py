@@ -906,6 +906,9 @@ class InMemoryBackend:
         now = self.clock.now()
         if row.deadline_at is not None and row.deadline_at <= now:
             raise RetryRefusedError.past_deadline(job_id, row.deadline_at.isoformat())
+        batch = None if row.batch_id is None else self._batches.get(row.batch_id)
+        if batch is not None and batch.status == "aborted":
+            raise RetryRefusedError.in_aborted_batch(job_id, batch.id)
         # An operator reset, not a state-machine transition (terminal statuses have
         # none), so it is written without the transition check.
         self._store.write_status(

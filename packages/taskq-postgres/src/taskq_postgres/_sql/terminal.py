@@ -529,10 +529,13 @@ RETRY_JOB: Final = """
 -- does); the caller holds the singleton's lock (SINGLETON_LOCKS), taken in an earlier
 -- statement of the transaction so that this one's snapshot sees a competing enqueue.
 -- A job past its schedule_to_close deadline is not retried (late: its deadline): it
--- could only fail again at once. $1 job, $2 wake channel.
+-- could only fail again at once. Nor is a child of an aborted batch (aborted: its
+-- batch): the leader's sweep cancels an aborted batch's waiting children again.
+-- $1 job, $2 wake channel.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 target AS (
-    SELECT j.id, j.status, j.actor, j.identity_key, j.singleton, j.schedule_to_close_deadline
+    SELECT j.id, j.status, j.actor, j.identity_key, j.singleton, j.schedule_to_close_deadline,
+           j.metadata ->> 'batch_id' AS batch_id
     FROM {schema}.jobs j
     WHERE j.id = $1 AND j.status IN ('failed', 'crashed', 'cancelled', 'abandoned')
     FOR UPDATE
@@ -541,6 +544,11 @@ late AS (
     SELECT t.schedule_to_close_deadline AS deadline
     FROM target t CROSS JOIN now n
     WHERE t.schedule_to_close_deadline <= n.ts
+),
+aborted AS (
+    SELECT b.id
+    FROM target t JOIN {schema}.batches b ON b.id = t.batch_id::uuid
+    WHERE b.status = 'aborted'
 ),
 holder AS (
     SELECT o.id
@@ -559,6 +567,7 @@ retried AS (
         error_class = NULL, error_message = NULL, error_traceback = NULL
     FROM target t CROSS JOIN now n
     WHERE j.id = t.id AND NOT EXISTS (SELECT 1 FROM holder) AND NOT EXISTS (SELECT 1 FROM late)
+      AND NOT EXISTS (SELECT 1 FROM aborted)
     RETURNING j.id, t.status AS from_status
 ),
 event AS (
@@ -573,7 +582,8 @@ notified AS (
     WHERE $2::text IS NOT NULL AND EXISTS (SELECT 1 FROM retried)
 )
 SELECT (SELECT count(*) FROM retried) AS changed, (SELECT count(*) FROM notified) AS notified,
-       (SELECT h.id FROM holder h) AS holder, (SELECT l.deadline FROM late l) AS late
+       (SELECT h.id FROM holder h) AS holder, (SELECT l.deadline FROM late l) AS late,
+       (SELECT a.id FROM aborted a) AS aborted
 """
 
 RETRY_TARGET: Final = """

@@ -9,6 +9,7 @@ from uuid import UUID, uuid4
 import pytest
 
 from taskq.backend import Backend, JobStatus, SupportsBatchChildCheck, SupportsBatchFailureCount
+from taskq.errors import RetryRefusedError
 from taskq.models import (
     BatchChildEnd,
     BatchFilter,
@@ -530,6 +531,24 @@ class BatchTests:
         assert_close(released.scheduled_at, batch.completed_at)
         dispatched = await backend.dispatch_batch(uuid4(), [_QUEUE], 10, LONG_LEASE)
         assert [row.id for row in dispatched] == [finalizer.id]
+
+    @covers("retry_job", "abort_batch")
+    async def test_a_child_of_an_aborted_batch_is_not_retried(self, backend: Backend) -> None:
+        # Put back to pending, the stale-batch sweep cancelled it again ("Batch
+        # aborted"), though retry_job had answered True. A child of a completed batch is
+        # retried: nothing cancels it.
+        batch_id, children, _ = await _tracked_batch(backend, {}, {})
+        assert await backend.abort_batch(batch_id) == 2
+        with pytest.raises(RetryRefusedError, match="aborted"):
+            await backend.retry_job(children[0].id)
+        after = await fetch(backend, children[0].id)
+        assert after.status is JobStatus.CANCELLED
+        await assert_history_consistent(backend, children[0].id)
+        done_id, done_children, _ = await _tracked_batch(backend, {})
+        await backend.write_cancel_request(done_children[0].id, "not needed")
+        await backend.complete_batch(done_id)
+        assert (await _batch(backend, done_id)).status == "complete"
+        assert await backend.retry_job(done_children[0].id)
 
     @covers("complete_batch")
     async def test_complete_batch_completes_once_and_releases_the_finalizer(

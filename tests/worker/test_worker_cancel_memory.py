@@ -4,7 +4,7 @@ does to a job that snoozes, whose outcome is being written, or that has not star
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -362,9 +362,13 @@ async def test_a_job_a_stop_left_behind_writes_nothing_when_its_actor_returns() 
     assert "taskq.ownership-lost" not in events
 
 
-async def test_a_stop_leaves_a_job_written_off_past_its_limit_to_its_failure_write() -> None:
-    # The failure's write kept failing (the database away) into a stop, which handed the
-    # job back as interrupted: it ran again, though its code may still be running.
+async def _written_off_into_a_stop(
+    name: str, seconds: float, before_stop: Callable[[Any], Awaitable[None]]
+) -> tuple[JobRow | None, list[str], list[dict[str, Any]]]:
+    """A job of an actor ignoring its cancellation for ``seconds``, past its 0.1 s timeout:
+    written off, its failure's write failing (the database away); the worker stopped once
+    ``before_stop(worker)`` returns, the database back as the stop reaches ABANDONING.
+    The job's row, its attempts' outcomes, and the worker's logs."""
     import structlog.testing
 
     from taskq import WorkerSettings
@@ -372,7 +376,7 @@ async def test_a_stop_leaves_a_job_written_off_past_its_limit_to_its_failure_wri
     from taskq_testing import TEST_SETTINGS
 
     started = asyncio.Event()
-    stubborn = _outlives_cancellation("written_off_into_a_stop", 2.0, started)
+    stubborn = _outlives_cancellation(name, seconds, started)
     backend = FailuresFailWhileAway()
     tq = TaskQ("memory://", actors=[stubborn], backend=backend)
     async with tq:
@@ -383,6 +387,7 @@ async def test_a_stop_leaves_a_job_written_off_past_its_limit_to_its_failure_wri
         with structlog.testing.capture_logs() as logs:
             running = asyncio.create_task(worker.run())
             await asyncio.wait_for(backend.tried.wait(), 5)  # written off; the write fails
+            await before_stop(worker)
             worker.stop()
             await phase_logged(logs, "ABANDONING")
             backend.away = False  # back as the stop lets go of what still runs
@@ -390,9 +395,19 @@ async def test_a_stop_leaves_a_job_written_off_past_its_limit_to_its_failure_wri
             await asyncio.gather(*worker.lingering_tasks())
         row = await tq.client.get(job.id)
         attempts = await tq.client.get_attempts(job.id)
+    return row, [a.outcome for a in attempts], logs
+
+
+async def test_a_stop_leaves_a_job_written_off_past_its_limit_to_its_failure_write() -> None:
+    # The failure's write kept failing (the database away) into a stop, which handed the
+    # job back as interrupted: it ran again, though its code may still be running.
+    async def at_once(worker: Any) -> None:
+        return None
+
+    row, outcomes, logs = await _written_off_into_a_stop("written_off_into_a_stop", 2.0, at_once)
     assert row is not None and row.status is JobStatus.FAILED
     assert row.error is not None and row.error.error_class == "TimeoutError"
-    assert [a.outcome for a in attempts] == ["failed"]
+    assert outcomes == ["failed"]
     assert "taskq.job-failed-past-its-limit" in [entry["event"] for entry in logs]
 
 
@@ -400,36 +415,14 @@ async def test_a_stop_waits_for_the_write_off_of_a_job_whose_task_has_ended() ->
     # Its task gave in at last and freed its slot, its failure's write still failing (the
     # database away): the stop waited for slots only, let go at once, and the write
     # was never made (the job left running to its lease) though the database came back.
-    import structlog.testing
+    async def slot_freed(worker: Any) -> None:
+        async def freed() -> None:
+            while worker.processed < 1:  # noqa: ASYNC110 - the worker's own count
+                await asyncio.sleep(0.01)
 
-    from taskq import WorkerSettings
-    from taskq.worker import Worker
-    from taskq_testing import TEST_SETTINGS
+        await asyncio.wait_for(freed(), 5)  # the task has ended
 
-    started = asyncio.Event()
-    stubborn = _outlives_cancellation("written_off_task_ended", 0.3, started)
-    backend = FailuresFailWhileAway()
-    tq = TaskQ("memory://", actors=[stubborn], backend=backend)
-    async with tq:
-        job = await tq.client.enqueue(stubborn, {}, timeout=0.1)
-        stop = {"drain_grace_period": "100ms", "termination_grace_period": "5s"}
-        settings = {**TEST_SETTINGS, **_GRACES, **stop, "queues": ["default"]}
-        worker = Worker(tq, WorkerSettings.load(settings, env={}))
-        with structlog.testing.capture_logs() as logs:
-            running = asyncio.create_task(worker.run())
-            await asyncio.wait_for(backend.tried.wait(), 5)  # written off; the write fails
-
-            async def slot_freed() -> None:
-                while worker.processed < 1:  # noqa: ASYNC110 - the worker's own count
-                    await asyncio.sleep(0.01)
-
-            await asyncio.wait_for(slot_freed(), 5)  # the task has ended
-            worker.stop()
-            await phase_logged(logs, "ABANDONING")
-            backend.away = False  # back while the stop may still wait
-            await asyncio.wait_for(running, 10)
-            await asyncio.gather(*worker.lingering_tasks())
-        row = await tq.client.get(job.id)
+    row, _, _ = await _written_off_into_a_stop("written_off_task_ended", 0.3, slot_freed)
     assert row is not None and row.status is JobStatus.FAILED
     assert row.error is not None and row.error.error_class == "TimeoutError"
 

@@ -22,6 +22,7 @@ from taskq import (
     Context,
     FixedBackoff,
     JobFailedError,
+    JobRow,
     JobStatus,
     PayloadValidationError,
     ProviderRegistry,
@@ -664,23 +665,28 @@ def _tenant_scope(resets: list[str]) -> Callable[[], AsyncIterator[_Tenant]]:
     return tenant_scope
 
 
+async def _tenanted_run(job_actor: Any) -> tuple[JobRow | None, list[str]]:
+    """One job of ``job_actor``, whose ``_Tenant`` is :func:`_tenant_scope`'s (TRANSIENT):
+    its stored row, and what ``_tenant`` read after each reset."""
+    resets: list[str] = []
+    providers = ProviderRegistry()
+    providers.register(_Tenant, _tenant_scope(resets), scope=Scope.TRANSIENT)
+    tq = TaskQ("memory://", actors=[job_actor], providers=providers)
+    async with tq:
+        job = await tq.client.enqueue(job_actor, {})
+        await run_until_idle(tq)
+        return await tq.client.get(job.id), resets
+
+
 async def test_an_async_provider_that_sets_a_context_variable_resets_it_at_teardown() -> None:
     # Its teardown ran in a task of its own, in a copy of the job's context: the token
     # was "created in a different Context", the teardown failed, and so did every job.
-    resets: list[str] = []
-    tenant_scope = _tenant_scope(resets)
 
     @actor(name="tenanted", max_attempts=1)
     async def tenanted(payload: dict[str, Any], who: _Tenant) -> str:
         return _tenant.get()
 
-    providers = ProviderRegistry()
-    providers.register(_Tenant, tenant_scope, scope=Scope.TRANSIENT)
-    tq = TaskQ("memory://", actors=[tenanted], providers=providers)
-    async with tq:
-        job = await tq.client.enqueue(tenanted, {})
-        await run_until_idle(tq)
-        row = await tq.client.get(job.id)
+    row, resets = await _tenanted_run(tenanted)
     assert row is not None
     assert (row.status, row.result, row.error) == ("succeeded", "acme", None)
     assert resets == ["none"]
@@ -738,20 +744,12 @@ async def test_an_async_provider_is_exited_in_the_task_that_entered_it(
 async def test_a_sync_actors_async_provider_resets_the_context_variable_it_set() -> None:
     # Made on the loop in a task of its own and exited from the job's: the token was
     # "created in a different Context", and every job failed on its teardown.
-    resets: list[str] = []
-    tenant_scope = _tenant_scope(resets)
 
     @actor(name="tenanted_sync", max_attempts=1)
     def tenanted_sync(payload: dict[str, Any], who: _Tenant) -> str:
         return str(who)
 
-    providers = ProviderRegistry()
-    providers.register(_Tenant, tenant_scope, scope=Scope.TRANSIENT)
-    tq = TaskQ("memory://", actors=[tenanted_sync], providers=providers)
-    async with tq:
-        job = await tq.client.enqueue(tenanted_sync, {})
-        await run_until_idle(tq)
-        row = await tq.client.get(job.id)
+    row, resets = await _tenanted_run(tenanted_sync)
     assert row is not None
     assert (row.status, row.result, row.error) == ("succeeded", "acme", None)
     assert resets == ["none"]
@@ -1527,29 +1525,16 @@ async def test_a_worker_told_no_queues_works_those_of_its_apps_actors() -> None:
     assert Worker(tq, told).settings.queues == ["images"]
 
 
-@pytest.mark.parametrize(
-    ("ending", "outcome"),
-    [
-        (None, "succeeded"),
-        (Snooze(timedelta(seconds=30)), "snoozed"),
-        (RetryAfter(timedelta(seconds=30)), "retry_after"),
-    ],
-    ids=["success", "snooze", "retry_after"],
-)
-async def test_an_outcome_refused_after_a_reclaim_is_kept_as_a_late_outcome_event(
-    ending: Exception | None, outcome: str
-) -> None:
-    # A worker frozen or cut off past its lease: the reclaim recorded the attempt
-    # crashed, and the run's end was only a log line. The history said the job crashed;
-    # it had in fact finished (or asked to run again later).
-    from taskq.backend.clock import FakeClock
-
-    clock = FakeClock()
-    backend = InMemoryBackend(clock=clock)
+async def _ended_after_a_reclaim(
+    backend: InMemoryBackend, clock: Any, name: str, ending: Exception | None
+) -> tuple[JobRow | None, list[Any], list[Any]]:
+    """One job of an actor ``name`` that ends (returns, or raises ``ending``) just as the
+    reclaim takes it, its lease lapsed unseen on ``clock`` (``backend``'s): its row,
+    attempts and events once the worker is done."""
     taken = asyncio.Event()
     release = asyncio.Event()
 
-    @actor(name="late.ender", max_attempts=1)
+    @actor(name=name, max_attempts=1)
     async def ender(payload: dict[str, Any]) -> str:
         taken.set()
         await release.wait()
@@ -1568,9 +1553,34 @@ async def test_an_outcome_refused_after_a_reclaim_is_kept_as_a_late_outcome_even
         release.set()
         assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
         await asyncio.wait_for(running, 10)
-        attempts = await tq.client.get_attempts(job.id)
-        events = await tq.client.get_events(job.id)
-        done = await tq.client.get(job.id)
+        return (
+            await tq.client.get(job.id),
+            await tq.client.get_attempts(job.id),
+            await tq.client.get_events(job.id),
+        )
+
+
+@pytest.mark.parametrize(
+    ("ending", "outcome"),
+    [
+        (None, "succeeded"),
+        (Snooze(timedelta(seconds=30)), "snoozed"),
+        (RetryAfter(timedelta(seconds=30)), "retry_after"),
+    ],
+    ids=["success", "snooze", "retry_after"],
+)
+async def test_an_outcome_refused_after_a_reclaim_is_kept_as_a_late_outcome_event(
+    ending: Exception | None, outcome: str
+) -> None:
+    # A worker frozen or cut off past its lease: the reclaim recorded the attempt
+    # crashed, and the run's end was only a log line. The history said the job crashed;
+    # it had in fact finished (or asked to run again later).
+    from taskq.backend.clock import FakeClock
+
+    clock = FakeClock()
+    done, attempts, events = await _ended_after_a_reclaim(
+        InMemoryBackend(clock=clock), clock, "late.ender", ending
+    )
     assert done is not None and done.status is JobStatus.CRASHED  # the reclaim's verdict
     assert [a.outcome for a in attempts] == ["crashed"]
     [late] = [e for e in events if e.kind == "late_outcome"]
@@ -1598,25 +1608,7 @@ async def test_a_late_outcome_whose_reply_was_lost_is_kept_once() -> None:
 
     clock = FakeClock()
     backend = LateReplyLost(clock=clock)
-    taken = asyncio.Event()
-    release = asyncio.Event()
-
-    @actor(name="late.reply_lost", max_attempts=1)
-    async def ender(payload: dict[str, Any]) -> str:
-        taken.set()
-        await release.wait()
-        return "done"
-
-    tq = TaskQ("memory://", actors=[ender], backend=backend)
-    async with tq:
-        job = await tq.client.enqueue(ender, {})
-        running = asyncio.create_task(run_until_idle(tq, **_RARE_HEARTBEATS))
-        await asyncio.wait_for(taken.wait(), 5)
-        clock.advance(timedelta(minutes=5))  # its lease lapses unseen, as in the test above
-        release.set()
-        assert await backend.reclaim_expired_locks(timedelta(0), timedelta(0)) == 1
-        await asyncio.wait_for(running, 10)
-        events = await tq.client.get_events(job.id)
+    _, _, events = await _ended_after_a_reclaim(backend, clock, "late.reply_lost", None)
     assert backend.lost
     assert [e.detail["outcome"] for e in events if e.kind == "late_outcome"] == ["succeeded"]
 

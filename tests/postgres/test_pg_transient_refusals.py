@@ -19,6 +19,7 @@ from uuid import UUID
 import asyncpg
 import psycopg
 import pytest
+import structlog.testing
 
 from taskq import JobRow, JobStatus, TaskQ, actor
 from taskq.errors import JobFailedError
@@ -220,3 +221,48 @@ async def test_a_success_write_past_the_statement_timeout_on_a_locked_history_ta
     hold = "LOCK TABLE {s}.job_attempts IN SHARE MODE"
     row, _ = await _ends_while_held(own_database, settings, hold, seconds=3)
     assert row.status is JobStatus.SUCCEEDED
+
+
+def _retried_read_only(logs: list[dict[str, Any]]) -> bool:
+    return any(
+        e["event"] == "taskq.outcome-write-retry" and "ReadOnlySQLTransaction" in e["error"]
+        for e in logs
+    )
+
+
+async def test_a_database_made_read_only_for_a_while_is_ridden_out(
+    own_database: PgSchema,
+) -> None:
+    # As a managed database's provider does while its disk is full: every session that
+    # begins meanwhile is read-only (25006), and stays so after the reset. The success
+    # write failed for good (the job ran again); then, retried, it met the same
+    # sessions for the worker's life.
+    tq = TaskQ(own_database.dsn, schema=own_database.name, actors=[sleeper])
+    async with tq:
+        job = await tq.client.enqueue(sleeper, {"seconds": 0})
+        GATES[job.id] = asyncio.Event()
+        with structlog.testing.capture_logs() as logs:
+            async with running(tq, SETTINGS):
+                await _started(job.id)
+                _alter(
+                    own_database.dsn, "ALTER DATABASE {db} SET default_transaction_read_only = on"
+                )
+                try:
+                    _alter(
+                        own_database.dsn,
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = '{db}' AND pid <> pg_backend_pid()",
+                    )
+                    GATES[job.id].set()
+                    async with asyncio.timeout(10):
+                        while not _retried_read_only(logs):  # noqa: ASYNC110 - the worker's log
+                            await asyncio.sleep(0.02)
+                finally:
+                    _alter(
+                        own_database.dsn, "ALTER DATABASE {db} RESET default_transaction_read_only"
+                    )
+                await tq.client.wait_for_result(job.id, timeout=20)
+        attempts = await tq.client.get_attempts(job.id)
+    outcomes = [a.outcome for a in attempts]
+    assert [o for o in outcomes if o != "unstarted"] == ["succeeded"], outcomes
+    assert RUNS[job.id] == 1

@@ -98,7 +98,8 @@ class BoundedPool:
         if budget is None:
             conn = await _acquire(self.pool, None)
             try:
-                yield conn
+                with _ended_if_read_only(conn):
+                    yield conn
             finally:
                 await self.pool.release(conn)
             return
@@ -106,7 +107,8 @@ class BoundedPool:
         conn = await _acquire(self.pool, deadline)
         with _closed_at(conn, deadline, budget):
             try:
-                yield conn
+                with _ended_if_read_only(conn):
+                    yield conn
             finally:
                 # Inside the deadline: should asyncpg's own statement timeout fire first,
                 # the release waits for its cancel request, which a stalled network
@@ -165,12 +167,14 @@ class BoundedPool:
             # A restart ends every pooled connection: at worst each is replaced in turn.
             for _ in range(self.pool.get_max_size()):
                 try:
-                    return await _call(conn, method, query, args, deadline)
+                    with _ended_if_read_only(conn):
+                        return await _call(conn, method, query, args, deadline)
                 except asyncpg.InternalClientError as exc:
                     if not _unsent(exc):
                         raise
                 conn = await _replaced(self.pool, conn, deadline)
-            return await _call(conn, method, query, args, deadline)
+            with _ended_if_read_only(conn):
+                return await _call(conn, method, query, args, deadline)
         finally:
             await _release(self.pool, conn, deadline)
 
@@ -181,6 +185,25 @@ async def _call(
     if deadline is None:
         return await getattr(conn, method)(query, *args)
     return await getattr(conn, method)(query, *args, timeout=_left(deadline))
+
+
+@contextmanager
+def _ended_if_read_only(conn: Proxy) -> Iterator[None]:
+    """Close ``conn`` when a statement on it meets a read-only session (25006), which
+    hands it back to the pool to be replaced: the error is transient, and the retry
+    needs a new session.
+
+    A managed database's provider sets ``default_transaction_read_only`` while its disk
+    is full and resets it once space is freed; an operator sets it for a maintenance
+    window. The setting is read when a session begins: a session that began read-only
+    stays so after the reset (the pool's ``RESET ALL`` on release keeps it), and every
+    write on it failed for the worker's life.
+    """
+    try:
+        yield
+    except asyncpg.ReadOnlySQLTransactionError:
+        conn.terminate()
+        raise
 
 
 _UNSENT = ("cannot switch to state", "not connected")
@@ -350,9 +373,10 @@ class PinnedConnection:
     async def _call(
         self, conn: Proxy, method: str, query: str, args: tuple[Any, ...], deadline: float | None
     ) -> Any:
-        if self._prepared and method == "fetchrow":
-            return await self._fetchrow_prepared(conn, query, args, deadline)
-        return await _call(conn, method, query, args, deadline)
+        with _ended_if_read_only(conn):
+            if self._prepared and method == "fetchrow":
+                return await self._fetchrow_prepared(conn, query, args, deadline)
+            return await _call(conn, method, query, args, deadline)
 
     async def _fetchrow_prepared(
         self, conn: Proxy, query: str, args: tuple[Any, ...], deadline: float | None

@@ -42,6 +42,11 @@ TRANSIENT_PG_ERRORS: Final[tuple[type[BaseException], ...]] = (
     # setting given per session, in a DSN's options) at connect, which refuses it as
     # a ConfigurationError (_connect.translated_errors).
     pg.ObjectNotInPrerequisiteStateError,
+    # 25006: a read-only session (a provider's default_transaction_read_only while the
+    # disk is full, an operator's for a maintenance window). It lasts until the setting
+    # is reset; the connection that met it is replaced (_bounded): a session keeps the
+    # value it began with.
+    pg.ReadOnlySQLTransactionError,
     pg.DeadlockDetectedError,  # 40P01
     pg.SerializationError,  # 40001
     pg.IdleSessionTimeoutError,

@@ -47,6 +47,39 @@ def test_it_forwards_both_ways(echo_port: int) -> None:
         assert _echo_through(proxy.port, b"ping") == b"ping"
 
 
+class _AnswerAtEnd(socketserver.BaseRequestHandler):
+    """Reads the whole request (until the client shuts down its writing half), then
+    answers it."""
+
+    def handle(self) -> None:
+        request = b""
+        while data := self.request.recv(4096):
+            request += data
+        time.sleep(0.05)  # the proxy has seen the client's end long before
+        self.request.sendall(request.upper())
+
+
+def test_a_half_closed_connection_still_carries_the_answer() -> None:
+    # The client's end of writing ended the whole connection: the answer was dropped.
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _AnswerAtEnd)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        with TcpProxy(int(server.server_address[1])) as proxy:
+            with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as client:
+                client.sendall(b"ping")
+                client.shutdown(socket.SHUT_WR)
+                answer = b""
+                while data := client.recv(4096):
+                    answer += data
+            assert answer == b"PING"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
 def test_a_cut_drops_open_connections_and_refuses_new_ones_until_restored(echo_port: int) -> None:
     with TcpProxy(echo_port) as proxy:
         port = proxy.port

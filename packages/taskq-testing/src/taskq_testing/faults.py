@@ -124,8 +124,13 @@ class TcpProxy:
                 conn, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # the client gave up before its connection was accepted
+            except ConnectionError:  # the client gave up before its connection was accepted
                 continue
+            except OSError:
+                # Out of file descriptors (or memory): asked again on the loop's next turn,
+                # which lets the other connections run (and end) meanwhile; looping here
+                # would block the proxy's thread for good, a cut or the shutdown included.
+                return
             conn.setblocking(False)
             self._sockets.add(conn)
             task = loop.create_task(self._forward(conn))
@@ -151,7 +156,7 @@ class TcpProxy:
         upstream = socket.socket(self._target_family, socket.SOCK_STREAM)
         upstream.setblocking(False)
         self._sockets.add(upstream)
-        pipes: list[asyncio.Task[None]] = []
+        pipes: list[asyncio.Task[bool]] = []
         try:
             with contextlib.suppress(OSError):
                 await loop.sock_connect(upstream, self._target)
@@ -159,8 +164,16 @@ class TcpProxy:
                     loop.create_task(_pipe(loop, conn, upstream, self._flowing)),
                     loop.create_task(_pipe(loop, upstream, conn, self._flowing)),
                 ]
-                # Either side closing (or failing) ends the connection, as a cut would.
-                await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+                # A side that closes is passed on as a half-close: the other direction
+                # still carries what the peer answers (a reply to a request the client
+                # sent before shutting down its writing half was dropped). The
+                # connection ends once both directions have ended, or when either fails
+                # (a reset, as a cut would).
+                pending: set[asyncio.Task[bool]] = set(pipes)
+                while pending:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    if not all(pipe.result() for pipe in done):
+                        break
         finally:  # also when cancelled by a cut or the shutdown
             for pipe in pipes:
                 pipe.cancel()
@@ -175,12 +188,17 @@ async def _pipe(
     source: socket.socket,
     sink: socket.socket,
     flowing: asyncio.Event,
-) -> None:
-    with contextlib.suppress(OSError):
+) -> bool:
+    """Carry ``source``'s bytes to ``sink`` until ``source`` closes its writing half,
+    passed on as ``sink``'s (True), or either socket fails (False)."""
+    try:
         while True:
             data = await loop.sock_recv(source, 65536)
             # A stall holds what was read, a close included, as a dropped packet is resent.
             await flowing.wait()
             if not data:
-                return
+                sink.shutdown(socket.SHUT_WR)
+                return True
             await loop.sock_sendall(sink, data)
+    except OSError:
+        return False

@@ -65,7 +65,7 @@ async def run_until_idle(
     ``UnknownActorError`` when the worker found nothing left to run but jobs of actors
     ``app`` does not define wait in its queues (a misspelt actor name).
     """
-    if timeout <= 0:
+    if not timeout > 0:  # NaN too: it compares false either way, and never expired
         raise ValueError(f"timeout must be positive (seconds), not {timeout}")
     flags = {**TEST_SETTINGS, **settings, "until_idle": True}
     worker = Worker(app, WorkerSettings.load(flags, env={}))

@@ -55,6 +55,24 @@ async def test_the_schema_is_dropped_afterwards(pg_database_dsn: str) -> None:
     assert not await _schema_exists(pg_database_dsn, schema.name)
 
 
+async def test_a_name_an_existing_schema_has_is_refused_and_the_schema_kept(
+    pg_database_dsn: str,
+) -> None:
+    # It was migrated into, then dropped with CASCADE afterwards: the schema and its data.
+    with migrated_schema(pg_database_dsn) as existing:
+        with (
+            pytest.raises(ValueError, match="already exists"),
+            migrated_schema(pg_database_dsn, existing.name.upper()),
+        ):
+            pass  # pragma: no cover - refused before
+        assert await _schema_exists(pg_database_dsn, existing.name)
+    fresh = unique_schema_name()
+    with migrated_schema(pg_database_dsn, fresh) as schema:
+        assert schema.name == fresh
+        assert await _schema_exists(pg_database_dsn, fresh)
+    assert not await _schema_exists(pg_database_dsn, fresh)
+
+
 def test_a_schema_a_lock_keeps_from_being_dropped_is_named_in_a_warning(
     pg_database_dsn: str,
 ) -> None:

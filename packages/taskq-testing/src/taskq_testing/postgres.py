@@ -127,18 +127,34 @@ def migrated_schema(database_dsn: str, name: str | None = None) -> Iterator[PgSc
 
     Usable from sync and async code alike: the async migrator runs on a
     private event loop in a helper thread, so it neither needs nor disturbs
-    the caller's loop.
+    the caller's loop. A ``name`` that an existing schema has is refused
+    (``ValueError``): the drop afterwards would take that schema and its data
+    with it. A migration that fails drops what it had made.
     """
     from taskq_postgres._migrate import migrate
 
     # Folded as Postgres folds unquoted names, so the quoted DROP below matches.
     schema = validate_schema_name(name or unique_schema_name()).lower()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskq-migrate") as pool:
-        pool.submit(asyncio.run, migrate(database_dsn, schema)).result()
+    if name is not None and _schema_exists(database_dsn, schema):
+        raise ValueError(
+            f"schema {schema!r} already exists in {_where(database_dsn)}: migrated_schema "
+            f"makes a new schema and drops it afterwards; give a name no schema has, or "
+            f"none for a random one"
+        )
     try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskq-migrate") as pool:
+            pool.submit(asyncio.run, migrate(database_dsn, schema)).result()
         yield PgSchema(database_dsn, schema)
     finally:
         _drop_schema(database_dsn, schema)
+
+
+def _schema_exists(database_dsn: str, schema: str) -> bool:
+    import psycopg
+
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+        return found.fetchone() is not None
 
 
 def _drop_schema(database_dsn: str, schema: str) -> None:

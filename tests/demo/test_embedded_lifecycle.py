@@ -112,6 +112,46 @@ def test_a_postmaster_pid_naming_another_process_is_refused_not_signalled(
     assert interrupted == []
 
 
+@pytest.mark.parametrize("content", ["", "garbage\n", "999999999\n", "99999999999999999999\n"])
+def test_an_unreadable_postmaster_pid_is_said_not_a_traceback(tmp_path: Path, content: str) -> None:
+    # pgserver's parse of the file failed with a bare AssertionError, in every command.
+    from taskq_postgres._embedded import EmbeddedServerError, data_dir, find_running, stop
+
+    pgdata = data_dir(tmp_path)
+    pgdata.mkdir(parents=True)
+    (pgdata / "postmaster.pid").write_text(content)
+    for call in (find_running, stop):
+        with pytest.raises(EmbeddedServerError, match=r"postmaster.pid cannot be read .* delete"):
+            call(tmp_path)
+
+
+def test_a_postmaster_pid_its_live_server_is_still_writing_is_read_once_complete(
+    tmp_path: Path,
+) -> None:
+    # A server starting writes the file in steps: a reading in between found it short.
+    import threading
+
+    from taskq_postgres._embedded import EmbeddedServerError, data_dir, find_running
+
+    pgdata = data_dir(tmp_path)
+    pgdata.mkdir(parents=True)
+    (pgdata / "PG_VERSION").write_text("15\n")
+    pid_file = pgdata / "postmaster.pid"
+    pid_file.write_text(f"{os.getpid()}\n{pgdata}\n1700000000\n5432\n")
+    complete = threading.Timer(
+        0.3,
+        pid_file.write_text,
+        [f"{os.getpid()}\n{pgdata}\n1700000000\n5432\n/tmp\n127.0.0.1\n  1  2\nready   \n"],
+    )
+    complete.start()
+    try:
+        # Read whole: this process is no PostgreSQL, which only the whole file shows.
+        with pytest.raises(EmbeddedServerError, match="not a PostgreSQL server on this dir"):
+            find_running(tmp_path)
+    finally:
+        complete.join()
+
+
 def test_a_project_path_too_long_for_a_socket_still_finds_and_stops_its_server(
     tmp_path: Path,
 ) -> None:

@@ -48,6 +48,8 @@ SHOWN_DIR: Final = "./.taskq/"
 """How messages name the directory: relative, as the user typed nothing."""
 
 _STOP_TIMEOUT_SECONDS: Final = 30.0
+_STARTING_WAIT_SECONDS: Final = 5.0
+"""How long a ``postmaster.pid`` that its live server is still writing is read again."""
 
 
 class EmbeddedServerError(TaskQError):
@@ -96,10 +98,7 @@ def find_running(base: Path | None = None) -> EmbeddedServer | None:
     process, and the commands connect wherever the file said.
     """
     pgdata = data_dir(base)
-    with _quiet_runtime_dir():
-        from pgserver.utils import PostmasterInfo
-
-        info = PostmasterInfo.read_from_pgdata(pgdata)
+    info = _read_postmaster_pid(pgdata)
     if info is None or not info.is_running():
         return None
     problem = _not_ours(info, pgdata)
@@ -110,6 +109,39 @@ def find_running(base: Path | None = None) -> EmbeddedServer | None:
             f"{SHOWN_DIR}pgdata, delete the file and run the command again"
         )
     return EmbeddedServer(pid=info.pid, dsn=info.get_uri())
+
+
+def _read_postmaster_pid(pgdata: Path) -> Any:
+    """pgserver's reading of ``pgdata``'s ``postmaster.pid`` (None: no file).
+
+    A server that is starting writes the file in steps, so a reading in between finds
+    it short: read again while the pid it names lives, for a while. A file that stays
+    unreadable is ``EmbeddedServerError`` (pgserver's own parse failed with a bare
+    traceback, and PostgreSQL refuses to start over such a file).
+    """
+    with _quiet_runtime_dir():
+        from pgserver.utils import PostmasterInfo
+
+    pid_file = pgdata / "postmaster.pid"
+    deadline = time.monotonic() + _STARTING_WAIT_SECONDS
+    while True:
+        try:
+            return PostmasterInfo.read_from_pgdata(pgdata)
+        except AssertionError:  # pgserver's check of the line count
+            problem = "it lacks lines a running server's file has"
+        except (ValueError, OSError) as exc:
+            problem = " ".join(str(exc).split())[:160] or type(exc).__name__
+        try:
+            named = int(pid_file.read_text().split("\n", 1)[0])
+        except (OSError, ValueError):
+            named = None
+        if named is None or named <= 0 or not _alive(named) or time.monotonic() > deadline:
+            raise EmbeddedServerError(
+                f"{SHOWN_DIR}pgdata/postmaster.pid cannot be read ({problem}): left incomplete "
+                f"by a server that crashed while it started? If no PostgreSQL runs on "
+                f"{SHOWN_DIR}pgdata, delete the file and run the command again"
+            )
+        time.sleep(0.05)
 
 
 def _not_ours(info: Any, pgdata: Path) -> str | None:
@@ -203,7 +235,7 @@ def stop(base: Path | None = None, *, timeout: float = _STOP_TIMEOUT_SECONDS) ->
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # no such pid; none so large (a bad file)
         return False
     except PermissionError:  # exists, owned by someone else
         return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -61,6 +61,19 @@ def test_migrate_without_a_dsn_uses_the_embedded_server(project: Path) -> None:
     assert "using the running embedded PostgreSQL under ./.taskq/" in again.stderr
     assert again.stdout.strip() == "schema taskq is up to date"
     assert _status(project)["pid"] == running["pid"]
+
+
+def test_commands_started_together_share_the_server_one_of_them_starts(project: Path) -> None:
+    # The others read its postmaster.pid while it was being written (initdb's backends
+    # write their own): one command in three failed, with pgserver's AssertionError.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(lambda _: taskq("migrate", cwd=project), range(3)))
+    for result in results:
+        assert result.returncode == 0, result.stderr
+        assert "plugin-hook-failed" not in result.stderr
+    assert _status(project)["running"] is True
 
 
 def test_stop_ends_the_server_and_keeps_its_data(project: Path) -> None:
@@ -119,16 +132,28 @@ def test_an_unreadable_postmaster_pid_is_said_not_a_traceback(tmp_path: Path, co
 
     pgdata = data_dir(tmp_path)
     pgdata.mkdir(parents=True)
-    (pgdata / "postmaster.pid").write_text(content)
+    pid_file = pgdata / "postmaster.pid"
+    pid_file.write_text(content)
+    os.utime(pid_file, (1_700_000_000, 1_700_000_000))  # left long ago
     for call in (find_running, stop):
         with pytest.raises(EmbeddedServerError, match=r"postmaster.pid cannot be read .* delete"):
             call(tmp_path)
 
 
-def test_a_postmaster_pid_its_live_server_is_still_writing_is_read_once_complete(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    "first",
+    [
+        pytest.param(lambda: f"{os.getpid()}\n/x\n1700000000\n5432\n", id="short-live-pid"),
+        # initdb's single-user backends write their pid negated; and a file just made.
+        pytest.param(lambda: f"-{os.getpid()}\n/x\n", id="negated-pid"),
+        pytest.param(lambda: "", id="just-created"),
+    ],
+)
+def test_a_postmaster_pid_a_starting_server_is_still_writing_is_read_once_complete(
+    tmp_path: Path, first: Callable[[], str]
 ) -> None:
-    # A server starting writes the file in steps: a reading in between found it short.
+    # A server starting writes the file in steps: a reading in between found it short,
+    # and a command run while another started the server failed.
     import threading
 
     from taskq_postgres._embedded import EmbeddedServerError, data_dir, find_running
@@ -137,7 +162,7 @@ def test_a_postmaster_pid_its_live_server_is_still_writing_is_read_once_complete
     pgdata.mkdir(parents=True)
     (pgdata / "PG_VERSION").write_text("15\n")
     pid_file = pgdata / "postmaster.pid"
-    pid_file.write_text(f"{os.getpid()}\n{pgdata}\n1700000000\n5432\n")
+    pid_file.write_text(first())
     complete = threading.Timer(
         0.3,
         pid_file.write_text,

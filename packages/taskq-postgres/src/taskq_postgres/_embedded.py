@@ -48,8 +48,8 @@ SHOWN_DIR: Final = "./.taskq/"
 """How messages name the directory: relative, as the user typed nothing."""
 
 _STOP_TIMEOUT_SECONDS: Final = 30.0
-_STARTING_WAIT_SECONDS: Final = 5.0
-"""How long a ``postmaster.pid`` that its live server is still writing is read again."""
+_STARTING_WAIT_SECONDS: Final = 30.0
+"""How long a ``postmaster.pid`` that a server may still be writing is read again."""
 
 
 class EmbeddedServerError(TaskQError):
@@ -114,10 +114,12 @@ def find_running(base: Path | None = None) -> EmbeddedServer | None:
 def _read_postmaster_pid(pgdata: Path) -> Any:
     """pgserver's reading of ``pgdata``'s ``postmaster.pid`` (None: no file).
 
-    A server that is starting writes the file in steps, so a reading in between finds
-    it short: read again while the pid it names lives, for a while. A file that stays
-    unreadable is ``EmbeddedServerError`` (pgserver's own parse failed with a bare
-    traceback, and PostgreSQL refuses to start over such a file).
+    A server that is starting writes the file in steps, and while ``initdb`` runs, each
+    of its single-user backends writes one of its own (its pid negated) and removes it;
+    a reading in between finds it empty or short. So a file that its writer (alive) may
+    still complete, or that was written within the last seconds, is read again, for a
+    while. One that stays unreadable is ``EmbeddedServerError`` (pgserver's own parse
+    failed with a bare traceback, and PostgreSQL refuses to start over such a file).
     """
     with _quiet_runtime_dir():
         from pgserver.utils import PostmasterInfo
@@ -132,16 +134,27 @@ def _read_postmaster_pid(pgdata: Path) -> Any:
         except (ValueError, OSError) as exc:
             problem = " ".join(str(exc).split())[:160] or type(exc).__name__
         try:
-            named = int(pid_file.read_text().split("\n", 1)[0])
+            named = abs(int(pid_file.read_text().split("\n", 1)[0]))
         except (OSError, ValueError):
-            named = None
-        if named is None or named <= 0 or not _alive(named) or time.monotonic() > deadline:
+            named = 0
+        being_written = (named > 0 and _alive(named)) or _written_within(
+            pid_file, _STARTING_WAIT_SECONDS
+        )
+        if not being_written or time.monotonic() > deadline:
             raise EmbeddedServerError(
                 f"{SHOWN_DIR}pgdata/postmaster.pid cannot be read ({problem}): left incomplete "
                 f"by a server that crashed while it started? If no PostgreSQL runs on "
                 f"{SHOWN_DIR}pgdata, delete the file and run the command again"
             )
         time.sleep(0.05)
+
+
+def _written_within(path: Path, seconds: float) -> bool:
+    try:
+        age = time.time() - path.stat().st_mtime  # noqa: TID251 - a file's age: wall time
+    except OSError:  # removed meanwhile: read it (or its absence) again
+        return True
+    return age < seconds
 
 
 def _not_ours(info: Any, pgdata: Path) -> str | None:

@@ -125,6 +125,39 @@ def test_a_plain_progress_log_ends_on_the_final_count() -> None:
     assert len(stream.getvalue().splitlines()) == 2
 
 
+async def test_a_blip_while_counting_finished_jobs_does_not_end_the_demo() -> None:
+    # The progress line's read failed with the database's blip, and its task failed the
+    # TaskGroup around the worker: the whole demo ended with a traceback.
+    import asyncio
+    from typing import Any
+
+    from taskq.cli._demo_cmd import _ProgressLine, _watch
+    from taskq.models import JobFilter
+
+    read_again = asyncio.Event()
+
+    class BlippingClient:
+        calls = 0
+
+        async def list_jobs(self, filters: JobFilter) -> list[Any]:
+            self.calls += 1
+            if self.calls == 1:
+                raise ConnectionResetError("connection reset by peer")
+            read_again.set()
+            return [object()] * 7
+
+    stream = io.StringIO()
+    progress = _ProgressLine(stream, 300)
+    watcher = asyncio.create_task(_watch(BlippingClient(), JobFilter(), progress))  # type: ignore[arg-type]
+    await asyncio.wait_for(read_again.wait(), 10)
+    await asyncio.sleep(0)
+    assert not watcher.done()
+    watcher.cancel()
+    assert stream.getvalue().splitlines() == [
+        "taskq demo: [..............................] 7/300 jobs done"
+    ]
+
+
 def test_ctrl_c_before_the_worker_starts_is_said_in_one_line(tmp_path: Path) -> None:
     from tests.demo._support import taskq_interrupted_while_enqueueing
 

@@ -235,8 +235,17 @@ async def _count_finished(client: JobsClient, run: JobFilter) -> int:
 
 
 async def _watch(client: JobsClient, run: JobFilter, progress: _ProgressLine) -> None:
+    from taskq.worker._transient import transient_errors
+
     while True:
-        progress.show(await _count_finished(client, run))
+        try:
+            done = await _count_finished(client, run)
+        except transient_errors():
+            # A blip the worker rides out: it ended the whole demo (the progress line's
+            # task failed its TaskGroup). The count is shown at the next look.
+            pass
+        else:
+            progress.show(done)
         await asyncio.sleep(progress.interval)
 
 

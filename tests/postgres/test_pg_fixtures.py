@@ -73,6 +73,27 @@ async def test_a_name_an_existing_schema_has_is_refused_and_the_schema_kept(
     assert not await _schema_exists(pg_database_dsn, fresh)
 
 
+async def test_a_migration_that_fails_leaves_no_schema_behind(
+    pg_database_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import taskq_postgres._migrate
+
+    name = unique_schema_name()
+
+    async def half_migrate(dsn: str, schema: str) -> None:
+        conn: asyncpg.Connection[Any] = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f"CREATE SCHEMA {schema}; CREATE TABLE {schema}.jobs (id int)")
+        finally:
+            await conn.close()
+        raise RuntimeError("a migration failed halfway")
+
+    monkeypatch.setattr(taskq_postgres._migrate, "migrate", half_migrate)
+    with pytest.raises(RuntimeError, match="halfway"), migrated_schema(pg_database_dsn, name):
+        pass  # pragma: no cover - the migration fails first
+    assert not await _schema_exists(pg_database_dsn, name)
+
+
 def test_a_schema_a_lock_keeps_from_being_dropped_is_named_in_a_warning(
     pg_database_dsn: str,
 ) -> None:

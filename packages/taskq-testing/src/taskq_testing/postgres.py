@@ -19,6 +19,7 @@ pytest plugin in every test run, Postgres or not.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import warnings
@@ -144,6 +145,12 @@ def migrated_schema(database_dsn: str, name: str | None = None) -> Iterator[PgSc
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskq-migrate") as pool:
             pool.submit(asyncio.run, migrate(database_dsn, schema)).result()
+    except BaseException:
+        # What the migration made goes; the migration's error is the one to see.
+        with contextlib.suppress(Exception):
+            _drop_schema(database_dsn, schema)
+        raise
+    try:
         yield PgSchema(database_dsn, schema)
     finally:
         _drop_schema(database_dsn, schema)

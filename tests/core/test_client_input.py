@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_seriali
 
 from taskq import Context, EnqueueItem, JobStatus, TaskQ, actor
 from taskq.backend import Backend
-from taskq.errors import EnqueueOptionsError, PayloadValidationError
+from taskq.errors import ConfigurationError, EnqueueOptionsError, PayloadValidationError
 from taskq.models import INT32_MAX, JobFilter
 
 
@@ -122,6 +122,23 @@ async def test_given_options_are_kept_and_others_come_from_the_actor(
     mine = await tq.client.enqueue(job, {}, result_ttl=0, priority=INT32_MAX, tags=["a"])
     assert (mine.result_ttl, mine.priority, mine.tags) == (timedelta(0), INT32_MAX, ["a"])
     assert (mine.queue, mine.max_attempts, mine.timeout) == ("jobs", 2, timedelta(seconds=30))
+
+
+@actor(name="options.resultless", result_ttl=0)
+async def resultless(payload: dict[str, Any]) -> None:
+    return None
+
+
+async def test_an_actor_result_ttl_of_zero_is_taken_as_enqueue_takes_it(
+    taskq_backend: Backend,
+) -> None:
+    # enqueue(result_ttl=0) keeps no result past the job's end; @actor refused the same
+    # value ("must be positive") at the decoration.
+    tq = TaskQ("memory://", actors=[resultless], backend=taskq_backend)
+    row = await tq.client.enqueue(resultless, {})
+    assert row.result_ttl == timedelta(0)
+    with pytest.raises(ConfigurationError, match="result_ttl must not be negative, got -1"):
+        actor(name="options.negative_ttl", result_ttl=-1)(resultless.fn)
 
 
 async def test_a_filter_and_filter_keywords_together_are_refused(taskq_backend: Backend) -> None:

@@ -31,7 +31,11 @@ R = TypeVar("R")
 CONTEXT_PARAMETER = "ctx"
 
 
-def _as_timedelta(value: timedelta | float | None, option: str) -> timedelta | None:
+def _as_timedelta(
+    value: timedelta | float | None, option: str, *, zero: bool = False
+) -> timedelta | None:
+    """``value`` (seconds or a timedelta) as a timedelta: positive, or not negative
+    with ``zero``."""
     if value is None:
         return None
     try:
@@ -42,8 +46,9 @@ def _as_timedelta(value: timedelta | float | None, option: str) -> timedelta | N
         raise ConfigurationError(
             f"@actor option {option} takes a timedelta or seconds, got {value!r}"
         ) from None
-    if delta <= timedelta(0):
-        raise ConfigurationError(f"@actor option {option} must be positive, got {value!r}")
+    if delta < timedelta(0) or (delta == timedelta(0) and not zero):
+        rule = "must not be negative" if zero else "must be positive"
+        raise ConfigurationError(f"@actor option {option} {rule}, got {value!r}")
     return delta
 
 
@@ -380,7 +385,8 @@ def actor(
             schedule_to_close=_as_timedelta(schedule_to_close, "schedule_to_close"),
             max_concurrent=max_concurrent,
             max_pending=max_pending,
-            result_ttl=_as_timedelta(result_ttl, "result_ttl"),
+            # 0 as enqueue takes it: the result is not kept past the job's end.
+            result_ttl=_as_timedelta(result_ttl, "result_ttl", zero=True),
             identity_key=identity_key,
         )
         _check_enqueueable(options)

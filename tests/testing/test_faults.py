@@ -175,6 +175,21 @@ def test_a_stall_holds_traffic_both_ways_and_new_connections_until_restored(
                 assert sock.recv(4096) == data
 
 
+def test_a_proxy_that_cannot_listen_leaves_no_thread_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refused(*args: object, **kwargs: object) -> socket.socket:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(socket, "create_server", refused)
+    before = set(threading.enumerate())
+    proxy = TcpProxy(5432)
+    with pytest.raises(OSError, match="Too many open files"), proxy:
+        pass  # pragma: no cover - it cannot listen
+    assert set(threading.enumerate()) <= before
+    assert proxy._loop.is_closed()
+
+
 def test_a_dsn_is_pointed_at_the_proxy() -> None:
     # At 127.0.0.1, where the proxy listens: a target of [::1] (or "localhost", which
     # may resolve to it) kept its host, where nothing listened.

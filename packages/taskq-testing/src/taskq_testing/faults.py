@@ -55,7 +55,12 @@ class TcpProxy:
 
     def __enter__(self) -> Self:
         self._thread.start()
-        self._call(self._listen(0))
+        try:
+            self._call(self._listen(0))
+        except BaseException:
+            # No ``with`` body, so no __exit__: the thread and its loop were left running.
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(

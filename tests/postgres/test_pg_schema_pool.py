@@ -56,3 +56,34 @@ async def test_a_reused_schema_comes_back_empty_and_migrated(pg_database_dsn: st
 
 def test_the_fixture_hands_out_a_schema(pg_pooled_schema: PgSchema) -> None:
     assert pg_pooled_schema.name.startswith("t_")
+
+
+async def test_a_migration_that_fails_leaves_no_schema_behind(
+    pg_database_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Never handed out, the half-made schema was neither emptied nor dropped.
+    import taskq_postgres._migrate
+
+    made: list[str] = []
+
+    async def half_migrate(dsn: str, schema: str) -> None:
+        made.append(schema)
+        conn: asyncpg.Connection[Any] = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f"CREATE SCHEMA {schema}")
+        finally:
+            await conn.close()
+        raise RuntimeError("a migration failed halfway")
+
+    monkeypatch.setattr(taskq_postgres._migrate, "migrate", half_migrate)
+    pool = SchemaPool(pg_database_dsn)
+    try:
+        with pytest.raises(RuntimeError, match="halfway"), pool.schema():
+            pass  # pragma: no cover - the migration fails first
+    finally:
+        pool.close()
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_database_dsn)
+    try:
+        assert await conn.fetchval("SELECT to_regnamespace($1)", made[0]) is None
+    finally:
+        await conn.close()

@@ -229,8 +229,14 @@ class SchemaPool:
         from taskq_postgres._migrate import migrate
 
         name = unique_schema_name()
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskq-migrate") as pool:
-            pool.submit(asyncio.run, migrate(self._dsn, name)).result()
+        try:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskq-migrate") as pool:
+                pool.submit(asyncio.run, migrate(self._dsn, name)).result()
+        except BaseException:
+            # Never handed out, so never emptied or dropped: it stayed for the session.
+            with contextlib.suppress(Exception):
+                _drop_schema(self._dsn, name)
+            raise
         return name
 
     def _reset_statement(self, conn: Any, schema: str) -> Any:

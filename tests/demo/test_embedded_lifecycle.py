@@ -125,7 +125,7 @@ def test_a_postmaster_pid_naming_another_process_is_refused_not_signalled(
     assert interrupted == []
 
 
-@pytest.mark.parametrize("content", ["", "garbage\n", "999999999\n", "99999999999999999999\n"])
+@pytest.mark.parametrize("content", ["", "garbage\n", "0\n/x\n"])
 def test_an_unreadable_postmaster_pid_is_said_not_a_traceback(tmp_path: Path, content: str) -> None:
     # pgserver's parse of the file failed with a bare AssertionError, in every command.
     from taskq_postgres._embedded import EmbeddedServerError, data_dir, find_running, stop
@@ -138,6 +138,25 @@ def test_an_unreadable_postmaster_pid_is_said_not_a_traceback(tmp_path: Path, co
     for call in (find_running, stop):
         with pytest.raises(EmbeddedServerError, match=r"postmaster.pid cannot be read .* delete"):
             call(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "content", ["999999999\n/x\n", "-999999999\n/x\n", "99999999999999999999\n"]
+)
+def test_a_short_postmaster_pid_whose_process_is_gone_is_stale(
+    tmp_path: Path, content: str
+) -> None:
+    # Left by an initdb that failed (its single-user backend's, pid negated): PostgreSQL
+    # replaces such a file at its next start, and no server runs to stop.
+    from taskq_postgres._embedded import data_dir, find_running, stop
+
+    pgdata = data_dir(tmp_path)
+    pgdata.mkdir(parents=True)
+    pid_file = pgdata / "postmaster.pid"
+    pid_file.write_text(content)
+    os.utime(pid_file, (1_700_000_000, 1_700_000_000))
+    assert find_running(tmp_path) is None
+    assert stop(tmp_path) is None
 
 
 @pytest.mark.parametrize(

@@ -118,8 +118,10 @@ def _read_postmaster_pid(pgdata: Path) -> Any:
     of its single-user backends writes one of its own (its pid negated) and removes it;
     a reading in between finds it empty or short. So a file that its writer (alive) may
     still complete, or that was written within the last seconds, is read again, for a
-    while. One that stays unreadable is ``EmbeddedServerError`` (pgserver's own parse
-    failed with a bare traceback, and PostgreSQL refuses to start over such a file).
+    while. One whose pid is gone is stale, as PostgreSQL takes it (a start replaces it):
+    None, no server runs (an initdb that failed left one behind). One that stays
+    unreadable is ``EmbeddedServerError`` (pgserver's own parse failed with a bare
+    traceback, and PostgreSQL refuses to start over a file with no pid).
     """
     with _quiet_runtime_dir():
         from pgserver.utils import PostmasterInfo
@@ -135,11 +137,13 @@ def _read_postmaster_pid(pgdata: Path) -> Any:
             problem = " ".join(str(exc).split())[:160] or type(exc).__name__
         try:
             named = abs(int(pid_file.read_text().split("\n", 1)[0]))
+        except FileNotFoundError:
+            continue  # removed meanwhile: read its absence
         except (OSError, ValueError):
             named = 0
-        being_written = (named > 0 and _alive(named)) or _written_within(
-            pid_file, _STARTING_WAIT_SECONDS
-        )
+        if named > 0 and not _alive(named):
+            return None
+        being_written = named > 0 or _written_within(pid_file, _STARTING_WAIT_SECONDS)
         if not being_written or time.monotonic() > deadline:
             raise EmbeddedServerError(
                 f"{SHOWN_DIR}pgdata/postmaster.pid cannot be read ({problem}): left incomplete "

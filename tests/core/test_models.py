@@ -148,6 +148,12 @@ def test_schedule_args_validate_cron_and_timezone() -> None:
         ScheduleCreateArgs(name="n", actor="a", cron="every minute")
     with pytest.raises(ValidationError, match="unknown timezone"):
         ScheduleCreateArgs(name="n", actor="a", cron="* * * * *", timezone="Mars/Base")
+    # Looked up as a file: a region (a directory of zones) and a name past the file
+    # system's limit raised IsADirectoryError and OSError, not a validation error.
+    with pytest.raises(ValidationError, match="'Europe' is a region: name one of its zones"):
+        ScheduleCreateArgs(name="n", actor="a", cron="* * * * *", timezone="Europe")
+    with pytest.raises(ValidationError, match="unknown timezone"):
+        ScheduleUpdateArgs(timezone="a" * 300)
     with pytest.raises(ValidationError, match="invalid cron"):
         ScheduleUpdateArgs(cron="nope")
     # Parses, but names no date: would fail at every computation of its next slot.

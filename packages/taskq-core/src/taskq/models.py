@@ -815,18 +815,24 @@ def _check_timezone(value: str) -> str:
         )
     try:
         ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError):
+    # OSError: the lookup opens a file named by the value, so a region ('Europe', a
+    # directory of zones) or a name past the file system's limit raised the OS's error.
+    except (ZoneInfoNotFoundError, ValueError, OSError):
         from zoneinfo import available_timezones
 
+        zones = available_timezones()
         # Zone names are case-sensitive: 'utc' or 'europe/paris' said only "unknown".
         same = sorted(
             zone
-            for zone in available_timezones()
+            for zone in zones
             if zone.casefold() == value.casefold() and zone.casefold() not in _HOST_ZONES
         )
+        within = sorted(zone for zone in zones if zone.startswith(f"{value}/"))
         hint = (
             f"did you mean {same[0]!r}?"
             if same
+            else f"{value!r} is a region: name one of its zones, e.g. {within[0]!r}"
+            if within
             else "name an IANA zone (e.g. 'Europe/Paris') or 'UTC'"
         )
         raise ValueError(f"unknown timezone {value!r}: {hint}") from None

@@ -171,6 +171,10 @@ def test_a_schedule_refuses_an_actor_or_queue_no_fired_job_could_have() -> None:
     with pytest.raises(ValidationError, match="at most 256 bytes"):
         ScheduleUpdateArgs(queue=long)
     assert ScheduleCreateArgs(name="n", actor="a" * 256, cron="* * * * *").queue is None
+    # The name too: Postgres refused one past an index entry with a driver traceback.
+    with pytest.raises(ValidationError, match="name\n.*at most 256 bytes of UTF-8, got 3000"):
+        ScheduleCreateArgs(name="é" * 1500, actor="a", cron="* * * * *")
+    assert ScheduleCreateArgs(name="n" * 256, actor="a", cron="* * * * *").name == "n" * 256
 
 
 def test_schedule_update_args_unset_the_queue_with_actor_queue_only() -> None:

@@ -147,6 +147,14 @@ def test_cancel_pending_running_and_finished_jobs(cli: Cli) -> None:
     assert "cannot be cancelled: it already finished (cancelled)" in refused
 
 
+def test_a_malformed_before_id_is_said_before_connecting() -> None:
+    # Read after connecting, it waited for a server (an embedded one's start, an
+    # unreachable one's timeout) and then blamed the server, not the typo.
+    nowhere = "postgresql://taskq@127.0.0.1:1/none"  # port 1: refused, were it tried
+    result = run("taskq", "jobs", "list", "--before", "12345", "--dsn", nowhere, env=clean_env())
+    assert "'12345' is not a job id" in error_line(result)
+
+
 @pytest.mark.parametrize("action", ["show", "retry", "cancel"])
 def test_unknown_and_malformed_ids(cli: Cli, action: str) -> None:
     unknown = str(uuid4())

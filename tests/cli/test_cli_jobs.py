@@ -12,7 +12,7 @@ import pytest
 
 from taskq import JobStatus, TaskQ
 from tests.apps import basic
-from tests.cli.cli_helpers import Cli, clean_env, error_line, run
+from tests.cli.cli_helpers import APP, Cli, clean_env, error_line, run
 
 pytestmark = pytest.mark.postgres
 
@@ -147,6 +147,14 @@ def test_cancel_pending_running_and_finished_jobs(cli: Cli) -> None:
     assert "cannot be cancelled: it already finished (cancelled)" in refused
 
 
+def test_a_malformed_before_id_is_said_before_connecting() -> None:
+    # Read after connecting, it waited for a server (an embedded one's start, an
+    # unreachable one's timeout) and then blamed the server, not the typo.
+    nowhere = "postgresql://taskq@127.0.0.1:1/none"  # port 1: refused, were it tried
+    result = run("taskq", "jobs", "list", "--before", "12345", "--dsn", nowhere, env=clean_env())
+    assert "'12345' is not a job id" in error_line(result)
+
+
 @pytest.mark.parametrize("action", ["show", "retry", "cancel"])
 def test_unknown_and_malformed_ids(cli: Cli, action: str) -> None:
     unknown = str(uuid4())
@@ -170,6 +178,28 @@ def test_text_output_escapes_what_a_terminal_would_act_on(cli: Cli) -> None:
     assert "q\\x1b[31mred" in listed
     assert "\\x1b]0;PWNED\\x07\\x1b[2J\\u202egnp.exe" in shown
     assert cli.json("jobs", "show", str(row.id))["job"]["cancel_reason"].startswith("\x1b]0;")
+
+
+def test_a_read_only_database_refusing_a_write_is_one_line_not_a_traceback(cli: Cli) -> None:
+    # A standby (a read replica, a primary a failover demoted) or a role or database
+    # with default_transaction_read_only: every write was the driver's traceback.
+    [row] = cli.seed(("nap", {}, {}))
+    separator = "&" if "?" in cli.pg.dsn else "?"
+    read_only = f"{cli.pg.dsn}{separator}default_transaction_read_only=on"
+    env = clean_env(TASKQ_DSN=read_only, TASKQ_SCHEMA=cli.pg.name)
+    for action in (
+        ("jobs", "cancel", str(row.id)),
+        ("enqueue", APP, "nap", "{}"),
+        ("schedules", "create", "nightly", "nap", "0 3 * * *"),
+    ):
+        line = error_line(run("taskq", *action, env=env))
+        assert "refused a write: cannot execute " in line, (action, line)
+        assert line.endswith("point the DSN (--dsn, TASKQ_DSN) at the primary"), line
+    # Reads still work there, and nothing was written.
+    listed = run("taskq", "jobs", "list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert [(j["id"], j["status"]) for j in json.loads(listed.stdout)] == [(str(row.id), "pending")]
+    assert cli.json("schedules", "list") == []
 
 
 @pytest.mark.parametrize("action", [("jobs", "list"), ("jobs", "show", str(uuid4()))])

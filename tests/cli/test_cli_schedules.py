@@ -116,7 +116,17 @@ def test_refusals_are_one_line_errors(cli: Cli) -> None:
             "timezone: unknown timezone 'europe/paris': did you mean 'Europe/Paris'?"
         ),
         ("update", schedule_id, "--timezone", "utc"): "did you mean 'UTC'?",
+        # A region, looked up as a file, is a directory: an IsADirectoryError traceback.
+        ("create", "bad", "nap", "* * * * *", "--timezone", "America"): (
+            "timezone: unknown timezone 'America': 'America' is a region: name one of its "
+            "zones, e.g. 'America/"
+        ),
         ("create", "bad", "nap", "* * * * *", "--payload", "{oops"): "--payload is not valid JSON",
+        # Past an index entry of the unique name: a ProgramLimitExceededError traceback.
+        # (Random: Postgres compresses a repetitive one below the limit.)
+        ("create", "".join(uuid4().hex for _ in range(100)), "nap", "* * * * *"): (
+            "name: must be at most 256 bytes of UTF-8, got 3200"
+        ),
         ("create", "bad", "nap", "* * * * *", "--payload", "[1]"): (
             "--payload must be a JSON object"
         ),

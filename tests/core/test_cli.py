@@ -112,8 +112,13 @@ def test_every_nested_subcommand_answers_help(capsys: object) -> None:
         assert f"usage: taskq {' '.join(path)}" in out
 
 
-def test_a_reader_that_went_away_is_no_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
-    # `taskq jobs list | head`: head exits, the next write meets a closed pipe.
+@pytest.mark.parametrize("argv", [["plugins"], ["--version"]])
+def test_a_reader_that_went_away_is_no_traceback(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    # `taskq jobs list | head`: head exits, the next write meets a closed pipe. And
+    # `taskq --version | head -1`, whose text argparse prints: a BrokenPipeError
+    # traceback, or a SystemExit(0) whose flush at exit failed.
     import io
     import os
 
@@ -125,7 +130,7 @@ def test_a_reader_that_went_away_is_no_traceback(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr("sys.stdout", closed)
     # In-process: leave the logging configuration of the tests that follow alone.
     monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
-    assert main(["plugins"]) == 1  # and no BrokenPipeError escaped
+    assert main(argv) == 1  # and no BrokenPipeError escaped
     closed.close()  # what is left in its buffer goes to /dev/null now, without an error
 
 

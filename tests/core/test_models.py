@@ -148,6 +148,12 @@ def test_schedule_args_validate_cron_and_timezone() -> None:
         ScheduleCreateArgs(name="n", actor="a", cron="every minute")
     with pytest.raises(ValidationError, match="unknown timezone"):
         ScheduleCreateArgs(name="n", actor="a", cron="* * * * *", timezone="Mars/Base")
+    # Looked up as a file: a region (a directory of zones) and a name past the file
+    # system's limit raised IsADirectoryError and OSError, not a validation error.
+    with pytest.raises(ValidationError, match="'Europe' is a region: name one of its zones"):
+        ScheduleCreateArgs(name="n", actor="a", cron="* * * * *", timezone="Europe")
+    with pytest.raises(ValidationError, match="unknown timezone"):
+        ScheduleUpdateArgs(timezone="a" * 300)
     with pytest.raises(ValidationError, match="invalid cron"):
         ScheduleUpdateArgs(cron="nope")
     # Parses, but names no date: would fail at every computation of its next slot.
@@ -165,6 +171,10 @@ def test_a_schedule_refuses_an_actor_or_queue_no_fired_job_could_have() -> None:
     with pytest.raises(ValidationError, match="at most 256 bytes"):
         ScheduleUpdateArgs(queue=long)
     assert ScheduleCreateArgs(name="n", actor="a" * 256, cron="* * * * *").queue is None
+    # The name too: Postgres refused one past an index entry with a driver traceback.
+    with pytest.raises(ValidationError, match="name\n.*at most 256 bytes of UTF-8, got 3000"):
+        ScheduleCreateArgs(name="é" * 1500, actor="a", cron="* * * * *")
+    assert ScheduleCreateArgs(name="n" * 256, actor="a", cron="* * * * *").name == "n" * 256
 
 
 def test_schedule_update_args_unset_the_queue_with_actor_queue_only() -> None:

@@ -175,6 +175,32 @@ def test_a_default_dsn_hook_that_raises_is_skipped_for_the_next(
     assert isinstance(failure.cause, RuntimeError)
 
 
+@pytest.mark.parametrize(
+    ("raised", "said"),
+    [
+        # The embedded server's own error, which says what to do: said as it is.
+        (
+            "__import__('taskq.errors').errors.TaskQError('cannot start: see its log')",
+            "failed: cannot start: see its log",
+        ),
+        ("RuntimeError('disk full')", "failed: disk full; pass --dsn postgresql://"),
+    ],
+)
+def test_a_default_dsn_hook_that_raised_is_what_no_dsn_says(
+    entry_points: InstallEntryPoints, raised: str, said: str
+) -> None:
+    from taskq._dsn import resolve_dsn
+
+    # It said "install taskq-postgres[embedded]" when that extra's server failed to start.
+    entry_points(embedded=_DSN_HOOK.format(body=f"raise {raised}"))
+    with pytest.raises(ConfigurationError) as info:
+        resolve_dsn(None, env={})
+    message = str(info.value)
+    assert message.startswith("no database given, and the default of "), message
+    assert said in message and "install" not in message, message
+    assert message.endswith(("see its log", "set TASKQ_DSN")), message
+
+
 def test_a_default_dsn_hook_answering_no_string_is_skipped(
     entry_points: InstallEntryPoints,
 ) -> None:

@@ -17,6 +17,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from taskq.errors import ConfigurationError
+from taskq_postgres import ReadOnlyDatabaseError
 from taskq_postgres._migrate import (
     NO_TRANSACTION_DIRECTIVE,
     MigrationError,
@@ -403,6 +404,28 @@ async def test_pre_files_run_before_post_files(pg_database_dsn: str, tmp_path: P
     finally:
         await conn.close()
     assert [r["name"] for r in logged] == ["pre_log", "pre_later", "post_cleanup"]
+
+
+async def test_a_read_only_server_is_said_not_blamed_on_the_file(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    # A standby or default_transaction_read_only: the failure said to see the comments
+    # at the top of the file and fix the cause, as for a file that failed on its own.
+    schema = unique_schema_name()
+    (tmp_path / "none").mkdir()
+    await migrate(pg_database_dsn, schema, source=tmp_path / "none")  # schema and ledger
+    (tmp_path / "one").mkdir()
+    source = _source(tmp_path / "one", {"01.00.00_01_pre_t.sql": "CREATE TABLE {schema}.t ();"})
+    separator = "&" if "?" in pg_database_dsn else "?"
+    read_only = f"{pg_database_dsn}{separator}default_transaction_read_only=on"
+    with pytest.raises(ReadOnlyDatabaseError) as info:
+        await migrate(read_only, schema, source=source)
+    message = str(info.value)
+    assert "cannot execute CREATE TABLE in a read-only transaction" in message
+    assert message.endswith("point the DSN (--dsn, TASKQ_DSN) at the primary")
+    assert [s.state for s in await migration_status(pg_database_dsn, schema, source=source)] == [
+        "pending"
+    ]
 
 
 async def test_no_transaction_directive_allows_concurrent_index(

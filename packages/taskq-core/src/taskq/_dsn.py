@@ -24,8 +24,10 @@ __all__ = [
     "url_scheme",
 ]
 
+_GIVE_A_DSN: Final = "pass --dsn postgresql://USER@HOST/DB or set TASKQ_DSN"
+
 NO_DSN_MESSAGE = (
-    "no database given: pass --dsn postgresql://USER@HOST/DB or set TASKQ_DSN "
+    f"no database given: {_GIVE_A_DSN} "
     "(or install taskq-postgres[embedded] to use an embedded server under ./.taskq/)"
 )
 
@@ -218,6 +220,24 @@ def resolve_dsn(flag: str | None, env: Mapping[str, str] | None = None) -> str:
     )
     if default:
         return default
+    from taskq.errors import PluginHookError, TaskQError
+    from taskq.plugins import plugin_failures
+
+    raised = [
+        f
+        for f in plugin_failures()
+        if isinstance(f, PluginHookError) and f.hook == "taskq_default_dsn" and f.cause
+    ]
+    if raised:
+        # Its own words (the embedded server that could not start, where its log is):
+        # "install taskq-postgres[embedded]" said to install what was installed.
+        failed = raised[-1]
+        # A TaskQError says what to do itself (the embedded one: its log, or --dsn).
+        then = "" if isinstance(failed.cause, TaskQError) else f"; {_GIVE_A_DSN}"
+        raise ConfigurationError(
+            f"no database given, and the default of {failed.distribution or failed.name} "
+            f"failed: {failed.cause}{then}"
+        ) from failed.cause
     raise ConfigurationError(NO_DSN_MESSAGE)
 
 

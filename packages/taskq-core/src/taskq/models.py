@@ -208,7 +208,7 @@ MAX_DURATION: Final = timedelta(days=36_500)
 """The longest delay, deadline, timeout or result TTL: a century."""
 
 MAX_NAME_BYTES: Final = 256
-"""The longest actor or queue name, in UTF-8 bytes."""
+"""The longest actor, queue or schedule name, in UTF-8 bytes."""
 MAX_KEY_BYTES: Final = 1000
 """The longest idempotency, identity or fairness key, in UTF-8 bytes. With two names
 they fit one Postgres index entry (at most 2,704 bytes): a longer one could not be
@@ -815,18 +815,24 @@ def _check_timezone(value: str) -> str:
         )
     try:
         ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError):
+    # OSError: the lookup opens a file named by the value, so a region ('Europe', a
+    # directory of zones) or a name past the file system's limit raised the OS's error.
+    except (ZoneInfoNotFoundError, ValueError, OSError):
         from zoneinfo import available_timezones
 
+        zones = available_timezones()
         # Zone names are case-sensitive: 'utc' or 'europe/paris' said only "unknown".
         same = sorted(
             zone
-            for zone in available_timezones()
+            for zone in zones
             if zone.casefold() == value.casefold() and zone.casefold() not in _HOST_ZONES
         )
+        within = sorted(zone for zone in zones if zone.startswith(f"{value}/"))
         hint = (
             f"did you mean {same[0]!r}?"
             if same
+            else f"{value!r} is a region: name one of its zones, e.g. {within[0]!r}"
+            if within
             else "name an IANA zone (e.g. 'Europe/Paris') or 'UTC'"
         )
         raise ValueError(f"unknown timezone {value!r}: {hint}") from None
@@ -851,7 +857,10 @@ class ScheduleCreateArgs(_Model):
     @field_validator("name")
     @classmethod
     def _no_nul(cls, value: str | None) -> str | None:
-        return check_key_text(value)
+        # Bounded too: Postgres indexes the name (unique), and one past an index entry's
+        # size failed the insert with the driver's ProgramLimitExceededError.
+        checked = check_key_text(value)
+        return None if checked is None else _at_most_bytes(checked, MAX_NAME_BYTES)
 
     @field_validator("actor", "queue")
     @classmethod

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from taskq_postgres._migrate import migrate as migrate
     from taskq_postgres._migrate import migration_status as migration_status
     from taskq_postgres._privileges import InsufficientPrivilegeError as InsufficientPrivilegeError
+    from taskq_postgres._privileges import ReadOnlyDatabaseError as ReadOnlyDatabaseError
     from taskq_postgres._rows import LongRunningJobEventsWriter as LongRunningJobEventsWriter
     from taskq_postgres._sync_client import SyncJobsClient as SyncJobsClient
     from taskq_postgres.channels import events_channel as events_channel
@@ -33,6 +34,7 @@ __all__ = [
     "MigrationPrivilegeError",
     "MigrationStatus",
     "PostgresBackend",
+    "ReadOnlyDatabaseError",
     "SyncJobsClient",
     "TransactionAbortedError",
     "events_channel",
@@ -46,6 +48,7 @@ _HOMES = {
     "PostgresBackend": "taskq_postgres._backend",
     "BackendUnavailableError": "taskq_postgres._connect",
     "InsufficientPrivilegeError": "taskq_postgres._privileges",
+    "ReadOnlyDatabaseError": "taskq_postgres._privileges",
     "LongRunningJobEventsWriter": "taskq_postgres._rows",
     "SyncJobsClient": "taskq_postgres._sync_client",
     "TransactionAbortedError": "taskq_postgres._enqueue",

@@ -135,6 +135,7 @@ from taskq_postgres._privileges import (
     diagnosed,
     dsn_user,
     privilege_error,
+    read_only_error,
 )
 from taskq_postgres._rows import (
     LongRunningJobEventsWriter,
@@ -285,6 +286,8 @@ def _explained(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable
             return await method(self, *args, **kwargs)
         except asyncpg.InsufficientPrivilegeError as exc:
             raise await self._refused(exc) from exc
+        except asyncpg.ReadOnlySQLTransactionError as exc:
+            raise read_only_error(exc, dsn=self.dsn) from exc
 
     return call
 
@@ -924,6 +927,8 @@ class PostgresBackend:
                 return await insert_one(self._autocommit_db(), self._sql, args, channel)
         except asyncpg.InsufficientPrivilegeError as exc:  # as _explained does elsewhere
             raise await self._refused(exc) from exc
+        except asyncpg.ReadOnlySQLTransactionError as exc:
+            raise read_only_error(exc, dsn=self.dsn) from exc
 
     async def enqueue_batch(
         self, args_list: list[EnqueueArgs], *, connection: Connection = None

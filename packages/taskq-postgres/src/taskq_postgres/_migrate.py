@@ -34,7 +34,7 @@ from taskq.errors import ConfigurationError, TaskQError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq_postgres._connect import unmigrated
 from taskq_postgres._enqueue import Plan, Query, run
-from taskq_postgres._privileges import InsufficientPrivilegeError, diagnosed
+from taskq_postgres._privileges import InsufficientPrivilegeError, diagnosed, read_only_error
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
@@ -539,6 +539,9 @@ async def _apply(conn: Connection, schema: str, migration: Migration, bounds: _L
             pause = min(pause * 2, bounds.lock_timeout.total_seconds() * _MAX_PAUSE_FACTOR)
         except asyncpg.InsufficientPrivilegeError as exc:
             raise await _refused(conn, exc, schema, f"cannot apply {migration.name}") from exc
+        except asyncpg.ReadOnlySQLTransactionError as exc:
+            # The server's, not the file's: "see the comments at the top of" it misled.
+            raise read_only_error(exc, dsn=None) from exc
         except asyncpg.PostgresError as exc:
             # What to do next, as the lock-wait error says it: the server's words alone
             # (a duplicate key, a missing object) left the state of the schema a guess.

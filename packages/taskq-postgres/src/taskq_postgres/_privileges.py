@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
+from taskq._dsn import redact
 from taskq.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -24,9 +25,11 @@ __all__ = [
     "DIAGNOSE_SQL",
     "Denial",
     "InsufficientPrivilegeError",
+    "ReadOnlyDatabaseError",
     "diagnosed",
     "dsn_user",
     "privilege_error",
+    "read_only_error",
 ]
 
 
@@ -38,6 +41,22 @@ class InsufficientPrivilegeError(ConfigurationError):
     role to run as) that fixes it. Retrying will not help: grant the right, or
     connect as a role that has it (``taskq migrate`` as the schema's owner).
     """
+
+
+class ReadOnlyDatabaseError(ConfigurationError):
+    """The server refused a write as read-only (SQLSTATE 25006): a standby (a read
+    replica, or a primary a failover demoted) or ``default_transaction_read_only`` set
+    for the role or database. Retrying will not help: point the DSN at the primary."""
+
+
+def read_only_error(exc: BaseException, *, dsn: str | None) -> ReadOnlyDatabaseError:
+    """The error for ``exc`` (a driver's 25006), naming the server it came from."""
+    where = f" at {redact(dsn)}" if dsn else ""
+    return ReadOnlyDatabaseError(
+        f"the database{where} refused a write: {exc}. It is a standby (a read replica, "
+        f"or a primary a failover demoted), or default_transaction_read_only is set for "
+        f"the role or database: point the DSN (--dsn, TASKQ_DSN) at the primary"
+    )
 
 
 _DENIED_RE: Final = re.compile(

@@ -57,6 +57,9 @@ class _VersionAction(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
         print(_version_text())
+        # A closed pipe (`taskq --version | head -1`) shows here, where main() says
+        # nothing of it, not as a traceback or at the interpreter's exit.
+        sys.stdout.flush()
         parser.exit(EXIT_OK)
 
 
@@ -125,6 +128,13 @@ _SHOWN_BY: Final = {"schedules": "taskq schedules list"}
 """The command that shows what a command changes, where not `taskq jobs list`."""
 
 
+def _reader_gone() -> int:
+    """The reader of stdout went away (`taskq jobs list | head`): no traceback, and none
+    either from the flush at exit (Python's documented recipe)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_ERROR
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``taskq`` console script; returns the exit code."""
     from taskq.logs import configure_logging, route_stdlib_logging
@@ -142,7 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"taskq: error: {missing}", file=sys.stderr)
         return EXIT_ERROR
     parser = build_parser(registry)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except BrokenPipeError:
+        return _reader_gone()
     run = getattr(args, "_run", None)
     if run is None:
         parser.print_help()
@@ -164,10 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_ERROR
     except BrokenPipeError:
-        # The reader went away (`taskq jobs list | head`): no traceback, and none either
-        # from the flush at exit (Python's documented recipe).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_ERROR
+        return _reader_gone()
     except Exception as exc:
         from taskq.worker._transient import transient_cause
 

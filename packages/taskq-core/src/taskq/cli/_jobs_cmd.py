@@ -230,11 +230,14 @@ async def _list(args: argparse.Namespace) -> int:
     # One more than shown, to say when the list is cut short: past JobFilter's bound
     # at --limit's maximum (capped there, it never said so), so set unvalidated.
     filters = filters.model_copy(update={"limit": args.limit + 1})
+    # Read before connecting, as show/retry/cancel read theirs: a typo is said at once,
+    # not after an embedded server's start or an unreachable server's timeout.
+    before = None if args.before is None else _job_id(args.before)
     async with open_client(args) as client:
-        if args.before is not None:
+        if before is not None:
             # Keyset, from the job's own (created_at, id): a page is never shifted by
             # jobs enqueued between two calls, as an offset would be.
-            anchor = await _existing(client, _job_id(args.before))
+            anchor = await _existing(client, before)
             filters = filters.model_copy(update={"cursor": (anchor.created_at, anchor.id)})
         rows = await client.list_jobs(filters)
     more, rows = len(rows) > args.limit, rows[: args.limit]

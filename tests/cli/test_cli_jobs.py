@@ -194,7 +194,7 @@ def test_a_read_only_database_refusing_a_write_is_one_line_not_a_traceback(cli: 
     ):
         line = error_line(run("taskq", *action, env=env))
         assert "refused a write: cannot execute " in line, (action, line)
-        assert line.endswith("point the DSN (--dsn, TASKQ_DSN) at the primary"), line
+        assert line.endswith("at the primary, or have the setting reset"), line
     # Reads still work there, and nothing was written.
     listed = run("taskq", "jobs", "list", "--json", env=env)
     assert listed.returncode == 0, listed.stderr

@@ -224,10 +224,7 @@ async def test_a_success_write_past_the_statement_timeout_on_a_locked_history_ta
 
 
 def _retried_read_only(logs: list[dict[str, Any]]) -> bool:
-    return any(
-        e["event"] == "taskq.outcome-write-retry" and "ReadOnlySQLTransaction" in e["error"]
-        for e in logs
-    )
+    return any(e["event"] == "taskq.outcome-write-retry" and "ReadOnly" in e["error"] for e in logs)
 
 
 async def test_a_database_made_read_only_for_a_while_is_ridden_out(

@@ -46,7 +46,10 @@ class InsufficientPrivilegeError(ConfigurationError):
 class ReadOnlyDatabaseError(ConfigurationError):
     """The server refused a write as read-only (SQLSTATE 25006): a standby (a read
     replica, or a primary a failover demoted) or ``default_transaction_read_only`` set
-    for the role or database. Retrying will not help: point the DSN at the primary."""
+    for the role or database (as a managed database's provider does while its disk is
+    full). Transient: a worker's loops retry it, on a new connection (a session keeps
+    the setting it began with), until the server takes writes again; a command says it
+    in one line."""
 
 
 def read_only_error(exc: BaseException, *, dsn: str | None) -> ReadOnlyDatabaseError:
@@ -55,7 +58,8 @@ def read_only_error(exc: BaseException, *, dsn: str | None) -> ReadOnlyDatabaseE
     return ReadOnlyDatabaseError(
         f"the database{where} refused a write: {exc}. It is a standby (a read replica, "
         f"or a primary a failover demoted), or default_transaction_read_only is set for "
-        f"the role or database: point the DSN (--dsn, TASKQ_DSN) at the primary"
+        f"the role or database (as a provider does while its disk is full): point the "
+        f"DSN (--dsn, TASKQ_DSN) at the primary, or have the setting reset"
     )
 
 

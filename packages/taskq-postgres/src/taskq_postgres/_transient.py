@@ -13,6 +13,8 @@ from typing import Final
 import asyncpg
 from asyncpg import exceptions as pg
 
+from taskq_postgres._privileges import ReadOnlyDatabaseError
+
 __all__ = ["STATEMENT_CANCELLATIONS", "TRANSIENT_PG_ERRORS", "client_fault"]
 
 TRANSIENT_PG_ERRORS: Final[tuple[type[BaseException], ...]] = (
@@ -47,6 +49,7 @@ TRANSIENT_PG_ERRORS: Final[tuple[type[BaseException], ...]] = (
     # is reset; the connection that met it is replaced (_bounded): a session keeps the
     # value it began with.
     pg.ReadOnlySQLTransactionError,
+    ReadOnlyDatabaseError,  # the same, as the backend's methods raise it (_privileges)
     pg.DeadlockDetectedError,  # 40P01
     pg.SerializationError,  # 40001
     pg.IdleSessionTimeoutError,

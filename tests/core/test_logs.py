@@ -160,3 +160,26 @@ except ConnectionError:
     )
     assert "ConnectionError" in done.stderr and "open_db" in done.stderr
     assert "s3cr3t" not in done.stderr
+
+
+def test_a_worker_started_with_stderr_closed_runs() -> None:
+    # Python gives such a process sys.stderr = None: the logging set-up's isatty()
+    # raised AttributeError, and the worker exited 1 before starting, saying nothing.
+    import subprocess
+    import sys
+
+    script = """
+from taskq import TaskQ
+from taskq.worker.cli import main
+app = TaskQ("memory://")
+raise SystemExit(main(["__main__:app", "--until-idle"]))
+"""
+    done = subprocess.run(
+        ["sh", "-c", 'exec "$0" -c "$1" 2>&-', sys.executable, script],
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0
+    assert done.stdout == ""  # the log lines went nowhere, not into stdout

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -43,6 +44,12 @@ def configure_logging(*, level: int = logging.INFO, json: bool | None = None) ->
     if _configured:
         return
     _configured = True
+    if sys.stderr is None:
+        # Started with descriptor 2 closed (`2>&-`, some supervisors): every write to
+        # stderr (this set-up's isatty first) raised AttributeError and the command
+        # died at once. Lines are dropped instead, and devnull takes descriptor 2,
+        # which the next socket opened would otherwise get.
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the process's stderr from now on
     use_json = not sys.stderr.isatty() if json is None else json
     _rendered = (
         [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]

@@ -376,3 +376,34 @@ def test_a_malformed_entry_point_value_is_named_as_such(entry_points: InstallEnt
     assert "entry point value 'not a valid :: ref' is not module[:attr]" in str(failure)
     assert "NoneType" not in str(failure)
     assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
+
+
+def test_an_entry_point_named_core_leaves_cores_built_ins_alone(
+    entry_points: InstallEntryPoints,
+) -> None:
+    # Its registration's name clash unregistered core's own plugin: memory:// and the
+    # core commands were gone, and the failure blamed the third party alone.
+    entry_points(core=_backends(mine="Mine"), distributions={"core": "taskq-core2"})
+    [failure] = plugin_failures()
+    assert isinstance(failure, PluginLoadError) and failure.name == "core"
+    assert "already taken by taskq-core's plugin" in str(failure)
+    assert "ask taskq-core2 to rename it" in str(failure)
+    assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
+
+
+def test_an_entry_point_name_taken_twice_keeps_the_first_plugin(
+    entry_points: InstallEntryPoints,
+) -> None:
+    entry_points(
+        first=_backends(one="One"),
+        second=_backends(two="Two"),
+        distributions={"first": "taskq-first", "second": "taskq-second"},
+    )
+    # a second distribution's entry point also named "first" (its module: "second"'s)
+    entry_points(values={"first": "fake_taskq_plugin_second"})
+    [failure] = plugin_failures()
+    assert isinstance(failure, PluginLoadError) and failure.name == "first"
+    assert "already taken by taskq-first's plugin" in str(failure)
+    assert isinstance(taskq.open_backend("one://"), InMemoryBackend)
+    assert isinstance(taskq.open_backend("two://"), InMemoryBackend)
+    assert [p.name for p in taskq.plugins.loaded_plugins()] == ["core", "first", "second"]

@@ -140,6 +140,7 @@ def _load() -> _Loaded:
         if ep.name in disabled:
             pm.set_blocked(ep.name)
             continue
+        module: object = None
         try:
             # importlib's own error for a malformed value is "'NoneType' object has no
             # attribute 'group'"
@@ -148,14 +149,27 @@ def _load() -> _Loaded:
                     f"entry point value {ep.value!r} is not module[:attr] "
                     f"(e.g. 'taskq_mybackend._plugin')"
                 )
+            owner = loaded.dist_of.get(ep.name)
+            if owner is not None:
+                raise ValueError(
+                    f"its entry point name {ep.name!r} is already taken by {owner}'s "
+                    f"plugin; names in the taskq entry point group must be unique: ask "
+                    f"{dist or 'its distribution'} to rename it"
+                )
             module = ep.load()
+            if pm.is_registered(module):
+                raise ValueError(
+                    f"{ep.value} is already registered as plugin {pm.get_name(module)!r}"
+                )
             pm.register(module, name=ep.name)
             # A misspelt hook name would otherwise be silently ignored; checked plugin by
             # plugin, so the one at fault is named and left out, and the others load.
             pm.check_pending()
         except Exception as exc:  # noqa: BLE001 - any import failure is reported, not fatal
-            if pm.has_plugin(ep.name):
-                pm.unregister(name=ep.name)
+            # Only this entry point's own registration: a name or module clash must not
+            # take away the plugin that holds it (core's built-ins, for "core").
+            if module is not None and pm.get_name(module) == ep.name:
+                pm.unregister(plugin=module)
             failure = PluginLoadError(ep.name, dist, exc)
             loaded.failures.append(failure)
             # One line, on every command of this process: the traceback is for debugging.

@@ -22,6 +22,7 @@ from taskq.errors import (
     PluginError,
     PluginHookError,
     PluginLoadError,
+    UnknownBackendError,
 )
 from taskq.plugins import backend_factories, plugin_failures
 from tests.core.plugin_stubs import AddPlugin, InstallEntryPoints
@@ -407,3 +408,15 @@ def test_an_entry_point_name_taken_twice_keeps_the_first_plugin(
     assert isinstance(taskq.open_backend("one://"), InMemoryBackend)
     assert isinstance(taskq.open_backend("two://"), InMemoryBackend)
     assert [p.name for p in taskq.plugins.loaded_plugins()] == ["core", "first", "second"]
+
+
+def test_disabling_an_entry_point_named_core_keeps_cores_built_ins(
+    entry_points: InstallEntryPoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pm.set_blocked("core") unregistered core's own plugin with the third party's.
+    monkeypatch.setenv("TASKQ_DISABLE_PLUGINS", "core")
+    entry_points(core=_backends(mine="Mine"))
+    assert plugin_failures() == []
+    assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
+    with pytest.raises(UnknownBackendError):
+        taskq.open_backend("mine://")

@@ -138,7 +138,8 @@ def _load() -> _Loaded:
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = ep.dist.name if ep.dist is not None else None
         if ep.name in disabled:
-            pm.set_blocked(ep.name)
+            # Skipped, not pm.set_blocked(): that unregisters the plugin already holding
+            # the name, core's built-ins for a third-party entry point named "core".
             continue
         module: object = None
         try:

@@ -86,6 +86,8 @@ def test_sighup_and_sigusr2_while_the_app_imports_leave_the_worker_to_run() -> N
         # `--dsn "$DATABASE_URL"` with the variable unset ran on the app's database.
         ({"TASKQ_DSN": "postgresql://u@h/db"}, ["--dsn", ""], "--dsn='': is empty"),
         ({"TASKQ_DSN": " "}, [], "TASKQ_DSN=' ': is empty"),
+        # It failed later saying the backend "needs a DSN", which was given.
+        ({"TASKQ_DIRECT_DSN": ""}, [], "TASKQ_DIRECT_DSN='': is empty: give the server's own"),
         # A queue no job can be on: undecodable bytes failed in the driver, a traceback.
         ({}, ["--queues", "default,\udcff"], "lone surrogate"),
         ({}, ["--queues", "q" * 257], "at most 256 bytes"),

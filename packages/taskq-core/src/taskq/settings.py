@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     SerializationInfo,
     ValidationError,
+    ValidationInfo,
     field_serializer,
     field_validator,
     model_validator,
@@ -325,12 +326,18 @@ class WorkerSettings(BaseModel):
     def _valid_schema(cls, value: str | None) -> str | None:
         return None if value is None else validate_schema_name(value)
 
-    @field_validator("dsn")
+    @field_validator("dsn", "direct_dsn")
     @classmethod
-    def _not_empty(cls, value: str | None) -> str | None:
+    def _not_empty(cls, value: str | None, info: ValidationInfo) -> str | None:
         # `--dsn "$DATABASE_URL"` (or TASKQ_DSN=$DATABASE_URL) with the variable unset:
-        # the worker ran on the application's database in silence.
+        # the worker ran on the application's database in silence. An empty direct_dsn
+        # failed later saying the backend "needs a DSN", which the user had given.
         if value is not None and not value.strip():
+            if info.field_name == "direct_dsn":
+                raise ValueError(
+                    "is empty: give the server's own URL (postgresql://USER@HOST/DB), or "
+                    "leave it unset to use the DSN"
+                )
             raise ValueError(
                 "is empty: give a database URL (postgresql://USER@HOST/DB), or leave it "
                 "unset to use the application's"

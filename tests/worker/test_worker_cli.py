@@ -532,6 +532,10 @@ def test_a_negative_duration_is_said_to_be_negative() -> None:
 def test_a_duration_out_of_range_is_a_clear_setting_error() -> None:
     with pytest.raises(SettingsError, match="TASKQ_POLL_INTERVAL.*out of range"):
         WorkerSettings.load({}, env={"TASKQ_POLL_INTERVAL": "99999999999999d"})
+    # Given from Python: a bare OverflowError, or "cannot convert float NaN to integer".
+    for seconds in (1e20, float("inf"), float("nan")):
+        with pytest.raises(SettingsError, match="--lock-lease=.*(out of range|finite number)"):
+            WorkerSettings.load({"lock_lease": seconds}, env={})
 
 
 @pytest.mark.parametrize(

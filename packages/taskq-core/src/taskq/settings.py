@@ -8,6 +8,7 @@ stops start-up with one line naming the setting, the value and the rule.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Mapping
 from datetime import time, timedelta
@@ -58,7 +59,14 @@ class NegativeDurationError(ValueError):
 def parse_duration(value: object) -> object:
     """``"500ms"``, ``"30s"``, ``"5m"``, ``"1h"``, ``"2d"`` or plain seconds -> timedelta."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return timedelta(seconds=value)
+        # From Python (WorkerSettings(lock_lease=...), a flag's value): timedelta's
+        # OverflowError is no ValueError, and came out as a bare traceback.
+        if not math.isfinite(value):
+            raise ValueError(f"must be a finite number of seconds, got {value!r}")
+        try:
+            return timedelta(seconds=value)
+        except OverflowError:
+            raise ValueError(f"duration {value!r} is out of range") from None
     if isinstance(value, str):
         match = _DURATION_RE.fullmatch(value)
         if match is None:

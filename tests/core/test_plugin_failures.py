@@ -420,3 +420,35 @@ def test_disabling_an_entry_point_named_core_keeps_cores_built_ins(
     assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
     with pytest.raises(UnknownBackendError):
         taskq.open_backend("mine://")
+
+
+_BAD_COMMAND = """
+    from taskq.plugins import hookimpl
+
+    def configure(parser):
+        parser.add_argument("--dsn")
+        parser.add_argument("--dsn")  # argparse: conflicting option string
+
+    @hookimpl
+    def taskq_cli_commands(cli):
+        cli.add("badcmd", help="a broken command", configure=configure, run=lambda args: 0)
+"""
+
+
+def test_a_plugin_command_whose_configure_raises_leaves_the_others(
+    entry_points: InstallEntryPoints,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Its argparse error came out of every `taskq` command, `taskq plugins` among them,
+    # as a traceback.
+    entry_points(badcmd=_BAD_COMMAND, distributions={"badcmd": "taskq-badcmd"})
+    assert _run_taskq(monkeypatch, "plugins") == 1
+    out = capsys.readouterr().out
+    [failed] = [line for line in out.splitlines() if line.startswith("FAILED")]
+    assert failed.startswith(
+        "FAILED badcmd (taskq-badcmd): taskq_cli_commands hook added command 'badcmd', "
+        "whose configure raised ArgumentError"
+    )
+    with pytest.raises(SystemExit):  # argparse's "invalid choice": no such command
+        _run_taskq(monkeypatch, "badcmd")

@@ -55,6 +55,7 @@ __all__ = [
     "open_backend",
     "plugin_failures",
     "report_bad_answer",
+    "report_command_failure",
 ]
 
 _log = structlog.get_logger("taskq.plugins")
@@ -253,6 +254,27 @@ def report_bad_answer(hook_name: str, answer: HookAnswer, expected: str, got: ob
         ),
         topic="bad-answer",
         event="taskq.plugin-hook-bad-result",
+    )
+
+
+def report_command_failure(command: str, distribution: str, exc: Exception) -> None:
+    """Record that the ``configure`` of ``command``, a ``taskq`` subcommand the
+    ``taskq_cli_commands`` hook of ``distribution`` added, raised ``exc``: the command is
+    left out, the others still work."""
+    loaded = _load()
+    plugin = next(
+        (name for name, dist in loaded.dist_of.items() if dist == distribution), distribution
+    )
+    _record_hook_failure(
+        PluginHookError(
+            plugin,
+            distribution,
+            "taskq_cli_commands",
+            f"added command {command!r}, whose configure raised {type(exc).__name__}: {exc}",
+            cause=exc,
+            hint=_CORE_BUG if distribution == CORE_DISTRIBUTION else None,
+        ),
+        topic=f"command:{command}",
     )
 
 

@@ -452,3 +452,14 @@ def test_a_plugin_command_whose_configure_raises_leaves_the_others(
     )
     with pytest.raises(SystemExit):  # argparse's "invalid choice": no such command
         _run_taskq(monkeypatch, "badcmd")
+
+
+def test_an_entry_point_exiting_at_import_is_a_load_failure(
+    entry_points: InstallEntryPoints,
+) -> None:
+    # Its SystemExit ended whatever command loaded the plugins, with its message alone.
+    entry_points(exits="import sys\nsys.exit('needs libfoo 2')\n")
+    [failure] = plugin_failures()
+    assert isinstance(failure, PluginLoadError) and failure.name == "exits"
+    assert "SystemExit: needs libfoo 2" in str(failure)
+    assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)

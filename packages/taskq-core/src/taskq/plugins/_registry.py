@@ -167,7 +167,9 @@ def _load() -> _Loaded:
             # A misspelt hook name would otherwise be silently ignored; checked plugin by
             # plugin, so the one at fault is named and left out, and the others load.
             pm.check_pending()
-        except Exception as exc:  # noqa: BLE001 - any import failure is reported, not fatal
+        # SystemExit too: a module's sys.exit("needs X") at import ended the command
+        # there, its message not saying which plugin it came from.
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported, not fatal
             # Only this entry point's own registration: a name or module clash must not
             # take away the plugin that holds it (core's built-ins, for "core").
             if module is not None and pm.get_name(module) == ep.name:

@@ -18,16 +18,35 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import Token
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import structlog
 
 if TYPE_CHECKING:
     from taskq.models import JobRow
 
-__all__ = ["bind_job_context", "bind_job_fields", "configure_logging", "route_stdlib_logging"]
+__all__ = [
+    "LOG_LEVEL_ENV",
+    "bind_job_context",
+    "bind_job_fields",
+    "configure_logging",
+    "route_stdlib_logging",
+]
+
+LOG_LEVEL_ENV: Final = "TASKQ_LOG_LEVEL"
+"""The level of a TaskQ command's log lines (``debug``, ``info``, ``warning``, ``error``,
+``critical``; default ``info``)."""
+
+_LEVELS: Final = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
 
 _configured = False
+_level = logging.INFO
 _STAMPED: list[structlog.typing.Processor] = [
     structlog.processors.add_log_level,
     structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -35,15 +54,20 @@ _STAMPED: list[structlog.typing.Processor] = [
 _rendered: list[structlog.typing.Processor] = [structlog.processors.JSONRenderer()]
 
 
-def configure_logging(*, level: int = logging.INFO, json: bool | None = None) -> None:
+def configure_logging(*, level: int | None = None, json: bool | None = None) -> None:
     """Configure structlog for a TaskQ process (the first call wins).
 
+    ``level=None`` takes :data:`LOG_LEVEL_ENV` (``TASKQ_LOG_LEVEL``), else info.
     ``json=None`` picks JSON lines unless stderr is a terminal.
     """
-    global _configured, _rendered
+    global _configured, _rendered, _level
     if _configured:
         return
     _configured = True
+    # A command's level could not be changed: the debug lines (a plugin's traceback,
+    # which a hint asks to report) were out of reach.
+    raw = os.environ.get(LOG_LEVEL_ENV, "").strip() if level is None else ""
+    _level = level if level is not None else _LEVELS.get(raw.lower(), logging.INFO)
     if sys.stderr is None:
         # Started with descriptor 2 closed (`2>&-`, some supervisors): every write to
         # stderr (this set-up's isatty first) raised AttributeError and the command
@@ -58,10 +82,17 @@ def configure_logging(*, level: int = logging.INFO, json: bool | None = None) ->
     )
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, *_STAMPED, *_rendered],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
+        wrapper_class=structlog.make_filtering_bound_logger(_level),
         logger_factory=functools.partial(_GoneStderrTolerated, sys.stderr),
         cache_logger_on_first_use=True,
     )
+    if raw and raw.lower() not in _LEVELS:
+        structlog.get_logger("taskq.logs").warning(
+            "taskq.unknown-log-level",
+            variable=LOG_LEVEL_ENV,
+            value=raw,
+            hint=f"give one of {', '.join(_LEVELS)}; info applies meanwhile",
+        )
 
 
 class _GoneStderrTolerated(structlog.PrintLogger):
@@ -111,7 +142,8 @@ def route_stdlib_logging() -> None:
         )
     )
     root.addHandler(handler)
-    root.setLevel(logging.WARNING)  # libraries' info chatter stays out
+    # libraries' info chatter stays out, and their warnings below a level asked for
+    root.setLevel(max(logging.WARNING, _level))
 
 
 def _one_line_driver_errors(record: logging.LogRecord) -> bool:

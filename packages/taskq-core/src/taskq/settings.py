@@ -45,8 +45,14 @@ __all__ = [
 
 ENV_PREFIX = "TASKQ_"
 
-_OTHER_ENV: Final = ("TASKQ_DISABLE_PLUGINS", "TASKQ_TRACE_PLUGINS", "TASKQ_TEST_DSN")
-"""``TASKQ_*`` variables that are not worker settings (plugins; the test fixtures)."""
+_OTHER_ENV: Final = (
+    "TASKQ_DISABLE_PLUGINS",
+    "TASKQ_TRACE_PLUGINS",
+    "TASKQ_LOG_LEVEL",
+    "TASKQ_TEST_DSN",
+)
+"""``TASKQ_*`` variables that are not worker settings (plugins; logging; the test
+fixtures)."""
 
 _DURATION_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}

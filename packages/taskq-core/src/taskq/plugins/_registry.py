@@ -63,7 +63,10 @@ _log = structlog.get_logger("taskq.plugins")
 ENTRY_POINT_GROUP = "taskq"
 CORE_DISTRIBUTION = "taskq-core"
 
-_CORE_BUG = f"a bug in {CORE_DISTRIBUTION}: report it with the debug log's traceback"
+_CORE_BUG = (
+    f"a bug in {CORE_DISTRIBUTION}: report it with the traceback the command logs with "
+    f"TASKQ_LOG_LEVEL=debug"
+)
 
 # Which first-party distribution adds a scheme, for the "unknown scheme" hint; it also
 # owns the scheme: a third party claiming it too is left out (backend_factories).

@@ -463,3 +463,17 @@ def test_an_entry_point_exiting_at_import_is_a_load_failure(
     assert isinstance(failure, PluginLoadError) and failure.name == "exits"
     assert "SystemExit: needs libfoo 2" in str(failure)
     assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
+
+
+def test_taskq_trace_plugins_logs_each_hook_call(
+    entry_points: InstallEntryPoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pluggy's call monitoring sees only pm.hook calls, and core calls each
+    # implementation itself: the variable logged nothing.
+    monkeypatch.setenv("TASKQ_TRACE_PLUGINS", "1")
+    entry_points(mine=_backends(mine="Mine"))
+    with structlog.testing.capture_logs() as logs:
+        backend_factories()
+    calls = [(e["hook"], e["plugin"]) for e in logs if e["event"] == "taskq.hook-call"]
+    done = [(e["hook"], e["plugin"]) for e in logs if e["event"] == "taskq.hook-done"]
+    assert calls == done == [("taskq_backends", "core"), ("taskq_backends", "mine")]

@@ -112,6 +112,8 @@ class _Loaded:
     # logged) once per process, however often the hook is called.
     recorded: set[tuple[str, str, str]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # TASKQ_TRACE_PLUGINS=1: each hook call and its end logged at debug
+    trace: bool = False
 
 
 def _disabled() -> set[str]:
@@ -193,11 +195,9 @@ def _load() -> _Loaded:
         loaded.dist_of[ep.name] = dist_name
         loaded.plugins.append(PluginInfo(ep.name, dist_name, _dist_version(dist_name)))
 
-    if os.environ.get("TASKQ_TRACE_PLUGINS") == "1":
-        pm.add_hookcall_monitoring(
-            before=lambda name, _impls, kwargs: _log.debug("taskq.hook-call", hook=name, **kwargs),
-            after=lambda _outcome, name, _impls, _kwargs: _log.debug("taskq.hook-done", hook=name),
-        )
+    # Traced in _call_one: pluggy's hook-call monitoring sees pm.hook calls only, and
+    # core calls each implementation itself, so it traced nothing.
+    loaded.trace = os.environ.get("TASKQ_TRACE_PLUGINS") == "1"
     return loaded
 
 
@@ -296,10 +296,17 @@ def _impls(hook_name: str) -> list[Any]:
 
 def _call_one(hook_name: str, impl: Any, kwargs: Mapping[str, Any]) -> tuple[bool, Any]:
     """Call one implementation; ``(False, None)`` when it raised (recorded)."""
-    dist = _load().dist_of.get(impl.plugin_name, impl.plugin_name)
+    loaded = _load()
+    dist = loaded.dist_of.get(impl.plugin_name, impl.plugin_name)
     fn: Callable[..., Any] = impl.function
+    arguments = {k: kwargs[k] for k in impl.argnames}
     try:
-        return True, fn(**{k: kwargs[k] for k in impl.argnames})
+        if loaded.trace:
+            _log.debug("taskq.hook-call", hook=hook_name, plugin=impl.plugin_name, **arguments)
+        result = fn(**arguments)
+        if loaded.trace:
+            _log.debug("taskq.hook-done", hook=hook_name, plugin=impl.plugin_name)
+        return True, result
     except Exception as exc:  # noqa: BLE001 - plugin isolation
         _record_hook_failure(
             PluginHookError(

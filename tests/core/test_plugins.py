@@ -218,3 +218,17 @@ def test_a_factory_gets_the_worker_settings_it_names_or_all_with_options(
     assert tuning["command_timeout"] == timedelta(seconds=5)
     with pytest.raises(PluginError, match="flavor"):  # not a setting: still its error
         taskq.open_backend("named://", flavor="mint")
+
+
+def test_a_scheme_is_found_whatever_its_case_and_one_no_url_can_have_is_reported(
+    add_plugin: AddPlugin,
+) -> None:
+    # MyDB was listed among the installed schemes, and MyDB:// said it was unknown;
+    # my_db was listed too, and my_db:// said it was no URL.
+    add_plugin("cased", taskq_backends=lambda: {"MyDB": lambda url: InMemoryBackend()})
+    add_plugin("underscored", taskq_backends=lambda: {"my_db": lambda url: InMemoryBackend()})
+    assert isinstance(taskq.open_backend("MyDB://"), InMemoryBackend)
+    assert isinstance(taskq.open_backend("mydb://"), InMemoryBackend)
+    assert "my_db" not in taskq.plugins.backend_factories()
+    [failure] = taskq.plugins.plugin_failures()
+    assert failure.name == "underscored" and "a letter, then letters, digits" in str(failure)

@@ -403,14 +403,24 @@ def _backend_schemes() -> _Schemes:
         mapping = answer.result
         if mapping is None:  # pluggy's "nothing from me"
             continue
+        # A scheme no URL can have (my_db) was listed as installed and never found.
         if not isinstance(mapping, Mapping) or not all(
-            isinstance(scheme, str) and callable(factory) for scheme, factory in mapping.items()
+            isinstance(scheme, str)
+            and url_scheme(f"{scheme}:") == scheme.lower()
+            and callable(factory)
+            for scheme, factory in mapping.items()
         ):
             report_bad_answer(
-                "taskq_backends", answer, "a dict of URL scheme -> backend factory", mapping
+                "taskq_backends",
+                answer,
+                "a dict of URL scheme (a letter, then letters, digits, +, - or .) -> "
+                "backend factory",
+                mapping,
             )
             continue
-        for scheme, factory in mapping.items():
+        for given, factory in mapping.items():
+            # A URL's scheme is read in lower case: MyDB was never found, though listed.
+            scheme = given.lower()
             by_dist = claims.setdefault(scheme, {})
             claim = by_dist.get(answer.distribution)
             if claim is None:

@@ -78,6 +78,8 @@ def taskq_backends() -> dict[str, BackendFactory]:  # type: ignore[empty-body]
 
     Core returns ``{"memory": InMemoryBackend.from_url}``; taskq-postgres
     returns ``postgresql`` and ``postgres``. Return None (or ``{}``) to add none.
+    A scheme is matched whatever its case, as URLs' schemes are; one no URL can have
+    (a letter, then letters, digits, ``+``, ``-`` or ``.``) makes the answer a failure.
 
     A scheme belongs to one distribution. Claimed by two, it stays with the
     TaskQ distribution it belongs to (``memory`` with taskq-core,

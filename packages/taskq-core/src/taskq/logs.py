@@ -30,6 +30,7 @@ __all__ = [
     "bind_job_context",
     "bind_job_fields",
     "configure_logging",
+    "job_fields",
     "route_stdlib_logging",
 ]
 
@@ -157,6 +158,20 @@ def _one_line_driver_errors(record: logging.LogRecord) -> bool:
     return True
 
 
+def job_fields(job: JobRow) -> dict[str, Any]:
+    """The job's identity as log fields, those :func:`bind_job_context` binds: for a line
+    about a job logged outside its context (the heartbeat's, the cancel controller's, a
+    stop's), which carried its ``job_id`` alone and escaped a search by actor or queue."""
+    return {
+        "job_id": str(job.id),
+        "actor": job.actor,
+        "queue": job.queue,
+        "attempt": job.attempt,
+        "identity_key": job.identity_key,
+        "trace_id": job.trace_id,
+    }
+
+
 def bind_job_fields(job: JobRow) -> Mapping[str, Token[Any]]:
     """Put the job's identity on every later log record of this context (context vars).
 
@@ -164,14 +179,7 @@ def bind_job_fields(job: JobRow) -> Mapping[str, Token[Any]]:
     that ends with the job (the worker runs each job in an asyncio task of its
     own, and a task's bindings end with it). Returns the tokens that would undo them.
     """
-    return structlog.contextvars.bind_contextvars(
-        job_id=str(job.id),
-        actor=job.actor,
-        queue=job.queue,
-        attempt=job.attempt,
-        identity_key=job.identity_key,
-        trace_id=job.trace_id,
-    )
+    return structlog.contextvars.bind_contextvars(**job_fields(job))
 
 
 @contextmanager

@@ -521,6 +521,14 @@ def test_the_worker_command_keeps_its_start_up_objects_out_of_the_collector(
         gc.unfreeze()
 
 
+def test_queues_given_as_a_json_list_are_those_queues() -> None:
+    # Split at its commas, it named the queues '["a"' and ' "b"]': the worker idled.
+    assert WorkerSettings.load({}, env={"TASKQ_QUEUES": '["a", "b"]'}).queues == ["a", "b"]
+    assert WorkerSettings.load({}, env={"TASKQ_QUEUES": " a, b "}).queues == ["a", "b"]
+    with pytest.raises(SettingsError, match=r"TASKQ_QUEUES='\[a, b\]': expected names separated"):
+        WorkerSettings.load({}, env={"TASKQ_QUEUES": "[a, b]"})
+
+
 def test_a_negative_duration_is_said_to_be_negative() -> None:
     # It read "expected a duration such as 30, 0.5, 500ms ...", as for a typo.
     with pytest.raises(SettingsError, match="TASKQ_LOCK_LEASE.*must not be negative, got '-5s'"):

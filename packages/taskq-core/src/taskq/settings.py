@@ -8,6 +8,7 @@ stops start-up with one line naming the setting, the value and the rule.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -107,6 +108,18 @@ integer of milliseconds: about 24.8 days."""
 
 def _split_list(value: object) -> object:
     if isinstance(value, str):
+        if value.strip().startswith("["):
+            # A JSON list (pydantic-settings' way, TASKQ_QUEUES='["a","b"]') was split at
+            # its commas: the worker worked the queues '["a"' and '"b"]', and idled.
+            try:
+                items = json.loads(value)
+            except ValueError:
+                items = None
+            if not (isinstance(items, list) and all(isinstance(i, str) for i in items)):
+                raise ValueError(
+                    'expected names separated by commas (a,b) or a JSON list of strings (["a", "b"])'
+                )
+            return items
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
 
@@ -159,8 +172,9 @@ class WorkerSettings(BaseModel):
     queues: Annotated[list[str], BeforeValidator(_split_list)] = Field(
         default_factory=lambda: ["default"], min_length=1
     )
-    """Queues this worker works (``TASKQ_QUEUES``). Not given: a ``Worker`` works
-    ``default`` and every queue its application's actors are on or configures."""
+    """Queues this worker works (``TASKQ_QUEUES``: ``a,b`` or ``["a", "b"]``). Not given:
+    a ``Worker`` works ``default`` and every queue its application's actors are on or
+    configures."""
     concurrency: int = Field(default=10, ge=1, le=10_000)
     """Jobs executed at once by this process."""
     prefetch: int = Field(default=0, ge=0, le=10_000)

@@ -118,6 +118,18 @@ async def test_a_worker_with_the_watchdogs_off_fails_when_a_loop_returns(
     assert raised.group_contains(ContractViolation, match="'heartbeat' returned")
 
 
+def test_a_trip_exits_with_stdout_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A process started with stdout closed (`>&-`) has sys.stdout None: the flush before
+    # os._exit raised AttributeError, and the wedged worker ran on.
+    exits: list[int] = []
+    monkeypatch.setattr(_watchdog, "_exit", _REAL_EXIT)
+    monkeypatch.setattr(_watchdog.os, "_exit", exits.append)
+    with monkeypatch.context() as patched:
+        patched.setattr(sys, "stdout", None)
+        _watchdog.trip("stale-tick", "a loop stopped ticking", in_loop=False)
+    assert exits == [2]
+
+
 async def test_a_trip_exits_with_stderr_gone(monkeypatch: pytest.MonkeyPatch) -> None:
     # With stderr gone (a log shipper's pipe closed), the flush of what it held raised
     # BrokenPipeError before os._exit: the wedged worker ran on.

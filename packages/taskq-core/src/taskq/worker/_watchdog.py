@@ -50,7 +50,8 @@ _log = structlog.get_logger("taskq.watchdog")
 def _exit(code: int) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError):  # gone (a closed pipe): the exit comes all the same
-            stream.flush()
+            if stream is not None:  # none at all (started with it closed, `>&-`): likewise
+                stream.flush()
     os._exit(code)
 
 

@@ -36,6 +36,16 @@ def test_unknown_scheme_lists_installed_schemes() -> None:
     assert isinstance(info.value, ValueError)
 
 
+def test_a_sqlalchemy_url_is_told_to_drop_its_driver() -> None:
+    # An application's DATABASE_URL=postgresql+asyncpg://... was "no installed backend
+    # handles 'postgresql+asyncpg'", postgresql listed among the installed ones.
+    with pytest.raises(UnknownBackendError) as info:
+        taskq.open_backend("memory+fast://x")
+    message = str(info.value)
+    assert "The +fast names a driver, as in a SQLAlchemy URL" in message
+    assert "give the URL as memory://..." in message
+
+
 def test_unknown_first_party_scheme_names_the_distribution_that_adds_it(
     add_plugin: AddPlugin,
 ) -> None:

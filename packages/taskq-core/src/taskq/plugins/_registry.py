@@ -533,7 +533,16 @@ def _normalized(distribution: str) -> str:
 def _unknown_scheme_message(url: str, scheme: str, installed: list[str]) -> str:
     parts = [f"no installed TaskQ backend handles URL scheme {scheme!r} (in {redact(url)})."]
     parts.append(f"Installed schemes: {', '.join(sorted(installed)) or 'none'}.")
-    provider = _SCHEME_PROVIDERS.get(scheme)
+    base, plus, driver = scheme.partition("+")
+    if plus and (base in installed or base in _SCHEME_PROVIDERS):
+        # An application's SQLAlchemy URL (postgresql+asyncpg://) given as it is: the
+        # message listed postgresql among the installed schemes and left it there.
+        parts.append(
+            f"The +{driver} names a driver, as in a SQLAlchemy URL; TaskQ picks its own: "
+            f"give the URL as {base}://..."
+        )
+        scheme = base
+    provider = None if scheme in installed else _SCHEME_PROVIDERS.get(scheme)
     if provider:
         parts.append(f"It comes with {provider}, {why_absent(provider)}.")
     failures = plugin_failures()

@@ -187,6 +187,35 @@ def test_transient_errors_keep_only_exception_classes(add_plugin: AddPlugin) -> 
     assert all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds)
 
 
+def test_transient_errors_leave_out_cancellation_and_exception_itself(
+    add_plugin: AddPlugin,
+) -> None:
+    # Each was caught by every worker loop as a blip: a stop's CancelledError swallowed
+    # (the stop hung until the watchdog), and every bug retried in silence.
+    import asyncio
+
+    from taskq.worker._transient import transient_errors
+
+    add_plugin(
+        "broad",
+        taskq_transient_errors=lambda: (
+            asyncio.CancelledError,
+            KeyboardInterrupt,
+            Exception,
+            ConnectionResetError,
+        ),
+    )
+    transient_errors.cache_clear()
+    try:
+        kinds = transient_errors()
+    finally:
+        transient_errors.cache_clear()
+    assert ConnectionResetError in kinds
+    assert not {asyncio.CancelledError, KeyboardInterrupt, Exception} & set(kinds)
+    failures = [f for f in taskq.plugins.plugin_failures() if f.name == "broad"]
+    assert len(failures) == 1 and "narrower than Exception" in str(failures[0])
+
+
 def test_a_scheme_claimed_twice_names_the_entry_points_to_disable(
     entry_points: InstallEntryPoints,
 ) -> None:

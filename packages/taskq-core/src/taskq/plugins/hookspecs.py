@@ -117,7 +117,9 @@ def taskq_transient_errors() -> tuple[type[BaseException], ...]:  # type: ignore
     Core contributes ``TimeoutError`` and ``OSError``; taskq-postgres its
     ``TRANSIENT_PG_ERRORS``. Authentication failures must not be listed:
     they are not transient for a static DSN. Anything in the answer that is
-    no exception class is left out and reported as a plugin failure.
+    no exception class, or a class as broad as ``Exception`` or outside it
+    (``CancelledError``, ``KeyboardInterrupt``: every loop would swallow a stop),
+    is left out and reported as a plugin failure.
     """
 
 

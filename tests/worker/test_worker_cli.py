@@ -733,6 +733,14 @@ def test_a_misspelt_setting_is_named_with_the_one_it_resembles(
     }
 
 
+def test_a_settings_python_name_as_its_variable_is_named_with_the_right_one() -> None:
+    # TASKQ_SCHEMA_NAME (the field is schema_name, its variable TASKQ_SCHEMA) was too
+    # unlike any variable to be warned about: the worker ran on the default schema.
+    assert WorkerSettings.misspelt_env({"TASKQ_SCHEMA_NAME": "tenant"}) == {
+        "TASKQ_SCHEMA_NAME": "TASKQ_SCHEMA"
+    }
+
+
 def _translated(cause: BaseException) -> TaskQError:
     # What PostgresBackend.open raises: a TaskQ error whose cause is the driver's.
     error = TaskQError("cannot connect to PostgreSQL at postgresql://127.0.0.1:5432/x")

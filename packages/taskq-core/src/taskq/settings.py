@@ -553,10 +553,19 @@ class WorkerSettings(BaseModel):
 
         known = [ENV_PREFIX + (f.alias or name).upper() for name, f in cls.model_fields.items()]
         known += _OTHER_ENV
+        # A field's Python name where its variable takes the alias (TASKQ_SCHEMA_NAME for
+        # TASKQ_SCHEMA): too unlike it for the match below, it was ignored in silence.
+        by_field_name = {
+            ENV_PREFIX + name.upper(): ENV_PREFIX + f.alias.upper()
+            for name, f in cls.model_fields.items()
+            if f.alias and f.alias != name
+        }
         environ = os.environ if env is None else env
         found: dict[str, str] = {}
         for name in sorted(environ):
-            if name.startswith(ENV_PREFIX) and name not in known:
+            if name in by_field_name:
+                found[name] = by_field_name[name]
+            elif name.startswith(ENV_PREFIX) and name not in known:
                 close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
                 if close:
                     found[name] = close[0]

@@ -160,3 +160,75 @@ except ConnectionError:
     )
     assert "ConnectionError" in done.stderr and "open_db" in done.stderr
     assert "s3cr3t" not in done.stderr
+
+
+def test_a_worker_started_with_stderr_closed_runs() -> None:
+    # Python gives such a process sys.stderr = None: the logging set-up's isatty()
+    # raised AttributeError, and the worker exited 1 before starting, saying nothing.
+    import subprocess
+    import sys
+
+    script = """
+from taskq import TaskQ
+from taskq.worker.cli import main
+app = TaskQ("memory://")
+raise SystemExit(main(["__main__:app", "--until-idle"]))
+"""
+    done = subprocess.run(
+        ["sh", "-c", 'exec "$0" -c "$1" 2>&-', sys.executable, script],
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0
+    assert done.stdout == ""  # the log lines went nowhere, not into stdout
+
+
+def test_taskq_log_level_sets_the_commands_level() -> None:
+    # The level was info whatever the environment said: the debug lines (a plugin's
+    # traceback, which a hint asks to report) could not be had.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import logging
+import structlog
+from taskq.logs import configure_logging, route_stdlib_logging
+configure_logging(json=True)
+route_stdlib_logging()
+log = structlog.get_logger("taskq")
+log.debug("taskq.a-debug-line")
+log.info("taskq.an-info-line")
+log.error("taskq.an-error-line")
+logging.getLogger("asyncpg").warning("a library's warning")
+"""
+
+    def events(level: str) -> list[str]:
+        env = {**os.environ, "TASKQ_LOG_LEVEL": level}
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            env=env,
+        )
+        return [json.loads(line)["event"] for line in done.stderr.splitlines()]
+
+    assert events("DEBUG") == [
+        "taskq.a-debug-line",
+        "taskq.an-info-line",
+        "taskq.an-error-line",
+        "a library's warning",
+    ]
+    assert events("error") == ["taskq.an-error-line"]
+    assert events("") == ["taskq.an-info-line", "taskq.an-error-line", "a library's warning"]
+    assert events("verbose") == [
+        "taskq.unknown-log-level",
+        "taskq.an-info-line",
+        "taskq.an-error-line",
+        "a library's warning",
+    ]

@@ -22,6 +22,7 @@ from taskq.errors import (
     PluginError,
     PluginHookError,
     PluginLoadError,
+    UnknownBackendError,
 )
 from taskq.plugins import backend_factories, plugin_failures
 from tests.core.plugin_stubs import AddPlugin, InstallEntryPoints
@@ -402,3 +403,103 @@ def test_a_malformed_entry_point_value_is_named_as_such(entry_points: InstallEnt
     assert "entry point value 'not a valid :: ref' is not module[:attr]" in str(failure)
     assert "NoneType" not in str(failure)
     assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
+
+
+def test_an_entry_point_named_core_leaves_cores_built_ins_alone(
+    entry_points: InstallEntryPoints,
+) -> None:
+    # Its registration's name clash unregistered core's own plugin: memory:// and the
+    # core commands were gone, and the failure blamed the third party alone.
+    entry_points(core=_backends(mine="Mine"), distributions={"core": "taskq-core2"})
+    [failure] = plugin_failures()
+    assert isinstance(failure, PluginLoadError) and failure.name == "core"
+    assert "already taken by taskq-core's plugin" in str(failure)
+    assert "ask taskq-core2 to rename it" in str(failure)
+    assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
+
+
+def test_an_entry_point_name_taken_twice_keeps_the_first_plugin(
+    entry_points: InstallEntryPoints,
+) -> None:
+    entry_points(
+        first=_backends(one="One"),
+        second=_backends(two="Two"),
+        distributions={"first": "taskq-first", "second": "taskq-second"},
+    )
+    # a second distribution's entry point also named "first" (its module: "second"'s)
+    entry_points(values={"first": "fake_taskq_plugin_second"})
+    [failure] = plugin_failures()
+    assert isinstance(failure, PluginLoadError) and failure.name == "first"
+    assert "already taken by taskq-first's plugin" in str(failure)
+    assert isinstance(taskq.open_backend("one://"), InMemoryBackend)
+    assert isinstance(taskq.open_backend("two://"), InMemoryBackend)
+    assert [p.name for p in taskq.plugins.loaded_plugins()] == ["core", "first", "second"]
+
+
+def test_disabling_an_entry_point_named_core_keeps_cores_built_ins(
+    entry_points: InstallEntryPoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pm.set_blocked("core") unregistered core's own plugin with the third party's.
+    monkeypatch.setenv("TASKQ_DISABLE_PLUGINS", "core")
+    entry_points(core=_backends(mine="Mine"))
+    assert plugin_failures() == []
+    assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
+    with pytest.raises(UnknownBackendError):
+        taskq.open_backend("mine://")
+
+
+_BAD_COMMAND = """
+    from taskq.plugins import hookimpl
+
+    def configure(parser):
+        parser.add_argument("--dsn")
+        parser.add_argument("--dsn")  # argparse: conflicting option string
+
+    @hookimpl
+    def taskq_cli_commands(cli):
+        cli.add("badcmd", help="a broken command", configure=configure, run=lambda args: 0)
+"""
+
+
+def test_a_plugin_command_whose_configure_raises_leaves_the_others(
+    entry_points: InstallEntryPoints,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Its argparse error came out of every `taskq` command, `taskq plugins` among them,
+    # as a traceback.
+    entry_points(badcmd=_BAD_COMMAND, distributions={"badcmd": "taskq-badcmd"})
+    assert _run_taskq(monkeypatch, "plugins") == 1
+    out = capsys.readouterr().out
+    [failed] = [line for line in out.splitlines() if line.startswith("FAILED")]
+    assert failed.startswith(
+        "FAILED badcmd (taskq-badcmd): taskq_cli_commands hook added command 'badcmd', "
+        "whose configure raised ArgumentError"
+    )
+    with pytest.raises(SystemExit):  # argparse's "invalid choice": no such command
+        _run_taskq(monkeypatch, "badcmd")
+
+
+def test_an_entry_point_exiting_at_import_is_a_load_failure(
+    entry_points: InstallEntryPoints,
+) -> None:
+    # Its SystemExit ended whatever command loaded the plugins, with its message alone.
+    entry_points(exits="import sys\nsys.exit('needs libfoo 2')\n")
+    [failure] = plugin_failures()
+    assert isinstance(failure, PluginLoadError) and failure.name == "exits"
+    assert "SystemExit: needs libfoo 2" in str(failure)
+    assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
+
+
+def test_taskq_trace_plugins_logs_each_hook_call(
+    entry_points: InstallEntryPoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pluggy's call monitoring sees only pm.hook calls, and core calls each
+    # implementation itself: the variable logged nothing.
+    monkeypatch.setenv("TASKQ_TRACE_PLUGINS", "1")
+    entry_points(mine=_backends(mine="Mine"))
+    with structlog.testing.capture_logs() as logs:
+        backend_factories()
+    calls = [(e["hook"], e["plugin"]) for e in logs if e["event"] == "taskq.hook-call"]
+    done = [(e["hook"], e["plugin"]) for e in logs if e["event"] == "taskq.hook-done"]
+    assert calls == done == [("taskq_backends", "core"), ("taskq_backends", "mine")]

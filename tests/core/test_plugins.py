@@ -36,6 +36,16 @@ def test_unknown_scheme_lists_installed_schemes() -> None:
     assert isinstance(info.value, ValueError)
 
 
+def test_a_sqlalchemy_url_is_told_to_drop_its_driver() -> None:
+    # An application's DATABASE_URL=postgresql+asyncpg://... was "no installed backend
+    # handles 'postgresql+asyncpg'", postgresql listed among the installed ones.
+    with pytest.raises(UnknownBackendError) as info:
+        taskq.open_backend("memory+fast://x")
+    message = str(info.value)
+    assert "The +fast names a driver, as in a SQLAlchemy URL" in message
+    assert "give the URL as memory://..." in message
+
+
 def test_unknown_first_party_scheme_names_the_distribution_that_adds_it(
     add_plugin: AddPlugin,
 ) -> None:
@@ -177,6 +187,35 @@ def test_transient_errors_keep_only_exception_classes(add_plugin: AddPlugin) -> 
     assert all(isinstance(k, type) and issubclass(k, BaseException) for k in kinds)
 
 
+def test_transient_errors_leave_out_cancellation_and_exception_itself(
+    add_plugin: AddPlugin,
+) -> None:
+    # Each was caught by every worker loop as a blip: a stop's CancelledError swallowed
+    # (the stop hung until the watchdog), and every bug retried in silence.
+    import asyncio
+
+    from taskq.worker._transient import transient_errors
+
+    add_plugin(
+        "broad",
+        taskq_transient_errors=lambda: (
+            asyncio.CancelledError,
+            KeyboardInterrupt,
+            Exception,
+            ConnectionResetError,
+        ),
+    )
+    transient_errors.cache_clear()
+    try:
+        kinds = transient_errors()
+    finally:
+        transient_errors.cache_clear()
+    assert ConnectionResetError in kinds
+    assert not {asyncio.CancelledError, KeyboardInterrupt, Exception} & set(kinds)
+    failures = [f for f in taskq.plugins.plugin_failures() if f.name == "broad"]
+    assert len(failures) == 1 and "narrower than Exception" in str(failures[0])
+
+
 def test_a_scheme_claimed_twice_names_the_entry_points_to_disable(
     entry_points: InstallEntryPoints,
 ) -> None:
@@ -218,3 +257,17 @@ def test_a_factory_gets_the_worker_settings_it_names_or_all_with_options(
     assert tuning["command_timeout"] == timedelta(seconds=5)
     with pytest.raises(PluginError, match="flavor"):  # not a setting: still its error
         taskq.open_backend("named://", flavor="mint")
+
+
+def test_a_scheme_is_found_whatever_its_case_and_one_no_url_can_have_is_reported(
+    add_plugin: AddPlugin,
+) -> None:
+    # MyDB was listed among the installed schemes, and MyDB:// said it was unknown;
+    # my_db was listed too, and my_db:// said it was no URL.
+    add_plugin("cased", taskq_backends=lambda: {"MyDB": lambda url: InMemoryBackend()})
+    add_plugin("underscored", taskq_backends=lambda: {"my_db": lambda url: InMemoryBackend()})
+    assert isinstance(taskq.open_backend("MyDB://"), InMemoryBackend)
+    assert isinstance(taskq.open_backend("mydb://"), InMemoryBackend)
+    assert "my_db" not in taskq.plugins.backend_factories()
+    [failure] = taskq.plugins.plugin_failures()
+    assert failure.name == "underscored" and "a letter, then letters, digits" in str(failure)

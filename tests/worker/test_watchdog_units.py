@@ -118,6 +118,40 @@ async def test_a_worker_with_the_watchdogs_off_fails_when_a_loop_returns(
     assert raised.group_contains(ContractViolation, match="'heartbeat' returned")
 
 
+def test_a_trip_exits_whatever_the_applications_logging_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # structlog rendered to the standard library's `extra` (a structlog recipe) refuses a
+    # field named `name`, as the task dump's records have: its KeyError came before
+    # os._exit, and the wedged worker ran on.
+    class RefusingLogger:
+        def critical(self, *args: object, **kwargs: object) -> None:
+            raise KeyError("Attempt to overwrite 'name' in LogRecord")
+
+    def refusing_dump(*args: object, **kwargs: object) -> int:
+        raise KeyError("Attempt to overwrite 'name' in LogRecord")
+
+    exits: list[int] = []
+    monkeypatch.setattr(_watchdog, "_exit", _REAL_EXIT)
+    monkeypatch.setattr(_watchdog.os, "_exit", exits.append)
+    monkeypatch.setattr(_watchdog, "_log", RefusingLogger())
+    monkeypatch.setattr(_watchdog, "dump_task_stacks", refusing_dump)
+    _watchdog.trip("stale-tick", "a loop stopped ticking")
+    assert exits == [2]
+
+
+def test_a_trip_exits_with_stdout_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A process started with stdout closed (`>&-`) has sys.stdout None: the flush before
+    # os._exit raised AttributeError, and the wedged worker ran on.
+    exits: list[int] = []
+    monkeypatch.setattr(_watchdog, "_exit", _REAL_EXIT)
+    monkeypatch.setattr(_watchdog.os, "_exit", exits.append)
+    with monkeypatch.context() as patched:
+        patched.setattr(sys, "stdout", None)
+        _watchdog.trip("stale-tick", "a loop stopped ticking", in_loop=False)
+    assert exits == [2]
+
+
 async def test_a_trip_exits_with_stderr_gone(monkeypatch: pytest.MonkeyPatch) -> None:
     # With stderr gone (a log shipper's pipe closed), the flush of what it held raised
     # BrokenPipeError before os._exit: the wedged worker ran on.

@@ -205,6 +205,39 @@ async def test_an_abandoned_actor_that_returns_at_last_writes_and_blames_nothing
     assert "taskq.abandoned-job-returned" in events
 
 
+async def test_the_cancel_controllers_lines_about_a_job_name_its_actor_and_queue() -> None:
+    # Logged outside the job's context, they carried its job_id alone: a search by actor
+    # or queue missed the job's cancel, its forced stop and its abandonment.
+    import structlog.testing
+
+    from taskq import WorkerSettings
+    from taskq.worker import Worker
+    from taskq_testing import TEST_SETTINGS
+
+    started = asyncio.Event()
+    stubborn = _outlives_cancellation("abandoned_and_said_so", 0.8, started)
+    tq = TaskQ("memory://", actors=[stubborn])
+    async with tq:
+        job = await tq.client.enqueue(stubborn, {}, queue="q2")
+        settings = {**TEST_SETTINGS, **_GRACES, "queues": ["q2"], "until_idle": True}
+        worker = Worker(tq, WorkerSettings.load(settings, env={}))
+        with structlog.testing.capture_logs() as logs:
+            running = asyncio.create_task(worker.run())
+            await asyncio.wait_for(started.wait(), 5)
+            assert await tq.client.cancel(job.id)
+            await asyncio.wait_for(running, 10)
+            await asyncio.gather(*worker.lingering_tasks())
+    lines = {
+        entry["event"]: entry
+        for entry in logs
+        if entry["event"] in {"taskq.cancel-observed", "taskq.cancel-forced", "taskq.job-abandoned"}
+    }
+    assert len(lines) == 3
+    for line in lines.values():
+        assert line["job_id"] == str(job.id)
+        assert (line["actor"], line["queue"], line["attempt"]) == ("abandoned_and_said_so", "q2", 1)
+
+
 @pytest.mark.parametrize("limit", ["timeout", "deadline"])
 async def test_an_actor_that_ignores_its_limit_fails_by_it_and_frees_its_slot(limit: str) -> None:
     # It kept its slot and its lease (renewed every heartbeat) for as long as it ran,

@@ -44,14 +44,16 @@ def worker(
     *args: str,
     app: str = "tests.apps.basic:tq",
     log: Path | None = None,
+    stdout_closed: bool = False,
     **env: str,
 ) -> Iterator[subprocess.Popen[str]]:
     """The worker process; its log (JSON lines, on stderr) goes to ``log`` when given,
-    else to ``proc.stderr``."""
+    else to ``proc.stderr``. ``stdout_closed``: started with no stdout at all (``>&-``)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
+    closing = ["sh", "-c", 'exec "$0" "$@" >&-'] if stdout_closed else []
     with open(log or os.devnull, "w") as out:
         proc = subprocess.Popen(
-            [str(BIN / "taskq-worker"), app, *args],
+            [*closing, str(BIN / "taskq-worker"), app, *args],
             cwd=REPO,
             env={**base, **FAST, "TASKQ_DSN": pg.dsn, "TASKQ_SCHEMA": pg.name, **env},
             stdout=subprocess.DEVNULL,
@@ -440,6 +442,22 @@ async def test_a_call_still_in_its_thread_does_not_hold_the_exit_with_stderr_gon
         await asyncio.to_thread(proc.wait, 40)
     assert proc.returncode == 0
     assert time.monotonic() - started < 10
+
+
+async def test_a_call_still_in_its_thread_does_not_hold_the_exit_with_stdout_closed(
+    tq: TaskQ, pg_schema: PgSchema, tmp_path: Path
+) -> None:
+    # Started with stdout closed (`>&-`: Python's sys.stdout is None), the flush before
+    # os._exit raised AttributeError: the exit waited for the thread, then failed.
+    signal_file = tmp_path / "in-its-thread.started"
+    await tq.client.enqueue(basic.nap_sync, {"seconds": 30, "started": str(signal_file)})
+    with worker(pg_schema, "--queues", "other", stdout_closed=True) as proc:
+        await _until_started(signal_file)  # in its thread
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.to_thread(proc.communicate, timeout=40)
+    # It ended when the thread did, with the AttributeError's traceback: exit 1.
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "1 sync actor or thread call(s) still running" in stderr
 
 
 async def test_sigusr2_dumps_task_stacks_and_the_worker_keeps_running(

@@ -86,6 +86,8 @@ def test_sighup_and_sigusr2_while_the_app_imports_leave_the_worker_to_run() -> N
         # `--dsn "$DATABASE_URL"` with the variable unset ran on the app's database.
         ({"TASKQ_DSN": "postgresql://u@h/db"}, ["--dsn", ""], "--dsn='': is empty"),
         ({"TASKQ_DSN": " "}, [], "TASKQ_DSN=' ': is empty"),
+        # It failed later saying the backend "needs a DSN", which was given.
+        ({"TASKQ_DIRECT_DSN": ""}, [], "TASKQ_DIRECT_DSN='': is empty: give the server's own"),
         # A queue no job can be on: undecodable bytes failed in the driver, a traceback.
         ({}, ["--queues", "default,\udcff"], "lone surrogate"),
         ({}, ["--queues", "q" * 257], "at most 256 bytes"),
@@ -519,6 +521,14 @@ def test_the_worker_command_keeps_its_start_up_objects_out_of_the_collector(
         gc.unfreeze()
 
 
+def test_queues_given_as_a_json_list_are_those_queues() -> None:
+    # Split at its commas, it named the queues '["a"' and ' "b"]': the worker idled.
+    assert WorkerSettings.load({}, env={"TASKQ_QUEUES": '["a", "b"]'}).queues == ["a", "b"]
+    assert WorkerSettings.load({}, env={"TASKQ_QUEUES": " a, b "}).queues == ["a", "b"]
+    with pytest.raises(SettingsError, match=r"TASKQ_QUEUES='\[a, b\]': expected names separated"):
+        WorkerSettings.load({}, env={"TASKQ_QUEUES": "[a, b]"})
+
+
 def test_a_negative_duration_is_said_to_be_negative() -> None:
     # It read "expected a duration such as 30, 0.5, 500ms ...", as for a typo.
     with pytest.raises(SettingsError, match="TASKQ_LOCK_LEASE.*must not be negative, got '-5s'"):
@@ -530,6 +540,10 @@ def test_a_negative_duration_is_said_to_be_negative() -> None:
 def test_a_duration_out_of_range_is_a_clear_setting_error() -> None:
     with pytest.raises(SettingsError, match="TASKQ_POLL_INTERVAL.*out of range"):
         WorkerSettings.load({}, env={"TASKQ_POLL_INTERVAL": "99999999999999d"})
+    # Given from Python: a bare OverflowError, or "cannot convert float NaN to integer".
+    for seconds in (1e20, float("inf"), float("nan")):
+        with pytest.raises(SettingsError, match="--lock-lease=.*(out of range|finite number)"):
+            WorkerSettings.load({"lock_lease": seconds}, env={})
 
 
 @pytest.mark.parametrize(
@@ -716,6 +730,14 @@ def test_a_misspelt_setting_is_named_with_the_one_it_resembles(
     assert "did you mean TASKQ_CONCURRENCY?" in warning["hint"]
     assert WorkerSettings.misspelt_env({"TASKQ_DISABLE_PLUGIN": "x", "TASKQ_DSN": "y"}) == {
         "TASKQ_DISABLE_PLUGIN": "TASKQ_DISABLE_PLUGINS"
+    }
+
+
+def test_a_settings_python_name_as_its_variable_is_named_with_the_right_one() -> None:
+    # TASKQ_SCHEMA_NAME (the field is schema_name, its variable TASKQ_SCHEMA) was too
+    # unlike any variable to be warned about: the worker ran on the default schema.
+    assert WorkerSettings.misspelt_env({"TASKQ_SCHEMA_NAME": "tenant"}) == {
+        "TASKQ_SCHEMA_NAME": "TASKQ_SCHEMA"
     }
 
 

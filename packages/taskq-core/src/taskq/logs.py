@@ -13,20 +13,41 @@ import contextlib
 import functools
 import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import Token
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import structlog
 
 if TYPE_CHECKING:
     from taskq.models import JobRow
 
-__all__ = ["bind_job_context", "bind_job_fields", "configure_logging", "route_stdlib_logging"]
+__all__ = [
+    "LOG_LEVEL_ENV",
+    "bind_job_context",
+    "bind_job_fields",
+    "configure_logging",
+    "job_fields",
+    "route_stdlib_logging",
+]
+
+LOG_LEVEL_ENV: Final = "TASKQ_LOG_LEVEL"
+"""The level of a TaskQ command's log lines (``debug``, ``info``, ``warning``, ``error``,
+``critical``; default ``info``)."""
+
+_LEVELS: Final = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
 
 _configured = False
+_level = logging.INFO
 _STAMPED: list[structlog.typing.Processor] = [
     structlog.processors.add_log_level,
     structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -34,15 +55,26 @@ _STAMPED: list[structlog.typing.Processor] = [
 _rendered: list[structlog.typing.Processor] = [structlog.processors.JSONRenderer()]
 
 
-def configure_logging(*, level: int = logging.INFO, json: bool | None = None) -> None:
+def configure_logging(*, level: int | None = None, json: bool | None = None) -> None:
     """Configure structlog for a TaskQ process (the first call wins).
 
+    ``level=None`` takes :data:`LOG_LEVEL_ENV` (``TASKQ_LOG_LEVEL``), else info.
     ``json=None`` picks JSON lines unless stderr is a terminal.
     """
-    global _configured, _rendered
+    global _configured, _rendered, _level
     if _configured:
         return
     _configured = True
+    # A command's level could not be changed: the debug lines (a plugin's traceback,
+    # which a hint asks to report) were out of reach.
+    raw = os.environ.get(LOG_LEVEL_ENV, "").strip() if level is None else ""
+    _level = level if level is not None else _LEVELS.get(raw.lower(), logging.INFO)
+    if sys.stderr is None:
+        # Started with descriptor 2 closed (`2>&-`, some supervisors): every write to
+        # stderr (this set-up's isatty first) raised AttributeError and the command
+        # died at once. Lines are dropped instead, and devnull takes descriptor 2,
+        # which the next socket opened would otherwise get.
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the process's stderr from now on
     use_json = not sys.stderr.isatty() if json is None else json
     _rendered = (
         [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
@@ -51,10 +83,17 @@ def configure_logging(*, level: int = logging.INFO, json: bool | None = None) ->
     )
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, *_STAMPED, *_rendered],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
+        wrapper_class=structlog.make_filtering_bound_logger(_level),
         logger_factory=functools.partial(_GoneStderrTolerated, sys.stderr),
         cache_logger_on_first_use=True,
     )
+    if raw and raw.lower() not in _LEVELS:
+        structlog.get_logger("taskq.logs").warning(
+            "taskq.unknown-log-level",
+            variable=LOG_LEVEL_ENV,
+            value=raw,
+            hint=f"give one of {', '.join(_LEVELS)}; info applies meanwhile",
+        )
 
 
 class _GoneStderrTolerated(structlog.PrintLogger):
@@ -104,7 +143,8 @@ def route_stdlib_logging() -> None:
         )
     )
     root.addHandler(handler)
-    root.setLevel(logging.WARNING)  # libraries' info chatter stays out
+    # libraries' info chatter stays out, and their warnings below a level asked for
+    root.setLevel(max(logging.WARNING, _level))
 
 
 def _one_line_driver_errors(record: logging.LogRecord) -> bool:
@@ -118,6 +158,20 @@ def _one_line_driver_errors(record: logging.LogRecord) -> bool:
     return True
 
 
+def job_fields(job: JobRow) -> dict[str, Any]:
+    """The job's identity as log fields, those :func:`bind_job_context` binds: for a line
+    about a job logged outside its context (the heartbeat's, the cancel controller's, a
+    stop's), which carried its ``job_id`` alone and escaped a search by actor or queue."""
+    return {
+        "job_id": str(job.id),
+        "actor": job.actor,
+        "queue": job.queue,
+        "attempt": job.attempt,
+        "identity_key": job.identity_key,
+        "trace_id": job.trace_id,
+    }
+
+
 def bind_job_fields(job: JobRow) -> Mapping[str, Token[Any]]:
     """Put the job's identity on every later log record of this context (context vars).
 
@@ -125,14 +179,7 @@ def bind_job_fields(job: JobRow) -> Mapping[str, Token[Any]]:
     that ends with the job (the worker runs each job in an asyncio task of its
     own, and a task's bindings end with it). Returns the tokens that would undo them.
     """
-    return structlog.contextvars.bind_contextvars(
-        job_id=str(job.id),
-        actor=job.actor,
-        queue=job.queue,
-        attempt=job.attempt,
-        identity_key=job.identity_key,
-        trace_id=job.trace_id,
-    )
+    return structlog.contextvars.bind_contextvars(**job_fields(job))
 
 
 @contextmanager

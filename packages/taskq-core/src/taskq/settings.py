@@ -8,6 +8,8 @@ stops start-up with one line naming the setting, the value and the rule.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Iterator, Mapping
 from datetime import time, timedelta
@@ -21,6 +23,7 @@ from pydantic import (
     Field,
     SerializationInfo,
     ValidationError,
+    ValidationInfo,
     field_serializer,
     field_validator,
     model_validator,
@@ -43,8 +46,14 @@ __all__ = [
 
 ENV_PREFIX = "TASKQ_"
 
-_OTHER_ENV: Final = ("TASKQ_DISABLE_PLUGINS", "TASKQ_TRACE_PLUGINS", "TASKQ_TEST_DSN")
-"""``TASKQ_*`` variables that are not worker settings (plugins; the test fixtures)."""
+_OTHER_ENV: Final = (
+    "TASKQ_DISABLE_PLUGINS",
+    "TASKQ_TRACE_PLUGINS",
+    "TASKQ_LOG_LEVEL",
+    "TASKQ_TEST_DSN",
+)
+"""``TASKQ_*`` variables that are not worker settings (plugins; logging; the test
+fixtures)."""
 
 _DURATION_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -57,7 +66,14 @@ class NegativeDurationError(ValueError):
 def parse_duration(value: object) -> object:
     """``"500ms"``, ``"30s"``, ``"5m"``, ``"1h"``, ``"2d"`` or plain seconds -> timedelta."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return timedelta(seconds=value)
+        # From Python (WorkerSettings(lock_lease=...), a flag's value): timedelta's
+        # OverflowError is no ValueError, and came out as a bare traceback.
+        if not math.isfinite(value):
+            raise ValueError(f"must be a finite number of seconds, got {value!r}")
+        try:
+            return timedelta(seconds=value)
+        except OverflowError:
+            raise ValueError(f"duration {value!r} is out of range") from None
     if isinstance(value, str):
         match = _DURATION_RE.fullmatch(value)
         if match is None:
@@ -92,6 +108,18 @@ integer of milliseconds: about 24.8 days."""
 
 def _split_list(value: object) -> object:
     if isinstance(value, str):
+        if value.strip().startswith("["):
+            # A JSON list (pydantic-settings' way, TASKQ_QUEUES='["a","b"]') was split at
+            # its commas: the worker worked the queues '["a"' and '"b"]', and idled.
+            try:
+                items = json.loads(value)
+            except ValueError:
+                items = None
+            if not (isinstance(items, list) and all(isinstance(i, str) for i in items)):
+                raise ValueError(
+                    'expected names separated by commas (a,b) or a JSON list of strings (["a", "b"])'
+                )
+            return items
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
 
@@ -144,8 +172,9 @@ class WorkerSettings(BaseModel):
     queues: Annotated[list[str], BeforeValidator(_split_list)] = Field(
         default_factory=lambda: ["default"], min_length=1
     )
-    """Queues this worker works (``TASKQ_QUEUES``). Not given: a ``Worker`` works
-    ``default`` and every queue its application's actors are on or configures."""
+    """Queues this worker works (``TASKQ_QUEUES``: ``a,b`` or ``["a", "b"]``). Not given:
+    a ``Worker`` works ``default`` and every queue its application's actors are on or
+    configures."""
     concurrency: int = Field(default=10, ge=1, le=10_000)
     """Jobs executed at once by this process."""
     prefetch: int = Field(default=0, ge=0, le=10_000)
@@ -325,12 +354,18 @@ class WorkerSettings(BaseModel):
     def _valid_schema(cls, value: str | None) -> str | None:
         return None if value is None else validate_schema_name(value)
 
-    @field_validator("dsn")
+    @field_validator("dsn", "direct_dsn")
     @classmethod
-    def _not_empty(cls, value: str | None) -> str | None:
+    def _not_empty(cls, value: str | None, info: ValidationInfo) -> str | None:
         # `--dsn "$DATABASE_URL"` (or TASKQ_DSN=$DATABASE_URL) with the variable unset:
-        # the worker ran on the application's database in silence.
+        # the worker ran on the application's database in silence. An empty direct_dsn
+        # failed later saying the backend "needs a DSN", which the user had given.
         if value is not None and not value.strip():
+            if info.field_name == "direct_dsn":
+                raise ValueError(
+                    "is empty: give the server's own URL (postgresql://USER@HOST/DB), or "
+                    "leave it unset to use the DSN"
+                )
             raise ValueError(
                 "is empty: give a database URL (postgresql://USER@HOST/DB), or leave it "
                 "unset to use the application's"
@@ -518,10 +553,19 @@ class WorkerSettings(BaseModel):
 
         known = [ENV_PREFIX + (f.alias or name).upper() for name, f in cls.model_fields.items()]
         known += _OTHER_ENV
+        # A field's Python name where its variable takes the alias (TASKQ_SCHEMA_NAME for
+        # TASKQ_SCHEMA): too unlike it for the match below, it was ignored in silence.
+        by_field_name = {
+            ENV_PREFIX + name.upper(): ENV_PREFIX + f.alias.upper()
+            for name, f in cls.model_fields.items()
+            if f.alias and f.alias != name
+        }
         environ = os.environ if env is None else env
         found: dict[str, str] = {}
         for name in sorted(environ):
-            if name.startswith(ENV_PREFIX) and name not in known:
+            if name in by_field_name:
+                found[name] = by_field_name[name]
+            elif name.startswith(ENV_PREFIX) and name not in known:
                 close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
                 if close:
                     found[name] = close[0]

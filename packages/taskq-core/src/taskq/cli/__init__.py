@@ -83,9 +83,24 @@ def build_parser(registry: CommandRegistry) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in registry.commands():
         cmd_parser = sub.add_parser(command.name, help=command.help, description=command.help)
-        command.configure(cmd_parser)
+        try:
+            command.configure(cmd_parser)
+        except Exception as exc:  # noqa: BLE001 - a plugin's code: isolated, reported
+            # Raised here, a broken plugin's command took every other down, `taskq
+            # plugins` among them, with a traceback: left out and recorded instead.
+            _drop_subcommand(sub, command.name)
+            from taskq.plugins._registry import report_command_failure
+
+            report_command_failure(command.name, command.distribution, exc)
+            continue
         cmd_parser.set_defaults(_run=command.run)
     return parser
+
+
+def _drop_subcommand(sub: argparse._SubParsersAction[ArgumentParser], name: str) -> None:
+    """Take subcommand ``name`` back out of ``sub``: argparse has no public way."""
+    sub._name_parser_map.pop(name, None)
+    sub._choices_actions = [a for a in sub._choices_actions if a.dest != name]
 
 
 # The first-party commands that come with another distribution (and an extra of it, for

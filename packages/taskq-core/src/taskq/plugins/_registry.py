@@ -55,6 +55,7 @@ __all__ = [
     "open_backend",
     "plugin_failures",
     "report_bad_answer",
+    "report_command_failure",
 ]
 
 _log = structlog.get_logger("taskq.plugins")
@@ -62,7 +63,10 @@ _log = structlog.get_logger("taskq.plugins")
 ENTRY_POINT_GROUP = "taskq"
 CORE_DISTRIBUTION = "taskq-core"
 
-_CORE_BUG = f"a bug in {CORE_DISTRIBUTION}: report it with the debug log's traceback"
+_CORE_BUG = (
+    f"a bug in {CORE_DISTRIBUTION}: report it with the traceback the command logs with "
+    f"TASKQ_LOG_LEVEL=debug"
+)
 
 # Which first-party distribution adds a scheme, for the "unknown scheme" hint; it also
 # owns the scheme: a third party claiming it too is left out (backend_factories).
@@ -108,6 +112,8 @@ class _Loaded:
     # logged) once per process, however often the hook is called.
     recorded: set[tuple[str, str, str]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # TASKQ_TRACE_PLUGINS=1: each hook call and its end logged at debug
+    trace: bool = False
 
 
 def _disabled() -> set[str]:
@@ -138,8 +144,10 @@ def _load() -> _Loaded:
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = ep.dist.name if ep.dist is not None else None
         if ep.name in disabled:
-            pm.set_blocked(ep.name)
+            # Skipped, not pm.set_blocked(): that unregisters the plugin already holding
+            # the name, core's built-ins for a third-party entry point named "core".
             continue
+        module: object = None
         try:
             # importlib's own error for a malformed value is "'NoneType' object has no
             # attribute 'group'"
@@ -148,14 +156,29 @@ def _load() -> _Loaded:
                     f"entry point value {ep.value!r} is not module[:attr] "
                     f"(e.g. 'taskq_mybackend._plugin')"
                 )
+            owner = loaded.dist_of.get(ep.name)
+            if owner is not None:
+                raise ValueError(
+                    f"its entry point name {ep.name!r} is already taken by {owner}'s "
+                    f"plugin; names in the taskq entry point group must be unique: ask "
+                    f"{dist or 'its distribution'} to rename it"
+                )
             module = ep.load()
+            if pm.is_registered(module):
+                raise ValueError(
+                    f"{ep.value} is already registered as plugin {pm.get_name(module)!r}"
+                )
             pm.register(module, name=ep.name)
             # A misspelt hook name would otherwise be silently ignored; checked plugin by
             # plugin, so the one at fault is named and left out, and the others load.
             pm.check_pending()
-        except Exception as exc:  # noqa: BLE001 - any import failure is reported, not fatal
-            if pm.has_plugin(ep.name):
-                pm.unregister(name=ep.name)
+        # SystemExit too: a module's sys.exit("needs X") at import ended the command
+        # there, its message not saying which plugin it came from.
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported, not fatal
+            # Only this entry point's own registration: a name or module clash must not
+            # take away the plugin that holds it (core's built-ins, for "core").
+            if module is not None and pm.get_name(module) == ep.name:
+                pm.unregister(plugin=module)
             failure = PluginLoadError(ep.name, dist, exc)
             loaded.failures.append(failure)
             # One line, on every command of this process: the traceback is for debugging.
@@ -172,11 +195,9 @@ def _load() -> _Loaded:
         loaded.dist_of[ep.name] = dist_name
         loaded.plugins.append(PluginInfo(ep.name, dist_name, _dist_version(dist_name)))
 
-    if os.environ.get("TASKQ_TRACE_PLUGINS") == "1":
-        pm.add_hookcall_monitoring(
-            before=lambda name, _impls, kwargs: _log.debug("taskq.hook-call", hook=name, **kwargs),
-            after=lambda _outcome, name, _impls, _kwargs: _log.debug("taskq.hook-done", hook=name),
-        )
+    # Traced in _call_one: pluggy's hook-call monitoring sees pm.hook calls only, and
+    # core calls each implementation itself, so it traced nothing.
+    loaded.trace = os.environ.get("TASKQ_TRACE_PLUGINS") == "1"
     return loaded
 
 
@@ -241,6 +262,27 @@ def report_bad_answer(hook_name: str, answer: HookAnswer, expected: str, got: ob
     )
 
 
+def report_command_failure(command: str, distribution: str, exc: Exception) -> None:
+    """Record that the ``configure`` of ``command``, a ``taskq`` subcommand the
+    ``taskq_cli_commands`` hook of ``distribution`` added, raised ``exc``: the command is
+    left out, the others still work."""
+    loaded = _load()
+    plugin = next(
+        (name for name, dist in loaded.dist_of.items() if dist == distribution), distribution
+    )
+    _record_hook_failure(
+        PluginHookError(
+            plugin,
+            distribution,
+            "taskq_cli_commands",
+            f"added command {command!r}, whose configure raised {type(exc).__name__}: {exc}",
+            cause=exc,
+            hint=_CORE_BUG if distribution == CORE_DISTRIBUTION else None,
+        ),
+        topic=f"command:{command}",
+    )
+
+
 def _impls(hook_name: str) -> list[Any]:
     """The implementations of ``hook_name`` in registration order: core first, then
     the entry points (pluggy's call order is the reverse). Wrappers are left out:
@@ -254,10 +296,17 @@ def _impls(hook_name: str) -> list[Any]:
 
 def _call_one(hook_name: str, impl: Any, kwargs: Mapping[str, Any]) -> tuple[bool, Any]:
     """Call one implementation; ``(False, None)`` when it raised (recorded)."""
-    dist = _load().dist_of.get(impl.plugin_name, impl.plugin_name)
+    loaded = _load()
+    dist = loaded.dist_of.get(impl.plugin_name, impl.plugin_name)
     fn: Callable[..., Any] = impl.function
+    arguments = {k: kwargs[k] for k in impl.argnames}
     try:
-        return True, fn(**{k: kwargs[k] for k in impl.argnames})
+        if loaded.trace:
+            _log.debug("taskq.hook-call", hook=hook_name, plugin=impl.plugin_name, **arguments)
+        result = fn(**arguments)
+        if loaded.trace:
+            _log.debug("taskq.hook-done", hook=hook_name, plugin=impl.plugin_name)
+        return True, result
     except Exception as exc:  # noqa: BLE001 - plugin isolation
         _record_hook_failure(
             PluginHookError(
@@ -354,14 +403,24 @@ def _backend_schemes() -> _Schemes:
         mapping = answer.result
         if mapping is None:  # pluggy's "nothing from me"
             continue
+        # A scheme no URL can have (my_db) was listed as installed and never found.
         if not isinstance(mapping, Mapping) or not all(
-            isinstance(scheme, str) and callable(factory) for scheme, factory in mapping.items()
+            isinstance(scheme, str)
+            and url_scheme(f"{scheme}:") == scheme.lower()
+            and callable(factory)
+            for scheme, factory in mapping.items()
         ):
             report_bad_answer(
-                "taskq_backends", answer, "a dict of URL scheme -> backend factory", mapping
+                "taskq_backends",
+                answer,
+                "a dict of URL scheme (a letter, then letters, digits, +, - or .) -> "
+                "backend factory",
+                mapping,
             )
             continue
-        for scheme, factory in mapping.items():
+        for given, factory in mapping.items():
+            # A URL's scheme is read in lower case: MyDB was never found, though listed.
+            scheme = given.lower()
             by_dist = claims.setdefault(scheme, {})
             claim = by_dist.get(answer.distribution)
             if claim is None:
@@ -474,7 +533,16 @@ def _normalized(distribution: str) -> str:
 def _unknown_scheme_message(url: str, scheme: str, installed: list[str]) -> str:
     parts = [f"no installed TaskQ backend handles URL scheme {scheme!r} (in {redact(url)})."]
     parts.append(f"Installed schemes: {', '.join(sorted(installed)) or 'none'}.")
-    provider = _SCHEME_PROVIDERS.get(scheme)
+    base, plus, driver = scheme.partition("+")
+    if plus and (base in installed or base in _SCHEME_PROVIDERS):
+        # An application's SQLAlchemy URL (postgresql+asyncpg://) given as it is: the
+        # message listed postgresql among the installed schemes and left it there.
+        parts.append(
+            f"The +{driver} names a driver, as in a SQLAlchemy URL; TaskQ picks its own: "
+            f"give the URL as {base}://..."
+        )
+        scheme = base
+    provider = None if scheme in installed else _SCHEME_PROVIDERS.get(scheme)
     if provider:
         parts.append(f"It comes with {provider}, {why_absent(provider)}.")
     failures = plugin_failures()

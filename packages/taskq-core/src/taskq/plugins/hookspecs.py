@@ -78,6 +78,8 @@ def taskq_backends() -> dict[str, BackendFactory]:  # type: ignore[empty-body]
 
     Core returns ``{"memory": InMemoryBackend.from_url}``; taskq-postgres
     returns ``postgresql`` and ``postgres``. Return None (or ``{}``) to add none.
+    A scheme is matched whatever its case, as URLs' schemes are; one no URL can have
+    (a letter, then letters, digits, ``+``, ``-`` or ``.``) makes the answer a failure.
 
     A scheme belongs to one distribution. Claimed by two, it stays with the
     TaskQ distribution it belongs to (``memory`` with taskq-core,
@@ -115,7 +117,9 @@ def taskq_transient_errors() -> tuple[type[BaseException], ...]:  # type: ignore
     Core contributes ``TimeoutError`` and ``OSError``; taskq-postgres its
     ``TRANSIENT_PG_ERRORS``. Authentication failures must not be listed:
     they are not transient for a static DSN. Anything in the answer that is
-    no exception class is left out and reported as a plugin failure.
+    no exception class, or a class as broad as ``Exception`` or outside it
+    (``CancelledError``, ``KeyboardInterrupt``: every loop would swallow a stop),
+    is left out and reported as a plugin failure.
     """
 
 

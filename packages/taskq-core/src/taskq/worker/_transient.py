@@ -35,10 +35,21 @@ def transient_errors() -> tuple[type[BaseException], ...]:
             continue
         kinds = list(types) if isinstance(types, list | tuple | set | frozenset) else [types]
         for kind in kinds:
-            if isinstance(kind, type) and issubclass(kind, BaseException):
+            # In an except clause anything else would raise TypeError at every error;
+            # and every loop would swallow a cancellation (CancelledError: a stop hung
+            # until the watchdog) or a shutdown (KeyboardInterrupt, SystemExit), or retry
+            # every bug in silence (Exception itself).
+            if isinstance(kind, type) and issubclass(kind, Exception) and kind is not Exception:
                 seen.setdefault(kind, None)
+            elif isinstance(kind, type) and issubclass(kind, BaseException):
+                report_bad_answer(
+                    "taskq_transient_errors",
+                    answer,
+                    "exception classes narrower than Exception (no CancelledError, "
+                    "KeyboardInterrupt or SystemExit)",
+                    kind,
+                )
             else:
-                # In an except clause anything else would raise TypeError at every error.
                 report_bad_answer("taskq_transient_errors", answer, "exception classes", kind)
     return tuple(seen)
 

@@ -50,18 +50,23 @@ _log = structlog.get_logger("taskq.watchdog")
 def _exit(code: int) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError):  # gone (a closed pipe): the exit comes all the same
-            stream.flush()
+            if stream is not None:  # none at all (started with it closed, `>&-`): likewise
+                stream.flush()
     os._exit(code)
 
 
 def trip(detector: str, reason: str, *, in_loop: bool = True) -> NoReturn:
     """Log, dump stacks, flush and exit with :data:`EXIT_WATCHDOG`. Never returns."""
-    _log.critical("taskq.watchdog-trip", detector=detector, reason=reason)
-    # With stderr gone (a log shipper's pipe closed) the dump's BrokenPipeError came
-    # before the exit, and the wedged worker ran on.
-    with contextlib.suppress(OSError):
-        if in_loop:
+    # Nothing said on the way may stand before the exit, or the wedged worker runs on:
+    # stderr gone (a log shipper's pipe closed) raised BrokenPipeError, and so may an
+    # application's logging set-up anything (structlog rendered to the standard
+    # library's `extra`, which refuses the task dump's field `name`: KeyError).
+    with contextlib.suppress(Exception):
+        _log.critical("taskq.watchdog-trip", detector=detector, reason=reason)
+    if in_loop:
+        with contextlib.suppress(Exception):
             dump_task_stacks(f"watchdog: {reason}", detector=detector)
+    with contextlib.suppress(Exception):
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     _exit(EXIT_WATCHDOG)
 

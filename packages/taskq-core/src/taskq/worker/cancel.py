@@ -46,6 +46,7 @@ import structlog
 from taskq.backend import CancelPhase
 from taskq.backend.storable import stored_error
 from taskq.batch_outcomes import apply_batch_terminal_outcome
+from taskq.logs import job_fields
 from taskq.models import CancelFlag, ErrorInfo, JobId
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker.consumer import late_unless_landed
@@ -112,7 +113,7 @@ class _CancelController:
                 active.cancel_observed_at = loop.time()
                 if active.ctx is not None:
                     active.ctx.cancel_event.set()
-                _log.info("taskq.cancel-observed", job_id=str(flag.job_id), reason=flag.reason)
+                _log.info("taskq.cancel-observed", **job_fields(active.row), reason=flag.reason)
             if flag.cancel_phase is CancelPhase.FORCED and active.cancel_phase < CancelPhase.FORCED:
                 active.cancel_phase = CancelPhase.FORCED  # already escalated: no second write
                 active.cancel_forced_at = loop.time()
@@ -154,7 +155,7 @@ class _CancelController:
                     # is finishing its work (a commit, its outcome write), not running.
                     if not (active.returned or active.task.done() or active.lost):
                         active.task.cancel()
-                        _log.warning("taskq.cancel-forced", job_id=str(job_id))
+                        _log.warning("taskq.cancel-forced", **job_fields(active.row))
             elif (
                 active.cancel_phase is CancelPhase.FORCED
                 and waited >= cleanup
@@ -179,7 +180,7 @@ class _CancelController:
         settings = state.settings
         cleanup = settings.cleanup_grace_period.total_seconds()
         grace = settings.cancellation_grace_period.total_seconds()
-        for job_id, active in list(state.active.items()):
+        for active in list(state.active.values()):
             if (
                 active.task is None
                 or active.task.done()
@@ -225,7 +226,7 @@ class _CancelController:
                 active.ctx.cancel_event.set()
             active.task.cancel()
             self._written_off.append((active, error))
-            _log.warning("taskq.job-past-its-limit", job_id=str(job_id), error=error.message)
+            _log.warning("taskq.job-past-its-limit", **job_fields(active.row), error=error.message)
 
     def owed_ends(self) -> set[tuple[JobId, int]]:
         return {(active.row.id, active.row.attempt) for active, _ in self._written_off}
@@ -306,7 +307,7 @@ class _CancelController:
         if after.attempt != row.attempt or after.error != stored_error(error):
             return True
         active.ended = True
-        _log.error("taskq.job-failed-past-its-limit", job_id=str(row.id))
+        _log.error("taskq.job-failed-past-its-limit", **job_fields(row))
         await apply_batch_terminal_outcome(state.backend, row, "failed")
         return False
 
@@ -323,7 +324,7 @@ class _CancelController:
         ):
             return True
         active.ended = True
-        _log.error("taskq.job-abandoned", job_id=str(active.row.id))
+        _log.error("taskq.job-abandoned", **job_fields(active.row))
         await apply_batch_terminal_outcome(state.backend, active.row, "abandoned")
         return False
 

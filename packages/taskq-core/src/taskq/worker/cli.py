@@ -202,9 +202,12 @@ async def _serve(app: TaskQ, settings: WorkerSettings) -> int:
                 f"cancellation and {threads} sync actor or thread call(s) still running",
                 file=sys.stderr,
             )
+        # None: a stream the process started without (`>&-`); its AttributeError, too,
+        # skipped the exit, which then waited for those threads.
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError):
-                stream.flush()
+                if stream is not None:
+                    stream.flush()
         os._exit(code)
     return code
 

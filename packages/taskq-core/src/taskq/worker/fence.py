@@ -26,6 +26,7 @@ import asyncio
 import structlog
 
 from taskq.backend import CancelPhase
+from taskq.logs import job_fields
 from taskq.worker._state import ActiveJob, WorkerState
 
 __all__ = ["lease_fence_loop"]
@@ -64,14 +65,14 @@ def fence_lapsing(state: WorkerState, now: float, window: float) -> float | None
             continue
         since = round(now - active.lease_from, 3)
         if active.task is None:
-            _log.warning("taskq.lease-fenced", job_id=str(job_id), started=False, since=since)
+            _log.warning("taskq.lease-fenced", **job_fields(active.row), started=False, since=since)
             active.lost = True  # the consumer skips it
             state.release(job_id, active)
             # Still locked for this worker if no reclaim came first: the producer asks
             # the backend, once it answers, and hands it back unstarted.
             state.unheard_suspected = True
             continue
-        _log.warning("taskq.lease-fenced", job_id=str(job_id), started=True, since=since)
+        _log.warning("taskq.lease-fenced", **job_fields(active.row), started=True, since=since)
         active.fenced = True
         if active.ctx is not None:
             active.ctx.cancel_event.set()

@@ -20,6 +20,7 @@ from taskq.backend._protocol import (
     SupportsWorkerRegistry,
 )
 from taskq.backend.statemachine import JobStatus
+from taskq.logs import job_fields
 from taskq.models import JobId
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import RepeatedWarning, UnexpectedLoopErrorGuard, transient_errors
@@ -70,7 +71,7 @@ async def heartbeat_once(state: WorkerState, toucher: _Toucher | None = None) ->
         )
         if still_ours or active.returned or state.active.get(job_id) is not active:
             continue
-        _log.warning("taskq.lock-lost", job_id=str(job_id), attempt=active.row.attempt)
+        _log.warning("taskq.lock-lost", **job_fields(active.row))
         active.lost = True
         if active.task is not None:
             active.task.cancel()

@@ -42,6 +42,7 @@ import structlog
 
 from taskq.backend import CancelPhase, SupportsUnstartedHandBack
 from taskq.batch_outcomes import apply_batch_child_ends, apply_batch_terminal_outcome
+from taskq.logs import job_fields
 from taskq.models import BatchChildEnd, JobId, JobRow, JobStatus
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
@@ -137,11 +138,11 @@ async def _escalate_user_cancel(state: WorkerState, active: ActiveJob) -> None:
             active.row.id, state.worker_id, 2, attempt=active.row.attempt
         )
     except transient_errors() as exc:
-        _log.warning("taskq.cancel-escalation-failed", job_id=str(active.row.id), error=repr(exc))
+        _log.warning("taskq.cancel-escalation-failed", **job_fields(active.row), error=repr(exc))
         return
     if escalated:
         active.cancel_phase = CancelPhase.FORCED
-        _log.warning("taskq.cancel-forced", job_id=str(active.row.id))
+        _log.warning("taskq.cancel-forced", **job_fields(active.row))
 
 
 async def _force_user_cancel(state: WorkerState, active: ActiveJob) -> None:
@@ -152,7 +153,7 @@ async def _force_user_cancel(state: WorkerState, active: ActiveJob) -> None:
     except Exception as exc:  # noqa: BLE001 - a write's failure must not leave the task running
         # Not a transient error (those are handled inside), yet the job must still be
         # forced: raised out of the gather, it left this task running into ABANDONING.
-        _log.error("taskq.cancel-escalation-failed", job_id=str(active.row.id), exc_info=exc)
+        _log.error("taskq.cancel-escalation-failed", **job_fields(active.row), exc_info=exc)
     task = active.task
     # Looked at again after the write: an actor that returned meanwhile is finishing its
     # work (a commit, its outcome write), not running.
@@ -253,12 +254,12 @@ async def _wait_owed(state: WorkerState, until: float) -> None:
 
 async def _abandon(state: WorkerState, active: ActiveJob) -> None:
     """Let go of a job whose task still runs at the end of the stop."""
-    job_id = str(active.row.id)
+    fields = job_fields(active.row)
     if active.returned:
         # Its teardown or outcome write was not confirmed in time: the completer's last flush
         # (awaited as the worker closes) may still land it; else the lease runs out
         # and the reclaim sweep takes it. "Unwritten" said more than was known.
-        _log.warning("taskq.outcome-unconfirmed-at-stop", job_id=job_id)
+        _log.warning("taskq.outcome-unconfirmed-at-stop", **fields)
         state.unconfirmed_at_stop += 1
         if active.task is not None:
             active.task.cancel()
@@ -266,10 +267,10 @@ async def _abandon(state: WorkerState, active: ActiveJob) -> None:
         # The controller's write of its failure kept failing (the database away); the
         # heartbeat ends with the stop. Not handed back (that ran it again): the lease
         # runs out and the reclaim sweep takes it.
-        _log.warning("taskq.write-off-unconfirmed-at-stop", job_id=job_id)
+        _log.warning("taskq.write-off-unconfirmed-at-stop", **fields)
         state.unconfirmed_at_stop += 1
     else:
-        _log.error("taskq.task-ignored-cancellation", job_id=job_id)
+        _log.error("taskq.task-ignored-cancellation", **fields)
         escalated = active.cancel_phase >= CancelPhase.FORCED
         # Its outcome is this write: should the task return at last, it writes nothing.
         active.cancel_phase = CancelPhase.ABANDON_PENDING
@@ -333,7 +334,7 @@ async def _abandon_refused(state: WorkerState, row: JobRow) -> bool:
         and current.attempt == row.attempt
     )
     if current is None or ours:
-        _log.warning("taskq.abandon-not-written", job_id=str(row.id), attempt=row.attempt)
+        _log.warning("taskq.abandon-not-written", **job_fields(row))
         return False
     if not await late_unless_landed(state, row, "abandoned"):
         return False

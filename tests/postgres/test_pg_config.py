@@ -479,6 +479,19 @@ def test_no_error_of_a_bad_or_unreachable_dsn_shows_its_password(dsn: str) -> No
             assert "s3cr3t" not in told, told
 
 
+def test_a_raw_at_sign_in_a_password_is_refused_without_showing_the_password() -> None:
+    # The drivers end the password at its first @ and read the rest as the host:
+    # psycopg's "failed to resolve host 'cr3t@127.0.0.1'" showed the password's tail,
+    # and the worker's start waited out an unreachable server that was a typo.
+    from taskq_postgres import SyncJobsClient
+
+    dsn = "postgresql://u:se@cr3t@127.0.0.1:5432/test"
+    for build in (lambda: PostgresBackend(dsn), lambda: SyncJobsClient(dsn, actors=[])):
+        with pytest.raises(ConfigurationError, match="raw @ .*%40") as info:
+            build()
+        assert "cr3t" not in str(info.value), info.value
+
+
 def test_the_sync_client_takes_several_hosts_as_libpq_does(pg_pooled_schema: PgSchema) -> None:
     # check_dsn refused them ("Port could not be cast"), where psycopg connects.
     from taskq_postgres import SyncJobsClient

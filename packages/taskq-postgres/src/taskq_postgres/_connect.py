@@ -92,6 +92,13 @@ def check_dsn(dsn: str) -> str:
     if not dsn.partition(":")[2].startswith("//"):
         # postgres:USER:PASSWORD@HOST/DB reads as a path: the password a database name.
         raise ConfigurationError(f"invalid DSN {shown}: no //HOST part; {expected}")
+    if parts.netloc.count("@") > 1:
+        # The drivers end the password at the first @, the rest read as the host: the
+        # connection failed naming that host, the password's tail (psycopg quotes it).
+        raise ConfigurationError(
+            f"invalid DSN {shown}: its user or password holds a raw @ (percent-encode it as "
+            f"%40); {expected}"
+        )
     if not dsn.isascii():
         try:
             dsn.encode()

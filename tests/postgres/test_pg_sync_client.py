@@ -655,6 +655,25 @@ def test_the_dsns_own_session_options_are_kept(
     assert _stored(pg_pooled_schema) == []
 
 
+def test_the_services_session_options_are_kept_over_pgoptions(
+    pg_pooled_schema: PgSchema, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The options of the service the DSN names were replaced by TaskQ's (joined to
+    # PGOPTIONS', which libpq ranks below a service's): psycopg reads no service file.
+    services = tmp_path / "pg_service.conf"
+    services.write_text("[tq]\noptions=-c default_transaction_read_only=on\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(services))
+    monkeypatch.setenv("PGOPTIONS", "-c default_transaction_read_only=off")
+    monkeypatch.delenv("PGSERVICE", raising=False)
+    dsn = make_conninfo(pg_pooled_schema.dsn, service="tq")
+    with (
+        SyncJobsClient(dsn, actors=ACTORS, schema=pg_pooled_schema.name) as client,
+        pytest.raises(psycopg.errors.ReadOnlySqlTransaction),
+    ):
+        client.enqueue(item, {"n": 1})
+    assert _stored(pg_pooled_schema) == []
+
+
 def test_a_call_that_waited_on_a_close_does_not_reopen(pg_pooled_schema: PgSchema) -> None:
     # The closed check came before the lock: a call waiting while close() ran then
     # found the connection closed and opened a new one, on a closed client.

@@ -380,10 +380,15 @@ class SyncJobsClient:
                 )
             else:
                 # Durations added on TaskQ's own connections are exact (see
-                # PostgresBackend). Added to the DSN's own options (or PGOPTIONS'): libpq
-                # takes one string, and a keyword argument would replace them (a
-                # statement_timeout, a role's search_path).
-                options = str(given.get("options") or os.environ.get("PGOPTIONS", ""))
+                # PostgresBackend). Added to the DSN's own options (else its service's,
+                # else PGOPTIONS', as libpq ranks them): libpq takes one string, and a
+                # keyword argument would replace them (a statement_timeout, a role's
+                # search_path).
+                options = str(
+                    given.get("options")
+                    or service_settings(given).get("options")
+                    or os.environ.get("PGOPTIONS", "")
+                )
                 ours = " ".join(f"-c {k}={v}" for k, v in settings.items())
                 conn = psycopg.connect(
                     self._dsn,

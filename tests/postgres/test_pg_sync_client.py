@@ -718,6 +718,17 @@ def test_a_target_neither_dsn_nor_connection_is_a_clear_error(target: Any) -> No
     assert ("TaskQ's JobsClient" in str(refused.value)) is (target is not None)
 
 
+def test_a_url_in_upper_case_is_taken_as_the_backend_takes_it(pg_pooled_schema: PgSchema) -> None:
+    # libpq takes a URL only by its scheme in lower case: "POSTGRESQL://..." was read
+    # as a key=value string, refused as 'missing "***" after "***"'.
+    scheme, rest = pg_pooled_schema.dsn.split(":", 1)
+    with SyncJobsClient(
+        f"{scheme.upper()}:{rest}", actors=ACTORS, schema=pg_pooled_schema.name
+    ) as client:
+        row = client.enqueue(item, {"n": 1})
+    assert _stored(pg_pooled_schema) == [row]
+
+
 def test_an_unreachable_server_is_backend_unavailable() -> None:
     # A port nothing listens on (this machine only): the error TaskQ's backend raises.
     with pytest.raises(BackendUnavailableError, match="cannot connect to PostgreSQL at"):

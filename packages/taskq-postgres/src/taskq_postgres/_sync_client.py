@@ -120,6 +120,14 @@ def _connect_timeout(given: Mapping[str, object]) -> dict[str, Any]:
     return {"connect_timeout": math.ceil(DEFAULT_CONNECT_TIMEOUT.total_seconds())}
 
 
+def _checked_url(dsn: str) -> str:
+    """``dsn`` checked as ``PostgresBackend`` checks it, its scheme in lower case: libpq
+    takes a URL only by ``postgresql://`` or ``postgres://`` as written, and read
+    ``POSTGRESQL://...`` (which the backend takes) as a broken ``key=value`` string."""
+    scheme, _, rest = check_dsn(dsn).partition(":")
+    return f"{scheme.lower()}:{rest}"
+
+
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
     """Whether the server ended an idle connection (a restart, ``idle_session_timeout``,
     a proxy's idle cut): with nothing asked of it, its socket has something to read
@@ -191,7 +199,7 @@ class SyncJobsClient:
         self._lock = threading.Lock()
         # A URL is checked as PostgresBackend checks it; libpq's key=value form as libpq does.
         url = isinstance(target, str) and url_scheme(target) is not None
-        self._dsn = (check_dsn(target) if url else target) if isinstance(target, str) else None
+        self._dsn = (_checked_url(target) if url else target) if isinstance(target, str) else None
         if behind_pooler is None:  # as a backend given the fleet's direct_dsn judges
             direct = fleet.get("direct_dsn")
             behind_pooler = direct is not None and not (

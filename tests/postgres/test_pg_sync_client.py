@@ -729,6 +729,18 @@ def test_a_url_in_upper_case_is_taken_as_the_backend_takes_it(pg_pooled_schema: 
     assert _stored(pg_pooled_schema) == [row]
 
 
+@pytest.mark.parametrize("dsn", ["", "  "])
+def test_an_empty_dsn_is_refused_not_read_as_libpqs_defaults(
+    pg_pooled_schema: PgSchema, monkeypatch: pytest.MonkeyPatch, dsn: str
+) -> None:
+    # An unset DATABASE_URL connected to whatever PGHOST and PGDATABASE named.
+    parts = psycopg.conninfo.conninfo_to_dict(pg_pooled_schema.dsn)
+    for name, key in (("PGHOST", "host"), ("PGPORT", "port"), ("PGDATABASE", "dbname")):
+        monkeypatch.setenv(name, str(parts[key]))
+    with pytest.raises(ConfigurationError, match="empty DSN.*'postgresql://'"):
+        SyncJobsClient(dsn, actors=ACTORS, schema=pg_pooled_schema.name)
+
+
 def test_an_unreachable_server_is_backend_unavailable() -> None:
     # A port nothing listens on (this machine only): the error TaskQ's backend raises.
     with pytest.raises(BackendUnavailableError, match="cannot connect to PostgreSQL at"):

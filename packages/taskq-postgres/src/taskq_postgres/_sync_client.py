@@ -37,7 +37,7 @@ from taskq.args_builder import (
     check_capacity,
     one_per_key,
 )
-from taskq.errors import MaxPendingExceededError
+from taskq.errors import ConfigurationError, MaxPendingExceededError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
 from taskq.settings import WorkerSettings
@@ -200,6 +200,13 @@ class SyncJobsClient:
         # A URL is checked as PostgresBackend checks it; libpq's key=value form as libpq does.
         url = isinstance(target, str) and url_scheme(target) is not None
         self._dsn = (_checked_url(target) if url else target) if isinstance(target, str) else None
+        if self._dsn is not None and not self._dsn.strip():
+            # libpq reads an empty string as every default: an unset DATABASE_URL
+            # enqueued into whatever database PGHOST or the local socket led to.
+            raise ConfigurationError(
+                "SyncJobsClient was given an empty DSN: give one (postgresql://USER@HOST/DB), "
+                "or 'postgresql://' to mean libpq's defaults (PGHOST, PGDATABASE, ...)"
+            )
         if behind_pooler is None:  # as a backend given the fleet's direct_dsn judges
             direct = fleet.get("direct_dsn")
             behind_pooler = direct is not None and not (

@@ -463,6 +463,7 @@ def test_a_dsn_is_shown_with_its_password_masked(dsn: str, shown: str) -> None:
         "postgresql://u@127.0.0.1:1/test?sslpassword=s3cr3t",
         "postgresql://u@127.0.0.1:1/test?password=ab%00s3cr3t",  # libpq quotes the value
         "postgresql://u:s3cr3t/test",  # @HOST forgotten: the password read as a port
+        "host=127.0.0.1 port=5999password=s3cr3t",  # a space left out: libpq quotes the port
     ],
 )
 def test_no_error_of_a_bad_or_unreachable_dsn_shows_its_password(dsn: str) -> None:

@@ -741,6 +741,28 @@ def test_an_empty_dsn_is_refused_not_read_as_libpqs_defaults(
         SyncJobsClient(dsn, actors=ACTORS, schema=pg_pooled_schema.name)
 
 
+@pytest.mark.parametrize(
+    ("dsn", "reason"),
+    [
+        ("postgresql://u@127.0.0.1:1/x?sslmode=sometimes", 'invalid sslmode value: "***"'),
+        ("host=127.0.0.1 port=abc", 'value "***" for connection option "port"'),
+        ("host=127.0.0.1 hostaddr=nowhere", "could not parse network address"),
+    ],
+)
+def test_an_option_libpq_refuses_is_a_configuration_error(dsn: str, reason: str) -> None:
+    # An outage's BackendUnavailableError ("connection is bad: ..."), with the value
+    # quoted as given, though nothing had been tried and a retry fails alike.
+    with pytest.raises(ConfigurationError, match="invalid DSN") as refused:
+        SyncJobsClient(dsn, actors=ACTORS)
+    assert reason in str(refused.value) and "connection is bad" not in str(refused.value)
+
+
+def test_a_missing_unix_socket_is_still_backend_unavailable() -> None:
+    # libpq refuses it at once too ("connection is bad"), as it does a bad option.
+    with pytest.raises(BackendUnavailableError, match="/nonexistent/.s.PGSQL"):
+        SyncJobsClient("postgresql:///x?host=/nonexistent", actors=ACTORS)
+
+
 def test_an_unreachable_server_is_backend_unavailable() -> None:
     # A port nothing listens on (this machine only): the error TaskQ's backend raises.
     with pytest.raises(BackendUnavailableError, match="cannot connect to PostgreSQL at"):

@@ -192,8 +192,9 @@ def through_pooler(settings: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in settings.items() if name in POOLER_PASSES}
 
 
-_QUOTED: Final = re.compile(r'"[^"]*"')
-"""A piece of a driver's message in double quotes (libpq quotes what it could not read)."""
+_QUOTED: Final = re.compile(r'(?<!for connection option )"[^"]*"')
+"""A piece of a driver's message in double quotes (libpq quotes what it could not read),
+but for the name of the option whose value libpq refused: a name libpq knows."""
 
 
 _NO_SSL: Final = ("rejected SSL upgrade", "server does not support SSL")

@@ -128,6 +128,28 @@ def _checked_url(dsn: str) -> str:
     return f"{scheme.lower()}:{rest}"
 
 
+_REFUSED_AT_ONCE: Final = "connection is bad: "
+"""How psycopg says libpq refused a connection before it was under way: a server it
+could not reach at once (a unix socket missing, libpq's words then naming it), or else
+a connection option's value (a port that is no number, an unknown sslmode)."""
+
+
+def _open(dsn: str, **settings: Any) -> psycopg.Connection[Any]:
+    """``psycopg.connect``, an option's value libpq refuses raised as a bad DSN
+    (``ProgrammingError``, which ``translated_errors`` makes a ``ConfigurationError``)."""
+    try:
+        return psycopg.connect(dsn, **settings)
+    except psycopg.OperationalError as exc:
+        said = str(exc)
+        refused = said.removeprefix(_REFUSED_AT_ONCE)
+        if refused == said or refused.startswith("connection to server"):
+            raise
+        # Not an outage to wait out; and libpq quotes the value, which in a key=value
+        # DSN missing a space holds what follows it ("5432password=..."): a bad DSN's
+        # message shows no quoted piece of it.
+        raise psycopg.ProgrammingError(refused) from None
+
+
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
     """Whether the server ended an idle connection (a restart, ``idle_session_timeout``,
     a proxy's idle cut): with nothing asked of it, its socket has something to read
@@ -386,7 +408,7 @@ class SyncJobsClient:
                 # A pooler passes no options and runs each statement on any server
                 # session. The enqueue statements need no TimeZone: they add seconds;
                 # its transactions set their idle limit (_atomic).
-                conn = psycopg.connect(
+                conn = _open(
                     self._dsn,
                     autocommit=True,
                     application_name=name,
@@ -405,7 +427,7 @@ class SyncJobsClient:
                     or os.environ.get("PGOPTIONS", "")
                 )
                 ours = " ".join(f"-c {k}={v}" for k, v in settings.items())
-                conn = psycopg.connect(
+                conn = _open(
                     self._dsn,
                     autocommit=True,
                     application_name=name,

@@ -429,6 +429,45 @@ def test_a_connection_past_descriptor_1024_is_kept_between_calls(
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the platform does not fork")
+def test_a_forked_process_enqueues_on_a_session_of_its_own(pg_pooled_schema: PgSchema) -> None:
+    # gunicorn --preload: a client made at import served every worker process on the
+    # one session ("prepared statement already exists", one's answer read by another,
+    # an enqueue that had committed failing); a lock a thread held at the fork was
+    # held for good in the child.
+    with SyncJobsClient(
+        pg_pooled_schema.dsn, actors=ACTORS, schema=pg_pooled_schema.name
+    ) as client:
+        client.enqueue(item, {"n": 0})
+        session = client._conn.info.backend_pid
+        read, write = os.pipe()
+        with client._lock:  # as a thread of the parent mid-call
+            child = os.fork()
+            if child == 0:  # pragma: no cover - the child reports through the pipe
+                told = "lock held"
+                try:
+                    if not client._lock.locked():
+                        rows = [client.enqueue(item, {"n": n}) for n in range(1, 4)]
+                        pid = client._conn.info.backend_pid
+                        told = f"{[r.payload['n'] for r in rows]} {pid}"
+                        client.close()
+                except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                    told = repr(exc)
+                finally:
+                    os.write(write, told.encode())
+                    os._exit(0)
+        os.close(write)
+        os.waitpid(child, 0)
+        with os.fdopen(read) as pipe:
+            told = pipe.read()
+        assert told.startswith("[1, 2, 3] "), told
+        assert int(told.split()[-1]) != session
+        # The child's goodbye on the inherited connection did not end the parent's session.
+        client.enqueue(item, {"n": 4})
+        assert client._conn.info.backend_pid == session
+    assert sorted(r.payload["n"] for r in _stored(pg_pooled_schema)) == [0, 1, 2, 3, 4]
+
+
 def test_a_connection_lost_mid_call_fails_that_call_and_is_replaced_after(
     client: SyncJobsClient, pg_pooled_schema: PgSchema
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -182,7 +183,8 @@ class SyncJobsClient:
     needs, changed by a newer TaskQ) is refused at the first enqueue as
     ``PostgresBackend.open()`` refuses it (a ``ConfigurationError``); checked once per
     process and database.
-    One client may be shared by threads: its calls take turns.
+    One client may be shared by threads: its calls take turns. One made before the
+    process forks (gunicorn's ``--preload``) opens a connection of its own in each child.
     """
 
     def __init__(
@@ -241,6 +243,8 @@ class SyncJobsClient:
         )
         self._conn = target if isinstance(target, psycopg.Connection) else self._connect()
         self._closed = False
+        self._inherited = False
+        _CLIENTS.add(self)
 
     # -- enqueue ---------------------------------------------------------------
     def enqueue(self, actor: ActorRef, payload: Any, **options: Any) -> JobRow:
@@ -460,8 +464,9 @@ class SyncJobsClient:
                     # a limits read), its savepoint's rollback failed (psycopg's noise),
                     # and a raw InFailedSqlTransaction said nothing of what to do.
                     raise aborted("conn.rollback()")
-            elif self._conn.closed or _dropped(self._conn):
+            elif self._inherited or self._conn.closed or _dropped(self._conn):
                 self._conn.close()
+                self._inherited = False
                 self._conn = self._connect()
             with psycopg.RawCursor(self._conn, row_factory=dict_row) as cur:
                 # Results in binary: psycopg reads text times and durations only in the
@@ -537,6 +542,26 @@ class SyncJobsClient:
             yield own
 
     # -- lifetime -------------------------------------------------------------------
+    def _forked(self) -> None:
+        """In a process just forked (``os.fork``: gunicorn's ``--preload``, a prefork
+        pool): the connection of its own is the parent's session, which two processes
+        using it at once garbled (one's answer read by the other, an enqueue that had
+        committed failing); it is cut off from that session (its goodbye, when closed,
+        goes nowhere) and replaced at the next call. The lock a parent's thread held
+        at the fork would be held for good."""
+        self._lock = threading.Lock()
+        if self._dsn is None or self._conn.closed:
+            return  # a caller's connection is the caller's to keep to one process
+        self._inherited = True
+        # Raised in a fork hook, an error is only printed: the connection is replaced
+        # all the same (its goodbye then ending the parent's session, which it replaces).
+        with suppress(OSError, psycopg.Error):
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, self._conn.fileno())
+            finally:
+                os.close(null)
+
     def close(self) -> None:
         """Close the connection the client opened (a caller's stays open)."""
         with self._lock:
@@ -554,6 +579,19 @@ class SyncJobsClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+_CLIENTS: Final[weakref.WeakSet[SyncJobsClient]] = weakref.WeakSet()
+"""This process's clients, each told when the process forks."""
+
+
+def _after_fork() -> None:
+    for client in list(_CLIENTS):
+        client._forked()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _run(cur: _Cursor, plan: Plan[_T]) -> _T:

@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -132,6 +133,34 @@ async def test_a_dsn_requiring_ssl_of_a_server_without_it_fails_as_a_configurati
     assert _unreachable(info.value) is None  # not retried at a worker's start
     with pytest.raises(ConfigurationError, match="requires SSL"):  # libpq's words
         SyncJobsClient(dsn, actors=[]).enqueue("nothing", {})
+
+
+@pytest.mark.parametrize("given", ["key=value", "service"])
+def test_the_sync_clients_sslmode_is_read_as_libpq_reads_it(
+    pg_database_dsn: str, given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Read from a URL's query alone: a key=value DSN's sslmode=require (or a service's)
+    # met by a server without SSL said "does not answer as PostgreSQL (wrong port?)", an
+    # outage's BackendUnavailableError.
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    from taskq_postgres import SyncJobsClient
+
+    with psycopg.connect(pg_database_dsn) as conn:
+        if conn.execute("SHOW ssl").fetchone() == ("on",):
+            pytest.skip("this server offers SSL")
+    monkeypatch.setenv("PGSSLMODE", "disable")  # ranked below the DSN's and the service's
+    if given == "key=value":
+        dsn = make_conninfo(pg_database_dsn, sslmode="require")
+    else:
+        services = tmp_path / "pg_service.conf"
+        services.write_text("[tq]\nsslmode=require\n")
+        monkeypatch.setenv("PGSERVICEFILE", str(services))
+        dsn = make_conninfo(pg_database_dsn, service="tq")
+    with pytest.raises(ConfigurationError, match="requires SSL") as info:
+        SyncJobsClient(dsn, actors=[])
+    assert not isinstance(info.value, BackendUnavailableError)
 
 
 @pytest.fixture

@@ -129,6 +129,18 @@ def _checked_url(dsn: str) -> str:
     return f"{scheme.lower()}:{rest}"
 
 
+def _sslmode(dsn: str) -> str | None:
+    """The ``sslmode`` libpq connects with by ``dsn``: its own (a key=value DSN's too), else
+    its service's, else ``PGSSLMODE``; None when ``dsn`` cannot be read (connecting says
+    why)."""
+    try:
+        given = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return None
+    mode = given.get("sslmode") or service_settings(given).get("sslmode")
+    return str(mode or os.environ.get("PGSSLMODE", ""))
+
+
 _REFUSED_AT_ONCE: Final = "connection is bad: "
 """How psycopg says libpq refused a connection before it was under way: a server it
 could not reach at once (a unix socket missing, libpq's words then naming it), or else
@@ -403,6 +415,7 @@ class SyncJobsClient:
             unavailable=(psycopg.OperationalError,),
             behind_pooler="pass SyncJobsClient(..., behind_pooler=True), or set "
             "TASKQ_DIRECT_DSN for the fleet",
+            sslmode=_sslmode(self._dsn),
         ):
             settings = dict(self._settings)
             name = settings.pop("application_name")

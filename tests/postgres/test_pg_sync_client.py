@@ -768,6 +768,20 @@ def test_a_url_in_upper_case_is_taken_as_the_backend_takes_it(pg_pooled_schema: 
     assert _stored(pg_pooled_schema) == [row]
 
 
+@pytest.mark.parametrize("around", [("", "\n"), (" ", ""), ("\t", " \r\n")])
+def test_whitespace_around_a_dsn_is_left_out_as_the_backend_leaves_it_out(
+    pg_pooled_schema: PgSchema, around: tuple[str, str]
+) -> None:
+    # A secret's trailing newline went into the database name ('database "... " does
+    # not exist'); a leading space made the URL a broken key=value string.
+    before, after = around
+    with SyncJobsClient(
+        f"{before}{pg_pooled_schema.dsn}{after}", actors=ACTORS, schema=pg_pooled_schema.name
+    ) as client:
+        row = client.enqueue(item, {"n": 1})
+    assert _stored(pg_pooled_schema) == [row]
+
+
 @pytest.mark.parametrize("dsn", ["", "  "])
 def test_an_empty_dsn_is_refused_not_read_as_libpqs_defaults(
     pg_pooled_schema: PgSchema, monkeypatch: pytest.MonkeyPatch, dsn: str

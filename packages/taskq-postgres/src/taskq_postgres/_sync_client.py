@@ -233,10 +233,15 @@ class SyncJobsClient:
         self._channel = None if quiet else wake_channel(self.schema)
         self._limits_ttl = max_pending_cache_ttl
         self._lock = threading.Lock()
+        if isinstance(target, str):
+            # Without the whitespace around it, as the backend reads a URL: a secret's
+            # trailing newline went into the database name ('database "app " does not
+            # exist'), and a leading space made the URL a broken key=value string.
+            target = target.strip()
         # A URL is checked as PostgresBackend checks it; libpq's key=value form as libpq does.
         url = isinstance(target, str) and url_scheme(target) is not None
         self._dsn = (_checked_url(target) if url else target) if isinstance(target, str) else None
-        if self._dsn is not None and not self._dsn.strip():
+        if self._dsn == "":
             # libpq reads an empty string as every default: an unset DATABASE_URL
             # enqueued into whatever database PGHOST or the local socket led to.
             raise ConfigurationError(

@@ -557,6 +557,20 @@ def test_a_callers_transaction_aborted_by_an_earlier_error_is_named_and_nothing_
     assert len(_stored(pg_pooled_schema)) == 1
 
 
+def test_an_empty_batch_writes_nothing_and_answers_so_on_an_aborted_transaction(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # enqueue_batch([]) raised TransactionAbortedError where enqueue_batch_fast([]) and
+    # JobsClient's enqueue_batch([], connection=...) answer that nothing was written.
+    with psycopg.connect(pg_pooled_schema.dsn) as conn:
+        client = SyncJobsClient(conn, actors=ACTORS, schema=pg_pooled_schema.name)
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1/0")
+        assert client.enqueue_batch([]) == []
+        assert client.enqueue_batch_fast([]) == 0
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+
+
 def test_a_closed_client_says_so(pg_pooled_schema: PgSchema) -> None:
     client = SyncJobsClient(pg_pooled_schema.dsn, actors=ACTORS, schema=pg_pooled_schema.name)
     client.close()

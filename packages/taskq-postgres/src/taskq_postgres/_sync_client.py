@@ -294,6 +294,10 @@ class SyncJobsClient:
         Every payload is validated before anything is written."""
         listed = list(items)
         counts = self._build.counts(listed)
+        if not listed:
+            # Nothing to write, as JobsClient and enqueue_batch_fast answer it: a
+            # caller's aborted transaction (or a statement opening it) is no concern.
+            return []
         with self._turn() as cur:
             try:
                 self._check_capacity(cur, counts)
@@ -311,7 +315,7 @@ class SyncJobsClient:
                     raise refused from None
             else:
                 args_list = list(self._build.each(listed))
-            return self._insert(cur, args_list) if args_list else []
+            return self._insert(cur, args_list)
 
     def enqueue_batch_fast(self, items: Iterable[BatchItem]) -> int:
         """Bulk enqueue by COPY, without idempotency handling or returned rows; returns

@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -132,6 +133,34 @@ async def test_a_dsn_requiring_ssl_of_a_server_without_it_fails_as_a_configurati
     assert _unreachable(info.value) is None  # not retried at a worker's start
     with pytest.raises(ConfigurationError, match="requires SSL"):  # libpq's words
         SyncJobsClient(dsn, actors=[]).enqueue("nothing", {})
+
+
+@pytest.mark.parametrize("given", ["key=value", "service"])
+def test_the_sync_clients_sslmode_is_read_as_libpq_reads_it(
+    pg_database_dsn: str, given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Read from a URL's query alone: a key=value DSN's sslmode=require (or a service's)
+    # met by a server without SSL said "does not answer as PostgreSQL (wrong port?)", an
+    # outage's BackendUnavailableError.
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    from taskq_postgres import SyncJobsClient
+
+    with psycopg.connect(pg_database_dsn) as conn:
+        if conn.execute("SHOW ssl").fetchone() == ("on",):
+            pytest.skip("this server offers SSL")
+    monkeypatch.setenv("PGSSLMODE", "disable")  # ranked below the DSN's and the service's
+    if given == "key=value":
+        dsn = make_conninfo(pg_database_dsn, sslmode="require")
+    else:
+        services = tmp_path / "pg_service.conf"
+        services.write_text("[tq]\nsslmode=require\n")
+        monkeypatch.setenv("PGSERVICEFILE", str(services))
+        dsn = make_conninfo(pg_database_dsn, service="tq")
+    with pytest.raises(ConfigurationError, match="requires SSL") as info:
+        SyncJobsClient(dsn, actors=[])
+    assert not isinstance(info.value, BackendUnavailableError)
 
 
 @pytest.fixture
@@ -463,6 +492,7 @@ def test_a_dsn_is_shown_with_its_password_masked(dsn: str, shown: str) -> None:
         "postgresql://u@127.0.0.1:1/test?sslpassword=s3cr3t",
         "postgresql://u@127.0.0.1:1/test?password=ab%00s3cr3t",  # libpq quotes the value
         "postgresql://u:s3cr3t/test",  # @HOST forgotten: the password read as a port
+        "host=127.0.0.1 port=5999password=s3cr3t",  # a space left out: libpq quotes the port
     ],
 )
 def test_no_error_of_a_bad_or_unreachable_dsn_shows_its_password(dsn: str) -> None:
@@ -477,6 +507,19 @@ def test_no_error_of_a_bad_or_unreachable_dsn_shows_its_password(dsn: str) -> No
         except Exception as exc:  # noqa: BLE001 - whichever error, it must not show it
             told = "".join(traceback.format_exception(exc))
             assert "s3cr3t" not in told, told
+
+
+def test_a_raw_at_sign_in_a_password_is_refused_without_showing_the_password() -> None:
+    # The drivers end the password at its first @ and read the rest as the host:
+    # psycopg's "failed to resolve host 'cr3t@127.0.0.1'" showed the password's tail,
+    # and the worker's start waited out an unreachable server that was a typo.
+    from taskq_postgres import SyncJobsClient
+
+    dsn = "postgresql://u:se@cr3t@127.0.0.1:5432/test"
+    for build in (lambda: PostgresBackend(dsn), lambda: SyncJobsClient(dsn, actors=[])):
+        with pytest.raises(ConfigurationError, match="raw @ .*%40") as info:
+            build()
+        assert "cr3t" not in str(info.value), info.value
 
 
 def test_the_sync_client_takes_several_hosts_as_libpq_does(pg_pooled_schema: PgSchema) -> None:

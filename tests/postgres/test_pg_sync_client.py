@@ -429,6 +429,45 @@ def test_a_connection_past_descriptor_1024_is_kept_between_calls(
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the platform does not fork")
+def test_a_forked_process_enqueues_on_a_session_of_its_own(pg_pooled_schema: PgSchema) -> None:
+    # gunicorn --preload: a client made at import served every worker process on the
+    # one session ("prepared statement already exists", one's answer read by another,
+    # an enqueue that had committed failing); a lock a thread held at the fork was
+    # held for good in the child.
+    with SyncJobsClient(
+        pg_pooled_schema.dsn, actors=ACTORS, schema=pg_pooled_schema.name
+    ) as client:
+        client.enqueue(item, {"n": 0})
+        session = client._conn.info.backend_pid
+        read, write = os.pipe()
+        with client._lock:  # as a thread of the parent mid-call
+            child = os.fork()
+            if child == 0:  # pragma: no cover - the child reports through the pipe
+                told = "lock held"
+                try:
+                    if not client._lock.locked():
+                        rows = [client.enqueue(item, {"n": n}) for n in range(1, 4)]
+                        pid = client._conn.info.backend_pid
+                        told = f"{[r.payload['n'] for r in rows]} {pid}"
+                        client.close()
+                except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                    told = repr(exc)
+                finally:
+                    os.write(write, told.encode())
+                    os._exit(0)
+        os.close(write)
+        os.waitpid(child, 0)
+        with os.fdopen(read) as pipe:
+            told = pipe.read()
+        assert told.startswith("[1, 2, 3] "), told
+        assert int(told.split()[-1]) != session
+        # The child's goodbye on the inherited connection did not end the parent's session.
+        client.enqueue(item, {"n": 4})
+        assert client._conn.info.backend_pid == session
+    assert sorted(r.payload["n"] for r in _stored(pg_pooled_schema)) == [0, 1, 2, 3, 4]
+
+
 def test_a_connection_lost_mid_call_fails_that_call_and_is_replaced_after(
     client: SyncJobsClient, pg_pooled_schema: PgSchema
 ) -> None:
@@ -516,6 +555,20 @@ def test_a_callers_transaction_aborted_by_an_earlier_error_is_named_and_nothing_
         enqueue(client)
         conn.commit()
     assert len(_stored(pg_pooled_schema)) == 1
+
+
+def test_an_empty_batch_writes_nothing_and_answers_so_on_an_aborted_transaction(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # enqueue_batch([]) raised TransactionAbortedError where enqueue_batch_fast([]) and
+    # JobsClient's enqueue_batch([], connection=...) answer that nothing was written.
+    with psycopg.connect(pg_pooled_schema.dsn) as conn:
+        client = SyncJobsClient(conn, actors=ACTORS, schema=pg_pooled_schema.name)
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1/0")
+        assert client.enqueue_batch([]) == []
+        assert client.enqueue_batch_fast([]) == 0
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
 
 
 def test_a_closed_client_says_so(pg_pooled_schema: PgSchema) -> None:
@@ -655,6 +708,25 @@ def test_the_dsns_own_session_options_are_kept(
     assert _stored(pg_pooled_schema) == []
 
 
+def test_the_services_session_options_are_kept_over_pgoptions(
+    pg_pooled_schema: PgSchema, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The options of the service the DSN names were replaced by TaskQ's (joined to
+    # PGOPTIONS', which libpq ranks below a service's): psycopg reads no service file.
+    services = tmp_path / "pg_service.conf"
+    services.write_text("[tq]\noptions=-c default_transaction_read_only=on\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(services))
+    monkeypatch.setenv("PGOPTIONS", "-c default_transaction_read_only=off")
+    monkeypatch.delenv("PGSERVICE", raising=False)
+    dsn = make_conninfo(pg_pooled_schema.dsn, service="tq")
+    with (
+        SyncJobsClient(dsn, actors=ACTORS, schema=pg_pooled_schema.name) as client,
+        pytest.raises(psycopg.errors.ReadOnlySqlTransaction),
+    ):
+        client.enqueue(item, {"n": 1})
+    assert _stored(pg_pooled_schema) == []
+
+
 def test_a_call_that_waited_on_a_close_does_not_reopen(pg_pooled_schema: PgSchema) -> None:
     # The closed check came before the lock: a call waiting while close() ran then
     # found the connection closed and opened a new one, on a closed client.
@@ -697,6 +769,65 @@ def test_a_target_neither_dsn_nor_connection_is_a_clear_error(target: Any) -> No
     # first query), not async code: it was sent to "TaskQ's JobsClient".
     assert ("ensure_connection()" in str(refused.value)) is (target is None)
     assert ("TaskQ's JobsClient" in str(refused.value)) is (target is not None)
+
+
+def test_a_url_in_upper_case_is_taken_as_the_backend_takes_it(pg_pooled_schema: PgSchema) -> None:
+    # libpq takes a URL only by its scheme in lower case: "POSTGRESQL://..." was read
+    # as a key=value string, refused as 'missing "***" after "***"'.
+    scheme, rest = pg_pooled_schema.dsn.split(":", 1)
+    with SyncJobsClient(
+        f"{scheme.upper()}:{rest}", actors=ACTORS, schema=pg_pooled_schema.name
+    ) as client:
+        row = client.enqueue(item, {"n": 1})
+    assert _stored(pg_pooled_schema) == [row]
+
+
+@pytest.mark.parametrize("around", [("", "\n"), (" ", ""), ("\t", " \r\n")])
+def test_whitespace_around_a_dsn_is_left_out_as_the_backend_leaves_it_out(
+    pg_pooled_schema: PgSchema, around: tuple[str, str]
+) -> None:
+    # A secret's trailing newline went into the database name ('database "... " does
+    # not exist'); a leading space made the URL a broken key=value string.
+    before, after = around
+    with SyncJobsClient(
+        f"{before}{pg_pooled_schema.dsn}{after}", actors=ACTORS, schema=pg_pooled_schema.name
+    ) as client:
+        row = client.enqueue(item, {"n": 1})
+    assert _stored(pg_pooled_schema) == [row]
+
+
+@pytest.mark.parametrize("dsn", ["", "  "])
+def test_an_empty_dsn_is_refused_not_read_as_libpqs_defaults(
+    pg_pooled_schema: PgSchema, monkeypatch: pytest.MonkeyPatch, dsn: str
+) -> None:
+    # An unset DATABASE_URL connected to whatever PGHOST and PGDATABASE named.
+    parts = psycopg.conninfo.conninfo_to_dict(pg_pooled_schema.dsn)
+    for name, key in (("PGHOST", "host"), ("PGPORT", "port"), ("PGDATABASE", "dbname")):
+        monkeypatch.setenv(name, str(parts[key]))
+    with pytest.raises(ConfigurationError, match="empty DSN.*'postgresql://'"):
+        SyncJobsClient(dsn, actors=ACTORS, schema=pg_pooled_schema.name)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "reason"),
+    [
+        ("postgresql://u@127.0.0.1:1/x?sslmode=sometimes", 'invalid sslmode value: "***"'),
+        ("host=127.0.0.1 port=abc", 'value "***" for connection option "port"'),
+        ("host=127.0.0.1 hostaddr=nowhere", "could not parse network address"),
+    ],
+)
+def test_an_option_libpq_refuses_is_a_configuration_error(dsn: str, reason: str) -> None:
+    # An outage's BackendUnavailableError ("connection is bad: ..."), with the value
+    # quoted as given, though nothing had been tried and a retry fails alike.
+    with pytest.raises(ConfigurationError, match="invalid DSN") as refused:
+        SyncJobsClient(dsn, actors=ACTORS)
+    assert reason in str(refused.value) and "connection is bad" not in str(refused.value)
+
+
+def test_a_missing_unix_socket_is_still_backend_unavailable() -> None:
+    # libpq refuses it at once too ("connection is bad"), as it does a bad option.
+    with pytest.raises(BackendUnavailableError, match="/nonexistent/.s.PGSQL"):
+        SyncJobsClient("postgresql:///x?host=/nonexistent", actors=ACTORS)
 
 
 def test_an_unreachable_server_is_backend_unavailable() -> None:

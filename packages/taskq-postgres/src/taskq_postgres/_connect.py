@@ -92,6 +92,13 @@ def check_dsn(dsn: str) -> str:
     if not dsn.partition(":")[2].startswith("//"):
         # postgres:USER:PASSWORD@HOST/DB reads as a path: the password a database name.
         raise ConfigurationError(f"invalid DSN {shown}: no //HOST part; {expected}")
+    if parts.netloc.count("@") > 1:
+        # The drivers end the password at the first @, the rest read as the host: the
+        # connection failed naming that host, the password's tail (psycopg quotes it).
+        raise ConfigurationError(
+            f"invalid DSN {shown}: its user or password holds a raw @ (percent-encode it as "
+            f"%40); {expected}"
+        )
     if not dsn.isascii():
         try:
             dsn.encode()
@@ -185,8 +192,9 @@ def through_pooler(settings: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in settings.items() if name in POOLER_PASSES}
 
 
-_QUOTED: Final = re.compile(r'"[^"]*"')
-"""A piece of a driver's message in double quotes (libpq quotes what it could not read)."""
+_QUOTED: Final = re.compile(r'(?<!for connection option )"[^"]*"')
+"""A piece of a driver's message in double quotes (libpq quotes what it could not read),
+but for the name of the option whose value libpq refused: a name libpq knows."""
 
 
 _NO_SSL: Final = ("rejected SSL upgrade", "server does not support SSL")
@@ -231,14 +239,17 @@ _SERVER_AT: Final = re.compile(
 """Where a driver's message says the server it tried is (asyncpg's, then libpq's)."""
 
 
-def _ssl_required(dsn: str) -> bool:
+def _ssl_required(dsn: str, sslmode: str | None = None) -> bool:
     """Whether ``dsn`` (its ``sslmode`` query parameter, else ``PGSSLMODE``, as both
-    drivers read them; the last of several wins) refuses a connection without SSL."""
-    try:
-        given = parse_qs(urlsplit(dsn).query).get("sslmode")
-    except ValueError:
-        given = None
-    mode = given[-1] if given else os.environ.get("PGSSLMODE", "")
+    drivers read them; the last of several wins), or the ``sslmode`` its driver read
+    (given when known), refuses a connection without SSL."""
+    mode = sslmode
+    if mode is None:
+        try:
+            given = parse_qs(urlsplit(dsn).query).get("sslmode")
+        except ValueError:
+            given = None
+        mode = given[-1] if given else os.environ.get("PGSSLMODE", "")
     return mode.strip().lower().replace("_", "-") in _SSL_REQUIRED
 
 
@@ -260,11 +271,14 @@ def translated_errors(
     invalid: tuple[type[Exception], ...] = (),
     unavailable: tuple[type[Exception], ...] = (),
     behind_pooler: str = _DIRECT_DSN_HINT,
+    sslmode: str | None = None,
 ) -> Iterator[None]:
     """A failure to connect as :class:`BackendUnavailableError` (a bad DSN as
     ``ConfigurationError``), with the redacted address and the reason. ``invalid``
     and ``unavailable`` add another driver's errors (psycopg's) to asyncpg's;
-    ``behind_pooler`` says what to do when a pooler refuses the settings sent."""
+    ``behind_pooler`` says what to do when a pooler refuses the settings sent;
+    ``sslmode`` is the one the driver connects with, where the caller read it (libpq's
+    from a key=value DSN or a service file, which a URL's query does not tell)."""
     bad_dsn: tuple[type[Exception], ...] = (asyncpg.ClientConfigurationError, ValueError, *invalid)
     unreachable: tuple[type[Exception], ...] = (
         OSError,
@@ -283,7 +297,7 @@ def translated_errors(
     except unreachable as exc:
         said = str(exc)
         refused_ssl = any(words in said for words in _NO_SSL)
-        if refused_ssl and _ssl_required(dsn):
+        if refused_ssl and _ssl_required(dsn, sslmode):
             # Not an outage to wait out (the worker's start retried it for its whole
             # startup wait): the server and the DSN disagree until one is changed.
             raise ConfigurationError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -37,7 +38,7 @@ from taskq.args_builder import (
     check_capacity,
     one_per_key,
 )
-from taskq.errors import MaxPendingExceededError
+from taskq.errors import ConfigurationError, MaxPendingExceededError
 from taskq.identifiers import check_identifier, validate_schema_name
 from taskq.models import EnqueueArgs, JobRow
 from taskq.settings import WorkerSettings
@@ -120,6 +121,48 @@ def _connect_timeout(given: Mapping[str, object]) -> dict[str, Any]:
     return {"connect_timeout": math.ceil(DEFAULT_CONNECT_TIMEOUT.total_seconds())}
 
 
+def _checked_url(dsn: str) -> str:
+    """``dsn`` checked as ``PostgresBackend`` checks it, its scheme in lower case: libpq
+    takes a URL only by ``postgresql://`` or ``postgres://`` as written, and read
+    ``POSTGRESQL://...`` (which the backend takes) as a broken ``key=value`` string."""
+    scheme, _, rest = check_dsn(dsn).partition(":")
+    return f"{scheme.lower()}:{rest}"
+
+
+def _sslmode(dsn: str) -> str | None:
+    """The ``sslmode`` libpq connects with by ``dsn``: its own (a key=value DSN's too), else
+    its service's, else ``PGSSLMODE``; None when ``dsn`` cannot be read (connecting says
+    why)."""
+    try:
+        given = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return None
+    mode = given.get("sslmode") or service_settings(given).get("sslmode")
+    return str(mode or os.environ.get("PGSSLMODE", ""))
+
+
+_REFUSED_AT_ONCE: Final = "connection is bad: "
+"""How psycopg says libpq refused a connection before it was under way: a server it
+could not reach at once (a unix socket missing, libpq's words then naming it), or else
+a connection option's value (a port that is no number, an unknown sslmode)."""
+
+
+def _open(dsn: str, **settings: Any) -> psycopg.Connection[Any]:
+    """``psycopg.connect``, an option's value libpq refuses raised as a bad DSN
+    (``ProgrammingError``, which ``translated_errors`` makes a ``ConfigurationError``)."""
+    try:
+        return psycopg.connect(dsn, **settings)
+    except psycopg.OperationalError as exc:
+        said = str(exc)
+        refused = said.removeprefix(_REFUSED_AT_ONCE)
+        if refused == said or refused.startswith("connection to server"):
+            raise
+        # Not an outage to wait out; and libpq quotes the value, which in a key=value
+        # DSN missing a space holds what follows it ("5432password=..."): a bad DSN's
+        # message shows no quoted piece of it.
+        raise psycopg.ProgrammingError(refused) from None
+
+
 def _dropped(conn: psycopg.Connection[Any]) -> bool:
     """Whether the server ended an idle connection (a restart, ``idle_session_timeout``,
     a proxy's idle cut): with nothing asked of it, its socket has something to read
@@ -152,7 +195,8 @@ class SyncJobsClient:
     needs, changed by a newer TaskQ) is refused at the first enqueue as
     ``PostgresBackend.open()`` refuses it (a ``ConfigurationError``); checked once per
     process and database.
-    One client may be shared by threads: its calls take turns.
+    One client may be shared by threads: its calls take turns. One made before the
+    process forks (gunicorn's ``--preload``) opens a connection of its own in each child.
     """
 
     def __init__(
@@ -189,9 +233,21 @@ class SyncJobsClient:
         self._channel = None if quiet else wake_channel(self.schema)
         self._limits_ttl = max_pending_cache_ttl
         self._lock = threading.Lock()
+        if isinstance(target, str):
+            # Without the whitespace around it, as the backend reads a URL: a secret's
+            # trailing newline went into the database name ('database "app " does not
+            # exist'), and a leading space made the URL a broken key=value string.
+            target = target.strip()
         # A URL is checked as PostgresBackend checks it; libpq's key=value form as libpq does.
         url = isinstance(target, str) and url_scheme(target) is not None
-        self._dsn = (check_dsn(target) if url else target) if isinstance(target, str) else None
+        self._dsn = (_checked_url(target) if url else target) if isinstance(target, str) else None
+        if self._dsn == "":
+            # libpq reads an empty string as every default: an unset DATABASE_URL
+            # enqueued into whatever database PGHOST or the local socket led to.
+            raise ConfigurationError(
+                "SyncJobsClient was given an empty DSN: give one (postgresql://USER@HOST/DB), "
+                "or 'postgresql://' to mean libpq's defaults (PGHOST, PGDATABASE, ...)"
+            )
         if behind_pooler is None:  # as a backend given the fleet's direct_dsn judges
             direct = fleet.get("direct_dsn")
             behind_pooler = direct is not None and not (
@@ -204,6 +260,8 @@ class SyncJobsClient:
         )
         self._conn = target if isinstance(target, psycopg.Connection) else self._connect()
         self._closed = False
+        self._inherited = False
+        _CLIENTS.add(self)
 
     # -- enqueue ---------------------------------------------------------------
     def enqueue(self, actor: ActorRef, payload: Any, **options: Any) -> JobRow:
@@ -236,6 +294,10 @@ class SyncJobsClient:
         Every payload is validated before anything is written."""
         listed = list(items)
         counts = self._build.counts(listed)
+        if not listed:
+            # Nothing to write, as JobsClient and enqueue_batch_fast answer it: a
+            # caller's aborted transaction (or a statement opening it) is no concern.
+            return []
         with self._turn() as cur:
             try:
                 self._check_capacity(cur, counts)
@@ -253,7 +315,7 @@ class SyncJobsClient:
                     raise refused from None
             else:
                 args_list = list(self._build.each(listed))
-            return self._insert(cur, args_list) if args_list else []
+            return self._insert(cur, args_list)
 
     def enqueue_batch_fast(self, items: Iterable[BatchItem]) -> int:
         """Bulk enqueue by COPY, without idempotency handling or returned rows; returns
@@ -362,6 +424,7 @@ class SyncJobsClient:
             unavailable=(psycopg.OperationalError,),
             behind_pooler="pass SyncJobsClient(..., behind_pooler=True), or set "
             "TASKQ_DIRECT_DSN for the fleet",
+            sslmode=_sslmode(self._dsn),
         ):
             settings = dict(self._settings)
             name = settings.pop("application_name")
@@ -371,7 +434,7 @@ class SyncJobsClient:
                 # A pooler passes no options and runs each statement on any server
                 # session. The enqueue statements need no TimeZone: they add seconds;
                 # its transactions set their idle limit (_atomic).
-                conn = psycopg.connect(
+                conn = _open(
                     self._dsn,
                     autocommit=True,
                     application_name=name,
@@ -380,12 +443,17 @@ class SyncJobsClient:
                 )
             else:
                 # Durations added on TaskQ's own connections are exact (see
-                # PostgresBackend). Added to the DSN's own options (or PGOPTIONS'): libpq
-                # takes one string, and a keyword argument would replace them (a
-                # statement_timeout, a role's search_path).
-                options = str(given.get("options") or os.environ.get("PGOPTIONS", ""))
+                # PostgresBackend). Added to the DSN's own options (else its service's,
+                # else PGOPTIONS', as libpq ranks them): libpq takes one string, and a
+                # keyword argument would replace them (a statement_timeout, a role's
+                # search_path).
+                options = str(
+                    given.get("options")
+                    or service_settings(given).get("options")
+                    or os.environ.get("PGOPTIONS", "")
+                )
                 ours = " ".join(f"-c {k}={v}" for k, v in settings.items())
-                conn = psycopg.connect(
+                conn = _open(
                     self._dsn,
                     autocommit=True,
                     application_name=name,
@@ -418,8 +486,9 @@ class SyncJobsClient:
                     # a limits read), its savepoint's rollback failed (psycopg's noise),
                     # and a raw InFailedSqlTransaction said nothing of what to do.
                     raise aborted("conn.rollback()")
-            elif self._conn.closed or _dropped(self._conn):
+            elif self._inherited or self._conn.closed or _dropped(self._conn):
                 self._conn.close()
+                self._inherited = False
                 self._conn = self._connect()
             with psycopg.RawCursor(self._conn, row_factory=dict_row) as cur:
                 # Results in binary: psycopg reads text times and durations only in the
@@ -495,6 +564,26 @@ class SyncJobsClient:
             yield own
 
     # -- lifetime -------------------------------------------------------------------
+    def _forked(self) -> None:
+        """In a process just forked (``os.fork``: gunicorn's ``--preload``, a prefork
+        pool): the connection of its own is the parent's session, which two processes
+        using it at once garbled (one's answer read by the other, an enqueue that had
+        committed failing); it is cut off from that session (its goodbye, when closed,
+        goes nowhere) and replaced at the next call. The lock a parent's thread held
+        at the fork would be held for good."""
+        self._lock = threading.Lock()
+        if self._dsn is None or self._conn.closed:
+            return  # a caller's connection is the caller's to keep to one process
+        self._inherited = True
+        # Raised in a fork hook, an error is only printed: the connection is replaced
+        # all the same (its goodbye then ending the parent's session, which it replaces).
+        with suppress(OSError, psycopg.Error):
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, self._conn.fileno())
+            finally:
+                os.close(null)
+
     def close(self) -> None:
         """Close the connection the client opened (a caller's stays open)."""
         with self._lock:
@@ -512,6 +601,19 @@ class SyncJobsClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+_CLIENTS: Final[weakref.WeakSet[SyncJobsClient]] = weakref.WeakSet()
+"""This process's clients, each told when the process forks."""
+
+
+def _after_fork() -> None:
+    for client in list(_CLIENTS):
+        client._forked()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _run(cur: _Cursor, plan: Plan[_T]) -> _T:

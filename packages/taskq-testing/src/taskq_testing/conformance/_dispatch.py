@@ -358,6 +358,36 @@ class DispatchTests:
         dispatched = await backend.dispatch_batch(uuid4(), ["rr"], 4, LONG_LEASE)
         assert [row.id for row in dispatched] == [capped_a.id, free_b1.id, free_b2.id, free_b3.id]
 
+    @covers("dispatch_batch", "configure_queue", "register_actors")
+    async def test_round_robin_ranks_a_strict_job_behind_a_capped_actors_strict_backlog(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # A strict queue asked for with a round-robin one is one cohort over its actors:
+        # the capped actor's three jobs of it come before the free actor's one, which is
+        # its fourth, behind the free actor's third of b. Postgres ranked it third, among
+        # the capped actor's first two jobs only, and took it before that job of b.
+        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+        free = "conformance.free"
+        await backend.register_actors(
+            [ActorConfig(actor=ACTOR, max_concurrent=1), ActorConfig(actor=free)]
+        )
+        capped_first, _, _, free_b1, free_b2, _, free_b3 = await _enqueue_spread(
+            backend,
+            advance_time,
+            *({"queue": "plain"} for _ in range(3)),
+            {"queue": "rr", "fairness_key": "b", "actor": free},
+            {"queue": "rr", "fairness_key": "b", "actor": free},
+            {"queue": "plain", "actor": free},
+            {"queue": "rr", "fairness_key": "b", "actor": free},
+        )
+        dispatched = await backend.dispatch_batch(uuid4(), ["plain", "rr"], 4, LONG_LEASE)
+        assert [row.id for row in dispatched] == [
+            capped_first.id,
+            free_b1.id,
+            free_b2.id,
+            free_b3.id,
+        ]
+
     @covers("dispatch_batch", "configure_queue")
     async def test_round_robin_puts_a_cohort_after_its_running_jobs(
         self, backend: Backend, advance_time: AdvanceTime

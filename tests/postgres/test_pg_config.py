@@ -13,7 +13,9 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
+from psycopg import sql
 
 import taskq
 from taskq.errors import ConfigurationError
@@ -567,3 +569,53 @@ def test_a_bad_schema_is_the_users_error_not_the_plugins() -> None:
     with pytest.raises(InvalidIdentifierError, match="invalid SQL identifier") as caught:
         taskq.open_backend("postgresql://localhost/app", schema="bad-schema!")
     assert isinstance(caught.value, ValueError) and "report it" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("postgresql://h/db", ("postgresql://h/db", 10.0)),
+        ("postgresql://h/db?connect_timeout=5", ("postgresql://h/db", 5.0)),
+        # Other parameters kept as written, in order; libpq's least is 2 seconds.
+        (
+            "postgresql://h/db?sslmode=disable&connect_timeout=1&options=-c%20jit%3Doff",
+            ("postgresql://h/db?sslmode=disable&options=-c%20jit%3Doff", 2.0),
+        ),
+        ("postgresql://h/db?connect_timeout=%2030%20", ("postgresql://h/db", 30.0)),
+        ("postgresql://h/db?connect_timeout=0", ("postgresql://h/db", 1e9)),  # no limit
+    ],
+)
+def test_a_dsns_connect_timeout_is_read_as_libpq_reads_it(
+    dsn: str, expected: tuple[str, float]
+) -> None:
+    from taskq_postgres._connect import libpq_connect_timeout
+
+    assert libpq_connect_timeout(dsn, 10.0) == expected
+
+
+def test_a_dsns_connect_timeout_that_is_no_number_is_refused_at_construction() -> None:
+    with pytest.raises(ConfigurationError, match="connect_timeout takes a whole number") as info:
+        PostgresBackend("postgresql://u:secret@127.0.0.1/db?connect_timeout=10s")
+    assert "secret" not in str(info.value)
+
+
+async def test_a_dsn_with_libpqs_connect_timeout_connects(pg_database_dsn: str) -> None:
+    # A DATABASE_URL shared with libpq and psycopg (SyncJobsClient takes it): asyncpg sent
+    # connect_timeout to the server as a session setting, and every connection failed
+    # with 'unrecognized configuration parameter "connect_timeout"'.
+    from taskq_postgres import migrate
+
+    dsn = f"{pg_database_dsn}?connect_timeout=5"
+    schema = unique_schema_name()
+    await migrate(dsn, schema)
+    try:
+        backend = PostgresBackend(dsn, schema=schema)
+        await backend.open()
+        try:
+            row = await backend.enqueue(EnqueueArgs(actor="nap", payload={}))
+            assert await backend.get(row.id) is not None
+        finally:
+            await backend.close()
+    finally:
+        with psycopg.connect(pg_database_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))

@@ -108,7 +108,12 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
     """Connect, and turn every expected failure into a one-line :class:`_CommandError`."""
     import asyncpg
 
-    from taskq_postgres._connect import check_dsn, redact, translated_errors
+    from taskq_postgres._connect import (
+        check_dsn,
+        libpq_connect_timeout,
+        redact,
+        translated_errors,
+    )
     from taskq_postgres._transient import client_fault
 
     try:  # the check the other commands make: asyncpg leaks bare errors (a port's range)
@@ -118,9 +123,8 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
             # A session setting no pooler passes: a transaction-mode pooler (PgBouncer)
             # refuses it at once, where the migration lock taken through one stayed on a
             # server connection it lends to others, and the next migration hung on it.
-            conn = await asyncpg.connect(
-                dsn, timeout=_CONNECT_TIMEOUT_SECONDS, server_settings={"jit": "off"}
-            )
+            target, timeout = libpq_connect_timeout(dsn, _CONNECT_TIMEOUT_SECONDS)
+            conn = await asyncpg.connect(target, timeout=timeout, server_settings={"jit": "off"})
     except TaskQError as exc:
         raise _CommandError(str(exc)) from exc
     try:

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
 from typing import Any, Final
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 import asyncpg
 
@@ -38,6 +38,7 @@ __all__ = [
     "connect",
     "connection_settings",
     "create_pool",
+    "libpq_connect_timeout",
     "read_watch",
     "readable",
     "redact",
@@ -109,7 +110,47 @@ def check_dsn(dsn: str) -> str:
                 f"invalid DSN {shown}: it holds bytes that are not UTF-8 text; "
                 f"percent-encode them (%FF) or check the shell's locale (LANG)"
             ) from None
+    libpq_connect_timeout(dsn, 0.0)  # its value refused here, before any connection
     return dsn
+
+
+_NO_CONNECT_LIMIT: Final = 1e9
+"""A connection attempt's bound when a DSN's connect_timeout is 0 (asyncpg takes none)."""
+
+
+def libpq_connect_timeout(dsn: str, default: float) -> tuple[str, float]:
+    """``dsn`` without libpq's ``connect_timeout`` query parameter, for asyncpg, and the
+    seconds a connection attempt may take: the DSN's, as libpq reads it (0 or less: as
+    long as it takes; 1 counts as 2, libpq's least), else ``default``.
+
+    asyncpg sends a query parameter it does not know to the server as a session
+    setting: a DSN that libpq, psycopg and ``SyncJobsClient`` take (a shared
+    ``DATABASE_URL`` with ``?connect_timeout=10``) failed every connection of the
+    backend with 'unrecognized configuration parameter "connect_timeout"'."""
+    base, mark, query = dsn.partition("?")
+    if not mark:
+        return dsn, default
+    query, hash_mark, fragment = query.partition("#")
+    kept: list[str] = []
+    given: str | None = None
+    for item in query.split("&"):
+        key, _, value = item.partition("=")
+        if unquote_plus(key) == "connect_timeout":
+            given = unquote_plus(value)
+        else:
+            kept.append(item)
+    if given is None:
+        return dsn, default
+    try:
+        seconds = int(given.strip())
+    except ValueError:
+        raise ConfigurationError(
+            f"invalid DSN {redact(dsn)}: connect_timeout takes a whole number of seconds "
+            f"(0: no limit), got {given!r}"
+        ) from None
+    rest = "&".join(kept)
+    stripped = base + ("?" + rest if rest else "") + hash_mark + fragment
+    return stripped, (_NO_CONNECT_LIMIT if seconds <= 0 else float(max(seconds, 2)))
 
 
 def check_instance_id(instance_id: str) -> str:
@@ -474,13 +515,14 @@ async def create_pool(
     Without ``prepared_statements`` no statement is kept prepared (for a
     transaction-mode pooler, which runs each statement on any server session).
     """
+    target, timeout = libpq_connect_timeout(dsn, connect_timeout.total_seconds())
     with translated_errors(dsn):
         pool: asyncpg.Pool[asyncpg.Record] = await asyncpg.create_pool(
-            dsn,
+            target,
             min_size=min_size,
             max_size=max_size,
             server_settings=settings,
-            timeout=connect_timeout.total_seconds(),
+            timeout=timeout,
             command_timeout=None if command_timeout is None else command_timeout.total_seconds(),
             password=password,
             reset=None if lent is None else lent.reset,
@@ -493,11 +535,12 @@ async def connect(
     dsn: str, *, settings: dict[str, str], connect_timeout: timedelta, password: Password = None
 ) -> asyncpg.Connection[Any]:
     """One dedicated (non-pooled) connection carrying ``settings``; errors translated."""
+    target, timeout = libpq_connect_timeout(dsn, connect_timeout.total_seconds())
     with translated_errors(dsn):
         conn: asyncpg.Connection[Any] = await asyncpg.connect(
-            dsn,
+            target,
             server_settings=settings,
-            timeout=connect_timeout.total_seconds(),
+            timeout=timeout,
             password=password,
         )
     return conn

@@ -32,7 +32,7 @@ from asyncpg.pool import PoolConnectionProxy
 from taskq._dsn import redact
 from taskq.errors import ConfigurationError, TaskQError
 from taskq.identifiers import check_identifier, validate_schema_name
-from taskq_postgres._connect import unmigrated
+from taskq_postgres._connect import libpq_connect_timeout, unmigrated
 from taskq_postgres._enqueue import Plan, Query, run
 from taskq_postgres._privileges import InsufficientPrivilegeError, diagnosed, read_only_error
 
@@ -241,12 +241,17 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 """
 
 
+_ASYNCPG_CONNECT_TIMEOUT: Final = 60.0
+"""asyncpg's own default, for a DSN without a connect_timeout."""
+
+
 @asynccontextmanager
 async def _connected(target: str | Connection) -> AsyncIterator[Connection]:
     if not isinstance(target, str):
         yield target
         return
-    conn = await asyncpg.connect(target)
+    dsn, timeout = libpq_connect_timeout(target, _ASYNCPG_CONNECT_TIMEOUT)
+    conn = await asyncpg.connect(dsn, timeout=timeout)
     try:
         yield conn
     finally:

@@ -98,8 +98,10 @@ class BoundedPool:
         if budget is None:
             conn = await _acquire(self.pool, None)
             try:
-                with _ended_if_read_only(conn):
-                    yield conn
+                yield conn
+            except asyncpg.ReadOnlySQLTransactionError:
+                _end_read_only(conn)
+                raise
             finally:
                 await self.pool.release(conn)
             return
@@ -107,8 +109,10 @@ class BoundedPool:
         conn = await _acquire(self.pool, deadline)
         with _closed_at(conn, deadline, budget):
             try:
-                with _ended_if_read_only(conn):
-                    yield conn
+                yield conn
+            except asyncpg.ReadOnlySQLTransactionError:
+                _end_read_only(conn)
+                raise
             finally:
                 # Inside the deadline: should asyncpg's own statement timeout fire first,
                 # the release waits for its cancel request, which a stalled network
@@ -167,14 +171,12 @@ class BoundedPool:
             # A restart ends every pooled connection: at worst each is replaced in turn.
             for _ in range(self.pool.get_max_size()):
                 try:
-                    with _ended_if_read_only(conn):
-                        return await _call(conn, method, query, args, deadline)
+                    return await _call(conn, method, query, args, deadline)
                 except asyncpg.InternalClientError as exc:
                     if not _unsent(exc):
                         raise
                 conn = await _replaced(self.pool, conn, deadline)
-            with _ended_if_read_only(conn):
-                return await _call(conn, method, query, args, deadline)
+            return await _call(conn, method, query, args, deadline)
         finally:
             await _release(self.pool, conn, deadline)
 
@@ -182,16 +184,20 @@ class BoundedPool:
 async def _call(
     conn: Proxy, method: str, query: str, args: tuple[Any, ...], deadline: float | None
 ) -> Any:
-    if deadline is None:
-        return await getattr(conn, method)(query, *args)
-    return await getattr(conn, method)(query, *args, timeout=_left(deadline))
+    try:
+        if deadline is None:
+            return await getattr(conn, method)(query, *args)
+        return await getattr(conn, method)(query, *args, timeout=_left(deadline))
+    except asyncpg.ReadOnlySQLTransactionError:
+        _end_read_only(conn)
+        raise
 
 
-@contextmanager
-def _ended_if_read_only(conn: Proxy) -> Iterator[None]:
-    """Close ``conn`` when a statement on it meets a read-only session (25006), which
-    hands it back to the pool to be replaced: the error is transient, and the retry
-    needs a new session.
+def _end_read_only(conn: Proxy) -> None:
+    """Close ``conn``, on which a statement met a read-only session (25006), which hands
+    it back to the pool to be replaced: the error is transient, and the retry needs a
+    new session. (An ``except`` at each call, not a context manager: a try block costs
+    the hot paths nothing.)
 
     A managed database's provider sets ``default_transaction_read_only`` while its disk
     is full and resets it once space is freed; an operator sets it for a maintenance
@@ -199,11 +205,7 @@ def _ended_if_read_only(conn: Proxy) -> Iterator[None]:
     stays so after the reset (the pool's ``RESET ALL`` on release keeps it), and every
     write on it failed for the worker's life.
     """
-    try:
-        yield
-    except asyncpg.ReadOnlySQLTransactionError:
-        conn.terminate()
-        raise
+    conn.terminate()
 
 
 _UNSENT = ("cannot switch to state", "not connected")
@@ -373,10 +375,13 @@ class PinnedConnection:
     async def _call(
         self, conn: Proxy, method: str, query: str, args: tuple[Any, ...], deadline: float | None
     ) -> Any:
-        with _ended_if_read_only(conn):
-            if self._prepared and method == "fetchrow":
+        if self._prepared and method == "fetchrow":
+            try:
                 return await self._fetchrow_prepared(conn, query, args, deadline)
-            return await _call(conn, method, query, args, deadline)
+            except asyncpg.ReadOnlySQLTransactionError:
+                _end_read_only(conn)
+                raise
+        return await _call(conn, method, query, args, deadline)
 
     async def _fetchrow_prepared(
         self, conn: Proxy, query: str, args: tuple[Any, ...], deadline: float | None

@@ -705,6 +705,34 @@ def _start_late(
     return code, backend.opens, warnings
 
 
+def test_health_settings_without_a_health_port_are_said_to_do_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # TASKQ_HEALTH_HOST and TASKQ_HEALTH_TASKS_ENABLED set fleet-wide, the port left out:
+    # no health server ran, with no word anywhere.
+    import gc
+
+    from structlog.testing import capture_logs
+
+    from taskq.worker.cli import main
+
+    for name in [k for k in os.environ if k.startswith("TASKQ_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr("taskq.logs.configure_logging", lambda **_: None)
+    monkeypatch.setenv("TASKQ_HEALTH_HOST", "127.0.0.1")
+    monkeypatch.setenv("TASKQ_HEALTH_TASKS_ENABLED", "true")
+    try:
+        with capture_logs() as logs:
+            assert main(["tests.apps.basic:tq", "--dsn", "memory://", "--until-idle"]) == 0
+    finally:
+        gc.unfreeze()  # main() froze what it had loaded
+    said = [e for e in logs if e["event"] == "taskq.setting-without-effect"]
+    assert [e["setting"] for e in said] == ["health_host", "health_tasks_enabled"]
+    assert "TASKQ_HEALTH_PORT" in said[0]["hint"]
+    # With a port, they take effect: nothing to say.
+    assert WorkerSettings.load({"health_port": 0}, env=dict(os.environ)).inert_settings() == []
+
+
 def test_a_misspelt_setting_is_named_with_the_one_it_resembles(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -541,6 +541,15 @@ class WorkerSettings(BaseModel):
             if field in settings.model_fields_set
         }
 
+    def inert_settings(self) -> list[str]:
+        """The settings given that change nothing as the others stand: the health
+        server's ``health_host`` and ``health_tasks_enabled`` without a ``health_port``
+        (a fleet's environment that sets them and leaves the port out runs no health
+        server, where a probe was expected)."""
+        if self.health_port is not None:
+            return []
+        return sorted({"health_host", "health_tasks_enabled"} & self.model_fields_set)
+
     @classmethod
     def misspelt_env(cls, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """``TASKQ_*`` variables of the environment (``os.environ`` by default) that name

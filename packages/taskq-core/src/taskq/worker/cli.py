@@ -306,6 +306,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 variable=variable,
                 hint=f"{variable} is no setting, and is ignored: did you mean {setting}?",
             )
+        for name in settings.inert_settings():
+            _log.warning(
+                "taskq.setting-without-effect",
+                setting=name,
+                hint=f"{name} takes effect with a health port only (--health-port, "
+                f"TASKQ_HEALTH_PORT): no health server runs",
+            )
         app = _rebuild_app(load_app(args.app), settings)
         route_stdlib_logging()  # after the app's own logging set-up, if it has one
         # What is loaded by now (modules, schemas, the app) lives as long as the

@@ -159,6 +159,29 @@ def test_a_short_postmaster_pid_whose_process_is_gone_is_stale(
     assert stop(tmp_path) is None
 
 
+def test_a_short_postmaster_pid_left_long_ago_naming_a_live_process_is_not_waited_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its pid reused by another process (after a reboot): no server is writing it, and
+    # every command read it again for the whole wait before saying so.
+    from taskq_postgres import _embedded
+    from taskq_postgres._embedded import EmbeddedServerError, data_dir, find_running, stop
+
+    pgdata = data_dir(tmp_path)
+    pgdata.mkdir(parents=True)
+    pid_file = pgdata / "postmaster.pid"
+    pid_file.write_text(f"{os.getpid()}\n{pgdata}\n1700000000\n")
+    os.utime(pid_file, (1_700_000_000, 1_700_000_000))
+
+    def read_again(seconds: float) -> None:
+        raise AssertionError("a file no server is writing was read again")
+
+    monkeypatch.setattr(_embedded.time, "sleep", read_again)
+    for call in (find_running, stop):
+        with pytest.raises(EmbeddedServerError, match=r"postmaster.pid cannot be read .* delete"):
+            call(tmp_path)
+
+
 @pytest.mark.parametrize(
     "first",
     [

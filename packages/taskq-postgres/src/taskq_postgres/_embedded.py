@@ -116,12 +116,12 @@ def _read_postmaster_pid(pgdata: Path) -> Any:
 
     A server that is starting writes the file in steps, and while ``initdb`` runs, each
     of its single-user backends writes one of its own (its pid negated) and removes it;
-    a reading in between finds it empty or short. So a file that its writer (alive) may
-    still complete, or that was written within the last seconds, is read again, for a
-    while. One whose pid is gone is stale, as PostgreSQL takes it (a start replaces it):
-    None, no server runs (an initdb that failed left one behind). One that stays
-    unreadable is ``EmbeddedServerError`` (pgserver's own parse failed with a bare
-    traceback, and PostgreSQL refuses to start over a file with no pid).
+    a reading in between finds it empty or short. So a file written within the last
+    seconds is read again, for a while. One whose pid is gone is stale, as PostgreSQL
+    takes it (a start replaces it): None, no server runs (an initdb that failed left one
+    behind). One that stays unreadable is ``EmbeddedServerError`` (pgserver's own parse
+    failed with a bare traceback, and PostgreSQL refuses to start over a file with no
+    pid).
     """
     with _quiet_runtime_dir():
         from pgserver.utils import PostmasterInfo
@@ -143,7 +143,10 @@ def _read_postmaster_pid(pgdata: Path) -> Any:
             named = 0
         if named > 0 and not _alive(named):
             return None
-        being_written = named > 0 or _written_within(pid_file, _STARTING_WAIT_SECONDS)
+        # Only a file written lately: a server, or initdb's backend, adds its lines within
+        # moments of the first. A live pid alone is no sign, a stale file's pid reused by
+        # another process (after a reboot) waited out the whole wait in every command.
+        being_written = _written_within(pid_file, _STARTING_WAIT_SECONDS)
         if not being_written or time.monotonic() > deadline:
             raise EmbeddedServerError(
                 f"{SHOWN_DIR}pgdata/postmaster.pid cannot be read ({problem}): left incomplete "

@@ -182,6 +182,38 @@ def test_a_short_postmaster_pid_left_long_ago_naming_a_live_process_is_not_waite
             call(tmp_path)
 
 
+def test_a_postmaster_pid_this_user_may_not_read_is_said_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another user's server (pgdata theirs, 0700): every command read the file again for
+    # the whole wait, then said to delete it, of a server that runs.
+    from taskq_postgres import _embedded
+    from taskq_postgres._embedded import EmbeddedServerError, data_dir, find_running
+
+    pgdata = data_dir(tmp_path)
+    pgdata.mkdir(parents=True)
+    pid_file = pgdata / "postmaster.pid"
+    pid_file.write_text(f"{os.getpid()}\n{pgdata}\n")
+    stat, read_text = Path.stat, Path.read_text
+
+    def refused(method: Callable[..., object]) -> Callable[..., object]:
+        def call(self: Path, *args: object, **kwargs: object) -> object:
+            if self == pid_file:  # as a user outside pgdata's 0700 finds it (root is not)
+                raise PermissionError(13, "Permission denied", str(self))
+            return method(self, *args, **kwargs)
+
+        return call
+
+    def read_again(seconds: float) -> None:
+        raise AssertionError("a file this user cannot read was read again")
+
+    monkeypatch.setattr(Path, "stat", refused(stat))
+    monkeypatch.setattr(Path, "read_text", refused(read_text))
+    monkeypatch.setattr(_embedded.time, "sleep", read_again)
+    with pytest.raises(EmbeddedServerError, match=r"cannot be read as this user .* another user"):
+        find_running(tmp_path)
+
+
 @pytest.mark.parametrize(
     "first",
     [

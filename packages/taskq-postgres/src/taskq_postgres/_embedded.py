@@ -133,6 +133,15 @@ def _read_postmaster_pid(pgdata: Path) -> Any:
             return PostmasterInfo.read_from_pgdata(pgdata)
         except AssertionError:  # pgserver's check of the line count
             problem = "it lacks lines a running server's file has"
+        except PermissionError as exc:
+            # Another user's server (started with sudo, pgdata theirs): no reading again
+            # makes it readable, and deleting the file is not the fix.
+            raise EmbeddedServerError(
+                f"{SHOWN_DIR}pgdata/postmaster.pid cannot be read as this user "
+                f"({exc.strerror}): the embedded PostgreSQL under {SHOWN_DIR} belongs to "
+                f"another user; run the command as that user, or pass --dsn / set TASKQ_DSN "
+                f"to use another server"
+            ) from None
         except (ValueError, OSError) as exc:
             problem = " ".join(str(exc).split())[:160] or type(exc).__name__
         try:
@@ -159,8 +168,10 @@ def _read_postmaster_pid(pgdata: Path) -> Any:
 def _written_within(path: Path, seconds: float) -> bool:
     try:
         age = time.time() - path.stat().st_mtime  # noqa: TID251 - a file's age: wall time
-    except OSError:  # removed meanwhile: read it (or its absence) again
+    except FileNotFoundError:  # removed meanwhile: read it (or its absence) again
         return True
+    except OSError:  # not to be known by waiting
+        return False
     return age < seconds
 
 

@@ -163,6 +163,32 @@ def test_the_sync_clients_sslmode_is_read_as_libpq_reads_it(
     assert not isinstance(info.value, BackendUnavailableError)
 
 
+async def test_the_backends_sslmode_is_read_from_the_service_its_dsn_names(
+    pg_database_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # asyncpg connects with the sslmode of the service a URL's query names: read from the
+    # query alone, a service's sslmode=require met by a server without SSL said "does not
+    # answer as PostgreSQL (wrong port?)", and a worker's start waited it out as an outage.
+    import asyncpg
+
+    from taskq.worker.cli import _unreachable
+
+    conn = await asyncpg.connect(pg_database_dsn)
+    try:
+        if await conn.fetchval("SHOW ssl") == "on":
+            pytest.skip("this server offers SSL")
+    finally:
+        await conn.close()
+    monkeypatch.setenv("PGSSLMODE", "disable")  # ranked below the service's
+    services = tmp_path / "pg_service.conf"
+    services.write_text("[tq]\nsslmode=require\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(services))
+    with pytest.raises(ConfigurationError, match="requires SSL") as info:
+        await PostgresBackend(f"{pg_database_dsn}?service=tq").open()
+    assert not isinstance(info.value, BackendUnavailableError)
+    assert _unreachable(info.value) is None  # not retried at a worker's start
+
+
 @pytest.fixture
 def not_postgres() -> Iterator[int]:
     """The port of a TCP server on 127.0.0.1 that is no PostgreSQL: it answers whatever

@@ -26,6 +26,7 @@ import asyncpg
 
 from taskq._dsn import ports_read, redact
 from taskq.errors import ConfigurationError, TaskQError
+from taskq_postgres._service import service_settings
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -240,16 +241,21 @@ _SERVER_AT: Final = re.compile(
 
 
 def _ssl_required(dsn: str, sslmode: str | None = None) -> bool:
-    """Whether ``dsn`` (its ``sslmode`` query parameter, else ``PGSSLMODE``, as both
-    drivers read them; the last of several wins), or the ``sslmode`` its driver read
-    (given when known), refuses a connection without SSL."""
+    """Whether ``dsn`` (its ``sslmode`` query parameter, else the one of the service its
+    query names, else ``PGSSLMODE``, as asyncpg reads them; the last of several wins), or
+    the ``sslmode`` its driver read (given when known), refuses a connection without SSL."""
     mode = sslmode
     if mode is None:
         try:
-            given = parse_qs(urlsplit(dsn).query).get("sslmode")
+            query = parse_qs(urlsplit(dsn).query)
         except ValueError:
-            given = None
-        mode = given[-1] if given else os.environ.get("PGSSLMODE", "")
+            query = {}
+        given = query.get("sslmode")
+        services = query.get("service")
+        from_service = service_settings({"service": services[-1]}) if services else {}
+        mode = (
+            given[-1] if given else from_service.get("sslmode") or os.environ.get("PGSSLMODE", "")
+        )
     return mode.strip().lower().replace("_", "-") in _SSL_REQUIRED
 
 

@@ -98,6 +98,24 @@ async def test_a_server_wide_setting_in_the_dsn_is_a_configuration_error(
         await backend.open()
 
 
+@pytest.mark.parametrize("around", [("", " "), ("", " \n"), ("\t", " \r\n")])
+async def test_whitespace_around_a_dsn_is_left_out_of_the_backends(
+    pg_schema: PgSchema, around: tuple[str, str]
+) -> None:
+    # A secret's trailing space went into the database name ('database "... " does not
+    # exist', an outage a worker's start waited out), where SyncJobsClient leaves it out.
+    before, after = around
+    dsn = f"{before}{pg_schema.dsn}{after}"
+    backend = PostgresBackend(dsn, schema=pg_schema.name, direct_dsn=dsn)
+    await backend.open()
+    try:
+        assert backend.dsn == backend.direct_dsn == pg_schema.dsn
+        assert not backend.behind_pooler
+        await backend.enqueue(EnqueueArgs(actor="a", payload={}))
+    finally:
+        await backend.close()
+
+
 async def test_an_unreachable_server_is_a_one_line_backend_unavailable_error() -> None:
     backend = PostgresBackend(
         "postgresql://postgres:secret@127.0.0.1:1/taskq", connect_timeout=timedelta(seconds=2)

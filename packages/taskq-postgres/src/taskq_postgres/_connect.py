@@ -65,7 +65,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 def check_dsn(dsn: str) -> str:
-    """Refuse a DSN that cannot work, before any connection is tried."""
+    """Refuse a DSN that cannot work, before any connection is tried; return it without
+    the whitespace around it (a secret's trailing newline or space, which the drivers
+    read into the database name: 'database "app " does not exist')."""
+    if isinstance(dsn, str):
+        dsn = dsn.strip()
     if not isinstance(dsn, str) or not dsn:
         raise ConfigurationError(
             "PostgresBackend needs a DSN such as postgresql://USER:PASSWORD@HOST:PORT/DATABASE"

@@ -88,6 +88,22 @@ async def test_a_dsn_asyncpg_rejects_is_a_configuration_error_at_open() -> None:
     assert "\n" not in message and "secret" not in message and "***" in message
 
 
+@pytest.mark.parametrize("query", ["connect_timeout=10", "hostaddr=127.0.0.1"])
+async def test_a_libpq_parameter_asyncpg_sends_as_a_setting_is_a_configuration_error(
+    pg_schema: PgSchema, query: str
+) -> None:
+    # asyncpg sends a query parameter it does not read as a server setting, refused
+    # (42704) at every try: it was an outage's BackendUnavailableError.
+    from taskq.worker.cli import _unreachable
+
+    backend = PostgresBackend(f"{pg_schema.dsn}?{query}", schema=pg_schema.name)
+    name = query.partition("=")[0]
+    with pytest.raises(ConfigurationError, match=f"{name}.*asyncpg sends") as info:
+        await backend.open()
+    assert not isinstance(info.value, BackendUnavailableError)
+    assert _unreachable(info.value) is None
+
+
 async def test_a_server_wide_setting_in_the_dsn_is_a_configuration_error(
     pg_schema: PgSchema,
 ) -> None:

@@ -99,6 +99,22 @@ def test_stop_ends_the_server_and_keeps_its_data(project: Path) -> None:
     assert restarted.stdout.strip() == "schema taskq is up to date"
 
 
+def test_a_start_replaces_a_short_postmaster_pid_whose_process_is_gone(project: Path) -> None:
+    # Left by an initdb or a start that failed: taken as stale (no server runs), but
+    # the start then failed on pgserver's reading of it, a bare line-count assertion.
+    assert taskq("migrate", cwd=project).returncode == 0
+    assert taskq("embedded", "stop", cwd=project).returncode == 0
+    pid_file = project / ".taskq" / "pgdata" / "postmaster.pid"
+    pid_file.write_text("-999999999\n/x\n")
+    os.utime(pid_file, (1_700_000_000, 1_700_000_000))
+
+    restarted = taskq("migrate", cwd=project)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "started an embedded PostgreSQL" in restarted.stderr
+    assert restarted.stdout.strip() == "schema taskq is up to date"
+    assert _status(project)["running"] is True
+
+
 def test_a_postmaster_pid_naming_another_process_is_refused_not_signalled(
     tmp_path: Path,
 ) -> None:

@@ -165,6 +165,30 @@ def _read_postmaster_pid(pgdata: Path) -> Any:
         time.sleep(0.05)
 
 
+def _remove_stale_pid_file(pgdata: Path) -> None:
+    """Remove ``pgdata``'s ``postmaster.pid`` that pgserver cannot parse (short: left by
+    an initdb or a start that failed) and whose pid is gone, as PostgreSQL's start would:
+    pgserver's own reading of it failed the start with a bare line-count assertion.
+    Under pgserver's lock, which every start through it holds, so no server or initdb
+    is writing it meanwhile."""
+    from pgserver.postgres_server import PostgresServer
+    from pgserver.utils import PostmasterInfo
+
+    pid_file = pgdata / "postmaster.pid"
+    with PostgresServer._lock:
+        try:
+            PostmasterInfo.read_from_pgdata(pgdata)
+            return  # none, or one pgserver reads (and PostgreSQL replaces when stale)
+        except (AssertionError, ValueError, OSError):
+            pass
+        try:
+            named = abs(int(pid_file.read_text().split("\n", 1)[0]))
+        except (OSError, ValueError):
+            return  # no pid to judge by: find_running said what to do with it
+        if named > 0 and not _alive(named):
+            pid_file.unlink(missing_ok=True)
+
+
 def _written_within(path: Path, seconds: float) -> bool:
     try:
         age = time.time() - path.stat().st_mtime  # noqa: TID251 - a file's age: wall time
@@ -213,6 +237,8 @@ def default_dsn(base: Path | None = None) -> str | None:
         with _quiet_runtime_dir():
             from pgserver.postgres_server import get_server
 
+            if not already_running:
+                _remove_stale_pid_file(pgdata)
             # cleanup_mode=None: leave the server running when this process exits.
             dsn = get_server(pgdata, cleanup_mode=None).get_uri()
     except (OSError, subprocess.SubprocessError, RuntimeError, AssertionError) as exc:

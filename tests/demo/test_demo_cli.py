@@ -158,6 +158,33 @@ async def test_a_blip_while_counting_finished_jobs_does_not_end_the_demo() -> No
     ]
 
 
+async def test_a_bug_while_counting_finished_jobs_is_not_taken_for_a_blip() -> None:
+    # asyncpg's InterfaceError is transient, but a plugin calls "another operation is in
+    # progress" the calling code's fault: each look swallowed it, as the worker would
+    # retry it, where a command shows it with its traceback.
+    from typing import Any
+
+    import asyncpg
+
+    from taskq.cli._demo_cmd import _ProgressLine, _watch
+    from taskq.models import JobFilter
+
+    class BusyClient:
+        calls = 0
+
+        async def list_jobs(self, filters: JobFilter) -> list[Any]:
+            self.calls += 1
+            if self.calls > 1:
+                raise LookupError("looked again: the bug was swallowed")
+            raise asyncpg.InterfaceError(
+                "cannot perform operation: another operation is in progress"
+            )
+
+    progress = _ProgressLine(io.StringIO(), 300)
+    with pytest.raises(asyncpg.InterfaceError, match="another operation"):
+        await _watch(BusyClient(), JobFilter(), progress)  # type: ignore[arg-type]
+
+
 def test_ctrl_c_before_the_worker_starts_is_said_in_one_line(tmp_path: Path) -> None:
     from tests.demo._support import taskq_interrupted_while_enqueueing
 

@@ -99,6 +99,22 @@ def test_stop_ends_the_server_and_keeps_its_data(project: Path) -> None:
     assert restarted.stdout.strip() == "schema taskq is up to date"
 
 
+def test_a_start_replaces_a_short_postmaster_pid_whose_process_is_gone(project: Path) -> None:
+    # Left by an initdb or a start that failed: taken as stale (no server runs), but
+    # the start then failed on pgserver's reading of it, a bare line-count assertion.
+    assert taskq("migrate", cwd=project).returncode == 0
+    assert taskq("embedded", "stop", cwd=project).returncode == 0
+    pid_file = project / ".taskq" / "pgdata" / "postmaster.pid"
+    pid_file.write_text("-999999999\n/x\n")
+    os.utime(pid_file, (1_700_000_000, 1_700_000_000))
+
+    restarted = taskq("migrate", cwd=project)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "started an embedded PostgreSQL" in restarted.stderr
+    assert restarted.stdout.strip() == "schema taskq is up to date"
+    assert _status(project)["running"] is True
+
+
 def test_a_postmaster_pid_naming_another_process_is_refused_not_signalled(
     tmp_path: Path,
 ) -> None:
@@ -157,6 +173,61 @@ def test_a_short_postmaster_pid_whose_process_is_gone_is_stale(
     os.utime(pid_file, (1_700_000_000, 1_700_000_000))
     assert find_running(tmp_path) is None
     assert stop(tmp_path) is None
+
+
+def test_a_short_postmaster_pid_left_long_ago_naming_a_live_process_is_not_waited_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its pid reused by another process (after a reboot): no server is writing it, and
+    # every command read it again for the whole wait before saying so.
+    from taskq_postgres import _embedded
+    from taskq_postgres._embedded import EmbeddedServerError, data_dir, find_running, stop
+
+    pgdata = data_dir(tmp_path)
+    pgdata.mkdir(parents=True)
+    pid_file = pgdata / "postmaster.pid"
+    pid_file.write_text(f"{os.getpid()}\n{pgdata}\n1700000000\n")
+    os.utime(pid_file, (1_700_000_000, 1_700_000_000))
+
+    def read_again(seconds: float) -> None:
+        raise AssertionError("a file no server is writing was read again")
+
+    monkeypatch.setattr(_embedded.time, "sleep", read_again)
+    for call in (find_running, stop):
+        with pytest.raises(EmbeddedServerError, match=r"postmaster.pid cannot be read .* delete"):
+            call(tmp_path)
+
+
+def test_a_postmaster_pid_this_user_may_not_read_is_said_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another user's server (pgdata theirs, 0700): every command read the file again for
+    # the whole wait, then said to delete it, of a server that runs.
+    from taskq_postgres import _embedded
+    from taskq_postgres._embedded import EmbeddedServerError, data_dir, find_running
+
+    pgdata = data_dir(tmp_path)
+    pgdata.mkdir(parents=True)
+    pid_file = pgdata / "postmaster.pid"
+    pid_file.write_text(f"{os.getpid()}\n{pgdata}\n")
+    stat, read_text = Path.stat, Path.read_text
+
+    def refused(method: Callable[..., object]) -> Callable[..., object]:
+        def call(self: Path, *args: object, **kwargs: object) -> object:
+            if self == pid_file:  # as a user outside pgdata's 0700 finds it (root is not)
+                raise PermissionError(13, "Permission denied", str(self))
+            return method(self, *args, **kwargs)
+
+        return call
+
+    def read_again(seconds: float) -> None:
+        raise AssertionError("a file this user cannot read was read again")
+
+    monkeypatch.setattr(Path, "stat", refused(stat))
+    monkeypatch.setattr(Path, "read_text", refused(read_text))
+    monkeypatch.setattr(_embedded.time, "sleep", read_again)
+    with pytest.raises(EmbeddedServerError, match=r"cannot be read as this user .* another user"):
+        find_running(tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,22 @@ async def test_a_dsn_asyncpg_rejects_is_a_configuration_error_at_open() -> None:
     assert "\n" not in message and "secret" not in message and "***" in message
 
 
+@pytest.mark.parametrize("query", ["connect_timeout=10", "hostaddr=127.0.0.1"])
+async def test_a_libpq_parameter_asyncpg_sends_as_a_setting_is_a_configuration_error(
+    pg_schema: PgSchema, query: str
+) -> None:
+    # asyncpg sends a query parameter it does not read as a server setting, refused
+    # (42704) at every try: it was an outage's BackendUnavailableError.
+    from taskq.worker.cli import _unreachable
+
+    backend = PostgresBackend(f"{pg_schema.dsn}?{query}", schema=pg_schema.name)
+    name = query.partition("=")[0]
+    with pytest.raises(ConfigurationError, match=f"{name}.*asyncpg sends") as info:
+        await backend.open()
+    assert not isinstance(info.value, BackendUnavailableError)
+    assert _unreachable(info.value) is None
+
+
 async def test_a_server_wide_setting_in_the_dsn_is_a_configuration_error(
     pg_schema: PgSchema,
 ) -> None:
@@ -98,6 +114,24 @@ async def test_a_server_wide_setting_in_the_dsn_is_a_configuration_error(
     backend = PostgresBackend(f"{pg_schema.dsn}?shared_buffers=64MB", schema=pg_schema.name)
     with pytest.raises(ConfigurationError, match="shared_buffers.*remove it from the DSN"):
         await backend.open()
+
+
+@pytest.mark.parametrize("around", [("", " "), ("", " \n"), ("\t", " \r\n")])
+async def test_whitespace_around_a_dsn_is_left_out_of_the_backends(
+    pg_schema: PgSchema, around: tuple[str, str]
+) -> None:
+    # A secret's trailing space went into the database name ('database "... " does not
+    # exist', an outage a worker's start waited out), where SyncJobsClient leaves it out.
+    before, after = around
+    dsn = f"{before}{pg_schema.dsn}{after}"
+    backend = PostgresBackend(dsn, schema=pg_schema.name, direct_dsn=dsn)
+    await backend.open()
+    try:
+        assert backend.dsn == backend.direct_dsn == pg_schema.dsn
+        assert not backend.behind_pooler
+        await backend.enqueue(EnqueueArgs(actor="a", payload={}))
+    finally:
+        await backend.close()
 
 
 async def test_an_unreachable_server_is_a_one_line_backend_unavailable_error() -> None:
@@ -163,6 +197,32 @@ def test_the_sync_clients_sslmode_is_read_as_libpq_reads_it(
     with pytest.raises(ConfigurationError, match="requires SSL") as info:
         SyncJobsClient(dsn, actors=[])
     assert not isinstance(info.value, BackendUnavailableError)
+
+
+async def test_the_backends_sslmode_is_read_from_the_service_its_dsn_names(
+    pg_database_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # asyncpg connects with the sslmode of the service a URL's query names: read from the
+    # query alone, a service's sslmode=require met by a server without SSL said "does not
+    # answer as PostgreSQL (wrong port?)", and a worker's start waited it out as an outage.
+    import asyncpg
+
+    from taskq.worker.cli import _unreachable
+
+    conn = await asyncpg.connect(pg_database_dsn)
+    try:
+        if await conn.fetchval("SHOW ssl") == "on":
+            pytest.skip("this server offers SSL")
+    finally:
+        await conn.close()
+    monkeypatch.setenv("PGSSLMODE", "disable")  # ranked below the service's
+    services = tmp_path / "pg_service.conf"
+    services.write_text("[tq]\nsslmode=require\n")
+    monkeypatch.setenv("PGSERVICEFILE", str(services))
+    with pytest.raises(ConfigurationError, match="requires SSL") as info:
+        await PostgresBackend(f"{pg_database_dsn}?service=tq").open()
+    assert not isinstance(info.value, BackendUnavailableError)
+    assert _unreachable(info.value) is None  # not retried at a worker's start
 
 
 @pytest.fixture

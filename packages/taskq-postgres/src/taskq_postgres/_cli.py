@@ -117,7 +117,7 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
     from taskq_postgres._transient import client_fault
 
     try:  # the check the other commands make: asyncpg leaks bare errors (a port's range)
-        check_dsn(dsn)
+        dsn = check_dsn(dsn)
         # The backend's translation: a timeout said nothing after "cannot connect ...:".
         with translated_errors(dsn):
             # A session setting no pooler passes: a transaction-mode pooler (PgBouncer)

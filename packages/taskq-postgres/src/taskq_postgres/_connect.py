@@ -26,6 +26,7 @@ import asyncpg
 
 from taskq._dsn import ports_read, redact
 from taskq.errors import ConfigurationError, TaskQError
+from taskq_postgres._service import service_settings
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -65,7 +66,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 def check_dsn(dsn: str) -> str:
-    """Refuse a DSN that cannot work, before any connection is tried."""
+    """Refuse a DSN that cannot work, before any connection is tried; return it without
+    the whitespace around it (a secret's trailing newline or space, which the drivers
+    read into the database name: 'database "app " does not exist')."""
+    if isinstance(dsn, str):
+        dsn = dsn.strip()
     if not isinstance(dsn, str) or not dsn:
         raise ConfigurationError(
             "PostgresBackend needs a DSN such as postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
@@ -281,16 +286,21 @@ _SERVER_AT: Final = re.compile(
 
 
 def _ssl_required(dsn: str, sslmode: str | None = None) -> bool:
-    """Whether ``dsn`` (its ``sslmode`` query parameter, else ``PGSSLMODE``, as both
-    drivers read them; the last of several wins), or the ``sslmode`` its driver read
-    (given when known), refuses a connection without SSL."""
+    """Whether ``dsn`` (its ``sslmode`` query parameter, else the one of the service its
+    query names, else ``PGSSLMODE``, as asyncpg reads them; the last of several wins), or
+    the ``sslmode`` its driver read (given when known), refuses a connection without SSL."""
     mode = sslmode
     if mode is None:
         try:
-            given = parse_qs(urlsplit(dsn).query).get("sslmode")
+            query = parse_qs(urlsplit(dsn).query)
         except ValueError:
-            given = None
-        mode = given[-1] if given else os.environ.get("PGSSLMODE", "")
+            query = {}
+        given = query.get("sslmode")
+        services = query.get("service")
+        from_service = service_settings({"service": services[-1]}) if services else {}
+        mode = (
+            given[-1] if given else from_service.get("sslmode") or os.environ.get("PGSSLMODE", "")
+        )
     return mode.strip().lower().replace("_", "-") in _SSL_REQUIRED
 
 
@@ -365,6 +375,20 @@ def translated_errors(
                 f"cannot connect to PostgreSQL at {redact(dsn)}: the server refuses a "
                 f"setting sent at connect ({_one_line(exc)}): a server-wide setting "
                 f"cannot be given per session; remove it from the DSN's options"
+            ) from None
+        if isinstance(exc, asyncpg.exceptions.UndefinedObjectError):
+            # 42704 at connect: a query parameter asyncpg does not read (libpq's
+            # connect_timeout, hostaddr) is sent as a server setting, which the server
+            # refuses at every try; it was said as an outage.
+            hint = (
+                "give it as PostgresBackend(connect_timeout=...) instead"
+                if "connect_timeout" in said
+                else "remove it from the DSN"
+            )
+            raise ConfigurationError(
+                f"cannot connect to PostgreSQL at {redact(dsn)}: the server knows no setting "
+                f"the DSN's query gives ({_one_line(exc)}): asyncpg sends a query parameter it "
+                f"does not read itself as a server setting; {hint}"
             ) from None
         if _POOLER_REFUSED in said:
             # Not an outage either: the same settings are refused at every try.

@@ -116,12 +116,12 @@ def _read_postmaster_pid(pgdata: Path) -> Any:
 
     A server that is starting writes the file in steps, and while ``initdb`` runs, each
     of its single-user backends writes one of its own (its pid negated) and removes it;
-    a reading in between finds it empty or short. So a file that its writer (alive) may
-    still complete, or that was written within the last seconds, is read again, for a
-    while. One whose pid is gone is stale, as PostgreSQL takes it (a start replaces it):
-    None, no server runs (an initdb that failed left one behind). One that stays
-    unreadable is ``EmbeddedServerError`` (pgserver's own parse failed with a bare
-    traceback, and PostgreSQL refuses to start over a file with no pid).
+    a reading in between finds it empty or short. So a file written within the last
+    seconds is read again, for a while. One whose pid is gone is stale, as PostgreSQL
+    takes it (a start replaces it): None, no server runs (an initdb that failed left one
+    behind). One that stays unreadable is ``EmbeddedServerError`` (pgserver's own parse
+    failed with a bare traceback, and PostgreSQL refuses to start over a file with no
+    pid).
     """
     with _quiet_runtime_dir():
         from pgserver.utils import PostmasterInfo
@@ -133,6 +133,15 @@ def _read_postmaster_pid(pgdata: Path) -> Any:
             return PostmasterInfo.read_from_pgdata(pgdata)
         except AssertionError:  # pgserver's check of the line count
             problem = "it lacks lines a running server's file has"
+        except PermissionError as exc:
+            # Another user's server (started with sudo, pgdata theirs): no reading again
+            # makes it readable, and deleting the file is not the fix.
+            raise EmbeddedServerError(
+                f"{SHOWN_DIR}pgdata/postmaster.pid cannot be read as this user "
+                f"({exc.strerror}): the embedded PostgreSQL under {SHOWN_DIR} belongs to "
+                f"another user; run the command as that user, or pass --dsn / set TASKQ_DSN "
+                f"to use another server"
+            ) from None
         except (ValueError, OSError) as exc:
             problem = " ".join(str(exc).split())[:160] or type(exc).__name__
         try:
@@ -143,7 +152,10 @@ def _read_postmaster_pid(pgdata: Path) -> Any:
             named = 0
         if named > 0 and not _alive(named):
             return None
-        being_written = named > 0 or _written_within(pid_file, _STARTING_WAIT_SECONDS)
+        # Only a file written lately: a server, or initdb's backend, adds its lines within
+        # moments of the first. A live pid alone is no sign, a stale file's pid reused by
+        # another process (after a reboot) waited out the whole wait in every command.
+        being_written = _written_within(pid_file, _STARTING_WAIT_SECONDS)
         if not being_written or time.monotonic() > deadline:
             raise EmbeddedServerError(
                 f"{SHOWN_DIR}pgdata/postmaster.pid cannot be read ({problem}): left incomplete "
@@ -153,11 +165,37 @@ def _read_postmaster_pid(pgdata: Path) -> Any:
         time.sleep(0.05)
 
 
+def _remove_stale_pid_file(pgdata: Path) -> None:
+    """Remove ``pgdata``'s ``postmaster.pid`` that pgserver cannot parse (short: left by
+    an initdb or a start that failed) and whose pid is gone, as PostgreSQL's start would:
+    pgserver's own reading of it failed the start with a bare line-count assertion.
+    Under pgserver's lock, which every start through it holds, so no server or initdb
+    is writing it meanwhile."""
+    from pgserver.postgres_server import PostgresServer
+    from pgserver.utils import PostmasterInfo
+
+    pid_file = pgdata / "postmaster.pid"
+    with PostgresServer._lock:
+        try:
+            PostmasterInfo.read_from_pgdata(pgdata)
+            return  # none, or one pgserver reads (and PostgreSQL replaces when stale)
+        except (AssertionError, ValueError, OSError):
+            pass
+        try:
+            named = abs(int(pid_file.read_text().split("\n", 1)[0]))
+        except (OSError, ValueError):
+            return  # no pid to judge by: find_running said what to do with it
+        if named > 0 and not _alive(named):
+            pid_file.unlink(missing_ok=True)
+
+
 def _written_within(path: Path, seconds: float) -> bool:
     try:
         age = time.time() - path.stat().st_mtime  # noqa: TID251 - a file's age: wall time
-    except OSError:  # removed meanwhile: read it (or its absence) again
+    except FileNotFoundError:  # removed meanwhile: read it (or its absence) again
         return True
+    except OSError:  # not to be known by waiting
+        return False
     return age < seconds
 
 
@@ -199,6 +237,8 @@ def default_dsn(base: Path | None = None) -> str | None:
         with _quiet_runtime_dir():
             from pgserver.postgres_server import get_server
 
+            if not already_running:
+                _remove_stale_pid_file(pgdata)
             # cleanup_mode=None: leave the server running when this process exits.
             dsn = get_server(pgdata, cleanup_mode=None).get_uri()
     except (OSError, subprocess.SubprocessError, RuntimeError, AssertionError) as exc:

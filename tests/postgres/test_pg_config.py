@@ -90,7 +90,7 @@ async def test_a_dsn_asyncpg_rejects_is_a_configuration_error_at_open() -> None:
     assert "\n" not in message and "secret" not in message and "***" in message
 
 
-@pytest.mark.parametrize("query", ["connect_timeout=10", "hostaddr=127.0.0.1"])
+@pytest.mark.parametrize("query", ["hostaddr=127.0.0.1", "keepalives_idel=1"])
 async def test_a_libpq_parameter_asyncpg_sends_as_a_setting_is_a_configuration_error(
     pg_schema: PgSchema, query: str
 ) -> None:

@@ -378,17 +378,13 @@ def translated_errors(
             ) from None
         if isinstance(exc, asyncpg.exceptions.UndefinedObjectError):
             # 42704 at connect: a query parameter asyncpg does not read (libpq's
-            # connect_timeout, hostaddr) is sent as a server setting, which the server
-            # refuses at every try; it was said as an outage.
-            hint = (
-                "give it as PostgresBackend(connect_timeout=...) instead"
-                if "connect_timeout" in said
-                else "remove it from the DSN"
-            )
+            # hostaddr; connect_timeout is read here, libpq_connect_timeout) is sent as a
+            # server setting, which the server refuses at every try; it was said as an
+            # outage.
             raise ConfigurationError(
                 f"cannot connect to PostgreSQL at {redact(dsn)}: the server knows no setting "
                 f"the DSN's query gives ({_one_line(exc)}): asyncpg sends a query parameter it "
-                f"does not read itself as a server setting; {hint}"
+                f"does not read itself as a server setting; remove it from the DSN"
             ) from None
         if _POOLER_REFUSED in said:
             # Not an outage either: the same settings are refused at every try.

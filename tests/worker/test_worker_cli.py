@@ -529,6 +529,18 @@ def test_queues_given_as_a_json_list_are_those_queues() -> None:
         WorkerSettings.load({}, env={"TASKQ_QUEUES": "[a, b]"})
 
 
+def test_a_queue_named_with_brackets_is_still_a_queue() -> None:
+    # A queue's name may begin with "[" (@actor(queue="[batch]")): the JSON-list reading
+    # refused TASKQ_QUEUES='[batch]' and --queues '[batch]', which had named it.
+    env = {"TASKQ_QUEUES": "[batch], [low]"}
+    assert WorkerSettings.load({}, env=env).queues == ["[batch]", "[low]"]
+    assert WorkerSettings.load({"queues": "[batch]"}, env={}).queues == ["[batch]"]
+    assert WorkerSettings.load({}, env={"TASKQ_QUEUES": '["[batch]"]'}).queues == ["[batch]"]
+    for cut in ('["a", "b"', '["a" "b"]'):
+        with pytest.raises(SettingsError, match="expected names separated by commas"):
+            WorkerSettings.load({}, env={"TASKQ_QUEUES": cut})
+
+
 def test_a_negative_duration_is_said_to_be_negative() -> None:
     # It read "expected a duration such as 30, 0.5, 500ms ...", as for a typo.
     with pytest.raises(SettingsError, match="TASKQ_LOCK_LEASE.*must not be negative, got '-5s'"):

@@ -282,7 +282,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from taskq.logs import configure_logging, route_stdlib_logging
     from taskq.settings import WorkerSettings
 
-    configure_logging()
+    try:
+        configure_logging()
+    except ConfigurationError as exc:  # TASKQ_LOG_LEVEL
+        print(f"taskq-worker: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     args = build_parser().parse_args(argv)
     # Until the event loop's handlers (importing the app can take seconds), their
     # default action ended the process: a credential rotation's SIGHUP killed a worker

@@ -788,6 +788,21 @@ def test_an_error_that_cannot_heal_fails_at_once_without_waiting(
     ]
 
 
+def test_a_read_only_server_fails_the_start_at_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ReadOnlyDatabaseError is transient for a worker's loops (a provider's disk full):
+    # a start (--migrate on a standby) took it for a server not up yet, said it was
+    # unreachable and waited startup_wait before saying what it was.
+    from taskq_postgres import ReadOnlyDatabaseError
+
+    refused = ReadOnlyDatabaseError("the database refused a write: point the DSN at the primary")
+    code, opens, warnings = _start_late(monkeypatch, 100, refused, "30s")
+    assert (code, opens, warnings) == (1, 1, [])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"taskq-worker: error: {refused}"]
+
+
 def test_a_worker_gives_up_after_startup_wait(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

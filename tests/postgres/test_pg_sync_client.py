@@ -34,6 +34,7 @@ from taskq.models import EnqueueArgs, JobFilter, JobRow, JobStatus
 from taskq_postgres import (
     BackendUnavailableError,
     PostgresBackend,
+    ReadOnlyDatabaseError,
     SyncJobsClient,
     TransactionAbortedError,
     wake_channel,
@@ -578,6 +579,26 @@ def test_a_closed_client_says_so(pg_pooled_schema: PgSchema) -> None:
         client.enqueue(item, {"n": 1})
 
 
+def test_a_read_only_server_refusing_the_write_is_read_only_database_error(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # As PostgresBackend raises it (a standby, default_transaction_read_only): the sync
+    # client raised psycopg's ReadOnlySqlTransaction, which said nothing of what to do.
+    separator = "&" if "?" in pg_pooled_schema.dsn else "?"
+    read_only = f"{pg_pooled_schema.dsn}{separator}options=-c%20default_transaction_read_only%3Don"
+    with (
+        SyncJobsClient(read_only, actors=ACTORS, schema=pg_pooled_schema.name) as client,
+        pytest.raises(ReadOnlyDatabaseError) as info,
+    ):
+        client.enqueue(item, {"n": 1})
+    message = str(info.value)
+    assert "cannot execute INSERT in a read-only transaction" in message
+    assert message.endswith(
+        "point the DSN (--dsn, TASKQ_DSN) at the primary, or have the setting reset"
+    )
+    assert _stored(pg_pooled_schema) == []
+
+
 @pytest.mark.parametrize("told_by", ["argument", "environment"])
 def test_poll_only_sends_no_wake(
     pg_pooled_schema: PgSchema, monkeypatch: pytest.MonkeyPatch, told_by: str
@@ -702,7 +723,7 @@ def test_the_dsns_own_session_options_are_kept(
             target = pg_pooled_schema.dsn
         with (
             SyncJobsClient(target, actors=ACTORS, schema=pg_pooled_schema.name) as client,
-            pytest.raises(psycopg.errors.ReadOnlySqlTransaction),
+            pytest.raises(ReadOnlyDatabaseError),
         ):
             client.enqueue(item, {"n": 1})
     assert _stored(pg_pooled_schema) == []
@@ -721,7 +742,7 @@ def test_the_services_session_options_are_kept_over_pgoptions(
     dsn = make_conninfo(pg_pooled_schema.dsn, service="tq")
     with (
         SyncJobsClient(dsn, actors=ACTORS, schema=pg_pooled_schema.name) as client,
-        pytest.raises(psycopg.errors.ReadOnlySqlTransaction),
+        pytest.raises(ReadOnlyDatabaseError),
     ):
         client.enqueue(item, {"n": 1})
     assert _stored(pg_pooled_schema) == []

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from taskq_postgres._connect import read_watch, readable
+from taskq_postgres._privileges import ReadOnlyDatabaseError
 
-__all__ = ["BoundedPool", "PinnedConnection"]
+__all__ = ["BoundedPool", "PinnedConnection", "ended_if_read_only"]
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -98,7 +99,7 @@ class BoundedPool:
         if budget is None:
             conn = await _acquire(self.pool, None)
             try:
-                with _ended_if_read_only(conn):
+                with ended_if_read_only(conn):
                     yield conn
             finally:
                 await self.pool.release(conn)
@@ -107,7 +108,7 @@ class BoundedPool:
         conn = await _acquire(self.pool, deadline)
         with _closed_at(conn, deadline, budget):
             try:
-                with _ended_if_read_only(conn):
+                with ended_if_read_only(conn):
                     yield conn
             finally:
                 # Inside the deadline: should asyncpg's own statement timeout fire first,
@@ -167,13 +168,13 @@ class BoundedPool:
             # A restart ends every pooled connection: at worst each is replaced in turn.
             for _ in range(self.pool.get_max_size()):
                 try:
-                    with _ended_if_read_only(conn):
+                    with ended_if_read_only(conn):
                         return await _call(conn, method, query, args, deadline)
                 except asyncpg.InternalClientError as exc:
                     if not _unsent(exc):
                         raise
                 conn = await _replaced(self.pool, conn, deadline)
-            with _ended_if_read_only(conn):
+            with ended_if_read_only(conn):
                 return await _call(conn, method, query, args, deadline)
         finally:
             await _release(self.pool, conn, deadline)
@@ -188,7 +189,7 @@ async def _call(
 
 
 @contextmanager
-def _ended_if_read_only(conn: Proxy) -> Iterator[None]:
+def ended_if_read_only(conn: Proxy) -> Iterator[None]:
     """Close ``conn`` when a statement on it meets a read-only session (25006), which
     hands it back to the pool to be replaced: the error is transient, and the retry
     needs a new session.
@@ -201,7 +202,9 @@ def _ended_if_read_only(conn: Proxy) -> Iterator[None]:
     """
     try:
         yield
-    except asyncpg.ReadOnlySQLTransactionError:
+    except (asyncpg.ReadOnlySQLTransactionError, ReadOnlyDatabaseError):
+        # The latter: the same, as a backend method said it inside a lent connection's
+        # block (PostgresBackend.connection).
         conn.terminate()
         raise
 
@@ -373,7 +376,7 @@ class PinnedConnection:
     async def _call(
         self, conn: Proxy, method: str, query: str, args: tuple[Any, ...], deadline: float | None
     ) -> Any:
-        with _ended_if_read_only(conn):
+        with ended_if_read_only(conn):
             if self._prepared and method == "fetchrow":
                 return await self._fetchrow_prepared(conn, query, args, deadline)
             return await _call(conn, method, query, args, deadline)

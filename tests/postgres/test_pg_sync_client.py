@@ -40,7 +40,7 @@ from taskq_postgres import (
     wake_channel,
 )
 from taskq_postgres._enqueue import singleton_lock_key
-from taskq_testing.postgres import PgSchema
+from taskq_testing.postgres import PgSchema, migrated_schema, throwaway_database
 
 pytestmark = pytest.mark.postgres
 
@@ -597,6 +597,26 @@ def test_a_read_only_server_refusing_the_write_is_read_only_database_error(
         "point the DSN (--dsn, TASKQ_DSN) at the primary, or have the setting reset"
     )
     assert _stored(pg_pooled_schema) == []
+
+
+def test_a_session_begun_read_only_is_replaced_after_its_refusal() -> None:
+    # A provider sets default_transaction_read_only while its disk is full and resets it
+    # once there is space: the client's session, begun read-only, stays so, and every
+    # enqueue failed until the process restarted. (A database of its own: the setting
+    # would reach every other test's sessions.)
+    with throwaway_database() as dsn, migrated_schema(dsn) as schema:
+        base, _, name = dsn.rpartition("/")
+        with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+            try:
+                client = SyncJobsClient(dsn, actors=ACTORS, schema=schema.name)
+            finally:
+                admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+        with client:
+            with pytest.raises(ReadOnlyDatabaseError):
+                client.enqueue(item, {"n": 1})
+            row = client.enqueue(item, {"n": 2})
+        assert _stored(schema, row.id) == [row]
 
 
 @pytest.mark.parametrize("told_by", ["argument", "environment"])

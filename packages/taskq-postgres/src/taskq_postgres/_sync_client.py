@@ -515,6 +515,12 @@ class SyncJobsClient:
                     raise self._refused(exc) from exc
                 except psycopg.errors.ReadOnlySqlTransaction as exc:
                     # As PostgresBackend says it: a standby, or default_transaction_read_only.
+                    if self._dsn is not None:
+                        # Replaced at the next call, as the backend's pool replaces one: a
+                        # session keeps the read-only default it began with, and every
+                        # enqueue failed after the setting's reset (a provider's, once its
+                        # disk has space) until the process restarted.
+                        self._conn.close()
                     raise read_only_error(exc, dsn=self._dsn) from exc
 
     def _where(self) -> _Where:

@@ -7,6 +7,7 @@ import asyncio
 from datetime import UTC, datetime
 from uuid import uuid4
 
+import pytest
 import structlog
 
 from taskq import JobStatus
@@ -226,9 +227,29 @@ logging.getLogger("asyncpg").warning("a library's warning")
     ]
     assert events("error") == ["taskq.an-error-line"]
     assert events("") == ["taskq.an-info-line", "taskq.an-error-line", "a library's warning"]
-    assert events("verbose") == [
-        "taskq.unknown-log-level",
-        "taskq.an-info-line",
-        "taskq.an-error-line",
-        "a library's warning",
-    ]
+
+
+@pytest.mark.parametrize("script", ["taskq-worker", "taskq"])
+def test_an_invalid_taskq_log_level_is_an_error_at_start_up_naming_it(script: str) -> None:
+    # As an invalid setting is: a warning and info went unseen by whoever asked for the
+    # warning (or error) lines alone, and the command ran on at a level not asked for.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "TASKQ_LOG_LEVEL": "verbose"}
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / script), "--help"],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 1, done
+    assert done.stdout == ""
+    assert done.stderr == (
+        f"{script}: error: invalid setting TASKQ_LOG_LEVEL='verbose': expected one of debug, "
+        "info, warning, error, critical (in any case), or leave it unset for info\n"
+    )

@@ -428,6 +428,25 @@ async def test_a_read_only_server_is_said_not_blamed_on_the_file(
     ]
 
 
+async def test_a_read_only_server_is_said_for_a_schema_not_made_yet(
+    pg_database_dsn: str, tmp_path: Path
+) -> None:
+    # The first migration of a schema (taskq migrate, a worker's --migrate) on a standby
+    # said "cannot prepare schema ... for migrations" and the server's words alone, not
+    # what a file's refusal says: the server is read-only, point the DSN at the primary.
+    schema = unique_schema_name()
+    source = _source(tmp_path, {"01.00.00_01_pre_t.sql": "CREATE TABLE {schema}.t ();"})
+    separator = "&" if "?" in pg_database_dsn else "?"
+    read_only = f"{pg_database_dsn}{separator}default_transaction_read_only=on"
+    with pytest.raises(ReadOnlyDatabaseError) as info:
+        await migrate(read_only, schema, source=source)
+    message = str(info.value)
+    assert "cannot execute CREATE SCHEMA in a read-only transaction" in message
+    assert message.endswith("at the primary, or have the setting reset")
+    statuses = await migration_status(pg_database_dsn, schema, source=source)
+    assert [s.state for s in statuses] == ["pending"]
+
+
 async def test_no_transaction_directive_allows_concurrent_index(
     pg_database_dsn: str, tmp_path: Path
 ) -> None:

@@ -34,12 +34,13 @@ from taskq.models import EnqueueArgs, JobFilter, JobRow, JobStatus
 from taskq_postgres import (
     BackendUnavailableError,
     PostgresBackend,
+    ReadOnlyDatabaseError,
     SyncJobsClient,
     TransactionAbortedError,
     wake_channel,
 )
 from taskq_postgres._enqueue import singleton_lock_key
-from taskq_testing.postgres import PgSchema
+from taskq_testing.postgres import PgSchema, migrated_schema, throwaway_database
 
 pytestmark = pytest.mark.postgres
 
@@ -578,6 +579,46 @@ def test_a_closed_client_says_so(pg_pooled_schema: PgSchema) -> None:
         client.enqueue(item, {"n": 1})
 
 
+def test_a_read_only_server_refusing_the_write_is_read_only_database_error(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # As PostgresBackend raises it (a standby, default_transaction_read_only): the sync
+    # client raised psycopg's ReadOnlySqlTransaction, which said nothing of what to do.
+    separator = "&" if "?" in pg_pooled_schema.dsn else "?"
+    read_only = f"{pg_pooled_schema.dsn}{separator}options=-c%20default_transaction_read_only%3Don"
+    with (
+        SyncJobsClient(read_only, actors=ACTORS, schema=pg_pooled_schema.name) as client,
+        pytest.raises(ReadOnlyDatabaseError) as info,
+    ):
+        client.enqueue(item, {"n": 1})
+    message = str(info.value)
+    assert "cannot execute INSERT in a read-only transaction" in message
+    assert message.endswith(
+        "point the DSN (--dsn, TASKQ_DSN) at the primary, or have the setting reset"
+    )
+    assert _stored(pg_pooled_schema) == []
+
+
+def test_a_session_begun_read_only_is_replaced_after_its_refusal() -> None:
+    # A provider sets default_transaction_read_only while its disk is full and resets it
+    # once there is space: the client's session, begun read-only, stays so, and every
+    # enqueue failed until the process restarted. (A database of its own: the setting
+    # would reach every other test's sessions.)
+    with throwaway_database() as dsn, migrated_schema(dsn) as schema:
+        base, _, name = dsn.rpartition("/")
+        with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+            try:
+                client = SyncJobsClient(dsn, actors=ACTORS, schema=schema.name)
+            finally:
+                admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+        with client:
+            with pytest.raises(ReadOnlyDatabaseError):
+                client.enqueue(item, {"n": 1})
+            row = client.enqueue(item, {"n": 2})
+        assert _stored(schema, row.id) == [row]
+
+
 @pytest.mark.parametrize("told_by", ["argument", "environment"])
 def test_poll_only_sends_no_wake(
     pg_pooled_schema: PgSchema, monkeypatch: pytest.MonkeyPatch, told_by: str
@@ -702,7 +743,7 @@ def test_the_dsns_own_session_options_are_kept(
             target = pg_pooled_schema.dsn
         with (
             SyncJobsClient(target, actors=ACTORS, schema=pg_pooled_schema.name) as client,
-            pytest.raises(psycopg.errors.ReadOnlySqlTransaction),
+            pytest.raises(ReadOnlyDatabaseError),
         ):
             client.enqueue(item, {"n": 1})
     assert _stored(pg_pooled_schema) == []
@@ -721,7 +762,7 @@ def test_the_services_session_options_are_kept_over_pgoptions(
     dsn = make_conninfo(pg_pooled_schema.dsn, service="tq")
     with (
         SyncJobsClient(dsn, actors=ACTORS, schema=pg_pooled_schema.name) as client,
-        pytest.raises(psycopg.errors.ReadOnlySqlTransaction),
+        pytest.raises(ReadOnlyDatabaseError),
     ):
         client.enqueue(item, {"n": 1})
     assert _stored(pg_pooled_schema) == []

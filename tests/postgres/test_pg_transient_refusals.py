@@ -263,3 +263,31 @@ async def test_a_database_made_read_only_for_a_while_is_ridden_out(
     outcomes = [a.outcome for a in attempts]
     assert [o for o in outcomes if o != "unstarted"] == ["succeeded"], outcomes
     assert RUNS[job.id] == 1
+
+
+async def test_a_lent_connection_that_met_a_read_only_session_is_replaced(
+    own_database: PgSchema,
+) -> None:
+    # The pool's own statements have the connection that meets 25006 replaced (a
+    # session keeps the default_transaction_read_only it began with); one lent by
+    # backend.connection() went back to the pool as it was, and every later write on it
+    # failed after the setting's reset.
+    from taskq.models import EnqueueArgs
+    from taskq_postgres import PostgresBackend, ReadOnlyDatabaseError
+
+    dsn, args = own_database.dsn, EnqueueArgs(actor="refusals.sleeper", payload={"seconds": 0})
+    _alter(dsn, "ALTER DATABASE {db} SET default_transaction_read_only = on")
+    try:
+        backend = PostgresBackend(dsn, schema=own_database.name, max_pool_size=1)
+        await backend.open()
+    finally:
+        _alter(dsn, "ALTER DATABASE {db} RESET default_transaction_read_only")
+    try:
+        with pytest.raises(ReadOnlyDatabaseError):
+            async with backend.connection() as conn, conn.transaction():
+                await backend.enqueue_with_conn(conn, args)
+        async with backend.connection() as conn, conn.transaction():
+            row = await backend.enqueue_with_conn(conn, args)
+        assert await backend.get(row.id) == row
+    finally:
+        await backend.close()

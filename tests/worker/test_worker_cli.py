@@ -529,6 +529,18 @@ def test_queues_given_as_a_json_list_are_those_queues() -> None:
         WorkerSettings.load({}, env={"TASKQ_QUEUES": "[a, b]"})
 
 
+def test_a_queue_named_with_brackets_is_still_a_queue() -> None:
+    # A queue's name may begin with "[" (@actor(queue="[batch]")): the JSON-list reading
+    # refused TASKQ_QUEUES='[batch]' and --queues '[batch]', which had named it.
+    env = {"TASKQ_QUEUES": "[batch], [low]"}
+    assert WorkerSettings.load({}, env=env).queues == ["[batch]", "[low]"]
+    assert WorkerSettings.load({"queues": "[batch]"}, env={}).queues == ["[batch]"]
+    assert WorkerSettings.load({}, env={"TASKQ_QUEUES": '["[batch]"]'}).queues == ["[batch]"]
+    for cut in ('["a", "b"', '["a" "b"]'):
+        with pytest.raises(SettingsError, match="expected names separated by commas"):
+            WorkerSettings.load({}, env={"TASKQ_QUEUES": cut})
+
+
 def test_a_negative_duration_is_said_to_be_negative() -> None:
     # It read "expected a duration such as 30, 0.5, 500ms ...", as for a typo.
     with pytest.raises(SettingsError, match="TASKQ_LOCK_LEASE.*must not be negative, got '-5s'"):
@@ -802,6 +814,21 @@ def test_an_error_that_cannot_heal_fails_at_once_without_waiting(
     assert err == [
         "taskq-worker: error: cannot connect to PostgreSQL at postgresql://127.0.0.1:5432/x"
     ]
+
+
+def test_a_read_only_server_fails_the_start_at_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ReadOnlyDatabaseError is transient for a worker's loops (a provider's disk full):
+    # a start (--migrate on a standby) took it for a server not up yet, said it was
+    # unreachable and waited startup_wait before saying what it was.
+    from taskq_postgres import ReadOnlyDatabaseError
+
+    refused = ReadOnlyDatabaseError("the database refused a write: point the DSN at the primary")
+    code, opens, warnings = _start_late(monkeypatch, 100, refused, "30s")
+    assert (code, opens, warnings) == (1, 1, [])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"taskq-worker: error: {refused}"]
 
 
 def test_a_worker_gives_up_after_startup_wait(

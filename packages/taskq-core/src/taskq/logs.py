@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import structlog
 
+from taskq.errors import ConfigurationError
+
 if TYPE_CHECKING:
     from taskq.models import JobRow
 
@@ -58,7 +60,9 @@ _rendered: list[structlog.typing.Processor] = [structlog.processors.JSONRenderer
 def configure_logging(*, level: int | None = None, json: bool | None = None) -> None:
     """Configure structlog for a TaskQ process (the first call wins).
 
-    ``level=None`` takes :data:`LOG_LEVEL_ENV` (``TASKQ_LOG_LEVEL``), else info.
+    ``level=None`` takes :data:`LOG_LEVEL_ENV` (``TASKQ_LOG_LEVEL``), else info; a
+    value it is not raises :class:`~taskq.errors.ConfigurationError` naming it, once
+    logging is set up at info (the commands exit 1 with it, as for a setting's).
     ``json=None`` picks JSON lines unless stderr is a terminal.
     """
     global _configured, _rendered, _level
@@ -88,11 +92,11 @@ def configure_logging(*, level: int | None = None, json: bool | None = None) -> 
         cache_logger_on_first_use=True,
     )
     if raw and raw.lower() not in _LEVELS:
-        structlog.get_logger("taskq.logs").warning(
-            "taskq.unknown-log-level",
-            variable=LOG_LEVEL_ENV,
-            value=raw,
-            hint=f"give one of {', '.join(_LEVELS)}; info applies meanwhile",
+        # A clear error at start-up, as an invalid setting is: a warning and info
+        # went unseen by whoever asked for warning (or error) lines alone.
+        raise ConfigurationError(
+            f"invalid setting {LOG_LEVEL_ENV}={raw!r}: expected one of "
+            f"{', '.join(_LEVELS)} (in any case), or leave it unset for info"
         )
 
 

@@ -108,6 +108,7 @@ integer of milliseconds: about 24.8 days."""
 
 def _split_list(value: object) -> object:
     if isinstance(value, str):
+        parts = [part.strip() for part in value.split(",") if part.strip()]
         if value.strip().startswith("["):
             # A JSON list (pydantic-settings' way, TASKQ_QUEUES='["a","b"]') was split at
             # its commas: the worker worked the queues '["a"' and '"b"]', and idled.
@@ -115,12 +116,18 @@ def _split_list(value: object) -> object:
                 items = json.loads(value)
             except ValueError:
                 items = None
-            if not (isinstance(items, list) and all(isinstance(i, str) for i in items)):
+            if isinstance(items, list) and all(isinstance(i, str) for i in items):
+                return items
+            # A name may begin with "[" ("[batch]"): only a list cut at its commas (a
+            # part with a bracket it does not close, or a JSON string's quote) is refused.
+            if any(
+                part.startswith("[") != part.endswith("]") or part.startswith('["')
+                for part in parts
+            ):
                 raise ValueError(
                     'expected names separated by commas (a,b) or a JSON list of strings (["a", "b"])'
                 )
-            return items
-        return [part.strip() for part in value.split(",") if part.strip()]
+        return parts
     return value
 
 

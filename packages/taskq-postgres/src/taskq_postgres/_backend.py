@@ -95,7 +95,7 @@ from taskq.models import (
     check_names,
     registered_over,
 )
-from taskq_postgres._bounded import BoundedPool, PinnedConnection
+from taskq_postgres._bounded import BoundedPool, PinnedConnection, ended_if_read_only
 from taskq_postgres._connect import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_IDLE_IN_TRANSACTION,
@@ -806,7 +806,10 @@ class PostgresBackend:
         """
         async with self._require_pool().acquire() as conn:
             self._lent.lend(conn)  # caller code may leave session state: reset on release
-            yield conn
+            # Replaced, should it meet a read-only session: it went back to the pool as
+            # it was, and every write on it failed after the setting's reset.
+            with ended_if_read_only(conn):
+                yield conn
 
     def _require_bounded(self) -> BoundedPool:
         self._require_pool()

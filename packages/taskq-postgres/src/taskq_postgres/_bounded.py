@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from taskq_postgres._connect import read_watch, readable
+from taskq_postgres._privileges import ReadOnlyDatabaseError
 
-__all__ = ["BoundedPool", "PinnedConnection"]
+__all__ = ["BoundedPool", "PinnedConnection", "ended_if_read_only"]
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -206,6 +207,18 @@ def _end_read_only(conn: Proxy) -> None:
     write on it failed for the worker's life.
     """
     conn.terminate()
+
+
+@contextmanager
+def ended_if_read_only(conn: Proxy) -> Iterator[None]:
+    """:func:`_end_read_only` for a connection lent to caller code
+    (``PostgresBackend.connection``), whose block also sees the refusal as a backend
+    method says it (:class:`ReadOnlyDatabaseError`)."""
+    try:
+        yield
+    except (asyncpg.ReadOnlySQLTransactionError, ReadOnlyDatabaseError):
+        _end_read_only(conn)
+        raise
 
 
 _UNSENT = ("cannot switch to state", "not connected")

@@ -340,6 +340,9 @@ async def _prepared(conn: Connection, schema: str) -> dict[str, tuple[str, datet
         return await _applied(conn, schema)
     except asyncpg.InsufficientPrivilegeError as exc:
         raise await _refused(conn, exc, schema, f"cannot prepare schema {schema!r}") from exc
+    except asyncpg.ReadOnlySQLTransactionError as exc:
+        # As for a file (_apply): the server's refusal, with what to do about it.
+        raise read_only_error(exc, dsn=None) from exc
     except asyncpg.PostgresError as exc:
         raise MigrationError(f"cannot prepare schema {schema!r} for migrations: {exc}") from exc
 

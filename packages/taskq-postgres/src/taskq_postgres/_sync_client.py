@@ -64,7 +64,12 @@ from taskq_postgres._enqueue import (
     plan_insert_jobs,
     refuse_keyless_singletons,
 )
-from taskq_postgres._privileges import DIAGNOSE_SQL, Denial, InsufficientPrivilegeError
+from taskq_postgres._privileges import (
+    DIAGNOSE_SQL,
+    Denial,
+    InsufficientPrivilegeError,
+    read_only_error,
+)
 from taskq_postgres._rows import job_row
 from taskq_postgres._service import service_settings
 from taskq_postgres._sql.enqueue import COPY_COLUMNS
@@ -508,6 +513,15 @@ class SyncJobsClient:
                     raise unmigrated(self.schema, self._dsn) from exc
                 except psycopg.errors.InsufficientPrivilege as exc:
                     raise self._refused(exc) from exc
+                except psycopg.errors.ReadOnlySqlTransaction as exc:
+                    # As PostgresBackend says it: a standby, or default_transaction_read_only.
+                    if self._dsn is not None:
+                        # Replaced at the next call, as the backend's pool replaces one: a
+                        # session keeps the read-only default it began with, and every
+                        # enqueue failed after the setting's reset (a provider's, once its
+                        # disk has space) until the process restarted.
+                        self._conn.close()
+                    raise read_only_error(exc, dsn=self._dsn) from exc
 
     def _where(self) -> _Where:
         info = self._conn.info

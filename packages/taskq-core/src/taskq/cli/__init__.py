@@ -154,7 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``taskq`` console script; returns the exit code."""
     from taskq.logs import configure_logging, route_stdlib_logging
 
-    configure_logging()
+    try:
+        configure_logging()
+    except TaskQError as exc:  # TASKQ_LOG_LEVEL
+        print(f"taskq: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     route_stdlib_logging()
     if isinstance(sys.stdout, io.TextIOWrapper):
         # Stored text (a queue name, a payload) is anyone's: on a stdout whose encoding

@@ -270,7 +270,13 @@ async def _open_when_reachable(
 
 def _unreachable(exc: BaseException) -> BaseException | None:
     """The transient error behind ``exc`` (``exc`` itself, or the driver's error a
-    TaskQ error translates), else None."""
+    TaskQ error translates), else None.
+
+    Never a ``ConfigurationError``, transient though a worker's loops take one (a
+    read-only server's ``ReadOnlyDatabaseError``): the server answered, and a start
+    waited ``startup_wait`` on it as on a server not up yet, saying it unreachable."""
+    if isinstance(exc, ConfigurationError):
+        return None
     lost = _lost_connection(exc)
     if lost is None and isinstance(exc, TaskQError) and exc.__cause__ is not None:
         lost = _lost_connection(exc.__cause__)
@@ -282,7 +288,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from taskq.logs import configure_logging, route_stdlib_logging
     from taskq.settings import WorkerSettings
 
-    configure_logging()
+    try:
+        configure_logging()
+    except ConfigurationError as exc:  # TASKQ_LOG_LEVEL
+        print(f"taskq-worker: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     args = build_parser().parse_args(argv)
     # Until the event loop's handlers (importing the app can take seconds), their
     # default action ended the process: a credential rotation's SIGHUP killed a worker

@@ -56,3 +56,49 @@ class TestPostgresBackend(BackendConformance):
         conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_pooled_schema.dsn)
         yield conn
         await conn.close()
+
+    # Known gap, kept visible: round robin samples each (queue, actor) to its first
+    # residual * oversample jobs by their rank among that actor's own jobs of each
+    # cohort, not among the whole cohort (every actor's). A capped actor's jobs that
+    # come second in cohorts other actors lead fill its sample, and its first job of
+    # a cohort of its own is left out. Strict: once fixed this fails, and goes.
+    @pytest.mark.xfail(
+        strict=True,
+        reason="round robin samples a (queue, actor) by its own cohort ranks (not fixed yet)",
+    )
+    async def test_round_robin_ranks_a_job_among_its_whole_cohort_not_its_actors_jobs(
+        self, backend: PostgresBackend, advance_time: AdvanceTime
+    ) -> None:
+        await super().test_round_robin_ranks_a_job_among_its_whole_cohort_not_its_actors_jobs(
+            backend, advance_time
+        )
+
+    # The same gap, deeper: a capped actor's sample holds residual * oversample jobs,
+    # so its backlog in a cohort past them never counts towards another actor's rank.
+    @pytest.mark.xfail(
+        strict=True,
+        reason="round robin counts a capped actor's cohort-mates in its sample only (not "
+        "fixed yet)",
+    )
+    async def test_round_robin_ranks_a_job_behind_a_capped_actors_whole_backlog_in_its_cohort(
+        self, backend: PostgresBackend, advance_time: AdvanceTime
+    ) -> None:
+        await (
+            super().test_round_robin_ranks_a_job_behind_a_capped_actors_whole_backlog_in_its_cohort(
+                backend, advance_time
+            )
+        )
+
+    # The same gap in a strict queue asked for with a round-robin one (one cohort over
+    # its actors): the capped actor's sample of it counts its first jobs only.
+    @pytest.mark.xfail(
+        strict=True,
+        reason="round robin counts a capped actor's strict backlog in its sample only (not "
+        "fixed yet)",
+    )
+    async def test_round_robin_ranks_a_strict_job_behind_a_capped_actors_strict_backlog(
+        self, backend: PostgresBackend, advance_time: AdvanceTime
+    ) -> None:
+        await super().test_round_robin_ranks_a_strict_job_behind_a_capped_actors_strict_backlog(
+            backend, advance_time
+        )

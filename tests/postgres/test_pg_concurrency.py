@@ -169,8 +169,8 @@ async def test_round_robin_caps_hold_under_eight_dispatchers(
     backend: PostgresBackend, conn: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:
     # The capped actor shares every fairness key with the free ones, so each dispatch
-    # ranks the jobs over whole cohorts, read deeper round by round (rr_deep): still
-    # each job once, and the cap held to its documented over-count.
+    # samples each (queue, actor) apart and ranks the samples together: still each job
+    # once, and the cap held to its documented over-count.
     await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
     await backend.register_actors([ActorConfig(actor="capped", max_concurrent=CAP)])
     jobs = [

@@ -35,20 +35,14 @@ per-actor branches do not run::
                         could fill the batch hold limit_n * oversample jobs
     rr_pairs            round robin: each pair's cohorts, and how deep to read each (to
                         the pair's own depth, and ``capped`` at the level)
-    rr_fast, rr_capped, rr_capped_kept, rr_use_capped
-                        round robin: whether no cap can refuse a job the level counts;
-                        then every pair's cohorts read to the level; the cohorts those
-                        reads ended early or read to the pair's own depth (not read
-                        again); whether they are the candidates
-    rr_deep             round robin, when they are not: every pair's cohorts (a strict
-                        queue's pair one cohort) read to one level, deeper each round,
-                        until the walk surely takes limit_n * oversample of the jobs
-                        whose level (rank in their whole cohort) that read makes exact,
-                        or to limit_n * oversample past a cohort's running jobs
+    rr_capped, rr_capped_kept, rr_use_capped
+                        round robin: every pair's cohorts read to the level; the
+                        cohorts those reads ended early or read to the pair's own depth
+                        (not read again); whether they are the candidates
     candidates          CROSS JOIN LATERAL per (queue, actor), LIMIT residual * oversample,
                         past the jobs whose identity is running (strict FIFO: only when
-                        the head does not suffice; round robin: the reads to the level,
-                        or rr_deep's last round's jobs, those of exact level first)
+                        the head does not suffice; round robin: its cohorts read to
+                        depth, or to the sample's size when that falls short)
     queue_capacity      residual of each capped queue (queues.max_concurrent)
     admitted            jobs of queues with room whose identity is not running; then, as
                         the in-memory walk takes them: without capped queues, identity
@@ -87,13 +81,9 @@ Round robin reads, per (queue, actor) of its round-robin queues, one
 ``jobs_fairness_idx`` entry per fairness cohort and the cohorts' first jobs: to the
 level at which the cohorts of all pairs hold ``limit_n * oversample`` (50 actors of
 20 keys: 1,000 jobs for a batch of 100, where each pair's sample, sized for the whole
-batch, read 10,000); when a cohort ends before that level, or a capped actor or queue
-shares a key with the pairs that fill the batch, every pair's cohorts to a common
-level, deeper each round (``rr_deep``), to the level the batch needs: a job's rank is
-taken in its whole cohort, every actor's jobs of it, so a capped actor's backlog ahead
-of another's job is read to that level, at most ``limit_n * oversample`` past the
-cohort's running jobs (the jobs behind it ranked among the jobs read, after those of
-exact level; reading it through cost seconds at 100,000); a pair of more cohorts than its
+batch, read 10,000); when a cohort ends before that level, each pair to its own
+``residual * oversample`` (at most that many per cohort when shallow cohorts leave
+that read short), whatever the backlog; a pair of more cohorts than its
 share of ``_COHORT_BUDGET`` ranks its whole backlog instead, as near-unique keys, or
 thousands of cohorts over many actors, read dearer than they rank. A cohort whose
 jobs all wait on a running identity (or are not yet due) is read to its end, as
@@ -253,13 +243,16 @@ admitted AS (
 # running jobs). PARTITION BY puts all NULL keys in one cohort (no '__null__'
 # sentinel a real key could collide with).
 #
-# The cohorts of each (queue, actor) of a round-robin queue are named by a loose
-# scan of jobs_fairness_idx (one probe each), then read to a level without ranking
-# the backlog: to the level the batch needs when the pairs that fill it alone hold
-# it (rr_level), otherwise every pair's to one level, deeper each round, until the
-# jobs of exact level (their rank in their whole cohort, every actor's jobs of it)
-# fill the batch (rr_deep). In strict queues asked for in the same call every job
-# shares one cohort, read like the others.
+# Each (queue, actor) of a round-robin queue is sampled to its first
+# residual * oversample jobs by level without ranking its backlog: its cohorts
+# are named by a loose scan of jobs_fairness_idx (one probe each), then each
+# cohort is read to the depth at which the cohorts together hold that many jobs
+# (rr_pairs: were every cohort deep enough), which holds every job of those
+# levels. When shallow cohorts leave that short, every cohort not read to its end
+# is read again to the sample's size (no cohort gives more); either way the sample
+# is exactly the first jobs by level, at the cost of the cohorts plus the sample,
+# not the backlog. In strict queues asked for in the same call every job shares
+# one cohort, read to its sample.
 #
 # The cohorts of the pair ``pa`` (its rr_pairs row ``pr``), each read to <TAKE>
 # jobs with their rank in the cohort; <ONLY> may filter the cohorts. Keyed and
@@ -317,109 +310,8 @@ instead. Reading costs ~15 us a cohort, ranking ~1 us a job, so near-unique keys
 (200,000 cohorts: 188 ms ranked, 3 s read) or many actors' cohorts (200 x 50, every
 identity running: 63 ms ranked, 228 ms read) read dearer than they rank."""
 
-# One round of rr_deep: every cohort of the pairs read to the level <DEPTH> (the
-# strict queues' pairs one cohort), with ``short`` when a read gave fewer jobs than
-# asked for (it reached the cohort's end); the cohorts the reads to the level went
-# through, and the crowded pairs' backlogs, as they were; and one row without a job,
-# so that a round that reads nothing still says how deep it went.
-_DEEP_READ: Final = (
+_ROUND_ROBIN_CANDIDATES: Final = (
     """
-    SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key, c.fairness_key,
-           false, c.running, c.turn,
-           count(*) OVER (PARTITION BY c.queue, c.actor, c.fairness_key)
-               < greatest(<DEPTH> - c.running, 0)
-    FROM rr_pairs pr
-    JOIN pending_actors pa ON pa.queue = pr.queue AND pa.actor = pr.actor
-    CROSS JOIN params p
-    CROSS JOIN LATERAL ("""
-    + _cohorts(
-        "greatest(<DEPTH> - co.running, 0)",
-        skip="""EXISTS (
-                  SELECT 1 FROM rr_capped_kept e
-                  WHERE e.ended AND e.queue = pa.queue AND e.actor = pa.actor
-                    AND e.unkeyed = (co.fairness_key IS NULL)
-                    AND e.fairness_key = coalesce(co.fairness_key, ''))""",
-    )
-    + """
-    ) c
-    UNION ALL
-    SELECT s.id, s.actor, s.queue, s.priority, s.scheduled_at, s.identity_key, NULL,
-           true, 0, p.strict_turn, count(*) OVER (PARTITION BY s.queue, s.actor) < <DEPTH>
-    FROM pending_actors pa
-    JOIN per_actor_capacity pac ON pac.actor = pa.actor
-    CROSS JOIN params p
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key
-        FROM {schema}.jobs j
-        WHERE j.status = 'pending' AND j.queue = pa.queue AND j.actor = pa.actor
-          AND j.scheduled_at <= p.now
-          AND <WAITS_NOT:j>
-        ORDER BY j.priority DESC, j.scheduled_at, j.id
-        LIMIT <DEPTH>
-    ) s
-    WHERE pa.actor IS NOT NULL AND pac.residual > 0 AND pa.queue <> ALL (p.rr_queues)
-    UNION ALL
-    SELECT * FROM rr_ended
-    UNION ALL
-    SELECT * FROM rr_crowded_rows
-    UNION ALL
-    SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true"""
-)
-
-# The rows of rr_deep's rounds (<SOURCE>) with each job's level (its rank in its whole
-# cohort that round, after the cohort's running jobs) as fairness_rank, and ``exact``:
-# a job of a level up to the round's depth (every job before it in its cohort was
-# read: each pair's cohort to that level), or any job when every cohort was read to
-# its end.
-_DEEP_EXACT: Final = """
-    SELECT l.*, l.level * 4294967296 + l.turn AS fairness_rank,
-           l.id IS NOT NULL AND (l.level <= l.depth OR l.exhausted) AS exact
-    FROM (
-        SELECT w.*,
-               ROW_NUMBER() OVER (
-                   PARTITION BY w.round, w.strict, w.fairness_key
-                   ORDER BY w.priority DESC, w.scheduled_at, w.id
-               ) + w.running AS level,
-               bool_and(w.short) OVER (PARTITION BY w.round)
-                   AND w.depth > (SELECT m.running FROM rr_max_running m) AS exhausted
-        FROM <SOURCE> w
-    ) l"""
-
-# The exact jobs of a round (<SOURCE>) the walk surely takes: those its places would
-# take were every exact job before them taken (as <NAME>_first counts: no more than
-# the walk takes).
-_DEEP_SURE: Final = """
-    SELECT e.round, e.depth, e.exhausted,
-           e.exact
-           AND (NOT pac.capped OR ROW_NUMBER() OVER (
-                    PARTITION BY e.exact, e.actor ORDER BY <ORDER:e>) <= pac.residual)
-           AND (qc.queue IS NULL OR ROW_NUMBER() OVER (
-                    PARTITION BY e.exact, e.queue ORDER BY <ORDER:e>) <= qc.residual)
-           AND (e.identity_key IS NULL OR ROW_NUMBER() OVER (
-                    PARTITION BY e.exact, e.actor, e.identity_key ORDER BY <ORDER:e>) = 1)
-               AS sure
-    FROM (<DEEP_EXACT:<SOURCE>>) e
-    LEFT JOIN per_actor_capacity pac ON pac.actor = e.actor
-    LEFT JOIN queue_capacity qc ON qc.queue = e.queue"""
-
-
-def _deep(kind: str, arg: str) -> str:
-    """The ``<DEEP_kind:arg>`` placeholders of the round-robin candidates: a round read
-    to the level ``arg``, or the exact (``EXACT``) or surely taken (``SURE``) jobs of
-    the rounds in ``arg``."""
-    if kind == "READ":
-        return _DEEP_READ.replace("<DEPTH>", arg)
-    exact = _DEEP_EXACT.replace("<SOURCE>", arg)
-    if kind == "EXACT":
-        return exact
-    return _DEEP_SURE.replace("<DEEP_EXACT:<SOURCE>>", exact)
-
-
-_ROUND_ROBIN_CANDIDATES: Final = re.sub(
-    r"<DEEP_(READ|SURE|EXACT):([\w.]+)>",
-    lambda m: _deep(m[1], m[2]),
-    (
-        """
 head_plain (ok) AS (SELECT false),
 running_cohorts AS (
     SELECT j.fairness_key, count(*) AS running
@@ -542,51 +434,17 @@ rr_pairs (queue, actor, keys, running, turns, to_depth, capped) AS (
     ) d ON d.queue = c.queue AND d.actor = c.actor
     GROUP BY c.queue, c.actor
 ),
--- Whether the reads to the level can be the candidates, as far as is known before
--- they are made: there is a level, and no key the level counts has jobs of a pair
--- that could not fill the batch (a capped queue, an actor with fewer free slots):
--- those jobs take the key's levels, but the caps may refuse them; nor does a crowded
--- pair of those (it may hold any key), nor a strict queue's (its jobs past its sample
--- take places in the strict queues' one cohort). Otherwise the reads to the level are
--- not made at all: the deeper reads below make them again.
-rr_fast (ok) AS (
-    SELECT (SELECT l.depth IS NOT NULL FROM rr_level l)
-           AND NOT EXISTS (
-               SELECT 1
-               FROM rr_state c
-               JOIN per_actor_capacity pac ON pac.actor = c.actor
-               CROSS JOIN params p
-               GROUP BY c.fairness_key IS NULL, coalesce(c.fairness_key, '')
-               HAVING bool_or(pac.residual >= p.limit_n AND c.queue <> ALL (p.capped_queues))
-                  AND bool_or(pac.residual < p.limit_n OR c.queue = ANY (p.capped_queues))
-           )
-           AND NOT EXISTS (
-               SELECT 1
-               FROM rr_crowded rc
-               JOIN per_actor_capacity pac ON pac.actor = rc.actor
-               CROSS JOIN params p
-               WHERE pac.residual < p.limit_n OR rc.queue = ANY (p.capped_queues)
-           )
-           AND NOT EXISTS (
-               SELECT 1
-               FROM pending_actors pa
-               JOIN per_actor_capacity pac ON pac.actor = pa.actor
-               CROSS JOIN params p
-               WHERE pa.queue <> ALL (p.rr_queues) AND pac.residual > 0
-                 AND (pac.residual < p.limit_n OR pa.queue = ANY (p.capped_queues))
-           )
-),
--- Every pair's cohorts read to the level, when they may be the candidates.
+-- Every pair's cohorts read to the level, when there is one.
 rr_capped AS MATERIALIZED (
     SELECT c.*
     FROM rr_pairs pr
     JOIN pending_actors pa ON pa.queue = pr.queue AND pa.actor = pr.actor
     CROSS JOIN params p
     CROSS JOIN LATERAL ("""
-        + _cohorts("co.to_depth", depths="pr.capped")
-        + """
+    + _cohorts("co.to_depth", depths="pr.capped")
+    + """
     ) c
-    WHERE (SELECT f.ok FROM rr_fast f)
+    WHERE (SELECT l.depth IS NOT NULL FROM rr_level l)
 ),
 -- The cohorts those reads need not be made again for: ``ended``, read to their end
 -- (fewer jobs than their depth: shallow, or their jobs waiting on running identities),
@@ -606,137 +464,44 @@ rr_capped_kept AS MATERIALIZED (
     ) r ON r.queue = pr.queue AND r.actor = pr.actor
        AND r.unkeyed = (co.fairness_key IS NULL)
        AND r.fairness_key = coalesce(co.fairness_key, '')
-    WHERE (SELECT f.ok FROM rr_fast f)
+    WHERE (SELECT l.depth IS NOT NULL FROM rr_level l)
       AND (co.capped > coalesce(r.n, 0) OR co.capped >= co.to_depth)
 ),
 -- Those reads are the candidates unless one ended early: then the cohorts may hold
 -- fewer jobs up to the level than it assumed, and the batch may need some past it, so
--- the cohorts are read deeper (rr_deep; the cohorts kept above as ended keep what
--- they gave, not read again). Likewise when two of those reads' jobs share
+-- every pair is sampled to its own depth as without a level (the cohorts kept above
+-- keep what they gave, not read again). Likewise when two of those reads' jobs share
 -- an actor and identity: the level counted each as a job the batch can take, but the
 -- walk takes one, so the batch may need jobs past the level (read to it alone, a
 -- cohort of one actor's identity shorted the batch that another actor's deeper
 -- cohort filled).
 rr_use_capped (ok) AS (
-    SELECT (SELECT f.ok FROM rr_fast f)
+    SELECT (SELECT l.depth IS NOT NULL FROM rr_level l)
            AND NOT EXISTS (SELECT 1 FROM rr_capped_kept k WHERE k.ended)
            AND NOT EXISTS (
                SELECT 1 FROM rr_capped r WHERE r.identity_key IS NOT NULL
                GROUP BY r.actor, r.identity_key HAVING count(*) > 1
            )
-),
--- Otherwise (a cap, a shallow cohort or an identity the level did not allow for) the
--- cohorts are read deeper and deeper, each round every pair's cohorts to one level
--- ``depth`` (rr_deep): a job's level is its rank in its whole cohort, every actor's
--- jobs of it (not its own actor's alone: a capped actor's sample, ranked so, left
--- out its first job of a cohort of its own, and its backlog past the sample never
--- pushed another actor's jobs back), and read so every job of a level up to the
--- depth is read with its exact level. A round ends the reads when the walk over
--- those jobs surely takes limit_n * oversample (counting every job before each, as
--- admitted_first does), when every cohort was read to its end, or at the deepest
--- level (rr_max_depth); otherwise the next goes deeper (at least twice, at most eight
--- times, as the jobs found so far suggest). Each round reads again what the one
--- before did, so the reads cost at most about twice the last one's: every cohort of
--- the pairs to the level the batch needs, where a capped actor's backlog ahead of it
--- counts only to that level. The
--- first round reads a quarter past the least level at which every cohort (each key
--- once, the strict queues' one) would hold limit_n * oversample jobs: the identities
--- and caps that refuse some of those otherwise cost a second round most times.
-rr_deep_from (depth) AS (
-    SELECT least(greatest(ceil(1.25 * coalesce(min(
-               greatest(ceil((w.wanted + w.below)::numeric / w.k)::bigint, w.running)
-           ), 1))::bigint, 1), (SELECT m.depth FROM rr_max_depth m))
-    FROM (
-        SELECT k.running, k.wanted, ROW_NUMBER() OVER w AS k, sum(k.running) OVER w AS below
-        FROM (
-            SELECT DISTINCT c.fairness_key, c.running, p.limit_n * p.oversample AS wanted
-            FROM rr_state c CROSS JOIN params p
-            UNION ALL
-            SELECT NULL, 0, p.limit_n * p.oversample
-            FROM params p
-            WHERE EXISTS (
-                SELECT 1 FROM pending_actors pa
-                JOIN per_actor_capacity pac ON pac.actor = pa.actor
-                WHERE pa.queue <> ALL (p.rr_queues) AND pac.residual > 0
-            )
-        ) k
-        WINDOW w AS (ORDER BY k.running ROWS UNBOUNDED PRECEDING)
-    ) w
-),
-rr_max_running (running) AS (SELECT coalesce(max(c.running), 0) FROM rr_state c),
--- The deepest level read: limit_n * oversample past the most running jobs of a cohort,
--- every cohort's sample (a pair's cohort alone holds no more of its sample). Without
--- caps or shared identities the walk surely takes the batch by then, or every cohort
--- was read to its end; with them, the jobs past it (behind a capped actor's backlog
--- in their cohort) are ranked among the jobs read, after every job of exact level,
--- as reading that backlog through to rank them, a dispatch, cost seconds.
-rr_max_depth (depth) AS (
-    SELECT p.limit_n * p.oversample + m.running FROM params p CROSS JOIN rr_max_running m
-),
--- Cohorts the reads to the level went through to their end: taken from there, not
--- read again (a cohort whose jobs all wait on a running identity is read through).
-rr_ended AS MATERIALIZED (
-    SELECT r.id, r.actor, r.queue, r.priority, r.scheduled_at, r.identity_key, r.fairness_key,
-           false AS strict, r.running, r.turn, true AS short
-    FROM rr_capped r
-    JOIN rr_capped_kept e
-      ON e.queue = r.queue AND e.actor = r.actor AND e.unkeyed = (r.fairness_key IS NULL)
-     AND e.fairness_key = coalesce(r.fairness_key, '')
-    WHERE e.ended AND NOT (SELECT u.ok FROM rr_use_capped u)
-),
--- A crowded pair: its whole backlog, read once. The NULL cohort's count and turn read
--- once (an InitPlan; joined, running_unkeyed was a nested loop per row), and an
--- equality join (hashable) for the others, not IS NOT DISTINCT FROM per row.
-rr_crowded_rows AS MATERIALIZED (
-    SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key, j.fairness_key,
-           false AS strict,
-           CASE WHEN j.fairness_key IS NULL THEN (SELECT ru.running FROM running_unkeyed ru)
-                ELSE coalesce(cs.running, 0) END AS running,
-           CASE WHEN j.fairness_key IS NULL THEN p.unkeyed_turn
-                ELSE coalesce(cs.turn, 0) END AS turn,
-           true AS short
-    FROM rr_crowded rc
-    CROSS JOIN params p
-    -- A lateral per pair, kept one (OFFSET 0): its index range, not every job hashed.
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
-               j.fairness_key
-        FROM {schema}.jobs j
-        WHERE j.status = 'pending' AND j.queue = rc.queue AND j.actor = rc.actor
-          AND j.scheduled_at <= p.now
-          AND <WAITS_NOT:j>
-        OFFSET 0
-    ) j
-    LEFT JOIN cohort_state cs ON cs.fairness_key = j.fairness_key
-    WHERE NOT (SELECT u.ok FROM rr_use_capped u)
-),
-rr_deep (round, depth, id, actor, queue, priority, scheduled_at, identity_key, fairness_key,
-         strict, running, turn, short) AS (
-    SELECT 1, d.depth, r.*
-    FROM rr_deep_from d
-    CROSS JOIN LATERAL (<DEEP_READ:d.depth>) r
-    WHERE NOT (SELECT u.ok FROM rr_use_capped u)
-    UNION ALL
-    SELECT st.round + 1, st.next, r.*
-    FROM (
-        SELECT s.round,
-               least(greatest(2 * s.depth, least(8 * s.depth, ceil(
-                   s.depth * p.limit_n * p.oversample / greatest(s.taken, 1)::numeric
-               )::bigint)), (SELECT m.depth FROM rr_max_depth m)) AS next,
-               s.exhausted OR s.taken >= p.limit_n * p.oversample
-               OR s.depth >= (SELECT m.depth FROM rr_max_depth m) AS done
-        FROM (
-            SELECT max(x.round) AS round, max(x.depth) AS depth,
-                   count(*) FILTER (WHERE x.sure) AS taken, bool_or(x.exhausted) AS exhausted
-            FROM (<DEEP_SURE:rr_deep>) x
-        ) s
-        CROSS JOIN params p
-    ) st
-    CROSS JOIN LATERAL (<DEEP_READ:st.next>) r
-    WHERE NOT st.done
-),
-rr_deep_last AS (
-    SELECT d.* FROM rr_deep d WHERE d.round = (SELECT max(l.round) FROM rr_deep l)
+           -- and when a key the level counted has jobs of a pair that could not fill the
+           -- batch (a capped queue, an actor with fewer free slots): those jobs take the
+           -- key's levels, but the caps may refuse them (a crowded pair of those may
+           -- hold any key).
+           AND NOT EXISTS (
+               SELECT 1
+               FROM rr_capped r
+               JOIN per_actor_capacity pac ON pac.actor = r.actor
+               CROSS JOIN params p
+               GROUP BY r.fairness_key IS NULL, coalesce(r.fairness_key, '')
+               HAVING bool_or(pac.residual >= p.limit_n AND r.queue <> ALL (p.capped_queues))
+                  AND bool_or(pac.residual < p.limit_n OR r.queue = ANY (p.capped_queues))
+           )
+           AND NOT EXISTS (
+               SELECT 1
+               FROM rr_crowded rc
+               JOIN per_actor_capacity pac ON pac.actor = rc.actor
+               CROSS JOIN params p
+               WHERE pac.residual < p.limit_n OR rc.queue = ANY (p.capped_queues)
+           )
 ),
 candidates AS (
     SELECT c.id, c.actor, c.queue, c.priority, c.scheduled_at, c.identity_key,
@@ -757,23 +522,84 @@ candidates AS (
     FROM pending_actors pa
     JOIN per_actor_capacity pac ON pac.actor = pa.actor
     CROSS JOIN params p
+    LEFT JOIN rr_pairs pr ON pr.queue = pa.queue AND pr.actor = pa.actor
     LEFT JOIN rr_crowded rc ON rc.queue = pa.queue AND rc.actor = pa.actor
     CROSS JOIN LATERAL (
+        WITH rr_to_depth AS MATERIALIZED ("""
+    + _cohorts(
+        "co.to_depth",
+        """
+    WHERE NOT (SELECT u.ok FROM rr_use_capped u)
+    UNION ALL
+    SELECT r.id, r.actor, r.queue, r.priority, r.scheduled_at, r.identity_key,
+           r.fairness_key, r.running, r.turn, r.cohort_rank
+    FROM rr_capped r
+    JOIN rr_capped_kept e
+      ON e.queue = r.queue AND e.actor = r.actor AND e.unkeyed = (r.fairness_key IS NULL)
+     AND e.fairness_key = coalesce(r.fairness_key, '')
+    WHERE NOT (SELECT u.ok FROM rr_use_capped u) AND r.queue = pa.queue AND r.actor = pa.actor""",
+        # Kept from the reads to the level: their rows are taken from there.
+        skip="""EXISTS (
+                  SELECT 1 FROM rr_capped_kept e
+                  WHERE e.queue = pa.queue AND e.actor = pa.actor
+                    AND e.unkeyed = (co.fairness_key IS NULL)
+                    AND e.fairness_key = coalesce(co.fairness_key, ''))""",
+    )
+    + """
+        ),
+        -- The cohorts that read reached the end of (fewer jobs than asked for): read
+        -- again, they would give the same jobs. Only a short read looks (below), so
+        -- this counts at most a sample's rows per cohort.
+        rr_exhausted AS MATERIALIZED (
+            SELECT coalesce(array_agg(co.fairness_key) FILTER (WHERE co.fairness_key IS NOT NULL),
+                            '{}') AS keys,
+                   coalesce(bool_or(co.fairness_key IS NULL), false) AS unkeyed
+            FROM unnest(pr.keys, pr.to_depth) AS co (fairness_key, to_depth)
+            WHERE co.to_depth > (SELECT count(*) FROM rr_to_depth r
+                                 WHERE r.fairness_key IS NOT DISTINCT FROM co.fairness_key)
+        )
         SELECT f.id, f.actor, f.queue, f.priority, f.scheduled_at, f.identity_key, f.fairness_key,
                f.running, f.turn
         FROM (
+            SELECT * FROM rr_to_depth
+            WHERE (SELECT count(*) FROM rr_to_depth) >= pac.residual * p.oversample
+            UNION ALL
+            -- Short (shallow cohorts): every cohort to the sample's size, as none gives
+            -- more; a cohort read to its end already (one whose jobs all wait on a running
+            -- identity was read through its backlog) keeps what that read found.
+            SELECT r.* FROM rr_to_depth r CROSS JOIN rr_exhausted e
+            WHERE NOT (SELECT u.ok FROM rr_use_capped u)
+              AND (SELECT count(*) FROM rr_to_depth) < pac.residual * p.oversample
+              AND CASE WHEN r.fairness_key IS NULL THEN e.unkeyed
+                       ELSE r.fairness_key = ANY (e.keys) END
+            UNION ALL
+            SELECT * FROM ("""
+    + _cohorts(
+        "pac.residual * p.oversample",
+        """
+    CROSS JOIN rr_exhausted e
+    WHERE CASE WHEN co.fairness_key IS NULL THEN NOT e.unkeyed
+               ELSE co.fairness_key <> ALL (e.keys) END""",
+    )
+    + """
+            ) whole
+            WHERE NOT (SELECT u.ok FROM rr_use_capped u)
+              AND (SELECT count(*) FROM rr_to_depth) < pac.residual * p.oversample
+            UNION ALL
             -- A crowded pair: its whole backlog ranked.
             SELECT j.id, j.actor, j.queue, j.priority, j.scheduled_at, j.identity_key,
                    j.fairness_key,
-                   -- As in rr_crowded_rows.
+                   -- The NULL cohort's count and turn read once (an InitPlan; joined,
+                   -- running_unkeyed was a nested loop per row), and an equality join
+                   -- (hashable) for the others, not IS NOT DISTINCT FROM per row.
                    CASE WHEN j.fairness_key IS NULL
                         THEN (SELECT ru.running FROM running_unkeyed ru)
-                        ELSE coalesce(cs.running, 0) END AS running,
+                        ELSE coalesce(cs.running, 0) END,
                    CASE WHEN j.fairness_key IS NULL THEN p.unkeyed_turn
-                        ELSE coalesce(cs.turn, 0) END AS turn,
+                        ELSE coalesce(cs.turn, 0) END,
                    ROW_NUMBER() OVER (
                        PARTITION BY j.fairness_key ORDER BY j.priority DESC, j.scheduled_at, j.id
-                   ) AS cohort_rank
+                   )
             FROM {schema}.jobs j
             LEFT JOIN cohort_state cs ON cs.fairness_key = j.fairness_key
             WHERE rc.queue IS NOT NULL
@@ -802,19 +628,11 @@ candidates AS (
                  f.scheduled_at, f.id
         LIMIT pac.residual * p.oversample
     ) c
-    WHERE pa.actor IS NOT NULL AND pac.residual > 0 AND (SELECT u.ok FROM rr_use_capped u)
+    WHERE pa.actor IS NOT NULL AND pac.residual > 0
     ) c
     CROSS JOIN params p
-    UNION ALL
-    -- The deepest round's jobs: those of exact level first (any other's level, counted
-    -- among the jobs read, is past the round's depth), so that jobs held by other
-    -- dispatchers, or a round stopped at the deepest level, still leave a batch.
-    SELECT x.id, x.actor, x.queue, x.priority, x.scheduled_at, x.identity_key, x.fairness_rank
-    FROM (<DEEP_EXACT:rr_deep_last>) x
-    WHERE x.id IS NOT NULL
 ),<ADMIT:admitted:candidates>"""
-    ).replace("<BUDGET>", str(_COHORT_BUDGET)),
-)
+).replace("<BUDGET>", str(_COHORT_BUDGET))
 
 # What the candidates of <SOURCE> admit: the jobs the in-memory reference's walk
 # (taskq.backend._memory_dispatch.take_jobs) takes, going through them in order and

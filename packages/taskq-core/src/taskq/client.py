@@ -33,6 +33,9 @@ from taskq.errors import (
 from taskq.models import (
     AttemptRow,
     BatchChildEnd,
+    BatchCounts,
+    BatchFilter,
+    BatchRow,
     BulkCancelResult,
     EnqueueArgs,
     EventRow,
@@ -289,6 +292,29 @@ class JobsClient:
     async def list_jobs(self, filters: JobFilter | None = None, **fields: Any) -> list[JobRow]:
         """Jobs matching a :class:`JobFilter` (or its fields as keywords), one page."""
         return await self._backend.list_jobs(_job_filter(filters, fields))
+
+    async def get_batch(self, batch_id: UUID | str) -> BatchRow | None:
+        """One tracked batch (enqueued with a failure policy or a finalizer), or None."""
+        return await self._backend.get_batch(_as_id(batch_id, "batch"))
+
+    async def list_batches(
+        self, filters: BatchFilter | None = None, **fields: Any
+    ) -> list[tuple[BatchRow, BatchCounts]]:
+        """Tracked batches a :class:`BatchFilter` (or its fields as keywords) selects,
+        newest first, each with its children's counts."""
+        if filters is None:
+            filters = BatchFilter(**fields)
+        elif not isinstance(filters, BatchFilter):
+            raise TypeError(
+                f"filters is a BatchFilter, not {type(filters).__name__}: pass "
+                f"BatchFilter(...) or its fields as keywords (queue=..., active=...)"
+            )
+        elif fields:
+            raise TypeError(
+                f"give a BatchFilter or filter keywords, not both (got a BatchFilter and "
+                f"{', '.join(sorted(fields))}): put every condition in the BatchFilter"
+            )
+        return await self._backend.list_batches(filters)
 
     async def get_attempts(self, job_id: UUID | str) -> list[AttemptRow]:
         """Every attempt of a job, oldest first."""

@@ -10,13 +10,14 @@ import json
 import traceback
 from datetime import timedelta
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_serializer
 
 from taskq import Context, EnqueueItem, JobStatus, TaskQ, actor
 from taskq.backend import Backend
+from taskq.client import JobsClient
 from taskq.errors import ConfigurationError, EnqueueOptionsError, PayloadValidationError
 from taskq.models import INT32_MAX, JobFilter
 
@@ -183,6 +184,36 @@ async def test_wait_for_result_with_no_time_answers_from_one_read(taskq_backend:
         await asyncio.wait_for(tq.client.wait_for_result(waiting.id, timeout=None), 0.2)
     with pytest.raises(TypeError, match="takes seconds .*not str"):
         await tq.client.wait_for_result(done.id, timeout="5")  # type: ignore[arg-type]
+
+
+class _StalledReads:
+    """``backend`` whose job reads never answer: a black-holed network, a pool none of
+    whose connections comes back."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self.reading = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    async def get(self, job_id: UUID) -> None:
+        self.reading.set()
+        await asyncio.Event().wait()
+
+
+async def test_wait_for_result_keeps_to_its_timeout_when_the_first_read_stalls(
+    taskq_backend: Backend,
+) -> None:
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    waiting = await tq.client.enqueue(job, {}, queue="nobody-works-this")
+    stalled = _StalledReads(taskq_backend)
+    client = JobsClient(stalled, {job.name: job})  # type: ignore[arg-type]
+    # The first read was outside the limit: the call waited for it forever.
+    with pytest.raises(TimeoutError, match=r"within 0.05 s \(its status could not be read"):
+        async with asyncio.timeout(10):  # a bound on the test, were the limit not kept
+            await client.wait_for_result(waiting.id, timeout=0.05)
+    assert stalled.reading.is_set()
 
 
 async def test_enqueue_with_conn_needs_a_connection_on_postgres(pg_backend: Backend) -> None:

@@ -475,21 +475,31 @@ class JobsClient:
             )
         job_id = _as_id(job_id)
         pause = 0.01
-        # Read once before the clock runs: timeout=0 asks "is it done?", on every backend.
-        row = await self._backend.get(job_id)
+        row: JobRow | None = None
+        read = False
         try:
-            async with asyncio.timeout(limit) as budget:
-                while row is not None and row.status not in TERMINAL_STATUSES:
+            # The first read too is within the limit: outside it, a stalled database (a
+            # black-holed network, a pool none of whose connections came back) held the
+            # call past its timeout, for good without a command_timeout. Only timeout=0
+            # ("is it done?") takes its one read unbounded, on every backend.
+            async with asyncio.timeout(limit or None) as budget:
+                row, read = await self._backend.get(job_id), True
+                while limit != 0 and row is not None and row.status not in TERMINAL_STATUSES:
                     await asyncio.sleep(pause)
                     pause = min(pause * 1.5, 0.5)
                     row = await self._backend.get(job_id)
         except TimeoutError:
             if not budget.expired():
                 raise
-            status = row.status.value if row is not None else "gone"
-            raise TimeoutError(
-                f"job {job_id} did not finish within {limit:g} s (it is {status})"
-            ) from None
+        if not read or (row is not None and row.status not in TERMINAL_STATUSES):
+            assert limit is not None  # without one, only a terminal row or none ends the loop
+            state = (
+                f"it is {row.status.value}"
+                if row is not None
+                else "its status could not be read in that time: give a longer timeout, or "
+                "check that the database is reachable"
+            )
+            raise TimeoutError(f"job {job_id} did not finish within {limit:g} s ({state})")
         if row is None:
             raise KeyError(f"no job {job_id}")
         if row.status is not JobStatus.SUCCEEDED:

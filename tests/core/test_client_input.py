@@ -579,6 +579,23 @@ async def test_an_actor_of_another_type_is_a_clear_error(taskq_backend: Backend)
     assert await tq.client.list_jobs() == []
 
 
+async def test_reads_take_an_actor_as_enqueue_does(taskq_backend: Backend) -> None:
+    # The @actor function enqueue takes was refused by list_jobs and cancel_where
+    # (pydantic's "Input should be a valid string") and list_schedules (a TypeError from
+    # deep in its name check).
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    row = await tq.client.enqueue(job, {})
+    assert JobFilter(actor=job).actor == job.name
+    assert [r.id for r in await tq.client.list_jobs(actor=job)] == [row.id]
+    made = await tq.client.create_schedule(
+        {"name": "nightly", "actor": job.name, "cron": "0 3 * * *"}
+    )
+    assert [s.id for s in await tq.client.list_schedules(actor=job)] == [made.id]
+    assert (await tq.client.cancel_where(actor=job)).cancelled == [row.id]
+    with pytest.raises(TypeError, match="actor is an @actor function or its name, not int"):
+        await tq.client.list_schedules(actor=5)  # type: ignore[arg-type]
+
+
 async def test_schedules_take_their_ids_as_text_and_their_args_as_dicts(
     taskq_backend: Backend,
 ) -> None:

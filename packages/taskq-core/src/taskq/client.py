@@ -387,12 +387,19 @@ class JobsClient:
         return await self._backend.create_schedule(args)
 
     async def list_schedules(
-        self, *, actor: str | None = None, enabled: bool | None = None
+        self, *, actor: ActorRef | None = None, enabled: bool | None = None
     ) -> list[ScheduleRecord]:
-        """Schedules by name, optionally only one actor's or only (dis)abled ones."""
+        """Schedules by name, optionally only one actor's (the ``@actor`` function or its
+        name) or only (dis)abled ones."""
         if enabled is not None and not isinstance(enabled, bool):
             raise TypeError(f"enabled is True, False or None, not {enabled!r}")
+        if isinstance(actor, Actor):
+            actor = actor.name
         if actor is not None:
+            if not isinstance(actor, str):
+                raise TypeError(
+                    f"actor is an @actor function or its name, not {type(actor).__name__}"
+                )
             # Checked as a schedule's actor is: text no store can hold matches nothing.
             try:
                 check_key_text(actor)

@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_serializer
 
 from taskq import Context, EnqueueItem, JobStatus, TaskQ, actor
-from taskq.backend import Backend
+from taskq.backend import Backend, SupportsPrune
 from taskq.client import JobsClient
 from taskq.errors import ConfigurationError, EnqueueOptionsError, PayloadValidationError
 from taskq.models import INT32_MAX, JobFilter
@@ -184,6 +184,20 @@ async def test_wait_for_result_with_no_time_answers_from_one_read(taskq_backend:
         await asyncio.wait_for(tq.client.wait_for_result(waiting.id, timeout=None), 0.2)
     with pytest.raises(TypeError, match="takes seconds .*not str"):
         await tq.client.wait_for_result(done.id, timeout="5")  # type: ignore[arg-type]
+
+
+async def test_waiting_on_an_archived_job_says_where_it_went(taskq_backend: Backend) -> None:
+    from taskq_testing import run_until_idle
+
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    done = await tq.client.enqueue(job, {})
+    await run_until_idle(tq, queues=["jobs"])
+    assert isinstance(taskq_backend, SupportsPrune)
+    retention = {"succeeded": timedelta(0)}
+    assert await taskq_backend.prune_terminal_jobs(retention, archive_retention=timedelta(1)) == 1
+    # It said "no job <id>", as of an id never enqueued.
+    with pytest.raises(KeyError, match="moved to the archive .*TASKQ_PRUNE_RETENTION_"):
+        await tq.client.wait_for_result(done.id)
 
 
 class _StalledReads:

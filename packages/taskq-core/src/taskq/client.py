@@ -508,7 +508,12 @@ class JobsClient:
             )
             raise TimeoutError(f"job {job_id} did not finish within {limit:g} s ({state})")
         if row is None:
-            raise KeyError(f"no job {job_id}")
+            # Said as `taskq jobs show` says it: a finished job's id stops being found.
+            raise KeyError(
+                f"no job {job_id}: unknown, or finished and moved to the archive once its "
+                f"status's retention (TASKQ_PRUNE_RETENTION_<STATUS>) passed; read results "
+                f"within it"
+            )
         if row.status is not JobStatus.SUCCEEDED:
             raise JobFailedError(row)
         expires, backend = row.result_expires_at, self._backend

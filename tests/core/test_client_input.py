@@ -13,6 +13,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
+import structlog
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_serializer
 
 from taskq import Context, EnqueueItem, JobStatus, TaskQ, actor
@@ -228,6 +229,55 @@ async def test_wait_for_result_keeps_to_its_timeout_when_the_first_read_stalls(
         async with asyncio.timeout(10):  # a bound on the test, were the limit not kept
             await client.wait_for_result(waiting.id, timeout=0.05)
     assert stalled.reading.is_set()
+
+
+class _BlippingReads:
+    """``backend`` whose next ``failures`` job reads fail with ``error``, as over a
+    database restart."""
+
+    def __init__(self, backend: Backend, failures: int, error: Exception) -> None:
+        self._backend = backend
+        self.failures = failures
+        self._error = error
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    async def get(self, job_id: UUID) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise self._error
+        return await self._backend.get(job_id)
+
+
+async def test_wait_for_result_waits_out_a_database_blip_within_its_timeout(
+    taskq_backend: Backend,
+) -> None:
+    from taskq_testing import run_until_idle
+
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    done = await tq.client.enqueue(job, {})
+    await run_until_idle(tq, queues=["jobs"])
+    # The first failed read ended the wait, whatever its timeout (None: for good).
+    blipping = _BlippingReads(taskq_backend, 3, ConnectionResetError("server restarting"))
+    client = JobsClient(blipping, {job.name: job})  # type: ignore[arg-type]
+    with structlog.testing.capture_logs() as logs:
+        assert await client.wait_for_result(done.id, timeout=None) is None
+    assert blipping.failures == 0
+    retries = [e for e in logs if e["event"] == "taskq.wait-for-result-retry"]
+    assert [e["retry_in"] for e in retries] == [0.1, 0.2, 0.4]  # slower each time
+    assert "server restarting" in retries[0]["error"]
+    # A blip outlasting the limit is said with the failure; other errors at once.
+    blipping.failures = 1_000_000
+    with pytest.raises(TimeoutError, match=r"within 0.05 s \(its last read failed: Connection"):
+        await client.wait_for_result(done.id, timeout=0.05)
+    broken = _BlippingReads(taskq_backend, 1, RuntimeError("a bug"))
+    with pytest.raises(RuntimeError, match="a bug"):
+        await JobsClient(broken, {}).wait_for_result(done.id)  # type: ignore[arg-type]
+    # timeout=0 asks once: its read's failure is the answer.
+    blipping.failures = 1
+    with pytest.raises(ConnectionResetError):
+        await client.wait_for_result(done.id, timeout=0)
 
 
 async def test_enqueue_with_conn_needs_a_connection_on_postgres(pg_backend: Backend) -> None:

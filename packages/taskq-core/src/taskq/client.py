@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any, Final, TypeVar
 from uuid import UUID
 
+import structlog
 from pydantic import BaseModel
 
 from taskq.actor import Actor
@@ -50,6 +51,13 @@ from taskq.models import (
 __all__ = ["ActorRef", "JobsClient"]
 
 _ArgsModel = TypeVar("_ArgsModel", bound=BaseModel)
+
+_log = structlog.get_logger("taskq.client")
+
+_WAIT_RETRY_FIRST: Final = 0.1
+_WAIT_RETRY_MOST: Final = 5.0
+"""Seconds ``wait_for_result`` waits before reading again after a transient failure:
+the first, doubling up to the most."""
 
 
 class _CapacityCache:
@@ -462,7 +470,9 @@ class JobsClient:
         result outlived ``result_ttl`` (the backend's clock decides), ``TimeoutError``
         after ``timeout``, ``KeyError`` for an unknown job, ``ValueError`` for a
         negative or NaN ``timeout`` and ``TypeError`` for one that is no number of
-        seconds nor a ``timedelta`` (a string was read as seconds).
+        seconds nor a ``timedelta`` (a string was read as seconds). A read that fails
+        transiently (the database restarting) is tried again within ``timeout``, logged
+        ``taskq.wait-for-result-retry``; any other error is raised at once.
         """
         limit: float | None
         if timeout is None:
@@ -481,31 +491,57 @@ class JobsClient:
                 f"wait_for_result timeout must be a number of seconds, 0 or more, not {limit}"
             )
         job_id = _as_id(job_id)
-        pause = 0.01
+        # Here, not at the top: `import taskq` stays without the worker runtime.
+        from taskq.worker._transient import transient_cause
+
+        pause, retry_in = 0.01, _WAIT_RETRY_FIRST / 2
         row: JobRow | None = None
         read = False
+        failed: BaseException | None = None
         try:
             # The first read too is within the limit: outside it, a stalled database (a
             # black-holed network, a pool none of whose connections came back) held the
             # call past its timeout, for good without a command_timeout. Only timeout=0
             # ("is it done?") takes its one read unbounded, on every backend.
             async with asyncio.timeout(limit or None) as budget:
-                row, read = await self._backend.get(job_id), True
-                while limit != 0 and row is not None and row.status not in TERMINAL_STATUSES:
+                while True:
+                    try:
+                        row, read, failed = await self._backend.get(job_id), True, None
+                    except Exception as exc:
+                        if limit == 0 or transient_cause(exc) is None:
+                            raise
+                        # A blip (a restart, a failover) is waited out within the limit,
+                        # as the reclaims feed does: the wait is on the job, and one
+                        # failed read ended a wait of minutes (timeout=None: for good).
+                        # Slower each time: many waiters through an outage log little.
+                        failed, retry_in = exc, min(retry_in * 2, _WAIT_RETRY_MOST)
+                        _log.warning(
+                            "taskq.wait-for-result-retry",
+                            job_id=str(job_id),
+                            error=repr(exc),
+                            retry_in=retry_in,
+                        )
+                        await asyncio.sleep(retry_in)
+                        continue
+                    if limit == 0 or row is None or row.status in TERMINAL_STATUSES:
+                        break
+                    retry_in = _WAIT_RETRY_FIRST / 2
                     await asyncio.sleep(pause)
                     pause = min(pause * 1.5, 0.5)
-                    row = await self._backend.get(job_id)
         except TimeoutError:
             if not budget.expired():
                 raise
-        if not read or (row is not None and row.status not in TERMINAL_STATUSES):
+        if failed is not None or not read or (row is not None and not row.is_terminal):
             assert limit is not None  # without one, only a terminal row or none ends the loop
-            state = (
-                f"it is {row.status.value}"
-                if row is not None
-                else "its status could not be read in that time: give a longer timeout, or "
-                "check that the database is reachable"
-            )
+            if failed is not None:
+                state = f"its last read failed: {failed!r}"
+            elif row is not None:
+                state = f"it is {row.status.value}"
+            else:
+                state = (
+                    "its status could not be read in that time: give a longer timeout, or "
+                    "check that the database is reachable"
+                )
             raise TimeoutError(f"job {job_id} did not finish within {limit:g} s ({state})")
         if row is None:
             # Said as `taskq jobs show` says it: a finished job's id stops being found.

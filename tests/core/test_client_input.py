@@ -10,13 +10,15 @@ import json
 import traceback
 from datetime import timedelta
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
+import structlog
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_serializer
 
 from taskq import Context, EnqueueItem, JobStatus, TaskQ, actor
-from taskq.backend import Backend
+from taskq.backend import Backend, SupportsPrune
+from taskq.client import JobsClient
 from taskq.errors import ConfigurationError, EnqueueOptionsError, PayloadValidationError
 from taskq.models import INT32_MAX, JobFilter
 
@@ -183,6 +185,99 @@ async def test_wait_for_result_with_no_time_answers_from_one_read(taskq_backend:
         await asyncio.wait_for(tq.client.wait_for_result(waiting.id, timeout=None), 0.2)
     with pytest.raises(TypeError, match="takes seconds .*not str"):
         await tq.client.wait_for_result(done.id, timeout="5")  # type: ignore[arg-type]
+
+
+async def test_waiting_on_an_archived_job_says_where_it_went(taskq_backend: Backend) -> None:
+    from taskq_testing import run_until_idle
+
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    done = await tq.client.enqueue(job, {})
+    await run_until_idle(tq, queues=["jobs"])
+    assert isinstance(taskq_backend, SupportsPrune)
+    retention = {"succeeded": timedelta(0)}
+    assert await taskq_backend.prune_terminal_jobs(retention, archive_retention=timedelta(1)) == 1
+    # It said "no job <id>", as of an id never enqueued.
+    with pytest.raises(KeyError, match="moved to the archive .*TASKQ_PRUNE_RETENTION_"):
+        await tq.client.wait_for_result(done.id)
+
+
+class _StalledReads:
+    """``backend`` whose job reads never answer: a black-holed network, a pool none of
+    whose connections comes back."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self.reading = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    async def get(self, job_id: UUID) -> None:
+        self.reading.set()
+        await asyncio.Event().wait()
+
+
+async def test_wait_for_result_keeps_to_its_timeout_when_the_first_read_stalls(
+    taskq_backend: Backend,
+) -> None:
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    waiting = await tq.client.enqueue(job, {}, queue="nobody-works-this")
+    stalled = _StalledReads(taskq_backend)
+    client = JobsClient(stalled, {job.name: job})  # type: ignore[arg-type]
+    # The first read was outside the limit: the call waited for it forever.
+    with pytest.raises(TimeoutError, match=r"within 0.05 s \(its status could not be read"):
+        async with asyncio.timeout(10):  # a bound on the test, were the limit not kept
+            await client.wait_for_result(waiting.id, timeout=0.05)
+    assert stalled.reading.is_set()
+
+
+class _BlippingReads:
+    """``backend`` whose next ``failures`` job reads fail with ``error``, as over a
+    database restart."""
+
+    def __init__(self, backend: Backend, failures: int, error: Exception) -> None:
+        self._backend = backend
+        self.failures = failures
+        self._error = error
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    async def get(self, job_id: UUID) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise self._error
+        return await self._backend.get(job_id)
+
+
+async def test_wait_for_result_waits_out_a_database_blip_within_its_timeout(
+    taskq_backend: Backend,
+) -> None:
+    from taskq_testing import run_until_idle
+
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    done = await tq.client.enqueue(job, {})
+    await run_until_idle(tq, queues=["jobs"])
+    # The first failed read ended the wait, whatever its timeout (None: for good).
+    blipping = _BlippingReads(taskq_backend, 3, ConnectionResetError("server restarting"))
+    client = JobsClient(blipping, {job.name: job})  # type: ignore[arg-type]
+    with structlog.testing.capture_logs() as logs:
+        assert await client.wait_for_result(done.id, timeout=None) is None
+    assert blipping.failures == 0
+    retries = [e for e in logs if e["event"] == "taskq.wait-for-result-retry"]
+    assert [e["retry_in"] for e in retries] == [0.1, 0.2, 0.4]  # slower each time
+    assert "server restarting" in retries[0]["error"]
+    # A blip outlasting the limit is said with the failure; other errors at once.
+    blipping.failures = 1_000_000
+    with pytest.raises(TimeoutError, match=r"within 0.05 s \(its last read failed: Connection"):
+        await client.wait_for_result(done.id, timeout=0.05)
+    broken = _BlippingReads(taskq_backend, 1, RuntimeError("a bug"))
+    with pytest.raises(RuntimeError, match="a bug"):
+        await JobsClient(broken, {}).wait_for_result(done.id)  # type: ignore[arg-type]
+    # timeout=0 asks once: its read's failure is the answer.
+    blipping.failures = 1
+    with pytest.raises(ConnectionResetError):
+        await client.wait_for_result(done.id, timeout=0)
 
 
 async def test_enqueue_with_conn_needs_a_connection_on_postgres(pg_backend: Backend) -> None:
@@ -546,6 +641,23 @@ async def test_an_actor_of_another_type_is_a_clear_error(taskq_backend: Backend)
     with pytest.raises(TypeError, match="an actor is given as an @actor function or its name"):
         await tq.client.enqueue(5, {})  # type: ignore[arg-type]
     assert await tq.client.list_jobs() == []
+
+
+async def test_reads_take_an_actor_as_enqueue_does(taskq_backend: Backend) -> None:
+    # The @actor function enqueue takes was refused by list_jobs and cancel_where
+    # (pydantic's "Input should be a valid string") and list_schedules (a TypeError from
+    # deep in its name check).
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    row = await tq.client.enqueue(job, {})
+    assert JobFilter(actor=job).actor == job.name
+    assert [r.id for r in await tq.client.list_jobs(actor=job)] == [row.id]
+    made = await tq.client.create_schedule(
+        {"name": "nightly", "actor": job.name, "cron": "0 3 * * *"}
+    )
+    assert [s.id for s in await tq.client.list_schedules(actor=job)] == [made.id]
+    assert (await tq.client.cancel_where(actor=job)).cancelled == [row.id]
+    with pytest.raises(TypeError, match="actor is an @actor function or its name, not int"):
+        await tq.client.list_schedules(actor=5)  # type: ignore[arg-type]
 
 
 async def test_schedules_take_their_ids_as_text_and_their_args_as_dicts(

@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any, Final, TypeVar
 from uuid import UUID
 
+import structlog
 from pydantic import BaseModel
 
 from taskq.actor import Actor
@@ -33,6 +34,9 @@ from taskq.errors import (
 from taskq.models import (
     AttemptRow,
     BatchChildEnd,
+    BatchCounts,
+    BatchFilter,
+    BatchRow,
     BulkCancelResult,
     EnqueueArgs,
     EventRow,
@@ -47,6 +51,13 @@ from taskq.models import (
 __all__ = ["ActorRef", "JobsClient"]
 
 _ArgsModel = TypeVar("_ArgsModel", bound=BaseModel)
+
+_log = structlog.get_logger("taskq.client")
+
+_WAIT_RETRY_FIRST: Final = 0.1
+_WAIT_RETRY_MOST: Final = 5.0
+"""Seconds ``wait_for_result`` waits before reading again after a transient failure:
+the first, doubling up to the most."""
 
 
 class _CapacityCache:
@@ -290,6 +301,29 @@ class JobsClient:
         """Jobs matching a :class:`JobFilter` (or its fields as keywords), one page."""
         return await self._backend.list_jobs(_job_filter(filters, fields))
 
+    async def get_batch(self, batch_id: UUID | str) -> BatchRow | None:
+        """One tracked batch (enqueued with a failure policy or a finalizer), or None."""
+        return await self._backend.get_batch(_as_id(batch_id, "batch"))
+
+    async def list_batches(
+        self, filters: BatchFilter | None = None, **fields: Any
+    ) -> list[tuple[BatchRow, BatchCounts]]:
+        """Tracked batches a :class:`BatchFilter` (or its fields as keywords) selects,
+        newest first, each with its children's counts."""
+        if filters is None:
+            filters = BatchFilter(**fields)
+        elif not isinstance(filters, BatchFilter):
+            raise TypeError(
+                f"filters is a BatchFilter, not {type(filters).__name__}: pass "
+                f"BatchFilter(...) or its fields as keywords (queue=..., active=...)"
+            )
+        elif fields:
+            raise TypeError(
+                f"give a BatchFilter or filter keywords, not both (got a BatchFilter and "
+                f"{', '.join(sorted(fields))}): put every condition in the BatchFilter"
+            )
+        return await self._backend.list_batches(filters)
+
     async def get_attempts(self, job_id: UUID | str) -> list[AttemptRow]:
         """Every attempt of a job, oldest first."""
         return await self._backend.get_attempts(_as_id(job_id))
@@ -361,12 +395,19 @@ class JobsClient:
         return await self._backend.create_schedule(args)
 
     async def list_schedules(
-        self, *, actor: str | None = None, enabled: bool | None = None
+        self, *, actor: ActorRef | None = None, enabled: bool | None = None
     ) -> list[ScheduleRecord]:
-        """Schedules by name, optionally only one actor's or only (dis)abled ones."""
+        """Schedules by name, optionally only one actor's (the ``@actor`` function or its
+        name) or only (dis)abled ones."""
         if enabled is not None and not isinstance(enabled, bool):
             raise TypeError(f"enabled is True, False or None, not {enabled!r}")
+        if isinstance(actor, Actor):
+            actor = actor.name
         if actor is not None:
+            if not isinstance(actor, str):
+                raise TypeError(
+                    f"actor is an @actor function or its name, not {type(actor).__name__}"
+                )
             # Checked as a schedule's actor is: text no store can hold matches nothing.
             try:
                 check_key_text(actor)
@@ -429,7 +470,9 @@ class JobsClient:
         result outlived ``result_ttl`` (the backend's clock decides), ``TimeoutError``
         after ``timeout``, ``KeyError`` for an unknown job, ``ValueError`` for a
         negative or NaN ``timeout`` and ``TypeError`` for one that is no number of
-        seconds nor a ``timedelta`` (a string was read as seconds).
+        seconds nor a ``timedelta`` (a string was read as seconds). A read that fails
+        transiently (the database restarting) is tried again within ``timeout``, logged
+        ``taskq.wait-for-result-retry``; any other error is raised at once.
         """
         limit: float | None
         if timeout is None:
@@ -448,24 +491,65 @@ class JobsClient:
                 f"wait_for_result timeout must be a number of seconds, 0 or more, not {limit}"
             )
         job_id = _as_id(job_id)
-        pause = 0.01
-        # Read once before the clock runs: timeout=0 asks "is it done?", on every backend.
-        row = await self._backend.get(job_id)
+        # Here, not at the top: `import taskq` stays without the worker runtime.
+        from taskq.worker._transient import transient_cause
+
+        pause, retry_in = 0.01, _WAIT_RETRY_FIRST / 2
+        row: JobRow | None = None
+        read = False
+        failed: BaseException | None = None
         try:
-            async with asyncio.timeout(limit) as budget:
-                while row is not None and row.status not in TERMINAL_STATUSES:
+            # The first read too is within the limit: outside it, a stalled database (a
+            # black-holed network, a pool none of whose connections came back) held the
+            # call past its timeout, for good without a command_timeout. Only timeout=0
+            # ("is it done?") takes its one read unbounded, on every backend.
+            async with asyncio.timeout(limit or None) as budget:
+                while True:
+                    try:
+                        row, read, failed = await self._backend.get(job_id), True, None
+                    except Exception as exc:
+                        if limit == 0 or transient_cause(exc) is None:
+                            raise
+                        # A blip (a restart, a failover) is waited out within the limit,
+                        # as the reclaims feed does: the wait is on the job, and one
+                        # failed read ended a wait of minutes (timeout=None: for good).
+                        # Slower each time: many waiters through an outage log little.
+                        failed, retry_in = exc, min(retry_in * 2, _WAIT_RETRY_MOST)
+                        _log.warning(
+                            "taskq.wait-for-result-retry",
+                            job_id=str(job_id),
+                            error=repr(exc),
+                            retry_in=retry_in,
+                        )
+                        await asyncio.sleep(retry_in)
+                        continue
+                    if limit == 0 or row is None or row.status in TERMINAL_STATUSES:
+                        break
+                    retry_in = _WAIT_RETRY_FIRST / 2
                     await asyncio.sleep(pause)
                     pause = min(pause * 1.5, 0.5)
-                    row = await self._backend.get(job_id)
         except TimeoutError:
             if not budget.expired():
                 raise
-            status = row.status.value if row is not None else "gone"
-            raise TimeoutError(
-                f"job {job_id} did not finish within {limit:g} s (it is {status})"
-            ) from None
+        if failed is not None or not read or (row is not None and not row.is_terminal):
+            assert limit is not None  # without one, only a terminal row or none ends the loop
+            if failed is not None:
+                state = f"its last read failed: {failed!r}"
+            elif row is not None:
+                state = f"it is {row.status.value}"
+            else:
+                state = (
+                    "its status could not be read in that time: give a longer timeout, or "
+                    "check that the database is reachable"
+                )
+            raise TimeoutError(f"job {job_id} did not finish within {limit:g} s ({state})")
         if row is None:
-            raise KeyError(f"no job {job_id}")
+            # Said as `taskq jobs show` says it: a finished job's id stops being found.
+            raise KeyError(
+                f"no job {job_id}: unknown, or finished and moved to the archive once its "
+                f"status's retention (TASKQ_PRUNE_RETENTION_<STATUS>) passed; read results "
+                f"within it"
+            )
         if row.status is not JobStatus.SUCCEEDED:
             raise JobFailedError(row)
         expires, backend = row.result_expires_at, self._backend

@@ -566,6 +566,15 @@ class JobFilter(_Model):
     def _parse_status(cls, value: object) -> tuple[JobStatus, ...] | None:
         return None if value is None else _as_status_tuple(value)
 
+    @field_validator("actor", mode="before")
+    @classmethod
+    def _actor_name(cls, value: object) -> object:
+        # An @actor function, as enqueue takes it: refused with pydantic's "Input should
+        # be a valid string".
+        from taskq.actor import Actor  # taskq.actor imports this module
+
+        return value.name if isinstance(value, Actor) else value
+
     @field_validator("actor", "queue", "identity_key", "idempotency_key")
     @classmethod
     def _no_nul(cls, value: str | None) -> str | None:

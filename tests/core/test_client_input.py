@@ -143,6 +143,21 @@ async def test_an_actor_result_ttl_of_zero_is_taken_as_enqueue_takes_it(
         actor(name="options.negative_ttl", result_ttl=-1)(resultless.fn)
 
 
+async def test_cancel_where_refuses_a_limit_it_would_not_apply(taskq_backend: Backend) -> None:
+    # cancel_where(JobFilter(status="pending", limit=1)) cancelled every pending job.
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    kept = [await tq.client.enqueue(job, {}) for _ in range(2)]
+    with pytest.raises(ValueError, match=r"its limit \(1\) would not apply"):
+        await tq.client.cancel_where(JobFilter(actor="options.job", limit=1))
+    with pytest.raises(ValueError, match="Leave the limit out"):
+        await tq.client.cancel_where(actor="options.job", limit=1)
+    for row in kept:  # nothing was cancelled
+        found = await tq.client.get(row.id)
+        assert found is not None and found.cancel_requested_at is None
+    result = await tq.client.cancel_where(JobFilter(actor="options.job"))
+    assert sorted(result.cancelled) == sorted(row.id for row in kept)
+
+
 async def test_a_filter_and_filter_keywords_together_are_refused(taskq_backend: Backend) -> None:
     tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
     kept = await tq.client.enqueue(job, {})

@@ -363,10 +363,12 @@ class JobsClient:
     async def cancel_where(
         self, filters: JobFilter | None = None, *, reason: str | None = None, **fields: Any
     ) -> BulkCancelResult:
-        """:meth:`cancel` every job a filter selects (its ``limit`` is ignored).
+        """:meth:`cancel` every job a filter selects.
 
         With neither a filter nor a keyword it refuses (``TypeError``): one call
         would cancel every job in the schema. Pass ``JobFilter()`` to mean every job.
+        A filter with a ``limit`` is refused (``ValueError``): the call cancels every
+        job the filter selects, however many.
         The batch children cancelled at once count for their batches, as at
         :meth:`cancel`.
         """
@@ -377,6 +379,14 @@ class JobsClient:
                 "cancel_where() needs a filter: without one it would cancel every job. "
                 "Select jobs (cancel_where(actor=..., queue=..., status=...)), or pass "
                 "JobFilter() to cancel every job"
+            )
+        if "limit" in selected.model_fields_set:
+            # Ignored, cancel_where(JobFilter(status="pending", limit=10)) cancelled every
+            # pending job, where ten were meant.
+            raise ValueError(
+                f"cancel_where() cancels every job the filter selects: its limit "
+                f"({selected.limit}) would not apply. Leave the limit out, or cancel the "
+                f"jobs list_jobs() returns one by one with cancel()"
             )
         ends: list[BatchChildEnd] = []
         result = await self._backend.cancel_where(selected, _reason(reason), batch_ends=ends)

@@ -324,7 +324,7 @@ async def run_demo(dsn: str, schema: str, jobs: int, progress_stream: TextIO) ->
         wall_seconds = time.monotonic() - started
         progress.finish(await _count_finished(client, run))
         # A slot that fired as the worker went idle waits for no one: cancelled.
-        await client.cancel_where(fired.model_copy(update={"active": True}), reason="demo over")
+        await client.cancel_where(JobFilter(tags=fired.tags, active=True), reason="demo over")
 
         rows = await client.list_jobs(run)
         attempts = [a for row in rows for a in await client.get_attempts(row.id)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -423,6 +423,40 @@ async def test_an_abort_cancels_a_large_batchs_children_in_turns(
     batch = await backend.get_batch(batch_id)
     assert batch is not None and batch.status == "aborted"
     assert await backend.abort_batch(batch_id) == 0  # a finished batch is left alone
+
+
+async def test_the_batch_prune_deletes_in_turns_and_skips_a_held_row(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    # In one statement, a million finished batches outlasted the command timeout: the
+    # prune rolled back at every run and no batch row was ever deleted. A turn here is 3.
+    backend._sweep_turn = 3
+    batches = [uuid4() for _ in range(8)]
+    for batch_id in batches:
+        await backend.create_batch(batch_id, "q", 0, None, None, None)
+        await backend.complete_batch(batch_id)
+    cutoff = await backend.now()
+    *_, held = batches  # the last: the turn below takes the first three
+    holder = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        async with holder.transaction():
+            await holder.execute(
+                f"SELECT 1 FROM {backend.schema}.batches WHERE id = $1 FOR UPDATE", held
+            )
+            first = datetime(1, 1, 1, tzinfo=UTC)
+            one_turn = await holder.fetchrow(
+                backend._sql.prune_old_batches, cutoff, first, UUID(int=0), 3
+            )
+            assert one_turn is not None and one_turn["changed"] == 3
+            # Rows another transaction holds (one locked, three being deleted) are left
+            # to it, not waited on: the other four go, in two turns.
+            assert await backend.prune_old_batches(cutoff) == 4
+        assert await backend.get_batch(held) is not None
+        assert await backend.prune_old_batches(cutoff) == 1
+    finally:
+        await holder.close()
+    for batch_id in batches:
+        assert await backend.get_batch(batch_id) is None
 
 
 async def test_schedules_list_by_code_point_under_a_linguistic_collation(

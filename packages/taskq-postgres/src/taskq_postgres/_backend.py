@@ -40,7 +40,7 @@ from contextlib import (
     nullcontext,
     suppress,
 )
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import chain, count
 from typing import Any, ClassVar, Final, Literal, TypeAlias, cast
 from uuid import UUID, uuid4
@@ -193,6 +193,8 @@ _DispatchCall: TypeAlias = tuple[tuple[str, ...], tuple[str, ...] | None]
 # Prune and archive batches move thousands of rows: exempt from the worker's
 # short per-statement command_timeout, yet still bounded.
 _BULK_STATEMENT_TIMEOUT: Final = 600.0
+_BEFORE_ANY_BATCH: Final = datetime(1, 1, 1, tzinfo=UTC)
+"""The key a batch prune's first turn starts after (every completed_at is later)."""
 _CLOSE_TIMEOUT: Final = 5.0
 """Seconds a close waits for the pool's connections to end cleanly before it cuts them."""
 _NO_DELAY: Final = timedelta(0)
@@ -2271,8 +2273,20 @@ class PostgresBackend:
         return _changed(status) == 1
 
     async def prune_old_batches(self, cutoff: datetime) -> int:
-        """Delete batches completed before ``cutoff`` whose children are gone."""
-        return _changed(await self._db().execute(self._sql.prune_old_batches, cutoff))
+        """Delete batches completed before ``cutoff`` whose children are gone, in turns
+        of at most :data:`_SWEEP_TURN`, each its own statement (one over a million
+        batches outlasted the command timeout, rolled back, and no batch was ever
+        pruned), until a turn deletes fewer."""
+        deleted, after_at, after_id = 0, _BEFORE_ANY_BATCH, UUID(int=0)
+        while True:
+            record = await self._db().fetchrow(
+                self._sql.prune_old_batches, cutoff, after_at, after_id, self._sweep_turn
+            )
+            changed = int(record["changed"]) if record is not None else 0
+            deleted += changed
+            if record is None or changed < self._sweep_turn:
+                return deleted
+            after_at, after_id = record["last_at"], record["last_id"]
 
 
 # Fail at import, not at the first misbehaving call, if this module and core's

@@ -13,6 +13,8 @@ import pytest
 import pytest_asyncio
 
 from taskq_postgres._leader import LeaderStatements
+from taskq_postgres._sql import render
+from taskq_postgres._sql.prune import PRUNE_TERMINAL_JOBS
 from taskq_postgres._statements import statements_for
 from taskq_testing.postgres import PgSchema
 from tests.postgres.plans import index_rows, rows_handled
@@ -313,3 +315,43 @@ async def test_a_cron_tick_counts_an_actors_waiting_jobs_up_to_its_max_pending_o
         await conn.close()
     assert row is not None and (row["max_pending"], row["waiting"]) == (10, 10)
     assert rows_handled(plan["Plan"]) < 100
+
+
+async def test_a_prune_batch_reads_its_own_jobs_not_the_whole_history(
+    pg_schema: PgSchema,
+) -> None:
+    # The status came as a parameter, which does not prove the partial index's predicate:
+    # every batch read and sorted all of the status's jobs, and found them again in jobs
+    # and job_attempts by reading both tables whole (a quadratic prune over a backlog of
+    # 1,000,000 jobs, each batch's 10,000 rows locked for seconds).
+    s = pg_schema.name
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        await conn.execute(
+            f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
+            "SELECT 'a', 'succeeded', now() - interval '9 days', "
+            "now() - interval '8 days' + g * interval '1 ms', 1 "
+            "FROM generate_series(1, 30000) g"
+        )
+        await conn.execute(
+            f"INSERT INTO {s}.job_attempts (job_id, attempt, outcome, started_at, finished_at) "
+            f"SELECT id, 1, 'succeeded', started_at, finished_at FROM {s}.jobs"
+        )
+        await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+        await conn.execute(f"VACUUM ANALYZE {s}.job_attempts")
+        statement = render(PRUNE_TERMINAL_JOBS, s)
+        args = ["succeeded", timedelta(days=7), 500, timedelta(days=365)]
+        [plan] = json.loads(
+            await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args)
+        )
+        archived = await conn.fetch(
+            f"SELECT a.finished_at, (SELECT count(*) FROM {s}.job_attempts_archive t "
+            f"WHERE t.job_id = a.id) AS attempts FROM {s}.jobs_archive a ORDER BY a.finished_at"
+        )
+        oldest = await conn.fetch(f"SELECT finished_at FROM {s}.jobs ORDER BY finished_at LIMIT 1")
+    finally:
+        await conn.close()
+    # The 500 oldest moved, with their attempts.
+    assert len(archived) == 500 and all(r["attempts"] == 1 for r in archived)
+    assert archived[-1]["finished_at"] < oldest[0]["finished_at"]
+    assert rows_handled(plan["Plan"]) < 40 * 500  # about 22 rows per job moved

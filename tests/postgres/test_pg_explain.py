@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from taskq_postgres._leader import LeaderStatements
 from taskq_postgres._sql import render
-from taskq_postgres._sql.prune import PRUNE_TERMINAL_JOBS
+from taskq_postgres._sql.prune import EXPIRE_ARCHIVE, PRUNE_TERMINAL_JOBS
 from taskq_postgres._statements import statements_for
 from taskq_testing.postgres import PgSchema
 from tests.postgres.plans import index_rows, rows_handled
@@ -355,3 +355,35 @@ async def test_a_prune_batch_reads_its_own_jobs_not_the_whole_history(
     assert len(archived) == 500 and all(r["attempts"] == 1 for r in archived)
     assert archived[-1]["finished_at"] < oldest[0]["finished_at"]
     assert rows_handled(plan["Plan"]) < 40 * 500  # about 22 rows per job moved
+
+
+async def test_an_archive_expiry_batch_reads_its_own_rows_not_the_whole_archive(
+    pg_schema: PgSchema,
+) -> None:
+    # Joined to the batch it picked, the delete read the whole archive (a year of jobs)
+    # at every batch of 10,000.
+    s = pg_schema.name
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        await conn.execute(
+            f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
+            "SELECT 'a', 'succeeded', now(), now() - g * interval '1 ms', 1 "
+            "FROM generate_series(1, 30000) g"
+        )
+        await conn.execute(
+            f"INSERT INTO {s}.job_attempts (job_id, attempt, outcome, started_at, finished_at) "
+            f"SELECT id, 1, 'succeeded', started_at, finished_at FROM {s}.jobs"
+        )
+        prune = render(PRUNE_TERMINAL_JOBS, s)
+        moved = await conn.fetchval(prune, "succeeded", timedelta(0), 30_000, timedelta(0))
+        assert moved == 30_000
+        await conn.execute(f"VACUUM ANALYZE {s}.jobs_archive")
+        await conn.execute(f"VACUUM ANALYZE {s}.job_attempts_archive")
+        statement = render(EXPIRE_ARCHIVE, s)
+        [plan] = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", 500))
+        left = await conn.fetchval(f"SELECT count(*) FROM {s}.jobs_archive")
+        attempts = await conn.fetchval(f"SELECT count(*) FROM {s}.job_attempts_archive")
+    finally:
+        await conn.close()
+    assert (left, attempts) == (29_500, 29_500)
+    assert rows_handled(plan["Plan"]) < 10 * 500

@@ -17,7 +17,7 @@ from taskq_postgres._sql import render
 from taskq_postgres._sql.prune import EXPIRE_ARCHIVE, PRUNE_TERMINAL_JOBS
 from taskq_postgres._statements import statements_for
 from taskq_testing.postgres import PgSchema
-from tests.postgres.plans import index_rows, rows_handled
+from tests.postgres.plans import index_rows, rows_handled, seq_scan_rows
 
 pytestmark = pytest.mark.postgres
 
@@ -387,3 +387,34 @@ async def test_an_archive_expiry_batch_reads_its_own_rows_not_the_whole_archive(
         await conn.close()
     assert (left, attempts) == (29_500, 29_500)
     assert rows_handled(plan["Plan"]) < 10 * 500
+
+
+async def test_a_promotion_turn_reads_its_own_jobs_not_the_whole_table(
+    pg_schema: PgSchema,
+) -> None:
+    # Joined to the turn's CTE (estimated at a full turn), the update hashed the whole
+    # jobs table, finished history and all, at every turn: with millions of jobs kept a
+    # week, a backlog of due jobs took seconds a turn, past the leader's bound.
+    s = pg_schema.name
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        await conn.execute(
+            f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
+            "SELECT 'a', 'succeeded', now(), now(), 1 FROM generate_series(1, 50000)"
+        )
+        await conn.execute(
+            f"INSERT INTO {s}.jobs (actor, status, scheduled_at) "
+            "SELECT 'a', 'scheduled', now() - g * interval '1 ms' FROM generate_series(1, 10000) g"
+        )
+        await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+        statement = statements_for(s).scheduled_to_pending
+        [plan] = json.loads(
+            await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", None, 5000)
+        )
+        left = await conn.fetchval(f"SELECT count(*) FROM {s}.jobs WHERE status = 'scheduled'")
+    finally:
+        await conn.close()
+    assert left == 5000
+    # The turn's 5,000 found by id, not the 60,000 jobs hashed.
+    assert seq_scan_rows(plan["Plan"], "jobs") == 0
+    assert index_rows(plan["Plan"], "jobs_pkey") == 5000

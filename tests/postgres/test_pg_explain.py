@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
@@ -418,3 +418,32 @@ async def test_a_promotion_turn_reads_its_own_jobs_not_the_whole_table(
     # The turn's 5,000 found by id, not the 60,000 jobs hashed.
     assert seq_scan_rows(plan["Plan"], "jobs") == 0
     assert index_rows(plan["Plan"], "jobs_pkey") == 5000
+
+
+async def test_a_stale_batch_window_reads_its_own_batches_not_all_active_ones(
+    pg_schema: PgSchema,
+) -> None:
+    # All the active batches in one statement, each probed for a child left: 20,000
+    # here, a million outlasted the leader's bound at every call.
+    s = pg_schema.name
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        await conn.execute(
+            f"INSERT INTO {s}.batches (id, queue, expected_size, created_at) "
+            "SELECT gen_random_uuid(), 'q', 1, now() - g * interval '1 ms' "
+            "FROM generate_series(1, 20000) g"
+        )
+        await conn.execute(
+            f"INSERT INTO {s}.jobs (actor, metadata) "
+            f"SELECT 'a', jsonb_build_object('batch_id', id::text) FROM {s}.batches"
+        )
+        await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+        await conn.execute(f"VACUUM ANALYZE {s}.batches")
+        statement = statements_for(s).complete_stale_batches
+        args = [None, timedelta(seconds=10), datetime(1, 1, 1, tzinfo=UTC), UUID(int=0), 500]
+        [plan] = json.loads(
+            await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args)
+        )
+    finally:
+        await conn.close()
+    assert rows_handled(plan["Plan"]) < 10 * 500

@@ -21,3 +21,11 @@ def rows_handled(node: dict[str, Any]) -> int:
     removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
     own = (node["Actual Rows"] + removed) * node["Actual Loops"]
     return own + sum(rows_handled(child) for child in node.get("Plans", []))
+
+
+def seq_scan_rows(node: dict[str, Any], relation: str) -> int:
+    """Rows the plan's sequential scans of ``relation`` read over all their loops."""
+    own = 0
+    if node["Node Type"] == "Seq Scan" and node.get("Relation Name") == relation:
+        own = (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node["Actual Loops"]
+    return own + sum(seq_scan_rows(child, relation) for child in node.get("Plans", []))

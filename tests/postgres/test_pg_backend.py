@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -423,6 +423,123 @@ async def test_an_abort_cancels_a_large_batchs_children_in_turns(
     batch = await backend.get_batch(batch_id)
     assert batch is not None and batch.status == "aborted"
     assert await backend.abort_batch(batch_id) == 0  # a finished batch is left alone
+
+
+async def test_the_batch_prune_deletes_in_turns_and_skips_a_held_row(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    # In one statement, a million finished batches outlasted the command timeout: the
+    # prune rolled back at every run and no batch row was ever deleted. A turn here is 3.
+    backend._sweep_turn = 3
+    batches = [uuid4() for _ in range(8)]
+    for batch_id in batches:
+        await backend.create_batch(batch_id, "q", 0, None, None, None)
+        await backend.complete_batch(batch_id)
+    cutoff = await backend.now()
+    *_, held = batches  # the last: the turn below takes the first three
+    holder = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        async with holder.transaction():
+            await holder.execute(
+                f"SELECT 1 FROM {backend.schema}.batches WHERE id = $1 FOR UPDATE", held
+            )
+            first = datetime(1, 1, 1, tzinfo=UTC)
+            one_turn = await holder.fetchrow(
+                backend._sql.prune_old_batches, cutoff, first, UUID(int=0), 3
+            )
+            assert one_turn is not None and one_turn["changed"] == 3
+            # Rows another transaction holds (one locked, three being deleted) are left
+            # to it, not waited on: the other four go, in two turns.
+            assert await backend.prune_old_batches(cutoff) == 4
+        assert await backend.get_batch(held) is not None
+        assert await backend.prune_old_batches(cutoff) == 1
+    finally:
+        await holder.close()
+    for batch_id in batches:
+        assert await backend.get_batch(batch_id) is None
+
+
+async def test_the_stale_batch_sweep_reads_the_active_batches_in_windows(
+    backend: PostgresBackend, pg_pooled_schema: PgSchema
+) -> None:
+    # In one statement, a million active batches outlasted the leader's bound: the sweep
+    # rolled back at every call, and no batch whose hook was lost ever completed. A
+    # window here is 3 batches; one call goes through them all.
+    backend._sweep_turn = 3
+    backend.stale_batch_grace = timedelta(0)
+    busy, stale = [], []
+    for n in range(10):
+        batch_id = uuid4()
+        await backend.create_batch(batch_id, "q", 0, None, None, None)
+        if n % 4 == 1:
+            await backend.enqueue(EnqueueArgs(actor="a", metadata={"batch_id": str(batch_id)}))
+            busy.append(batch_id)
+        else:
+            stale.append(batch_id)
+    conn = await asyncpg.connect(pg_pooled_schema.dsn)
+    try:
+        first = datetime(1, 1, 1, tzinfo=UTC)
+        window = await conn.fetchrow(
+            backend._sql.complete_stale_batches, None, timedelta(0), first, UUID(int=0), 3
+        )
+    finally:
+        await conn.close()
+    assert window is not None and (window["scanned"], window["completed"]) == (3, 2)
+    assert await backend.complete_stale_batches() == len(stale) - 2
+    for batch_id in stale:
+        row = await backend.get_batch(batch_id)
+        assert row is not None and row.status == "complete"
+    for batch_id in busy:
+        row = await backend.get_batch(batch_id)
+        assert row is not None and row.status == "active"
+    assert await backend.complete_stale_batches() == 0
+
+
+class _CutAtSecondWindow:
+    """The pool, but the second stale-batch window of each call is cut (as the leader's
+    bound cuts a call short)."""
+
+    def __init__(self, db: Any, statement: str) -> None:
+        self._db, self._statement, self.windows = db, statement, 0
+
+    async def fetchrow(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        if query == self._statement:
+            self.windows += 1
+            if self.windows == 2:
+                raise asyncpg.QueryCanceledError("canceling statement due to statement timeout")
+        return await self._db.fetchrow(query, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+async def test_a_stale_batch_sweep_cut_short_is_taken_up_where_it_left_off(
+    backend: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Started over at each call, a sweep the bound cut short at the same point every
+    # time never reached the batches past it. Windows of 3: the first all busy.
+    backend._sweep_turn = 3
+    backend.stale_batch_grace = timedelta(0)
+    batches = [uuid4() for _ in range(6)]
+    for n, batch_id in enumerate(batches):
+        await backend.create_batch(batch_id, "q", 0, None, None, None)
+        if n < 3:
+            await backend.enqueue(EnqueueArgs(actor="a", metadata={"batch_id": str(batch_id)}))
+    cut = _CutAtSecondWindow(backend._db(), backend._sql.complete_stale_batches)
+    monkeypatch.setattr(backend, "_db", lambda conn=None: cut)
+    with pytest.raises(asyncpg.QueryCanceledError):
+        await backend.complete_stale_batches()
+    cut.windows = 0
+    # The second call starts at the second window, the stale batches, and completes them
+    # before its own second window is cut.
+    with pytest.raises(asyncpg.QueryCanceledError):
+        await backend.complete_stale_batches()
+    statuses = []
+    for batch_id in batches:
+        row = await backend.get_batch(batch_id)
+        assert row is not None
+        statuses.append(row.status)
+    assert statuses == ["active"] * 3 + ["complete"] * 3
 
 
 async def test_schedules_list_by_code_point_under_a_linguistic_collation(

@@ -40,7 +40,7 @@ from contextlib import (
     nullcontext,
     suppress,
 )
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import chain, count
 from typing import Any, ClassVar, Final, Literal, TypeAlias, cast
 from uuid import UUID, uuid4
@@ -193,6 +193,8 @@ _DispatchCall: TypeAlias = tuple[tuple[str, ...], tuple[str, ...] | None]
 # Prune and archive batches move thousands of rows: exempt from the worker's
 # short per-statement command_timeout, yet still bounded.
 _BULK_STATEMENT_TIMEOUT: Final = 600.0
+_FIRST_KEY: Final = (datetime(1, 1, 1, tzinfo=UTC), UUID(int=0))
+"""The (time, id) key the first turn over the batches starts after (every time is later)."""
 _CLOSE_TIMEOUT: Final = 5.0
 """Seconds a close waits for the pool's connections to end cleanly before it cuts them."""
 _NO_DELAY: Final = timedelta(0)
@@ -493,6 +495,8 @@ class PostgresBackend:
         self.reclaim_event_visibility_delay = reclaim_event_visibility_delay
         self.cancel_reclaim_headroom = cancel_reclaim_headroom
         self._sweep_turn = _SWEEP_TURN
+        self._stale_batches_after: tuple[datetime, UUID] = _FIRST_KEY
+        """Where the stale-batch sweep's next window starts (the last one's last key)."""
         self.idle_in_transaction_session_timeout = idle_in_transaction_session_timeout
         self.connect_timeout = connect_timeout
         self.command_timeout = command_timeout
@@ -1994,14 +1998,35 @@ class PostgresBackend:
 
     async def complete_stale_batches(self) -> int:
         """Complete every active batch with no active child, none ended within
-        ``stale_batch_grace``, and release its finalizer, in one statement
-        (``SupportsStaleBatchSweep``); returns the batches completed. Then cancel, in
-        turns, the waiting children an abort cut short left."""
-        record = await self._db().fetchrow(
-            self._sql.complete_stale_batches, self._wake_to, self.stale_batch_grace
-        )
+        ``stale_batch_grace``, and release its finalizer (``SupportsStaleBatchSweep``);
+        returns the batches completed. Then cancel, in turns, the waiting children an
+        abort cut short left.
+
+        The active batches are read in windows of :data:`_SWEEP_TURN`, one statement
+        each (all of them in one, a million outlasted the leader's bound and rolled back
+        at every call), from where the last window left off: a call its bound cuts
+        short is taken up there by the next, which would otherwise start over and
+        never reach the batches at the end."""
+        completed = 0
+        while True:
+            after_at, after_id = self._stale_batches_after
+            record = await self._db().fetchrow(
+                self._sql.complete_stale_batches,
+                self._wake_to,
+                self.stale_batch_grace,
+                after_at,
+                after_id,
+                self._sweep_turn,
+            )
+            if record is None:
+                break
+            completed += int(record["completed"])
+            if int(record["scanned"]) < self._sweep_turn:
+                self._stale_batches_after = _FIRST_KEY
+                break
+            self._stale_batches_after = (record["last_at"], record["last_id"])
         await self._in_turns(self._sql.cancel_aborted_leftovers)
-        return int(record["completed"]) if record is not None else 0
+        return completed
 
     # -- fleet statistics and the worker registry -------------------------------------------
     async def queue_depths(self) -> dict[str, dict[str, int]]:
@@ -2274,8 +2299,20 @@ class PostgresBackend:
         return _changed(status) == 1
 
     async def prune_old_batches(self, cutoff: datetime) -> int:
-        """Delete batches completed before ``cutoff`` whose children are gone."""
-        return _changed(await self._db().execute(self._sql.prune_old_batches, cutoff))
+        """Delete batches completed before ``cutoff`` whose children are gone, in turns
+        of at most :data:`_SWEEP_TURN`, each its own statement (one over a million
+        batches outlasted the command timeout, rolled back, and no batch was ever
+        pruned), until a turn deletes fewer."""
+        deleted, (after_at, after_id) = 0, _FIRST_KEY
+        while True:
+            record = await self._db().fetchrow(
+                self._sql.prune_old_batches, cutoff, after_at, after_id, self._sweep_turn
+            )
+            changed = int(record["changed"]) if record is not None else 0
+            deleted += changed
+            if record is None or changed < self._sweep_turn:
+                return deleted
+            after_at, after_id = record["last_at"], record["last_id"]
 
 
 # Fail at import, not at the first misbehaving call, if this module and core's

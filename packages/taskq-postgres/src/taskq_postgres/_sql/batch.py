@@ -273,11 +273,26 @@ COMPLETE_STALE_BATCHES: Final = (
 -- aborted at once, children left or not: its abort was lost, and nothing else ends
 -- it before its waiting children, which the abort cancels, have all run. SKIP LOCKED
 -- leaves a batch a worker's hook is finishing right now to that hook. $1 wake channel.
+-- One window of the active batches per statement: at most $5, in (created_at, id) order
+-- after ($3, $4), the last key of the window before (all of them in one statement, a
+-- million active batches outlasted the leader's bound, and no lost hook was made up for).
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+win AS MATERIALIZED (
+    SELECT b.id, b.created_at
+    FROM {schema}.batches b
+    WHERE b.status = 'active'
+      -- The first bound seeks the index past the windows before; the pair orders ties.
+      AND b.created_at >= $3::timestamptz AND (b.created_at, b.id) > ($3, $4::uuid)
+    ORDER BY b.created_at, b.id
+    LIMIT $5
+),
+last AS (
+    SELECT w.created_at, w.id FROM win w ORDER BY w.created_at DESC, w.id DESC LIMIT 1
+),
 stale AS (
     SELECT b.id
     FROM {schema}.batches b CROSS JOIN now n
-    WHERE b.status = 'active'
+    WHERE b.id = ANY (ARRAY(SELECT w.id FROM win w)) AND b.status = 'active'
       AND (b.consecutive_failures >= b.failure_threshold
            OR (b.created_at <= n.ts - $2::interval
                AND NOT EXISTS (
@@ -310,7 +325,9 @@ finished AS (
     # The fragment binds the wake channel as $2 for the one-batch statements.
     + _RELEASE_FINALIZER.replace("$2::text", "$1::text")
     + """
-SELECT (SELECT count(*) FROM finished) AS completed, (SELECT count(*) FROM notified) AS notified
+SELECT (SELECT count(*) FROM finished) AS completed, (SELECT count(*) FROM notified) AS notified,
+       (SELECT count(*) FROM win) AS scanned,
+       (SELECT created_at FROM last) AS last_at, (SELECT id FROM last) AS last_id
 """
 )
 
@@ -380,10 +397,31 @@ ORDER BY b.created_at DESC, b.id DESC
 PRUNE_OLD_BATCHES: Final = (
     """
 -- arbiter: clock_timestamp(), read by the caller through now() (the cutoff derives from it)
-DELETE FROM {schema}.batches b
-WHERE b.completed_at < $1
-  AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE """
+-- One turn: at most $4 batches, in (completed_at, id) order after ($2, $3) (the last key
+-- of the turn before), so a batch kept for its children is read once per prune, not once
+-- per turn. SKIP LOCKED leaves a batch row another transaction holds to the next prune.
+WITH old AS (
+    SELECT b.id, b.completed_at
+    FROM {schema}.batches b
+    WHERE b.status <> 'active' AND b.completed_at < $1
+      -- The first bound seeks the index past the turns before; the pair orders ties.
+      AND b.completed_at >= $2::timestamptz AND (b.completed_at, b.id) > ($2, $3::uuid)
+      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE """
     + _CHILDREN_OF_B
     + """)
+    ORDER BY b.completed_at, b.id
+    LIMIT $4
+    FOR UPDATE OF b SKIP LOCKED
+),
+-- By the array of ids: joined to the CTE, the planner read the whole table each turn.
+removed AS (
+    DELETE FROM {schema}.batches b WHERE b.id = ANY (ARRAY(SELECT o.id FROM old o))
+    RETURNING b.completed_at, b.id
+),
+last AS (
+    SELECT r.completed_at, r.id FROM removed r ORDER BY r.completed_at DESC, r.id DESC LIMIT 1
+)
+SELECT (SELECT count(*) FROM removed) AS changed,
+       (SELECT completed_at FROM last) AS last_at, (SELECT id FROM last) AS last_id
 """
 )

@@ -49,12 +49,18 @@ PRUNE_TERMINAL_JOBS: Final = f"""
 -- arbiter: clock_timestamp() (retention cutoff finished_at < now - $2; archived_at and
 -- expire_at = now + $4)
 -- $1 terminal status, $3 batch size. The clock is read once: a job's archived_at
--- and its attempts' are the same instant, and expire_at is exactly $4 later.
+-- and its attempts' are the same instant, and expire_at is exactly $4 later. The
+-- statements below find the victims by an array of their ids: joined to the CTE, the
+-- planner read the whole jobs and job_attempts tables at every batch.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 victims AS MATERIALIZED (
     SELECT j.id
     FROM {{schema}}.jobs j
     WHERE j.status = $1::text::{{schema}}.job_status
+      -- The predicate of jobs_terminal_finished_idx, word for word: without it the
+      -- planner cannot use the index for a status bound at run time, and every batch
+      -- read and sorted all the status's jobs. (A status not terminal moves nothing.)
+      AND j.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
       AND j.finished_at < (SELECT ts FROM now) - $2::interval
     ORDER BY j.finished_at
     LIMIT $3
@@ -63,23 +69,26 @@ victims AS MATERIALIZED (
 archived AS (
     INSERT INTO {{schema}}.jobs_archive ({_JOB_COLUMNS}, archived_at, expire_at)
     SELECT {_qualified("j", _JOB_COLUMNS)}, n.ts, n.ts + $4::interval
-    FROM {{schema}}.jobs j JOIN victims v ON v.id = j.id CROSS JOIN now n
+    FROM {{schema}}.jobs j CROSS JOIN now n
+    WHERE j.id = ANY (ARRAY(SELECT v.id FROM victims v))
     ON CONFLICT (id) DO UPDATE SET {_REPLACE}
     RETURNING 1
 ),
 -- The attempts of an earlier job archived under the same id go with the row it
 -- replaced. The statement's snapshot does not see the attempts inserted below.
 replaced_attempts AS (
-    DELETE FROM {{schema}}.job_attempts_archive a USING victims v WHERE a.job_id = v.id
+    DELETE FROM {{schema}}.job_attempts_archive a
+    WHERE a.job_id = ANY (ARRAY(SELECT v.id FROM victims v))
 ),
 archived_attempts AS (
     INSERT INTO {{schema}}.job_attempts_archive ({_ATTEMPT_COLUMNS}, archived_at)
     SELECT {_qualified("a", _ATTEMPT_COLUMNS)}, n.ts
-    FROM {{schema}}.job_attempts a JOIN victims v ON v.id = a.job_id CROSS JOIN now n
+    FROM {{schema}}.job_attempts a CROSS JOIN now n
+    WHERE a.job_id = ANY (ARRAY(SELECT v.id FROM victims v))
     RETURNING 1
 ),
 removed AS (
-    DELETE FROM {{schema}}.jobs j USING victims v WHERE j.id = v.id RETURNING 1
+    DELETE FROM {{schema}}.jobs j WHERE j.id = ANY (ARRAY(SELECT v.id FROM victims v)) RETURNING 1
 )
 SELECT (SELECT count(*) FROM removed) AS moved,
        (SELECT count(*) FROM archived) AS archived,
@@ -95,8 +104,12 @@ WITH doomed AS (
     LIMIT $1
     FOR UPDATE OF a SKIP LOCKED
 ),
+-- By the array of ids: joined to the CTE, the planner read the whole archive (a year
+-- of jobs) at every batch.
 removed AS (
-    DELETE FROM {schema}.jobs_archive a USING doomed d WHERE a.id = d.id RETURNING 1
+    DELETE FROM {schema}.jobs_archive a
+    WHERE a.id = ANY (ARRAY(SELECT d.id FROM doomed d))
+    RETURNING 1
 )
 SELECT count(*) FROM removed
 """

@@ -47,11 +47,13 @@ due AS (
     LIMIT $2
     FOR UPDATE OF j SKIP LOCKED
 ),
+-- By the array of ids: joined to the CTE (estimated a full turn), the planner hashed
+-- the whole jobs table, history and all, at every turn.
 promoted AS (
     UPDATE {schema}.jobs j
     SET status = 'pending', updated_at = n.ts
-    FROM due d CROSS JOIN now n
-    WHERE j.id = d.id
+    FROM now n
+    WHERE j.id = ANY (ARRAY(SELECT d.id FROM due d))
     RETURNING j.id
 ),
 events AS (

@@ -88,6 +88,31 @@ def _max_overlap(intervals: list[tuple[datetime, datetime]]) -> int:
     return peak
 
 
+async def _drained_by_dispatchers(backend: PostgresBackend, queues: list[str]) -> list[UUID]:
+    """Every job of ``queues`` dispatched (20 at a time) by DISPATCHERS workers at once,
+    each running its batch's jobs for a moment and marking them succeeded, until none is
+    active: the ids handed out, in order."""
+    handed_out: list[UUID] = []
+
+    async def run(worker: UUID, job_id: UUID) -> None:
+        await asyncio.sleep(0.002)  # the "work"
+        assert await backend.mark_succeeded(job_id, worker, None, attempt=1)
+
+    async def dispatcher() -> None:
+        worker = uuid4()
+        while True:
+            rows = await backend.dispatch_batch(worker, queues, 20, LEASE)
+            handed_out.extend(row.id for row in rows)
+            await asyncio.gather(*(run(worker, row.id) for row in rows))
+            if not rows:
+                if await backend.count_active_jobs(queues) == 0:
+                    return
+                await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(asyncio.gather(*(dispatcher() for _ in range(DISPATCHERS))), 60)
+    return handed_out
+
+
 async def test_caps_and_identities_hold_under_eight_dispatchers(
     backend: PostgresBackend, conn: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:
@@ -118,23 +143,9 @@ async def test_caps_and_identities_hold_under_eight_dispatchers(
             samples.append((capped_running, doubled))
             await asyncio.sleep(0.002)
 
-    async def run(worker: UUID, job_id: UUID) -> None:
-        await asyncio.sleep(0.002)  # the "work"
-        assert await backend.mark_succeeded(job_id, worker, None, attempt=1)
-
-    async def dispatcher() -> None:
-        worker = uuid4()
-        while True:
-            rows = await backend.dispatch_batch(worker, QUEUES, 20, LEASE)
-            await asyncio.gather(*(run(worker, row.id) for row in rows))
-            if not rows:
-                if await backend.count_active_jobs(QUEUES) == 0:
-                    return
-                await asyncio.sleep(0.001)
-
     sampling = asyncio.create_task(sampler())
     try:
-        await asyncio.wait_for(asyncio.gather(*(dispatcher() for _ in range(DISPATCHERS))), 60)
+        await _drained_by_dispatchers(backend, QUEUES)
     finally:
         done.set()
         await sampling
@@ -180,24 +191,7 @@ async def test_round_robin_caps_hold_under_eight_dispatchers(
         for i in range(600)
     ]
     assert await backend.enqueue_batch_fast(jobs) == len(jobs)
-    handed_out: list[UUID] = []
-
-    async def run(worker: UUID, job_id: UUID) -> None:
-        await asyncio.sleep(0.002)  # the "work"
-        assert await backend.mark_succeeded(job_id, worker, None, attempt=1)
-
-    async def dispatcher() -> None:
-        worker = uuid4()
-        while True:
-            rows = await backend.dispatch_batch(worker, ["rr"], 20, LEASE)
-            handed_out.extend(row.id for row in rows)
-            await asyncio.gather(*(run(worker, row.id) for row in rows))
-            if not rows:
-                if await backend.count_active_jobs(["rr"]) == 0:
-                    return
-                await asyncio.sleep(0.001)
-
-    await asyncio.wait_for(asyncio.gather(*(dispatcher() for _ in range(DISPATCHERS))), 60)
+    handed_out = await _drained_by_dispatchers(backend, ["rr"])
 
     assert len(handed_out) == len(set(handed_out)) == len(jobs), "a job was handed out twice"
     s = pg_schema.name

@@ -146,22 +146,27 @@ async def test_an_unreachable_server_is_a_one_line_backend_unavailable_error() -
     assert isinstance(info.value, taskq.TaskQError)
 
 
-async def test_a_dsn_requiring_ssl_of_a_server_without_it_fails_as_a_configuration_error(
-    pg_database_dsn: str,
-) -> None:
-    # A ConnectionError asyncpg raises: a worker's start waited it out for its whole
-    # startup wait, as if the server were still coming up.
+async def _skip_if_the_server_offers_ssl(dsn: str) -> None:
     import asyncpg
 
-    from taskq.worker.cli import _unreachable
-    from taskq_postgres import SyncJobsClient
-
-    conn = await asyncpg.connect(pg_database_dsn)
+    conn = await asyncpg.connect(dsn)
     try:
         if await conn.fetchval("SHOW ssl") == "on":
             pytest.skip("this server offers SSL")
     finally:
         await conn.close()
+
+
+async def test_a_dsn_requiring_ssl_of_a_server_without_it_fails_as_a_configuration_error(
+    pg_database_dsn: str,
+) -> None:
+    # A ConnectionError asyncpg raises: a worker's start waited it out for its whole
+    # startup wait, as if the server were still coming up.
+
+    from taskq.worker.cli import _unreachable
+    from taskq_postgres import SyncJobsClient
+
+    await _skip_if_the_server_offers_ssl(pg_database_dsn)
     dsn = f"{pg_database_dsn}?sslmode=require"
     with pytest.raises(ConfigurationError, match="requires SSL") as info:
         await PostgresBackend(dsn).open()
@@ -205,16 +210,10 @@ async def test_the_backends_sslmode_is_read_from_the_service_its_dsn_names(
     # asyncpg connects with the sslmode of the service a URL's query names: read from the
     # query alone, a service's sslmode=require met by a server without SSL said "does not
     # answer as PostgreSQL (wrong port?)", and a worker's start waited it out as an outage.
-    import asyncpg
 
     from taskq.worker.cli import _unreachable
 
-    conn = await asyncpg.connect(pg_database_dsn)
-    try:
-        if await conn.fetchval("SHOW ssl") == "on":
-            pytest.skip("this server offers SSL")
-    finally:
-        await conn.close()
+    await _skip_if_the_server_offers_ssl(pg_database_dsn)
     monkeypatch.setenv("PGSSLMODE", "disable")  # ranked below the service's
     services = tmp_path / "pg_service.conf"
     services.write_text("[tq]\nsslmode=require\n")

@@ -173,9 +173,12 @@ def _outlives_cancellation(
     return stubborn
 
 
-async def test_an_abandoned_actor_that_returns_at_last_writes_and_blames_nothing() -> None:
-    # It used to try a success write, find the job no longer its own and warn that the
-    # lock "expired and was reclaimed", which is not what happened.
+async def _cancelled_as_it_outlives_its_grace(
+    name: str, queue: str
+) -> tuple[JobRow, list[dict[str, Any]]]:
+    """A job of an actor ``name`` (on ``queue``) that outlives its cancellation's graces,
+    cancelled by a user while it runs, with an until-idle worker run to its end: the
+    job's row as it ended, and the worker's log lines."""
     import structlog.testing
 
     from taskq import WorkerSettings
@@ -183,13 +186,11 @@ async def test_an_abandoned_actor_that_returns_at_last_writes_and_blames_nothing
     from taskq_testing import TEST_SETTINGS
 
     started = asyncio.Event()
-
-    stubborn = _outlives_cancellation("outlives_its_abandonment", 0.8, started)
-
+    stubborn = _outlives_cancellation(name, 0.8, started)
     tq = TaskQ("memory://", actors=[stubborn])
     async with tq:
-        job = await tq.client.enqueue(stubborn, {})
-        settings = {**TEST_SETTINGS, **_GRACES, "queues": ["default"], "until_idle": True}
+        job = await tq.client.enqueue(stubborn, {}, queue=queue)
+        settings = {**TEST_SETTINGS, **_GRACES, "queues": [queue], "until_idle": True}
         worker = Worker(tq, WorkerSettings.load(settings, env={}))
         with structlog.testing.capture_logs() as logs:
             running = asyncio.create_task(worker.run())
@@ -198,7 +199,15 @@ async def test_an_abandoned_actor_that_returns_at_last_writes_and_blames_nothing
             await asyncio.wait_for(running, 10)
             await asyncio.gather(*worker.lingering_tasks())
         row = await tq.client.get(job.id)
-    assert row is not None and row.status is JobStatus.ABANDONED and row.result is None
+    assert row is not None
+    return row, logs
+
+
+async def test_an_abandoned_actor_that_returns_at_last_writes_and_blames_nothing() -> None:
+    # It used to try a success write, find the job no longer its own and warn that the
+    # lock "expired and was reclaimed", which is not what happened.
+    row, logs = await _cancelled_as_it_outlives_its_grace("outlives_its_abandonment", "default")
+    assert row.status is JobStatus.ABANDONED and row.result is None
     events = [entry["event"] for entry in logs]
     assert "taskq.job-abandoned" in events
     assert "taskq.ownership-lost" not in events
@@ -208,25 +217,7 @@ async def test_an_abandoned_actor_that_returns_at_last_writes_and_blames_nothing
 async def test_the_cancel_controllers_lines_about_a_job_name_its_actor_and_queue() -> None:
     # Logged outside the job's context, they carried its job_id alone: a search by actor
     # or queue missed the job's cancel, its forced stop and its abandonment.
-    import structlog.testing
-
-    from taskq import WorkerSettings
-    from taskq.worker import Worker
-    from taskq_testing import TEST_SETTINGS
-
-    started = asyncio.Event()
-    stubborn = _outlives_cancellation("abandoned_and_said_so", 0.8, started)
-    tq = TaskQ("memory://", actors=[stubborn])
-    async with tq:
-        job = await tq.client.enqueue(stubborn, {}, queue="q2")
-        settings = {**TEST_SETTINGS, **_GRACES, "queues": ["q2"], "until_idle": True}
-        worker = Worker(tq, WorkerSettings.load(settings, env={}))
-        with structlog.testing.capture_logs() as logs:
-            running = asyncio.create_task(worker.run())
-            await asyncio.wait_for(started.wait(), 5)
-            assert await tq.client.cancel(job.id)
-            await asyncio.wait_for(running, 10)
-            await asyncio.gather(*worker.lingering_tasks())
+    job, logs = await _cancelled_as_it_outlives_its_grace("abandoned_and_said_so", "q2")
     lines = {
         entry["event"]: entry
         for entry in logs

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 from uuid import UUID, uuid4
 
 import pytest
@@ -47,6 +47,19 @@ def _round_robin_order(rows: list[JobRow]) -> list[UUID]:
         for position, row in enumerate(sorted(members, key=_fifo_key)):
             rank[row.id] = position
     return [row.id for row in sorted(rows, key=lambda r: (rank[r.id], *_fifo_key(r)))]
+
+
+_FREE_ACTOR: Final = "conformance.free"
+
+
+async def _round_robin_with_a_capped_actor(backend: Backend) -> str:
+    """Queue ``rr`` made round-robin, ACTOR capped at one running job, and another actor
+    free of caps: its name."""
+    await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+    await backend.register_actors(
+        [ActorConfig(actor=ACTOR, max_concurrent=1), ActorConfig(actor=_FREE_ACTOR)]
+    )
+    return _FREE_ACTOR
 
 
 async def _enqueue_spread(
@@ -323,11 +336,7 @@ class DispatchTests:
         # come second in them (the free actor's come first), its job of t3 is t3's
         # first. Its one place goes to that one; Postgres ranked each job among its
         # own actor's jobs of the cohort only and took t1's second job.
-        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
-        free = "conformance.free"
-        await backend.register_actors(
-            [ActorConfig(actor=ACTOR, max_concurrent=1), ActorConfig(actor=free)]
-        )
+        free = await _round_robin_with_a_capped_actor(backend)
         free_t1, free_t2, _, _, first_of_t3 = await _enqueue_spread(
             backend,
             advance_time,
@@ -344,11 +353,7 @@ class DispatchTests:
     ) -> None:
         # The capped actor's three jobs of cohort a all come before the free actor's one:
         # that one is a's fourth, behind the free actor's third of b.
-        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
-        free = "conformance.free"
-        await backend.register_actors(
-            [ActorConfig(actor=ACTOR, max_concurrent=1), ActorConfig(actor=free)]
-        )
+        free = await _round_robin_with_a_capped_actor(backend)
         capped_a, _, _, free_b1, free_b2, _, free_b3 = await _enqueue_spread(
             backend,
             advance_time,
@@ -366,11 +371,7 @@ class DispatchTests:
         # the capped actor's three jobs of it come before the free actor's one, which is
         # its fourth, behind the free actor's third of b. Postgres ranked it third, among
         # the capped actor's first two jobs only, and took it before that job of b.
-        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
-        free = "conformance.free"
-        await backend.register_actors(
-            [ActorConfig(actor=ACTOR, max_concurrent=1), ActorConfig(actor=free)]
-        )
+        free = await _round_robin_with_a_capped_actor(backend)
         capped_first, _, _, free_b1, free_b2, _, free_b3 = await _enqueue_spread(
             backend,
             advance_time,

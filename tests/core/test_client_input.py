@@ -295,6 +295,49 @@ async def test_wait_for_result_waits_out_a_database_blip_within_its_timeout(
         await client.wait_for_result(done.id, timeout=0)
 
 
+class _ClockReads:
+    """``backend`` whose clock's next ``failures`` reads fail with ``error`` (None: never
+    answer), as over a database restart or a black-holed network."""
+
+    def __init__(self, backend: Backend, failures: int, error: Exception | None) -> None:
+        self._backend = backend
+        self.failures = failures
+        self._error = error
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    async def now(self) -> Any:
+        if self._error is None:
+            await asyncio.Event().wait()
+        if self.failures:
+            self.failures -= 1
+            raise self._error
+        return await self._backend.now()  # type: ignore[attr-defined]
+
+
+async def test_wait_for_result_reads_the_clock_within_its_timeout_and_retries(
+    taskq_backend: Backend,
+) -> None:
+    from taskq_testing import run_until_idle
+
+    tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
+    done = await tq.client.enqueue(job, {})
+    await run_until_idle(tq, queues=["jobs"])
+    row = await tq.client.get(done.id)
+    assert row is not None and row.result_expires_at is not None  # the clock is read
+    # The clock's read came after the wait, outside its limit and its retries: a blip
+    # there was raised, a stall held the finished job's answer for good.
+    blipping = _ClockReads(taskq_backend, 2, ConnectionResetError("server restarting"))
+    client = JobsClient(blipping, {job.name: job})  # type: ignore[arg-type]
+    assert await client.wait_for_result(done.id, timeout=None) is None
+    assert blipping.failures == 0
+    stalled = JobsClient(_ClockReads(taskq_backend, 0, None), {job.name: job})  # type: ignore[arg-type]
+    with pytest.raises(TimeoutError, match=r"did not finish within 0.05 s"):
+        async with asyncio.timeout(10):  # a bound on the test, were the limit not kept
+            await stalled.wait_for_result(done.id, timeout=0.05)
+
+
 async def test_enqueue_with_conn_needs_a_connection_on_postgres(pg_backend: Backend) -> None:
     # The caller's transaction is the point: without one the job would commit at once.
     tq = TaskQ("memory://", actors=[job], backend=pg_backend)

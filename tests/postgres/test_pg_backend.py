@@ -449,7 +449,7 @@ async def test_the_batch_prune_deletes_in_turns_and_skips_a_held_row(
             )
             assert one_turn is not None and one_turn["changed"] == 3
             # Rows another transaction holds (one locked, three being deleted) are left
-            # to it, not waited on: the other four go, in two turns.
+            # to it, not waited on: the other four go, in three windows.
             assert await backend.prune_old_batches(cutoff) == 4
         assert await backend.get_batch(held) is not None
         assert await backend.prune_old_batches(cutoff) == 1

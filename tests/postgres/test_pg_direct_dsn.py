@@ -221,6 +221,18 @@ def test_the_same_address_spelt_otherwise_is_not_a_pooler(spelt: str) -> None:
     assert PostgresBackend(dsn, direct_dsn="postgresql://taskq@db.internal:6432/app").behind_pooler
 
 
+def test_a_connect_timeout_in_one_dsn_alone_is_not_a_pooler() -> None:
+    # A DSN's connect_timeout, read since today, made the same server a pooler's: the
+    # pool's sessions went without their settings (jit on, no idle limit) and statement
+    # cache, where the fleet's direct DSN left it out.
+    dsn = "postgresql://taskq@db.internal/app"
+    waiting = f"{dsn}?connect_timeout=10"
+    assert not PostgresBackend(waiting, direct_dsn=dsn).behind_pooler
+    assert not PostgresBackend(dsn, direct_dsn=f"{dsn}?connect%5Ftimeout=3").behind_pooler
+    pooler = "postgresql://taskq@db.internal:6432/app?connect_timeout=10"
+    assert PostgresBackend(pooler, direct_dsn=waiting).behind_pooler
+
+
 def test_the_sync_client_takes_the_fleets_direct_dsn_as_the_backend_does(
     pg_schema: PgSchema, monkeypatch: pytest.MonkeyPatch
 ) -> None:

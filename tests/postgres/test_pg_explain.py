@@ -445,3 +445,48 @@ async def test_a_stale_batch_window_reads_its_own_batches_not_all_active_ones(
     finally:
         await conn.close()
     assert rows_handled(plan["Plan"]) < 10 * 500
+
+
+async def test_a_batch_prune_turn_reads_its_own_window_not_every_batch_after_it(
+    pg_schema: PgSchema,
+) -> None:
+    # With the children's check in the query its limit applied to, the planner read and
+    # sorted every finished batch after the turn's key, and all their children, at every
+    # turn: a backlog of 1,000,000 pruned in quadratic time. A tenth here keep a child;
+    # a turn is the backend's 5,000.
+    s = pg_schema.name
+    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    try:
+        await conn.execute(
+            f"INSERT INTO {s}.batches (id, queue, expected_size, status, created_at, "
+            "completed_at) SELECT gen_random_uuid(), 'q', 1, 'complete', "
+            "now() - interval '30 days', now() - interval '20 days' - g * interval '1 ms' "
+            "FROM generate_series(1, 100000) g"
+        )
+        await conn.execute(
+            f"INSERT INTO {s}.jobs (actor, metadata) "
+            f"SELECT 'a', jsonb_build_object('batch_id', b.id::text) "
+            f"FROM (SELECT id, row_number() OVER () AS n FROM {s}.batches) b "
+            "WHERE b.n % 10 = 0"
+        )
+        await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+        await conn.execute(f"VACUUM ANALYZE {s}.batches")
+        after_at, after_id = await conn.fetchrow(
+            f"SELECT completed_at, id FROM {s}.batches ORDER BY completed_at, id "
+            "OFFSET 25000 LIMIT 1"
+        )
+        statement = statements_for(s).prune_old_batches
+        cutoff = await conn.fetchval("SELECT now() - interval '7 days'")
+        [plan] = json.loads(
+            await conn.fetchval(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", cutoff, after_at, after_id, 5000
+            )
+        )
+        left = await conn.fetchval(f"SELECT count(*) FROM {s}.batches")
+    finally:
+        await conn.close()
+    assert 95_000 <= left < 100_000
+    # The window's 5,000 batches read (and the key's own), not the 75,000 after the key
+    # or the whole table.
+    assert index_rows(plan["Plan"], "batches_completed_idx", filtered=True) < 5100
+    assert seq_scan_rows(plan["Plan"], "batches") == 0

@@ -506,7 +506,7 @@ class JobsClient:
 
         pause, retry_in = 0.01, _WAIT_RETRY_FIRST / 2
         row: JobRow | None = None
-        read = False
+        read = expired = False
         failed: BaseException | None = None
         try:
             # The first read too is within the limit: outside it, a stalled database (a
@@ -516,7 +516,12 @@ class JobsClient:
             async with asyncio.timeout(limit or None) as budget:
                 while True:
                     try:
-                        row, read, failed = await self._backend.get(job_id), True, None
+                        got = await self._backend.get(job_id)
+                        # Within the limit and its retries too: the clock's read is the
+                        # database's as well (a stall there held a finished job's
+                        # answer past the timeout, a blip there was raised).
+                        gone = await self._result_expired(got)
+                        row, read, expired, failed = got, True, gone, None
                     except Exception as exc:
                         if limit == 0 or transient_cause(exc) is None:
                             raise
@@ -562,14 +567,20 @@ class JobsClient:
             )
         if row.status is not JobStatus.SUCCEEDED:
             raise JobFailedError(row)
+        if expired:
+            raise ResultExpiredError(row)
+        return row.result
+
+    async def _result_expired(self, row: JobRow | None) -> bool:
+        """Whether ``row`` succeeded with a result past its ``result_expires_at``. Past it
+        the sweep clears the result whenever it runs: the answer must not depend on
+        whether it ran yet. The backend's clock is the arbiter (without
+        SupportsPrune.now, what the row holds is the answer)."""
+        if row is None or row.status is not JobStatus.SUCCEEDED:
+            return False
         expires, backend = row.result_expires_at, self._backend
-        # Past it the sweep clears the result whenever it runs: the answer must not
-        # depend on whether it ran yet. The backend's clock is the arbiter (without
-        # SupportsPrune.now, what the row holds is the answer).
-        if (
+        return (
             expires is not None
             and isinstance(backend, SupportsPrune)
             and expires <= await backend.now()
-        ):
-            raise ResultExpiredError(row)
-        return row.result
+        )

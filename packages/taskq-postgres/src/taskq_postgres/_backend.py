@@ -2299,18 +2299,19 @@ class PostgresBackend:
         return _changed(status) == 1
 
     async def prune_old_batches(self, cutoff: datetime) -> int:
-        """Delete batches completed before ``cutoff`` whose children are gone, in turns
-        of at most :data:`_SWEEP_TURN`, each its own statement (one over a million
-        batches outlasted the command timeout, rolled back, and no batch was ever
-        pruned), until a turn deletes fewer."""
+        """Delete batches completed before ``cutoff`` whose children are gone, in windows
+        of at most :data:`_SWEEP_TURN` finished batches, each its own statement (one over
+        a million batches outlasted the command timeout, rolled back, and no batch was
+        ever pruned), until a window reads fewer."""
         deleted, (after_at, after_id) = 0, _FIRST_KEY
         while True:
             record = await self._db().fetchrow(
                 self._sql.prune_old_batches, cutoff, after_at, after_id, self._sweep_turn
             )
-            changed = int(record["changed"]) if record is not None else 0
-            deleted += changed
-            if record is None or changed < self._sweep_turn:
+            if record is None:
+                return deleted
+            deleted += int(record["changed"])
+            if int(record["scanned"]) < self._sweep_turn:
                 return deleted
             after_at, after_id = record["last_at"], record["last_id"]
 

@@ -119,6 +119,9 @@ def check_dsn(dsn: str) -> str:
     return dsn
 
 
+_CONNECT_TIMEOUT: Final = "connect_timeout"
+"""libpq's query parameter for a connection attempt's bound, which asyncpg does not read."""
+
 _NO_CONNECT_LIMIT: Final = 1e9
 """A connection attempt's bound when a DSN's connect_timeout is 0 (asyncpg takes none)."""
 
@@ -140,7 +143,7 @@ def libpq_connect_timeout(dsn: str, default: float) -> tuple[str, float]:
     given: str | None = None
     for item in query.split("&"):
         key, _, value = item.partition("=")
-        if unquote_plus(key) == "connect_timeout":
+        if unquote_plus(key) == _CONNECT_TIMEOUT:
             given = unquote_plus(value)
         else:
             kept.append(item)
@@ -218,7 +221,8 @@ other it is not told to ignore, and applies none it ignores)."""
 def same_address(one: str, other: str) -> bool:
     """Whether two checked DSNs name the same server, database and user, however spelt
     (``postgres://`` or ``postgresql://``, a default port written out or not, host case,
-    the order of query parameters)."""
+    the order of query parameters, a ``connect_timeout``: how long to wait for the
+    server, not which one it is)."""
 
     def address(dsn: str) -> tuple[object, ...]:
         parts = urlsplit(dsn)
@@ -227,7 +231,9 @@ def same_address(one: str, other: str) -> bool:
             port = parts.port or 5432
         except ValueError:  # several hosts: compared as written
             host, port = parts.netloc.rpartition("@")[2].lower(), 0
-        query = sorted((k, tuple(v)) for k, v in parse_qs(parts.query).items())
+        query = sorted(
+            (k, tuple(v)) for k, v in parse_qs(parts.query).items() if k != _CONNECT_TIMEOUT
+        )
         return host, port, parts.path, parts.username, parts.password, query
 
     return address(one) == address(other)

@@ -397,31 +397,40 @@ ORDER BY b.created_at DESC, b.id DESC
 PRUNE_OLD_BATCHES: Final = (
     """
 -- arbiter: clock_timestamp(), read by the caller through now() (the cutoff derives from it)
--- One turn: at most $4 batches, in (completed_at, id) order after ($2, $3) (the last key
--- of the turn before), so a batch kept for its children is read once per prune, not once
--- per turn. SKIP LOCKED leaves a batch row another transaction holds to the next prune.
-WITH old AS (
+-- One window: at most $4 finished batches, in (completed_at, id) order after ($2, $3)
+-- (the last key of the window before), read from the index alone; those of them whose
+-- children are gone are deleted. The window, not the batches deleted, bounds the turn:
+-- with the children's check in the window's own query, the planner read and sorted every
+-- finished batch after the key (and all their children) at every turn, a backlog of
+-- 1,000,000 pruned in quadratic time. A batch kept for its children is read once per
+-- prune. SKIP LOCKED leaves a batch row another transaction holds to the next prune.
+WITH win AS MATERIALIZED (
     SELECT b.id, b.completed_at
     FROM {schema}.batches b
     WHERE b.status <> 'active' AND b.completed_at < $1
-      -- The first bound seeks the index past the turns before; the pair orders ties.
+      -- The first bound seeks the index past the windows before; the pair orders ties.
       AND b.completed_at >= $2::timestamptz AND (b.completed_at, b.id) > ($2, $3::uuid)
+    ORDER BY b.completed_at, b.id
+    LIMIT $4
+),
+last AS (
+    SELECT w.completed_at, w.id FROM win w ORDER BY w.completed_at DESC, w.id DESC LIMIT 1
+),
+old AS (
+    SELECT b.id
+    FROM {schema}.batches b
+    WHERE b.id = ANY (ARRAY(SELECT w.id FROM win w))
       AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE """
     + _CHILDREN_OF_B
     + """)
-    ORDER BY b.completed_at, b.id
-    LIMIT $4
     FOR UPDATE OF b SKIP LOCKED
 ),
 -- By the array of ids: joined to the CTE, the planner read the whole table each turn.
 removed AS (
     DELETE FROM {schema}.batches b WHERE b.id = ANY (ARRAY(SELECT o.id FROM old o))
-    RETURNING b.completed_at, b.id
-),
-last AS (
-    SELECT r.completed_at, r.id FROM removed r ORDER BY r.completed_at DESC, r.id DESC LIMIT 1
+    RETURNING 1
 )
-SELECT (SELECT count(*) FROM removed) AS changed,
+SELECT (SELECT count(*) FROM removed) AS changed, (SELECT count(*) FROM win) AS scanned,
        (SELECT completed_at FROM last) AS last_at, (SELECT id FROM last) AS last_id
 """
 )

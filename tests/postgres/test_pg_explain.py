@@ -53,6 +53,21 @@ async def backlog(pg_schema: PgSchema) -> AsyncIterator[asyncpg.Connection[Any]]
     await conn.close()
 
 
+@pytest_asyncio.fixture
+async def conn(pg_schema: PgSchema) -> AsyncIterator[asyncpg.Connection[Any]]:
+    """A connection to the test's database (its schema empty)."""
+    connection: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
+    yield connection
+    await connection.close()
+
+
+async def _analyzed(conn: asyncpg.Connection[Any], statement: str, *args: Any) -> dict[str, Any]:
+    """The root of ``statement``'s plan with ``args``, run (EXPLAIN ANALYZE runs it)."""
+    [plan] = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args))
+    root: dict[str, Any] = plan["Plan"]
+    return root
+
+
 async def test_dispatch_uses_indexes_not_a_seq_scan_of_jobs(
     backlog: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:
@@ -316,177 +331,146 @@ async def test_a_cron_tick_counts_an_actors_waiting_jobs_up_to_its_max_pending_o
 
 
 async def test_a_prune_batch_reads_its_own_jobs_not_the_whole_history(
-    pg_schema: PgSchema,
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:
     # The status came as a parameter, which does not prove the partial index's predicate:
     # every batch read and sorted all of the status's jobs, and found them again in jobs
     # and job_attempts by reading both tables whole (a quadratic prune over a backlog of
     # 1,000,000 jobs, each batch's 10,000 rows locked for seconds).
     s = pg_schema.name
-    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
-    try:
-        await conn.execute(
-            f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
-            "SELECT 'a', 'succeeded', now() - interval '9 days', "
-            "now() - interval '8 days' + g * interval '1 ms', 1 "
-            "FROM generate_series(1, 30000) g"
-        )
-        await conn.execute(
-            f"INSERT INTO {s}.job_attempts (job_id, attempt, outcome, started_at, finished_at) "
-            f"SELECT id, 1, 'succeeded', started_at, finished_at FROM {s}.jobs"
-        )
-        await conn.execute(f"VACUUM ANALYZE {s}.jobs")
-        await conn.execute(f"VACUUM ANALYZE {s}.job_attempts")
-        statement = render(PRUNE_TERMINAL_JOBS, s)
-        args = ["succeeded", timedelta(days=7), 500, timedelta(days=365)]
-        [plan] = json.loads(
-            await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args)
-        )
-        archived = await conn.fetch(
-            f"SELECT a.finished_at, (SELECT count(*) FROM {s}.job_attempts_archive t "
-            f"WHERE t.job_id = a.id) AS attempts FROM {s}.jobs_archive a ORDER BY a.finished_at"
-        )
-        oldest = await conn.fetch(f"SELECT finished_at FROM {s}.jobs ORDER BY finished_at LIMIT 1")
-    finally:
-        await conn.close()
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
+        "SELECT 'a', 'succeeded', now() - interval '9 days', "
+        "now() - interval '8 days' + g * interval '1 ms', 1 "
+        "FROM generate_series(1, 30000) g"
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.job_attempts (job_id, attempt, outcome, started_at, finished_at) "
+        f"SELECT id, 1, 'succeeded', started_at, finished_at FROM {s}.jobs"
+    )
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    await conn.execute(f"VACUUM ANALYZE {s}.job_attempts")
+    statement = render(PRUNE_TERMINAL_JOBS, s)
+    args = ["succeeded", timedelta(days=7), 500, timedelta(days=365)]
+    plan = await _analyzed(conn, statement, *args)
+    archived = await conn.fetch(
+        f"SELECT a.finished_at, (SELECT count(*) FROM {s}.job_attempts_archive t "
+        f"WHERE t.job_id = a.id) AS attempts FROM {s}.jobs_archive a ORDER BY a.finished_at"
+    )
+    oldest = await conn.fetch(f"SELECT finished_at FROM {s}.jobs ORDER BY finished_at LIMIT 1")
     # The 500 oldest moved, with their attempts.
     assert len(archived) == 500 and all(r["attempts"] == 1 for r in archived)
     assert archived[-1]["finished_at"] < oldest[0]["finished_at"]
-    assert rows_handled(plan["Plan"]) < 40 * 500  # about 22 rows per job moved
+    assert rows_handled(plan) < 40 * 500  # about 22 rows per job moved
 
 
 async def test_an_archive_expiry_batch_reads_its_own_rows_not_the_whole_archive(
-    pg_schema: PgSchema,
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:
     # Joined to the batch it picked, the delete read the whole archive (a year of jobs)
     # at every batch of 10,000.
     s = pg_schema.name
-    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
-    try:
-        await conn.execute(
-            f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
-            "SELECT 'a', 'succeeded', now(), now() - g * interval '1 ms', 1 "
-            "FROM generate_series(1, 30000) g"
-        )
-        await conn.execute(
-            f"INSERT INTO {s}.job_attempts (job_id, attempt, outcome, started_at, finished_at) "
-            f"SELECT id, 1, 'succeeded', started_at, finished_at FROM {s}.jobs"
-        )
-        prune = render(PRUNE_TERMINAL_JOBS, s)
-        moved = await conn.fetchval(prune, "succeeded", timedelta(0), 30_000, timedelta(0))
-        assert moved == 30_000
-        await conn.execute(f"VACUUM ANALYZE {s}.jobs_archive")
-        await conn.execute(f"VACUUM ANALYZE {s}.job_attempts_archive")
-        statement = render(EXPIRE_ARCHIVE, s)
-        [plan] = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", 500))
-        left = await conn.fetchval(f"SELECT count(*) FROM {s}.jobs_archive")
-        attempts = await conn.fetchval(f"SELECT count(*) FROM {s}.job_attempts_archive")
-    finally:
-        await conn.close()
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
+        "SELECT 'a', 'succeeded', now(), now() - g * interval '1 ms', 1 "
+        "FROM generate_series(1, 30000) g"
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.job_attempts (job_id, attempt, outcome, started_at, finished_at) "
+        f"SELECT id, 1, 'succeeded', started_at, finished_at FROM {s}.jobs"
+    )
+    prune = render(PRUNE_TERMINAL_JOBS, s)
+    moved = await conn.fetchval(prune, "succeeded", timedelta(0), 30_000, timedelta(0))
+    assert moved == 30_000
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs_archive")
+    await conn.execute(f"VACUUM ANALYZE {s}.job_attempts_archive")
+    statement = render(EXPIRE_ARCHIVE, s)
+    plan = await _analyzed(conn, statement, 500)
+    left = await conn.fetchval(f"SELECT count(*) FROM {s}.jobs_archive")
+    attempts = await conn.fetchval(f"SELECT count(*) FROM {s}.job_attempts_archive")
     assert (left, attempts) == (29_500, 29_500)
-    assert rows_handled(plan["Plan"]) < 10 * 500
+    assert rows_handled(plan) < 10 * 500
 
 
 async def test_a_promotion_turn_reads_its_own_jobs_not_the_whole_table(
-    pg_schema: PgSchema,
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:
     # Joined to the turn's CTE (estimated at a full turn), the update hashed the whole
     # jobs table, finished history and all, at every turn: with millions of jobs kept a
     # week, a backlog of due jobs took seconds a turn, past the leader's bound.
     s = pg_schema.name
-    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
-    try:
-        await conn.execute(
-            f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
-            "SELECT 'a', 'succeeded', now(), now(), 1 FROM generate_series(1, 50000)"
-        )
-        await conn.execute(
-            f"INSERT INTO {s}.jobs (actor, status, scheduled_at) "
-            "SELECT 'a', 'scheduled', now() - g * interval '1 ms' FROM generate_series(1, 10000) g"
-        )
-        await conn.execute(f"VACUUM ANALYZE {s}.jobs")
-        statement = statements_for(s).scheduled_to_pending
-        [plan] = json.loads(
-            await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", None, 5000)
-        )
-        left = await conn.fetchval(f"SELECT count(*) FROM {s}.jobs WHERE status = 'scheduled'")
-    finally:
-        await conn.close()
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
+        "SELECT 'a', 'succeeded', now(), now(), 1 FROM generate_series(1, 50000)"
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, status, scheduled_at) "
+        "SELECT 'a', 'scheduled', now() - g * interval '1 ms' FROM generate_series(1, 10000) g"
+    )
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    statement = statements_for(s).scheduled_to_pending
+    plan = await _analyzed(conn, statement, None, 5000)
+    left = await conn.fetchval(f"SELECT count(*) FROM {s}.jobs WHERE status = 'scheduled'")
     assert left == 5000
     # The turn's 5,000 found by id, not the 60,000 jobs hashed.
-    assert seq_scan_rows(plan["Plan"], "jobs") == 0
-    assert index_rows(plan["Plan"], "jobs_pkey") == 5000
+    assert seq_scan_rows(plan, "jobs") == 0
+    assert index_rows(plan, "jobs_pkey") == 5000
 
 
 async def test_a_stale_batch_window_reads_its_own_batches_not_all_active_ones(
-    pg_schema: PgSchema,
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:
     # All the active batches in one statement, each probed for a child left: 20,000
     # here, a million outlasted the leader's bound at every call.
     s = pg_schema.name
-    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
-    try:
-        await conn.execute(
-            f"INSERT INTO {s}.batches (id, queue, expected_size, created_at) "
-            "SELECT gen_random_uuid(), 'q', 1, now() - g * interval '1 ms' "
-            "FROM generate_series(1, 20000) g"
-        )
-        await conn.execute(
-            f"INSERT INTO {s}.jobs (actor, metadata) "
-            f"SELECT 'a', jsonb_build_object('batch_id', id::text) FROM {s}.batches"
-        )
-        await conn.execute(f"VACUUM ANALYZE {s}.jobs")
-        await conn.execute(f"VACUUM ANALYZE {s}.batches")
-        statement = statements_for(s).complete_stale_batches
-        args = [None, timedelta(seconds=10), datetime(1, 1, 1, tzinfo=UTC), UUID(int=0), 500]
-        [plan] = json.loads(
-            await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", *args)
-        )
-    finally:
-        await conn.close()
-    assert rows_handled(plan["Plan"]) < 10 * 500
+    await conn.execute(
+        f"INSERT INTO {s}.batches (id, queue, expected_size, created_at) "
+        "SELECT gen_random_uuid(), 'q', 1, now() - g * interval '1 ms' "
+        "FROM generate_series(1, 20000) g"
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, metadata) "
+        f"SELECT 'a', jsonb_build_object('batch_id', id::text) FROM {s}.batches"
+    )
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    await conn.execute(f"VACUUM ANALYZE {s}.batches")
+    statement = statements_for(s).complete_stale_batches
+    args = [None, timedelta(seconds=10), datetime(1, 1, 1, tzinfo=UTC), UUID(int=0), 500]
+    plan = await _analyzed(conn, statement, *args)
+    assert rows_handled(plan) < 10 * 500
 
 
 async def test_a_batch_prune_turn_reads_its_own_window_not_every_batch_after_it(
-    pg_schema: PgSchema,
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:
     # With the children's check in the query its limit applied to, the planner read and
     # sorted every finished batch after the turn's key, and all their children, at every
     # turn: a backlog of 1,000,000 pruned in quadratic time. A tenth here keep a child;
     # a turn is the backend's 5,000.
     s = pg_schema.name
-    conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_schema.dsn)
-    try:
-        await conn.execute(
-            f"INSERT INTO {s}.batches (id, queue, expected_size, status, created_at, "
-            "completed_at) SELECT gen_random_uuid(), 'q', 1, 'complete', "
-            "now() - interval '30 days', now() - interval '20 days' - g * interval '1 ms' "
-            "FROM generate_series(1, 100000) g"
-        )
-        await conn.execute(
-            f"INSERT INTO {s}.jobs (actor, metadata) "
-            f"SELECT 'a', jsonb_build_object('batch_id', b.id::text) "
-            f"FROM (SELECT id, row_number() OVER () AS n FROM {s}.batches) b "
-            "WHERE b.n % 10 = 0"
-        )
-        await conn.execute(f"VACUUM ANALYZE {s}.jobs")
-        await conn.execute(f"VACUUM ANALYZE {s}.batches")
-        after_at, after_id = await conn.fetchrow(
-            f"SELECT completed_at, id FROM {s}.batches ORDER BY completed_at, id "
-            "OFFSET 25000 LIMIT 1"
-        )
-        statement = statements_for(s).prune_old_batches
-        cutoff = await conn.fetchval("SELECT now() - interval '7 days'")
-        [plan] = json.loads(
-            await conn.fetchval(
-                f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", cutoff, after_at, after_id, 5000
-            )
-        )
-        left = await conn.fetchval(f"SELECT count(*) FROM {s}.batches")
-    finally:
-        await conn.close()
+    await conn.execute(
+        f"INSERT INTO {s}.batches (id, queue, expected_size, status, created_at, "
+        "completed_at) SELECT gen_random_uuid(), 'q', 1, 'complete', "
+        "now() - interval '30 days', now() - interval '20 days' - g * interval '1 ms' "
+        "FROM generate_series(1, 100000) g"
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, metadata) "
+        f"SELECT 'a', jsonb_build_object('batch_id', b.id::text) "
+        f"FROM (SELECT id, row_number() OVER () AS n FROM {s}.batches) b "
+        "WHERE b.n % 10 = 0"
+    )
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    await conn.execute(f"VACUUM ANALYZE {s}.batches")
+    after_at, after_id = await conn.fetchrow(
+        f"SELECT completed_at, id FROM {s}.batches ORDER BY completed_at, id OFFSET 25000 LIMIT 1"
+    )
+    statement = statements_for(s).prune_old_batches
+    cutoff = await conn.fetchval("SELECT now() - interval '7 days'")
+    plan = await _analyzed(conn, statement, cutoff, after_at, after_id, 5000)
+    left = await conn.fetchval(f"SELECT count(*) FROM {s}.batches")
     assert 95_000 <= left < 100_000
     # The window's 5,000 batches read (and the key's own), not the 75,000 after the key
     # or the whole table.
-    assert index_rows(plan["Plan"], "batches_completed_idx", filtered=True) < 5100
-    assert seq_scan_rows(plan["Plan"], "batches") == 0
+    assert index_rows(plan, "batches_completed_idx", filtered=True) < 5100
+    assert seq_scan_rows(plan, "batches") == 0

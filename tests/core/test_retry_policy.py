@@ -117,3 +117,15 @@ def test_a_negative_signal_delay_is_told_in_seconds() -> None:
     # It read "got -1 day, 23:59:59".
     with pytest.raises(ValueError, match="got -1 s"):
         RetryAfter(-1)
+
+
+@pytest.mark.parametrize("attempt", [60, 10**6])
+def test_an_exponential_backoff_without_a_cap_stops_at_a_century(
+    attempt: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # timedelta.max as the cap (no cap) was kept: once the power passed it, a delay
+    # jittered up to the cap was a float past timedelta's range (OverflowError), and
+    # the job failed as an unrecordable outcome where it should have been retried.
+    monkeypatch.setattr("taskq.retry.random.uniform", lambda low, high: high)
+    policy = RetryPolicy(ExponentialBackoff(maximum=timedelta.max))
+    assert policy.delay(attempt) == MAX_DURATION

@@ -75,7 +75,9 @@ class ExponentialBackoff:
             )
 
     def __call__(self, attempt: int) -> timedelta:
-        maximum = self.maximum.total_seconds()
+        # No job is put off by more than a century: a cap past it (``timedelta.max``
+        # for no cap) gave, in float seconds, a delay past timedelta's own range.
+        maximum = min(self.maximum, MAX_DURATION).total_seconds()
         try:
             raw = self.base.total_seconds() * self.factor ** max(attempt - 1, 0)
         except OverflowError:  # a high attempt number (snoozes count too)

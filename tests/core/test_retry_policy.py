@@ -129,3 +129,11 @@ def test_an_exponential_backoff_without_a_cap_stops_at_a_century(
     monkeypatch.setattr("taskq.retry.random.uniform", lambda low, high: high)
     policy = RetryPolicy(ExponentialBackoff(maximum=timedelta.max))
     assert policy.delay(attempt) == MAX_DURATION
+
+
+def test_a_custom_backoff_of_whole_seconds_past_a_floats_range_stops_at_a_century() -> None:
+    # 2 ** attempt past attempt 1023 is an int no float holds: math.isfinite raised
+    # OverflowError, and the job failed as an unrecordable outcome, not retried.
+    policy = RetryPolicy(lambda attempt: 2**attempt)
+    assert policy.delay(1100) == MAX_DURATION
+    assert policy.delay(3) == timedelta(seconds=8)

@@ -40,7 +40,12 @@ def _duration(value: object, what: str) -> timedelta:
     """``value`` as a timedelta: one as it is, a number as seconds; else ``TypeError``."""
     if isinstance(value, timedelta):
         return value
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+    # An int is finite however large (math.isfinite raised past a float's range).
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and (isinstance(value, int) or math.isfinite(value))
+    ):
         return timedelta(seconds=min(value, MAX_DURATION.total_seconds()))
     raise TypeError(f"{what} must be a timedelta or a number of seconds, not {value!r}")
 

@@ -105,3 +105,31 @@ async def test_a_failure_whose_message_is_stored_cleaned_is_the_workers_own(
     assert row is not None and row.status is JobStatus.FAILED
     assert row.error is not None and "\ufffd" in row.error.message
     assert [e.kind for e in await tq.client.get_events(job.id) if e.kind == "late_outcome"] == []
+
+
+class _UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise AttributeError("a bug in the exception's own __str__")
+
+
+@actor(name="unrecordable.unprintable", max_attempts=2, retry_backoff=lambda attempt: 0)
+async def unprintable(payload: dict[str, Any]) -> None:
+    raise _UnprintableError
+
+
+async def test_an_error_whose_str_raises_is_retried_and_named(taskq_backend: Backend) -> None:
+    # Its message could not be read: the job failed at its first attempt, as an outcome
+    # that could not be recorded, its attempts left unused and its error class lost.
+    tq = TaskQ("memory://", actors=[unprintable], backend=taskq_backend)
+    job = await tq.client.enqueue(unprintable, {})
+    await run_until_idle(tq, timeout=20)
+    row = await tq.client.get(job.id)
+    assert row is not None and row.status is JobStatus.FAILED and row.attempt == 2
+    attempts = await tq.client.get_attempts(job.id)
+    assert [(a.outcome, a.error and a.error.error_class) for a in attempts] == [
+        ("failed", f"{__name__}._UnprintableError"),
+        ("failed", f"{__name__}._UnprintableError"),
+    ]
+    assert row.error is not None and row.error.message == (
+        "<exception str() failed: AttributeError>"
+    )

@@ -183,14 +183,20 @@ class ErrorInfo(_Model):
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, traceback: str | None = None) -> ErrorInfo:
-        """Describe ``exc`` (qualified class name and message)."""
+        """Describe ``exc`` (qualified class name and message). An exception whose own
+        ``__str__`` raises is described as the traceback module does: its error was
+        lost, and the attempt failed for good as an outcome that could not be recorded."""
         kind = type(exc)
         name = (
             kind.__qualname__
             if kind.__module__ == "builtins"
             else f"{kind.__module__}.{kind.__qualname__}"
         )
-        return cls(error_class=name, message=str(exc), traceback=traceback)
+        try:
+            message = str(exc)
+        except Exception as failed:  # noqa: BLE001 - the user's __str__, whatever it raises
+            message = f"<exception str() failed: {type(failed).__qualname__}>"
+        return cls(error_class=name, message=message, traceback=traceback)
 
 
 DEADLINE_EXCEEDED: Final = ErrorInfo(

@@ -56,7 +56,13 @@ from taskq.backend import (
     check_up_to,
 )
 from taskq.backend._protocol import ScheduleFire
-from taskq.backend.batch_members import BATCH_TAG, FINALIZER_TAG, check_children, check_finalizer
+from taskq.backend.batch_members import (
+    BATCH_TAG,
+    FINALIZER_TAG,
+    all_ended,
+    check_children,
+    check_finalizer,
+)
 from taskq.backend.cron import (
     cron_slots,
     first_fire_at,
@@ -2133,6 +2139,8 @@ class PostgresBackend:
                 finalizer_id, inserted = final_row.id, inserted + new
             if batch_row is not None:
                 await self._insert_batch_row(tx, batch_row, finalizer_id)
+                if all_ended(rows):  # no child's end is left to come and end it
+                    await tx.fetchrow(self._sql.complete_batch, batch_id, self._wake_to)
             if inserted and not self.poll_only:
                 await tx.execute(self._sql.notify, self._wake_channel)
         return rows

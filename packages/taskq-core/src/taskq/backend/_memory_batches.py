@@ -15,7 +15,13 @@ from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from taskq.backend._memory_store import JobStore
-from taskq.backend.batch_members import BATCH_TAG, FINALIZER_TAG, check_children, check_finalizer
+from taskq.backend.batch_members import (
+    BATCH_TAG,
+    FINALIZER_TAG,
+    all_ended,
+    check_children,
+    check_finalizer,
+)
 from taskq.backend.clock import Clock
 from taskq.backend.statemachine import ACTIVE_STATUSES, JobStatus
 from taskq.backend.storable import stored_json
@@ -167,6 +173,7 @@ class BatchTable:
                     update={"status": JobStatus.SCHEDULED, "scheduled_at": FINALIZER_PARKED_AT}
                 )
         self._store.insert(plan)
+        rows = plan.rows[: len(children)]
         if batch_row is not None:
             self._rows[batch_id] = batch_row.model_copy(
                 update={
@@ -174,7 +181,9 @@ class BatchTable:
                     "created_at": batch_row.created_at or now,
                 }
             )
-        return plan.rows[: len(children)]
+            if all_ended(rows):
+                self.complete(batch_id)
+        return rows
 
     def add_failures(self, batch_id: UUID, count: int) -> tuple[int, int | None, int]:
         batch = self._require(batch_id)

@@ -174,6 +174,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     SupportsLateOutcomes.record_late_outcome adds nothing when the job's history
 #     has a late outcome of the same attempt, worker and outcome (a worker's retry
 #     whose first try landed, its reply lost, was kept twice).
+#     enqueue_batch_atomic ends a tracked batch whose children have all ended already
+#     (their keys named ended jobs of the batch), as complete_batch does: it stayed
+#     active, its finalizer parked.
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
@@ -575,7 +578,10 @@ class Backend(Protocol):
         """Children (tagged ``metadata.batch_id``), the batch row and the finalizer,
         all or nothing. The finalizer waits (``scheduled`` with no due time) until
         the batch completes or aborts; a finalizer without a batch row, which nothing
-        would release, is refused with ``ValueError``."""
+        would release, is refused with ``ValueError``. A tracked batch whose children
+        have all ended already (their idempotency keys named ended jobs of this batch)
+        is ended at once, as :meth:`complete_batch` ends it: no child's end is left to
+        come and end it."""
         ...
 
     async def create_batch(

@@ -7,17 +7,21 @@ idempotency key can make an insert return a job already stored instead: one of
 another batch's, or of none, would not be counted, and the batch could end before it
 ran; a finalizer's would be released, and run, in place of the batch's own. Both are
 refused, the whole call with them. An untracked batch (tags only) returns the stored
-job, as any enqueue does.
+job, as any enqueue does. A key may name a job of this very batch (tagged before the
+batch had a row) that has ended: when every child has, no child's end is left to
+complete the batch, so the enqueue ends it (:func:`all_ended`), as its last child's end
+would have.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
+from taskq.backend.statemachine import TERMINAL_STATUSES
 from taskq.models import BatchRow, EnqueueArgs, JobRow
 
-__all__ = ["BATCH_TAG", "FINALIZER_TAG", "check_children", "check_finalizer"]
+__all__ = ["BATCH_TAG", "FINALIZER_TAG", "all_ended", "check_children", "check_finalizer"]
 
 BATCH_TAG: Final = "batch_id"
 """The ``metadata`` key naming a child's batch."""
@@ -55,3 +59,12 @@ def check_children(rows: Iterable[JobRow], batch_tag: str) -> None:
                 f"names job {row.id}, which is not a child of batch {batch_tag}: the batch "
                 f"would not wait for it; use a key of this batch's own"
             )
+
+
+def all_ended(children: Sequence[JobRow]) -> bool:
+    """Whether the rows an insert of a tracked batch's children returned have all ended
+    (their keys named ended jobs of this batch): the batch is then ended at once, as
+    ``complete_batch`` ends it, for no end of a child is left to come and end it (it
+    stayed ``active``, its finalizer parked, until the stale-batch sweep, if any).
+    A batch of no children is left to that sweep, as the spec has it."""
+    return bool(children) and all(row.status in TERMINAL_STATUSES for row in children)

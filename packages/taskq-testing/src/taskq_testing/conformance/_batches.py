@@ -292,6 +292,52 @@ class BatchTests:
         assert [row.id for row in rows] == [first.id, first.id]
         assert await backend.count_batch_non_terminal(batch_id) == 1
 
+    @covers("enqueue_batch_atomic", "complete_batch", "mark_failed_or_retry")
+    @pytest.mark.parametrize(
+        ("ended", "threshold", "batch_status"),
+        [(JobStatus.SUCCEEDED, None, "complete"), (JobStatus.FAILED, 1, "aborted")],
+    )
+    async def test_a_tracked_batch_whose_children_have_all_ended_ends_at_once(
+        self, backend: Backend, ended: JobStatus, threshold: int | None, batch_status: str
+    ) -> None:
+        # Its child's key names a job of this batch's (tagged before it had a row) that
+        # has ended: no end of a child was left to complete the batch, which stayed
+        # active, its finalizer parked. It ends as its last child's end would end it.
+        batch_id = uuid4()
+        await backend.enqueue_batch_atomic(
+            [make_args(queue=_QUEUE, idempotency_key="ended")],
+            batch_id=batch_id,
+            queue=_QUEUE,
+            batch_row=None,
+            finalizer_args=None,
+        )
+        worker = uuid4()
+        [child] = await backend.dispatch_batch(worker, [_QUEUE], 1, LONG_LEASE)
+        if ended is JobStatus.SUCCEEDED:
+            assert await backend.mark_succeeded(child.id, worker, None)
+        else:
+            error = ErrorInfo(error_class="RuntimeError", message="child failed")
+            assert (
+                await backend.mark_failed_or_retry(child.id, worker, error, None)
+            ).status is JobStatus.FAILED
+        finalizer = make_args(actor="conformance.finalizer", queue=_QUEUE)
+        [row] = await backend.enqueue_batch_atomic(
+            [make_args(queue=_QUEUE, idempotency_key="ended")],
+            batch_id=batch_id,
+            queue=_QUEUE,
+            batch_row=BatchRow(
+                id=batch_id, queue=_QUEUE, expected_size=1, failure_threshold=threshold
+            ),
+            finalizer_args=finalizer,
+        )
+        assert (row.id, row.status) == (child.id, ended)
+        batch = await _batch(backend, batch_id)
+        assert (batch.status, batch.finalizer_job_id) == (batch_status, finalizer.id)
+        assert_utc(batch.completed_at)
+        released = await fetch(backend, finalizer.id)
+        assert released.status is JobStatus.PENDING
+        await assert_history_consistent(backend, finalizer.id)
+
     @covers("enqueue_batch_atomic")
     async def test_a_finalizer_takes_no_idempotency_key(self, backend: Backend) -> None:
         # A stored job of that key (due in an hour, say) was released and run in its

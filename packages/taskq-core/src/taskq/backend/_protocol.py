@@ -177,6 +177,9 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     enqueue_batch_atomic ends a tracked batch whose children have all ended already
 #     (their keys named ended jobs of the batch), as complete_batch does: it stayed
 #     active, its finalizer parked.
+#     enqueue_batch_atomic made again (the same batch row, finalizer and children)
+#     returns what the first call stored: a retry after a lost reply raised "already
+#     exists".
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
@@ -581,7 +584,10 @@ class Backend(Protocol):
         would release, is refused with ``ValueError``. A tracked batch whose children
         have all ended already (their idempotency keys named ended jobs of this batch)
         is ended at once, as :meth:`complete_batch` ends it: no child's end is left to
-        come and end it."""
+        come and end it. The same call again (a retry after a lost reply: the same
+        batch row, finalizer and children, each by its id or its idempotency key)
+        returns the children the first call stored, as they are now; another call with
+        the id of a stored batch is refused (``ValueError``: it already exists)."""
         ...
 
     async def create_batch(

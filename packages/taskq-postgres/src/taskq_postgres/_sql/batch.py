@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from typing import Final
 
+from taskq_postgres._sql import job_columns
+
 __all__ = [
     "ABORT_BATCH",
     "ADD_BATCH_FAILURES",
     "BATCH_COLUMNS",
     "BATCH_HAS_ACTIVE_CHILDREN",
+    "BATCH_REPLAY_JOBS",
     "CANCEL_ABORTED_CHILDREN",
     "CANCEL_ABORTED_LEFTOVERS",
     "COMPLETE_BATCH",
@@ -328,6 +331,25 @@ finished AS (
 SELECT (SELECT count(*) FROM finished) AS completed, (SELECT count(*) FROM notified) AS notified,
        (SELECT count(*) FROM win) AS scanned,
        (SELECT created_at FROM last) AS last_at, (SELECT id FROM last) AS last_id
+"""
+)
+
+BATCH_REPLAY_JOBS: Final = (
+    """
+-- arbiter: none
+-- The stored jobs a retried enqueue_batch_atomic's children name: by id ($1), and by
+-- (actor, idempotency_key) ($2, $3) for a child rebuilt for the retry (another id).
+SELECT """
+    + job_columns("j")
+    + """
+FROM {schema}.jobs j WHERE j.id = ANY($1::uuid[])
+UNION ALL
+SELECT """
+    + job_columns("j")
+    + """
+FROM {schema}.jobs j
+JOIN unnest($2::text[], $3::text[]) AS k (actor, idempotency_key)
+    ON j.actor = k.actor AND j.idempotency_key = k.idempotency_key
 """
 )
 

@@ -339,6 +339,83 @@ class BatchTests:
         await assert_history_consistent(backend, finalizer.id)
 
     @covers("enqueue_batch_atomic")
+    @pytest.mark.parametrize("tracked", [True, False])
+    async def test_a_retried_enqueue_batch_atomic_returns_what_the_first_call_made(
+        self, backend: Backend, tracked: bool
+    ) -> None:
+        # The same call again (its reply was lost after the first one committed) raised
+        # "already exists" (the batch row's, or a child's id) where the caller needs the
+        # rows it would have had.
+        batch_id = uuid4()
+        items = [
+            make_args(queue=_QUEUE, priority=1),  # the head of the queue
+            make_args(queue=_QUEUE, idempotency_key="keyed"),
+            make_args(queue=_QUEUE, delay=FAR, singleton=True, identity_key="one"),
+        ]
+        batch_row = (
+            BatchRow(id=batch_id, queue=_QUEUE, expected_size=3, failure_threshold=2)
+            if tracked
+            else None
+        )
+        finalizer = make_args(actor="conformance.finalizer", queue=_QUEUE) if tracked else None
+
+        async def call(children: list[EnqueueArgs]) -> list[JobRow]:
+            return await backend.enqueue_batch_atomic(
+                children,
+                batch_id=batch_id,
+                queue=_QUEUE,
+                batch_row=batch_row,
+                finalizer_args=finalizer,
+            )
+
+        first = await call(items)
+        stored = await backend.list_jobs(JobFilter())
+        batch = await backend.get_batch(batch_id)
+        assert await call(items) == first
+        # Its keyed child rebuilt (another id, the same key) is the same job too.
+        rebuilt = [items[0], make_args(queue=_QUEUE, idempotency_key="keyed"), items[2]]
+        assert await call(rebuilt) == first
+        assert await backend.list_jobs(JobFilter()) == stored
+        assert await backend.get_batch(batch_id) == batch
+        if finalizer is not None:
+            assert (await fetch(backend, finalizer.id)).status is JobStatus.SCHEDULED
+        # Retried after a child ended, it returns the children as they are now.
+        done = await _succeed_one(backend)
+        again = await call(items)
+        assert [row.id for row in again] == [row.id for row in first]
+        assert again[0] == done
+
+    @covers("enqueue_batch_atomic")
+    async def test_another_call_with_a_batch_id_in_use_is_refused(self, backend: Backend) -> None:
+        # Only the same call again is a retry: other children, or another policy, under
+        # the id of a stored batch are a mistake, refused with nothing written.
+        batch_id, first, finalizer = await _tracked_batch(backend, {}, threshold=2)
+        stored = await backend.list_jobs(JobFilter())
+        batch = await _batch(backend, batch_id)
+        same = [make_args(id=first[0].id, queue=_QUEUE)]
+        for items, threshold, final in [
+            ([make_args(queue=_QUEUE)], 2, finalizer),  # another child
+            ([*same, make_args(queue=_QUEUE)], 2, finalizer),  # one child more
+            (same, 3, finalizer),  # another threshold
+            (same, 2, make_args(queue=_QUEUE)),  # another finalizer
+        ]:
+            with pytest.raises(ValueError, match="already exists"):
+                await backend.enqueue_batch_atomic(
+                    items,
+                    batch_id=batch_id,
+                    queue=_QUEUE,
+                    batch_row=BatchRow(
+                        id=batch_id,
+                        queue=_QUEUE,
+                        expected_size=len(items),
+                        failure_threshold=threshold,
+                    ),
+                    finalizer_args=final,
+                )
+        assert await backend.list_jobs(JobFilter()) == stored
+        assert await _batch(backend, batch_id) == batch
+
+    @covers("enqueue_batch_atomic")
     async def test_a_finalizer_takes_no_idempotency_key(self, backend: Backend) -> None:
         # A stored job of that key (due in an hour, say) was released and run in its
         # place when the batch completed; the batch's own finalizer never ran.

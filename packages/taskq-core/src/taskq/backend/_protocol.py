@@ -1073,7 +1073,8 @@ class SupportsBatchChildCheck(Protocol):
 
     async def batch_has_active_children(self, batch_id: UUID) -> bool:
         """Whether any child of the batch (its finalizer excluded) is pending, scheduled
-        or running; False for an unknown batch."""
+        or running, as :meth:`Backend.count_batch_non_terminal` counts them: a batch of
+        tags only (no batch row) too; False for a batch no job is tagged with."""
         ...
 
 

@@ -366,12 +366,17 @@ BATCH_HAS_ACTIVE_CHILDREN: Final = (
     """
 -- arbiter: none
 -- jobs_batch_active_idx holds only the waiting and running children: the first one
--- that is not the finalizer answers, however many have finished. $1 batch id.
+-- that is not the finalizer answers, however many have finished. $1 batch id. A batch
+-- of tags only (no row) has its children too, as COUNT_BATCH_NON_TERMINAL counts them
+-- (joined to its row, they were never found).
 SELECT EXISTS (
-    SELECT 1 FROM {schema}.batches b JOIN {schema}.jobs j ON """
+    SELECT 1
+    FROM (SELECT $1::uuid AS id,
+                 (SELECT finalizer_job_id FROM {schema}.batches WHERE id = $1) AS finalizer_job_id) b
+    JOIN {schema}.jobs j ON """
     + _CHILDREN_OF_B
     + """
-    WHERE b.id = $1 AND j.status IN ('pending', 'scheduled', 'running'))
+    WHERE j.status IN ('pending', 'scheduled', 'running'))
 """
 )
 

@@ -848,6 +848,27 @@ class BatchTests:
         assert await backend.batch_has_active_children(batch_id) is False
         assert await backend.batch_has_active_children(uuid4()) is False
 
+    @covers("batch_has_active_children", "count_batch_non_terminal")
+    async def test_batch_has_active_children_of_a_tags_only_batch(self, backend: Backend) -> None:
+        # A batch of tags only (no batch row) has children as a tracked one does, and
+        # count_batch_non_terminal counts them: Postgres answered False while they waited,
+        # the in-memory backend True.
+        if not isinstance(backend, SupportsBatchChildCheck):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsBatchChildCheck")
+        batch_id = uuid4()
+        [child] = await backend.enqueue_batch_atomic(
+            [make_args(queue=_QUEUE)],
+            batch_id=batch_id,
+            queue=_QUEUE,
+            batch_row=None,
+            finalizer_args=None,
+        )
+        assert await backend.count_batch_non_terminal(batch_id) == 1
+        assert await backend.batch_has_active_children(batch_id) is True
+        assert (await _succeed_one(backend)).id == child.id
+        assert await backend.count_batch_non_terminal(batch_id) == 0
+        assert await backend.batch_has_active_children(batch_id) is False
+
     @covers("list_batches", "create_batch", "complete_batch")
     async def test_list_batches_filters_newest_first(
         self, backend: Backend, advance_time: AdvanceTime

@@ -56,7 +56,14 @@ from taskq.backend import (
     check_up_to,
 )
 from taskq.backend._protocol import ScheduleFire
-from taskq.backend.batch_members import BATCH_TAG, FINALIZER_TAG, check_children, check_finalizer
+from taskq.backend.batch_members import (
+    BATCH_TAG,
+    FINALIZER_TAG,
+    all_ended,
+    check_children,
+    check_finalizer,
+    replayed,
+)
 from taskq.backend.cron import (
     cron_slots,
     first_fire_at,
@@ -69,7 +76,13 @@ from taskq.backend.fairness import STRICT, CohortTurns, cohort_of
 from taskq.backend.late_outcome import late_outcome_detail
 from taskq.backend.statemachine import JobStatus
 from taskq.backend.storable import check_delay, clean_text, dump_json, load_json
-from taskq.errors import ConfigurationError, RetryRefusedError, SingletonCollisionError, TaskQError
+from taskq.errors import (
+    ConfigurationError,
+    EnqueueError,
+    RetryRefusedError,
+    SingletonCollisionError,
+    TaskQError,
+)
 from taskq.identifiers import validate_schema_name
 from taskq.models import (
     ActorConfig,
@@ -2113,6 +2126,25 @@ class PostgresBackend:
         everything = [*children, *([finalizer] if finalizer is not None else [])]
         refuse_keyless_singletons(everything)
         step = max(chunk_size, 1)
+        try:
+            return await self._store_batch_atomic(children, batch_id, batch_row, finalizer, step)
+        except (ValueError, EnqueueError):  # "already exists", a singleton's collision
+            # Rolled back; the same call again (its first reply lost) is answered.
+            rows = await self._replayed_batch(children, batch_id, batch_row, finalizer, step)
+            if rows is None:
+                raise
+            return rows
+
+    async def _store_batch_atomic(
+        self,
+        children: list[EnqueueArgs],
+        batch_id: UUID,
+        batch_row: BatchRow | None,
+        finalizer: EnqueueArgs | None,
+        step: int,
+    ) -> list[JobRow]:
+        tag = str(batch_id)
+        everything = [*children, *([finalizer] if finalizer is not None else [])]
         rows: list[JobRow] = []
         inserted = 0
         async with self._transaction() as tx:
@@ -2133,9 +2165,39 @@ class PostgresBackend:
                 finalizer_id, inserted = final_row.id, inserted + new
             if batch_row is not None:
                 await self._insert_batch_row(tx, batch_row, finalizer_id)
+                if all_ended(rows):  # no child's end is left to come and end it
+                    await tx.fetchrow(self._sql.complete_batch, batch_id, self._wake_to)
             if inserted and not self.poll_only:
                 await tx.execute(self._sql.notify, self._wake_channel)
         return rows
+
+    async def _replayed_batch(
+        self,
+        children: list[EnqueueArgs],
+        batch_id: UUID,
+        batch_row: BatchRow | None,
+        finalizer: EnqueueArgs | None,
+        step: int,
+    ) -> list[JobRow] | None:
+        """The children a call that is the stored batch's own made again stored
+        (``replayed``), read ``step`` children per statement; else None."""
+        db, stored_row = self._db(), await self.get_batch(batch_id)
+        by_id: dict[UUID, JobRow] = {}
+        by_key: dict[tuple[str, str], JobRow] = {}
+        for start in range(0, len(children), step):
+            chunk = children[start : start + step]
+            keyed = [args for args in chunk if args.idempotency_key is not None]
+            records = await db.fetch(
+                self._sql.batch_replay_jobs,
+                [args.id for args in chunk],
+                [args.actor for args in keyed],
+                [args.idempotency_key for args in keyed],
+            )
+            for found in map(job_row, records):
+                by_id[found.id] = found
+                if found.idempotency_key is not None:
+                    by_key[(found.actor, found.idempotency_key)] = found
+        return replayed(children, str(batch_id), batch_row, finalizer, stored_row, by_id, by_key)
 
     async def _insert_batch_row(self, tx: Any, row: BatchRow, finalizer_id: UUID | None) -> None:
         try:

@@ -93,6 +93,7 @@ class Statements:
     complete_batch: str
     complete_stale_batches: str
     get_batch: str
+    batch_replay_jobs: str
     count_batch_non_terminal: str
     batch_has_active_children: str
     list_batches: str
@@ -178,6 +179,7 @@ def statements_for(schema: str) -> Statements:
         complete_batch=render(batch.COMPLETE_BATCH, s),
         complete_stale_batches=render(batch.COMPLETE_STALE_BATCHES, s),
         get_batch=render(batch.GET_BATCH, s),
+        batch_replay_jobs=render(batch.BATCH_REPLAY_JOBS, s),
         count_batch_non_terminal=render(batch.COUNT_BATCH_NON_TERMINAL, s),
         batch_has_active_children=render(batch.BATCH_HAS_ACTIVE_CHILDREN, s),
         list_batches=render(batch.LIST_BATCHES, s),

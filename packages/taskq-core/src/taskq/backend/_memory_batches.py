@@ -15,10 +15,18 @@ from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from taskq.backend._memory_store import JobStore
-from taskq.backend.batch_members import BATCH_TAG, FINALIZER_TAG, check_children, check_finalizer
+from taskq.backend.batch_members import (
+    BATCH_TAG,
+    FINALIZER_TAG,
+    all_ended,
+    check_children,
+    check_finalizer,
+    replayed,
+)
 from taskq.backend.clock import Clock
 from taskq.backend.statemachine import ACTIVE_STATUSES, JobStatus
 from taskq.backend.storable import stored_json
+from taskq.errors import EnqueueError
 from taskq.models import (
     BatchCounts,
     BatchFilter,
@@ -127,11 +135,49 @@ class BatchTable:
         batch_row: BatchRow | None,
         finalizer_args: EnqueueArgs | None,
     ) -> list[JobRow]:
-        """Children, batch row and parked finalizer, validated together, then stored."""
+        """Children, batch row and parked finalizer, validated together, then stored; the
+        same call again returns the children it stored (``replayed``)."""
+        if batch_row is not None and batch_row.id != batch_id:
+            raise ValueError(f"batch_row.id {batch_row.id} differs from batch_id {batch_id}")
+        check_finalizer(finalizer_args, batch_row)
+        tag = str(batch_id)
+        children = [
+            args.model_copy(update={"metadata": {**args.metadata, BATCH_TAG: tag}})
+            for args in items
+        ]
+        try:
+            return self._store_atomic(children, batch_id, batch_row, finalizer_args)
+        except (ValueError, EnqueueError):  # "already exists", a singleton's collision
+            store = self._store
+            by_key = {
+                key: row
+                for args in children
+                if args.idempotency_key is not None
+                and (row := store.by_idempotency_key(key := (args.actor, args.idempotency_key)))
+            }
+            rows = replayed(
+                children,
+                tag,
+                batch_row,
+                finalizer_args,
+                self._rows.get(batch_id),
+                store.jobs,
+                by_key,
+            )
+            if rows is None:
+                raise
+            return rows
+
+    def _store_atomic(
+        self,
+        children: list[EnqueueArgs],
+        batch_id: UUID,
+        batch_row: BatchRow | None,
+        finalizer_args: EnqueueArgs | None,
+    ) -> list[JobRow]:
         now = self._clock.now()
+        tag = str(batch_id)
         if batch_row is not None:
-            if batch_row.id != batch_id:
-                raise ValueError(f"batch_row.id {batch_row.id} differs from batch_id {batch_id}")
             self._refuse_existing(batch_id)
             # Stored as Postgres stores it (JSON through dump_json, times in UTC), and a
             # value it cannot hold refused before anything is written.
@@ -142,12 +188,6 @@ class BatchTable:
                     "completed_at": _in_utc(batch_row.completed_at),
                 }
             )
-        check_finalizer(finalizer_args, batch_row)
-        tag = str(batch_id)
-        children = [
-            args.model_copy(update={"metadata": {**args.metadata, BATCH_TAG: tag}})
-            for args in items
-        ]
         to_insert = list(children)
         if finalizer_args is not None:
             to_insert.append(
@@ -167,6 +207,7 @@ class BatchTable:
                     update={"status": JobStatus.SCHEDULED, "scheduled_at": FINALIZER_PARKED_AT}
                 )
         self._store.insert(plan)
+        rows = plan.rows[: len(children)]
         if batch_row is not None:
             self._rows[batch_id] = batch_row.model_copy(
                 update={
@@ -174,7 +215,9 @@ class BatchTable:
                     "created_at": batch_row.created_at or now,
                 }
             )
-        return plan.rows[: len(children)]
+            if all_ended(rows):
+                self.complete(batch_id)
+        return rows
 
     def add_failures(self, batch_id: UUID, count: int) -> tuple[int, int | None, int]:
         batch = self._require(batch_id)

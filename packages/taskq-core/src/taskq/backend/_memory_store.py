@@ -163,7 +163,7 @@ class JobStore:
                 )
             if args.idempotency_key is not None:
                 key = (args.actor, args.idempotency_key)
-                existing = staged_keys.get(key) or self._by_idempotency_key(key)
+                existing = staged_keys.get(key) or self.by_idempotency_key(key)
                 if existing is not None:
                     if not idempotent:
                         raise ValueError(
@@ -199,7 +199,8 @@ class JobStore:
         if plan.new:
             wake(self.wake_subscribers)
 
-    def _by_idempotency_key(self, key: tuple[str, str]) -> JobRow | None:
+    def by_idempotency_key(self, key: tuple[str, str]) -> JobRow | None:
+        """The stored job of ``(actor, idempotency_key)``, or None."""
         job_id = self._idempotency.get(key)
         return self.jobs[job_id] if job_id is not None else None
 

@@ -174,6 +174,12 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     SupportsLateOutcomes.record_late_outcome adds nothing when the job's history
 #     has a late outcome of the same attempt, worker and outcome (a worker's retry
 #     whose first try landed, its reply lost, was kept twice).
+#     enqueue_batch_atomic ends a tracked batch whose children have all ended already
+#     (their keys named ended jobs of the batch), as complete_batch does: it stayed
+#     active, its finalizer parked.
+#     enqueue_batch_atomic made again (the same batch row, finalizer and children)
+#     returns what the first call stored: a retry after a lost reply raised "already
+#     exists".
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
@@ -575,7 +581,13 @@ class Backend(Protocol):
         """Children (tagged ``metadata.batch_id``), the batch row and the finalizer,
         all or nothing. The finalizer waits (``scheduled`` with no due time) until
         the batch completes or aborts; a finalizer without a batch row, which nothing
-        would release, is refused with ``ValueError``."""
+        would release, is refused with ``ValueError``. A tracked batch whose children
+        have all ended already (their idempotency keys named ended jobs of this batch)
+        is ended at once, as :meth:`complete_batch` ends it: no child's end is left to
+        come and end it. The same call again (a retry after a lost reply: the same
+        batch row, finalizer and children, each by its id or its idempotency key)
+        returns the children the first call stored, as they are now; another call with
+        the id of a stored batch is refused (``ValueError``: it already exists)."""
         ...
 
     async def create_batch(
@@ -1061,7 +1073,8 @@ class SupportsBatchChildCheck(Protocol):
 
     async def batch_has_active_children(self, batch_id: UUID) -> bool:
         """Whether any child of the batch (its finalizer excluded) is pending, scheduled
-        or running; False for an unknown batch."""
+        or running, as :meth:`Backend.count_batch_non_terminal` counts them: a batch of
+        tags only (no batch row) too; False for a batch no job is tagged with."""
         ...
 
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from typing import Final
 
+from taskq_postgres._sql import job_columns
+
 __all__ = [
     "ABORT_BATCH",
     "ADD_BATCH_FAILURES",
     "BATCH_COLUMNS",
     "BATCH_HAS_ACTIVE_CHILDREN",
+    "BATCH_REPLAY_JOBS",
     "CANCEL_ABORTED_CHILDREN",
     "CANCEL_ABORTED_LEFTOVERS",
     "COMPLETE_BATCH",
@@ -331,6 +334,25 @@ SELECT (SELECT count(*) FROM finished) AS completed, (SELECT count(*) FROM notif
 """
 )
 
+BATCH_REPLAY_JOBS: Final = (
+    """
+-- arbiter: none
+-- The stored jobs a retried enqueue_batch_atomic's children name: by id ($1), and by
+-- (actor, idempotency_key) ($2, $3) for a child rebuilt for the retry (another id).
+SELECT """
+    + job_columns("j")
+    + """
+FROM {schema}.jobs j WHERE j.id = ANY($1::uuid[])
+UNION ALL
+SELECT """
+    + job_columns("j")
+    + """
+FROM {schema}.jobs j
+JOIN unnest($2::text[], $3::text[]) AS k (actor, idempotency_key)
+    ON j.actor = k.actor AND j.idempotency_key = k.idempotency_key
+"""
+)
+
 GET_BATCH: Final = (
     """
 -- arbiter: none
@@ -344,12 +366,17 @@ BATCH_HAS_ACTIVE_CHILDREN: Final = (
     """
 -- arbiter: none
 -- jobs_batch_active_idx holds only the waiting and running children: the first one
--- that is not the finalizer answers, however many have finished. $1 batch id.
+-- that is not the finalizer answers, however many have finished. $1 batch id. A batch
+-- of tags only (no row) has its children too, as COUNT_BATCH_NON_TERMINAL counts them
+-- (joined to its row, they were never found).
 SELECT EXISTS (
-    SELECT 1 FROM {schema}.batches b JOIN {schema}.jobs j ON """
+    SELECT 1
+    FROM (SELECT $1::uuid AS id,
+                 (SELECT finalizer_job_id FROM {schema}.batches WHERE id = $1) AS finalizer_job_id) b
+    JOIN {schema}.jobs j ON """
     + _CHILDREN_OF_B
     + """
-    WHERE b.id = $1 AND j.status IN ('pending', 'scheduled', 'running'))
+    WHERE j.status IN ('pending', 'scheduled', 'running'))
 """
 )
 

@@ -292,6 +292,129 @@ class BatchTests:
         assert [row.id for row in rows] == [first.id, first.id]
         assert await backend.count_batch_non_terminal(batch_id) == 1
 
+    @covers("enqueue_batch_atomic", "complete_batch", "mark_failed_or_retry")
+    @pytest.mark.parametrize(
+        ("ended", "threshold", "batch_status"),
+        [(JobStatus.SUCCEEDED, None, "complete"), (JobStatus.FAILED, 1, "aborted")],
+    )
+    async def test_a_tracked_batch_whose_children_have_all_ended_ends_at_once(
+        self, backend: Backend, ended: JobStatus, threshold: int | None, batch_status: str
+    ) -> None:
+        # Its child's key names a job of this batch's (tagged before it had a row) that
+        # has ended: no end of a child was left to complete the batch, which stayed
+        # active, its finalizer parked. It ends as its last child's end would end it.
+        batch_id = uuid4()
+        await backend.enqueue_batch_atomic(
+            [make_args(queue=_QUEUE, idempotency_key="ended")],
+            batch_id=batch_id,
+            queue=_QUEUE,
+            batch_row=None,
+            finalizer_args=None,
+        )
+        worker = uuid4()
+        [child] = await backend.dispatch_batch(worker, [_QUEUE], 1, LONG_LEASE)
+        if ended is JobStatus.SUCCEEDED:
+            assert await backend.mark_succeeded(child.id, worker, None)
+        else:
+            error = ErrorInfo(error_class="RuntimeError", message="child failed")
+            assert (
+                await backend.mark_failed_or_retry(child.id, worker, error, None)
+            ).status is JobStatus.FAILED
+        finalizer = make_args(actor="conformance.finalizer", queue=_QUEUE)
+        [row] = await backend.enqueue_batch_atomic(
+            [make_args(queue=_QUEUE, idempotency_key="ended")],
+            batch_id=batch_id,
+            queue=_QUEUE,
+            batch_row=BatchRow(
+                id=batch_id, queue=_QUEUE, expected_size=1, failure_threshold=threshold
+            ),
+            finalizer_args=finalizer,
+        )
+        assert (row.id, row.status) == (child.id, ended)
+        batch = await _batch(backend, batch_id)
+        assert (batch.status, batch.finalizer_job_id) == (batch_status, finalizer.id)
+        assert_utc(batch.completed_at)
+        released = await fetch(backend, finalizer.id)
+        assert released.status is JobStatus.PENDING
+        await assert_history_consistent(backend, finalizer.id)
+
+    @covers("enqueue_batch_atomic")
+    @pytest.mark.parametrize("tracked", [True, False])
+    async def test_a_retried_enqueue_batch_atomic_returns_what_the_first_call_made(
+        self, backend: Backend, tracked: bool
+    ) -> None:
+        # The same call again (its reply was lost after the first one committed) raised
+        # "already exists" (the batch row's, or a child's id) where the caller needs the
+        # rows it would have had.
+        batch_id = uuid4()
+        items = [
+            make_args(queue=_QUEUE, priority=1),  # the head of the queue
+            make_args(queue=_QUEUE, idempotency_key="keyed"),
+            make_args(queue=_QUEUE, delay=FAR, singleton=True, identity_key="one"),
+        ]
+        batch_row = (
+            BatchRow(id=batch_id, queue=_QUEUE, expected_size=3, failure_threshold=2)
+            if tracked
+            else None
+        )
+        finalizer = make_args(actor="conformance.finalizer", queue=_QUEUE) if tracked else None
+
+        async def call(children: list[EnqueueArgs]) -> list[JobRow]:
+            return await backend.enqueue_batch_atomic(
+                children,
+                batch_id=batch_id,
+                queue=_QUEUE,
+                batch_row=batch_row,
+                finalizer_args=finalizer,
+            )
+
+        first = await call(items)
+        stored = await backend.list_jobs(JobFilter())
+        batch = await backend.get_batch(batch_id)
+        assert await call(items) == first
+        # Its keyed child rebuilt (another id, the same key) is the same job too.
+        rebuilt = [items[0], make_args(queue=_QUEUE, idempotency_key="keyed"), items[2]]
+        assert await call(rebuilt) == first
+        assert await backend.list_jobs(JobFilter()) == stored
+        assert await backend.get_batch(batch_id) == batch
+        if finalizer is not None:
+            assert (await fetch(backend, finalizer.id)).status is JobStatus.SCHEDULED
+        # Retried after a child ended, it returns the children as they are now.
+        done = await _succeed_one(backend)
+        again = await call(items)
+        assert [row.id for row in again] == [row.id for row in first]
+        assert again[0] == done
+
+    @covers("enqueue_batch_atomic")
+    async def test_another_call_with_a_batch_id_in_use_is_refused(self, backend: Backend) -> None:
+        # Only the same call again is a retry: other children, or another policy, under
+        # the id of a stored batch are a mistake, refused with nothing written.
+        batch_id, first, finalizer = await _tracked_batch(backend, {}, threshold=2)
+        stored = await backend.list_jobs(JobFilter())
+        batch = await _batch(backend, batch_id)
+        same = [make_args(id=first[0].id, queue=_QUEUE)]
+        for items, threshold, final in [
+            ([make_args(queue=_QUEUE)], 2, finalizer),  # another child
+            ([*same, make_args(queue=_QUEUE)], 2, finalizer),  # one child more
+            (same, 3, finalizer),  # another threshold
+            (same, 2, make_args(queue=_QUEUE)),  # another finalizer
+        ]:
+            with pytest.raises(ValueError, match="already exists"):
+                await backend.enqueue_batch_atomic(
+                    items,
+                    batch_id=batch_id,
+                    queue=_QUEUE,
+                    batch_row=BatchRow(
+                        id=batch_id,
+                        queue=_QUEUE,
+                        expected_size=len(items),
+                        failure_threshold=threshold,
+                    ),
+                    finalizer_args=final,
+                )
+        assert await backend.list_jobs(JobFilter()) == stored
+        assert await _batch(backend, batch_id) == batch
+
     @covers("enqueue_batch_atomic")
     async def test_a_finalizer_takes_no_idempotency_key(self, backend: Backend) -> None:
         # A stored job of that key (due in an hour, say) was released and run in its
@@ -724,6 +847,27 @@ class BatchTests:
         # Only the parked finalizer waits now: it is no child.
         assert await backend.batch_has_active_children(batch_id) is False
         assert await backend.batch_has_active_children(uuid4()) is False
+
+    @covers("batch_has_active_children", "count_batch_non_terminal")
+    async def test_batch_has_active_children_of_a_tags_only_batch(self, backend: Backend) -> None:
+        # A batch of tags only (no batch row) has children as a tracked one does, and
+        # count_batch_non_terminal counts them: Postgres answered False while they waited,
+        # the in-memory backend True.
+        if not isinstance(backend, SupportsBatchChildCheck):
+            pytest.skip(f"{type(backend).__name__} does not implement SupportsBatchChildCheck")
+        batch_id = uuid4()
+        [child] = await backend.enqueue_batch_atomic(
+            [make_args(queue=_QUEUE)],
+            batch_id=batch_id,
+            queue=_QUEUE,
+            batch_row=None,
+            finalizer_args=None,
+        )
+        assert await backend.count_batch_non_terminal(batch_id) == 1
+        assert await backend.batch_has_active_children(batch_id) is True
+        assert (await _succeed_one(backend)).id == child.id
+        assert await backend.count_batch_non_terminal(batch_id) == 0
+        assert await backend.batch_has_active_children(batch_id) is False
 
     @covers("list_batches", "create_batch", "complete_batch")
     async def test_list_batches_filters_newest_first(

@@ -76,6 +76,31 @@ def test_commands_started_together_share_the_server_one_of_them_starts(project: 
     assert _status(project)["running"] is True
 
 
+def test_the_data_directory_is_made_before_pgserver_is_asked_for_a_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pgserver makes it with a check, then mkdir(exist_ok=False): a command started at
+    # the same moment as another lost that race now and then, "[Errno 17] File exists".
+    from taskq_postgres import _embedded
+
+    with _embedded._quiet_runtime_dir():  # pgserver's import asks for a runtime dir
+        import pgserver.postgres_server
+
+    asked: list[bool] = []
+
+    class Started:
+        def get_uri(self) -> str:
+            return "postgresql://postgres@/postgres"
+
+    def get_server(pgdata: Path, **_: object) -> Started:
+        asked.append(Path(pgdata).is_dir())
+        return Started()
+
+    monkeypatch.setattr(pgserver.postgres_server, "get_server", get_server)
+    assert _embedded.default_dsn(tmp_path) == "postgresql://postgres@/postgres"
+    assert asked == [True]
+
+
 def test_stop_ends_the_server_and_keeps_its_data(project: Path) -> None:
     assert taskq("migrate", cwd=project).returncode == 0
     pid = _status(project)["pid"]

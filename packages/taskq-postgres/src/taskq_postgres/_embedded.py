@@ -232,8 +232,10 @@ def default_dsn(base: Path | None = None) -> str | None:
     # Checked before pgserver, which would connect wherever a running pid's file said.
     already_running = find_running(base) is not None
     try:
-        # pgserver creates pgdata itself but insists that its parent exists.
-        pgdata.parent.mkdir(exist_ok=True)
+        # Made here, not by pgserver: its check-then-mkdir (exist_ok=False) lost the race
+        # to another command started at the same moment, which failed with "File exists".
+        # initdb takes the empty directory (pgserver's lock keeps to one initdb).
+        pgdata.mkdir(parents=True, exist_ok=True)
         with _quiet_runtime_dir():
             from pgserver.postgres_server import get_server
 

@@ -174,6 +174,14 @@ def from_valid_values(cls: type[_M], values: dict[str, Any]) -> _M:
     return instance
 
 
+def _actor_as_name(value: object) -> object:
+    """An ``@actor`` function as its name, as enqueue takes one: a model's actor field
+    refused it with pydantic's "Input should be a valid string"."""
+    from taskq.actor import Actor  # taskq.actor imports this module
+
+    return value.name if isinstance(value, Actor) else value
+
+
 class ErrorInfo(_Model):
     """An error recorded on a job or an attempt."""
 
@@ -337,11 +345,7 @@ class EnqueueItem(_Model):
     @field_validator("actor", mode="before")
     @classmethod
     def _actor_name(cls, value: object) -> object:
-        # As enqueue and an (actor, payload) pair take it: refused with pydantic's
-        # "Input should be a valid string".
-        from taskq.actor import Actor  # taskq.actor imports this module
-
-        return value.name if isinstance(value, Actor) else value
+        return _actor_as_name(value)
 
 
 class JobRow(_Model):
@@ -575,11 +579,7 @@ class JobFilter(_Model):
     @field_validator("actor", mode="before")
     @classmethod
     def _actor_name(cls, value: object) -> object:
-        # An @actor function, as enqueue takes it: refused with pydantic's "Input should
-        # be a valid string".
-        from taskq.actor import Actor  # taskq.actor imports this module
-
-        return value.name if isinstance(value, Actor) else value
+        return _actor_as_name(value)
 
     @field_validator("actor", "queue", "identity_key", "idempotency_key")
     @classmethod

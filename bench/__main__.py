@@ -268,9 +268,9 @@ def _drain_scenarios(
             ),
             compare,
         )
-        # The default, and with TASKQ_PREFETCH = concurrency: the next jobs are
-        # dispatched while the current ones run.
-        for prefetch in (0, concurrency)
+        # The default (TASKQ_PREFETCH=auto), and with nothing locked ahead: each dispatch
+        # then waits for consumers to free up, and the jobs for each dispatch.
+        for prefetch in (None, 0)
     ]
     return [*floors, pgqueuer, *taskq]
 

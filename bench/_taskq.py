@@ -63,22 +63,27 @@ async def preload(dsn: str, schema: str, n: int, chunk: int) -> None:
             await run(size)
 
 
-def _worker_env(dsn: str, schema: str, concurrency: int, prefetch: int = 0) -> dict[str, str]:
+def _worker_env(
+    dsn: str, schema: str, concurrency: int, prefetch: int | None = None
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TASKQ_")}
     env.update(
         TASKQ_DSN=dsn,
         TASKQ_SCHEMA=schema,
         TASKQ_CONCURRENCY=str(concurrency),
-        TASKQ_PREFETCH=str(prefetch),
         TASKQ_QUEUES="default",
         TASKQ_UNTIL_IDLE="true",
     )
+    if prefetch is not None:
+        env["TASKQ_PREFETCH"] = str(prefetch)
     return env
 
 
-def drain_name(workers: int, concurrency: int, prefetch: int) -> str:
-    """The scenario name of a TaskQ drain (``_prefetchP`` only when prefetching)."""
-    return f"taskq_drain_w{workers}_c{concurrency}" + (f"_prefetch{prefetch}" if prefetch else "")
+def drain_name(workers: int, concurrency: int, prefetch: int | None) -> str:
+    """The scenario name of a TaskQ drain (``_prefetchP`` for a fixed ``TASKQ_PREFETCH``;
+    None: the default, ``auto``)."""
+    fixed = "" if prefetch is None else f"_prefetch{prefetch}"
+    return f"taskq_drain_w{workers}_c{concurrency}{fixed}"
 
 
 async def drain(
@@ -88,10 +93,11 @@ async def drain(
     workers: int,
     concurrency: int,
     time_limit: float,
-    prefetch: int = 0,
+    prefetch: int | None = None,
 ) -> Result:
     """Run ``workers`` ``taskq-worker --until-idle`` processes over ``n`` pending jobs,
-    each locking up to ``prefetch`` jobs ahead of its ``concurrency``."""
+    each locking up to ``prefetch`` jobs ahead of its ``concurrency`` (None: as many as
+    ``auto``, the default, decides)."""
     command = [os.path.join(os.path.dirname(sys.executable), "taskq-worker"), "tests.apps.basic:tq"]
     env = _worker_env(dsn, schema, concurrency, prefetch)
     processes = [

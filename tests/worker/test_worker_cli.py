@@ -742,7 +742,7 @@ def test_health_settings_without_a_health_port_are_said_to_do_nothing(
     assert [e["setting"] for e in said] == ["health_host", "health_tasks_enabled"]
     assert "TASKQ_HEALTH_PORT" in said[0]["hint"]
     # With a port, they take effect: nothing to say.
-    assert WorkerSettings.load({"health_port": 0}, env=dict(os.environ)).inert_settings() == []
+    assert WorkerSettings.load({"health_port": 0}, env=dict(os.environ)).inert_settings() == {}
 
 
 def test_a_misspelt_setting_is_named_with_the_one_it_resembles(

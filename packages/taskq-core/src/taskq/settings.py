@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from datetime import time, timedelta
-from typing import Annotated, Any, Final, Self
+from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -106,6 +106,17 @@ _MAX_LEADER_LEASE: Final = timedelta(milliseconds=2**31 - 1)
 integer of milliseconds: about 24.8 days."""
 
 
+def _prefetch(value: object) -> object:
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() == "auto":
+            return "auto"
+        if not re.fullmatch(r"\d+", text):
+            raise ValueError("must be auto or a whole number of jobs (0: none)")
+        return int(text)
+    return value
+
+
 def _split_list(value: object) -> object:
     if isinstance(value, str):
         parts = [part.strip() for part in value.split(",") if part.strip()]
@@ -184,12 +195,18 @@ class WorkerSettings(BaseModel):
     configures."""
     concurrency: int = Field(default=10, ge=1, le=10_000)
     """Jobs executed at once by this process."""
-    prefetch: int = Field(default=0, ge=0, le=10_000)
-    """Jobs locked ahead of execution beyond ``concurrency`` (0: none). Set to
-    ``concurrency``, the next jobs are dispatched while the current ones run: for
-    many short jobs a third or more throughput (bench/README.md). A prefetched job
-    waits behind this worker's running ones even when another worker is idle, so
-    keep 0 for long jobs."""
+    prefetch: Annotated[
+        Annotated[int, Field(ge=0, le=10_000)] | Literal["auto"], BeforeValidator(_prefetch)
+    ] = "auto"
+    """Jobs locked ahead of execution beyond ``concurrency`` (``TASKQ_PREFETCH``): the
+    next jobs are dispatched while the current ones run. ``auto``: as many as this
+    worker expects to start within ``prefetch_horizon``, judged from how long its
+    recent and running jobs take, at most 4 x ``concurrency``; none for long jobs
+    (:mod:`taskq.worker.prefetch`). A number fixes it (0: none). A job locked ahead
+    waits behind this worker's running ones even when another worker is idle."""
+    prefetch_horizon: Duration = timedelta(milliseconds=20)
+    """With ``prefetch=auto``: about how long a job locked ahead may expect to wait here
+    for a consumer."""
     dispatch_batch_size: int = Field(default=100, ge=1, le=10_000)
     poll_interval: Duration = timedelta(seconds=1)
     """Dispatch poll when no NOTIFY arrives (a fallback, not the usual path)."""
@@ -548,14 +565,19 @@ class WorkerSettings(BaseModel):
             if field in settings.model_fields_set
         }
 
-    def inert_settings(self) -> list[str]:
-        """The settings given that change nothing as the others stand: the health
-        server's ``health_host`` and ``health_tasks_enabled`` without a ``health_port``
-        (a fleet's environment that sets them and leaves the port out runs no health
-        server, where a probe was expected)."""
-        if self.health_port is not None:
-            return []
-        return sorted({"health_host", "health_tasks_enabled"} & self.model_fields_set)
+    def inert_settings(self) -> dict[str, str]:
+        """The settings given that change nothing as the others stand, each with what
+        it needs to: the health server's ``health_host`` and ``health_tasks_enabled``
+        without a ``health_port`` (a fleet's environment that sets them and leaves the
+        port out runs no health server, where a probe was expected), and
+        ``prefetch_horizon`` with a fixed ``prefetch``."""
+        needs: dict[str, str] = {}
+        if self.health_port is None:
+            health = "a health port (--health-port, TASKQ_HEALTH_PORT): no health server runs"
+            needs |= {"health_host": health, "health_tasks_enabled": health}
+        if self.prefetch != "auto":
+            needs["prefetch_horizon"] = f"prefetch=auto (TASKQ_PREFETCH); it is {self.prefetch}"
+        return {name: needs[name] for name in sorted(needs.keys() & self.model_fields_set)}
 
     @classmethod
     def misspelt_env(cls, env: Mapping[str, str] | None = None) -> dict[str, str]:

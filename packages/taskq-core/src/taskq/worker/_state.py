@@ -22,6 +22,7 @@ from taskq.models import ErrorInfo, JobRow
 from taskq.settings import WorkerSettings
 from taskq.worker._liveness import LoopLiveness
 from taskq.worker.completer import Completer
+from taskq.worker.prefetch import Prefetch
 
 if TYPE_CHECKING:
     from taskq.worker.cancel import CancelController
@@ -39,6 +40,8 @@ class ActiveJob:
     """Loop time at or before which the database last set this job's lease: when the
     dispatch that locked it, or the last heartbeat renewal that covered it, was sent
     (the lease fence counts from here)."""
+    taken_at: float | None = None
+    """Loop time when a consumer took the job (None while it waits for one)."""
     ctx: Context | None = None
     task: asyncio.Task[None] | None = None
     release: Callable[[], None] | None = None
@@ -160,6 +163,7 @@ class WorkerState:
     met_unknown_actor: bool = False
     """A job of an actor this application does not know was handed back (--until-idle
     then checks whether only such jobs are left, which it would bounce forever)."""
+    prefetch: Prefetch = field(init=False)
     cancel: CancelController = field(init=False)
     completer: Completer | None = field(init=False)
     """Batches success writes; None when the backend can only write them one by one."""
@@ -167,6 +171,10 @@ class WorkerState:
     def __post_init__(self) -> None:
         from taskq.worker.cancel import make_cancel_controller
 
+        settings = self.settings
+        fixed = None if settings.prefetch == "auto" else settings.prefetch
+        horizon = settings.prefetch_horizon.total_seconds()
+        self.prefetch = Prefetch(settings.concurrency, fixed, horizon)
         self.cancel = make_cancel_controller(self)
         self.completer = (
             Completer(
@@ -179,20 +187,30 @@ class WorkerState:
             else None
         )
 
-    @property
-    def capacity(self) -> int:
-        return self.settings.concurrency + self.settings.prefetch
-
     def free_slots(self) -> int:
-        """Jobs the producer may lock now.
+        """Jobs the producer may lock now: ``concurrency`` plus those to lock ahead
+        (:attr:`prefetch`), less the jobs held.
 
         A job whose actor returned and whose outcome is still being written
         (settling) holds its lock but not a consumer, so up to ``concurrency``
         of them do not count: the next jobs are dispatched and run while the
         completer writes, instead of after it.
         """
-        settling = sum(1 for active in self.active.values() if active.settling)
-        return self.capacity - len(self.active) + min(settling, self.settings.concurrency)
+        settling = 0
+        if self.prefetch.adaptive:
+            now = asyncio.get_running_loop().time()
+            running: list[float] = []
+            for active in self.active.values():
+                if active.settling:
+                    settling += 1
+                elif active.taken_at is not None:
+                    running.append(now - active.taken_at)
+            ahead = self.prefetch.ahead(running)
+        else:
+            settling = sum(1 for active in self.active.values() if active.settling)
+            ahead = self.prefetch.ahead()
+        concurrency = self.settings.concurrency
+        return concurrency + ahead - len(self.active) + min(settling, concurrency)
 
     def settle(self, active: ActiveJob) -> None:
         """Mark ``active`` as settling and let the producer use the consumer it left."""

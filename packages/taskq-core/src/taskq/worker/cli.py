@@ -316,12 +316,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 variable=variable,
                 hint=f"{variable} is no setting, and is ignored: did you mean {setting}?",
             )
-        for name in settings.inert_settings():
+        for name, needs in settings.inert_settings().items():
             _log.warning(
                 "taskq.setting-without-effect",
                 setting=name,
-                hint=f"{name} takes effect with a health port only (--health-port, "
-                f"TASKQ_HEALTH_PORT): no health server runs",
+                hint=f"{name} takes effect with {needs}",
             )
         app = _rebuild_app(load_app(args.app), settings)
         route_stdlib_logging()  # after the app's own logging set-up, if it has one

@@ -66,10 +66,12 @@ UNKNOWN_ACTOR_DELAY = timedelta(seconds=5)
 
 async def consumer_loop(state: WorkerState) -> None:
     """Take jobs from the local queue until shutdown's end-of-queue marker (None)."""
+    loop = asyncio.get_running_loop()
     while (row := await state.queue.get()) is not None:
         active = state.active.get(row.id)
         if active is None or active.lost or active.row.attempt != row.attempt:
             continue  # lost before it started: the lock is gone, so is the job
+        taken = active.taken_at = loop.time()
         # In a context its DI scope can name: its TRANSIENT teardowns run in it.
         task = asyncio.create_task(
             execute(state, row), name=f"taskq-job-{row.actor}-{row.id}", context=own_context()
@@ -85,6 +87,7 @@ async def consumer_loop(state: WorkerState) -> None:
         # Nor the outcome write: the job task finishes it (and frees the slot) while
         # this consumer runs the next job.
         await active.ran
+        state.prefetch.held(loop.time() - taken)
 
 
 def _finished(state: WorkerState, active: ActiveJob, task: asyncio.Task[None]) -> None:

@@ -1,0 +1,159 @@
+"""``prefetch``: the jobs a worker locks ahead of its consumers. ``auto`` (the default)
+locks ahead what it expects to start within ``prefetch_horizon``: several per consumer
+for short jobs, none for long ones."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from taskq import TaskQ, actor
+from taskq.backend.memory import InMemoryBackend
+from taskq.models import JobRow
+from taskq.settings import SettingsError, WorkerSettings
+from taskq.worker.prefetch import MAX_AHEAD_PER_CONSUMER, Prefetch
+from taskq_testing import run_until_idle
+
+
+def test_a_fixed_prefetch_is_what_was_set_whatever_the_jobs() -> None:
+    prefetch = Prefetch(concurrency=4, fixed=3, horizon=0.02)
+    prefetch.held(10.0)
+    assert not prefetch.adaptive
+    assert prefetch.ahead([100.0]) == 3
+
+
+def test_auto_locks_nothing_ahead_before_a_job_has_run() -> None:
+    assert Prefetch(concurrency=16, fixed=None, horizon=0.02).ahead() == 0
+
+
+def test_auto_locks_ahead_what_starts_within_the_horizon() -> None:
+    # 16 consumers of 50 ms jobs start about 320 a second: 6.4 within 20 ms.
+    prefetch = Prefetch(concurrency=16, fixed=None, horizon=0.02)
+    prefetch.held(0.05)
+    assert prefetch.ahead() == 6
+
+
+def test_auto_locks_nothing_ahead_for_long_jobs() -> None:
+    prefetch = Prefetch(concurrency=16, fixed=None, horizon=0.02)
+    prefetch.held(1.0)
+    assert prefetch.ahead() == 0
+
+
+def test_auto_locks_at_most_four_per_consumer_ahead() -> None:
+    prefetch = Prefetch(concurrency=16, fixed=None, horizon=0.02)
+    prefetch.held(0.0001)
+    assert prefetch.ahead() == MAX_AHEAD_PER_CONSUMER * 16 == 64
+    prefetch.held(0.0)
+    assert prefetch.ahead() == 64
+
+
+def test_jobs_that_turned_long_stop_the_lock_ahead_before_the_first_of_them_ends() -> None:
+    prefetch = Prefetch(concurrency=4, fixed=None, horizon=0.02)
+    for _ in range(20):
+        prefetch.held(0.0001)
+    assert prefetch.ahead([0.0, 0.001]) == 16
+    # Running 0.5 s on average: slots free about 8 times a second.
+    assert prefetch.ahead([0.4, 0.6, 0.5, 0.5]) == 0
+
+
+def test_auto_follows_jobs_that_turn_short_again() -> None:
+    prefetch = Prefetch(concurrency=4, fixed=None, horizon=0.02)
+    prefetch.held(2.0)
+    assert prefetch.ahead() == 0
+    for _ in range(40):
+        prefetch.held(0.0001)
+    assert prefetch.ahead() == 16
+
+
+class _RecordingBackend(InMemoryBackend):
+    """Records how many jobs each dispatch asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[int] = []
+
+    async def dispatch_actors_batch(
+        self,
+        worker_id: UUID,
+        queues: list[str],
+        limit: int,
+        lock_lease: timedelta,
+        actors: Sequence[str],
+    ) -> list[JobRow]:
+        self.asked.append(limit)
+        return await super().dispatch_actors_batch(worker_id, queues, limit, lock_lease, actors)
+
+
+@actor(name="prefetch_quick")
+async def quick(payload: dict[str, Any]) -> None:
+    return None
+
+
+@actor(name="prefetch_slow")
+async def slow(payload: dict[str, Any]) -> None:
+    await asyncio.sleep(0.15)
+
+
+async def _asked(job: Any, jobs: int, **settings: Any) -> list[int]:
+    backend = _RecordingBackend()
+    tq = TaskQ("memory://", actors=[quick, slow], backend=backend)
+    async with tq:
+        for _ in range(jobs):
+            await tq.client.enqueue(job, {})
+        worker = await run_until_idle(tq, concurrency=1, **settings)
+    assert worker.processed == jobs
+    return backend.asked
+
+
+async def test_a_worker_of_short_jobs_locks_ahead_at_most_four_per_consumer() -> None:
+    # A horizon no no-op job's hold comes near, however loaded the machine.
+    asked = await _asked(quick, 60, prefetch_horizon="1s")
+    assert asked[0] == 1  # nothing known of the jobs yet
+    assert max(asked) == 1 + MAX_AHEAD_PER_CONSUMER
+
+
+async def test_a_worker_of_long_jobs_locks_none_ahead_by_default() -> None:
+    # 150 ms jobs start about 7 a second here: none within 20 ms. Another worker
+    # takes the next job rather than it waiting locked here.
+    assert max(await _asked(slow, 3)) == 1
+
+
+async def test_prefetch_zero_locks_none_ahead_even_of_short_jobs() -> None:
+    assert max(await _asked(quick, 30, prefetch=0)) == 1
+
+
+async def test_a_longer_horizon_locks_ahead_the_jobs_that_start_within_it() -> None:
+    # Jobs of at least 150 ms, one consumer: within 1 s at most 6 start (fewer when
+    # a loaded machine stretches them).
+    asked = await _asked(slow, 4, prefetch_horizon="1s")
+    assert 1 < max(asked) <= 1 + 6
+
+
+@pytest.mark.parametrize(("value", "taken"), [("auto", "auto"), (" AUTO ", "auto"), ("12", 12)])
+def test_prefetch_takes_auto_or_a_number(value: str, taken: object) -> None:
+    assert WorkerSettings.load({}, env={"TASKQ_PREFETCH": value}).prefetch == taken
+
+
+@pytest.mark.parametrize("value", ["fast", "-1", "1.5", ""])
+def test_a_prefetch_neither_auto_nor_a_number_is_refused_saying_what_it_takes(value: str) -> None:
+    with pytest.raises(SettingsError, match="must be auto or a whole number of jobs"):
+        WorkerSettings.load({}, env={"TASKQ_PREFETCH": value})
+
+
+def test_prefetch_is_auto_by_default() -> None:
+    settings = WorkerSettings.load({}, env={})
+    assert settings.prefetch == "auto"
+    assert settings.prefetch_horizon == timedelta(milliseconds=20)
+
+
+def test_a_horizon_with_a_fixed_prefetch_is_said_to_do_nothing() -> None:
+    env = {"TASKQ_PREFETCH": "4", "TASKQ_PREFETCH_HORIZON": "50ms"}
+    inert = WorkerSettings.load({}, env=env).inert_settings()
+    assert list(inert) == ["prefetch_horizon"] and "prefetch=auto" in inert["prefetch_horizon"]
+    env["TASKQ_PREFETCH"] = "auto"
+    assert WorkerSettings.load({}, env=env).inert_settings() == {}

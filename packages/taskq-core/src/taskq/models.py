@@ -869,7 +869,8 @@ def _check_timezone(value: str) -> str:
 
 
 class ScheduleCreateArgs(_Model):
-    """A new cron schedule."""
+    """A new cron schedule; its actor is given as an ``@actor`` function or its name
+    (kept as the name)."""
 
     name: str = Field(min_length=1)
     actor: str = Field(min_length=1)
@@ -890,6 +891,11 @@ class ScheduleCreateArgs(_Model):
         # size failed the insert with the driver's ProgramLimitExceededError.
         checked = check_key_text(value)
         return None if checked is None else _at_most_bytes(checked, MAX_NAME_BYTES)
+
+    @field_validator("actor", mode="before")
+    @classmethod
+    def _actor_name(cls, value: object) -> object:
+        return _actor_as_name(value)
 
     @field_validator("actor", "queue")
     @classmethod

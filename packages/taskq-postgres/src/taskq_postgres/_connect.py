@@ -291,6 +291,25 @@ _SERVER_AT: Final = re.compile(
 """Where a driver's message says the server it tried is (asyncpg's, then libpq's)."""
 
 
+_SERVER_WIDE: Final = "55P02"
+"""``cant_change_runtime_param``: a server-wide setting (``shared_buffers``) given for a
+session, which the server refuses at every connect."""
+
+_SERVER_WIDE_SAID: Final = re.compile(r'FATAL:\s+parameter "[^"]*" cannot be changed\b')
+"""How libpq passes the server's 55P02 on at connect, in an English server's words."""
+
+
+def _refused_server_wide(exc: BaseException) -> bool:
+    """Whether the server refused a server-wide setting sent at connect (55P02)."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate is not None:  # asyncpg's errors carry it
+        return bool(sqlstate == _SERVER_WIDE)
+    # psycopg attaches no SQLSTATE to a failure to connect (libpq keeps the server's
+    # error to itself: no result, sqlstate and diag are None), so the server's words
+    # are the fallback; a server whose lc_messages is not English stays an outage.
+    return _SERVER_WIDE_SAID.search(str(exc)) is not None
+
+
 def _ssl_required(dsn: str, sslmode: str | None = None) -> bool:
     """Whether ``dsn`` (its ``sslmode`` query parameter, else the one of the service its
     query names, else ``PGSSLMODE``, as asyncpg reads them; the last of several wins), or
@@ -375,7 +394,7 @@ def translated_errors(
                 f"database against the pooler's own (PgBouncer: its auth_file or auth_query, "
                 f"its [databases])"
             ) from None
-        if isinstance(exc, asyncpg.exceptions.CantChangeRuntimeParamError):
+        if _refused_server_wide(exc):
             # 55P02, among the transient 55000 family: refused at every try.
             raise ConfigurationError(
                 f"cannot connect to PostgreSQL at {redact(dsn)}: the server refuses a "

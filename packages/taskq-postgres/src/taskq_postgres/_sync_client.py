@@ -149,7 +149,11 @@ def _sslmode(dsn: str) -> str | None:
 _REFUSED_AT_ONCE: Final = "connection is bad: "
 """How psycopg says libpq refused a connection before it was under way: a server it
 could not reach at once (a unix socket missing, libpq's words then naming it), or else
-a connection option's value (a port that is no number, an unknown sslmode)."""
+a connection option's value (a port that is no number, an unknown sslmode). Told by
+words because nothing else tells them: no server was asked, so there is no SQLSTATE
+(the error's sqlstate, diag and pgresult are None), and the PGconn psycopg attaches is
+the same BAD connection either way (psycopg 3.3). psycopg's own libpq has no message
+translations; a system libpq with them would make a missing socket a bad DSN."""
 
 
 def _open(dsn: str, **settings: Any) -> psycopg.Connection[Any]:

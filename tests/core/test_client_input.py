@@ -20,7 +20,7 @@ from taskq import Context, EnqueueItem, JobStatus, TaskQ, actor
 from taskq.backend import Backend, SupportsPrune
 from taskq.client import JobsClient
 from taskq.errors import ConfigurationError, EnqueueOptionsError, PayloadValidationError
-from taskq.models import INT32_MAX, JobFilter
+from taskq.models import INT32_MAX, JobFilter, ScheduleCreateArgs
 
 
 @actor(name="options.job", queue="jobs", max_attempts=2, timeout=30, result_ttl=60)
@@ -704,7 +704,7 @@ async def test_an_actor_of_another_type_is_a_clear_error(taskq_backend: Backend)
 async def test_reads_take_an_actor_as_enqueue_does(taskq_backend: Backend) -> None:
     # The @actor function enqueue takes was refused by list_jobs and cancel_where
     # (pydantic's "Input should be a valid string") and list_schedules (a TypeError from
-    # deep in its name check).
+    # deep in its name check), and so was it by create_schedule.
     tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
     row = await tq.client.enqueue(job, {})
     assert JobFilter(actor=job).actor == job.name
@@ -713,6 +713,11 @@ async def test_reads_take_an_actor_as_enqueue_does(taskq_backend: Backend) -> No
         {"name": "nightly", "actor": job.name, "cron": "0 3 * * *"}
     )
     assert [s.id for s in await tq.client.list_schedules(actor=job)] == [made.id]
+    by_function = await tq.client.create_schedule(
+        {"name": "hourly", "actor": job, "cron": "0 * * * *"}
+    )
+    assert by_function.actor == job.name
+    assert ScheduleCreateArgs(name="n", actor=job, cron="0 * * * *").actor == job.name
     assert (await tq.client.cancel_where(actor=job)).cancelled == [row.id]
     with pytest.raises(TypeError, match="actor is an @actor function or its name, not int"):
         await tq.client.list_schedules(actor=5)  # type: ignore[arg-type]

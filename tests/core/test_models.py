@@ -69,6 +69,28 @@ def test_filter_limit_is_bounded() -> None:
         JobFilter(limit=0)
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: JobFilter(limit=True),
+        lambda: JobFilter(limit=False),
+        lambda: BatchFilter(limit=True),
+        lambda: QueueConfig(queue="q", max_concurrent=True),
+    ],
+)
+def test_a_count_given_as_a_flag_is_refused(make: Callable[[], object]) -> None:
+    # pydantic's lax int read True as 1: JobFilter(limit=True) listed one job.
+    with pytest.raises(ValidationError, match="must be a whole number, not (True|False)"):
+        make()
+
+
+def test_a_count_given_as_a_number_or_none_still_validates() -> None:
+    assert JobFilter(limit=1).limit == 1
+    assert BatchFilter(limit=7).limit == 7
+    assert QueueConfig(queue="q").max_concurrent is None
+    assert QueueConfig(queue="q", max_concurrent=2).max_concurrent == 2
+
+
 def test_enqueue_args_reject_negative_durations_and_empty_actor() -> None:
     with pytest.raises(ValidationError, match="delay"):
         EnqueueArgs(actor="a", delay=timedelta(seconds=-1))

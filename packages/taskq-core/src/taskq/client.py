@@ -396,8 +396,8 @@ class JobsClient:
     # -- schedules ---------------------------------------------------------------
     async def create_schedule(self, args: ScheduleCreateArgs | Mapping[str, Any]) -> ScheduleRecord:
         """Store a cron schedule the maintenance leader fires; its first ``next_fire_at``
-        follows the backend's clock. ``UnknownActorError`` for an actor this
-        application does not know, ``ValueError`` when the name is taken. The payload and
+        follows the backend's clock. The actor is given as an ``@actor`` function or its
+        name. ``UnknownActorError`` for an actor this application does not know, ``ValueError`` when the name is taken. The payload and
         options are checked as each slot's job will be (``PayloadValidationError``,
         ``EnqueueOptionsError``)."""
         args = _as_model(ScheduleCreateArgs, args)

@@ -12,12 +12,13 @@ import re
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal, NamedTuple, Self, TypeAlias, TypeVar
+from typing import Annotated, Any, Final, Literal, NamedTuple, Self, TypeAlias, TypeVar
 from uuid import UUID, uuid4
 
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     field_validator,
@@ -180,6 +181,19 @@ def _actor_as_name(value: object) -> object:
     from taskq.actor import Actor  # taskq.actor imports this module
 
     return value.name if isinstance(value, Actor) else value
+
+
+def _not_a_flag(value: object) -> object:
+    # pydantic's lax int takes True as 1: JobFilter(limit=True) listed one job.
+    if isinstance(value, bool):
+        # pydantic turns only ValueError into a ValidationError
+        raise ValueError(f"must be a whole number, not {value!r}")  # noqa: TRY004
+    return value
+
+
+_Count: TypeAlias = Annotated[int, BeforeValidator(_not_a_flag)]
+"""A whole number a caller gives (a page size, a cap): ``True`` and ``False`` are
+refused, not read as 1 and 0."""
 
 
 class ErrorInfo(_Model):
@@ -569,7 +583,7 @@ class JobFilter(_Model):
     cursor: tuple[AwareDatetime, UUID] | None = None
     """Keyset cursor: only rows strictly after this (created_at, id) in ``order``
     (a time with its zone: a naive one would mean UTC to one backend, nothing to another)."""
-    limit: int = Field(default=100, ge=1, le=10_000)
+    limit: _Count = Field(default=100, ge=1, le=10_000)
 
     @field_validator("status", mode="before")
     @classmethod
@@ -661,7 +675,7 @@ class QueueConfig(_Model):
 
     queue: str
     mode: QueueMode = "strict_fifo"
-    max_concurrent: int | None = Field(default=None, ge=1)
+    max_concurrent: _Count | None = Field(default=None, ge=1)
 
     @field_validator("queue")
     @classmethod
@@ -727,7 +741,7 @@ class BatchFilter(_Model):
     active: bool | None = None
     """True: status ``active``; False: ``complete`` or ``aborted``."""
     batch_id: UUID | None = None
-    limit: int = Field(default=100, ge=1, le=10_000)
+    limit: _Count = Field(default=100, ge=1, le=10_000)
 
     @field_validator("queue")
     @classmethod
@@ -855,7 +869,8 @@ def _check_timezone(value: str) -> str:
 
 
 class ScheduleCreateArgs(_Model):
-    """A new cron schedule."""
+    """A new cron schedule; its actor is given as an ``@actor`` function or its name
+    (kept as the name)."""
 
     name: str = Field(min_length=1)
     actor: str = Field(min_length=1)
@@ -876,6 +891,11 @@ class ScheduleCreateArgs(_Model):
         # size failed the insert with the driver's ProgramLimitExceededError.
         checked = check_key_text(value)
         return None if checked is None else _at_most_bytes(checked, MAX_NAME_BYTES)
+
+    @field_validator("actor", mode="before")
+    @classmethod
+    def _actor_name(cls, value: object) -> object:
+        return _actor_as_name(value)
 
     @field_validator("actor", "queue")
     @classmethod

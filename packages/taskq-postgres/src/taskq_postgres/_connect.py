@@ -291,6 +291,26 @@ _SERVER_AT: Final = re.compile(
 """Where a driver's message says the server it tried is (asyncpg's, then libpq's)."""
 
 
+_SERVER_WIDE: Final = ("55P02", re.compile(r'FATAL:\s+parameter "[^"]*" cannot be changed\b'))
+"""``cant_change_runtime_param``: a server-wide setting (``shared_buffers``) given for a
+session, which the server refuses at every connect; and how libpq passes it on."""
+
+_UNKNOWN_SETTING: Final = ("42704", re.compile(r'FATAL:\s+unrecognized configuration parameter "'))
+"""``undefined_object`` at connect: a setting the server does not know, refused at every
+connect; and how libpq passes it on."""
+
+
+def _refused_at_connect(exc: BaseException, refusal: tuple[str, re.Pattern[str]]) -> bool:
+    """Whether the server refused the connection with ``refusal``'s SQLSTATE."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate is not None:  # asyncpg's errors carry it
+        return bool(sqlstate == refusal[0])
+    # psycopg attaches no SQLSTATE to a failure to connect (libpq keeps the server's
+    # error to itself: no result, sqlstate and diag are None), so the server's words
+    # are the fallback; from a server whose lc_messages is not English it stays an outage.
+    return refusal[1].search(str(exc)) is not None
+
+
 def _ssl_required(dsn: str, sslmode: str | None = None) -> bool:
     """Whether ``dsn`` (its ``sslmode`` query parameter, else the one of the service its
     query names, else ``PGSSLMODE``, as asyncpg reads them; the last of several wins), or
@@ -375,7 +395,7 @@ def translated_errors(
                 f"database against the pooler's own (PgBouncer: its auth_file or auth_query, "
                 f"its [databases])"
             ) from None
-        if isinstance(exc, asyncpg.exceptions.CantChangeRuntimeParamError):
+        if _refused_at_connect(exc, _SERVER_WIDE):
             # 55P02, among the transient 55000 family: refused at every try.
             raise ConfigurationError(
                 f"cannot connect to PostgreSQL at {redact(dsn)}: the server refuses a "
@@ -391,6 +411,14 @@ def translated_errors(
                 f"cannot connect to PostgreSQL at {redact(dsn)}: the server knows no setting "
                 f"the DSN's query gives ({_one_line(exc)}): asyncpg sends a query parameter it "
                 f"does not read itself as a server setting; remove it from the DSN"
+            ) from None
+        if _refused_at_connect(exc, _UNKNOWN_SETTING):
+            # libpq sends only the options' settings (it refuses a query parameter it
+            # does not know itself): a misspelt one, refused at every try.
+            raise ConfigurationError(
+                f"cannot connect to PostgreSQL at {redact(dsn)}: the server knows no setting "
+                f"the connection's options give ({_one_line(exc)}): correct or remove it in "
+                f"the DSN's options (or its service's, or PGOPTIONS)"
             ) from None
         if _POOLER_REFUSED in said:
             # Not an outage either: the same settings are refused at every try.

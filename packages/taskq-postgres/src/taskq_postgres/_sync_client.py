@@ -97,7 +97,12 @@ _Where = tuple[str, int, str, str, str]
 """A schema's (host, port, database, schema), and the role that reaches it: the same
 address may be another database for another role (a pooler that routes by user, as
 Supavisor does), and a role's rights decide what it may read (``max_pending``'s limits
-refused to one role were read for it by another's client)."""
+refused to one role were read for it by another's client). The role is the one that
+logged in: a ``SET ROLE`` on a caller's connection is not seen, as the server tells
+the client no current role, and asking it would cost a statement per enqueue. What is
+kept holds either way: the schema's migrations and the limits are the same whoever
+reads them, and the statements that need a right (counting, inserting) run as the
+current role at each call."""
 
 _FITTING: Final[set[_Where]] = set()
 """The schemas this process found fit to enqueue into (``plan_check_schema``): checked
@@ -149,7 +154,11 @@ def _sslmode(dsn: str) -> str | None:
 _REFUSED_AT_ONCE: Final = "connection is bad: "
 """How psycopg says libpq refused a connection before it was under way: a server it
 could not reach at once (a unix socket missing, libpq's words then naming it), or else
-a connection option's value (a port that is no number, an unknown sslmode)."""
+a connection option's value (a port that is no number, an unknown sslmode). Told by
+words because nothing else tells them: no server was asked, so there is no SQLSTATE
+(the error's sqlstate, diag and pgresult are None), and the PGconn psycopg attaches is
+the same BAD connection either way (psycopg 3.3). psycopg's own libpq has no message
+translations; a system libpq with them would make a missing socket a bad DSN."""
 
 
 def _open(dsn: str, **settings: Any) -> psycopg.Connection[Any]:

@@ -397,9 +397,9 @@ class JobsClient:
     async def create_schedule(self, args: ScheduleCreateArgs | Mapping[str, Any]) -> ScheduleRecord:
         """Store a cron schedule the maintenance leader fires; its first ``next_fire_at``
         follows the backend's clock. The actor is given as an ``@actor`` function or its
-        name. ``UnknownActorError`` for an actor this application does not know, ``ValueError`` when the name is taken. The payload and
-        options are checked as each slot's job will be (``PayloadValidationError``,
-        ``EnqueueOptionsError``)."""
+        name. ``UnknownActorError`` for an actor this application does not know,
+        ``ValueError`` when the name is taken. The payload and options are checked as
+        each slot's job will be (``PayloadValidationError``, ``EnqueueOptionsError``)."""
         args = _as_model(ScheduleCreateArgs, args)
         self._check_slot_job(args.actor, args.payload, args.queue, args.options)
         return await self._backend.create_schedule(args)

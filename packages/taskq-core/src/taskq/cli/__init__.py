@@ -153,10 +153,12 @@ def _reader_gone() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``taskq`` console script; returns the exit code."""
     from taskq.logs import configure_logging, route_stdlib_logging
+    from taskq.plugins._registry import plugin_trace_requested
 
     try:
         configure_logging()
-    except TaskQError as exc:  # TASKQ_LOG_LEVEL
+        plugin_trace_requested()
+    except TaskQError as exc:  # TASKQ_LOG_LEVEL, TASKQ_TRACE_PLUGINS
         print(f"taskq: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     route_stdlib_logging()

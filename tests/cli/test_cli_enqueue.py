@@ -120,3 +120,27 @@ def test_the_applications_backend_options_reach_the_enqueue(cli: Cli, tmp_path: 
     assert result.returncode == 0, result.stderr
     assert marker.read_text() == "yes"
     assert cli.json("jobs", "list")[0]["id"] == result.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("enqueue", "app_logging:tq", "nap", "{}"), ("schedules", "create", "s", "nap", "* * * * *")],
+    ids=["enqueue", "schedules-create"],
+)
+def test_an_applications_logging_set_up_at_import_is_kept(
+    cli: Cli, tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    # `taskq` routed the standard library's records before importing the application,
+    # whose logging.basicConfig then did nothing: its lines came out as TaskQ's JSON, and
+    # its info lines not at all (taskq-worker routes after the import).
+    (tmp_path / "app_logging.py").write_text(
+        "import logging\n"
+        'logging.basicConfig(level=logging.INFO, format="APP %(levelname)s %(message)s")\n'
+        "from tests.apps.basic import tq\n"
+        'logging.getLogger("app").info("imported")\n'
+    )
+    app = ("--app", "app_logging:tq") if command[0] == "schedules" else ()
+    result = run("taskq", *command, *app, env=cli.env(PYTHONPATH=str(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert "APP INFO imported" in result.stderr.splitlines()
+    assert "imported" not in result.stderr.replace("APP INFO imported", "")

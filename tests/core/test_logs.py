@@ -253,3 +253,62 @@ def test_an_invalid_taskq_log_level_is_an_error_at_start_up_naming_it(script: st
         f"{script}: error: invalid setting TASKQ_LOG_LEVEL='verbose': expected one of debug, "
         "info, warning, error, critical (in any case), or leave it unset for info\n"
     )
+
+
+def test_events_routed_to_the_stdlib_with_their_fields_as_extra_are_logged() -> None:
+    # structlog's recipe for the standard library (render_to_log_kwargs: the fields as
+    # `extra`) raised "Attempt to overwrite 'name' in LogRecord" out of the SIGUSR2
+    # dump (its field `name`), and out of a start stopped early (`created`).
+    import json
+    import subprocess
+    import sys
+
+    script = """
+import asyncio
+import json
+import logging
+import structlog
+from taskq._di import ActorSpec, ProviderRegistry
+from taskq._di.bootstrap import bootstrap
+from taskq._di.scopes import ScopeContainer
+from taskq._scope import Scope
+from taskq.worker._stacks import dump_task_stacks
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        fields = {k: getattr(record, k, None) for k in ("task", "values", "left")}
+        print(json.dumps({"event": record.getMessage(), **fields}))
+
+logging.basicConfig(level=logging.DEBUG, handlers=[Keep()])
+structlog.configure(
+    processors=[structlog.stdlib.render_to_log_kwargs],
+    logger_factory=structlog.stdlib.LoggerFactory(),
+    wrapper_class=structlog.stdlib.BoundLogger,
+)
+
+class Model:
+    pass
+
+async def infer(payload: dict, model: Model) -> None:
+    return None
+
+async def main() -> None:
+    dump_task_stacks("sigusr2")
+    registry = ProviderRegistry()
+    registry.register(Model, Model, scope=Scope.LOOP)
+    stopping = asyncio.Event()
+    stopping.set()
+    actors = {"infer": ActorSpec(infer, ("payload",))}
+    await bootstrap(registry, actors, {Scope.LOOP: ScopeContainer(Scope.LOOP)}, stopping=stopping)
+
+asyncio.run(main())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    stacks = [r for r in records if r["event"] == "taskq.task-stack"]
+    assert [r["task"] for r in stacks] == ["Task-1"]
+    stopped = [r for r in records if r["event"] == "taskq.di-bootstrap-stopped"]
+    assert [(r["values"], r["left"]) for r in stopped] == [(0, 1)]

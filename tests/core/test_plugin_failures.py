@@ -491,15 +491,61 @@ def test_an_entry_point_exiting_at_import_is_a_load_failure(
     assert isinstance(taskq.open_backend("memory://"), InMemoryBackend)
 
 
+@pytest.mark.parametrize("value", ["1", "true", "Yes", "ON"])
 def test_taskq_trace_plugins_logs_each_hook_call(
-    entry_points: InstallEntryPoints, monkeypatch: pytest.MonkeyPatch
+    entry_points: InstallEntryPoints, monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
     # pluggy's call monitoring sees only pm.hook calls, and core calls each
-    # implementation itself: the variable logged nothing.
-    monkeypatch.setenv("TASKQ_TRACE_PLUGINS", "1")
+    # implementation itself: the variable logged nothing. It took `1` alone, and
+    # `true` (as a setting takes it) left the trace off.
+    monkeypatch.setenv("TASKQ_TRACE_PLUGINS", value)
     entry_points(mine=_backends(mine="Mine"))
     with structlog.testing.capture_logs() as logs:
         backend_factories()
     calls = [(e["hook"], e["plugin"]) for e in logs if e["event"] == "taskq.hook-call"]
     done = [(e["hook"], e["plugin"]) for e in logs if e["event"] == "taskq.hook-done"]
     assert calls == done == [("taskq_backends", "core"), ("taskq_backends", "mine")]
+
+
+@pytest.mark.parametrize("value", ["0", "false", "No", "OFF", ""])
+def test_taskq_trace_plugins_false_logs_no_hook_call(
+    entry_points: InstallEntryPoints, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("TASKQ_TRACE_PLUGINS", value)
+    entry_points(mine=_backends(mine="Mine"))
+    with structlog.testing.capture_logs() as logs:
+        backend_factories()
+    assert [e for e in logs if e["event"].startswith("taskq.hook-")] == []
+
+
+def test_an_invalid_taskq_trace_plugins_loads_no_plugin_and_names_it(
+    entry_points: InstallEntryPoints, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TASKQ_TRACE_PLUGINS", "verbose")
+    entry_points(mine=_backends(mine="Mine"))
+    with pytest.raises(ConfigurationError, match="TASKQ_TRACE_PLUGINS='verbose'"):
+        backend_factories()
+
+
+@pytest.mark.parametrize("script", ["taskq-worker", "taskq"])
+def test_an_invalid_taskq_trace_plugins_is_an_error_at_start_up_naming_it(script: str) -> None:
+    # As TASKQ_LOG_LEVEL: one line naming the variable, not a trace silently off.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "TASKQ_TRACE_PLUGINS": "verbose"}
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / script), "--help"],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 1, done
+    assert done.stdout == ""
+    assert done.stderr == (
+        f"{script}: error: invalid setting TASKQ_TRACE_PLUGINS='verbose': expected true or "
+        "false (or 1/0, yes/no, on/off, in any case), or leave it unset for false\n"
+    )

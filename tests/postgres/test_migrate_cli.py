@@ -64,12 +64,37 @@ def test_dsn_and_schema_come_from_the_environment(pg_database_dsn: str) -> None:
     schema = unique_schema_name()
     env = {"TASKQ_DSN": pg_database_dsn, "TASKQ_SCHEMA": schema}
     before = _taskq("migrate", "--status", **env)
-    assert before.returncode == 0, before.stderr
+    assert before.returncode == 1, before.stderr  # pending
     assert [line.split()[0] for line in before.stdout.splitlines()] == ["pending"] * len(BUNDLED)
 
     applied = _taskq("migrate", "--json", **env)
     assert applied.returncode == 0, applied.stderr
     assert json.loads(applied.stdout) == {"schema": schema, "applied": BUNDLED, "newer": []}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_status_exits_1_while_a_migration_is_pending(pg_database_dsn: str, as_json: bool) -> None:
+    # It exited 0 whatever it listed: a deploy script could not tell a schema that still
+    # needs `taskq migrate` from one that is ready without parsing the listing.
+    schema = unique_schema_name()
+    target = ("--dsn", pg_database_dsn, "--schema", schema, *(("--json",) if as_json else ()))
+    fresh = _taskq("migrate", "--status", *target)
+    assert fresh.returncode == 1
+    many = len(BUNDLED) > 1
+    assert fresh.stderr == (
+        f"taskq migrate: {len(BUNDLED)} migration{'s' if many else ''} pending in schema "
+        f"{schema}: apply {'them' if many else 'it'} with `taskq migrate`\n"
+    )
+    if as_json:  # the listing is whole all the same
+        states = [m["state"] for m in json.loads(fresh.stdout)["migrations"]]
+    else:
+        states = [line.split()[0] for line in fresh.stdout.splitlines()]
+    assert states == ["pending"] * len(BUNDLED)
+
+    assert _taskq("migrate", "--dsn", pg_database_dsn, "--schema", schema).returncode == 0
+    ready = _taskq("migrate", "--status", *target)
+    assert (ready.returncode, ready.stderr) == (0, "")
 
 
 @pytest.mark.postgres

@@ -5,6 +5,11 @@ stays machine-readable. On a terminal they are rendered for people; anywhere
 else as JSON lines for log shippers, the standard library's records too (a
 driver's warnings: asyncpg's pool logs through ``logging``), unless the process
 configured ``logging`` itself.
+
+An application may route TaskQ's events to the standard library with their fields as
+``extra`` (structlog's ``stdlib.render_to_log_kwargs``): no field TaskQ logs is named as
+a ``LogRecord`` attribute (``name``, ``created``, ``module``, ...), which ``logging``
+refuses with a ``KeyError`` raised out of the logging call.
 """
 
 from __future__ import annotations

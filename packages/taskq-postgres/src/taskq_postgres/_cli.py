@@ -84,7 +84,11 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--schema", help="schema to migrate (default: $TASKQ_SCHEMA, else taskq)")
     parser.add_argument(
-        "--status", action="store_true", help="list applied and pending migrations; change nothing"
+        "--status",
+        action="store_true",
+        help="list applied and pending migrations; change nothing. Exits 1 while any "
+        "migration is pending (saying so on stderr), 0 when none is: a deploy script's "
+        "check",
     )
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.add_argument(
@@ -146,7 +150,8 @@ async def _connection(dsn: str) -> AsyncIterator[Connection]:
         await conn.close()
 
 
-async def _show_status(dsn: str, schema: str, as_json: bool) -> None:
+async def _show_status(dsn: str, schema: str, as_json: bool) -> int:
+    """List the migrations; the exit code: 1 while any is pending."""
     from taskq_postgres._migrate import migration_status
 
     async with _connection(dsn) as conn:
@@ -161,10 +166,20 @@ async def _show_status(dsn: str, schema: str, as_json: bool) -> None:
             for s in statuses
         ]
         print(json.dumps({"schema": schema, "migrations": rows}, indent=2))
-        return
-    for s in statuses:
-        applied_at = s.applied_at.isoformat(timespec="seconds") if s.applied_at else ""
-        print(f"{s.state:<8} {s.name}  {applied_at}".rstrip())
+    else:
+        for s in statuses:
+            applied_at = s.applied_at.isoformat(timespec="seconds") if s.applied_at else ""
+            print(f"{s.state:<8} {s.name}  {applied_at}".rstrip())
+    pending = sum(s.state == "pending" for s in statuses)
+    if not pending:
+        return 0
+    # Exit 0 said nothing to a deploy script checking whether the schema is ready.
+    print(
+        f"taskq migrate: {pending} migration{'s' if pending > 1 else ''} pending in schema "
+        f"{schema}: apply {'them' if pending > 1 else 'it'} with `taskq migrate`",
+        file=sys.stderr,
+    )
+    return 1
 
 
 async def _apply(
@@ -237,9 +252,8 @@ def _run(args: argparse.Namespace) -> int:
             raise _CommandError(str(exc)) from exc
         _log_to_stderr()
         if args.status:
-            asyncio.run(_show_status(dsn, schema, args.json))
-        else:
-            asyncio.run(_apply(dsn, schema, args.json, args.lock_timeout, args.max_lock_wait))
+            return asyncio.run(_show_status(dsn, schema, args.json))
+        asyncio.run(_apply(dsn, schema, args.json, args.lock_timeout, args.max_lock_wait))
     except _CommandError as exc:
         one_line = " ".join(str(exc).split())  # server messages may span lines
         print(f"taskq migrate: error: {one_line}", file=sys.stderr)

@@ -137,7 +137,8 @@ async def bootstrap(
                 "no job was taken."
             ) from exc
         if not made:
-            _log.info("taskq.di-bootstrap-stopped", created=created, left=len(needs) - created)
+            # `values`, as the finished start says it; `created` is a LogRecord attribute.
+            _log.info("taskq.di-bootstrap-stopped", values=created, left=len(needs) - created)
             return created
         created += 1
     _log.info("taskq.di-bootstrapped", values=created, seconds=round(time.monotonic() - started, 3))

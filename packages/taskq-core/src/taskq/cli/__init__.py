@@ -153,13 +153,14 @@ def _reader_gone() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``taskq`` console script; returns the exit code."""
     from taskq.logs import configure_logging, route_stdlib_logging
+    from taskq.plugins._registry import plugin_trace_requested
 
     try:
         configure_logging()
-    except TaskQError as exc:  # TASKQ_LOG_LEVEL
+        plugin_trace_requested()
+    except TaskQError as exc:  # TASKQ_LOG_LEVEL, TASKQ_TRACE_PLUGINS
         print(f"taskq: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    route_stdlib_logging()
     if isinstance(sys.stdout, io.TextIOWrapper):
         # Stored text (a queue name, a payload) is anyone's: on a stdout whose encoding
         # cannot hold it (a latin-1 locale, a Windows file redirect) a character it
@@ -179,6 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if run is None:
         parser.print_help()
         return EXIT_ERROR
+    if getattr(args, "app", None) is None:
+        # A command given an APP routes once it is imported (cli._inputs.import_app):
+        # routed before, the application's own logging.basicConfig did nothing.
+        route_stdlib_logging()
     # Where to see whether an interrupted or failed change was made.
     shows = _SHOWN_BY.get(args.command, "taskq jobs list")
     try:

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from taskq._dsn import resolve_schema
-from taskq.cli._inputs import json_argument
+from taskq.cli._inputs import import_app, json_argument
 from taskq.errors import PayloadValidationError
 
 if TYPE_CHECKING:
@@ -120,10 +120,9 @@ async def _enqueue(
 
 def _run(args: argparse.Namespace) -> int:
     from taskq.cli._output import print_json
-    from taskq.worker.cli import load_app
 
     payload = _payload(args.payload)
-    app = load_app(args.app)
+    app = import_app(args.app)
     options: dict[str, Any] = {
         "delay": args.delay,
         "priority": args.priority,

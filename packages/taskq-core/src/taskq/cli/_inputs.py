@@ -1,14 +1,31 @@
-"""What the commands read from their arguments: a JSON value, a name to match."""
+"""What the commands read from their arguments: a JSON value, a name to match, an
+application."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from taskq.backend.storable import dump_json
 
-__all__ = ["json_argument", "name_argument"]
+if TYPE_CHECKING:
+    from taskq.app import TaskQ
+
+__all__ = ["import_app", "json_argument", "name_argument"]
+
+
+def import_app(spec: str) -> TaskQ:
+    """The application ``spec`` (``module:attribute``) names, imported; then the standard
+    library's records routed as TaskQ's, unless the application configured ``logging``
+    as it was imported (its set-up wins, as in ``taskq-worker``). :func:`taskq.cli.main`
+    leaves the routing of a command given an APP to this."""
+    from taskq.logs import route_stdlib_logging
+    from taskq.worker.cli import load_app
+
+    app = load_app(spec)
+    route_stdlib_logging()
+    return app
 
 
 def name_argument(text: str) -> str:

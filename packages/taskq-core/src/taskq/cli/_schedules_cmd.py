@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from taskq.backend import SupportsCron
-from taskq.cli._inputs import json_argument, name_argument
+from taskq.cli._inputs import import_app, json_argument, name_argument
 from taskq.cli._jobs_cmd import add_connection_options, connect_backend
 from taskq.errors import TaskQError
 
@@ -271,10 +271,8 @@ async def _create(args: argparse.Namespace) -> int:
         enabled=not args.disabled,
     )
     if args.app is not None:
-        from taskq.worker.cli import load_app
-
         # Before connecting, which may start an embedded server: a typo says so at once.
-        load_app(args.app).client.build_args(create.actor, create.payload, queue=create.queue)
+        import_app(args.app).client.build_args(create.actor, create.payload, queue=create.queue)
     async with connect_backend(args) as backend:
         try:
             schedule = await backend.create_schedule(create)
@@ -321,9 +319,7 @@ async def _update(args: argparse.Namespace) -> int:
         )
     checked = None
     if args.app is not None:
-        from taskq.worker.cli import load_app
-
-        checked = load_app(args.app)
+        checked = import_app(args.app)
     async with connect_backend(args) as backend:
         try:
             if checked is None:

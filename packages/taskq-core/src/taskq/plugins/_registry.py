@@ -23,13 +23,15 @@ import reprlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import pluggy
 import structlog
+from pydantic import TypeAdapter, ValidationError
 
 from taskq._dsn import redact, url_scheme
 from taskq.errors import (
+    ConfigurationError,
     IncompatiblePluginError,
     PluginError,
     PluginHookError,
@@ -54,6 +56,7 @@ __all__ = [
     "loaded_plugins",
     "open_backend",
     "plugin_failures",
+    "plugin_trace_requested",
     "report_bad_answer",
     "report_command_failure",
 ]
@@ -61,6 +64,8 @@ __all__ = [
 _log = structlog.get_logger("taskq.plugins")
 
 ENTRY_POINT_GROUP = "taskq"
+TRACE_PLUGINS_ENV: Final = "TASKQ_TRACE_PLUGINS"
+"""Set true to log each hook call and its end at debug (default false)."""
 CORE_DISTRIBUTION = "taskq-core"
 
 _CORE_BUG = (
@@ -112,8 +117,30 @@ class _Loaded:
     # logged) once per process, however often the hook is called.
     recorded: set[tuple[str, str, str]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # TASKQ_TRACE_PLUGINS=1: each hook call and its end logged at debug
+    # TASKQ_TRACE_PLUGINS: each hook call and its end logged at debug
     trace: bool = False
+
+
+_BOOL: Final = TypeAdapter(bool)
+"""The settings' boolean (pydantic's), for the variables outside them."""
+
+
+def plugin_trace_requested() -> bool:
+    """Whether :data:`TRACE_PLUGINS_ENV` asks for hook calls to be logged: a boolean as
+    the settings take one (``true``/``false``, ``1``/``0``, ``yes``/``no``, ``on``/``off``,
+    in any case). Anything else raises :class:`~taskq.errors.ConfigurationError` naming
+    it; the commands check it at start-up, as ``TASKQ_LOG_LEVEL``."""
+    raw = os.environ.get(TRACE_PLUGINS_ENV, "").strip()
+    if not raw:
+        return False
+    try:
+        return _BOOL.validate_python(raw)
+    except ValidationError:
+        # Only `1` was taken: `true` left the trace off, and nothing said why.
+        raise ConfigurationError(
+            f"invalid setting {TRACE_PLUGINS_ENV}={raw!r}: expected true or false "
+            "(or 1/0, yes/no, on/off, in any case), or leave it unset for false"
+        ) from None
 
 
 def _disabled() -> set[str]:
@@ -131,6 +158,8 @@ def _dist_version(name: str) -> str | None:
 @functools.cache
 def _load() -> _Loaded:
     from taskq.plugins import _builtin
+
+    trace = plugin_trace_requested()  # before anything loads: a bad value loads nothing
 
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
@@ -197,7 +226,7 @@ def _load() -> _Loaded:
 
     # Traced in _call_one: pluggy's hook-call monitoring sees pm.hook calls only, and
     # core calls each implementation itself, so it traced nothing.
-    loaded.trace = os.environ.get("TASKQ_TRACE_PLUGINS") == "1"
+    loaded.trace = trace
     return loaded
 
 

@@ -62,7 +62,16 @@ def dump_task_stacks(reason: str, *, detector: str | None = None) -> int:
     """Log one record per live task and echo it raw to stderr; returns the task count."""
     tasks = describe_tasks()
     for task in tasks:
-        _log.warning("taskq.task-stack", reason=reason, detector=detector, **task)
+        # `task`, not `name`: structlog routed to the standard library with its fields
+        # as `extra` refused `name` (a LogRecord attribute), and the dump died there.
+        _log.warning(
+            "taskq.task-stack",
+            reason=reason,
+            detector=detector,
+            task=task["name"],
+            coro=task["coro"],
+            await_sites=task["await_sites"],
+        )
         print(
             f"taskq task-stack [{reason}] {task['name']} {task['coro']} "
             f"at {' <- '.join(map(str, task['await_sites']))}",  # type: ignore[call-overload]

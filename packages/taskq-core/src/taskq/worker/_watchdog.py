@@ -58,9 +58,8 @@ def _exit(code: int) -> NoReturn:
 def trip(detector: str, reason: str, *, in_loop: bool = True) -> NoReturn:
     """Log, dump stacks, flush and exit with :data:`EXIT_WATCHDOG`. Never returns."""
     # Nothing said on the way may stand before the exit, or the wedged worker runs on:
-    # stderr gone (a log shipper's pipe closed) raised BrokenPipeError, and so may an
-    # application's logging set-up anything (structlog rendered to the standard
-    # library's `extra`, which refuses the task dump's field `name`: KeyError).
+    # stderr gone (a log shipper's pipe closed) raised BrokenPipeError, and an
+    # application's logging set-up (its handlers, its processors) may raise anything.
     with contextlib.suppress(Exception):
         _log.critical("taskq.watchdog-trip", detector=detector, reason=reason)
     if in_loop:

@@ -286,11 +286,13 @@ def _unreachable(exc: BaseException) -> BaseException | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``taskq-worker`` console script; returns the exit code."""
     from taskq.logs import configure_logging, route_stdlib_logging
+    from taskq.plugins._registry import plugin_trace_requested
     from taskq.settings import WorkerSettings
 
     try:
         configure_logging()
-    except ConfigurationError as exc:  # TASKQ_LOG_LEVEL
+        plugin_trace_requested()
+    except ConfigurationError as exc:  # TASKQ_LOG_LEVEL, TASKQ_TRACE_PLUGINS
         print(f"taskq-worker: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     args = build_parser().parse_args(argv)

@@ -21,6 +21,9 @@ from tests.postgres.plans import index_rows, rows_handled, seq_scan_rows
 
 pytestmark = pytest.mark.postgres
 
+_EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
+"""A prune's first batch starts after this finished_at (every job's is later)."""
+
 
 @pytest_asyncio.fixture
 async def backlog(pg_schema: PgSchema) -> AsyncIterator[asyncpg.Connection[Any]]:
@@ -351,7 +354,7 @@ async def test_a_prune_batch_reads_its_own_jobs_not_the_whole_history(
     await conn.execute(f"VACUUM ANALYZE {s}.jobs")
     await conn.execute(f"VACUUM ANALYZE {s}.job_attempts")
     statement = render(PRUNE_TERMINAL_JOBS, s)
-    args = ["succeeded", timedelta(days=7), 500, timedelta(days=365)]
+    args = ["succeeded", timedelta(days=7), 500, timedelta(days=365), _EARLIEST]
     plan = await _analyzed(conn, statement, *args)
     archived = await conn.fetch(
         f"SELECT a.finished_at, (SELECT count(*) FROM {s}.job_attempts_archive t "
@@ -380,7 +383,7 @@ async def test_an_archive_expiry_batch_reads_its_own_rows_not_the_whole_archive(
         f"SELECT id, 1, 'succeeded', started_at, finished_at FROM {s}.jobs"
     )
     prune = render(PRUNE_TERMINAL_JOBS, s)
-    moved = await conn.fetchval(prune, "succeeded", timedelta(0), 30_000, timedelta(0))
+    moved = await conn.fetchval(prune, "succeeded", timedelta(0), 30_000, timedelta(0), _EARLIEST)
     assert moved == 30_000
     await conn.execute(f"VACUUM ANALYZE {s}.jobs_archive")
     await conn.execute(f"VACUUM ANALYZE {s}.job_attempts_archive")

@@ -1967,12 +1967,14 @@ class PostgresBackend:
         archive_retention: timedelta,
         batch_size: int = 10_000,
     ) -> int:
-        """Move terminal jobs past their status's retention (with their attempts) into
-        the archive, one atomic statement per batch (``SupportsPrune``)."""
+        """Move terminal jobs past their status's retention, and past their result's
+        expiry, (with their attempts) into the archive, one atomic statement per batch,
+        each from where the batch before left off (``SupportsPrune``)."""
         check_batch_size(batch_size)
         check_retention(retention)
         moved = 0
         for status, keep in retention.items():
+            after = _FIRST_KEY[0]
             while True:
                 record = await self._db().fetchrow(
                     self._prune_sql,
@@ -1980,12 +1982,14 @@ class PostgresBackend:
                     keep,
                     batch_size,
                     archive_retention,
+                    after,
                     timeout=_BULK_STATEMENT_TIMEOUT,
                 )
                 count = int(record["moved"]) if record is not None else 0
                 moved += count
-                if count < batch_size:
+                if count < batch_size or record is None:
                     break
+                after = record["last_finished"]
         return moved
 
     async def expire_archive(self, *, batch_size: int = 10_000) -> int:

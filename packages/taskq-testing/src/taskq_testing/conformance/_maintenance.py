@@ -522,6 +522,32 @@ class MaintenanceTests(TimeLimits):
         assert await fetch(backend, scheduled.id) == scheduled
         assert await fetch(backend, running.id) == running
 
+    @covers("mark_succeeded", "prune_terminal_jobs")
+    async def test_prune_keeps_a_job_whose_result_has_not_expired(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # A result_ttl longer than the status's retention wins: the archive is not
+        # readable, so a job archived before its result expired lost it early.
+        pruner = _prune(backend)
+        kept = await reach(backend, JobStatus.SUCCEEDED, result_ttl=FAR)
+        short = await reach(backend, JobStatus.SUCCEEDED, result_ttl=_SHORT_TTL)
+        # No result_ttl (nor a fallback): the result lives as long as its job.
+        plain = [await reach(backend, JobStatus.SUCCEEDED) for _ in range(2)]
+        await advance_time(TICK)
+        retention = {"succeeded": _ZERO}
+        # In batches of one, past the job kept ahead of them.
+        assert await pruner.prune_terminal_jobs(retention, archive_retention=FAR, batch_size=1) == 2
+        assert [await backend.get(job.id) for job in plain] == [None, None]
+        assert (await fetch(backend, short.id)).result == {"ok": True}
+
+        await advance_time(_SHORT_TTL * 2)
+        assert await pruner.prune_terminal_jobs(retention, archive_retention=FAR) == 1
+        assert await backend.get(short.id) is None
+        still = await fetch(backend, kept.id)
+        assert still.result == {"ok": True}
+        assert still.result_expires_at is not None
+        assert still.result_expires_at > await pruner.now()
+
     @covers("enqueue", "expire_archive", "prune_terminal_jobs")
     async def test_a_job_id_archived_twice_keeps_the_later_job(
         self, backend: Backend, advance_time: AdvanceTime

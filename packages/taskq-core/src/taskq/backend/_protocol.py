@@ -182,6 +182,8 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     exists".
 #     SupportsPrune.prune_terminal_jobs keeps a job whose result_expires_at has not
 #     passed: a result_ttl longer than the status's retention lost its result early.
+#     prune_old_batches keeps a batch whose finalizer is still a job: pruned while its
+#     finalizer waited or ran, the finalizer ran against a batch that no longer existed.
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
@@ -651,7 +653,8 @@ class Backend(Protocol):
         ...
 
     async def prune_old_batches(self, cutoff: datetime) -> int:
-        """Delete finished batches completed before ``cutoff`` with no children left."""
+        """Delete finished batches completed before ``cutoff`` with neither children
+        nor their finalizer left in the jobs."""
         ...
 
 

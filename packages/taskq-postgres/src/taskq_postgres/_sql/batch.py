@@ -426,7 +426,7 @@ PRUNE_OLD_BATCHES: Final = (
 -- arbiter: clock_timestamp(), read by the caller through now() (the cutoff derives from it)
 -- One window: at most $4 finished batches, in (completed_at, id) order after ($2, $3)
 -- (the last key of the window before), read from the index alone; those of them whose
--- children are gone are deleted. The window, not the batches deleted, bounds the turn:
+-- children and finalizer are gone are deleted. The window, not the batches deleted, bounds the turn:
 -- with the children's check in the window's own query, the planner read and sorted every
 -- finished batch after the key (and all their children) at every turn, a backlog of
 -- 1,000,000 pruned in quadratic time. A batch kept for its children is read once per
@@ -450,6 +450,8 @@ old AS (
       AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE """
     + _CHILDREN_OF_B
     + """)
+      -- Nor its finalizer: one still waiting or running would run against no batch.
+      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs f WHERE f.id = b.finalizer_job_id)
     FOR UPDATE OF b SKIP LOCKED
 ),
 -- By the array of ids: joined to the CTE, the planner read the whole table each turn.

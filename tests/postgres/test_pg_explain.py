@@ -477,3 +477,56 @@ async def test_a_batch_prune_turn_reads_its_own_window_not_every_batch_after_it(
     # or the whole table.
     assert index_rows(plan, "batches_completed_idx", filtered=True) < 5100
     assert seq_scan_rows(plan, "batches") == 0
+
+
+async def test_a_leftovers_turn_reads_the_batches_in_flight_not_every_aborted_one(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    # Every aborted batch was probed for a waiting child at every stale-batch sweep:
+    # the work grew with the history (50,000 aborted batches here, their children
+    # ended), where only a batch with a child pending, scheduled or running can have one.
+    s = pg_schema.name
+    await conn.execute(
+        f"INSERT INTO {s}.batches (id, queue, expected_size, status, created_at, "
+        "completed_at) SELECT gen_random_uuid(), 'q', 1, 'aborted', now() - interval '2 days', "
+        "now() - interval '1 day' - g * interval '1 ms' FROM generate_series(1, 50000) g"
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, status, finished_at, attempt, metadata) "
+        f"SELECT 'a', 'cancelled', now() - interval '1 day', 0, "
+        f"jsonb_build_object('batch_id', id::text) FROM {s}.batches"
+    )
+    # In flight: one aborted batch with 100 children left waiting, 200 active batches.
+    left = uuid4()
+    await conn.execute(
+        f"INSERT INTO {s}.batches (id, queue, expected_size, status, completed_at) "
+        "VALUES ($1, 'q', 100, 'aborted', now())",
+        left,
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.batches (id, queue, expected_size) "
+        "SELECT gen_random_uuid(), 'q', 1 FROM generate_series(1, 200)"
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, metadata) "
+        f"SELECT 'a', jsonb_build_object('batch_id', id::text) FROM {s}.batches "
+        "WHERE status = 'active'"
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, metadata) "
+        f"SELECT 'a', jsonb_build_object('batch_id', $1::text) FROM generate_series(1, 100)",
+        str(left),
+    )
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    await conn.execute(f"VACUUM ANALYZE {s}.batches")
+    statement = statements_for(s).cancel_aborted_leftovers
+    plan = await _analyzed(conn, statement, "", 5000, 5000)
+    cancelled = await conn.fetchval(
+        f"SELECT count(*) FROM {s}.jobs WHERE metadata ->> 'batch_id' = $1 "
+        "AND status = 'cancelled'",
+        str(left),
+    )
+    assert cancelled == 100
+    assert seq_scan_rows(plan, "batches") == 0
+    # About 20 rows for each of the 201 batches in flight and the 100 children.
+    assert rows_handled(plan) < 20 * 301

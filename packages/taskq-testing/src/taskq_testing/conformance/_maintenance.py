@@ -24,6 +24,7 @@ from taskq.backend._protocol import (
 )
 from taskq.models import ActorConfig, BatchRow, ErrorInfo
 from taskq_testing.conformance._support import (
+    ERROR,
     FAR,
     LONG_LEASE,
     TICK,
@@ -313,6 +314,34 @@ class MaintenanceTests(TimeLimits):
             row = await fetch(backend, child.id)
             assert row.status is JobStatus.CANCELLED
             assert row.error is not None and row.error.error_class == "BatchAborted"
+
+    @covers("complete_stale_batches", "abort_batch", "mark_failed_or_retry")
+    async def test_the_stale_batch_sweep_cancels_a_child_retried_after_its_batch_aborted(
+        self, backend: Backend
+    ) -> None:
+        # The abort leaves a running child to run; failed with attempts left after the
+        # abort (at any time later), it waits for its retry in a batch long aborted.
+        sweeper = _stale_batch_sweep(backend)
+        queue, batch_id = f"stale-{uuid4().hex[:8]}", uuid4()
+        [child] = await backend.enqueue_batch_atomic(
+            [make_args(queue=queue, max_attempts=3)],
+            batch_id=batch_id,
+            queue=queue,
+            batch_row=BatchRow(id=batch_id, queue=queue, expected_size=1),
+            finalizer_args=None,
+        )
+        worker = uuid4()
+        [running] = await backend.dispatch_batch(worker, [queue], 1, LONG_LEASE)
+        assert running.id == child.id
+        assert await backend.abort_batch(batch_id) == 0
+        await sweeper.complete_stale_batches()
+        assert (await fetch(backend, child.id)).status is JobStatus.RUNNING
+        retried = await backend.mark_failed_or_retry(child.id, worker, ERROR, FAR)
+        assert retried.status is JobStatus.SCHEDULED
+        await sweeper.complete_stale_batches()
+        row = await fetch(backend, child.id)
+        assert row.status is JobStatus.CANCELLED
+        assert row.error is not None and row.error.error_class == "BatchAborted"
 
     @covers("complete_stale_batches", "create_batch")
     async def test_the_stale_batch_sweep_ends_a_quiet_batch_once_the_grace_passed(

@@ -367,6 +367,31 @@ async def test_a_prune_batch_reads_its_own_jobs_not_the_whole_history(
     assert rows_handled(plan) < 40 * 500  # about 22 rows per job moved
 
 
+async def test_a_prune_batch_starts_past_the_jobs_kept_for_their_results(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    # The jobs kept until their results expire lie before the ones to move: each batch
+    # starting from the oldest job read them all again (here 50,000, at each of the
+    # prune's batches); it starts where the batch before ended.
+    s = pg_schema.name
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt, "
+        "result_expires_at) SELECT 'a', 'succeeded', now() - interval '11 days', "
+        "now() - interval '10 days' + g * interval '1 ms', 1, "
+        "CASE WHEN g <= 50000 THEN now() + interval '20 days' END "
+        "FROM generate_series(1, 52000) g"
+    )
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    statement = render(PRUNE_TERMINAL_JOBS, s)
+    args = ["succeeded", timedelta(days=7), 500, timedelta(days=365)]
+    first = await conn.fetchrow(statement, *args, _EARLIEST)
+    assert first is not None and first["moved"] == 500
+    plan = await _analyzed(conn, statement, *args, first["last_finished"])
+    left = await conn.fetchval(f"SELECT count(*) FROM {s}.jobs")
+    assert left == 51_000  # the second batch moved its 500 too
+    assert rows_handled(plan) < 40 * 500  # about 17 rows per job moved
+
+
 async def test_an_archive_expiry_batch_reads_its_own_rows_not_the_whole_archive(
     conn: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:

@@ -206,7 +206,8 @@ async def test_waiting_on_an_archived_job_says_where_it_went(taskq_backend: Back
     from taskq_testing import run_until_idle
 
     tq = TaskQ("memory://", actors=[job], backend=taskq_backend)
-    done = await tq.client.enqueue(job, {})
+    # No result to outlive: a job is kept until its result expires.
+    done = await tq.client.enqueue(job, {}, result_ttl=0)
     await run_until_idle(tq, queues=["jobs"])
     assert isinstance(taskq_backend, SupportsPrune)
     retention = {"succeeded": timedelta(0)}

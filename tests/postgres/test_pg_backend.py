@@ -14,7 +14,15 @@ import pytest_asyncio
 
 from taskq.backend import JobStatus
 from taskq.errors import EnqueueError, SingletonCollisionError
-from taskq.models import AttemptRow, EnqueueArgs, JobFilter, JobRow, QueueConfig
+from taskq.models import (
+    AttemptRow,
+    BatchRow,
+    BatchStatus,
+    EnqueueArgs,
+    JobFilter,
+    JobRow,
+    QueueConfig,
+)
 from taskq_postgres import PostgresBackend
 from taskq_testing.postgres import PgSchema
 
@@ -423,6 +431,50 @@ async def test_an_abort_cancels_a_large_batchs_children_in_turns(
     batch = await backend.get_batch(batch_id)
     assert batch is not None and batch.status == "aborted"
     assert await backend.abort_batch(batch_id) == 0  # a finished batch is left alone
+
+
+async def test_the_leftovers_sweep_goes_through_the_batches_in_flight_in_windows(
+    backend: PostgresBackend,
+) -> None:
+    # A turn reads one window of the batch ids with a child pending, scheduled or
+    # running (here 3), from where the one before left off: every aborted batch's
+    # waiting children are cancelled over the calls, those of active batches never.
+    backend._sweep_turn = 3
+
+    async def batch(status: BatchStatus, children: int) -> list[JobRow]:
+        batch_id = uuid4()
+        row = BatchRow(
+            id=batch_id,
+            queue="q",
+            status=status,
+            expected_size=children,
+            completed_at=None if status == "active" else datetime(2026, 1, 1, tzinfo=UTC),
+        )
+        return await backend.enqueue_batch_atomic(
+            [EnqueueArgs(actor="a", queue="q") for _ in range(children)],
+            batch_id=batch_id,
+            queue="q",
+            batch_row=row,
+            finalizer_args=None,
+        )
+
+    async def statuses(jobs: list[JobRow]) -> set[JobStatus]:
+        return {(await backend.get(job.id) or job).status for job in jobs}
+
+    async def swept_until_cancelled(left: list[JobRow]) -> None:
+        for _ in range(10):
+            await backend.complete_stale_batches()
+            if await statuses(left) == {JobStatus.CANCELLED}:
+                return
+        raise AssertionError(f"left waiting: {await statuses(left)}")
+
+    active = [job for _ in range(5) for job in await batch("active", 1)]
+    left = [job for _ in range(8) for job in await batch("aborted", 2)]
+    await swept_until_cancelled(left)
+    # Past the end of the ids, the windows start over.
+    again = await batch("aborted", 4)
+    await swept_until_cancelled(again)
+    assert await statuses(active) == {JobStatus.PENDING}
 
 
 async def test_the_batch_prune_deletes_in_turns_and_skips_a_held_row(

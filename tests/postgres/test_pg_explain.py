@@ -21,6 +21,9 @@ from tests.postgres.plans import index_rows, rows_handled, seq_scan_rows
 
 pytestmark = pytest.mark.postgres
 
+_EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
+"""A prune's first batch starts after this finished_at (every job's is later)."""
+
 
 @pytest_asyncio.fixture
 async def backlog(pg_schema: PgSchema) -> AsyncIterator[asyncpg.Connection[Any]]:
@@ -351,7 +354,7 @@ async def test_a_prune_batch_reads_its_own_jobs_not_the_whole_history(
     await conn.execute(f"VACUUM ANALYZE {s}.jobs")
     await conn.execute(f"VACUUM ANALYZE {s}.job_attempts")
     statement = render(PRUNE_TERMINAL_JOBS, s)
-    args = ["succeeded", timedelta(days=7), 500, timedelta(days=365)]
+    args = ["succeeded", timedelta(days=7), 500, timedelta(days=365), _EARLIEST]
     plan = await _analyzed(conn, statement, *args)
     archived = await conn.fetch(
         f"SELECT a.finished_at, (SELECT count(*) FROM {s}.job_attempts_archive t "
@@ -362,6 +365,31 @@ async def test_a_prune_batch_reads_its_own_jobs_not_the_whole_history(
     assert len(archived) == 500 and all(r["attempts"] == 1 for r in archived)
     assert archived[-1]["finished_at"] < oldest[0]["finished_at"]
     assert rows_handled(plan) < 40 * 500  # about 22 rows per job moved
+
+
+async def test_a_prune_batch_starts_past_the_jobs_kept_for_their_results(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    # The jobs kept until their results expire lie before the ones to move: each batch
+    # starting from the oldest job read them all again (here 50,000, at each of the
+    # prune's batches); it starts where the batch before ended.
+    s = pg_schema.name
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt, "
+        "result_expires_at) SELECT 'a', 'succeeded', now() - interval '11 days', "
+        "now() - interval '10 days' + g * interval '1 ms', 1, "
+        "CASE WHEN g <= 50000 THEN now() + interval '20 days' END "
+        "FROM generate_series(1, 52000) g"
+    )
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    statement = render(PRUNE_TERMINAL_JOBS, s)
+    args = ["succeeded", timedelta(days=7), 500, timedelta(days=365)]
+    first = await conn.fetchrow(statement, *args, _EARLIEST)
+    assert first is not None and first["moved"] == 500
+    plan = await _analyzed(conn, statement, *args, first["last_finished"])
+    left = await conn.fetchval(f"SELECT count(*) FROM {s}.jobs")
+    assert left == 51_000  # the second batch moved its 500 too
+    assert rows_handled(plan) < 40 * 500  # about 17 rows per job moved
 
 
 async def test_an_archive_expiry_batch_reads_its_own_rows_not_the_whole_archive(
@@ -380,7 +408,7 @@ async def test_an_archive_expiry_batch_reads_its_own_rows_not_the_whole_archive(
         f"SELECT id, 1, 'succeeded', started_at, finished_at FROM {s}.jobs"
     )
     prune = render(PRUNE_TERMINAL_JOBS, s)
-    moved = await conn.fetchval(prune, "succeeded", timedelta(0), 30_000, timedelta(0))
+    moved = await conn.fetchval(prune, "succeeded", timedelta(0), 30_000, timedelta(0), _EARLIEST)
     assert moved == 30_000
     await conn.execute(f"VACUUM ANALYZE {s}.jobs_archive")
     await conn.execute(f"VACUUM ANALYZE {s}.job_attempts_archive")
@@ -474,3 +502,56 @@ async def test_a_batch_prune_turn_reads_its_own_window_not_every_batch_after_it(
     # or the whole table.
     assert index_rows(plan, "batches_completed_idx", filtered=True) < 5100
     assert seq_scan_rows(plan, "batches") == 0
+
+
+async def test_a_leftovers_turn_reads_the_batches_in_flight_not_every_aborted_one(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    # Every aborted batch was probed for a waiting child at every stale-batch sweep:
+    # the work grew with the history (50,000 aborted batches here, their children
+    # ended), where only a batch with a child pending, scheduled or running can have one.
+    s = pg_schema.name
+    await conn.execute(
+        f"INSERT INTO {s}.batches (id, queue, expected_size, status, created_at, "
+        "completed_at) SELECT gen_random_uuid(), 'q', 1, 'aborted', now() - interval '2 days', "
+        "now() - interval '1 day' - g * interval '1 ms' FROM generate_series(1, 50000) g"
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, status, finished_at, attempt, metadata) "
+        f"SELECT 'a', 'cancelled', now() - interval '1 day', 0, "
+        f"jsonb_build_object('batch_id', id::text) FROM {s}.batches"
+    )
+    # In flight: one aborted batch with 100 children left waiting, 200 active batches.
+    left = uuid4()
+    await conn.execute(
+        f"INSERT INTO {s}.batches (id, queue, expected_size, status, completed_at) "
+        "VALUES ($1, 'q', 100, 'aborted', now())",
+        left,
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.batches (id, queue, expected_size) "
+        "SELECT gen_random_uuid(), 'q', 1 FROM generate_series(1, 200)"
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, metadata) "
+        f"SELECT 'a', jsonb_build_object('batch_id', id::text) FROM {s}.batches "
+        "WHERE status = 'active'"
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, metadata) "
+        f"SELECT 'a', jsonb_build_object('batch_id', $1::text) FROM generate_series(1, 100)",
+        str(left),
+    )
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    await conn.execute(f"VACUUM ANALYZE {s}.batches")
+    statement = statements_for(s).cancel_aborted_leftovers
+    plan = await _analyzed(conn, statement, "", 5000, 5000)
+    cancelled = await conn.fetchval(
+        f"SELECT count(*) FROM {s}.jobs WHERE metadata ->> 'batch_id' = $1 "
+        "AND status = 'cancelled'",
+        str(left),
+    )
+    assert cancelled == 100
+    assert seq_scan_rows(plan, "batches") == 0
+    # About 20 rows for each of the 201 batches in flight and the 100 children.
+    assert rows_handled(plan) < 20 * 301

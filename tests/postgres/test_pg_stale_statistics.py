@@ -140,7 +140,7 @@ _TURNS: dict[str, tuple[list[str], str, tuple[Any, ...]]] = {
     "an interrupted abort's leftovers": (
         _ABORTED_BATCH,
         "cancel_aborted_leftovers",
-        (_BURST,),
+        ("", _BURST, _BURST),
     ),
 }
 

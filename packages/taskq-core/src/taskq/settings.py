@@ -271,7 +271,8 @@ class WorkerSettings(BaseModel):
     prune_retention_cancelled: Duration = timedelta(days=7)
     prune_retention_crashed: Duration = timedelta(days=30)
     prune_retention_abandoned: Duration = timedelta(days=30)
-    """How long a terminal job of each status stays in ``jobs`` before it is archived."""
+    """How long a terminal job of each status stays in ``jobs`` before it is archived; a
+    job whose result expires later (a longer ``result_ttl``) stays until it does."""
     archive_retention: Duration = timedelta(days=365)
     """How long an archived job is kept before Sweep 6 deletes it."""
     prune_batch_size: int = Field(default=10_000, ge=1, le=1_000_000)

@@ -509,6 +509,7 @@ class PostgresBackend:
         self.cancel_reclaim_headroom = cancel_reclaim_headroom
         self._sweep_turn = _SWEEP_TURN
         self._stale_batches_after: tuple[datetime, UUID] = _FIRST_KEY
+        self._leftovers_after = ""  # every batch id sorts after it
         """Where the stale-batch sweep's next window starts (the last one's last key)."""
         self.idle_in_transaction_session_timeout = idle_in_transaction_session_timeout
         self.connect_timeout = connect_timeout
@@ -1967,12 +1968,14 @@ class PostgresBackend:
         archive_retention: timedelta,
         batch_size: int = 10_000,
     ) -> int:
-        """Move terminal jobs past their status's retention (with their attempts) into
-        the archive, one atomic statement per batch (``SupportsPrune``)."""
+        """Move terminal jobs past their status's retention, and past their result's
+        expiry, (with their attempts) into the archive, one atomic statement per batch,
+        each from where the batch before left off (``SupportsPrune``)."""
         check_batch_size(batch_size)
         check_retention(retention)
         moved = 0
         for status, keep in retention.items():
+            after = _FIRST_KEY[0]
             while True:
                 record = await self._db().fetchrow(
                     self._prune_sql,
@@ -1980,12 +1983,14 @@ class PostgresBackend:
                     keep,
                     batch_size,
                     archive_retention,
+                    after,
                     timeout=_BULK_STATEMENT_TIMEOUT,
                 )
                 count = int(record["moved"]) if record is not None else 0
                 moved += count
-                if count < batch_size:
+                if count < batch_size or record is None:
                     break
+                after = record["last_finished"]
         return moved
 
     async def expire_archive(self, *, batch_size: int = 10_000) -> int:
@@ -2012,8 +2017,8 @@ class PostgresBackend:
     async def complete_stale_batches(self) -> int:
         """Complete every active batch with no active child, none ended within
         ``stale_batch_grace``, and release its finalizer (``SupportsStaleBatchSweep``);
-        returns the batches completed. Then cancel, in turns, the waiting children an
-        abort cut short left.
+        returns the batches completed. Then cancel, in turns, the waiting children of
+        aborted batches (an abort cut short, a child retried after it).
 
         The active batches are read in windows of :data:`_SWEEP_TURN`, one statement
         each (all of them in one, a million outlasted the leader's bound and rolled back
@@ -2038,8 +2043,29 @@ class PostgresBackend:
                 self._stale_batches_after = _FIRST_KEY
                 break
             self._stale_batches_after = (record["last_at"], record["last_id"])
-        await self._in_turns(self._sql.cancel_aborted_leftovers)
+        await self._cancel_aborted_leftovers()
         return completed
+
+    async def _cancel_aborted_leftovers(self) -> None:
+        """Cancel the waiting children of aborted batches, in at most
+        :data:`_SWEEP_TURNS` turns: each reads one window of the batch ids that have a
+        child pending, scheduled or running, from where the turn before left off (the
+        next call goes on from there, and starts over past the last)."""
+        for _ in range(_SWEEP_TURNS):
+            record = await self._db().fetchrow(
+                self._sql.cancel_aborted_leftovers,
+                self._leftovers_after,
+                self._sweep_turn,
+                self._sweep_turn,
+            )
+            if record is None:
+                return
+            if int(record["changed"]) < self._sweep_turn:
+                # A full turn may have left more in its window: the next reads it again.
+                if int(record["scanned"]) < self._sweep_turn:
+                    self._leftovers_after = ""
+                    return
+                self._leftovers_after = record["last_tag"]
 
     # -- fleet statistics and the worker registry -------------------------------------------
     async def queue_depths(self) -> dict[str, dict[str, int]]:

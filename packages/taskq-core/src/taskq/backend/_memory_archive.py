@@ -46,7 +46,8 @@ class JobArchive:
         self, retention: Mapping[str, timedelta], archive_retention: timedelta, batch_size: int
     ) -> int:
         """Move terminal jobs of each status in ``retention`` that finished longer than
-        its retention ago into the archive, oldest first; returns how many moved.
+        its retention ago, and whose result has expired (or has no ``result_expires_at``),
+        into the archive, oldest first; returns how many moved.
 
         A job without ``finished_at`` is never old enough (in SQL the comparison is
         NULL), and a non-terminal status in ``retention`` moves nothing.
@@ -75,7 +76,12 @@ class JobArchive:
             (
                 (row.finished_at, row)
                 for row in self._store.jobs.values()
-                if row.status is status and row.finished_at is not None and row.finished_at < cutoff
+                if row.status is status
+                and row.finished_at is not None
+                and row.finished_at < cutoff
+                # A result_ttl longer than the retention wins: the archive is not
+                # readable, so a job pruned earlier loses its result before its time.
+                and (row.result_expires_at is None or row.result_expires_at <= now)
             ),
             key=lambda pair: pair[0],
         )

@@ -357,13 +357,16 @@ class BatchTable:
         )
 
     def prune(self, cutoff: datetime) -> int:
-        """Delete finished batches completed before ``cutoff`` whose children are gone."""
+        """Delete finished batches completed before ``cutoff`` whose children and
+        finalizer are gone."""
         prunable = [
             row.id
             for row in self._rows.values()
             if row.completed_at is not None
             and row.completed_at < cutoff
             and not self.children(row.id)
+            # A finalizer still waiting or running would run against no batch.
+            and row.finalizer_job_id not in self._store.jobs
         ]
         for batch_id in prunable:
             del self._rows[batch_id]

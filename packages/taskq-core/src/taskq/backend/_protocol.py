@@ -180,6 +180,10 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     enqueue_batch_atomic made again (the same batch row, finalizer and children)
 #     returns what the first call stored: a retry after a lost reply raised "already
 #     exists".
+#     SupportsPrune.prune_terminal_jobs keeps a job whose result_expires_at has not
+#     passed: a result_ttl longer than the status's retention lost its result early.
+#     prune_old_batches keeps a batch whose finalizer is still a job: pruned while its
+#     finalizer waited or ran, the finalizer ran against a batch that no longer existed.
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
@@ -649,7 +653,8 @@ class Backend(Protocol):
         ...
 
     async def prune_old_batches(self, cutoff: datetime) -> int:
-        """Delete finished batches completed before ``cutoff`` with no children left."""
+        """Delete finished batches completed before ``cutoff`` with neither children
+        nor their finalizer left in the jobs."""
         ...
 
 
@@ -960,7 +965,8 @@ class SupportsPrune(Protocol):
         batch_size: int = 10_000,
     ) -> int:
         """Move terminal jobs finished longer than their status's ``retention`` ago
-        (statuses absent from the mapping are kept) with their attempts into the
+        (statuses absent from the mapping are kept), and whose ``result_expires_at`` is
+        None or has passed (a longer ``result_ttl`` wins), with their attempts into the
         archive, in atomic batches of ``batch_size``; their events are deleted.
         Archived rows expire ``archive_retention`` later. Returns the jobs moved."""
         ...

@@ -156,7 +156,7 @@ async def stranded_jobs_once(backend: SupportsFleetStats) -> dict[str, int]:
 
 async def prune_once(state: WorkerState, backend: SupportsPrune) -> dict[str, int]:
     """Sweep 5: terminal jobs past their retention -> the archive; then the batch rows
-    finished before the shortest retention whose children are all gone."""
+    finished before the shortest retention whose children and finalizer are all gone."""
     settings = state.settings
     moved = await backend.prune_terminal_jobs(
         settings.prune_retention,

@@ -209,27 +209,65 @@ SELECT count(*) FROM cancelled
 """
 )
 
+# A batch id as the batches' own ids print (uuid::text): only such a tag names a batch,
+# and only such a tag may be cast (a tag set by hand may be any text).
+_BATCH_ID_TEXT: Final = "'^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'"
+
+# The next batch id after {after} among the jobs pending, scheduled or running: one
+# descent of jobs_batch_active_idx (its predicate word for word, so that it applies).
+_NEXT_ACTIVE_TAG: Final = """(SELECT j.metadata ->> 'batch_id'
+     FROM {schema}.jobs j
+     WHERE j.metadata ? 'batch_id' AND j.status IN ('pending', 'scheduled', 'running')
+       AND j.metadata ->> 'batch_id' > {after}
+     ORDER BY j.metadata ->> 'batch_id'
+     LIMIT 1)"""
+
 CANCEL_ABORTED_LEFTOVERS: Final = (
     """
 -- arbiter: clock_timestamp() (finished_at of the cancelled children)
--- The stale-batch sweep's turn for aborts cut short (the worker died between turns):
--- at most $1 waiting children of aborted batches -> cancelled. SKIP LOCKED: an abort
--- still going on keeps its own.
-WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+-- The stale-batch sweep's turn for the waiting children of aborted batches: those an
+-- abort cut short left (the worker died between its turns), and a child running at the
+-- abort that was retried or reclaimed after it. Only a batch with a child pending,
+-- scheduled or running can have one, so the turn walks those batches' ids, not the
+-- aborted batches (all of them, each probed for a child, grew with the history at every
+-- call): one window of at most $2 ids after $1 (the last of the window before; '' at
+-- first), an index descent each; at most $3 waiting children of the aborted batches
+-- among them -> cancelled. SKIP LOCKED: an abort still going on keeps its own.
+WITH RECURSIVE now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
+tags (tag, n) AS (
+    SELECT """
+    + _NEXT_ACTIVE_TAG.replace("{after}", "$1::text")
+    + """, 1
+    UNION ALL
+    SELECT """
+    + _NEXT_ACTIVE_TAG.replace("{after}", "t.tag")
+    + """, t.n + 1
+    FROM tags t
+    WHERE t.tag IS NOT NULL AND t.n < $2
+),
+win AS MATERIALIZED (SELECT t.tag FROM tags t WHERE t.tag IS NOT NULL),
+b AS (
+    SELECT b.id, b.finalizer_job_id
+    FROM win w
+    JOIN {schema}.batches b ON b.id = CASE WHEN w.tag ~ """
+    + _BATCH_ID_TEXT
+    + """ THEN w.tag::uuid END
+    WHERE b.status = 'aborted'
+),
 children AS (
     SELECT j.id, j.status
-    FROM {schema}.batches b
+    FROM b
     JOIN {schema}.jobs j ON """
     + _CHILDREN_OF_B
     + """ AND j.status IN ('pending', 'scheduled')
-    WHERE b.status = 'aborted'
-    LIMIT $1
+    LIMIT $3
     FOR UPDATE OF j SKIP LOCKED
 ),
 """
     + _CANCEL_CHILDREN
     + """
-SELECT count(*) AS changed FROM cancelled
+SELECT (SELECT count(*) FROM cancelled) AS changed, (SELECT count(*) FROM win) AS scanned,
+       (SELECT max(w.tag) FROM win w) AS last_tag
 """
 )
 
@@ -426,7 +464,7 @@ PRUNE_OLD_BATCHES: Final = (
 -- arbiter: clock_timestamp(), read by the caller through now() (the cutoff derives from it)
 -- One window: at most $4 finished batches, in (completed_at, id) order after ($2, $3)
 -- (the last key of the window before), read from the index alone; those of them whose
--- children are gone are deleted. The window, not the batches deleted, bounds the turn:
+-- children and finalizer are gone are deleted. The window, not the batches deleted, bounds the turn:
 -- with the children's check in the window's own query, the planner read and sorted every
 -- finished batch after the key (and all their children) at every turn, a backlog of
 -- 1,000,000 pruned in quadratic time. A batch kept for its children is read once per
@@ -450,6 +488,8 @@ old AS (
       AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE """
     + _CHILDREN_OF_B
     + """)
+      -- Nor its finalizer: one still waiting or running would run against no batch.
+      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs f WHERE f.id = b.finalizer_job_id)
     FOR UPDATE OF b SKIP LOCKED
 ),
 -- By the array of ids: joined to the CTE, the planner read the whole table each turn.

@@ -46,15 +46,18 @@ _REPLACE: Final = _replace_all(_JOB_COLUMNS + ", archived_at, expire_at")
 
 
 PRUNE_TERMINAL_JOBS: Final = f"""
--- arbiter: clock_timestamp() (retention cutoff finished_at < now - $2; archived_at and
--- expire_at = now + $4)
+-- arbiter: clock_timestamp() (retention cutoff finished_at < now - $2; result expiry
+-- result_expires_at <= now; archived_at and expire_at = now + $4)
 -- $1 terminal status, $3 batch size. The clock is read once: a job's archived_at
 -- and its attempts' are the same instant, and expire_at is exactly $4 later. The
 -- statements below find the victims by an array of their ids: joined to the CTE, the
 -- planner read the whole jobs and job_attempts tables at every batch.
+-- $5: the last finished_at the batch before moved (the caller's first batch: any time
+-- earlier than every job's). The jobs kept for their results lie among the victims;
+-- each batch starting from the oldest job read them all again, every batch.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 victims AS MATERIALIZED (
-    SELECT j.id
+    SELECT j.id, j.finished_at
     FROM {{schema}}.jobs j
     WHERE j.status = $1::text::{{schema}}.job_status
       -- The predicate of jobs_terminal_finished_idx, word for word: without it the
@@ -62,6 +65,10 @@ victims AS MATERIALIZED (
       -- read and sorted all the status's jobs. (A status not terminal moves nothing.)
       AND j.status IN ('succeeded', 'failed', 'cancelled', 'crashed', 'abandoned')
       AND j.finished_at < (SELECT ts FROM now) - $2::interval
+      AND j.finished_at >= $5::timestamptz
+      -- A result_ttl longer than the retention wins: the archive is not readable, so
+      -- a job archived earlier loses its result before its time.
+      AND (j.result_expires_at IS NULL OR j.result_expires_at <= (SELECT ts FROM now))
     ORDER BY j.finished_at
     LIMIT $3
     FOR UPDATE OF j SKIP LOCKED
@@ -92,7 +99,8 @@ removed AS (
 )
 SELECT (SELECT count(*) FROM removed) AS moved,
        (SELECT count(*) FROM archived) AS archived,
-       (SELECT count(*) FROM archived_attempts) AS attempts
+       (SELECT count(*) FROM archived_attempts) AS attempts,
+       (SELECT max(v.finished_at) FROM victims v) AS last_finished
 """
 
 EXPIRE_ARCHIVE: Final = """

@@ -8,7 +8,13 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from taskq.backend import Backend, JobStatus, SupportsBatchChildCheck, SupportsBatchFailureCount
+from taskq.backend import (
+    Backend,
+    JobStatus,
+    SupportsBatchChildCheck,
+    SupportsBatchFailureCount,
+    SupportsPrune,
+)
 from taskq.errors import RetryRefusedError
 from taskq.models import (
     BatchChildEnd,
@@ -929,6 +935,36 @@ class BatchTests:
         assert await backend.get_batch(old) is None
         for kept in (active, with_children, recent):
             assert await backend.get_batch(kept) is not None
+
+    @covers("prune_old_batches", "enqueue_batch_atomic", "complete_batch")
+    async def test_prune_old_batches_keeps_a_batch_while_its_finalizer_is_a_job(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # Pruned while its finalizer waited or ran, the finalizer ran against a batch
+        # that no longer existed: like a child, it keeps its batch until it is pruned.
+        batch_id, _, finalizer = await _tracked_batch(backend)
+        await backend.complete_batch(batch_id)
+        assert (await fetch(backend, finalizer.id)).status is JobStatus.PENDING
+        await advance_time(TICK)
+        recent = uuid4()
+        await backend.create_batch(recent, "q", 0, None, None, None)
+        await backend.complete_batch(recent)
+        cutoff = (await _batch(backend, recent)).completed_at
+        assert cutoff is not None
+        assert await backend.prune_old_batches(cutoff) == 0
+        worker = uuid4()
+        [running] = await backend.dispatch_batch(worker, [_QUEUE], 1, LONG_LEASE)
+        assert running.id == finalizer.id
+        assert await backend.prune_old_batches(cutoff) == 0
+        assert await backend.mark_succeeded(finalizer.id, worker, None)
+        assert await backend.prune_old_batches(cutoff) == 0
+        assert (await _batch(backend, batch_id)).status == "complete"
+        if isinstance(backend, SupportsPrune):
+            await advance_time(TICK)
+            retention = {"succeeded": timedelta(0)}
+            assert await backend.prune_terminal_jobs(retention, archive_retention=FAR) == 1
+            assert await backend.prune_old_batches(cutoff) == 1
+            assert await backend.get_batch(batch_id) is None
 
     @covers("prune_old_batches")
     async def test_prune_old_batches_takes_a_naive_cutoff_as_utc(

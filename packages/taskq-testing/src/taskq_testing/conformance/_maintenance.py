@@ -24,6 +24,7 @@ from taskq.backend._protocol import (
 )
 from taskq.models import ActorConfig, BatchRow, ErrorInfo
 from taskq_testing.conformance._support import (
+    ERROR,
     FAR,
     LONG_LEASE,
     TICK,
@@ -314,6 +315,34 @@ class MaintenanceTests(TimeLimits):
             assert row.status is JobStatus.CANCELLED
             assert row.error is not None and row.error.error_class == "BatchAborted"
 
+    @covers("complete_stale_batches", "abort_batch", "mark_failed_or_retry")
+    async def test_the_stale_batch_sweep_cancels_a_child_retried_after_its_batch_aborted(
+        self, backend: Backend
+    ) -> None:
+        # The abort leaves a running child to run; failed with attempts left after the
+        # abort (at any time later), it waits for its retry in a batch long aborted.
+        sweeper = _stale_batch_sweep(backend)
+        queue, batch_id = f"stale-{uuid4().hex[:8]}", uuid4()
+        [child] = await backend.enqueue_batch_atomic(
+            [make_args(queue=queue, max_attempts=3)],
+            batch_id=batch_id,
+            queue=queue,
+            batch_row=BatchRow(id=batch_id, queue=queue, expected_size=1),
+            finalizer_args=None,
+        )
+        worker = uuid4()
+        [running] = await backend.dispatch_batch(worker, [queue], 1, LONG_LEASE)
+        assert running.id == child.id
+        assert await backend.abort_batch(batch_id) == 0
+        await sweeper.complete_stale_batches()
+        assert (await fetch(backend, child.id)).status is JobStatus.RUNNING
+        retried = await backend.mark_failed_or_retry(child.id, worker, ERROR, FAR)
+        assert retried.status is JobStatus.SCHEDULED
+        await sweeper.complete_stale_batches()
+        row = await fetch(backend, child.id)
+        assert row.status is JobStatus.CANCELLED
+        assert row.error is not None and row.error.error_class == "BatchAborted"
+
     @covers("complete_stale_batches", "create_batch")
     async def test_the_stale_batch_sweep_ends_a_quiet_batch_once_the_grace_passed(
         self, backend: Backend, advance_time: AdvanceTime
@@ -521,6 +550,32 @@ class MaintenanceTests(TimeLimits):
         assert await backend.get(cancelled.id) is None
         assert await fetch(backend, scheduled.id) == scheduled
         assert await fetch(backend, running.id) == running
+
+    @covers("mark_succeeded", "prune_terminal_jobs")
+    async def test_prune_keeps_a_job_whose_result_has_not_expired(
+        self, backend: Backend, advance_time: AdvanceTime
+    ) -> None:
+        # A result_ttl longer than the status's retention wins: the archive is not
+        # readable, so a job archived before its result expired lost it early.
+        pruner = _prune(backend)
+        kept = await reach(backend, JobStatus.SUCCEEDED, result_ttl=FAR)
+        short = await reach(backend, JobStatus.SUCCEEDED, result_ttl=_SHORT_TTL)
+        # No result_ttl (nor a fallback): the result lives as long as its job.
+        plain = [await reach(backend, JobStatus.SUCCEEDED) for _ in range(2)]
+        await advance_time(TICK)
+        retention = {"succeeded": _ZERO}
+        # In batches of one, past the job kept ahead of them.
+        assert await pruner.prune_terminal_jobs(retention, archive_retention=FAR, batch_size=1) == 2
+        assert [await backend.get(job.id) for job in plain] == [None, None]
+        assert (await fetch(backend, short.id)).result == {"ok": True}
+
+        await advance_time(_SHORT_TTL * 2)
+        assert await pruner.prune_terminal_jobs(retention, archive_retention=FAR) == 1
+        assert await backend.get(short.id) is None
+        still = await fetch(backend, kept.id)
+        assert still.result == {"ok": True}
+        assert still.result_expires_at is not None
+        assert still.result_expires_at > await pruner.now()
 
     @covers("enqueue", "expire_archive", "prune_terminal_jobs")
     async def test_a_job_id_archived_twice_keeps_the_later_job(

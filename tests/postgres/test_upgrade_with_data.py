@@ -465,7 +465,10 @@ async def _sweeps_and_dispatch(backend: PostgresBackend) -> None:
         None,
     )
     assert [a.outcome for a in await backend.get_attempts(RUNNING)] == ["crashed"]
-    assert RUNNING in {e.job_id for e in await backend.poll_reclaim_events(0)}
+    # No visibility delay: the event was written a moment ago (under a millisecond on a
+    # fast machine, and a 1 ms delay hid it).
+    now_visible = await backend.poll_reclaim_events(0, visibility_delay=timedelta(0))
+    assert RUNNING in {e.job_id for e in now_visible}
 
     worker = uuid4()
     dispatched = await backend.dispatch_batch(worker, ["upg", "upg-rr"], 10, LEASE)

@@ -11,10 +11,11 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+from structlog.testing import capture_logs
 
 from taskq import TaskQ, actor
 from taskq.backend.memory import InMemoryBackend
-from taskq.models import JobRow
+from taskq.models import JobRow, JobStatus
 from taskq.settings import SettingsError, WorkerSettings
 from taskq.worker.prefetch import MAX_AHEAD_PER_CONSUMER, Prefetch
 from taskq_testing import run_until_idle
@@ -157,3 +158,57 @@ def test_a_horizon_with_a_fixed_prefetch_is_said_to_do_nothing() -> None:
     assert list(inert) == ["prefetch_horizon"] and "prefetch=auto" in inert["prefetch_horizon"]
     env["TASKQ_PREFETCH"] = "auto"
     assert WorkerSettings.load({}, env=env).inert_settings() == {}
+
+
+def _long_job(started: asyncio.Event) -> Any:
+    @actor(name="prefetch_long", max_attempts=1)  # a hand-back spends no attempt
+    async def long_job(payload: dict[str, Any]) -> None:
+        started.set()
+        await asyncio.sleep(1.5)
+
+    return long_job
+
+
+async def test_jobs_locked_ahead_of_jobs_that_turned_long_are_handed_back_for_others() -> None:
+    # Quick jobs taught the worker to lock 4 ahead; the two long jobs after them were
+    # locked ahead too, the second waiting behind the first for 1.5 s while another
+    # worker could have run it. Past ten horizons (200 ms) it is handed back.
+    started = asyncio.Event()
+    long_job = _long_job(started)
+    tq = TaskQ("memory://", actors=[quick, long_job])
+    async with tq:
+        for _ in range(30):
+            await tq.client.enqueue(quick, {})
+        await tq.client.enqueue(long_job, {})
+        second = await tq.client.enqueue(long_job, {})
+        with capture_logs() as logs:
+            runner = asyncio.create_task(run_until_idle(tq, concurrency=1))
+            await asyncio.wait_for(started.wait(), 10)
+            await asyncio.sleep(0.9)
+            waiting = await tq.client.get(second.id)
+            assert waiting is not None
+            assert waiting.status is JobStatus.PENDING and waiting.locked_by_worker is None
+            worker = await asyncio.wait_for(runner, 10)
+        assert worker.processed == 32
+        done = await tq.client.get(second.id)
+        assert done is not None and done.status is JobStatus.SUCCEEDED
+        # The audit trail says what happened: locked, handed back unstarted, then run.
+        outcomes = [a.outcome for a in await tq.client.get_attempts(second.id)]
+        assert outcomes == ["unstarted", "succeeded"]
+    handed = [e for e in logs if e["event"] == "taskq.locked-ahead-handed-back"]
+    assert handed and handed[0]["moved"] >= 1
+
+
+async def test_a_fixed_prefetch_keeps_its_jobs_locked_ahead_however_long_they_wait() -> None:
+    started = asyncio.Event()
+    long_job = _long_job(started)
+    tq = TaskQ("memory://", actors=[long_job])
+    async with tq:
+        await tq.client.enqueue(long_job, {})
+        second = await tq.client.enqueue(long_job, {})
+        runner = asyncio.create_task(run_until_idle(tq, concurrency=1, prefetch=1))
+        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.sleep(0.9)
+        waiting = await tq.client.get(second.id)
+        assert waiting is not None and waiting.status is JobStatus.RUNNING
+        await asyncio.wait_for(runner, 10)

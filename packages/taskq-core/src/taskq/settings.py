@@ -202,8 +202,10 @@ class WorkerSettings(BaseModel):
     next jobs are dispatched while the current ones run. ``auto``: as many as this
     worker expects to start within ``prefetch_horizon``, judged from how long its
     recent and running jobs take, at most 4 x ``concurrency``; none for long jobs
-    (:mod:`taskq.worker.prefetch`). A number fixes it (0: none). A job locked ahead
-    waits behind this worker's running ones even when another worker is idle."""
+    (:mod:`taskq.worker.prefetch`); one that has waited ten horizons anyway (the
+    jobs running turned long) is handed back, unstarted. A number fixes it (0: none):
+    a job locked ahead then waits behind this worker's running ones even when another
+    worker is idle."""
     prefetch_horizon: Duration = timedelta(milliseconds=20)
     """With ``prefetch=auto``: about how long a job locked ahead may expect to wait here
     for a consumer."""

@@ -212,6 +212,23 @@ class WorkerState:
         concurrency = self.settings.concurrency
         return concurrency + ahead - len(self.active) + min(settling, concurrency)
 
+    def stale_ahead(self, waited: float) -> tuple[list[ActiveJob], float | None]:
+        """The jobs locked ahead (waiting for a consumer) that have waited ``waited``
+        seconds or more; and in how many seconds the next of the others will have
+        (None: no other waits)."""
+        now = asyncio.get_running_loop().time()
+        stale: list[ActiveJob] = []
+        soonest: float | None = None
+        for active in self.active.values():
+            if active.taken_at is not None or active.settling or active.lost:
+                continue
+            left = active.held_at + waited - now
+            if left <= 0:
+                stale.append(active)
+            elif soonest is None or left < soonest:
+                soonest = left
+        return stale, soonest
+
     def settle(self, active: ActiveJob) -> None:
         """Mark ``active`` as settling and let the producer use the consumer it left."""
         active.settle()

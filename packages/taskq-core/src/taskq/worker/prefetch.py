@@ -7,7 +7,9 @@ times ``concurrency``. Short jobs then have their next dispatch in flight (and
 dispatched in bigger batches) while the current ones run: one worker drains
 no-op jobs about 1.6 times as fast (bench/README.md, run AT). Long jobs get none locked ahead, so that a
 job does not wait here behind running ones, while another worker may be idle,
-for much longer than the horizon.
+for much longer than the horizon; and when running jobs turn long while jobs
+are locked ahead, those that have waited ten horizons are handed back, unstarted,
+for any worker to take.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ import math
 from collections.abc import Iterable
 from typing import Final
 
-__all__ = ["MAX_AHEAD_PER_CONSUMER", "Prefetch"]
+__all__ = ["MAX_AHEAD_PER_CONSUMER", "STALE_AFTER_HORIZONS", "Prefetch"]
 
 MAX_AHEAD_PER_CONSUMER: Final = 4
 """``auto`` locks at most this many jobs ahead per consumer (Celery's default
 prefetch multiplier): past it bigger dispatch batches gained nothing measurable."""
+
+STALE_AFTER_HORIZONS: Final = 10
+"""With ``auto``, a job locked ahead that has waited here this many horizons (the
+consumers turned out busy with long jobs) is handed back, unstarted, for any worker."""
 
 _WEIGHT: Final = 0.2
 """The weight of each newly held time in the running average (a change of job
@@ -44,6 +50,12 @@ class Prefetch:
     def adaptive(self) -> bool:
         """Whether the number follows the jobs (``auto``)."""
         return self._fixed is None
+
+    @property
+    def stale_after(self) -> float | None:
+        """Seconds after which a job locked ahead and still waiting is handed back
+        (``auto`` only; a fixed number's jobs wait their turn)."""
+        return None if self._fixed is not None else STALE_AFTER_HORIZONS * self._horizon
 
     def held(self, seconds: float) -> None:
         """A consumer held a job ``seconds`` (from taking it to its actor's return)."""

@@ -23,7 +23,7 @@ import structlog
 from taskq.backend import SupportsActorDispatch, SupportsHeldJobs, SupportsUnstartedHandBack
 from taskq.batch_outcomes import applied_batch_ends
 from taskq.models import JobRow
-from taskq.worker._state import WorkerState
+from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import RepeatedWarning, UnexpectedLoopErrorGuard, transient_errors
 
 _log = structlog.get_logger("taskq.worker")
@@ -65,6 +65,32 @@ async def hand_back_unheard(state: WorkerState) -> None:
         _log.warning("taskq.unheard-jobs-handed-back", jobs=len(unheard), moved=moved)
 
 
+async def _hand_back_stale(state: WorkerState, stale: list[ActiveJob], deadline: float) -> None:
+    """Hand back the jobs locked ahead that waited too long here, unstarted (``auto``
+    prefetch: the jobs running turned out long, and another worker may be idle).
+
+    They are let go here first, so that no consumer starts one meanwhile. If the hand-back
+    fails they stay locked to this worker, which no longer knows them: the producer's
+    check for unheard jobs hands them back next."""
+    backend = state.backend
+    assert isinstance(backend, SupportsUnstartedHandBack)  # stale_after says so
+    now = asyncio.get_running_loop().time()
+    waited = max(now - active.held_at for active in stale)
+    for active in stale:
+        state.release(active.row.id, active)
+    jobs = [(active.row.id, active.row.attempt) for active in stale]
+    grace = state.settings.batch_ends_grace.total_seconds()
+    try:
+        async with asyncio.timeout_at(deadline):
+            async with applied_batch_ends(backend, grace=grace) as ends:
+                moved = await backend.hand_back_unstarted(state.worker_id, jobs, batch_ends=ends)
+    except Exception as exc:  # noqa: BLE001 - whatever it was, the unheard check follows up
+        state.unheard_suspected = True
+        _log.warning("taskq.locked-ahead-hand-back-failed", jobs=len(jobs), error=repr(exc))
+        return
+    _log.info("taskq.locked-ahead-handed-back", jobs=len(jobs), moved=moved, waited_s=waited)
+
+
 def _dispatcher(state: WorkerState) -> Callable[[int], Awaitable[list[JobRow]]]:
     """Dispatch of up to ``n`` jobs: of this application's actors only where the backend
     can (``SupportsActorDispatch``). Elsewhere a job of an actor it does not know (a
@@ -90,6 +116,11 @@ async def producer_loop(state: WorkerState) -> None:
     transient = transient_errors()  # the bound's TimeoutError among them (core's)
     clock = asyncio.get_running_loop()
     dispatch = _dispatcher(state)
+    # Jobs locked ahead are handed back when stale only where the backend can do it
+    # unstarted; elsewhere they wait their turn.
+    stale_after = (
+        state.prefetch.stale_after if isinstance(state.backend, SupportsUnstartedHandBack) else None
+    )
     dispatch_failing = RepeatedWarning("taskq.dispatch-transient-error")
     unheard_failing = RepeatedWarning("taskq.unheard-jobs-transient-error")
     async with state.backend.subscribe_wake() as wake:
@@ -115,6 +146,14 @@ async def producer_loop(state: WorkerState) -> None:
             if free <= 0:
                 state.slot_freed.clear()
                 if state.free_slots() <= 0:
+                    if stale_after is not None:
+                        stale, next_due = state.stale_ahead(stale_after)
+                        if stale:
+                            await _hand_back_stale(state, stale, deadline)
+                            continue
+                        if next_due is not None:
+                            await _wait(min(poll, next_due), state.slot_freed, state.stopping)
+                            continue
                     await _wait(poll, state.slot_freed, state.stopping)
                 continue
             wanted = min(free, settings.dispatch_batch_size)

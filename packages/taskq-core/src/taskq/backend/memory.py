@@ -608,14 +608,17 @@ class InMemoryBackend:
     async def mark_abandoned(
         self,
         job_id: JobId,
+        worker_id: UUID,
         progress_seq: int = 0,
         progress_state: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
     ) -> bool:
-        """``running -> abandoned`` while ``cancel_phase = 2``. No owner check: the
+        """``running -> abandoned`` while ``cancel_phase = 2``, for the owner only: its
         heartbeat writes it after the forced cancel did not finish in time."""
         _refuse_unstorable(progress_state)
-        row = self._jobs.get(job_id)
-        if row is None or row.status is not _S.RUNNING or row.cancel_phase != CancelPhase.FORCED:
+        row = self._store.owned(job_id, worker_id, attempt)
+        if row is None or row.cancel_phase != CancelPhase.FORCED:
             return False
         self._store.end_attempt(
             row,

@@ -129,6 +129,7 @@ class MemoryBackendMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock(datetime(2030, 1, 1, tzinfo=UTC))
         self.backend = InMemoryBackend(clock=self.clock)
+        self.run(self.backend.open())
         self.actor_caps: dict[str, int | None] = {}
         self.queue_caps: dict[str, int | None] = {}
         self.seen: dict[JobId, JobRow] = {}

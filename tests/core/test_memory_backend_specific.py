@@ -8,17 +8,19 @@ the decisions the contract leaves to each backend.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import ClassVar
 from uuid import uuid4
 
 import pytest
+import pytest_asyncio
 
 import taskq.backend._protocol as protocol
 from taskq.backend import Backend, FakeClock, SystemClock, check_protocol_version
 from taskq.backend import memory as memory_module
 from taskq.backend.memory import InMemoryBackend
-from taskq.errors import ProtocolVersionMismatch, SingletonCollisionError
+from taskq.errors import ConfigurationError, ProtocolVersionMismatch, SingletonCollisionError
 from taskq.models import (
     ActorConfig,
     EnqueueArgs,
@@ -36,9 +38,12 @@ def clock() -> FakeClock:
     return FakeClock(START)
 
 
-@pytest.fixture
-def backend(clock: FakeClock) -> InMemoryBackend:
-    return InMemoryBackend(clock=clock)
+@pytest_asyncio.fixture
+async def backend(clock: FakeClock) -> AsyncIterator[InMemoryBackend]:
+    backend = InMemoryBackend(clock=clock)
+    await backend.open()
+    yield backend
+    await backend.close()
 
 
 # -- construction ----------------------------------------------------------------
@@ -48,6 +53,21 @@ def test_satisfies_the_backend_protocol_structurally() -> None:
     assert isinstance(InMemoryBackend(), Backend)
     assert Backend not in InMemoryBackend.__mro__
     assert InMemoryBackend.supports_transactional_simulation is True
+
+
+async def test_an_unopened_backend_refuses_calls_as_postgres_does() -> None:
+    # It answered before open(), where a Postgres backend raises: a program that forgot
+    # open() passed its tests on memory:// and failed in production.
+    backend = InMemoryBackend()
+    message = r"^InMemoryBackend is not open: await backend\.open\(\) first \(TaskQ opens"
+    with pytest.raises(ConfigurationError, match=message):
+        await backend.enqueue(EnqueueArgs(actor="a"))
+    with pytest.raises(ConfigurationError, match=message):
+        await backend.dispatch_batch(uuid4(), ["default"], 1, timedelta(seconds=30))
+    await backend.open()
+    await backend.open()  # idempotent
+    job = await backend.enqueue(EnqueueArgs(actor="a"))
+    assert await backend.get(job.id) == job
 
 
 def test_defaults() -> None:
@@ -217,6 +237,7 @@ async def test_visibility_delay_and_headroom_are_constructor_options(clock: Fake
         reclaim_event_visibility_delay=timedelta(seconds=10),
         cancel_reclaim_headroom=timedelta(seconds=5),
     )
+    await backend.open()
     await backend.enqueue(EnqueueArgs(actor="a"))
     (job,) = await backend.dispatch_batch(uuid4(), ["default"], 1, timedelta(seconds=1))
     await backend.write_cancel_request(job.id, "stop")

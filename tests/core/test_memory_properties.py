@@ -129,6 +129,7 @@ class MemoryBackendMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock(datetime(2030, 1, 1, tzinfo=UTC))
         self.backend = InMemoryBackend(clock=self.clock)
+        self.run(self.backend.open())
         self.actor_caps: dict[str, int | None] = {}
         self.queue_caps: dict[str, int | None] = {}
         self.seen: dict[JobId, JobRow] = {}
@@ -529,14 +530,19 @@ class MemoryBackendMachine(RuleBasedStateMachine):
             self.may_write(row, worker, attempt) and row.cancel_phase == CancelPhase.COOPERATIVE
         )
 
-    @rule(job_id=jobs, pick=running_pick)
-    def mark_abandoned(self, job_id: JobId, pick: int | None) -> None:
+    @rule(
+        job_id=jobs, pick=running_pick, owner=owners, other=st.sampled_from(WORKERS), fence=fences
+    )
+    def mark_abandoned(
+        self, job_id: JobId, pick: int | None, owner: bool, other: UUID, fence: str
+    ) -> None:
         row = self.target(job_id, pick, CancelPhase.FORCED)
         job_id = row.id
-        abandoned = self.run(self.backend.mark_abandoned(job_id))
+        worker, attempt = self.writer(row, owner, other), self.fence(row, fence)
+        abandoned = self.run(self.backend.mark_abandoned(job_id, worker, attempt=attempt))
         event(f"mark_abandoned: {abandoned}")
         assert abandoned == (
-            row.status is JobStatus.RUNNING and row.cancel_phase == CancelPhase.FORCED
+            self.may_write(row, worker, attempt) and row.cancel_phase == CancelPhase.FORCED
         )
 
     # -- admin and sweeps -------------------------------------------------------------

@@ -59,6 +59,7 @@ class _Blipping(InMemoryBackend):
 async def test_a_transient_poll_failure_is_retried_and_the_feed_goes_on() -> None:
     # The error ended the reader's `async for`, for good, at the first blip.
     backend = _Blipping(failures=3)
+    await backend.open()
     job = await backend.enqueue(EnqueueArgs(actor="a"))
     assert await backend.dispatch_batch(uuid4(), ["default"], 1, timedelta(milliseconds=1))
     await asyncio.sleep(0.01)

@@ -59,6 +59,7 @@ def _completer(backend: InMemoryBackend, worker: UUID, window: float = 0) -> Com
 
 async def test_successes_finishing_together_are_one_write() -> None:
     backend, worker = _Recording(), uuid4()
+    await backend.open()
     jobs = await _jobs(backend, worker, 8)
     completer = _completer(backend, worker)
     flags = await asyncio.gather(
@@ -76,6 +77,7 @@ async def test_successes_finishing_together_are_one_write() -> None:
 
 async def test_successes_arriving_during_a_write_share_the_next_one() -> None:
     backend, worker = _Recording(), uuid4()
+    await backend.open()
     first, *later = await _jobs(backend, worker, 4)
     completer = _completer(backend, worker)
     backend.hold = asyncio.Event()
@@ -93,6 +95,7 @@ async def test_successes_arriving_during_a_write_share_the_next_one() -> None:
 
 async def test_each_job_learns_its_own_outcome() -> None:
     backend, worker = _Recording(), uuid4()
+    await backend.open()
     mine = await running_job(backend, worker_id=worker)
     theirs = await running_job(backend, worker_id=uuid4())
     completer = _completer(backend, worker)
@@ -107,6 +110,7 @@ async def test_each_job_learns_its_own_outcome() -> None:
 
 async def test_a_failed_write_reaches_every_job_it_carried_and_a_retry_succeeds() -> None:
     backend, worker = _Recording(), uuid4()
+    await backend.open()
     jobs = await _jobs(backend, worker, 3)
     completer = _completer(backend, worker)
     backend.away = True
@@ -127,6 +131,7 @@ async def test_a_row_that_times_out_its_batch_fails_only_its_own_job() -> None:
     # A row slow to write (locked elsewhere, a huge result) timed the whole statement
     # out, and the jobs' retries gathered into the same batch again: none landed.
     backend, worker = _Recording(), uuid4()
+    await backend.open()
     slow, *others = await _jobs(backend, worker, 3)
     backend.slow.add(slow.id)
     completer = _completer(backend, worker)
@@ -143,6 +148,7 @@ async def test_a_row_that_times_out_its_batch_fails_only_its_own_job() -> None:
 
 async def test_a_window_gathers_successes_that_finish_apart() -> None:
     backend, worker = _Recording(), uuid4()
+    await backend.open()
     jobs = await _jobs(backend, worker, 3)
     completer = _completer(backend, worker, window=0.05)
 
@@ -157,6 +163,7 @@ async def test_a_window_gathers_successes_that_finish_apart() -> None:
 
 async def test_a_cancelled_waiter_does_not_break_the_flush() -> None:
     backend, worker = _Recording(), uuid4()
+    await backend.open()
     lost, kept = await _jobs(backend, worker, 2)
     completer = _completer(backend, worker)
     backend.hold = asyncio.Event()

@@ -402,3 +402,33 @@ async def test_a_slot_the_actors_own_code_fails_to_build_is_skipped_and_the_othe
     assert passed.last_fired_at is not None  # advanced past its slots, not stuck on them
     skipped = [e for e in logs if e["event"] == "taskq.schedule-slot-skipped"]
     assert skipped and all("KeyError" in e["error"] for e in skipped)
+
+
+def test_a_leader_without_an_actor_that_derives_its_identity_skips_its_slots_saying_why() -> None:
+    # The leader could not run the actor's identity_key on the payload and enqueued the
+    # job with none: it ran alongside the same tenant's other jobs, which the identity
+    # is there to keep apart.
+    import structlog.testing
+
+    tenant = _schedule("cron.per-tenant", None).model_copy(update={"payload": {"tenant": "t1"}})
+    assert per_tenant.options.job_defaults()["identity_key_from_payload"] is True
+    registered = {"cron.per-tenant": per_tenant.options.job_defaults()}
+    with_actor = TaskQ("memory://", actors=[per_tenant])
+    args = SlotJobBuilder(with_actor.client, with_actor.actors, {}, registered)(tenant, SLOT)
+    assert args is not None and args.identity_key == "t1"
+
+    without = TaskQ("memory://", actors=[report])
+    build = SlotJobBuilder(without.client, without.actors, {}, registered)
+    with structlog.testing.capture_logs() as logs:
+        assert build(tenant, SLOT) is None
+    [skipped] = [e for e in logs if e["event"] == "taskq.schedule-slot-skipped"]
+    assert skipped["log_level"] == "error" and skipped["reason"] == "identity_key"
+    assert "identity_key" in skipped["hint"] and "cron.per-tenant" in skipped["hint"]
+    # A schedule that names its identity needs no code: built as stored.
+    named = tenant.model_copy(update={"options": {"identity_key": "t1", "singleton": True}})
+    args = build(named, SLOT)
+    assert args is not None and (args.identity_key, args.singleton) == ("t1", True)
+    # An actor without an identity of its own is enqueued as stored, as before.
+    plain = SlotJobBuilder(without.client, without.actors, {}, {"cron.x": {"max_attempts": 2}})
+    args = plain(_schedule("cron.x", None), SLOT)
+    assert args is not None and (args.identity_key, args.max_attempts) == (None, 2)

@@ -12,6 +12,7 @@ from taskq.worker.maintenance import queue_depth_once, stranded_jobs_once
 
 async def _backend() -> InMemoryBackend:
     backend = InMemoryBackend()
+    await backend.open()
     # 120 queues of one job each, and one busy queue of 5; actors nobody runs (stranded).
     for n in range(120):
         await backend.enqueue(EnqueueArgs(actor=f"gone_{n}", queue=f"q{n:03d}"))
@@ -42,6 +43,7 @@ async def test_stranded_jobs_name_the_50_actors_with_most_and_count_them_all() -
 
 async def test_an_actors_stranded_queues_are_named_busiest_first() -> None:
     backend = InMemoryBackend()
+    await backend.open()
     for n in range(60):
         await backend.enqueue(EnqueueArgs(actor="gone", queue=f"q{n:02d}"))
     for _ in range(3):

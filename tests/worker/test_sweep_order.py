@@ -40,6 +40,7 @@ async def test_the_reclaim_runs_before_a_promotion_backlog_can_use_up_the_bound(
     # The iteration is bounded as a whole: promotion first, a backlog of due jobs
     # held every crashed worker's jobs running until it was gone.
     backend = _LongPromotion()
+    await backend.open()
     state: Any = SimpleNamespace(
         backend=backend, settings=WorkerSettings.load(dict(TEST_SETTINGS), env={})
     )

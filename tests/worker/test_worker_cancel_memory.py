@@ -665,6 +665,7 @@ async def test_an_attempt_written_off_past_its_limit_is_not_a_later_one(replaced
     from taskq.worker._state import ActiveJob
 
     backend = InMemoryBackend()
+    await backend.open()
     worker, [job] = await dispatched(backend)
     freed: list[str] = []
     old = past_its_limit(job, release=lambda: freed.append("old"))
@@ -1123,6 +1124,7 @@ async def test_a_late_outcome_whose_write_landed_as_the_tick_was_cut_is_not_kept
             return landed
 
     backend = ReplyLost()
+    await backend.open()
     worker, [job] = await dispatched(backend)
     old = past_its_limit(job)
     controller = worker_state(backend, worker, old).cancel
@@ -1159,6 +1161,7 @@ async def test_a_late_outcome_is_written_while_another_write_off_fails_every_tic
             return await super().mark_failed_or_retry(job_id, *args, **kwargs)
 
     backend = HeldRow()
+    await backend.open()
     worker, rows = await dispatched(backend, 2)
     actives = {row.id: past_its_limit(row) for row in rows}
     late_job, stuck_job = (row.id for row in rows)
@@ -1198,6 +1201,7 @@ async def test_a_late_outcome_queued_as_the_worker_stops_is_still_written() -> N
             return await super().extend_reservation_leases(*args, **kwargs)
 
     backend = Reclaimed()
+    await backend.open()
     worker, [job] = await dispatched(backend)
     freed = asyncio.Event()
     active = past_its_limit(job, release=freed.set)
@@ -1237,6 +1241,7 @@ async def test_a_tick_cut_by_its_bound_does_not_go_on_to_the_post_ticks_writes()
             return await super().mark_abandoned(*args, **kwargs)
 
     backend = HeldUp()
+    await backend.open()
     worker, [job] = await dispatched(backend)
     active = await forced_past_cleanup(backend, worker, job)
     state = worker_state(backend, worker, active)

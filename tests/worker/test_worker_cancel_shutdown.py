@@ -559,6 +559,7 @@ async def test_an_abandonment_landed_with_its_reply_lost_counts_for_its_batch_on
             return landed
 
     backend = ReplyLost()
+    await backend.open()
     worker, [job] = await dispatched(backend)
     active = await forced_past_cleanup(backend, worker, job)
     state = worker_state(backend, worker, active)

@@ -154,7 +154,8 @@ async def _until_finished(tq: TaskQ, jobs: list[JobRow]) -> None:
 
 async def _one_job(backend: InMemoryBackend, job_actor: Actor[..., Any]) -> JobRow:
     """``job_actor``'s one job, run by a worker of short leases until it ends, as it
-    ended: no sweep, so nothing but the worker's own writes can finish it."""
+    ended: no sweep, so nothing but the worker's own writes can finish it. The backend
+    is left open, for the test to read the job's history."""
     tq = TaskQ("memory://", actors=[job_actor], backend=backend)
     settings = {**SETTINGS, "lock_lease": "500ms", "maintenance_interval": "1h"}
     async with tq:
@@ -163,6 +164,7 @@ async def _one_job(backend: InMemoryBackend, job_actor: Actor[..., Any]) -> JobR
             await _until_finished(tq, [job])
         row = await tq.client.get(job.id)
     assert row is not None
+    await backend.open()  # closed with the application
     return row
 
 

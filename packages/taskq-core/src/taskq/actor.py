@@ -23,10 +23,15 @@ from taskq.errors import ConfigurationError, PayloadValidationError
 from taskq.models import INT32_MAX, INT32_MIN, EnqueueArgs
 from taskq.retry import Backoff, ExponentialBackoff, RetryPolicy
 
-__all__ = ["Actor", "ActorOptions", "actor", "actors_by_name"]
+__all__ = ["IDENTITY_FROM_PAYLOAD", "Actor", "ActorOptions", "actor", "actors_by_name"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+IDENTITY_FROM_PAYLOAD: Final = "identity_key_from_payload"
+"""The key of :meth:`ActorOptions.job_defaults` that says the actor derives each job's
+``identity_key`` from its payload (``@actor(identity_key=...)``): code a leader without
+the actor does not have. No enqueue option has this name."""
 
 CONTEXT_PARAMETER = "ctx"
 
@@ -85,7 +90,8 @@ class ActorOptions:
 
     def job_defaults(self) -> dict[str, Any]:
         """The options declared for the actor's jobs, as JSON enqueue options (durations
-        in seconds), for a worker that does not have the actor (``ActorConfig``)."""
+        in seconds), for a worker that does not have the actor (``ActorConfig``); with
+        :data:`IDENTITY_FROM_PAYLOAD` when the actor computes its jobs' identity key."""
         durations = {
             "timeout": self.timeout,
             "schedule_to_close": self.schedule_to_close,
@@ -95,6 +101,7 @@ class ActorOptions:
             "priority": self.priority,
             "max_attempts": self.max_attempts,
             **{name: value.total_seconds() for name, value in durations.items() if value},
+            **({IDENTITY_FROM_PAYLOAD: True} if self.identity_key is not None else {}),
         }
 
 

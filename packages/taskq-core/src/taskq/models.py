@@ -646,8 +646,10 @@ class ActorConfig(_Model):
     job_defaults: JsonDict | None = None
     """The options the actor declares for its jobs, as enqueue options (``priority``,
     ``max_attempts``, and ``timeout``, ``schedule_to_close``, ``result_ttl`` in
-    seconds): what a leader that lacks the actor gives its cron slots' jobs. None:
-    not given (an older worker), the registered ones stay."""
+    seconds): what a leader that lacks the actor gives its cron slots' jobs; and
+    ``identity_key_from_payload: true`` for an actor that computes its jobs' identity
+    key, whose slots such a leader skips. None: not given (an older worker), the
+    registered ones stay."""
 
     @field_validator("actor", "queue")
     @classmethod

@@ -1,7 +1,8 @@
 """Retry policy: the backoff before the next attempt of a job whose actor raised.
 
-Every exception an actor raises (other than ``Snooze`` and ``RetryAfter``) is
-retried, as API.md says: an error that looks permanent (a ``ValueError``, a
+Every exception an actor raises (other than ``Snooze`` and ``RetryAfter``, alone or
+in an exception group of nothing but them: see :mod:`taskq.signals`) is retried,
+as API.md says: an error that looks permanent (a ``ValueError``, a
 pydantic ``ValidationError`` of a reply the actor parsed) may come from
 something outside the job that changes. :class:`RetryPolicy` gives the delay
 only. It takes no clock and no deadline: the backend decides whether the retry

@@ -1370,13 +1370,18 @@ class PostgresBackend:
     async def mark_abandoned(
         self,
         job_id: JobId,
+        worker_id: UUID,
         progress_seq: int = 0,
         progress_state: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
     ) -> bool:
-        """``running -> abandoned`` while ``cancel_phase = 2`` (no owner check)."""
+        """``running -> abandoned`` while ``cancel_phase = 2``, for the owner only."""
         changed = await self._db().fetchval(
             self._sql.mark_abandoned,
             job_id,
+            worker_id,
+            attempt,
             progress_seq,
             None if progress_state is None else dump_json(progress_state),
         )

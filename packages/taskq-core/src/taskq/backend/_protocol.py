@@ -184,6 +184,10 @@ BACKEND_PROTOCOL_VERSION: Final = 3
 #     passed: a result_ttl longer than the status's retention lost its result early.
 #     prune_old_batches keeps a batch whose finalizer is still a job: pruned while its
 #     finalizer waited or ran, the finalizer ran against a batch that no longer existed.
+#     mark_abandoned gained `worker_id` and the keyword-only `attempt` fence, as every
+#     other terminal write: unguarded, a worker frozen after deciding to abandon its
+#     attempt abandoned the job's next attempt, held by another worker, once that one's
+#     cancel reached phase 2.
 #     Additive (optional protocols, no bump): SupportsBatchedSuccess,
 #     SupportsUnstartedHandBack, SupportsWorkerCancelWake, SupportsHeldJobs,
 #     SupportsActorDispatch, SupportsLeaseRenewal, SupportsEnqueuePrecheck,
@@ -374,10 +378,14 @@ class Backend(Protocol):
     async def mark_abandoned(
         self,
         job_id: JobId,
+        worker_id: UUID,
         progress_seq: int = 0,
         progress_state: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
     ) -> bool:
-        """``running -> abandoned``, only while ``cancel_phase = 2``."""
+        """``running -> abandoned``, only while ``cancel_phase = 2``, for the owner (its
+        heartbeat, once a forced cancel overran its grace) as every terminal write."""
         ...
 
     async def mark_snoozed(

@@ -22,6 +22,10 @@ How it maps to the Postgres backend:
   :mod:`taskq.backend.statemachine` and writes the event row. The one
   exception is ``retry_job``: an operator reset of a terminal job, which has
   no transition to check.
+* **Lifecycle.** As a Postgres backend's pool, its tables answer only between
+  ``open()`` and ``close()``: every other coroutine method raises
+  ``ConfigurationError`` outside (:func:`_open_only`), so a program that forgot
+  ``open()`` fails the same on both. The data outlives a close, for a reopen.
 
 Not thread-safe: use one instance from one event loop.
 """
@@ -29,8 +33,10 @@ Not thread-safe: use one instance from one event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -66,7 +72,12 @@ from taskq.backend.fairness import CohortTurns, cohort_of
 from taskq.backend.late_outcome import late_outcome_detail
 from taskq.backend.statemachine import ACTIVE_STATUSES, CancelPhase, JobStatus
 from taskq.backend.storable import check_delay, clean_text, dump_json, stored_error, stored_json
-from taskq.errors import RetryRefusedError, SingletonCollisionError, TaskQError
+from taskq.errors import (
+    ConfigurationError,
+    RetryRefusedError,
+    SingletonCollisionError,
+    TaskQError,
+)
 from taskq.models import (
     DEADLINE_EXCEEDED,
     INT32_MAX,
@@ -147,6 +158,34 @@ def _copy(stored: _Stored) -> _Stored:
     return stored.model_copy(deep=True)
 
 
+_Class = TypeVar("_Class", bound=type)
+
+
+def _open_only(cls: _Class) -> _Class:
+    """``cls`` with each public coroutine method but ``open`` and ``close`` refusing to
+    run unless the instance is open, as a Postgres backend without its pool refuses:
+    used unopened, the in-memory backend worked where Postgres raised."""
+
+    def guarded(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        @functools.wraps(method)
+        async def call(self: InMemoryBackend, *args: Any, **kwargs: Any) -> Any:
+            if not self._open:
+                raise ConfigurationError(
+                    f"{type(self).__name__} is not open: await backend.open() first "
+                    f"(TaskQ opens and closes its backend for you)"
+                )
+            return await method(self, *args, **kwargs)
+
+        return call
+
+    for name, member in list(vars(cls).items()):
+        public = not name.startswith("_") and name not in {"open", "close"}
+        if public and inspect.iscoroutinefunction(member):
+            setattr(cls, name, guarded(member))
+    return cls
+
+
+@_open_only
 class InMemoryBackend:
     """A complete Backend kept in process memory (URL ``memory://``).
 
@@ -172,6 +211,7 @@ class InMemoryBackend:
         cancel_reclaim_headroom: timedelta = timedelta(seconds=60),
         stale_batch_grace: timedelta = timedelta(seconds=10),
     ) -> None:
+        self._open = False
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.reclaim_event_visibility_delay = reclaim_event_visibility_delay
         self.cancel_reclaim_headroom = cancel_reclaim_headroom
@@ -219,10 +259,13 @@ class InMemoryBackend:
 
     # -- lifecycle -------------------------------------------------------------
     async def open(self) -> None:
-        """Nothing to connect."""
+        """Nothing to connect: the methods answer from now on. Idempotent."""
+        self._open = True
 
     async def close(self) -> None:
-        """Nothing to release; the data stays until the instance is dropped."""
+        """Nothing to release; the methods refuse until the next ``open()``, and the
+        data stays until the instance is dropped. Idempotent."""
+        self._open = False
 
     # -- configuration -----------------------------------------------------------
     async def register_actors(self, configs: list[ActorConfig]) -> None:
@@ -608,14 +651,17 @@ class InMemoryBackend:
     async def mark_abandoned(
         self,
         job_id: JobId,
+        worker_id: UUID,
         progress_seq: int = 0,
         progress_state: dict[str, Any] | None = None,
+        *,
+        attempt: int | None = None,
     ) -> bool:
-        """``running -> abandoned`` while ``cancel_phase = 2``. No owner check: the
+        """``running -> abandoned`` while ``cancel_phase = 2``, for the owner only: its
         heartbeat writes it after the forced cancel did not finish in time."""
         _refuse_unstorable(progress_state)
-        row = self._jobs.get(job_id)
-        if row is None or row.status is not _S.RUNNING or row.cancel_phase != CancelPhase.FORCED:
+        row = self._store.owned(job_id, worker_id, attempt)
+        if row is None or row.cancel_phase != CancelPhase.FORCED:
             return False
         self._store.end_attempt(
             row,

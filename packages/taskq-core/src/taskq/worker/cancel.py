@@ -319,8 +319,10 @@ class _CancelController:
             return True
         if not await state.backend.mark_abandoned(
             active.row.id,
+            state.worker_id,
             active.ctx.progress_seq if active.ctx else 0,
             active.ctx.progress_state if active.ctx else None,
+            attempt=active.row.attempt,
         ):
             return True
         active.ended = True

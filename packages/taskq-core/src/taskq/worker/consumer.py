@@ -51,7 +51,7 @@ from taskq.models import (
     SuccessWrite,
     from_valid_values,
 )
-from taskq.signals import RetryAfter, Snooze
+from taskq.signals import RetryAfter, Snooze, signal_of_group
 from taskq.worker._state import ActiveJob, WorkerState
 from taskq.worker._transient import transient_errors
 
@@ -345,11 +345,7 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         await _raised(state, row, ctx, actor, exc)
         return
     except (Snooze, RetryAfter) as signal:
-        # Told to stop first: a cancelled job is not rescheduled (it would come back
-        # with its cancel flag set), an interrupted one is handed back as such.
-        if ctx.cancel_event.requested() and await _stopped(state, row, ctx, active):
-            return
-        await _reschedule(state, row, ctx, signal)
+        await _signalled(state, row, ctx, active, signal)
         return
     except KeyboardInterrupt:
         raise
@@ -357,6 +353,9 @@ async def _execute(state: WorkerState, row: JobRow) -> None:
         # A BaseException too (``sys.exit``, a library's own as a test runner's failure
         # is): it ended the job's task with no outcome, and the job ran again forever,
         # or (a sync actor's) the worker.
+        if (grouped := signal_of_group(exc)) is not None:  # a TaskGroup's children's
+            await _signalled(state, row, ctx, active, grouped)
+            return
         if ctx.cancel_event.requested() and (
             ctx.cancel_event.seen or _task_cancelled() or not _users_cancel(active)
         ):
@@ -441,6 +440,20 @@ async def _used_attempts(state: WorkerState, row: JobRow) -> int:
         return row.attempt  # a longer wait than due, rather than none
     free = sum(1 for a in attempts if a.attempt < row.attempt and a.outcome in FREE_OUTCOMES)
     return max(row.attempt - free, 1)
+
+
+async def _signalled(
+    state: WorkerState,
+    row: JobRow,
+    ctx: Context,
+    active: ActiveJob | None,
+    signal: Snooze | RetryAfter,
+) -> None:
+    # Told to stop first: a cancelled job is not rescheduled (it would come back
+    # with its cancel flag set), an interrupted one is handed back as such.
+    if ctx.cancel_event.requested() and await _stopped(state, row, ctx, active):
+        return
+    await _reschedule(state, row, ctx, signal)
 
 
 async def _reschedule(

@@ -8,6 +8,7 @@ from typing import Any
 
 import structlog
 
+from taskq.actor import IDENTITY_FROM_PAYLOAD
 from taskq.client import JobsClient
 from taskq.errors import PayloadValidationError
 from taskq.models import EnqueueArgs, ScheduleRecord
@@ -28,7 +29,14 @@ class SlotJobBuilder:
     registered (``job_defaults``), on the schedule's queue, else the one they
     registered (``queues``), else ``default``; its payload is checked by the worker
     that runs it. So is a slot whose stored payload the actor refuses: its job fails
-    with the validation error."""
+    with the validation error.
+
+    Unless the actor computes its jobs' ``identity_key`` from the payload (its workers
+    registered :data:`~taskq.actor.IDENTITY_FROM_PAYLOAD`) and the schedule's options
+    name none: the identity keeps the jobs of one key from running together, and
+    enqueued without it the slot's job ran beside them. Such a slot is skipped and said
+    (``taskq.schedule-slot-skipped``, ``reason="identity_key"``); a leader with the
+    actor fires it, as does one whose schedule names its ``identity_key``."""
 
     def __init__(
         self,
@@ -47,6 +55,18 @@ class SlotJobBuilder:
         metadata = {"schedule_id": str(schedule.id), "schedule_slot": slot.isoformat()}
         try:
             if schedule.actor not in self._actors:
+                if self._identity_unknown(schedule):
+                    _log.error(
+                        "taskq.schedule-slot-skipped",
+                        schedule=schedule.name,
+                        slot=slot.isoformat(),
+                        reason="identity_key",
+                        hint=f"actor {schedule.actor!r} computes each job's identity_key "
+                        f"from its payload, and this leader's application does not have "
+                        f"the actor: run the leader with an application that has it, or "
+                        f"give the schedule an identity_key option",
+                    )
+                    return None
                 # Another worker may know the actor: enqueue rather than drop the slot
                 # (the stranded-jobs warning covers an actor nobody runs). On "default"
                 # it sat where no worker of the actor's queue ever looked.
@@ -84,15 +104,27 @@ class SlotJobBuilder:
             )
             return None
 
+    def _identity_unknown(self, schedule: ScheduleRecord) -> bool:
+        """Whether the slot's job needs an identity key only the actor's code can give."""
+        registered = self._job_defaults.get(schedule.actor, {})
+        return bool(registered.get(IDENTITY_FROM_PAYLOAD)) and (
+            schedule.options.get("identity_key") is None
+        )
+
     def _as_stored(
         self, schedule: ScheduleRecord, key: str, metadata: dict[str, str]
     ) -> EnqueueArgs:
         """The slot's job with the schedule's payload and options as stored, unchecked."""
+        defaults = {
+            name: value
+            for name, value in self._job_defaults.get(schedule.actor, {}).items()
+            if name != IDENTITY_FROM_PAYLOAD
+        }
         return EnqueueArgs.model_validate(
             {
                 # The actor's own options as its workers registered them: without, the
                 # job's attempts, timeout and priority depended on which worker led.
-                **self._job_defaults.get(schedule.actor, {}),
+                **defaults,
                 **schedule.options,
                 "actor": schedule.actor,
                 "queue": schedule.queue or self._queues.get(schedule.actor, "default"),

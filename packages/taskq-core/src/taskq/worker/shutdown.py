@@ -306,7 +306,10 @@ async def _mark_abandoned(state: WorkerState, active: ActiveJob, escalated: bool
             give_up=True,
         )
     written = await write_retrying(
-        state, "abandoned", lambda: backend.mark_abandoned(row.id), give_up=True
+        state,
+        "abandoned",
+        lambda: backend.mark_abandoned(row.id, state.worker_id, attempt=row.attempt),
+        give_up=True,
     )
     if written is False:  # None: given up, logged as such
         # Found landed (an earlier try's, the controller's whose reply was lost), the end

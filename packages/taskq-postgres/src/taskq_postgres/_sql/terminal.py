@@ -270,24 +270,20 @@ MARK_ABANDONED: Final = TransitionSQL.of(
     _S.ABANDONED,
     """
 -- arbiter: clock_timestamp() (finished_at)
--- No owner check: the heartbeat writes it once a forced cancel (phase 2) overran its
--- grace. $2 progress_seq, $3 progress_state.
-WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
-owned AS (
-    SELECT j.id, j.attempt, j.started_at, j.locked_by_worker
-    FROM {schema}.jobs j
-    WHERE j.id = $1 AND j.status = 'running' AND j.cancel_phase = 2
-    FOR UPDATE
-),
+-- The owner's heartbeat writes it once a forced cancel (phase 2) overran its grace.
+-- $4 progress_seq, $5 progress_state.
+WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),"""
+    + _OWNED
+    + """,
 updated AS (
     UPDATE {schema}.jobs j
     SET status = 'abandoned', finished_at = n.ts, updated_at = n.ts,
         locked_by_worker = NULL, lock_expires_at = NULL,
-        progress_seq = greatest(j.progress_seq, $2::bigint),
-        progress_state = CASE WHEN $2::bigint > j.progress_seq THEN $3::text::jsonb
+        progress_seq = greatest(j.progress_seq, $4::bigint),
+        progress_state = CASE WHEN $4::bigint > j.progress_seq THEN $5::text::jsonb
                               ELSE j.progress_state END
     FROM owned o CROSS JOIN now n
-    WHERE j.id = o.id AND j.status = 'running'
+    WHERE j.id = o.id AND j.status = 'running' AND j.cancel_phase = 2
     RETURNING j.id
 ),
 attempt AS (

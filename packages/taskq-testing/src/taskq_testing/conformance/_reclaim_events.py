@@ -106,6 +106,6 @@ class ReclaimEventTests(TimeLimits):
     async def test_poll_ignores_every_other_kind_of_event(self, backend: Backend) -> None:
         worker = uuid4()
         job = await running_job(backend, worker_id=worker, cancel_phase=2)
-        assert await backend.mark_abandoned(job.id)
+        assert await backend.mark_abandoned(job.id, worker)
         assert len(await backend.get_events(job.id)) >= 3
         assert await _poll_all(backend) == []

@@ -10,6 +10,7 @@ import pytest
 
 import taskq.backend
 from taskq.backend import Backend, Connection
+from taskq.errors import ConfigurationError
 from taskq.models import JobFilter
 from taskq_testing.conformance._batches import BatchTests
 from taskq_testing.conformance._cancel import CancelTests
@@ -60,6 +61,21 @@ class ProtocolTests:
         assert await backend.list_jobs(JobFilter()) == [job]
         await backend.close()
         await backend.close()
+
+    @covers("open", "close", "enqueue", "get", "list_jobs")
+    async def test_a_closed_backend_refuses_calls_until_it_is_opened_again(
+        self, backend: Backend
+    ) -> None:
+        # One backend worked unopened (or closed) where another raised: a program that
+        # forgot open() ran on the first and failed on the second.
+        job = await backend.enqueue(make_args())
+        await backend.close()
+        with pytest.raises(ConfigurationError, match=r"is not open: await backend\.open\(\)"):
+            await backend.get(job.id)
+        with pytest.raises(ConfigurationError, match=r"is not open"):
+            await backend.enqueue(make_args())
+        await backend.open()
+        assert await backend.list_jobs(JobFilter()) == [job]  # the data outlives a close
 
 
 # pytest runs inherited tests in reverse MRO order, so the bases are listed last

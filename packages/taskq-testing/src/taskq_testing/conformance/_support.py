@@ -189,7 +189,7 @@ async def reach(
     elif status is JobStatus.FAILED:
         await backend.mark_failed_or_retry(job.id, worker, ERROR, None)
     elif status is JobStatus.ABANDONED:
-        assert await backend.mark_abandoned(job.id)
+        assert await backend.mark_abandoned(job.id, worker)
     row = await fetch(backend, job.id)
     assert row.status is status, f"could not reach {status}: the job is {row.status}"
     return row

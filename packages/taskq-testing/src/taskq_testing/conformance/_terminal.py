@@ -67,8 +67,6 @@ class _Write:
     done: object
     cancel_phase: int = 0
     """The cancel phase the job needs for the write to act."""
-    guarded: bool = True
-    """Takes the worker and attempt (``mark_abandoned`` takes neither)."""
 
     def __str__(self) -> str:
         return self.name
@@ -123,7 +121,7 @@ async def _escalate(
 async def _abandon(
     b: Backend, conn: Connection, job: UUID, worker: UUID, attempt: int | None
 ) -> object:
-    return await b.mark_abandoned(job)
+    return await b.mark_abandoned(job, worker, attempt=attempt)
 
 
 async def _snooze(
@@ -163,7 +161,7 @@ _WRITES = [
     _Write("mark_failed_or_retry", _fail, JobStatus.FAILED, "failed", _RETURNS_ROW, _RETURNS_ROW),
     _Write("mark_cancelled", _cancel, JobStatus.CANCELLED, "cancelled", False, True),
     _Write("write_cancel_escalation", _escalate, JobStatus.RUNNING, None, False, True, 1),
-    _Write("mark_abandoned", _abandon, JobStatus.ABANDONED, "abandoned", False, True, 2, False),
+    _Write("mark_abandoned", _abandon, JobStatus.ABANDONED, "abandoned", False, True, 2),
     _Write("mark_snoozed", _snooze, JobStatus.SCHEDULED, "snoozed", "noop", "scheduled"),
     _Write(
         "mark_retry_after", _retry_after, JobStatus.SCHEDULED, "retry_after", "noop", "scheduled"
@@ -172,8 +170,6 @@ _WRITES = [
 ]
 # ``covers`` names Backend members; optional-protocol writes are checked all the same.
 _WRITE_NAMES = [w.name for w in _WRITES if hasattr(Backend, w.name)]
-_GUARDED = [w for w in _WRITES if w.guarded]
-_GUARDED_NAMES = [w.name for w in _GUARDED if hasattr(Backend, w.name)]
 
 _NOT_RUNNING_WITHOUT_WAIT = [
     JobStatus.PENDING,
@@ -311,8 +307,8 @@ class TerminalWriteTests:
             assert after.finished_at is None
         await assert_history_consistent(backend, job.id)
 
-    @pytest.mark.parametrize("write", _GUARDED, ids=str)
-    @covers(*_GUARDED_NAMES)
+    @pytest.mark.parametrize("write", _WRITES, ids=str)
+    @covers(*_WRITE_NAMES)
     async def test_another_worker_cannot_write(
         self, backend: Backend, transaction_conn: Connection, write: _Write
     ) -> None:
@@ -328,8 +324,8 @@ class TerminalWriteTests:
         result = await write.call(backend, transaction_conn, job.id, owner, None)
         assert result == _expected(write.done, await fetch(backend, job.id))
 
-    @pytest.mark.parametrize("write", _GUARDED, ids=str)
-    @covers(*_GUARDED_NAMES)
+    @pytest.mark.parametrize("write", _WRITES, ids=str)
+    @covers(*_WRITE_NAMES)
     async def test_a_stale_attempt_number_cannot_write(
         self, backend: Backend, transaction_conn: Connection, write: _Write
     ) -> None:
@@ -486,7 +482,7 @@ class TerminalWriteTests:
         with pytest.raises(ValueError, match=unstored):
             await backend.mark_cancelled(job.id, other, progress_seq=9, progress_state=bad)
         with pytest.raises(ValueError, match=unstored):
-            await backend.mark_abandoned(job.id, progress_seq=9, progress_state=bad)
+            await backend.mark_abandoned(job.id, other, progress_seq=9, progress_state=bad)
         with pytest.raises(ValueError, match=unstored):
             await backend.mark_snoozed(job.id, other, timedelta(0), metadata_update=bad)
         with pytest.raises(ValueError, match=unstored):
@@ -895,9 +891,10 @@ class TerminalWriteTests:
     @pytest.mark.parametrize("phase", [0, 1], ids=["not-requested", "cooperative"])
     @covers("mark_abandoned")
     async def test_abandoning_needs_phase_two(self, backend: Backend, phase: int) -> None:
-        job = await running_job(backend, worker_id=uuid4(), cancel_phase=phase)
+        worker = uuid4()
+        job = await running_job(backend, worker_id=worker, cancel_phase=phase)
         before = await _snapshot(backend, job.id)
-        assert not await backend.mark_abandoned(job.id)
+        assert not await backend.mark_abandoned(job.id, worker)
         assert await _snapshot(backend, job.id) == before
 
     @covers("mark_cancelled", "write_cancel_request")

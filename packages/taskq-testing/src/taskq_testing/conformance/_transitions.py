@@ -144,8 +144,8 @@ async def _cancel(ctx: _Context) -> UUID:
 
 
 async def _abandon(ctx: _Context) -> UUID:
-    job, _ = await _running(ctx, cancel_phase=2)
-    assert await ctx.backend.mark_abandoned(job)
+    job, worker = await _running(ctx, cancel_phase=2)
+    assert await ctx.backend.mark_abandoned(job, worker)
     return job
 
 

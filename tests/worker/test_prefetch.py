@@ -53,6 +53,14 @@ def test_auto_locks_at_most_four_per_consumer_ahead() -> None:
     assert prefetch.ahead() == 64
 
 
+def test_a_horizon_of_zero_locks_nothing_ahead_even_of_jobs_held_no_time() -> None:
+    # A coarse clock (Windows' monotonic ticks 15.6 ms) reads 0 for a no-op job.
+    prefetch = Prefetch(concurrency=4, fixed=None, horizon=0.0)
+    prefetch.held(0.0)
+    assert prefetch.ahead() == 0
+    assert prefetch.ahead([0.0]) == 0
+
+
 def test_jobs_that_turned_long_stop_the_lock_ahead_before_the_first_of_them_ends() -> None:
     prefetch = Prefetch(concurrency=4, fixed=None, horizon=0.02)
     for _ in range(20):

@@ -208,7 +208,7 @@ class WorkerSettings(BaseModel):
     worker is idle."""
     prefetch_horizon: Duration = timedelta(milliseconds=20)
     """With ``prefetch=auto``: about how long a job locked ahead may expect to wait here
-    for a consumer."""
+    for a consumer (0: none is locked ahead)."""
     dispatch_batch_size: int = Field(default=100, ge=1, le=10_000)
     poll_interval: Duration = timedelta(seconds=1)
     """Dispatch poll when no NOTIFY arrives (a fallback, not the usual path)."""

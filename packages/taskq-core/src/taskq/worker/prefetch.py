@@ -71,7 +71,9 @@ class Prefetch:
         if self._fixed is not None:
             return self._fixed
         held = self._held
-        if held is None:
+        if held is None or self._horizon <= 0.0:
+            # A horizon of 0 allows no wait, even behind jobs held no measurable time (a
+            # coarse clock reads 0 for them), which would otherwise lock the cap ahead.
             return 0
         running = list(running_for)
         if running:

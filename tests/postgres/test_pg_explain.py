@@ -555,3 +555,50 @@ async def test_a_leftovers_turn_reads_the_batches_in_flight_not_every_aborted_on
     assert seq_scan_rows(plan, "batches") == 0
     # About 20 rows for each of the 201 batches in flight and the 100 children.
     assert rows_handled(plan) < 20 * 301
+
+
+# (the jobs a sweep's turn moves and jobs its index holds that are not due, as SQL on
+# schema {s}; the statement; its arguments; a count of the jobs moved as they should be)
+_SWEEP_TURNS: dict[str, tuple[list[str], str, tuple[Any, ...], str]] = {
+    "result expiry": (
+        [
+            (
+                "INSERT INTO {s}.jobs (actor, status, finished_at, attempt, result, "
+                "result_expires_at) SELECT 'a', 'succeeded', now(), 1, '1'::jsonb, "
+                "now() - g * interval '1 ms' FROM generate_series(1, 10000) g"
+            ),
+            # The history keeps its results a day yet.
+            (
+                "UPDATE {s}.jobs SET result = '1'::jsonb, "
+                "result_expires_at = now() + interval '1 day' "
+                "WHERE result IS NULL AND status = 'succeeded'"
+            ),
+        ],
+        "expire_results",
+        (5000,),
+        "SELECT count(*) FROM {s}.jobs WHERE result IS NULL",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_SWEEP_TURNS))
+async def test_a_sweep_turn_reads_its_own_jobs_not_the_whole_table(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema, case: str
+) -> None:
+    # Joined to the turn's CTE (estimated at a full turn), the update hashed the whole
+    # jobs table, finished history and all, at every turn, as the promotion's did.
+    rows, name, args, moved_right = _SWEEP_TURNS[case]
+    s = pg_schema.name
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
+        "SELECT 'a', 'succeeded', now(), now(), 1 FROM generate_series(1, 100000)"
+    )
+    for sql in rows:
+        await conn.execute(sql.format(s=s))
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    statement = getattr(statements_for(s), name)
+    plan = await _analyzed(conn, statement, *args)
+    assert await conn.fetchval(moved_right.format(s=s)) == 5000
+    # The turn's 5,000 found by id, not the whole table (110,000 jobs or more) hashed.
+    assert seq_scan_rows(plan, "jobs") == 0
+    assert index_rows(plan, "jobs_pkey") == 5000

@@ -253,11 +253,12 @@ due AS (
     LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
 ),
+-- By the array of ids, as the promotion's.
 cleared AS (
     UPDATE {schema}.jobs j
     SET result = NULL, updated_at = n.ts
-    FROM due d CROSS JOIN now n
-    WHERE j.id = d.id
+    FROM now n
+    WHERE j.id = ANY (ARRAY(SELECT d.id FROM due d))
     RETURNING j.id
 )
 SELECT count(*) AS changed FROM cleared

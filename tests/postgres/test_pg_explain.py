@@ -560,6 +560,27 @@ async def test_a_leftovers_turn_reads_the_batches_in_flight_not_every_aborted_on
 # (the jobs a sweep's turn moves and jobs its index holds that are not due, as SQL on
 # schema {s}; the statement; its arguments; a count of the jobs moved as they should be)
 _SWEEP_TURNS: dict[str, tuple[list[str], str, tuple[Any, ...], str]] = {
+    "deadline": (
+        [
+            # The actor names the status each job failed from, for the check below.
+            (
+                "INSERT INTO {s}.jobs (actor, status, scheduled_at, schedule_to_close_deadline) "
+                "SELECT s, s::{s}.job_status, now() - interval '1 hour', "
+                "now() - g * interval '1 ms' FROM generate_series(1, 10000) g, "
+                "LATERAL (SELECT CASE WHEN g % 2 = 0 THEN 'pending' ELSE 'scheduled' END AS s) x"
+            ),
+            (
+                "INSERT INTO {s}.jobs (actor, schedule_to_close_deadline) "
+                "SELECT 'a', now() + interval '1 day' FROM generate_series(1, 30000)"
+            ),
+        ],
+        "deadline_sweep",
+        (5000,),
+        (
+            "SELECT count(*) FROM {s}.jobs j JOIN {s}.job_events e ON e.job_id = j.id "
+            "WHERE j.status = 'failed' AND e.detail ->> 'from_state' = j.actor"
+        ),
+    ),
     "result expiry": (
         [
             (

@@ -90,13 +90,19 @@ late AS (
     LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
 ),
+-- By arrays of the turn's ids and statuses, in the same order: joined to the CTE
+-- (estimated at a full turn), the update hashed the whole jobs table, finished
+-- history and all, at every turn. Unnested, they are a few rows to the planner, each
+-- found by the primary key.
 failed AS (
     UPDATE {schema}.jobs j
     SET status = 'failed', finished_at = n.ts, updated_at = n.ts,
         error_class = 'DeadlineExceeded',
         error_message = 'the job''s schedule_to_close deadline passed',
         error_traceback = NULL
-    FROM late l CROSS JOIN now n
+    FROM unnest(ARRAY(SELECT l.id FROM late l ORDER BY l.id),
+                ARRAY(SELECT l.status FROM late l ORDER BY l.id)) AS l (id, status)
+         CROSS JOIN now n
     WHERE j.id = l.id
     RETURNING j.id, l.status AS from_status, j.metadata ->> 'batch_id' AS batch_tag
 ),

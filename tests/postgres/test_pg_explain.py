@@ -581,6 +581,28 @@ _SWEEP_TURNS: dict[str, tuple[list[str], str, tuple[Any, ...], str]] = {
             "WHERE j.status = 'failed' AND e.detail ->> 'from_state' = j.actor"
         ),
     ),
+    "reclaim": (
+        [
+            # The actor names the job's worker, and its attempts left its fate.
+            (
+                "INSERT INTO {s}.jobs (actor, status, attempt, max_attempts, locked_by_worker, "
+                "started_at, lock_expires_at) SELECT g::text, 'running', 1, 1 + g % 2 * 2, "
+                "md5(g::text)::uuid, now() - interval '1 minute', now() - g * interval '1 ms' "
+                "FROM generate_series(1, 10000) g"
+            ),
+        ],
+        "reclaim_expired_locks",
+        (timedelta(minutes=1), None, None, 5000),
+        (
+            "SELECT count(*) FROM {s}.jobs j JOIN {s}.job_attempts a ON a.job_id = j.id "
+            "JOIN {s}.job_events e ON e.job_id = j.id AND e.kind = 'reclaimed' "
+            "WHERE a.worker_id = md5(j.actor)::uuid AND a.started_at = j.started_at "
+            "AND e.detail ->> 'worker_id' = md5(j.actor)::uuid::text "
+            "AND j.status::text = CASE WHEN j.max_attempts > 1 THEN 'pending' ELSE 'crashed' END "
+            "AND e.detail ->> 'to_state' = j.status::text "
+            "AND j.error_message LIKE 'worker ' || md5(j.actor)::uuid || ' %'"
+        ),
+    ),
     "result expiry": (
         [
             (

@@ -555,3 +555,93 @@ async def test_a_leftovers_turn_reads_the_batches_in_flight_not_every_aborted_on
     assert seq_scan_rows(plan, "batches") == 0
     # About 20 rows for each of the 201 batches in flight and the 100 children.
     assert rows_handled(plan) < 20 * 301
+
+
+# (the jobs a sweep's turn moves and jobs its index holds that are not due, as SQL on
+# schema {s}; the statement; its arguments; a count of the jobs moved as they should be)
+_SWEEP_TURNS: dict[str, tuple[list[str], str, tuple[Any, ...], str]] = {
+    "deadline": (
+        [
+            # The actor names the status each job failed from, for the check below.
+            (
+                "INSERT INTO {s}.jobs (actor, status, scheduled_at, schedule_to_close_deadline) "
+                "SELECT s, s::{s}.job_status, now() - interval '1 hour', "
+                "now() - g * interval '1 ms' FROM generate_series(1, 10000) g, "
+                "LATERAL (SELECT CASE WHEN g % 2 = 0 THEN 'pending' ELSE 'scheduled' END AS s) x"
+            ),
+            (
+                "INSERT INTO {s}.jobs (actor, schedule_to_close_deadline) "
+                "SELECT 'a', now() + interval '1 day' FROM generate_series(1, 30000)"
+            ),
+        ],
+        "deadline_sweep",
+        (5000,),
+        (
+            "SELECT count(*) FROM {s}.jobs j JOIN {s}.job_events e ON e.job_id = j.id "
+            "WHERE j.status = 'failed' AND e.detail ->> 'from_state' = j.actor"
+        ),
+    ),
+    "reclaim": (
+        [
+            # The actor names the job's worker, and its attempts left its fate.
+            (
+                "INSERT INTO {s}.jobs (actor, status, attempt, max_attempts, locked_by_worker, "
+                "started_at, lock_expires_at) SELECT g::text, 'running', 1, 1 + g % 2 * 2, "
+                "md5(g::text)::uuid, now() - interval '1 minute', now() - g * interval '1 ms' "
+                "FROM generate_series(1, 10000) g"
+            ),
+        ],
+        "reclaim_expired_locks",
+        (timedelta(minutes=1), None, None, 5000),
+        (
+            "SELECT count(*) FROM {s}.jobs j JOIN {s}.job_attempts a ON a.job_id = j.id "
+            "JOIN {s}.job_events e ON e.job_id = j.id AND e.kind = 'reclaimed' "
+            "WHERE a.worker_id = md5(j.actor)::uuid AND a.started_at = j.started_at "
+            "AND e.detail ->> 'worker_id' = md5(j.actor)::uuid::text "
+            "AND j.status::text = CASE WHEN j.max_attempts > 1 THEN 'pending' ELSE 'crashed' END "
+            "AND e.detail ->> 'to_state' = j.status::text "
+            "AND j.error_message LIKE 'worker ' || md5(j.actor)::uuid || ' %'"
+        ),
+    ),
+    "result expiry": (
+        [
+            (
+                "INSERT INTO {s}.jobs (actor, status, finished_at, attempt, result, "
+                "result_expires_at) SELECT 'a', 'succeeded', now(), 1, '1'::jsonb, "
+                "now() - g * interval '1 ms' FROM generate_series(1, 10000) g"
+            ),
+            # The history keeps its results a day yet.
+            (
+                "UPDATE {s}.jobs SET result = '1'::jsonb, "
+                "result_expires_at = now() + interval '1 day' "
+                "WHERE result IS NULL AND status = 'succeeded'"
+            ),
+        ],
+        "expire_results",
+        (5000,),
+        "SELECT count(*) FROM {s}.jobs WHERE result IS NULL",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_SWEEP_TURNS))
+async def test_a_sweep_turn_reads_its_own_jobs_not_the_whole_table(
+    conn: asyncpg.Connection[Any], pg_schema: PgSchema, case: str
+) -> None:
+    # Joined to the turn's CTE (estimated at a full turn), the update hashed the whole
+    # jobs table, finished history and all, at every turn, as the promotion's did.
+    rows, name, args, moved_right = _SWEEP_TURNS[case]
+    s = pg_schema.name
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
+        "SELECT 'a', 'succeeded', now(), now(), 1 FROM generate_series(1, 100000)"
+    )
+    for sql in rows:
+        await conn.execute(sql.format(s=s))
+    await conn.execute(f"VACUUM ANALYZE {s}.jobs")
+    statement = getattr(statements_for(s), name)
+    plan = await _analyzed(conn, statement, *args)
+    assert await conn.fetchval(moved_right.format(s=s)) == 5000
+    # The turn's 5,000 found by id, not the whole table (110,000 jobs or more) hashed.
+    assert seq_scan_rows(plan, "jobs") == 0
+    assert index_rows(plan, "jobs_pkey") == 5000

@@ -23,6 +23,8 @@ import structlog.testing
 
 from taskq import JobRow, JobStatus, TaskQ, actor
 from taskq.errors import JobFailedError
+from taskq.models import EnqueueArgs
+from taskq_postgres import PostgresBackend, ReadOnlyDatabaseError
 from taskq_postgres._transient import TRANSIENT_PG_ERRORS
 from taskq_testing.postgres import PgSchema, migrated_schema, throwaway_database
 from tests.worker.running import running
@@ -289,5 +291,58 @@ async def test_a_lent_connection_that_met_a_read_only_session_is_replaced(
         async with backend.connection() as conn, conn.transaction():
             row = await backend.enqueue_with_conn(conn, args)
         assert await backend.get(row.id) == row
+    finally:
+        await backend.close()
+
+
+async def _pool_begun_read_only(database: PgSchema) -> PostgresBackend:
+    """A backend opened while the database is read-only, its three pooled sessions begun
+    so, the setting reset since."""
+    _alter(database.dsn, "ALTER DATABASE {db} SET default_transaction_read_only = on")
+    try:
+        backend = PostgresBackend(
+            database.dsn, schema=database.name, min_pool_size=3, max_pool_size=3
+        )
+        await backend.open()
+    finally:
+        _alter(database.dsn, "ALTER DATABASE {db} RESET default_transaction_read_only")
+    return backend
+
+
+def _args() -> EnqueueArgs:
+    return EnqueueArgs(actor="refusals.sleeper", payload={"seconds": 0})
+
+
+async def test_every_pooled_session_begun_read_only_is_replaced_after_one_refusal(
+    own_database: PgSchema,
+) -> None:
+    # The setting is read when a session begins: after its reset, each pooled session
+    # that began read-only failed a write once before it was replaced, one after another.
+    backend = await _pool_begun_read_only(own_database)
+    try:
+        with pytest.raises(ReadOnlyDatabaseError):
+            async with backend.connection() as conn, conn.transaction():
+                await backend.enqueue_with_conn(conn, _args())
+        # All three sessions at once: the one refused and the two that were not used.
+        async with backend.connection() as a, backend.connection() as b, backend.connection() as c:
+            for conn in (a, b, c):
+                async with conn.transaction():
+                    await backend.enqueue_with_conn(conn, _args())
+        assert await backend.count_pending_jobs(["refusals.sleeper"]) == {"refusals.sleeper": 3}
+    finally:
+        await backend.close()
+
+
+async def test_the_backends_own_writes_meet_a_read_only_session_once_not_once_per_session(
+    own_database: PgSchema,
+) -> None:
+    # As above, on the backend's own one-statement writes: the pinned connection first,
+    # then the pool's, for enqueues made at once.
+    backend = await _pool_begun_read_only(own_database)
+    try:
+        with pytest.raises(ReadOnlyDatabaseError):
+            await backend.enqueue(_args())
+        await asyncio.gather(*(backend.enqueue(_args()) for _ in range(3)))
+        assert await backend.count_pending_jobs(["refusals.sleeper"]) == {"refusals.sleeper": 3}
     finally:
         await backend.close()

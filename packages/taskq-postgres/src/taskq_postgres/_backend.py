@@ -822,11 +822,12 @@ class PostgresBackend:
         or the pooler's own ``idle_transaction_timeout`` set one; TaskQ's own
         transactions there set it for themselves).
         """
-        async with self._require_pool().acquire() as conn:
+        pool = self._require_pool()
+        async with pool.acquire() as conn:
             self._lent.lend(conn)  # caller code may leave session state: reset on release
             # Replaced, should it meet a read-only session: it went back to the pool as
             # it was, and every write on it failed after the setting's reset.
-            with ended_if_read_only(conn):
+            async with ended_if_read_only(pool, conn):
                 yield conn
 
     def _require_bounded(self) -> BoundedPool:

@@ -101,7 +101,7 @@ class BoundedPool:
             try:
                 yield conn
             except asyncpg.ReadOnlySQLTransactionError:
-                _end_read_only(conn)
+                await _end_read_only(self.pool, conn)
                 raise
             finally:
                 await self.pool.release(conn)
@@ -112,7 +112,7 @@ class BoundedPool:
             try:
                 yield conn
             except asyncpg.ReadOnlySQLTransactionError:
-                _end_read_only(conn)
+                await _end_read_only(self.pool, conn)
                 raise
             finally:
                 # Inside the deadline: should asyncpg's own statement timeout fire first,
@@ -172,52 +172,64 @@ class BoundedPool:
             # A restart ends every pooled connection: at worst each is replaced in turn.
             for _ in range(self.pool.get_max_size()):
                 try:
-                    return await _call(conn, method, query, args, deadline)
+                    return await _call(self.pool, conn, method, query, args, deadline)
                 except asyncpg.InternalClientError as exc:
                     if not _unsent(exc):
                         raise
                 conn = await _replaced(self.pool, conn, deadline)
-            return await _call(conn, method, query, args, deadline)
+            return await _call(self.pool, conn, method, query, args, deadline)
         finally:
             await _release(self.pool, conn, deadline)
 
 
 async def _call(
-    conn: Proxy, method: str, query: str, args: tuple[Any, ...], deadline: float | None
+    pool: asyncpg.Pool[asyncpg.Record],
+    conn: Proxy,
+    method: str,
+    query: str,
+    args: tuple[Any, ...],
+    deadline: float | None,
 ) -> Any:
     try:
         if deadline is None:
             return await getattr(conn, method)(query, *args)
         return await getattr(conn, method)(query, *args, timeout=_left(deadline))
     except asyncpg.ReadOnlySQLTransactionError:
-        _end_read_only(conn)
+        await _end_read_only(pool, conn)
         raise
 
 
-def _end_read_only(conn: Proxy) -> None:
+async def _end_read_only(pool: asyncpg.Pool[asyncpg.Record], conn: Proxy) -> None:
     """Close ``conn``, on which a statement met a read-only session (25006), which hands
-    it back to the pool to be replaced: the error is transient, and the retry needs a
-    new session. (An ``except`` at each call, not a context manager: a try block costs
-    the hot paths nothing.)
+    it back to the ``pool`` to be replaced, and have the pool replace its other sessions
+    too: the error is transient, and the retry needs a new session. (An ``except`` at
+    each call, not a context manager: a try block costs the hot paths nothing.)
 
     A managed database's provider sets ``default_transaction_read_only`` while its disk
     is full and resets it once space is freed; an operator sets it for a maintenance
     window. The setting is read when a session begins: a session that began read-only
     stays so after the reset (the pool's ``RESET ALL`` on release keeps it), and every
-    write on it failed for the worker's life.
+    write on it failed for the worker's life. The pool's other sessions most likely
+    began so too: replaced only as each met the refusal, every one of them failed a
+    write after the reset. Expired, each is replaced when next taken from the pool (or,
+    one in use, when handed back); a connection kept checked out (``PinnedConnection``)
+    still fails once, and is handed back then.
     """
     conn.terminate()
+    await pool.expire_connections()
 
 
-@contextmanager
-def ended_if_read_only(conn: Proxy) -> Iterator[None]:
-    """:func:`_end_read_only` for a connection lent to caller code
+@asynccontextmanager
+async def ended_if_read_only(
+    pool: asyncpg.Pool[asyncpg.Record], conn: Proxy
+) -> AsyncIterator[None]:
+    """:func:`_end_read_only` for a connection of ``pool`` lent to caller code
     (``PostgresBackend.connection``), whose block also sees the refusal as a backend
     method says it (:class:`ReadOnlyDatabaseError`)."""
     try:
         yield
     except (asyncpg.ReadOnlySQLTransactionError, ReadOnlyDatabaseError):
-        _end_read_only(conn)
+        await _end_read_only(pool, conn)
         raise
 
 
@@ -392,9 +404,9 @@ class PinnedConnection:
             try:
                 return await self._fetchrow_prepared(conn, query, args, deadline)
             except asyncpg.ReadOnlySQLTransactionError:
-                _end_read_only(conn)
+                await _end_read_only(self._pool.pool, conn)
                 raise
-        return await _call(conn, method, query, args, deadline)
+        return await _call(self._pool.pool, conn, method, query, args, deadline)
 
     async def _fetchrow_prepared(
         self, conn: Proxy, query: str, args: tuple[Any, ...], deadline: float | None

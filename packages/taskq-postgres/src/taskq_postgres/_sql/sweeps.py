@@ -90,13 +90,19 @@ late AS (
     LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
 ),
+-- By arrays of the turn's ids and statuses, in the same order: joined to the CTE
+-- (estimated at a full turn), the update hashed the whole jobs table, finished
+-- history and all, at every turn. Unnested, they are a few rows to the planner, each
+-- found by the primary key.
 failed AS (
     UPDATE {schema}.jobs j
     SET status = 'failed', finished_at = n.ts, updated_at = n.ts,
         error_class = 'DeadlineExceeded',
         error_message = 'the job''s schedule_to_close deadline passed',
         error_traceback = NULL
-    FROM late l CROSS JOIN now n
+    FROM unnest(ARRAY(SELECT l.id FROM late l ORDER BY l.id),
+                ARRAY(SELECT l.status FROM late l ORDER BY l.id)) AS l (id, status)
+         CROSS JOIN now n
     WHERE j.id = l.id
     RETURNING j.id, l.status AS from_status, j.metadata ->> 'batch_id' AS batch_tag
 ),
@@ -132,7 +138,7 @@ RECLAIM_EXPIRED_LOCKS: Final = TransitionSQL.of(
 -- crashed, not one put back to pending), for the caller to apply to its batch.
 WITH now AS MATERIALIZED (SELECT clock_timestamp() AS ts),
 expired AS (
-    SELECT j.id, j.attempt, j.max_attempts, j.locked_by_worker, j.started_at, j.cancel_phase,
+    SELECT j.id, j.attempt, j.max_attempts, j.locked_by_worker, j.cancel_phase,
            j.schedule_to_close_deadline AS deadline
     FROM {schema}.jobs j CROSS JOIN now n
     WHERE j.status = 'running' AND j.lock_expires_at < n.ts
@@ -144,7 +150,7 @@ expired AS (
     FOR UPDATE OF j SKIP LOCKED
 ),
 decision AS (
-    SELECT e.*, n.ts,
+    SELECT e.id, e.locked_by_worker,
            CASE
                WHEN e.cancel_phase >= 1 THEN 'cancelled'
                -- Past its deadline a retry could only fail: none is left.
@@ -156,15 +162,17 @@ decision AS (
                || ' stopped renewing the job''s lock lease' AS crash_message
     FROM expired e CROSS JOIN now n
 ),
+-- By arrays of the turn's decisions, in the same order, as the deadline sweep's.
+-- Attempt and started_at are the job's own: the update leaves them as they were.
 reclaimed AS (
     UPDATE {schema}.jobs j
-    SET status = d.to_status, updated_at = d.ts,
+    SET status = d.to_status, updated_at = n.ts,
         locked_by_worker = NULL, lock_expires_at = NULL,
-        scheduled_at = CASE WHEN d.to_status = 'pending' THEN d.ts ELSE j.scheduled_at END,
+        scheduled_at = CASE WHEN d.to_status = 'pending' THEN n.ts ELSE j.scheduled_at END,
         cancel_phase = CASE WHEN d.to_status = 'pending' THEN 0 ELSE j.cancel_phase END,
         cancel_requested_at = CASE WHEN d.to_status = 'pending' THEN NULL
                                    ELSE j.cancel_requested_at END,
-        finished_at = CASE WHEN d.to_status = 'pending' THEN NULL ELSE d.ts END,
+        finished_at = CASE WHEN d.to_status = 'pending' THEN NULL ELSE n.ts END,
         -- The job's error is its last attempt's, as a retry's is: back to pending too
         -- (it showed an earlier attempt's error, or none).
         error_class = CASE WHEN d.to_status <> 'cancelled' THEN 'WorkerCrashed'
@@ -173,11 +181,16 @@ reclaimed AS (
                              ELSE j.error_message END,
         error_traceback = CASE WHEN d.to_status <> 'cancelled' THEN NULL
                                ELSE j.error_traceback END
-    FROM decision d
+    FROM unnest(ARRAY(SELECT d.id FROM decision d ORDER BY d.id),
+                ARRAY(SELECT d.to_status FROM decision d ORDER BY d.id),
+                ARRAY(SELECT d.locked_by_worker FROM decision d ORDER BY d.id),
+                ARRAY(SELECT d.crash_message FROM decision d ORDER BY d.id))
+             AS d (id, to_status, locked_by_worker, crash_message)
+         CROSS JOIN now n
     WHERE j.id = d.id
     -- What the history rows need, carried out: joined back to decision, two CTEs
     -- the planner sizes from the same statistics, a turn compared every pair.
-    RETURNING j.id, d.attempt, d.locked_by_worker, d.started_at, d.ts, d.to_status,
+    RETURNING j.id, j.attempt, d.locked_by_worker, j.started_at, n.ts, d.to_status,
               d.crash_message, j.metadata ->> 'batch_id' AS batch_tag
 ),
 attempts AS (
@@ -253,11 +266,12 @@ due AS (
     LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
 ),
+-- By the array of ids, as the promotion's.
 cleared AS (
     UPDATE {schema}.jobs j
     SET result = NULL, updated_at = n.ts
-    FROM due d CROSS JOIN now n
-    WHERE j.id = d.id
+    FROM now n
+    WHERE j.id = ANY (ARRAY(SELECT d.id FROM due d))
     RETURNING j.id
 )
 SELECT count(*) AS changed FROM cleared

@@ -509,8 +509,10 @@ class PostgresBackend:
         self.cancel_reclaim_headroom = cancel_reclaim_headroom
         self._sweep_turn = _SWEEP_TURN
         self._stale_batches_after: tuple[datetime, UUID] = _FIRST_KEY
-        self._leftovers_after = ""  # every batch id sorts after it
         """Where the stale-batch sweep's next window starts (the last one's last key)."""
+        self._leftovers_after = ""
+        """Where the leftovers turn's next window of batch ids starts (every id sorts
+        after the empty one)."""
         self.idle_in_transaction_session_timeout = idle_in_transaction_session_timeout
         self.connect_timeout = connect_timeout
         self.command_timeout = command_timeout

@@ -229,16 +229,35 @@ logging.getLogger("asyncpg").warning("a library's warning")
     assert events("") == ["taskq.an-info-line", "taskq.an-error-line", "a library's warning"]
 
 
+_BAD_VARIABLES = [
+    (
+        "TASKQ_LOG_LEVEL",
+        (
+            "expected one of debug, info, warning, error, critical (in any case), or leave "
+            "it unset for info"
+        ),
+    ),
+    (
+        "TASKQ_TRACE_PLUGINS",
+        "expected true or false (or 1/0, yes/no, on/off, in any case), or leave it unset for false",
+    ),
+]
+
+
+@pytest.mark.parametrize(("variable", "expected"), _BAD_VARIABLES)
 @pytest.mark.parametrize("script", ["taskq-worker", "taskq"])
-def test_an_invalid_taskq_log_level_is_an_error_at_start_up_naming_it(script: str) -> None:
-    # As an invalid setting is: a warning and info went unseen by whoever asked for the
-    # warning (or error) lines alone, and the command ran on at a level not asked for.
+def test_an_invalid_variable_is_an_error_at_start_up_naming_it(
+    script: str, variable: str, expected: str
+) -> None:
+    # As an invalid setting is: with a bad TASKQ_LOG_LEVEL a warning and info went unseen
+    # by whoever asked for the warning (or error) lines alone, and the command ran on at a
+    # level not asked for; with a bad TASKQ_TRACE_PLUGINS the trace was silently off.
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    env = {**os.environ, "TASKQ_LOG_LEVEL": "verbose"}
+    env = {**os.environ, variable: "verbose"}
     done = subprocess.run(
         [str(Path(sys.executable).parent / script), "--help"],
         capture_output=True,
@@ -249,10 +268,7 @@ def test_an_invalid_taskq_log_level_is_an_error_at_start_up_naming_it(script: st
     )
     assert done.returncode == 1, done
     assert done.stdout == ""
-    assert done.stderr == (
-        f"{script}: error: invalid setting TASKQ_LOG_LEVEL='verbose': expected one of debug, "
-        "info, warning, error, critical (in any case), or leave it unset for info\n"
-    )
+    assert done.stderr == f"{script}: error: invalid setting {variable}='verbose': {expected}\n"
 
 
 def test_events_routed_to_the_stdlib_with_their_fields_as_extra_are_logged() -> None:

@@ -525,27 +525,3 @@ def test_an_invalid_taskq_trace_plugins_loads_no_plugin_and_names_it(
     entry_points(mine=_backends(mine="Mine"))
     with pytest.raises(ConfigurationError, match="TASKQ_TRACE_PLUGINS='verbose'"):
         backend_factories()
-
-
-@pytest.mark.parametrize("script", ["taskq-worker", "taskq"])
-def test_an_invalid_taskq_trace_plugins_is_an_error_at_start_up_naming_it(script: str) -> None:
-    # As TASKQ_LOG_LEVEL: one line naming the variable, not a trace silently off.
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {**os.environ, "TASKQ_TRACE_PLUGINS": "verbose"}
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / script), "--help"],
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert done.returncode == 1, done
-    assert done.stdout == ""
-    assert done.stderr == (
-        f"{script}: error: invalid setting TASKQ_TRACE_PLUGINS='verbose': expected true or "
-        "false (or 1/0, yes/no, on/off, in any case), or leave it unset for false\n"
-    )

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from taskq import TaskQ, actor
 from taskq.backend.memory import InMemoryBackend
-from taskq.models import JobRow, JobStatus
+from taskq.models import BatchChildEnd, JobRow, JobStatus
 from taskq.settings import SettingsError, WorkerSettings
 from taskq.worker.prefetch import MAX_AHEAD_PER_CONSUMER, Prefetch
 from taskq_testing import run_until_idle
@@ -220,3 +220,45 @@ async def test_a_fixed_prefetch_keeps_its_jobs_locked_ahead_however_long_they_wa
         waiting = await tq.client.get(second.id)
         assert waiting is not None and waiting.status is JobStatus.RUNNING
         await asyncio.wait_for(runner, 10)
+
+
+class _HandBackWatch(InMemoryBackend):
+    """Says when the worker hands a job back unstarted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed_back = asyncio.Event()
+
+    async def hand_back_unstarted(
+        self,
+        worker_id: UUID,
+        jobs: Sequence[tuple[UUID, int | None]],
+        *,
+        batch_ends: list[BatchChildEnd] | None = None,
+    ) -> int:
+        self.handed_back.set()
+        await asyncio.sleep(0)  # a round trip's turn of the loop, as a real database's
+        return await super().hand_back_unstarted(worker_id, jobs, batch_ends=batch_ends)
+
+
+async def test_a_job_held_for_a_free_consumer_is_not_handed_back_however_short_the_horizon() -> (
+    None
+):
+    # Horizon 0: ten horizons are no wait at all. Every job the producer had just locked
+    # for an idle consumer read as stale before that consumer's turn came, so each was
+    # handed back, locked again and handed back, and none ever ran.
+    backend = _HandBackWatch()
+    tq = TaskQ("memory://", actors=[quick], backend=backend)
+    async with tq:
+        for _ in range(5):
+            await tq.client.enqueue(quick, {})
+        runner = asyncio.ensure_future(run_until_idle(tq, concurrency=2, prefetch_horizon="0s"))
+        handed = asyncio.ensure_future(backend.handed_back.wait())
+        try:
+            await asyncio.wait([runner, handed], timeout=10, return_when=asyncio.FIRST_COMPLETED)
+            assert not backend.handed_back.is_set()
+            assert runner.done() and runner.result().processed == 5
+        finally:
+            handed.cancel()
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)

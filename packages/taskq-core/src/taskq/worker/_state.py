@@ -213,15 +213,26 @@ class WorkerState:
         return concurrency + ahead - len(self.active) + min(settling, concurrency)
 
     def stale_ahead(self, waited: float) -> tuple[list[ActiveJob], float | None]:
-        """The jobs locked ahead (waiting for a consumer) that have waited ``waited``
-        seconds or more; and in how many seconds the next of the others will have
-        (None: no other waits)."""
+        """The jobs locked ahead (waiting while every consumer is busy) that have waited
+        ``waited`` seconds or more; and in how many seconds the next of the others will
+        have (None: no other waits)."""
         now = asyncio.get_running_loop().time()
+        waiting: list[ActiveJob] = []
+        busy = 0
+        for active in self.active.values():
+            if active.settling or active.lost:
+                continue
+            if active.taken_at is None:
+                waiting.append(active)
+            else:
+                busy += 1
+        # The oldest waiting jobs are the free consumers' at their next turn, not locked
+        # ahead: counted stale (at once, with a horizon of 0), each was handed back before
+        # its consumer could take it, locked again, and none ever ran.
+        waiting.sort(key=lambda active: active.held_at)
         stale: list[ActiveJob] = []
         soonest: float | None = None
-        for active in self.active.values():
-            if active.taken_at is not None or active.settling or active.lost:
-                continue
+        for active in waiting[max(self.settings.concurrency - busy, 0) :]:
             left = active.held_at + waited - now
             if left <= 0:
                 stale.append(active)

@@ -14,11 +14,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from taskq import TaskQ, actor
+from taskq.backend import Backend
 from taskq.backend.memory import InMemoryBackend
 from taskq.models import BatchChildEnd, JobRow, JobStatus
 from taskq.settings import SettingsError, WorkerSettings
 from taskq.worker.prefetch import MAX_AHEAD_PER_CONSUMER, Prefetch
-from taskq_testing import run_until_idle
+from taskq_testing import TEST_SETTINGS, run_until_idle
+from tests.worker.running import running
 
 
 def test_a_fixed_prefetch_is_what_was_set_whatever_the_jobs() -> None:
@@ -262,3 +264,29 @@ async def test_a_job_held_for_a_free_consumer_is_not_handed_back_however_short_t
             handed.cancel()
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_a_job_locked_ahead_of_a_long_one_runs_on_an_idle_worker(
+    taskq_backend: Backend,
+) -> None:
+    # The promise behind the hand-back: a job locked ahead on a worker whose jobs turned
+    # long does not wait them out while another worker idles.
+    started = asyncio.Event()
+    long_job = _long_job(started)
+    tq = TaskQ("memory://", actors=[quick, long_job], backend=taskq_backend)
+    for _ in range(30):
+        await tq.client.enqueue(quick, {})
+    await tq.client.enqueue(long_job, {})
+    second = await tq.client.enqueue(long_job, {})
+    settings = {**TEST_SETTINGS, "concurrency": 1}
+    async with running(tq, settings) as busy:
+        await asyncio.wait_for(started.wait(), 10)
+        held = await tq.client.get(second.id)
+        assert held is not None and held.locked_by_worker == busy.worker_id  # locked ahead
+        async with running(tq, {**settings, "prefetch": 0}) as idle:
+            await tq.client.wait_for_result(second.id, timeout=10)  # raises unless it succeeds
+    attempts = await tq.client.get_attempts(second.id)
+    assert [(a.outcome, a.worker_id) for a in attempts] == [
+        ("unstarted", busy.worker_id),
+        ("succeeded", idle.worker_id),
+    ]

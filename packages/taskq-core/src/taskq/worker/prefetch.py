@@ -15,7 +15,7 @@ for any worker to take.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Final
 
 __all__ = ["MAX_AHEAD_PER_CONSUMER", "STALE_AFTER_HORIZONS", "Prefetch"]
@@ -64,7 +64,7 @@ class Prefetch:
         last = self._held
         self._held = seconds if last is None else last + _WEIGHT * (seconds - last)
 
-    def ahead(self, running_for: Iterable[float] = ()) -> int:
+    def ahead(self, running_for: Sequence[float] = ()) -> int:
         """Jobs to lock ahead now; ``running_for``: how long each job a consumer runs has
         run so far (a lower bound on its length: jobs that turned long show at once,
         before the first of them ends)."""
@@ -75,9 +75,8 @@ class Prefetch:
             # A horizon of 0 allows no wait, even behind jobs held no measurable time (a
             # coarse clock reads 0 for them), which would otherwise lock the cap ahead.
             return 0
-        running = list(running_for)
-        if running:
-            held = max(held, sum(running) / len(running))
+        if running_for:
+            held = max(held, sum(running_for) / len(running_for))
         if held <= 0.0:
             return self._cap
         # Consumers free up about concurrency / held times a second.

@@ -80,6 +80,17 @@ async def _batch(backend: Backend, batch_id: UUID) -> BatchRow:
     return row
 
 
+async def _completed_now(backend: Backend, batch_id: UUID | None = None) -> datetime:
+    """Create and complete a batch (``batch_id``, else a fresh one): its ``completed_at``,
+    a prune cutoff the backend itself wrote, never the test's clock."""
+    batch_id = batch_id or uuid4()
+    await backend.create_batch(batch_id, "q", 0, None, None, None)
+    await backend.complete_batch(batch_id)
+    cutoff = (await _batch(backend, batch_id)).completed_at
+    assert cutoff is not None
+    return cutoff
+
+
 class BatchTests:
     """``enqueue_batch_atomic`` and the batch row methods."""
 
@@ -926,11 +937,7 @@ class BatchTests:
         await backend.complete_batch(with_children)
         await advance_time(TICK)
         recent = uuid4()
-        await backend.create_batch(recent, "q", 0, None, None, None)
-        await backend.complete_batch(recent)
-        # The cutoff is a time the backend itself wrote, never the test's clock.
-        cutoff = (await _batch(backend, recent)).completed_at
-        assert cutoff is not None
+        cutoff = await _completed_now(backend, recent)
         assert await backend.prune_old_batches(cutoff) == 1
         assert await backend.get_batch(old) is None
         for kept in (active, with_children, recent):
@@ -946,11 +953,7 @@ class BatchTests:
         await backend.complete_batch(batch_id)
         assert (await fetch(backend, finalizer.id)).status is JobStatus.PENDING
         await advance_time(TICK)
-        recent = uuid4()
-        await backend.create_batch(recent, "q", 0, None, None, None)
-        await backend.complete_batch(recent)
-        cutoff = (await _batch(backend, recent)).completed_at
-        assert cutoff is not None
+        cutoff = await _completed_now(backend)
         assert await backend.prune_old_batches(cutoff) == 0
         worker = uuid4()
         [running] = await backend.dispatch_batch(worker, [_QUEUE], 1, LONG_LEASE)
@@ -976,10 +979,7 @@ class BatchTests:
         await backend.create_batch(old, "q", 0, None, None, None)
         await backend.complete_batch(old)
         await advance_time(TICK)
-        await backend.create_batch(recent, "q", 0, None, None, None)
-        await backend.complete_batch(recent)
-        cutoff = (await _batch(backend, recent)).completed_at
-        assert cutoff is not None
+        cutoff = await _completed_now(backend, recent)
         assert await backend.prune_old_batches(cutoff.astimezone(UTC).replace(tzinfo=None)) == 1
         assert await backend.get_batch(old) is None
         assert await backend.get_batch(recent) is not None

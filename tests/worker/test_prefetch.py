@@ -47,12 +47,12 @@ def test_auto_locks_nothing_ahead_for_long_jobs() -> None:
     assert prefetch.ahead() == 0
 
 
-def test_auto_locks_at_most_four_per_consumer_ahead() -> None:
+def test_auto_locks_at_most_its_cap_per_consumer_ahead() -> None:
     prefetch = Prefetch(concurrency=16, fixed=None, horizon=0.02)
     prefetch.held(0.0001)
-    assert prefetch.ahead() == MAX_AHEAD_PER_CONSUMER * 16 == 64
+    assert prefetch.ahead() == MAX_AHEAD_PER_CONSUMER * 16 == 512
     prefetch.held(0.0)
-    assert prefetch.ahead() == 64
+    assert prefetch.ahead() == 512
 
 
 def test_a_horizon_of_zero_locks_nothing_ahead_even_of_jobs_held_no_time() -> None:
@@ -67,7 +67,7 @@ def test_jobs_that_turned_long_stop_the_lock_ahead_before_the_first_of_them_ends
     prefetch = Prefetch(concurrency=4, fixed=None, horizon=0.02)
     for _ in range(20):
         prefetch.held(0.0001)
-    assert prefetch.ahead([0.0, 0.001]) == 16
+    assert prefetch.ahead([0.0, 0.001]) == 4 * MAX_AHEAD_PER_CONSUMER
     # Running 0.5 s on average: slots free about 8 times a second.
     assert prefetch.ahead([0.4, 0.6, 0.5, 0.5]) == 0
 
@@ -78,7 +78,7 @@ def test_auto_follows_jobs_that_turn_short_again() -> None:
     assert prefetch.ahead() == 0
     for _ in range(40):
         prefetch.held(0.0001)
-    assert prefetch.ahead() == 16
+    assert prefetch.ahead() == 4 * MAX_AHEAD_PER_CONSUMER
 
 
 class _RecordingBackend(InMemoryBackend):
@@ -121,7 +121,7 @@ async def _asked(job: Any, jobs: int, **settings: Any) -> list[int]:
     return backend.asked
 
 
-async def test_a_worker_of_short_jobs_locks_ahead_at_most_four_per_consumer() -> None:
+async def test_a_worker_of_short_jobs_locks_ahead_at_most_its_cap_per_consumer() -> None:
     # A horizon no no-op job's hold comes near, however loaded the machine.
     asked = await _asked(quick, 60, prefetch_horizon="1s")
     assert asked[0] == 1  # nothing known of the jobs yet

@@ -2,14 +2,14 @@
 
 A fixed number, or ``auto`` (the default): as many as the worker expects to
 start within ``prefetch_horizon``, judged from how long its consumers held
-their recent jobs and how long the running ones have run so far, at most four
-times ``concurrency``. Short jobs then have their next dispatch in flight (and
-dispatched in bigger batches) while the current ones run: one worker drains
-no-op jobs about 1.6 times as fast (bench/README.md, run AT). Long jobs get none locked ahead, so that a
-job does not wait here behind running ones, while another worker may be idle,
-for much longer than the horizon; and when running jobs turn long while jobs
-are locked ahead, those that have waited ten horizons are handed back, unstarted,
-for any worker to take.
+their recent jobs and how long the running ones have run so far, at most
+``MAX_AHEAD_PER_CONSUMER`` times ``concurrency``. Short jobs then have their next
+dispatch in flight (and dispatched in bigger batches) while the current ones run:
+one worker drains no-op jobs about twice as fast (bench/README.md, run AV). Long
+jobs get none locked ahead, so that a job does not wait here behind running ones,
+while another worker may be idle, for much longer than the horizon; and when
+running jobs turn long while jobs are locked ahead, those that have waited ten
+horizons are handed back, unstarted, for any worker to take.
 """
 
 from __future__ import annotations
@@ -20,9 +20,14 @@ from typing import Final
 
 __all__ = ["MAX_AHEAD_PER_CONSUMER", "STALE_AFTER_HORIZONS", "Prefetch"]
 
-MAX_AHEAD_PER_CONSUMER: Final = 4
-"""``auto`` locks at most this many jobs ahead per consumer (Celery's default
-prefetch multiplier): past it bigger dispatch batches gained nothing measurable."""
+MAX_AHEAD_PER_CONSUMER: Final = 32
+"""``auto`` locks at most this many jobs ahead per consumer; only jobs shorter than
+``horizon / 32`` (0.6 ms by default) reach it. While both cores are busy a
+dispatch's round trip stretches over several scheduler time slices, and the jobs
+locked ahead must last that long: two workers at concurrency 16 drained no-op jobs
+at about 11,900 jobs/s with 64 ahead each, 13,300-15,000 with 256, 15,300-16,000
+with 512 and no faster with 1,024 (bench/README.md, run AV); at concurrency 64,
+256 to 1,024 ahead came out even."""
 
 STALE_AFTER_HORIZONS: Final = 10
 """With ``auto``, a job locked ahead that has waited here this many horizons (the

@@ -146,6 +146,7 @@ def refuse_keyless_singletons(args_list: Sequence[EnqueueArgs]) -> None:
             )
 
 
+_NO_DELAY: Final = timedelta(0)
 _PAYLOADS: Final = 4
 _METADATAS: Final = 13
 """Where ``_insert_params`` puts the payload and metadata texts (``ENQUEUE``'s $5, $14)."""
@@ -220,19 +221,25 @@ def _plain(a: EnqueueArgs) -> bool:
 
 def one_job(
     sql: Statements, a: EnqueueArgs, wake_channel: str | None
-) -> tuple[str, tuple[Any, ...], str, str | None]:
-    """The statement inserting ``a`` (``ENQUEUE_ONE``, or ``ENQUEUE_ONE_PLAIN`` when none of
-    its optional columns is set), notifying ``wake_channel`` (or None): its text and
-    arguments (a ``fetchrow``), and the payload and metadata texts it sends (for
-    :func:`fresh_row`)."""
+) -> tuple[str, tuple[Any, ...], str, str | None, bool]:
+    """The statement inserting ``a``, notifying ``wake_channel`` (or None): its text
+    and arguments (a ``fetchrow``), the payload and metadata texts it sends (for
+    :func:`fresh_row`), and whether it is ``ENQUEUE_ONE_PLAIN``, for a job due now none
+    of whose optional columns is set (its record holds only ``created_at``: see
+    :func:`decided_now`); else ``ENQUEUE_ONE``."""
     payload = dump_json(a.payload)
+    if _plain(a) and (a.delay is None or a.delay <= _NO_DELAY):
+        plain = (a.id, a.actor, a.queue, a.priority, payload, a.max_attempts, wake_channel)
+        return sql.enqueue_one_plain, plain, payload, None, True
     metadata = dump_json(a.metadata) if a.metadata else None
-    # $1..$7 of both statements
-    head = (a.id, a.actor, a.queue, a.priority, payload, a.delay, a.max_attempts)
-    if _plain(a):
-        return sql.enqueue_one_plain, (*head, wake_channel), payload, None
     args = (
-        *head,
+        a.id,
+        a.actor,
+        a.queue,
+        a.priority,
+        payload,
+        a.delay,
+        a.max_attempts,
         a.identity_key,
         a.fairness_key,
         a.schedule_to_close,
@@ -245,7 +252,13 @@ def one_job(
         a.span_id,
         wake_channel,
     )
-    return sql.enqueue_one, args, payload, metadata
+    return sql.enqueue_one, args, payload, metadata, False
+
+
+def decided_now(created_at: datetime) -> tuple[Any, ...]:
+    """What :func:`fresh_row` reads of a job ``ENQUEUE_ONE_PLAIN`` inserted: ``pending``,
+    no attempt yet, due at its ``created_at``, no deadline."""
+    return ("pending", 0, created_at, created_at, None)
 
 
 async def insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str | None) -> JobRow:
@@ -253,21 +266,21 @@ async def insert_one(db: Db, sql: Statements, a: EnqueueArgs, wake_channel: str 
     from what was sent plus what the server decided. Singletons need
     :func:`check_singletons` first, in a transaction."""
     # Not a plan: a one-at-a-time producer pays for every layer around the statement.
-    text, args, payload, metadata = one_job(sql, a, wake_channel)
+    text, args, payload, metadata, plain = one_job(sql, a, wake_channel)
     try:
         record = await db.fetchrow(text, *args)
     except asyncpg.UniqueViolationError as exc:
         _raise_duplicate(exc)
         raise
-    return fresh_row(a, payload, metadata, record)
+    return fresh_row(a, payload, metadata, decided_now(record[0]) if plain else record)
 
 
 def fresh_row(a: EnqueueArgs, payload: str, metadata: str | None, decided: Any) -> JobRow:
     """The row of a job just inserted: what was sent (``a``, validated as EnqueueArgs)
     plus what the server decided, ``decided``: its status, attempt, ``created_at``,
-    ``scheduled_at`` and ``schedule_to_close_deadline``, in this order (as the one-job
-    statements' RETURNING starts: their asyncpg record as it is; :func:`_decided`
-    for a record read by name). Returning the whole row and decoding it cost about a
+    ``scheduled_at`` and ``schedule_to_close_deadline``, in this order (as
+    ``ENQUEUE_ONE``'s RETURNING starts: its asyncpg record as it is; :func:`_decided`
+    for a record read by name, :func:`decided_now` for ``ENQUEUE_ONE_PLAIN``'s). Returning the whole row and decoding it cost about a
     tenth of a one-job enqueue; read by position, a few percent of its client CPU
     less. The JSON is parsed back from the text sent (``metadata`` None: ``{}``), so
     NUL replacements show."""
@@ -418,9 +431,10 @@ def plan_insert_jobs(
     only = args_list[0] if len(args_list) == 1 else None
     # A singleton's row says so (ENQUEUE's column): an operator's retry checks it.
     if only is not None and only.idempotency_key is None and not only.singleton and not flags[0]:
-        text, one_args, payload, metadata = one_job(sql, args_list[0], wake_channel)
+        text, one_args, payload, metadata, plain = one_job(sql, only, wake_channel)
         record = yield Query("fetchrow", text, one_args)
-        return [fresh_row(args_list[0], payload, metadata, _decided(record))], 1
+        decided = decided_now(record["created_at"]) if plain else _decided(record)
+        return [fresh_row(only, payload, metadata, decided)], 1
     params = _insert_params(args_list, flags)
     records = yield Query("fetch", sql.enqueue, (*params, wake_channel))
     payloads, metadatas = params[_PAYLOADS], params[_METADATAS]

@@ -30,8 +30,8 @@ DECIDED_COLUMNS: Final = (
     "schedule_to_close_deadline",
 )
 """What the server decides for a job it inserts; the caller knows the rest (it sent it,
-or the column holds its default). The one-job statements return these first, in this
-order: their rows are read by position."""
+or the column holds its default). ``ENQUEUE_ONE`` returns these first, in this order:
+its rows are read by position (``ENQUEUE_ONE_PLAIN`` returns only ``created_at``)."""
 
 FRESH_COLUMNS: Final = ("id", *DECIDED_COLUMNS)
 """What ``ENQUEUE`` returns of a job it inserted (its records also carry the rest as NULL)."""
@@ -153,34 +153,25 @@ RETURNING """
 """
 )
 
-ENQUEUE_ONE_PLAIN: Final = (
-    """
--- arbiter: clock_timestamp() (created_at; scheduled_at = now + delay)
--- ENQUEUE_ONE for a job none of whose optional columns is set (no identity or
--- fairness key, deadline, timeout, result TTL, metadata, tags or trace): those
--- keep their defaults. Each parameter costs encoding, sending and binding: the
--- nine left out saved the client about 6 us of CPU per call (a twenty-fifth of
--- it) in a loop of one-job enqueues. $1..$7 as ENQUEUE_ONE; $8 is the wake
--- channel, or NULL. Returns as ENQUEUE_ONE.
+ENQUEUE_ONE_PLAIN: Final = """
+-- arbiter: clock_timestamp() (created_at = scheduled_at)
+-- ENQUEUE_ONE for a job due now none of whose optional columns is set (no delay,
+-- identity or fairness key, deadline, timeout, result TTL, metadata, tags or
+-- trace): those keep their defaults, and the server decides only the time. Each
+-- parameter costs encoding, sending and binding, each returned column decoding:
+-- a loop of one-job enqueues pays for every one. $1..$5 as ENQUEUE_ONE's, $6 its
+-- $7 (max_attempts); $7 is the wake channel, or NULL.
 INSERT INTO {schema}.jobs AS j (
     id, actor, queue, status, priority, payload, scheduled_at, created_at, enqueued_at,
     max_attempts, updated_at
 )
 SELECT
-    $1::uuid, $2::text, $3::text,
-    CASE WHEN $6::interval > interval '0' THEN 'scheduled' ELSE 'pending' END::{schema}.job_status,
-    $4::int, $5::text::jsonb,
-    CASE WHEN $6::interval > interval '0' THEN n.ts + n.delay ELSE n.ts END,
-    n.ts, n.ts, $7::int, n.ts
-FROM (
-    SELECT clock_timestamp() AS ts, make_interval(secs => extract(epoch FROM $6::interval)) AS delay
-) AS n
-RETURNING """
-    + _RETURN_DECIDED
-    + """,
-    CASE WHEN $8::text IS NOT NULL THEN pg_notify($8::text, '') END AS notified
+    $1::uuid, $2::text, $3::text, 'pending', $4::int, $5::text::jsonb,
+    n.ts, n.ts, n.ts, $6::int, n.ts
+FROM (SELECT clock_timestamp() AS ts) AS n
+RETURNING j.created_at,
+    CASE WHEN $7::text IS NOT NULL THEN pg_notify($7::text, '') END AS notified
 """
-)
 
 EXISTING_BY_KEY: Final = (
     """

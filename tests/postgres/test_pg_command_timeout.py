@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Any
@@ -11,6 +12,7 @@ from uuid import uuid4
 
 import pytest
 
+from taskq import EnqueueArgs
 from taskq_postgres import PostgresBackend
 from taskq_testing.faults import TcpProxy
 from taskq_testing.postgres import PgSchema
@@ -108,6 +110,37 @@ async def test_over_a_stalled_network_a_leader_confirmation_ends_within_the_comm
             assert await elector.try_acquire()
         finally:
             await elector.release()
+            await backend.close()
+
+
+async def test_over_a_stalled_network_one_job_enqueues_end_within_the_command_timeout(
+    pg_pooled_schema: PgSchema,
+) -> None:
+    # The pinned connection's prepared enqueue is bounded by one timer for many
+    # statements: it must still cut each stalled one at its own deadline, however
+    # long the enqueues before it ran, and leave the next enqueue a new connection.
+    with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
+        backend = PostgresBackend(
+            proxy.through(pg_pooled_schema.dsn),
+            schema=pg_pooled_schema.name,
+            command_timeout=timedelta(seconds=_BUDGET),
+            connect_timeout=timedelta(seconds=30),
+        )
+        await backend.open()
+        try:
+            started = time.monotonic()
+            while time.monotonic() - started < _BUDGET * 0.8:  # the timer armed by the first
+                await backend.enqueue(EnqueueArgs(actor="a"))
+            proxy.stall()
+            stalled = time.monotonic()
+            error = await _ends_within(backend.enqueue(EnqueueArgs(actor="a")), _BUDGET + 1)
+            assert isinstance(error, TimeoutError), repr(error)
+            assert "command_timeout" in str(error)
+            # At its own deadline: not at the one of the enqueue that armed the timer.
+            assert time.monotonic() - stalled > _BUDGET * 0.9
+            proxy.restore()
+            await backend.enqueue(EnqueueArgs(actor="a"))
+        finally:
             await backend.close()
 
 

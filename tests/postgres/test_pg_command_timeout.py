@@ -51,6 +51,18 @@ async def _ends_within(call: Awaitable[Any], seconds: float) -> BaseException | 
 _BUDGET = 1.5  # seconds; the waits the deadline cuts short were 2 x _BUDGET and 30 s
 
 
+def _through(proxy: TcpProxy, schema: PgSchema, **options: Any) -> PostgresBackend:
+    """A backend of ``schema`` connecting through ``proxy``, each call bounded by
+    ``_BUDGET`` (a connect by 30 s: the bound cuts a reconnect short too)."""
+    return PostgresBackend(
+        proxy.through(schema.dsn),
+        schema=schema.name,
+        command_timeout=timedelta(seconds=_BUDGET),
+        connect_timeout=timedelta(seconds=30),
+        **options,
+    )
+
+
 @pytest.mark.parametrize("max_pool_size", [1, 10], ids=["pool", "pinned"])
 async def test_over_a_stalled_network_each_call_ends_within_the_command_timeout(
     pg_pooled_schema: PgSchema, max_pool_size: int
@@ -59,13 +71,7 @@ async def test_over_a_stalled_network_each_call_ends_within_the_command_timeout(
     # out waited as long again for its cancel request before the pool took its
     # connection back, and the reconnect that follows waited for connect_timeout.
     with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
-        backend = PostgresBackend(
-            proxy.through(pg_pooled_schema.dsn),
-            schema=pg_pooled_schema.name,
-            max_pool_size=max_pool_size,
-            command_timeout=timedelta(seconds=_BUDGET),
-            connect_timeout=timedelta(seconds=30),
-        )
+        backend = _through(proxy, pg_pooled_schema, max_pool_size=max_pool_size)
         await backend.open()
 
         def dispatch() -> Awaitable[Any]:
@@ -91,12 +97,7 @@ async def test_over_a_stalled_network_a_leader_confirmation_ends_within_the_comm
     pg_pooled_schema: PgSchema,
 ) -> None:
     with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
-        backend = PostgresBackend(
-            proxy.through(pg_pooled_schema.dsn),
-            schema=pg_pooled_schema.name,
-            command_timeout=timedelta(seconds=_BUDGET),
-            connect_timeout=timedelta(seconds=30),
-        )
+        backend = _through(proxy, pg_pooled_schema)
         await backend.open()
         elector = backend.leader_elector(uuid4(), lease=timedelta(seconds=60))
         try:
@@ -120,12 +121,7 @@ async def test_over_a_stalled_network_one_job_enqueues_end_within_the_command_ti
     # statements: it must still cut each stalled one at its own deadline, however
     # long the enqueues before it ran, and leave the next enqueue a new connection.
     with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
-        backend = PostgresBackend(
-            proxy.through(pg_pooled_schema.dsn),
-            schema=pg_pooled_schema.name,
-            command_timeout=timedelta(seconds=_BUDGET),
-            connect_timeout=timedelta(seconds=30),
-        )
+        backend = _through(proxy, pg_pooled_schema)
         await backend.open()
         try:
             started = time.monotonic()

@@ -885,6 +885,39 @@ def test_no_duration_setting_may_be_negative() -> None:
             WorkerSettings(**{name: -1})
 
 
+def test_no_number_setting_takes_true_or_false() -> None:
+    # pydantic's lax numbers read True as 1 and False as 0: concurrency=True ran one job
+    # at a time, health_port=False served on any free port, completion_window=True
+    # delayed every success by a second.
+    numbers = [
+        name
+        for name, field in WorkerSettings.model_fields.items()
+        if any(kind in str(field.annotation) for kind in ("int", "float", "timedelta"))
+    ]
+    assert {"concurrency", "prefetch", "health_port", "watchdog_dump_after_fraction"} <= set(
+        numbers
+    )
+    assert "completion_window" in numbers and "leader_reclaim_grace" in numbers
+    for name in numbers:
+        flag = "--" + name.replace("_", "-")
+        for value in (True, False):
+            with pytest.raises(
+                SettingsError, match=rf"^invalid setting {flag}={value}: .*, not {value}$"
+            ):
+                WorkerSettings.load({name: value}, env={})
+    with pytest.raises(
+        SettingsError, match=r"--concurrency=True: must be a whole number, not True"
+    ):
+        WorkerSettings.load({"concurrency": True}, env={})
+
+
+def test_a_number_setting_from_the_environment_is_read_as_before() -> None:
+    settings = WorkerSettings.load({}, env={"TASKQ_CONCURRENCY": "8", "TASKQ_HEALTH_PORT": "0"})
+    assert (settings.concurrency, settings.health_port) == (8, 0)
+    with pytest.raises(SettingsError, match="TASKQ_CONCURRENCY='true'"):
+        WorkerSettings.load({}, env={"TASKQ_CONCURRENCY": "true"})
+
+
 def test_the_applications_own_logging_set_up_is_kept() -> None:
     # The worker took the root logger before importing the application: its
     # basicConfig did nothing, its lines vanished.

@@ -59,13 +59,36 @@ _DURATION_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
+def _refuse_a_bool(value: object, expected: str) -> None:
+    # pydantic's lax numbers read True as 1 and False as 0: concurrency=True ran one job
+    # at a time, completion_window=True delayed every success by a second.
+    if isinstance(value, bool):
+        # pydantic turns only ValueError into a ValidationError
+        raise ValueError(f"{expected}, not {value}")  # noqa: TRY004
+
+
+def _whole_number(value: object) -> object:
+    _refuse_a_bool(value, "must be a whole number")
+    return value
+
+
+def _number(value: object) -> object:
+    _refuse_a_bool(value, "must be a number")
+    return value
+
+
+_WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
+_Number = Annotated[float, BeforeValidator(_number)]
+
+
 class NegativeDurationError(ValueError):
     """A duration given below zero (``"-5s"``): each command says what to give instead."""
 
 
 def parse_duration(value: object) -> object:
     """``"500ms"``, ``"30s"``, ``"5m"``, ``"1h"``, ``"2d"`` or plain seconds -> timedelta."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    _refuse_a_bool(value, "expected a duration such as 30, 0.5, 500ms, 30s, 5m or 1h")
+    if isinstance(value, int | float):
         # From Python (WorkerSettings(lock_lease=...), a flag's value): timedelta's
         # OverflowError is no ValueError, and came out as a bare traceback.
         if not math.isfinite(value):
@@ -107,6 +130,7 @@ integer of milliseconds: about 24.8 days."""
 
 
 def _prefetch(value: object) -> object:
+    _refuse_a_bool(value, "must be auto or a whole number of jobs (0: none)")
     if isinstance(value, str):
         text = value.strip()
         if text.lower() == "auto":
@@ -193,7 +217,7 @@ class WorkerSettings(BaseModel):
     """Queues this worker works (``TASKQ_QUEUES``: ``a,b`` or ``["a", "b"]``). Not given:
     a ``Worker`` works ``default`` and every queue its application's actors are on or
     configures."""
-    concurrency: int = Field(default=10, ge=1, le=10_000)
+    concurrency: _WholeNumber = Field(default=10, ge=1, le=10_000)
     """Jobs executed at once by this process."""
     prefetch: Annotated[
         Annotated[int, Field(ge=0, le=10_000)] | Literal["auto"], BeforeValidator(_prefetch)
@@ -209,7 +233,7 @@ class WorkerSettings(BaseModel):
     prefetch_horizon: Duration = timedelta(milliseconds=20)
     """With ``prefetch=auto``: about how long a job locked ahead may expect to wait here
     for a consumer (0: none is locked ahead)."""
-    dispatch_batch_size: int = Field(default=100, ge=1, le=10_000)
+    dispatch_batch_size: _WholeNumber = Field(default=100, ge=1, le=10_000)
     poll_interval: Duration = timedelta(seconds=1)
     """Dispatch poll when no NOTIFY arrives (a fallback, not the usual path)."""
     completion_window: Duration = timedelta(0)
@@ -277,7 +301,7 @@ class WorkerSettings(BaseModel):
     job whose result expires later (a longer ``result_ttl``) stays until it does."""
     archive_retention: Duration = timedelta(days=365)
     """How long an archived job is kept before Sweep 6 deletes it."""
-    prune_batch_size: int = Field(default=10_000, ge=1, le=1_000_000)
+    prune_batch_size: _WholeNumber = Field(default=10_000, ge=1, le=1_000_000)
     """Jobs moved per atomic prune statement."""
     drain_grace_period: Duration = timedelta(seconds=10)
     """Shutdown: how long running jobs may finish on their own before being asked to stop."""
@@ -296,12 +320,12 @@ class WorkerSettings(BaseModel):
     """How long the event loop may go unscheduled before detector 4 trips; below lock_lease
     (default: half the lease, at most 30 s)."""
     watchdog_loop_lag_startup_grace: Duration = timedelta(seconds=30)
-    watchdog_tick_grace_factor: float = Field(default=5.0, gt=1.0, le=1000.0, allow_inf_nan=False)
+    watchdog_tick_grace_factor: _Number = Field(default=5.0, gt=1.0, le=1000.0, allow_inf_nan=False)
     watchdog_stale_floor: Duration = timedelta(seconds=10)
     watchdog_check_interval: Duration = timedelta(seconds=1)
     watchdog_dump_interval: Duration = timedelta(seconds=5)
     """Between straggler dumps in the back half of a slow shutdown (detector 1)."""
-    watchdog_dump_after_fraction: float = Field(default=0.5, ge=0.0, le=1.0, allow_inf_nan=False)
+    watchdog_dump_after_fraction: _Number = Field(default=0.5, ge=0.0, le=1.0, allow_inf_nan=False)
     """Fraction of termination_grace_period after which straggler dumps begin."""
     fallback_result_ttl: Duration | None = None
     """Result lifetime for actors without ``result_ttl`` (None: keep until pruned)."""
@@ -309,7 +333,7 @@ class WorkerSettings(BaseModel):
     """Backend: client-side bound on every call the worker's loops make (getting a
     connection, its statement, handing it back), so a stalled database or network
     errors an iteration instead of hanging it past the watchdog."""
-    dispatch_oversample: int | None = Field(default=None, ge=1, le=100)
+    dispatch_oversample: _WholeNumber | None = Field(default=None, ge=1, le=100)
     """Backend: candidates sampled per actor per free slot in dispatch (default 2)."""
     reclaim_event_visibility_delay: Duration | None = None
     """Backend: how old a reclaim event must be before pollers see it (default 2 s)."""
@@ -330,14 +354,14 @@ class WorkerSettings(BaseModel):
     session, the leader's lock and LISTEN (``TASKQ_DIRECT_DSN``; default: the DSN). Set it
     when the DSN goes through a transaction-mode pooler (PgBouncer). Its password is
     masked as the DSN's."""
-    min_pool_size: int | None = Field(default=None, ge=1)
+    min_pool_size: _WholeNumber | None = Field(default=None, ge=1)
     """Backend: the connections its pool keeps open (default 1)."""
-    max_pool_size: int | None = Field(default=None, ge=1)
+    max_pool_size: _WholeNumber | None = Field(default=None, ge=1)
     """Backend: the most connections its pool opens (default 10, or ``min_pool_size``
     when larger). A worker keeps up to three checked out (one-job enqueues,
     dispatches, batched successes; with 5 or more), and opens two more of its own: the
     LISTEN session and, while it competes for leadership, the leader's."""
-    health_port: int | None = Field(default=None, ge=0, le=65535)
+    health_port: _WholeNumber | None = Field(default=None, ge=0, le=65535)
     """Serve /healthz, /readyz (and /tasks) on this port (0: any free port)."""
     health_host: str = "0.0.0.0"
     """Interface the health server binds."""

@@ -420,6 +420,14 @@ def test_nonsense_options_are_value_errors(option: str) -> None:
         PostgresBackend(UNREACHABLE, **{option: 0})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("option", ["min_pool_size", "max_pool_size", "dispatch_oversample"])
+@pytest.mark.parametrize("value", [True, False, 2.5, "3"])
+def test_a_count_option_takes_a_whole_number_only(option: str, value: object) -> None:
+    # True passed for a count was taken as 1: a pool of one connection, unpinned.
+    with pytest.raises(TypeError, match=f"{option} takes a whole number, not {value!r}"):
+        PostgresBackend(UNREACHABLE, **{option: value})  # type: ignore[arg-type]
+
+
 def test_more_connections_kept_open_than_the_default_maximum_raise_the_maximum() -> None:
     # TASKQ_MIN_POOL_SIZE=20 alone used to be refused against a maximum nobody set.
     assert PostgresBackend(UNREACHABLE, min_pool_size=20).max_pool_size == 20

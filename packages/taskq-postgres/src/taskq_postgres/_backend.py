@@ -481,6 +481,14 @@ class PostgresBackend:
         self.behind_pooler: Final = not same_address(self.direct_dsn, self.dsn)
         """Whether ``dsn`` is a pooler's (a ``direct_dsn`` naming another address was
         given)."""
+        for name, given in (
+            ("min_pool_size", min_pool_size),
+            ("max_pool_size", max_pool_size),
+            ("dispatch_oversample", dispatch_oversample),
+        ):
+            # A bool is an int to Python: True was taken as 1 (a pool of one, unpinned).
+            if given is not None and (isinstance(given, bool) or not isinstance(given, int)):
+                raise TypeError(f"{name} takes a whole number, not {given!r}")
         if max_pool_size is None:
             # Asking for more connections kept open than the default maximum means a
             # bigger pool, not a contradiction to refuse.

@@ -45,7 +45,6 @@ _CLOSED_ERRORS = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError)
 _PREPARED_MAX = 16
 """Statements kept prepared per pinned connection: the one-job enqueue's few texts."""
 _MIN_TIMEOUT = 0.001
-_NEVER = float("inf")
 _RELEASE_FLOOR = 0.1
 """Seconds a hand-back may take past the deadline: a live server's cancel takes a
 millisecond or two."""
@@ -339,15 +338,6 @@ class PinnedConnection:
         self._prepared = prepared
         """Whether ``fetchrow`` runs its statements prepared on the pinned connection."""
         self._statements: dict[str, PreparedStatement] = {}
-        self._deadline = _NEVER
-        """The deadline of the prepared statement running (``_NEVER``: none runs)."""
-        self._watched: Proxy | None = None
-        """The connection that statement runs on."""
-        self._watch: asyncio.TimerHandle | None = None
-        """The timer that closes that connection once the deadline passes (see
-        :meth:`_overdue`): one for many statements, not one each."""
-        self._cut = False
-        """Whether the timer closed the connection under the statement."""
         self._releases = 0
         """How many times :meth:`release` was called: a connection a call got while one
         came is handed back, not pinned."""
@@ -440,22 +430,7 @@ class PinnedConnection:
         try:
             if deadline is None:
                 return await statement.fetchrow(*args)
-            # Bounded by the watch, not asyncpg's timeout: that one arms and cancels a
-            # timer per statement, about 4 us of a one-job enqueue's client CPU.
-            self._deadline, self._watched = deadline, conn
-            if self._watch is None:
-                self._watch = asyncio.get_running_loop().call_at(deadline, self._overdue)
-            try:
-                return await statement.fetchrow(*args)
-            except _CLOSED_ERRORS as exc:
-                if not self._cut:
-                    raise
-                raise TimeoutError(
-                    f"PostgreSQL did not answer within {self._pool.budget:g}s "
-                    f"(command_timeout); the connection was closed"
-                ) from exc
-            finally:
-                self._deadline, self._watched, self._cut = _NEVER, None, False
+            return await statement.fetchrow(*args, timeout=_left(deadline))
         except asyncpg.InvalidCachedStatementError:
             del self._statements[query]
         except asyncpg.OutdatedSchemaCacheError:
@@ -465,26 +440,9 @@ class PinnedConnection:
             return await conn.fetchrow(query, *args)
         return await conn.fetchrow(query, *args, timeout=_left(deadline))
 
-    def _overdue(self) -> None:
-        """The watch's timer: close the connection of a prepared statement past its
-        deadline (what that raises is raised as a ``TimeoutError``), or wait for the
-        deadline of the one running now."""
-        self._watch = None
-        if self._deadline == _NEVER:
-            return  # none runs: the next one arms the timer again
-        loop = asyncio.get_running_loop()
-        if loop.time() < self._deadline:
-            self._watch = loop.call_at(self._deadline, self._overdue)
-        elif self._watched is not None:
-            self._cut = True
-            self._watched.terminate()
-
     async def release(self) -> None:
         """Hand the connection back now (before the pool closes, or so that a
         credential reload replaces it); a later call pins another."""
-        if self._watch is not None and self._deadline == _NEVER:  # else it bounds one running
-            self._watch.cancel()
-            self._watch = None
         self._releases += 1
         conn, self._conn = self._conn, None
         if conn is not None and not self._busy:  # a busy call hands it back itself

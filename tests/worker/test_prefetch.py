@@ -17,7 +17,7 @@ from taskq import TaskQ, actor
 from taskq.backend import Backend
 from taskq.backend.memory import InMemoryBackend
 from taskq.models import BatchChildEnd, JobRow, JobStatus
-from taskq.settings import SettingsError, WorkerSettings
+from taskq.settings import MAX_PREFETCH, SettingsError, WorkerSettings
 from taskq.worker.prefetch import MAX_AHEAD_PER_CONSUMER, Prefetch
 from taskq_testing import TEST_SETTINGS, run_until_idle
 from tests.worker.running import running
@@ -53,6 +53,14 @@ def test_auto_locks_at_most_its_cap_per_consumer_ahead() -> None:
     assert prefetch.ahead() == MAX_AHEAD_PER_CONSUMER * 16 == 512
     prefetch.held(0.0)
     assert prefetch.ahead() == 512
+
+
+def test_auto_locks_no_more_ahead_than_a_fixed_prefetch_may() -> None:
+    # 32 per consumer at concurrency 1,000 is 32,000 rows held in memory and renewed by
+    # every heartbeat, past the most a fixed prefetch may ask for.
+    prefetch = Prefetch(concurrency=1000, fixed=None, horizon=0.02)
+    prefetch.held(0.0)
+    assert prefetch.ahead() == MAX_PREFETCH == 10_000
 
 
 def test_a_horizon_of_zero_locks_nothing_ahead_even_of_jobs_held_no_time() -> None:

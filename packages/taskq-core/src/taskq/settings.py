@@ -37,6 +37,7 @@ from taskq.models import MAX_DURATION, check_name
 __all__ = [
     "BACKEND_TUNABLES",
     "ENV_PREFIX",
+    "MAX_PREFETCH",
     "SHOW_SECRETS",
     "NegativeDurationError",
     "SettingsError",
@@ -127,6 +128,12 @@ Duration = Annotated[timedelta, BeforeValidator(parse_duration), AfterValidator(
 _MAX_LEADER_LEASE: Final = timedelta(milliseconds=2**31 - 1)
 """Postgres takes the leader's lease as its session's ``idle_session_timeout``, an
 integer of milliseconds: about 24.8 days."""
+
+
+MAX_PREFETCH: Final = 10_000
+"""The most jobs a worker locks ahead of its consumers: a fixed ``prefetch``'s bound, and
+``auto``'s (32 per consumer, see ``taskq.worker.prefetch``, would pass it above
+concurrency 312)."""
 
 
 def _prefetch(value: object) -> object:
@@ -220,7 +227,8 @@ class WorkerSettings(BaseModel):
     concurrency: _WholeNumber = Field(default=10, ge=1, le=10_000)
     """Jobs executed at once by this process."""
     prefetch: Annotated[
-        Annotated[int, Field(ge=0, le=10_000)] | Literal["auto"], BeforeValidator(_prefetch)
+        Annotated[int, Field(ge=0, le=MAX_PREFETCH)] | Literal["auto"],
+        BeforeValidator(_prefetch),
     ] = "auto"
     """Jobs locked ahead of execution beyond ``concurrency`` (``TASKQ_PREFETCH``): the
     next jobs are dispatched while the current ones run. ``auto``: as many as this

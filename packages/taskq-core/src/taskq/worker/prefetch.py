@@ -3,7 +3,7 @@
 A fixed number, or ``auto`` (the default): as many as the worker expects to
 start within ``prefetch_horizon``, judged from how long its consumers held
 their recent jobs and how long the running ones have run so far, at most
-``MAX_AHEAD_PER_CONSUMER`` times ``concurrency``. Short jobs then have their next
+``MAX_AHEAD_PER_CONSUMER`` times ``concurrency`` (and ``MAX_PREFETCH``). Short jobs then have their next
 dispatch in flight (and dispatched in bigger batches) while the current ones run:
 one worker drains no-op jobs about twice as fast (bench/README.md, run AV). Long
 jobs get none locked ahead, so that a job does not wait here behind running ones,
@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from typing import Final
+
+from taskq.settings import MAX_PREFETCH
 
 __all__ = ["MAX_AHEAD_PER_CONSUMER", "STALE_AFTER_HORIZONS", "Prefetch"]
 
@@ -48,7 +50,7 @@ class Prefetch:
         self._concurrency = concurrency
         self._fixed = fixed
         self._horizon = horizon
-        self._cap = MAX_AHEAD_PER_CONSUMER * concurrency
+        self._cap = min(MAX_AHEAD_PER_CONSUMER * concurrency, MAX_PREFETCH)
         self._held: float | None = None  # no job held yet: lock nothing ahead
 
     @property

@@ -183,15 +183,17 @@ def _actor_as_name(value: object) -> object:
     return value.name if isinstance(value, Actor) else value
 
 
-def _not_a_flag(value: object) -> object:
-    # pydantic's lax int takes True as 1: JobFilter(limit=True) listed one job.
+def refuse_a_flag(value: object, expected: str = "must be a whole number") -> object:
+    """``value``, unless it is ``True`` or ``False``: pydantic's lax numbers read those as
+    1 and 0 (``JobFilter(limit=True)`` listed one job, ``concurrency=True`` ran one at a
+    time). Refused with a ``ValueError`` saying ``expected``, the one error pydantic
+    turns into a validation error."""
     if isinstance(value, bool):
-        # pydantic turns only ValueError into a ValidationError
-        raise ValueError(f"must be a whole number, not {value!r}")  # noqa: TRY004
+        raise ValueError(f"{expected}, not {value!r}")  # noqa: TRY004
     return value
 
 
-_Count: TypeAlias = Annotated[int, BeforeValidator(_not_a_flag)]
+_Count: TypeAlias = Annotated[int, BeforeValidator(refuse_a_flag)]
 """A whole number a caller gives (a page size, a cap): ``True`` and ``False`` are
 refused, not read as 1 and 0."""
 

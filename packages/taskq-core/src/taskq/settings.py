@@ -32,7 +32,7 @@ from pydantic import (
 from taskq._dsn import redact
 from taskq.errors import ConfigurationError
 from taskq.identifiers import validate_schema_name
-from taskq.models import MAX_DURATION, check_name
+from taskq.models import MAX_DURATION, check_name, refuse_a_flag
 
 __all__ = [
     "BACKEND_TUNABLES",
@@ -60,25 +60,11 @@ _DURATION_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
-def _refuse_a_bool(value: object, expected: str) -> None:
-    # pydantic's lax numbers read True as 1 and False as 0: concurrency=True ran one job
-    # at a time, completion_window=True delayed every success by a second.
-    if isinstance(value, bool):
-        # pydantic turns only ValueError into a ValidationError
-        raise ValueError(f"{expected}, not {value}")  # noqa: TRY004
-
-
-def _whole_number(value: object) -> object:
-    _refuse_a_bool(value, "must be a whole number")
-    return value
-
-
 def _number(value: object) -> object:
-    _refuse_a_bool(value, "must be a number")
-    return value
+    return refuse_a_flag(value, "must be a number")
 
 
-_WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
+_WholeNumber = Annotated[int, BeforeValidator(refuse_a_flag)]
 _Number = Annotated[float, BeforeValidator(_number)]
 
 
@@ -88,7 +74,8 @@ class NegativeDurationError(ValueError):
 
 def parse_duration(value: object) -> object:
     """``"500ms"``, ``"30s"``, ``"5m"``, ``"1h"``, ``"2d"`` or plain seconds -> timedelta."""
-    _refuse_a_bool(value, "expected a duration such as 30, 0.5, 500ms, 30s, 5m or 1h")
+    # completion_window=True delayed every success by a second.
+    refuse_a_flag(value, "expected a duration such as 30, 0.5, 500ms, 30s, 5m or 1h")
     if isinstance(value, int | float):
         # From Python (WorkerSettings(lock_lease=...), a flag's value): timedelta's
         # OverflowError is no ValueError, and came out as a bare traceback.
@@ -137,7 +124,7 @@ concurrency 312)."""
 
 
 def _prefetch(value: object) -> object:
-    _refuse_a_bool(value, "must be auto or a whole number of jobs (0: none)")
+    refuse_a_flag(value, "must be auto or a whole number of jobs (0: none)")
     if isinstance(value, str):
         text = value.strip()
         if text.lower() == "auto":

@@ -333,6 +333,21 @@ async def test_a_cron_tick_counts_an_actors_waiting_jobs_up_to_its_max_pending_o
     assert rows_handled(plan["Plan"]) < 100
 
 
+async def _succeeded_with_attempts(
+    conn: asyncpg.Connection[Any], s: str, started: str, finished: str
+) -> None:
+    """30,000 succeeded jobs of ``s``, each with its attempt; ``started`` and ``finished``
+    are SQL of ``g``, the job's number from 1."""
+    await conn.execute(
+        f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
+        f"SELECT 'a', 'succeeded', {started}, {finished}, 1 FROM generate_series(1, 30000) g"
+    )
+    await conn.execute(
+        f"INSERT INTO {s}.job_attempts (job_id, attempt, outcome, started_at, finished_at) "
+        f"SELECT id, 1, 'succeeded', started_at, finished_at FROM {s}.jobs"
+    )
+
+
 async def test_a_prune_batch_reads_its_own_jobs_not_the_whole_history(
     conn: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:
@@ -341,15 +356,8 @@ async def test_a_prune_batch_reads_its_own_jobs_not_the_whole_history(
     # and job_attempts by reading both tables whole (a quadratic prune over a backlog of
     # 1,000,000 jobs, each batch's 10,000 rows locked for seconds).
     s = pg_schema.name
-    await conn.execute(
-        f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
-        "SELECT 'a', 'succeeded', now() - interval '9 days', "
-        "now() - interval '8 days' + g * interval '1 ms', 1 "
-        "FROM generate_series(1, 30000) g"
-    )
-    await conn.execute(
-        f"INSERT INTO {s}.job_attempts (job_id, attempt, outcome, started_at, finished_at) "
-        f"SELECT id, 1, 'succeeded', started_at, finished_at FROM {s}.jobs"
+    await _succeeded_with_attempts(
+        conn, s, "now() - interval '9 days'", "now() - interval '8 days' + g * interval '1 ms'"
     )
     await conn.execute(f"VACUUM ANALYZE {s}.jobs")
     await conn.execute(f"VACUUM ANALYZE {s}.job_attempts")
@@ -398,15 +406,7 @@ async def test_an_archive_expiry_batch_reads_its_own_rows_not_the_whole_archive(
     # Joined to the batch it picked, the delete read the whole archive (a year of jobs)
     # at every batch of 10,000.
     s = pg_schema.name
-    await conn.execute(
-        f"INSERT INTO {s}.jobs (actor, status, started_at, finished_at, attempt) "
-        "SELECT 'a', 'succeeded', now(), now() - g * interval '1 ms', 1 "
-        "FROM generate_series(1, 30000) g"
-    )
-    await conn.execute(
-        f"INSERT INTO {s}.job_attempts (job_id, attempt, outcome, started_at, finished_at) "
-        f"SELECT id, 1, 'succeeded', started_at, finished_at FROM {s}.jobs"
-    )
+    await _succeeded_with_attempts(conn, s, "now()", "now() - g * interval '1 ms'")
     prune = render(PRUNE_TERMINAL_JOBS, s)
     moved = await conn.fetchval(prune, "succeeded", timedelta(0), 30_000, timedelta(0), _EARLIEST)
     assert moved == 30_000

@@ -865,24 +865,21 @@ def test_an_option_libpq_refuses_is_a_configuration_error(dsn: str, reason: str)
     assert reason in str(refused.value) and "connection is bad" not in str(refused.value)
 
 
-def test_a_server_wide_setting_in_the_options_is_a_configuration_error(
-    pg_pooled_schema: PgSchema,
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ("-c shared_buffers=64MB", "shared_buffers.*remove it from the DSN"),
+        ("-c no_such_setting=1", "no_such_setting.*DSN's options"),
+    ],
+    ids=["server-wide", "unknown"],
+)
+def test_a_setting_the_server_refuses_in_the_options_is_a_configuration_error(
+    pg_pooled_schema: PgSchema, options: str, said: str
 ) -> None:
-    # As the backend says it (55P02, refused at every try): it was an outage's
-    # BackendUnavailableError here.
-    dsn = make_conninfo(pg_pooled_schema.dsn, options="-c shared_buffers=64MB")
-    with pytest.raises(ConfigurationError, match="shared_buffers.*remove it from the DSN") as info:
-        SyncJobsClient(dsn, actors=ACTORS, schema=pg_pooled_schema.name)
-    assert not isinstance(info.value, BackendUnavailableError)
-
-
-def test_an_unknown_setting_in_the_options_is_a_configuration_error(
-    pg_pooled_schema: PgSchema,
-) -> None:
-    # A ConfigurationError from the backend (42704, refused at every try), and an
-    # outage's BackendUnavailableError here.
-    dsn = make_conninfo(pg_pooled_schema.dsn, options="-c no_such_setting=1")
-    with pytest.raises(ConfigurationError, match="no_such_setting.*DSN's options") as info:
+    # As the backend says it (55P02 for a server-wide setting, 42704 for an unknown one;
+    # refused at every try): it was an outage's BackendUnavailableError here.
+    dsn = make_conninfo(pg_pooled_schema.dsn, options=options)
+    with pytest.raises(ConfigurationError, match=said) as info:
         SyncJobsClient(dsn, actors=ACTORS, schema=pg_pooled_schema.name)
     assert not isinstance(info.value, BackendUnavailableError)
 

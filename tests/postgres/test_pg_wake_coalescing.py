@@ -1,4 +1,4 @@
-"""Wake coalescing: enqueues close together share one trailing NOTIFY, none is lost.
+"""Wake coalescing: enqueues that overlap share one trailing NOTIFY, none is lost.
 
 A LISTENing connection of the test counts the wake notifications. To know that
 every notification committed so far has arrived, the test commits a marker
@@ -102,6 +102,24 @@ def _args() -> EnqueueArgs:
     return EnqueueArgs(actor="a")
 
 
+async def _burst(backend: PostgresBackend, n: int) -> None:
+    """``n`` enqueues started together: each after the first starts while it runs."""
+    await asyncio.gather(*(backend.enqueue(_args()) for _ in range(n)))
+
+
+async def test_enqueues_one_after_another_each_notify(
+    counter: WakeCounter, open_backend: Open
+) -> None:
+    # None overlaps another: their commits do not contend for NOTIFY's lock, and a
+    # trailing NOTIFY would cost the producer a timer per window.
+    backend = await open_backend(wake_coalesce_window=LONG)
+    for _ in range(3):
+        await backend.enqueue(_args())
+    assert await counter.settled() == 3
+    await backend.close()
+    assert await counter.settled() == 3
+
+
 async def test_an_isolated_enqueue_wakes_at_once_whatever_the_window(
     counter: WakeCounter, open_backend: Open
 ) -> None:
@@ -114,8 +132,7 @@ async def test_a_burst_sends_one_wake_then_one_trailing_wake_after_its_last_job(
     counter: WakeCounter, open_backend: Open
 ) -> None:
     backend = await open_backend(wake_coalesce_window=LONG)
-    for _ in range(10):
-        await backend.enqueue(_args())
+    await _burst(backend, 10)
     assert await counter.settled() == 1
     # Closing sends what the window would have sent at its end.
     await backend.close()
@@ -127,18 +144,20 @@ async def test_the_trailing_wake_comes_at_the_end_of_the_window(
     counter: WakeCounter, open_backend: Open
 ) -> None:
     backend = await open_backend(wake_coalesce_window=timedelta(seconds=1))
-    for _ in range(5):
-        await backend.enqueue(_args())
+    await _burst(backend, 5)
     # The first enqueue's own wake, then (without closing) the trailing one.
     assert await counter.wake_number(2) == 5
 
 
 async def test_every_enqueue_path_takes_part(counter: WakeCounter, open_backend: Open) -> None:
     backend = await open_backend(wake_coalesce_window=LONG)
-    await backend.enqueue(_args())
-    await backend.enqueue_batch([_args(), _args()])
-    await backend.enqueue_batch_fast([_args(), _args()])
-    await backend.enqueue(_args().model_copy(update={"singleton": True, "identity_key": "k"}))
+    # Each path starts while the first enqueue runs: each skips its NOTIFY.
+    await asyncio.gather(
+        backend.enqueue(_args()),
+        backend.enqueue_batch([_args(), _args()]),
+        backend.enqueue_batch_fast([_args(), _args()]),
+        backend.enqueue(_args().model_copy(update={"singleton": True, "identity_key": "k"})),
+    )
     assert await counter.settled() == 1
     await backend.close()
     assert await counter.wake_number(2) == 6
@@ -165,11 +184,17 @@ async def test_a_failed_enqueue_still_owes_the_skipped_ones_a_wake(
     counter: WakeCounter, open_backend: Open
 ) -> None:
     backend = await open_backend(wake_coalesce_window=LONG)
-    first = _args()
-    await backend.enqueue(first)
-    await backend.enqueue(_args())  # coalesced
-    with pytest.raises(ValueError, match="already exists"):
-        await backend.enqueue(first)  # a duplicate id: fails, coalesced too
+    same = _args()
+    # The last two start while the first runs, so skip their NOTIFY; one of them
+    # fails (a duplicate id) and may have been the one to commit.
+    outcomes = await asyncio.gather(
+        backend.enqueue(_args()),
+        backend.enqueue(same),
+        backend.enqueue(same),
+        return_exceptions=True,
+    )
+    [failed] = [o for o in outcomes if isinstance(o, BaseException)]
+    assert isinstance(failed, ValueError) and "already exists" in str(failed)
     assert await counter.settled() == 1
     await backend.close()
     assert await counter.wake_number(2) == 2
@@ -180,8 +205,9 @@ async def test_a_known_key_leading_a_window_still_owes_the_skipped_ones_a_wake(
 ) -> None:
     backend = await open_backend(wake_coalesce_window=timedelta(milliseconds=200))
     keyed = _args().model_copy(update={"idempotency_key": "k"})
-    await backend.enqueue(keyed)  # notifies, opens a window
-    await backend.enqueue(_args())  # coalesced: owed a trailing wake at the window's end
+    # The keyed one notifies and opens a window; the other, started while it runs, is
+    # coalesced: owed a trailing wake at the window's end.
+    await asyncio.gather(backend.enqueue(keyed), backend.enqueue(_args()))
     time.sleep(0.3)  # noqa: ASYNC251 - the window ends while the loop is busy, its timer not run
     # Leads the next window, taking over what was owed, and inserts nothing: it
     # notifies nothing either.
@@ -193,8 +219,7 @@ async def test_a_zero_window_notifies_every_enqueue(
     counter: WakeCounter, open_backend: Open
 ) -> None:
     backend = await open_backend(wake_coalesce_window=timedelta(0))
-    for _ in range(3):
-        await backend.enqueue(_args())
+    await _burst(backend, 3)
     assert await counter.settled() == 3
 
 

@@ -405,13 +405,15 @@ class PostgresBackend:
       (``application_name`` ``taskq-pool/<id>`` and ``taskq-notify/<id>``);
       default: random.
     * ``wake_coalesce_window`` (default 2 ms): after an enqueue that notifies the
-      workers, the enqueues this backend commits within the window skip their
-      NOTIFY and one trailing NOTIFY follows at its end (one window later at
-      most while one of them still runs, as the next window's first enqueue may
-      cover them), sent once they have committed (every NOTIFY takes a
-      cluster-wide lock at commit). An isolated
-      enqueue still notifies at once; 0 notifies on every enqueue. Enqueues in
-      a caller's transaction always notify in it.
+      workers, the enqueues this backend starts within the window while another
+      of its enqueues runs skip their NOTIFY, and one trailing NOTIFY follows at
+      the window's end (one window later at most while one of them still runs,
+      as the next window's first enqueue may cover them), sent once they have
+      committed (every NOTIFY takes a cluster-wide lock at commit, on which
+      concurrent commits queue). An enqueue that starts while none other runs
+      (an isolated one, or each of a loop of one after another) notifies in its
+      own statement; 0 notifies on every enqueue. Enqueues in a caller's
+      transaction always notify in it.
     * ``poll_only`` (default False): send no NOTIFY at all (enqueues, retries,
       sweeps, released batch finalizers, cancel requests) and open no LISTEN
       connection; ``subscribe_wake`` / ``subscribe_cancel_wake`` events are

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
@@ -199,15 +200,14 @@ class EnqueueTests:
 
     @covers("subscribe_wake", "enqueue", "dispatch_batch")
     async def test_enqueues_right_after_a_wake_still_wake(self, backend: Backend) -> None:
-        # Postgres coalesces the NOTIFYs of enqueues close together: those of the
+        # Postgres coalesces the NOTIFYs of enqueues that overlap: those of the
         # burst go out as one trailing wake, which must come all the same.
         queue, burst = f"burst-{uuid4().hex[:8]}", 10
         async with backend.subscribe_wake() as wake:
             await backend.enqueue(make_args(queue=queue))
             await wait_for_wake(wake)
             wake.clear()
-            for _ in range(burst):
-                await backend.enqueue(make_args(queue=queue))
+            await asyncio.gather(*(backend.enqueue(make_args(queue=queue)) for _ in range(burst)))
             found = 0
             while found < burst + 1:
                 await wait_for_wake(wake)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -52,16 +53,26 @@ async def _ends_within(call: Awaitable[Any], seconds: float) -> BaseException | 
 _BUDGET = 1.5  # seconds; the waits the deadline cuts short were 2 x _BUDGET and 30 s
 
 
-def _through(proxy: TcpProxy, schema: PgSchema, **options: Any) -> PostgresBackend:
-    """A backend of ``schema`` connecting through ``proxy``, each call bounded by
-    ``_BUDGET`` (a connect by 30 s: the bound cuts a reconnect short too)."""
-    return PostgresBackend(
-        proxy.through(schema.dsn),
-        schema=schema.name,
-        command_timeout=timedelta(seconds=_BUDGET),
-        connect_timeout=timedelta(seconds=30),
-        **options,
-    )
+@asynccontextmanager
+async def _through_proxy(
+    schema: PgSchema, **options: Any
+) -> AsyncIterator[tuple[TcpProxy, PostgresBackend]]:
+    """A proxy to the server and an opened backend of ``schema`` connecting through it,
+    each call bounded by ``_BUDGET`` (a connect by 30 s: the bound cuts a reconnect
+    short too); the backend is closed after."""
+    with TcpProxy(urlsplit(schema.dsn).port or 5432) as proxy:
+        backend = PostgresBackend(
+            proxy.through(schema.dsn),
+            schema=schema.name,
+            command_timeout=timedelta(seconds=_BUDGET),
+            connect_timeout=timedelta(seconds=30),
+            **options,
+        )
+        await backend.open()
+        try:
+            yield proxy, backend
+        finally:
+            await backend.close()
 
 
 @pytest.mark.parametrize("max_pool_size", [1, 10], ids=["pool", "pinned"])
@@ -71,35 +82,28 @@ async def test_over_a_stalled_network_each_call_ends_within_the_command_timeout(
     # A black hole, not a cut: without the call's own deadline a statement that timed
     # out waited as long again for its cancel request before the pool took its
     # connection back, and the reconnect that follows waited for connect_timeout.
-    with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
-        backend = _through(proxy, pg_pooled_schema, max_pool_size=max_pool_size)
-        await backend.open()
+    async with _through_proxy(pg_pooled_schema, max_pool_size=max_pool_size) as (proxy, backend):
 
         def dispatch() -> Awaitable[Any]:
             return backend.dispatch_batch(uuid4(), ["default"], 1, timedelta(seconds=30))
 
-        try:
-            await dispatch()
-            proxy.stall()
-            for call, bound in (
-                (dispatch(), _BUDGET + 1),  # on the open connection
-                (backend.count_active_jobs(["default"]), 10),  # on a new one
-                (dispatch(), 10),
-            ):
-                error = await _ends_within(call, bound)
-                assert isinstance(error, TimeoutError), repr(error)
-            proxy.restore()
-            assert await backend.count_active_jobs(["default"]) == 0
-        finally:
-            await backend.close()
+        await dispatch()
+        proxy.stall()
+        for call, bound in (
+            (dispatch(), _BUDGET + 1),  # on the open connection
+            (backend.count_active_jobs(["default"]), 10),  # on a new one
+            (dispatch(), 10),
+        ):
+            error = await _ends_within(call, bound)
+            assert isinstance(error, TimeoutError), repr(error)
+        proxy.restore()
+        assert await backend.count_active_jobs(["default"]) == 0
 
 
 async def test_over_a_stalled_network_a_leader_confirmation_ends_within_the_command_timeout(
     pg_pooled_schema: PgSchema,
 ) -> None:
-    with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
-        backend = _through(proxy, pg_pooled_schema)
-        await backend.open()
+    async with _through_proxy(pg_pooled_schema) as (proxy, backend):
         elector = backend.leader_elector(uuid4(), lease=timedelta(seconds=60))
         try:
             assert await elector.try_acquire()
@@ -112,7 +116,6 @@ async def test_over_a_stalled_network_a_leader_confirmation_ends_within_the_comm
             assert await elector.try_acquire()
         finally:
             await elector.release()
-            await backend.close()
 
 
 async def test_over_a_stalled_network_a_one_job_enqueue_ends_within_the_command_timeout(
@@ -120,20 +123,15 @@ async def test_over_a_stalled_network_a_one_job_enqueue_ends_within_the_command_
 ) -> None:
     # The pinned connection's prepared statement: its own deadline, neither sooner nor
     # later, and the next enqueue gets a connection that works.
-    with TcpProxy(urlsplit(pg_pooled_schema.dsn).port or 5432) as proxy:
-        backend = _through(proxy, pg_pooled_schema)
-        await backend.open()
-        try:
-            await backend.enqueue(EnqueueArgs(actor="a"))  # pinned, and prepared
-            proxy.stall()
-            stalled = time.monotonic()
-            error = await _ends_within(backend.enqueue(EnqueueArgs(actor="a")), _BUDGET + 1)
-            assert isinstance(error, TimeoutError), repr(error)
-            assert time.monotonic() - stalled > _BUDGET * 0.9
-            proxy.restore()
-            await backend.enqueue(EnqueueArgs(actor="a"))
-        finally:
-            await backend.close()
+    async with _through_proxy(pg_pooled_schema) as (proxy, backend):
+        await backend.enqueue(EnqueueArgs(actor="a"))  # pinned, and prepared
+        proxy.stall()
+        stalled = time.monotonic()
+        error = await _ends_within(backend.enqueue(EnqueueArgs(actor="a")), _BUDGET + 1)
+        assert isinstance(error, TimeoutError), repr(error)
+        assert time.monotonic() - stalled > _BUDGET * 0.9
+        proxy.restore()
+        await backend.enqueue(EnqueueArgs(actor="a"))
 
 
 async def test_a_one_job_enqueue_past_the_command_timeout_is_not_written_later(

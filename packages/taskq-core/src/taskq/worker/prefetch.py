@@ -3,13 +3,13 @@
 A fixed number, or ``auto`` (the default): as many as the worker expects to
 start within ``prefetch_horizon``, judged from how long its consumers held
 their recent jobs and how long the running ones have run so far, at most
-``MAX_AHEAD_PER_CONSUMER`` times ``concurrency`` (and ``MAX_PREFETCH``). Short jobs then have their next
-dispatch in flight (and dispatched in bigger batches) while the current ones run:
-one worker drains no-op jobs about twice as fast (bench/README.md, run AV). Long
-jobs get none locked ahead, so that a job does not wait here behind running ones,
-while another worker may be idle, for much longer than the horizon; and when
-running jobs turn long while jobs are locked ahead, those that have waited ten
-horizons are handed back, unstarted, for any worker to take.
+``MAX_AHEAD_PER_CONSUMER`` times ``concurrency`` (and ``MAX_PREFETCH``). Short jobs
+then have their next dispatch in flight (and dispatched in bigger batches) while the
+current ones run: one worker drains no-op jobs about twice as fast (bench/README.md,
+run AV). Long jobs get none locked ahead, so that a job does not wait here behind
+running ones, while another worker may be idle, for much longer than the horizon;
+and when running jobs turn long while jobs are locked ahead, those that have waited
+ten horizons are handed back, unstarted, for any worker to take.
 """
 
 from __future__ import annotations

@@ -74,10 +74,11 @@ def test_every_transition_has_a_driver_and_every_driver_is_a_backend_member() ->
 
 def test_stored_cancel_phases_parse_but_abandon_pending_is_refused() -> None:
     assert parse_cancel_phase(0) is CancelPhase.NONE
+    assert parse_cancel_phase(1) is CancelPhase.COOPERATIVE
     assert parse_cancel_phase(2) is CancelPhase.FORCED
     with pytest.raises(ValueError, match="in-process only"):
         parse_cancel_phase(3)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown cancel phase 7.*upgrade taskq-core"):
         parse_cancel_phase(7)
 
 

@@ -19,7 +19,7 @@ def rows_handled(node: dict[str, Any]) -> int:
     """Rows every node of the plan produced or dropped (filters, join filters), over
     all its loops: the work a nested loop that compares every pair shows as a square."""
     removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Join Filter", 0)
-    own = (node["Actual Rows"] + removed) * node["Actual Loops"]
+    own: int = (node["Actual Rows"] + removed) * node["Actual Loops"]
     return own + sum(rows_handled(child) for child in node.get("Plans", []))
 
 

@@ -490,9 +490,11 @@ async def test_a_batch_prune_turn_reads_its_own_window_not_every_batch_after_it(
     )
     await conn.execute(f"VACUUM ANALYZE {s}.jobs")
     await conn.execute(f"VACUUM ANALYZE {s}.batches")
-    after_at, after_id = await conn.fetchrow(
+    after = await conn.fetchrow(
         f"SELECT completed_at, id FROM {s}.batches ORDER BY completed_at, id OFFSET 25000 LIMIT 1"
     )
+    assert after is not None
+    after_at, after_id = after
     statement = statements_for(s).prune_old_batches
     cutoff = await conn.fetchval("SELECT now() - interval '7 days'")
     plan = await _analyzed(conn, statement, cutoff, after_at, after_id, 5000)

@@ -8,7 +8,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -532,7 +532,7 @@ def test_a_callers_transaction_aborted_by_an_earlier_error_is_named_and_nothing_
 ) -> None:
     # It logged a max-pending-read-failed warning, psycopg's "error ignored in rollback
     # ... savepoint does not exist", then raised a raw InFailedSqlTransaction.
-    enqueue = {
+    enqueue: Callable[[SyncJobsClient], object] = {
         "enqueue": lambda c: c.enqueue(capped, {}),
         "batch": lambda c: c.enqueue_batch([(capped, {})]),
         "copy": lambda c: c.enqueue_batch_fast([(capped, {})]),

@@ -49,8 +49,8 @@ class WakeCounter:
         self.wakes += 1
         self._counted.put_nowait(None)
 
-    def _on_marker(self, conn: object, pid: int, channel: str, payload: str) -> None:
-        self._markers.put_nowait(payload)
+    def _on_marker(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        self._markers.put_nowait(str(payload))
 
     async def settled(self) -> int:
         """The wakes committed before now, all delivered."""

@@ -296,17 +296,55 @@ async def test_watch_reclaims_warns_of_a_writer_older_than_its_visibility_delay(
 # -- history ---------------------------------------------------------------------------------
 
 
-async def test_write_attempt_for_an_unknown_job_is_a_key_error(backend: PostgresBackend) -> None:
+async def test_a_deleted_jobs_history_goes_with_it_and_no_other_jobs(
+    backend: PostgresBackend,
+) -> None:
+    # No foreign key deletes it (their checks cost a fifth of a dispatch): the trigger
+    # jobs_delete_history does, for any DELETE on jobs, a prune's or a user's own.
+    kept, gone, also_gone = [await backend.enqueue(EnqueueArgs(actor="a")) for _ in range(3)]
+    worker = uuid4()
+    dispatched = await backend.dispatch_batch(worker, ["default"], 3, timedelta(minutes=1))
+    assert len(dispatched) == 3
+    for job in (kept, gone, also_gone):
+        assert await backend.mark_succeeded(job.id, worker, None)
+    s = backend.schema
+    count = f"""
+        SELECT (SELECT count(*) FROM {s}.job_attempts WHERE job_id = ANY($1::uuid[]))
+             + (SELECT count(*) FROM {s}.job_events WHERE job_id = ANY($1::uuid[]))
+    """
+    async with backend.connection() as conn:
+        assert await conn.fetchval(count, [gone.id, also_gone.id]) == 6  # attempt + 2 events
+        await conn.execute(
+            f"DELETE FROM {s}.jobs WHERE id = ANY($1::uuid[])", [gone.id, also_gone.id]
+        )
+        assert await conn.fetchval(count, [gone.id, also_gone.id]) == 0
+        assert await conn.fetchval(count, [kept.id]) == 3
+    assert [a.outcome for a in await backend.get_attempts(kept.id)] == ["succeeded"]
+
+
+async def test_write_attempt_and_a_late_outcome_write_nothing_for_an_unknown_job(
+    backend: PostgresBackend,
+) -> None:
+    unknown = uuid4()
     with pytest.raises(KeyError):
         await backend.write_attempt(
             AttemptRow(
-                job_id=uuid4(),
+                job_id=unknown,
                 attempt=1,
                 worker_id=None,
                 started_at=None,
                 finished_at=None,
                 outcome="interrupted",
             )
+        )
+    assert not await backend.record_late_outcome(unknown, 1, uuid4(), "succeeded", None)
+    s = backend.schema
+    async with backend.connection() as conn:
+        assert (
+            await conn.fetchval(
+                f"SELECT (SELECT count(*) FROM {s}.job_attempts) + (SELECT count(*) FROM {s}.job_events)"
+            )
+            == 0
         )
 
 

@@ -267,3 +267,29 @@ def test_a_migration_refused_a_right_is_still_a_migration_error() -> None:
 
     assert issubclass(MigrationPrivilegeError, MigrationError)
     assert issubclass(MigrationPrivilegeError, InsufficientPrivilegeError)
+
+
+def test_a_role_that_may_delete_jobs_deletes_their_history_with_them(
+    role: Role, pg_schema: PgSchema
+) -> None:
+    # As the foreign keys' cascade did, with the table owner's rights: the trigger that
+    # replaced it needs no right of the deleting role's on the history tables.
+    s = pg_schema.name
+    with SyncJobsClient(pg_schema.dsn, schema=s, actors=[nap]) as owners:
+        job = owners.enqueue(nap, Sleep())
+    with psycopg.connect(pg_schema.dsn, autocommit=True) as owner:
+        owner.execute(
+            sql.SQL("INSERT INTO {}.job_events (job_id, kind) VALUES (%s, 'test')").format(
+                sql.Identifier(s)
+            ),
+            (job.id,),
+        )
+    role.grant("GRANT USAGE ON SCHEMA {} TO {}", s)
+    role.grant("GRANT SELECT, DELETE ON TABLE {}.jobs TO {}", s)
+    with psycopg.connect(role.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DELETE FROM {}.jobs").format(sql.Identifier(s)))
+    with psycopg.connect(pg_schema.dsn) as owner:
+        left = owner.execute(
+            sql.SQL("SELECT count(*) FROM {}.job_events").format(sql.Identifier(s))
+        ).fetchone()
+    assert left == (0,)

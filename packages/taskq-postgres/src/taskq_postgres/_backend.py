@@ -1510,21 +1510,20 @@ class PostgresBackend:
         """Insert or replace the attempt row of ``(job_id, attempt)``; ``KeyError`` when
         the job does not exist."""
         error = attempt.error
-        try:
-            await self._db().execute(
-                self._sql.write_attempt,
-                attempt.job_id,
-                attempt.attempt,
-                attempt.worker_id,
-                attempt.started_at,
-                attempt.finished_at,
-                attempt.outcome,
-                clean_text(error.error_class) if error else None,
-                clean_text(error.message) if error else None,
-                clean_text(error.traceback) if error else None,
-            )
-        except asyncpg.ForeignKeyViolationError:
-            raise KeyError(f"no job with id {attempt.job_id}") from None
+        found = await self._db().fetchval(
+            self._sql.write_attempt,
+            attempt.job_id,
+            attempt.attempt,
+            attempt.worker_id,
+            attempt.started_at,
+            attempt.finished_at,
+            attempt.outcome,
+            clean_text(error.error_class) if error else None,
+            clean_text(error.message) if error else None,
+            clean_text(error.traceback) if error else None,
+        )
+        if not found:
+            raise KeyError(f"no job with id {attempt.job_id}")
 
     async def get_attempts(self, job_id: JobId) -> list[AttemptRow]:
         """Attempts of a job by attempt number."""

@@ -1005,8 +1005,8 @@ HEARTBEAT_JOBS: Final = """
 -- heartbeat: waited for, one row held by a long transaction stopped every renewal
 -- of the worker, and the reclaim sweep took its other jobs. NO KEY UPDATE, the lock
 -- the UPDATE takes anyway: FOR UPDATE also skipped a row whose job an open
--- transaction had only written an event or attempt row for (their foreign keys'
--- KEY SHARE locks).
+-- transaction had only written an event or attempt row for (the KEY SHARE lock that
+-- write_attempt and a late outcome take on the job, as the foreign keys' checks did).
 WITH renewable AS (
     SELECT j.id FROM {schema}.jobs j
     WHERE j.status = 'running' AND j.locked_by_worker = $1

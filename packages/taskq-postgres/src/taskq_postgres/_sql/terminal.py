@@ -593,9 +593,12 @@ WRITE_ATTEMPT: Final = (
 -- arbiter: none (stores the times it is given)
 -- Insert or replace by (job_id, attempt): job_attempts has a surrogate key, so
 -- update the existing row if there is one, else insert. An attempt that never ran
--- has no duration_ms.
+-- has no duration_ms. Nothing is written for a job that does not exist; whether it
+-- does comes back. Its row is locked (KEY SHARE, what a foreign key's check took):
+-- a prune deleting the job waits, and deletes the attempt with it.
 -- $1 job, $2 attempt, $3 worker, $4 started_at, $5 finished_at, $6 outcome, $7..$9 error.
-WITH duration AS (
+WITH job AS (SELECT j.id FROM {schema}.jobs j WHERE j.id = $1 FOR KEY SHARE),
+duration AS (
     SELECT CASE WHEN $6::text NOT IN ("""
     + _UNRUN
     + """) THEN greatest(
@@ -607,14 +610,18 @@ replaced AS (
     SET worker_id = $3, started_at = $4::timestamptz, finished_at = $5::timestamptz,
         duration_ms = (SELECT ms FROM duration),
         outcome = $6, error_class = $7, error_message = $8, error_traceback = $9
-    WHERE a.job_id = $1 AND a.attempt = $2
+    WHERE a.job_id = (SELECT job.id FROM job) AND a.attempt = $2
     RETURNING a.id
+),
+added AS (
+    INSERT INTO {schema}.job_attempts (job_id, attempt, worker_id, started_at, finished_at,
+        duration_ms, outcome, error_class, error_message, error_traceback)
+    SELECT job.id, $2, $3, $4::timestamptz, $5::timestamptz, (SELECT ms FROM duration),
+           $6, $7, $8, $9
+    FROM job
+    WHERE NOT EXISTS (SELECT 1 FROM replaced)
 )
-INSERT INTO {schema}.job_attempts (job_id, attempt, worker_id, started_at, finished_at,
-    duration_ms, outcome, error_class, error_message, error_traceback)
-SELECT $1, $2, $3, $4::timestamptz, $5::timestamptz, (SELECT ms FROM duration),
-       $6, $7, $8, $9
-WHERE NOT EXISTS (SELECT 1 FROM replaced)
+SELECT EXISTS (SELECT 1 FROM job)
 """
 )
 
@@ -645,8 +652,9 @@ LATE_OUTCOME: Final = """
 -- arbiter: clock_timestamp() (occurred_at, the column default)
 -- A late_outcome event for job $1 (detail $2, JSON text), if the job exists and its
 -- history has none that contains $3 (the attempt, worker and outcome: a retry whose
--- first try landed adds nothing); nothing else changes. Whether the job exists.
-WITH job AS (SELECT j.id FROM {schema}.jobs j WHERE j.id = $1),
+-- first try landed adds nothing); nothing else changes. Whether the job exists. Its
+-- row is locked (KEY SHARE), so that a prune deleting the job deletes this event too.
+WITH job AS (SELECT j.id FROM {schema}.jobs j WHERE j.id = $1 FOR KEY SHARE),
 added AS (
     INSERT INTO {schema}.job_events (job_id, kind, detail)
     SELECT job.id, 'late_outcome', $2::text::jsonb FROM job

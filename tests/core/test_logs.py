@@ -86,6 +86,28 @@ async def test_job_fields_bound_in_a_task_end_with_it() -> None:
     assert after == {"request": "r1"}
 
 
+def test_the_fields_bound_are_job_fields_in_structlogs_own_variables() -> None:
+    # Set directly on structlog's variables (cheaper than bind_contextvars): the same
+    # keys as job_fields, and structlog's own unbind and bind still reach them.
+    from contextvars import copy_context
+
+    from taskq.logs import job_fields
+
+    job = _job("own")
+
+    def bound() -> tuple[dict[str, object], dict[str, object]]:
+        structlog.contextvars.clear_contextvars()
+        bind_job_fields(job)
+        fields = structlog.contextvars.get_contextvars()
+        structlog.contextvars.unbind_contextvars("job_id")
+        structlog.contextvars.bind_contextvars(actor="rebound")
+        return fields, structlog.contextvars.get_contextvars()
+
+    fields, after = copy_context().run(bound)
+    assert fields == job_fields(job)
+    assert after == {k: v for k, v in fields.items() if k != "job_id"} | {"actor": "rebound"}
+
+
 def test_a_librarys_stdlib_records_are_json_lines_too() -> None:
     # asyncpg logs its pool's failures through `logging`: in an outage, multi-line
     # plain-text tracebacks came out among the JSON lines a log shipper reads.

@@ -163,7 +163,7 @@ async def test_queue_caps_are_read_by_the_strict_fifo_statement(
     assert statements == ["plain_head", "strict_fifo"]
 
 
-async def test_a_full_head_held_by_other_dispatchers_is_read_past_once(
+async def test_a_full_head_held_by_other_dispatchers_is_read_past(
     backend: PostgresBackend, statements: list[str], pg_pooled_schema: PgSchema
 ) -> None:
     # A batch of 2 reads a head of 4 (oversample 2). Another transaction holding
@@ -237,3 +237,44 @@ async def _in_dispatch_order(conn: asyncpg.Connection[Any], schema: str, actor: 
     order = "ORDER BY priority DESC, scheduled_at, id"
     rows = await conn.fetch(f"SELECT id FROM {schema}.jobs WHERE actor = $1 {order}", actor)
     return [r["id"] for r in rows]
+
+
+async def test_heads_are_read_deeper_until_past_a_larger_batch_in_flight(
+    backend: PostgresBackend, statements: list[str], pg_pooled_schema: PgSchema
+) -> None:
+    # Another worker's dispatch of 100 holds the first 100 due jobs while this one asks
+    # for 2 (a head of 4): heads of 16 and 64 rows are all held; 256 reads past them.
+    for queue, n in (("default", 102), ("few", 40), ("deep", 300)):
+        await backend.enqueue_batch([EnqueueArgs(actor="a", queue=queue) for _ in range(n)])
+    s = pg_pooled_schema.name
+    rival = await asyncpg.connect(pg_pooled_schema.dsn)
+
+    async def hold(queue: str, n: int) -> list[UUID]:
+        rows = await rival.fetch(
+            f"SELECT id FROM {s}.jobs WHERE queue = $1 "
+            f"ORDER BY priority DESC, scheduled_at, id LIMIT $2 FOR UPDATE",
+            queue,
+            n,
+        )
+        return [r["id"] for r in rows]
+
+    try:
+        async with rival.transaction():
+            held = await hold("default", 100)
+            jobs = await backend.dispatch_batch(uuid4(), ["default"], 2, LEASE)
+            assert len(held) == 100 and not {job.id for job in jobs} & set(held)
+            assert len(jobs) == 2
+            assert statements == ["plain_head"] * 4
+            statements.clear()
+            # Every due job held, 40 of them: the round that read them all (64 rows) ends it.
+            await hold("few", 40)
+            assert await backend.dispatch_batch(uuid4(), ["few"], 2, LEASE) == []
+            assert statements == ["plain_head"] * 3
+            statements.clear()
+            # 290 held of 300: the rounds end at 256 rows, the due ones past them left to
+            # the next dispatch, not read now.
+            await hold("deep", 290)
+            assert await backend.dispatch_batch(uuid4(), ["deep"], 2, LEASE) == []
+            assert statements == ["plain_head"] * 4
+    finally:
+        await rival.close()

@@ -201,6 +201,9 @@ _SWEEP_TURNS: Final = 4
 """Turns each of the leader's sweep loop's sweeps (promotion, deadlines, reclaim) takes
 per call at most (20,000 jobs); that loop runs every ``maintenance_interval``."""
 _IDENTITY_RACE_TRIES: Final = 3
+_PAST_LOCKED_ROUNDS: Final = 3
+"""Rounds a full plain head that other dispatchers' locks left short is read deeper
+(each four times the last): at most 64 times the head's rows."""
 _DispatchCall: TypeAlias = tuple[tuple[str, ...], tuple[str, ...] | None]
 """A dispatch's queues and actors (None: every actor)."""
 # Prune and archive batches move thousands of rows: exempt from the worker's
@@ -1057,7 +1060,7 @@ class PostgresBackend:
         The strict-FIFO statements read the queues' modes and caps themselves, so
         a busy strict-FIFO dispatch is one round trip: the small plain-head
         statement when the head of the queues needs no cap or identity check (run
-        once more over a deeper head when other dispatchers' locks left it short), else
+        over deeper heads when other dispatchers' locks left it short), else
         (and next time, until a head is plain again) the full one. They lock nothing
         when a queue asked for is round robin; only then (or when the full one found
         no job, or when these queues were round robin last time) are the settings
@@ -1125,22 +1128,33 @@ class PostgresBackend:
         return jobs
 
     async def _dispatch_past_locked(self, db: Any, params: list[Any], missing: int) -> list[JobRow]:
-        """Once more, for ``missing`` jobs, over a head four times as deep.
+        """Again, for ``missing`` jobs, over heads four times as deep each round, until a
+        round locks a job, reads past the due jobs, or ``_PAST_LOCKED_ROUNDS`` are done.
 
         A plain head that was full (so due jobs lie beyond it) yet gave fewer jobs
         than asked: other dispatchers held the rest of it (``SKIP LOCKED``), their
         dispatches still in flight. Short, the worker would wait for a wake with
-        slots free and jobs due (a drain by two workers lost seconds so).
+        slots free and jobs due (a drain by two workers lost seconds so). Their
+        batches are their size, not this one's: a worker asking for 2 behind another
+        locking 100 reads past them only in the third round (16, 64, then 256 rows).
+        Short but not empty, the producer dispatches again at once.
         """
         wanted, limit, worker_id, lock_lease, oversample, actors = params
-        deeper = -(-4 * limit * oversample // missing)  # ceiling: 4x the head's rows
-        deeper_params = [wanted, missing, worker_id, lock_lease, deeper, actors]
-        records = await db.fetch(self._sql.dispatch_plain_head, *deeper_params)
-        if not records[0]["plain_head"]:
-            # The deeper rows need the checks (a capped actor, an identity, another
-            # actor's job): the plain-head statement locks nothing for them.
-            records = await db.fetch(self._sql.dispatch_strict_fifo, *deeper_params)
-        return _dispatched(records)
+        rows = limit * oversample
+        for _ in range(_PAST_LOCKED_ROUNDS):
+            rows *= 4
+            per_job = -(-rows // missing)  # ceiling: the head's rows per job asked for
+            deeper_params = [wanted, missing, worker_id, lock_lease, per_job, actors]
+            records = await db.fetch(self._sql.dispatch_plain_head, *deeper_params)
+            if not records[0]["plain_head"]:
+                # The deeper rows need the checks (a capped actor, an identity, another
+                # actor's job): the plain-head statement locks nothing for them.
+                records = await db.fetch(self._sql.dispatch_strict_fifo, *deeper_params)
+                return _dispatched(records)
+            jobs = _dispatched(records)
+            if jobs or records[0]["head_size"] < missing * per_job:
+                return jobs
+        return []
 
     async def heartbeat_jobs(self, worker_id: UUID, lock_lease: timedelta) -> int:
         """Extend the lease of every running job ``worker_id`` holds; returns how many."""

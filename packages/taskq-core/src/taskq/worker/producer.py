@@ -1,8 +1,9 @@
 """The producer loop: locks due jobs into the local queue while there is room.
 
 When a dispatch finds nothing, it sleeps on the backend's wake subscription
-(NOTIFY on Postgres) and falls back to polling every ``poll_interval``; when
-the process is full it waits for a consumer to free a slot instead.
+(NOTIFY on Postgres) and falls back to polling every ``poll_interval`` (right after
+a full dispatch, it first looks once more, a dispatch's time later); when the
+process is full it waits for a consumer to free a slot instead.
 
 A dispatch that fails may still have committed (its reply lost with the
 connection, or the error raised while reading it): its jobs are then locked
@@ -123,6 +124,9 @@ async def producer_loop(state: WorkerState) -> None:
     )
     dispatch_failing = RepeatedWarning("taskq.dispatch-transient-error")
     unheard_failing = RepeatedWarning("taskq.unheard-jobs-transient-error")
+    # How long the last dispatch took when it locked all it asked for (None: since then
+    # one came back short or empty).
+    recheck_after: float | None = None
     async with state.backend.subscribe_wake() as wake:
         while not state.stopping.is_set():
             state.liveness.tick("producer", poll)
@@ -183,7 +187,18 @@ async def producer_loop(state: WorkerState) -> None:
             # rows other workers had locked (``SKIP LOCKED``) with more due behind them:
             # waiting for a wake there left a worker idle for a whole poll interval in
             # a drain, where no enqueue sends one. The next turn finds out.
-            if not jobs:
+            if len(jobs) == wanted:
+                recheck_after = clock.time() - sent
+            elif jobs:
+                recheck_after = None
+            elif recheck_after is not None:
+                # Empty right after a full one: the due jobs may all be held by other
+                # workers' dispatches still in flight (a head the backend reads past
+                # only so far, or one its caps and identities gate). Those commit
+                # within about as long as a dispatch takes here: look again then, once.
+                await _wait(min(poll, recheck_after), wake, state.gate_opened, state.stopping)
+                recheck_after = None
+            else:
                 await _wait(poll, wake, state.gate_opened, state.stopping)
     # Stopped on purpose: the shutdown that follows may outlast this loop's stale-tick
     # budget, and detector 2 must not take a loop that ended for a stuck one.

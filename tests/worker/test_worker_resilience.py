@@ -476,58 +476,53 @@ async def test_a_short_dispatch_is_followed_by_another_not_by_a_wait_for_a_wake(
             await _until_finished(tq, jobs)
 
 
+class CountedDispatches(InMemoryBackend):
+    """Counts its dispatches; with ``held_every_other``, every second one comes back
+    empty, as when other workers' dispatches in flight hold every due job."""
+
+    def __init__(self, *, held_every_other: bool = False) -> None:
+        super().__init__()
+        self.calls = 0
+        self.held_every_other = held_every_other
+
+    async def dispatch_actors_batch(
+        self,
+        worker_id: UUID,
+        queues: list[str],
+        limit: int,
+        lock_lease: timedelta,
+        actors: Sequence[str],
+    ) -> list[JobRow]:
+        self.calls += 1
+        if self.held_every_other and self.calls % 2 == 0:
+            return []
+        return await super().dispatch_actors_batch(worker_id, queues, limit, lock_lease, actors)
+
+
+LOOK_AGAIN_SETTINGS = {**SETTINGS, "poll_interval": "30s", "concurrency": "2", "prefetch": "0"}
+"""A poll interval past ``_until_finished``'s bound: only a look again can go on."""
+
+
 async def test_an_empty_dispatch_right_after_a_full_one_is_looked_again_soon() -> None:
     # Every due job can be held by other workers' dispatches in flight (a gated head on
     # Postgres is not read past them): empty, yet jobs are due a few ms later. After a
     # full dispatch the worker looks once more about a dispatch's time later instead of
-    # sitting out the poll interval (30 s here, past the test's 10 s bound).
-    class HeldEveryOtherTime(InMemoryBackend):
-        calls = 0
-
-        async def dispatch_actors_batch(
-            self,
-            worker_id: UUID,
-            queues: list[str],
-            limit: int,
-            lock_lease: timedelta,
-            actors: Sequence[str],
-        ) -> list[JobRow]:
-            self.calls += 1
-            if self.calls % 2 == 0:
-                return []
-            return await super().dispatch_actors_batch(worker_id, queues, limit, lock_lease, actors)
-
-    backend = HeldEveryOtherTime()
+    # sitting out the poll interval.
+    backend = CountedDispatches(held_every_other=True)
     tq = TaskQ("memory://", actors=[quick], backend=backend)
     async with tq:
         jobs = [await tq.client.enqueue(quick, {}) for _ in range(12)]
-        settings = {**SETTINGS, "poll_interval": "30s", "concurrency": "2", "prefetch": "0"}
-        async with running(tq, settings):
+        async with running(tq, LOOK_AGAIN_SETTINGS):
             await _until_finished(tq, jobs)
     assert backend.calls >= 12  # each empty answer followed by a full one
 
 
 async def test_an_idle_worker_looks_again_only_once_after_a_full_dispatch() -> None:
-    class Counted(InMemoryBackend):
-        calls = 0
-
-        async def dispatch_actors_batch(
-            self,
-            worker_id: UUID,
-            queues: list[str],
-            limit: int,
-            lock_lease: timedelta,
-            actors: Sequence[str],
-        ) -> list[JobRow]:
-            self.calls += 1
-            return await super().dispatch_actors_batch(worker_id, queues, limit, lock_lease, actors)
-
-    backend = Counted()
+    backend = CountedDispatches()
     tq = TaskQ("memory://", actors=[quick], backend=backend)
     async with tq:
         jobs = [await tq.client.enqueue(quick, {}) for _ in range(2)]
-        settings = {**SETTINGS, "poll_interval": "30s", "concurrency": "2", "prefetch": "0"}
-        async with running(tq, settings):
+        async with running(tq, LOOK_AGAIN_SETTINGS):
             await _until_finished(tq, jobs)
             await asyncio.sleep(0.3)
             settled = backend.calls

@@ -176,6 +176,36 @@ async def test_caps_and_identities_hold_under_eight_dispatchers(
         assert _max_overlap(intervals) == 1, f"identity {identity} ran twice at once"
 
 
+async def test_a_cap_with_room_for_the_sample_reads_past_jobs_other_dispatchers_hold(
+    backend: PostgresBackend, conn: asyncpg.Connection[Any], pg_schema: PgSchema
+) -> None:
+    # A dispatch of 2 samples 4 jobs an actor (oversample 2). An actor whose cap leaves
+    # room for all 4 is admitted as an uncapped one, so the dispatch reads past the jobs
+    # another dispatcher holds: cut at its residual (2), a second worker got nothing
+    # behind the first's batch while the cap had room.
+    await backend.register_actors(
+        [ActorConfig(actor="roomy", max_concurrent=4), ActorConfig(actor="tight", max_concurrent=3)]
+    )
+    for actor in ("roomy", "tight"):
+        await backend.enqueue_batch([EnqueueArgs(actor=actor, queue=actor) for _ in range(6)])
+    s = pg_schema.name
+    async with conn.transaction():
+        held = {
+            r["id"]
+            for actor in ("roomy", "tight")
+            for r in await conn.fetch(
+                f"SELECT id FROM {s}.jobs WHERE actor = $1 "
+                f"ORDER BY priority DESC, scheduled_at, id LIMIT 2 FOR UPDATE",
+                actor,
+            )
+        }
+        roomy = await backend.dispatch_batch(uuid4(), ["roomy"], 2, LEASE)
+        assert len(roomy) == 2 and not {job.id for job in roomy} & held
+        # Room for 3, short of the sample: cut at the residual, the held jobs, so that the
+        # dispatchers together stay within the cap.
+        assert await backend.dispatch_batch(uuid4(), ["tight"], 2, LEASE) == []
+
+
 async def test_round_robin_caps_hold_under_eight_dispatchers(
     backend: PostgresBackend, conn: asyncpg.Connection[Any], pg_schema: PgSchema
 ) -> None:

@@ -18,7 +18,8 @@ per-actor branches do not run::
     running_per_actor   running jobs per actor (max_concurrent)
     running_identities  (actor, identity_key) pairs already running
     per_actor_capacity  residual = max_concurrent - in_flight (limit_n when uncapped), of
-                        the actors asked for
+                        the actors asked for; ``capped`` only where the room is
+                        short of the sample (limit_n * oversample)
     head_rows           strict FIFO: the first limit_n * oversample due jobs of the queues
     head_plain          strict FIFO: no queue cap, and no job of the head is capped,
                         waits on an identity (two of the head share one, or a job
@@ -787,7 +788,15 @@ per_actor_capacity AS (
                WHEN ac.max_concurrent IS NULL THEN p.limit_n
                ELSE least(p.limit_n, greatest(ac.max_concurrent - coalesce(r.in_flight, 0), 0))
            END AS residual,
-           ac.max_concurrent IS NOT NULL AS capped
+           -- Admitted as an uncapped actor's when its room holds its whole sample
+           -- (residual * oversample): every dispatcher samples the same first jobs,
+           -- so all of them together cannot take more than the room, and locked reads
+           -- past the ones other dispatchers hold. Cut at residual, those held gave
+           -- nothing: a second worker sat out its poll interval behind the first's
+           -- batch. eligible still applies the cap to what was locked.
+           ac.max_concurrent IS NOT NULL
+               AND ac.max_concurrent - coalesce(r.in_flight, 0) < p.limit_n * p.oversample
+               AS capped
     FROM (SELECT DISTINCT pa.actor FROM pending_actors pa WHERE pa.actor IS NOT NULL) a
     CROSS JOIN params p
     LEFT JOIN {schema}.actor_config ac ON ac.actor = a.actor

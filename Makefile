@@ -42,8 +42,8 @@ lint: setup ## ruff (lint + format check) and import-linter contracts
 	$(BIN)/lint-imports
 
 .PHONY: typecheck
-typecheck: setup ## mypy --strict over every package's src
-	$(BIN)/mypy packages/*/src
+typecheck: setup ## mypy --strict over every package's src, the tests and the benchmarks
+	$(BIN)/mypy packages/*/src tests bench
 
 .PHONY: pytest
 pytest: setup ## the test suite (parallel, with coverage)

@@ -263,7 +263,16 @@ def _drain_scenarios(
                 _preloaded(
                     n,
                     chunk,
-                    lambda d, s, p=prefetch: _taskq.drain(d, s, n, workers, concurrency, cap, p),
+                    # partial binds this turn's prefetch (a lambda's default would too, but
+                    # mypy cannot infer a lambda with an extra defaulted parameter).
+                    functools.partial(
+                        _taskq.drain,
+                        n=n,
+                        workers=workers,
+                        concurrency=concurrency,
+                        time_limit=cap,
+                        prefetch=prefetch,
+                    ),
                 )
             ),
             compare,

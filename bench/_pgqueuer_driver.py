@@ -25,9 +25,11 @@ PAYLOAD = json.dumps({"seconds": 0, "tag": ""}).encode()
 async def _main(args: argparse.Namespace) -> None:
     os.environ["PGQUEUER_SCHEMA"] = args.schema  # read by PgQueuer's DBSettings
     import asyncpg
-    from pgqueuer import AsyncpgDriver, Queries, QueueManager
-    from pgqueuer.models import Job
-    from pgqueuer.types import QueueExecutionMode
+
+    # PgQueuer is installed only in the driver's own virtualenv, not the one mypy runs in.
+    from pgqueuer import AsyncpgDriver, Queries, QueueManager  # type: ignore[import-not-found]
+    from pgqueuer.models import Job  # type: ignore[import-not-found]
+    from pgqueuer.types import QueueExecutionMode  # type: ignore[import-not-found]
 
     conn = await asyncpg.connect(args.dsn)
     queries = Queries(AsyncpgDriver(conn))
@@ -47,7 +49,7 @@ async def _main(args: argparse.Namespace) -> None:
     else:
         manager = QueueManager(queries)
 
-        @manager.entrypoint("nap")
+        @manager.entrypoint("nap")  # type: ignore[untyped-decorator]  # unresolved, as above
         async def nap(job: Job) -> None:
             json.loads(job.payload or b"{}")
 

@@ -118,11 +118,12 @@ async def bounded(payload: dict[str, Any]) -> None:
 
 @actor
 async def spawner(payload: dict[str, Any], ctx: Context) -> int:
-    for i in range(payload["children"]):
+    children: int = payload["children"]
+    for i in range(children):
         ctx.enqueue(nap, {"tag": f"child{i}"})
     if payload.get("fail"):
         raise ValueError("parent failed after enqueueing")
-    return payload["children"]
+    return children
 
 
 @actor(max_attempts=1)

@@ -175,9 +175,9 @@ def test_app_checks_the_actor_payload_and_queue_up_front(cli: Cli) -> None:
     # Without --app the payload is the worker's to check, as before.
     cli.ok("schedules", "update", fine, "--payload", '{"seconds": "soon"}')
     # An actor the application does not define is said, not passed unchecked.
-    made = cli.taskq("schedules", "create", "other", "elsewhere", "* * * * *")
-    assert made.returncode == 0, made.stderr  # with a warning: no worker runs it here
-    other = _created_id(made.stdout)
+    created = cli.taskq("schedules", "create", "other", "elsewhere", "* * * * *")
+    assert created.returncode == 0, created.stderr  # with a warning: no worker runs it here
+    other = _created_id(created.stdout)
     assert "not one of" in error_line(cli.taskq("schedules", "update", other, "--disable", *app))
 
 

@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
+from taskq.backend import Backend
 from taskq_postgres import PostgresBackend
 from taskq_testing.conformance import AdvanceTime, BackendConformance
 from taskq_testing.postgres import PgSchema
@@ -50,8 +51,12 @@ class TestPostgresBackend(BackendConformance):
     def advance_time(self) -> AdvanceTime:
         return _sleep
 
+    # pytest-asyncio types its fixture as the bare function, where it returns pytest's
+    # fixture definition (as the base's is): the same kind of object, typed apart.
     @pytest_asyncio.fixture
-    async def transaction_conn(self, pg_pooled_schema: PgSchema) -> AsyncIterator[Any]:
+    async def transaction_conn(  # type: ignore[override]
+        self, pg_pooled_schema: PgSchema
+    ) -> AsyncIterator[Any]:
         # A plain connection of the caller's own, with asyncpg's default codecs.
         conn: asyncpg.Connection[Any] = await asyncpg.connect(pg_pooled_schema.dsn)
         yield conn
@@ -67,7 +72,7 @@ class TestPostgresBackend(BackendConformance):
         reason="round robin samples a (queue, actor) by its own cohort ranks (not fixed yet)",
     )
     async def test_round_robin_ranks_a_job_among_its_whole_cohort_not_its_actors_jobs(
-        self, backend: PostgresBackend, advance_time: AdvanceTime
+        self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
         await super().test_round_robin_ranks_a_job_among_its_whole_cohort_not_its_actors_jobs(
             backend, advance_time
@@ -81,7 +86,7 @@ class TestPostgresBackend(BackendConformance):
         "fixed yet)",
     )
     async def test_round_robin_ranks_a_job_behind_a_capped_actors_whole_backlog_in_its_cohort(
-        self, backend: PostgresBackend, advance_time: AdvanceTime
+        self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
         await (
             super().test_round_robin_ranks_a_job_behind_a_capped_actors_whole_backlog_in_its_cohort(
@@ -97,7 +102,7 @@ class TestPostgresBackend(BackendConformance):
         "fixed yet)",
     )
     async def test_round_robin_ranks_a_strict_job_behind_a_capped_actors_strict_backlog(
-        self, backend: PostgresBackend, advance_time: AdvanceTime
+        self, backend: Backend, advance_time: AdvanceTime
     ) -> None:
         await super().test_round_robin_ranks_a_strict_job_behind_a_capped_actors_strict_backlog(
             backend, advance_time

@@ -60,7 +60,9 @@ def test_every_backend_driven_transition_has_a_case() -> None:
 
 
 @pytest.mark.parametrize("backend_type", [InMemoryBackend, PostgresBackend])
-def test_the_builtin_backends_implement_the_optional_writes(backend_type: type) -> None:
+def test_the_builtin_backends_implement_the_optional_writes(
+    backend_type: type[InMemoryBackend | PostgresBackend],
+) -> None:
     # The suite skips an optional protocol's tests on a backend without it: the
     # built-in ones must not lose theirs unnoticed.
     assert issubclass(backend_type, SupportsBatchedSuccess)

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
-from taskq import Context, TaskQ, actor
+from taskq import Actor, Context, TaskQ, actor
 from taskq.errors import ConfigurationError
 
 
-def _named(name: str) -> Any:
+def _named(name: str) -> Actor[..., Any]:
     @actor(name=name)
     async def job(payload: dict[str, Any]) -> None:
         return None
@@ -155,11 +155,13 @@ def test_signatures_no_worker_could_run_are_refused_at_the_decoration() -> None:
     async def context_first(ctx: Context) -> None:
         return None
 
-    for fn, error in [
+    # Callable: the three functions' shapes differ, and their join is a bare `function`.
+    cases: list[tuple[Callable[..., Any], str]] = [
         (positional_only, "the first parameter must be the payload, an ordinary parameter"),
         (generator, "is a generator function; an actor returns its result"),
         (context_first, "pydantic cannot validate <class 'taskq.context.Context'>"),
-    ]:
+    ]
+    for fn, error in cases:
         with pytest.raises(ConfigurationError, match=error):
             actor(name="unrunnable")(fn)
 

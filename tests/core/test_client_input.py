@@ -97,7 +97,7 @@ async def test_a_batch_item_of_another_shape_is_refused_and_writes_nothing(
             await enqueue([("options.job", {}), item])
     assert await tq.client.list_jobs() == []
     # A pair as a list is still a pair.
-    assert len(await tq.client.enqueue_batch([["options.job", {}]])) == 1
+    assert len(await tq.client.enqueue_batch([["options.job", {}]])) == 1  # type: ignore[list-item]
 
 
 async def test_a_batch_item_names_its_actor_by_the_actor_or_its_name(
@@ -313,6 +313,7 @@ class _ClockReads:
             await asyncio.Event().wait()
         if self.failures:
             self.failures -= 1
+            assert self._error is not None  # None waited above, for good
             raise self._error
         return await self._backend.now()  # type: ignore[attr-defined]
 

@@ -4,6 +4,7 @@ database blip."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
 from datetime import timedelta
 from typing import Any
 from uuid import uuid4
@@ -67,6 +68,7 @@ async def test_a_transient_poll_failure_is_retried_and_the_feed_goes_on() -> Non
     feed = watch_reclaims(
         backend, visibility_delay=timedelta(0), poll_interval=timedelta(seconds=1)
     )
+    assert isinstance(feed, AsyncGenerator)  # typed an AsyncIterator; closed below
     with structlog.testing.capture_logs() as logs:
         event = await asyncio.wait_for(anext(feed), 5)
     await feed.aclose()

@@ -61,7 +61,7 @@ async def _batches(pg_schema: PgSchema) -> list[tuple[str, JobStatus, bool]]:
     from taskq import TaskQ
 
     async with TaskQ(pg_schema.dsn, schema=pg_schema.name) as tq:
-        found = []
+        found: list[tuple[str, JobStatus, bool]] = []
         for final in await tq.client.list_jobs(actor="demo.batch_done"):
             batch = await tq.backend.get_batch(UUID(final.metadata["batch_finalizer_for"]))
             assert batch is not None and batch.completed_at is not None
@@ -79,7 +79,7 @@ def test_ctrl_c_stops_the_demo_gracefully_and_leaves_no_job_locked(
     import subprocess
     import time
 
-    from taskq.models import JobFilter, JobStatus
+    from taskq.models import JobFilter, JobRow, JobStatus
     from tests.demo._support import TASKQ, user_env
 
     args = ["demo", "--dsn", pg_schema.dsn, "--schema", pg_schema.name, "--jobs", "5000"]
@@ -111,7 +111,7 @@ def test_ctrl_c_stops_the_demo_gracefully_and_leaves_no_job_locked(
     assert "Traceback" not in stderr
     assert "jobs left unfinished" in stdout
 
-    async def running() -> list[object]:
+    async def running() -> list[JobRow]:
         from taskq import TaskQ
 
         async with TaskQ(pg_schema.dsn, schema=pg_schema.name) as app:

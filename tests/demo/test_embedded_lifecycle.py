@@ -205,7 +205,6 @@ def test_a_short_postmaster_pid_left_long_ago_naming_a_live_process_is_not_waite
 ) -> None:
     # Its pid reused by another process (after a reboot): no server is writing it, and
     # every command read it again for the whole wait before saying so.
-    from taskq_postgres import _embedded
     from taskq_postgres._embedded import EmbeddedServerError, data_dir, find_running, stop
 
     pgdata = data_dir(tmp_path)
@@ -217,7 +216,7 @@ def test_a_short_postmaster_pid_left_long_ago_naming_a_live_process_is_not_waite
     def read_again(seconds: float) -> None:
         raise AssertionError("a file no server is writing was read again")
 
-    monkeypatch.setattr(_embedded.time, "sleep", read_again)
+    monkeypatch.setattr(time, "sleep", read_again)  # the module _embedded sleeps with
     for call in (find_running, stop):
         with pytest.raises(EmbeddedServerError, match=r"postmaster.pid cannot be read .* delete"):
             call(tmp_path)
@@ -228,7 +227,6 @@ def test_a_postmaster_pid_this_user_may_not_read_is_said_at_once(
 ) -> None:
     # Another user's server (pgdata theirs, 0700): every command read the file again for
     # the whole wait, then said to delete it, of a server that runs.
-    from taskq_postgres import _embedded
     from taskq_postgres._embedded import EmbeddedServerError, data_dir, find_running
 
     pgdata = data_dir(tmp_path)
@@ -250,7 +248,7 @@ def test_a_postmaster_pid_this_user_may_not_read_is_said_at_once(
 
     monkeypatch.setattr(Path, "stat", refused(stat))
     monkeypatch.setattr(Path, "read_text", refused(read_text))
-    monkeypatch.setattr(_embedded.time, "sleep", read_again)
+    monkeypatch.setattr(time, "sleep", read_again)  # the module _embedded sleeps with
     with pytest.raises(EmbeddedServerError, match=r"cannot be read as this user .* another user"):
         find_running(tmp_path)
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 from uuid import uuid4
 
 import asyncpg
@@ -976,6 +976,14 @@ async def test_a_wait_for_another_migrator_cut_in_a_callers_transaction_raises_i
         await migrator.close()
 
 
+class _LockBounds(TypedDict, total=False):
+    """``migrate``'s lock bounds, typed per key: mypy checks a ``dict[str, timedelta]``
+    passed as ``**`` against every keyword of ``migrate``."""
+
+    lock_timeout: timedelta
+    max_lock_wait: timedelta
+
+
 @pytest.mark.parametrize(
     ("bounds", "error"),
     [
@@ -986,9 +994,7 @@ async def test_a_wait_for_another_migrator_cut_in_a_callers_transaction_raises_i
         ({"lock_timeout": timedelta(days=30)}, "lock_timeout must be at most 2147483647ms"),
     ],
 )
-async def test_lock_bounds_are_checked_before_any_sql(
-    bounds: dict[str, timedelta], error: str
-) -> None:
+async def test_lock_bounds_are_checked_before_any_sql(bounds: _LockBounds, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         await migrate("postgresql://postgres@127.0.0.1:1/x", unique_schema_name(), **bounds)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
@@ -284,6 +284,7 @@ async def test_watch_reclaims_warns_of_a_writer_older_than_its_visibility_delay(
             )
             await asyncio.sleep(0.3)
             feed = watch_reclaims(backend, visibility_delay=timedelta(milliseconds=200))
+            assert isinstance(feed, AsyncGenerator)  # typed an AsyncIterator; closed below
             with structlog.testing.capture_logs() as logs, pytest.raises(TimeoutError):
                 await asyncio.wait_for(anext(feed), 1.0)  # nothing to read: it waits
             await feed.aclose()

@@ -183,7 +183,7 @@ async def test_slots_the_database_refuses_are_skipped_and_the_tick_goes_on(
     async def refusing(db: object, jobs: list[EnqueueArgs]) -> object:
         if jobs and jobs[0].actor == "a0":
             raise asyncpg.CheckViolationError("new row violates check constraint")
-        return await enqueue(db, jobs)  # type: ignore[arg-type]
+        return await enqueue(db, jobs)
 
     monkeypatch.setattr(backend, "_enqueue", refusing)
     fired = await backend.fire_due_schedules(_slot_job, catch_up=_CATCH_UP)

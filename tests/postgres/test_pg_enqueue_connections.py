@@ -284,7 +284,8 @@ def _goodbye_read(conn: Any) -> None:
 async def _idle_pooled(backend: PostgresBackend, n: int) -> list[Any]:
     """``n`` raw connections of ``backend``'s pool, each made and handed back (idle)."""
     async with contextlib.AsyncExitStack() as stack:
-        lent = [await stack.enter_async_context(backend.connection()) for _ in range(n)]
+        # Any: a proxy's connection (asyncpg's own attribute) is not in its stubs.
+        lent: list[Any] = [await stack.enter_async_context(backend.connection()) for _ in range(n)]
         raw = [conn._con for conn in lent]
     return raw
 
@@ -309,8 +310,9 @@ async def test_an_enqueue_refused_unsent_as_its_pinned_session_ends_runs_once_on
         await backend.enqueue(EnqueueArgs(actor="a"))  # pins
         assert backend._pinned is not None and backend._pinned._conn is not None
         pooled = await _idle_pooled(backend, 2)
+        proxy: Any = backend._pinned._conn  # its connection is not in asyncpg's stubs
         # A restart ends them all: the pooled ones the enqueue goes on next as well.
-        for raw in [backend._pinned._conn._con, *pooled]:
+        for raw in [proxy._con, *pooled]:
             _goodbye_read(raw)
         row = await backend.enqueue(EnqueueArgs(actor="a"))
         assert await backend.get(row.id) == row
@@ -337,7 +339,8 @@ async def test_a_release_while_a_refused_enqueue_gets_another_connection_hands_i
     await backend.enqueue(EnqueueArgs(actor="a"))  # pins
     pinned = backend._pinned
     assert pinned is not None and pinned._conn is not None
-    _goodbye_read(pinned._conn._con)
+    proxy: Any = pinned._conn  # its connection is not in asyncpg's stubs
+    _goodbye_read(proxy._con)
     acquire = _bounded._acquire
 
     async def released_meanwhile(pool: Any, deadline: float | None) -> Any:
@@ -368,6 +371,7 @@ async def test_a_release_while_an_enqueue_gets_its_first_connection_hands_it_bac
     monkeypatch.setattr(_bounded, "_acquire", released_meanwhile)
     await backend.enqueue(EnqueueArgs(actor="a"))
     assert pinned._conn is None
+    assert backend._bounded is not None
     pool = backend._bounded.pool
     assert pool.get_idle_size() == pool.get_size()
 

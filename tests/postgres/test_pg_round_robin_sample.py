@@ -254,7 +254,9 @@ async def test_identity_duplicates_read_to_the_level_do_not_short_the_batch(
     s = pg_schema.name
     a_keys = ["k"] if oversample == 1 else ["k", "l", "n"]
     a_jobs = [(key, i) for i in range(2) for key in a_keys]
-    rows = [(uuid4(), "a", key, "x", START + timedelta(seconds=i)) for key, i in a_jobs]
+    rows: list[tuple[UUID, str, str, str | None, datetime]] = [
+        (uuid4(), "a", key, "x", START + timedelta(seconds=i)) for key, i in a_jobs
+    ]
     rows += [(uuid4(), "b", "m", None, START + timedelta(seconds=10 + i)) for i in range(8)]
     await conn.executemany(
         f"INSERT INTO {s}.jobs (id, actor, queue, fairness_key, identity_key, scheduled_at)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from uuid import UUID
 
@@ -140,7 +140,7 @@ async def _ends_while_held(
                 await rival.close()
             await tq.client.wait_for_result(job.id, timeout=20)
         row = await tq.client.get(job.id)
-        attempts = [a.outcome for a in await tq.client.get_attempts(job.id)]
+        attempts: list[str] = [a.outcome for a in await tq.client.get_attempts(job.id)]
     assert row is not None
     return row, attempts
 
@@ -225,7 +225,7 @@ async def test_a_success_write_past_the_statement_timeout_on_a_locked_history_ta
     assert row.status is JobStatus.SUCCEEDED
 
 
-def _retried_read_only(logs: list[dict[str, Any]]) -> bool:
+def _retried_read_only(logs: Iterable[Mapping[str, Any]]) -> bool:
     return any(e["event"] == "taskq.outcome-write-retry" and "ReadOnly" in e["error"] for e in logs)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -29,7 +29,7 @@ async def running(
         await asyncio.wait_for(run, stop_within)
 
 
-async def phase_logged(logs: list[dict[str, Any]], phase: str, within: float = 5) -> None:
+async def phase_logged(logs: Sequence[Mapping[str, Any]], phase: str, within: float = 5) -> None:
     """Until ``logs`` (structlog's ``capture_logs``) hold the stop's ``phase`` line."""
 
     async def logged() -> None:

@@ -3,6 +3,7 @@ schedules checked at create and update as their slots' jobs will be built."""
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
@@ -241,10 +242,10 @@ async def test_an_unreadable_schedule_is_parked_and_the_others_fire(
 
     from taskq.backend import cron
 
-    bad = await taskq_backend.create_schedule(  # type: ignore[attr-defined]
+    bad = await taskq_backend.create_schedule(
         ScheduleCreateArgs(name="bad", actor="cron.a", cron="* * * * * *", timezone="Europe/Berlin")
     )
-    good = await taskq_backend.create_schedule(  # type: ignore[attr-defined]
+    good = await taskq_backend.create_schedule(
         ScheduleCreateArgs(name="good", actor="cron.b", cron="* * * * * *")
     )
     await _due_since(taskq_backend, bad.id, 3)
@@ -262,7 +263,7 @@ async def test_an_unreadable_schedule_is_parked_and_the_others_fire(
             _slot_args, catch_up=timedelta(minutes=1)
         )
     assert fired >= 2  # the good one's slots
-    [parked] = [s for s in await taskq_backend.list_schedules() if s.name == "bad"]  # type: ignore[attr-defined]
+    [parked] = [s for s in await taskq_backend.list_schedules() if s.name == "bad"]
     assert parked.next_fire_at is None
     [error] = [e for e in logs if e["event"] == "taskq.schedule-unreadable"]
     assert error["schedule"] == "bad" and "taskq schedules update" in error["hint"]
@@ -277,7 +278,7 @@ async def test_a_singleton_schedule_behind_by_several_slots_enqueues_one_job(
 
     from taskq.models import JobFilter
 
-    schedule = await taskq_backend.create_schedule(  # type: ignore[attr-defined]
+    schedule = await taskq_backend.create_schedule(
         ScheduleCreateArgs(
             name="only-one",
             actor="cron.single",
@@ -301,7 +302,7 @@ async def test_slots_past_the_catch_up_window_are_skipped_with_a_warning(
 
     import structlog.testing
 
-    schedule = await taskq_backend.create_schedule(  # type: ignore[attr-defined]
+    schedule = await taskq_backend.create_schedule(
         ScheduleCreateArgs(name="late", actor="cron.late", cron="* * * * * *")
     )
     await _due_since(taskq_backend, schedule.id, 5)
@@ -335,7 +336,7 @@ async def test_a_leader_skips_the_slots_past_an_actors_max_pending_and_says_so(
     settings = {**TEST_SETTINGS, "queues": "elsewhere", "cron_interval": "50ms"}
     worker = Worker(tq, WorkerSettings.load(settings, env={}))
 
-    def skips() -> list[dict[str, Any]]:
+    def skips() -> list[MutableMapping[str, Any]]:
         return [
             e
             for e in logs
@@ -383,10 +384,10 @@ async def test_a_slot_the_actors_own_code_fails_to_build_is_skipped_and_the_othe
 
     tq = TaskQ("memory://", actors=[per_tenant, report])
     build = SlotJobBuilder(tq.client, tq.actors, {})
-    bad = await taskq_backend.create_schedule(  # type: ignore[attr-defined]
+    bad = await taskq_backend.create_schedule(
         ScheduleCreateArgs(name="a-tenantless", actor="cron.per-tenant", cron="* * * * * *")
     )
-    good = await taskq_backend.create_schedule(  # type: ignore[attr-defined]
+    good = await taskq_backend.create_schedule(
         ScheduleCreateArgs(name="b-report", actor="cron.report", cron="* * * * * *")
     )
     await _due_since(taskq_backend, bad.id, 3)
@@ -396,9 +397,9 @@ async def test_a_slot_the_actors_own_code_fails_to_build_is_skipped_and_the_othe
             build, catch_up=timedelta(minutes=1)
         )
     assert fired >= 2  # the good one's slots
-    jobs = await taskq_backend.list_jobs(JobFilter())  # type: ignore[attr-defined]
+    jobs = await taskq_backend.list_jobs(JobFilter())
     assert {job.actor for job in jobs} == {"cron.report"}
-    [passed] = [s for s in await taskq_backend.list_schedules() if s.name == "a-tenantless"]  # type: ignore[attr-defined]
+    [passed] = [s for s in await taskq_backend.list_schedules() if s.name == "a-tenantless"]
     assert passed.last_fired_at is not None  # advanced past its slots, not stuck on them
     skipped = [e for e in logs if e["event"] == "taskq.schedule-slot-skipped"]
     assert skipped and all("KeyError" in e["error"] for e in skipped)

@@ -52,7 +52,8 @@ async def nap(payload: dict[str, Any]) -> None:
 async def test_a_worker_refuses_a_backend_without_batch_ends_at_its_start() -> None:
     # Without the check the worker ran; at its stop the hand-back of its prefetched jobs
     # raised TypeError, and they stayed locked until their leases ran out.
-    tq = TaskQ("memory://", actors=[nap], backend=_DraftBackend())
+    # Not a Backend on purpose (its keywords are missing): the worker's check is under test.
+    tq = TaskQ("memory://", actors=[nap], backend=_DraftBackend())  # type: ignore[arg-type]
     async with tq:
         job = await tq.client.enqueue(nap, {})
         worker = Worker(tq, WorkerSettings.load({**TEST_SETTINGS, "until_idle": True}, env={}))
@@ -82,7 +83,7 @@ class _PreUpToBackend(InMemoryBackend):
     """Its backlog count predates ``up_to`` (the keyword the client passes past a
     ``max_pending``), its registry ``actors``; everything else is current."""
 
-    async def count_pending_jobs(self, actors: Sequence[str]) -> dict[str, int]:  # type: ignore[override]
+    async def count_pending_jobs(self, actors: list[str]) -> dict[str, int]:  # type: ignore[override]
         return await super().count_pending_jobs(actors)
 
     async def register_worker(self, *args: Any) -> None:  # type: ignore[override]

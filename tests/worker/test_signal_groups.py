@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from taskq import JobStatus, RetryAfter, Snooze, TaskQ, actor
+from taskq import JobRow, JobStatus, RetryAfter, Snooze, TaskQ, actor
 from taskq.backend.memory import InMemoryBackend
+from taskq.models import AttemptOutcome
 from taskq.retry import FixedBackoff
 from taskq_testing import run_until_idle
 
@@ -51,7 +52,7 @@ async def _in_a_task_group(errors: list[BaseException], nested: list[BaseExcepti
 
 async def _first_attempt_raises(
     errors: list[BaseException], nested: list[BaseException] | None = None
-) -> tuple[AskedDelays, list[str], Any]:
+) -> tuple[AskedDelays, list[AttemptOutcome], JobRow | None]:
     runs: list[int] = []
 
     @actor(name="grouped", max_attempts=3, retry_backoff=FixedBackoff(timedelta(0)))

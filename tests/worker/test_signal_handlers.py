@@ -50,7 +50,7 @@ async def test_the_third_stop_signal_exits_1_with_stderr_gone(
     # error, and no number of signals ended the worker.
     loop = asyncio.get_running_loop()
     exited: asyncio.Future[int] = loop.create_future()
-    monkeypatch.setattr(signal_handlers.os, "_exit", exited.set_result)
+    monkeypatch.setattr(os, "_exit", exited.set_result)  # the os signal_handlers calls
     monkeypatch.setattr(sys, "stderr", _GoneStderr())
     worker = _Worker()
     signal_handlers.install_signal_handlers(cast("Worker", worker), "taskq-worker")

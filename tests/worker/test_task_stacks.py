@@ -20,7 +20,7 @@ async def test_a_suspended_tasks_await_chain_is_shown_innermost_first() -> None:
     task = asyncio.create_task(_middle(gate), name="stuck")
     await asyncio.sleep(0)
     try:
-        [described] = describe_tasks({task})  # type: ignore[arg-type]
+        [described] = describe_tasks({task})
     finally:
         gate.set()
         await task

@@ -133,7 +133,7 @@ def test_a_trip_exits_whatever_the_applications_logging_raises(
 
     exits: list[int] = []
     monkeypatch.setattr(_watchdog, "_exit", _REAL_EXIT)
-    monkeypatch.setattr(_watchdog.os, "_exit", exits.append)
+    monkeypatch.setattr(os, "_exit", exits.append)  # the os _watchdog calls
     monkeypatch.setattr(_watchdog, "_log", RefusingLogger())
     monkeypatch.setattr(_watchdog, "dump_task_stacks", refusing_dump)
     _watchdog.trip("stale-tick", "a loop stopped ticking")
@@ -145,7 +145,7 @@ def test_a_trip_exits_with_stdout_closed(monkeypatch: pytest.MonkeyPatch) -> Non
     # os._exit raised AttributeError, and the wedged worker ran on.
     exits: list[int] = []
     monkeypatch.setattr(_watchdog, "_exit", _REAL_EXIT)
-    monkeypatch.setattr(_watchdog.os, "_exit", exits.append)
+    monkeypatch.setattr(os, "_exit", exits.append)  # the os _watchdog calls
     with monkeypatch.context() as patched:
         patched.setattr(sys, "stdout", None)
         _watchdog.trip("stale-tick", "a loop stopped ticking", in_loop=False)
@@ -162,7 +162,7 @@ async def test_a_trip_exits_with_stderr_gone(monkeypatch: pytest.MonkeyPatch) ->
         gone.write("an earlier line, held in the buffer every flush fails to empty\n")
         exits: list[int] = []
         monkeypatch.setattr(_watchdog, "_exit", _REAL_EXIT)
-        monkeypatch.setattr(_watchdog.os, "_exit", exits.append)
+        monkeypatch.setattr(os, "_exit", exits.append)  # the os _watchdog calls
         with monkeypatch.context() as patched:
             patched.setattr(sys, "stderr", gone)
             _watchdog.trip("stale-tick", "a loop stopped ticking")

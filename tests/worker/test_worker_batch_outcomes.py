@@ -23,7 +23,7 @@ from taskq_testing import TEST_SETTINGS, run_until_idle
 
 pytestmark = pytest.mark.postgres
 
-_NO_SWEEP = {"stale_batch_interval": "1h"}
+_NO_SWEEP: dict[str, Any] = {"stale_batch_interval": "1h"}
 
 
 @actor(name="batches.child", max_attempts=1)

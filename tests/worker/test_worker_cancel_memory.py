@@ -4,12 +4,13 @@ does to a job that snoozes, whose outcome is being written, or that has not star
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import pytest
 
 from taskq import Backend, Context, JobRow, JobStatus, RetryAfter, Snooze, TaskQ, actor
+from taskq.models import AttemptOutcome
 from taskq_testing import run_until_idle
 from tests.worker.controller_state import (
     dispatched,
@@ -20,7 +21,7 @@ from tests.worker.controller_state import (
 from tests.worker.flaky_backend import FailuresFailWhileAway, WritesFailWhileAway
 from tests.worker.running import phase_logged
 
-_GRACES = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "100ms"}
+_GRACES: dict[str, Any] = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "100ms"}
 
 
 @pytest.mark.parametrize("signal", [Snooze, RetryAfter])
@@ -132,7 +133,10 @@ async def test_a_sync_actor_told_to_stop_ends_once_its_thread_has_returned() -> 
     async with tq:
         first = await tq.client.enqueue(slow, {})
         second = await tq.client.enqueue(quick, {})
-        graces = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "5s"}
+        graces: dict[str, Any] = {
+            "cancellation_grace_period": "100ms",
+            "cleanup_grace_period": "5s",
+        }
         runner = asyncio.create_task(run_until_idle(tq, concurrency=1, **graces))
         await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
         assert await tq.client.cancel(first.id)
@@ -175,7 +179,7 @@ def _outlives_cancellation(
 
 async def _cancelled_as_it_outlives_its_grace(
     name: str, queue: str
-) -> tuple[JobRow, list[dict[str, Any]]]:
+) -> tuple[JobRow, list[MutableMapping[str, Any]]]:
     """A job of an actor ``name`` (on ``queue``) that outlives its cancellation's graces,
     cancelled by a user while it runs, with an until-idle worker run to its end: the
     job's row as it ended, and the worker's log lines."""
@@ -388,7 +392,7 @@ async def test_a_job_a_stop_left_behind_writes_nothing_when_its_actor_returns() 
 
 async def _written_off_into_a_stop(
     name: str, seconds: float, before_stop: Callable[[Any], Awaitable[None]]
-) -> tuple[JobRow | None, list[str], list[dict[str, Any]]]:
+) -> tuple[JobRow | None, list[str], list[MutableMapping[str, Any]]]:
     """A job of an actor ignoring its cancellation for ``seconds``, past its 0.1 s timeout:
     written off, its failure's write failing (the database away); the worker stopped once
     ``before_stop(worker)`` returns, the database back as the stop reaches ABANDONING.
@@ -570,8 +574,8 @@ def _finishes(name: str, started: asyncio.Event, *, watching: bool) -> Any:
 
 
 async def _stopped_outcome(
-    job_actor: Any, started: asyncio.Event, stop: str, graces: dict[str, str]
-) -> tuple[JobRow, list[str]]:
+    job_actor: Any, started: asyncio.Event, stop: str, graces: dict[str, Any]
+) -> tuple[JobRow, list[AttemptOutcome]]:
     """Run one job of ``job_actor`` and, once it started, stop it by a ``shutdown`` of
     its worker or a user's ``cancel``; the job as it ended, and its attempts' outcomes."""
     from taskq import WorkerSettings
@@ -677,6 +681,7 @@ async def test_an_attempt_written_off_past_its_limit_is_not_a_later_one(replaced
         state.active[job.id] = ActiveJob(job.model_copy(update={"attempt": 2}))
     await controller.run_post_tick()
     await controller.write_late_outcomes()
+    assert old.task is not None  # started by past_its_limit
     old.task.cancel()
     after = await backend.get(job.id)
     assert after is not None
@@ -716,7 +721,10 @@ async def test_a_late_escalation_leaves_the_job_its_whole_cleanup_grace() -> Non
     tq = TaskQ("memory://", backend=backend, actors=[unwinds])
     async with tq:
         job = await tq.client.enqueue(unwinds, {})
-        graces = {"cancellation_grace_period": "100ms", "cleanup_grace_period": "2s"}
+        graces: dict[str, Any] = {
+            "cancellation_grace_period": "100ms",
+            "cleanup_grace_period": "2s",
+        }
         runner = asyncio.create_task(run_until_idle(tq, **graces))
         await asyncio.wait_for(started.wait(), 5)
         assert await tq.client.cancel(job.id)
@@ -1135,6 +1143,7 @@ async def test_a_late_outcome_whose_write_landed_as_the_tick_was_cut_is_not_kept
         async with asyncio.timeout(0.5):
             await controller.write_late_outcomes()
     await controller.write_late_outcomes()
+    assert old.task is not None  # started by past_its_limit
     old.task.cancel()
     late = [e for e in await backend.get_events(job.id) if e.kind == "late_outcome"]
     assert len(late) == 1
@@ -1214,6 +1223,7 @@ async def test_a_late_outcome_queued_as_the_worker_stops_is_still_written() -> N
         await asyncio.wait({heartbeat})
     finally:
         heartbeat.cancel()
+        assert active.task is not None  # started by past_its_limit
         active.task.cancel()
     late = [e for e in await backend.get_events(job.id) if e.kind == "late_outcome"]
     assert len(late) == 1
@@ -1259,6 +1269,7 @@ async def test_a_tick_cut_by_its_bound_does_not_go_on_to_the_post_ticks_writes()
         async with asyncio.timeout(2):
             await heartbeat_once(state)  # the abandonment, written at the next tick
     finally:
+        assert active.task is not None  # started by past_its_limit
         active.task.cancel()
     current = await backend.get(job.id)
     assert current is not None and current.status is JobStatus.ABANDONED

@@ -384,7 +384,7 @@ async def test_graces_longer_than_the_termination_grace_are_cut_to_hand_the_job_
     # job still locked, and the reclaim then spent one of its attempts (crashed).
     signal_file = tmp_path / "stubborn.started"
     job = await tq.client.enqueue(basic.stubborn, {"seconds": 60, "started": str(signal_file)})
-    graces = {
+    graces: dict[str, Any] = {
         "TASKQ_DRAIN_GRACE_PERIOD": "2s",
         "TASKQ_CANCELLATION_GRACE_PERIOD": "5s",
         "TASKQ_CLEANUP_GRACE_PERIOD": "2s",
@@ -578,5 +578,6 @@ async def test_an_abandonment_landed_with_its_reply_lost_counts_for_its_batch_on
             await controller.run_post_tick()
             await controller.write_late_outcomes()
     finally:
+        assert active.task is not None  # started by forced_past_cleanup
         active.task.cancel()
     assert hooks == ["abandoned"]

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import MutableMapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -236,7 +237,9 @@ def test_the_codes_password_goes_only_to_the_server_of_the_codes_url(
 
     monkeypatch.delenv("TASKQ_DSN", raising=False)
     monkeypatch.delenv("TASKQ_SCHEMA", raising=False)
-    for secret in ({"password": "s3cret"}, {"password_file": "/run/secret"}):
+    # The backend's options, not TaskQ's own arguments.
+    secrets: tuple[dict[str, Any], ...] = ({"password": "s3cret"}, {"password_file": "/run/secret"})
+    for secret in secrets:
         app = TaskQ("postgresql://app@db.example:5432/app", poll_only=True, **secret)
         with structlog.testing.capture_logs() as logs:
             if command == "taskq-worker":
@@ -394,6 +397,7 @@ def test_an_application_takes_the_fleets_backend_tunables_from_the_environment(
     # workers (which rebuild its backend with their settings).
     app = TaskQ(url, poll_only=False, reclaim_event_visibility_delay=timedelta(seconds=1))
     rebuilt: Any = _rebuild_app(app, WorkerSettings.load({}, env=dict(os.environ))).backend
+    built: Any  # a PostgresBackend's attributes, not the protocol's
     for built in (app.backend, rebuilt):
         assert (built.poll_only, built.reclaim_event_visibility_delay.total_seconds()) == (
             True,
@@ -687,7 +691,7 @@ def _start_late(
     wait: str,
     *args: str,
     **env: str,
-) -> tuple[int, int, list[dict[str, Any]]]:
+) -> tuple[int, int, list[MutableMapping[str, Any]]]:
     """``taskq-worker tests.apps.late_backend:tq --until-idle ARGS`` in-process, with the
     ``TASKQ_*`` ``env``, its backend refusing ``refusals`` opens with ``error``: (exit
     code, opens, warnings logged)."""

@@ -113,7 +113,7 @@ async def test_a_slow_sync_provider_does_not_trip_the_loop_lag_watchdog(trips: l
 async def test_shared_values_are_created_once_at_start_and_are_the_jobs_own() -> None:
     made: list[str] = []
     closed: list[str] = []
-    seen: dict[str, list[object]] = {}
+    seen: dict[str, list[Any]] = {}  # (db, client) pairs and bare clients
 
     def client() -> Iterator[_Client]:
         made.append("client")

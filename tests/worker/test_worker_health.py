@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -301,7 +302,7 @@ def test_readiness_turns_200_once_the_database_the_worker_waited_for_is_up(
 async def test_every_record_inside_a_job_carries_the_job_context() -> None:
     seen: list[dict[str, Any]] = []
 
-    def keep(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    def keep(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         seen.append(dict(event))
         raise structlog.DropEvent
 

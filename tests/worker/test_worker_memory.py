@@ -927,7 +927,7 @@ async def test_a_cancel_landing_while_a_sync_actors_transaction_commits_keeps_it
     tq = TaskQ("memory://", actors=[writes], providers=providers)
     async with tq:
         job = await tq.client.enqueue(writes, {})
-        graces = {"cancellation_grace_period": "50ms", "cleanup_grace_period": "5s"}
+        graces: dict[str, Any] = {"cancellation_grace_period": "50ms", "cleanup_grace_period": "5s"}
         runner = asyncio.create_task(run_until_idle(tq, **graces))
         assert await asyncio.to_thread(returned.wait, 5)
         assert await tq.client.cancel(job.id)  # forced 50 ms after its worker sees it

@@ -384,6 +384,7 @@ async def test_progress_is_persisted_while_the_job_runs(tq: TaskQ, pg_schema: Pg
             if row.status not in (JobStatus.PENDING, JobStatus.RUNNING) or row.progress_seq > 1:
                 break  # past the first step without the test seeing it persisted
             await asyncio.sleep(0.05)
+        assert row is not None  # as checked in the loop
         assert seen == {"step": 1}, (row.status, row.progress_seq)
         _, err = await asyncio.to_thread(proc.communicate, timeout=60)
         assert proc.returncode == 0, err

@@ -409,7 +409,8 @@ async def test_a_backend_without_get_actor_max_pending_fails_loudly() -> None:
     class Old(InMemoryBackend):
         get_actor_max_pending = None  # type: ignore[assignment]
 
-    tq = TaskQ("memory://", actors=[limited], backend=Old())
+    # Not a Backend on purpose: the check under test is the run-time one.
+    tq = TaskQ("memory://", actors=[limited], backend=Old())  # type: ignore[arg-type]
     async with tq:
         with pytest.raises(TypeError, match="lacks get_actor_max_pending"):
             await tq.client.enqueue(limited, {})

@@ -487,7 +487,7 @@ async def test_an_async_teardown_runs_in_the_invocations_own_context(
     async def tenanted(payload: int, audit: Audit) -> str:
         return _tenant.get()
 
-    async def run() -> tuple[str, str]:
+    async def run() -> tuple[object, str]:  # invoke() returns an object
         async with build_actor_scope(tenanted, registry, containers, {"payload": 1}) as scope:
             seen = await scope.invoke()
         return seen, _tenant.get()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from types import TracebackType
 from typing import Self
@@ -171,7 +171,7 @@ async def test_a_plain_function_returning_an_awaitable_is_a_clear_error(
     # A lambda around an async function: the actor was handed the coroutine itself.
     registry.register_value(Config, Config())
 
-    def wrapper(config: Config) -> object:
+    def wrapper(config: Config) -> Awaitable[Service]:
         return make_service_async(config)
 
     registry.register(Service, wrapper)

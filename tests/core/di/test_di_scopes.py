@@ -351,6 +351,7 @@ async def test_a_shared_value_created_after_its_scope_closed_is_closed_at_once(
 
     registry.register(First, slow, scope=Scope.LOOP)
     container = containers[Scope.LOOP]
+    assert isinstance(container, ScopeContainer)  # the loop's own, which it closes below
     entry = _entry(registry, First)
     job = asyncio.create_task(container.get_or_create(entry, registry, containers))
     await asyncio.sleep(0)

@@ -195,7 +195,9 @@ async def test_an_optional_annotated_alias_gets_its_types_provider_in_its_scope(
     values = await solve_dependencies(job, registry, transient, {})
     assert isinstance(values.get("maybe"), Config)
     assert values["also"] is values["maybe"]  # one TRANSIENT value
-    assert containers[Scope.PROCESS].peek(registry.get(Config)) is MISSING  # not PROCESS
+    entry = registry.get(Config)
+    assert entry is not None
+    assert containers[Scope.PROCESS].peek(entry) is MISSING  # not PROCESS
 
 
 async def test_a_partials_bound_keywords_are_not_injected(
@@ -218,6 +220,7 @@ async def test_a_partials_bound_keywords_are_not_injected(
 
     registry.validate()
     values = await solve_dependencies(job, registry, containers, {})
+    assert isinstance(values["conn"], Conn) and isinstance(values["client"], Client)
     assert values["conn"].config is mine
     assert values["client"].label == "bound" and values["client"].conn is values["conn"]
 
@@ -236,7 +239,8 @@ async def test_an_optional_parameter_takes_the_unions_own_provider_first(
     async def job(conn: Conn | None, config: Config) -> None:
         pass
 
-    registry.register(Conn | None, maybe_conn, scope=Scope.PROCESS)
+    # register's key is typed type[T], which no union is; it takes one all the same.
+    registry.register(Conn | None, maybe_conn, scope=Scope.PROCESS)  # type: ignore[arg-type]
     registry.register(Config, make_config, scope=Scope.PROCESS)
     registry.validate()
     values = await solve_dependencies(job, registry, containers, {})

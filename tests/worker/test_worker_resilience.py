@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -478,13 +478,13 @@ async def test_a_short_dispatch_is_followed_by_another_not_by_a_wait_for_a_wake(
 
 
 class CountedDispatches(InMemoryBackend):
-    """Counts its dispatches; with ``held_every_other``, every second one comes back
-    empty, as when other workers' dispatches in flight hold every due job."""
+    """Counts its dispatches; those for whose number ``held`` is true come back empty, as
+    when other workers' dispatches in flight hold every due job."""
 
-    def __init__(self, *, held_every_other: bool = False) -> None:
+    def __init__(self, held: Callable[[int], bool] = lambda call: False) -> None:
         super().__init__()
         self.calls = 0
-        self.held_every_other = held_every_other
+        self.held = held
 
     async def dispatch_actors_batch(
         self,
@@ -495,7 +495,7 @@ class CountedDispatches(InMemoryBackend):
         actors: Sequence[str],
     ) -> list[JobRow]:
         self.calls += 1
-        if self.held_every_other and self.calls % 2 == 0:
+        if self.held(self.calls):
             return []
         return await super().dispatch_actors_batch(worker_id, queues, limit, lock_lease, actors)
 
@@ -509,13 +509,24 @@ async def test_an_empty_dispatch_right_after_a_full_one_is_looked_again_soon() -
     # Postgres is not read past them): empty, yet jobs are due a few ms later. After a
     # full dispatch the worker looks once more about a dispatch's time later instead of
     # sitting out the poll interval.
-    backend = CountedDispatches(held_every_other=True)
+    backend = CountedDispatches(held=lambda call: call % 2 == 0)
     tq = TaskQ("memory://", actors=[quick], backend=backend)
     async with tq:
         jobs = [await tq.client.enqueue(quick, {}) for _ in range(12)]
         async with running(tq, LOOK_AGAIN_SETTINGS):
             await _until_finished(tq, jobs)
     assert backend.calls >= 12  # each empty answer followed by a full one
+
+
+async def test_a_workers_first_dispatch_found_empty_is_looked_again_soon() -> None:
+    # A worker starting while others drain: its first dispatch can find every due job
+    # held by theirs in flight.
+    backend = CountedDispatches(held=lambda call: call == 1)
+    tq = TaskQ("memory://", actors=[quick], backend=backend)
+    async with tq:
+        jobs = [await tq.client.enqueue(quick, {}) for _ in range(4)]
+        async with running(tq, LOOK_AGAIN_SETTINGS):
+            await _until_finished(tq, jobs)
 
 
 async def test_an_idle_worker_looks_again_only_once_after_a_full_dispatch() -> None:

@@ -1,9 +1,9 @@
 """The producer loop: locks due jobs into the local queue while there is room.
 
 When a dispatch finds nothing, it sleeps on the backend's wake subscription
-(NOTIFY on Postgres) and falls back to polling every ``poll_interval`` (right after
-a full dispatch, it first looks once more, a dispatch's time later); when the
-process is full it waits for a consumer to free a slot instead.
+(NOTIFY on Postgres) and falls back to polling every ``poll_interval`` (at the start
+and right after a full dispatch, it first looks once more, a dispatch's time later);
+when the process is full it waits for a consumer to free a slot instead.
 
 A dispatch that fails may still have committed (its reply lost with the
 connection, or the error raised while reading it): its jobs are then locked
@@ -124,9 +124,11 @@ async def producer_loop(state: WorkerState) -> None:
     )
     dispatch_failing = RepeatedWarning("taskq.dispatch-transient-error")
     unheard_failing = RepeatedWarning("taskq.unheard-jobs-transient-error")
-    # How long the last dispatch took when it locked all it asked for (None: since then
-    # one came back short or empty).
-    recheck_after: float | None = None
+    # While an empty dispatch is to be looked at again: how long the last full one (all
+    # it asked for) took. None once one came back short or empty. Armed at the start
+    # too (0.0: wait as long as the empty one took): other workers may be mid-batch,
+    # holding every job due.
+    recheck_after: float | None = 0.0
     async with state.backend.subscribe_wake() as wake:
         while not state.stopping.is_set():
             state.liveness.tick("producer", poll)
@@ -187,16 +189,18 @@ async def producer_loop(state: WorkerState) -> None:
             # rows other workers had locked (``SKIP LOCKED``) with more due behind them:
             # waiting for a wake there left a worker idle for a whole poll interval in
             # a drain, where no enqueue sends one. The next turn finds out.
+            took = clock.time() - sent
             if len(jobs) == wanted:
-                recheck_after = clock.time() - sent
+                recheck_after = took
             elif jobs:
                 recheck_after = None
             elif recheck_after is not None:
-                # Empty right after a full one: the due jobs may all be held by other
-                # workers' dispatches still in flight (a head the backend reads past
-                # only so far, or one its caps and identities gate). Those commit
-                # within about as long as a dispatch takes here: look again then, once.
-                await _wait(min(poll, recheck_after), wake, state.gate_opened, state.stopping)
+                # Empty right after a full one (or the first): the due jobs may all be
+                # held by other workers' dispatches still in flight (a head the backend
+                # reads past only so far, or one its caps and identities gate). Those
+                # commit within about as long as a dispatch takes: look again then, once.
+                again = min(poll, max(recheck_after, took))
+                await _wait(again, wake, state.gate_opened, state.stopping)
                 recheck_after = None
             else:
                 await _wait(poll, wake, state.gate_opened, state.stopping)

@@ -789,9 +789,9 @@ per_actor_capacity AS (
                ELSE least(p.limit_n, greatest(ac.max_concurrent - coalesce(r.in_flight, 0), 0))
            END AS residual,
            -- Admitted as an uncapped actor's when its room holds its whole sample
-           -- (residual * oversample): every dispatcher samples the same first jobs,
-           -- so all of them together cannot take more than the room, and locked reads
-           -- past the ones other dispatchers hold. Cut at residual, those held gave
+           -- (residual * oversample): the dispatchers of the same queues sample the
+           -- same first jobs, so together they take no more than the room, and locked
+           -- reads past the ones the others hold. Cut at residual, those held gave
            -- nothing: a second worker sat out its poll interval behind the first's
            -- batch. eligible still applies the cap to what was locked.
            ac.max_concurrent IS NOT NULL

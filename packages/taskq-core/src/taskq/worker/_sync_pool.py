@@ -22,6 +22,11 @@ _GATHER_WITHIN: Final = 5.0
 """Seconds :meth:`SyncActorPool.in_each_idle_thread` goes on asking each idle thread to
 take a call."""
 
+_SETTLE_FIRST: Final = 0.01
+_SETTLE_MOST: Final = 0.2
+"""Seconds :meth:`SyncActorPool.in_each_idle_thread` waits after a round that visited no
+thread, doubling from the first to the most, before asking again."""
+
 
 class SyncActorPool(ThreadPoolExecutor):
     """A thread pool that knows how many calls its threads are in, with a thread for
@@ -78,17 +83,26 @@ class SyncActorPool(ThreadPoolExecutor):
         each thread to visit and each other thread seen idle. Each call is held until
         every call of its round is taken, so no thread takes two; one taken by
         another thread (a fresh one the pool started because an idle thread had not
-        yet said so) runs nothing, and the next round asks again, counting it. Threads
-        still not visited after a few seconds are left to the caller.
+        yet said so) runs nothing, and the next round asks again, counting it (after a
+        pause, growing, when a round visited none). Threads still not visited after a
+        few seconds are left to the caller.
         """
         with self._lock:
             targets = self._seen - self._in_call
         visited: set[int] = set()
         holders: set[int] = set()
         deadline = time.monotonic() + _GATHER_WITHIN
+        settle = _SETTLE_FIRST
         while (missing := targets - visited) and time.monotonic() < deadline:
             calls = len(missing) + len(holders - missing)
             await self._round(fn, calls, targets, visited, holders, deadline)
+            if targets - visited == missing:
+                # Fresh threads took every call: the idle ones had not yet told the pool
+                # so (the thread that finished a call does, after its result is out).
+                # Asked again at once, the pool would start as many threads again,
+                # doubling each round; a moment lets the idle ones say so.
+                await asyncio.sleep(min(settle, max(0.0, deadline - time.monotonic())))
+                settle = min(settle * 2, _SETTLE_MOST)
 
     async def _round(
         self,

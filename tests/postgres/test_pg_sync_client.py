@@ -599,11 +599,12 @@ def test_a_read_only_server_refusing_the_write_is_read_only_database_error(
     assert _stored(pg_pooled_schema) == []
 
 
-def test_a_session_begun_read_only_is_replaced_after_its_refusal() -> None:
+@pytest.mark.parametrize("call", ["enqueue", "enqueue_batch", "enqueue_batch_fast"])
+def test_a_write_refused_by_a_session_begun_read_only_is_made_on_a_new_one(call: str) -> None:
     # A provider sets default_transaction_read_only while its disk is full and resets it
     # once there is space: the client's session, begun read-only, stays so, and every
-    # enqueue failed until the process restarted. (A database of its own: the setting
-    # would reach every other test's sessions.)
+    # enqueue failed until the process restarted; then the first after the reset still
+    # did. (A database of its own: the setting would reach every other test's sessions.)
     with throwaway_database() as dsn, migrated_schema(dsn) as schema:
         base, _, name = dsn.rpartition("/")
         with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
@@ -613,10 +614,13 @@ def test_a_session_begun_read_only_is_replaced_after_its_refusal() -> None:
             finally:
                 admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
         with client:
-            with pytest.raises(ReadOnlyDatabaseError):
+            if call == "enqueue":
                 client.enqueue(item, {"n": 1})
-            row = client.enqueue(item, {"n": 2})
-        assert _stored(schema, row.id) == [row]
+            elif call == "enqueue_batch":
+                client.enqueue_batch([(item, {"n": 1})])
+            else:
+                assert client.enqueue_batch_fast([(item, {"n": 1})]) == 1
+        assert [row.payload for row in _stored(schema)] == [{"n": 1}]
 
 
 @pytest.mark.parametrize("told_by", ["argument", "environment"])

@@ -23,7 +23,7 @@ import structlog.testing
 
 from taskq import JobRow, JobStatus, TaskQ, actor
 from taskq.errors import JobFailedError
-from taskq.models import EnqueueArgs
+from taskq.models import EnqueueArgs, QueueConfig
 from taskq_postgres import PostgresBackend, ReadOnlyDatabaseError
 from taskq_postgres._transient import TRANSIENT_PG_ERRORS
 from taskq_testing.postgres import PgSchema, migrated_schema, throwaway_database
@@ -333,16 +333,55 @@ async def test_every_pooled_session_begun_read_only_is_replaced_after_one_refusa
         await backend.close()
 
 
-async def test_the_backends_own_writes_meet_a_read_only_session_once_not_once_per_session(
+async def test_a_one_job_enqueue_on_a_pinned_session_begun_read_only_is_tried_on_a_new_one(
     own_database: PgSchema,
 ) -> None:
-    # As above, on the backend's own one-statement writes: the pinned connection first,
-    # then the pool's, for enqueues made at once.
+    # The backend's own one-statement writes: the one-job enqueue's pinned connection
+    # began read-only, and kept checked out it was not replaced with the pool's
+    # sessions. Its first write failed after the reset; the refusal ran nothing, so it
+    # is tried again on a new session. Then the pool's, for enqueues made at once.
     backend = await _pool_begun_read_only(own_database)
     try:
+        await backend.enqueue(_args())
+        await asyncio.gather(*(backend.enqueue(_args()) for _ in range(3)))
+        assert await backend.count_pending_jobs(["refusals.sleeper"]) == {"refusals.sleeper": 4}
+    finally:
+        await backend.close()
+
+
+async def test_a_pooled_write_on_a_session_begun_read_only_is_tried_on_a_new_one(
+    own_database: PgSchema,
+) -> None:
+    # As above, through the pool: the first pooled session met, begun read-only, fails
+    # the write, which goes to a new session.
+    backend = await _pool_begun_read_only(own_database)
+    try:
+        await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
+        conn = await asyncpg.connect(own_database.dsn)
+        try:
+            mode = await conn.fetchval(
+                f"SELECT mode FROM {own_database.name}.queues WHERE name = 'rr'"
+            )
+        finally:
+            await conn.close()
+        assert mode == "round_robin"
+    finally:
+        await backend.close()
+
+
+async def test_a_write_to_a_database_still_read_only_is_refused_after_one_more_try(
+    own_database: PgSchema,
+) -> None:
+    # The second try is on a new session, which a database still read-only refuses too:
+    # the caller hears of it, on the pinned connection and through the pool alike.
+    _alter(own_database.dsn, "ALTER DATABASE {db} SET default_transaction_read_only = on")
+    backend = PostgresBackend(own_database.dsn, schema=own_database.name, max_pool_size=2)
+    try:
+        await backend.open()
         with pytest.raises(ReadOnlyDatabaseError):
             await backend.enqueue(_args())
-        await asyncio.gather(*(backend.enqueue(_args()) for _ in range(3)))
-        assert await backend.count_pending_jobs(["refusals.sleeper"]) == {"refusals.sleeper": 3}
+        with pytest.raises(ReadOnlyDatabaseError):
+            await backend.configure_queue(QueueConfig(queue="rr", mode="round_robin"))
     finally:
+        _alter(own_database.dsn, "ALTER DATABASE {db} RESET default_transaction_read_only")
         await backend.close()

@@ -164,10 +164,12 @@ class BoundedPool:
     ) -> Any:
         """One statement: no timer of its own (it runs on the hot paths), but the
         statement gets what is left of the budget, and the hand-back the rest (or a
-        moment, to let a healthy server's cancel come through)."""
+        moment, to let a healthy server's cancel come through). A read-only refusal is
+        tried once more on a new session (:func:`_end_read_only`)."""
         budget = timeout if timeout is not None else self.budget
         deadline = None if budget is None else asyncio.get_running_loop().time() + budget
         conn = await _acquire(self.pool, deadline)
+        read_only_retried = False
         try:
             # A restart ends every pooled connection: at worst each is replaced in turn.
             for _ in range(self.pool.get_max_size()):
@@ -176,7 +178,12 @@ class BoundedPool:
                 except asyncpg.InternalClientError as exc:
                     if not _unsent(exc):
                         raise
-                conn = await _replaced(self.pool, conn, deadline)
+                    conn = await _replaced(self.pool, conn, deadline)
+                except asyncpg.ReadOnlySQLTransactionError:
+                    if read_only_retried:
+                        raise
+                    read_only_retried = True
+                    conn = await _acquire(self.pool, deadline)  # _call ended the refused one
             return await _call(self.pool, conn, method, query, args, deadline)
         finally:
             await _release(self.pool, conn, deadline)
@@ -212,8 +219,10 @@ async def _end_read_only(pool: asyncpg.Pool[asyncpg.Record], conn: Proxy) -> Non
     write on it failed for the worker's life. The pool's other sessions most likely
     began so too: replaced only as each met the refusal, every one of them failed a
     write after the reset. Expired, each is replaced when next taken from the pool (or,
-    one in use, when handed back); a connection kept checked out (``PinnedConnection``)
-    still fails once, and is handed back then.
+    one in use, when handed back). A connection kept checked out (``PinnedConnection``)
+    is not, until it meets the refusal itself: so the one-statement calls (``BoundedPool``'s
+    and ``PinnedConnection``'s) try a refused statement once more, on a new session. A
+    refused statement ran nothing; a database still read-only refuses it again.
     """
     conn.terminate()
     await pool.expire_connections()
@@ -371,7 +380,9 @@ class PinnedConnection:
                 if self._releases == releases:  # else handed back below
                     self._conn = conn
                     self._pending = read_watch(_fd(conn))
-            # As BoundedPool's: each connection that refuses the statement unsent, replaced.
+            # As BoundedPool's: each connection that refuses the statement unsent, replaced,
+            # and a read-only refusal tried once more on a new session.
+            read_only_retried = False
             for _ in range(pool.get_max_size()):
                 try:
                     result = await self._call(conn, method, query, args, deadline)
@@ -379,7 +390,12 @@ class PinnedConnection:
                 except asyncpg.InternalClientError as exc:
                     if not _unsent(exc):
                         raise
-                replaced = await _replaced(pool, conn, deadline)
+                    replaced = await _replaced(pool, conn, deadline)
+                except asyncpg.ReadOnlySQLTransactionError:
+                    if read_only_retried:
+                        raise
+                    read_only_retried = True
+                    replaced = await _acquire(pool, deadline)  # _call ended the refused one
                 self._statements = {}  # prepared on the one replaced
                 if self._releases == releases:  # else handed back below
                     self._conn = replaced

@@ -14,7 +14,7 @@ import os
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from types import TracebackType
@@ -68,6 +68,7 @@ from taskq_postgres._privileges import (
     DIAGNOSE_SQL,
     Denial,
     InsufficientPrivilegeError,
+    ReadOnlyDatabaseError,
     read_only_error,
 )
 from taskq_postgres._rows import job_row
@@ -282,6 +283,9 @@ class SyncJobsClient:
         """Enqueue one job; options as ``JobsClient.enqueue``. Returns the stored row (the
         existing one for a repeated ``idempotency_key``)."""
         args = self._build.args(actor, payload, options)
+        return self._once_more_if_read_only(lambda: self._enqueue(args))
+
+    def _enqueue(self, args: EnqueueArgs) -> JobRow:
         with self._turn() as cur:
             try:
                 self._check_capacity(cur, {args.actor: 1})
@@ -312,6 +316,9 @@ class SyncJobsClient:
             # Nothing to write, as JobsClient and enqueue_batch_fast answer it: a
             # caller's aborted transaction (or a statement opening it) is no concern.
             return []
+        return self._once_more_if_read_only(lambda: self._enqueue_batch(listed, counts))
+
+    def _enqueue_batch(self, listed: list[BatchItem], counts: dict[str, int]) -> list[JobRow]:
         with self._turn() as cur:
             try:
                 self._check_capacity(cur, counts)
@@ -339,6 +346,9 @@ class SyncJobsClient:
         counts = self._build.counts(listed)
         if not listed:
             return 0
+        return self._once_more_if_read_only(lambda: self._enqueue_batch_fast(listed, counts))
+
+    def _enqueue_batch_fast(self, listed: list[BatchItem], counts: dict[str, int]) -> int:
         with self._turn() as cur, self._atomic(cur):
             self._check_capacity(cur, counts)
             cur.execute(self._sql.copy_clock_now, (self._channel,))
@@ -478,6 +488,19 @@ class SyncJobsClient:
         # needs a fresh snapshot per statement).
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         return conn
+
+    def _once_more_if_read_only(self, call: Callable[[], _T]) -> _T:
+        """``call``, made once more when a session of the client's own refused its write
+        as read-only: ``_turn`` closed that session, which may have begun read-only
+        before the setting's reset, and the refusal ran nothing (an autocommit
+        statement, or a transaction rolled back). A database still read-only refuses the
+        second call too. On a caller's connection the refusal is the caller's."""
+        try:
+            return call()
+        except ReadOnlyDatabaseError:
+            if self._dsn is None:
+                raise
+            return call()
 
     @contextmanager
     def _turn(self) -> Iterator[_Cursor]:
